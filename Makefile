@@ -1,0 +1,32 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench proto lint typecheck clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/millstream demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check runtime master worker injectors spark_bridge examples tests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy runtime master worker injectors examples
+
+proto: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -Iruntime/wire=proto --python_out=. \
+	    --grpc_python_out=. --pyi_out=. proto/millstream.proto
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache

@@ -1,0 +1,1 @@
+"""Example jobs, importable by workers (``examples.wordcount:Splitter`` ...)."""

@@ -1,0 +1,47 @@
+"""Word count: lines -> splitter -> words (keyed by word) -> counter -> counts -> file."""
+
+from __future__ import annotations
+
+from runtime import Computation, Context, Record, Topology
+
+
+class Splitter(Computation):
+    """Emits each word of a line, keyed by the word."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        for word in record.value.decode().split():
+            ctx.produce("words", b"1", key=word.lower().encode())
+
+
+class Counter(Computation):
+    """Keeps a running count per word in state and emits every new count."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        n = int(ctx.state.get() or b"0") + 1
+        ctx.state.set(str(n).encode())
+        ctx.produce("counts", str(n).encode())
+
+
+def topology(output_dir: str, name: str = "wordcount", key_ranges: int = 4) -> Topology:
+    topo = Topology(name)
+    topo.add_computation("splitter", "examples.wordcount:Splitter",
+                         inputs={"lines": None}, outputs=["words"], key_ranges=key_ranges)
+    topo.add_computation("counter", "examples.wordcount:Counter",
+                         inputs={"words": None}, outputs=["counts"], key_ranges=key_ranges)
+    topo.add_computation("counts_sink", "runtime.sinks:FileSink", inputs={"counts": None},
+                         params={"path": output_dir}, key_ranges=2)
+    return topo
+
+
+def final_counts(rows: list[dict[str, object]]) -> dict[str, int]:
+    """The last count per word, from the sink's rows; checks no count appears twice."""
+    seen: dict[str, set[int]] = {}
+    for row in rows:
+        word, n = str(row["key"]), int(str(row["value"]))
+        if n in seen.setdefault(word, set()):
+            raise AssertionError(f"count {n} of {word!r} was emitted twice")
+        seen[word].add(n)
+    for word, ns in seen.items():
+        if ns != set(range(1, max(ns) + 1)):
+            raise AssertionError(f"counts of {word!r} have gaps: {sorted(ns)[:20]}")
+    return {w: max(ns) for w, ns in seen.items()}

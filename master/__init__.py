@@ -1,0 +1,1 @@
+"""The millstream master: topologies, workers, tablet assignment, routing, status."""

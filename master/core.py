@@ -1,0 +1,196 @@
+"""The master's core: topologies, worker liveness, placement, routing and status.
+
+Knows nothing of gRPC. The leader owns the truth in memory, mirrored to etcd
+through :class:`~master.store.EtcdStore`; after a failover the next leader
+rebuilds it all from etcd with :meth:`MasterCore.become_leader`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from master.scheduler import Ownership, TabletKey, place
+from master.store import EtcdStore
+from runtime.errors import MillstreamError, TopologyError
+from runtime.topology import Topology, validate_against
+from runtime.wire import millstream_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+class UnknownWorker(MillstreamError):
+    """A heartbeat from a worker whose lease has already expired."""
+
+
+@dataclass(frozen=True)
+class MasterConfig:
+    """Timing settings of the master."""
+
+    lease_ms: int = 3000
+    tick_ms: int = 100
+
+
+class MasterCore:
+    """Leader-side logic. Every mutating call persists to etcd before it is visible."""
+
+    def __init__(self, store: EtcdStore, config: MasterConfig, now_ms: Callable[[], float]) -> None:
+        self.store = store
+        self.config = config
+        self.now_ms = now_ms
+        self.topologies: dict[str, Topology] = {}
+        self.workers: dict[str, str] = {}          # id -> address
+        self.last_seen: dict[str, float] = {}      # id -> ms of the last heartbeat received
+        self.tablets: dict[TabletKey, Ownership] = {}
+        self.version = 0
+        self._changed = asyncio.Condition()
+        self._lock = asyncio.Lock()
+
+    async def _io(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.to_thread(fn, *args)
+
+    async def become_leader(self) -> None:
+        """Load everything from etcd; every known worker gets a fresh lease period."""
+        snap = await self._io(self.store.load)
+        self.topologies = {n: Topology.from_json(doc) for n, doc in snap.topologies.items()}
+        self.workers = dict(snap.workers)
+        now = self.now_ms()
+        self.last_seen = {w: now for w in self.workers}
+        self.tablets = dict(snap.tablets)
+        await self._bump()
+        log.info("leading: %d topologies, %d workers, %d tablets",
+                 len(self.topologies), len(self.workers), len(self.tablets))
+
+    # ------------------------------------------------------------ topologies
+
+    async def submit(self, topology_json: str) -> tuple[str, int]:
+        topo = Topology.from_json(topology_json)
+        async with self._lock:
+            old = self.topologies.get(topo.name)
+            if old is not None:
+                if old.to_json() == topo.to_json():
+                    return topo.name, sum(s.key_ranges for s in topo.computations.values())
+                raise TopologyError(
+                    f"a different topology named {topo.name!r} is already running; "
+                    "submit it under a new name (in-place updates are not supported)"
+                )
+            existing = [s for t in self.topologies.values() for s in t.computations.values()]
+            validate_against(topo.computations.values(), existing)
+            wanted = {(s.name, r) for s in topo.computations.values() for r in range(s.key_ranges)}
+            placed = place([*self.tablets, *wanted], self.tablets, self._live())
+            new = {k: v for k, v in placed.items() if self.tablets.get(k) != v}
+            await self._io(self.store.put_topology, topo.name, topo.to_json(), new)
+            self.topologies[topo.name] = topo
+            self.tablets.update(new)
+            await self._bump()
+            log.info("submitted topology %s (%d tablets)", topo.name, len(wanted))
+            return topo.name, len(wanted)
+
+    # --------------------------------------------------------------- workers
+
+    def _live(self) -> list[str]:
+        return list(self.workers)
+
+    async def register_worker(self, address: str) -> str:
+        worker_id = uuid.uuid4().hex[:12]
+        async with self._lock:
+            await self._io(self.store.put_worker, worker_id, address)
+            self.workers[worker_id] = address
+            self.last_seen[worker_id] = self.now_ms()
+            await self._rebalance()
+        log.info("worker %s joined at %s", worker_id, address)
+        return worker_id
+
+    def heartbeat(self, worker_id: str) -> None:
+        if worker_id not in self.workers:
+            raise UnknownWorker(f"worker {worker_id} is not registered (its lease expired)")
+        self.last_seen[worker_id] = self.now_ms()
+
+    async def tick(self) -> None:
+        """Expire workers whose lease ran out and move their tablets."""
+        now = self.now_ms()
+        dead = [w for w, t in self.last_seen.items() if now - t > self.config.lease_ms]
+        if not dead:
+            return
+        async with self._lock:
+            for w in dead:
+                log.warning("worker %s at %s missed its lease; moving its tablets",
+                            w, self.workers.get(w))
+                await self._io(self.store.delete_worker, w)
+                self.workers.pop(w, None)
+                self.last_seen.pop(w, None)
+            await self._rebalance()
+
+    async def _rebalance(self) -> None:
+        placed = place(self.tablets, self.tablets, self._live())
+        moved = {k: v for k, v in placed.items() if self.tablets.get(k) != v}
+        if moved:
+            await self._io(self.store.put_tablets, moved)
+            self.tablets.update(moved)
+            log.info("moved %d tablets", len(moved))
+        await self._bump()
+
+    # --------------------------------------------------------------- routing
+
+    async def _bump(self) -> None:
+        async with self._changed:
+            self.version = max(self.version + 1, int(self.now_ms() * 1000))
+            self._changed.notify_all()
+
+    def routing(self) -> pb.Routing:
+        out = pb.Routing(version=self.version)
+        for topo in self.topologies.values():
+            for s in topo.computations.values():
+                c = out.computations.add(
+                    name=s.name, topology=topo.name, code=s.code, outputs=s.outputs,
+                    key_ranges=s.key_ranges, exactly_once=s.exactly_once,
+                    productions=s.productions, late_records=s.late_records,
+                )
+                c.params.update(s.params)
+                if s.fsync is not None:
+                    c.params["millstream.fsync"] = "1" if s.fsync else "0"
+                for stream, ex in s.inputs.items():
+                    c.inputs.add(stream=stream, key_extractor=ex or "")
+                for r in range(s.key_ranges):
+                    own = self.tablets.get((s.name, r), Ownership("", 0))
+                    c.assignments.add(key_range=r, worker_id=own.worker,
+                                      address=self.workers.get(own.worker, ""), token=own.token)
+        return out
+
+    async def watch(self, known_version: int) -> AsyncIterator[pb.Routing]:
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(lambda: self.version != known_version)
+            known_version = self.version
+            yield self.routing()
+
+    # ---------------------------------------------------------------- status
+
+    def status(self) -> dict[str, Any]:
+        now = self.now_ms()
+        counts: dict[str, int] = {}
+        for own in self.tablets.values():
+            counts[own.worker] = counts.get(own.worker, 0) + 1
+        return {
+            "workers": [
+                {"id": w, "address": a, "tablets": counts.get(w, 0),
+                 "last_heartbeat_ms_ago": round(now - self.last_seen.get(w, now))}
+                for w, a in sorted(self.workers.items())
+            ],
+            "topologies": {
+                n: {"computations": {
+                    c.name: {"inputs": c.inputs, "outputs": c.outputs, "key_ranges": c.key_ranges,
+                             "code": c.code}
+                    for c in t.computations.values()}}
+                for n, t in sorted(self.topologies.items())
+            },
+            "tablets": [
+                {"computation": c, "key_range": r, "worker": o.worker,
+                 "address": self.workers.get(o.worker, ""), "token": o.token}
+                for (c, r), o in sorted(self.tablets.items())
+            ],
+        }

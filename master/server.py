@@ -1,0 +1,145 @@
+"""The master daemon: a thin gRPC layer over :class:`~master.core.MasterCore`, plus leadership."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from master.core import MasterConfig, MasterCore, UnknownWorker
+from master.store import EtcdConfig, EtcdStore, NotLeader
+from runtime import serving
+from runtime.errors import EtcdUnavailable
+from runtime.wire import millstream_pb2 as pb
+from runtime.wire import millstream_pb2_grpc as rpc
+
+log = logging.getLogger(__name__)
+LEADER_METADATA = "millstream-leader"
+
+
+@dataclass(frozen=True)
+class MasterOptions:
+    etcd: EtcdConfig
+    listen: str
+    config: MasterConfig = MasterConfig()
+
+
+class MasterServicer(rpc.MasterServicer):
+    def __init__(self, master: Master) -> None:
+        self.m = master
+
+    async def _leader(self, context: grpc.aio.ServicerContext) -> MasterCore:
+        core = self.m.core
+        if core is None:
+            leader = self.m.leader_address or ""
+            await context.send_initial_metadata(((LEADER_METADATA, leader),))
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"not the leader; the leader is at {leader}" if leader else "no leader elected yet",
+            )
+        assert core is not None
+        return core
+
+    async def Submit(self, request: pb.SubmitRequest, context: Any) -> pb.SubmitResponse:
+        core = await self._leader(context)
+        name, n = await serving.call_core(context, lambda: core.submit(request.topology_json))
+        return pb.SubmitResponse(name=name, tablets=n)
+
+    async def RegisterWorker(self, request: pb.RegisterWorkerRequest, context: Any) -> pb.RegisterWorkerResponse:
+        core = await self._leader(context)
+        wid = await serving.call_core(context, lambda: core.register_worker(request.address))
+        return pb.RegisterWorkerResponse(worker_id=wid, lease_ms=core.config.lease_ms)
+
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
+        core = await self._leader(context)
+        try:
+            core.heartbeat(request.worker_id)
+        except UnknownWorker:
+            return pb.HeartbeatResponse(known=False, routing_version=core.version)
+        return pb.HeartbeatResponse(known=True, routing_version=core.version)
+
+    async def GetRouting(self, request: pb.RoutingRequest, context: Any) -> pb.Routing:
+        return (await self._leader(context)).routing()
+
+    async def WatchRouting(self, request: pb.RoutingRequest, context: Any) -> AsyncIterator[pb.Routing]:
+        core = await self._leader(context)
+        async for routing in core.watch(request.known_version):
+            if self.m.core is not core:
+                return  # leadership lost: the client reconnects to the new leader
+            yield routing
+
+    async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:
+        core = await self._leader(context)
+        doc = core.status()
+        doc["masters"] = {"leader": self.m.address, "leader_id": self.m.identity}
+        return pb.StatusResponse(json=json.dumps(doc))
+
+
+class Master:
+    """One master process: campaigns for leadership, serves while leading."""
+
+    def __init__(self, options: MasterOptions) -> None:
+        self.options = options
+        self.store = EtcdStore(options.etcd)
+        self.identity = uuid.uuid4().hex[:12]
+        self.address = ""
+        self.core: MasterCore | None = None
+        self.leader_address: str | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await asyncio.to_thread(self.store.check)
+        server = serving.make_server()
+        rpc.add_MasterServicer_to_server(MasterServicer(self), server)
+        self.address = serving.bind(server, self.options.listen)
+        await server.start()
+        print(f"millstream master listening on {self.address}", flush=True)
+        tasks = [asyncio.create_task(self._lead()), asyncio.create_task(stop.wait())]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                t.result()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await server.stop(grace=0.5)
+            await asyncio.to_thread(self.store.resign)
+
+    async def _lead(self) -> None:
+        cfg = self.options.config
+        ttl_s = max(1, round(cfg.lease_ms / 1000))
+        while True:
+            try:
+                if self.core is None:
+                    won = await asyncio.to_thread(
+                        self.store.campaign, {"id": self.identity, "address": self.address}, ttl_s)
+                    if won:
+                        core = MasterCore(self.store, cfg, lambda: time.monotonic() * 1000)
+                        await core.become_leader()
+                        self.core = core
+                        log.info("master %s leads at %s", self.identity, self.address)
+                    else:
+                        leader = await asyncio.to_thread(self.store.leader)
+                        self.leader_address = leader["address"] if leader else None
+                        await asyncio.sleep(cfg.tick_ms / 1000)
+                        continue
+                if not await asyncio.to_thread(self.store.keep_alive):
+                    raise NotLeader("lease expired")
+                await self.core.tick()
+            except NotLeader as e:
+                log.warning("master %s lost leadership: %s", self.identity, e)
+                self.core = None
+            except EtcdUnavailable as e:
+                log.error("%s", e)
+                self.core = None
+            await asyncio.sleep(cfg.tick_ms / 1000)
+
+
+def main(options: MasterOptions) -> None:
+    serving.run(Master(options).run)

@@ -1,0 +1,207 @@
+"""The master's durable state in etcd, and leadership through an etcd lease.
+
+Layout under ``/millstream/``::
+
+    leader                      {"id", "address"}          (held by the leader's lease)
+    topologies/<name>           topology JSON
+    workers/<id>                {"address"}
+    tablets/<computation>/<r>   {"worker", "token"}
+
+Every write the leader makes is one etcd transaction guarded by the leader key
+still holding this master's identity, so a deposed leader can change nothing.
+All calls here are blocking; the master runs them off its event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+import pyetcd
+import pyetcd.exceptions
+
+from master.scheduler import Ownership, TabletKey
+from runtime.errors import ConfigError, EtcdUnavailable, MillstreamError
+
+log = logging.getLogger(__name__)
+
+PREFIX = "/millstream/"
+LEADER = PREFIX + "leader"
+TOPOLOGIES = PREFIX + "topologies/"
+WORKERS = PREFIX + "workers/"
+TABLETS = PREFIX + "tablets/"
+_TXN_OPS = 100  # etcd's default --max-txn-ops is 128
+
+
+class NotLeader(MillstreamError):
+    """This master no longer leads; its writes are refused."""
+
+
+@dataclass(frozen=True)
+class EtcdConfig:
+    """Where etcd is, and how to authenticate to it."""
+
+    endpoints: tuple[str, ...]
+    user: str | None = None
+    password: str | None = None
+    ca_cert: str | None = None
+    timeout_s: float = 5.0
+
+    @classmethod
+    def parse(cls, urls: str, **kw: Any) -> EtcdConfig:
+        endpoints = tuple(u.strip() for u in urls.split(",") if u.strip())
+        if not endpoints:
+            raise ConfigError("--etcd is empty; pass a URL such as http://127.0.0.1:2379")
+        for u in endpoints:
+            p = urlparse(u if "://" in u else "http://" + u)
+            if not p.hostname or not p.port:
+                raise ConfigError(f"etcd URL {u!r} has no host:port; write it as http://HOST:PORT")
+        return cls(endpoints, **kw)
+
+
+@dataclass
+class Snapshot:
+    """Everything the master needs to rebuild itself after a failover."""
+
+    topologies: dict[str, str]
+    workers: dict[str, str]
+    tablets: dict[TabletKey, Ownership]
+
+
+class EtcdStore:
+    """Blocking access to the master's keys in etcd."""
+
+    def __init__(self, config: EtcdConfig) -> None:
+        self.config = config
+        eps = []
+        for u in config.endpoints:
+            p = urlparse(u if "://" in u else "http://" + u)
+            secure = p.scheme == "https"
+            eps.append(pyetcd.Endpoint(p.hostname, p.port, secure=secure))
+        self._client = pyetcd.MultiEndpointEtcd3Client(
+            endpoints=eps, timeout=config.timeout_s, user=config.user,
+            password=config.password, failover=True,
+        )
+        self._lease: Any = None
+        self._identity: bytes | None = None
+
+    def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
+        try:
+            return fn(*args, **kw)
+        except (pyetcd.exceptions.ConnectionFailedError, pyetcd.exceptions.ConnectionTimeoutError,
+                pyetcd.exceptions.NoServerAvailableError) as e:
+            raise EtcdUnavailable(
+                f"cannot reach etcd at {','.join(self.config.endpoints)} ({type(e).__name__}); "
+                "start etcd there or point --etcd / MILLSTREAM_ETCD at a running one"
+            ) from None
+
+    def check(self) -> None:
+        """Raise :class:`EtcdUnavailable` unless etcd answers."""
+        self._call(self._client.status)
+
+    # ------------------------------------------------------------ leadership
+
+    def campaign(self, identity: dict[str, str], ttl_s: int) -> bool:
+        """Try to become leader; true if this master now holds the leader key."""
+        if self._lease is None:
+            self._lease = self._call(self._client.lease, ttl_s)
+        payload = json.dumps(identity, sort_keys=True).encode()
+        t = self._client.transactions
+        ok, _ = self._call(
+            self._client.transaction,
+            compare=[t.create(LEADER) == 0],
+            success=[t.put(LEADER, payload, lease=self._lease)],
+            failure=[],
+        )
+        if ok:
+            self._identity = payload
+        else:
+            # Re-elected after a restart under the same identity: keep leading.
+            value, _ = self._call(self._client.get, LEADER)
+            if value == payload:
+                self._identity = payload
+                return True
+        return bool(ok)
+
+    def keep_alive(self) -> bool:
+        """Refresh the lease; false if it has expired (leadership is lost)."""
+        if self._lease is None:
+            return False
+        responses = self._call(self._lease.refresh)
+        alive = bool(responses) and responses[0].TTL > 0
+        if not alive:
+            self._lease = None
+            self._identity = None
+        return alive
+
+    def resign(self) -> None:
+        if self._lease is not None:
+            try:
+                self._lease.revoke()
+            except Exception:  # best effort: the lease expires anyway
+                log.debug("lease revoke failed", exc_info=True)
+        self._lease = None
+        self._identity = None
+
+    def leader(self) -> dict[str, str] | None:
+        value, _ = self._call(self._client.get, LEADER)
+        return json.loads(value) if value else None
+
+    def _guarded(self, ops: list[Any]) -> None:
+        if self._identity is None:
+            raise NotLeader("this master is not the leader")
+        t = self._client.transactions
+        for i in range(0, max(len(ops), 1), _TXN_OPS):
+            ok, _ = self._call(
+                self._client.transaction,
+                compare=[t.value(LEADER) == self._identity],
+                success=ops[i:i + _TXN_OPS],
+                failure=[],
+            )
+            if not ok:
+                self._identity = None
+                raise NotLeader("leadership was lost; the write was refused by etcd")
+
+    # ------------------------------------------------------------------ data
+
+    def load(self) -> Snapshot:
+        snap = Snapshot({}, {}, {})
+        for value, meta in self._call(self._client.get_prefix, PREFIX):
+            key = meta.key.decode()
+            if key.startswith(TOPOLOGIES):
+                snap.topologies[key[len(TOPOLOGIES):]] = value.decode()
+            elif key.startswith(WORKERS):
+                snap.workers[key[len(WORKERS):]] = json.loads(value)["address"]
+            elif key.startswith(TABLETS):
+                comp, _, r = key[len(TABLETS):].rpartition("/")
+                doc = json.loads(value)
+                snap.tablets[(comp, int(r))] = Ownership(doc["worker"], doc["token"])
+        return snap
+
+    def put_topology(self, name: str, doc: str, tablets: Mapping[TabletKey, Ownership]) -> None:
+        t = self._client.transactions
+        self._guarded([t.put(TOPOLOGIES + name, doc), *self._tablet_ops(tablets)])
+
+    def put_worker(self, worker_id: str, address: str) -> None:
+        t = self._client.transactions
+        self._guarded([t.put(WORKERS + worker_id, json.dumps({"address": address}))])
+
+    def delete_worker(self, worker_id: str) -> None:
+        self._guarded([self._client.transactions.delete(WORKERS + worker_id)])
+
+    def put_tablets(self, tablets: Mapping[TabletKey, Ownership]) -> None:
+        self._guarded(self._tablet_ops(tablets))
+
+    def _tablet_ops(self, tablets: Mapping[TabletKey, Ownership]) -> list[Any]:
+        t = self._client.transactions
+        return [
+            t.put(f"{TABLETS}{c}/{r}", json.dumps({"worker": o.worker, "token": o.token}))
+            for (c, r), o in sorted(tablets.items())
+        ]
+
+    def close(self) -> None:
+        self._client.close()

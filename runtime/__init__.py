@@ -1,0 +1,23 @@
+"""millstream: MillWheel-style stream processing in Python.
+
+The user API: write a :class:`Computation`, wire computations into a
+:class:`Topology`, and :func:`connect` to the masters to submit it.
+"""
+
+from runtime.client import Client, connect
+from runtime.computation import Computation, Context, State, TimeDomain
+from runtime.errors import MillstreamError
+from runtime.record import Record
+from runtime.topology import Topology
+
+__all__ = [
+    "Client",
+    "Computation",
+    "Context",
+    "MillstreamError",
+    "Record",
+    "State",
+    "TimeDomain",
+    "Topology",
+    "connect",
+]

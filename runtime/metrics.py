@@ -1,0 +1,45 @@
+"""Every metric millstream exports, in one place (Prometheus format)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import Counter, Histogram, start_http_server
+
+RECORDS = Counter("millstream_records_processed", "New input records processed", ["computation"])
+DUPLICATES = Counter("millstream_duplicates_dropped", "Input records dropped as duplicates", ["computation"])
+LATE = Counter("millstream_late_records", "Records below the watermark on arrival", ["computation"])
+DEAD = Counter("millstream_dead_lettered", "Records sent to the dead-letter stream", ["computation"])
+BUSY = Counter("millstream_busy_refusals", "Deliveries refused with BUSY (backpressure)", ["computation"])
+FENCED = Counter("millstream_fenced_commits", "Commits refused because the lease expired", ["computation"])
+STALE = Counter("millstream_stale_refusals", "Actions refused for a stale sequencer token", ["action"])
+COMMIT_SECONDS = Histogram("millstream_commit_seconds", "Time of one atomic batch commit", ["computation"],
+                           buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25))
+SENT = Counter("millstream_productions_acked", "Productions acknowledged by their receiver", ["computation"])
+
+
+@dataclass(frozen=True)
+class TabletMetrics:
+    records: Counter
+    duplicates: Counter
+    late: Counter
+    dead_lettered: Counter
+    busy: Counter
+    fenced: Counter
+    commit_seconds: Histogram
+    sent: Counter
+
+
+def tablet(computation: str) -> TabletMetrics:
+    """The metric children of one computation."""
+    return TabletMetrics(
+        RECORDS.labels(computation), DUPLICATES.labels(computation), LATE.labels(computation),
+        DEAD.labels(computation), BUSY.labels(computation), FENCED.labels(computation),
+        COMMIT_SECONDS.labels(computation), SENT.labels(computation),
+    )
+
+
+def serve(host: str, port: int) -> int:
+    """Expose /metrics over HTTP; returns the bound port (``port=0`` lets the OS pick)."""
+    server, _ = start_http_server(port, addr=host)
+    return int(server.server_port)

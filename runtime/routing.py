@@ -1,0 +1,91 @@
+"""The routing table: which tablets, on which workers, receive a stream's records.
+
+Producers (worker tablets and injectors) route; the key extractor of each
+subscription is the consumer's, and runs here, on the producing side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from runtime.imports import load
+from runtime.keyspace import range_of
+from runtime.record import Record
+from runtime.wire import millstream_pb2 as pb
+
+KeyExtractor = Callable[[Record], bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """One tablet that must receive a record, under the token it is owned with."""
+
+    computation: str
+    key_range: int
+    address: str  # "" while unassigned
+    token: int
+
+
+@dataclass(slots=True)
+class _Subscription:
+    computation: str
+    key_ranges: int
+    extractor: KeyExtractor | None
+
+
+class RoutingTable:
+    """An immutable view of one routing version."""
+
+    def __init__(self, routing: pb.Routing) -> None:
+        self.version = routing.version
+        self.proto = routing
+        self.computations = {c.name: c for c in routing.computations}
+        self._owners: dict[tuple[str, int], Destination] = {}
+        self._subs: dict[str, list[_Subscription]] = {}
+        self._extractor_paths: dict[tuple[str, str], str] = {}
+        for c in routing.computations:
+            for a in c.assignments:
+                self._owners[(c.name, a.key_range)] = Destination(c.name, a.key_range, a.address, a.token)
+            for i in c.inputs:
+                self._subs.setdefault(i.stream, []).append(_Subscription(c.name, c.key_ranges, None))
+                if i.key_extractor:
+                    self._extractor_paths[(c.name, i.stream)] = i.key_extractor
+
+    def load_extractors(self, cache: dict[str, KeyExtractor]) -> None:
+        """Import every key extractor (raises :class:`ImportPathError` on a bad path)."""
+        for (comp, stream), path in self._extractor_paths.items():
+            fn = cache.get(path)
+            if fn is None:
+                fn = cache[path] = load(path, f"key extractor of {comp!r} on {stream!r}")
+            for sub in self._subs[stream]:
+                if sub.computation == comp:
+                    sub.extractor = fn
+
+    def has_subscribers(self, stream: str) -> bool:
+        return bool(self._subs.get(stream))
+
+    def destination(self, computation: str, key_range: int) -> Destination:
+        return self._owners.get((computation, key_range)) or Destination(computation, key_range, "", 0)
+
+    def route(self, stream: str, record: Record) -> list[tuple[str, int, bytes]]:
+        """``(computation, key_range, key)`` for every tablet that must receive ``record``."""
+        out = []
+        for sub in self._subs.get(stream, ()):
+            key = record.key if sub.extractor is None else sub.extractor(record)
+            if not isinstance(key, bytes):
+                raise TypeError(
+                    f"the key extractor of {sub.computation!r} returned {type(key).__name__}, "
+                    "not bytes"
+                )
+            out.append((sub.computation, range_of(key, sub.key_ranges), key))
+        return out
+
+    def tablets_of(self, worker_id: str) -> dict[tuple[str, int], int]:
+        """``{(computation, range): token}`` assigned to ``worker_id``."""
+        return {
+            (c.name, a.key_range): a.token
+            for c in self.proto.computations
+            for a in c.assignments
+            if a.worker_id == worker_id
+        }

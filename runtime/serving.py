@@ -1,0 +1,75 @@
+"""Shared plumbing of the daemons: event loop, gRPC servers, error mapping, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from runtime import errors
+from runtime.wire import CHANNEL_OPTIONS
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# One table from the error hierarchy to gRPC status codes (first match wins).
+STATUS_OF: list[tuple[type[BaseException], grpc.StatusCode]] = [
+    (errors.TopologyError, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.NotOwner, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.StaleTokenError, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.EtcdUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (errors.MasterUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (errors.MillstreamError, grpc.StatusCode.FAILED_PRECONDITION),
+]
+
+
+async def call_core(context: grpc.aio.ServicerContext, fn: Callable[[], Awaitable[T]]) -> T:
+    """Run a core call; map a :class:`MillstreamError` to its gRPC status."""
+    try:
+        return await fn()
+    except errors.MillstreamError as e:
+        for kind, code in STATUS_OF:
+            if isinstance(e, kind):
+                await context.abort(code, str(e))
+        raise  # unreachable: MillstreamError is in the table
+
+
+def make_server() -> grpc.aio.Server:
+    return grpc.aio.server(options=CHANNEL_OPTIONS)
+
+
+def bind(server: grpc.aio.Server, listen: str) -> str:
+    """Bind ``HOST:PORT`` (port 0 = chosen by the OS); returns the bound address."""
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise errors.ConfigError(f"listen address {listen!r} is not HOST:PORT, e.g. 127.0.0.1:0")
+    try:
+        bound = server.add_insecure_port(listen)
+    except RuntimeError as e:
+        raise errors.ConfigError(f"cannot listen on {listen!r} ({e}); is the port taken?") from None
+    if bound == 0:
+        raise errors.ConfigError(f"cannot listen on {listen!r}; is the port already in use?")
+    return f"{host}:{bound}"
+
+
+def run(main: Callable[[asyncio.Event], Awaitable[Any]]) -> Any:
+    """Run a daemon on uvloop until SIGINT/SIGTERM sets its stop event."""
+    try:
+        import uvloop
+        runner: Any = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        runner = asyncio.run
+
+    async def wrapper() -> Any:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        return await main(stop)
+
+    return runner(wrapper())

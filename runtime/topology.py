@@ -1,0 +1,265 @@
+"""Topologies: named computations wired together by named streams."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from runtime.errors import TopologyError
+from runtime.imports import check_syntax
+
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+DEAD_LETTER_SUFFIX = ".dead_letter"
+MAX_KEY_RANGES = 1024
+DEFAULT_KEY_RANGES = 4
+PRODUCTIONS = ("strong", "weak")
+LATE_RECORDS = ("process", "drop")
+
+
+def dead_letter_stream(computation: str) -> str:
+    """The stream that receives ``computation``'s poison records."""
+    return computation + DEAD_LETTER_SUFFIX
+
+
+@dataclass(frozen=True)
+class ComputationSpec:
+    """One computation of a topology, as validated and stored by the master."""
+
+    name: str
+    code: str
+    inputs: dict[str, str | None]
+    outputs: list[str]
+    key_ranges: int = DEFAULT_KEY_RANGES
+    exactly_once: bool = True
+    productions: str = "strong"
+    late_records: str = "process"
+    params: dict[str, str] = field(default_factory=dict)
+    fsync: bool | None = None  # None: on for exactly-once computations
+
+    @property
+    def sync_commits(self) -> bool:
+        return self.exactly_once if self.fsync is None else self.fsync
+
+    @property
+    def all_outputs(self) -> list[str]:
+        return [*self.outputs, dead_letter_stream(self.name)]
+
+
+def _check_name(kind: str, name: object) -> None:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise TopologyError(
+            f"{kind} name {name!r} is invalid; use 1-128 letters, digits, '_', '-' or '.', "
+            "not starting with '-' or '.'"
+        )
+
+
+def validate_spec(spec: ComputationSpec) -> None:
+    """Check one computation's fields; raise :class:`TopologyError` on the first problem."""
+    _check_name("computation", spec.name)
+    if spec.name.endswith(DEAD_LETTER_SUFFIX):
+        raise TopologyError(f"computation name {spec.name!r} may not end in {DEAD_LETTER_SUFFIX!r}")
+    check_syntax(spec.code, f"computation {spec.name!r}: code")
+    if not isinstance(spec.inputs, dict) or not spec.inputs:
+        raise TopologyError(
+            f"computation {spec.name!r} has no inputs; pass inputs={{'stream': None}} "
+            "(a stream name mapped to a key extractor path, or None for record.key)"
+        )
+    for stream, extractor in spec.inputs.items():
+        _check_name(f"computation {spec.name!r}: input stream", stream)
+        if extractor is not None:
+            check_syntax(extractor, f"computation {spec.name!r}: key extractor for {stream!r}")
+    if isinstance(spec.outputs, str) or not isinstance(spec.outputs, list):
+        raise TopologyError(
+            f"computation {spec.name!r}: outputs must be a list of stream names, "
+            f"got {spec.outputs!r}"
+        )
+    if len(set(spec.outputs)) != len(spec.outputs):
+        raise TopologyError(f"computation {spec.name!r} lists an output stream twice: {spec.outputs}")
+    for stream in spec.outputs:
+        _check_name(f"computation {spec.name!r}: output stream", stream)
+        if stream.endswith(DEAD_LETTER_SUFFIX):
+            raise TopologyError(
+                f"computation {spec.name!r}: output {stream!r} is a dead-letter stream; "
+                "only the runtime writes those"
+            )
+    if isinstance(spec.key_ranges, bool) or not isinstance(spec.key_ranges, int) or not (
+        1 <= spec.key_ranges <= MAX_KEY_RANGES
+    ):
+        raise TopologyError(
+            f"computation {spec.name!r}: key_ranges={spec.key_ranges!r} is invalid; "
+            f"use a whole number from 1 to {MAX_KEY_RANGES}"
+        )
+    if not isinstance(spec.exactly_once, bool):
+        raise TopologyError(
+            f"computation {spec.name!r}: exactly_once={spec.exactly_once!r} must be True or False"
+        )
+    if spec.productions not in PRODUCTIONS:
+        raise TopologyError(
+            f"computation {spec.name!r}: productions={spec.productions!r} is invalid; "
+            "use 'strong' or 'weak'"
+        )
+    if spec.late_records not in LATE_RECORDS:
+        raise TopologyError(
+            f"computation {spec.name!r}: late_records={spec.late_records!r} is invalid; "
+            "use 'process' or 'drop'"
+        )
+    if spec.fsync is not None and not isinstance(spec.fsync, bool):
+        raise TopologyError(f"computation {spec.name!r}: fsync={spec.fsync!r} must be True, False or None")
+    if not isinstance(spec.params, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in spec.params.items()
+    ):
+        raise TopologyError(f"computation {spec.name!r}: params must map strings to strings")
+
+
+def find_cycle(specs: Iterable[ComputationSpec]) -> list[str] | None:
+    """A cycle of computation names through streams, or ``None`` if the graph is acyclic."""
+    specs = list(specs)
+    readers: dict[str, list[str]] = {}
+    for s in specs:
+        for stream in s.inputs:
+            readers.setdefault(stream, []).append(s.name)
+    edges = {s.name: sorted({r for out in s.all_outputs for r in readers.get(out, [])}) for s in specs}
+    state: dict[str, int] = {}  # 1 = on the path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in edges.get(node, []):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for name in sorted(edges):
+        if name not in state and (cycle := visit(name)):
+            return cycle
+    return None
+
+
+def validate_against(new: Iterable[ComputationSpec], existing: Iterable[ComputationSpec]) -> None:
+    """Check a topology's computations together with those already running."""
+    new = list(new)
+    existing = list(existing)
+    taken = {s.name for s in existing}
+    for s in new:
+        if s.name in taken:
+            raise TopologyError(
+                f"computation name {s.name!r} is already used by a running topology; "
+                "computation names are cluster-wide, pick another"
+            )
+    cycle = find_cycle([*existing, *new])
+    if cycle:
+        raise TopologyError(
+            "the topology has a cycle: " + " -> ".join(cycle)
+            + "; streams must flow one way (break the loop with a new stream name)"
+        )
+
+
+class Topology:
+    """A named set of computations, submitted to the master as a whole.
+
+    >>> topo = Topology("wordcount")
+    >>> topo.add_computation("counter", "my_pkg.jobs:Counter",
+    ...                      inputs={"words": None}, outputs=["counts"])
+    """
+
+    def __init__(self, name: str) -> None:
+        _check_name("topology", name)
+        self.name = name
+        self.computations: dict[str, ComputationSpec] = {}
+
+    def add_computation(
+        self,
+        name: str,
+        code: str,
+        *,
+        inputs: Mapping[str, str | None],
+        outputs: Iterable[str] = (),
+        key_ranges: int = DEFAULT_KEY_RANGES,
+        exactly_once: bool = True,
+        productions: str = "strong",
+        late_records: str = "process",
+        params: Mapping[str, str] | None = None,
+        fsync: bool | None = None,
+    ) -> Topology:
+        """Add a computation; returns the topology so calls can be chained.
+
+        ``code`` and key extractors are ``module:attr`` import paths, imported
+        by the workers (and, for key extractors, by producers and injectors).
+        ``inputs`` maps each input stream to a key extractor path, or ``None``
+        to key by ``record.key``. ``params`` are strings handed to
+        :meth:`Computation.setup`. ``fsync`` defaults to ``exactly_once``.
+        """
+        if name in self.computations:
+            raise TopologyError(
+                f"topology {self.name!r} already has a computation named {name!r}; "
+                "each computation needs its own name"
+            )
+        if isinstance(outputs, str):
+            raise TopologyError(
+                f"computation {name!r}: outputs={outputs!r} is a string; pass a list, "
+                f"e.g. outputs=[{outputs!r}]"
+            )
+        if not isinstance(inputs, Mapping):
+            raise TopologyError(
+                f"computation {name!r}: inputs={inputs!r} must be a dict of stream name -> "
+                "key extractor path or None"
+            )
+        spec = ComputationSpec(
+            name=name, code=code, inputs=dict(inputs), outputs=list(outputs),
+            key_ranges=key_ranges, exactly_once=exactly_once, productions=productions,
+            late_records=late_records, params=dict(params or {}), fsync=fsync,
+        )
+        validate_spec(spec)
+        self.computations[name] = spec
+        cycle = find_cycle(self.computations.values())
+        if cycle:
+            del self.computations[name]
+            raise TopologyError(
+                "adding computation " + repr(name) + " makes a cycle: " + " -> ".join(cycle)
+                + "; streams must flow one way"
+            )
+        return self
+
+    def validate(self) -> None:
+        """Check the whole topology; raises :class:`TopologyError`."""
+        if not self.computations:
+            raise TopologyError(f"topology {self.name!r} has no computations; add one first")
+        for spec in self.computations.values():
+            validate_spec(spec)
+        cycle = find_cycle(self.computations.values())
+        if cycle:
+            raise TopologyError("the topology has a cycle: " + " -> ".join(cycle))
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"name": self.name, "computations": [asdict(s) for s in self.computations.values()]},
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Topology:
+        """Parse and validate a topology sent over the wire."""
+        try:
+            doc = json.loads(text)
+            topo = cls(doc["name"])
+            for c in doc["computations"]:
+                unknown = set(c) - set(ComputationSpec.__dataclass_fields__)
+                if unknown:
+                    raise TopologyError(f"unknown computation fields {sorted(unknown)}")
+                name, code = c.pop("name"), c.pop("code")
+                topo.add_computation(name, code, **c)
+        except (KeyError, TypeError, ValueError) as e:
+            raise TopologyError(f"malformed topology document: {e!r}") from None
+        topo.validate()
+        return topo
+
+    def __repr__(self) -> str:
+        return f"Topology({self.name!r}, computations={list(self.computations)})"

@@ -1,0 +1,23 @@
+"""Generated protocol code (from proto/millstream.proto) and record conversion."""
+
+from __future__ import annotations
+
+from runtime.record import Record
+from runtime.wire import millstream_pb2 as pb
+
+# Bounded message sizes on every channel and server.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.enable_retries", 0),
+]
+
+
+def to_proto(r: Record) -> pb.Record:
+    return pb.Record(key=r.key, value=r.value, timestamp=r.timestamp, id=r.id)
+
+
+def from_proto(p: pb.Record) -> Record:
+    return Record(p.key, p.value, p.timestamp, p.id)

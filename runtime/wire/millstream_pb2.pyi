@@ -1,0 +1,191 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Record(_message.Message):
+    __slots__ = ("key", "value", "timestamp", "id")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    value: bytes
+    timestamp: int
+    id: bytes
+    def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., timestamp: _Optional[int] = ..., id: _Optional[bytes] = ...) -> None: ...
+
+class DeliverRequest(_message.Message):
+    __slots__ = ("computation", "key_range", "token", "records", "sender")
+    COMPUTATION_FIELD_NUMBER: _ClassVar[int]
+    KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    computation: str
+    key_range: int
+    token: int
+    records: _containers.RepeatedCompositeFieldContainer[Record]
+    sender: str
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., sender: _Optional[str] = ...) -> None: ...
+
+class DeliverResponse(_message.Message):
+    __slots__ = ("status", "detail")
+    class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        OK: _ClassVar[DeliverResponse.Status]
+        NOT_OWNER: _ClassVar[DeliverResponse.Status]
+        BUSY: _ClassVar[DeliverResponse.Status]
+    OK: DeliverResponse.Status
+    NOT_OWNER: DeliverResponse.Status
+    BUSY: DeliverResponse.Status
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    status: DeliverResponse.Status
+    detail: str
+    def __init__(self, status: _Optional[_Union[DeliverResponse.Status, str]] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class PingRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PingResponse(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+
+class SubmitRequest(_message.Message):
+    __slots__ = ("topology_json",)
+    TOPOLOGY_JSON_FIELD_NUMBER: _ClassVar[int]
+    topology_json: str
+    def __init__(self, topology_json: _Optional[str] = ...) -> None: ...
+
+class SubmitResponse(_message.Message):
+    __slots__ = ("name", "tablets")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TABLETS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    tablets: int
+    def __init__(self, name: _Optional[str] = ..., tablets: _Optional[int] = ...) -> None: ...
+
+class RegisterWorkerRequest(_message.Message):
+    __slots__ = ("address",)
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    def __init__(self, address: _Optional[str] = ...) -> None: ...
+
+class RegisterWorkerResponse(_message.Message):
+    __slots__ = ("worker_id", "lease_ms")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    lease_ms: int
+    def __init__(self, worker_id: _Optional[str] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+
+class HeldTablet(_message.Message):
+    __slots__ = ("computation", "key_range", "token")
+    COMPUTATION_FIELD_NUMBER: _ClassVar[int]
+    KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    computation: str
+    key_range: int
+    token: int
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("worker_id", "tablets")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TABLETS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    tablets: _containers.RepeatedCompositeFieldContainer[HeldTablet]
+    def __init__(self, worker_id: _Optional[str] = ..., tablets: _Optional[_Iterable[_Union[HeldTablet, _Mapping]]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("known", "routing_version")
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    routing_version: int
+    def __init__(self, known: _Optional[bool] = ..., routing_version: _Optional[int] = ...) -> None: ...
+
+class Input(_message.Message):
+    __slots__ = ("stream", "key_extractor")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    KEY_EXTRACTOR_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    key_extractor: str
+    def __init__(self, stream: _Optional[str] = ..., key_extractor: _Optional[str] = ...) -> None: ...
+
+class Assignment(_message.Message):
+    __slots__ = ("key_range", "worker_id", "address", "token")
+    KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    key_range: int
+    worker_id: str
+    address: str
+    token: int
+    def __init__(self, key_range: _Optional[int] = ..., worker_id: _Optional[str] = ..., address: _Optional[str] = ..., token: _Optional[int] = ...) -> None: ...
+
+class ComputationRoute(_message.Message):
+    __slots__ = ("name", "topology", "code", "inputs", "outputs", "key_ranges", "exactly_once", "productions", "late_records", "params", "assignments")
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    KEY_RANGES_FIELD_NUMBER: _ClassVar[int]
+    EXACTLY_ONCE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCTIONS_FIELD_NUMBER: _ClassVar[int]
+    LATE_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    topology: str
+    code: str
+    inputs: _containers.RepeatedCompositeFieldContainer[Input]
+    outputs: _containers.RepeatedScalarFieldContainer[str]
+    key_ranges: int
+    exactly_once: bool
+    productions: str
+    late_records: str
+    params: _containers.ScalarMap[str, str]
+    assignments: _containers.RepeatedCompositeFieldContainer[Assignment]
+    def __init__(self, name: _Optional[str] = ..., topology: _Optional[str] = ..., code: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., key_ranges: _Optional[int] = ..., exactly_once: _Optional[bool] = ..., productions: _Optional[str] = ..., late_records: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ...) -> None: ...
+
+class Routing(_message.Message):
+    __slots__ = ("version", "computations")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    COMPUTATIONS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    computations: _containers.RepeatedCompositeFieldContainer[ComputationRoute]
+    def __init__(self, version: _Optional[int] = ..., computations: _Optional[_Iterable[_Union[ComputationRoute, _Mapping]]] = ...) -> None: ...
+
+class RoutingRequest(_message.Message):
+    __slots__ = ("known_version",)
+    KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    known_version: int
+    def __init__(self, known_version: _Optional[int] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("json",)
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    def __init__(self, json: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,109 @@
+"""The :class:`~runtime.Context` user code sees, over one batch's uncommitted effects."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from runtime.computation import Context, State, TimeDomain
+from runtime.errors import MillstreamError
+from worker.storage import Timer
+
+
+class Effects:
+    """What one record (or timer) did; merged into the batch only if user code returned."""
+
+    __slots__ = ("state", "timers_set", "timers_deleted", "produced")
+
+    def __init__(self) -> None:
+        self.state: dict[bytes, bytes | None] = {}
+        self.timers_set: dict[tuple[bytes, str], Timer] = {}
+        self.timers_deleted: set[tuple[bytes, str]] = set()
+        self.produced: list[tuple[str, bytes, bytes, int]] = []  # stream, key, value, ts
+
+
+class _KeyState(State):
+    __slots__ = ("_ctx",)
+
+    def __init__(self, ctx: KeyContext) -> None:
+        self._ctx = ctx
+
+    def get(self) -> bytes | None:
+        key = self._ctx._key
+        eff = self._ctx.effects
+        if key in eff.state:
+            return eff.state[key]
+        return self._ctx.read_state(key)
+
+    def set(self, value: bytes) -> None:
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError(f"state must be bytes, not {type(value).__name__}; encode it first")
+        self._ctx.effects.state[self._ctx._key] = bytes(value)
+
+    def clear(self) -> None:
+        self._ctx.effects.state[self._ctx._key] = None
+
+
+class KeyContext(Context):
+    """A context reused across the records of a batch (rebound per record)."""
+
+    def __init__(
+        self,
+        outputs: frozenset[str],
+        read_state: Callable[[bytes], bytes | None],
+        watermark: Callable[[], int],
+        now_us: Callable[[], int] = lambda: time.time_ns() // 1000,
+    ) -> None:
+        self.outputs = outputs
+        self.read_state = read_state
+        self._watermark = watermark
+        self._now_us = now_us
+        self._key = b""
+        self._timestamp = 0
+        self._state = _KeyState(self)
+        self.effects = Effects()
+
+    def bind(self, key: bytes, timestamp: int, effects: Effects) -> None:
+        self._key = key
+        self._timestamp = timestamp
+        self.effects = effects
+
+    @property
+    def key(self) -> bytes:
+        return self._key
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def low_watermark(self) -> int:
+        return self._watermark()
+
+    def produce(self, stream: str, value: bytes, *, key: bytes | None = None,
+                timestamp: int | None = None) -> None:
+        if stream not in self.outputs:
+            raise MillstreamError(
+                f"produce() to unknown stream {stream!r}: this computation's outputs are "
+                f"{sorted(self.outputs)}; add it to outputs= in add_computation"
+            )
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError(f"produce() value must be bytes, not {type(value).__name__}")
+        if key is not None and not isinstance(key, (bytes, bytearray)):
+            raise TypeError(f"produce() key must be bytes, not {type(key).__name__}")
+        ts = self._timestamp if timestamp is None else int(timestamp)
+        self.effects.produced.append((stream, self._key if key is None else bytes(key), bytes(value), ts))
+
+    def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
+        if not isinstance(tag, str):
+            raise TypeError(f"timer tag must be str, not {type(tag).__name__}")
+        t = Timer(self._key, tag, TimeDomain(domain), int(time))
+        self.effects.timers_set[(self._key, tag)] = t
+        self.effects.timers_deleted.discard((self._key, tag))
+
+    def delete_timer(self, tag: str) -> None:
+        self.effects.timers_set.pop((self._key, tag), None)
+        self.effects.timers_deleted.add((self._key, tag))
+
+    def now(self) -> int:
+        return self._now_us()

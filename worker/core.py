@@ -1,0 +1,150 @@
+"""The worker's core: the tablets it hosts, fencing, routing, its lease. No gRPC here."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from runtime import metrics
+from runtime.errors import StaleTokenError
+from runtime.record import Record
+from runtime.routing import KeyExtractor, RoutingTable
+from runtime.wire import millstream_pb2 as pb
+from worker.sender import Sender
+from worker.storage import Production
+from worker.tablet import BUSY, NOT_OWNER, Tablet
+
+log = logging.getLogger(__name__)
+WATERMARK_MIN = -(1 << 63)
+RemoteDeliver = Callable[[str, str, int, int, list[Record]], Awaitable[int]]
+
+
+@dataclass(frozen=True)
+class WorkerLimits:
+    """Bounds of the record path (backpressure and retries)."""
+
+    max_queued_records: int = 20_000
+    max_unacked: int = 100_000
+    max_batch_records: int = 2_000
+    max_attempts: int = 3
+    lease_safety: float = 0.8  # fraction of the lease a worker trusts before self-fencing
+
+
+class WorkerCore:
+    """Hosts tablets for one worker identity and fences them by lease and token."""
+
+    def __init__(self, state_dir: str, address: str, remote_deliver: RemoteDeliver,
+                 limits: WorkerLimits = WorkerLimits(),
+                 now_ms: Callable[[], float] = lambda: time.monotonic() * 1000) -> None:
+        self.state_dir = state_dir
+        self.address = address
+        self.limits = limits
+        self.now_ms = now_ms
+        self.worker_id = ""
+        self.lease_deadline = 0.0
+        self.routing = RoutingTable(pb.Routing())
+        self.tablets: dict[tuple[str, int], Tablet] = {}
+        self.watermarks: dict[str, int] = {}
+        self._extractors: dict[str, KeyExtractor] = {}
+        self._remote = remote_deliver
+        self._routing_cond = asyncio.Condition()
+        self._reconcile_lock = asyncio.Lock()
+        self.sender = Sender(lambda: self.routing, self.deliver_to, self.routing_changed)
+
+    # ----------------------------------------------------------------- lease
+
+    def lease_valid(self) -> bool:
+        return self.now_ms() < self.lease_deadline
+
+    def renewed(self, sent_at_ms: float, lease_ms: int) -> None:
+        """A heartbeat sent at ``sent_at_ms`` was acknowledged: trust the lease until then + a margin."""
+        self.lease_deadline = max(self.lease_deadline, sent_at_ms + lease_ms * self.limits.lease_safety)
+
+    def lost_lease(self) -> None:
+        self.lease_deadline = 0.0
+
+    # --------------------------------------------------------------- routing
+
+    async def apply_routing(self, routing: pb.Routing) -> None:
+        table = RoutingTable(routing)
+        try:
+            table.load_extractors(self._extractors)
+        except Exception:
+            log.exception("cannot load a key extractor; keeping the previous routing")
+            return
+        async with self._routing_cond:
+            self.routing = table
+            self._routing_cond.notify_all()
+        await self.reconcile()
+
+    async def routing_changed(self, version: int, timeout: float) -> None:
+        async with self._routing_cond:
+            try:
+                await asyncio.wait_for(
+                    self._routing_cond.wait_for(lambda: self.routing.version != version), timeout)
+            except TimeoutError:
+                pass
+
+    async def reconcile(self) -> None:
+        """Open the tablets assigned here, close the others (and any that failed)."""
+        async with self._reconcile_lock:
+            wanted = self.routing.tablets_of(self.worker_id) if self.lease_valid() else {}
+            for key, tablet in list(self.tablets.items()):
+                if tablet.closing or wanted.get(key) != tablet.token:
+                    await tablet.close()
+                    del self.tablets[key]
+            for key, token in wanted.items():
+                if key in self.tablets:
+                    continue
+                route = self.routing.computations[key[0]]
+                path = os.path.join(self.state_dir, key[0], str(key[1]))
+                tablet = Tablet(self, route, key[1], token, path)
+                try:
+                    await tablet.start()
+                except StaleTokenError as e:
+                    metrics.STALE.labels("open").inc()
+                    log.error("refused to open tablet %s/%d: %s", key[0], key[1], e)
+                    continue
+                except Exception as e:
+                    # Typically the previous owner still holds the RocksDB lock while it closes.
+                    log.info("tablet %s/%d not opened yet (%s); will retry", key[0], key[1], e)
+                    continue
+                self.tablets[key] = tablet
+                log.info("tablet %s/%d open under token %d", key[0], key[1], token)
+
+    async def close_all(self) -> None:
+        async with self._reconcile_lock:
+            for tablet in self.tablets.values():
+                await tablet.close()
+            self.tablets.clear()
+        await self.sender.close()
+
+    # -------------------------------------------------------------- delivery
+
+    def send(self, productions: list[Production], owner: Tablet) -> None:
+        self.sender.send(productions, owner)
+
+    def watermark(self, computation: str) -> int:
+        return self.watermarks.get(computation, WATERMARK_MIN)
+
+    async def deliver(self, computation: str, key_range: int, token: int, records: list[Record]) -> int:
+        """Fence by token, then hand the batch to the tablet (DESIGN.md §4 step 1)."""
+        tablet = self.tablets.get((computation, key_range))
+        if tablet is not None and tablet.token == token and not tablet.closing:
+            return await tablet.deliver(records)
+        assigned = self.routing.destination(computation, key_range)
+        mine = assigned.address == self.address and self.lease_valid()
+        if (mine and assigned.token == token) or token > assigned.token:
+            return BUSY  # assigned here, still opening; or routing news not yet arrived
+        metrics.STALE.labels("deliver").inc()
+        return NOT_OWNER
+
+    async def deliver_to(self, address: str, computation: str, key_range: int, token: int,
+                         records: list[Record]) -> int:
+        if address == self.address:
+            return await self.deliver(computation, key_range, token, records)
+        return await self._remote(address, computation, key_range, token, records)

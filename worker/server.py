@@ -1,0 +1,177 @@
+"""The worker daemon: a thin gRPC layer over :class:`~worker.core.WorkerCore`,
+and its session with the master (registration, heartbeats, routing)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from runtime import metrics, serving
+from runtime.client import AsyncMasterClient
+from runtime.record import Record
+from runtime.wire import CHANNEL_OPTIONS, from_proto, to_proto
+from runtime.wire import millstream_pb2 as pb
+from runtime.wire import millstream_pb2_grpc as rpc
+from worker.core import WorkerCore, WorkerLimits
+from worker.sender import UNREACHABLE
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    masters: tuple[str, ...]
+    listen: str
+    state_dir: str
+    metrics_listen: str | None = None
+    limits: WorkerLimits = WorkerLimits()
+
+
+class WorkerServicer(rpc.WorkerServicer):
+    def __init__(self, core: WorkerCore) -> None:
+        self.core = core
+
+    async def Deliver(self, request: pb.DeliverRequest, context: Any) -> pb.DeliverResponse:
+        records = [from_proto(r) for r in request.records]
+        status = await self.core.deliver(request.computation, request.key_range, request.token, records)
+        return pb.DeliverResponse(status=status)
+
+    async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:
+        return pb.PingResponse(worker_id=self.core.worker_id)
+
+
+class Peers:
+    """gRPC channels to the other workers, for deliveries."""
+
+    def __init__(self) -> None:
+        self._stubs: dict[str, rpc.WorkerStub] = {}
+        self._channels: list[grpc.aio.Channel] = []
+
+    async def deliver(self, address: str, computation: str, key_range: int, token: int,
+                      records: list[Record]) -> int:
+        stub = self._stubs.get(address)
+        if stub is None:
+            ch = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            self._channels.append(ch)
+            stub = self._stubs[address] = rpc.WorkerStub(ch)
+        req = pb.DeliverRequest(computation=computation, key_range=key_range, token=token,
+                                records=[to_proto(r) for r in records])
+        try:
+            resp = await stub.Deliver(req, timeout=30)
+        except grpc.RpcError as e:
+            log.debug("delivery to %s failed: %s", address, e.code())
+            return UNREACHABLE
+        return int(resp.status)
+
+    async def close(self) -> None:
+        for ch in self._channels:
+            await ch.close()
+
+
+class MasterSession:
+    """Registers with the leader, heartbeats, and applies the routing it streams."""
+
+    def __init__(self, core: WorkerCore, masters: AsyncMasterClient) -> None:
+        self.core = core
+        self.masters = masters
+        self.lease_ms = 3000
+
+    async def run(self) -> None:
+        while True:
+            try:
+                resp = await self.masters.stub().RegisterWorker(
+                    pb.RegisterWorkerRequest(address=self.core.address), timeout=self.masters.timeout)
+            except grpc.RpcError as e:
+                log.info("cannot register with master %s: %s", self.masters.leader, e.details())
+                self.masters.follow(e)
+                await asyncio.sleep(0.2)
+                continue
+            self.core.worker_id = resp.worker_id
+            self.lease_ms = resp.lease_ms
+            self.core.renewed(self.core.now_ms(), self.lease_ms)
+            log.info("registered as worker %s (lease %d ms)", resp.worker_id, resp.lease_ms)
+            print(f"millstream worker {resp.worker_id} registered", flush=True)
+            watch = asyncio.create_task(self._watch())
+            try:
+                await self._heartbeat()
+            finally:
+                watch.cancel()
+                await asyncio.gather(watch, return_exceptions=True)
+            self.core.lost_lease()
+            await self.core.reconcile()  # closes every tablet: self-fencing
+
+    async def _heartbeat(self) -> None:
+        """Returns when the lease is lost for good (the master forgot us)."""
+        interval = self.lease_ms / 4000
+        while True:
+            sent_at = self.core.now_ms()
+            held = [pb.HeldTablet(computation=c, key_range=r, token=t.token)
+                    for (c, r), t in self.core.tablets.items()]
+            try:
+                resp = await self.masters.stub().Heartbeat(
+                    pb.HeartbeatRequest(worker_id=self.core.worker_id, tablets=held),
+                    timeout=self.lease_ms / 2000)
+            except grpc.RpcError as e:
+                self.masters.follow(e)
+                log.info("heartbeat failed (%s)", e.code().name)
+                if not self.core.lease_valid():
+                    await self.core.reconcile()  # self-fence: close tablets, stop committing
+            else:
+                if not resp.known:
+                    log.warning("the master no longer knows worker %s; re-registering",
+                                self.core.worker_id)
+                    return
+                self.core.renewed(sent_at, self.lease_ms)
+            await asyncio.sleep(interval)
+
+    async def _watch(self) -> None:
+        known = 0
+        while True:
+            try:
+                async for routing in self.masters.watch(known):
+                    known = routing.version
+                    await self.core.apply_routing(routing)
+            except grpc.RpcError as e:
+                self.masters.follow(e)
+            known = 0
+            await asyncio.sleep(0.1)
+
+
+async def _reconcile_loop(core: WorkerCore) -> None:
+    while True:
+        await asyncio.sleep(0.2)
+        await core.reconcile()
+
+
+async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
+    server = serving.make_server()
+    address = serving.bind(server, options.listen)
+    peers = Peers()
+    core = WorkerCore(options.state_dir, address, peers.deliver, options.limits)
+    rpc.add_WorkerServicer_to_server(WorkerServicer(core), server)
+    await server.start()
+    print(f"millstream worker listening on {address}", flush=True)
+    if options.metrics_listen:
+        host, _, port = options.metrics_listen.rpartition(":")
+        print(f"millstream worker metrics on {host}:{metrics.serve(host, int(port))}", flush=True)
+    masters = AsyncMasterClient(options.masters)
+    tasks = [asyncio.create_task(MasterSession(core, masters).run()),
+             asyncio.create_task(_reconcile_loop(core))]
+    try:
+        await stop.wait()
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await core.close_all()
+        await server.stop(grace=0.5)
+        await peers.close()
+        await masters.close()
+
+
+def main(options: WorkerOptions) -> None:
+    serving.run(lambda stop: serve(options, stop))

@@ -1,0 +1,204 @@
+"""One tablet's RocksDB: layout, opening under a sequencer token, and atomic commits.
+
+Keys are prefixed by one byte per kind of data::
+
+    S <key>                               user state
+    D <record id>                         dedup ids of committed input
+    P <seq:8> <range:4> <computation>     checkpointed production (a Record proto)
+    K <keylen:4> <key> <tag>              timer by key -> <domain:1> <time:8>
+    T <domain:1> <time:8> <keylen:4> <key> <tag>   timer index by due time
+    M token | seq | sink                  metadata
+
+A :class:`Commit` collects one batch's effects and is written as one
+``WriteBatch``: nothing the batch did is visible, or all of it is.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from runtime.computation import TimeDomain
+from runtime.errors import MillstreamError, StaleTokenError
+from runtime.record import Record
+from runtime.wire import from_proto, millstream_pb2 as pb, to_proto
+
+_TIME_OFFSET = 1 << 63  # maps signed microseconds onto unsigned, order-preserving
+M_TOKEN, M_SEQ, M_SINK = b"Mtoken", b"Mseq", b"Msink"
+
+
+def _timer_key(key: bytes, tag: str) -> bytes:
+    return struct.pack(">I", len(key)) + key + tag.encode()
+
+
+def _split_timer_key(raw: bytes) -> tuple[bytes, str]:
+    (n,) = struct.unpack_from(">I", raw)
+    return raw[4:4 + n], raw[4 + n:].decode()
+
+
+def production_key(seq: int, computation: str, key_range: int) -> bytes:
+    return b"P" + struct.pack(">QI", seq, key_range) + computation.encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    key: bytes
+    tag: str
+    domain: TimeDomain
+    time: int
+
+
+@dataclass(slots=True)
+class Production:
+    """A produced record bound for one tablet; ``ckey`` names its checkpoint (if any)."""
+
+    computation: str
+    key_range: int
+    record: Record
+    ckey: bytes | None = None
+
+
+class CommitState(enum.Enum):
+    STARTED = "started"
+    COMMITTED = "committed"
+    FAILED = "failed"
+
+
+@dataclass
+class Commit:
+    """The effects of one batch, written atomically by :meth:`TabletStore.commit`."""
+
+    state: dict[bytes, bytes | None] = field(default_factory=dict)
+    ids: list[bytes] = field(default_factory=list)
+    timers_set: dict[tuple[bytes, str], Timer] = field(default_factory=dict)
+    timers_deleted: dict[tuple[bytes, str], Timer] = field(default_factory=dict)
+    productions: list[Production] = field(default_factory=list)
+    seq: int | None = None
+    sink: bytes | None = None
+    status: CommitState = CommitState.STARTED
+
+
+class TabletStore:
+    """The RocksDB instance of one tablet, opened by the owner of ``token``."""
+
+    def __init__(self, path: str, token: int, *, sync: bool) -> None:
+        os.makedirs(path, exist_ok=True)
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        self.path = path
+        try:
+            self.db = Rdict(path, options=opts)
+        except Exception as e:
+            raise MillstreamError(f"cannot open tablet storage {path!r}: {e}") from None
+        recorded = self.db.get(M_TOKEN)
+        if recorded is not None and int(recorded) > token:
+            self.db.close()
+            raise StaleTokenError(
+                f"tablet storage {path!r} was last opened under token {int(recorded)}, "
+                f"newer than ours ({token}); this owner is stale and must not write"
+            )
+        self.token = token
+        self.seq = int(self.db.get(M_SEQ) or b"0")
+        self._wo = WriteOptions()
+        self._wo.sync = sync
+        self._nosync = WriteOptions()
+        wb = WriteBatch(raw_mode=True)
+        wb.put(M_TOKEN, str(token).encode())
+        self.db.write(wb, self._wo)
+
+    # ---------------------------------------------------------------- reads
+
+    def get_state(self, key: bytes) -> bytes | None:
+        return self.db.get(b"S" + key)
+
+    def has_id(self, record_id: bytes) -> bool:
+        return self.db.get(b"D" + record_id) is not None
+
+    def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        it = self.db.iter()
+        it.seek(prefix)
+        while it.valid():
+            k = it.key()
+            if not k.startswith(prefix):
+                break
+            yield k, it.value()
+            it.next()
+
+    def dedup_ids(self) -> Iterator[bytes]:
+        for k, _ in self._scan(b"D"):
+            yield k[1:]
+
+    def productions(self) -> list[Production]:
+        out = []
+        for k, v in self._scan(b"P"):
+            _, key_range = struct.unpack_from(">QI", k, 1)
+            rec = pb.Record()
+            rec.ParseFromString(v)
+            out.append(Production(k[13:].decode(), key_range, from_proto(rec), ckey=k))
+        return out
+
+    def timers(self) -> list[Timer]:
+        out = []
+        for k, v in self._scan(b"K"):
+            key, tag = _split_timer_key(k[1:])
+            domain, t = struct.unpack(">BQ", v)
+            out.append(Timer(key, tag, TimeDomain(domain), t - _TIME_OFFSET))
+        return out
+
+    def sink_meta(self) -> bytes | None:
+        return self.db.get(M_SINK)
+
+    # --------------------------------------------------------------- writes
+
+    def commit(self, c: Commit) -> None:
+        """Write every effect of ``c`` in one ``WriteBatch`` (fsynced if configured)."""
+        assert c.status is CommitState.STARTED, f"commit is {c.status.value}"
+        try:
+            wb = WriteBatch(raw_mode=True)
+            for key, value in c.state.items():
+                if value is None:
+                    wb.delete(b"S" + key)
+                else:
+                    wb.put(b"S" + key, value)
+            for rid in c.ids:
+                wb.put(b"D" + rid, b"")
+            for (key, tag), t in c.timers_deleted.items():
+                tk = _timer_key(key, tag)
+                wb.delete(b"K" + tk)
+                wb.delete(b"T" + struct.pack(">BQ", t.domain, t.time + _TIME_OFFSET) + tk)
+            for (key, tag), t in c.timers_set.items():
+                tk = _timer_key(key, tag)
+                packed = struct.pack(">BQ", t.domain, t.time + _TIME_OFFSET)
+                wb.put(b"K" + tk, packed)
+                wb.put(b"T" + packed + tk, b"")
+            for p in c.productions:
+                if p.ckey is not None:
+                    wb.put(p.ckey, to_proto(p.record).SerializeToString())
+            if c.seq is not None:
+                assert c.seq >= self.seq, f"producer sequence moved backwards: {c.seq} < {self.seq}"
+                wb.put(M_SEQ, str(c.seq).encode())
+            if c.sink is not None:
+                wb.put(M_SINK, c.sink)
+            self.db.write(wb, self._wo)
+        except BaseException:
+            c.status = CommitState.FAILED
+            raise
+        if c.seq is not None:
+            self.seq = c.seq
+        c.status = CommitState.COMMITTED
+
+    def delete_productions(self, ckeys: list[bytes]) -> None:
+        """Forget checkpointed productions their receiver acknowledged (no fsync needed:
+        if lost, they are re-sent and the receiver drops them as duplicates)."""
+        wb = WriteBatch(raw_mode=True)
+        for k in ckeys:
+            wb.delete(k)
+        self.db.write(wb, self._nosync)
+
+    def close(self) -> None:
+        self.db.close()

@@ -1,0 +1,356 @@
+"""A tablet: one computation over one key range, owned under one sequencer token.
+
+The record path (DESIGN.md §4): fence, dedup, user code, one atomic commit,
+acknowledge, then send productions, deleting each checkpoint once its
+receiver acknowledges it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import heapq
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from runtime import metrics
+from runtime.computation import Computation, TimeDomain
+from runtime.errors import MillstreamError
+from runtime.imports import load
+from runtime.record import Record, producer_prefix, sequence_id
+from runtime.routing import RoutingTable
+from runtime.topology import dead_letter_stream
+from runtime.wire import millstream_pb2 as pb
+from worker.context import Effects, KeyContext
+from worker.dedup import DedupFilter
+from worker.storage import Commit, Production, TabletStore, Timer, production_key
+
+log = logging.getLogger(__name__)
+
+OK, NOT_OWNER, BUSY = pb.DeliverResponse.OK, pb.DeliverResponse.NOT_OWNER, pb.DeliverResponse.BUSY
+
+
+class LeaseExpired(MillstreamError):
+    """The worker could not renew its lease: it must stop committing (self-fencing)."""
+
+
+class TabletHost(Protocol):
+    """What a tablet needs from the worker hosting it."""
+
+    routing: RoutingTable
+    limits: Any
+
+    def lease_valid(self) -> bool: ...
+    def send(self, productions: list[Production], owner: Tablet) -> None: ...
+    def watermark(self, computation: str) -> int: ...
+
+
+class Tablet:
+    """Processes batches for one (computation, key range) under one token."""
+
+    def __init__(self, host: TabletHost, route: pb.ComputationRoute, key_range: int, token: int,
+                 path: str, now_us: Callable[[], int] = lambda: time.time_ns() // 1000) -> None:
+        self.host = host
+        self.route = route
+        self.computation = route.name
+        self.key_range = key_range
+        self.token = token
+        self.path = path
+        self.now_us = now_us
+        self.name = f"{route.name}/{key_range}"
+        self.exactly_once = route.exactly_once
+        fsync = route.params.get("millstream.fsync")
+        self.sync = route.exactly_once if fsync is None else fsync == "1"
+        self.outputs = frozenset([*route.outputs, dead_letter_stream(route.name)])
+        self.prefix = producer_prefix(self.name)
+        self.queue: deque[tuple[list[Record], asyncio.Future[int]]] = deque()
+        self.queued_records = 0
+        self.unacked = 0
+        self.open = False
+        self.closing = False
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.timers: dict[tuple[bytes, str], Timer] = {}
+        self._heaps: dict[TimeDomain, list[tuple[int, bytes, str]]] = {d: [] for d in TimeDomain}
+        self._m = metrics.tablet(self.computation)
+
+    # ------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Open storage (refusing a newer recorded token), rebuild memory, re-send productions."""
+        self.store = await asyncio.to_thread(TabletStore, self.path, self.token, sync=self.sync)
+        try:
+            self.dedup = DedupFilter()
+            if self.exactly_once:
+                self.dedup.add_all(self.store.dedup_ids())
+            for t in self.store.timers():
+                self._remember_timer(t)
+            cls = load(self.route.code, f"code of computation {self.computation!r}")
+            comp = cls()
+            if not isinstance(comp, Computation):
+                raise MillstreamError(f"{self.route.code!r} is not a Computation subclass")
+            comp.setup({k: v for k, v in self.route.params.items() if not k.startswith("millstream.")})
+            restore = getattr(comp, "restore", None)
+            if restore is not None:
+                restore(self.name, self.store.sink_meta())
+            self.comp = comp
+        except BaseException:
+            self.store.close()
+            raise
+        self.ctx = KeyContext(self.outputs, self._read_state,
+                              lambda: self.host.watermark(self.computation), self.now_us)
+        pending = self.store.productions()
+        self.open = True
+        if pending:
+            log.info("tablet %s re-sends %d checkpointed productions", self.name, len(pending))
+            self.unacked += len(pending)
+            self.host.send(pending, self)
+        self._task = asyncio.create_task(self._run(), name=f"tablet {self.name}")
+
+    async def close(self) -> None:
+        """Finish the batch in flight, refuse the rest (senders retry elsewhere), close storage."""
+        if self.closing:
+            return
+        self.closing = True
+        self._wake.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._refuse_queued()
+        if self.open:
+            self.open = False
+            self.store.close()
+        log.info("tablet %s closed (token %d)", self.name, self.token)
+
+    def _refuse_queued(self) -> None:
+        while self.queue:
+            _, fut = self.queue.popleft()
+            if not fut.done():
+                fut.set_result(NOT_OWNER)
+        self.queued_records = 0
+
+    # -------------------------------------------------------------- delivery
+
+    async def deliver(self, records: list[Record]) -> int:
+        """Queue a batch; resolves to OK once committed, BUSY or NOT_OWNER otherwise."""
+        if self.closing or not self.open:
+            return NOT_OWNER
+        limits = self.host.limits
+        if self.queued_records >= limits.max_queued_records or self.unacked >= limits.max_unacked:
+            self._m.busy.inc()
+            return BUSY
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.queue.append((records, fut))
+        self.queued_records += len(records)
+        self._wake.set()
+        return await fut
+
+    def acked(self, ckeys: list[bytes]) -> None:
+        """The receiver committed these productions: forget their checkpoints."""
+        self.unacked -= len(ckeys)
+        if self.open and not self.closing:
+            keys = [k for k in ckeys if k]
+            if keys:
+                self.store.delete_productions(keys)
+
+    # ------------------------------------------------------------ processing
+
+    async def _run(self) -> None:
+        while not self.closing:
+            delay = self._next_wall_timer_delay()
+            if not self.queue and not self._due_event_timers():
+                try:
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                except TimeoutError:
+                    pass
+            self._wake.clear()
+            if self.closing:
+                break
+            try:
+                self._process_once()
+            except LeaseExpired:
+                log.error("tablet %s: lease expired, refusing to commit", self.name)
+                self._m.fenced.inc()
+                self.closing = True
+                self._refuse_queued()
+                break
+            except Exception:
+                # Memory may no longer match disk: close; the worker reopens from disk.
+                log.exception("tablet %s: batch failed; reopening from storage", self.name)
+                self.closing = True
+                self._refuse_queued()
+                break
+            else:
+                await asyncio.sleep(0)  # let deliveries and acks in between batches
+
+    def _take(self) -> list[tuple[list[Record], asyncio.Future[int]]]:
+        items = []
+        n = 0
+        limit = self.host.limits.max_batch_records
+        while self.queue and (n == 0 or n + len(self.queue[0][0]) <= limit):
+            records, fut = self.queue.popleft()
+            n += len(records)
+            items.append((records, fut))
+        self.queued_records -= n
+        return items
+
+    def _process_once(self) -> None:
+        items = self._take()
+        due = self._pop_due_timers()
+        if not items and not due:
+            return
+        commit = Commit(seq=self.store.seq)
+        self._commit = commit
+        seen: set[bytes] = set()
+        n_new = 0
+        wm = self.host.watermark(self.computation)
+        for records, _ in items:
+            for r in records:
+                if self.exactly_once:
+                    if r.id in seen or (self.dedup.may_contain(r.id) and self.store.has_id(r.id)):
+                        self._m.duplicates.inc()
+                        continue
+                    seen.add(r.id)
+                    commit.ids.append(r.id)
+                if r.timestamp < wm:
+                    self._m.late.inc()
+                    if self.route.late_records == "drop":
+                        continue
+                n_new += 1
+                self._run_user(commit, r.key, r.timestamp, r.value,
+                               lambda ctx, r=r: self.comp.process_record(ctx, r))
+        for t in due:
+            k = (t.key, t.tag)
+            commit.timers_deleted[k] = t
+            self._run_user(commit, t.key, t.time, b"",
+                           lambda ctx, t=t: self.comp.process_timer(ctx, t.tag, t.time))
+        prepare = getattr(self.comp, "prepare_commit", None)
+        if prepare is not None:
+            commit.sink = prepare()
+        if not self.host.lease_valid():
+            raise LeaseExpired(f"tablet {self.name}")
+        t0 = time.perf_counter()
+        self.store.commit(commit)
+        self._m.commit_seconds.observe(time.perf_counter() - t0)
+        self._m.records.inc(n_new)
+        if self.exactly_once:
+            self.dedup.add_all(commit.ids)
+        for k, t in commit.timers_deleted.items():
+            if self.timers.get(k) == t:
+                del self.timers[k]
+        for t in commit.timers_set.values():
+            self._remember_timer(t)
+        for _, fut in items:
+            if not fut.done():
+                fut.set_result(OK)
+        if commit.productions:
+            self.unacked += len(commit.productions)
+            self.host.send(commit.productions, self)
+
+    def _read_state(self, key: bytes) -> bytes | None:
+        st = self._commit.state
+        if key in st:
+            return st[key]
+        return self.store.get_state(key)
+
+    def _run_user(self, commit: Commit, key: bytes, ts: int, value: bytes,
+                  fn: Callable[[KeyContext], None]) -> None:
+        """Run user code for one record or timer, retrying, then dead-lettering it."""
+        attempts = self.host.limits.max_attempts
+        error: BaseException | None = None
+        for _ in range(attempts):
+            eff = Effects()
+            self.ctx.bind(key, ts, eff)
+            try:
+                fn(self.ctx)
+            except Exception as e:  # user code: anything may happen
+                error = e
+                continue
+            self._merge(commit, eff)
+            return
+        assert error is not None
+        self._m.dead_lettered.inc()
+        log.warning("tablet %s: dead-lettering a record of key %r after %d failures: %r",
+                    self.name, key, attempts, error)
+        doc = {"error": f"{type(error).__name__}: {error}", "computation": self.computation,
+               "value": base64.b64encode(value).decode()}
+        eff = Effects()
+        eff.produced.append((dead_letter_stream(self.computation), key, json.dumps(doc).encode(), ts))
+        self._merge(commit, eff)
+
+    def _merge(self, commit: Commit, eff: Effects) -> None:
+        commit.state.update(eff.state)
+        for k in eff.timers_deleted:
+            commit.timers_set.pop(k, None)
+            old = self.timers.get(k)
+            if old is not None:
+                commit.timers_deleted[k] = old
+        for k, t in eff.timers_set.items():
+            old = self.timers.get(k)
+            if old is not None and old != t:
+                commit.timers_deleted[k] = old
+            elif old == t:
+                commit.timers_deleted.pop(k, None)
+            commit.timers_set[k] = t
+        if eff.produced:
+            routing = self.host.routing
+            for stream, key, value, ts in eff.produced:
+                assert commit.seq is not None
+                commit.seq += 1
+                rid = sequence_id(self.prefix, commit.seq)
+                rec = Record(key, value, ts, rid)
+                for comp, r, k in routing.route(stream, rec):
+                    commit.productions.append(Production(
+                        comp, r, Record(k, value, ts, rid), production_key(commit.seq, comp, r)))
+
+    # ---------------------------------------------------------------- timers
+
+    def _remember_timer(self, t: Timer) -> None:
+        self.timers[(t.key, t.tag)] = t
+        heapq.heappush(self._heaps[t.domain], (t.time, t.key, t.tag))
+
+    def _peek(self, domain: TimeDomain) -> Timer | None:
+        heap = self._heaps[domain]
+        while heap:
+            when, key, tag = heap[0]
+            t = self.timers.get((key, tag))
+            if t is not None and t.domain == domain and t.time == when:
+                return t
+            heapq.heappop(heap)  # moved or deleted since it was pushed
+        return None
+
+    def _next_wall_timer_delay(self) -> float | None:
+        t = self._peek(TimeDomain.WALL_TIME)
+        if t is None:
+            return None
+        return max(0.0, (t.time - self.now_us()) / 1e6)
+
+    def _due_event_timers(self) -> bool:
+        t = self._peek(TimeDomain.EVENT_TIME)
+        return t is not None and t.time <= self.host.watermark(self.computation)
+
+    def _pop_due_timers(self, limit: int = 10_000) -> list[Timer]:
+        out: list[Timer] = []
+        now = self.now_us()
+        wm = self.host.watermark(self.computation)
+        for domain, bound in ((TimeDomain.WALL_TIME, now), (TimeDomain.EVENT_TIME, wm)):
+            popped = []
+            while len(out) < limit:
+                t = self._peek(domain)
+                if t is None or t.time > bound:
+                    break
+                heapq.heappop(self._heaps[domain])
+                popped.append(t)
+                out.append(t)
+        return out
+
+    def oldest_work(self) -> int | None:
+        """Oldest timestamp of uncommitted input and pending event-time timers (for watermarks)."""
+        candidates = [r.timestamp for records, _ in self.queue for r in records]
+        t = self._peek(TimeDomain.EVENT_TIME)
+        if t is not None:
+            candidates.append(t.time)
+        return min(candidates) if candidates else None
