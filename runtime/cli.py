@@ -26,6 +26,8 @@ def _env(name: str, default: str | None = None) -> str | None:
 def _masters_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--masters", default=_env("MILLSTREAM_MASTERS"),
                    help="master addresses HOST:PORT[,HOST:PORT...] (env MILLSTREAM_MASTERS)")
+    p.add_argument("--timeout", type=float, default=5.0,
+                   help="seconds to keep trying to reach the leader (default 5)")
 
 
 def _need(value: str | None, flag: str, env: str) -> str:
@@ -112,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
         topo = load(args.topology, "topology")
         if not isinstance(topo, Topology):
             raise ConfigError(f"{args.topology!r} is {type(topo).__name__}, not a Topology")
-        with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS")) as c:
+        with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout) as c:
             n = c.submit(topo)
         print(f"submitted topology {topo.name!r}: {n} tablets")
         return 0
@@ -120,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
         from runtime.client import connect
         from runtime.status import render
 
-        with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS")) as c:
+        with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout) as c:
             doc = c.status()
         print(json.dumps(doc, indent=2) if args.json else render(doc))
         return 0

@@ -1,0 +1,78 @@
+"""Bad input gets a one-line error that says what to do: no traceback, no hang."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from injectors import Injector
+from runtime import Topology
+from runtime.cluster import free_port
+from runtime.errors import InjectionError, TopologyError
+from tests.harness import Cluster
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def millstream(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "runtime.cli", "--log-level", "ERROR", *args],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("millstream: error: "), lines[0]
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def test_bad_import_path_in_topology_is_refused_client_side(cluster: Cluster) -> None:
+    proc = millstream("submit", "tests.jobs:BAD_CODE", "--masters", cluster.masters_arg)
+    one_line_error(proc, "no_such_module_for_millstream", "cannot import")
+
+
+def test_topology_clashing_with_a_running_one_is_refused_by_the_master(cluster: Cluster) -> None:
+    a = Topology("a").add_computation("same", "tests.jobs:Poison", inputs={"x": None}, outputs=["y"])
+    b = Topology("b").add_computation("same", "tests.jobs:Poison", inputs={"y": None}, outputs=["z"])
+    cluster.client.submit(a)
+    with pytest.raises(TopologyError, match="'same' is already used by a running topology"):
+        cluster.client.submit(b)
+
+
+def test_cycle_across_topologies_is_refused_by_the_master(cluster: Cluster) -> None:
+    a = Topology("a").add_computation("first", "tests.jobs:Poison", inputs={"x": None}, outputs=["y"])
+    b = Topology("b").add_computation("second", "tests.jobs:Poison", inputs={"y": None}, outputs=["x"])
+    cluster.client.submit(a)
+    with pytest.raises(TopologyError, match="cycle: .*first.*second"):
+        cluster.client.submit(b)
+
+
+def test_injecting_into_a_stream_nobody_reads_is_refused(cluster: Cluster) -> None:
+    with pytest.raises(InjectionError, match="stream 'nowhere' is unknown"):
+        with Injector(cluster.masters_arg, "nowhere", "lost") as inj:
+            inj.send(b"k", b"v", 1)
+
+
+def test_wrong_master_address() -> None:
+    port = free_port()
+    proc = millstream("status", "--masters", f"127.0.0.1:{port}", "--timeout", "1")
+    one_line_error(proc, f"127.0.0.1:{port}", "millstream up")
+
+
+def test_malformed_master_address() -> None:
+    proc = millstream("status", "--masters", "localhost")
+    one_line_error(proc, "'localhost' is not HOST:PORT")
+
+
+def test_unreachable_etcd(tmp_path: object) -> None:
+    port = free_port()
+    proc = millstream("master", "--etcd", f"http://127.0.0.1:{port}", "--listen", "127.0.0.1:0")
+    one_line_error(proc, f"127.0.0.1:{port}", "cannot reach etcd")

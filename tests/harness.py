@@ -1,0 +1,63 @@
+"""The one cluster harness of the test suite: real etcd, real master and worker processes.
+
+Ports come from the OS; every wait is on a condition with a deadline; closing
+checks that no process the cluster started is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+
+from runtime.client import Client
+from runtime.cluster import LocalCluster, Process, wait_until
+
+__all__ = ["Cluster", "wait_until"]
+
+
+class Cluster(LocalCluster):
+    """A :class:`LocalCluster` with the controls tests need."""
+
+    def __init__(self, data_dir: str, *, masters: int = 1, workers: int = 2, lease_ms: int = 1500) -> None:
+        super().__init__(data_dir, masters=masters, workers=workers, lease_ms=lease_ms)
+        self._client: Client | None = None
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = Client(self.masters_arg, timeout=30)
+        return self._client
+
+    def kill_worker(self, worker: Process, graceful: bool = False) -> None:
+        self.kill(worker, graceful=graceful)
+
+    def pause(self, proc: Process) -> None:
+        os.kill(proc.popen.pid, signal.SIGSTOP)
+
+    def resume(self, proc: Process) -> None:
+        os.kill(proc.popen.pid, signal.SIGCONT)
+
+    def wait_assigned(self, timeout: float = 30.0, live_only: bool = True) -> None:
+        """Wait until every tablet is owned by a registered worker."""
+        def assigned() -> bool:
+            doc = self.client.status()
+            workers = {w["id"] for w in doc["workers"]}
+            return bool(doc["tablets"]) and all(t["worker"] in workers for t in doc["tablets"])
+        wait_until(assigned, timeout, "every tablet to be assigned")
+
+    def wait_for(self, cond: Callable[[], bool], timeout: float, what: str) -> None:
+        wait_until(cond, timeout, what)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+        for p in self.processes():
+            if p.alive():
+                try:
+                    os.kill(p.popen.pid, signal.SIGCONT)  # a paused process cannot handle SIGTERM
+                except ProcessLookupError:
+                    pass
+        super().close()
+        left = [p.name for p in self.processes() if p.alive()]
+        assert not left, f"processes left behind: {left}"
