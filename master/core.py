@@ -110,6 +110,28 @@ class MasterCore:
             raise UnknownWorker(f"worker {worker_id} is not registered (its lease expired)")
         self.last_seen[worker_id] = self.now_ms()
 
+    async def move(self, computation: str, key_range: int, worker: str) -> int:
+        """Move one tablet to ``worker`` (an id or an address) under a new token."""
+        async with self._lock:
+            key = (computation, key_range)
+            if key not in self.tablets:
+                raise MillstreamError(
+                    f"no tablet {computation}/{key_range}; `millstream status` lists the tablets")
+            target = worker if worker in self.workers else next(
+                (w for w, a in self.workers.items() if a == worker), None)
+            if target is None:
+                raise MillstreamError(
+                    f"no live worker {worker!r}; give a worker id or address from `millstream status`")
+            old = self.tablets[key]
+            if old.worker == target:
+                return old.token
+            new = {key: Ownership(target, old.token + 1)}
+            await self._io(self.store.put_tablets, new)
+            self.tablets.update(new)
+            await self._bump()
+            log.info("moved tablet %s/%d to %s (token %d)", computation, key_range, target, old.token + 1)
+            return old.token + 1
+
     async def tick(self) -> None:
         """Expire workers whose lease ran out and move their tablets."""
         now = self.now_ms()

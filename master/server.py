@@ -78,8 +78,16 @@ class MasterServicer(rpc.MasterServicer):
     async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:
         core = await self._leader(context)
         doc = core.status()
-        doc["masters"] = {"leader": self.m.address, "leader_id": self.m.identity}
+        masters = await asyncio.to_thread(self.m.store.masters)
+        doc["masters"] = {"leader": self.m.address, "leader_id": self.m.identity,
+                          "all": sorted(m["address"] for m in masters)}
         return pb.StatusResponse(json=json.dumps(doc))
+
+    async def MoveTablet(self, request: pb.MoveTabletRequest, context: Any) -> pb.MoveTabletResponse:
+        core = await self._leader(context)
+        token = await serving.call_core(
+            context, lambda: core.move(request.computation, request.key_range, request.worker))
+        return pb.MoveTabletResponse(token=token)
 
 
 class Master:
@@ -127,11 +135,10 @@ class Master:
                     else:
                         leader = await asyncio.to_thread(self.store.leader)
                         self.leader_address = leader["address"] if leader else None
-                        await asyncio.sleep(cfg.tick_ms / 1000)
-                        continue
                 if not await asyncio.to_thread(self.store.keep_alive):
                     raise NotLeader("lease expired")
-                await self.core.tick()
+                if self.core is not None:
+                    await self.core.tick()
             except NotLeader as e:
                 log.warning("master %s lost leadership: %s", self.identity, e)
                 self.core = None

@@ -33,6 +33,7 @@ PREFIX = "/millstream/"
 LEADER = PREFIX + "leader"
 TOPOLOGIES = PREFIX + "topologies/"
 WORKERS = PREFIX + "workers/"
+MASTERS = PREFIX + "masters/"
 TABLETS = PREFIX + "tablets/"
 _TXN_OPS = 100  # etcd's default --max-txn-ops is 128
 
@@ -105,10 +106,18 @@ class EtcdStore:
 
     # ------------------------------------------------------------ leadership
 
-    def campaign(self, identity: dict[str, str], ttl_s: int) -> bool:
-        """Try to become leader; true if this master now holds the leader key."""
+    def join(self, identity: dict[str, str], ttl_s: int) -> None:
+        """Take a lease and list this master under ``masters/`` for as long as it lives."""
         if self._lease is None:
             self._lease = self._call(self._client.lease, ttl_s)
+        self._call(self._client.put, MASTERS + identity["id"], json.dumps(identity), lease=self._lease)
+
+    def masters(self) -> list[dict[str, str]]:
+        return [json.loads(v) for v, _ in self._call(self._client.get_prefix, MASTERS)]
+
+    def campaign(self, identity: dict[str, str], ttl_s: int) -> bool:
+        """Try to become leader; true if this master now holds the leader key."""
+        self.join(identity, ttl_s)
         payload = json.dumps(identity, sort_keys=True).encode()
         t = self._client.transactions
         ok, _ = self._call(

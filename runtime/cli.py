@@ -58,8 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     _masters_flag(w)
     w.add_argument("--listen", default=_env("MILLSTREAM_LISTEN", "127.0.0.1:0"))
     w.add_argument("--state-dir", default=_env("MILLSTREAM_STATE_DIR"))
-    w.add_argument("--metrics-listen", default=_env("MILLSTREAM_METRICS_LISTEN"),
-                   help="HOST:PORT for Prometheus /metrics")
+    w.add_argument("--metrics-listen", default=_env("MILLSTREAM_METRICS_LISTEN", "127.0.0.1:0"),
+                   help="HOST:PORT for Prometheus /metrics (port 0: chosen by the OS; '' = off)")
 
     s = sub.add_parser("submit", help="submit a Topology named by MODULE:ATTR")
     s.add_argument("topology")
@@ -68,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="show the cluster")
     _masters_flag(st)
     st.add_argument("--json", action="store_true")
+
+    mv = sub.add_parser("move", help="move one tablet (COMPUTATION/RANGE) to a worker (id or address)")
+    mv.add_argument("tablet")
+    mv.add_argument("worker")
+    _masters_flag(mv)
 
     inj = sub.add_parser("inject-files", help="inject the lines of the files in a directory")
     inj.add_argument("directory")
@@ -125,6 +130,16 @@ def _run(args: argparse.Namespace) -> int:
         with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout) as c:
             doc = c.status()
         print(json.dumps(doc, indent=2) if args.json else render(doc))
+        return 0
+    if cmd == "move":
+        from runtime.client import connect
+
+        comp, _, r = args.tablet.rpartition("/")
+        if not comp or not r.isdigit():
+            raise ConfigError(f"tablet {args.tablet!r} is not COMPUTATION/RANGE, e.g. counter/0")
+        with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout) as c:
+            token = c.move(comp, int(r), args.worker)
+        print(f"tablet {args.tablet} -> {args.worker} (token {token})")
         return 0
     if cmd == "inject-files":
         from injectors.files import inject_directory

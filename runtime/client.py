@@ -117,6 +117,11 @@ class Client:
         resp = self.call(lambda s: s.Status(pb.StatusRequest(), timeout=self.timeout))
         return dict(json.loads(resp.json))
 
+    def move(self, computation: str, key_range: int, worker: str) -> int:
+        """Move one tablet to a worker (id or address); returns its new sequencer token."""
+        req = pb.MoveTabletRequest(computation=computation, key_range=key_range, worker=worker)
+        return int(self.call(lambda s: s.MoveTablet(req, timeout=self.timeout)).token)
+
     def routing(self) -> pb.Routing:
         return self.call(lambda s: s.GetRouting(pb.RoutingRequest(), timeout=self.timeout))
 

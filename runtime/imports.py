@@ -13,7 +13,7 @@ _PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 def check_syntax(path: str, what: str) -> None:
     """Raise :class:`ImportPathError` unless ``path`` looks like ``module:attr``."""
-    if not isinstance(path, str) or not _PATH.match(path):
+    if not isinstance(path, str) or not _PATH.fullmatch(path):
         raise ImportPathError(
             f"{what} {path!r} is not an import path; write it as 'package.module:Name' "
             "(a module importable on every worker, a colon, then the attribute)"
@@ -26,7 +26,7 @@ def load(path: str, what: str = "import path") -> Any:
     module_name, _, attr = path.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
-    except ImportError as e:
+    except (ImportError, SyntaxError) as e:
         raise ImportPathError(
             f"{what} {path!r}: cannot import module {module_name!r} ({e}); "
             "make sure it is installed or on PYTHONPATH where it runs"

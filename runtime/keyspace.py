@@ -2,7 +2,8 @@
 
 Keys hash to 64 bits with BLAKE2b (stable across processes and machines, unlike
 Python's salted ``hash``). A computation's hash space ``[0, 2**64)`` is cut into
-``n`` equal ranges; range ``i`` covers ``[i * 2**64 // n, (i + 1) * 2**64 // n)``.
+``n`` equal ranges; range ``i`` covers ``[ceil(i * 2**64 / n), ceil((i + 1) * 2**64 / n))``,
+exactly the hashes :func:`range_of` maps to ``i``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,11 @@ from typing import Any
 
 
 def render(doc: dict[str, Any]) -> str:
-    lines = [f"leader: {doc.get('masters', {}).get('leader', '?')}", "", "workers:"]
+    masters = doc.get("masters", {})
+    lines = ["masters:"]
+    for a in masters.get("all", [masters.get("leader", "?")]):
+        lines.append(f"  {a}{'  (leader)' if a == masters.get('leader') else ''}")
+    lines += ["", "workers:"]
     for w in doc["workers"]:
         lines.append(f"  {w['id']}  {w['address']:<22} tablets={w['tablets']:<4} "
                      f"heartbeat {w['last_heartbeat_ms_ago']} ms ago")

@@ -49,7 +49,7 @@ class ComputationSpec:
 
 
 def _check_name(kind: str, name: object) -> None:
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise TopologyError(
             f"{kind} name {name!r} is invalid; use 1-128 letters, digits, '_', '-' or '.', "
             "not starting with '-' or '.'"
@@ -122,24 +122,27 @@ def find_cycle(specs: Iterable[ComputationSpec]) -> list[str] | None:
         for stream in s.inputs:
             readers.setdefault(stream, []).append(s.name)
     edges = {s.name: sorted({r for out in s.all_outputs for r in readers.get(out, [])}) for s in specs}
-    state: dict[str, int] = {}  # 1 = on the path, 2 = done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
-        for nxt in edges.get(node, []):
-            if state.get(nxt) == 1:
+    done: set[str] = set()
+    for root in sorted(edges):
+        if root in done:
+            continue
+        path = [root]
+        on_path = {root}
+        stack = [iter(edges[root])]
+        while stack:  # iterative depth-first search: long chains must not hit the recursion limit
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                stack.pop()
+                node = path.pop()
+                on_path.discard(node)
+                done.add(node)
+                continue
+            if nxt in on_path:
                 return path[path.index(nxt):] + [nxt]
-            if nxt not in state and (cycle := visit(nxt)):
-                return cycle
-        path.pop()
-        state[node] = 2
-        return None
-
-    for name in sorted(edges):
-        if name not in state and (cycle := visit(name)):
-            return cycle
+            if nxt not in done:
+                path.append(nxt)
+                on_path.add(nxt)
+                stack.append(iter(edges.get(nxt, [])))
     return None
 
 
@@ -251,6 +254,8 @@ class Topology:
             doc = json.loads(text)
             topo = cls(doc["name"])
             for c in doc["computations"]:
+                if not isinstance(c, dict):
+                    raise TopologyError(f"malformed topology document: computation {c!r} is not an object")
                 unknown = set(c) - set(ComputationSpec.__dataclass_fields__)
                 if unknown:
                     raise TopologyError(f"unknown computation fields {sorted(unknown)}")

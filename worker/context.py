@@ -10,6 +10,12 @@ from runtime.errors import MillstreamError
 from worker.storage import Timer
 
 
+def _check_time(t: int, what: str) -> int:
+    if isinstance(t, bool) or not isinstance(t, int) or not -(1 << 63) <= t < (1 << 63):
+        raise ValueError(f"{what} {t!r} must be an int of microseconds within 64 bits")
+    return t
+
+
 class Effects:
     """What one record (or timer) did; merged into the batch only if user code returned."""
 
@@ -91,13 +97,13 @@ class KeyContext(Context):
             raise TypeError(f"produce() value must be bytes, not {type(value).__name__}")
         if key is not None and not isinstance(key, (bytes, bytearray)):
             raise TypeError(f"produce() key must be bytes, not {type(key).__name__}")
-        ts = self._timestamp if timestamp is None else int(timestamp)
+        ts = self._timestamp if timestamp is None else _check_time(timestamp, "produce() timestamp")
         self.effects.produced.append((stream, self._key if key is None else bytes(key), bytes(value), ts))
 
     def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
         if not isinstance(tag, str):
             raise TypeError(f"timer tag must be str, not {type(tag).__name__}")
-        t = Timer(self._key, tag, TimeDomain(domain), int(time))
+        t = Timer(self._key, tag, TimeDomain(domain), _check_time(time, "timer time"))
         self.effects.timers_set[(self._key, tag)] = t
         self.effects.timers_deleted.discard((self._key, tag))
 

@@ -53,6 +53,7 @@ class WorkerCore:
         self._remote = remote_deliver
         self._routing_cond = asyncio.Condition()
         self._reconcile_lock = asyncio.Lock()
+        self._refused_logged: tuple[str, int, int] | None = None
         self.sender = Sender(lambda: self.routing, self.deliver_to, self.routing_changed)
 
     # ----------------------------------------------------------------- lease
@@ -93,6 +94,8 @@ class WorkerCore:
         """Open the tablets assigned here, close the others (and any that failed)."""
         async with self._reconcile_lock:
             wanted = self.routing.tablets_of(self.worker_id) if self.lease_valid() else {}
+            if not self.lease_valid() and self.tablets:
+                log.warning("lease not renewed in time: self-fencing, closing %d tablets", len(self.tablets))
             for key, tablet in list(self.tablets.items()):
                 if tablet.closing or wanted.get(key) != tablet.token:
                     await tablet.close()
@@ -141,6 +144,11 @@ class WorkerCore:
         if (mine and assigned.token == token) or token > assigned.token:
             return BUSY  # assigned here, still opening; or routing news not yet arrived
         metrics.STALE.labels("deliver").inc()
+        if self._refused_logged != (computation, key_range, token):
+            self._refused_logged = (computation, key_range, token)
+            log.warning("refused a delivery to %s/%d under token %d: not the owner here "
+                        "(routing says %s, token %d)", computation, key_range, token,
+                        assigned.address or "unassigned", assigned.token)
         return NOT_OWNER
 
     async def deliver_to(self, address: str, computation: str, key_range: int, token: int,

@@ -71,7 +71,8 @@ class Tablet:
         self.queued_records = 0
         self.unacked = 0
         self.open = False
-        self.closing = False
+        self.closing = False  # refuses new deliveries; set by close() or by a failed batch
+        self._closed = False
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.timers: dict[tuple[bytes, str], Timer] = {}
@@ -113,17 +114,23 @@ class Tablet:
 
     async def close(self) -> None:
         """Finish the batch in flight, refuse the rest (senders retry elsewhere), close storage."""
-        if self.closing:
+        if self._closed:
             return
+        self._closed = True
         self.closing = True
         self._wake.set()
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
-        self._refuse_queued()
-        if self.open:
-            self.open = False
-            self.store.close()
-        log.info("tablet %s closed (token %d)", self.name, self.token)
+        try:
+            if self._task is not None:
+                # Shielded: a cancelled caller must not cut the batch in flight short.
+                await asyncio.shield(asyncio.gather(self._task, return_exceptions=True))
+        finally:
+            # Batches run between awaits, so none is half-done here; the storage (and its
+            # lock, which the next owner waits for) is released whatever happens.
+            self._refuse_queued()
+            if self.open:
+                self.open = False
+                self.store.close()
+            log.info("tablet %s closed (token %d)", self.name, self.token)
 
     def _refuse_queued(self) -> None:
         while self.queue:
@@ -202,6 +209,16 @@ class Tablet:
         due = self._pop_due_timers()
         if not items and not due:
             return
+        try:
+            self._process(items, due)
+        except BaseException:
+            # Nothing of this batch committed: its senders must retry (here or elsewhere).
+            for _, fut in items:
+                if not fut.done():
+                    fut.set_result(NOT_OWNER)
+            raise
+
+    def _process(self, items: list[tuple[list[Record], asyncio.Future[int]]], due: list[Timer]) -> None:
         commit = Commit(seq=self.store.seq)
         self._commit = commit
         seen: set[bytes] = set()
@@ -266,10 +283,11 @@ class Tablet:
             self.ctx.bind(key, ts, eff)
             try:
                 fn(self.ctx)
+                routed = self._route(eff)  # key extractors are user code too
             except Exception as e:  # user code: anything may happen
                 error = e
                 continue
-            self._merge(commit, eff)
+            self._merge(commit, eff, routed)
             return
         assert error is not None
         self._m.dead_lettered.inc()
@@ -279,9 +297,24 @@ class Tablet:
                "value": base64.b64encode(value).decode()}
         eff = Effects()
         eff.produced.append((dead_letter_stream(self.computation), key, json.dumps(doc).encode(), ts))
-        self._merge(commit, eff)
+        try:
+            routed = self._route(eff)
+        except Exception:  # a dead-letter reader's key extractor failed: keep the count, log it
+            log.exception("tablet %s: cannot route a dead letter", self.name)
+            routed = []
+        self._merge(commit, eff, routed)
 
-    def _merge(self, commit: Commit, eff: Effects) -> None:
+    def _route(self, eff: Effects) -> list[tuple[str, int, bytes, Record]]:
+        """``(computation, range, key, record)`` for each production; ids are filled in by _merge."""
+        routing = self.host.routing
+        out = []
+        for stream, key, value, ts in eff.produced:
+            rec = Record(key, value, ts, b"")
+            for comp, r, k in routing.route(stream, rec):
+                out.append((comp, r, k, rec))
+        return out
+
+    def _merge(self, commit: Commit, eff: Effects, routed: list[tuple[str, int, bytes, Record]]) -> None:
         commit.state.update(eff.state)
         for k in eff.timers_deleted:
             commit.timers_set.pop(k, None)
@@ -295,16 +328,15 @@ class Tablet:
             elif old == t:
                 commit.timers_deleted.pop(k, None)
             commit.timers_set[k] = t
-        if eff.produced:
-            routing = self.host.routing
-            for stream, key, value, ts in eff.produced:
-                assert commit.seq is not None
+        assert commit.seq is not None
+        last: Record | None = None
+        for comp, r, k, rec in routed:
+            if rec is not last:  # one sequence number per produced record, shared by its readers
                 commit.seq += 1
-                rid = sequence_id(self.prefix, commit.seq)
-                rec = Record(key, value, ts, rid)
-                for comp, r, k in routing.route(stream, rec):
-                    commit.productions.append(Production(
-                        comp, r, Record(k, value, ts, rid), production_key(commit.seq, comp, r)))
+                last = rec
+            rid = sequence_id(self.prefix, commit.seq)
+            commit.productions.append(Production(
+                comp, r, Record(k, rec.value, rec.timestamp, rid), production_key(commit.seq, comp, r)))
 
     # ---------------------------------------------------------------- timers
 

@@ -180,6 +180,22 @@ class RoutingRequest(_message.Message):
     known_version: int
     def __init__(self, known_version: _Optional[int] = ...) -> None: ...
 
+class MoveTabletRequest(_message.Message):
+    __slots__ = ("computation", "key_range", "worker")
+    COMPUTATION_FIELD_NUMBER: _ClassVar[int]
+    KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    computation: str
+    key_range: int
+    worker: str
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., worker: _Optional[str] = ...) -> None: ...
+
+class MoveTabletResponse(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: int
+    def __init__(self, token: _Optional[int] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -179,6 +179,11 @@ class MasterStub:
                 request_serializer=runtime_dot_wire_dot_millstream__pb2.StatusRequest.SerializeToString,
                 response_deserializer=runtime_dot_wire_dot_millstream__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.MoveTablet = channel.unary_unary(
+                '/millstream.v1.Master/MoveTablet',
+                request_serializer=runtime_dot_wire_dot_millstream__pb2.MoveTabletRequest.SerializeToString,
+                response_deserializer=runtime_dot_wire_dot_millstream__pb2.MoveTabletResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -221,6 +226,12 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MoveTablet(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -253,6 +264,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=runtime_dot_wire_dot_millstream__pb2.StatusRequest.FromString,
                     response_serializer=runtime_dot_wire_dot_millstream__pb2.StatusResponse.SerializeToString,
+            ),
+            'MoveTablet': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveTablet,
+                    request_deserializer=runtime_dot_wire_dot_millstream__pb2.MoveTabletRequest.FromString,
+                    response_serializer=runtime_dot_wire_dot_millstream__pb2.MoveTabletResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -417,6 +433,33 @@ class Master:
             '/millstream.v1.Master/Status',
             runtime_dot_wire_dot_millstream__pb2.StatusRequest.SerializeToString,
             runtime_dot_wire_dot_millstream__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveTablet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millstream.v1.Master/MoveTablet',
+            runtime_dot_wire_dot_millstream__pb2.MoveTabletRequest.SerializeToString,
+            runtime_dot_wire_dot_millstream__pb2.MoveTabletResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,121 @@
+"""The Context user code sees (worker/context.py KeyContext)."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.computation import Context, TimeDomain
+from runtime.errors import MillstreamError
+from worker.context import Effects, KeyContext
+from worker.storage import Timer
+
+STORED = {b"k": b"stored"}
+
+
+def make_ctx(key: bytes = b"k", ts: int = 1000) -> KeyContext:
+    ctx = KeyContext(frozenset({"counts", "alerts"}), STORED.get, watermark=lambda: 500, now_us=lambda: 42)
+    ctx.bind(key, ts, Effects())
+    return ctx
+
+
+def test_is_a_context() -> None:
+    ctx = make_ctx()
+    assert isinstance(ctx, Context)
+    assert ctx.key == b"k"
+    assert ctx.low_watermark == 500
+    assert ctx.now() == 42
+
+
+def test_produce_to_undeclared_stream_names_stream_and_outputs() -> None:
+    with pytest.raises(MillstreamError,
+                       match=r"produce\(\) to unknown stream 'cuonts': this computation's outputs are "
+                             r"\['alerts', 'counts'\]; add it to outputs= in add_computation"):
+        make_ctx().produce("cuonts", b"1")
+
+
+@pytest.mark.parametrize("value", ["1", 1, None, [1]])
+def test_produce_non_bytes_value(value: object) -> None:
+    with pytest.raises(TypeError, match="produce\\(\\) value must be bytes, not"):
+        make_ctx().produce("counts", value)  # type: ignore[arg-type]
+
+
+def test_produce_non_bytes_key() -> None:
+    with pytest.raises(TypeError, match="produce\\(\\) key must be bytes, not str"):
+        make_ctx().produce("counts", b"1", key="k")  # type: ignore[arg-type]
+
+
+def test_produce_defaults_key_and_timestamp() -> None:
+    ctx = make_ctx(b"k", 1000)
+    ctx.produce("counts", b"1")
+    ctx.produce("alerts", bytearray(b"2"), key=b"other", timestamp=5)
+    assert ctx.effects.produced == [("counts", b"k", b"1", 1000), ("alerts", b"other", b"2", 5)]
+    assert all(type(v) is bytes for _, _, v, _ in ctx.effects.produced)
+
+
+def test_state_get_sees_set_within_effects() -> None:
+    ctx = make_ctx()
+    assert ctx.state.get() == b"stored"
+    ctx.state.set(b"new")
+    assert ctx.state.get() == b"new"
+    assert STORED[b"k"] == b"stored"  # nothing written through
+    ctx.state.clear()
+    assert ctx.state.get() is None
+    assert ctx.effects.state == {b"k": None}
+
+
+def test_state_is_per_key() -> None:
+    ctx = make_ctx(b"k")
+    eff = ctx.effects
+    ctx.state.set(b"for k")
+    ctx.bind(b"j", 0, eff)
+    assert ctx.state.get() is None
+    ctx.state.set(b"for j")
+    ctx.bind(b"k", 0, eff)
+    assert ctx.state.get() == b"for k"
+
+
+def test_state_set_non_bytes() -> None:
+    with pytest.raises(TypeError, match="state must be bytes, not int; encode it first"):
+        make_ctx().state.set(3)  # type: ignore[arg-type]
+
+
+def test_set_timer_then_delete_timer() -> None:
+    ctx = make_ctx()
+    ctx.set_timer("flush", 2000, TimeDomain.WALL_TIME)
+    assert ctx.effects.timers_set == {(b"k", "flush"): Timer(b"k", "flush", TimeDomain.WALL_TIME, 2000)}
+    ctx.delete_timer("flush")
+    assert ctx.effects.timers_set == {}
+    assert ctx.effects.timers_deleted == {(b"k", "flush")}
+
+
+def test_delete_then_set_timer_and_moving_it() -> None:
+    ctx = make_ctx()
+    ctx.delete_timer("flush")
+    ctx.set_timer("flush", 10)
+    ctx.set_timer("flush", 20)  # setting again moves it
+    assert ctx.effects.timers_deleted == set()
+    assert ctx.effects.timers_set == {(b"k", "flush"): Timer(b"k", "flush", TimeDomain.EVENT_TIME, 20)}
+
+
+def test_set_timer_bad_tag() -> None:
+    with pytest.raises(TypeError, match="timer tag must be str, not bytes"):
+        make_ctx().set_timer(b"flush", 10)  # type: ignore[arg-type]
+
+
+# Times are int64 on the wire (Record.timestamp) and in the timer index (time + 2**63 packed
+# as an unsigned 64-bit number). A value outside that range accepted here fails only later,
+# in TabletStore.commit, outside the poison-record retry of user code: the tablet closes,
+# the record is redelivered, and the same failure repeats instead of being dead-lettered.
+OUT_OF_RANGE = [2**63, -(2**63) - 1]
+
+
+@pytest.mark.parametrize("time", OUT_OF_RANGE)
+def test_set_timer_rejects_times_outside_int64(time: int) -> None:
+    with pytest.raises((ValueError, MillstreamError)):
+        make_ctx().set_timer("flush", time)
+
+
+@pytest.mark.parametrize("ts", OUT_OF_RANGE)
+def test_produce_rejects_timestamps_outside_int64(ts: int) -> None:
+    with pytest.raises((ValueError, MillstreamError)):
+        make_ctx().produce("counts", b"1", timestamp=ts)

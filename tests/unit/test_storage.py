@@ -1,0 +1,275 @@
+"""One tablet's RocksDB (worker/storage.py), on a real RocksDB in tmp_path."""
+
+from __future__ import annotations
+
+import struct
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rocksdict import DbClosedError
+
+from runtime.computation import TimeDomain
+from runtime.errors import MillstreamError, StaleTokenError
+from runtime.record import Record
+from worker.storage import Commit, CommitState, Production, TabletStore, Timer, production_key
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> str:
+    return str(tmp_path / "tablet")
+
+
+@pytest.fixture
+def store(db_path: str) -> Iterator[TabletStore]:
+    s = TabletStore(db_path, 1, sync=False)
+    yield s
+    # Tests that reopen close this instance themselves (close() is not idempotent).
+    try:
+        s.close()
+    except DbClosedError:
+        pass
+
+
+def reopen(store: TabletStore, token: int | None = None) -> TabletStore:
+    store.close()
+    return TabletStore(store.path, store.token if token is None else token, sync=False)
+
+
+def timer(key: bytes, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> Timer:
+    return Timer(key, tag, domain, time)
+
+
+def commit_timers(store: TabletStore, *, set_: list[Timer] = (), deleted: list[Timer] = ()) -> None:  # type: ignore[assignment]
+    store.commit(Commit(timers_set={(t.key, t.tag): t for t in set_},
+                        timers_deleted={(t.key, t.tag): t for t in deleted}))
+
+
+# ------------------------------------------------------------- state, ids
+
+
+def test_state_put_and_delete_roundtrip(store: TabletStore) -> None:
+    store.commit(Commit(state={b"a": b"1", b"b": b"2", b"": b"empty key"}))
+    assert store.get_state(b"a") == b"1"
+    assert store.get_state(b"") == b"empty key"
+    store.commit(Commit(state={b"a": None, b"b": b"3"}))
+    store = reopen(store)
+    assert store.get_state(b"a") is None
+    assert store.get_state(b"b") == b"3"
+    assert store.get_state(b"missing") is None
+    store.close()
+
+
+def test_dedup_ids_roundtrip(store: TabletStore) -> None:
+    ids = [bytes([i]) * 16 for i in range(5)]
+    store.commit(Commit(ids=ids[:3]))
+    store = reopen(store)
+    assert all(store.has_id(i) for i in ids[:3])
+    assert not any(store.has_id(i) for i in ids[3:])
+    assert sorted(store.dedup_ids()) == sorted(ids[:3])
+    store.close()
+
+
+def test_state_and_ids_do_not_collide(store: TabletStore) -> None:
+    rid = b"x" * 16
+    store.commit(Commit(state={rid: b"v"}))
+    assert not store.has_id(rid)
+    assert list(store.dedup_ids()) == []
+
+
+# ------------------------------------------------------------------ timers
+
+
+def test_timers_set_moved_and_deleted(store: TabletStore) -> None:
+    a = timer(b"k1", "flush", 100)
+    b = timer(b"k1", "gc", -5, TimeDomain.WALL_TIME)
+    c = timer(b"k2", "flush", 2**62)
+    commit_timers(store, set_=[a, b, c])
+    assert set(store.timers()) == {a, b, c}
+
+    moved = timer(b"k1", "flush", 200)
+    commit_timers(store, set_=[moved], deleted=[a])
+    assert set(store.timers()) == {moved, b, c}
+
+    commit_timers(store, deleted=[c])
+    store = reopen(store)
+    assert set(store.timers()) == {moved, b}
+    store.close()
+
+
+def test_timer_keys_and_tags_do_not_run_together(store: TabletStore) -> None:
+    ts = [timer(b"a", "bc", 1), timer(b"ab", "c", 2), timer(b"", "abc", 3), timer(b"abc", "", 4)]
+    commit_timers(store, set_=ts)
+    assert set(store.timers()) == set(ts)
+
+
+times = st.integers(-(2**63), 2**63 - 1)
+timer_ids = st.tuples(st.binary(max_size=4), st.sampled_from(["t", "u", "tu", ""]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.lists(st.tuples(timer_ids, st.none() | st.tuples(times, st.sampled_from(TimeDomain))),
+                         max_size=6), max_size=5))
+def test_timers_match_a_model(batches) -> None:
+    """Commits built like the tablet builds them (delete the old timer when moving it)."""
+    model: dict[tuple[bytes, str], Timer] = {}
+    with tempfile.TemporaryDirectory() as d:
+        store = TabletStore(d, 1, sync=False)
+        try:
+            for batch in batches:
+                committed = dict(model)  # what the tablet's in-memory index holds
+                c = Commit()
+                for k, change in batch:
+                    old = committed.get(k)
+                    c.timers_set.pop(k, None)
+                    if old is not None:
+                        c.timers_deleted[k] = old
+                    if change is None:
+                        model.pop(k, None)
+                    else:
+                        model[k] = c.timers_set[k] = Timer(k[0], k[1], change[1], change[0])
+                store.commit(c)
+                assert sorted(store.timers(), key=repr) == sorted(model.values(), key=repr)
+        finally:
+            store.close()
+
+
+# ------------------------------------------------------------- productions
+
+
+def production(seq: int, comp: str, key_range: int, value: bytes = b"v", ts: int = 7) -> Production:
+    rid = seq.to_bytes(16, "big")
+    return Production(comp, key_range, Record(b"k", value, ts, rid), production_key(seq, comp, key_range))
+
+
+def test_productions_roundtrip_in_sequence_order(store: TabletStore) -> None:
+    ps = [production(256, "count", 3), production(2, "split.x-y", 0, ts=-1), production(10, "count", 1023)]
+    store.commit(Commit(productions=ps, seq=256))
+    store = reopen(store)
+    got = store.productions()
+    assert got == sorted(ps, key=lambda p: p.ckey)  # type: ignore[arg-type, return-value]
+    assert [p.record.id[-1] for p in got] == [2, 10, 0]  # seq 2, 10, 256 (256 ends in 0x00)
+    store.close()
+
+
+def test_uncheckpointed_productions_are_not_stored(store: TabletStore) -> None:
+    p = production(1, "c", 0)
+    p.ckey = None
+    store.commit(Commit(productions=[p]))
+    assert store.productions() == []
+
+
+def test_delete_productions(store: TabletStore) -> None:
+    ps = [production(i, "c", i % 2) for i in range(1, 6)]
+    store.commit(Commit(productions=ps))
+    store.delete_productions([ps[1].ckey, ps[3].ckey, production_key(99, "c", 0)])  # type: ignore[list-item]
+    store = reopen(store)
+    assert store.productions() == [ps[0], ps[2], ps[4]]
+    store.close()
+
+
+# ---------------------------------------------------------- seq, sink meta
+
+
+def test_producer_seq_persists_across_reopen(store: TabletStore) -> None:
+    assert store.seq == 0
+    store.commit(Commit(seq=41))
+    assert store.seq == 41
+    store.commit(Commit(seq=41))  # unchanged is fine
+    store.commit(Commit())  # no seq: left alone
+    store = reopen(store)
+    assert store.seq == 41
+    store.close()
+
+
+def test_seq_moving_backwards_is_refused_and_nothing_is_written(store: TabletStore) -> None:
+    store.commit(Commit(seq=10))
+    c = Commit(seq=9, state={b"k": b"v"}, ids=[b"i" * 16])
+    with pytest.raises(AssertionError, match="producer sequence moved backwards: 9 < 10"):
+        store.commit(c)
+    assert c.status is CommitState.FAILED
+    assert store.seq == 10
+    assert store.get_state(b"k") is None
+    assert not store.has_id(b"i" * 16)
+
+
+def test_sink_meta_roundtrip(store: TabletStore) -> None:
+    assert store.sink_meta() is None
+    store.commit(Commit(sink=b"file-0007"))
+    store.commit(Commit())  # no sink: left alone
+    store = reopen(store)
+    assert store.sink_meta() == b"file-0007"
+    store.close()
+
+
+# ------------------------------------------------------------------ tokens
+
+
+def test_reopen_with_older_token_is_refused(db_path: str) -> None:
+    TabletStore(db_path, 5, sync=False).close()
+    with pytest.raises(StaleTokenError, match="last opened under token 5, newer than ours \\(4\\)"):
+        TabletStore(db_path, 4, sync=False)
+    # The refusal closed the database: the rightful owner can open it.
+    TabletStore(db_path, 5, sync=False).close()
+
+
+def test_reopen_with_same_or_newer_token_works_and_fences_older(db_path: str) -> None:
+    s = TabletStore(db_path, 3, sync=True)
+    s.commit(Commit(state={b"k": b"v"}))
+    s.close()
+    s = TabletStore(db_path, 3, sync=False)
+    s.close()
+    s = TabletStore(db_path, 9, sync=False)
+    assert s.get_state(b"k") == b"v"
+    s.close()
+    with pytest.raises(StaleTokenError):
+        TabletStore(db_path, 8, sync=False)
+
+
+def test_second_open_while_open_is_refused(store: TabletStore) -> None:
+    with pytest.raises(MillstreamError, match="cannot open tablet storage"):
+        TabletStore(store.path, 2, sync=False)
+
+
+# ------------------------------------------------------------ commit object
+
+
+def test_commit_lifecycle(store: TabletStore) -> None:
+    c = Commit(state={b"k": b"1"})
+    assert c.status is CommitState.STARTED
+    store.commit(c)
+    assert c.status is CommitState.COMMITTED
+    c.state[b"k"] = b"2"
+    with pytest.raises(AssertionError, match="commit is committed"):
+        store.commit(c)
+    assert store.get_state(b"k") == b"1"
+
+
+def test_failed_commit_cannot_be_retried(store: TabletStore) -> None:
+    store.commit(Commit(seq=5))
+    c = Commit(seq=1)
+    with pytest.raises(AssertionError):
+        store.commit(c)
+    with pytest.raises(AssertionError, match="commit is failed"):
+        store.commit(c)
+
+
+def test_out_of_range_timer_fails_the_whole_commit(store: TabletStore) -> None:
+    """Why the context must reject such times (see test_context.py): here it is too late."""
+    c = Commit(state={b"k": b"v"}, timers_set={(b"k", "t"): timer(b"k", "t", 2**63)})
+    with pytest.raises(struct.error):
+        store.commit(c)
+    assert c.status is CommitState.FAILED
+    assert store.get_state(b"k") is None
+
+
+def test_int64_extremes_roundtrip(store: TabletStore) -> None:
+    ts = [timer(b"lo", "t", -(2**63)), timer(b"hi", "t", 2**63 - 1)]
+    p = production(1, "c", 0, ts=2**63 - 1)
+    q = production(2, "c", 0, ts=-(2**63))
+    store.commit(Commit(timers_set={(t.key, t.tag): t for t in ts}, productions=[p, q]))
+    assert set(store.timers()) == set(ts)
+    assert store.productions() == [p, q]
