@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/millstream demo
 
+bench: $(STAMP)
+	$(BIN)/millstream bench
+
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 

@@ -186,7 +186,7 @@ class MasterCore:
     async def watch(self, known_version: int) -> AsyncIterator[pb.Routing]:
         while True:
             async with self._changed:
-                await self._changed.wait_for(lambda: self.version != known_version)
+                await self._changed.wait_for(lambda v=known_version: self.version != v)
             known_version = self.version
             yield self.routing()
 

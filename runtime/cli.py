@@ -12,7 +12,6 @@ import os
 import sys
 import tempfile
 from collections.abc import Sequence
-from typing import Any
 
 from runtime.errors import ConfigError, MillstreamError
 
@@ -80,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     inj.add_argument("--name", default=None, help="injector name (default: the directory's)")
     _masters_flag(inj)
 
+    b = sub.add_parser("bench", help="run the benchmarks on a local cluster; writes bench/results/")
+    b.add_argument("--peer", choices=["spark"], default=None, help="also run the workloads on a peer")
+    b.add_argument("--quick", action="store_true", help="short runs, for smoke tests")
+    b.add_argument("--only", default=None, help="comma-separated workloads to run (default: all)")
+    b.add_argument("--out", default="bench/results", help="directory for the JSON and Markdown reports")
+
     d = sub.add_parser("demo", help="run the main example end to end on an embedded cluster")
     d.add_argument("--data-dir", default=None)
     d.add_argument("--workers", type=int, default=2)
@@ -101,7 +106,8 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if cmd == "worker":
         from runtime.client import parse_addresses
-        from worker.server import WorkerOptions, main as worker_main
+        from worker.server import WorkerOptions
+        from worker.server import main as worker_main
 
         masters = parse_addresses(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"))
         state = os.path.abspath(_need(args.state_dir, "--state-dir", "MILLSTREAM_STATE_DIR"))
@@ -148,6 +154,10 @@ def _run(args: argparse.Namespace) -> int:
                              args.stream, args.name)
         print(f"injected {n} lines into {args.stream!r}")
         return 0
+    if cmd == "bench":
+        from bench.cli import run_bench
+
+        return run_bench(args)
     if cmd == "demo":
         from runtime.demo import run_demo
 

@@ -6,7 +6,6 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from runtime.errors import TopologyError
 from runtime.imports import check_syntax

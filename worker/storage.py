@@ -26,7 +26,8 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 from runtime.computation import TimeDomain
 from runtime.errors import MillstreamError, StaleTokenError
 from runtime.record import Record
-from runtime.wire import from_proto, millstream_pb2 as pb, to_proto
+from runtime.wire import from_proto, to_proto
+from runtime.wire import millstream_pb2 as pb
 
 _TIME_OFFSET = 1 << 63  # maps signed microseconds onto unsigned, order-preserving
 M_TOKEN, M_SEQ, M_SINK = b"Mtoken", b"Mseq", b"Msink"
