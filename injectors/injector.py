@@ -25,6 +25,7 @@ from runtime.wire import millstream_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
 END_OF_TIME = (1 << 63) - 1
+MIN = -(1 << 63)
 
 
 class Injector:
@@ -49,8 +50,10 @@ class Injector:
         self._extractors: dict[str, KeyExtractor] = {}
         self._routing = self._fetch_routing()
         self._channels: dict[str, grpc.Channel] = {}
-        self.watermark = -(1 << 63)
+        self.watermark = MIN
         self.finished = False
+        self._reported: int | None = None
+        self._report()  # registers: from now on this injector holds its stream's watermark
 
     def _fetch_routing(self) -> RoutingTable:
         table = RoutingTable(self.client.routing())
@@ -80,10 +83,30 @@ class Injector:
             self.flush()
 
     def advance_watermark(self, timestamp: int) -> None:
-        """Promise to send nothing older than ``timestamp`` (never moves backwards)."""
+        """Promise to send nothing older than ``timestamp`` (never moves backwards).
+
+        Reported to the master at once; the effective watermark is never later than the
+        oldest record not yet acknowledged (records sent but not flushed hold it back).
+        """
         if isinstance(timestamp, bool) or not isinstance(timestamp, int):
             raise InjectionError(f"watermark must be an int of microseconds, got {timestamp!r}")
         self.watermark = max(self.watermark, timestamp)
+        self._report()
+
+    @property
+    def effective_watermark(self) -> int:
+        """min(the promised watermark, the oldest unacknowledged record's timestamp)."""
+        if self._buffer:
+            return min(self.watermark, min(r.timestamp for r in self._buffer))
+        return self.watermark
+
+    def _report(self) -> None:
+        wm = self.effective_watermark
+        if wm == self._reported:
+            return
+        report = pb.InjectorReport(name=self.name, stream=self.stream, watermark=wm)
+        self.client.call(lambda s: s.ReportInjector(report, timeout=self.client.timeout))
+        self._reported = wm
 
     def flush(self) -> None:
         """Block until every queued record is committed by its tablet."""
@@ -127,6 +150,7 @@ class Injector:
             if refresh:
                 self._routing = self._fetch_routing()
         self._buffer.clear()
+        self._report()
 
     def _route(self, records: list[Record]) -> dict[tuple[str, int], list[Record]]:
         if not self._routing.has_subscribers(self.stream):

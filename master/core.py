@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any
 
 from master.scheduler import Ownership, TabletKey, place
 from master.store import EtcdStore
+from master.watermarks import END_OF_TIME, MIN, Settler, TabletReport, Watermark, compute, publish
 from runtime.errors import MillstreamError, TopologyError
 from runtime.topology import Topology, validate_against
 from runtime.wire import millstream_pb2 as pb
@@ -32,7 +34,8 @@ class MasterConfig:
     """Timing settings of the master."""
 
     lease_ms: int = 3000
-    tick_ms: int = 100
+    tick_ms: int = 50
+    settle_ms: int = 150  # see master.watermarks.Settler
 
 
 class MasterCore:
@@ -47,6 +50,17 @@ class MasterCore:
         self.last_seen: dict[str, float] = {}      # id -> ms of the last heartbeat received
         self.tablets: dict[TabletKey, Ownership] = {}
         self.version = 0
+        self.reports: dict[TabletKey, TabletReport] = {}
+        self.settler = Settler(config.settle_ms)
+        self.injectors: dict[str, tuple[str, int]] = {}
+        self.published: dict[str, int] = {}
+        self.computed: dict[str, Watermark] = {}
+        self.counters: dict[str, dict[str, int]] = {}    # computation -> totals
+        self._last_counts: dict[TabletKey, tuple[int, tuple[int, ...]]] = {}
+        self._dirty_injectors: set[str] = set()
+        self._backlog: dict[TabletKey, int] = {}
+        self._seen: dict[TabletKey, int] = {}
+        self.stale_reports = 0
         self._changed = asyncio.Condition()
         self._lock = asyncio.Lock()
 
@@ -61,6 +75,8 @@ class MasterCore:
         now = self.now_ms()
         self.last_seen = {w: now for w in self.workers}
         self.tablets = dict(snap.tablets)
+        self.published = dict(snap.watermarks)
+        self.injectors = dict(snap.injectors)
         await self._bump()
         log.info("leading: %d topologies, %d workers, %d tablets",
                  len(self.topologies), len(self.workers), len(self.tablets))
@@ -105,10 +121,65 @@ class MasterCore:
         log.info("worker %s joined at %s", worker_id, address)
         return worker_id
 
-    def heartbeat(self, worker_id: str) -> None:
+    def heartbeat(self, worker_id: str, held: list[pb.HeldTablet] = ()) -> dict[str, int]:
+        """Renew a worker's lease and take its tablets' progress; returns the watermarks."""
         if worker_id not in self.workers:
             raise UnknownWorker(f"worker {worker_id} is not registered (its lease expired)")
         self.last_seen[worker_id] = self.now_ms()
+        for h in held:
+            key = (h.computation, h.key_range)
+            own = self.tablets.get(key)
+            if own is None or own.worker != worker_id or own.token != h.token:
+                self.stale_reports += 1  # a report under a stale token changes nothing
+                continue
+            now = self.now_ms()
+            if key in self.reports and self.reports[key].token != h.token:
+                self.settler.forget(key)
+            self.settler.observe(key, h.oldest_work if h.has_work else END_OF_TIME, now)
+            self.reports[key] = TabletReport(h.token, h.oldest_work if h.has_work else None)
+            counts = (h.processed, h.late, h.dead_lettered)
+            last_token, last = self._last_counts.get(key, (h.token, (0, 0, 0)))
+            if last_token != h.token:
+                last = (0, 0, 0)
+            self._last_counts[key] = (h.token, counts)
+            totals = self.counters.setdefault(h.computation, {})
+            for name, now, before in zip(("processed", "late", "dead_lettered"), counts, last, strict=True):
+                totals[name] = totals.get(name, 0) + max(0, now - before)
+            self._backlog[key] = h.backlog
+            self._seen[key] = h.watermark
+        return self.published
+
+    def report_injector(self, name: str, stream: str, watermark: int) -> None:
+        """An injector's current promise; a new injector holds its stream from now on."""
+        if not name or not stream:
+            raise MillstreamError("an injector report needs a name and a stream")
+        self.injectors[name] = (stream, watermark)
+        self.settler.observe(("injector", name), watermark, self.now_ms())
+        self._dirty_injectors.add(name)
+
+    async def advance_watermarks(self) -> None:
+        """Recompute every low watermark; persist and publish those that advanced."""
+        specs = [s for t in self.topologies.values() for s in t.computations.values()]
+        now = self.now_ms()
+        reports = {}
+        for key, rep in self.reports.items():
+            settled = self.settler.value(key, now)
+            oldest = None if settled is None or settled == END_OF_TIME else settled
+            reports[key] = TabletReport(rep.token, oldest)
+        injectors = {}
+        for name, (stream, wm) in self.injectors.items():
+            settled = self.settler.value(("injector", name), now)
+            injectors[name] = (stream, wm if settled is None else min(wm, settled))
+        self.computed = compute(specs, self.tablets, reports, injectors, self.published)
+        new = publish(self.computed, self.published)
+        changed = {c: v for c, v in new.items() if v != self.published.get(c, MIN)}
+        dirty = {n: self.injectors[n] for n in self._dirty_injectors if n in self.injectors}
+        if changed or dirty:
+            await self._io(self.store.put_progress, changed, dirty)
+            self._dirty_injectors.clear()
+            for c, v in changed.items():
+                assert v >= self.published.get(c, MIN), "published watermarks never decrease"
+            self.published.update(changed)
 
     async def move(self, computation: str, key_range: int, worker: str) -> int:
         """Move one tablet to ``worker`` (an id or an address) under a new token."""
@@ -133,7 +204,8 @@ class MasterCore:
             return old.token + 1
 
     async def tick(self) -> None:
-        """Expire workers whose lease ran out and move their tablets."""
+        """Expire workers whose lease ran out and move their tablets; advance watermarks."""
+        await self.advance_watermarks()
         now = self.now_ms()
         dead = [w for w, t in self.last_seen.items() if now - t > self.config.lease_ms]
         if not dead:
@@ -192,12 +264,35 @@ class MasterCore:
 
     # ---------------------------------------------------------------- status
 
-    def status(self) -> dict[str, Any]:
+    def status(self, wall_us: int | None = None) -> dict[str, Any]:
         now = self.now_ms()
+        wall_us = wall_us if wall_us is not None else int(time.time() * 1_000_000)
+        computations = {}
+        for t in self.topologies.values():
+            for c in t.computations:
+                wm = self.published.get(c, MIN)
+                totals = self.counters.get(c, {})
+                computations[c] = {
+                    "topology": t.name,
+                    "low_watermark": wm,
+                    "lag_ms": None if wm in (MIN, END_OF_TIME) else round((wall_us - wm) / 1000),
+                    "held_by": self.computed[c].holder if c in self.computed else "",
+                    "processed": totals.get("processed", 0),
+                    "late": totals.get("late", 0),
+                    "dead_lettered": totals.get("dead_lettered", 0),
+                    "backlog": sum(b for (cc, _), b in self._backlog.items() if cc == c),
+                    # the lowest watermark any of its tablets acts on (workers learn it ~50 ms later)
+                    "watermark_seen": min((self._seen.get((c, r), MIN) for r in range(t.computations[c].key_ranges)),
+                                          default=MIN),
+                }
         counts: dict[str, int] = {}
         for own in self.tablets.values():
             counts[own.worker] = counts.get(own.worker, 0) + 1
         return {
+            "computations": computations,
+            "injectors": [{"name": n, "stream": s, "watermark": w}
+                          for n, (s, w) in sorted(self.injectors.items())],
+            "stale_reports": self.stale_reports,
             "workers": [
                 {"id": w, "address": a, "tablets": counts.get(w, 0),
                  "last_heartbeat_ms_ago": round(now - self.last_seen.get(w, now))}

@@ -31,6 +31,10 @@ class MasterOptions:
     config: MasterConfig = MasterConfig()
 
 
+async def _async(fn: Any, *args: Any) -> Any:
+    return fn(*args)
+
+
 class MasterServicer(rpc.MasterServicer):
     def __init__(self, master: Master) -> None:
         self.m = master
@@ -60,10 +64,16 @@ class MasterServicer(rpc.MasterServicer):
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         core = await self._leader(context)
         try:
-            core.heartbeat(request.worker_id)
+            watermarks = core.heartbeat(request.worker_id, list(request.tablets))
         except UnknownWorker:
             return pb.HeartbeatResponse(known=False, routing_version=core.version)
-        return pb.HeartbeatResponse(known=True, routing_version=core.version)
+        return pb.HeartbeatResponse(known=True, routing_version=core.version, watermarks=watermarks)
+
+    async def ReportInjector(self, request: pb.InjectorReport, context: Any) -> pb.InjectorResponse:
+        core = await self._leader(context)
+        await serving.call_core(context, lambda: _async(
+            core.report_injector, request.name, request.stream, request.watermark))
+        return pb.InjectorResponse()
 
     async def GetRouting(self, request: pb.RoutingRequest, context: Any) -> pb.Routing:
         return (await self._leader(context)).routing()

@@ -6,6 +6,9 @@ Layout under ``/millstream/``::
     topologies/<name>           topology JSON
     workers/<id>                {"address"}
     tablets/<computation>/<r>   {"worker", "token"}
+    masters/<id>                {"id", "address"}          (held by that master's lease)
+    watermarks/<computation>    published low watermark (never decreases)
+    injectors/<name>            {"stream", "watermark"}
 
 Every write the leader makes is one etcd transaction guarded by the leader key
 still holding this master's identity, so a deposed leader can change nothing.
@@ -34,6 +37,8 @@ LEADER = PREFIX + "leader"
 TOPOLOGIES = PREFIX + "topologies/"
 WORKERS = PREFIX + "workers/"
 MASTERS = PREFIX + "masters/"
+WATERMARKS = PREFIX + "watermarks/"
+INJECTORS = PREFIX + "injectors/"
 TABLETS = PREFIX + "tablets/"
 _TXN_OPS = 100  # etcd's default --max-txn-ops is 128
 
@@ -71,6 +76,8 @@ class Snapshot:
     topologies: dict[str, str]
     workers: dict[str, str]
     tablets: dict[TabletKey, Ownership]
+    watermarks: dict[str, int]
+    injectors: dict[str, tuple[str, int]]
 
 
 class EtcdStore:
@@ -178,13 +185,18 @@ class EtcdStore:
     # ------------------------------------------------------------------ data
 
     def load(self) -> Snapshot:
-        snap = Snapshot({}, {}, {})
+        snap = Snapshot({}, {}, {}, {}, {})
         for value, meta in self._call(self._client.get_prefix, PREFIX):
             key = meta.key.decode()
             if key.startswith(TOPOLOGIES):
                 snap.topologies[key[len(TOPOLOGIES):]] = value.decode()
             elif key.startswith(WORKERS):
                 snap.workers[key[len(WORKERS):]] = json.loads(value)["address"]
+            elif key.startswith(WATERMARKS):
+                snap.watermarks[key[len(WATERMARKS):]] = int(value)
+            elif key.startswith(INJECTORS):
+                doc = json.loads(value)
+                snap.injectors[key[len(INJECTORS):]] = (doc["stream"], int(doc["watermark"]))
             elif key.startswith(TABLETS):
                 comp, _, r = key[len(TABLETS):].rpartition("/")
                 doc = json.loads(value)
@@ -204,6 +216,16 @@ class EtcdStore:
 
     def put_tablets(self, tablets: Mapping[TabletKey, Ownership]) -> None:
         self._guarded(self._tablet_ops(tablets))
+
+    def put_progress(self, watermarks: Mapping[str, int],
+                     injectors: Mapping[str, tuple[str, int]]) -> None:
+        """Persist published watermarks and injector watermarks in one guarded transaction."""
+        t = self._client.transactions
+        ops = [t.put(WATERMARKS + c, str(v)) for c, v in sorted(watermarks.items())]
+        ops += [t.put(INJECTORS + n, json.dumps({"stream": s, "watermark": w}))
+                for n, (s, w) in sorted(injectors.items())]
+        if ops:
+            self._guarded(ops)
 
     def _tablet_ops(self, tablets: Mapping[TabletKey, Ownership]) -> list[Any]:
         t = self._client.transactions

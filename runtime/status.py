@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
+
+_MIN, _END = -(1 << 63), (1 << 63) - 1
+
+
+def _time(us: int) -> str:
+    if us == _MIN:
+        return "(start of time)"
+    if us == _END:
+        return "(end of time)"
+    try:
+        return datetime.datetime.fromtimestamp(us / 1e6, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    except (OverflowError, ValueError, OSError):
+        return str(us)
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -21,6 +35,19 @@ def render(doc: dict[str, Any]) -> str:
             ins = ", ".join(spec["inputs"])
             outs = ", ".join(spec["outputs"]) or "-"
             lines.append(f"    {c:<20} {ins} -> {outs}  ({spec['key_ranges']} key ranges)")
+    comps = doc.get("computations", {})
+    if comps:
+        lines += ["", "computations:  (low watermark, lag behind the wall clock, what holds it)"]
+        for name, c in comps.items():
+            lag = "-" if c["lag_ms"] is None else f"{c['lag_ms']} ms"
+            lines.append(f"  {name:<20} wm={_time(c['low_watermark']):<26} lag={lag:<10} "
+                         f"held by {c['held_by'] or '-'}")
+            lines.append(f"  {'':<20} processed={c['processed']} late={c['late']} "
+                         f"dead-lettered={c['dead_lettered']} backlog={c['backlog']}")
+    if doc.get("injectors"):
+        lines += ["", "injectors:"]
+        for i in doc["injectors"]:
+            lines.append(f"  {i['name']:<24} -> {i['stream']:<16} wm={_time(i['watermark'])}")
     lines += ["", "tablets:"]
     for t in doc["tablets"]:
         lines.append(f"  {t['computation']}/{t['key_range']:<4} worker={t['worker'] or '-':<12} "

@@ -61,3 +61,36 @@ class Cluster(LocalCluster):
         super().close()
         left = [p.name for p in self.processes() if p.alive()]
         assert not left, f"processes left behind: {left}"
+
+
+def etcd_history(etcd_url: str, prefix: str) -> list[tuple[str, bytes, int]]:
+    """Every value ever written under ``prefix`` (etcd keeps its MVCC history), oldest first."""
+    from urllib.parse import urlparse
+
+    import pyetcd
+
+    u = urlparse(etcd_url)
+    client = pyetcd.client(host=u.hostname, port=u.port, timeout=10)
+    try:
+        _, meta = client.get("/")  # any read: its header carries the current revision
+        current = client.get_response("/").header.revision
+        events, cancel = client.watch_prefix(prefix, start_revision=1)
+        out: list[tuple[str, bytes, int]] = []
+        try:
+            if current > 0 and client.get_prefix_response(prefix).count == 0:
+                return out
+            for ev in events:
+                out.append((ev.key.decode(), ev.value, ev.mod_revision))
+                if ev.mod_revision >= _last_revision(client, prefix):
+                    break
+        finally:
+            cancel()
+        del meta
+        return out
+    finally:
+        client.close()
+
+
+def _last_revision(client: object, prefix: str) -> int:
+    resp = client.get_prefix_response(prefix)  # type: ignore[attr-defined]
+    return max((kv.mod_revision for kv in resp.kvs), default=0)

@@ -32,6 +32,7 @@ class WorkerLimits:
     max_batch_records: int = 2_000
     max_attempts: int = 3
     lease_safety: float = 0.8  # fraction of the lease a worker trusts before self-fencing
+    progress_ms: int = 50      # heartbeat (and watermark report) interval
 
 
 class WorkerCore:
@@ -133,6 +134,21 @@ class WorkerCore:
 
     def watermark(self, computation: str) -> int:
         return self.watermarks.get(computation, WATERMARK_MIN)
+
+    def set_watermarks(self, published: dict[str, int]) -> None:
+        """Adopt the leader's published watermarks (never moving one backwards here)."""
+        advanced = set()
+        for comp, wm in published.items():
+            if wm > self.watermarks.get(comp, WATERMARK_MIN):
+                self.watermarks[comp] = wm
+                advanced.add(comp)
+        if advanced:
+            for (comp, _), tablet in self.tablets.items():
+                if comp in advanced:
+                    tablet.watermark_advanced()
+
+    def progress(self) -> list[pb.HeldTablet]:
+        return [t.progress() for t in self.tablets.values() if t.open and not t.closing]
 
     async def deliver(self, computation: str, key_range: int, token: int, records: list[Record]) -> int:
         """Fence by token, then hand the batch to the tablet (DESIGN.md §4 step 1)."""

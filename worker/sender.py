@@ -87,9 +87,9 @@ class Sender:
             if status == OK:
                 backoff = 0.005
                 done = {id(p) for p, _ in batch}
-                acked: dict[int, tuple[Tablet, list[bytes]]] = {}
+                acked: dict[int, tuple[Tablet, list[Production]]] = {}
                 for p, owner in batch:
-                    acked.setdefault(id(owner), (owner, []))[1].append(p.ckey or b"")
+                    acked.setdefault(id(owner), (owner, []))[1].append(p)
                 while q and (id(q[0][0]) in done or q[0][1].closing):
                     q.popleft()
                 for owner, keys in acked.values():

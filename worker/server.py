@@ -106,11 +106,10 @@ class MasterSession:
 
     async def _heartbeat(self) -> None:
         """Returns when the lease is lost for good (the master forgot us)."""
-        interval = self.lease_ms / 4000
+        interval = min(self.lease_ms / 4, self.core.limits.progress_ms) / 1000
         while True:
             sent_at = self.core.now_ms()
-            held = [pb.HeldTablet(computation=c, key_range=r, token=t.token)
-                    for (c, r), t in self.core.tablets.items()]
+            held = self.core.progress()
             try:
                 resp = await self.masters.stub().Heartbeat(
                     pb.HeartbeatRequest(worker_id=self.core.worker_id, tablets=held),
@@ -126,6 +125,7 @@ class MasterSession:
                                 self.core.worker_id)
                     return
                 self.core.renewed(sent_at, self.lease_ms)
+                self.core.set_watermarks(dict(resp.watermarks))
             await asyncio.sleep(interval)
 
     async def _watch(self) -> None:

@@ -27,6 +27,7 @@ from runtime.topology import dead_letter_stream
 from runtime.wire import millstream_pb2 as pb
 from worker.context import Effects, KeyContext
 from worker.dedup import DedupFilter
+from worker.progress import TimestampBag
 from worker.storage import Commit, Production, TabletStore, Timer, production_key
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,9 @@ class Tablet:
         self.queue: deque[tuple[list[Record], asyncio.Future[int]]] = deque()
         self.queued_records = 0
         self.unacked = 0
+        self._queued_ts = TimestampBag()    # uncommitted input
+        self._unacked_ts = TimestampBag()   # checkpointed productions not yet acknowledged
+        self.processed = self.late = self.dead_lettered = 0
         self.open = False
         self.closing = False  # refuses new deliveries; set by close() or by a failed batch
         self._closed = False
@@ -108,8 +112,7 @@ class Tablet:
         self.open = True
         if pending:
             log.info("tablet %s re-sends %d checkpointed productions", self.name, len(pending))
-            self.unacked += len(pending)
-            self.host.send(pending, self)
+            self._sent(pending)
         self._task = asyncio.create_task(self._run(), name=f"tablet {self.name}")
 
     async def close(self) -> None:
@@ -134,7 +137,9 @@ class Tablet:
 
     def _refuse_queued(self) -> None:
         while self.queue:
-            _, fut = self.queue.popleft()
+            records, fut = self.queue.popleft()
+            for r in records:
+                self._queued_ts.remove(r.timestamp)
             if not fut.done():
                 fut.set_result(NOT_OWNER)
         self.queued_records = 0
@@ -152,14 +157,24 @@ class Tablet:
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.queue.append((records, fut))
         self.queued_records += len(records)
+        for r in records:
+            self._queued_ts.add(r.timestamp)
         self._wake.set()
         return await fut
 
-    def acked(self, ckeys: list[bytes]) -> None:
+    def _sent(self, productions: list[Production]) -> None:
+        self.unacked += len(productions)
+        for p in productions:
+            self._unacked_ts.add(p.record.timestamp)
+        self.host.send(productions, self)
+
+    def acked(self, productions: list[Production]) -> None:
         """The receiver committed these productions: forget their checkpoints."""
-        self.unacked -= len(ckeys)
+        self.unacked -= len(productions)
+        for p in productions:
+            self._unacked_ts.remove(p.record.timestamp)
         if self.open and not self.closing:
-            keys = [k for k in ckeys if k]
+            keys = [p.ckey for p in productions if p.ckey]
             if keys:
                 self.store.delete_productions(keys)
 
@@ -201,6 +216,8 @@ class Tablet:
             records, fut = self.queue.popleft()
             n += len(records)
             items.append((records, fut))
+            for r in records:
+                self._queued_ts.remove(r.timestamp)
         self.queued_records -= n
         return items
 
@@ -233,6 +250,7 @@ class Tablet:
                     seen.add(r.id)
                     commit.ids.append(r.id)
                 if r.timestamp < wm:
+                    self.late += 1
                     self._m.late.inc()
                     if self.route.late_records == "drop":
                         continue
@@ -242,6 +260,8 @@ class Tablet:
         for t in due:
             k = (t.key, t.tag)
             commit.timers_deleted[k] = t
+            if commit.timers_set.get(k) == t:
+                del commit.timers_set[k]  # set again earlier in this batch, unchanged: it fires now
             self._run_user(commit, t.key, t.time, b"",
                            lambda ctx, t=t: self.comp.process_timer(ctx, t.tag, t.time))
         prepare = getattr(self.comp, "prepare_commit", None)
@@ -253,6 +273,7 @@ class Tablet:
         self.store.commit(commit)
         self._m.commit_seconds.observe(time.perf_counter() - t0)
         self._m.records.inc(n_new)
+        self.processed += n_new
         if self.exactly_once:
             self.dedup.add_all(commit.ids)
         for k, t in commit.timers_deleted.items():
@@ -264,8 +285,7 @@ class Tablet:
             if not fut.done():
                 fut.set_result(OK)
         if commit.productions:
-            self.unacked += len(commit.productions)
-            self.host.send(commit.productions, self)
+            self._sent(commit.productions)
 
     def _read_state(self, key: bytes) -> bytes | None:
         st = self._commit.state
@@ -290,6 +310,7 @@ class Tablet:
             self._merge(commit, eff, routed)
             return
         assert error is not None
+        self.dead_lettered += 1
         self._m.dead_lettered.inc()
         log.warning("tablet %s: dead-lettering a record of key %r after %d failures: %r",
                     self.name, key, attempts, error)
@@ -341,6 +362,8 @@ class Tablet:
     # ---------------------------------------------------------------- timers
 
     def _remember_timer(self, t: Timer) -> None:
+        if self.timers.get((t.key, t.tag)) == t:
+            return  # set again, unchanged: already indexed
         self.timers[(t.key, t.tag)] = t
         heapq.heappush(self._heaps[t.domain], (t.time, t.key, t.tag))
 
@@ -368,21 +391,37 @@ class Tablet:
         out: list[Timer] = []
         now = self.now_us()
         wm = self.host.watermark(self.computation)
+        taken: set[tuple[bytes, str]] = set()
         for domain, bound in ((TimeDomain.WALL_TIME, now), (TimeDomain.EVENT_TIME, wm)):
-            popped = []
             while len(out) < limit:
                 t = self._peek(domain)
                 if t is None or t.time > bound:
                     break
                 heapq.heappop(self._heaps[domain])
-                popped.append(t)
-                out.append(t)
+                if (t.key, t.tag) not in taken:  # a timer fires once per batch
+                    taken.add((t.key, t.tag))
+                    out.append(t)
         return out
 
     def oldest_work(self) -> int | None:
-        """Oldest timestamp of uncommitted input and pending event-time timers (for watermarks)."""
-        candidates = [r.timestamp for records, _ in self.queue for r in records]
+        """Oldest timestamp of uncommitted input, unacknowledged productions and pending
+        event-time timers (``None``: nothing pending). Batches run between awaits, so no
+        record is half-processed when this is read."""
+        candidates = [t for t in (self._queued_ts.min(), self._unacked_ts.min()) if t is not None]
         t = self._peek(TimeDomain.EVENT_TIME)
         if t is not None:
             candidates.append(t.time)
         return min(candidates) if candidates else None
+
+    def progress(self) -> pb.HeldTablet:
+        oldest = self.oldest_work()
+        return pb.HeldTablet(
+            computation=self.computation, key_range=self.key_range, token=self.token,
+            has_work=oldest is not None, oldest_work=oldest or 0, processed=self.processed,
+            late=self.late, dead_lettered=self.dead_lettered, backlog=self.queued_records,
+            watermark=self.host.watermark(self.computation))
+
+    def watermark_advanced(self) -> None:
+        """Wake the run loop if an event-time timer may now be due."""
+        if self._due_event_timers():
+            self._wake.set()

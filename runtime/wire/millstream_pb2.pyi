@@ -88,14 +88,28 @@ class RegisterWorkerResponse(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class HeldTablet(_message.Message):
-    __slots__ = ("computation", "key_range", "token")
+    __slots__ = ("computation", "key_range", "token", "has_work", "oldest_work", "processed", "late", "dead_lettered", "backlog", "watermark")
     COMPUTATION_FIELD_NUMBER: _ClassVar[int]
     KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    HAS_WORK_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_WORK_FIELD_NUMBER: _ClassVar[int]
+    PROCESSED_FIELD_NUMBER: _ClassVar[int]
+    LATE_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
+    BACKLOG_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_FIELD_NUMBER: _ClassVar[int]
     computation: str
     key_range: int
     token: int
-    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
+    has_work: bool
+    oldest_work: int
+    processed: int
+    late: int
+    dead_lettered: int
+    backlog: int
+    watermark: int
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., has_work: _Optional[bool] = ..., oldest_work: _Optional[int] = ..., processed: _Optional[int] = ..., late: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., backlog: _Optional[int] = ..., watermark: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("worker_id", "tablets")
@@ -106,12 +120,35 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., tablets: _Optional[_Iterable[_Union[HeldTablet, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("known", "routing_version")
+    __slots__ = ("known", "routing_version", "watermarks")
+    class WatermarksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     KNOWN_FIELD_NUMBER: _ClassVar[int]
     ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WATERMARKS_FIELD_NUMBER: _ClassVar[int]
     known: bool
     routing_version: int
-    def __init__(self, known: _Optional[bool] = ..., routing_version: _Optional[int] = ...) -> None: ...
+    watermarks: _containers.ScalarMap[str, int]
+    def __init__(self, known: _Optional[bool] = ..., routing_version: _Optional[int] = ..., watermarks: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class InjectorReport(_message.Message):
+    __slots__ = ("name", "stream", "watermark")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    stream: str
+    watermark: int
+    def __init__(self, name: _Optional[str] = ..., stream: _Optional[str] = ..., watermark: _Optional[int] = ...) -> None: ...
+
+class InjectorResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class Input(_message.Message):
     __slots__ = ("stream", "key_extractor")

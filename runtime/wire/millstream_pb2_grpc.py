@@ -184,6 +184,11 @@ class MasterStub:
                 request_serializer=runtime_dot_wire_dot_millstream__pb2.MoveTabletRequest.SerializeToString,
                 response_deserializer=runtime_dot_wire_dot_millstream__pb2.MoveTabletResponse.FromString,
                 _registered_method=True)
+        self.ReportInjector = channel.unary_unary(
+                '/millstream.v1.Master/ReportInjector',
+                request_serializer=runtime_dot_wire_dot_millstream__pb2.InjectorReport.SerializeToString,
+                response_deserializer=runtime_dot_wire_dot_millstream__pb2.InjectorResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -232,6 +237,12 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportInjector(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -269,6 +280,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.MoveTablet,
                     request_deserializer=runtime_dot_wire_dot_millstream__pb2.MoveTabletRequest.FromString,
                     response_serializer=runtime_dot_wire_dot_millstream__pb2.MoveTabletResponse.SerializeToString,
+            ),
+            'ReportInjector': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportInjector,
+                    request_deserializer=runtime_dot_wire_dot_millstream__pb2.InjectorReport.FromString,
+                    response_serializer=runtime_dot_wire_dot_millstream__pb2.InjectorResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -460,6 +476,33 @@ class Master:
             '/millstream.v1.Master/MoveTablet',
             runtime_dot_wire_dot_millstream__pb2.MoveTabletRequest.SerializeToString,
             runtime_dot_wire_dot_millstream__pb2.MoveTabletResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportInjector(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millstream.v1.Master/ReportInjector',
+            runtime_dot_wire_dot_millstream__pb2.InjectorReport.SerializeToString,
+            runtime_dot_wire_dot_millstream__pb2.InjectorResponse.FromString,
             options,
             channel_credentials,
             insecure,

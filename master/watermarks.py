@@ -1,0 +1,138 @@
+"""Low-watermark math (DESIGN.md §7), as pure functions over the cluster's state.
+
+``lwm(A) = min(oldest work of A's tablets, lwm(C) for every computation or
+injector C feeding A)``. A tablet whose latest report was made under an older
+token than its current one (it moved and the new owner has not reported yet)
+holds ``A`` at its last published watermark. A stream nobody produces yet
+holds its readers at the minimum: data may still come ("delayed or not
+there?"). Published watermarks never decrease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from master.scheduler import Ownership, TabletKey
+from runtime.topology import ComputationSpec
+
+MIN = -(1 << 63)
+END_OF_TIME = (1 << 63) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class TabletReport:
+    """The latest progress report of one tablet: its token and oldest work (None: idle)."""
+
+    token: int
+    oldest: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """A computed low watermark and what holds it there."""
+
+    value: int
+    holder: str
+
+
+def _lower(current: Watermark, value: int, holder: str) -> Watermark:
+    return Watermark(value, holder) if value < current.value else current
+
+
+def compute(
+    specs: Iterable[ComputationSpec],
+    tablets: Mapping[TabletKey, Ownership],
+    reports: Mapping[TabletKey, TabletReport],
+    injectors: Mapping[str, tuple[str, int]],
+    published: Mapping[str, int],
+) -> dict[str, Watermark]:
+    """The low watermark of every computation (before the never-decrease rule)."""
+    specs = {s.name: s for s in specs}
+    producers: dict[str, list[str]] = {}
+    for s in specs.values():
+        for out in s.all_outputs:
+            producers.setdefault(out, []).append(s.name)
+    by_stream: dict[str, list[tuple[str, int]]] = {}
+    for name, (stream, wm) in injectors.items():
+        by_stream.setdefault(stream, []).append((name, wm))
+
+    own: dict[str, Watermark] = {n: Watermark(END_OF_TIME, "idle") for n in specs}
+    for (comp, r), ownership in tablets.items():
+        if comp not in own:
+            continue
+        rep = reports.get((comp, r))
+        if rep is None or rep.token != ownership.token:
+            held = published.get(comp, MIN)
+            own[comp] = _lower(own[comp], held, f"tablet {comp}/{r} (not reported since it moved)")
+        elif rep.oldest is not None:
+            own[comp] = _lower(own[comp], rep.oldest, f"tablet {comp}/{r}")
+
+    result: dict[str, Watermark] = {}
+
+    def lwm(name: str) -> Watermark:
+        # Topologies are acyclic (validated), so this recursion ends; depth = pipeline length.
+        if name in result:
+            return result[name]
+        wm = own[name]
+        for stream in specs[name].inputs:
+            feeders = [p for p in producers.get(stream, []) if p in specs]
+            sources = by_stream.get(stream, [])
+            if not feeders and not sources:
+                wm = _lower(wm, MIN, f"stream {stream!r} (no injector or computation feeds it yet)")
+            for p in feeders:
+                up = lwm(p)
+                wm = _lower(wm, up.value, up.holder)
+            for inj, value in sources:
+                wm = _lower(wm, value, f"injector {inj!r}")
+        result[name] = wm
+        return wm
+
+    for name in specs:
+        lwm(name)
+    return result
+
+
+def publish(computed: Mapping[str, Watermark], published: Mapping[str, int]) -> dict[str, int]:
+    """The new published values: never below what was published before."""
+    return {name: max(wm.value, published.get(name, MIN)) for name, wm in computed.items()}
+
+
+class Settler:
+    """Lets a reported value's *increases* take effect only after ``settle_ms``.
+
+    A sender drops a record from its report as soon as the receiver acknowledges
+    it, but the receiver's next report (which covers the record) can reach the
+    master a little later. Using, for each source, the minimum of what it
+    reported over the last ``settle_ms`` closes that window, provided a report
+    reaches the master within ``settle_ms`` of the commit it follows (workers
+    report every 50 ms). Decreases take effect at once.
+    """
+
+    def __init__(self, settle_ms: float) -> None:
+        self.settle_ms = settle_ms
+        self._history: dict[object, list[tuple[float, int]]] = {}
+
+    def observe(self, source: object, value: int, now_ms: float) -> None:
+        self._history.setdefault(source, []).append((now_ms, value))
+        self._prune(source, now_ms)
+
+    def _prune(self, source: object, now_ms: float) -> None:
+        # Keep the newest entry at or before the window's start: it was in force then.
+        h = self._history[source]
+        cut = now_ms - self.settle_ms
+        i = 0
+        while i + 1 < len(h) and h[i + 1][0] <= cut:
+            i += 1
+        if i:
+            del h[:i]
+
+    def value(self, source: object, now_ms: float) -> int | None:
+        """The minimum of what ``source`` reported over the last ``settle_ms``."""
+        if source not in self._history:
+            return None
+        self._prune(source, now_ms)
+        return min(v for _, v in self._history[source])
+
+    def forget(self, source: object) -> None:
+        self._history.pop(source, None)
