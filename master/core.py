@@ -18,6 +18,7 @@ from typing import Any
 from master.scheduler import Ownership, TabletKey, place
 from master.store import EtcdStore
 from master.watermarks import END_OF_TIME, MIN, Settler, TabletReport, Watermark, compute, publish
+from runtime import metrics
 from runtime.errors import MillstreamError, TopologyError
 from runtime.topology import Topology, validate_against
 from runtime.wire import millstream_pb2 as pb
@@ -121,6 +122,17 @@ class MasterCore:
         log.info("worker %s joined at %s", worker_id, address)
         return worker_id
 
+    async def leave(self, worker_id: str) -> None:
+        """A worker left cleanly (its tablets are closed): move its tablets at once."""
+        async with self._lock:
+            if worker_id not in self.workers:
+                return
+            log.info("worker %s at %s left; moving its tablets", worker_id, self.workers[worker_id])
+            await self._io(self.store.delete_worker, worker_id)
+            self.workers.pop(worker_id, None)
+            self.last_seen.pop(worker_id, None)
+            await self._rebalance()
+
     def heartbeat(self, worker_id: str, held: list[pb.HeldTablet] = ()) -> dict[str, int]:
         """Renew a worker's lease and take its tablets' progress; returns the watermarks."""
         if worker_id not in self.workers:
@@ -180,6 +192,12 @@ class MasterCore:
             for c, v in changed.items():
                 assert v >= self.published.get(c, MIN), "published watermarks never decrease"
             self.published.update(changed)
+        wall = time.time()
+        for c, v in new.items():
+            metrics.WATERMARK.labels(c).set(v)
+            if MIN < v < END_OF_TIME:
+                metrics.WATERMARK_LAG.labels(c).set(wall - v / 1e6)
+        metrics.WORKERS.set(len(self.workers))
 
     async def move(self, computation: str, key_range: int, worker: str) -> int:
         """Move one tablet to ``worker`` (an id or an address) under a new token."""

@@ -13,9 +13,10 @@ from typing import Any
 
 import grpc
 
+from master import web
 from master.core import MasterConfig, MasterCore, UnknownWorker
 from master.store import EtcdConfig, EtcdStore, NotLeader
-from runtime import serving
+from runtime import metrics, serving
 from runtime.errors import EtcdUnavailable
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
@@ -29,6 +30,8 @@ class MasterOptions:
     etcd: EtcdConfig
     listen: str
     config: MasterConfig = MasterConfig()
+    advertise: str | None = None
+    http_listen: str | None = None
 
 
 async def _async(fn: Any, *args: Any) -> Any:
@@ -69,6 +72,11 @@ class MasterServicer(rpc.MasterServicer):
             return pb.HeartbeatResponse(known=False, routing_version=core.version)
         return pb.HeartbeatResponse(known=True, routing_version=core.version, watermarks=watermarks)
 
+    async def LeaveWorker(self, request: pb.LeaveRequest, context: Any) -> pb.LeaveResponse:
+        core = await self._leader(context)
+        await serving.call_core(context, lambda: core.leave(request.worker_id))
+        return pb.LeaveResponse()
+
     async def ReportInjector(self, request: pb.InjectorReport, context: Any) -> pb.InjectorResponse:
         core = await self._leader(context)
         await serving.call_core(context, lambda: _async(
@@ -86,11 +94,10 @@ class MasterServicer(rpc.MasterServicer):
             yield routing
 
     async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:
-        core = await self._leader(context)
-        doc = core.status()
-        masters = await asyncio.to_thread(self.m.store.masters)
-        doc["masters"] = {"leader": self.m.address, "leader_id": self.m.identity,
-                          "all": sorted(m["address"] for m in masters)}
+        await self._leader(context)
+        doc = await self.m._status_doc()
+        if doc is None:  # lost leadership meanwhile: the client retries elsewhere
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no leader elected yet")
         return pb.StatusResponse(json=json.dumps(doc))
 
     async def MoveTablet(self, request: pb.MoveTabletRequest, context: Any) -> pb.MoveTabletResponse:
@@ -115,8 +122,12 @@ class Master:
         await asyncio.to_thread(self.store.check)
         server = serving.make_server()
         rpc.add_MasterServicer_to_server(MasterServicer(self), server)
-        self.address = serving.bind(server, self.options.listen)
+        self.address = serving.bind(server, self.options.listen, self.options.advertise)
         await server.start()
+        http = None
+        if self.options.http_listen:
+            http, http_address = await web.serve(self.options.http_listen, self._status_doc)
+            print(f"millstream master web page and /metrics on http://{http_address}/", flush=True)
         print(f"millstream master listening on {self.address}", flush=True)
         tasks = [asyncio.create_task(self._lead()), asyncio.create_task(stop.wait())]
         try:
@@ -127,7 +138,19 @@ class Master:
             for t in tasks:
                 t.cancel()
             await server.stop(grace=0.5)
+            if http is not None:
+                http.close()
             await asyncio.to_thread(self.store.resign)
+
+    async def _status_doc(self) -> dict[str, Any] | None:
+        core = self.core
+        if core is None:
+            return None
+        doc = core.status()
+        masters = await asyncio.to_thread(self.store.masters)
+        doc["masters"] = {"leader": self.address, "leader_id": self.identity,
+                          "all": sorted(m["address"] for m in masters)}
+        return doc
 
     async def _lead(self) -> None:
         cfg = self.options.config
@@ -141,6 +164,7 @@ class Master:
                         core = MasterCore(self.store, cfg, lambda: time.monotonic() * 1000)
                         await core.become_leader()
                         self.core = core
+                        metrics.LEADER.set(1)
                         log.info("master %s leads at %s", self.identity, self.address)
                     else:
                         leader = await asyncio.to_thread(self.store.leader)
@@ -152,6 +176,7 @@ class Master:
             except NotLeader as e:
                 log.warning("master %s lost leadership: %s", self.identity, e)
                 self.core = None
+                metrics.LEADER.set(0)
             except EtcdUnavailable as e:
                 log.error("%s", e)
                 self.core = None

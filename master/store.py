@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+import grpc
 import pyetcd
 import pyetcd.exceptions
 
@@ -88,8 +89,14 @@ class EtcdStore:
         eps = []
         for u in config.endpoints:
             p = urlparse(u if "://" in u else "http://" + u)
-            secure = p.scheme == "https"
-            eps.append(pyetcd.Endpoint(p.hostname, p.port, secure=secure))
+            if p.scheme == "https":
+                if not config.ca_cert:
+                    raise ConfigError(f"etcd URL {u!r} uses https; pass --etcd-ca CA.pem to verify it")
+                with open(config.ca_cert, "rb") as f:
+                    creds = grpc.ssl_channel_credentials(f.read())
+                eps.append(pyetcd.Endpoint(p.hostname, p.port, secure=True, creds=creds))
+            else:
+                eps.append(pyetcd.Endpoint(p.hostname, p.port, secure=False))
         self._client = pyetcd.MultiEndpointEtcd3Client(
             endpoints=eps, timeout=config.timeout_s, user=config.user,
             password=config.password, failover=True,

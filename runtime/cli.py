@@ -45,17 +45,28 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--masters", type=int, default=1)
     up.add_argument("--data-dir", default=_env("MILLSTREAM_DATA_DIR", "./millstream-data"))
     up.add_argument("--lease-ms", type=int, default=3000)
+    up.add_argument("--port", type=int, default=7070,
+                    help="port of the first master (0: chosen by the OS; falls back to that if taken)")
 
     m = sub.add_parser("master", help="run one master")
     m.add_argument("--etcd", default=_env("MILLSTREAM_ETCD"), help="etcd URL(s) (env MILLSTREAM_ETCD)")
-    m.add_argument("--listen", default=_env("MILLSTREAM_LISTEN", "127.0.0.1:7070"))
+    m.add_argument("--listen", default=_env("MILLSTREAM_MASTER_LISTEN", _env("MILLSTREAM_LISTEN", "127.0.0.1:7070")),
+                   help="HOST:PORT to serve on (env MILLSTREAM_MASTER_LISTEN or MILLSTREAM_LISTEN)")
+    m.add_argument("--advertise", default=_env("MILLSTREAM_MASTER_ADVERTISE"),
+                   help="HOST:PORT others dial, when it differs from --listen (e.g. 0.0.0.0)")
+    m.add_argument("--http-listen", default=_env("MILLSTREAM_HTTP_LISTEN"),
+                   help="HOST:PORT of the web page and /metrics (port 0: chosen by the OS)")
+    m.add_argument("--etcd-ca", default=_env("MILLSTREAM_ETCD_CA"), help="CA certificate for https etcd")
     m.add_argument("--lease-ms", type=int, default=int(_env("MILLSTREAM_LEASE_MS", "3000") or 3000))
     m.add_argument("--etcd-user", default=_env("MILLSTREAM_ETCD_USER"))
     m.add_argument("--etcd-password", default=_env("MILLSTREAM_ETCD_PASSWORD"))
 
     w = sub.add_parser("worker", help="run one worker")
     _masters_flag(w)
-    w.add_argument("--listen", default=_env("MILLSTREAM_LISTEN", "127.0.0.1:0"))
+    w.add_argument("--listen", default=_env("MILLSTREAM_WORKER_LISTEN", _env("MILLSTREAM_LISTEN", "127.0.0.1:0")),
+                   help="HOST:PORT to serve on (env MILLSTREAM_WORKER_LISTEN or MILLSTREAM_LISTEN)")
+    w.add_argument("--advertise", default=_env("MILLSTREAM_WORKER_ADVERTISE"),
+                   help="HOST:PORT others dial, when it differs from --listen (e.g. 0.0.0.0)")
     w.add_argument("--state-dir", default=_env("MILLSTREAM_STATE_DIR"))
     w.add_argument("--metrics-listen", default=_env("MILLSTREAM_METRICS_LISTEN", "127.0.0.1:0"),
                    help="HOST:PORT for Prometheus /metrics (port 0: chosen by the OS; '' = off)")
@@ -99,10 +110,11 @@ def _run(args: argparse.Namespace) -> int:
         from master.store import EtcdConfig
 
         etcd = EtcdConfig.parse(_need(args.etcd, "--etcd", "MILLSTREAM_ETCD"),
-                                user=args.etcd_user, password=args.etcd_password)
+                                user=args.etcd_user, password=args.etcd_password, ca_cert=args.etcd_ca)
         if args.lease_ms < 500:
             raise ConfigError(f"--lease-ms {args.lease_ms} is too short; use 500 or more")
-        main(MasterOptions(etcd, args.listen, MasterConfig(lease_ms=args.lease_ms)))
+        main(MasterOptions(etcd, args.listen, MasterConfig(lease_ms=args.lease_ms),
+                           advertise=args.advertise, http_listen=args.http_listen))
         return 0
     if cmd == "worker":
         from runtime.client import parse_addresses
@@ -111,12 +123,14 @@ def _run(args: argparse.Namespace) -> int:
 
         masters = parse_addresses(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"))
         state = os.path.abspath(_need(args.state_dir, "--state-dir", "MILLSTREAM_STATE_DIR"))
-        worker_main(WorkerOptions(tuple(masters), args.listen, state, args.metrics_listen))
+        worker_main(WorkerOptions(tuple(masters), args.listen, state, args.metrics_listen,
+                                  advertise=args.advertise))
         return 0
     if cmd == "up":
         from runtime.up import run_up
 
-        return run_up(args.data_dir, masters=args.masters, workers=args.workers, lease_ms=args.lease_ms)
+        return run_up(args.data_dir, masters=args.masters, workers=args.workers, lease_ms=args.lease_ms,
+                      port=args.port)
     if cmd == "submit":
         from runtime.client import connect
         from runtime.imports import load
@@ -168,6 +182,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Like `python -m`: user modules in the working directory are importable (submit, workers).
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:

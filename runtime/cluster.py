@@ -94,7 +94,8 @@ class LocalCluster:
     """etcd, ``masters`` masters and ``workers`` workers under ``data_dir``."""
 
     def __init__(self, data_dir: str, *, masters: int = 1, workers: int = 2, lease_ms: int = 3000,
-                 echo: IO[str] | None = None, python: str = sys.executable) -> None:
+                 echo: IO[str] | None = None, python: str = sys.executable, master_port: int = 0) -> None:
+        self.master_port = master_port
         self.data_dir = os.path.abspath(data_dir)
         self.n_masters = masters
         self.n_workers = workers
@@ -114,7 +115,8 @@ class LocalCluster:
         os.makedirs(os.path.join(self.data_dir, "logs"), exist_ok=True)
         log_path = os.path.join(self.data_dir, "logs", f"{name}.log")
         err = open(log_path, "a")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path)
         popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
                                  preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL)
         err.close()
@@ -161,9 +163,10 @@ class LocalCluster:
 
     def add_master(self) -> Process:
         i = len(self.masters)
+        port = self.master_port if i == 0 else 0
         p = self._spawn(f"master-{i}", self._daemon(
-            "master", "--etcd", self.etcd_url, "--listen", "127.0.0.1:0",
-            "--lease-ms", str(self.lease_ms)), wait_address=True)
+            "master", "--etcd", self.etcd_url, "--listen", f"127.0.0.1:{port}",
+            "--lease-ms", str(self.lease_ms), "--http-listen", "127.0.0.1:0"), wait_address=True)
         self.masters.append(p)
         return p
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 RECORDS = Counter("millstream_records_processed", "New input records processed", ["computation"])
 DUPLICATES = Counter("millstream_duplicates_dropped", "Input records dropped as duplicates", ["computation"])
@@ -15,6 +15,11 @@ FENCED = Counter("millstream_fenced_commits", "Commits refused because the lease
 STALE = Counter("millstream_stale_refusals", "Actions refused for a stale sequencer token", ["action"])
 COMMIT_SECONDS = Histogram("millstream_commit_seconds", "Time of one atomic batch commit", ["computation"],
                            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25))
+WATERMARK = Gauge("millstream_low_watermark_us", "Published low watermark (master)", ["computation"])
+WATERMARK_LAG = Gauge("millstream_watermark_lag_seconds", "Wall clock minus low watermark (master)",
+                      ["computation"])
+LEADER = Gauge("millstream_master_is_leader", "1 while this master leads")
+WORKERS = Gauge("millstream_workers", "Live workers known to the leader")
 SENT = Counter("millstream_productions_acked", "Productions acknowledged by their receiver", ["computation"])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -43,8 +44,12 @@ def make_server() -> grpc.aio.Server:
     return grpc.aio.server(options=CHANNEL_OPTIONS)
 
 
-def bind(server: grpc.aio.Server, listen: str) -> str:
-    """Bind ``HOST:PORT`` (port 0 = chosen by the OS); returns the bound address."""
+def bind(server: grpc.aio.Server, listen: str, advertise: str | None = None) -> str:
+    """Bind ``HOST:PORT`` (port 0 = chosen by the OS); returns the address others should dial.
+
+    That is ``advertise`` if given, else the listen host with the bound port; a wildcard
+    host (0.0.0.0, ::) is replaced by this machine's name.
+    """
     host, _, port = listen.rpartition(":")
     if not host or not port.isdigit():
         raise errors.ConfigError(f"listen address {listen!r} is not HOST:PORT, e.g. 127.0.0.1:0")
@@ -54,6 +59,13 @@ def bind(server: grpc.aio.Server, listen: str) -> str:
         raise errors.ConfigError(f"cannot listen on {listen!r} ({e}); is the port taken?") from None
     if bound == 0:
         raise errors.ConfigError(f"cannot listen on {listen!r}; is the port already in use?")
+    if advertise:
+        a_host, _, a_port = advertise.rpartition(":")
+        if not a_host or not a_port.isdigit():
+            raise errors.ConfigError(f"advertise address {advertise!r} is not HOST:PORT")
+        return f"{a_host}:{bound if a_port == '0' else a_port}"
+    if host in ("0.0.0.0", "::", "[::]"):
+        host = socket.getfqdn()
     return f"{host}:{bound}"
 
 

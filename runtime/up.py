@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 import threading
 from types import FrameType
@@ -10,7 +11,16 @@ from types import FrameType
 from runtime.cluster import LocalCluster
 
 
-def run_up(data_dir: str, *, masters: int, workers: int, lease_ms: int) -> int:
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def run_up(data_dir: str, *, masters: int, workers: int, lease_ms: int, port: int = 7070) -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -18,7 +28,10 @@ def run_up(data_dir: str, *, masters: int, workers: int, lease_ms: int) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    cluster = LocalCluster(data_dir, masters=masters, workers=workers, lease_ms=lease_ms)
+    if port and not _free(port):
+        print(f"port {port} is taken; the first master takes a port chosen by the OS", file=sys.stderr)
+        port = 0
+    cluster = LocalCluster(data_dir, masters=masters, workers=workers, lease_ms=lease_ms, master_port=port)
     try:
         cluster.start()
         cluster.wait_ready(60)

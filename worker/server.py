@@ -29,6 +29,7 @@ class WorkerOptions:
     state_dir: str
     metrics_listen: str | None = None
     limits: WorkerLimits = WorkerLimits()
+    advertise: str | None = None
 
 
 class WorkerServicer(rpc.WorkerServicer):
@@ -149,7 +150,7 @@ async def _reconcile_loop(core: WorkerCore) -> None:
 
 async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
     server = serving.make_server()
-    address = serving.bind(server, options.listen)
+    address = serving.bind(server, options.listen, options.advertise)
     peers = Peers()
     core = WorkerCore(options.state_dir, address, peers.deliver, options.limits)
     rpc.add_WorkerServicer_to_server(WorkerServicer(core), server)
@@ -167,7 +168,12 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await core.close_all()
+        await core.close_all()  # commits in flight finish; storage locks are released
+        if core.worker_id:
+            try:  # tell the leader, so our tablets move now rather than after the lease
+                await masters.stub().LeaveWorker(pb.LeaveRequest(worker_id=core.worker_id), timeout=2)
+            except grpc.RpcError as e:
+                log.info("could not tell the master we leave (%s); the lease will expire", e.code().name)
         await server.stop(grace=0.5)
         await peers.close()
         await masters.close()

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1druntime/wire/millstream.proto\x12\rmillstream.v1\"C\n\x06Record\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x11\n\ttimestamp\x18\x03 \x01(\x03\x12\n\n\x02id\x18\x04 \x01(\x0c\"\x7f\n\x0e\x44\x65liverRequest\x12\x13\n\x0b\x63omputation\x18\x01 \x01(\t\x12\x11\n\tkey_range\x18\x02 \x01(\r\x12\r\n\x05token\x18\x03 \x01(\x04\x12&\n\x07records\x18\x04 \x03(\x0b\x32\x15.millstream.v1.Record\x12\x0e\n\x06sender\x18\x05 \x01(\t\"\x83\x01\n\x0f\x44\x65liverResponse\x12\x35\n\x06status\x18\x01 \x01(\x0e\x32%.millstream.v1.DeliverResponse.Status\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\")\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\r\n\tNOT_OWNER\x10\x01\x12\x08\n\x04\x42USY\x10\x02\"\r\n\x0bPingRequest\"!\n\x0cPingResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\"&\n\rSubmitRequest\x12\x15\n\rtopology_json\x18\x01 \x01(\t\"/\n\x0eSubmitResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07tablets\x18\x02 \x01(\r\"(\n\x15RegisterWorkerRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\"=\n\x16RegisterWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_ms\x18\x02 \x01(\r\"\xc6\x01\n\nHeldTablet\x12\x13\n\x0b\x63omputation\x18\x01 \x01(\t\x12\x11\n\tkey_range\x18\x02 \x01(\r\x12\r\n\x05token\x18\x03 \x01(\x04\x12\x10\n\x08has_work\x18\x04 \x01(\x08\x12\x13\n\x0boldest_work\x18\x05 \x01(\x03\x12\x11\n\tprocessed\x18\x06 \x01(\x04\x12\x0c\n\x04late\x18\x07 \x01(\x04\x12\x15\n\rdead_lettered\x18\x08 \x01(\x04\x12\x0f\n\x07\x62\x61\x63klog\x18\t \x01(\x04\x12\x11\n\twatermark\x18\n \x01(\x03\"Q\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12*\n\x07tablets\x18\x02 \x03(\x0b\x32\x19.millstream.v1.HeldTablet\"\xb4\x01\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\x12\x17\n\x0frouting_version\x18\x02 \x01(\x04\x12\x44\n\nwatermarks\x18\x03 \x03(\x0b\x32\x30.millstream.v1.HeartbeatResponse.WatermarksEntry\x1a\x31\n\x0fWatermarksEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"A\n\x0eInjectorReport\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x11\n\twatermark\x18\x03 \x01(\x03\"\x12\n\x10InjectorResponse\".\n\x05Input\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x15\n\rkey_extractor\x18\x02 \x01(\t\"R\n\nAssignment\x12\x11\n\tkey_range\x18\x01 \x01(\r\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05token\x18\x04 \x01(\x04\"\xe8\x02\n\x10\x43omputationRoute\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08topology\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12$\n\x06inputs\x18\x04 \x03(\x0b\x32\x14.millstream.v1.Input\x12\x0f\n\x07outputs\x18\x05 \x03(\t\x12\x12\n\nkey_ranges\x18\x06 \x01(\r\x12\x14\n\x0c\x65xactly_once\x18\x07 \x01(\x08\x12\x13\n\x0bproductions\x18\x08 \x01(\t\x12\x14\n\x0clate_records\x18\t \x01(\t\x12;\n\x06params\x18\n \x03(\x0b\x32+.millstream.v1.ComputationRoute.ParamsEntry\x12.\n\x0b\x61ssignments\x18\x0b \x03(\x0b\x32\x19.millstream.v1.Assignment\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Q\n\x07Routing\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x35\n\x0c\x63omputations\x18\x02 \x03(\x0b\x32\x1f.millstream.v1.ComputationRoute\"\'\n\x0eRoutingRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x04\"K\n\x11MoveTabletRequest\x12\x13\n\x0b\x63omputation\x18\x01 \x01(\t\x12\x11\n\tkey_range\x18\x02 \x01(\r\x12\x0e\n\x06worker\x18\x03 \x01(\t\"#\n\x12MoveTabletResponse\x12\r\n\x05token\x18\x01 \x01(\x04\"\x0f\n\rStatusRequest\"\x1e\n\x0eStatusResponse\x12\x0c\n\x04json\x18\x01 \x01(\t2\x93\x01\n\x06Worker\x12H\n\x07\x44\x65liver\x12\x1d.millstream.v1.DeliverRequest\x1a\x1e.millstream.v1.DeliverResponse\x12?\n\x04Ping\x12\x1a.millstream.v1.PingRequest\x1a\x1b.millstream.v1.PingResponse2\xf8\x04\n\x06Master\x12\x45\n\x06Submit\x12\x1c.millstream.v1.SubmitRequest\x1a\x1d.millstream.v1.SubmitResponse\x12]\n\x0eRegisterWorker\x12$.millstream.v1.RegisterWorkerRequest\x1a%.millstream.v1.RegisterWorkerResponse\x12N\n\tHeartbeat\x12\x1f.millstream.v1.HeartbeatRequest\x1a .millstream.v1.HeartbeatResponse\x12\x43\n\nGetRouting\x12\x1d.millstream.v1.RoutingRequest\x1a\x16.millstream.v1.Routing\x12G\n\x0cWatchRouting\x12\x1d.millstream.v1.RoutingRequest\x1a\x16.millstream.v1.Routing0\x01\x12\x45\n\x06Status\x12\x1c.millstream.v1.StatusRequest\x1a\x1d.millstream.v1.StatusResponse\x12Q\n\nMoveTablet\x12 .millstream.v1.MoveTabletRequest\x1a!.millstream.v1.MoveTabletResponse\x12P\n\x0eReportInjector\x12\x1d.millstream.v1.InjectorReport\x1a\x1f.millstream.v1.InjectorResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1druntime/wire/millstream.proto\x12\rmillstream.v1\"C\n\x06Record\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x11\n\ttimestamp\x18\x03 \x01(\x03\x12\n\n\x02id\x18\x04 \x01(\x0c\"\x7f\n\x0e\x44\x65liverRequest\x12\x13\n\x0b\x63omputation\x18\x01 \x01(\t\x12\x11\n\tkey_range\x18\x02 \x01(\r\x12\r\n\x05token\x18\x03 \x01(\x04\x12&\n\x07records\x18\x04 \x03(\x0b\x32\x15.millstream.v1.Record\x12\x0e\n\x06sender\x18\x05 \x01(\t\"\x83\x01\n\x0f\x44\x65liverResponse\x12\x35\n\x06status\x18\x01 \x01(\x0e\x32%.millstream.v1.DeliverResponse.Status\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\")\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\r\n\tNOT_OWNER\x10\x01\x12\x08\n\x04\x42USY\x10\x02\"\r\n\x0bPingRequest\"!\n\x0cPingResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\"&\n\rSubmitRequest\x12\x15\n\rtopology_json\x18\x01 \x01(\t\"/\n\x0eSubmitResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07tablets\x18\x02 \x01(\r\"(\n\x15RegisterWorkerRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\"=\n\x16RegisterWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_ms\x18\x02 \x01(\r\"\xc6\x01\n\nHeldTablet\x12\x13\n\x0b\x63omputation\x18\x01 \x01(\t\x12\x11\n\tkey_range\x18\x02 \x01(\r\x12\r\n\x05token\x18\x03 \x01(\x04\x12\x10\n\x08has_work\x18\x04 \x01(\x08\x12\x13\n\x0boldest_work\x18\x05 \x01(\x03\x12\x11\n\tprocessed\x18\x06 \x01(\x04\x12\x0c\n\x04late\x18\x07 \x01(\x04\x12\x15\n\rdead_lettered\x18\x08 \x01(\x04\x12\x0f\n\x07\x62\x61\x63klog\x18\t \x01(\x04\x12\x11\n\twatermark\x18\n \x01(\x03\"!\n\x0cLeaveRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"\x0f\n\rLeaveResponse\"Q\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12*\n\x07tablets\x18\x02 \x03(\x0b\x32\x19.millstream.v1.HeldTablet\"\xb4\x01\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\x12\x17\n\x0frouting_version\x18\x02 \x01(\x04\x12\x44\n\nwatermarks\x18\x03 \x03(\x0b\x32\x30.millstream.v1.HeartbeatResponse.WatermarksEntry\x1a\x31\n\x0fWatermarksEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"A\n\x0eInjectorReport\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x11\n\twatermark\x18\x03 \x01(\x03\"\x12\n\x10InjectorResponse\".\n\x05Input\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x15\n\rkey_extractor\x18\x02 \x01(\t\"R\n\nAssignment\x12\x11\n\tkey_range\x18\x01 \x01(\r\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05token\x18\x04 \x01(\x04\"\xe8\x02\n\x10\x43omputationRoute\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08topology\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12$\n\x06inputs\x18\x04 \x03(\x0b\x32\x14.millstream.v1.Input\x12\x0f\n\x07outputs\x18\x05 \x03(\t\x12\x12\n\nkey_ranges\x18\x06 \x01(\r\x12\x14\n\x0c\x65xactly_once\x18\x07 \x01(\x08\x12\x13\n\x0bproductions\x18\x08 \x01(\t\x12\x14\n\x0clate_records\x18\t \x01(\t\x12;\n\x06params\x18\n \x03(\x0b\x32+.millstream.v1.ComputationRoute.ParamsEntry\x12.\n\x0b\x61ssignments\x18\x0b \x03(\x0b\x32\x19.millstream.v1.Assignment\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Q\n\x07Routing\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x35\n\x0c\x63omputations\x18\x02 \x03(\x0b\x32\x1f.millstream.v1.ComputationRoute\"\'\n\x0eRoutingRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x04\"K\n\x11MoveTabletRequest\x12\x13\n\x0b\x63omputation\x18\x01 \x01(\t\x12\x11\n\tkey_range\x18\x02 \x01(\r\x12\x0e\n\x06worker\x18\x03 \x01(\t\"#\n\x12MoveTabletResponse\x12\r\n\x05token\x18\x01 \x01(\x04\"\x0f\n\rStatusRequest\"\x1e\n\x0eStatusResponse\x12\x0c\n\x04json\x18\x01 \x01(\t2\x93\x01\n\x06Worker\x12H\n\x07\x44\x65liver\x12\x1d.millstream.v1.DeliverRequest\x1a\x1e.millstream.v1.DeliverResponse\x12?\n\x04Ping\x12\x1a.millstream.v1.PingRequest\x1a\x1b.millstream.v1.PingResponse2\xc2\x05\n\x06Master\x12\x45\n\x06Submit\x12\x1c.millstream.v1.SubmitRequest\x1a\x1d.millstream.v1.SubmitResponse\x12]\n\x0eRegisterWorker\x12$.millstream.v1.RegisterWorkerRequest\x1a%.millstream.v1.RegisterWorkerResponse\x12N\n\tHeartbeat\x12\x1f.millstream.v1.HeartbeatRequest\x1a .millstream.v1.HeartbeatResponse\x12H\n\x0bLeaveWorker\x12\x1b.millstream.v1.LeaveRequest\x1a\x1c.millstream.v1.LeaveResponse\x12\x43\n\nGetRouting\x12\x1d.millstream.v1.RoutingRequest\x1a\x16.millstream.v1.Routing\x12G\n\x0cWatchRouting\x12\x1d.millstream.v1.RoutingRequest\x1a\x16.millstream.v1.Routing0\x01\x12\x45\n\x06Status\x12\x1c.millstream.v1.StatusRequest\x1a\x1d.millstream.v1.StatusResponse\x12Q\n\nMoveTablet\x12 .millstream.v1.MoveTabletRequest\x1a!.millstream.v1.MoveTabletResponse\x12P\n\x0eReportInjector\x12\x1d.millstream.v1.InjectorReport\x1a\x1f.millstream.v1.InjectorResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -57,38 +57,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERWORKERRESPONSE']._serialized_end=622
   _globals['_HELDTABLET']._serialized_start=625
   _globals['_HELDTABLET']._serialized_end=823
-  _globals['_HEARTBEATREQUEST']._serialized_start=825
-  _globals['_HEARTBEATREQUEST']._serialized_end=906
-  _globals['_HEARTBEATRESPONSE']._serialized_start=909
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1089
-  _globals['_HEARTBEATRESPONSE_WATERMARKSENTRY']._serialized_start=1040
-  _globals['_HEARTBEATRESPONSE_WATERMARKSENTRY']._serialized_end=1089
-  _globals['_INJECTORREPORT']._serialized_start=1091
-  _globals['_INJECTORREPORT']._serialized_end=1156
-  _globals['_INJECTORRESPONSE']._serialized_start=1158
-  _globals['_INJECTORRESPONSE']._serialized_end=1176
-  _globals['_INPUT']._serialized_start=1178
-  _globals['_INPUT']._serialized_end=1224
-  _globals['_ASSIGNMENT']._serialized_start=1226
-  _globals['_ASSIGNMENT']._serialized_end=1308
-  _globals['_COMPUTATIONROUTE']._serialized_start=1311
-  _globals['_COMPUTATIONROUTE']._serialized_end=1671
-  _globals['_COMPUTATIONROUTE_PARAMSENTRY']._serialized_start=1626
-  _globals['_COMPUTATIONROUTE_PARAMSENTRY']._serialized_end=1671
-  _globals['_ROUTING']._serialized_start=1673
-  _globals['_ROUTING']._serialized_end=1754
-  _globals['_ROUTINGREQUEST']._serialized_start=1756
-  _globals['_ROUTINGREQUEST']._serialized_end=1795
-  _globals['_MOVETABLETREQUEST']._serialized_start=1797
-  _globals['_MOVETABLETREQUEST']._serialized_end=1872
-  _globals['_MOVETABLETRESPONSE']._serialized_start=1874
-  _globals['_MOVETABLETRESPONSE']._serialized_end=1909
-  _globals['_STATUSREQUEST']._serialized_start=1911
-  _globals['_STATUSREQUEST']._serialized_end=1926
-  _globals['_STATUSRESPONSE']._serialized_start=1928
-  _globals['_STATUSRESPONSE']._serialized_end=1958
-  _globals['_WORKER']._serialized_start=1961
-  _globals['_WORKER']._serialized_end=2108
-  _globals['_MASTER']._serialized_start=2111
-  _globals['_MASTER']._serialized_end=2743
+  _globals['_LEAVEREQUEST']._serialized_start=825
+  _globals['_LEAVEREQUEST']._serialized_end=858
+  _globals['_LEAVERESPONSE']._serialized_start=860
+  _globals['_LEAVERESPONSE']._serialized_end=875
+  _globals['_HEARTBEATREQUEST']._serialized_start=877
+  _globals['_HEARTBEATREQUEST']._serialized_end=958
+  _globals['_HEARTBEATRESPONSE']._serialized_start=961
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1141
+  _globals['_HEARTBEATRESPONSE_WATERMARKSENTRY']._serialized_start=1092
+  _globals['_HEARTBEATRESPONSE_WATERMARKSENTRY']._serialized_end=1141
+  _globals['_INJECTORREPORT']._serialized_start=1143
+  _globals['_INJECTORREPORT']._serialized_end=1208
+  _globals['_INJECTORRESPONSE']._serialized_start=1210
+  _globals['_INJECTORRESPONSE']._serialized_end=1228
+  _globals['_INPUT']._serialized_start=1230
+  _globals['_INPUT']._serialized_end=1276
+  _globals['_ASSIGNMENT']._serialized_start=1278
+  _globals['_ASSIGNMENT']._serialized_end=1360
+  _globals['_COMPUTATIONROUTE']._serialized_start=1363
+  _globals['_COMPUTATIONROUTE']._serialized_end=1723
+  _globals['_COMPUTATIONROUTE_PARAMSENTRY']._serialized_start=1678
+  _globals['_COMPUTATIONROUTE_PARAMSENTRY']._serialized_end=1723
+  _globals['_ROUTING']._serialized_start=1725
+  _globals['_ROUTING']._serialized_end=1806
+  _globals['_ROUTINGREQUEST']._serialized_start=1808
+  _globals['_ROUTINGREQUEST']._serialized_end=1847
+  _globals['_MOVETABLETREQUEST']._serialized_start=1849
+  _globals['_MOVETABLETREQUEST']._serialized_end=1924
+  _globals['_MOVETABLETRESPONSE']._serialized_start=1926
+  _globals['_MOVETABLETRESPONSE']._serialized_end=1961
+  _globals['_STATUSREQUEST']._serialized_start=1963
+  _globals['_STATUSREQUEST']._serialized_end=1978
+  _globals['_STATUSRESPONSE']._serialized_start=1980
+  _globals['_STATUSRESPONSE']._serialized_end=2010
+  _globals['_WORKER']._serialized_start=2013
+  _globals['_WORKER']._serialized_end=2160
+  _globals['_MASTER']._serialized_start=2163
+  _globals['_MASTER']._serialized_end=2869
 # @@protoc_insertion_point(module_scope)

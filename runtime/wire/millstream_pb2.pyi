@@ -111,6 +111,16 @@ class HeldTablet(_message.Message):
     watermark: int
     def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., has_work: _Optional[bool] = ..., oldest_work: _Optional[int] = ..., processed: _Optional[int] = ..., late: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., backlog: _Optional[int] = ..., watermark: _Optional[int] = ...) -> None: ...
 
+class LeaveRequest(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+
+class LeaveResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class HeartbeatRequest(_message.Message):
     __slots__ = ("worker_id", "tablets")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]

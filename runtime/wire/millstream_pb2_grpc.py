@@ -164,6 +164,11 @@ class MasterStub:
                 request_serializer=runtime_dot_wire_dot_millstream__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=runtime_dot_wire_dot_millstream__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.LeaveWorker = channel.unary_unary(
+                '/millstream.v1.Master/LeaveWorker',
+                request_serializer=runtime_dot_wire_dot_millstream__pb2.LeaveRequest.SerializeToString,
+                response_deserializer=runtime_dot_wire_dot_millstream__pb2.LeaveResponse.FromString,
+                _registered_method=True)
         self.GetRouting = channel.unary_unary(
                 '/millstream.v1.Master/GetRouting',
                 request_serializer=runtime_dot_wire_dot_millstream__pb2.RoutingRequest.SerializeToString,
@@ -208,6 +213,13 @@ class MasterServicer:
 
     def Heartbeat(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LeaveWorker(self, request, context):
+        """A worker shutting down cleanly, its tablets already closed: move them now.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -260,6 +272,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=runtime_dot_wire_dot_millstream__pb2.HeartbeatRequest.FromString,
                     response_serializer=runtime_dot_wire_dot_millstream__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'LeaveWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.LeaveWorker,
+                    request_deserializer=runtime_dot_wire_dot_millstream__pb2.LeaveRequest.FromString,
+                    response_serializer=runtime_dot_wire_dot_millstream__pb2.LeaveResponse.SerializeToString,
             ),
             'GetRouting': grpc.unary_unary_rpc_method_handler(
                     servicer.GetRouting,
@@ -368,6 +385,33 @@ class Master:
             '/millstream.v1.Master/Heartbeat',
             runtime_dot_wire_dot_millstream__pb2.HeartbeatRequest.SerializeToString,
             runtime_dot_wire_dot_millstream__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LeaveWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millstream.v1.Master/LeaveWorker',
+            runtime_dot_wire_dot_millstream__pb2.LeaveRequest.SerializeToString,
+            runtime_dot_wire_dot_millstream__pb2.LeaveResponse.FromString,
             options,
             channel_credentials,
             insecure,

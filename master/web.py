@@ -1,0 +1,101 @@
+"""The master's HTTP side: a status page, ``/status.json`` and Prometheus ``/metrics``.
+
+Plain asyncio streams: three read-only GET routes need no web framework.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+log = logging.getLogger(__name__)
+StatusFn = Callable[[], Awaitable[dict[str, Any] | None]]
+
+PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>millstream</title>
+<style>
+ body{font:14px system-ui,sans-serif;margin:2em;color:#222}
+ table{border-collapse:collapse;margin:0.5em 0 1.5em}
+ td,th{border-bottom:1px solid #ddd;padding:3px 10px;text-align:left}
+ th{background:#f4f4f4} .num{text-align:right} .warn{color:#b00}
+ code{background:#f4f4f4;padding:1px 4px}
+</style></head><body>
+<h1>millstream</h1>
+<div id="leader"></div>
+<h2>Graph</h2><table id="graph"></table>
+<h2>Computations</h2><table id="comps"></table>
+<h2>Injectors</h2><table id="injs"></table>
+<h2>Workers</h2><table id="workers"></table>
+<h2>Tablets</h2><table id="tablets"></table>
+<script>
+const MIN = -(2n**63n), END = 2n**63n - 1n;
+let last = null;
+function t(us){ if(us===null) return "-"; const b = BigInt(us);
+  if(b===MIN) return "start of time"; if(b===END) return "end of time";
+  return new Date(Number(b/1000n)).toISOString().replace("T"," ").replace("Z",""); }
+function row(cells, head){ return "<tr>"+cells.map(c=>head?`<th>${c}</th>`:`<td>${c}</td>`).join("")+"</tr>"; }
+function table(id, head, rows){ document.getElementById(id).innerHTML = row(head,true)+rows.map(r=>row(r)).join(""); }
+async function refresh(){
+  let s; try { s = await (await fetch("status.json")).json(); } catch(e) { return; }
+  if(s.error){ document.getElementById("leader").innerHTML = `<p class="warn">${s.error}</p>`; return; }
+  const now = Date.now();
+  document.getElementById("leader").innerHTML = `leader <code>${s.masters.leader}</code> of ${s.masters.all.join(", ")}`;
+  const edges = [];
+  for (const [tn, topo] of Object.entries(s.topologies))
+    for (const [c, spec] of Object.entries(topo.computations))
+      edges.push([tn, Object.keys(spec.inputs).join(", "), `<b>${c}</b>`, spec.outputs.join(", ") || "-", spec.key_ranges]);
+  table("graph", ["topology","reads","computation","writes","key ranges"], edges);
+  table("comps", ["computation","low watermark","lag","held by","records/s","processed","late","dead-lettered","backlog"],
+    Object.entries(s.computations).map(([c, v]) => {
+      const prev = last && last.s.computations[c];
+      const rate = prev ? ((v.processed - prev.processed) * 1000 / (now - last.at)).toFixed(0) : "-";
+      return [c, t(v.low_watermark), v.lag_ms===null ? "-" : v.lag_ms+" ms", v.held_by, `<span class=num>${rate}</span>`,
+              v.processed, v.late, v.dead_lettered, v.backlog]; }));
+  table("injs", ["injector","stream","watermark"], s.injectors.map(i => [i.name, i.stream, t(i.watermark)]));
+  table("workers", ["id","address","tablets","last heartbeat"], s.workers.map(w => [w.id, w.address, w.tablets, w.last_heartbeat_ms_ago+" ms ago"]));
+  table("tablets", ["tablet","worker","address","token"], s.tablets.map(x => [`${x.computation}/${x.key_range}`, x.worker||"-", x.address||"-", x.token]));
+  last = {s, at: now};
+}
+refresh(); setInterval(refresh, 1000);
+</script></body></html>
+"""
+
+
+async def serve(listen: str, status: StatusFn) -> tuple[asyncio.AbstractServer, str]:
+    """Start the HTTP server on ``HOST:PORT``; returns it and the bound address."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readline(), 10)
+            while (await asyncio.wait_for(reader.readline(), 10)) not in (b"\r\n", b"\n", b""):
+                pass  # headers: not needed
+            parts = request.decode("latin-1").split()
+            path = parts[1].split("?")[0] if len(parts) > 1 else "/"
+            if path == "/":
+                code, ctype, body = 200, "text/html; charset=utf-8", PAGE.encode()
+            elif path == "/status.json":
+                doc = await status()
+                doc = doc if doc is not None else {"error": "this master is not the leader"}
+                code, ctype, body = 200, "application/json", json.dumps(doc).encode()
+            elif path == "/metrics":
+                code, ctype, body = 200, CONTENT_TYPE_LATEST, generate_latest()
+            else:
+                code, ctype, body = 404, "text/plain", b"not found\n"
+            head = (f"HTTP/1.1 {code} {'OK' if code == 200 else 'Not Found'}\r\n"
+                    f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+            writer.write(head.encode() + body)
+            await writer.drain()
+        except (TimeoutError, ConnectionError) as e:
+            log.debug("http client went away: %s", e)
+        finally:
+            writer.close()
+
+    host, _, port = listen.rpartition(":")
+    server = await asyncio.start_server(handle, host, int(port))
+    bound = server.sockets[0].getsockname()[1]
+    return server, f"{host}:{bound}"
