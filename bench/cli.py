@@ -1,0 +1,133 @@
+"""``millstream bench``: run the workloads on fresh local clusters and write the report.
+
+``--quick`` shrinks every workload (seconds instead of minutes; for smoke tests,
+not for citing); ``--only w1,recovery,w2,memory,profile`` picks workloads;
+``--peer spark`` adds the Spark Structured Streaming runs and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+from bench import report, workloads
+
+log = logging.getLogger(__name__)
+ALL = ("w1", "recovery", "w2", "memory", "profile")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _selected(only: str | None) -> list[str]:
+    if not only:
+        return list(ALL)
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    bad = [n for n in names if n not in ALL]
+    if bad:
+        from runtime.errors import ConfigError
+
+        raise ConfigError(f"--only {','.join(bad)}: unknown workload; choose from {', '.join(ALL)}")
+    return names
+
+
+def _progress(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run the selected workloads; write ``<out>/<stamp>-<commit>.json|.md``. Returns 0 if
+    every run produced exact results (targets are reported, never enforced)."""
+    chosen = _selected(getattr(args, "only", None))
+    cfg = workloads.BenchConfig.make(bool(getattr(args, "quick", False)))
+    peer = getattr(args, "peer", None)
+    out_dir = getattr(args, "out", None) or os.path.join(ROOT, "bench", "results")
+    # Workers import bench.jobs by path: make this checkout importable in every child.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+    root = tempfile.mkdtemp(prefix="millstream-bench-")
+    t0 = time.monotonic()
+    r: dict[str, Any] = {
+        "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "git": report.git_commit(ROOT), "environment": report.environment(), "versions": report.versions(),
+        "config": {"quick": cfg.quick, "workloads": chosen, "peer": peer, "workers": cfg.workers,
+                   "masters": 1, "lease_ms": cfg.lease_ms, "key_ranges_per_computation": cfg.key_ranges,
+                   "w1_seconds": cfg.w1_seconds, "w1_rates": list(cfg.w1_rates),
+                   "w1_variants": [v.__dict__ for v in workloads.W1_VARIANTS],
+                   "w1_keys": "Zipf s=1.1 over 10,000 keys, seed 42", "w1_warmup_excluded_s": cfg.warmup_s,
+                   "recovery_seconds": cfg.recovery_seconds, "w2_records": cfg.w2_records,
+                   "w2_timeout_s": cfg.w2_timeout_s, "memory_keys": cfg.memory_keys, "scratch": root},
+        "targets": report.TARGETS,
+    }
+    ok = True
+    try:
+        if "w1" in chosen:
+            r["w1"] = []
+            for v in workloads.W1_VARIANTS:
+                for rate in cfg.w1_rates:
+                    _progress(f"W1 {v.name} at {rate:,} rec/s for {cfg.w1_seconds:g} s")
+                    res = workloads.run_w1(root, cfg, v, rate)
+                    r["w1"].append(res)
+                    ok &= bool(res["exactness"]["exact"])
+                    _progress(f"  latency {res['latency_ms']}, exact: {res['exactness']['exact']}")
+            main = report.w1_find(r, "eo-strong-fsync", max(cfg.w1_rates))
+            if main is not None:
+                r["watermark_lag"] = main["watermark_lag_ms"] | {"from": "W1 eo-strong-fsync at "
+                                                                        f"{max(cfg.w1_rates):,} rec/s"}
+        if "recovery" in chosen:
+            _progress(f"recovery: W1 at 10,000 rec/s for {cfg.recovery_seconds:g} s, SIGKILL a worker")
+            res = workloads.run_w1(root, cfg, workloads.W1_VARIANTS[0], 10_000,
+                                   kill_at_s=cfg.recovery_seconds / 3, seconds=cfg.recovery_seconds)
+            r["recovery"] = res
+            ok &= bool(res["exactness"]["exact"])
+            _progress(f"  {res.get('recovery', {}).get('serving_again_after_s')} s to serve again, "
+                      f"exact: {res['exactness']['exact']}")
+        w2_data = w2_oracle = None
+        if "w2" in chosen or peer == "spark":
+            from bench import generator
+
+            w2_data = generator.w2_data(cfg.w2_records)
+            w2_oracle = generator.w2_oracle(w2_data)
+        if "w2" in chosen:
+            _progress(f"W2: {cfg.w2_records:,} records, 1 s event-time windows + spikes")
+            res = workloads.run_w2(root, cfg, w2_data, w2_oracle)
+            r["w2"] = res
+            if res.get("available"):
+                ok &= bool(res.get("oracle_equal"))
+            _progress(f"  {res.get('throughput_rps') or res.get('why')}")
+        if "memory" in chosen:
+            _progress(f"memory: RocksDB bytes for {cfg.memory_keys:,} keys")
+            r["memory"] = {"rocksdb": workloads.rocksdb_bytes_per_million_keys(root, cfg.memory_keys)}
+        if "profile" in chosen:
+            from bench.profile import profile_record_path
+
+            _progress("profile: the in-process record path under cProfile")
+            r["profile"] = profile_record_path(root, 20_000 if not cfg.quick else 4_000)
+        r.setdefault("memory", {})["peak_rss_by_role"] = _rss_by_role(r)
+        if peer == "spark":
+            from bench import spark_peer
+
+            _progress("peer: Spark Structured Streaming (local[2])")
+            r["spark"] = spark_peer.run(root, cfg, r, w2_data, w2_oracle)
+    finally:
+        r["elapsed_s"] = round(time.monotonic() - t0)
+        js, md = report.write(r, out_dir)
+        shutil.rmtree(root, ignore_errors=True)
+    print(open(md).read())
+    _progress(f"report: {js} and {md}")
+    return 0 if ok else 1
+
+
+def _rss_by_role(r: dict[str, Any]) -> dict[str, int]:
+    """Max peak RSS per role (etcd, master, worker) over every cluster run."""
+    runs = [*(r.get("w1") or []), *([r["recovery"]] if r.get("recovery") else []),
+            *([r["w2"]] if r.get("w2") else [])]
+    out: dict[str, int] = {}
+    for run in runs:
+        for name, b in (run.get("peak_rss_bytes") or {}).items():
+            role = name.split("-")[0]
+            out[role] = max(out.get(role, 0), b)
+    return out

@@ -1,0 +1,153 @@
+"""The computations the benchmarks submit (workers import them by ``bench.jobs:...``).
+
+Values are short ASCII so that encoding costs stay out of the measurement:
+
+- W1: the injector sends ``b"<scheduled ns>"``; each :class:`ChainedCounter` stage
+  keeps a per-key running count and produces ``b"<scheduled ns> <count>"``;
+  :class:`ArrivalSink` appends ``key count scheduled_ns arrival_ns`` lines.
+- W2: :class:`WindowCounter` counts per key and one-second event-time window and
+  emits ``b"<window start> <count>"`` on the window's event-time timer;
+  :class:`SpikeDetector` feeds each key's windows, in window order, through
+  :func:`bench.generator.spike_step` and emits the spikes to :class:`ArrivalSink`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+
+from bench.generator import SECOND_US, spike_step, window_of
+from runtime import Computation, Context, Record, TimeDomain
+from runtime.errors import TopologyError
+
+
+class ChainedCounter(Computation):
+    """A per-key running count; forwards the scheduled time it was given. Param ``out``."""
+
+    def setup(self, params: Mapping[str, str]) -> None:
+        super().setup(params)
+        self.out = params.get("out", "out")
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        state = ctx.state
+        n = int(state.get() or b"0") + 1
+        state.set(b"%d" % n)
+        sched = record.value.split(b" ", 1)[0]
+        ctx.produce(self.out, sched + b" %d" % n)
+
+
+class ArrivalSink(Computation):
+    """Appends ``key value arrival_ns`` lines to ``<path>/<tablet>.txt``, exactly once.
+
+    The arrival time is read when the record reaches user code, before the sink's
+    own commit: that is when the output is *observed*. The file's committed length
+    is stored in the tablet's atomic commit (like :class:`runtime.sinks.FileSink`),
+    and a reopened tablet cuts the file back to it, so a redelivered batch is not
+    written twice. Lines are not fsynced: a SIGKILLed process keeps its page cache.
+    """
+
+    def setup(self, params: Mapping[str, str]) -> None:
+        super().setup(params)
+        if "path" not in params:
+            raise TopologyError("ArrivalSink needs params={'path': DIRECTORY}")
+        self.dir = params["path"]
+        self._pending: list[bytes] = []
+
+    def restore(self, tablet: str, meta: bytes | None) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+        self.file_path = os.path.join(self.dir, tablet.replace("/", "-") + ".txt")
+        committed = int(meta or b"0")
+        with open(self.file_path, "a+b") as f:
+            f.truncate(committed)
+        self._size = committed
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        self._pending.append(b"%s %s %d\n" % (record.key, record.value, time.time_ns()))
+
+    def prepare_commit(self) -> bytes:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            with open(self.file_path, "ab") as f:
+                f.write(data)
+            self._size += len(data)
+        return b"%d" % self._size
+
+
+class WindowCounter(Computation):
+    """Counts per key in one-second event-time windows; emits each on its timer to
+    param ``out`` (default ``windows``)."""
+
+    def setup(self, params: Mapping[str, str]) -> None:
+        super().setup(params)
+        self.out = params.get("out", "windows")
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        w = window_of(record.timestamp)
+        counts = _decode(ctx.state.get())
+        if w not in counts:
+            ctx.set_timer(str(w), w + SECOND_US, TimeDomain.EVENT_TIME)
+        counts[w] = counts.get(w, 0) + 1
+        ctx.state.set(_encode(counts))
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        w = int(tag)
+        counts = _decode(ctx.state.get())
+        c = counts.pop(w, 0)
+        ctx.state.set(_encode(counts)) if counts else ctx.state.clear()
+        ctx.produce(self.out, b"%d %d" % (w, c))  # timestamp: the timer's (the window's end)
+
+
+class SpikeDetector(Computation):
+    """Flags a window whose count exceeds 3x the EWMA of the key's earlier windows + 5.
+
+    Window counts may arrive in any order; each is buffered in state and released
+    by an event-time timer at its window's end, so a key's windows are always
+    scored in window order. Spikes go to param ``out`` (default ``spikes``).
+    """
+
+    def setup(self, params: Mapping[str, str]) -> None:
+        super().setup(params)
+        self.out = params.get("out", "spikes")
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        w, c = record.value.split(b" ")
+        ewma, pending = _decode_spike(ctx.state.get())
+        pending[int(w)] = int(c)
+        ctx.state.set(_encode_spike(ewma, pending))
+        ctx.set_timer(w.decode(), record.timestamp, TimeDomain.EVENT_TIME)
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        ewma, pending = _decode_spike(ctx.state.get())
+        for w in sorted(x for x in pending if x + SECOND_US <= time):
+            c = pending.pop(w)
+            spike, ewma = spike_step(ewma, c)
+            if spike:
+                ctx.produce(self.out, b"%d %d" % (w, c))
+        ctx.state.set(_encode_spike(ewma, pending))
+
+
+def _decode(raw: bytes | None) -> dict[int, int]:
+    if not raw:
+        return {}
+    out = {}
+    for item in raw.split(b","):
+        w, c = item.split(b":")
+        out[int(w)] = int(c)
+    return out
+
+
+def _encode(counts: dict[int, int]) -> bytes:
+    return b",".join(b"%d:%d" % kv for kv in counts.items())
+
+
+def _decode_spike(raw: bytes | None) -> tuple[float | None, dict[int, int]]:
+    if not raw:
+        return None, {}
+    head, _, rest = raw.partition(b"|")
+    return (None if head == b"-" else float(head)), _decode(rest)
+
+
+def _encode_spike(ewma: float | None, pending: dict[int, int]) -> bytes:
+    return (b"-" if ewma is None else repr(ewma).encode()) + b"|" + _encode(pending)

