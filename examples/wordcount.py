@@ -22,12 +22,13 @@ class Counter(Computation):
         ctx.produce("counts", str(n).encode())
 
 
-def topology(output_dir: str, name: str = "wordcount", key_ranges: int = 4) -> Topology:
+def topology(output_dir: str, name: str = "wordcount", key_ranges: int = 4,
+             productions: str = "strong") -> Topology:
     topo = Topology(name)
-    topo.add_computation("splitter", "examples.wordcount:Splitter",
-                         inputs={"lines": None}, outputs=["words"], key_ranges=key_ranges)
-    topo.add_computation("counter", "examples.wordcount:Counter",
-                         inputs={"words": None}, outputs=["counts"], key_ranges=key_ranges)
+    topo.add_computation("splitter", "examples.wordcount:Splitter", inputs={"lines": None},
+                         outputs=["words"], key_ranges=key_ranges, productions=productions)
+    topo.add_computation("counter", "examples.wordcount:Counter", inputs={"words": None},
+                         outputs=["counts"], key_ranges=key_ranges, productions=productions)
     topo.add_computation("counts_sink", "runtime.sinks:FileSink", inputs={"counts": None},
                          params={"path": output_dir}, key_ranges=2)
     return topo

@@ -33,6 +33,7 @@ class WorkerLimits:
     max_attempts: int = 3
     lease_safety: float = 0.8  # fraction of the lease a worker trusts before self-fencing
     progress_ms: int = 50      # heartbeat (and watermark report) interval
+    weak_ack_ms: int = 20      # how long a batch waits for weak productions' acks before checkpointing
 
 
 class WorkerCore:

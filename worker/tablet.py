@@ -21,7 +21,7 @@ from runtime import metrics
 from runtime.computation import Computation, TimeDomain
 from runtime.errors import MillstreamError
 from runtime.imports import load
-from runtime.record import Record, producer_prefix, sequence_id
+from runtime.record import Record, derived_id, producer_prefix, sequence_id
 from runtime.routing import RoutingTable
 from runtime.topology import dead_letter_stream
 from runtime.wire import millstream_pb2 as pb
@@ -74,6 +74,8 @@ class Tablet:
         self._queued_ts = TimestampBag()    # uncommitted input
         self._unacked_ts = TimestampBag()   # checkpointed productions not yet acknowledged
         self.processed = self.late = self.dead_lettered = 0
+        self.weak = route.productions == "weak"
+        self._weak_wait: tuple[set[int], asyncio.Event] | None = None
         self.open = False
         self.closing = False  # refuses new deliveries; set by close() or by a failed batch
         self._closed = False
@@ -170,6 +172,12 @@ class Tablet:
 
     def acked(self, productions: list[Production]) -> None:
         """The receiver committed these productions: forget their checkpoints."""
+        if self._weak_wait is not None:
+            waiting, done = self._weak_wait
+            for p in productions:
+                waiting.discard(id(p))
+            if not waiting:
+                done.set()
         self.unacked -= len(productions)
         for p in productions:
             self._unacked_ts.remove(p.record.timestamp)
@@ -192,7 +200,7 @@ class Tablet:
             if self.closing:
                 break
             try:
-                self._process_once()
+                await self._process_once()
             except LeaseExpired:
                 log.error("tablet %s: lease expired, refusing to commit", self.name)
                 self._m.fenced.inc()
@@ -216,26 +224,29 @@ class Tablet:
             records, fut = self.queue.popleft()
             n += len(records)
             items.append((records, fut))
-            for r in records:
-                self._queued_ts.remove(r.timestamp)
         self.queued_records -= n
         return items
 
-    def _process_once(self) -> None:
+    async def _process_once(self) -> None:
         items = self._take()
         due = self._pop_due_timers()
         if not items and not due:
             return
         try:
-            self._process(items, due)
+            await self._process(items, due)
         except BaseException:
             # Nothing of this batch committed: its senders must retry (here or elsewhere).
             for _, fut in items:
                 if not fut.done():
                     fut.set_result(NOT_OWNER)
             raise
+        finally:
+            # The batch's input held the watermark until it committed (or failed).
+            for records, _ in items:
+                for r in records:
+                    self._queued_ts.remove(r.timestamp)
 
-    def _process(self, items: list[tuple[list[Record], asyncio.Future[int]]], due: list[Timer]) -> None:
+    async def _process(self, items: list[tuple[list[Record], asyncio.Future[int]]], due: list[Timer]) -> None:
         commit = Commit(seq=self.store.seq)
         self._commit = commit
         seen: set[bytes] = set()
@@ -255,15 +266,19 @@ class Tablet:
                     if self.route.late_records == "drop":
                         continue
                 n_new += 1
-                self._run_user(commit, r.key, r.timestamp, r.value,
+                self._run_user(commit, r.key, r.timestamp, r.value, r.id,
                                lambda ctx, r=r: self.comp.process_record(ctx, r))
         for t in due:
             k = (t.key, t.tag)
             commit.timers_deleted[k] = t
             if commit.timers_set.get(k) == t:
                 del commit.timers_set[k]  # set again earlier in this batch, unchanged: it fires now
-            self._run_user(commit, t.key, t.time, b"",
+            source = derived_id(b"timer", t.key, t.tag.encode(), t.time.to_bytes(8, "big", signed=True))
+            self._run_user(commit, t.key, t.time, b"", source,
                            lambda ctx, t=t: self.comp.process_timer(ctx, t.tag, t.time))
+        weak_sent = self.weak and bool(commit.productions)
+        if weak_sent:
+            await self._send_weak(commit)
         prepare = getattr(self.comp, "prepare_commit", None)
         if prepare is not None:
             commit.sink = prepare()
@@ -284,8 +299,28 @@ class Tablet:
         for _, fut in items:
             if not fut.done():
                 fut.set_result(OK)
-        if commit.productions:
+        if commit.productions and not weak_sent:
             self._sent(commit.productions)
+
+    async def _send_weak(self, commit: Commit) -> None:
+        """Weak productions: send before the commit; checkpoint only those not acknowledged
+        within ``weak_ack_ms``, so a straggler does not hold this tablet's pipeline."""
+        waiting = {id(p) for p in commit.productions}
+        done = asyncio.Event()
+        self._weak_wait = (waiting, done)
+        self._sent(commit.productions)
+        try:
+            await asyncio.wait_for(done.wait(), self.host.limits.weak_ack_ms / 1000)
+        except TimeoutError:
+            pass
+        finally:
+            self._weak_wait = None
+        slow = [p for p in commit.productions if id(p) in waiting]
+        assert commit.seq is not None
+        for p in slow:  # still in the sender's queue: checkpoint them with this commit
+            commit.seq += 1
+            p.ckey = production_key(commit.seq, p.computation, p.key_range)
+        commit.productions = slow
 
     def _read_state(self, key: bytes) -> bytes | None:
         st = self._commit.state
@@ -293,7 +328,7 @@ class Tablet:
             return st[key]
         return self.store.get_state(key)
 
-    def _run_user(self, commit: Commit, key: bytes, ts: int, value: bytes,
+    def _run_user(self, commit: Commit, key: bytes, ts: int, value: bytes, source_id: bytes,
                   fn: Callable[[KeyContext], None]) -> None:
         """Run user code for one record or timer, retrying, then dead-lettering it."""
         attempts = self.host.limits.max_attempts
@@ -307,7 +342,7 @@ class Tablet:
             except Exception as e:  # user code: anything may happen
                 error = e
                 continue
-            self._merge(commit, eff, routed)
+            self._merge(commit, eff, routed, source_id)
             return
         assert error is not None
         self.dead_lettered += 1
@@ -323,7 +358,7 @@ class Tablet:
         except Exception:  # a dead-letter reader's key extractor failed: keep the count, log it
             log.exception("tablet %s: cannot route a dead letter", self.name)
             routed = []
-        self._merge(commit, eff, routed)
+        self._merge(commit, eff, routed, source_id + b"dead-letter")
 
     def _route(self, eff: Effects) -> list[tuple[str, int, bytes, Record]]:
         """``(computation, range, key, record)`` for each production; ids are filled in by _merge."""
@@ -335,7 +370,8 @@ class Tablet:
                 out.append((comp, r, k, rec))
         return out
 
-    def _merge(self, commit: Commit, eff: Effects, routed: list[tuple[str, int, bytes, Record]]) -> None:
+    def _merge(self, commit: Commit, eff: Effects, routed: list[tuple[str, int, bytes, Record]],
+               source_id: bytes) -> None:
         commit.state.update(eff.state)
         for k in eff.timers_deleted:
             commit.timers_set.pop(k, None)
@@ -351,13 +387,19 @@ class Tablet:
             commit.timers_set[k] = t
         assert commit.seq is not None
         last: Record | None = None
+        index = 0
+        rid = b""
         for comp, r, k, rec in routed:
-            if rec is not last:  # one sequence number per produced record, shared by its readers
-                commit.seq += 1
+            if rec is not last:  # one id per produced record, shared by its readers
                 last = rec
-            rid = sequence_id(self.prefix, commit.seq)
-            commit.productions.append(Production(
-                comp, r, Record(k, rec.value, rec.timestamp, rid), production_key(commit.seq, comp, r)))
+                index += 1
+                if self.weak:  # sent before the commit: a retry must mint the same ids
+                    rid = derived_id(self.prefix, source_id, index.to_bytes(4, "big"))
+                else:
+                    commit.seq += 1
+                    rid = sequence_id(self.prefix, commit.seq)
+            ckey = None if self.weak else production_key(commit.seq, comp, r)
+            commit.productions.append(Production(comp, r, Record(k, rec.value, rec.timestamp, rid), ckey))
 
     # ---------------------------------------------------------------- timers
 

@@ -38,3 +38,15 @@ def test_worker_sigkill_mid_run_then_restart_on_same_state_root(cluster: Cluster
 
     run_wordcount(cluster, n_lines=4000, midway=crash_and_restart, name="crash")
     assert not victim.alive()
+
+
+def test_weak_productions_are_exact_under_a_worker_sigkill(cluster: Cluster) -> None:
+    """Weak productions are sent before the commit with ids derived from their input, so the
+    retry after a crash re-sends the same ids and the receivers drop what they have."""
+    victim = cluster.workers[1]
+
+    def crash_and_restart() -> None:
+        cluster.kill_worker(victim, graceful=False)
+        cluster.add_worker()
+
+    run_wordcount(cluster, n_lines=4000, midway=crash_and_restart, name="weak", productions="weak")

@@ -31,11 +31,12 @@ def inject_lines(masters: str, source: str, lines: list[str], repeat_every: int,
 
 
 def run_wordcount(cluster: Cluster, n_lines: int = 3000, *, repeat_every: int = 7,
-                  midway: Callable[[], None] | None = None, name: str = "wc") -> dict[str, int]:
+                  midway: Callable[[], None] | None = None, name: str = "wc",
+                  productions: str = "strong") -> dict[str, int]:
     """Inject ``n_lines`` lines (some ids sent twice, timestamps out of order); return final counts
     once the sink holds the oracle's counts, or fail with what differs."""
     out = os.path.join(cluster.data_dir, "out-" + name)
-    cluster.client.submit(wordcount.topology(out, name=name))
+    cluster.client.submit(wordcount.topology(out, name=name, productions=productions))
     cluster.wait_assigned()
     lines = sample_lines(n_lines, seed=11)
     expected = oracle(lines)
