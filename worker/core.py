@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from runtime import metrics
@@ -20,7 +20,8 @@ from worker.tablet import BUSY, NOT_OWNER, Tablet
 
 log = logging.getLogger(__name__)
 WATERMARK_MIN = -(1 << 63)
-RemoteDeliver = Callable[[str, str, int, int, list[Record]], Awaitable[int]]
+Floors = Sequence[tuple[bytes, int]]
+RemoteDeliver = Callable[[str, str, int, int, list[Record], Floors], Awaitable[int]]
 
 
 @dataclass(frozen=True)
@@ -151,11 +152,12 @@ class WorkerCore:
     def progress(self) -> list[pb.HeldTablet]:
         return [t.progress() for t in self.tablets.values() if t.open and not t.closing]
 
-    async def deliver(self, computation: str, key_range: int, token: int, records: list[Record]) -> int:
+    async def deliver(self, computation: str, key_range: int, token: int, records: list[Record],
+                      floors: Floors = ()) -> int:
         """Fence by token, then hand the batch to the tablet (DESIGN.md §4 step 1)."""
         tablet = self.tablets.get((computation, key_range))
         if tablet is not None and tablet.token == token and not tablet.closing:
-            return await tablet.deliver(records)
+            return await tablet.deliver(records, floors)
         assigned = self.routing.destination(computation, key_range)
         mine = assigned.address == self.address and self.lease_valid()
         if (mine and assigned.token == token) or token > assigned.token:
@@ -169,7 +171,7 @@ class WorkerCore:
         return NOT_OWNER
 
     async def deliver_to(self, address: str, computation: str, key_range: int, token: int,
-                         records: list[Record]) -> int:
+                         records: list[Record], floors: Floors) -> int:
         if address == self.address:
-            return await self.deliver(computation, key_range, token, records)
-        return await self._remote(address, computation, key_range, token, records)
+            return await self.deliver(computation, key_range, token, records, floors)
+        return await self._remote(address, computation, key_range, token, records, floors)

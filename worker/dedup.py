@@ -2,9 +2,10 @@
 
 A negative answer is certain, so most new records never touch the disk; a
 possible hit is confirmed against the tablet's RocksDB. Bloom filters cannot
-delete, so ids are added to the newest of a few generations, rotated when it
-fills; the oldest generation is dropped only together with the disk ids it
-covered (see docs/exactly-once.md).
+delete: ids are added to the newest generation, a new one starts when it
+fills, and once there are too many the tablet rebuilds the filter from the
+ids still on disk (garbage collection keeps those bounded, see
+docs/architecture.md). Forgotten ids left in a filter only cost a disk check.
 """
 
 from __future__ import annotations
@@ -29,13 +30,16 @@ class DedupFilter:
             if self._count >= self.capacity:
                 self._gens.append(Bloom(self.capacity, self.error_rate))
                 self._count = 0
-                if len(self._gens) > self.max_generations:
-                    # Merge the two oldest rather than lose ids: answers stay safe.
-                    merged = self._gens.pop(0)
-                    merged.update(self._gens[0])
-                    self._gens[0] = merged
             self._gens[-1].add(rid)
             self._count += 1
+
+    @property
+    def generations(self) -> int:
+        return len(self._gens)
+
+    def needs_rebuild(self) -> bool:
+        """True when it holds more generations than wanted: rebuild it from the disk ids."""
+        return len(self._gens) > self.max_generations
 
     def may_contain(self, rid: bytes) -> bool:
         return any(rid in g for g in reversed(self._gens))

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OK, NOT_OWNER, BUSY, UNREACHABLE = 0, 1, 2, -1
-DeliverFn = Callable[[str, str, int, int, list[Record]], Awaitable[int]]
+DeliverFn = Callable[[str, str, int, int, list[Record], list[tuple[bytes, int]]], Awaitable[int]]
 
 
 class Sender:
@@ -82,8 +82,10 @@ class Sender:
             target = routing.destination(*dest)
             status = UNREACHABLE
             if target.address:
+                owners = {id(o): o for _, o in batch}.values()
+                floors = [(o.prefix, o.resend_floor()) for o in owners if not o.weak]
                 status = await self._deliver(target.address, dest[0], dest[1], target.token,
-                                             [p.record for p, _ in batch])
+                                             [p.record for p, _ in batch], floors)
             if status == OK:
                 backoff = 0.005
                 done = {id(p) for p, _ in batch}

@@ -38,7 +38,9 @@ class WorkerServicer(rpc.WorkerServicer):
 
     async def Deliver(self, request: pb.DeliverRequest, context: Any) -> pb.DeliverResponse:
         records = [from_proto(r) for r in request.records]
-        status = await self.core.deliver(request.computation, request.key_range, request.token, records)
+        floors = [(f.producer, f.floor) for f in request.floors]
+        status = await self.core.deliver(request.computation, request.key_range, request.token, records,
+                                         floors)
         return pb.DeliverResponse(status=status)
 
     async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:
@@ -53,14 +55,15 @@ class Peers:
         self._channels: list[grpc.aio.Channel] = []
 
     async def deliver(self, address: str, computation: str, key_range: int, token: int,
-                      records: list[Record]) -> int:
+                      records: list[Record], floors: list[tuple[bytes, int]]) -> int:
         stub = self._stubs.get(address)
         if stub is None:
             ch = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
             self._channels.append(ch)
             stub = self._stubs[address] = rpc.WorkerStub(ch)
         req = pb.DeliverRequest(computation=computation, key_range=key_range, token=token,
-                                records=[to_proto(r) for r in records])
+                                records=[to_proto(r) for r in records],
+                                floors=[pb.ResendFloor(producer=p, floor=f) for p, f in floors])
         try:
             resp = await stub.Deliver(req, timeout=30)
         except grpc.RpcError as e:

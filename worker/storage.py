@@ -81,6 +81,8 @@ class Commit:
     productions: list[Production] = field(default_factory=list)
     seq: int | None = None
     sink: bytes | None = None
+    # producer prefix -> (from seq, to seq): dedup ids in [from, to) are forgotten
+    dedup_gc: dict[bytes, tuple[int, int]] = field(default_factory=dict)
     status: CommitState = CommitState.STARTED
 
 
@@ -130,6 +132,9 @@ class TabletStore:
             yield k, it.value()
             it.next()
 
+    def dedup_count(self) -> int:
+        return sum(1 for _ in self._scan(b"D"))
+
     def dedup_ids(self) -> Iterator[bytes]:
         for k, _ in self._scan(b"D"):
             yield k[1:]
@@ -168,6 +173,8 @@ class TabletStore:
                     wb.put(b"S" + key, value)
             for rid in c.ids:
                 wb.put(b"D" + rid, b"")
+            for prefix, (lo, hi) in c.dedup_gc.items():
+                wb.delete_range(b"D" + prefix + lo.to_bytes(8, "big"), b"D" + prefix + hi.to_bytes(8, "big"))
             for (key, tag), t in c.timers_deleted.items():
                 tk = _timer_key(key, tag)
                 wb.delete(b"K" + tk)

@@ -15,7 +15,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from runtime import metrics
 from runtime.computation import Computation, TimeDomain
@@ -29,6 +29,13 @@ from worker.context import Effects, KeyContext
 from worker.dedup import DedupFilter
 from worker.progress import TimestampBag
 from worker.storage import Commit, Production, TabletStore, Timer, production_key
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+
+def _ckey_seq(ckey: bytes) -> int:
+    return int.from_bytes(ckey[1:9], "big")
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +82,10 @@ class Tablet:
         self._unacked_ts = TimestampBag()   # checkpointed productions not yet acknowledged
         self.processed = self.late = self.dead_lettered = 0
         self.weak = route.productions == "weak"
+        self._floors: dict[bytes, int] = {}       # producer prefix -> resend floor (received)
+        self._collected: dict[bytes, int] = {}    # producer prefix -> dedup ids forgotten below
+        self._ckpt_seqs = TimestampBag()          # sequences of our checkpointed productions
+        self._acked_not_durable: list[int] = []   # their checkpoint deletes, not yet synced
         self._weak_wait: tuple[set[int], asyncio.Event] | None = None
         self.open = False
         self.closing = False  # refuses new deliveries; set by close() or by a failed batch
@@ -148,8 +159,14 @@ class Tablet:
 
     # -------------------------------------------------------------- delivery
 
-    async def deliver(self, records: list[Record]) -> int:
-        """Queue a batch; resolves to OK once committed, BUSY or NOT_OWNER otherwise."""
+    async def deliver(self, records: list[Record], floors: Iterable[tuple[bytes, int]] = ()) -> int:
+        """Queue a batch; resolves to OK once committed, BUSY or NOT_OWNER otherwise.
+
+        ``floors`` are its producers' promises: (id prefix, lowest sequence still resent).
+        """
+        for producer, floor in floors:
+            if floor > self._floors.get(producer, 0):
+                self._floors[producer] = floor
         if self.closing or not self.open:
             return NOT_OWNER
         limits = self.host.limits
@@ -168,7 +185,37 @@ class Tablet:
         self.unacked += len(productions)
         for p in productions:
             self._unacked_ts.add(p.record.timestamp)
+            if p.ckey:
+                self._ckpt_seqs.add(_ckey_seq(p.ckey))
         self.host.send(productions, self)
+
+    def resend_floor(self) -> int:
+        """The lowest sequence this tablet may still resend (ids below it are never sent again).
+
+        A checkpoint counts as gone only once its (unsynced) delete is followed by a synced
+        commit: until then a crash could bring it back, and it would be re-sent.
+        """
+        oldest = self._ckpt_seqs.min()
+        return self.store.seq + 1 if oldest is None else oldest
+
+    def _after_commit(self, commit: Commit) -> None:
+        """Bookkeeping that the commit made durable: checkpoint deletes, dedup GC."""
+        for seq in self._acked_not_durable:
+            self._ckpt_seqs.remove(seq)
+        self._acked_not_durable.clear()
+        for producer, (_, hi) in commit.dedup_gc.items():
+            self._collected[producer] = hi
+        if self.exactly_once and self.dedup.needs_rebuild():
+            self._rebuild_dedup()
+
+    def _rebuild_dedup(self) -> None:
+        fresh = DedupFilter(capacity=self.dedup.capacity)
+        fresh.add_all(self.store.dedup_ids())
+        # Without garbage collection (ids from injectors) the disk set itself is large:
+        # allow it, rather than rebuilding again at every commit.
+        fresh.max_generations = max(fresh.max_generations, fresh.generations + 2)
+        self.dedup = fresh
+        log.info("tablet %s: rebuilt its dedup filter (%d generations)", self.name, fresh.generations)
 
     def acked(self, productions: list[Production]) -> None:
         """The receiver committed these productions: forget their checkpoints."""
@@ -181,6 +228,8 @@ class Tablet:
         self.unacked -= len(productions)
         for p in productions:
             self._unacked_ts.remove(p.record.timestamp)
+            if p.ckey:
+                self._acked_not_durable.append(_ckey_seq(p.ckey))
         if self.open and not self.closing:
             keys = [p.ckey for p in productions if p.ckey]
             if keys:
@@ -249,6 +298,11 @@ class Tablet:
     async def _process(self, items: list[tuple[list[Record], asyncio.Future[int]]], due: list[Timer]) -> None:
         commit = Commit(seq=self.store.seq)
         self._commit = commit
+        if self.exactly_once:
+            for producer, floor in self._floors.items():
+                done = self._collected.get(producer, 0)
+                if floor > done:
+                    commit.dedup_gc[producer] = (done, floor)
         seen: set[bytes] = set()
         n_new = 0
         wm = self.host.watermark(self.computation)
@@ -287,6 +341,7 @@ class Tablet:
         t0 = time.perf_counter()
         self.store.commit(commit)
         self._m.commit_seconds.observe(time.perf_counter() - t0)
+        self._after_commit(commit)
         self._m.records.inc(n_new)
         self.processed += n_new
         if self.exactly_once:

@@ -19,19 +19,29 @@ class Record(_message.Message):
     id: bytes
     def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., timestamp: _Optional[int] = ..., id: _Optional[bytes] = ...) -> None: ...
 
+class ResendFloor(_message.Message):
+    __slots__ = ("producer", "floor")
+    PRODUCER_FIELD_NUMBER: _ClassVar[int]
+    FLOOR_FIELD_NUMBER: _ClassVar[int]
+    producer: bytes
+    floor: int
+    def __init__(self, producer: _Optional[bytes] = ..., floor: _Optional[int] = ...) -> None: ...
+
 class DeliverRequest(_message.Message):
-    __slots__ = ("computation", "key_range", "token", "records", "sender")
+    __slots__ = ("computation", "key_range", "token", "records", "sender", "floors")
     COMPUTATION_FIELD_NUMBER: _ClassVar[int]
     KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
+    FLOORS_FIELD_NUMBER: _ClassVar[int]
     computation: str
     key_range: int
     token: int
     records: _containers.RepeatedCompositeFieldContainer[Record]
     sender: str
-    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., sender: _Optional[str] = ...) -> None: ...
+    floors: _containers.RepeatedCompositeFieldContainer[ResendFloor]
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., sender: _Optional[str] = ..., floors: _Optional[_Iterable[_Union[ResendFloor, _Mapping]]] = ...) -> None: ...
 
 class DeliverResponse(_message.Message):
     __slots__ = ("status", "detail")

@@ -50,3 +50,19 @@ def test_weak_productions_are_exact_under_a_worker_sigkill(cluster: Cluster) -> 
         cluster.add_worker()
 
     run_wordcount(cluster, n_lines=4000, midway=crash_and_restart, name="weak", productions="weak")
+
+
+def test_dedup_data_stays_bounded(cluster: Cluster) -> None:
+    """Producers tell receivers which ids they will never resend; receivers forget those."""
+    from rocksdict import AccessType, Options, Rdict
+
+    got = run_wordcount(cluster, n_lines=3000, name="gc")
+    words = sum(got.values())
+    kept = 0
+    for r in range(4):  # the counter's tablets, read without taking their lock
+        path = os.path.join(cluster.state_dir, "counter", str(r))
+        db = Rdict(path, options=Options(raw_mode=True), access_type=AccessType.read_only())
+        kept += sum(1 for k in db.keys() if k[:1] == b"D")
+        db.close()
+    # Without collection every word's id would stay; with it, about the last batch per producer.
+    assert kept < words / 10, (kept, words)

@@ -273,3 +273,18 @@ def test_int64_extremes_roundtrip(store: TabletStore) -> None:
     store.commit(Commit(timers_set={(t.key, t.tag): t for t in ts}, productions=[p, q]))
     assert set(store.timers()) == set(ts)
     assert store.productions() == [p, q]
+
+
+def test_dedup_gc_forgets_only_the_producers_ids_below_its_floor(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from runtime.record import producer_prefix, sequence_id
+    from worker.storage import Commit, TabletStore
+
+    store = TabletStore(str(tmp_path / "t"), 1, sync=False)
+    p, q = producer_prefix("a/0"), producer_prefix("b/0")
+    ids = [sequence_id(p, s) for s in range(1, 11)] + [sequence_id(q, s) for s in range(1, 11)]
+    store.commit(Commit(ids=ids))
+    store.commit(Commit(dedup_gc={p: (0, 6)}))
+    assert [store.has_id(sequence_id(p, s)) for s in range(1, 11)] == [False] * 5 + [True] * 5
+    assert all(store.has_id(sequence_id(q, s)) for s in range(1, 11))
+    assert store.dedup_count() == 15
+    store.close()
