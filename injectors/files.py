@@ -1,35 +1,68 @@
-"""The file-directory injector: every line of every file in a directory is a record.
+"""The file-directory injector (the MillWheel paper's example): every line of every file is a record.
 
-Record ids come from (injector name, file name, line number), so injecting the
-same directory again after a crash is exactly-once. The key is the file name;
-the timestamp the file's modification time.
+Files are read oldest first. The injector's watermark is the minimum creation
+time of the files not yet fully read, so a file still being injected holds its
+readers back; after the last file it moves to the end of time. Record ids come
+from (injector name, file name, line number), so injecting the same directory
+again after a crash is exactly-once. The key is the file name; the timestamp the
+file's creation time (its modification time, where the file system keeps no
+birth time).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import Protocol
 
 from injectors.injector import Injector
 from runtime.errors import InjectionError
 from runtime.record import derived_id
 
 
-def inject_directory(directory: str, masters: str | Iterable[str], stream: str,
-                     name: str | None = None) -> int:
-    """Inject every line of the regular files under ``directory``; returns the line count."""
+class Sink(Protocol):
+    def send(self, key: bytes, value: bytes, timestamp: int, id: bytes | None = None) -> None: ...
+    def advance_watermark(self, timestamp: int) -> None: ...
+    def flush(self) -> None: ...
+
+
+def created_us(path: str) -> int:
+    st = os.stat(path)
+    birth = getattr(st, "st_birthtime", None)
+    return int((birth if birth is not None else st.st_mtime) * 1_000_000)
+
+
+def pending_files(directory: str) -> list[tuple[int, str]]:
+    """(creation time, name) of the regular files in ``directory``, oldest first."""
     if not os.path.isdir(directory):
         raise InjectionError(f"{directory!r} is not a directory; pass the folder holding the files")
-    name = name or "files:" + os.path.abspath(directory)
-    files = sorted(f for f in os.listdir(directory) if os.path.isfile(os.path.join(directory, f)))
+    out = []
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            out.append((created_us(path), name))
+    return sorted(out)
+
+
+def inject_files(sink: Sink, directory: str, name: str) -> int:
+    """Send every line of every file, advancing the watermark file by file; returns lines sent."""
+    files = pending_files(directory)
     n = 0
-    with Injector(masters, stream, name) as inj:
-        for fname in files:
-            path = os.path.join(directory, fname)
-            ts = int(os.stat(path).st_mtime * 1_000_000)
-            with open(path, "rb") as f:
-                for lineno, line in enumerate(f):
-                    rid = derived_id(name.encode(), fname.encode(), str(lineno).encode())
-                    inj.send(fname.encode(), line.rstrip(b"\n"), ts, id=rid)
-                    n += 1
+    for ts, fname in files:
+        sink.advance_watermark(ts)  # the oldest unfinished file is now this one
+        with open(os.path.join(directory, fname), "rb") as f:
+            for lineno, line in enumerate(f):
+                rid = derived_id(name.encode(), fname.encode(), str(lineno).encode())
+                sink.send(fname.encode(), line.rstrip(b"\n"), ts, id=rid)
+                n += 1
+        sink.flush()  # this file is done: only then may the watermark pass it
     return n
+
+
+def inject_directory(directory: str, masters: str | Iterable[str], stream: str,
+                     name: str | None = None) -> int:
+    """Inject every line of the regular files under ``directory``, then finish."""
+    name = name or "files:" + os.path.abspath(directory)
+    pending_files(directory)  # a bad directory fails before anything registers
+    with Injector(masters, stream, name) as inj:
+        return inject_files(inj, directory, name)

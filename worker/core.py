@@ -42,7 +42,9 @@ class WorkerCore:
 
     def __init__(self, state_dir: str, address: str, remote_deliver: RemoteDeliver,
                  limits: WorkerLimits = WorkerLimits(),
-                 now_ms: Callable[[], float] = lambda: time.monotonic() * 1000) -> None:
+                 now_ms: Callable[[], float] = lambda: time.monotonic() * 1000,
+                 wall_us: Callable[[], int] = lambda: time.time_ns() // 1000) -> None:
+        self.wall_us = wall_us  # the wall clock of WALL_TIME timers and ctx.now()
         self.state_dir = state_dir
         self.address = address
         self.limits = limits
@@ -108,7 +110,7 @@ class WorkerCore:
                     continue
                 route = self.routing.computations[key[0]]
                 path = os.path.join(self.state_dir, key[0], str(key[1]))
-                tablet = Tablet(self, route, key[1], token, path)
+                tablet = Tablet(self, route, key[1], token, path, now_us=self.wall_us)
                 try:
                     await tablet.start()
                 except StaleTokenError as e:

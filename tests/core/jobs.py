@@ -1,0 +1,26 @@
+"""Computations the in-process worker-core tests run (imported by path, like any user code)."""
+
+from __future__ import annotations
+
+from runtime import Computation, Context, Record, TimeDomain
+
+
+class Echo(Computation):
+    """Emits every value; b"boom" raises; b"later" sets a wall-clock timer 1 s ahead."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        if record.value == b"boom":
+            raise RuntimeError("cannot digest boom")
+        if record.value == b"later":
+            ctx.set_timer("t", ctx.now() + 1_000_000, TimeDomain.WALL_TIME)
+        ctx.produce("out", record.value)
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        ctx.produce("out", f"timer {tag} at {time}".encode())
+
+
+class Collector(Computation):
+    seen: list[tuple[str, bytes, bytes]] = []
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        Collector.seen.append((self.params.get("name", ""), record.key, record.value))

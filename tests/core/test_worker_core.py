@@ -1,0 +1,137 @@
+"""The worker core in-process: real RocksDB, no network, injected clocks.
+
+Covers what is awkward to provoke through processes: BUSY backpressure,
+poison records, wall-clock timers on a fake clock, and self-fencing at commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+
+from runtime import Record
+from runtime.wire import millstream_pb2 as pb
+from tests.core.jobs import Collector
+from worker.core import WorkerCore, WorkerLimits
+from worker.sender import OK
+from worker.tablet import BUSY, NOT_OWNER
+
+BASE = 1_700_000_000_000_000
+
+
+def routing(*comps: tuple[str, str, list[str], list[str], dict[str, str]]) -> pb.Routing:
+    r = pb.Routing(version=1)
+    for name, code, inputs, outputs, params in comps:
+        c = r.computations.add(name=name, code=code, outputs=outputs, key_ranges=1, exactly_once=True,
+                               productions="strong", late_records="process")
+        c.params.update(params)
+        for s in inputs:
+            c.inputs.add(stream=s)
+        c.assignments.add(key_range=0, worker_id="w", address="self:1", token=1)
+    return r
+
+
+def rec(i: int, value: bytes) -> Record:
+    return Record(b"k%d" % (i % 3), value, BASE + i, i.to_bytes(16, "big"))
+
+
+async def _core(tmp: str, limits: WorkerLimits, clock: Callable[[], int]) -> WorkerCore:
+    async def nowhere(*args: object) -> int:
+        raise AssertionError("everything is local in these tests")
+
+    core = WorkerCore(tmp, "self:1", nowhere, limits, wall_us=clock)
+    core.worker_id = "w"
+    core.renewed(core.now_ms(), 60_000)
+    Collector.seen = []
+    await core.apply_routing(routing(
+        ("echo", "tests.core.jobs:Echo", ["in"], ["out"], {}),
+        ("collect", "tests.core.jobs:Collector", ["out"], [], {"name": "out"}),
+        ("dead", "tests.core.jobs:Collector", ["echo.dead_letter"], [], {"name": "dead"}),
+    ))
+    assert set(core.tablets) == {("echo", 0), ("collect", 0), ("dead", 0)}
+    return core
+
+
+async def _until(cond: Callable[[], bool], what: str, timeout: float = 10) -> None:
+    async def poll() -> None:
+        while not cond():
+            await asyncio.sleep(0.01)
+    try:
+        await asyncio.wait_for(poll(), timeout)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
+def test_a_full_queue_answers_busy_and_nothing_is_lost(tmp_path: object) -> None:
+    async def main() -> None:
+        core = await _core(str(tmp_path), WorkerLimits(max_queued_records=5, max_batch_records=5),
+                           lambda: BASE)
+        first = [asyncio.ensure_future(core.deliver("echo", 0, 1, [rec(i, b"v%d" % i)])) for i in range(5)]
+        await asyncio.sleep(0)  # one loop turn: the five are queued; the tablet has not run yet
+        assert core.tablets[("echo", 0)].queued_records == 5
+        over = await core.deliver("echo", 0, 1, [rec(99, b"over")])
+        assert over == BUSY  # the queue was full: the sender must back off and retry
+        assert await asyncio.gather(*first) == [OK] * 5
+        assert await core.deliver("echo", 0, 1, [rec(99, b"over")]) == OK  # the retry is taken
+        await _until(lambda: len(Collector.seen) == 6, "6 outputs")
+        assert sorted(v for _, _, v in Collector.seen) == sorted([b"v%d" % i for i in range(5)] + [b"over"])
+        await core.close_all()
+
+    asyncio.run(main())
+
+
+def test_a_poison_record_is_dead_lettered_and_the_range_moves_on(tmp_path: object) -> None:
+    async def main() -> None:
+        core = await _core(str(tmp_path), WorkerLimits(max_attempts=3), lambda: BASE)
+        batch = [rec(1, b"a"), rec(2, b"boom"), rec(3, b"b")]
+        assert await core.deliver("echo", 0, 1, batch) == OK
+        await _until(lambda: len(Collector.seen) == 3, "2 outputs and 1 dead letter")
+        outs = [v for n, _, v in Collector.seen if n == "out"]
+        dead = [json.loads(v) for n, _, v in Collector.seen if n == "dead"]
+        assert outs == [b"a", b"b"]
+        assert len(dead) == 1 and dead[0]["error"] == "RuntimeError: cannot digest boom"
+        assert core.tablets[("echo", 0)].dead_lettered == 1
+        await core.close_all()
+
+    asyncio.run(main())
+
+
+def test_wall_clock_timers_fire_on_the_injected_clock_exactly_once(tmp_path: object) -> None:
+    now = [BASE]
+
+    async def main() -> None:
+        core = await _core(str(tmp_path), WorkerLimits(), lambda: now[0])
+        assert await core.deliver("echo", 0, 1, [rec(1, b"later")]) == OK
+        await _until(lambda: len(Collector.seen) == 1, "the record's output")
+        await asyncio.sleep(0.05)
+        assert len(Collector.seen) == 1  # the clock has not moved: no timer yet
+        now[0] += 1_000_000
+        core.tablets[("echo", 0)]._wake.set()  # the run loop sleeps on the real clock
+        await _until(lambda: len(Collector.seen) == 2, "the timer")
+        assert Collector.seen[1][2] == f"timer t at {BASE + 1_000_000}".encode()
+        await core.close_all()
+
+    asyncio.run(main())
+    # Reopened from disk: the fired timer's deletion was committed with its output.
+    async def reopen() -> None:
+        core = await _core(str(tmp_path), WorkerLimits(), lambda: now[0] + 10_000_000)
+        await asyncio.sleep(0.1)
+        assert Collector.seen == []
+        await core.close_all()
+
+    asyncio.run(reopen())
+
+
+def test_a_worker_whose_lease_lapsed_refuses_to_commit(tmp_path: object) -> None:
+    async def main() -> None:
+        core = await _core(str(tmp_path), WorkerLimits(), lambda: BASE)
+        core.lost_lease()
+        assert await core.deliver("echo", 0, 1, [rec(1, b"a")]) == NOT_OWNER
+        await asyncio.sleep(0.05)
+        assert Collector.seen == []
+        await core.reconcile()
+        assert core.tablets == {}  # self-fenced: every tablet closed
+        await core.close_all()
+
+    asyncio.run(main())

@@ -1,0 +1,68 @@
+"""The file-directory injector's order, ids and watermark (injectors/files.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from injectors.files import inject_files
+from runtime.errors import InjectionError
+
+
+class Recorder:
+    """Records what the injector does, in order (a plain list, no network)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, object]] = []
+
+    def send(self, key: bytes, value: bytes, timestamp: int, id: bytes | None = None) -> None:
+        self.events.append(("send", (key, value, timestamp, id)))
+
+    def advance_watermark(self, timestamp: int) -> None:
+        self.events.append(("watermark", timestamp))
+
+    def flush(self) -> None:
+        self.events.append(("flush", None))
+
+
+def _file(d: str, name: str, lines: list[str], created_s: int) -> None:
+    path = os.path.join(d, name)
+    with open(path, "w") as f:
+        f.write("".join(line + "\n" for line in lines))
+    os.utime(path, (created_s, created_s))
+
+
+def test_the_watermark_is_the_oldest_unfinished_file(tmp_path: object) -> None:
+    d = str(tmp_path)
+    _file(d, "b.log", ["b1"], 2000)
+    _file(d, "a.log", ["a1", "a2"], 1000)
+    _file(d, "c.log", ["c1"], 3000)
+    r = Recorder()
+    assert inject_files(r, d, "src") == 4
+    kinds = [(k, v if k != "send" else v[1]) for k, v in r.events]  # type: ignore[index]
+    assert kinds == [
+        ("watermark", 1000 * 10**6), ("send", b"a1"), ("send", b"a2"), ("flush", None),
+        ("watermark", 2000 * 10**6), ("send", b"b1"), ("flush", None),
+        ("watermark", 3000 * 10**6), ("send", b"c1"), ("flush", None),
+    ]
+    sends = [v for k, v in r.events if k == "send"]
+    assert all(v[2] >= 1000 * 10**6 for v in sends)  # type: ignore[index]
+
+
+def test_ids_depend_on_name_file_and_line_only(tmp_path: object) -> None:
+    d = str(tmp_path)
+    _file(d, "a.log", ["x", "x"], 1000)
+    first, again, other = Recorder(), Recorder(), Recorder()
+    inject_files(first, d, "src")
+    inject_files(again, d, "src")
+    inject_files(other, d, "another")
+    ids = [v[3] for k, v in first.events if k == "send"]  # type: ignore[index]
+    assert ids == [v[3] for k, v in again.events if k == "send"]  # type: ignore[index]
+    assert len(set(ids)) == 2
+    assert not set(ids) & {v[3] for k, v in other.events if k == "send"}  # type: ignore[index]
+
+
+def test_not_a_directory(tmp_path: object) -> None:
+    with pytest.raises(InjectionError, match="is not a directory"):
+        inject_files(Recorder(), os.path.join(str(tmp_path), "missing"), "src")
