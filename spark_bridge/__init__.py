@@ -1,4 +1,33 @@
-"""Connecting PySpark to millstream (injection from DataFrames, Parquet export).
+"""Connecting PySpark to millstream (DESIGN.md §9).
 
-Arrives with issue 5; nothing here yet.
+- :func:`inject` sends a DataFrame's rows to a stream, exactly once across
+  Spark task retries, holding the stream's watermark until the job completes;
+- :func:`inject_stream` does the same for each micro-batch of a Structured
+  Streaming query (``foreachBatch``);
+- :class:`ParquetSink` (added with :func:`add_parquet_sink`) writes a stream
+  to Parquet files exactly once, and :func:`read_stream` reads them back.
+
+See ``docs/spark.md``.
 """
+
+from spark_bridge.codecs import ValueDecodeError
+from spark_bridge.inject import InjectionResult, InvalidInput, inject, release
+from spark_bridge.parquet_sink import ParquetSink, add_parquet_sink
+from spark_bridge.read import SinkNotFound, count_rows, read_rows, read_stream
+from spark_bridge.stream import StreamInjection, inject_stream
+
+__all__ = [
+    "InjectionResult",
+    "InvalidInput",
+    "ParquetSink",
+    "SinkNotFound",
+    "StreamInjection",
+    "ValueDecodeError",
+    "add_parquet_sink",
+    "count_rows",
+    "inject",
+    "inject_stream",
+    "read_rows",
+    "read_stream",
+    "release",
+]

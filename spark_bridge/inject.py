@@ -1,0 +1,345 @@
+"""Injecting a Spark DataFrame into a millstream stream, exactly once across Spark retries.
+
+The driver checks everything it can before a single record leaves: the
+columns exist and have usable types, no key or timestamp (or id, or value) is
+null, the masters answer and some computation reads the stream. Only then
+does it register a *holding* injector named ``name`` (which keeps the stream's
+low watermark where it is) and run one Spark job in which every partition
+sends its rows through its own injector, ``<name>/p<partition>``. Record ids
+are derived from (injection name, partition, row position), or from a user id
+column, so a task that Spark retries after it had sent part of its partition
+sends the very same ids again and receivers drop what they already have.
+When the job completes, the driver finishes the holding injector (or advances
+it to a given watermark).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from injectors.injector import END_OF_TIME, Injector
+from runtime.client import Client, parse_addresses
+from runtime.errors import InjectionError, MillstreamError
+from runtime.record import derived_id
+from runtime.routing import RoutingTable
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+log = logging.getLogger(__name__)
+_INTEGRAL = ("tinyint", "smallint", "int", "bigint")
+_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Unavailable|Input)): (.+)$", re.M)
+#: the metadata Spark attaches to a column that carries a query's event-time watermark
+WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
+
+
+class InvalidInput(InjectionError):
+    """The DataFrame cannot be injected as asked (a missing column, a bad type, nulls)."""
+
+
+@dataclass(frozen=True)
+class InjectionResult:
+    """What one injection (or one micro-batch) sent."""
+
+    name: str
+    records: int
+    partitions: int
+    min_timestamp: int | None
+    max_timestamp: int | None
+    watermark: int
+    seconds: float
+
+
+# ------------------------------------------------------------------ checking
+
+
+def _type_of(df: DataFrame, column: str, role: str) -> str:
+    if not isinstance(column, str):
+        raise InvalidInput(f"{role}= must be a column name (a str), got {column!r}")
+    if column not in df.columns:
+        raise InvalidInput(
+            f"column {column!r} (the {role}) is not in the DataFrame; its columns are "
+            f"{df.columns}. Pass {role}=<one of them>")
+    return str(df.schema[column].dataType.simpleString())
+
+
+def _key_expr(df: DataFrame, column: str) -> Column:
+    from pyspark.sql import functions as F
+
+    t = _type_of(df, column, "key")
+    c = F.col(column)
+    if t == "string":
+        return F.encode(c, "UTF-8")
+    if t == "binary":
+        return c
+    if t in _INTEGRAL:
+        return F.encode(c.cast("string"), "UTF-8")
+    raise InvalidInput(
+        f"column {column!r} (the key) has type {t}; keys must be string, binary or integer. "
+        f"Cast it, e.g. F.col({column!r}).cast('string')")
+
+
+def _value_expr(df: DataFrame, value: str | Sequence[str] | None) -> tuple[Column, str | None]:
+    """The value as binary, and the column to null-check (None for composite values)."""
+    from pyspark.sql import functions as F
+
+    if value is None:
+        return F.lit(b"").cast("binary"), None
+    if isinstance(value, str):
+        t = _type_of(df, value, "value")
+        c = F.col(value)
+        if t == "binary":
+            return c, value
+        if t == "string":
+            return F.encode(c, "UTF-8"), value
+        if t.startswith(("struct", "map", "array")):
+            return F.encode(F.to_json(c), "UTF-8"), value
+        return F.encode(c.cast("string"), "UTF-8"), value
+    cols = list(value)
+    if not cols:
+        raise InvalidInput("value= is an empty list; name the columns that make up the value")
+    for name in cols:
+        _type_of(df, name, "value")
+    return F.encode(F.to_json(F.struct(*[F.col(name) for name in cols])), "UTF-8"), None
+
+
+def _timestamp_expr(df: DataFrame, column: str) -> Column:
+    from pyspark.sql import functions as F
+
+    t = _type_of(df, column, "timestamp")
+    c = F.col(column)
+    if t == "timestamp":
+        return F.unix_micros(c)
+    if t == "timestamp_ntz":  # wall-clock time without a zone: read as UTC, whatever the session's
+        return F.expr(f"unix_date(cast(`{column}` as date)) * 86400000000 + hour(`{column}`) * 3600000000"
+                      f" + minute(`{column}`) * 60000000"
+                      f" + cast(date_part('SECOND', `{column}`) * 1000000 as bigint)")
+    if t in _INTEGRAL:
+        return c.cast("bigint")
+    raise InvalidInput(
+        f"column {column!r} (the timestamp) has type {t}, which is not a time: use a timestamp "
+        "column or an integer column of microseconds since the Unix epoch, e.g. "
+        f"F.to_timestamp(F.col({column!r})) or F.col({column!r}).cast('long') * 1_000_000")
+
+
+def _id_expr(df: DataFrame, column: str) -> Column:
+    from pyspark.sql import functions as F
+
+    t = _type_of(df, column, "id")
+    c = F.col(column)
+    if t == "binary":
+        return c
+    if t == "string":
+        return F.encode(c, "UTF-8")
+    if t in _INTEGRAL:
+        return F.encode(c.cast("string"), "UTF-8")
+    raise InvalidInput(f"column {column!r} (the id) has type {t}; ids must be string, binary or integer")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The checked projection a DataFrame is injected through."""
+
+    columns: list[Column]
+    null_checked: dict[str, str]  # column -> role
+    has_id: bool
+
+
+def plan(df: DataFrame, *, key: str, value: str | Sequence[str] | None, timestamp: str,
+         id: str | None = None) -> Plan:
+    """Check the columns and their types (no Spark job) and build the projection."""
+    cols = [_key_expr(df, key).alias("k")]
+    v, v_col = _value_expr(df, value)
+    cols += [v.alias("v"), _timestamp_expr(df, timestamp).alias("t")]
+    checked = {key: "key", timestamp: "timestamp"}
+    if v_col is not None:
+        checked.setdefault(v_col, "value")
+    if id is not None:
+        cols.append(_id_expr(df, id).alias("i"))
+        checked.setdefault(id, "id")
+    return Plan(cols, checked, id is not None)
+
+
+def check_nulls(df: DataFrame, checked: dict[str, str], extra: Iterable[Column] = ()) -> list[Any]:
+    """Count nulls in the checked columns (one Spark job); raise if any. Returns ``extra``'s values."""
+    from pyspark.sql import functions as F
+
+    aggs = [F.sum(F.col(c).isNull().cast("long")).alias(f"n{i}") for i, c in enumerate(checked)]
+    extra = list(extra)
+    row = df.agg(*aggs, *extra).collect()[0]
+    bad = [(c, role, int(row[i] or 0)) for i, (c, role) in enumerate(checked.items()) if row[i]]
+    if bad:
+        what = "; ".join(f"column {c!r} (the {role}) is null in {n} row{'s' * (n != 1)}"
+                         for c, role, n in bad)
+        raise InvalidInput(
+            f"{what}. Nothing was injected: every record needs a key and a timestamp; filter "
+            f"those rows out (df.dropna(subset=[...])) or fill them (df.fillna(...)) first")
+    return [row[len(checked) + i] for i in range(len(extra))]
+
+
+def check_stream(masters: str | Iterable[str], stream: str, timeout: float) -> None:
+    """Raise unless a master answers and some running computation reads ``stream``."""
+    with Client(masters, timeout=timeout) as client:
+        table = RoutingTable(client.routing())
+    if not table.has_subscribers(stream):
+        raise InjectionError(
+            f"stream {stream!r} is unknown: no running computation reads it; submit a topology "
+            "with it among its inputs first (nothing was sent)")
+
+
+# --------------------------------------------------------------- the tasks
+
+
+@dataclass(frozen=True)
+class PartitionInjection:
+    """What every Spark task runs: send its partition through its own injector, then finish it.
+
+    A module-level class (not a closure) so tasks import it rather than unpickle code.
+    """
+
+    masters: list[str]
+    stream: str
+    name: str       # the injection: names the partition injectors
+    id_name: str    # seeds positional ids (the injection name, plus the micro-batch id)
+    has_id: bool
+    batch_size: int
+    timeout: float
+
+    def __call__(self, index: int, rows: Iterable[Any]) -> Iterator[tuple[int, int, int | None, int | None]]:
+        inj = Injector(self.masters, self.stream, f"{self.name}/p{index}",
+                       batch_size=self.batch_size, timeout=self.timeout)
+        stream_b = self.stream.encode()
+        id_b = self.id_name.encode()
+        part_b = index.to_bytes(4, "big")
+        n, lo, hi = 0, None, None
+        try:
+            for pos, row in enumerate(rows):
+                ts = int(row[2])
+                if self.has_id:
+                    rid = derived_id(b"spark-id", stream_b, bytes(row[3]))
+                else:
+                    rid = derived_id(id_b, part_b, pos.to_bytes(8, "big"))
+                inj.send(bytes(row[0]), bytes(row[1]), ts, id=rid)
+                n += 1
+                lo = ts if lo is None or ts < lo else lo
+                hi = ts if hi is None or ts > hi else hi
+            inj.finish()  # this partition no longer holds the watermark
+        finally:
+            inj.close()
+        yield index, n, lo, hi
+
+
+def _task_error(e: BaseException) -> str:
+    text = str(e)
+    found = _ERROR_LINE.findall(text)
+    if found:
+        cls, msg = found[-1]
+        return f"{cls}: {msg.strip()}"
+    return text.strip().splitlines()[0][:500] if text.strip() else type(e).__name__
+
+
+def run_partitions(df: DataFrame, p: Plan, task: PartitionInjection) -> list[tuple[int, int, int | None, int | None]]:
+    """Run the injection job; a failed job becomes an :class:`InjectionError` (no Py4J trace)."""
+    try:
+        return list(df.select(*p.columns).rdd.mapPartitionsWithIndex(task).collect())
+    except MillstreamError:
+        raise
+    except Exception as e:  # Py4JJavaError / PythonException from the executors
+        err = InjectionError(
+            f"injection {task.id_name!r} into {task.stream!r} failed in a Spark task after Spark's "
+            f"retries: {_task_error(e)}. Records already sent stay (once each); run the same "
+            "injection again (same name, same data) to complete it exactly once -- until then it "
+            "holds the stream's watermark")
+        err.spark_error = e  # type: ignore[attr-defined]
+        raise err from None
+
+
+def _summary(name: str, parts: list[tuple[int, int, int | None, int | None]], watermark: int,
+             t0: float) -> InjectionResult:
+    los = [p[2] for p in parts if p[2] is not None]
+    his = [p[3] for p in parts if p[3] is not None]
+    return InjectionResult(name, sum(p[1] for p in parts), len(parts), min(los) if los else None,
+                           max(his) if his else None, watermark, time.monotonic() - t0)
+
+
+# -------------------------------------------------------------- the driver
+
+
+def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] | None,
+           timestamp: str, name: str, masters: str | Iterable[str], id: str | None = None,
+           watermark: int | str = "finish", batch_size: int = 1000,
+           timeout: float = 60.0) -> InjectionResult:
+    """Send every row of ``df`` to ``stream`` as one record, exactly once.
+
+    - ``key``: a string, binary or integer column; ``timestamp``: a timestamp
+      column, or an integer column of microseconds since the epoch (event time).
+    - ``value``: a column (string and binary as they are, others as text or
+      JSON), a list of columns (sent as one JSON object), or ``None`` (empty).
+    - ``name`` names the injection: record ids derive from it, the partition
+      and the row's position (or from the ``id`` column), so re-running the
+      same injection -- or Spark retrying a task -- sends nothing twice.
+      Positions are only stable if ``df`` is deterministic (same rows, same
+      order, same partitions on every evaluation); otherwise pass ``id``.
+    - ``watermark``: after the job, ``"finish"`` releases the stream (nothing
+      more will come from this injection); ``"max"`` advances it to the
+      largest timestamp sent; an int advances it to that time.
+
+    Raises :class:`InvalidInput` (before sending anything) for a missing
+    column, an unusable type or nulls; :class:`~runtime.errors.MasterUnavailable`
+    naming the addresses if no master answers; :class:`InjectionError` if the
+    stream has no reader or the Spark job fails.
+    """
+    t0 = time.monotonic()
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("name= must be a non-empty string: it names the injection and seeds its ids")
+    addresses = parse_addresses(masters)
+    p = plan(df, key=key, value=value, timestamp=timestamp, id=id)
+    if not (watermark in ("finish", "max") or (isinstance(watermark, int) and not isinstance(watermark, bool))):
+        raise InvalidInput(f"watermark={watermark!r}: use 'finish', 'max' or an int of microseconds")
+    check_stream(addresses, stream, min(timeout, 10.0))
+    check_nulls(df, p.null_checked)
+    # From here on this injection holds the stream's watermark (until finished below).
+    holder = Injector(addresses, stream, name, timeout=timeout)
+    try:
+        task = PartitionInjection(addresses, stream, name, name, p.has_id, batch_size, timeout)
+        parts = run_partitions(df, p, task)
+        result = _summary(name, parts, 0, t0)
+        if watermark == "finish":
+            holder.finish()
+            wm = END_OF_TIME
+        else:
+            target = result.max_timestamp if watermark == "max" else int(watermark)
+            if target is not None:
+                holder.advance_watermark(target)
+            wm = holder.watermark
+        log.info("injected %d records from %d partitions into %s as %r",
+                 result.records, result.partitions, stream, name)
+        return InjectionResult(result.name, result.records, result.partitions, result.min_timestamp,
+                               result.max_timestamp, wm, time.monotonic() - t0)
+    finally:
+        holder.close()
+
+
+def release(*, stream: str, name: str, masters: str | Iterable[str], timeout: float = 10.0) -> list[str]:
+    """Give up on an injection that failed: stop it (and its partitions) holding ``stream``.
+
+    Records it sent stay; records it did not send, and any sent later under the
+    same name, may then arrive late. Returns the injector names released.
+    """
+    with Client(masters, timeout=timeout) as client:
+        known = [i["name"] for i in client.status().get("injectors", [])
+                 if i.get("stream") == stream and (i["name"] == name or i["name"].startswith(name + "/p"))]
+    released = []
+    for n in dict.fromkeys([name, *known]):
+        inj = Injector(masters, stream, n, timeout=timeout)
+        try:
+            inj.finish()
+        finally:
+            inj.close()
+        released.append(n)
+    return released

@@ -1,0 +1,214 @@
+"""Injecting DataFrames: exact under Spark task retries, and bad input refused before anything is sent."""
+
+from __future__ import annotations
+
+import os
+import re
+import urllib.request
+from typing import Any
+
+import pytest
+
+import spark_bridge
+from injectors import Injector
+from runtime import Topology
+from runtime.cluster import Process
+from runtime.errors import ConfigError, InjectionError, MasterUnavailable
+from spark_bridge import InvalidInput, add_parquet_sink, read_rows
+from tests.harness import Cluster, wait_until
+
+BASE = 1_700_000_000_000_000
+
+
+def _sink(cluster: Cluster, name: str) -> tuple[str, str]:
+    """A stream ``<name>.in`` read by a Parquet sink; returns (stream, sink directory)."""
+    stream, out = f"{name}.in", os.path.join(cluster.data_dir, f"out-{name}")
+    topo = Topology(name)
+    add_parquet_sink(topo, f"{name}.sink", stream=stream, path=out, codec="text")
+    cluster.client.submit(topo)
+    cluster.wait_assigned()
+    return stream, out
+
+
+def _metric(proc: Process, name: str) -> float:
+    port = next(line.rsplit(":", 1)[1] for line in proc.lines if " metrics on " in line)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(float(m) for m in re.findall(rf"^{name}(?:_total)?(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
+def _only_marker_arrives(cluster: Cluster, stream: str, out: str) -> None:
+    """Nothing of a refused injection arrived: a marker sent afterwards is all the sink holds."""
+    with Injector(cluster.masters_arg, stream, f"marker-{stream}") as inj:
+        inj.send(b"marker", b"marker", BASE)
+    wait_until(lambda: os.path.isdir(out) and spark_bridge.count_rows(out) >= 1, 60, "the marker")
+    assert [r["key"] for r in read_rows(out)] == ["marker"]
+
+
+def test_a_retried_task_sends_nothing_twice(spark: Any, shared_cluster: Cluster) -> None:
+    """Partition 0 fails on its first attempt after sending part of its rows; Spark retries it.
+
+    The failure comes from the sink's key extractor, which injectors run as they route
+    each flushed batch: rows before ``v7500`` were sent (in batches of 100) and committed.
+    """
+    from pyspark.sql import functions as F
+
+    stream, out = "retry.in", os.path.join(shared_cluster.data_dir, "out-retry")
+    topo = Topology("retry")
+    topo.add_computation("retry.sink", "spark_bridge.parquet_sink:ParquetSink",
+                         inputs={stream: "tests.spark.jobs:flaky_key"},
+                         params={"path": out, "codec": "text"}, key_ranges=2)
+    shared_cluster.client.submit(topo)
+    shared_cluster.wait_assigned()
+    n = 20_000
+    df = (spark.range(n, numPartitions=2)
+          .select(F.col("id").cast("string").alias("k"), F.concat(F.lit("v"), F.col("id")).alias("v"),
+                  (F.lit(BASE) + F.col("id")).alias("ts")))
+    before = sum(_metric(w, "millstream_duplicates_dropped") for w in shared_cluster.workers)
+    result = spark_bridge.inject(df, stream=stream, key="k", value="v", timestamp="ts",
+                                 name="retry", masters=shared_cluster.masters_arg, batch_size=100)
+    assert result.records == n and result.partitions == 2
+    wait_until(lambda: spark_bridge.count_rows(out) >= n, 60, f"{n} rows in the sink")
+    rows = read_rows(out)
+    assert sorted(r["key"] for r in rows) == sorted(str(i) for i in range(n))
+    assert all(r["value"] == f"v{r['key']}" and r["timestamp"] == BASE + int(r["key"]) for r in rows)
+    # The first attempt had sent part of partition 0: its retry re-sent those ids, dropped as duplicates.
+    dups = sum(_metric(w, "millstream_duplicates_dropped") for w in shared_cluster.workers) - before
+    assert dups >= 7_000, f"the failed attempt should have sent ~7500 rows before failing ({dups})"
+    # Re-running the whole injection under the same name sends nothing new either.
+    spark_bridge.inject(df, stream=stream, key="k", value="v", timestamp="ts", name="retry",
+                        masters=shared_cluster.masters_arg)
+    with Injector(shared_cluster.masters_arg, stream, "retry-marker") as inj:
+        inj.send(b"zz-marker", b"", BASE)
+    wait_until(lambda: spark_bridge.count_rows(out) >= n + 1, 60, "the marker")
+    assert spark_bridge.count_rows(out) == n + 1
+
+
+def test_user_id_column_makes_ids(spark: Any, shared_cluster: Cluster) -> None:
+    """With id=, two injections of the same rows under different names and partitionings count once."""
+    stream, out = _sink(shared_cluster, "userid")
+    rows = [(f"k{i}", f"v{i}", BASE + i, f"event-{i}") for i in range(300)]
+    df = spark.createDataFrame(rows, "k string, v string, ts long, eid string")
+    m = shared_cluster.masters_arg
+    spark_bridge.inject(df.repartition(3), stream=stream, key="k", value="v", timestamp="ts", id="eid",
+                        name="first", masters=m)
+    spark_bridge.inject(df.coalesce(1), stream=stream, key="k", value="v", timestamp="ts", id="eid",
+                        name="second", masters=m)
+    with Injector(m, stream, "userid-marker") as inj:
+        inj.send(b"zz-marker", b"", BASE)
+    wait_until(lambda: spark_bridge.count_rows(out) >= 301, 60, "301 rows")
+    assert spark_bridge.count_rows(out) == 301
+
+
+def test_streaming_query_through_foreach_batch(spark: Any, shared_cluster: Cluster, tmp_path: Any) -> None:
+    """Micro-batches inject exactly once; the watermark follows Spark's event-time watermark."""
+    from pyspark.sql import functions as F
+
+    stream, out = _sink(shared_cluster, "fb")
+    src = str(tmp_path / "src")
+    for part in range(3):
+        (spark.range(part * 100, part * 100 + 100, numPartitions=2)
+         .select(F.col("id").cast("string").alias("k"), F.col("id").cast("string").alias("v"),
+                 F.timestamp_micros(F.lit(BASE) + F.col("id") * 1_000_000).alias("ts"))
+         .write.mode("append").parquet(src))
+    injection = spark_bridge.inject_stream(stream=stream, key="k", value="v", timestamp="ts", name="fb",
+                                           masters=shared_cluster.masters_arg)
+    try:
+        q = (spark.readStream.schema("k string, v string, ts timestamp").option("maxFilesPerTrigger", 2)
+             .parquet(src).withWatermark("ts", "10 seconds")
+             .writeStream.foreachBatch(injection)
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+        q.awaitTermination(120)
+        assert q.exception() is None
+        assert sum(r.records for r in injection.results) == 300
+        assert len(injection.results) >= 2
+        # Spark's watermark after the last batch: the latest event time minus the 10 s delay.
+        assert injection.holder.watermark == BASE + 299 * 1_000_000 - 10_000_000
+        injector = next(i for i in shared_cluster.client.status()["injectors"] if i["name"] == "fb")
+        assert injector["watermark"] == injection.holder.watermark
+    finally:
+        injection.finish()
+        injection.close()
+    wait_until(lambda: spark_bridge.count_rows(out) >= 300, 60, "300 rows")
+    assert sorted(int(r["key"]) for r in read_rows(out)) == list(range(300))
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.fixture
+def bad_df(spark: Any) -> Any:
+    rows = [("a", "x", BASE, "2024-01-01"), ("b", "y", BASE + 1, "2024-01-02"), (None, "z", None, "x"),
+            ("c", "w", None, "y")]
+    return spark.createDataFrame(rows, "k string, v string, ts long, day string")
+
+
+def test_missing_column(bad_df: Any, shared_cluster: Cluster) -> None:
+    stream, out = _sink(shared_cluster, "missing")
+    with pytest.raises(InvalidInput, match=r"column 'key_col' \(the key\) is not in the DataFrame; "
+                                           r"its columns are \['k', 'v', 'ts', 'day'\]"):
+        spark_bridge.inject(bad_df, stream=stream, key="key_col", value="v", timestamp="ts", name="m",
+                            masters=shared_cluster.masters_arg)
+    with pytest.raises(InvalidInput, match=r"column 'when' \(the timestamp\)"):
+        spark_bridge.inject(bad_df, stream=stream, key="k", value="v", timestamp="when", name="m",
+                            masters=shared_cluster.masters_arg)
+    _only_marker_arrives(shared_cluster, stream, out)
+
+
+def test_null_key_and_timestamp_counted_before_sending(bad_df: Any, shared_cluster: Cluster) -> None:
+    stream, out = _sink(shared_cluster, "nulls")
+    with pytest.raises(InvalidInput, match=r"column 'k' \(the key\) is null in 1 row; "
+                                           r"column 'ts' \(the timestamp\) is null in 2 rows\. "
+                                           r"Nothing was injected"):
+        spark_bridge.inject(bad_df, stream=stream, key="k", value="v", timestamp="ts", name="n",
+                            masters=shared_cluster.masters_arg)
+    with pytest.raises(InvalidInput, match=r"^column 'ts' \(the timestamp\) is null in 1 row\. "):
+        spark_bridge.inject(bad_df.where("k is not null"), stream=stream, key="k", value="v",
+                            timestamp="ts", name="n", masters=shared_cluster.masters_arg)
+    # Nothing holds the stream either: the refused injections never registered.
+    assert not [i for i in shared_cluster.client.status()["injectors"] if i["name"] == "n" or i["name"].startswith("n/")]
+    _only_marker_arrives(shared_cluster, stream, out)
+
+
+def test_non_numeric_timestamp(bad_df: Any, shared_cluster: Cluster) -> None:
+    stream, out = _sink(shared_cluster, "tstype")
+    with pytest.raises(InvalidInput, match=r"column 'day' \(the timestamp\) has type string, which is "
+                                           r"not a time"):
+        spark_bridge.inject(bad_df, stream=stream, key="k", value="v", timestamp="day", name="t",
+                            masters=shared_cluster.masters_arg)
+    with pytest.raises(InvalidInput, match=r"column 'v' \(the timestamp\) has type string"):
+        spark_bridge.inject(bad_df, stream=stream, key="k", value="v", timestamp="v", name="t",
+                            masters=shared_cluster.masters_arg)
+    _only_marker_arrives(shared_cluster, stream, out)
+
+
+def test_unreachable_master_names_the_address(bad_df: Any, spark: Any) -> None:
+    from runtime.cluster import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    good = bad_df.dropna()
+    with pytest.raises(MasterUnavailable, match=re.escape(f"cannot reach a millstream master at {address}")):
+        spark_bridge.inject(good, stream="s", key="k", value="v", timestamp="ts", name="u",
+                            masters=address, timeout=1.0)
+    with pytest.raises(ConfigError, match="'nowhere' is not HOST:PORT"):
+        spark_bridge.inject(good, stream="s", key="k", value="v", timestamp="ts", name="u",
+                            masters="nowhere")
+
+
+def test_unknown_stream_sends_nothing(bad_df: Any, shared_cluster: Cluster) -> None:
+    with pytest.raises(InjectionError, match="stream 'nobody-reads-this' is unknown"):
+        spark_bridge.inject(bad_df.dropna(), stream="nobody-reads-this", key="k", value="v",
+                            timestamp="ts", name="u", masters=shared_cluster.masters_arg)
+
+
+def test_timestamp_types(spark: Any, shared_cluster: Cluster) -> None:
+    """Timestamps, zone-less timestamps (read as UTC) and integer microseconds all mean the same."""
+    stream, out = _sink(shared_cluster, "tstypes")
+    df = spark.sql("select 'a' as k, 'x' as v, timestamp'2024-01-01 00:00:01.5' as t, "
+                   "timestamp_ntz'2024-01-01 00:00:01.5' as n, 1704067201500000L as us")
+    m = shared_cluster.masters_arg
+    for col in ["t", "n", "us"]:
+        spark_bridge.inject(df.selectExpr(f"'{col}' as k", "v", col), stream=stream, key="k", value="v", timestamp=col, name=f"ts-{col}",
+                            masters=m)
+    wait_until(lambda: spark_bridge.count_rows(out) >= 3, 60, "3 rows")
+    assert {r["key"]: r["timestamp"] for r in read_rows(out)} == dict.fromkeys(["t", "n", "us"], 1704067201500000)
