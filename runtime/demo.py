@@ -182,6 +182,12 @@ def run_pipeline(spark: SparkSession, masters: str, log_dir: str, out_dir: str, 
                           rows(ba, acols), t_inject, t_stream, windows_dir, alerts_dir)
 
 
+class _QuietPy4J(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        chatter = record.name.startswith("py4j") or "while sending command" in str(record.msg)
+        return record.levelno >= logging.WARNING or not chatter
+
+
 def run_demo(data_dir: str, workers: int = 2, spec: LogSpec | None = None) -> int:
     """The main job (see the module docstring); returns the process exit code."""
     spec = spec or LogSpec()
@@ -193,7 +199,9 @@ def run_demo(data_dir: str, workers: int = 2, spec: LogSpec | None = None) -> in
     def say(msg: str) -> None:
         print(f"[{time.monotonic() - t0:6.1f}s] {msg}", flush=True)
 
-    logging.getLogger("py4j").setLevel(logging.WARNING)  # its reconnection chatter is not news
+    quiet = _QuietPy4J()  # py4j's reconnection chatter (some of it on the root logger) is not news
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(quiet)
     say(f"Zeitgeist demo under {data_dir}")
     say("starting Spark (local[2])")
     spark = spark_session()

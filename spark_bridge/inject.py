@@ -317,7 +317,7 @@ def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] |
             if target is not None:
                 holder.advance_watermark(target)
             wm = holder.watermark
-        log.info("injected %d records from %d partitions into %s as %r",
+        log.debug("injected %d records from %d partitions into %s as %r",
                  result.records, result.partitions, stream, name)
         return InjectionResult(result.name, result.records, result.partitions, result.min_timestamp,
                                result.max_timestamp, wm, time.monotonic() - t0)
