@@ -18,6 +18,7 @@ from typing import Protocol
 from injectors.injector import Injector
 from runtime.errors import InjectionError
 from runtime.record import derived_id
+from runtime.security import Security
 
 
 class Sink(Protocol):
@@ -60,9 +61,9 @@ def inject_files(sink: Sink, directory: str, name: str) -> int:
 
 
 def inject_directory(directory: str, masters: str | Iterable[str], stream: str,
-                     name: str | None = None) -> int:
+                     name: str | None = None, security: Security = Security()) -> int:
     """Inject every line of the regular files under ``directory``, then finish."""
     name = name or "files:" + os.path.abspath(directory)
     pending_files(directory)  # a bad directory fails before anything registers
-    with Injector(masters, stream, name) as inj:
+    with Injector(masters, stream, name, security=security) as inj:
         return inject_files(inj, directory, name)

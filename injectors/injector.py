@@ -19,9 +19,10 @@ from runtime.client import Client
 from runtime.errors import InjectionError
 from runtime.record import ID_BYTES, Record, producer_prefix, sequence_id
 from runtime.routing import KeyExtractor, RoutingTable
-from runtime.wire import CHANNEL_OPTIONS, to_proto
+from runtime.security import Security
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
+from runtime.wire import to_proto
 
 log = logging.getLogger(__name__)
 END_OF_TIME = (1 << 63) - 1
@@ -36,14 +37,15 @@ class Injector:
     """
 
     def __init__(self, masters: str | Iterable[str], stream: str, name: str, *,
-                 batch_size: int = 1000, timeout: float = 60.0) -> None:
+                 batch_size: int = 1000, timeout: float = 60.0, security: Security = Security()) -> None:
         if not isinstance(name, str) or not name:
             raise InjectionError("an injector needs a non-empty name (it seeds its record ids)")
         self.stream = stream
         self.name = name
         self.batch_size = batch_size
         self.timeout = timeout
-        self.client = Client(masters, timeout=min(timeout, 10.0))
+        self.security = security
+        self.client = Client(masters, timeout=min(timeout, 10.0), security=security)
         self._prefix = producer_prefix("injector/" + name)
         self.position = 0
         self._buffer: list[Record] = []
@@ -168,7 +170,7 @@ class Injector:
     def _stub(self, address: str) -> rpc.WorkerStub:
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            ch = self._channels[address] = self.security.channel(address)
         return rpc.WorkerStub(ch)
 
     def finish(self) -> None:

@@ -18,6 +18,7 @@ from master.core import MasterConfig, MasterCore, UnknownWorker
 from master.store import EtcdConfig, EtcdStore, NotLeader
 from runtime import metrics, serving
 from runtime.errors import EtcdUnavailable
+from runtime.security import Security
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 
@@ -32,6 +33,7 @@ class MasterOptions:
     config: MasterConfig = MasterConfig()
     advertise: str | None = None
     http_listen: str | None = None
+    security: Security = Security()
 
 
 async def _async(fn: Any, *args: Any) -> Any:
@@ -120,9 +122,10 @@ class Master:
 
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.to_thread(self.store.check)
-        server = serving.make_server()
+        server = serving.make_server(self.options.security)
         rpc.add_MasterServicer_to_server(MasterServicer(self), server)
-        self.address = serving.bind(server, self.options.listen, self.options.advertise)
+        self.address = serving.bind(server, self.options.listen, self.options.advertise,
+                                    self.options.security)
         await server.start()
         http = None
         if self.options.http_listen:

@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Sequence
 
 from runtime.errors import ConfigError, MillstreamError
+from runtime.security import Security
 
 log = logging.getLogger("millstream")
 
@@ -27,6 +28,22 @@ def _masters_flag(p: argparse.ArgumentParser) -> None:
                    help="master addresses HOST:PORT[,HOST:PORT...] (env MILLSTREAM_MASTERS)")
     p.add_argument("--timeout", type=float, default=5.0,
                    help="seconds to keep trying to reach the leader (default 5)")
+
+
+def _security_flags(p: argparse.ArgumentParser, server: bool) -> None:
+    g = p.add_argument_group("security (optional)")
+    if server:
+        g.add_argument("--tls-cert", default=_env("MILLSTREAM_TLS_CERT"), help="server certificate (PEM)")
+        g.add_argument("--tls-key", default=_env("MILLSTREAM_TLS_KEY"), help="server private key (PEM)")
+    g.add_argument("--tls-ca", default=_env("MILLSTREAM_TLS_CA"),
+                   help="CA to verify servers with; enables TLS on outgoing calls (env MILLSTREAM_TLS_CA)")
+    g.add_argument("--token", default=_env("MILLSTREAM_TOKEN"),
+                   help="shared token every call carries and servers require (env MILLSTREAM_TOKEN)")
+
+
+def _security(args: argparse.Namespace) -> Security:
+    return Security(cert=getattr(args, "tls_cert", None), key=getattr(args, "tls_key", None),
+                    ca=args.tls_ca, token=args.token)
 
 
 def _need(value: str | None, flag: str, env: str) -> str:
@@ -58,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="HOST:PORT of the web page and /metrics (port 0: chosen by the OS)")
     m.add_argument("--etcd-ca", default=_env("MILLSTREAM_ETCD_CA"), help="CA certificate for https etcd")
     m.add_argument("--lease-ms", type=int, default=int(_env("MILLSTREAM_LEASE_MS", "3000") or 3000))
+    _security_flags(m, server=True)
     m.add_argument("--etcd-user", default=_env("MILLSTREAM_ETCD_USER"))
     m.add_argument("--etcd-password", default=_env("MILLSTREAM_ETCD_PASSWORD"))
 
@@ -70,25 +88,30 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--state-dir", default=_env("MILLSTREAM_STATE_DIR"))
     w.add_argument("--metrics-listen", default=_env("MILLSTREAM_METRICS_LISTEN", "127.0.0.1:0"),
                    help="HOST:PORT for Prometheus /metrics (port 0: chosen by the OS; '' = off)")
+    _security_flags(w, server=True)
 
     s = sub.add_parser("submit", help="submit a Topology named by MODULE:ATTR")
     s.add_argument("topology")
     _masters_flag(s)
+    _security_flags(s, server=False)
 
     st = sub.add_parser("status", help="show the cluster")
     _masters_flag(st)
+    _security_flags(st, server=False)
     st.add_argument("--json", action="store_true")
 
     mv = sub.add_parser("move", help="move one tablet (COMPUTATION/RANGE) to a worker (id or address)")
     mv.add_argument("tablet")
     mv.add_argument("worker")
     _masters_flag(mv)
+    _security_flags(mv, server=False)
 
     inj = sub.add_parser("inject-files", help="inject the lines of the files in a directory")
     inj.add_argument("directory")
     inj.add_argument("--stream", required=True)
     inj.add_argument("--name", default=None, help="injector name (default: the directory's)")
     _masters_flag(inj)
+    _security_flags(inj, server=False)
 
     b = sub.add_parser("bench", help="run the benchmarks on a local cluster; writes bench/results/")
     b.add_argument("--peer", choices=["spark"], default=None, help="also run the workloads on a peer")
@@ -114,7 +137,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.lease_ms < 500:
             raise ConfigError(f"--lease-ms {args.lease_ms} is too short; use 500 or more")
         main(MasterOptions(etcd, args.listen, MasterConfig(lease_ms=args.lease_ms),
-                           advertise=args.advertise, http_listen=args.http_listen))
+                           advertise=args.advertise, http_listen=args.http_listen, security=_security(args)))
         return 0
     if cmd == "worker":
         from runtime.client import parse_addresses
@@ -124,7 +147,7 @@ def _run(args: argparse.Namespace) -> int:
         masters = parse_addresses(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"))
         state = os.path.abspath(_need(args.state_dir, "--state-dir", "MILLSTREAM_STATE_DIR"))
         worker_main(WorkerOptions(tuple(masters), args.listen, state, args.metrics_listen,
-                                  advertise=args.advertise))
+                                  advertise=args.advertise, security=_security(args)))
         return 0
     if cmd == "up":
         from runtime.up import run_up
@@ -139,7 +162,8 @@ def _run(args: argparse.Namespace) -> int:
         topo = load(args.topology, "topology")
         if not isinstance(topo, Topology):
             raise ConfigError(f"{args.topology!r} is {type(topo).__name__}, not a Topology")
-        with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout) as c:
+        with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
+                     security=_security(args)) as c:
             n = c.submit(topo)
         print(f"submitted topology {topo.name!r}: {n} tablets")
         return 0
@@ -147,7 +171,8 @@ def _run(args: argparse.Namespace) -> int:
         from runtime.client import connect
         from runtime.status import render
 
-        with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout) as c:
+        with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
+                     security=_security(args)) as c:
             doc = c.status()
         print(json.dumps(doc, indent=2) if args.json else render(doc))
         return 0
@@ -157,7 +182,8 @@ def _run(args: argparse.Namespace) -> int:
         comp, _, r = args.tablet.rpartition("/")
         if not comp or not r.isdigit():
             raise ConfigError(f"tablet {args.tablet!r} is not COMPUTATION/RANGE, e.g. counter/0")
-        with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout) as c:
+        with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
+                     security=_security(args)) as c:
             token = c.move(comp, int(r), args.worker)
         print(f"tablet {args.tablet} -> {args.worker} (token {token})")
         return 0
@@ -165,7 +191,7 @@ def _run(args: argparse.Namespace) -> int:
         from injectors.files import inject_directory
 
         n = inject_directory(args.directory, _need(args.masters, "--masters", "MILLSTREAM_MASTERS"),
-                             args.stream, args.name)
+                             args.stream, args.name, security=_security(args))
         print(f"injected {n} lines into {args.stream!r}")
         return 0
     if cmd == "bench":

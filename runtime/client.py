@@ -19,8 +19,8 @@ import grpc
 
 from runtime.errors import ConfigError, MasterUnavailable, MillstreamError, TopologyError
 from runtime.imports import load
+from runtime.security import Security
 from runtime.topology import Topology
-from runtime.wire import CHANNEL_OPTIONS
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 
@@ -45,7 +45,7 @@ def parse_addresses(masters: str | Iterable[str]) -> list[str]:
 def _unavailable(addresses: Sequence[str], last: str) -> MasterUnavailable:
     return MasterUnavailable(
         f"cannot reach a millstream master at {','.join(addresses)} ({last}); "
-        "check the address, or start a cluster with `millstream up`"
+        "check the address (and --tls-ca if the cluster uses TLS), or start a cluster with `millstream up`"
     )
 
 
@@ -54,6 +54,8 @@ def _raise_for(e: grpc.RpcError) -> None:
     code, details = e.code(), e.details() or ""
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         raise TopologyError(details) from None
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        raise MillstreamError(details) from None
     if code == grpc.StatusCode.FAILED_PRECONDITION and not _LEADER.search(details) \
             and "no leader" not in details:
         raise MillstreamError(details) from None
@@ -62,16 +64,18 @@ def _raise_for(e: grpc.RpcError) -> None:
 class Client:
     """A blocking client of the masters (see :func:`connect`)."""
 
-    def __init__(self, masters: str | Iterable[str], *, timeout: float = 10.0) -> None:
+    def __init__(self, masters: str | Iterable[str], *, timeout: float = 10.0,
+                 security: Security = Security()) -> None:
         self.addresses = parse_addresses(masters)
         self.timeout = timeout
+        self.security = security
         self._channels: dict[str, grpc.Channel] = {}
         self._preferred = self.addresses[0]
 
     def _stub(self, address: str) -> rpc.MasterStub:
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            ch = self._channels[address] = self.security.channel(address)
         return rpc.MasterStub(ch)
 
     def call(self, fn: Callable[[rpc.MasterStub], T]) -> T:
@@ -154,17 +158,22 @@ def check_importable(topology: Topology) -> None:
     importlib.invalidate_caches()
 
 
-def connect(masters: str | Iterable[str], *, timeout: float = 10.0) -> Client:
-    """A client of the masters at ``masters`` (``"host:port"``, comma-separated, or a list)."""
-    return Client(masters, timeout=timeout)
+def connect(masters: str | Iterable[str], *, timeout: float = 10.0,
+            security: Security = Security()) -> Client:
+    """A client of the masters at ``masters`` (``"host:port"``, comma-separated, or a list).
+
+    ``security`` carries TLS settings and the shared token when the cluster requires them.
+    """
+    return Client(masters, timeout=timeout, security=security)
 
 
 class AsyncMasterClient:
     """The asyncio flavour, used by workers: follows the leader, retries forever."""
 
-    def __init__(self, masters: Sequence[str], timeout: float = 5.0) -> None:
+    def __init__(self, masters: Sequence[str], timeout: float = 5.0, security: Security = Security()) -> None:
         self.addresses = list(masters)
         self.timeout = timeout
+        self.security = security
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.leader = self.addresses[0]
 
@@ -172,7 +181,7 @@ class AsyncMasterClient:
         address = address or self.leader
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            ch = self._channels[address] = self.security.aio_channel(address)
         return rpc.MasterStub(ch)
 
     def follow(self, e: grpc.RpcError) -> None:

@@ -18,11 +18,12 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
 from runtime.errors import EtcdUnavailable, MillstreamError
+from runtime.security import Security
 
 log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
@@ -94,8 +95,11 @@ class LocalCluster:
     """etcd, ``masters`` masters and ``workers`` workers under ``data_dir``."""
 
     def __init__(self, data_dir: str, *, masters: int = 1, workers: int = 2, lease_ms: int = 3000,
-                 echo: IO[str] | None = None, python: str = sys.executable, master_port: int = 0) -> None:
+                 echo: IO[str] | None = None, python: str = sys.executable, master_port: int = 0,
+                 daemon_args: Sequence[str] = (), security: Security = Security()) -> None:
         self.master_port = master_port
+        self.daemon_args = list(daemon_args)  # extra flags for every master and worker
+        self.security = security
         self.data_dir = os.path.abspath(data_dir)
         self.n_masters = masters
         self.n_workers = workers
@@ -166,7 +170,8 @@ class LocalCluster:
         port = self.master_port if i == 0 else 0
         p = self._spawn(f"master-{i}", self._daemon(
             "master", "--etcd", self.etcd_url, "--listen", f"127.0.0.1:{port}",
-            "--lease-ms", str(self.lease_ms), "--http-listen", "127.0.0.1:0"), wait_address=True)
+            "--lease-ms", str(self.lease_ms), "--http-listen", "127.0.0.1:0", *self.daemon_args),
+            wait_address=True)
         self.masters.append(p)
         return p
 
@@ -174,7 +179,7 @@ class LocalCluster:
         self._counter += 1
         p = self._spawn(f"worker-{self._counter}", self._daemon(
             "worker", "--masters", self.masters_arg, "--listen", "127.0.0.1:0",
-            "--state-dir", state_dir or self.state_dir), wait_address=True)
+            "--state-dir", state_dir or self.state_dir, *self.daemon_args), wait_address=True)
         self.workers.append(p)
         return p
 
@@ -199,7 +204,7 @@ class LocalCluster:
         from runtime.client import Client
 
         want = len([w for w in self.workers if w.alive()]) if workers is None else workers
-        with Client(self.masters_arg, timeout=timeout) as c:
+        with Client(self.masters_arg, timeout=timeout, security=self.security) as c:
             wait_until(lambda: len(c.status()["workers"]) >= want, timeout,
                        f"{want} workers to register")
 

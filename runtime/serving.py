@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import grpc
 
 from runtime import errors
+from runtime.security import Security
 from runtime.wire import CHANNEL_OPTIONS
 
 log = logging.getLogger(__name__)
@@ -40,11 +41,12 @@ async def call_core(context: grpc.aio.ServicerContext, fn: Callable[[], Awaitabl
         raise  # unreachable: MillstreamError is in the table
 
 
-def make_server() -> grpc.aio.Server:
-    return grpc.aio.server(options=CHANNEL_OPTIONS)
+def make_server(security: Security = Security()) -> grpc.aio.Server:
+    return grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=security.server_interceptors())
 
 
-def bind(server: grpc.aio.Server, listen: str, advertise: str | None = None) -> str:
+def bind(server: grpc.aio.Server, listen: str, advertise: str | None = None,
+         security: Security = Security()) -> str:
     """Bind ``HOST:PORT`` (port 0 = chosen by the OS); returns the address others should dial.
 
     That is ``advertise`` if given, else the listen host with the bound port; a wildcard
@@ -54,7 +56,8 @@ def bind(server: grpc.aio.Server, listen: str, advertise: str | None = None) -> 
     if not host or not port.isdigit():
         raise errors.ConfigError(f"listen address {listen!r} is not HOST:PORT, e.g. 127.0.0.1:0")
     try:
-        bound = server.add_insecure_port(listen)
+        creds = security.server_credentials()
+        bound = server.add_secure_port(listen, creds) if creds else server.add_insecure_port(listen)
     except RuntimeError as e:
         raise errors.ConfigError(f"cannot listen on {listen!r} ({e}); is the port taken?") from None
     if bound == 0:

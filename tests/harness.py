@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
+from typing import Any
 
 from runtime.client import Client
 from runtime.cluster import LocalCluster, Process, wait_until
@@ -19,14 +20,15 @@ __all__ = ["Cluster", "wait_until"]
 class Cluster(LocalCluster):
     """A :class:`LocalCluster` with the controls tests need."""
 
-    def __init__(self, data_dir: str, *, masters: int = 1, workers: int = 2, lease_ms: int = 1500) -> None:
-        super().__init__(data_dir, masters=masters, workers=workers, lease_ms=lease_ms)
+    def __init__(self, data_dir: str, *, masters: int = 1, workers: int = 2, lease_ms: int = 1500,
+                 **kw: Any) -> None:
+        super().__init__(data_dir, masters=masters, workers=workers, lease_ms=lease_ms, **kw)
         self._client: Client | None = None
 
     @property
     def client(self) -> Client:
         if self._client is None:
-            self._client = Client(self.masters_arg, timeout=30)
+            self._client = Client(self.masters_arg, timeout=30, security=self.security)
         return self._client
 
     def kill_worker(self, worker: Process, graceful: bool = False) -> None:

@@ -13,7 +13,8 @@ import grpc
 from runtime import metrics, serving
 from runtime.client import AsyncMasterClient
 from runtime.record import Record
-from runtime.wire import CHANNEL_OPTIONS, from_proto, to_proto
+from runtime.security import Security
+from runtime.wire import from_proto, to_proto
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 from worker.core import WorkerCore, WorkerLimits
@@ -30,6 +31,7 @@ class WorkerOptions:
     metrics_listen: str | None = None
     limits: WorkerLimits = WorkerLimits()
     advertise: str | None = None
+    security: Security = Security()
 
 
 class WorkerServicer(rpc.WorkerServicer):
@@ -50,7 +52,8 @@ class WorkerServicer(rpc.WorkerServicer):
 class Peers:
     """gRPC channels to the other workers, for deliveries."""
 
-    def __init__(self) -> None:
+    def __init__(self, security: Security) -> None:
+        self.security = security
         self._stubs: dict[str, rpc.WorkerStub] = {}
         self._channels: list[grpc.aio.Channel] = []
 
@@ -58,7 +61,7 @@ class Peers:
                       records: list[Record], floors: list[tuple[bytes, int]]) -> int:
         stub = self._stubs.get(address)
         if stub is None:
-            ch = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            ch = self.security.aio_channel(address)
             self._channels.append(ch)
             stub = self._stubs[address] = rpc.WorkerStub(ch)
         req = pb.DeliverRequest(computation=computation, key_range=key_range, token=token,
@@ -152,9 +155,9 @@ async def _reconcile_loop(core: WorkerCore) -> None:
 
 
 async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
-    server = serving.make_server()
-    address = serving.bind(server, options.listen, options.advertise)
-    peers = Peers()
+    server = serving.make_server(options.security)
+    address = serving.bind(server, options.listen, options.advertise, options.security)
+    peers = Peers(options.security)
     core = WorkerCore(options.state_dir, address, peers.deliver, options.limits)
     rpc.add_WorkerServicer_to_server(WorkerServicer(core), server)
     await server.start()
@@ -162,7 +165,7 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
     if options.metrics_listen:
         host, _, port = options.metrics_listen.rpartition(":")
         print(f"millstream worker metrics on {host}:{metrics.serve(host, int(port))}", flush=True)
-    masters = AsyncMasterClient(options.masters)
+    masters = AsyncMasterClient(options.masters, security=options.security)
     tasks = [asyncio.create_task(MasterSession(core, masters).run()),
              asyncio.create_task(_reconcile_loop(core))]
     try:

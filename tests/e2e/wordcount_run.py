@@ -9,6 +9,7 @@ from collections.abc import Callable
 from examples import wordcount
 from injectors import Injector
 from runtime.demo import oracle, sample_lines
+from runtime.security import Security
 from runtime.sinks import read_file_sink
 from tests.harness import Cluster, wait_until
 
@@ -16,10 +17,10 @@ BASE_TS = 1_700_000_000_000_000
 
 
 def inject_lines(masters: str, source: str, lines: list[str], repeat_every: int,
-                 midway: Callable[[], None] | None = None) -> None:
+                 midway: Callable[[], None] | None = None, security: Security = Security()) -> None:
     """Send ``lines`` to "lines"; every ``repeat_every``-th record is sent twice with one id."""
     rng = random.Random(3)
-    with Injector(masters, "lines", source, batch_size=200) as inj:
+    with Injector(masters, "lines", source, batch_size=200, security=security) as inj:
         for i, line in enumerate(lines):
             ts = BASE_TS + i * 1000 + rng.randint(-100_000, 100_000)
             inj.send(b"", line.encode(), ts)
@@ -40,7 +41,7 @@ def run_wordcount(cluster: Cluster, n_lines: int = 3000, *, repeat_every: int = 
     cluster.wait_assigned()
     lines = sample_lines(n_lines, seed=11)
     expected = oracle(lines)
-    inject_lines(cluster.masters_arg, "test-" + name, lines, repeat_every, midway)
+    inject_lines(cluster.masters_arg, "test-" + name, lines, repeat_every, midway, cluster.security)
     total = sum(expected.values())
 
     def done() -> bool:
