@@ -190,7 +190,7 @@ def _exact_text(ex: dict[str, Any] | None) -> str:
 
 
 def _spark_lines(r: dict[str, Any], sp: dict[str, Any]) -> list[str]:
-    out = ["| workload | millstream | Spark | ratio (Spark / millstream) |", "|---|---:|---:|---:|"]
+    out = ["| workload | millstream | Spark | millstream better by (×; < 1: Spark better) |", "|---|---:|---:|---:|"]
     for row in sp.get("comparison", []):
         out.append(f"| {row['what']} | {row['millstream']} | {row['spark']} | {row['ratio']} |")
     if sp.get("error"):
