@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check runtime master worker injectors spark_bridge examples tests
 
 typecheck: $(STAMP)
-	$(BIN)/mypy runtime master worker injectors examples
+	$(BIN)/mypy runtime master worker injectors spark_bridge examples bench
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -Iruntime/wire=proto --python_out=. \

@@ -26,6 +26,9 @@ from runtime.wire import millstream_pb2 as pb
 log = logging.getLogger(__name__)
 
 
+FINISHED = "finished injectors of "  # marker injector name prefix, one per stream
+
+
 class UnknownWorker(MillstreamError):
     """A heartbeat from a worker whose lease has already expired."""
 
@@ -37,6 +40,9 @@ class MasterConfig:
     lease_ms: int = 3000
     tick_ms: int = 50
     settle_ms: int = 150  # see master.watermarks.Settler
+    # A tablet silent for this long (its worker died or stalled right after a commit its
+    # last report predates) holds its computation at the published watermark.
+    report_timeout_ms: int = 500
 
 
 class MasterCore:
@@ -51,6 +57,8 @@ class MasterCore:
         self.last_seen: dict[str, float] = {}      # id -> ms of the last heartbeat received
         self.tablets: dict[TabletKey, Ownership] = {}
         self.version = 0
+        self.closed = False
+        self.report_time: dict[TabletKey, float] = {}
         self.reports: dict[TabletKey, TabletReport] = {}
         self.settler = Settler(config.settle_ms)
         self.injectors: dict[str, tuple[str, int]] = {}
@@ -149,6 +157,7 @@ class MasterCore:
                 self.settler.forget(key)
             self.settler.observe(key, h.oldest_work if h.has_work else END_OF_TIME, now)
             self.reports[key] = TabletReport(h.token, h.oldest_work if h.has_work else None)
+            self.report_time[key] = now
             counts = (h.processed, h.late, h.dead_lettered)
             last_token, last = self._last_counts.get(key, (h.token, (0, 0, 0)))
             if last_token != h.token:
@@ -175,6 +184,8 @@ class MasterCore:
         now = self.now_ms()
         reports = {}
         for key, rep in self.reports.items():
+            if now - self.report_time.get(key, now) > self.config.report_timeout_ms:
+                continue  # treated as not reported: held at the published value
             settled = self.settler.value(key, now)
             oldest = None if settled is None or settled == END_OF_TIME else settled
             reports[key] = TabletReport(rep.token, oldest)
@@ -186,8 +197,21 @@ class MasterCore:
         new = publish(self.computed, self.published)
         changed = {c: v for c, v in new.items() if v != self.published.get(c, MIN)}
         dirty = {n: self.injectors[n] for n in self._dirty_injectors if n in self.injectors}
-        if changed or dirty:
-            await self._io(self.store.put_progress, changed, dirty)
+        # A finished injector (at the end of time) holds nothing any more. It is replaced by
+        # one marker per stream, so the registry does not grow with every injection while the
+        # stream still counts as fed (a stream nobody ever fed holds its readers back).
+        done = [n for n, (_, wm) in self.injectors.items()
+                if wm == END_OF_TIME and not n.startswith(FINISHED)]
+        for n in done:
+            stream = self.injectors[n][0]
+            dirty[FINISHED + stream] = self.injectors[FINISHED + stream] = (stream, END_OF_TIME)
+        if changed or dirty or done:
+            await self._io(self.store.put_progress, changed, {n: w for n, w in dirty.items() if n not in done})
+            if done:
+                await self._io(self.store.delete_injectors, done)
+                for n in done:
+                    del self.injectors[n]
+                    self.settler.forget(("injector", n))
             self._dirty_injectors.clear()
             for c, v in changed.items():
                 assert v >= self.published.get(c, MIN), "published watermarks never decrease"
@@ -274,11 +298,24 @@ class MasterCore:
         return out
 
     async def watch(self, known_version: int) -> AsyncIterator[pb.Routing]:
+        """Routing now (if newer than ``known_version``) and after every change, until shutdown."""
         while True:
             async with self._changed:
-                await self._changed.wait_for(lambda v=known_version: self.version != v)
+                await self._changed.wait_for(lambda v=known_version: self.version != v or self.closed)
+            if self.closed:
+                return  # no longer leading: watchers reconnect and find the new leader
             known_version = self.version
             yield self.routing()
+
+    def shutdown(self) -> None:
+        """Leadership is lost: end every routing watch (their workers look for the leader)."""
+        self.closed = True
+
+        async def wake() -> None:
+            async with self._changed:
+                self._changed.notify_all()
+
+        asyncio.get_running_loop().create_task(wake())
 
     # ---------------------------------------------------------------- status
 
@@ -294,7 +331,8 @@ class MasterCore:
                     "topology": t.name,
                     "low_watermark": wm,
                     "lag_ms": None if wm in (MIN, END_OF_TIME) else round((wall_us - wm) / 1000),
-                    "held_by": self.computed[c].holder if c in self.computed else "",
+                    "held_by": (self.computed[c].holder
+                                if c in self.computed and self.computed[c].value >= wm else ""),
                     "processed": totals.get("processed", 0),
                     "late": totals.get("late", 0),
                     "dead_lettered": totals.get("dead_lettered", 0),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -46,6 +47,11 @@ class MasterServicer(rpc.MasterServicer):
 
     async def _leader(self, context: grpc.aio.ServicerContext) -> MasterCore:
         core = self.m.core
+        if core is not None and not self.m.leadership_confirmed():
+            # Our etcd lease may have lapsed: another master may lead. Acknowledge nothing
+            # (above all, no worker heartbeats) until etcd confirms it again.
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "no leader elected yet (leadership not confirmed with etcd)")
         if core is None:
             leader = self.m.leader_address or ""
             await context.send_initial_metadata(((LEADER_METADATA, leader),))
@@ -119,6 +125,7 @@ class Master:
         self.address = ""
         self.core: MasterCore | None = None
         self.leader_address: str | None = None
+        self.sure_until = 0.0  # monotonic ms until which our leadership is certain
 
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.to_thread(self.store.check)
@@ -155,11 +162,25 @@ class Master:
                           "all": sorted(m["address"] for m in masters)}
         return doc
 
+    def leadership_confirmed(self) -> bool:
+        return time.monotonic() * 1000 < self.sure_until
+
+    def _step_down(self, why: object) -> None:
+        if self.core is not None:
+            log.warning("master %s stops leading: %s", self.identity, why)
+            self.core.shutdown()
+        self.core = None
+        self.sure_until = 0.0
+        metrics.LEADER.set(0)
+
     async def _lead(self) -> None:
         cfg = self.options.config
-        ttl_s = max(1, round(cfg.lease_ms / 1000))
+        # Shorter than the workers' trust in their lease (0.8 x lease_ms), so a failover does
+        # not fence every worker; etcd grants at least 2 s.
+        ttl_s = max(2, math.ceil(cfg.lease_ms / 2000))
         while True:
             try:
+                t0 = time.monotonic() * 1000
                 if self.core is None:
                     won = await asyncio.to_thread(
                         self.store.campaign, {"id": self.identity, "address": self.address}, ttl_s)
@@ -174,15 +195,15 @@ class Master:
                         self.leader_address = leader["address"] if leader else None
                 if not await asyncio.to_thread(self.store.keep_alive):
                     raise NotLeader("lease expired")
+                # Confirmed: etcd cannot expire our lease before t0 + ttl; keep a margin.
+                self.sure_until = t0 + ttl_s * 1000 * 0.8
                 if self.core is not None:
                     await self.core.tick()
             except NotLeader as e:
-                log.warning("master %s lost leadership: %s", self.identity, e)
-                self.core = None
-                metrics.LEADER.set(0)
+                self._step_down(e)
             except EtcdUnavailable as e:
                 log.error("%s", e)
-                self.core = None
+                self._step_down(e)
             await asyncio.sleep(cfg.tick_ms / 1000)
 
 

@@ -234,6 +234,10 @@ class EtcdStore:
         if ops:
             self._guarded(ops)
 
+    def delete_injectors(self, names: list[str]) -> None:
+        t = self._client.transactions
+        self._guarded([t.delete(INJECTORS + n) for n in names])
+
     def _tablet_ops(self, tablets: Mapping[TabletKey, Ownership]) -> list[Any]:
         t = self._client.transactions
         return [

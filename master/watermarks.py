@@ -64,7 +64,7 @@ def compute(
         rep = reports.get((comp, r))
         if rep is None or rep.token != ownership.token:
             held = published.get(comp, MIN)
-            own[comp] = _lower(own[comp], held, f"tablet {comp}/{r} (not reported since it moved)")
+            own[comp] = _lower(own[comp], held, f"tablet {comp}/{r} (no recent report: moved, or its worker is silent)")
         elif rep.oldest is not None:
             own[comp] = _lower(own[comp], rep.oldest, f"tablet {comp}/{r}")
 

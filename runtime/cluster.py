@@ -63,6 +63,7 @@ class Process:
     popen: subprocess.Popen[str]
     lines: list[str] = field(default_factory=list)
     address: str = ""
+    http: str = ""  # a master's web page, if it serves one
     log_path: str = ""
     _ready: threading.Event = field(default_factory=threading.Event)
 
@@ -76,6 +77,8 @@ def _pump(proc: Process, stream: IO[str], sink: IO[str] | None) -> None:
         if sink is not None:
             sink.write(line)
             sink.flush()
+        if " web page and /metrics on " in line:
+            proc.http = line.rsplit(" ", 1)[-1].strip()
         if " listening on " in line and not proc.address:
             proc.address = line.rsplit(" ", 1)[-1].strip()
             proc._ready.set()

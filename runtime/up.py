@@ -37,7 +37,7 @@ def run_up(data_dir: str, *, masters: int, workers: int, lease_ms: int, port: in
         cluster.wait_ready(60)
         print(f"etcd     {cluster.etcd_url}")
         for m in cluster.masters:
-            print(f"master   {m.address}")
+            print(f"master   {m.address}   web page {m.http or '-'}")
         for w in cluster.workers:
             print(f"worker   {w.address}")
         print(f"data     {cluster.data_dir}")

@@ -20,7 +20,7 @@ from worker.tablet import BUSY, NOT_OWNER, Tablet
 
 log = logging.getLogger(__name__)
 WATERMARK_MIN = -(1 << 63)
-Floors = Sequence[tuple[bytes, int]]
+Floors = Sequence[tuple[bytes, int, int]]  # (producer prefix, resend floor, producer token)
 RemoteDeliver = Callable[[str, str, int, int, list[Record], Floors], Awaitable[int]]
 
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OK, NOT_OWNER, BUSY, UNREACHABLE = 0, 1, 2, -1
-DeliverFn = Callable[[str, str, int, int, list[Record], list[tuple[bytes, int]]], Awaitable[int]]
+DeliverFn = Callable[[str, str, int, int, list[Record], list[tuple[bytes, int, int]]], Awaitable[int]]
 
 
 class Sender:
@@ -83,7 +83,7 @@ class Sender:
             status = UNREACHABLE
             if target.address:
                 owners = {id(o): o for _, o in batch}.values()
-                floors = [(o.prefix, o.resend_floor()) for o in owners if not o.weak]
+                floors = [(o.prefix, o.resend_floor(), o.token) for o in owners if not o.weak]
                 status = await self._deliver(target.address, dest[0], dest[1], target.token,
                                              [p.record for p, _ in batch], floors)
             if status == OK:

@@ -40,7 +40,7 @@ class WorkerServicer(rpc.WorkerServicer):
 
     async def Deliver(self, request: pb.DeliverRequest, context: Any) -> pb.DeliverResponse:
         records = [from_proto(r) for r in request.records]
-        floors = [(f.producer, f.floor) for f in request.floors]
+        floors = [(f.producer, f.floor, f.token) for f in request.floors]
         status = await self.core.deliver(request.computation, request.key_range, request.token, records,
                                          floors)
         return pb.DeliverResponse(status=status)
@@ -58,7 +58,7 @@ class Peers:
         self._channels: list[grpc.aio.Channel] = []
 
     async def deliver(self, address: str, computation: str, key_range: int, token: int,
-                      records: list[Record], floors: list[tuple[bytes, int]]) -> int:
+                      records: list[Record], floors: list[tuple[bytes, int, int]]) -> int:
         stub = self._stubs.get(address)
         if stub is None:
             ch = self.security.aio_channel(address)
@@ -66,7 +66,7 @@ class Peers:
             stub = self._stubs[address] = rpc.WorkerStub(ch)
         req = pb.DeliverRequest(computation=computation, key_range=key_range, token=token,
                                 records=[to_proto(r) for r in records],
-                                floors=[pb.ResendFloor(producer=p, floor=f) for p, f in floors])
+                                floors=[pb.ResendFloor(producer=p, floor=f, token=t) for p, f, t in floors])
         try:
             resp = await stub.Deliver(req, timeout=30)
         except grpc.RpcError as e:
@@ -86,9 +86,12 @@ class MasterSession:
         self.core = core
         self.masters = masters
         self.lease_ms = 3000
+        self._behind = 0
+        self._watcher: asyncio.Task[None] = asyncio.Future()  # type: ignore[assignment]
 
     async def run(self) -> None:
         while True:
+            sent_at = self.core.now_ms()
             try:
                 resp = await self.masters.stub().RegisterWorker(
                     pb.RegisterWorkerRequest(address=self.core.address), timeout=self.masters.timeout)
@@ -99,15 +102,15 @@ class MasterSession:
                 continue
             self.core.worker_id = resp.worker_id
             self.lease_ms = resp.lease_ms
-            self.core.renewed(self.core.now_ms(), self.lease_ms)
+            self.core.renewed(sent_at, self.lease_ms)
             log.info("registered as worker %s (lease %d ms)", resp.worker_id, resp.lease_ms)
             print(f"millstream worker {resp.worker_id} registered", flush=True)
-            watch = asyncio.create_task(self._watch())
+            self._watcher = asyncio.create_task(self._watch())
             try:
                 await self._heartbeat()
             finally:
-                watch.cancel()
-                await asyncio.gather(watch, return_exceptions=True)
+                self._watcher.cancel()
+                await asyncio.gather(self._watcher, return_exceptions=True)
             self.core.lost_lease()
             await self.core.reconcile()  # closes every tablet: self-fencing
 
@@ -133,6 +136,16 @@ class MasterSession:
                     return
                 self.core.renewed(sent_at, self.lease_ms)
                 self.core.set_watermarks(dict(resp.watermarks))
+                # A routing stream can outlive its master's leadership (a deposed leader that
+                # did not die): if the leader's version stays ahead of ours, watch anew.
+                behind = resp.routing_version > self.core.routing.version
+                self._behind = self._behind + 1 if behind else 0
+                if self._behind >= 10:
+                    log.warning("routing version %d behind the leader's %d; re-watching",
+                                self.core.routing.version, resp.routing_version)
+                    self._behind = 0
+                    self._watcher.cancel()
+                    self._watcher = asyncio.create_task(self._watch())
             await asyncio.sleep(interval)
 
     async def _watch(self) -> None:

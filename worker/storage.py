@@ -7,6 +7,7 @@ Keys are prefixed by one byte per kind of data::
     P <seq:8> <range:4> <computation>     checkpointed production (a Record proto)
     K <keylen:4> <key> <tag>              timer by key -> <domain:1> <time:8>
     T <domain:1> <time:8> <keylen:4> <key> <tag>   timer index by due time
+    G <producer prefix:8>                 newest token of a producer whose ids were collected
     M token | seq | sink                  metadata
 
 A :class:`Commit` collects one batch's effects and is written as one
@@ -83,6 +84,8 @@ class Commit:
     sink: bytes | None = None
     # producer prefix -> (from seq, to seq): dedup ids in [from, to) are forgotten
     dedup_gc: dict[bytes, tuple[int, int]] = field(default_factory=dict)
+    # producer prefix -> the token whose floor justified that collection (persisted with it)
+    producer_tokens: dict[bytes, int] = field(default_factory=dict)
     status: CommitState = CommitState.STARTED
 
 
@@ -132,6 +135,9 @@ class TabletStore:
             yield k, it.value()
             it.next()
 
+    def producer_tokens(self) -> dict[bytes, int]:
+        return {k[1:]: int(v) for k, v in self._scan(b"G")}
+
     def dedup_count(self) -> int:
         return sum(1 for _ in self._scan(b"D"))
 
@@ -175,6 +181,8 @@ class TabletStore:
                 wb.put(b"D" + rid, b"")
             for prefix, (lo, hi) in c.dedup_gc.items():
                 wb.delete_range(b"D" + prefix + lo.to_bytes(8, "big"), b"D" + prefix + hi.to_bytes(8, "big"))
+            for prefix, token in c.producer_tokens.items():
+                wb.put(b"G" + prefix, str(token).encode())
             for (key, tag), t in c.timers_deleted.items():
                 tk = _timer_key(key, tag)
                 wb.delete(b"K" + tk)

@@ -83,10 +83,13 @@ class Tablet:
         self.processed = self.late = self.dead_lettered = 0
         self.weak = route.productions == "weak"
         self._floors: dict[bytes, int] = {}       # producer prefix -> resend floor (received)
+        self._producer_tokens: dict[bytes, int] = {}  # producer prefix -> newest token heard
         self._collected: dict[bytes, int] = {}    # producer prefix -> dedup ids forgotten below
         self._ckpt_seqs = TimestampBag()          # sequences of our checkpointed productions
         self._acked_not_durable: list[int] = []   # their checkpoint deletes, not yet synced
         self._weak_wait: tuple[set[int], asyncio.Event] | None = None
+        self._due_now: dict[tuple[bytes, str], Timer] = {}   # timers the current batch fires
+        self._cancelled: set[tuple[bytes, str]] = set()     # ... that its records deleted or moved
         self.open = False
         self.closing = False  # refuses new deliveries; set by close() or by a failed batch
         self._closed = False
@@ -107,6 +110,7 @@ class Tablet:
                 self.dedup.add_all(self.store.dedup_ids())
             for t in self.store.timers():
                 self._remember_timer(t)
+            self._producer_tokens = self.store.producer_tokens()
             cls = load(self.route.code, f"code of computation {self.computation!r}")
             comp = cls()
             if not isinstance(comp, Computation):
@@ -159,12 +163,24 @@ class Tablet:
 
     # -------------------------------------------------------------- delivery
 
-    async def deliver(self, records: list[Record], floors: Iterable[tuple[bytes, int]] = ()) -> int:
+    async def deliver(self, records: list[Record], floors: Iterable[tuple[bytes, int, int]] = ()) -> int:
         """Queue a batch; resolves to OK once committed, BUSY or NOT_OWNER otherwise.
 
-        ``floors`` are its producers' promises: (id prefix, lowest sequence still resent).
+        ``floors`` are its producers' promises: (id prefix, lowest sequence still resent,
+        the producer's token). A producer older than one already heard from is refused:
+        ids it might resend may have been collected on its successor's word.
         """
-        for producer, floor in floors:
+        floors = list(floors)
+        for producer, _, token in floors:
+            if token < self._producer_tokens.get(producer, 0):
+                metrics.STALE.labels("producer").inc()
+                log.warning("tablet %s refused a delivery from a stale producer (token %d < %d)",
+                            self.name, token, self._producer_tokens[producer])
+                return NOT_OWNER
+        for producer, floor, token in floors:
+            if token > self._producer_tokens.get(producer, 0):
+                self._producer_tokens[producer] = token
+                self._floors.pop(producer, None)  # an older owner's promise no longer counts
             if floor > self._floors.get(producer, 0):
                 self._floors[producer] = floor
         if self.closing or not self.open:
@@ -226,6 +242,7 @@ class Tablet:
             if not waiting:
                 done.set()
         self.unacked -= len(productions)
+        self._m.sent.inc(len(productions))
         for p in productions:
             self._unacked_ts.remove(p.record.timestamp)
             if p.ckey:
@@ -281,6 +298,10 @@ class Tablet:
         due = self._pop_due_timers()
         if not items and not due:
             return
+        self._due_now = {(t.key, t.tag): t for t in due}
+        self._cancelled = set()
+        for t in due:
+            self._queued_ts.add(t.time)  # a timer being fired still holds the watermark
         try:
             await self._process(items, due)
         except BaseException:
@@ -294,6 +315,9 @@ class Tablet:
             for records, _ in items:
                 for r in records:
                     self._queued_ts.remove(r.timestamp)
+            for t in due:
+                self._queued_ts.remove(t.time)
+            self._due_now = {}
 
     async def _process(self, items: list[tuple[list[Record], asyncio.Future[int]]], due: list[Timer]) -> None:
         commit = Commit(seq=self.store.seq)
@@ -303,6 +327,7 @@ class Tablet:
                 done = self._collected.get(producer, 0)
                 if floor > done:
                     commit.dedup_gc[producer] = (done, floor)
+                    commit.producer_tokens[producer] = self._producer_tokens.get(producer, 0)
         seen: set[bytes] = set()
         n_new = 0
         wm = self.host.watermark(self.computation)
@@ -324,7 +349,9 @@ class Tablet:
                                lambda ctx, r=r: self.comp.process_record(ctx, r))
         for t in due:
             k = (t.key, t.tag)
-            commit.timers_deleted[k] = t
+            commit.timers_deleted[k] = t  # its index entry goes, whatever happens next
+            if k in self._cancelled:
+                continue  # a record of this batch deleted or moved it: it does not fire
             if commit.timers_set.get(k) == t:
                 del commit.timers_set[k]  # set again earlier in this batch, unchanged: it fires now
             source = derived_id(b"timer", t.key, t.tag.encode(), t.time.to_bytes(8, "big", signed=True))
@@ -433,6 +460,8 @@ class Tablet:
             old = self.timers.get(k)
             if old is not None:
                 commit.timers_deleted[k] = old
+            if k in self._due_now:
+                self._cancelled.add(k)
         for k, t in eff.timers_set.items():
             old = self.timers.get(k)
             if old is not None and old != t:
@@ -440,6 +469,12 @@ class Tablet:
             elif old == t:
                 commit.timers_deleted.pop(k, None)
             commit.timers_set[k] = t
+            due = self._due_now.get(k)
+            if due is not None:  # this batch fires it: moved, it waits for its new time
+                if t != due:
+                    self._cancelled.add(k)
+                else:
+                    self._cancelled.discard(k)
         assert commit.seq is not None
         last: Record | None = None
         index = 0
@@ -498,6 +533,9 @@ class Tablet:
                 if (t.key, t.tag) not in taken:  # a timer fires once per batch
                     taken.add((t.key, t.tag))
                     out.append(t)
+                    # Out of memory now: if the batch sets it again it is indexed afresh; if the
+                    # batch fails the tablet reopens from disk, where it still is.
+                    del self.timers[(t.key, t.tag)]
         return out
 
     def oldest_work(self) -> int | None:

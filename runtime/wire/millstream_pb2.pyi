@@ -20,12 +20,14 @@ class Record(_message.Message):
     def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., timestamp: _Optional[int] = ..., id: _Optional[bytes] = ...) -> None: ...
 
 class ResendFloor(_message.Message):
-    __slots__ = ("producer", "floor")
+    __slots__ = ("producer", "floor", "token")
     PRODUCER_FIELD_NUMBER: _ClassVar[int]
     FLOOR_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     producer: bytes
     floor: int
-    def __init__(self, producer: _Optional[bytes] = ..., floor: _Optional[int] = ...) -> None: ...
+    token: int
+    def __init__(self, producer: _Optional[bytes] = ..., floor: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
 
 class DeliverRequest(_message.Message):
     __slots__ = ("computation", "key_range", "token", "records", "sender", "floors")

@@ -24,3 +24,24 @@ class Collector(Computation):
 
     def process_record(self, ctx: Context, record: Record) -> None:
         Collector.seen.append((self.params.get("name", ""), record.key, record.value))
+
+
+class TimerJob(Computation):
+    """b"set N" / b"move N" sets wall timer "t" at BASE + N; b"del" deletes it. A firing emits
+    "fired <time>" and, with params repeat=1, sets itself again at the same time (3 firings)."""
+
+    BASE = 1_700_000_000_000_000
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        op, _, n = record.value.decode().partition(" ")
+        if op in ("set", "move"):
+            ctx.set_timer("t", self.BASE + int(n), TimeDomain.WALL_TIME)
+        elif op == "del":
+            ctx.delete_timer("t")
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        ctx.produce("out", f"fired {time - self.BASE}".encode())
+        n = int(ctx.state.get() or b"0") + 1
+        ctx.state.set(str(n).encode())
+        if self.params.get("repeat") and n < 3:
+            ctx.set_timer(tag, time, TimeDomain.WALL_TIME)

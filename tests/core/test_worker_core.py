@@ -135,3 +135,118 @@ def test_a_worker_whose_lease_lapsed_refuses_to_commit(tmp_path: object) -> None
         await core.close_all()
 
     asyncio.run(main())
+
+
+def test_a_stale_producer_is_refused_once_its_successor_was_heard(tmp_path: object) -> None:
+    """Ids are collected on the word of a producer's newest owner; an older owner (a zombie)
+    re-sending one of them must be refused, not processed again - also after a restart."""
+    from runtime.record import producer_prefix, sequence_id
+
+    p = producer_prefix("up/0")
+
+    def from_p(seq: int, value: bytes) -> Record:
+        return Record(b"k", value, BASE + seq, sequence_id(p, seq))
+
+    async def main() -> None:
+        core = await _core(str(tmp_path), WorkerLimits(), lambda: BASE)
+        assert await core.deliver("echo", 0, 1, [from_p(1, b"one")], [(p, 1, 1)]) == OK
+        # The producer's new owner (token 2) promises never to resend below 2: id 1 is collected.
+        assert await core.deliver("echo", 0, 1, [from_p(2, b"two")], [(p, 2, 2)]) == OK
+        assert await core.deliver("echo", 0, 1, [from_p(3, b"three")], [(p, 3, 2)]) == OK
+        assert not core.tablets[("echo", 0)].store.has_id(sequence_id(p, 1))
+        # The old owner wakes up and re-sends id 1: refused.
+        assert await core.deliver("echo", 0, 1, [from_p(1, b"one")], [(p, 1, 1)]) == NOT_OWNER
+        await core.close_all()
+
+    asyncio.run(main())
+
+    async def reopened() -> None:
+        core = await _core(str(tmp_path), WorkerLimits(), lambda: BASE)
+        assert await core.deliver("echo", 0, 1, [from_p(1, b"one")], [(p, 1, 1)]) == NOT_OWNER
+        await core.close_all()
+
+    asyncio.run(reopened())
+    assert [v for n, _, v in Collector.seen if n == "out"] == []  # the reopened run emitted nothing
+
+
+async def _timer_core(tmp: str, clock: list[int], repeat: bool = False) -> WorkerCore:
+    async def nowhere(*args: object) -> int:
+        raise AssertionError("everything is local in these tests")
+
+    core = WorkerCore(tmp, "self:1", nowhere, WorkerLimits(), wall_us=lambda: clock[0])
+    core.worker_id = "w"
+    core.renewed(core.now_ms(), 60_000)
+    Collector.seen = []
+    await core.apply_routing(routing(
+        ("timers", "tests.core.jobs:TimerJob", ["in"], ["out"], {"repeat": "1"} if repeat else {}),
+        ("collect", "tests.core.jobs:Collector", ["out"], [], {"name": "out"}),
+    ))
+    return core
+
+
+def _fired() -> list[bytes]:
+    return [v for _, _, v in Collector.seen]
+
+
+def _queue_then_advance(core: WorkerCore, record: Record, clock: list[int], to: int) -> asyncio.Future[int]:
+    """Queue ``record`` and move the clock with no await in between, so the tablet's next
+    batch holds both the record and the timer that became due."""
+    tablet = core.tablets[("timers", 0)]
+    fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    tablet.queue.append(([record], fut))
+    tablet.queued_records += 1
+    tablet._queued_ts.add(record.timestamp)
+    clock[0] = to
+    tablet._wake.set()
+    return fut
+
+
+def test_a_record_deleting_a_due_timer_in_the_same_batch_stops_it(tmp_path: object) -> None:
+    clock = [BASE]
+
+    async def main() -> None:
+        core = await _timer_core(str(tmp_path), clock)
+        assert await core.deliver("timers", 0, 1, [rec(1, b"set 10")]) == OK
+        assert await _queue_then_advance(core, rec(4, b"del"), clock, BASE + 20) == OK
+        await asyncio.sleep(0.1)
+        assert _fired() == []
+        assert core.tablets[("timers", 0)].timers == {}
+        await core.close_all()
+
+    asyncio.run(main())
+
+
+def test_a_record_moving_a_due_timer_makes_it_wait_for_its_new_time(tmp_path: object) -> None:
+    clock = [BASE]
+
+    async def main() -> None:
+        core = await _timer_core(str(tmp_path), clock)
+        assert await core.deliver("timers", 0, 1, [rec(1, b"set 10")]) == OK
+        assert await _queue_then_advance(core, rec(4, b"move 30"), clock, BASE + 20) == OK
+        await asyncio.sleep(0.1)
+        assert _fired() == []
+        clock[0] = BASE + 40
+        core.tablets[("timers", 0)]._wake.set()
+        await _until(lambda: _fired() == [b"fired 30"], "the moved timer")
+        await asyncio.sleep(0.05)
+        assert _fired() == [b"fired 30"]
+        await core.close_all()
+
+    asyncio.run(main())
+
+
+def test_a_timer_setting_itself_again_at_its_own_time_fires_again(tmp_path: object) -> None:
+    clock = [BASE]
+
+    async def main() -> None:
+        core = await _timer_core(str(tmp_path), clock, repeat=True)
+        assert await core.deliver("timers", 0, 1, [rec(1, b"set 10")]) == OK
+        clock[0] = BASE + 20
+        core.tablets[("timers", 0)]._wake.set()
+        await _until(lambda: len(_fired()) == 3, "three firings")
+        await asyncio.sleep(0.05)
+        assert _fired() == [b"fired 10"] * 3
+        assert core.tablets[("timers", 0)].timers == {}
+        await core.close_all()
+
+    asyncio.run(main())
