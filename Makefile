@@ -18,14 +18,18 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/millstream bench
 
+PACKAGES := runtime master worker injectors spark_bridge examples bench
+
 test: $(STAMP)
+	$(BIN)/ruff check $(PACKAGES) tests
+	$(BIN)/mypy $(PACKAGES)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check runtime master worker injectors spark_bridge examples tests
+	$(BIN)/ruff check $(PACKAGES) tests
 
 typecheck: $(STAMP)
-	$(BIN)/mypy runtime master worker injectors spark_bridge examples bench
+	$(BIN)/mypy $(PACKAGES)
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -Iruntime/wire=proto --python_out=. \

@@ -8,10 +8,11 @@ rebuilds it all from etcd with :meth:`MasterCore.become_leader`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,7 +142,7 @@ class MasterCore:
             self.last_seen.pop(worker_id, None)
             await self._rebalance()
 
-    def heartbeat(self, worker_id: str, held: list[pb.HeldTablet] = ()) -> dict[str, int]:
+    def heartbeat(self, worker_id: str, held: Sequence[pb.HeldTablet] = ()) -> dict[str, int]:
         """Renew a worker's lease and take its tablets' progress; returns the watermarks."""
         if worker_id not in self.workers:
             raise UnknownWorker(f"worker {worker_id} is not registered (its lease expired)")
@@ -301,11 +302,14 @@ class MasterCore:
         """Routing now (if newer than ``known_version``) and after every change, until shutdown."""
         while True:
             async with self._changed:
-                await self._changed.wait_for(lambda v=known_version: self.version != v or self.closed)
+                await self._changed.wait_for(functools.partial(self._moved_since, known_version))
             if self.closed:
                 return  # no longer leading: watchers reconnect and find the new leader
             known_version = self.version
             yield self.routing()
+
+    def _moved_since(self, version: int) -> bool:
+        return self.version != version or self.closed
 
     def shutdown(self) -> None:
         """Leadership is lost: end every routing watch (their workers look for the leader)."""

@@ -48,16 +48,16 @@ def compute(
     published: Mapping[str, int],
 ) -> dict[str, Watermark]:
     """The low watermark of every computation (before the never-decrease rule)."""
-    specs = {s.name: s for s in specs}
+    by_name = {s.name: s for s in specs}
     producers: dict[str, list[str]] = {}
-    for s in specs.values():
+    for s in by_name.values():
         for out in s.all_outputs:
             producers.setdefault(out, []).append(s.name)
     by_stream: dict[str, list[tuple[str, int]]] = {}
     for name, (stream, wm) in injectors.items():
         by_stream.setdefault(stream, []).append((name, wm))
 
-    own: dict[str, Watermark] = {n: Watermark(END_OF_TIME, "idle") for n in specs}
+    own: dict[str, Watermark] = {n: Watermark(END_OF_TIME, "idle") for n in by_name}
     for (comp, r), ownership in tablets.items():
         if comp not in own:
             continue
@@ -75,8 +75,8 @@ def compute(
         if name in result:
             return result[name]
         wm = own[name]
-        for stream in specs[name].inputs:
-            feeders = [p for p in producers.get(stream, []) if p in specs]
+        for stream in by_name[name].inputs:
+            feeders = [p for p in producers.get(stream, []) if p in by_name]
             sources = by_stream.get(stream, [])
             if not feeders and not sources:
                 wm = _lower(wm, MIN, f"stream {stream!r} (no injector or computation feeds it yet)")
@@ -88,7 +88,7 @@ def compute(
         result[name] = wm
         return wm
 
-    for name in specs:
+    for name in by_name:
         lwm(name)
     return result
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -43,7 +44,7 @@ class WorkerServicer(rpc.WorkerServicer):
         floors = [(f.producer, f.floor, f.token) for f in request.floors]
         status = await self.core.deliver(request.computation, request.key_range, request.token, records,
                                          floors)
-        return pb.DeliverResponse(status=status)
+        return pb.DeliverResponse(status=cast(Any, status))  # an int of DeliverResponse.Status
 
     async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:
         return pb.PingResponse(worker_id=self.core.worker_id)
@@ -58,7 +59,7 @@ class Peers:
         self._channels: list[grpc.aio.Channel] = []
 
     async def deliver(self, address: str, computation: str, key_range: int, token: int,
-                      records: list[Record], floors: list[tuple[bytes, int, int]]) -> int:
+                      records: list[Record], floors: Sequence[tuple[bytes, int, int]]) -> int:
         stub = self._stubs.get(address)
         if stub is None:
             ch = self.security.aio_channel(address)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import heapq
 import json
 import logging
@@ -346,7 +347,7 @@ class Tablet:
                         continue
                 n_new += 1
                 self._run_user(commit, r.key, r.timestamp, r.value, r.id,
-                               lambda ctx, r=r: self.comp.process_record(ctx, r))
+                               functools.partial(self._record_fn, r))
         for t in due:
             k = (t.key, t.tag)
             commit.timers_deleted[k] = t  # its index entry goes, whatever happens next
@@ -355,8 +356,7 @@ class Tablet:
             if commit.timers_set.get(k) == t:
                 del commit.timers_set[k]  # set again earlier in this batch, unchanged: it fires now
             source = derived_id(b"timer", t.key, t.tag.encode(), t.time.to_bytes(8, "big", signed=True))
-            self._run_user(commit, t.key, t.time, b"", source,
-                           lambda ctx, t=t: self.comp.process_timer(ctx, t.tag, t.time))
+            self._run_user(commit, t.key, t.time, b"", source, functools.partial(self._timer_fn, t))
         weak_sent = self.weak and bool(commit.productions)
         if weak_sent:
             await self._send_weak(commit)
@@ -403,6 +403,12 @@ class Tablet:
             commit.seq += 1
             p.ckey = production_key(commit.seq, p.computation, p.key_range)
         commit.productions = slow
+
+    def _record_fn(self, record: Record, ctx: KeyContext) -> None:
+        self.comp.process_record(ctx, record)
+
+    def _timer_fn(self, timer: Timer, ctx: KeyContext) -> None:
+        self.comp.process_timer(ctx, timer.tag, timer.time)
 
     def _read_state(self, key: bytes) -> bytes | None:
         st = self._commit.state
@@ -479,7 +485,7 @@ class Tablet:
         last: Record | None = None
         index = 0
         rid = b""
-        for comp, r, k, rec in routed:
+        for comp, r, rkey, rec in routed:
             if rec is not last:  # one id per produced record, shared by its readers
                 last = rec
                 index += 1
@@ -489,7 +495,7 @@ class Tablet:
                     commit.seq += 1
                     rid = sequence_id(self.prefix, commit.seq)
             ckey = None if self.weak else production_key(commit.seq, comp, r)
-            commit.productions.append(Production(comp, r, Record(k, rec.value, rec.timestamp, rid), ckey))
+            commit.productions.append(Production(comp, r, Record(rkey, rec.value, rec.timestamp, rid), ckey))
 
     # ---------------------------------------------------------------- timers
 
