@@ -59,13 +59,8 @@ def cluster(root: str, name: str, cfg: BenchConfig) -> Iterator[LocalCluster]:
     """A fresh cluster under ``root/name``; always closed, nothing left running."""
     data = os.path.join(root, name)
     shutil.rmtree(data, ignore_errors=True)
-    c = LocalCluster(data, workers=cfg.workers, lease_ms=cfg.lease_ms)
-    c.start()
-    try:
-        c.wait_ready(60)
+    with LocalCluster(data, workers=cfg.workers, lease_ms=cfg.lease_ms).running() as c:
         yield c
-    finally:
-        c.close()
 
 
 def peak_rss(c: LocalCluster) -> dict[str, int]:

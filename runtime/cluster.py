@@ -18,9 +18,10 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Self
 
 from runtime.errors import EtcdUnavailable, MillstreamError
 from runtime.security import Security
@@ -234,6 +235,16 @@ class LocalCluster:
         """Stop workers, then masters, then etcd; nothing is left running."""
         for p in self.processes():
             self._stop(p)
+
+    @contextmanager
+    def running(self, timeout: float = 60.0) -> Iterator[Self]:
+        """Started and ready (a leader answers, every worker registered); closed on exit."""
+        self.start()
+        try:
+            self.wait_ready(timeout)
+            yield self
+        finally:
+            self.close()
 
     def __enter__(self) -> LocalCluster:
         return self.start()

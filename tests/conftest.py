@@ -17,10 +17,5 @@ from tests.harness import Cluster  # noqa: E402
 
 @pytest.fixture
 def cluster(tmp_path: object) -> Iterator[Cluster]:
-    c = Cluster(str(tmp_path), workers=2)
-    c.start()
-    try:
-        c.wait_ready(60)
+    with Cluster(str(tmp_path), workers=2).running() as c:
         yield c
-    finally:
-        c.close()

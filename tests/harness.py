@@ -7,14 +7,16 @@ checks that no process the cluster started is left behind.
 from __future__ import annotations
 
 import os
+import re
 import signal
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 from runtime.client import Client
 from runtime.cluster import LocalCluster, Process, wait_until
 
-__all__ = ["Cluster", "wait_until"]
+__all__ = ["Cluster", "etcd_history", "metric", "wait_until"]
 
 
 class Cluster(LocalCluster):
@@ -63,6 +65,14 @@ class Cluster(LocalCluster):
         super().close()
         left = [p.name for p in self.processes() if p.alive()]
         assert not left, f"processes left behind: {left}"
+
+
+def metric(proc: Process, name: str) -> float:
+    """The sum of a Prometheus metric's samples on a worker (from its /metrics page)."""
+    port = next(line.rsplit(":", 1)[1] for line in proc.lines if " metrics on " in line)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(float(m) for m in re.findall(rf"^{name}(?:_total)?(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
 
 def etcd_history(etcd_url: str, prefix: str) -> list[tuple[str, bytes, int]]:

@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-import re
 import threading
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
 from runtime.cluster import Process
 from tests.e2e.wordcount_run import run_wordcount
-from tests.harness import Cluster, wait_until
+from tests.harness import Cluster, metric, wait_until
 
 
 @pytest.fixture
 def big_cluster(tmp_path: object) -> Iterator[Cluster]:
-    c = Cluster(str(tmp_path), masters=2, workers=3)
-    c.start()
-    try:
-        c.wait_ready(60)
+    with Cluster(str(tmp_path), masters=2, workers=3).running() as c:
         yield c
-    finally:
-        c.close()
 
 
 def _worker_id(cluster: Cluster, proc: Process) -> str:
@@ -32,13 +25,6 @@ def _worker_id(cluster: Cluster, proc: Process) -> str:
 
 def _tablets_of(cluster: Cluster, worker_id: str) -> int:
     return sum(t["worker"] == worker_id for t in cluster.client.status()["tablets"])
-
-
-def _metric(proc: Process, name: str) -> float:
-    port = next(line.rsplit(":", 1)[1] for line in proc.lines if " metrics on " in line)
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return sum(float(m) for m in re.findall(rf"^{name}(?:_total)?(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
 
 def test_leader_master_sigkill_mid_run(big_cluster: Cluster) -> None:
@@ -95,7 +81,7 @@ def test_zombie_worker_changes_nothing(big_cluster: Cluster) -> None:
     log = open(zombie.log_path).read()
     assert "self-fencing" in log or "refusing to commit" in log, log[-2000:]
     # What was sent to it while it slept was refused, never committed (the results are exact).
-    refused = _metric(zombie, "millstream_fenced_commits") + _metric(zombie, "millstream_stale_refusals")
+    refused = metric(zombie, "millstream_fenced_commits") + metric(zombie, "millstream_stale_refusals")
     assert refused > 0
     assert "refused a delivery" in log or "refusing to commit" in log
 

@@ -40,14 +40,9 @@ def _certs(d: str) -> tuple[str, str, str]:
 def secure_cluster(tmp_path: object) -> Iterator[Cluster]:
     ca, cert, key = _certs(str(tmp_path))
     security = Security(ca=ca, token=TOKEN)
-    c = Cluster(str(tmp_path), workers=2, security=security,
-                daemon_args=["--tls-cert", cert, "--tls-key", key, "--tls-ca", ca, "--token", TOKEN])
-    c.start()
-    try:
-        c.wait_ready(60)
+    with Cluster(str(tmp_path), workers=2, security=security,
+                 daemon_args=["--tls-cert", cert, "--tls-key", key, "--tls-ca", ca, "--token", TOKEN]).running() as c:
         yield c
-    finally:
-        c.close()
 
 
 def test_wordcount_over_tls_with_a_token(secure_cluster: Cluster) -> None:

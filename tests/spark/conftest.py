@@ -38,10 +38,5 @@ def spark() -> Iterator[object]:
 @pytest.fixture(scope="module")
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """One cluster for a module's tests that disturb no process (each uses its own streams)."""
-    c = Cluster(str(tmp_path_factory.mktemp("cluster")), workers=2)
-    c.start()
-    try:
-        c.wait_ready(60)
+    with Cluster(str(tmp_path_factory.mktemp("cluster")), workers=2).running() as c:
         yield c
-    finally:
-        c.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import urllib.request
 from typing import Any
 
 import pytest
@@ -12,10 +11,9 @@ import pytest
 import spark_bridge
 from injectors import Injector
 from runtime import Topology
-from runtime.cluster import Process
 from runtime.errors import ConfigError, InjectionError, MasterUnavailable
 from spark_bridge import InvalidInput, add_parquet_sink, read_rows
-from tests.harness import Cluster, wait_until
+from tests.harness import Cluster, metric, wait_until
 
 BASE = 1_700_000_000_000_000
 
@@ -28,13 +26,6 @@ def _sink(cluster: Cluster, name: str) -> tuple[str, str]:
     cluster.client.submit(topo)
     cluster.wait_assigned()
     return stream, out
-
-
-def _metric(proc: Process, name: str) -> float:
-    port = next(line.rsplit(":", 1)[1] for line in proc.lines if " metrics on " in line)
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return sum(float(m) for m in re.findall(rf"^{name}(?:_total)?(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
 
 def _only_marker_arrives(cluster: Cluster, stream: str, out: str) -> None:
@@ -64,7 +55,7 @@ def test_a_retried_task_sends_nothing_twice(spark: Any, shared_cluster: Cluster)
     df = (spark.range(n, numPartitions=2)
           .select(F.col("id").cast("string").alias("k"), F.concat(F.lit("v"), F.col("id")).alias("v"),
                   (F.lit(BASE) + F.col("id")).alias("ts")))
-    before = sum(_metric(w, "millstream_duplicates_dropped") for w in shared_cluster.workers)
+    before = sum(metric(w, "millstream_duplicates_dropped") for w in shared_cluster.workers)
     result = spark_bridge.inject(df, stream=stream, key="k", value="v", timestamp="ts",
                                  name="retry", masters=shared_cluster.masters_arg, batch_size=100)
     assert result.records == n and result.partitions == 2
@@ -73,7 +64,7 @@ def test_a_retried_task_sends_nothing_twice(spark: Any, shared_cluster: Cluster)
     assert sorted(r["key"] for r in rows) == sorted(str(i) for i in range(n))
     assert all(r["value"] == f"v{r['key']}" and r["timestamp"] == BASE + int(r["key"]) for r in rows)
     # The first attempt had sent part of partition 0: its retry re-sent those ids, dropped as duplicates.
-    dups = sum(_metric(w, "millstream_duplicates_dropped") for w in shared_cluster.workers) - before
+    dups = sum(metric(w, "millstream_duplicates_dropped") for w in shared_cluster.workers) - before
     assert dups >= 7_000, f"the failed attempt should have sent ~7500 rows before failing ({dups})"
     # Re-running the whole injection under the same name sends nothing new either.
     spark_bridge.inject(df, stream=stream, key="k", value="v", timestamp="ts", name="retry",
