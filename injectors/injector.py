@@ -9,6 +9,7 @@ same ids and receivers drop what they already have.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import grpc
 
 from runtime.client import Client
-from runtime.errors import InjectionError
+from runtime.errors import InjectionError, MillstreamError
 from runtime.record import ID_BYTES, Record, producer_prefix, sequence_id
 from runtime.routing import KeyExtractor, RoutingTable
 from runtime.security import Security
@@ -55,6 +56,11 @@ class Injector:
         self.watermark = MIN
         self.finished = False
         self._reported: int | None = None
+        self._held: list[tuple[int, tuple[str, int]]] = []  # (oldest ts, receipt) of committed batches
+        self.confirm_timeout = 5.0
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._confirmer: threading.Thread | None = None
         self._report()  # registers: from now on this injector holds its stream's watermark
 
     def _fetch_routing(self) -> RoutingTable:
@@ -88,27 +94,67 @@ class Injector:
         """Promise to send nothing older than ``timestamp`` (never moves backwards).
 
         Reported to the master at once; the effective watermark is never later than the
-        oldest record not yet acknowledged (records sent but not flushed hold it back).
+        oldest record not yet confirmed (see :attr:`effective_watermark`). Returns once the
+        leader holds it, or after ``confirm_timeout`` seconds with what it could confirm.
         """
         if isinstance(timestamp, bool) or not isinstance(timestamp, int):
             raise InjectionError(f"watermark must be an int of microseconds, got {timestamp!r}")
         self.watermark = max(self.watermark, timestamp)
-        self._report()
+        self._report(wait=True)
 
     @property
     def effective_watermark(self) -> int:
-        """min(the promised watermark, the oldest unacknowledged record's timestamp)."""
+        """min(the promised watermark, the oldest record not flushed, the oldest record whose
+        receiving tablet's progress report the leader does not hold yet)."""
+        candidates = [self.watermark]
         if self._buffer:
-            return min(self.watermark, min(r.timestamp for r in self._buffer))
-        return self.watermark
+            candidates.append(min(r.timestamp for r in self._buffer))
+        candidates += [ts for ts, _ in self._held]
+        return min(candidates)
 
-    def _report(self) -> None:
-        wm = self.effective_watermark
-        if wm == self._reported:
-            return
+    def _send_report(self, wm: int) -> dict[str, int]:
         report = pb.InjectorReport(name=self.name, stream=self.stream, watermark=wm)
-        self.client.call(lambda s: s.ReportInjector(report, timeout=self.client.timeout))
+        resp = self.client.call(lambda s: s.ReportInjector(report, timeout=self.client.timeout))
         self._reported = wm
+        return dict(resp.reported)
+
+    def _report(self, wait: bool = False) -> None:
+        """Report the effective watermark; with ``wait``, until no acknowledged record holds
+        it back any more (bounded by ``confirm_timeout``)."""
+        with self._lock:
+            self._report_locked(wait)
+        if self._held and self._confirmer is None:
+            # Receipts not confirmed yet: re-report in the background until they are, so an
+            # injector that goes quiet does not hold its stream back.
+            self._confirmer = threading.Thread(target=self._confirm, name=f"injector {self.name}",
+                                               daemon=True)
+            self._confirmer.start()
+
+    def _confirm(self) -> None:
+        try:
+            while self._held and not self._closed.wait(0.02):
+                with self._lock:
+                    self._reported = None
+                    self._report_locked(wait=False)
+        except MillstreamError as e:  # the next user call reports (and raises) again
+            log.info("injector %s: could not confirm its watermark: %s", self.name, e)
+        finally:
+            self._confirmer = None
+
+    def _report_locked(self, wait: bool) -> None:
+        deadline = time.monotonic() + self.confirm_timeout
+        while True:
+            wm = self.effective_watermark
+            if wm != self._reported:
+                reported = self._send_report(wm)
+                # Receipts whose report the leader holds (or whose worker it does not know).
+                self._held = [(ts, r) for ts, r in self._held if reported.get(r[0], r[1]) < r[1]]
+                if self.effective_watermark != wm:
+                    continue
+            if not wait or not self._held or time.monotonic() > deadline:
+                return
+            time.sleep(0.01)  # waiting for receivers' next progress report (every 50 ms)
+            self._reported = None  # ask again
 
     def flush(self) -> None:
         """Block until every queued record is committed by its tablet."""
@@ -132,12 +178,19 @@ class Injector:
             refresh = bool(failed)
             for dest, records, fut in calls:
                 try:
-                    status = fut.result().status
+                    resp = fut.result()
+                    status = resp.status
                 except grpc.RpcError:
                     status = pb.DeliverResponse.NOT_OWNER
                 if status != pb.DeliverResponse.OK:
                     failed[dest] = records
                     refresh = refresh or status == pb.DeliverResponse.NOT_OWNER
+                elif resp.worker_id:
+                    # Committed: its timestamps hold our watermark until the leader holds the
+                    # receiver's report that reflects them.
+                    with self._lock:
+                        self._held.append((min(r.timestamp for r in records),
+                                           (resp.worker_id, resp.report_seq)))
             pending = failed
             if not pending:
                 break
@@ -180,6 +233,10 @@ class Injector:
         self.finished = True
 
     def close(self) -> None:
+        self._closed.set()
+        confirmer = self._confirmer
+        if confirmer is not None:
+            confirmer.join(5)
         for ch in self._channels.values():
             ch.close()
         self._channels.clear()

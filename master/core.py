@@ -40,7 +40,9 @@ class MasterConfig:
 
     lease_ms: int = 3000
     tick_ms: int = 50
-    settle_ms: int = 150  # see master.watermarks.Settler
+    # Extra margin before a reported increase counts (master.watermarks.Settler). Receipts
+    # already make hand-overs exact (see docs/time.md); this is only a safety margin.
+    settle_ms: int = 0
     # A tablet silent for this long (its worker died or stalled right after a commit its
     # last report predates) holds its computation at the published watermark.
     report_timeout_ms: int = 500
@@ -60,6 +62,7 @@ class MasterCore:
         self.version = 0
         self.closed = False
         self.report_time: dict[TabletKey, float] = {}
+        self.reported_seq: dict[str, int] = {}
         self.reports: dict[TabletKey, TabletReport] = {}
         self.settler = Settler(config.settle_ms)
         self.injectors: dict[str, tuple[str, int]] = {}
@@ -142,11 +145,12 @@ class MasterCore:
             self.last_seen.pop(worker_id, None)
             await self._rebalance()
 
-    def heartbeat(self, worker_id: str, held: Sequence[pb.HeldTablet] = ()) -> dict[str, int]:
+    def heartbeat(self, worker_id: str, held: Sequence[pb.HeldTablet] = (), report_seq: int = 0) -> dict[str, int]:
         """Renew a worker's lease and take its tablets' progress; returns the watermarks."""
         if worker_id not in self.workers:
             raise UnknownWorker(f"worker {worker_id} is not registered (its lease expired)")
         self.last_seen[worker_id] = self.now_ms()
+        self.reported_seq[worker_id] = max(self.reported_seq.get(worker_id, 0), report_seq)
         for h in held:
             key = (h.computation, h.key_range)
             own = self.tablets.get(key)
@@ -170,6 +174,12 @@ class MasterCore:
             self._backlog[key] = h.backlog
             self._seen[key] = h.watermark
         return self.published
+
+    def reported(self) -> dict[str, int]:
+        """The newest progress report held from each known worker (for receipts, see
+        HeartbeatResponse.reported). A worker missing here is unknown: its tablets' reports
+        count for nothing, so holds waiting on it can go."""
+        return {w: self.reported_seq.get(w, 0) for w in self.workers}
 
     def report_injector(self, name: str, stream: str, watermark: int) -> None:
         """An injector's current promise; a new injector holds its stream from now on."""

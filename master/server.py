@@ -75,10 +75,11 @@ class MasterServicer(rpc.MasterServicer):
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         core = await self._leader(context)
         try:
-            watermarks = core.heartbeat(request.worker_id, list(request.tablets))
+            watermarks = core.heartbeat(request.worker_id, list(request.tablets), request.report_seq)
         except UnknownWorker:
             return pb.HeartbeatResponse(known=False, routing_version=core.version)
-        return pb.HeartbeatResponse(known=True, routing_version=core.version, watermarks=watermarks)
+        return pb.HeartbeatResponse(known=True, routing_version=core.version, watermarks=watermarks,
+                                    reported=core.reported())
 
     async def LeaveWorker(self, request: pb.LeaveRequest, context: Any) -> pb.LeaveResponse:
         core = await self._leader(context)
@@ -89,7 +90,7 @@ class MasterServicer(rpc.MasterServicer):
         core = await self._leader(context)
         await serving.call_core(context, lambda: _async(
             core.report_injector, request.name, request.stream, request.watermark))
-        return pb.InjectorResponse()
+        return pb.InjectorResponse(reported=core.reported())
 
     async def GetRouting(self, request: pb.RoutingRequest, context: Any) -> pb.Routing:
         return (await self._leader(context)).routing()

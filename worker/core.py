@@ -21,7 +21,8 @@ from worker.tablet import BUSY, NOT_OWNER, Tablet
 log = logging.getLogger(__name__)
 WATERMARK_MIN = -(1 << 63)
 Floors = Sequence[tuple[bytes, int, int]]  # (producer prefix, resend floor, producer token)
-RemoteDeliver = Callable[[str, str, int, int, list[Record], Floors], Awaitable[int]]
+Receipt = tuple[str, int]  # (receiving worker, its first progress report reflecting the commit)
+RemoteDeliver = Callable[[str, str, int, int, list[Record], Floors], Awaitable[tuple[int, Receipt | None]]]
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class WorkerCore:
         self.routing = RoutingTable(pb.Routing())
         self.tablets: dict[tuple[str, int], Tablet] = {}
         self.watermarks: dict[str, int] = {}
+        self.report_seq = 1
         self._extractors: dict[str, KeyExtractor] = {}
         self._remote = remote_deliver
         self._routing_cond = asyncio.Condition()
@@ -151,8 +153,21 @@ class WorkerCore:
                 if comp in advanced:
                     tablet.watermark_advanced()
 
-    def progress(self) -> list[pb.HeldTablet]:
-        return [t.progress() for t in self.tablets.values() if t.open and not t.closing]
+    def next_report(self) -> tuple[int, list[pb.HeldTablet]]:
+        """A progress snapshot and its sequence number (every commit acknowledged before
+        this call is reflected in it)."""
+        seq = self.report_seq
+        self.report_seq += 1
+        return seq, [t.progress() for t in self.tablets.values() if t.open and not t.closing]
+
+    def receipt(self) -> Receipt:
+        """For an acknowledgement: the first report that will reflect what was just committed."""
+        return self.worker_id, self.report_seq
+
+    def release(self, reported: dict[str, int]) -> None:
+        """The leader holds these reports: let go of timestamps waiting on them."""
+        for tablet in self.tablets.values():
+            tablet.release(reported)
 
     async def deliver(self, computation: str, key_range: int, token: int, records: list[Record],
                       floors: Floors = ()) -> int:
@@ -173,7 +188,8 @@ class WorkerCore:
         return NOT_OWNER
 
     async def deliver_to(self, address: str, computation: str, key_range: int, token: int,
-                         records: list[Record], floors: Floors) -> int:
+                         records: list[Record], floors: Floors) -> tuple[int, Receipt | None]:
         if address == self.address:
-            return await self.deliver(computation, key_range, token, records, floors)
+            status = await self.deliver(computation, key_range, token, records, floors)
+            return status, self.receipt()
         return await self._remote(address, computation, key_range, token, records, floors)

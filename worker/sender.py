@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OK, NOT_OWNER, BUSY, UNREACHABLE = 0, 1, 2, -1
-DeliverFn = Callable[[str, str, int, int, list[Record], list[tuple[bytes, int, int]]], Awaitable[int]]
+DeliverFn = Callable[[str, str, int, int, list[Record], list[tuple[bytes, int, int]]],
+                    Awaitable[tuple[int, tuple[str, int] | None]]]
 
 
 class Sender:
@@ -80,12 +81,12 @@ class Sender:
                     break
             routing = self._routing()
             target = routing.destination(*dest)
-            status = UNREACHABLE
+            status, receipt = UNREACHABLE, None
             if target.address:
                 owners = {id(o): o for _, o in batch}.values()
                 floors = [(o.prefix, o.resend_floor(), o.token) for o in owners if not o.weak]
-                status = await self._deliver(target.address, dest[0], dest[1], target.token,
-                                             [p.record for p, _ in batch], floors)
+                status, receipt = await self._deliver(target.address, dest[0], dest[1], target.token,
+                                                      [p.record for p, _ in batch], floors)
             if status == OK:
                 backoff = 0.005
                 done = {id(p) for p, _ in batch}
@@ -95,7 +96,7 @@ class Sender:
                 while q and (id(q[0][0]) in done or q[0][1].closing):
                     q.popleft()
                 for owner, keys in acked.values():
-                    owner.acked(keys)
+                    owner.acked(keys, receipt)
             elif status == BUSY:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 0.5)

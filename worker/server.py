@@ -44,7 +44,9 @@ class WorkerServicer(rpc.WorkerServicer):
         floors = [(f.producer, f.floor, f.token) for f in request.floors]
         status = await self.core.deliver(request.computation, request.key_range, request.token, records,
                                          floors)
-        return pb.DeliverResponse(status=cast(Any, status))  # an int of DeliverResponse.Status
+        wid, seq = self.core.receipt()
+        return pb.DeliverResponse(status=cast(Any, status),  # an int of DeliverResponse.Status
+                                  worker_id=wid, report_seq=seq)
 
     async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:
         return pb.PingResponse(worker_id=self.core.worker_id)
@@ -59,7 +61,8 @@ class Peers:
         self._channels: list[grpc.aio.Channel] = []
 
     async def deliver(self, address: str, computation: str, key_range: int, token: int,
-                      records: list[Record], floors: Sequence[tuple[bytes, int, int]]) -> int:
+                      records: list[Record], floors: Sequence[tuple[bytes, int, int]]
+                      ) -> tuple[int, tuple[str, int] | None]:
         stub = self._stubs.get(address)
         if stub is None:
             ch = self.security.aio_channel(address)
@@ -72,8 +75,8 @@ class Peers:
             resp = await stub.Deliver(req, timeout=30)
         except grpc.RpcError as e:
             log.debug("delivery to %s failed: %s", address, e.code())
-            return UNREACHABLE
-        return int(resp.status)
+            return UNREACHABLE, None
+        return int(resp.status), (resp.worker_id, resp.report_seq)
 
     async def close(self) -> None:
         for ch in self._channels:
@@ -120,10 +123,10 @@ class MasterSession:
         interval = min(self.lease_ms / 4, self.core.limits.progress_ms) / 1000
         while True:
             sent_at = self.core.now_ms()
-            held = self.core.progress()
+            seq, held = self.core.next_report()
             try:
                 resp = await self.masters.stub().Heartbeat(
-                    pb.HeartbeatRequest(worker_id=self.core.worker_id, tablets=held),
+                    pb.HeartbeatRequest(worker_id=self.core.worker_id, tablets=held, report_seq=seq),
                     timeout=self.lease_ms / 2000)
             except grpc.RpcError as e:
                 self.masters.follow(e)
@@ -136,6 +139,7 @@ class MasterSession:
                                 self.core.worker_id)
                     return
                 self.core.renewed(sent_at, self.lease_ms)
+                self.core.release(dict(resp.reported))
                 self.core.set_watermarks(dict(resp.watermarks))
                 # A routing stream can outlive its master's leadership (a deposed leader that
                 # did not die): if the leader's version stays ahead of ours, watch anew.

@@ -81,6 +81,8 @@ class Tablet:
         self.unacked = 0
         self._queued_ts = TimestampBag()    # uncommitted input
         self._unacked_ts = TimestampBag()   # checkpointed productions not yet acknowledged
+        self._held_ts = TimestampBag()      # acknowledged, the receiver's report not yet at the leader
+        self._held: dict[tuple[str, int], list[int]] = {}
         self.processed = self.late = self.dead_lettered = 0
         self.weak = route.productions == "weak"
         self._floors: dict[bytes, int] = {}       # producer prefix -> resend floor (received)
@@ -206,6 +208,13 @@ class Tablet:
                 self._ckpt_seqs.add(_ckey_seq(p.ckey))
         self.host.send(productions, self)
 
+    def release(self, reported: dict[str, int]) -> None:
+        """Let go of acknowledged timestamps whose receiver's covering report the leader holds
+        (or whose receiver the leader does not know: its reports count for nothing then)."""
+        for receipt in [r for r in self._held if reported.get(r[0], r[1]) >= r[1]]:
+            for ts in self._held.pop(receipt):
+                self._held_ts.remove(ts)
+
     def resend_floor(self) -> int:
         """The lowest sequence this tablet may still resend (ids below it are never sent again).
 
@@ -234,8 +243,13 @@ class Tablet:
         self.dedup = fresh
         log.info("tablet %s: rebuilt its dedup filter (%d generations)", self.name, fresh.generations)
 
-    def acked(self, productions: list[Production]) -> None:
-        """The receiver committed these productions: forget their checkpoints."""
+    def acked(self, productions: list[Production], receipt: tuple[str, int] | None = None) -> None:
+        """The receiver committed these productions: forget their checkpoints.
+
+        Their timestamps stay in this tablet's oldest work until the leader holds the
+        receiver's report named by ``receipt`` (which reflects them): so no report
+        sequence lets the watermark pass records in hand-over.
+        """
         if self._weak_wait is not None:
             waiting, done = self._weak_wait
             for p in productions:
@@ -244,8 +258,12 @@ class Tablet:
                 done.set()
         self.unacked -= len(productions)
         self._m.sent.inc(len(productions))
+        held = self._held.setdefault(receipt, []) if receipt is not None else None
         for p in productions:
             self._unacked_ts.remove(p.record.timestamp)
+            if held is not None:
+                held.append(p.record.timestamp)
+                self._held_ts.add(p.record.timestamp)
             if p.ckey:
                 self._acked_not_durable.append(_ckey_seq(p.ckey))
         if self.open and not self.closing:
@@ -548,7 +566,8 @@ class Tablet:
         """Oldest timestamp of uncommitted input, unacknowledged productions and pending
         event-time timers (``None``: nothing pending). Batches run between awaits, so no
         record is half-processed when this is read."""
-        candidates = [t for t in (self._queued_ts.min(), self._unacked_ts.min()) if t is not None]
+        candidates = [t for t in (self._queued_ts.min(), self._unacked_ts.min(), self._held_ts.min())
+                      if t is not None]
         t = self._peek(TimeDomain.EVENT_TIME)
         if t is not None:
             candidates.append(t.time)

@@ -46,7 +46,7 @@ class DeliverRequest(_message.Message):
     def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., sender: _Optional[str] = ..., floors: _Optional[_Iterable[_Union[ResendFloor, _Mapping]]] = ...) -> None: ...
 
 class DeliverResponse(_message.Message):
-    __slots__ = ("status", "detail")
+    __slots__ = ("status", "detail", "worker_id", "report_seq")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         OK: _ClassVar[DeliverResponse.Status]
@@ -57,9 +57,13 @@ class DeliverResponse(_message.Message):
     BUSY: DeliverResponse.Status
     STATUS_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORT_SEQ_FIELD_NUMBER: _ClassVar[int]
     status: DeliverResponse.Status
     detail: str
-    def __init__(self, status: _Optional[_Union[DeliverResponse.Status, str]] = ..., detail: _Optional[str] = ...) -> None: ...
+    worker_id: str
+    report_seq: int
+    def __init__(self, status: _Optional[_Union[DeliverResponse.Status, str]] = ..., detail: _Optional[str] = ..., worker_id: _Optional[str] = ..., report_seq: _Optional[int] = ...) -> None: ...
 
 class PingRequest(_message.Message):
     __slots__ = ()
@@ -134,16 +138,25 @@ class LeaveResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "tablets")
+    __slots__ = ("worker_id", "tablets", "report_seq")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     TABLETS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_SEQ_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     tablets: _containers.RepeatedCompositeFieldContainer[HeldTablet]
-    def __init__(self, worker_id: _Optional[str] = ..., tablets: _Optional[_Iterable[_Union[HeldTablet, _Mapping]]] = ...) -> None: ...
+    report_seq: int
+    def __init__(self, worker_id: _Optional[str] = ..., tablets: _Optional[_Iterable[_Union[HeldTablet, _Mapping]]] = ..., report_seq: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("known", "routing_version", "watermarks")
+    __slots__ = ("known", "routing_version", "watermarks", "reported")
     class WatermarksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class ReportedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -153,10 +166,12 @@ class HeartbeatResponse(_message.Message):
     KNOWN_FIELD_NUMBER: _ClassVar[int]
     ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
     WATERMARKS_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_FIELD_NUMBER: _ClassVar[int]
     known: bool
     routing_version: int
     watermarks: _containers.ScalarMap[str, int]
-    def __init__(self, known: _Optional[bool] = ..., routing_version: _Optional[int] = ..., watermarks: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    reported: _containers.ScalarMap[str, int]
+    def __init__(self, known: _Optional[bool] = ..., routing_version: _Optional[int] = ..., watermarks: _Optional[_Mapping[str, int]] = ..., reported: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class InjectorReport(_message.Message):
     __slots__ = ("name", "stream", "watermark")
@@ -169,8 +184,17 @@ class InjectorReport(_message.Message):
     def __init__(self, name: _Optional[str] = ..., stream: _Optional[str] = ..., watermark: _Optional[int] = ...) -> None: ...
 
 class InjectorResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("reported",)
+    class ReportedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    REPORTED_FIELD_NUMBER: _ClassVar[int]
+    reported: _containers.ScalarMap[str, int]
+    def __init__(self, reported: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class Input(_message.Message):
     __slots__ = ("stream", "key_extractor")
