@@ -73,10 +73,13 @@ def run_bench(args: argparse.Namespace) -> int:
                     r["w1"].append(res)
                     ok &= bool(res["exactness"]["exact"])
                     _progress(f"  latency {res['latency_ms']}, exact: {res['exactness']['exact']}")
-            main = report.w1_find(r, "eo-strong-fsync", max(cfg.w1_rates))
-            if main is not None:
-                r["watermark_lag"] = main["watermark_lag_ms"] | {"from": "W1 eo-strong-fsync at "
-                                                                        f"{max(cfg.w1_rates):,} rec/s"}
+            # Issue 4 asks for the lag at the end of a 3-stage pipeline at steady load.
+            for name in ("eo-3-stages", "eo-strong-fsync"):
+                main = report.w1_find(r, name, max(cfg.w1_rates))
+                if main is not None:
+                    r["watermark_lag"] = main["watermark_lag_ms"] | {
+                        "from": f"W1 {name} at {max(cfg.w1_rates):,} rec/s"}
+                    break
         if "recovery" in chosen:
             _progress(f"recovery: W1 at 10,000 rec/s for {cfg.recovery_seconds:g} s, SIGKILL a worker")
             res = workloads.run_w1(root, cfg, workloads.W1_VARIANTS[0], 10_000,

@@ -147,7 +147,7 @@ def markdown(r: dict[str, Any]) -> str:
                       f"{w2.get('injection_rate') or 0:,} rec/s | {'yes' if w2.get('oracle_equal') else 'NO'} |", ""]
     wl = r.get("watermark_lag")
     if wl:
-        lines += ["## Watermark lag (wall clock − sink's low watermark, W1 10k rec/s)", ""]
+        lines += [f"## Watermark lag (wall clock − last stage's low watermark, {wl.get('from', 'W1')})", ""]
         lines += ([f"p50 {_ms(wl, 'p50')} ms, p95 {_ms(wl, 'p95')} ms over {wl['samples']} samples", ""]
                   if wl.get("available") else [f"Not available: {wl.get('why')}", ""])
     mem = r.get("memory")

@@ -57,6 +57,7 @@ def spark_session(cores: int = 2, app: str = "millstream-demo") -> SparkSession:
 
     # PySpark reads its workers' interpreter from the environment only; this one has millstream.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only; also quiets a start-up warning
     session = (SparkSession.builder
                .master(f"local[{cores}]")
                .appName(app)
