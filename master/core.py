@@ -90,6 +90,16 @@ class MasterCore:
         self.tablets = dict(snap.tablets)
         self.published = dict(snap.watermarks)
         self.injectors = dict(snap.injectors)
+        # A submit spans several etcd transactions when it creates many tablets; if its leader
+        # fell between them, the topology is stored but some tablets are not: place them now.
+        wanted = {(s.name, r) for t in self.topologies.values() for s in t.computations.values()
+                  for r in range(s.key_ranges)}
+        if wanted - set(self.tablets):
+            placed = place(wanted | set(self.tablets), self.tablets, self._live())
+            missing = {k: v for k, v in placed.items() if k not in self.tablets}
+            await self._io(self.store.put_tablets, missing)
+            self.tablets.update(missing)
+            log.warning("placed %d tablets a previous leader had not written", len(missing))
         await self._bump()
         log.info("leading: %d topologies, %d workers, %d tablets",
                  len(self.topologies), len(self.workers), len(self.tablets))
