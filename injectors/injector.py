@@ -94,13 +94,13 @@ class Injector:
         """Promise to send nothing older than ``timestamp`` (never moves backwards).
 
         Reported to the master at once; the effective watermark is never later than the
-        oldest record not yet confirmed (see :attr:`effective_watermark`). Returns once the
-        leader holds it, or after ``confirm_timeout`` seconds with what it could confirm.
+        oldest record not yet confirmed (see :attr:`effective_watermark`), and rises as
+        confirmations arrive (a background thread asks for them). :meth:`finish` waits.
         """
         if isinstance(timestamp, bool) or not isinstance(timestamp, int):
             raise InjectionError(f"watermark must be an int of microseconds, got {timestamp!r}")
         self.watermark = max(self.watermark, timestamp)
-        self._report(wait=True)
+        self._report()
 
     @property
     def effective_watermark(self) -> int:
@@ -119,13 +119,14 @@ class Injector:
         return dict(resp.reported)
 
     def _report(self, wait: bool = False) -> None:
-        """Report the effective watermark; with ``wait``, until no acknowledged record holds
-        it back any more (bounded by ``confirm_timeout``)."""
+        """Report the effective watermark if it rose (a lower one could only come from records
+        below our own promise: those are late whatever we say). With ``wait``, until no
+        acknowledged record holds it back (bounded by ``confirm_timeout``)."""
         with self._lock:
             self._report_locked(wait)
-        if self._held and self._confirmer is None:
-            # Receipts not confirmed yet: re-report in the background until they are, so an
-            # injector that goes quiet does not hold its stream back.
+        if self._held and self._confirmer is None and not self._closed.is_set():
+            # Receipts not confirmed yet: ask in the background until they are, so that
+            # neither a paced sender waits for it nor a quiet injector holds its stream back.
             self._confirmer = threading.Thread(target=self._confirm, name=f"injector {self.name}",
                                                daemon=True)
             self._confirmer.start()
@@ -134,27 +135,27 @@ class Injector:
         try:
             while self._held and not self._closed.wait(0.02):
                 with self._lock:
-                    self._reported = None
-                    self._report_locked(wait=False)
+                    self._report_locked(wait=False, ask=True)
         except MillstreamError as e:  # the next user call reports (and raises) again
             log.info("injector %s: could not confirm its watermark: %s", self.name, e)
         finally:
             self._confirmer = None
 
-    def _report_locked(self, wait: bool) -> None:
+    def _report_locked(self, wait: bool, ask: bool = False) -> None:
         deadline = time.monotonic() + self.confirm_timeout
         while True:
             wm = self.effective_watermark
-            if wm != self._reported:
-                reported = self._send_report(wm)
+            if self._reported is None or wm > self._reported or ask:
+                reported = self._send_report(max(wm, self._reported) if self._reported is not None else wm)
                 # Receipts whose report the leader holds (or whose worker it does not know).
                 self._held = [(ts, r) for ts, r in self._held if reported.get(r[0], r[1]) < r[1]]
-                if self.effective_watermark != wm:
-                    continue
+                ask = False
+                if self.effective_watermark > wm:
+                    continue  # released holds let it rise: report that at once
             if not wait or not self._held or time.monotonic() > deadline:
                 return
             time.sleep(0.01)  # waiting for receivers' next progress report (every 50 ms)
-            self._reported = None  # ask again
+            ask = True
 
     def flush(self) -> None:
         """Block until every queued record is committed by its tablet."""
@@ -229,7 +230,8 @@ class Injector:
     def finish(self) -> None:
         """Send everything, then move the watermark to the end of time."""
         self.flush()
-        self.advance_watermark(END_OF_TIME)
+        self.watermark = END_OF_TIME
+        self._report(wait=True)  # returns once the leader holds it (bounded by confirm_timeout)
         self.finished = True
 
     def close(self) -> None:
