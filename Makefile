@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(BIN)/millstream demo
 
 bench: $(STAMP)
-	$(BIN)/millstream bench
+	$(BIN)/millstream bench --peer spark
 
 PACKAGES := runtime master worker injectors spark_bridge examples bench
 

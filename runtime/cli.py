@@ -71,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="HOST:PORT to serve on (env MILLSTREAM_MASTER_LISTEN or MILLSTREAM_LISTEN)")
     m.add_argument("--advertise", default=_env("MILLSTREAM_MASTER_ADVERTISE"),
                    help="HOST:PORT others dial, when it differs from --listen (e.g. 0.0.0.0)")
-    m.add_argument("--http-listen", default=_env("MILLSTREAM_HTTP_LISTEN"),
-                   help="HOST:PORT of the web page and /metrics (port 0: chosen by the OS)")
+    m.add_argument("--http-listen", default=_env("MILLSTREAM_HTTP_LISTEN", "127.0.0.1:0"),
+                   help="HOST:PORT of the web page and /metrics (port 0: chosen by the OS and "
+                        "printed; '' = off)")
     m.add_argument("--etcd-ca", default=_env("MILLSTREAM_ETCD_CA"), help="CA certificate for https etcd")
     m.add_argument("--lease-ms", type=int, default=int(_env("MILLSTREAM_LEASE_MS", "3000") or 3000))
     _security_flags(m, server=True)
