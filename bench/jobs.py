@@ -13,13 +13,13 @@ Values are short ASCII so that encoding costs stay out of the measurement:
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping
 
 from bench.generator import SECOND_US, spike_step, window_of
 from runtime import Computation, Context, Record, TimeDomain
 from runtime.errors import TopologyError
+from runtime.sinks import CommittedFile
 
 
 class ChainedCounter(Computation):
@@ -55,24 +55,15 @@ class ArrivalSink(Computation):
         self._pending: list[bytes] = []
 
     def restore(self, tablet: str, meta: bytes | None) -> None:
-        os.makedirs(self.dir, exist_ok=True)
-        self.file_path = os.path.join(self.dir, tablet.replace("/", "-") + ".txt")
-        committed = int(meta or b"0")
-        with open(self.file_path, "a+b") as f:
-            f.truncate(committed)
-        self._size = committed
+        self.file = CommittedFile(self.dir, tablet, ".txt", meta)
 
     def process_record(self, ctx: Context, record: Record) -> None:
         self._pending.append(b"%s %s %d\n" % (record.key, record.value, time.time_ns()))
 
     def prepare_commit(self) -> bytes:
-        if self._pending:
-            data = b"".join(self._pending)
-            self._pending.clear()
-            with open(self.file_path, "ab") as f:
-                f.write(data)
-            self._size += len(data)
-        return b"%d" % self._size
+        data = b"".join(self._pending)
+        self._pending.clear()
+        return self.file.append(data, fsync=False)
 
 
 class WindowCounter(Computation):

@@ -19,6 +19,32 @@ from runtime.errors import TopologyError
 from runtime.record import Record
 
 
+class CommittedFile:
+    """An append-only file whose committed length travels in the tablet's atomic commit.
+
+    :meth:`open` cuts the file back to the committed length (what a crashed batch wrote
+    after it is gone, and its redelivery writes it again); :meth:`append` writes a batch
+    and returns the new length to commit with it.
+    """
+
+    def __init__(self, directory: str, tablet: str, suffix: str, meta: bytes | None) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.path = os.path.join(directory, tablet.replace("/", "-") + suffix)
+        self.size = int(meta or b"0")
+        with open(self.path, "a+b") as f:
+            f.truncate(self.size)
+
+    def append(self, data: bytes, fsync: bool = True) -> bytes:
+        if data:
+            with open(self.path, "ab") as f:
+                f.write(data)
+                if fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            self.size += len(data)
+        return b"%d" % self.size
+
+
 class FileSink(Computation):
     """Writes ``{"key", "value", "timestamp"}`` JSON lines to ``<path>/<tablet>.jsonl``."""
 
@@ -31,12 +57,7 @@ class FileSink(Computation):
 
     def restore(self, tablet: str, meta: bytes | None) -> None:
         """Called when the tablet opens: cut the file back to its committed length."""
-        os.makedirs(self.dir, exist_ok=True)
-        self.file_path = os.path.join(self.dir, tablet.replace("/", "-") + ".jsonl")
-        committed = int(meta or b"0")
-        with open(self.file_path, "a+b") as f:
-            f.truncate(committed)
-        self._size = committed
+        self.file = CommittedFile(self.dir, tablet, ".jsonl", meta)
 
     def process_record(self, ctx: Context, record: Record) -> None:
         self._pending.append(json.dumps({
@@ -47,15 +68,9 @@ class FileSink(Computation):
 
     def prepare_commit(self) -> bytes:
         """Make the batch's lines durable; returns the length to commit."""
-        if self._pending:
-            data = "".join(self._pending).encode()
-            self._pending.clear()
-            with open(self.file_path, "ab") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            self._size += len(data)
-        return str(self._size).encode()
+        data = "".join(self._pending).encode()
+        self._pending.clear()
+        return self.file.append(data)
 
 
 def read_file_sink(path: str) -> Iterator[dict[str, object]]:
