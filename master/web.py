@@ -38,6 +38,9 @@ let last = null;
 function t(us){ if(us===null) return "-"; const b = BigInt(us);
   if(b===MIN) return "start of time"; if(b===END) return "end of time";
   return new Date(Number(b/1000n)).toISOString().replace("T"," ").replace("Z",""); }
+function lag(ms){ if(ms===null) return "-"; const a = Math.abs(ms);
+  if(a < 10000) return ms+" ms"; if(a < 3600e3) return (ms/1e3).toFixed(1)+" s";
+  if(a < 86400e3) return (ms/3600e3).toFixed(1)+" h"; return (ms/86400e3).toFixed(1)+" days"; }
 function row(cells, head){ return "<tr>"+cells.map(c=>head?`<th>${c}</th>`:`<td>${c}</td>`).join("")+"</tr>"; }
 function table(id, head, rows){ document.getElementById(id).innerHTML = row(head,true)+rows.map(r=>row(r)).join(""); }
 async function refresh(){
@@ -54,7 +57,7 @@ async function refresh(){
     Object.entries(s.computations).map(([c, v]) => {
       const prev = last && last.s.computations[c];
       const rate = prev ? ((v.processed - prev.processed) * 1000 / (now - last.at)).toFixed(0) : "-";
-      return [c, t(v.low_watermark), v.lag_ms===null ? "-" : v.lag_ms+" ms", v.held_by, `<span class=num>${rate}</span>`,
+      return [c, t(v.low_watermark), lag(v.lag_ms), v.held_by, `<span class=num>${rate}</span>`,
               v.processed, v.late, v.dead_lettered, v.backlog]; }));
   table("injs", ["injector","stream","watermark"], s.injectors.map(i => [i.name, i.stream, t(i.watermark)]));
   table("workers", ["id","address","tablets","last heartbeat"], s.workers.map(w => [w.id, w.address, w.tablets, w.last_heartbeat_ms_ago+" ms ago"]));

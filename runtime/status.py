@@ -8,6 +8,15 @@ from typing import Any
 _MIN, _END = -(1 << 63), (1 << 63) - 1
 
 
+def _lag(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    for limit, unit, div in ((10_000, "ms", 1), (3_600_000, "s", 1000), (86_400_000, "h", 3_600_000)):
+        if abs(ms) < limit:
+            return f"{ms} ms" if unit == "ms" else f"{ms / div:.1f} {unit}"
+    return f"{ms / 86_400_000:.1f} days"
+
+
 def _time(us: int) -> str:
     if us == _MIN:
         return "(start of time)"
@@ -39,7 +48,7 @@ def render(doc: dict[str, Any]) -> str:
     if comps:
         lines += ["", "computations:  (low watermark, lag behind the wall clock, what holds it)"]
         for name, c in comps.items():
-            lag = "-" if c["lag_ms"] is None else f"{c['lag_ms']} ms"
+            lag = _lag(c["lag_ms"])
             lines.append(f"  {name:<20} wm={_time(c['low_watermark']):<26} lag={lag:<10} "
                          f"held by {c['held_by'] or '-'}")
             lines.append(f"  {'':<20} processed={c['processed']} late={c['late']} "
