@@ -1,17 +1,15 @@
 """A complete local cluster as real processes: etcd, masters and workers on loopback.
 
 Used by ``millstream up``, ``millstream demo``, the benchmarks and the test
-harness. Every child is started with a parent-death signal, so none outlives
-the process that started it, and :meth:`LocalCluster.close` waits for all.
+harness. Every child is started with a parent-death signal (through
+:mod:`runtime.die_with_parent`), so none outlives the process that started it, and :meth:`LocalCluster.close` waits for all.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -27,16 +25,6 @@ from runtime.errors import EtcdUnavailable, MillstreamError
 from runtime.security import Security
 
 log = logging.getLogger(__name__)
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:  # not Linux: the explicit close() still stops children
-        pass
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     """A port the OS just handed out (for etcd, which cannot report a port-0 bind)."""
     with socket.socket() as s:
@@ -115,7 +103,7 @@ class LocalCluster:
         self.masters: list[Process] = []
         self.workers: list[Process] = []
         self.state_dir = os.path.join(self.data_dir, "state")
-        self._counter = 0
+        self._started: dict[str, int] = {}  # kind -> processes started (names and logs stay unique)
 
     # ------------------------------------------------------------- processes
 
@@ -125,8 +113,9 @@ class LocalCluster:
         err = open(log_path, "a")
         path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
         env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path)
-        popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
-                                 preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL)
+        guarded = [self.python, "-m", "runtime.die_with_parent", str(os.getpid()), *argv]
+        popen = subprocess.Popen(guarded, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+                                 stdin=subprocess.DEVNULL)
         err.close()
         proc = Process(name, popen, log_path=log_path)
         assert popen.stdout is not None
@@ -142,6 +131,10 @@ class LocalCluster:
                 tail = open(log_path).read().strip().splitlines()[-1:] or ["(no output)"]
                 raise MillstreamError(f"{name} exited during start-up: {tail[0]} (log: {log_path})")
         return proc
+
+    def _name(self, kind: str) -> str:
+        n = self._started[kind] = self._started.get(kind, 0) + 1
+        return f"{kind}-{n}"
 
     def _daemon(self, *args: str) -> list[str]:
         return [self.python, "-m", "runtime.cli", *args]
@@ -169,19 +162,24 @@ class LocalCluster:
         wait_until(healthy, 30, f"etcd at {self.etcd_url}")
         return self.etcd_url
 
-    def add_master(self) -> Process:
-        i = len(self.masters)
-        port = self.master_port if i == 0 else 0
-        p = self._spawn(f"master-{i}", self._daemon(
+    def add_master(self, port: int | None = None) -> Process:
+        if port is None:
+            port = self.master_port if not self.masters else 0
+        p = self._spawn(self._name("master"), self._daemon(
             "master", "--etcd", self.etcd_url, "--listen", f"127.0.0.1:{port}",
             "--lease-ms", str(self.lease_ms), "--http-listen", "127.0.0.1:0", *self.daemon_args),
             wait_address=True)
         self.masters.append(p)
         return p
 
+    def restart_master(self, old: Process) -> Process:
+        """Start a master again at the address of ``old`` (stopped), as a supervisor would."""
+        assert not old.alive(), f"{old.name} is still running"
+        self.masters.remove(old)
+        return self.add_master(port=int(old.address.rpartition(":")[2]))
+
     def add_worker(self, state_dir: str | None = None) -> Process:
-        self._counter += 1
-        p = self._spawn(f"worker-{self._counter}", self._daemon(
+        p = self._spawn(self._name("worker"), self._daemon(
             "worker", "--masters", self.masters_arg, "--listen", "127.0.0.1:0",
             "--state-dir", state_dir or self.state_dir, *self.daemon_args), wait_address=True)
         self.workers.append(p)
