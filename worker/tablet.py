@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
-import heapq
 import json
 import logging
 import time
@@ -28,15 +27,13 @@ from runtime.topology import dead_letter_stream
 from runtime.wire import millstream_pb2 as pb
 from worker.context import Effects, KeyContext
 from worker.dedup import DedupFilter
+from worker.outbox import Outbox
 from worker.progress import TimestampBag
 from worker.storage import Commit, Production, TabletStore, Timer, production_key
+from worker.timers import TimerIndex
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
-
-
-def _ckey_seq(ckey: bytes) -> int:
-    return int.from_bytes(ckey[1:9], "big")
 
 log = logging.getLogger(__name__)
 
@@ -78,18 +75,13 @@ class Tablet:
         self.prefix = producer_prefix(self.name)
         self.queue: deque[tuple[list[Record], asyncio.Future[int]]] = deque()
         self.queued_records = 0
-        self.unacked = 0
         self._queued_ts = TimestampBag()    # uncommitted input
-        self._unacked_ts = TimestampBag()   # checkpointed productions not yet acknowledged
-        self._held_ts = TimestampBag()      # acknowledged, the receiver's report not yet at the leader
-        self._held: dict[tuple[str, int], list[int]] = {}
+        self.outbox = Outbox()
         self.processed = self.late = self.dead_lettered = 0
         self.weak = route.productions == "weak"
         self._floors: dict[bytes, int] = {}       # producer prefix -> resend floor (received)
         self._producer_tokens: dict[bytes, int] = {}  # producer prefix -> newest token heard
         self._collected: dict[bytes, int] = {}    # producer prefix -> dedup ids forgotten below
-        self._ckpt_seqs = TimestampBag()          # sequences of our checkpointed productions
-        self._acked_not_durable: list[int] = []   # their checkpoint deletes, not yet synced
         self._weak_wait: tuple[set[int], asyncio.Event] | None = None
         self._due_now: dict[tuple[bytes, str], Timer] = {}   # timers the current batch fires
         self._cancelled: set[tuple[bytes, str]] = set()     # ... that its records deleted or moved
@@ -98,8 +90,7 @@ class Tablet:
         self._closed = False
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.timers: dict[tuple[bytes, str], Timer] = {}
-        self._heaps: dict[TimeDomain, list[tuple[int, bytes, str]]] = {d: [] for d in TimeDomain}
+        self.timers = TimerIndex()
         self._m = metrics.tablet(self.computation)
 
     # ------------------------------------------------------------- lifecycle
@@ -112,7 +103,7 @@ class Tablet:
             if self.exactly_once:
                 self.dedup.add_all(self.store.dedup_ids())
             for t in self.store.timers():
-                self._remember_timer(t)
+                self.timers.remember(t)
             self._producer_tokens = self.store.producer_tokens()
             cls = load(self.route.code, f"code of computation {self.computation!r}")
             comp = cls()
@@ -189,7 +180,7 @@ class Tablet:
         if self.closing or not self.open:
             return NOT_OWNER
         limits = self.host.limits
-        if self.queued_records >= limits.max_queued_records or self.unacked >= limits.max_unacked:
+        if self.queued_records >= limits.max_queued_records or self.outbox.unacked >= limits.max_unacked:
             self._m.busy.inc()
             return BUSY
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -201,34 +192,19 @@ class Tablet:
         return await fut
 
     def _sent(self, productions: list[Production]) -> None:
-        self.unacked += len(productions)
-        for p in productions:
-            self._unacked_ts.add(p.record.timestamp)
-            if p.ckey:
-                self._ckpt_seqs.add(_ckey_seq(p.ckey))
+        self.outbox.sent(productions)
         self.host.send(productions, self)
 
     def release(self, reported: dict[str, int]) -> None:
-        """Let go of acknowledged timestamps whose receiver's covering report the leader holds
-        (or whose receiver the leader does not know: its reports count for nothing then)."""
-        for receipt in [r for r in self._held if reported.get(r[0], r[1]) >= r[1]]:
-            for ts in self._held.pop(receipt):
-                self._held_ts.remove(ts)
+        self.outbox.release(reported)
 
     def resend_floor(self) -> int:
-        """The lowest sequence this tablet may still resend (ids below it are never sent again).
-
-        A checkpoint counts as gone only once its (unsynced) delete is followed by a synced
-        commit: until then a crash could bring it back, and it would be re-sent.
-        """
-        oldest = self._ckpt_seqs.min()
-        return self.store.seq + 1 if oldest is None else oldest
+        """The lowest sequence this tablet may still resend (ids below it are never sent again)."""
+        return self.outbox.resend_floor(self.store.seq)
 
     def _after_commit(self, commit: Commit) -> None:
         """Bookkeeping that the commit made durable: checkpoint deletes, dedup GC."""
-        for seq in self._acked_not_durable:
-            self._ckpt_seqs.remove(seq)
-        self._acked_not_durable.clear()
+        self.outbox.committed()
         for producer, (_, hi) in commit.dedup_gc.items():
             self._collected[producer] = hi
         if self.exactly_once and self.dedup.needs_rebuild():
@@ -256,16 +232,8 @@ class Tablet:
                 waiting.discard(id(p))
             if not waiting:
                 done.set()
-        self.unacked -= len(productions)
         self._m.sent.inc(len(productions))
-        held = self._held.setdefault(receipt, []) if receipt is not None else None
-        for p in productions:
-            self._unacked_ts.remove(p.record.timestamp)
-            if held is not None:
-                held.append(p.record.timestamp)
-                self._held_ts.add(p.record.timestamp)
-            if p.ckey:
-                self._acked_not_durable.append(_ckey_seq(p.ckey))
+        self.outbox.acked(productions, receipt)
         if self.open and not self.closing:
             keys = [p.ckey for p in productions if p.ckey]
             if keys:
@@ -314,7 +282,7 @@ class Tablet:
 
     async def _process_once(self) -> None:
         items = self._take()
-        due = self._pop_due_timers()
+        due = self.timers.pop_due(self.now_us(), self.host.watermark(self.computation))
         if not items and not due:
             return
         self._due_now = {(t.key, t.tag): t for t in due}
@@ -391,11 +359,10 @@ class Tablet:
         self.processed += n_new
         if self.exactly_once:
             self.dedup.add_all(commit.ids)
-        for k, t in commit.timers_deleted.items():
-            if self.timers.get(k) == t:
-                del self.timers[k]
+        for t in commit.timers_deleted.values():
+            self.timers.forget(t)
         for t in commit.timers_set.values():
-            self._remember_timer(t)
+            self.timers.remember(t)
         for _, fut in items:
             if not fut.done():
                 fut.set_result(OK)
@@ -517,58 +484,22 @@ class Tablet:
 
     # ---------------------------------------------------------------- timers
 
-    def _remember_timer(self, t: Timer) -> None:
-        if self.timers.get((t.key, t.tag)) == t:
-            return  # set again, unchanged: already indexed
-        self.timers[(t.key, t.tag)] = t
-        heapq.heappush(self._heaps[t.domain], (t.time, t.key, t.tag))
-
-    def _peek(self, domain: TimeDomain) -> Timer | None:
-        heap = self._heaps[domain]
-        while heap:
-            when, key, tag = heap[0]
-            t = self.timers.get((key, tag))
-            if t is not None and t.domain == domain and t.time == when:
-                return t
-            heapq.heappop(heap)  # moved or deleted since it was pushed
-        return None
-
     def _next_wall_timer_delay(self) -> float | None:
-        t = self._peek(TimeDomain.WALL_TIME)
+        t = self.timers.peek(TimeDomain.WALL_TIME)
         if t is None:
             return None
         return max(0.0, (t.time - self.now_us()) / 1e6)
 
     def _due_event_timers(self) -> bool:
-        t = self._peek(TimeDomain.EVENT_TIME)
+        t = self.timers.peek(TimeDomain.EVENT_TIME)
         return t is not None and t.time <= self.host.watermark(self.computation)
-
-    def _pop_due_timers(self, limit: int = 10_000) -> list[Timer]:
-        out: list[Timer] = []
-        now = self.now_us()
-        wm = self.host.watermark(self.computation)
-        taken: set[tuple[bytes, str]] = set()
-        for domain, bound in ((TimeDomain.WALL_TIME, now), (TimeDomain.EVENT_TIME, wm)):
-            while len(out) < limit:
-                t = self._peek(domain)
-                if t is None or t.time > bound:
-                    break
-                heapq.heappop(self._heaps[domain])
-                if (t.key, t.tag) not in taken:  # a timer fires once per batch
-                    taken.add((t.key, t.tag))
-                    out.append(t)
-                    # Out of memory now: if the batch sets it again it is indexed afresh; if the
-                    # batch fails the tablet reopens from disk, where it still is.
-                    del self.timers[(t.key, t.tag)]
-        return out
 
     def oldest_work(self) -> int | None:
         """Oldest timestamp of uncommitted input, unacknowledged productions and pending
         event-time timers (``None``: nothing pending). Batches run between awaits, so no
         record is half-processed when this is read."""
-        candidates = [t for t in (self._queued_ts.min(), self._unacked_ts.min(), self._held_ts.min())
-                      if t is not None]
-        t = self._peek(TimeDomain.EVENT_TIME)
+        candidates = [t for t in (self._queued_ts.min(), self.outbox.oldest()) if t is not None]
+        t = self.timers.peek(TimeDomain.EVENT_TIME)
         if t is not None:
             candidates.append(t.time)
         return min(candidates) if candidates else None

@@ -38,6 +38,8 @@ class TimerJob(Computation):
             ctx.set_timer("t", self.BASE + int(n), TimeDomain.WALL_TIME)
         elif op == "del":
             ctx.delete_timer("t")
+        elif op == "mark":
+            ctx.produce("out", record.value)
 
     def process_timer(self, ctx: Context, tag: str, time: int) -> None:
         ctx.produce("out", f"fired {time - self.BASE}".encode())

@@ -97,27 +97,43 @@ def test_a_poison_record_is_dead_lettered_and_the_range_moves_on(tmp_path: objec
     asyncio.run(main())
 
 
+_marks = [0]
+
+
+async def _mark(core: WorkerCore, computation: str) -> None:
+    """Deliver a marker and wait for its output: whatever the tablet produced before it has
+    arrived too (productions reach a tablet in the order they were committed)."""
+    _marks[0] += 1
+    value = b"mark %d" % _marks[0]
+    marker = Record(b"k1", value, BASE, value.ljust(16, b"."))
+    assert await core.deliver(computation, 0, 1, [marker]) == OK
+    await _until(lambda: any(v == value for _, _, v in Collector.seen), "the marker")
+
+
+def _outputs() -> list[bytes]:
+    return [v for _, _, v in Collector.seen if not v.startswith(b"mark")]
+
+
 def test_wall_clock_timers_fire_on_the_injected_clock_exactly_once(tmp_path: object) -> None:
     now = [BASE]
 
     async def main() -> None:
         core = await _core(str(tmp_path), WorkerLimits(), lambda: now[0])
         assert await core.deliver("echo", 0, 1, [rec(1, b"later")]) == OK
-        await _until(lambda: len(Collector.seen) == 1, "the record's output")
-        await asyncio.sleep(0.05)
-        assert len(Collector.seen) == 1  # the clock has not moved: no timer yet
+        await _mark(core, "echo")
+        assert _outputs() == [b"later"]  # the clock has not moved: no timer yet
         now[0] += 1_000_000
         core.tablets[("echo", 0)]._wake.set()  # the run loop sleeps on the real clock
-        await _until(lambda: len(Collector.seen) == 2, "the timer")
-        assert Collector.seen[1][2] == f"timer t at {BASE + 1_000_000}".encode()
+        await _until(lambda: len(_outputs()) == 2, "the timer")
+        assert _outputs()[1] == f"timer t at {BASE + 1_000_000}".encode()
         await core.close_all()
 
     asyncio.run(main())
     # Reopened from disk: the fired timer's deletion was committed with its output.
     async def reopen() -> None:
         core = await _core(str(tmp_path), WorkerLimits(), lambda: now[0] + 10_000_000)
-        await asyncio.sleep(0.1)
-        assert Collector.seen == []
+        await _mark(core, "echo")
+        assert _outputs() == []  # the timer fired once, before the restart
         await core.close_all()
 
     asyncio.run(reopen())
@@ -128,8 +144,7 @@ def test_a_worker_whose_lease_lapsed_refuses_to_commit(tmp_path: object) -> None
         core = await _core(str(tmp_path), WorkerLimits(), lambda: BASE)
         core.lost_lease()
         assert await core.deliver("echo", 0, 1, [rec(1, b"a")]) == NOT_OWNER
-        await asyncio.sleep(0.05)
-        assert Collector.seen == []
+        assert Collector.seen == []  # refused before its commit: nothing of it can follow
         await core.reconcile()
         assert core.tablets == {}  # self-fenced: every tablet closed
         await core.close_all()
@@ -185,7 +200,7 @@ async def _timer_core(tmp: str, clock: list[int], repeat: bool = False) -> Worke
 
 
 def _fired() -> list[bytes]:
-    return [v for _, _, v in Collector.seen]
+    return _outputs()
 
 
 def _queue_then_advance(core: WorkerCore, record: Record, clock: list[int], to: int) -> asyncio.Future[int]:
@@ -208,9 +223,9 @@ def test_a_record_deleting_a_due_timer_in_the_same_batch_stops_it(tmp_path: obje
         core = await _timer_core(str(tmp_path), clock)
         assert await core.deliver("timers", 0, 1, [rec(1, b"set 10")]) == OK
         assert await _queue_then_advance(core, rec(4, b"del"), clock, BASE + 20) == OK
-        await asyncio.sleep(0.1)
+        await _mark(core, "timers")
         assert _fired() == []
-        assert core.tablets[("timers", 0)].timers == {}
+        assert len(core.tablets[("timers", 0)].timers) == 0
         await core.close_all()
 
     asyncio.run(main())
@@ -223,12 +238,12 @@ def test_a_record_moving_a_due_timer_makes_it_wait_for_its_new_time(tmp_path: ob
         core = await _timer_core(str(tmp_path), clock)
         assert await core.deliver("timers", 0, 1, [rec(1, b"set 10")]) == OK
         assert await _queue_then_advance(core, rec(4, b"move 30"), clock, BASE + 20) == OK
-        await asyncio.sleep(0.1)
+        await _mark(core, "timers")
         assert _fired() == []
         clock[0] = BASE + 40
         core.tablets[("timers", 0)]._wake.set()
         await _until(lambda: _fired() == [b"fired 30"], "the moved timer")
-        await asyncio.sleep(0.05)
+        await _mark(core, "timers")
         assert _fired() == [b"fired 30"]
         await core.close_all()
 
@@ -244,9 +259,9 @@ def test_a_timer_setting_itself_again_at_its_own_time_fires_again(tmp_path: obje
         clock[0] = BASE + 20
         core.tablets[("timers", 0)]._wake.set()
         await _until(lambda: len(_fired()) == 3, "three firings")
-        await asyncio.sleep(0.05)
+        await _mark(core, "timers")
         assert _fired() == [b"fired 10"] * 3
-        assert core.tablets[("timers", 0)].timers == {}
+        assert len(core.tablets[("timers", 0)].timers) == 0
         await core.close_all()
 
     asyncio.run(main())

@@ -1,0 +1,68 @@
+"""A tablet's pending timers, in memory: by (key, tag), and by due time per domain.
+
+The durable copy is in the tablet's RocksDB (``K``/``T`` keys, see worker/storage.py);
+this index is rebuilt from it when the tablet opens and follows every commit.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from runtime.computation import TimeDomain
+from worker.storage import Timer
+
+TimerKey = tuple[bytes, str]
+
+
+class TimerIndex:
+    """One timer per (key, tag); heaps per domain with lazy deletion of moved timers."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[TimerKey, Timer] = {}
+        self._heaps: dict[TimeDomain, list[tuple[int, bytes, str]]] = {d: [] for d in TimeDomain}
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def get(self, key: TimerKey) -> Timer | None:
+        return self._by_key.get(key)
+
+    def remember(self, t: Timer) -> None:
+        if self._by_key.get((t.key, t.tag)) == t:
+            return  # set again, unchanged: already indexed
+        self._by_key[(t.key, t.tag)] = t
+        heapq.heappush(self._heaps[t.domain], (t.time, t.key, t.tag))
+
+    def forget(self, t: Timer) -> None:
+        """Drop ``t`` if it is still the timer of its (key, tag)."""
+        if self._by_key.get((t.key, t.tag)) == t:
+            del self._by_key[(t.key, t.tag)]
+
+    def peek(self, domain: TimeDomain) -> Timer | None:
+        """The earliest pending timer of ``domain``."""
+        heap = self._heaps[domain]
+        while heap:
+            when, key, tag = heap[0]
+            t = self._by_key.get((key, tag))
+            if t is not None and t.domain == domain and t.time == when:
+                return t
+            heapq.heappop(heap)  # moved or deleted since it was pushed
+        return None
+
+    def pop_due(self, wall_now: int, watermark: int, limit: int = 10_000) -> list[Timer]:
+        """Take the wall-clock timers due by ``wall_now`` and the event-time timers due by
+        ``watermark`` out of the index (each once). If the batch firing them fails, the
+        tablet reopens from disk, where they still are."""
+        out: list[Timer] = []
+        taken: set[TimerKey] = set()
+        for domain, bound in ((TimeDomain.WALL_TIME, wall_now), (TimeDomain.EVENT_TIME, watermark)):
+            while len(out) < limit:
+                t = self.peek(domain)
+                if t is None or t.time > bound:
+                    break
+                heapq.heappop(self._heaps[domain])
+                if (t.key, t.tag) not in taken:  # a timer fires once per batch
+                    taken.add((t.key, t.tag))
+                    out.append(t)
+                    del self._by_key[(t.key, t.tag)]
+        return out
