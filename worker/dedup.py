@@ -43,3 +43,51 @@ class DedupFilter:
 
     def may_contain(self, rid: bytes) -> bool:
         return any(rid in g for g in reversed(self._gens))
+
+
+def rebuilt(capacity: int, ids: Iterable[bytes]) -> DedupFilter:
+    """A filter holding exactly ``ids`` (the ones still on disk after collection)."""
+    fresh = DedupFilter(capacity=capacity)
+    fresh.add_all(ids)
+    # Without collection (ids from injectors) the disk set itself is large: allow it,
+    # rather than rebuilding again at every commit.
+    fresh.max_generations = max(fresh.max_generations, fresh.generations + 2)
+    return fresh
+
+
+class Collection:
+    """The receiving side of dedup collection: producers' promises and tokens.
+
+    A producer (an id prefix) promises, with each delivery, the lowest sequence it may still
+    resend, under its tablet's token. Ids below a promise are forgotten in the next commit,
+    which also persists the token that justified it; a producer older than one already
+    heard from is refused, since ids it might resend may be gone on its successor's word.
+    """
+
+    def __init__(self, tokens: dict[bytes, int]) -> None:
+        self._tokens = dict(tokens)          # producer prefix -> newest token heard
+        self._floors: dict[bytes, int] = {}  # producer prefix -> resend floor of that token
+        self._collected: dict[bytes, int] = {}  # producer prefix -> forgotten below
+
+    def accept(self, floors: list[tuple[bytes, int, int]]) -> int | None:
+        """Take a delivery's promises; returns the newer token it is refused for, if stale."""
+        for producer, _, token in floors:
+            if token < self._tokens.get(producer, 0):
+                return self._tokens[producer]
+        for producer, floor, token in floors:
+            if token > self._tokens.get(producer, 0):
+                self._tokens[producer] = token
+                self._floors.pop(producer, None)  # an older owner's promise no longer counts
+            if floor > self._floors.get(producer, 0):
+                self._floors[producer] = floor
+        return None
+
+    def plan(self) -> tuple[dict[bytes, tuple[int, int]], dict[bytes, int]]:
+        """What the next commit forgets (prefix -> [from, to) sequences) and the tokens it records."""
+        ranges = {p: (self._collected.get(p, 0), f) for p, f in self._floors.items()
+                  if f > self._collected.get(p, 0)}
+        return ranges, {p: self._tokens.get(p, 0) for p in ranges}
+
+    def committed(self, ranges: dict[bytes, tuple[int, int]]) -> None:
+        for producer, (_, hi) in ranges.items():
+            self._collected[producer] = hi

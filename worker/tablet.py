@@ -26,7 +26,7 @@ from runtime.routing import RoutingTable
 from runtime.topology import dead_letter_stream
 from runtime.wire import millstream_pb2 as pb
 from worker.context import Effects, KeyContext
-from worker.dedup import DedupFilter
+from worker.dedup import Collection, DedupFilter, rebuilt
 from worker.outbox import Outbox
 from worker.progress import TimestampBag
 from worker.storage import Commit, Production, TabletStore, Timer, production_key
@@ -79,9 +79,6 @@ class Tablet:
         self.outbox = Outbox()
         self.processed = self.late = self.dead_lettered = 0
         self.weak = route.productions == "weak"
-        self._floors: dict[bytes, int] = {}       # producer prefix -> resend floor (received)
-        self._producer_tokens: dict[bytes, int] = {}  # producer prefix -> newest token heard
-        self._collected: dict[bytes, int] = {}    # producer prefix -> dedup ids forgotten below
         self._weak_wait: tuple[set[int], asyncio.Event] | None = None
         self._due_now: dict[tuple[bytes, str], Timer] = {}   # timers the current batch fires
         self._cancelled: set[tuple[bytes, str]] = set()     # ... that its records deleted or moved
@@ -104,7 +101,7 @@ class Tablet:
                 self.dedup.add_all(self.store.dedup_ids())
             for t in self.store.timers():
                 self.timers.remember(t)
-            self._producer_tokens = self.store.producer_tokens()
+            self.collection = Collection(self.store.producer_tokens())
             cls = load(self.route.code, f"code of computation {self.computation!r}")
             comp = cls()
             if not isinstance(comp, Computation):
@@ -164,20 +161,13 @@ class Tablet:
         the producer's token). A producer older than one already heard from is refused:
         ids it might resend may have been collected on its successor's word.
         """
-        floors = list(floors)
-        for producer, _, token in floors:
-            if token < self._producer_tokens.get(producer, 0):
-                metrics.STALE.labels("producer").inc()
-                log.warning("tablet %s refused a delivery from a stale producer (token %d < %d)",
-                            self.name, token, self._producer_tokens[producer])
-                return NOT_OWNER
-        for producer, floor, token in floors:
-            if token > self._producer_tokens.get(producer, 0):
-                self._producer_tokens[producer] = token
-                self._floors.pop(producer, None)  # an older owner's promise no longer counts
-            if floor > self._floors.get(producer, 0):
-                self._floors[producer] = floor
         if self.closing or not self.open:
+            return NOT_OWNER
+        newer = self.collection.accept(list(floors))
+        if newer is not None:
+            metrics.STALE.labels("producer").inc()
+            log.warning("tablet %s refused a delivery from a stale producer (a token below %d)",
+                        self.name, newer)
             return NOT_OWNER
         limits = self.host.limits
         if self.queued_records >= limits.max_queued_records or self.outbox.unacked >= limits.max_unacked:
@@ -205,19 +195,11 @@ class Tablet:
     def _after_commit(self, commit: Commit) -> None:
         """Bookkeeping that the commit made durable: checkpoint deletes, dedup GC."""
         self.outbox.committed()
-        for producer, (_, hi) in commit.dedup_gc.items():
-            self._collected[producer] = hi
+        self.collection.committed(commit.dedup_gc)
         if self.exactly_once and self.dedup.needs_rebuild():
-            self._rebuild_dedup()
-
-    def _rebuild_dedup(self) -> None:
-        fresh = DedupFilter(capacity=self.dedup.capacity)
-        fresh.add_all(self.store.dedup_ids())
-        # Without garbage collection (ids from injectors) the disk set itself is large:
-        # allow it, rather than rebuilding again at every commit.
-        fresh.max_generations = max(fresh.max_generations, fresh.generations + 2)
-        self.dedup = fresh
-        log.info("tablet %s: rebuilt its dedup filter (%d generations)", self.name, fresh.generations)
+            self.dedup = rebuilt(self.dedup.capacity, self.store.dedup_ids())
+            log.info("tablet %s: rebuilt its dedup filter (%d generations)", self.name,
+                     self.dedup.generations)
 
     def acked(self, productions: list[Production], receipt: tuple[str, int] | None = None) -> None:
         """The receiver committed these productions: forget their checkpoints.
@@ -310,11 +292,7 @@ class Tablet:
         commit = Commit(seq=self.store.seq)
         self._commit = commit
         if self.exactly_once:
-            for producer, floor in self._floors.items():
-                done = self._collected.get(producer, 0)
-                if floor > done:
-                    commit.dedup_gc[producer] = (done, floor)
-                    commit.producer_tokens[producer] = self._producer_tokens.get(producer, 0)
+            commit.dedup_gc, commit.producer_tokens = self.collection.plan()
         seen: set[bytes] = set()
         n_new = 0
         wm = self.host.watermark(self.computation)
