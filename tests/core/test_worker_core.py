@@ -54,21 +54,34 @@ async def _core(tmp: str, limits: WorkerLimits, clock: Callable[[], int]) -> Wor
 
 
 async def _until(cond: Callable[[], bool], what: str, timeout: float = 10) -> None:
+    """Wait until ``cond`` holds, failing after ``timeout`` seconds."""
     async def poll() -> None:
         while not cond():
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # poll interval of this deadline-bounded wait
     try:
         await asyncio.wait_for(poll(), timeout)
     except TimeoutError:
         raise AssertionError(f"timed out waiting for {what}") from None
 
 
+def _queue(core: WorkerCore, tablet_key: tuple[str, int], record: Record) -> asyncio.Future[int]:
+    """Put ``record`` in a tablet's input queue synchronously (what Tablet.deliver does before
+    it awaits), so a test controls exactly what the next batch holds."""
+    tablet = core.tablets[tablet_key]
+    fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    tablet.queue.append(([record], fut))
+    tablet.queued_records += 1
+    tablet._queued_ts.add(record.timestamp)
+    tablet._wake.set()
+    return fut
+
+
 def test_a_full_queue_answers_busy_and_nothing_is_lost(tmp_path: object) -> None:
     async def main() -> None:
         core = await _core(str(tmp_path), WorkerLimits(max_queued_records=5, max_batch_records=5),
                            lambda: BASE)
-        first = [asyncio.ensure_future(core.deliver("echo", 0, 1, [rec(i, b"v%d" % i)])) for i in range(5)]
-        await asyncio.sleep(0)  # one loop turn: the five are queued; the tablet has not run yet
+        # Queued with no await in between: the tablet has not run when the sixth arrives.
+        first = [_queue(core, ("echo", 0), rec(i, b"v%d" % i)) for i in range(5)]
         assert core.tablets[("echo", 0)].queued_records == 5
         over = await core.deliver("echo", 0, 1, [rec(99, b"over")])
         assert over == BUSY  # the queue was full: the sender must back off and retry
@@ -206,13 +219,8 @@ def _fired() -> list[bytes]:
 def _queue_then_advance(core: WorkerCore, record: Record, clock: list[int], to: int) -> asyncio.Future[int]:
     """Queue ``record`` and move the clock with no await in between, so the tablet's next
     batch holds both the record and the timer that became due."""
-    tablet = core.tablets[("timers", 0)]
-    fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    tablet.queue.append(([record], fut))
-    tablet.queued_records += 1
-    tablet._queued_ts.add(record.timestamp)
+    fut = _queue(core, ("timers", 0), record)
     clock[0] = to
-    tablet._wake.set()
     return fut
 
 
