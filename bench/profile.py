@@ -13,7 +13,6 @@ import os
 import pstats
 import shutil
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from bench.generator import w1_keys
@@ -21,15 +20,9 @@ from runtime.record import Record, producer_prefix, sequence_id
 from runtime.routing import RoutingTable
 from runtime.wire import from_proto, to_proto
 from runtime.wire import millstream_pb2 as pb
+from worker.core import WorkerLimits
 
-
-@dataclass(frozen=True)
-class _Limits:
-    max_queued_records: int = 1 << 30
-    max_unacked: int = 1 << 30
-    max_batch_records: int = 1 << 30
-    max_attempts: int = 3
-    lease_safety: float = 0.8
+_LIMITS = WorkerLimits(max_queued_records=1 << 30, max_unacked=1 << 30, max_batch_records=1 << 30)
 
 
 class _Host:
@@ -37,7 +30,7 @@ class _Host:
 
     def __init__(self, routing: pb.Routing) -> None:
         self.routing = RoutingTable(routing)
-        self.limits = _Limits()
+        self.limits = _LIMITS
         self.encoded_bytes = 0
         self._ack_productions: bool | None = None
 

@@ -21,6 +21,23 @@ WATERMARK_LAG = Gauge("millstream_watermark_lag_seconds", "Wall clock minus low 
 LEADER = Gauge("millstream_master_is_leader", "1 while this master leads")
 WORKERS = Gauge("millstream_workers", "Live workers known to the leader")
 SENT = Counter("millstream_productions_acked", "Productions acknowledged by their receiver", ["computation"])
+USER_SECONDS = Histogram("millstream_user_code_seconds", "Time of one call of user code (one record or timer)",
+                         ["computation"], buckets=(0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01,
+                                                   0.05, 0.1, 0.5, 1, 5, 30))
+BATCH_SECONDS = Histogram("millstream_batch_seconds", "Time of one batch, user code to durable commit",
+                          ["computation"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                    0.25, 0.5, 1, 5))
+SLOW_CALLS = Counter("millstream_slow_user_calls", "Calls of user code that took over a second",
+                     ["computation"])
+# Liveness: each of these stays at zero on a healthy cluster, however busy (docs/operations.md).
+LEASE_LOST = Counter("millstream_worker_lease_lost", "Times this worker self-fenced: its lease lapsed")
+REREGISTERED = Counter("millstream_worker_reregistrations", "Times this worker registered again after "
+                       "the master forgot it")
+TABLET_OPENS = Counter("millstream_tablet_opens", "Tablets opened on this worker", ["computation"])
+TABLET_FAILURES = Counter("millstream_tablet_batch_failures", "Batches that failed and reopened their tablet",
+                          ["computation"])
+WORKER_EXPIRIES = Counter("millstream_worker_lease_expiries", "Workers the leader dropped for a missed lease")
+TABLET_MOVES = Counter("millstream_tablet_moves", "Tablets given to another worker (a new token)", ["reason"])
 
 
 @dataclass(frozen=True)
@@ -33,6 +50,9 @@ class TabletMetrics:
     fenced: Counter
     commit_seconds: Histogram
     sent: Counter
+    user_seconds: Histogram
+    batch_seconds: Histogram
+    slow_calls: Counter
 
 
 def tablet(computation: str) -> TabletMetrics:
@@ -40,7 +60,8 @@ def tablet(computation: str) -> TabletMetrics:
     return TabletMetrics(
         RECORDS.labels(computation), DUPLICATES.labels(computation), LATE.labels(computation),
         DEAD.labels(computation), BUSY.labels(computation), FENCED.labels(computation),
-        COMMIT_SECONDS.labels(computation), SENT.labels(computation),
+        COMMIT_SECONDS.labels(computation), SENT.labels(computation), USER_SECONDS.labels(computation),
+        BATCH_SECONDS.labels(computation), SLOW_CALLS.labels(computation),
     )
 
 

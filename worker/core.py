@@ -32,10 +32,13 @@ class WorkerLimits:
     max_queued_records: int = 20_000
     max_unacked: int = 100_000
     max_batch_records: int = 2_000
+    batch_budget_ms: int = 100  # a batch stops taking records and timers once user code used this
     max_attempts: int = 3
     lease_safety: float = 0.8  # fraction of the lease a worker trusts before self-fencing
     progress_ms: int = 50      # heartbeat (and watermark report) interval
     weak_ack_ms: int = 20      # how long a batch waits for weak productions' acks before checkpointing
+    slow_call_s: float = 1.0   # a call of user code longer than this is logged and counted
+    reconcile_wait_s: float = 2.0  # how long one reconcile waits for tablets to open or close
 
 
 class WorkerCore:
@@ -52,6 +55,7 @@ class WorkerCore:
         self.now_ms = now_ms
         self.worker_id = ""
         self.lease_deadline = 0.0
+        self._fenced = False
         self.routing = RoutingTable(pb.Routing())
         self.tablets: dict[tuple[str, int], Tablet] = {}
         self.watermarks: dict[str, int] = {}
@@ -60,6 +64,11 @@ class WorkerCore:
         self._remote = remote_deliver
         self._routing_cond = asyncio.Condition()
         self._reconcile_lock = asyncio.Lock()
+        # Tablets still opening, and tablets still closing (a batch in flight, perhaps one whose
+        # user code never returns): reconcile waits for them only so long, then goes on.
+        self._opening: dict[tuple[str, int], tuple[Tablet, asyncio.Task[None]]] = {}
+        self._closing: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._batch_limits: dict[tuple[str, int], int] = {}  # smaller batches after a failure
         self._refused_logged: tuple[str, int, int] | None = None
         self.sender = Sender(lambda: self.routing, self.deliver_to, self.routing_changed)
 
@@ -71,6 +80,7 @@ class WorkerCore:
     def renewed(self, sent_at_ms: float, lease_ms: int) -> None:
         """A heartbeat sent at ``sent_at_ms`` was acknowledged: trust the lease until then + a margin."""
         self.lease_deadline = max(self.lease_deadline, sent_at_ms + lease_ms * self.limits.lease_safety)
+        self._fenced = False
 
     def lost_lease(self) -> None:
         self.lease_deadline = 0.0
@@ -98,40 +108,96 @@ class WorkerCore:
                 pass
 
     async def reconcile(self) -> None:
-        """Open the tablets assigned here, close the others (and any that failed)."""
+        """Open the tablets assigned here, close the others (and any that failed).
+
+        Bounded in time: it waits at most ``reconcile_wait_s`` for openings and closings
+        (user code's ``setup`` or a batch in flight may take long, or never end) and picks
+        up the rest on a later call.
+        """
         async with self._reconcile_lock:
-            wanted = self.routing.tablets_of(self.worker_id) if self.lease_valid() else {}
-            if not self.lease_valid() and self.tablets:
-                log.warning("lease not renewed in time: self-fencing, closing %d tablets", len(self.tablets))
+            valid = self.lease_valid()
+            wanted = self.routing.tablets_of(self.worker_id) if valid else {}
+            if not valid and self.worker_id and not self._fenced:
+                self._fenced = True
+                metrics.LEASE_LOST.inc()
+                log.warning("lease not renewed in time: self-fencing, closing %d tablets",
+                            len(self.tablets) + len(self._opening))
             for key, tablet in list(self.tablets.items()):
                 if tablet.closing or wanted.get(key) != tablet.token:
-                    await tablet.close()
                     del self.tablets[key]
+                    if tablet.failed:
+                        metrics.TABLET_FAILURES.labels(key[0]).inc()
+                        self._batch_limits[key] = max(1, tablet.batch_limit // 2)
+                    self._closing[key] = asyncio.create_task(tablet.close(), name=f"close {key}")
+            for key, (tablet, task) in list(self._opening.items()):
+                if wanted.get(key) != tablet.token:
+                    del self._opening[key]
+                    self._closing[key] = asyncio.create_task(self._abandon(tablet, task))
             for key, token in wanted.items():
-                if key in self.tablets:
+                if key in self.tablets or key in self._opening:
                     continue
+                closing = self._closing.get(key)
+                if closing is not None and not closing.done():
+                    continue  # the previous copy still holds the storage
                 route = self.routing.computations[key[0]]
                 path = os.path.join(self.state_dir, key[0], str(key[1]))
-                tablet = Tablet(self, route, key[1], token, path, now_us=self.wall_us)
-                try:
-                    await tablet.start()
-                except StaleTokenError as e:
-                    metrics.STALE.labels("open").inc()
-                    log.error("refused to open tablet %s/%d: %s", key[0], key[1], e)
-                    continue
-                except Exception as e:
-                    # Typically the previous owner still holds the RocksDB lock while it closes.
-                    log.info("tablet %s/%d not opened yet (%s); will retry", key[0], key[1], e)
-                    continue
-                self.tablets[key] = tablet
-                log.info("tablet %s/%d open under token %d", key[0], key[1], token)
+                tablet = Tablet(self, route, key[1], token, path, now_us=self.wall_us,
+                                batch_limit=self._batch_limits.get(key))
+                self._opening[key] = (tablet, asyncio.create_task(tablet.start(), name=f"open {key}"))
+            pending = [t for _, t in self._opening.values()] + list(self._closing.values())
+            if pending:
+                await asyncio.wait(pending, timeout=self.limits.reconcile_wait_s)
+            self._collect()
 
-    async def close_all(self) -> None:
+    def _collect(self) -> None:
+        """Adopt the tablets that opened; forget finished closings; log what stays stuck."""
+        for key, task in list(self._closing.items()):
+            if task.done():
+                del self._closing[key]
+        for key, (tablet, task) in list(self._opening.items()):
+            if not task.done():
+                continue
+            del self._opening[key]
+            error = task.exception() if not task.cancelled() else StaleTokenError("opening cancelled")
+            if error is None:
+                self.tablets[key] = tablet
+                metrics.TABLET_OPENS.labels(key[0]).inc()
+                log.info("tablet %s/%d open under token %d", key[0], key[1], tablet.token)
+            elif isinstance(error, StaleTokenError):
+                metrics.STALE.labels("open").inc()
+                log.error("refused to open tablet %s/%d: %s", key[0], key[1], error)
+            else:
+                # Typically the previous owner still holds the RocksDB lock while it closes.
+                log.info("tablet %s/%d not opened yet (%s); will retry", key[0], key[1], error)
+
+    @staticmethod
+    async def _abandon(tablet: Tablet, opening: asyncio.Task[None]) -> None:
+        """A tablet no longer wanted while it opens: close it once the opening ends."""
+        await asyncio.gather(opening, return_exceptions=True)
+        await tablet.close()
+
+    async def close_all(self, timeout: float = 10.0) -> None:
+        """Close every tablet; one whose batch does not finish within ``timeout`` is left to
+        the process's exit (its storage is never written half-way: RocksDB's WAL)."""
         async with self._reconcile_lock:
-            for tablet in self.tablets.values():
-                await tablet.close()
+            for key, tablet in self.tablets.items():
+                self._closing[key] = asyncio.create_task(tablet.close())
+            for key, (tablet, task) in self._opening.items():
+                self._closing[key] = asyncio.create_task(self._abandon(tablet, task))
             self.tablets.clear()
+            self._opening.clear()
+            pending = list(self._closing.values())
+            if pending:
+                _, stuck = await asyncio.wait(pending, timeout=timeout)
+                if stuck:
+                    log.warning("%d tablets did not finish their batch within %.0f s "
+                                "(user code still running); leaving them", len(stuck), timeout)
+            self._collect()
         await self.sender.close()
+
+    def stuck(self) -> list[str]:
+        """Tablets that were let go of but whose batch in flight has not finished."""
+        return [f"{c}/{r}" for (c, r), task in self._closing.items() if not task.done()]
 
     # -------------------------------------------------------------- delivery
 

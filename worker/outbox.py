@@ -58,11 +58,24 @@ class Outbox:
             for ts in self._held.pop(receipt):
                 self._held_ts.remove(ts)
 
-    def committed(self) -> None:
-        """A synced commit happened: earlier checkpoint deletes are durable now."""
-        for seq in self._acked_not_durable:
+    def checkpointed(self, productions: list[Production]) -> None:
+        """Productions already sent got checkpoints (weak ones whose ack was slow)."""
+        for p in productions:
+            if p.ckey:
+                self._ckpt_seqs.add(ckey_seq(p.ckey))
+
+    def durable_mark(self) -> int:
+        """Taken just before a commit is written (on the tablet's thread): the checkpoint
+        deletes acknowledged so far, whose unsynced writes that commit makes durable. The
+        event loop writes each delete before it appends here, so every one counted is older
+        than the commit."""
+        return len(self._acked_not_durable)
+
+    def committed(self, mark: int) -> None:
+        """A synced commit happened: the first ``mark`` checkpoint deletes are durable now."""
+        for seq in self._acked_not_durable[:mark]:
             self._ckpt_seqs.remove(seq)
-        self._acked_not_durable.clear()
+        del self._acked_not_durable[:mark]
 
     def resend_floor(self, store_seq: int) -> int:
         oldest = self._ckpt_seqs.min()

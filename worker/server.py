@@ -129,12 +129,13 @@ class MasterSession:
                     pb.HeartbeatRequest(worker_id=self.core.worker_id, tablets=held, report_seq=seq),
                     timeout=self.lease_ms / 2000)
             except grpc.RpcError as e:
+                # No reconcile here: nothing may hold up the next heartbeat. Commits check the
+                # lease themselves, and the reconcile loop closes the tablets (self-fencing).
                 self.masters.follow(e)
                 log.info("heartbeat failed (%s)", e.code().name)
-                if not self.core.lease_valid():
-                    await self.core.reconcile()  # self-fence: close tablets, stop committing
             else:
                 if not resp.known:
+                    metrics.REREGISTERED.inc()
                     log.warning("the master no longer knows worker %s; re-registering",
                                 self.core.worker_id)
                     return

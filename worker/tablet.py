@@ -3,6 +3,12 @@
 The record path (DESIGN.md §4): fence, dedup, user code, one atomic commit,
 acknowledge, then send productions, deleting each checkpoint once its
 receiver acknowledges it.
+
+Two threads share the work (docs/architecture.md, "Liveness"). The worker's event loop
+queues deliveries, takes batches, resolves senders and sends productions; the tablet's
+own thread (worker/runner.py) opens the storage, runs user code and writes each commit.
+A batch is bounded in records and in the time its user code may use; what it did not
+reach stays queued for the next one.
 """
 
 from __future__ import annotations
@@ -13,8 +19,8 @@ import functools
 import json
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from runtime import metrics
@@ -27,8 +33,10 @@ from runtime.topology import dead_letter_stream
 from runtime.wire import millstream_pb2 as pb
 from worker.context import Effects, KeyContext
 from worker.dedup import Collection, DedupFilter, rebuilt
+from worker.inbox import Delivery, Inbox
 from worker.outbox import Outbox
-from worker.progress import TimestampBag
+from worker.runner import TabletThread
+from worker.slowcalls import CallWatch, show_key
 from worker.storage import Commit, Production, TabletStore, Timer, production_key
 from worker.timers import TimerIndex
 
@@ -42,6 +50,20 @@ OK, NOT_OWNER, BUSY = pb.DeliverResponse.OK, pb.DeliverResponse.NOT_OWNER, pb.De
 
 class LeaseExpired(MillstreamError):
     """The worker could not renew its lease: it must stop committing (self-fencing)."""
+
+
+@dataclass
+class Batch:
+    """One batch: what the event loop took for it, and what the tablet's thread did of it."""
+
+    deliveries: list[Delivery]
+    due: list[Timer]
+    commit: Commit
+    limit: int                                             # at most this many records + timers
+    consumed: list[int] = field(default_factory=list)     # records done, per delivery
+    deferred: list[Timer] = field(default_factory=list)   # due timers it did not reach
+    new: int = 0                                           # new (not duplicate) input records
+    durable_acks: int = 0                                  # see Outbox.committed
 
 
 class TabletHost(Protocol):
@@ -59,7 +81,8 @@ class Tablet:
     """Processes batches for one (computation, key range) under one token."""
 
     def __init__(self, host: TabletHost, route: pb.ComputationRoute, key_range: int, token: int,
-                 path: str, now_us: Callable[[], int] = lambda: time.time_ns() // 1000) -> None:
+                 path: str, now_us: Callable[[], int] = lambda: time.time_ns() // 1000,
+                 batch_limit: int | None = None) -> None:
         self.host = host
         self.route = route
         self.computation = route.name
@@ -73,58 +96,93 @@ class Tablet:
         self.sync = route.exactly_once if fsync is None else fsync == "1"
         self.outputs = frozenset([*route.outputs, dead_letter_stream(route.name)])
         self.prefix = producer_prefix(self.name)
-        self.queue: deque[tuple[list[Record], asyncio.Future[int]]] = deque()
-        self.queued_records = 0
-        self._queued_ts = TimestampBag()    # uncommitted input
+        self.inbox = Inbox()                # uncommitted input
         self.outbox = Outbox()
         self.processed = self.late = self.dead_lettered = 0
         self.weak = route.productions == "weak"
         self._weak_wait: tuple[set[int], asyncio.Event] | None = None
+        # Weak productions checkpointed by the commit being written, and those of them
+        # acknowledged before it was: their checkpoints are deleted once it is written.
+        self._unwritten: set[int] = set()
+        self._acked_unwritten: list[bytes] = []
         self._due_now: dict[tuple[bytes, str], Timer] = {}   # timers the current batch fires
         self._cancelled: set[tuple[bytes, str]] = set()     # ... that its records deleted or moved
         self.open = False
         self.closing = False  # refuses new deliveries; set by close() or by a failed batch
+        self.failed = False   # a batch failed: the next copy starts with smaller batches
         self._closed = False
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.timers = TimerIndex()
         self._m = metrics.tablet(self.computation)
+        limits = host.limits
+        self.max_batch = limits.max_batch_records
+        self.batch_limit = max(1, min(batch_limit or self.max_batch, self.max_batch))
+        self.calls = CallWatch(self.name, warn_after=limits.slow_call_s,
+                               on_slow=lambda seconds: self._m.slow_calls.inc())
+        self.thread: TabletThread | None = None
+        self._stopped = False
+
+    @property
+    def queued_records(self) -> int:
+        return self.inbox.records
 
     # ------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        """Open storage (refusing a newer recorded token), rebuild memory, re-send productions."""
-        self.store = await asyncio.to_thread(TabletStore, self.path, self.token, sync=self.sync)
+        """Open storage (refusing a newer recorded token), rebuild memory, re-send productions.
+
+        The work runs on the tablet's thread: rebuilding the dedup filter and loading user
+        code may take long, and user code's ``setup`` may not return at all.
+        """
+        self.thread = TabletThread(self.name)
+        opening = self.thread.run(self._open)
         try:
-            self.dedup = DedupFilter()
-            if self.exactly_once:
-                self.dedup.add_all(self.store.dedup_ids())
-            for t in self.store.timers():
-                self.timers.remember(t)
-            self.collection = Collection(self.store.producer_tokens())
-            cls = load(self.route.code, f"code of computation {self.computation!r}")
-            comp = cls()
-            if not isinstance(comp, Computation):
-                raise MillstreamError(f"{self.route.code!r} is not a Computation subclass")
-            comp.setup({k: v for k, v in self.route.params.items() if not k.startswith("millstream.")})
-            restore = getattr(comp, "restore", None)
-            if restore is not None:
-                restore(self.name, self.store.sink_meta())
-            self.comp = comp
+            pending = await asyncio.shield(opening)
         except BaseException:
-            self.store.close()
+            self._stop_thread()  # closes the storage once (if ever) the opening finishes
             raise
         self.ctx = KeyContext(self.outputs, self._read_state,
                               lambda: self.host.watermark(self.computation), self.now_us)
-        pending = self.store.productions()
         self.open = True
         if pending:
             log.info("tablet %s re-sends %d checkpointed productions", self.name, len(pending))
             self._sent(pending)
         self._task = asyncio.create_task(self._run(), name=f"tablet {self.name}")
 
+    def _open(self) -> list[Production]:
+        """On the tablet's thread: storage, memory and user code; the productions to re-send."""
+        store = TabletStore(self.path, self.token, sync=self.sync)
+        try:
+            self.dedup = DedupFilter()
+            if self.exactly_once:
+                self.dedup.add_all(store.dedup_ids())
+            for t in store.timers():
+                self.timers.remember(t)
+            self.collection = Collection(store.producer_tokens())
+            cls = load(self.route.code, f"code of computation {self.computation!r}")
+            if not (isinstance(cls, type) and issubclass(cls, Computation)):
+                raise MillstreamError(f"{self.route.code!r} is not a Computation subclass")
+            comp = cls()
+            comp.setup({k: v for k, v in self.route.params.items() if not k.startswith("millstream.")})
+            restore = getattr(comp, "restore", None)
+            if restore is not None:
+                restore(self.name, store.sink_meta())
+            self.comp = comp
+            pending = store.productions()
+        except BaseException:
+            store.close()
+            raise
+        self.store = store
+        return pending
+
     async def close(self) -> None:
-        """Finish the batch in flight, refuse the rest (senders retry elsewhere), close storage."""
+        """Finish the batch in flight, refuse the rest (senders retry elsewhere), close storage.
+
+        The storage (and its lock, which the next owner waits for) is closed on the tablet's
+        thread after whatever runs there now: never under a batch in flight, whenever the
+        caller stops waiting.
+        """
         if self._closed:
             return
         self._closed = True
@@ -134,23 +192,30 @@ class Tablet:
             if self._task is not None:
                 # Shielded: a cancelled caller must not cut the batch in flight short.
                 await asyncio.shield(asyncio.gather(self._task, return_exceptions=True))
+            self.inbox.refuse_all()
+            if self.thread is not None and not self._stopped:
+                await asyncio.shield(self._stop_thread())
         finally:
-            # Batches run between awaits, so none is half-done here; the storage (and its
-            # lock, which the next owner waits for) is released whatever happens.
-            self._refuse_queued()
-            if self.open:
-                self.open = False
-                self.store.close()
+            self.inbox.refuse_all()
+            self._stop_thread()
             log.info("tablet %s closed (token %d)", self.name, self.token)
 
-    def _refuse_queued(self) -> None:
-        while self.queue:
-            records, fut = self.queue.popleft()
-            for r in records:
-                self._queued_ts.remove(r.timestamp)
-            if not fut.done():
-                fut.set_result(NOT_OWNER)
-        self.queued_records = 0
+    def _stop_thread(self) -> asyncio.Future[None]:
+        """Queue the storage's close on the tablet's thread, then let the thread end."""
+        if self.thread is None or self._stopped:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            fut.set_result(None)
+            return fut
+        self._stopped = True
+        self.open = False
+        done = self.thread.run(self._close_store)
+        self.thread.stop()
+        return done
+
+    def _close_store(self) -> None:
+        store = getattr(self, "store", None)
+        if store is not None:
+            store.close()
 
     # -------------------------------------------------------------- delivery
 
@@ -170,14 +235,11 @@ class Tablet:
                         self.name, newer)
             return NOT_OWNER
         limits = self.host.limits
-        if self.queued_records >= limits.max_queued_records or self.outbox.unacked >= limits.max_unacked:
+        if self.inbox.records >= limits.max_queued_records or self.outbox.unacked >= limits.max_unacked:
             self._m.busy.inc()
             return BUSY
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self.queue.append((records, fut))
-        self.queued_records += len(records)
-        for r in records:
-            self._queued_ts.add(r.timestamp)
+        self.inbox.put(records, fut)
         self._wake.set()
         return await fut
 
@@ -192,14 +254,28 @@ class Tablet:
         """The lowest sequence this tablet may still resend (ids below it are never sent again)."""
         return self.outbox.resend_floor(self.store.seq)
 
-    def _after_commit(self, commit: Commit) -> None:
-        """Bookkeeping that the commit made durable: checkpoint deletes, dedup GC."""
-        self.outbox.committed()
+    def _after_commit(self, batch: Batch) -> None:
+        """On the loop, once the batch is durable: memory follows the commit, senders of the
+        finished deliveries hear OK, what the batch did not reach goes back in the queue."""
+        commit = batch.commit
+        self._unwritten = set()
+        if self._acked_unwritten:  # acknowledged while their checkpoints were being written
+            self.store.delete_productions(self._acked_unwritten)
+            self._acked_unwritten = []
+        self.outbox.committed(batch.durable_acks)
         self.collection.committed(commit.dedup_gc)
-        if self.exactly_once and self.dedup.needs_rebuild():
-            self.dedup = rebuilt(self.dedup.capacity, self.store.dedup_ids())
-            log.info("tablet %s: rebuilt its dedup filter (%d generations)", self.name,
-                     self.dedup.generations)
+        self._m.records.inc(batch.new)
+        self.processed += batch.new
+        for t in commit.timers_deleted.values():
+            self.timers.forget(t)
+        for t in commit.timers_set.values():
+            self.timers.remember(t)
+        for t in batch.deferred:
+            self.timers.remember(t)
+        self.inbox.committed(batch.deliveries, batch.consumed)
+        if batch.deferred or (batch.deliveries and self.inbox):
+            self._wake.set()
+        self.batch_limit = min(self.max_batch, self.batch_limit * 2)  # grow back after a failure
 
     def acked(self, productions: list[Production], receipt: tuple[str, int] | None = None) -> None:
         """The receiver committed these productions: forget their checkpoints.
@@ -215,18 +291,19 @@ class Tablet:
             if not waiting:
                 done.set()
         self._m.sent.inc(len(productions))
-        self.outbox.acked(productions, receipt)
         if self.open and not self.closing:
-            keys = [p.ckey for p in productions if p.ckey]
-            if keys:
+            keys = [p.ckey for p in productions if p.ckey and id(p) not in self._unwritten]
+            self._acked_unwritten += [p.ckey for p in productions if p.ckey and id(p) in self._unwritten]
+            if keys:  # deleted before the outbox hears of it: see Outbox.committed
                 self.store.delete_productions(keys)
+        self.outbox.acked(productions, receipt)
 
     # ------------------------------------------------------------ processing
 
     async def _run(self) -> None:
         while not self.closing:
             delay = self._next_wall_timer_delay()
-            if not self.queue and not self._due_event_timers():
+            if not self.inbox and not self._due_event_timers():
                 try:
                     await asyncio.wait_for(self._wake.wait(), delay)
                 except TimeoutError:
@@ -239,65 +316,84 @@ class Tablet:
             except LeaseExpired:
                 log.error("tablet %s: lease expired, refusing to commit", self.name)
                 self._m.fenced.inc()
-                self.closing = True
-                self._refuse_queued()
+                self.failed = self.closing = True
                 break
             except Exception:
                 # Memory may no longer match disk: close; the worker reopens from disk.
-                log.exception("tablet %s: batch failed; reopening from storage", self.name)
-                self.closing = True
-                self._refuse_queued()
+                log.exception("tablet %s: batch failed; reopening from storage with batches of "
+                              "at most %d records", self.name, max(1, self.batch_limit // 2))
+                self.failed = self.closing = True
                 break
             else:
                 await asyncio.sleep(0)  # let deliveries and acks in between batches
-
-    def _take(self) -> list[tuple[list[Record], asyncio.Future[int]]]:
-        items = []
-        n = 0
-        limit = self.host.limits.max_batch_records
-        while self.queue and (n == 0 or n + len(self.queue[0][0]) <= limit):
-            records, fut = self.queue.popleft()
-            n += len(records)
-            items.append((records, fut))
-        self.queued_records -= n
-        return items
+        self.inbox.refuse_all()
 
     async def _process_once(self) -> None:
-        items = self._take()
-        due = self.timers.pop_due(self.now_us(), self.host.watermark(self.computation))
+        assert self.thread is not None
+        limit = self.batch_limit
+        items = self.inbox.take(limit)
+        due = self.timers.pop_due(self.now_us(), self.host.watermark(self.computation), limit)
         if not items and not due:
             return
-        self._due_now = {(t.key, t.tag): t for t in due}
-        self._cancelled = set()
         for t in due:
-            self._queued_ts.add(t.time)  # a timer being fired still holds the watermark
-        try:
-            await self._process(items, due)
-        except BaseException:
-            # Nothing of this batch committed: its senders must retry (here or elsewhere).
-            for _, fut in items:
-                if not fut.done():
-                    fut.set_result(NOT_OWNER)
-            raise
-        finally:
-            # The batch's input held the watermark until it committed (or failed).
-            for records, _ in items:
-                for r in records:
-                    self._queued_ts.remove(r.timestamp)
-            for t in due:
-                self._queued_ts.remove(t.time)
-            self._due_now = {}
-
-    async def _process(self, items: list[tuple[list[Record], asyncio.Future[int]]], due: list[Timer]) -> None:
+            self.inbox.hold(t.time)  # a timer being fired still holds the watermark
         commit = Commit(seq=self.store.seq)
-        self._commit = commit
         if self.exactly_once:
             commit.dedup_gc, commit.producer_tokens = self.collection.plan()
+        batch = Batch(items, due, commit, limit)
+        started = time.perf_counter()
+        weak_sent = False
+        try:
+            if self.weak:
+                await self.thread.run(self._compute, batch)
+                if commit.productions:
+                    weak_sent = True
+                    await self._send_weak(commit)
+                await self.thread.run(self._write, batch)
+            else:
+                await self.thread.run(self._compute_and_write, batch)
+        except BaseException:
+            self.inbox.failed(items)  # nothing of it committed: its senders retry
+            self._unwritten, self._acked_unwritten = set(), []
+            raise
+        finally:
+            for t in due:
+                self.inbox.unhold(t.time)
+        self._m.batch_seconds.observe(time.perf_counter() - started)
+        self._after_commit(batch)
+        if commit.productions and not weak_sent:
+            self._sent(commit.productions)
+
+    # ------------------------------------------------ on the tablet's thread
+
+    def _compute_and_write(self, batch: Batch) -> None:
+        self._compute(batch)
+        self._write(batch)
+
+    def _compute(self, batch: Batch) -> None:
+        """Dedup and user code for the batch's records, then its due timers, until the batch
+        has done ``limit`` of them or its user code has used the time budget."""
+        commit = batch.commit
+        self._commit = commit
+        self._due_now = {(t.key, t.tag): t for t in batch.due}
+        self._cancelled = set()
+        budget = self.host.limits.batch_budget_ms / 1000
+        clock = time.perf_counter
+        started = clock()
+        work = 0
+        stop = False
         seen: set[bytes] = set()
-        n_new = 0
         wm = self.host.watermark(self.computation)
-        for records, _ in items:
-            for r in records:
+        for d in batch.deliveries:
+            i = d.done
+            records = d.records
+            while i < len(records):
+                if work >= batch.limit or (work and clock() - started >= budget):
+                    stop = True
+                    break
+                r = records[i]
+                i += 1
+                work += 1
                 if self.exactly_once:
                     if r.id in seen or (self.dedup.may_contain(r.id) and self.store.has_id(r.id)):
                         self._m.duplicates.inc()
@@ -309,11 +405,19 @@ class Tablet:
                     self._m.late.inc()
                     if self.route.late_records == "drop":
                         continue
-                n_new += 1
+                batch.new += 1
                 self._run_user(commit, r.key, r.timestamp, r.value, r.id,
                                functools.partial(self._record_fn, r))
-        for t in due:
+            batch.consumed.append(i - d.done)
+            if stop:
+                break
+        for t in batch.due:
             k = (t.key, t.tag)
+            if stop or work >= batch.limit or (work and clock() - started >= budget):
+                stop = True
+                self._defer(batch, t)
+                continue
+            work += 1
             commit.timers_deleted[k] = t  # its index entry goes, whatever happens next
             if k in self._cancelled:
                 continue  # a record of this batch deleted or moved it: it does not fire
@@ -321,31 +425,38 @@ class Tablet:
                 del commit.timers_set[k]  # set again earlier in this batch, unchanged: it fires now
             source = derived_id(b"timer", t.key, t.tag.encode(), t.time.to_bytes(8, "big", signed=True))
             self._run_user(commit, t.key, t.time, b"", source, functools.partial(self._timer_fn, t))
-        weak_sent = self.weak and bool(commit.productions)
-        if weak_sent:
-            await self._send_weak(commit)
+
+    def _defer(self, batch: Batch, t: Timer) -> None:
+        """A due timer the batch did not reach: it stays pending (unless a record of the
+        batch deleted or moved it, which the commit then makes durable)."""
+        k = (t.key, t.tag)
+        if k in self._cancelled:
+            batch.commit.timers_deleted[k] = t
+            return
+        if batch.commit.timers_set.get(k) == t:
+            del batch.commit.timers_set[k]  # set again unchanged: it is still on disk as it was
+        batch.deferred.append(t)
+
+    def _write(self, batch: Batch) -> None:
+        """The batch's one atomic commit (after the sink's hook), then the dedup filter."""
+        commit = batch.commit
         prepare = getattr(self.comp, "prepare_commit", None)
         if prepare is not None:
             commit.sink = prepare()
         if not self.host.lease_valid():
             raise LeaseExpired(f"tablet {self.name}")
+        batch.durable_acks = self.outbox.durable_mark()
         t0 = time.perf_counter()
         self.store.commit(commit)
         self._m.commit_seconds.observe(time.perf_counter() - t0)
-        self._after_commit(commit)
-        self._m.records.inc(n_new)
-        self.processed += n_new
         if self.exactly_once:
             self.dedup.add_all(commit.ids)
-        for t in commit.timers_deleted.values():
-            self.timers.forget(t)
-        for t in commit.timers_set.values():
-            self.timers.remember(t)
-        for _, fut in items:
-            if not fut.done():
-                fut.set_result(OK)
-        if commit.productions and not weak_sent:
-            self._sent(commit.productions)
+            if self.dedup.needs_rebuild():
+                self.dedup = rebuilt(self.dedup.capacity, self.store.dedup_ids())
+                log.info("tablet %s: rebuilt its dedup filter (%d generations)", self.name,
+                         self.dedup.generations)
+
+    # ------------------------------------------------------------ event loop
 
     async def _send_weak(self, commit: Commit) -> None:
         """Weak productions: send before the commit; checkpoint only those not acknowledged
@@ -365,6 +476,8 @@ class Tablet:
         for p in slow:  # still in the sender's queue: checkpoint them with this commit
             commit.seq += 1
             p.ckey = production_key(commit.seq, p.computation, p.key_range)
+        self.outbox.checkpointed(slow)
+        self._unwritten = {id(p) for p in slow}
         commit.productions = slow
 
     def _record_fn(self, record: Record, ctx: KeyContext) -> None:
@@ -384,22 +497,27 @@ class Tablet:
         """Run user code for one record or timer, retrying, then dead-lettering it."""
         attempts = self.host.limits.max_attempts
         error: BaseException | None = None
+        calls = self.calls
+        user_seconds = self._m.user_seconds
         for _ in range(attempts):
             eff = Effects()
             self.ctx.bind(key, ts, eff)
+            calls.begin(key)
             try:
                 fn(self.ctx)
                 routed = self._route(eff)  # key extractors are user code too
-            except Exception as e:  # user code: anything may happen
+            except BaseException as e:  # user code: anything may happen, sys.exit() included
                 error = e
                 continue
+            finally:
+                user_seconds.observe(calls.end())
             self._merge(commit, eff, routed, source_id)
             return
         assert error is not None
         self.dead_lettered += 1
         self._m.dead_lettered.inc()
         log.warning("tablet %s: dead-lettering a record of key %r after %d failures: %r",
-                    self.name, key, attempts, error)
+                    self.name, show_key(key), attempts, error)
         doc = {"error": f"{type(error).__name__}: {error}", "computation": self.computation,
                "value": base64.b64encode(value).decode()}
         eff = Effects()
@@ -476,7 +594,7 @@ class Tablet:
         """Oldest timestamp of uncommitted input, unacknowledged productions and pending
         event-time timers (``None``: nothing pending). Batches run between awaits, so no
         record is half-processed when this is read."""
-        candidates = [t for t in (self._queued_ts.min(), self.outbox.oldest()) if t is not None]
+        candidates = [t for t in (self.inbox.oldest(), self.outbox.oldest()) if t is not None]
         t = self.timers.peek(TimeDomain.EVENT_TIME)
         if t is not None:
             candidates.append(t.time)
@@ -484,11 +602,13 @@ class Tablet:
 
     def progress(self) -> pb.HeldTablet:
         oldest = self.oldest_work()
+        self.calls.check()
         return pb.HeldTablet(
             computation=self.computation, key_range=self.key_range, token=self.token,
             has_work=oldest is not None, oldest_work=oldest or 0, processed=self.processed,
-            late=self.late, dead_lettered=self.dead_lettered, backlog=self.queued_records,
-            watermark=self.host.watermark(self.computation))
+            late=self.late, dead_lettered=self.dead_lettered, backlog=self.inbox.records,
+            watermark=self.host.watermark(self.computation),
+            slow=[pb.SlowCall(key=k, seconds=sec, running=run) for k, sec, run in self.calls.snapshot()])
 
     def watermark_advanced(self) -> None:
         """Wake the run loop if an event-time timer may now be due."""

@@ -104,7 +104,7 @@ class RegisterWorkerResponse(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class HeldTablet(_message.Message):
-    __slots__ = ("computation", "key_range", "token", "has_work", "oldest_work", "processed", "late", "dead_lettered", "backlog", "watermark")
+    __slots__ = ("computation", "key_range", "token", "has_work", "oldest_work", "processed", "late", "dead_lettered", "backlog", "watermark", "slow")
     COMPUTATION_FIELD_NUMBER: _ClassVar[int]
     KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +115,7 @@ class HeldTablet(_message.Message):
     DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
     BACKLOG_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    SLOW_FIELD_NUMBER: _ClassVar[int]
     computation: str
     key_range: int
     token: int
@@ -125,7 +126,18 @@ class HeldTablet(_message.Message):
     dead_lettered: int
     backlog: int
     watermark: int
-    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., has_work: _Optional[bool] = ..., oldest_work: _Optional[int] = ..., processed: _Optional[int] = ..., late: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., backlog: _Optional[int] = ..., watermark: _Optional[int] = ...) -> None: ...
+    slow: _containers.RepeatedCompositeFieldContainer[SlowCall]
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., has_work: _Optional[bool] = ..., oldest_work: _Optional[int] = ..., processed: _Optional[int] = ..., late: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., backlog: _Optional[int] = ..., watermark: _Optional[int] = ..., slow: _Optional[_Iterable[_Union[SlowCall, _Mapping]]] = ...) -> None: ...
+
+class SlowCall(_message.Message):
+    __slots__ = ("key", "seconds", "running")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    seconds: float
+    running: bool
+    def __init__(self, key: _Optional[bytes] = ..., seconds: _Optional[float] = ..., running: _Optional[bool] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
     __slots__ = ("worker_id",)

@@ -69,9 +69,7 @@ def _queue(core: WorkerCore, tablet_key: tuple[str, int], record: Record) -> asy
     it awaits), so a test controls exactly what the next batch holds."""
     tablet = core.tablets[tablet_key]
     fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    tablet.queue.append(([record], fut))
-    tablet.queued_records += 1
-    tablet._queued_ts.add(record.timestamp)
+    tablet.inbox.put([record], fut)
     tablet._wake.set()
     return fut
 
