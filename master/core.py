@@ -21,6 +21,7 @@ from master.store import EtcdStore
 from master.watermarks import END_OF_TIME, MIN, Settler, TabletReport, Watermark, compute, publish
 from runtime import metrics
 from runtime.errors import MillstreamError, TopologyError
+from runtime.status import show_key
 from runtime.topology import Topology, validate_against
 from runtime.wire import millstream_pb2 as pb
 
@@ -74,6 +75,10 @@ class MasterCore:
         self._backlog: dict[TabletKey, int] = {}
         self._seen: dict[TabletKey, int] = {}
         self.stale_reports = 0
+        self._slow: dict[TabletKey, tuple[float, list[tuple[bytes, float, bool]]]] = {}
+        # Liveness counters since this master began leading (docs/operations.md): on a
+        # healthy cluster, however busy, only joins move tablets and nothing expires.
+        self.liveness = {"registrations": 0, "lease_expiries": 0, "tablet_moves": 0}
         self._changed = asyncio.Condition()
         self._lock = asyncio.Lock()
 
@@ -140,7 +145,8 @@ class MasterCore:
             await self._io(self.store.put_worker, worker_id, address)
             self.workers[worker_id] = address
             self.last_seen[worker_id] = self.now_ms()
-            await self._rebalance()
+            self.liveness["registrations"] += 1
+            await self._rebalance("join")
         log.info("worker %s joined at %s", worker_id, address)
         return worker_id
 
@@ -153,7 +159,7 @@ class MasterCore:
             await self._io(self.store.delete_worker, worker_id)
             self.workers.pop(worker_id, None)
             self.last_seen.pop(worker_id, None)
-            await self._rebalance()
+            await self._rebalance("leave")
 
     def heartbeat(self, worker_id: str, held: Sequence[pb.HeldTablet] = (), report_seq: int = 0) -> dict[str, int]:
         """Renew a worker's lease and take its tablets' progress; returns the watermarks."""
@@ -179,10 +185,14 @@ class MasterCore:
                 last = (0, 0, 0)
             self._last_counts[key] = (h.token, counts)
             totals = self.counters.setdefault(h.computation, {})
-            for name, now, before in zip(("processed", "late", "dead_lettered"), counts, last, strict=True):
-                totals[name] = totals.get(name, 0) + max(0, now - before)
+            for name, count, before in zip(("processed", "late", "dead_lettered"), counts, last, strict=True):
+                totals[name] = totals.get(name, 0) + max(0, count - before)
             self._backlog[key] = h.backlog
             self._seen[key] = h.watermark
+            if h.slow:
+                self._slow[key] = (now, [(c.key, c.seconds, c.running) for c in h.slow])
+            else:
+                self._slow.pop(key, None)
         return self.published
 
     def reported(self) -> dict[str, int]:
@@ -262,6 +272,7 @@ class MasterCore:
             new = {key: Ownership(target, old.token + 1)}
             await self._io(self.store.put_tablets, new)
             self.tablets.update(new)
+            self._count_moves(1, "move")
             await self._bump()
             log.info("moved tablet %s/%d to %s (token %d)", computation, key_range, target, old.token + 1)
             return old.token + 1
@@ -280,16 +291,23 @@ class MasterCore:
                 await self._io(self.store.delete_worker, w)
                 self.workers.pop(w, None)
                 self.last_seen.pop(w, None)
-            await self._rebalance()
+                self.liveness["lease_expiries"] += 1
+                metrics.WORKER_EXPIRIES.inc()
+            await self._rebalance("expiry")
 
-    async def _rebalance(self) -> None:
+    async def _rebalance(self, reason: str) -> None:
         placed = place(self.tablets, self.tablets, self._live())
         moved = {k: v for k, v in placed.items() if self.tablets.get(k) != v}
         if moved:
             await self._io(self.store.put_tablets, moved)
             self.tablets.update(moved)
-            log.info("moved %d tablets", len(moved))
+            self._count_moves(len(moved), reason)
+            log.info("moved %d tablets (%s)", len(moved), reason)
         await self._bump()
+
+    def _count_moves(self, n: int, reason: str) -> None:
+        self.liveness["tablet_moves"] += n
+        metrics.TABLET_MOVES.labels(reason).inc(n)
 
     # --------------------------------------------------------------- routing
 
@@ -343,6 +361,16 @@ class MasterCore:
 
     # ---------------------------------------------------------------- status
 
+    def _slowest(self, computation: str, n: int = 5) -> list[dict[str, Any]]:
+        """The slowest recent calls of user code of a computation, running ones first."""
+        now = self.now_ms()
+        fresh = self.config.report_timeout_ms * 4  # a tablet that stopped reporting shows nothing
+        calls = [(running, seconds, r, key) for (c, r), (at, slow) in self._slow.items()
+                 if c == computation and now - at <= fresh for key, seconds, running in slow]
+        calls.sort(reverse=True)
+        return [{"key": show_key(key), "key_range": r, "seconds": round(seconds, 3), "running": running}
+                for running, seconds, r, key in calls[:n]]
+
     def status(self, wall_us: int | None = None) -> dict[str, Any]:
         now = self.now_ms()
         wall_us = wall_us if wall_us is not None else int(time.time() * 1_000_000)
@@ -364,12 +392,14 @@ class MasterCore:
                     # the lowest watermark any of its tablets acts on (workers learn it ~50 ms later)
                     "watermark_seen": min((self._seen.get((c, r), MIN) for r in range(t.computations[c].key_ranges)),
                                           default=MIN),
+                    "slow_keys": self._slowest(c),
                 }
         counts: dict[str, int] = {}
         for own in self.tablets.values():
             counts[own.worker] = counts.get(own.worker, 0) + 1
         return {
             "computations": computations,
+            "liveness": dict(self.liveness),
             "injectors": [{"name": n, "stream": s, "watermark": w}
                           for n, (s, w) in sorted(self.injectors.items())],
             "stale_reports": self.stale_reports,

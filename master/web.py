@@ -29,6 +29,8 @@ PAGE = """<!doctype html>
 <div id="leader"></div>
 <h2>Graph</h2><table id="graph"></table>
 <h2>Computations</h2><table id="comps"></table>
+<h2>Slow keys</h2><p>The slowest recent calls of user code (one record or timer) per computation;
+a running call holds up its key range only.</p><table id="slow"></table>
 <h2>Injectors</h2><table id="injs"></table>
 <h2>Workers</h2><table id="workers"></table>
 <h2>Tablets</h2><table id="tablets"></table>
@@ -41,24 +43,34 @@ function t(us){ if(us===null) return "-"; const b = BigInt(us);
 function lag(ms){ if(ms===null) return "-"; const a = Math.abs(ms);
   if(a < 10000) return ms+" ms"; if(a < 3600e3) return (ms/1e3).toFixed(1)+" s";
   if(a < 86400e3) return (ms/3600e3).toFixed(1)+" h"; return (ms/86400e3).toFixed(1)+" days"; }
-function row(cells, head){ return "<tr>"+cells.map(c=>head?`<th>${c}</th>`:`<td>${c}</td>`).join("")+"</tr>"; }
+// Every value from the cluster is text: escaped, never markup. Only {html: ...} cells built
+// here from constant markup are inserted as HTML.
+function esc(v){ return String(v).replace(/[&<>"']/g, c => ({"&":"&amp;","<":"&lt;",">":"&gt;",'"':"&quot;","'":"&#39;"})[c]); }
+function cell(c){ return (c !== null && typeof c === "object" && "html" in c) ? c.html : esc(c); }
+function row(cells, head){ return "<tr>"+cells.map(c=>head?`<th>${cell(c)}</th>`:`<td>${cell(c)}</td>`).join("")+"</tr>"; }
 function table(id, head, rows){ document.getElementById(id).innerHTML = row(head,true)+rows.map(r=>row(r)).join(""); }
 async function refresh(){
   let s; try { s = await (await fetch("status.json")).json(); } catch(e) { return; }
-  if(s.error){ document.getElementById("leader").innerHTML = `<p class="warn">${s.error}</p>`; return; }
+  if(s.error){ document.getElementById("leader").innerHTML = `<p class="warn">${esc(s.error)}</p>`; return; }
   const now = Date.now();
-  document.getElementById("leader").innerHTML = `leader <code>${s.masters.leader}</code> of ${s.masters.all.join(", ")}`;
+  document.getElementById("leader").innerHTML = `leader <code>${esc(s.masters.leader)}</code> of ${esc(s.masters.all.join(", "))}`;
   const edges = [];
   for (const [tn, topo] of Object.entries(s.topologies))
     for (const [c, spec] of Object.entries(topo.computations))
-      edges.push([tn, Object.keys(spec.inputs).join(", "), `<b>${c}</b>`, spec.outputs.join(", ") || "-", spec.key_ranges]);
+      edges.push([tn, Object.keys(spec.inputs).join(", "), {html: `<b>${esc(c)}</b>`}, spec.outputs.join(", ") || "-", spec.key_ranges]);
   table("graph", ["topology","reads","computation","writes","key ranges"], edges);
   table("comps", ["computation","low watermark","lag","held by","records/s","processed","late","dead-lettered","backlog"],
     Object.entries(s.computations).map(([c, v]) => {
       const prev = last && last.s.computations[c];
       const rate = prev ? ((v.processed - prev.processed) * 1000 / (now - last.at)).toFixed(0) : "-";
-      return [c, t(v.low_watermark), lag(v.lag_ms), v.held_by, `<span class=num>${rate}</span>`,
+      return [c, t(v.low_watermark), lag(v.lag_ms), v.held_by, {html: `<span class=num>${esc(rate)}</span>`},
               v.processed, v.late, v.dead_lettered, v.backlog]; }));
+  const slow = [];
+  for (const [c, v] of Object.entries(s.computations))
+    for (const k of (v.slow_keys || []))
+      slow.push([c, k.key, k.key_range, k.running ? {html: `<span class=warn>running for ${esc(k.seconds.toFixed(3))} s</span>`}
+                                                 : `${k.seconds.toFixed(3)} s`]);
+  table("slow", ["computation","key","key range","user code"], slow);
   table("injs", ["injector","stream","watermark"], s.injectors.map(i => [i.name, i.stream, t(i.watermark)]));
   table("workers", ["id","address","tablets","last heartbeat"], s.workers.map(w => [w.id, w.address, w.tablets, w.last_heartbeat_ms_ago+" ms ago"]));
   table("tablets", ["tablet","worker","address","token"], s.tablets.map(x => [`${x.computation}/${x.key_range}`, x.worker||"-", x.address||"-", x.token]));

@@ -8,6 +8,12 @@ from typing import Any
 _MIN, _END = -(1 << 63), (1 << 63) - 1
 
 
+def show_key(key: bytes, limit: int = 64) -> str:
+    """A key for people: text where it is text, escapes elsewhere, cut at ``limit`` chars."""
+    text = key.decode("utf-8", "backslashreplace")
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def _lag(ms: int | None) -> str:
     if ms is None:
         return "-"
@@ -37,6 +43,10 @@ def render(doc: dict[str, Any]) -> str:
     for w in doc["workers"]:
         lines.append(f"  {w['id']}  {w['address']:<22} tablets={w['tablets']:<4} "
                      f"heartbeat {w['last_heartbeat_ms_ago']} ms ago")
+    live = doc.get("liveness")
+    if live:
+        lines.append(f"  since this leader: {live['registrations']} registrations, "
+                     f"{live['lease_expiries']} lease expiries, {live['tablet_moves']} tablet moves")
     lines += ["", "topologies:"]
     for name, t in doc["topologies"].items():
         lines.append(f"  {name}")
@@ -53,6 +63,10 @@ def render(doc: dict[str, Any]) -> str:
                          f"held by {c['held_by'] or '-'}")
             lines.append(f"  {'':<20} processed={c['processed']} late={c['late']} "
                          f"dead-lettered={c['dead_lettered']} backlog={c['backlog']}")
+            for k in c.get("slow_keys", []):
+                what = "RUNNING for" if k["running"] else "took"
+                lines.append(f"  {'':<20} slow key {k['key']!r} (range {k['key_range']}): "
+                             f"{what} {k['seconds']:.3f} s")
     if doc.get("injectors"):
         lines += ["", "injectors:"]
         for i in doc["injectors"]:

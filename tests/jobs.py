@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import time
+
 from runtime import Computation, Context, Record, Topology
 
 
@@ -23,3 +26,25 @@ def bad_code() -> Topology:
 
 
 BAD_CODE = bad_code()
+
+
+class NaiveCollector(Computation):
+    """Keeps, per key, the JSON list of every value it received and re-writes it on every
+    record (a common, if naive, pattern: its cost per record grows with the key's state).
+    Emits ``b"<list length> <sum>"``."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        seen = json.loads(ctx.state.get() or b"[]")
+        seen.append(int(record.value))
+        ctx.state.set(json.dumps(seen).encode())
+        ctx.produce("collected", b"%d %d" % (len(seen), sum(seen)))
+
+
+class Sleepy(Computation):
+    """Echoes every value to "echoed"; a value b"sleep <seconds>" sleeps that long first (an
+    external call that takes long)."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        if record.value.startswith(b"sleep "):
+            time.sleep(float(record.value.split()[1]))
+        ctx.produce("echoed", record.value)

@@ -15,15 +15,11 @@ import threading
 import time
 from collections.abc import Callable
 
+from runtime.status import show_key
+
 log = logging.getLogger(__name__)
 
 SlowCall = tuple[bytes, float, bool]  # (key, seconds, still running)
-
-
-def show_key(key: bytes, limit: int = 64) -> str:
-    """A key for people: text where it is text, escapes elsewhere, cut at ``limit`` chars."""
-    text = key.decode("utf-8", "backslashreplace")
-    return text if len(text) <= limit else text[:limit] + "…"
 
 
 class CallWatch:

@@ -29,6 +29,7 @@ from runtime.errors import MillstreamError
 from runtime.imports import load
 from runtime.record import Record, derived_id, producer_prefix, sequence_id
 from runtime.routing import RoutingTable
+from runtime.status import show_key
 from runtime.topology import dead_letter_stream
 from runtime.wire import millstream_pb2 as pb
 from worker.context import Effects, KeyContext
@@ -36,7 +37,7 @@ from worker.dedup import Collection, DedupFilter, rebuilt
 from worker.inbox import Delivery, Inbox
 from worker.outbox import Outbox
 from worker.runner import TabletThread
-from worker.slowcalls import CallWatch, show_key
+from worker.slowcalls import CallWatch
 from worker.storage import Commit, Production, TabletStore, Timer, production_key
 from worker.timers import TimerIndex
 
