@@ -14,7 +14,6 @@ import random
 import threading
 
 from bench.generator import SECOND_US, window_of
-from examples import wordcount
 from injectors import Injector
 from runtime import Topology
 from runtime.demo import oracle
@@ -151,7 +150,7 @@ def test_a_burst_of_event_time_timers_is_fired_exactly_and_keeps_the_lease(tmp_p
         rng = random.Random(9)
         expected: collections.Counter[tuple[str, int]] = collections.Counter()
         with Injector(c.masters_arg, "events", "burst") as inj:
-            for i in range(200_000):
+            for _ in range(200_000):
                 key = f"user{rng.randrange(2000)}"
                 ts = BASE_TS + rng.randrange(50 * SECOND_US)
                 expected[(key, window_of(ts))] += 1
