@@ -14,31 +14,26 @@ reach stays queued for the next one.
 from __future__ import annotations
 
 import asyncio
-import base64
-import functools
-import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from runtime import metrics
 from runtime.computation import Computation, TimeDomain
 from runtime.errors import MillstreamError
 from runtime.imports import load
-from runtime.record import Record, derived_id, producer_prefix, sequence_id
+from runtime.record import Record, producer_prefix
 from runtime.routing import RoutingTable
-from runtime.status import show_key
 from runtime.topology import dead_letter_stream
 from runtime.wire import millstream_pb2 as pb
-from worker.context import Effects, KeyContext
-from worker.dedup import Collection, DedupFilter, rebuilt
-from worker.inbox import Delivery, Inbox
+from worker.batch import Batch, BatchProcessor, LeaseExpired
+from worker.dedup import Collection, DedupFilter
+from worker.inbox import Inbox
 from worker.outbox import Outbox
 from worker.runner import TabletThread
 from worker.slowcalls import CallWatch
-from worker.storage import Commit, Production, TabletStore, Timer, production_key
+from worker.storage import Commit, Production, TabletStore, production_key
 from worker.timers import TimerIndex
 
 if TYPE_CHECKING:
@@ -47,24 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OK, NOT_OWNER, BUSY = pb.DeliverResponse.OK, pb.DeliverResponse.NOT_OWNER, pb.DeliverResponse.BUSY
-
-
-class LeaseExpired(MillstreamError):
-    """The worker could not renew its lease: it must stop committing (self-fencing)."""
-
-
-@dataclass
-class Batch:
-    """One batch: what the event loop took for it, and what the tablet's thread did of it."""
-
-    deliveries: list[Delivery]
-    due: list[Timer]
-    commit: Commit
-    limit: int                                             # at most this many records + timers
-    consumed: list[int] = field(default_factory=list)     # records done, per delivery
-    deferred: list[Timer] = field(default_factory=list)   # due timers it did not reach
-    new: int = 0                                           # new (not duplicate) input records
-    durable_acks: int = 0                                  # see Outbox.committed
 
 
 class TabletHost(Protocol):
@@ -99,15 +76,13 @@ class Tablet:
         self.prefix = producer_prefix(self.name)
         self.inbox = Inbox()                # uncommitted input
         self.outbox = Outbox()
-        self.processed = self.late = self.dead_lettered = 0
+        self.processed = 0
         self.weak = route.productions == "weak"
         self._weak_wait: tuple[set[int], asyncio.Event] | None = None
         # Weak productions checkpointed by the commit being written, and those of them
         # acknowledged before it was: their checkpoints are deleted once it is written.
         self._unwritten: set[int] = set()
         self._acked_unwritten: list[bytes] = []
-        self._due_now: dict[tuple[bytes, str], Timer] = {}   # timers the current batch fires
-        self._cancelled: set[tuple[bytes, str]] = set()     # ... that its records deleted or moved
         self.open = False
         self.closing = False  # refuses new deliveries; set by close() or by a failed batch
         self.failed = False   # a batch failed: the next copy starts with smaller batches
@@ -115,18 +90,26 @@ class Tablet:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.timers = TimerIndex()
-        self._m = metrics.tablet(self.computation)
+        self.metrics = metrics.tablet(self.computation)
         limits = host.limits
         self.max_batch = limits.max_batch_records
         self.batch_limit = max(1, min(batch_limit or self.max_batch, self.max_batch))
         self.calls = CallWatch(self.name, warn_after=limits.slow_call_s,
-                               on_slow=lambda seconds: self._m.slow_calls.inc())
+                               on_slow=lambda seconds: self.metrics.slow_calls.inc())
         self.thread: TabletThread | None = None
         self._stopped = False
 
     @property
     def queued_records(self) -> int:
         return self.inbox.records
+
+    @property
+    def late(self) -> int:
+        return self.proc.late if self.open else 0
+
+    @property
+    def dead_lettered(self) -> int:
+        return self.proc.dead_lettered if self.open else 0
 
     # ------------------------------------------------------------- lifecycle
 
@@ -143,8 +126,6 @@ class Tablet:
         except BaseException:
             self._stop_thread()  # closes the storage once (if ever) the opening finishes
             raise
-        self.ctx = KeyContext(self.outputs, self._read_state,
-                              lambda: self.host.watermark(self.computation), self.now_us)
         self.open = True
         if pending:
             log.info("tablet %s re-sends %d checkpointed productions", self.name, len(pending))
@@ -155,9 +136,9 @@ class Tablet:
         """On the tablet's thread: storage, memory and user code; the productions to re-send."""
         store = TabletStore(self.path, self.token, sync=self.sync)
         try:
-            self.dedup = DedupFilter()
+            dedup = DedupFilter()
             if self.exactly_once:
-                self.dedup.add_all(store.dedup_ids())
+                dedup.add_all(store.dedup_ids())
             for t in store.timers():
                 self.timers.remember(t)
             self.collection = Collection(store.producer_tokens())
@@ -169,7 +150,7 @@ class Tablet:
             restore = getattr(comp, "restore", None)
             if restore is not None:
                 restore(self.name, store.sink_meta())
-            self.comp = comp
+            self.proc = BatchProcessor(self, store, comp, dedup)
             pending = store.productions()
         except BaseException:
             store.close()
@@ -237,7 +218,7 @@ class Tablet:
             return NOT_OWNER
         limits = self.host.limits
         if self.inbox.records >= limits.max_queued_records or self.outbox.unacked >= limits.max_unacked:
-            self._m.busy.inc()
+            self.metrics.busy.inc()
             return BUSY
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.inbox.put(records, fut)
@@ -265,7 +246,7 @@ class Tablet:
             self._acked_unwritten = []
         self.outbox.committed(batch.durable_acks)
         self.collection.committed(commit.dedup_gc)
-        self._m.records.inc(batch.new)
+        self.metrics.records.inc(batch.new)
         self.processed += batch.new
         for t in commit.timers_deleted.values():
             self.timers.forget(t)
@@ -291,7 +272,7 @@ class Tablet:
                 waiting.discard(id(p))
             if not waiting:
                 done.set()
-        self._m.sent.inc(len(productions))
+        self.metrics.sent.inc(len(productions))
         if self.open and not self.closing:
             keys = [p.ckey for p in productions if p.ckey and id(p) not in self._unwritten]
             self._acked_unwritten += [p.ckey for p in productions if p.ckey and id(p) in self._unwritten]
@@ -316,7 +297,7 @@ class Tablet:
                 await self._process_once()
             except LeaseExpired:
                 log.error("tablet %s: lease expired, refusing to commit", self.name)
-                self._m.fenced.inc()
+                self.metrics.fenced.inc()
                 self.failed = self.closing = True
                 break
             except Exception:
@@ -346,13 +327,13 @@ class Tablet:
         weak_sent = False
         try:
             if self.weak:
-                await self.thread.run(self._compute, batch)
+                await self.thread.run(self.proc.compute, batch)
                 if commit.productions:
                     weak_sent = True
                     await self._send_weak(commit)
-                await self.thread.run(self._write, batch)
+                await self.thread.run(self.proc.write, batch)
             else:
-                await self.thread.run(self._compute_and_write, batch)
+                await self.thread.run(self.proc.compute_and_write, batch)
         except BaseException:
             self.inbox.failed(items)  # nothing of it committed: its senders retry
             self._unwritten, self._acked_unwritten = set(), []
@@ -360,104 +341,12 @@ class Tablet:
         finally:
             for t in due:
                 self.inbox.unhold(t.time)
-        self._m.batch_seconds.observe(time.perf_counter() - started)
+        self.metrics.batch_seconds.observe(time.perf_counter() - started)
         self._after_commit(batch)
         if commit.productions and not weak_sent:
             self._sent(commit.productions)
 
     # ------------------------------------------------ on the tablet's thread
-
-    def _compute_and_write(self, batch: Batch) -> None:
-        self._compute(batch)
-        self._write(batch)
-
-    def _compute(self, batch: Batch) -> None:
-        """Dedup and user code for the batch's records, then its due timers, until the batch
-        has done ``limit`` of them or its user code has used the time budget."""
-        commit = batch.commit
-        self._commit = commit
-        self._due_now = {(t.key, t.tag): t for t in batch.due}
-        self._cancelled = set()
-        budget = self.host.limits.batch_budget_ms / 1000
-        clock = time.perf_counter
-        started = clock()
-        work = 0
-        stop = False
-        seen: set[bytes] = set()
-        wm = self.host.watermark(self.computation)
-        for d in batch.deliveries:
-            i = d.done
-            records = d.records
-            while i < len(records):
-                if work >= batch.limit or (work and clock() - started >= budget):
-                    stop = True
-                    break
-                r = records[i]
-                i += 1
-                work += 1
-                if self.exactly_once:
-                    if r.id in seen or (self.dedup.may_contain(r.id) and self.store.has_id(r.id)):
-                        self._m.duplicates.inc()
-                        continue
-                    seen.add(r.id)
-                    commit.ids.append(r.id)
-                if r.timestamp < wm:
-                    self.late += 1
-                    self._m.late.inc()
-                    if self.route.late_records == "drop":
-                        continue
-                batch.new += 1
-                self._run_user(commit, r.key, r.timestamp, r.value, r.id,
-                               functools.partial(self._record_fn, r))
-            batch.consumed.append(i - d.done)
-            if stop:
-                break
-        for t in batch.due:
-            k = (t.key, t.tag)
-            if stop or work >= batch.limit or (work and clock() - started >= budget):
-                stop = True
-                self._defer(batch, t)
-                continue
-            work += 1
-            commit.timers_deleted[k] = t  # its index entry goes, whatever happens next
-            if k in self._cancelled:
-                continue  # a record of this batch deleted or moved it: it does not fire
-            if commit.timers_set.get(k) == t:
-                del commit.timers_set[k]  # set again earlier in this batch, unchanged: it fires now
-            source = derived_id(b"timer", t.key, t.tag.encode(), t.time.to_bytes(8, "big", signed=True))
-            self._run_user(commit, t.key, t.time, b"", source, functools.partial(self._timer_fn, t))
-
-    def _defer(self, batch: Batch, t: Timer) -> None:
-        """A due timer the batch did not reach: it stays pending (unless a record of the
-        batch deleted or moved it, which the commit then makes durable)."""
-        k = (t.key, t.tag)
-        if k in self._cancelled:
-            batch.commit.timers_deleted[k] = t
-            return
-        if batch.commit.timers_set.get(k) == t:
-            del batch.commit.timers_set[k]  # set again unchanged: it is still on disk as it was
-        batch.deferred.append(t)
-
-    def _write(self, batch: Batch) -> None:
-        """The batch's one atomic commit (after the sink's hook), then the dedup filter."""
-        commit = batch.commit
-        prepare = getattr(self.comp, "prepare_commit", None)
-        if prepare is not None:
-            commit.sink = prepare()
-        if not self.host.lease_valid():
-            raise LeaseExpired(f"tablet {self.name}")
-        batch.durable_acks = self.outbox.durable_mark()
-        t0 = time.perf_counter()
-        self.store.commit(commit)
-        self._m.commit_seconds.observe(time.perf_counter() - t0)
-        if self.exactly_once:
-            self.dedup.add_all(commit.ids)
-            if self.dedup.needs_rebuild():
-                self.dedup = rebuilt(self.dedup.capacity, self.store.dedup_ids())
-                log.info("tablet %s: rebuilt its dedup filter (%d generations)", self.name,
-                         self.dedup.generations)
-
-    # ------------------------------------------------------------ event loop
 
     async def _send_weak(self, commit: Commit) -> None:
         """Weak productions: send before the commit; checkpoint only those not acknowledged
@@ -480,104 +369,6 @@ class Tablet:
         self.outbox.checkpointed(slow)
         self._unwritten = {id(p) for p in slow}
         commit.productions = slow
-
-    def _record_fn(self, record: Record, ctx: KeyContext) -> None:
-        self.comp.process_record(ctx, record)
-
-    def _timer_fn(self, timer: Timer, ctx: KeyContext) -> None:
-        self.comp.process_timer(ctx, timer.tag, timer.time)
-
-    def _read_state(self, key: bytes) -> bytes | None:
-        st = self._commit.state
-        if key in st:
-            return st[key]
-        return self.store.get_state(key)
-
-    def _run_user(self, commit: Commit, key: bytes, ts: int, value: bytes, source_id: bytes,
-                  fn: Callable[[KeyContext], None]) -> None:
-        """Run user code for one record or timer, retrying, then dead-lettering it."""
-        attempts = self.host.limits.max_attempts
-        error: BaseException | None = None
-        calls = self.calls
-        user_seconds = self._m.user_seconds
-        for _ in range(attempts):
-            eff = Effects()
-            self.ctx.bind(key, ts, eff)
-            calls.begin(key)
-            try:
-                fn(self.ctx)
-                routed = self._route(eff)  # key extractors are user code too
-            except BaseException as e:  # user code: anything may happen, sys.exit() included
-                error = e
-                continue
-            finally:
-                user_seconds.observe(calls.end())
-            self._merge(commit, eff, routed, source_id)
-            return
-        assert error is not None
-        self.dead_lettered += 1
-        self._m.dead_lettered.inc()
-        log.warning("tablet %s: dead-lettering a record of key %r after %d failures: %r",
-                    self.name, show_key(key), attempts, error)
-        doc = {"error": f"{type(error).__name__}: {error}", "computation": self.computation,
-               "value": base64.b64encode(value).decode()}
-        eff = Effects()
-        eff.produced.append((dead_letter_stream(self.computation), key, json.dumps(doc).encode(), ts))
-        try:
-            routed = self._route(eff)
-        except Exception:  # a dead-letter reader's key extractor failed: keep the count, log it
-            log.exception("tablet %s: cannot route a dead letter", self.name)
-            routed = []
-        self._merge(commit, eff, routed, source_id + b"dead-letter")
-
-    def _route(self, eff: Effects) -> list[tuple[str, int, bytes, Record]]:
-        """``(computation, range, key, record)`` for each production; ids are filled in by _merge."""
-        routing = self.host.routing
-        out = []
-        for stream, key, value, ts in eff.produced:
-            rec = Record(key, value, ts, b"")
-            for comp, r, k in routing.route(stream, rec):
-                out.append((comp, r, k, rec))
-        return out
-
-    def _merge(self, commit: Commit, eff: Effects, routed: list[tuple[str, int, bytes, Record]],
-               source_id: bytes) -> None:
-        commit.state.update(eff.state)
-        for k in eff.timers_deleted:
-            commit.timers_set.pop(k, None)
-            old = self.timers.get(k)
-            if old is not None:
-                commit.timers_deleted[k] = old
-            if k in self._due_now:
-                self._cancelled.add(k)
-        for k, t in eff.timers_set.items():
-            old = self.timers.get(k)
-            if old is not None and old != t:
-                commit.timers_deleted[k] = old
-            elif old == t:
-                commit.timers_deleted.pop(k, None)
-            commit.timers_set[k] = t
-            due = self._due_now.get(k)
-            if due is not None:  # this batch fires it: moved, it waits for its new time
-                if t != due:
-                    self._cancelled.add(k)
-                else:
-                    self._cancelled.discard(k)
-        assert commit.seq is not None
-        last: Record | None = None
-        index = 0
-        rid = b""
-        for comp, r, rkey, rec in routed:
-            if rec is not last:  # one id per produced record, shared by its readers
-                last = rec
-                index += 1
-                if self.weak:  # sent before the commit: a retry must mint the same ids
-                    rid = derived_id(self.prefix, source_id, index.to_bytes(4, "big"))
-                else:
-                    commit.seq += 1
-                    rid = sequence_id(self.prefix, commit.seq)
-            ckey = None if self.weak else production_key(commit.seq, comp, r)
-            commit.productions.append(Production(comp, r, Record(rkey, rec.value, rec.timestamp, rid), ckey))
 
     # ---------------------------------------------------------------- timers
 

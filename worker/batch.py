@@ -1,0 +1,268 @@
+"""One batch of a tablet, on the tablet's thread (worker/runner.py): dedup, user code for
+each record and due timer (retried, then dead-lettered), every call's effects merged into
+the batch's one :class:`~worker.storage.Commit`, and the commit written.
+
+A batch is bounded twice: it does at most ``limit`` records and timers, and it stops
+taking more once its user code has used the time budget (``WorkerLimits.batch_budget_ms``).
+What it did not reach stays queued (records) or pending (timers) for the next batch; the
+event loop side of this is in worker/tablet.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from runtime.computation import Computation
+from runtime.errors import MillstreamError
+from runtime.record import Record, derived_id, sequence_id
+from runtime.status import show_key
+from runtime.topology import dead_letter_stream
+from worker.context import Effects, KeyContext
+from worker.dedup import DedupFilter, rebuilt
+from worker.inbox import Delivery
+from worker.storage import Commit, Production, TabletStore, Timer, production_key
+
+if TYPE_CHECKING:
+    from worker.tablet import Tablet
+
+log = logging.getLogger(__name__)
+
+
+class LeaseExpired(MillstreamError):
+    """The worker could not renew its lease: it must stop committing (self-fencing)."""
+
+
+@dataclass
+class Batch:
+    """One batch: what the event loop took for it, and what the tablet's thread did of it."""
+
+    deliveries: list[Delivery]
+    due: list[Timer]
+    commit: Commit
+    limit: int                                             # at most this many records + timers
+    consumed: list[int] = field(default_factory=list)     # records done, per delivery
+    deferred: list[Timer] = field(default_factory=list)   # due timers it did not reach
+    new: int = 0                                           # new (not duplicate) input records
+    durable_acks: int = 0                                  # see Outbox.committed
+
+
+class BatchProcessor:
+    """The thread side of one tablet: everything here runs on the tablet's thread only."""
+
+    def __init__(self, tablet: Tablet, store: TabletStore, comp: Computation, dedup: DedupFilter) -> None:
+        self.host = tablet.host
+        self.name = tablet.name
+        self.computation = tablet.computation
+        self.late_records = tablet.route.late_records
+        self.exactly_once = tablet.exactly_once
+        self.weak = tablet.weak
+        self.prefix = tablet.prefix
+        self.timers = tablet.timers      # read only here; the event loop owns it
+        self.outbox = tablet.outbox      # read only here (durable_mark)
+        self.calls = tablet.calls
+        self.metrics = tablet.metrics
+        self.store = store
+        self.comp = comp
+        self.dedup = dedup
+        self.ctx = KeyContext(tablet.outputs, self.read_state,
+                              lambda: self.host.watermark(self.computation), tablet.now_us)
+        self.late = self.dead_lettered = 0
+        self._commit = Commit()
+        self._due_now: dict[tuple[bytes, str], Timer] = {}   # timers the current batch fires
+        self._cancelled: set[tuple[bytes, str]] = set()     # ... that its records deleted or moved
+
+    def compute_and_write(self, batch: Batch) -> None:
+        self.compute(batch)
+        self.write(batch)
+
+    def compute(self, batch: Batch) -> None:
+        """Dedup and user code for the batch's records, then its due timers, until the batch
+        has done ``limit`` of them or its user code has used the time budget."""
+        commit = batch.commit
+        self._commit = commit
+        self._due_now = {(t.key, t.tag): t for t in batch.due}
+        self._cancelled = set()
+        budget = self.host.limits.batch_budget_ms / 1000
+        clock = time.perf_counter
+        started = clock()
+        work = 0
+        stop = False
+        seen: set[bytes] = set()
+        wm = self.host.watermark(self.computation)
+        for d in batch.deliveries:
+            i = d.done
+            records = d.records
+            while i < len(records):
+                if work >= batch.limit or (work and clock() - started >= budget):
+                    stop = True
+                    break
+                r = records[i]
+                i += 1
+                work += 1
+                if self.exactly_once:
+                    if r.id in seen or (self.dedup.may_contain(r.id) and self.store.has_id(r.id)):
+                        self.metrics.duplicates.inc()
+                        continue
+                    seen.add(r.id)
+                    commit.ids.append(r.id)
+                if r.timestamp < wm:
+                    self.late += 1
+                    self.metrics.late.inc()
+                    if self.late_records == "drop":
+                        continue
+                batch.new += 1
+                self._run_user(commit, r.key, r.timestamp, r.value, r.id,
+                               functools.partial(self._record_fn, r))
+            batch.consumed.append(i - d.done)
+            if stop:
+                break
+        for t in batch.due:
+            k = (t.key, t.tag)
+            if stop or work >= batch.limit or (work and clock() - started >= budget):
+                stop = True
+                self._defer(batch, t)
+                continue
+            work += 1
+            commit.timers_deleted[k] = t  # its index entry goes, whatever happens next
+            if k in self._cancelled:
+                continue  # a record of this batch deleted or moved it: it does not fire
+            if commit.timers_set.get(k) == t:
+                del commit.timers_set[k]  # set again earlier in this batch, unchanged: it fires now
+            source = derived_id(b"timer", t.key, t.tag.encode(), t.time.to_bytes(8, "big", signed=True))
+            self._run_user(commit, t.key, t.time, b"", source, functools.partial(self._timer_fn, t))
+
+    def _defer(self, batch: Batch, t: Timer) -> None:
+        """A due timer the batch did not reach: it stays pending (unless a record of the
+        batch deleted or moved it, which the commit then makes durable)."""
+        k = (t.key, t.tag)
+        if k in self._cancelled:
+            batch.commit.timers_deleted[k] = t
+            return
+        if batch.commit.timers_set.get(k) == t:
+            del batch.commit.timers_set[k]  # set again unchanged: it is still on disk as it was
+        batch.deferred.append(t)
+
+    def write(self, batch: Batch) -> None:
+        """The batch's one atomic commit (after the sink's hook), then the dedup filter."""
+        commit = batch.commit
+        prepare = getattr(self.comp, "prepare_commit", None)
+        if prepare is not None:
+            commit.sink = prepare()
+        if not self.host.lease_valid():
+            raise LeaseExpired(f"tablet {self.name}")
+        batch.durable_acks = self.outbox.durable_mark()
+        t0 = time.perf_counter()
+        self.store.commit(commit)
+        self.metrics.commit_seconds.observe(time.perf_counter() - t0)
+        if self.exactly_once:
+            self.dedup.add_all(commit.ids)
+            if self.dedup.needs_rebuild():
+                self.dedup = rebuilt(self.dedup.capacity, self.store.dedup_ids())
+                log.info("tablet %s: rebuilt its dedup filter (%d generations)", self.name,
+                         self.dedup.generations)
+
+    def _record_fn(self, record: Record, ctx: KeyContext) -> None:
+        self.comp.process_record(ctx, record)
+
+    def _timer_fn(self, timer: Timer, ctx: KeyContext) -> None:
+        self.comp.process_timer(ctx, timer.tag, timer.time)
+
+    def read_state(self, key: bytes) -> bytes | None:
+        st = self._commit.state
+        if key in st:
+            return st[key]
+        return self.store.get_state(key)
+
+    def _run_user(self, commit: Commit, key: bytes, ts: int, value: bytes, source_id: bytes,
+                  fn: Callable[[KeyContext], None]) -> None:
+        """Run user code for one record or timer, retrying, then dead-lettering it."""
+        attempts = self.host.limits.max_attempts
+        error: BaseException | None = None
+        calls = self.calls
+        user_seconds = self.metrics.user_seconds
+        for _ in range(attempts):
+            eff = Effects()
+            self.ctx.bind(key, ts, eff)
+            calls.begin(key)
+            try:
+                fn(self.ctx)
+                routed = self._route(eff)  # key extractors are user code too
+            except BaseException as e:  # user code: anything may happen, sys.exit() included
+                error = e
+                continue
+            finally:
+                user_seconds.observe(calls.end())
+            self._merge(commit, eff, routed, source_id)
+            return
+        assert error is not None
+        self.dead_lettered += 1
+        self.metrics.dead_lettered.inc()
+        log.warning("tablet %s: dead-lettering a record of key %r after %d failures: %r",
+                    self.name, show_key(key), attempts, error)
+        doc = {"error": f"{type(error).__name__}: {error}", "computation": self.computation,
+               "value": base64.b64encode(value).decode()}
+        eff = Effects()
+        eff.produced.append((dead_letter_stream(self.computation), key, json.dumps(doc).encode(), ts))
+        try:
+            routed = self._route(eff)
+        except Exception:  # a dead-letter reader's key extractor failed: keep the count, log it
+            log.exception("tablet %s: cannot route a dead letter", self.name)
+            routed = []
+        self._merge(commit, eff, routed, source_id + b"dead-letter")
+
+    def _route(self, eff: Effects) -> list[tuple[str, int, bytes, Record]]:
+        """``(computation, range, key, record)`` for each production; ids are filled in by _merge."""
+        routing = self.host.routing
+        out = []
+        for stream, key, value, ts in eff.produced:
+            rec = Record(key, value, ts, b"")
+            for comp, r, k in routing.route(stream, rec):
+                out.append((comp, r, k, rec))
+        return out
+
+    def _merge(self, commit: Commit, eff: Effects, routed: list[tuple[str, int, bytes, Record]],
+               source_id: bytes) -> None:
+        commit.state.update(eff.state)
+        for k in eff.timers_deleted:
+            commit.timers_set.pop(k, None)
+            old = self.timers.get(k)
+            if old is not None:
+                commit.timers_deleted[k] = old
+            if k in self._due_now:
+                self._cancelled.add(k)
+        for k, t in eff.timers_set.items():
+            old = self.timers.get(k)
+            if old is not None and old != t:
+                commit.timers_deleted[k] = old
+            elif old == t:
+                commit.timers_deleted.pop(k, None)
+            commit.timers_set[k] = t
+            due = self._due_now.get(k)
+            if due is not None:  # this batch fires it: moved, it waits for its new time
+                if t != due:
+                    self._cancelled.add(k)
+                else:
+                    self._cancelled.discard(k)
+        assert commit.seq is not None
+        last: Record | None = None
+        index = 0
+        rid = b""
+        for comp, r, rkey, rec in routed:
+            if rec is not last:  # one id per produced record, shared by its readers
+                last = rec
+                index += 1
+                if self.weak:  # sent before the commit: a retry must mint the same ids
+                    rid = derived_id(self.prefix, source_id, index.to_bytes(4, "big"))
+                else:
+                    commit.seq += 1
+                    rid = sequence_id(self.prefix, commit.seq)
+            ckey = None if self.weak else production_key(commit.seq, comp, r)
+            commit.productions.append(Production(comp, r, Record(rkey, rec.value, rec.timestamp, rid), ckey))
+
