@@ -92,7 +92,8 @@ class BatchProcessor:
         budget = self.host.limits.batch_budget_ms / 1000
         clock = time.perf_counter
         started = clock()
-        work = 0
+        work = 0   # records and timers that ran user code (the count ``limit`` bounds)
+        taken = 0  # everything looked at, duplicates included (the time budget bounds it)
         stop = False
         seen: set[bytes] = set()
         wm = self.host.watermark(self.computation)
@@ -100,13 +101,15 @@ class BatchProcessor:
             i = d.done
             records = d.records
             while i < len(records):
-                if work >= batch.limit or (work and clock() - started >= budget):
+                if work >= batch.limit or (taken and clock() - started >= budget):
                     stop = True
                     break
                 r = records[i]
                 i += 1
-                work += 1
+                taken += 1
                 if self.exactly_once:
+                    # Duplicates do not count against the limit: a redelivery after a failed
+                    # batch must reach past what an earlier, smaller batch committed.
                     if r.id in seen or (self.dedup.may_contain(r.id) and self.store.has_id(r.id)):
                         self.metrics.duplicates.inc()
                         continue
@@ -118,6 +121,7 @@ class BatchProcessor:
                     if self.late_records == "drop":
                         continue
                 batch.new += 1
+                work += 1
                 self._run_user(commit, r.key, r.timestamp, r.value, r.id,
                                functools.partial(self._record_fn, r))
             batch.consumed.append(i - d.done)
@@ -125,11 +129,12 @@ class BatchProcessor:
                 break
         for t in batch.due:
             k = (t.key, t.tag)
-            if stop or work >= batch.limit or (work and clock() - started >= budget):
+            if stop or work >= batch.limit or (taken and clock() - started >= budget):
                 stop = True
                 self._defer(batch, t)
                 continue
             work += 1
+            taken += 1
             commit.timers_deleted[k] = t  # its index entry goes, whatever happens next
             if k in self._cancelled:
                 continue  # a record of this batch deleted or moved it: it does not fire

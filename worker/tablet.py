@@ -94,6 +94,7 @@ class Tablet:
         limits = host.limits
         self.max_batch = limits.max_batch_records
         self.batch_limit = max(1, min(batch_limit or self.max_batch, self.max_batch))
+        self._good_batches = 0
         self.calls = CallWatch(self.name, warn_after=limits.slow_call_s,
                                on_slow=lambda seconds: self.metrics.slow_calls.inc())
         self.thread: TabletThread | None = None
@@ -257,7 +258,11 @@ class Tablet:
         self.inbox.committed(batch.deliveries, batch.consumed)
         if batch.deferred or (batch.deliveries and self.inbox):
             self._wake.set()
-        self.batch_limit = min(self.max_batch, self.batch_limit * 2)  # grow back after a failure
+        if self.batch_limit < self.max_batch:  # after a failure: grow back, slowly
+            self._good_batches += 1
+            if self._good_batches >= 4:
+                self._good_batches = 0
+                self.batch_limit = min(self.max_batch, self.batch_limit * 2)
 
     def acked(self, productions: list[Production], receipt: tuple[str, int] | None = None) -> None:
         """The receiver committed these productions: forget their checkpoints.

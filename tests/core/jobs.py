@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
+from collections.abc import Mapping
+
 from runtime import Computation, Context, Record, TimeDomain
 
 
@@ -47,3 +52,43 @@ class TimerJob(Computation):
         ctx.state.set(str(n).encode())
         if self.params.get("repeat") and n < 3:
             ctx.set_timer(tag, time, TimeDomain.WALL_TIME)
+
+
+class Blocking(Computation):
+    """b"block" waits until the test sets ``gate`` (user code that does not return until
+    then); b"sleep <ms>" sleeps; b"exit" calls sys.exit(); anything else is echoed. Every
+    value is echoed to "out" once its call returns."""
+
+    gate = threading.Event()
+    started = threading.Event()
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        if record.value == b"block":
+            Blocking.started.set()
+            Blocking.gate.wait()
+        elif record.value.startswith(b"sleep "):
+            time.sleep(int(record.value.split()[1]) / 1000)
+        elif record.value == b"exit":
+            sys.exit(3)
+        ctx.produce("out", record.value)
+
+
+class BigBatchFails(Computation):
+    """Echoes to "out"; its commit hook fails for a batch of more than ``max`` records (a
+    batch too large to commit), so only smaller batches get through."""
+
+    max = 4
+
+    def setup(self, params: Mapping[str, str]) -> None:
+        super().setup(params)
+        self.batch = 0
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        self.batch += 1
+        ctx.produce("out", record.value)
+
+    def prepare_commit(self) -> bytes | None:
+        n, self.batch = self.batch, 0
+        if n > self.max:
+            raise RuntimeError(f"a batch of {n} records is too large to commit")
+        return None
