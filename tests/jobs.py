@@ -48,3 +48,15 @@ class Sleepy(Computation):
         if record.value.startswith(b"sleep "):
             time.sleep(float(record.value.split()[1]))
         ctx.produce("echoed", record.value)
+
+
+class SlowCounter(Computation):
+    """The word counter, but every ``every``-th count of a word sleeps ``sleep`` seconds first
+    (an external call slower than the lease)."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        n = int(ctx.state.get() or b"0") + 1
+        if n % int(self.params.get("every", "500")) == 0:
+            time.sleep(float(self.params.get("sleep", "2")))
+        ctx.state.set(str(n).encode())
+        ctx.produce("counts", str(n).encode())

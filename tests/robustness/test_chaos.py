@@ -9,6 +9,7 @@ tests/e2e. Seeds run in CI are fixed; MILLSTREAM_CHAOS_SEEDS=1,2,3 runs others.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 from collections.abc import Callable, Iterator
@@ -123,3 +124,31 @@ def test_word_count_stays_exact_under_a_seeded_mix_of_failures(chaos_cluster: Cl
         raise AssertionError(f"seed {seed}, after: {history}: {e}") from None
     assert got == expected, f"seed {seed}, after: {history}"
     assert len(list(read_file_sink(out))) == total, f"seed {seed}, after: {history}"
+
+
+def test_busy_workers_are_never_taken_for_dead(tmp_path: object) -> None:
+    """Regression for issue 9: user code that sleeps past the lease (1.5 s here) on some
+    records, with tablets moved and workers added meanwhile. Nothing is lethal, so no lease
+    may expire and no worker may register twice; the counts stay exact."""
+    with Cluster(str(tmp_path), workers=2).running() as c:
+        out = os.path.join(c.data_dir, "out")
+        topo = wordcount.topology(out, name="busy")
+        topo.computations["counter"] = dataclasses.replace(
+            topo.computations["counter"], code="tests.jobs:SlowCounter", params={"every": "500", "sleep": "2"})
+        c.client.submit(topo)
+        c.wait_assigned()
+        rng = random.Random(9)
+        lines = sample_lines(3000, seed=9)
+        expected = oracle(lines)
+        history: list[str] = []
+        with Injector(c.masters_arg, "lines", "busy-source", batch_size=100) as inj:
+            for start in range(0, len(lines), 500):
+                for i, line in enumerate(lines[start:start + 500], start):
+                    inj.send(b"", line.encode(), 1_700_000_000_000_000 + i)
+                inj.flush()
+                history.append(rng.choice([_move, _move, _add_worker])(c, rng))
+        total = sum(expected.values())
+        wait_until(lambda: len(list(read_file_sink(out))) >= total, 180, f"{total} counts")
+        assert wordcount.final_counts(list(read_file_sink(out))) == expected, history
+        live = c.client.status()["liveness"]
+        assert live["lease_expiries"] == 0 and live["registrations"] == len(c.workers), (live, history)
