@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import bisect
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
 
 RECORDS = Counter("millstream_records_processed", "New input records processed", ["computation"])
 DUPLICATES = Counter("millstream_duplicates_dropped", "Input records dropped as duplicates", ["computation"])
@@ -21,9 +26,7 @@ WATERMARK_LAG = Gauge("millstream_watermark_lag_seconds", "Wall clock minus low 
 LEADER = Gauge("millstream_master_is_leader", "1 while this master leads")
 WORKERS = Gauge("millstream_workers", "Live workers known to the leader")
 SENT = Counter("millstream_productions_acked", "Productions acknowledged by their receiver", ["computation"])
-USER_SECONDS = Histogram("millstream_user_code_seconds", "Time of one call of user code (one record or timer)",
-                         ["computation"], buckets=(0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01,
-                                                   0.05, 0.1, 0.5, 1, 5, 30))
+USER_BUCKETS = (0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
 BATCH_SECONDS = Histogram("millstream_batch_seconds", "Time of one batch, user code to durable commit",
                           ["computation"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                     0.25, 0.5, 1, 5))
@@ -40,6 +43,58 @@ WORKER_EXPIRIES = Counter("millstream_worker_lease_expiries", "Workers the leade
 TABLET_MOVES = Counter("millstream_tablet_moves", "Tablets given to another worker (a new token)", ["reason"])
 
 
+class ThreadHistogram:
+    """A histogram written by one thread without locks (one observation per call of user
+    code is too often for prometheus_client's locked Histogram); read by the collector."""
+
+    __slots__ = ("computation", "counts", "sum")
+
+    def __init__(self, computation: str) -> None:
+        self.computation = computation
+        self.counts = [0] * (len(USER_BUCKETS) + 1)
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(USER_BUCKETS, seconds)] += 1
+        self.sum += seconds
+
+
+class _UserCodeHistograms(Collector):
+    """``millstream_user_code_seconds``: the sum of every tablet's :class:`ThreadHistogram`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._children: list[ThreadHistogram] = []
+
+    def child(self, computation: str) -> ThreadHistogram:
+        h = ThreadHistogram(computation)
+        with self._lock:
+            self._children.append(h)
+        return h
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        with self._lock:
+            children = list(self._children)
+        totals: dict[str, tuple[list[int], float]] = {}
+        for h in children:
+            counts, total = totals.get(h.computation, ([0] * len(h.counts), 0.0))
+            totals[h.computation] = ([a + b for a, b in zip(counts, h.counts, strict=True)], total + h.sum)
+        fam = HistogramMetricFamily("millstream_user_code_seconds",
+                                    "Time of one call of user code (one record or timer)",
+                                    labels=["computation"])
+        for comp, (counts, total) in sorted(totals.items()):
+            cumulative, buckets = 0, []
+            for bound, n in zip([*map(str, USER_BUCKETS), "+Inf"], counts, strict=True):
+                cumulative += n
+                buckets.append((bound, cumulative))
+            fam.add_metric([comp], buckets, total)
+        yield fam
+
+
+_USER = _UserCodeHistograms()
+REGISTRY.register(_USER)
+
+
 @dataclass(frozen=True)
 class TabletMetrics:
     records: Counter
@@ -50,7 +105,7 @@ class TabletMetrics:
     fenced: Counter
     commit_seconds: Histogram
     sent: Counter
-    user_seconds: Histogram
+    user_seconds: ThreadHistogram
     batch_seconds: Histogram
     slow_calls: Counter
 
@@ -60,7 +115,7 @@ def tablet(computation: str) -> TabletMetrics:
     return TabletMetrics(
         RECORDS.labels(computation), DUPLICATES.labels(computation), LATE.labels(computation),
         DEAD.labels(computation), BUSY.labels(computation), FENCED.labels(computation),
-        COMMIT_SECONDS.labels(computation), SENT.labels(computation), USER_SECONDS.labels(computation),
+        COMMIT_SECONDS.labels(computation), SENT.labels(computation), _USER.child(computation),
         BATCH_SECONDS.labels(computation), SLOW_CALLS.labels(computation),
     )
 

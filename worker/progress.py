@@ -24,6 +24,11 @@ class TimestampBag:
         n = self._count[ts]
         if n == 1:
             del self._count[ts]
+            if len(self._heap) > 2 * len(self._count) + 64:
+                # Removed timestamps leave the heap lazily, from the top; one old timestamp
+                # that stays would pin every later one. Rebuild from the live ones instead.
+                self._heap = list(self._count)
+                heapq.heapify(self._heap)
         else:
             self._count[ts] = n - 1
         self.size -= 1

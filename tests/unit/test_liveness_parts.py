@@ -94,3 +94,29 @@ def test_a_tablet_thread_runs_calls_in_order_off_the_loop_and_hands_back_errors(
         thread.stop()
 
     asyncio.run(main())
+
+
+def test_a_timestamp_bag_stays_small_while_one_old_timestamp_is_pinned() -> None:
+    from worker.progress import TimestampBag
+
+    bag = TimestampBag()
+    bag.add(1)  # pinned: never removed
+    for ts in range(2, 100_002):
+        bag.add(ts)
+        bag.remove(ts)
+    assert bag.min() == 1 and bag.size == 1
+    assert len(bag._heap) < 200  # not one entry per timestamp ever added (review finding G3)
+
+
+def test_user_code_seconds_are_exported_as_one_histogram_per_computation() -> None:
+    from prometheus_client import REGISTRY
+
+    from runtime import metrics
+
+    a, b = metrics.tablet("hist-test").user_seconds, metrics.tablet("hist-test").user_seconds
+    a.observe(0.00002)
+    b.observe(2.0)
+    count = REGISTRY.get_sample_value("millstream_user_code_seconds_count", {"computation": "hist-test"})
+    under_1ms = REGISTRY.get_sample_value("millstream_user_code_seconds_bucket",
+                                          {"computation": "hist-test", "le": "0.001"})
+    assert count == 2 and under_1ms == 1
