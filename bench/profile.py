@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from bench.generator import w1_keys
+from runtime.imports import CodePolicy
 from runtime.record import Record, producer_prefix, sequence_id
 from runtime.routing import RoutingTable
 from runtime.wire import from_proto, to_proto
@@ -31,6 +32,7 @@ class _Host:
     def __init__(self, routing: pb.Routing) -> None:
         self.routing = RoutingTable(routing)
         self.limits = _LIMITS
+        self.code_policy = CodePolicy(("bench",))
         self.encoded_bytes = 0
         self._ack_productions: bool | None = None
 

@@ -75,6 +75,8 @@ class MasterCore:
         self._backlog: dict[TabletKey, int] = {}
         self._seen: dict[TabletKey, int] = {}
         self.stale_reports = 0
+        # worker -> tablet -> (error, attempts, seconds): tablets it is given but cannot run
+        self.problems: dict[str, dict[TabletKey, tuple[str, int, float]]] = {}
         self._slow: dict[TabletKey, tuple[float, list[tuple[bytes, float, bool]]]] = {}
         # Liveness counters since this master began leading (docs/operations.md): on a
         # healthy cluster, however busy, only joins move tablets and nothing expires.
@@ -158,13 +160,17 @@ class MasterCore:
             log.info("worker %s at %s left; moving its tablets", worker_id, self.workers[worker_id])
             await self._io(self.store.delete_worker, worker_id)
             self.workers.pop(worker_id, None)
+            self.problems.pop(worker_id, None)
             self.last_seen.pop(worker_id, None)
             await self._rebalance("leave")
 
-    def heartbeat(self, worker_id: str, held: Sequence[pb.HeldTablet] = (), report_seq: int = 0) -> dict[str, int]:
+    def heartbeat(self, worker_id: str, held: Sequence[pb.HeldTablet] = (), report_seq: int = 0,
+                  problems: Sequence[pb.TabletProblem] = ()) -> dict[str, int]:
         """Renew a worker's lease and take its tablets' progress; returns the watermarks."""
         if worker_id not in self.workers:
             raise UnknownWorker(f"worker {worker_id} is not registered (its lease expired)")
+        self.problems[worker_id] = {(p.computation, p.key_range): (p.error, p.attempts, p.seconds)
+                                    for p in problems}
         self.last_seen[worker_id] = self.now_ms()
         self.reported_seq[worker_id] = max(self.reported_seq.get(worker_id, 0), report_seq)
         for h in held:
@@ -290,6 +296,7 @@ class MasterCore:
                             w, self.workers.get(w))
                 await self._io(self.store.delete_worker, w)
                 self.workers.pop(w, None)
+                self.problems.pop(w, None)
                 self.last_seen.pop(w, None)
                 self.liveness["lease_expiries"] += 1
                 metrics.WORKER_EXPIRIES.inc()
@@ -361,6 +368,18 @@ class MasterCore:
 
     # ---------------------------------------------------------------- status
 
+    def _problems_of(self, computation: str) -> list[dict[str, Any]]:
+        """Tablets of a computation whose owner reports it cannot run them (code that does not
+        load, storage that does not open, a batch that does not finish)."""
+        out = []
+        for worker, problems in self.problems.items():
+            for (c, r), (error, attempts, seconds) in sorted(problems.items()):
+                own = self.tablets.get((c, r))
+                if c == computation and own is not None and own.worker == worker:
+                    out.append({"key_range": r, "worker": worker, "error": error, "attempts": attempts,
+                                "seconds": round(seconds, 1)})
+        return out
+
     def _slowest(self, computation: str, n: int = 5) -> list[dict[str, Any]]:
         """The slowest recent calls of user code of a computation, running ones first."""
         now = self.now_ms()
@@ -393,6 +412,7 @@ class MasterCore:
                     "watermark_seen": min((self._seen.get((c, r), MIN) for r in range(t.computations[c].key_ranges)),
                                           default=MIN),
                     "slow_keys": self._slowest(c),
+                    "problems": self._problems_of(c),
                 }
         counts: dict[str, int] = {}
         for own in self.tablets.values():

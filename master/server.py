@@ -75,7 +75,8 @@ class MasterServicer(rpc.MasterServicer):
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         core = await self._leader(context)
         try:
-            watermarks = core.heartbeat(request.worker_id, list(request.tablets), request.report_seq)
+            watermarks = core.heartbeat(request.worker_id, list(request.tablets), request.report_seq,
+                                        list(request.problems))
         except UnknownWorker:
             return pb.HeartbeatResponse(known=False, routing_version=core.version)
         return pb.HeartbeatResponse(known=True, routing_version=core.version, watermarks=watermarks,

@@ -89,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--state-dir", default=_env("MILLSTREAM_STATE_DIR"))
     w.add_argument("--metrics-listen", default=_env("MILLSTREAM_METRICS_LISTEN", "127.0.0.1:0"),
                    help="HOST:PORT for Prometheus /metrics (port 0: chosen by the OS; '' = off)")
+    w.add_argument("--allow-code", default=_env("MILLSTREAM_ALLOW_CODE"),
+                   help="comma-separated module prefixes topologies may load code from, e.g. my_jobs,"
+                        "acme.pipelines (env MILLSTREAM_ALLOW_CODE); millstream's own sinks and "
+                        "examples are always allowed; '*' allows any module (trusted setups only)")
     _security_flags(w, server=True)
 
     s = sub.add_parser("submit", help="submit a Topology named by MODULE:ATTR")
@@ -142,13 +146,15 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if cmd == "worker":
         from runtime.client import parse_addresses
+        from runtime.imports import CodePolicy
         from worker.server import WorkerOptions
         from worker.server import main as worker_main
 
         masters = parse_addresses(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"))
         state = os.path.abspath(_need(args.state_dir, "--state-dir", "MILLSTREAM_STATE_DIR"))
         worker_main(WorkerOptions(tuple(masters), args.listen, state, args.metrics_listen,
-                                  advertise=args.advertise, security=_security(args)))
+                                  advertise=args.advertise, security=_security(args),
+                                  code_policy=CodePolicy.parse(args.allow_code)))
         return 0
     if cmd == "up":
         from runtime.up import run_up

@@ -74,6 +74,18 @@ def _pump(proc: Process, stream: IO[str], sink: IO[str] | None) -> None:
     proc._ready.set()
 
 
+def local_modules(directory: str) -> list[str]:
+    """The top-level modules and packages in ``directory`` (what `python -m` could import)."""
+    names = []
+    for entry in sorted(os.listdir(directory)):
+        path = os.path.join(directory, entry)
+        if entry.endswith(".py") and entry[:-3].isidentifier():
+            names.append(entry[:-3])
+        elif entry.isidentifier() and os.path.isfile(os.path.join(path, "__init__.py")):
+            names.append(entry)
+    return names
+
+
 def wait_until(cond: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
     """Poll ``cond`` until true; raise :class:`TimeoutError` naming ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -88,8 +100,12 @@ class LocalCluster:
 
     def __init__(self, data_dir: str, *, masters: int = 1, workers: int = 2, lease_ms: int = 3000,
                  echo: IO[str] | None = None, python: str = sys.executable, master_port: int = 0,
-                 daemon_args: Sequence[str] = (), security: Security = Security()) -> None:
+                 daemon_args: Sequence[str] = (), security: Security = Security(),
+                 allow_code: str | None = None) -> None:
         self.master_port = master_port
+        # Workers load user code from the modules of the directory the cluster runs from
+        # (like `python -m`), and millstream's own sinks and examples; nothing else.
+        self.allow_code = ",".join(local_modules(os.getcwd())) if allow_code is None else allow_code
         self.daemon_args = list(daemon_args)  # extra flags for every master and worker
         self.security = security
         self.data_dir = os.path.abspath(data_dir)
@@ -181,7 +197,8 @@ class LocalCluster:
     def add_worker(self, state_dir: str | None = None) -> Process:
         p = self._spawn(self._name("worker"), self._daemon(
             "worker", "--masters", self.masters_arg, "--listen", "127.0.0.1:0",
-            "--state-dir", state_dir or self.state_dir, *self.daemon_args), wait_address=True)
+            "--state-dir", state_dir or self.state_dir, "--allow-code", self.allow_code,
+            *self.daemon_args), wait_address=True)
         self.workers.append(p)
         return p
 

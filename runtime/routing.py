@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from runtime.imports import load
+from runtime.errors import ImportPathError
+from runtime.imports import CodePolicy, load
 from runtime.keyspace import range_of
 from runtime.record import Record
 from runtime.wire import millstream_pb2 as pb
@@ -34,6 +35,16 @@ class _Subscription:
     extractor: KeyExtractor | None
 
 
+class _Unloadable:
+    """Stands in for a key extractor that could not be loaded: routing through it fails."""
+
+    def __init__(self, error: ImportPathError) -> None:
+        self.error = error
+
+    def __call__(self, record: Record) -> bytes:
+        raise ImportPathError(str(self.error))
+
+
 class RoutingTable:
     """An immutable view of one routing version."""
 
@@ -52,15 +63,32 @@ class RoutingTable:
                 if i.key_extractor:
                     self._extractor_paths[(c.name, i.stream)] = i.key_extractor
 
-    def load_extractors(self, cache: dict[str, KeyExtractor]) -> None:
-        """Import every key extractor (raises :class:`ImportPathError` on a bad path)."""
+    def load_extractors(self, cache: dict[str, KeyExtractor], policy: CodePolicy | None = None) -> list[str]:
+        """Import every key extractor; returns what could not be loaded.
+
+        One bad extractor does not stop the others (or the routing table): its subscription
+        raises :class:`ImportPathError` when a record must be routed through it, so only
+        the records for that reader fail (to the producer's dead letters, or the injector's
+        caller), and they say why.
+        """
+        errors = []
         for (comp, stream), path in self._extractor_paths.items():
             fn = cache.get(path)
             if fn is None:
-                fn = cache[path] = load(path, f"key extractor of {comp!r} on {stream!r}")
+                what = f"key extractor of {comp!r} on {stream!r}"
+                try:
+                    obj = load(path, what, policy)
+                    if not callable(obj) or isinstance(obj, type):
+                        raise ImportPathError(f"{what} {path!r} is a {type(obj).__name__}, not a function "
+                                              "of a Record; name a function")
+                    fn = cache[path] = obj
+                except ImportPathError as e:
+                    errors.append(str(e))
+                    fn = _Unloadable(e)
             for sub in self._subs[stream]:
                 if sub.computation == comp:
                     sub.extractor = fn
+        return errors
 
     def has_subscribers(self, stream: str) -> bool:
         return bool(self._subs.get(stream))

@@ -63,6 +63,9 @@ def render(doc: dict[str, Any]) -> str:
                          f"held by {c['held_by'] or '-'}")
             lines.append(f"  {'':<20} processed={c['processed']} late={c['late']} "
                          f"dead-lettered={c['dead_lettered']} backlog={c['backlog']}")
+            for p in c.get("problems", []):
+                lines.append(f"  {'':<20} PROBLEM range {p['key_range']} on worker {p['worker']}: "
+                             f"{p['error']} ({p['attempts']} attempts, {p['seconds']:.0f} s)")
             for k in c.get("slow_keys", []):
                 what = "RUNNING for" if k["running"] else "took"
                 lines.append(f"  {'':<20} slow key {k['key']!r} (range {k['key_range']}): "

@@ -140,7 +140,8 @@ class BatchProcessor:
                 continue  # a record of this batch deleted or moved it: it does not fire
             if commit.timers_set.get(k) == t:
                 del commit.timers_set[k]  # set again earlier in this batch, unchanged: it fires now
-            source = derived_id(b"timer", t.key, t.tag.encode(), t.time.to_bytes(8, "big", signed=True))
+            parts = [b"timer", t.key, t.tag.encode(), t.time.to_bytes(8, "big", signed=True)]
+            source = derived_id(*parts, t.nonce) if t.nonce else derived_id(*parts)
             self._run_user(commit, t.key, t.time, b"", source, functools.partial(self._timer_fn, t))
 
     def _defer(self, batch: Batch, t: Timer) -> None:
@@ -243,6 +244,7 @@ class BatchProcessor:
             if k in self._due_now:
                 self._cancelled.add(k)
         for k, t in eff.timers_set.items():
+            t = Timer(t.key, t.tag, t.domain, t.time, source_id)  # this setting's nonce
             old = self.timers.get(k)
             if old is not None and old != t:
                 commit.timers_deleted[k] = old

@@ -10,6 +10,32 @@ from runtime.errors import MillstreamError
 from worker.storage import Timer
 
 
+# Bounds on what user code hands the runtime: one record must fit one delivery (gRPC
+# messages are capped at 64 MiB, runtime/wire) with room for the rest of its batch.
+MAX_VALUE_BYTES = 16 << 20
+MAX_KEY_BYTES = 64 << 10
+MAX_TAG_BYTES = 1024
+
+
+def _check_size(data: bytes, limit: int, what: str) -> None:
+    if len(data) > limit:
+        raise ValueError(f"{what} of {len(data):,} bytes is over the limit of {limit:,} bytes; "
+                         "store large objects elsewhere and pass a reference")
+
+
+def _check_tag(tag: str) -> None:
+    """A tag the commit can store: checked here, where the error reaches the dead letters,
+    not at commit time, where it would fail the whole batch again and again."""
+    if not isinstance(tag, str):
+        raise TypeError(f"timer tag must be str, not {type(tag).__name__}")
+    try:
+        encoded = tag.encode()
+    except UnicodeEncodeError as e:  # e.g. a lone surrogate from surrogateescape decoding
+        raise ValueError(f"timer tag {tag!r} cannot be stored as UTF-8 ({e.reason}); use text "
+                         "without lone surrogates, e.g. decode bytes with errors='replace'") from None
+    _check_size(encoded, MAX_TAG_BYTES, "timer tag")
+
+
 def _check_time(t: int, what: str) -> int:
     if isinstance(t, bool) or not isinstance(t, int) or not -(1 << 63) <= t < (1 << 63):
         raise ValueError(f"{what} {t!r} must be an int of microseconds within 64 bits")
@@ -44,6 +70,7 @@ class _KeyState(State):
     def set(self, value: bytes) -> None:
         if not isinstance(value, (bytes, bytearray, memoryview)):
             raise TypeError(f"state must be bytes, not {type(value).__name__}; encode it first")
+        _check_size(value, MAX_VALUE_BYTES, "state value")
         self._ctx.effects.state[self._ctx._key] = bytes(value)
 
     def clear(self) -> None:
@@ -98,16 +125,19 @@ class KeyContext(Context):
         if key is not None and not isinstance(key, (bytes, bytearray)):
             raise TypeError(f"produce() key must be bytes, not {type(key).__name__}")
         ts = self._timestamp if timestamp is None else _check_time(timestamp, "produce() timestamp")
+        _check_size(value, MAX_VALUE_BYTES, "produce() value")
+        if key is not None:
+            _check_size(key, MAX_KEY_BYTES, "produce() key")
         self.effects.produced.append((stream, self._key if key is None else bytes(key), bytes(value), ts))
 
     def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
-        if not isinstance(tag, str):
-            raise TypeError(f"timer tag must be str, not {type(tag).__name__}")
+        _check_tag(tag)
         t = Timer(self._key, tag, TimeDomain(domain), _check_time(time, "timer time"))
         self.effects.timers_set[(self._key, tag)] = t
         self.effects.timers_deleted.discard((self._key, tag))
 
     def delete_timer(self, tag: str) -> None:
+        _check_tag(tag)
         self.effects.timers_set.pop((self._key, tag), None)
         self.effects.timers_deleted.add((self._key, tag))
 

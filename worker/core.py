@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from runtime import metrics
 from runtime.errors import StaleTokenError
+from runtime.imports import CodePolicy
 from runtime.record import Record
 from runtime.routing import KeyExtractor, RoutingTable
 from runtime.wire import millstream_pb2 as pb
@@ -47,8 +48,11 @@ class WorkerCore:
     def __init__(self, state_dir: str, address: str, remote_deliver: RemoteDeliver,
                  limits: WorkerLimits = WorkerLimits(),
                  now_ms: Callable[[], float] = lambda: time.monotonic() * 1000,
-                 wall_us: Callable[[], int] = lambda: time.time_ns() // 1000) -> None:
-        self.wall_us = wall_us  # the wall clock of WALL_TIME timers and ctx.now()
+                 wall_us: Callable[[], int] = lambda: time.time_ns() // 1000,
+                 code_policy: CodePolicy = CodePolicy(("*",))) -> None:
+        self.wall_us = wall_us
+        self.code_policy = code_policy  # which modules user code may come from
+        self._extractor_errors: set[str] = set()  # the wall clock of WALL_TIME timers and ctx.now()
         self.state_dir = state_dir
         self.address = address
         self.limits = limits
@@ -69,6 +73,10 @@ class WorkerCore:
         self._opening: dict[tuple[str, int], tuple[Tablet, asyncio.Task[None]]] = {}
         self._closing: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._batch_limits: dict[tuple[str, int], int] = {}  # smaller batches after a failure
+        # Tablets that failed to open: (last error, attempts, first failure, monotonic s)
+        self._failures: dict[tuple[str, int], tuple[str, int, float]] = {}
+        self._opened_at: dict[tuple[str, int], float] = {}  # when an opening began
+        self._wanted: dict[tuple[str, int], int] = {}       # as of the last reconcile
         self._refused_logged: tuple[str, int, int] | None = None
         self.sender = Sender(lambda: self.routing, self.deliver_to, self.routing_changed)
 
@@ -89,11 +97,12 @@ class WorkerCore:
 
     async def apply_routing(self, routing: pb.Routing) -> None:
         table = RoutingTable(routing)
-        try:
-            table.load_extractors(self._extractors)
-        except Exception:
-            log.exception("cannot load a key extractor; keeping the previous routing")
-            return
+        # On the loop, but bounded: imports are refused outside the code policy before
+        # anything runs, and an allowed module is imported once.
+        errors = set(table.load_extractors(self._extractors, self.code_policy))
+        for error in errors - self._extractor_errors:  # once per distinct error, not per update
+            log.error("%s; records routed through it go to their producer's dead letters", error)
+        self._extractor_errors = errors
         async with self._routing_cond:
             self.routing = table
             self._routing_cond.notify_all()
@@ -117,6 +126,9 @@ class WorkerCore:
         async with self._reconcile_lock:
             valid = self.lease_valid()
             wanted = self.routing.tablets_of(self.worker_id) if valid else {}
+            self._wanted = wanted
+            for key in [k for k in self._failures if k not in wanted]:
+                del self._failures[key]
             if not valid and self.worker_id and not self._fenced:
                 self._fenced = True
                 metrics.LEASE_LOST.inc()
@@ -144,6 +156,7 @@ class WorkerCore:
                 tablet = Tablet(self, route, key[1], token, path, now_us=self.wall_us,
                                 batch_limit=self._batch_limits.get(key))
                 self._opening[key] = (tablet, asyncio.create_task(tablet.start(), name=f"open {key}"))
+                self._opened_at[key] = time.monotonic()
             pending = [t for _, t in self._opening.values()] + list(self._closing.values())
             if pending:
                 await asyncio.wait(pending, timeout=self.limits.reconcile_wait_s)
@@ -161,14 +174,21 @@ class WorkerCore:
             error = task.exception() if not task.cancelled() else StaleTokenError("opening cancelled")
             if error is None:
                 self.tablets[key] = tablet
+                self._failures.pop(key, None)
                 metrics.TABLET_OPENS.labels(key[0]).inc()
                 log.info("tablet %s/%d open under token %d", key[0], key[1], tablet.token)
-            elif isinstance(error, StaleTokenError):
+                continue
+            if isinstance(error, StaleTokenError):
                 metrics.STALE.labels("open").inc()
-                log.error("refused to open tablet %s/%d: %s", key[0], key[1], error)
-            else:
-                # Typically the previous owner still holds the RocksDB lock while it closes.
-                log.info("tablet %s/%d not opened yet (%s); will retry", key[0], key[1], error)
+            text = " ".join(str(error).split()) or type(error).__name__
+            _, attempts, first = self._failures.get(key, ("", 0, time.monotonic()))
+            attempts += 1
+            self._failures[key] = (text, attempts, first)
+            # Typically the previous owner still holds the RocksDB lock for a moment; a failure
+            # that lasts (code that does not load, a full disk) is logged at 1, 10, 100, ...
+            # attempts (not every 200 ms) and reported to the leader for status.
+            level = logging.WARNING if attempts in (1, 10) or str(attempts).strip("0") == "1" else logging.DEBUG
+            log.log(level, "tablet %s/%d cannot open (attempt %d): %s", key[0], key[1], attempts, text)
 
     @staticmethod
     async def _abandon(tablet: Tablet, opening: asyncio.Task[None]) -> None:
@@ -194,6 +214,28 @@ class WorkerCore:
                                 "(user code still running); leaving them", len(stuck), timeout)
             self._collect()
         await self.sender.close()
+
+    def problems(self) -> list[pb.TabletProblem]:
+        """Tablets assigned here that do not run: failing to open, or waiting on user code."""
+        now = time.monotonic()
+        out = []
+        for key in self._wanted:
+            failure = self._failures.get(key)
+            if failure is not None and failure[1] >= 3:  # a first retry is routine (a lock)
+                out.append(pb.TabletProblem(computation=key[0], key_range=key[1], error=failure[0],
+                                            attempts=failure[1], seconds=now - failure[2]))
+                continue
+            since = self._opened_at.get(key)
+            if key in self._opening and since is not None and now - since > 5:
+                out.append(pb.TabletProblem(
+                    computation=key[0], key_range=key[1], attempts=1, seconds=now - since,
+                    error="still opening: user code's setup() or the storage open has not returned"))
+            closing = self._closing.get(key)
+            if closing is not None and not closing.done() and key not in self.tablets:
+                out.append(pb.TabletProblem(
+                    computation=key[0], key_range=key[1], attempts=1, seconds=0.0,
+                    error="the previous copy's batch has not finished (user code still running)"))
+        return out
 
     def stuck(self) -> list[str]:
         """Tablets that were let go of but whose batch in flight has not finished."""

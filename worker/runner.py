@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from runtime.errors import UserCodeError
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -67,8 +69,12 @@ class TabletThread:
             error: BaseException | None = None
             try:
                 result = fn(*args)
-            except BaseException as e:  # handed to the awaiting coroutine, never lost here
+            except Exception as e:  # handed to the awaiting coroutine, never lost here
                 error = e
+            except BaseException as e:
+                # sys.exit() in user code (setup, a sink's hook): an error of that call, not
+                # of the worker. Raised as is on the event loop, it would end the process.
+                error = UserCodeError(f"user code raised {type(e).__name__}: {e}")
             try:
                 loop.call_soon_threadsafe(_settle, fut, result, error)
             except RuntimeError:  # the loop is closed: the worker is exiting

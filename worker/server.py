@@ -13,6 +13,7 @@ import grpc
 
 from runtime import metrics, serving
 from runtime.client import AsyncMasterClient
+from runtime.imports import CodePolicy
 from runtime.record import Record
 from runtime.security import Security
 from runtime.wire import from_proto, to_proto
@@ -33,6 +34,7 @@ class WorkerOptions:
     limits: WorkerLimits = WorkerLimits()
     advertise: str | None = None
     security: Security = Security()
+    code_policy: CodePolicy = CodePolicy()
 
 
 class WorkerServicer(rpc.WorkerServicer):
@@ -126,7 +128,8 @@ class MasterSession:
             seq, held = self.core.next_report()
             try:
                 resp = await self.masters.stub().Heartbeat(
-                    pb.HeartbeatRequest(worker_id=self.core.worker_id, tablets=held, report_seq=seq),
+                    pb.HeartbeatRequest(worker_id=self.core.worker_id, tablets=held, report_seq=seq,
+                                        problems=self.core.problems()),
                     timeout=self.lease_ms / 2000)
             except grpc.RpcError as e:
                 # No reconcile here: nothing may hold up the next heartbeat. Commits check the
@@ -177,7 +180,8 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
     server = serving.make_server(options.security)
     address = serving.bind(server, options.listen, options.advertise, options.security)
     peers = Peers(options.security)
-    core = WorkerCore(options.state_dir, address, peers.deliver, options.limits)
+    core = WorkerCore(options.state_dir, address, peers.deliver, options.limits,
+                      code_policy=options.code_policy)
     rpc.add_WorkerServicer_to_server(WorkerServicer(core), server)
     await server.start()
     print(f"millstream worker listening on {address}", flush=True)

@@ -5,7 +5,7 @@ Keys are prefixed by one byte per kind of data::
     S <key>                               user state
     D <record id>                         dedup ids of committed input
     P <seq:8> <range:4> <computation>     checkpointed production (a Record proto)
-    K <keylen:4> <key> <tag>              timer by key -> <domain:1> <time:8>
+    K <keylen:4> <key> <tag>              timer by key -> <domain:1> <time:8> <nonce>
     T <domain:1> <time:8> <keylen:4> <key> <tag>   timer index by due time
     G <producer prefix:8>                 newest token of a producer whose ids were collected
     M token | seq | sink                  metadata
@@ -49,10 +49,16 @@ def production_key(seq: int, computation: str, key_range: int) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class Timer:
+    """A pending timer. ``nonce`` tells one setting of a (key, tag, time) from another (the
+    id of the record or firing that set it): weak productions of a firing derive their ids
+    from it, so a timer set again at the same time fires with new ids, while a retried
+    firing (read back from disk) repeats its ids. Equality ignores it."""
+
     key: bytes
     tag: str
     domain: TimeDomain
     time: int
+    nonce: bytes = field(default=b"", compare=False)
 
 
 @dataclass(slots=True)
@@ -158,8 +164,8 @@ class TabletStore:
         out = []
         for k, v in self._scan(b"K"):
             key, tag = _split_timer_key(k[1:])
-            domain, t = struct.unpack(">BQ", v)
-            out.append(Timer(key, tag, TimeDomain(domain), t - _TIME_OFFSET))
+            domain, t = struct.unpack_from(">BQ", v)
+            out.append(Timer(key, tag, TimeDomain(domain), t - _TIME_OFFSET, v[9:]))
         return out
 
     def sink_meta(self) -> bytes | None:
@@ -190,7 +196,7 @@ class TabletStore:
             for (key, tag), t in c.timers_set.items():
                 tk = _timer_key(key, tag)
                 packed = struct.pack(">BQ", t.domain, t.time + _TIME_OFFSET)
-                wb.put(b"K" + tk, packed)
+                wb.put(b"K" + tk, packed + t.nonce)
                 wb.put(b"T" + packed + tk, b"")
             for p in c.productions:
                 if p.ckey is not None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from runtime import metrics
 from runtime.computation import Computation, TimeDomain
 from runtime.errors import MillstreamError
-from runtime.imports import load
+from runtime.imports import CodePolicy, load
 from runtime.record import Record, producer_prefix
 from runtime.routing import RoutingTable
 from runtime.topology import dead_letter_stream
@@ -49,6 +49,7 @@ class TabletHost(Protocol):
 
     routing: RoutingTable
     limits: Any
+    code_policy: CodePolicy
 
     def lease_valid(self) -> bool: ...
     def send(self, productions: list[Production], owner: Tablet) -> None: ...
@@ -143,7 +144,7 @@ class Tablet:
             for t in store.timers():
                 self.timers.remember(t)
             self.collection = Collection(store.producer_tokens())
-            cls = load(self.route.code, f"code of computation {self.computation!r}")
+            cls = load(self.route.code, f"code of computation {self.computation!r}", self.host.code_policy)
             if not (isinstance(cls, type) and issubclass(cls, Computation)):
                 raise MillstreamError(f"{self.route.code!r} is not a Computation subclass")
             comp = cls()

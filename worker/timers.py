@@ -28,10 +28,10 @@ class TimerIndex:
         return self._by_key.get(key)
 
     def remember(self, t: Timer) -> None:
-        if self._by_key.get((t.key, t.tag)) == t:
-            return  # set again, unchanged: already indexed
-        self._by_key[(t.key, t.tag)] = t
-        heapq.heappush(self._heaps[t.domain], (t.time, t.key, t.tag))
+        unchanged = self._by_key.get((t.key, t.tag)) == t
+        self._by_key[(t.key, t.tag)] = t  # always: a new setting carries a new nonce
+        if not unchanged:  # set again at the same time: already in its heap
+            heapq.heappush(self._heaps[t.domain], (t.time, t.key, t.tag))
 
     def forget(self, t: Timer) -> None:
         """Drop ``t`` if it is still the timer of its (key, tag)."""

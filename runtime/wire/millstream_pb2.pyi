@@ -150,14 +150,30 @@ class LeaveResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "tablets", "report_seq")
+    __slots__ = ("worker_id", "tablets", "report_seq", "problems")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     TABLETS_FIELD_NUMBER: _ClassVar[int]
     REPORT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     tablets: _containers.RepeatedCompositeFieldContainer[HeldTablet]
     report_seq: int
-    def __init__(self, worker_id: _Optional[str] = ..., tablets: _Optional[_Iterable[_Union[HeldTablet, _Mapping]]] = ..., report_seq: _Optional[int] = ...) -> None: ...
+    problems: _containers.RepeatedCompositeFieldContainer[TabletProblem]
+    def __init__(self, worker_id: _Optional[str] = ..., tablets: _Optional[_Iterable[_Union[HeldTablet, _Mapping]]] = ..., report_seq: _Optional[int] = ..., problems: _Optional[_Iterable[_Union[TabletProblem, _Mapping]]] = ...) -> None: ...
+
+class TabletProblem(_message.Message):
+    __slots__ = ("computation", "key_range", "error", "attempts", "seconds")
+    COMPUTATION_FIELD_NUMBER: _ClassVar[int]
+    KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    computation: str
+    key_range: int
+    error: str
+    attempts: int
+    seconds: float
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., error: _Optional[str] = ..., attempts: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("known", "routing_version", "watermarks", "reported")

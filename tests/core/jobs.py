@@ -92,3 +92,12 @@ class BigBatchFails(Computation):
         if n > self.max:
             raise RuntimeError(f"a batch of {n} records is too large to commit")
         return None
+
+
+class SlowCollector(Collector):
+    """A Collector whose every record takes ``sleep_ms`` (a receiver slower than a weak
+    producer's ack wait)."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        time.sleep(int(self.params.get("sleep_ms", "100")) / 1000)
+        super().process_record(ctx, record)

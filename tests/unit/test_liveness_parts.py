@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from runtime.errors import UserCodeError
 from runtime.record import Record
 from worker.inbox import NOT_OWNER, OK, Inbox
 from worker.runner import TabletThread
@@ -89,8 +90,8 @@ def test_a_tablet_thread_runs_calls_in_order_off_the_loop_and_hands_back_errors(
         def boom() -> None:
             raise SystemExit(3)
 
-        with pytest.raises(SystemExit):
-            await thread.run(boom)
+        with pytest.raises(UserCodeError, match="raised SystemExit: 3"):
+            await thread.run(boom)  # never SystemExit on the event loop: it would end the worker
         thread.stop()
 
     asyncio.run(main())
