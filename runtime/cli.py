@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from runtime.errors import ConfigError, MillstreamError
 from runtime.security import Security
@@ -21,6 +21,33 @@ log = logging.getLogger("millstream")
 
 def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
+
+
+def _int_in(low: int, high: int, what: str) -> Callable[[str], int]:
+    """An argparse type: an int in [low, high]; the message names the flag and its env var."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number ({what})") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range {low}..{high} ({what})")
+        return value
+    return parse
+
+
+def _address(what: str, optional: bool = False) -> Callable[[str], str]:
+    """An argparse type: HOST:PORT with an explicit host (never all interfaces by accident)."""
+    def parse(text: str) -> str:
+        if optional and text == "":
+            return text
+        host, sep, port = text.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not HOST:PORT ({what}); write e.g. 127.0.0.1:8080, or 0.0.0.0:8080 "
+                "to listen on every interface" + (", or '' for off" if optional else ""))
+        return text
+    return parse
 
 
 def _masters_flag(p: argparse.ArgumentParser) -> None:
@@ -54,28 +81,34 @@ def _need(value: str | None, flag: str, env: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="millstream", description="MillWheel-style stream processing.")
-    parser.add_argument("--log-level", default=_env("MILLSTREAM_LOG_LEVEL", "INFO"))
+    parser.add_argument("--log-level", default=_env("MILLSTREAM_LOG_LEVEL", "INFO"),
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"],
+                        help="DEBUG, INFO (default), WARNING or ERROR (env MILLSTREAM_LOG_LEVEL)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="run a complete local cluster in the foreground")
-    up.add_argument("--workers", type=int, default=2)
-    up.add_argument("--masters", type=int, default=1)
+    up.add_argument("--workers", type=_int_in(0, 64, "--workers"), default=2)
+    up.add_argument("--masters", type=_int_in(1, 7, "--masters"), default=1)
     up.add_argument("--data-dir", default=_env("MILLSTREAM_DATA_DIR", "./millstream-data"))
-    up.add_argument("--lease-ms", type=int, default=3000)
+    up.add_argument("--lease-ms", type=_int_in(500, 3_600_000, "--lease-ms or MILLSTREAM_LEASE_MS, milliseconds"),
+                    default=_env("MILLSTREAM_LEASE_MS", "3000"))
     up.add_argument("--port", type=int, default=7070,
                     help="port of the first master (0: chosen by the OS; falls back to that if taken)")
 
     m = sub.add_parser("master", help="run one master")
     m.add_argument("--etcd", default=_env("MILLSTREAM_ETCD"), help="etcd URL(s) (env MILLSTREAM_ETCD)")
     m.add_argument("--listen", default=_env("MILLSTREAM_MASTER_LISTEN", _env("MILLSTREAM_LISTEN", "127.0.0.1:7070")),
+                   type=_address("--listen or MILLSTREAM_MASTER_LISTEN"),
                    help="HOST:PORT to serve on (env MILLSTREAM_MASTER_LISTEN or MILLSTREAM_LISTEN)")
     m.add_argument("--advertise", default=_env("MILLSTREAM_MASTER_ADVERTISE"),
                    help="HOST:PORT others dial, when it differs from --listen (e.g. 0.0.0.0)")
     m.add_argument("--http-listen", default=_env("MILLSTREAM_HTTP_LISTEN", "127.0.0.1:0"),
+                   type=_address("--http-listen or MILLSTREAM_HTTP_LISTEN", optional=True),
                    help="HOST:PORT of the web page and /metrics (port 0: chosen by the OS and "
                         "printed; '' = off)")
     m.add_argument("--etcd-ca", default=_env("MILLSTREAM_ETCD_CA"), help="CA certificate for https etcd")
-    m.add_argument("--lease-ms", type=int, default=int(_env("MILLSTREAM_LEASE_MS", "3000") or 3000))
+    m.add_argument("--lease-ms", type=_int_in(500, 3_600_000, "--lease-ms or MILLSTREAM_LEASE_MS, milliseconds"),
+                   default=_env("MILLSTREAM_LEASE_MS", "3000"))
     _security_flags(m, server=True)
     m.add_argument("--etcd-user", default=_env("MILLSTREAM_ETCD_USER"))
     m.add_argument("--etcd-password", default=_env("MILLSTREAM_ETCD_PASSWORD"))
@@ -83,11 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="run one worker")
     _masters_flag(w)
     w.add_argument("--listen", default=_env("MILLSTREAM_WORKER_LISTEN", _env("MILLSTREAM_LISTEN", "127.0.0.1:0")),
+                   type=_address("--listen or MILLSTREAM_WORKER_LISTEN"),
                    help="HOST:PORT to serve on (env MILLSTREAM_WORKER_LISTEN or MILLSTREAM_LISTEN)")
     w.add_argument("--advertise", default=_env("MILLSTREAM_WORKER_ADVERTISE"),
                    help="HOST:PORT others dial, when it differs from --listen (e.g. 0.0.0.0)")
     w.add_argument("--state-dir", default=_env("MILLSTREAM_STATE_DIR"))
     w.add_argument("--metrics-listen", default=_env("MILLSTREAM_METRICS_LISTEN", "127.0.0.1:0"),
+                   type=_address("--metrics-listen or MILLSTREAM_METRICS_LISTEN", optional=True),
                    help="HOST:PORT for Prometheus /metrics (port 0: chosen by the OS; '' = off)")
     w.add_argument("--allow-code", default=_env("MILLSTREAM_ALLOW_CODE"),
                    help="comma-separated module prefixes topologies may load code from, e.g. my_jobs,"
@@ -126,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="run the main example end to end on an embedded cluster")
     d.add_argument("--data-dir", default=None)
-    d.add_argument("--workers", type=int, default=2)
+    d.add_argument("--workers", type=_int_in(1, 64, "--workers"), default=2)
     return parser
 
 

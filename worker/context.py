@@ -9,7 +9,6 @@ from runtime.computation import Context, State, TimeDomain
 from runtime.errors import MillstreamError
 from worker.storage import Timer
 
-
 # Bounds on what user code hands the runtime: one record must fit one delivery (gRPC
 # messages are capped at 64 MiB, runtime/wire) with room for the rest of its batch.
 MAX_VALUE_BYTES = 16 << 20

@@ -31,6 +31,7 @@ class WorkerLimits:
     """Bounds of the record path (backpressure and retries)."""
 
     max_queued_records: int = 20_000
+    max_queued_bytes: int = 256 << 20  # also BUSY past this much queued input (S8)
     max_unacked: int = 100_000
     max_batch_records: int = 2_000
     batch_budget_ms: int = 100  # a batch stops taking records and timers once user code used this

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from runtime.record import Record
 from runtime.wire import millstream_pb2 as pb
+from runtime.wire import record_bytes
 from worker.progress import TimestampBag
 
 OK, NOT_OWNER = pb.DeliverResponse.OK, pb.DeliverResponse.NOT_OWNER
@@ -39,6 +40,7 @@ class Inbox:
     def __init__(self) -> None:
         self._queue: deque[Delivery] = deque()
         self.records = 0  # records queued and not yet taken
+        self.bytes = 0    # ... and about their size (queues are bounded in bytes too)
         self._ts = TimestampBag()
 
     def __bool__(self) -> bool:
@@ -47,6 +49,7 @@ class Inbox:
     def put(self, records: list[Record], fut: asyncio.Future[int]) -> None:
         self._queue.append(Delivery(records, fut))
         self.records += len(records)
+        self.bytes += sum(record_bytes(r) for r in records)
         for r in records:
             self._ts.add(r.timestamp)
 
@@ -57,6 +60,7 @@ class Inbox:
         while self._queue and (not out or n + self._queue[0].remaining <= limit):
             d = self._queue.popleft()
             n += d.remaining
+            self.bytes -= sum(record_bytes(r) for r in d.records[d.done:])
             out.append(d)
         self.records -= n
         return out
@@ -78,6 +82,7 @@ class Inbox:
         for d in reversed(back):
             self._queue.appendleft(d)
             self.records += d.remaining
+            self.bytes += sum(record_bytes(r) for r in d.records[d.done:])
 
     def failed(self, taken: list[Delivery]) -> None:
         """Nothing of a batch committed: its senders retry (here or elsewhere)."""
@@ -87,7 +92,7 @@ class Inbox:
     def refuse_all(self) -> None:
         while self._queue:
             self._release(self._queue.popleft())
-        self.records = 0
+        self.records = self.bytes = 0
 
     def _release(self, d: Delivery) -> None:
         for r in d.records[d.done:]:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from runtime.record import Record
 from runtime.routing import RoutingTable
+from runtime.wire import MAX_DELIVERY_BYTES, record_bytes
 from worker.storage import Production
 
 if TYPE_CHECKING:
@@ -73,9 +74,13 @@ class Sender:
                 wake.clear()
                 await wake.wait()
                 continue
-            batch = []
+            batch: list[tuple[Production, Tablet]] = []
+            size = 0
             for p, owner in q:
                 if not owner.closing:
+                    size += record_bytes(p.record)
+                    if batch and size > MAX_DELIVERY_BYTES:
+                        break  # bounded in bytes too: large values never exceed a message
                     batch.append((p, owner))
                 if len(batch) >= self.max_batch:
                     break

@@ -61,6 +61,7 @@ class Peers:
         self.security = security
         self._stubs: dict[str, rpc.WorkerStub] = {}
         self._channels: list[grpc.aio.Channel] = []
+        self._warned: set[tuple[str, grpc.StatusCode]] = set()
 
     async def deliver(self, address: str, computation: str, key_range: int, token: int,
                       records: list[Record], floors: Sequence[tuple[bytes, int, int]]
@@ -76,7 +77,14 @@ class Peers:
         try:
             resp = await stub.Deliver(req, timeout=30)
         except grpc.RpcError as e:
-            log.debug("delivery to %s failed: %s", address, e.code())
+            code = e.code()
+            # Unavailable / deadline: a worker restarting or busy, retried quietly. Anything
+            # else (too large, unauthenticated, ...) will not heal by itself: say so, once.
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                log.debug("delivery to %s failed: %s", address, code)
+            elif (address, code) not in self._warned:
+                self._warned.add((address, code))
+                log.warning("delivery to %s failed: %s (%s); retrying", address, code.name, e.details())
             return UNREACHABLE, None
         return int(resp.status), (resp.worker_id, resp.report_seq)
 

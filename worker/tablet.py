@@ -219,7 +219,8 @@ class Tablet:
                         self.name, newer)
             return NOT_OWNER
         limits = self.host.limits
-        if self.inbox.records >= limits.max_queued_records or self.outbox.unacked >= limits.max_unacked:
+        if (self.inbox.records >= limits.max_queued_records or self.inbox.bytes >= limits.max_queued_bytes
+                or self.outbox.unacked >= limits.max_unacked):
             self.metrics.busy.inc()
             return BUSY
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()

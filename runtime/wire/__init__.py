@@ -7,6 +7,14 @@ from runtime.wire import millstream_pb2 as pb
 
 # Bounded message sizes on every channel and server.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# A delivery (one Deliver call) is cut at this many bytes of records, so a batch of large
+# values never exceeds MAX_MESSAGE_BYTES; one record may be up to 16 MiB (worker/context.py).
+MAX_DELIVERY_BYTES = 16 * 1024 * 1024
+
+
+def record_bytes(r: Record) -> int:
+    """About what ``r`` costs in a message (payload plus framing)."""
+    return len(r.key) + len(r.value) + 48
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
