@@ -81,7 +81,8 @@ def local_modules(directory: str) -> list[str]:
         path = os.path.join(directory, entry)
         if entry.endswith(".py") and entry[:-3].isidentifier():
             names.append(entry[:-3])
-        elif entry.isidentifier() and os.path.isfile(os.path.join(path, "__init__.py")):
+        elif entry.isidentifier() and os.path.isdir(path) and any(
+                f.endswith(".py") for f in os.listdir(path)):  # a package, or a namespace package
             names.append(entry)
     return names
 

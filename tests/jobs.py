@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 
 from runtime import Computation, Context, Record, Topology
 
@@ -60,3 +61,33 @@ class SlowCounter(Computation):
             time.sleep(float(self.params.get("sleep", "2")))
         ctx.state.set(str(n).encode())
         ctx.produce("counts", str(n).encode())
+
+
+class FanOut(Computation):
+    """Emits ``copies`` values of ``size`` bytes for every record (to "large-out")."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        size = int(self.params.get("size", "1024"))
+        for i in range(int(self.params.get("copies", "10"))):
+            ctx.produce("large-out", b"x" * size, key=record.key + b"/%d" % i)
+
+
+class CountingSink(Computation):
+    """A FileSink that writes each value's length instead of the value (large values)."""
+
+    def setup(self, params: Mapping[str, str]) -> None:
+        from runtime.sinks import FileSink
+
+        super().setup(params)
+        self.sink = FileSink()
+        self.sink.setup(params)
+
+    def restore(self, tablet: str, meta: bytes | None) -> None:
+        self.sink.restore(tablet, meta)
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        self.sink.process_record(ctx, Record(record.key, str(len(record.value)).encode(),
+                                             record.timestamp, record.id))
+
+    def prepare_commit(self) -> bytes:
+        return self.sink.prepare_commit()

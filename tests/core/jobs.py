@@ -101,3 +101,52 @@ class SlowCollector(Collector):
     def process_record(self, ctx: Context, record: Record) -> None:
         time.sleep(int(self.params.get("sleep_ms", "100")) / 1000)
         super().process_record(ctx, record)
+
+
+class Misbehave(Computation):
+    """Echoes b"ok..." values to "out"; other values name one way to misuse the API."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        v = record.value
+        if v == b"surrogate-tag":
+            ctx.set_timer("w\udc80", record.timestamp + 1)
+        elif v == b"float-time":
+            ctx.set_timer("t", 1.5)  # type: ignore[arg-type]
+        elif v == b"huge-value":
+            ctx.produce("out", b"x" * (17 << 20))
+        elif v == b"huge-state":
+            ctx.state.set(b"x" * (17 << 20))
+        elif v == b"unknown-stream":
+            ctx.produce("nope", b"")
+        elif v == b"str-value":
+            ctx.produce("out", "text")  # type: ignore[arg-type]
+        elif v == b"str-state":
+            ctx.state.set("text")  # type: ignore[arg-type]
+        elif v == b"str-key":
+            ctx.produce("out", b"", key="k")  # type: ignore[arg-type]
+        elif v == b"time-2**70":
+            ctx.produce("out", b"", timestamp=2**70)
+        elif v == b"recursion":
+            def down(n: int) -> int:
+                return down(n + 1)
+            down(0)
+        elif v == b"keyboard-interrupt":
+            raise KeyboardInterrupt
+        elif v == b"exit":
+            sys.exit(1)
+        else:
+            ctx.produce("out", v)
+
+
+def not_a_class(record: Record) -> bytes:
+    """A function where a Computation class is expected (and a key extractor returning bytes)."""
+    return record.key
+
+
+def extractor_returning_str(record: Record) -> str:
+    return "not bytes"
+
+
+class ExitsInSetup(Computation):
+    def setup(self, params: Mapping[str, str]) -> None:
+        sys.exit("setup gave up")

@@ -1,0 +1,150 @@
+"""Bad input from user code and topologies, in-process (docs/bad-input.md): each case gets a
+clear error where the user will look for it, and nothing else is lost or stopped.
+
+- A record whose code misuses the API goes to ``<computation>.dead_letter`` with the
+  error text; the records around it are processed.
+- Code that cannot be loaded shows up as a tablet problem (status), naming what is wrong;
+  other computations of the same worker keep running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from runtime import Record
+from runtime.imports import CodePolicy
+from tests.core.jobs import Collector
+from tests.core.test_worker_core import BASE, _until, routing
+from worker.core import WorkerCore, WorkerLimits
+from worker.sender import OK
+
+
+async def _core(tmp: str, *comps: tuple[str, str, list[str], list[str], dict[str, str]],
+                policy: CodePolicy = CodePolicy(("*",))) -> WorkerCore:
+    async def nowhere(*args: object) -> int:
+        raise AssertionError("everything is local in these tests")
+
+    core = WorkerCore(tmp, "self:1", nowhere, WorkerLimits(), code_policy=policy)
+    core.worker_id = "w"
+    core.renewed(core.now_ms(), 600_000)
+    Collector.seen = []
+    await core.apply_routing(routing(*comps))
+    return core
+
+
+MISUSES = [
+    # (value that makes Misbehave misuse the API, text the dead letter's error must contain)
+    ("surrogate-tag", "cannot be stored as UTF-8"),              # B17
+    ("float-time", "must be an int of microseconds"),            # B26
+    ("huge-value", "over the limit"),                            # B19
+    ("huge-state", "over the limit"),
+    ("unknown-stream", "unknown stream 'nope'"),                 # B25
+    ("str-value", "value must be bytes"),                        # B25
+    ("str-state", "state must be bytes"),
+    ("str-key", "key must be bytes"),
+    ("time-2**70", "within 64 bits"),
+    ("recursion", "RecursionError"),
+    ("keyboard-interrupt", "KeyboardInterrupt"),
+    ("exit", "SystemExit"),                                      # B15
+]
+
+
+@pytest.mark.parametrize(("value", "error"), MISUSES, ids=[m[0] for m in MISUSES])
+def test_a_misuse_in_user_code_is_dead_lettered_and_the_rest_goes_on(tmp_path: object, value: str,
+                                                                     error: str) -> None:
+    async def main() -> None:
+        core = await _core(str(tmp_path), ("bad", "tests.core.jobs:Misbehave", ["in"], ["out"], {}),
+                           ("collect", "tests.core.jobs:Collector", ["out"], [], {"name": "out"}),
+                           ("dead", "tests.core.jobs:Collector", ["bad.dead_letter"], [], {"name": "dead"}))
+        recs = [Record(b"k", v, BASE + i, i.to_bytes(16, "big"))
+                for i, v in enumerate([b"ok-1", value.encode(), b"ok-2"])]
+        assert await core.deliver("bad", 0, 1, recs) == OK
+        await _until(lambda: len(Collector.seen) == 3, "two outputs and one dead letter")
+        assert [v for n, _, v in Collector.seen if n == "out"] == [b"ok-1", b"ok-2"]
+        dead = [json.loads(v) for n, _, v in Collector.seen if n == "dead"]
+        assert error in dead[0]["error"], dead[0]["error"]
+        assert not core.tablets[("bad", 0)].closing  # the tablet never failed a batch
+        await core.close_all()
+
+    asyncio.run(main())
+
+
+LOAD_FAILURES = [
+    # (code path, policy, text the tablet problem must contain)
+    ("os:getcwd", CodePolicy(), "is not allowed on this worker"),                     # S2, B13
+    ("sys:exit", CodePolicy(), "is not allowed on this worker"),                      # S2, B14
+    ("tests.core.jobs:not_a_class", CodePolicy(), "is not a Computation subclass"),  # B13
+    ("tests.core.jobs:ExitsInSetup", CodePolicy(), "SystemExit"),                     # B14
+    ("tests.core.exits_on_import:X", CodePolicy(), "raised SystemExit"),              # B14
+    ("no_such_module_anywhere:X", CodePolicy(("*",)), "cannot import module"),       # B10
+    ("tests.core.jobs:NoSuchClass", CodePolicy(), "has no attribute"),
+]
+
+
+@pytest.mark.parametrize(("code", "policy", "error"), LOAD_FAILURES, ids=[f[0] for f in LOAD_FAILURES])
+def test_code_that_cannot_load_is_reported_and_the_worker_goes_on(tmp_path: object, code: str,
+                                                                 policy: CodePolicy, error: str) -> None:
+    async def main() -> None:
+        core = await _core(str(tmp_path), ("broken", code, ["in"], ["broken-out"], {}),
+                           ("echo", "tests.core.jobs:Echo", ["other"], ["out"], {}),
+                           ("collect", "tests.core.jobs:Collector", ["out"], [], {"name": "out"}),
+                           policy=CodePolicy((*policy.allowed, "tests")))
+        for _ in range(3):  # tried again on every reconcile; reported from the third attempt
+            await core.reconcile()
+        problems = {(p.computation, p.key_range): p for p in core.problems()}
+        assert ("broken", 0) in problems and error in problems[("broken", 0)].error, problems
+        assert ("echo", 0) in core.tablets  # the rest of the worker runs
+        assert await core.deliver("echo", 0, 1, [Record(b"k", b"fine", BASE, b"1".ljust(16))]) == OK
+        await _until(lambda: [v for _, _, v in Collector.seen] == [b"fine"], "the other computation's output")
+        await core.close_all()
+
+    asyncio.run(main())
+
+
+def test_one_unloadable_key_extractor_stops_only_the_records_routed_through_it(tmp_path: object) -> None:
+    """B11: it used to freeze every routing update of the worker."""
+    async def main() -> None:
+        r = routing(("up", "tests.core.jobs:Echo", ["in"], ["out"], {}),
+                    ("good", "tests.core.jobs:Collector", ["out"], [], {"name": "out"}),
+                    ("other", "tests.core.jobs:Collector", ["x"], [], {"name": "x"}),
+                    ("dead", "tests.core.jobs:Collector", ["up.dead_letter"], [], {"name": "dead"}))
+        r.computations[2].inputs[0].key_extractor = "no_such_module_anywhere:key"
+        core = WorkerCore(str(tmp_path), "self:1", _nowhere, WorkerLimits())
+        core.worker_id = "w"
+        core.renewed(core.now_ms(), 600_000)
+        Collector.seen = []
+        await core.apply_routing(r)
+        assert set(core.tablets) == {("up", 0), ("good", 0), ("other", 0), ("dead", 0)}
+        assert await core.deliver("up", 0, 1, [Record(b"k", b"v", BASE, b"1".ljust(16))]) == OK
+        await _until(lambda: [v for n, _, v in Collector.seen if n == "out"] == [b"v"], "the output")
+        await core.close_all()
+
+    asyncio.run(main())
+
+
+def test_a_key_extractor_returning_str_dead_letters_the_producers_record(tmp_path: object) -> None:
+    """B24."""
+    async def main() -> None:
+        r = routing(("up", "tests.core.jobs:Echo", ["in"], ["out"], {}),
+                    ("down", "tests.core.jobs:Collector", ["out"], [], {"name": "out"}),
+                    ("dead", "tests.core.jobs:Collector", ["up.dead_letter"], [], {"name": "dead"}))
+        r.computations[1].inputs[0].key_extractor = "tests.core.jobs:extractor_returning_str"
+        core = WorkerCore(str(tmp_path), "self:1", _nowhere, WorkerLimits())
+        core.worker_id = "w"
+        core.renewed(core.now_ms(), 600_000)
+        Collector.seen = []
+        await core.apply_routing(r)
+        assert await core.deliver("up", 0, 1, [Record(b"k", b"v", BASE, b"1".ljust(16))]) == OK
+        await _until(lambda: len(Collector.seen) == 1, "a dead letter")
+        name, _, value = Collector.seen[0]
+        assert name == "dead" and "returned str, not bytes" in json.loads(value)["error"]
+        await core.close_all()
+
+    asyncio.run(main())
+
+
+async def _nowhere(*args: object) -> int:
+    raise AssertionError("everything is local in these tests")

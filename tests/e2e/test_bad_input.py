@@ -1,0 +1,130 @@
+"""Bad input at the command line and against a running cluster (docs/bad-input.md): one clear
+line that says what was wrong and how to fix it, no traceback, no hang, nothing lost."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from injectors import Injector
+from runtime import Topology
+from runtime.errors import InjectionError
+from runtime.sinks import read_file_sink
+from tests.harness import Cluster, wait_until
+
+BASE_TS = 1_700_000_000_000_000
+
+CLI = [
+    # (argv, extra environment, text the one-line error must contain)       review finding
+    (["master", "--etcd", "http://127.0.0.1:1"], {"MILLSTREAM_LEASE_MS": "abc"},
+     "'abc' is not a whole number (--lease-ms or MILLSTREAM_LEASE_MS"),       # B1
+    (["master", "--etcd", "http://127.0.0.1:1", "--lease-ms", "10"], {}, "out of range 500"),
+    (["master", "--etcd", "http://127.0.0.1:1", "--http-listen", "localhost"], {},
+     "'localhost' is not HOST:PORT"),                                           # B2
+    (["worker", "--masters", "127.0.0.1:1", "--state-dir", "/tmp/x", "--metrics-listen", "9464"], {},
+     "'9464' is not HOST:PORT"),                                                # B3
+    (["master", "--etcd", "http://127.0.0.1:1", "--http-listen", ":8080"], {}, "':8080' is not HOST:PORT"),  # B3
+    (["--log-level", "bogus", "status"], {}, "invalid choice: 'bogus'"),        # B4
+    (["up", "--masters", "0"], {}, "out of range 1..7"),                        # B8
+    (["worker", "--masters", "127.0.0.1:1"], {}, "--state-dir is required"),
+    (["worker", "--masters", "127.0.0.1:1", "--state-dir", "/tmp/x", "--allow-code", "my jobs"], {},
+     "is not a module prefix"),
+    (["status", "--masters", "not an address"], {}, "not an address"),        # B46
+    (["worker", "--masters", "127.0.0.1:1", "--state-dir", "/tmp/x", "--tls-cert", "/nonexistent.pem"], {},
+     "tls"),                                                                    # B46
+    (["submit", "no_such_module_for_millstream:topo", "--masters", "127.0.0.1:1"], {},
+     "cannot import module"),
+    (["move", "counter", "w1", "--masters", "127.0.0.1:1"], {}, "is not COMPUTATION/RANGE"),
+]
+
+
+@pytest.mark.parametrize(("argv", "env", "error"), CLI, ids=[" ".join(c[0])[:60] for c in CLI])
+def test_a_bad_command_line_gets_one_clear_line(argv: list[str], env: dict[str, str], error: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "runtime.cli", *argv], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **env}, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert error.lower() in proc.stderr.lower(), proc.stderr[-2000:]
+
+
+# ------------------------------------------------------------- a running cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(str(tmp_path_factory.mktemp("bad-input")), workers=2).running() as c:
+        yield c
+
+
+def _submit_unchecked(cluster: Cluster, topo: Topology) -> None:
+    """Submit as a raw RPC would: without the client's own import checks, so what the
+    workers do with such code is what is tested."""
+    from runtime.wire import millstream_pb2 as pb
+
+    cluster.client.call(lambda s: s.Submit(pb.SubmitRequest(topology_json=topo.to_json()), timeout=30))
+
+
+def test_code_the_workers_cannot_import_is_shown_in_status_and_others_run(cluster: Cluster) -> None:
+    """B10: it used to stall silently (an INFO line every 200 ms)."""
+    topo = Topology("unimportable")
+    topo.add_computation("ghost", "tests.jobs:NoSuchComputation", inputs={"ghost-in": None})
+    _submit_unchecked(cluster, topo)
+
+    def reported() -> bool:
+        return bool(cluster.client.status()["computations"]["ghost"]["problems"])
+
+    wait_until(reported, 30, "status to report the ghost computation's tablets")
+    problem = cluster.client.status()["computations"]["ghost"]["problems"][0]
+    assert "has no attribute 'NoSuchComputation'" in problem["error"]
+    # The cluster still does real work.
+    out = os.path.join(cluster.data_dir, "still-fine")
+    ok = Topology("still-fine")
+    ok.add_computation("fine", "runtime.sinks:FileSink", inputs={"fine-in": None}, params={"path": out})
+    cluster.client.submit(ok)
+    with Injector(cluster.masters_arg, "fine-in", "fine-source") as inj:
+        inj.send(b"k", b"v", BASE_TS)
+    wait_until(lambda: len(list(read_file_sink(out))) == 1, 30, "the other topology's output")
+
+
+def test_code_outside_the_allowed_modules_is_refused_before_it_runs(cluster: Cluster) -> None:
+    """S2: a topology naming os:getcwd (or sys:exit) is refused by every worker."""
+    topo = Topology("not-allowed")
+    topo.add_computation("exit", "sys:exit", inputs={"exit-in": None})
+    _submit_unchecked(cluster, topo)
+    wait_until(lambda: bool(cluster.client.status()["computations"]["exit"]["problems"]), 30,
+               "status to report the refused code")
+    assert "is not allowed on this worker" in cluster.client.status()["computations"]["exit"]["problems"][0]["error"]
+    assert all(w.alive() for w in cluster.workers)
+
+
+def test_large_values_in_large_batches_are_delivered(cluster: Cluster) -> None:
+    """B18: 1,000 values of 64 KiB in one producer batch (64 MiB) used to exceed the message
+    limit between workers and be retried forever; deliveries are now cut by bytes."""
+    out = os.path.join(cluster.data_dir, "large")
+    topo = Topology("large")
+    topo.add_computation("fan", "tests.jobs:FanOut", inputs={"large-in": None}, outputs=["large-out"],
+                         params={"copies": "100", "size": str(64 << 10)})
+    topo.add_computation("large-sink", "tests.jobs:CountingSink", inputs={"large-out": None},
+                         params={"path": out}, key_ranges=2)
+    cluster.client.submit(topo)
+    with Injector(cluster.masters_arg, "large-in", "large-source", batch_size=10) as inj:
+        for i in range(10):
+            inj.send(b"k%d" % i, b"", BASE_TS + i)
+    wait_until(lambda: len(list(read_file_sink(out))) == 1000, 120, "1,000 large values")
+    assert {r["value"] for r in read_file_sink(out)} == {str(64 << 10)}
+
+
+def test_an_injector_refuses_bad_records_at_the_call(cluster: Cluster) -> None:
+    """B23, B27: the error names the value and the fix; nothing half-sent."""
+    with Injector(cluster.masters_arg, "fine-in", "bad-records") as inj:
+        with pytest.raises(InjectionError, match="bytes"):
+            inj.send("text-key", b"v", BASE_TS)  # type: ignore[arg-type]
+        with pytest.raises(InjectionError, match="bytes"):
+            inj.send(b"k", "text-value", BASE_TS)  # type: ignore[arg-type]
+    with pytest.raises(InjectionError, match="no running computation reads it"):
+        with Injector(cluster.masters_arg, "no-such-stream-anyone-reads", "typo") as inj:
+            inj.send(b"k", b"v", BASE_TS)
