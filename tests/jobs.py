@@ -91,3 +91,32 @@ class CountingSink(Computation):
 
     def prepare_commit(self) -> bytes:
         return self.sink.prepare_commit()
+
+
+class FlakyCommitCounter(Computation):
+    """The word counter, but a batch holding the word "failcommit" fails at commit time, once
+    per tablet and process (a storage error, say): the tablet reopens from disk, smaller."""
+
+    failed: set[str] = set()
+
+    def setup(self, params: Mapping[str, str]) -> None:
+        super().setup(params)
+        self.tablet = ""
+        self.poisoned = False
+
+    def restore(self, tablet: str, meta: bytes | None) -> None:
+        self.tablet = tablet
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        if ctx.key == b"failcommit" and self.tablet not in FlakyCommitCounter.failed:
+            self.poisoned = True
+        n = int(ctx.state.get() or b"0") + 1
+        ctx.state.set(str(n).encode())
+        ctx.produce("counts", str(n).encode())
+
+    def prepare_commit(self) -> bytes | None:
+        if self.poisoned:
+            self.poisoned = False
+            FlakyCommitCounter.failed.add(self.tablet)
+            raise OSError(f"injected commit failure in {self.tablet}")
+        return None

@@ -97,14 +97,17 @@ FAULTS: list[Callable[[Cluster, random.Random], str]] = [
 ]
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_word_count_stays_exact_under_a_seeded_mix_of_failures(chaos_cluster: Cluster, seed: int) -> None:
-    c = chaos_cluster
+def _run_chaos(c: Cluster, seed: int, *, productions: str = "strong", counter: str | None = None,
+               extra_words: str = "") -> None:
     rng = random.Random(seed)
     out = os.path.join(c.data_dir, "out")
-    c.client.submit(wordcount.topology(out, name="chaos"))
+    topo = wordcount.topology(out, name="chaos", productions=productions)
+    if counter is not None:
+        topo.computations["counter"] = dataclasses.replace(topo.computations["counter"], code=counter)
+    c.client.submit(topo)
     c.wait_assigned()
-    lines = sample_lines(4000, seed=seed)
+    lines = [line + extra_words if i % 97 == 0 else line
+             for i, line in enumerate(sample_lines(4000, seed=seed))]
     expected = oracle(lines)
     history: list[str] = []
     chunk = 500
@@ -124,6 +127,24 @@ def test_word_count_stays_exact_under_a_seeded_mix_of_failures(chaos_cluster: Cl
         raise AssertionError(f"seed {seed}, after: {history}: {e}") from None
     assert got == expected, f"seed {seed}, after: {history}"
     assert len(list(read_file_sink(out))) == total, f"seed {seed}, after: {history}"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_word_count_stays_exact_under_a_seeded_mix_of_failures(chaos_cluster: Cluster, seed: int) -> None:
+    _run_chaos(chaos_cluster, seed)
+
+
+@pytest.mark.parametrize("seed", [s + 100 for s in SEEDS])
+def test_weak_productions_stay_exact_under_a_seeded_mix_of_failures(chaos_cluster: Cluster, seed: int) -> None:
+    """Weak productions: sent before the commit, with ids that a retry must repeat."""
+    _run_chaos(chaos_cluster, seed, productions="weak")
+
+
+@pytest.mark.parametrize("seed", [s + 200 for s in SEEDS])
+def test_tablets_restarted_after_failed_batches_stay_exact(chaos_cluster: Cluster, seed: int) -> None:
+    """Some counter batches fail at commit (once per tablet and process): the tablet reopens
+    from disk with smaller batches while the seeded faults go on."""
+    _run_chaos(chaos_cluster, seed, counter="tests.jobs:FlakyCommitCounter", extra_words=" failcommit")
 
 
 def test_busy_workers_are_never_taken_for_dead(tmp_path: object) -> None:
