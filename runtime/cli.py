@@ -65,12 +65,26 @@ def _security_flags(p: argparse.ArgumentParser, server: bool) -> None:
     g.add_argument("--tls-ca", default=_env("MILLSTREAM_TLS_CA"),
                    help="CA to verify servers with; enables TLS on outgoing calls (env MILLSTREAM_TLS_CA)")
     g.add_argument("--token", default=_env("MILLSTREAM_TOKEN"),
-                   help="shared token every call carries and servers require (env MILLSTREAM_TOKEN)")
+                   help="token this process presents on every call (env MILLSTREAM_TOKEN); on a "
+                        "server without role tokens, also the one token it accepts, for every role")
+    if server:
+        g.add_argument("--tls-client-ca", default=_env("MILLSTREAM_TLS_CLIENT_CA"),
+                       help="require client certificates signed by this CA (mutual TLS)")
+        for role, what in (("worker", "register, heartbeat, deliver"), ("injector", "report injectors, deliver"),
+                           ("operator", "submit, move, status, inject")):
+            g.add_argument(f"--{role}-token", default=_env(f"MILLSTREAM_{role.upper()}_TOKEN"),
+                           help=f"token accepted for the {role} role ({what}); "
+                                f"env MILLSTREAM_{role.upper()}_TOKEN")
 
 
 def _security(args: argparse.Namespace) -> Security:
+    roles = {r: getattr(args, f"{r}_token") for r in ("worker", "injector", "operator")
+             if getattr(args, f"{r}_token", None)}
+    # A worker calls the master and other workers as a worker (whatever MILLSTREAM_TOKEN says).
+    token = (roles.get("worker") or args.token) if args.command == "worker" else args.token
     return Security(cert=getattr(args, "tls_cert", None), key=getattr(args, "tls_key", None),
-                    ca=args.tls_ca, token=args.token)
+                    ca=args.tls_ca, token=token, role_tokens=roles,
+                    client_ca=getattr(args, "tls_client_ca", None))
 
 
 def _need(value: str | None, flag: str, env: str) -> str:

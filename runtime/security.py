@@ -1,16 +1,28 @@
-"""TLS on every gRPC port and a shared token on every call (both optional).
+"""TLS on every gRPC port, tokens on every call, and what each role may call.
 
 Parsed once at the entry point into a frozen :class:`Security`, then passed
 to every server and channel. Servers present ``cert``/``key``; clients verify
-servers with ``ca``; with a ``token``, servers refuse any call that does not
-carry it (``authorization: Bearer <token>``) with UNAUTHENTICATED.
+servers with ``ca``; with ``client_ca``, servers also require client certificates
+signed by it (mutual TLS). Every call carries this process's ``token``
+(``authorization: Bearer <token>``).
+
+Servers accept tokens by **role** (:data:`ROLES`): a worker's token may register,
+heartbeat and deliver; an injector's may report injectors and deliver; an operator's may
+submit, move and read status. With only ``token`` set, that one token holds every role
+(a single shared secret, as before); with ``role_tokens``, each role has its own, so an
+injector (or a Spark job holding its token) cannot pose as a worker or an operator. A call
+with no or an unknown token is UNAUTHENTICATED; a known token outside its role is
+PERMISSION_DENIED. The role of the caller is visible to servicers (:func:`caller_roles`),
+so a worker takes resend floors only from other workers.
 """
 
 from __future__ import annotations
 
+import contextvars
+import hmac
 import os
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -20,6 +32,25 @@ from runtime.wire import CHANNEL_OPTIONS
 
 _HEADER = "authorization"
 
+ROLES = ("worker", "injector", "operator")
+# Which roles may call each method (methods not listed: every role).
+METHOD_ROLES: Mapping[str, frozenset[str]] = {
+    "/millstream.v1.Master/Submit": frozenset({"operator"}),
+    "/millstream.v1.Master/MoveTablet": frozenset({"operator"}),
+    "/millstream.v1.Master/RegisterWorker": frozenset({"worker"}),
+    "/millstream.v1.Master/Heartbeat": frozenset({"worker"}),
+    "/millstream.v1.Master/LeaveWorker": frozenset({"worker"}),
+    "/millstream.v1.Master/ReportInjector": frozenset({"injector", "operator"}),
+    "/millstream.v1.Worker/Deliver": frozenset({"worker", "injector", "operator"}),
+}
+_ALL = frozenset(ROLES)
+_caller: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("millstream_caller_roles", default=_ALL)
+
+
+def caller_roles() -> frozenset[str]:
+    """The roles of the caller of the RPC being served (every role when tokens are off)."""
+    return _caller.get()
+
 
 @dataclass(frozen=True)
 class Security:
@@ -28,7 +59,10 @@ class Security:
     cert: str | None = None   # server certificate chain (PEM), for daemons
     key: str | None = None    # its private key (PEM)
     ca: str | None = None     # CA bundle clients verify servers with (PEM)
-    token: str | None = None  # shared secret every call must carry
+    token: str | None = None  # what this process presents on every call
+    # role -> token servers accept for it; empty: ``token`` (if any) holds every role
+    role_tokens: Mapping[str, str] = field(default_factory=dict)
+    client_ca: str | None = None  # servers require client certificates signed by this CA
 
     def __post_init__(self) -> None:
         for what, path in (("--tls-cert", self.cert), ("--tls-key", self.key), ("--tls-ca", self.ca)):
@@ -38,6 +72,25 @@ class Security:
             raise ConfigError("--tls-cert and --tls-key go together: pass both or neither")
         if self.token is not None and not self.token.strip():
             raise ConfigError("the token is empty; pass a non-empty --token (or unset MILLSTREAM_TOKEN)")
+        for role, tok in self.role_tokens.items():
+            if role not in ROLES:
+                raise ConfigError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+            if not tok.strip():
+                raise ConfigError(f"the {role} token is empty; pass a non-empty --{role}-token")
+        if self.client_ca is not None:
+            if not os.path.isfile(self.client_ca):
+                raise ConfigError(f"--tls-client-ca {self.client_ca!r} is not a readable file")
+            if self.cert is None:
+                raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
+
+    def accepted(self) -> dict[str, frozenset[str]]:
+        """Token -> the roles it holds, on servers."""
+        if self.role_tokens:
+            out: dict[str, set[str]] = {}
+            for role, tok in self.role_tokens.items():
+                out.setdefault(tok, set()).add(role)
+            return {t: frozenset(r) for t, r in out.items()}
+        return {self.token: _ALL} if self.token else {}
 
     @property
     def tls(self) -> bool:
@@ -52,14 +105,24 @@ class Security:
     def server_credentials(self) -> grpc.ServerCredentials | None:
         if self.cert is None or self.key is None:
             return None
+        if self.client_ca is not None:
+            return grpc.ssl_server_credentials([(self._read(self.key), self._read(self.cert))],
+                                               root_certificates=self._read(self.client_ca),
+                                               require_client_auth=True)
         return grpc.ssl_server_credentials([(self._read(self.key), self._read(self.cert))])
 
     def server_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
-        return [_TokenCheck(self.token)] if self.token else []
+        accepted = self.accepted()
+        return [_TokenCheck(accepted)] if accepted else []
 
     # --------------------------------------------------------------- clients
 
     def _client_credentials(self) -> grpc.ChannelCredentials:
+        # With a certificate of its own (daemons under mutual TLS), a process presents it.
+        if self.cert is not None and self.key is not None:
+            return grpc.ssl_channel_credentials(self._read(self.ca) if self.ca else None,
+                                                private_key=self._read(self.key),
+                                                certificate_chain=self._read(self.cert))
         return grpc.ssl_channel_credentials(self._read(self.ca) if self.ca else None)
 
     def channel(self, address: str) -> grpc.Channel:
@@ -124,24 +187,71 @@ class _AioStreamToken(grpc.aio.UnaryStreamClientInterceptor):
 
 
 class _TokenCheck(grpc.aio.ServerInterceptor):
-    def __init__(self, token: str | None) -> None:
-        self.expected = f"Bearer {token}"
+    def __init__(self, accepted: dict[str, frozenset[str]]) -> None:
+        self.accepted = {f"Bearer {t}".encode(): roles for t, roles in accepted.items()}
+
+    def _roles(self, presented: str | None) -> frozenset[str] | None:
+        if presented is None:
+            return None
+        given = presented.encode()
+        for expected, roles in self.accepted.items():
+            if hmac.compare_digest(given, expected):  # constant time: no token by timing
+                return roles
+        return None
 
     async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]], details: Any) -> Any:
         handler = await continuation(details)
-        if handler is None or dict(details.invocation_metadata or ()).get(_HEADER) == self.expected:
+        if handler is None:
             return handler
-        message = ("missing or wrong token: this cluster requires its shared token; pass --token "
-                   "(or set MILLSTREAM_TOKEN, or Security(token=...) in code)")
+        roles = self._roles(dict(details.invocation_metadata or ()).get(_HEADER))
+        allowed = METHOD_ROLES.get(details.method, _ALL)
+        if roles is None:
+            code = grpc.StatusCode.UNAUTHENTICATED
+            message = ("missing or wrong token: this cluster requires a token; pass --token "
+                       "(or set MILLSTREAM_TOKEN, or Security(token=...) in code)")
+        elif roles & allowed:
+            return _with_roles(handler, roles & allowed)
+        else:
+            code = grpc.StatusCode.PERMISSION_DENIED
+            message = (f"this token's role ({', '.join(sorted(roles))}) may not call "
+                       f"{details.method.rsplit('/', 1)[-1]}; that needs the "
+                       f"{' or '.join(sorted(allowed))} token")
+        return _deny(handler, code, message)
 
-        async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-        async def deny_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-            yield  # pragma: no cover - makes this an async generator
+def _with_roles(handler: Any, roles: frozenset[str]) -> Any:
+    """The same handler, with ``caller_roles()`` set while it runs."""
+    if handler.unary_unary is not None:
+        inner = handler.unary_unary
 
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                deny_stream, handler.request_deserializer, handler.response_serializer)
-        return grpc.unary_unary_rpc_method_handler(deny, handler.request_deserializer, handler.response_serializer)
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            _caller.set(roles)
+            return await inner(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(unary, handler.request_deserializer,
+                                                   handler.response_serializer)
+    if handler.unary_stream is not None:
+        inner_stream = handler.unary_stream
+
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            _caller.set(roles)
+            async for item in inner_stream(request, context):
+                yield item
+
+        return grpc.unary_stream_rpc_method_handler(stream, handler.request_deserializer,
+                                                    handler.response_serializer)
+    return handler  # no stream-unary or stream-stream methods in this protocol
+
+
+def _deny(handler: Any, code: grpc.StatusCode, message: str) -> Any:
+    async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(code, message)
+
+    async def deny_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(code, message)
+        yield  # pragma: no cover - makes this an async generator
+
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(
+            deny_stream, handler.request_deserializer, handler.response_serializer)
+    return grpc.unary_unary_rpc_method_handler(deny, handler.request_deserializer, handler.response_serializer)

@@ -15,7 +15,7 @@ from runtime import metrics, serving
 from runtime.client import AsyncMasterClient
 from runtime.imports import CodePolicy
 from runtime.record import Record
-from runtime.security import Security
+from runtime.security import Security, caller_roles
 from runtime.wire import from_proto, to_proto
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
@@ -43,7 +43,10 @@ class WorkerServicer(rpc.WorkerServicer):
 
     async def Deliver(self, request: pb.DeliverRequest, context: Any) -> pb.DeliverResponse:
         records = [from_proto(r) for r in request.records]
-        floors = [(f.producer, f.floor, f.token) for f in request.floors]
+        # Resend floors let a receiver forget dedup ids: only a worker (a producing tablet)
+        # may give them, never an injector's credentials (review S3).
+        floors = ([(f.producer, f.floor, f.token) for f in request.floors]
+                  if "worker" in caller_roles() else [])
         status = await self.core.deliver(request.computation, request.key_range, request.token, records,
                                          floors)
         wid, seq = self.core.receipt()

@@ -60,3 +60,62 @@ def test_a_plaintext_client_cannot_talk_to_a_tls_cluster(secure_cluster: Cluster
 
     with pytest.raises(MasterUnavailable, match="cannot reach a millstream master"):
         Client(secure_cluster.masters_arg, timeout=1, security=Security(token=TOKEN)).status()
+
+
+SYSTEMD_ENV = os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "systemd", "millstream.env.example")
+ROLE_VARS = ("MILLSTREAM_TLS_CERT", "MILLSTREAM_TLS_KEY", "MILLSTREAM_TLS_CA", "MILLSTREAM_TLS_CLIENT_CA",
+             "MILLSTREAM_WORKER_TOKEN", "MILLSTREAM_INJECTOR_TOKEN", "MILLSTREAM_OPERATOR_TOKEN")
+
+
+def test_a_cluster_set_up_like_the_systemd_example_refuses_strangers_and_forged_workers(
+        tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemons read their security settings from the environment, as the systemd units
+    do from deploy/systemd/millstream.env.example: mutual TLS and one token per role."""
+    with open(SYSTEMD_ENV) as f:
+        example = {line.split("=", 1)[0] for line in f if "=" in line and not line.startswith("#")}
+    assert set(ROLE_VARS) <= example, "the systemd example must turn TLS and role tokens on"
+
+    import grpc
+
+    from runtime.wire import millstream_pb2 as pb
+    from runtime.wire import millstream_pb2_grpc as rpc
+
+    ca, cert, key = _certs(str(tmp_path))
+    tokens = {"worker": "w-token", "injector": "i-token", "operator": "o-token"}
+    env = {"MILLSTREAM_TLS_CERT": cert, "MILLSTREAM_TLS_KEY": key, "MILLSTREAM_TLS_CA": ca,
+           "MILLSTREAM_TLS_CLIENT_CA": ca, **{f"MILLSTREAM_{r.upper()}_TOKEN": t for r, t in tokens.items()}}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    operator = Security(ca=ca, cert=cert, key=key, token=tokens["operator"])
+    with Cluster(str(tmp_path), workers=2, security=operator).running() as c:
+        run_wordcount(c, n_lines=200, name="roles")  # the operator submits, reads status
+
+        def call(token: str | None, method: str, request: object) -> grpc.StatusCode:
+            with Security(ca=ca, cert=cert, key=key, token=token).channel(c.masters_arg.split(",")[0]) as ch:
+                try:
+                    getattr(rpc.MasterStub(ch), method)(request, timeout=10)
+                except grpc.RpcError as e:
+                    return e.code()
+            return grpc.StatusCode.OK
+
+        wid = c.client.status()["workers"][0]["id"]
+        forged = pb.HeartbeatRequest(worker_id=wid, tablets=[], report_seq=1 << 40)
+        assert call(None, "Status", pb.StatusRequest()) == grpc.StatusCode.UNAUTHENTICATED
+        assert call("guess", "Status", pb.StatusRequest()) == grpc.StatusCode.UNAUTHENTICATED
+        # An injector's (or a Spark job's) token cannot pose as a worker or an operator.
+        assert call(tokens["injector"], "Heartbeat", forged) == grpc.StatusCode.PERMISSION_DENIED
+        assert call(tokens["injector"], "RegisterWorker",
+                    pb.RegisterWorkerRequest(address="127.0.0.1:1")) == grpc.StatusCode.PERMISSION_DENIED
+        assert call(tokens["injector"], "Submit", pb.SubmitRequest(topology_json="{}")) == \
+            grpc.StatusCode.PERMISSION_DENIED
+        assert call(tokens["operator"], "Heartbeat", forged) == grpc.StatusCode.PERMISSION_DENIED
+        # ... while it can inject.
+        with Injector(c.masters_arg, "lines", "roles-injector",
+                      security=Security(ca=ca, cert=cert, key=key, token=tokens["injector"])) as inj:
+            inj.send(b"", b"exactly once", 1_700_000_000_000_000)
+        # Without a client certificate, nothing gets through at all (mutual TLS).
+        with pytest.raises(MillstreamError):
+            from runtime.client import Client
+
+            Client(c.masters_arg, timeout=2, security=Security(ca=ca, token=tokens["operator"])).status()
+        assert len(c.client.status()["workers"]) == 2  # no forged worker joined
