@@ -74,7 +74,9 @@ class Tablet:
         fsync = route.params.get("millstream.fsync")
         self.sync = route.exactly_once if fsync is None else fsync == "1"
         self.outputs = frozenset([*route.outputs, dead_letter_stream(route.name)])
-        self.prefix = producer_prefix(self.name)
+        # Domain-separated from injectors' "injector/<name>" (a computation named "injector"
+        # must not share ids with an injector named after its range: review E9).
+        self.prefix = producer_prefix("tablet\x00" + self.name)
         self.inbox = Inbox()                # uncommitted input
         self.outbox = Outbox()
         self.processed = 0
@@ -247,7 +249,8 @@ class Tablet:
         if self._acked_unwritten:  # acknowledged while their checkpoints were being written
             self.store.delete_productions(self._acked_unwritten)
             self._acked_unwritten = []
-        self.outbox.committed(batch.durable_acks)
+        if self.sync:  # an unsynced commit makes nothing durable across a power loss (E6)
+            self.outbox.committed(batch.durable_acks)
         self.collection.committed(commit.dedup_gc)
         self.metrics.records.inc(batch.new)
         self.processed += batch.new
