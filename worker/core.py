@@ -74,6 +74,7 @@ class WorkerCore:
         self._opening: dict[tuple[str, int], tuple[Tablet, asyncio.Task[None]]] = {}
         self._closing: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._batch_limits: dict[tuple[str, int], int] = {}  # smaller batches after a failure
+        self._batch_failures: dict[tuple[str, int], int] = {}  # failed batches in a row
         # Tablets that failed to open: (last error, attempts, first failure, monotonic s)
         self._failures: dict[tuple[str, int], tuple[str, int, float]] = {}
         self._opened_at: dict[tuple[str, int], float] = {}  # when an opening began
@@ -141,6 +142,9 @@ class WorkerCore:
                     if tablet.failed:
                         metrics.TABLET_FAILURES.labels(key[0]).inc()
                         self._batch_limits[key] = max(1, tablet.batch_limit // 2)
+                        self._batch_failures[key] = tablet.failures
+                    else:
+                        self._batch_failures.pop(key, None)
                     self._closing[key] = asyncio.create_task(tablet.close(), name=f"close {key}")
             for key, (tablet, task) in list(self._opening.items()):
                 if wanted.get(key) != tablet.token:
@@ -155,7 +159,8 @@ class WorkerCore:
                 route = self.routing.computations[key[0]]
                 path = os.path.join(self.state_dir, key[0], str(key[1]))
                 tablet = Tablet(self, route, key[1], token, path, now_us=self.wall_us,
-                                batch_limit=self._batch_limits.get(key))
+                                batch_limit=self._batch_limits.get(key),
+                                failures=self._batch_failures.get(key, 0))
                 self._opening[key] = (tablet, asyncio.create_task(tablet.start(), name=f"open {key}"))
                 self._opened_at[key] = time.monotonic()
             pending = [t for _, t in self._opening.values()] + list(self._closing.values())
@@ -188,7 +193,7 @@ class WorkerCore:
             # Typically the previous owner still holds the RocksDB lock for a moment; a failure
             # that lasts (code that does not load, a full disk) is logged at 1, 10, 100, ...
             # attempts (not every 200 ms) and reported to the leader for status.
-            level = logging.WARNING if attempts in (1, 10) or str(attempts).strip("0") == "1" else logging.DEBUG
+            level = logging.WARNING if str(attempts).rstrip("0") == "1" else logging.DEBUG
             log.log(level, "tablet %s/%d cannot open (attempt %d): %s", key[0], key[1], attempts, text)
 
     @staticmethod

@@ -56,12 +56,17 @@ class TabletHost(Protocol):
     def watermark(self, computation: str) -> int: ...
 
 
+def _decade(n: int) -> bool:
+    """1, 10, 100, ...: when a repeating failure is worth a full log line."""
+    return str(n).rstrip("0") == "1"
+
+
 class Tablet:
     """Processes batches for one (computation, key range) under one token."""
 
     def __init__(self, host: TabletHost, route: pb.ComputationRoute, key_range: int, token: int,
                  path: str, now_us: Callable[[], int] = lambda: time.time_ns() // 1000,
-                 batch_limit: int | None = None) -> None:
+                 batch_limit: int | None = None, failures: int = 0) -> None:
         self.host = host
         self.route = route
         self.computation = route.name
@@ -98,6 +103,7 @@ class Tablet:
         self.max_batch = limits.max_batch_records
         self.batch_limit = max(1, min(batch_limit or self.max_batch, self.max_batch))
         self._good_batches = 0
+        self.failures = failures  # batches of this tablet that failed on this worker, in a row
         self.calls = CallWatch(self.name, warn_after=limits.slow_call_s,
                                on_slow=lambda seconds: self.metrics.slow_calls.inc())
         self.thread: TabletThread | None = None
@@ -245,6 +251,7 @@ class Tablet:
         """On the loop, once the batch is durable: memory follows the commit, senders of the
         finished deliveries hear OK, what the batch did not reach goes back in the queue."""
         commit = batch.commit
+        self.failures = 0
         self._unwritten = set()
         if self._acked_unwritten:  # acknowledged while their checkpoints were being written
             self.store.delete_productions(self._acked_unwritten)
@@ -311,9 +318,13 @@ class Tablet:
                 self.failed = self.closing = True
                 break
             except Exception:
-                # Memory may no longer match disk: close; the worker reopens from disk.
-                log.exception("tablet %s: batch failed; reopening from storage with batches of "
-                              "at most %d records", self.name, max(1, self.batch_limit // 2))
+                # Memory may no longer match disk: close; the worker reopens from disk. A
+                # failure that repeats (a full disk) is logged in full at 1, 10, 100, ... times.
+                self.failures += 1
+                log.log(logging.ERROR if _decade(self.failures) else logging.DEBUG,
+                        "tablet %s: batch failed (%d times); reopening from storage with batches of "
+                        "at most %d records", self.name, self.failures, max(1, self.batch_limit // 2),
+                        exc_info=True)
                 self.failed = self.closing = True
                 break
             else:
