@@ -64,15 +64,15 @@ class TabletThread:
     def __init__(self, name: str) -> None:
         self.name = name
         self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.typical_s = 0.0  # moving average of this thread's call durations
+        self.typical_s = 0.0  # moving average of the CPU time of this thread's calls
         self._thread = threading.Thread(target=self._main, name=f"tablet {name}", daemon=True)
         self._thread.start()
 
     def run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """Schedule ``fn(*args)`` on the thread; the future resolves on the calling loop.
 
-        If this tablet's calls are typically short, the loop first waits for the call, with
-        the GIL released, for about twice their typical duration (at most
+        If this tablet's calls typically use little CPU, the loop first waits for the call,
+        with the GIL released, for about twice their typical CPU time (at most
         :data:`HANDOFF_WAIT_MAX_S`): the thread takes the GIL at once instead of after the
         interpreter's 5 ms switch interval, and the outcome needs no second handoff back to
         a busy loop. A tablet whose calls run longer gets no wait at all, and any call that
@@ -107,7 +107,7 @@ class TabletThread:
             call = self._calls.get()
             if call is _STOP:
                 return
-            started = time.perf_counter()
+            started = time.thread_time()
             try:
                 call.result = call.fn(*call.args)
             except Exception as e:  # handed to the awaiting coroutine, never lost here
@@ -116,7 +116,8 @@ class TabletThread:
                 # sys.exit() in user code (setup, a sink's hook): an error of that call, not
                 # of the worker. Raised as is on the event loop, it would end the process.
                 call.error = UserCodeError(f"user code raised {type(e).__name__}: {e}")
-            self.typical_s = 0.8 * self.typical_s + 0.2 * (time.perf_counter() - started)
+            # CPU time, not wall time: waiting out an fsync would only hold the loop.
+            self.typical_s = 0.8 * self.typical_s + 0.2 * (time.thread_time() - started)
             with call.lock:
                 call.finished = True
                 fut, loop = call.fut, call.loop
