@@ -1,0 +1,40 @@
+"""One W1 run, for A/B comparisons between two checkouts (the full `millstream bench`
+takes minutes per variant)::
+
+    python -m bench.w1_single eo-3-stages 10000 15
+
+prints the variant, rate, latency percentiles (ms) and whether the output was exact.
+Run it alternately from two checkouts (each with its own PYTHONPATH) to compare them on
+the same machine at the same time; docs/performance.md cites such interleaved runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+from bench import workloads
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.w1_single")
+    p.add_argument("variant", choices=[v.name for v in workloads.W1_VARIANTS])
+    p.add_argument("rate", type=int)
+    p.add_argument("seconds", type=float)
+    args = p.parse_args(argv)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    cfg = workloads.BenchConfig.make(False)
+    v = next(x for x in workloads.W1_VARIANTS if x.name == args.variant)
+    r = workloads.run_w1(tempfile.mkdtemp(prefix="millstream-w1-"), cfg, v, args.rate, seconds=args.seconds)
+    print(json.dumps({"variant": args.variant, "rate": args.rate, "seconds": args.seconds,
+                      "latency_ms": r["latency_ms"], "exact": r["exactness"]["exact"],
+                      "loadavg": os.getloadavg()}))
+    return 0 if r["exactness"]["exact"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
