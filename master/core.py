@@ -199,6 +199,16 @@ class MasterCore:
                 self._slow[key] = (now, [(c.key, c.seconds, c.running) for c in h.slow])
             else:
                 self._slow.pop(key, None)
+        # A tablet of this worker that the report leaves out is closed or reopening (after a
+        # failed batch, say) and may hold committed work its last report predates: forget
+        # that report, so the tablet holds its computation at the published watermark until
+        # it reports again (review W1).
+        reported = {(h.computation, h.key_range) for h in held}
+        for key, own in self.tablets.items():
+            if own.worker == worker_id and key not in reported and key in self.reports:
+                del self.reports[key]
+                self.report_time.pop(key, None)
+                self.settler.forget(key)
         return self.published
 
     def reported(self) -> dict[str, int]:

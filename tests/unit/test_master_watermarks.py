@@ -1,0 +1,62 @@
+"""The leader's watermark bookkeeping in MasterCore, without etcd (an in-memory store)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from master.core import MasterConfig, MasterCore
+from master.scheduler import Ownership
+from runtime import Topology
+from runtime.wire import millstream_pb2 as pb
+
+
+class MemoryStore:
+    """The EtcdStore calls MasterCore makes, kept in memory (pure logic under test)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kw: None
+
+
+def _core() -> tuple[MasterCore, list[float]]:
+    clock = [0.0]
+    core = MasterCore(MemoryStore(), MasterConfig(), lambda: clock[0])  # type: ignore[arg-type]
+    topo = Topology("chain")
+    topo.add_computation("a", "x:A", inputs={"in": None}, outputs=["ab"], key_ranges=1)
+    topo.add_computation("b", "x:B", inputs={"ab": None}, outputs=["bc"], key_ranges=1)
+    topo.add_computation("c", "x:C", inputs={"bc": None}, key_ranges=1)
+    core.topologies["chain"] = topo
+    core.workers["w"] = "127.0.0.1:1"
+    core.last_seen["w"] = 0.0
+    core.tablets = {(n, 0): Ownership("w", 1) for n in "abc"}
+    core.report_injector("inj", "in", 10_000)
+    return core, clock
+
+
+def _held(name: str, oldest: int | None) -> pb.HeldTablet:
+    return pb.HeldTablet(computation=name, key_range=0, token=1, has_work=oldest is not None,
+                         oldest_work=oldest or 0)
+
+
+def test_w1_a_tablet_left_out_of_a_report_holds_the_watermark_until_it_reports_again() -> None:
+    """Tablet b committed work at 50 (a timer, a checkpointed production) and then closed to
+    reopen (same token) before reporting it. Its earlier report said "idle"; the leader used
+    to keep that report and publish past 50."""
+    core, clock = _core()
+
+    async def main() -> None:
+        core.heartbeat("w", [_held("a", 50), _held("b", None), _held("c", None)], 1)
+        await core.advance_watermarks()
+        assert core.published["b"] == 50
+        core.heartbeat("w", [_held("a", None), _held("c", None)], 2)  # b omitted: reopening
+        clock[0] += 10
+        await core.advance_watermarks()
+        assert core.published["b"] == 50 and core.published["c"] == 50  # held, not 10,000
+        core.heartbeat("w", [_held("a", None), _held("b", 50), _held("c", None)], 3)
+        await core.advance_watermarks()
+        assert core.published["c"] == 50
+        core.heartbeat("w", [_held("a", None), _held("b", None), _held("c", None)], 4)
+        await core.advance_watermarks()
+        assert core.published["c"] == 10_000
+
+    asyncio.run(main())
