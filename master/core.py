@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -20,7 +21,7 @@ from master.scheduler import Ownership, TabletKey, place
 from master.store import EtcdStore
 from master.watermarks import END_OF_TIME, MIN, Settler, TabletReport, Watermark, compute, publish
 from runtime import metrics
-from runtime.errors import MillstreamError, TopologyError
+from runtime.errors import ConfigError, MillstreamError, TopologyError
 from runtime.status import show_key
 from runtime.topology import Topology, validate_against
 from runtime.wire import millstream_pb2 as pb
@@ -29,6 +30,21 @@ log = logging.getLogger(__name__)
 
 
 FINISHED = "finished injectors of "  # marker injector name prefix, one per stream
+
+
+MAX_INJECTOR_NAME_BYTES = 512
+STREAM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+
+
+def check_injector_name(name: str) -> None:
+    """Injector names are stored in etcd and shown on the web page: bounded and printable."""
+    if not name:
+        raise ConfigError("an injector needs a name (it seeds its record ids and holds its watermark)")
+    if len(name.encode("utf-8", "replace")) > MAX_INJECTOR_NAME_BYTES:
+        raise ConfigError(f"injector name of {len(name.encode('utf-8', 'replace')):,} bytes is too long; "
+                          f"use at most {MAX_INJECTOR_NAME_BYTES} bytes")
+    if not name.isprintable():
+        raise ConfigError(f"injector name {name[:80]!r} has control characters; use printable text")
 
 
 class UnknownWorker(MillstreamError):
@@ -47,6 +63,10 @@ class MasterConfig:
     # A tablet silent for this long (its worker died or stalled right after a commit its
     # last report predates) holds its computation at the published watermark.
     report_timeout_ms: int = 500
+    # etcd upkeep: its size is read this often, and it is defragmented (at most hourly)
+    # once it holds more than this (compaction alone does not shrink the file).
+    etcd_check_s: float = 10.0
+    defrag_above_bytes: int = 512 << 20
 
 
 class MasterCore:
@@ -81,6 +101,9 @@ class MasterCore:
         # Liveness counters since this master began leading (docs/operations.md): on a
         # healthy cluster, however busy, only joins move tablets and nothing expires.
         self.liveness = {"registrations": 0, "lease_expiries": 0, "tablet_moves": 0}
+        self.etcd_db_bytes = 0
+        self._etcd_checked = -1e18
+        self._defragged = -1e18
         self._changed = asyncio.Condition()
         self._lock = asyncio.Lock()
 
@@ -219,8 +242,10 @@ class MasterCore:
 
     def report_injector(self, name: str, stream: str, watermark: int) -> None:
         """An injector's current promise; a new injector holds its stream from now on."""
-        if not name or not stream:
-            raise MillstreamError("an injector report needs a name and a stream")
+        check_injector_name(name)
+        if not isinstance(stream, str) or not STREAM_NAME.fullmatch(stream):
+            raise ConfigError(f"injector {name!r}: stream {stream[:80]!r} is not a stream name (letters, "
+                              "digits, '_', '.', '-'; at most 128 characters)")
         self.injectors[name] = (stream, watermark)
         self.settler.observe(("injector", name), watermark, self.now_ms())
         self._dirty_injectors.add(name)
@@ -296,6 +321,7 @@ class MasterCore:
     async def tick(self) -> None:
         """Expire workers whose lease ran out and move their tablets; advance watermarks."""
         await self.advance_watermarks()
+        await self._etcd_upkeep()
         now = self.now_ms()
         dead = [w for w, t in self.last_seen.items() if now - t > self.config.lease_ms]
         if not dead:
@@ -311,6 +337,20 @@ class MasterCore:
                 self.liveness["lease_expiries"] += 1
                 metrics.WORKER_EXPIRIES.inc()
             await self._rebalance("expiry")
+
+    async def _etcd_upkeep(self) -> None:
+        now = self.now_ms()
+        if now - self._etcd_checked < self.config.etcd_check_s * 1000:
+            return
+        self._etcd_checked = now
+        size = await self._io(self.store.db_size)
+        if size > self.config.defrag_above_bytes and now - self._defragged > 3_600_000:
+            log.warning("etcd holds %d MiB: defragmenting it", size >> 20)
+            self._defragged = now
+            await self._io(self.store.defragment)
+            size = await self._io(self.store.db_size)
+        self.etcd_db_bytes = size
+        metrics.ETCD_DB_BYTES.set(size)
 
     async def _rebalance(self, reason: str) -> None:
         placed = place(self.tablets, self.tablets, self._live())
@@ -430,6 +470,7 @@ class MasterCore:
         return {
             "computations": computations,
             "liveness": dict(self.liveness),
+            "etcd": {"db_size_bytes": self.etcd_db_bytes},
             "injectors": [{"name": n, "stream": s, "watermark": w}
                           for n, (s, w) in sorted(self.injectors.items())],
             "stale_reports": self.stale_reports,

@@ -206,6 +206,13 @@ class Master:
             except EtcdUnavailable as e:
                 log.error("%s", e)
                 self._step_down(e)
+            except Exception as e:
+                # Any other failure (etcd refusing a write: too large, out of space; a bug)
+                # costs leadership, never the process: step down, and campaign again after a
+                # pause, reading everything afresh from etcd (review S5, B41).
+                log.exception("leader tick failed; stepping down")
+                self._step_down(e)
+                await asyncio.sleep(1.0)
             await asyncio.sleep(cfg.tick_ms / 1000)
 
 

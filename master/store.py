@@ -121,10 +121,21 @@ class EtcdStore:
     # ------------------------------------------------------------ leadership
 
     def join(self, identity: dict[str, str], ttl_s: int) -> None:
-        """Take a lease and list this master under ``masters/`` for as long as it lives."""
+        """Take a lease and list this master under ``masters/`` for as long as it lives.
+
+        Written once per lease, not on every campaign: an idle follower must not add a
+        revision to etcd's history every tick (review G2)."""
         if self._lease is None:
             self._lease = self._call(self._client.lease, ttl_s)
-        self._call(self._client.put, MASTERS + identity["id"], json.dumps(identity), lease=self._lease)
+            self._call(self._client.put, MASTERS + identity["id"], json.dumps(identity), lease=self._lease)
+
+    def db_size(self) -> int:
+        """The size of etcd's database on the member that answers, in bytes."""
+        return int(self._call(self._client.status).db_size)
+
+    def defragment(self) -> None:
+        """Give back the space compaction freed (etcd's `defrag`; blocks that member briefly)."""
+        self._call(self._client.defragment)
 
     def masters(self) -> list[dict[str, str]]:
         return [json.loads(v) for v, _ in self._call(self._client.get_prefix, MASTERS)]

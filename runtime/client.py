@@ -54,7 +54,7 @@ def _raise_for(e: grpc.RpcError) -> None:
     code, details = e.code(), e.details() or ""
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         raise TopologyError(details) from None
-    if code == grpc.StatusCode.UNAUTHENTICATED:
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         raise MillstreamError(details) from None
     if code == grpc.StatusCode.FAILED_PRECONDITION and not _LEADER.search(details) \
             and "no leader" not in details:

@@ -164,6 +164,10 @@ class LocalCluster:
                 "--listen-peer-urls", f"http://127.0.0.1:{peer}",
                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
                 "--initial-cluster", f"ms0=http://127.0.0.1:{peer}",
+                # Keep the last 10,000 revisions (minutes of history at millstream's write
+                # rate) and compact the rest every few minutes, so etcd never fills its quota
+                # with old versions (review G2; docs/etcd.md).
+                "--auto-compaction-mode", "revision", "--auto-compaction-retention", "10000",
                 "--log-level", "warn"]
         self.etcd = self._spawn("etcd", argv, wait_address=False)
 

@@ -40,6 +40,7 @@ TABLET_OPENS = Counter("millstream_tablet_opens", "Tablets opened on this worker
 TABLET_FAILURES = Counter("millstream_tablet_batch_failures", "Batches that failed and reopened their tablet",
                           ["computation"])
 WORKER_EXPIRIES = Counter("millstream_worker_lease_expiries", "Workers the leader dropped for a missed lease")
+ETCD_DB_BYTES = Gauge("millstream_etcd_db_bytes", "Size of etcd's database (leader master)")
 TABLET_MOVES = Counter("millstream_tablet_moves", "Tablets given to another worker (a new token)", ["reason"])
 
 

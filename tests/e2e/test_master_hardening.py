@@ -1,0 +1,45 @@
+"""The leader against bad requests and a growing etcd (review S5, S6, G2, B29, B41)."""
+
+from __future__ import annotations
+
+import pytest
+
+from injectors import Injector
+from master.store import EtcdConfig, EtcdStore
+from runtime.errors import MillstreamError
+from tests.harness import Cluster, wait_until
+
+
+def test_a_huge_or_unprintable_injector_name_is_refused_and_the_leader_keeps_leading(cluster: Cluster) -> None:
+    """A 2 MB injector name used to crash the leader process (etcd: request too large)."""
+    leader = cluster.client.status()["masters"]["leader"]
+    with pytest.raises(MillstreamError, match="too long; use at most 512 bytes"):
+        Injector(cluster.masters_arg, "lines", "x" * (2 << 20))
+    with pytest.raises(MillstreamError, match="control characters"):
+        Injector(cluster.masters_arg, "lines", "evil\n<img src=x onerror=alert(1)>")
+    doc = cluster.client.status()
+    assert doc["masters"]["leader"] == leader and all(m.alive() for m in cluster.masters)
+    assert not doc["injectors"]
+
+
+def test_status_shows_the_size_of_etcd(cluster: Cluster) -> None:
+    wait_until(lambda: cluster.client.status()["etcd"]["db_size_bytes"] > 0, 30, "etcd's size in status")
+
+
+def test_an_idle_follower_adds_nothing_to_etcd_history(tmp_path: object) -> None:
+    """Campaigning as a follower used to rewrite masters/<id> every tick: ~16 revisions/s
+    with nothing running, etcd's 2 GiB quota in about nine days."""
+    with Cluster(str(tmp_path), masters=1, workers=0).running() as c:
+        store = EtcdStore(EtcdConfig.parse(c.etcd_url))
+        try:
+            identity = {"id": "follower-under-test", "address": "127.0.0.1:1"}
+            assert store.campaign(identity, 5) is False  # the running master leads
+            before = store._client.get_response("/").header.revision
+            for _ in range(50):  # fifty ticks' worth of campaigning
+                store.campaign(identity, 5)
+                assert store.keep_alive()
+            after = store._client.get_response("/").header.revision
+            assert after - before <= 3, (before, after)  # the leader may write meanwhile
+        finally:
+            store.resign()
+            store.close()
