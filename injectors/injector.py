@@ -18,16 +18,22 @@ import grpc
 
 from runtime.client import Client
 from runtime.errors import InjectionError, MillstreamError
-from runtime.record import ID_BYTES, Record, producer_prefix, sequence_id
+from runtime.record import ID_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, Record, producer_prefix, sequence_id
 from runtime.routing import KeyExtractor, RoutingTable
 from runtime.security import Security
+from runtime.wire import MAX_DELIVERY_BYTES, record_bytes, to_proto
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
-from runtime.wire import to_proto
 
 log = logging.getLogger(__name__)
 END_OF_TIME = (1 << 63) - 1
 MIN = -(1 << 63)
+
+
+def _check_time(t: object, what: str) -> None:
+    if isinstance(t, bool) or not isinstance(t, int) or not -(1 << 63) <= t < (1 << 63):
+        raise InjectionError(f"{what} {t!r} must be an int of microseconds since the epoch, "
+                             "within signed 64 bits (e.g. time.time_ns() // 1000)")
 
 
 class Injector:
@@ -78,14 +84,17 @@ class Injector:
             raise InjectionError(f"key must be bytes, got {type(key).__name__} {key!r}; encode it")
         if not isinstance(value, bytes):
             raise InjectionError(f"value must be bytes, got {type(value).__name__}; encode it")
-        if isinstance(timestamp, bool) or not isinstance(timestamp, int):
+        _check_time(timestamp, "timestamp")
+        if len(value) > MAX_VALUE_BYTES or len(key) > MAX_KEY_BYTES:
             raise InjectionError(
-                f"timestamp must be an int of microseconds since the epoch, got {timestamp!r}")
+                f"a record of {len(key):,} key bytes and {len(value):,} value bytes is over the limits "
+                f"({MAX_KEY_BYTES:,} and {MAX_VALUE_BYTES:,}); store large objects elsewhere and send a reference")
+        if id is not None and (not isinstance(id, bytes) or len(id) != ID_BYTES):
+            raise InjectionError(f"id must be {ID_BYTES} bytes, got {id!r}")
+        # Checked before anything changes: a refused record leaves the injector as it was.
         self.position += 1
         if id is None:
             id = sequence_id(self._prefix, self.position)
-        elif not isinstance(id, bytes) or len(id) != ID_BYTES:
-            raise InjectionError(f"id must be {ID_BYTES} bytes, got {id!r}")
         self._buffer.append(Record(key, value, timestamp, id))
         if len(self._buffer) >= self.batch_size:
             self.flush()
@@ -97,8 +106,7 @@ class Injector:
         oldest record not yet confirmed (see :attr:`effective_watermark`), and rises as
         confirmations arrive (a background thread asks for them). :meth:`finish` waits.
         """
-        if isinstance(timestamp, bool) or not isinstance(timestamp, int):
-            raise InjectionError(f"watermark must be an int of microseconds, got {timestamp!r}")
+        _check_time(timestamp, "watermark")
         self.watermark = max(self.watermark, timestamp)
         self._report()
 
@@ -162,13 +170,21 @@ class Injector:
         if not self._buffer:
             return
         deadline = time.monotonic() + self.timeout
-        pending = self._route(self._buffer)
+        # One Deliver per destination and per 16 MiB of records: never over the message limit.
+        pending: dict[tuple[str, int, int], list[Record]] = {}
+        for (comp, r), records in self._route(self._buffer).items():
+            chunk, size = 0, 0
+            for rec in records:
+                size += record_bytes(rec)
+                if size > MAX_DELIVERY_BYTES and pending.get((comp, r, chunk)):
+                    chunk, size = chunk + 1, record_bytes(rec)
+                pending.setdefault((comp, r, chunk), []).append(rec)
         delay = 0.01
         while pending:
-            failed: dict[tuple[str, int], list[Record]] = {}
+            failed: dict[tuple[str, int, int], list[Record]] = {}
             calls = []
             for dest, records in pending.items():
-                target = self._routing.destination(*dest)
+                target = self._routing.destination(dest[0], dest[1])
                 if not target.address:
                     failed[dest] = records
                     continue
@@ -199,7 +215,8 @@ class Injector:
                 n = sum(len(v) for v in pending.values())
                 raise InjectionError(
                     f"injector {self.name!r}: {n} records to {self.stream!r} were not acknowledged "
-                    f"within {self.timeout:.0f}s (tablets {sorted(pending)} busy or unowned); they are "
+                    f"within {self.timeout:.0f}s (tablets {sorted({d[:2] for d in pending})} busy or "
+                    "unowned); they are "
                     "still queued: call flush() again once the cluster has capacity")
             time.sleep(delay)  # back-off before retrying a busy or moving tablet
             delay = min(delay * 2, 0.5)

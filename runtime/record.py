@@ -23,6 +23,13 @@ class Record:
     id: bytes
 
 
+# Bounds on one record (key, value): it must fit one delivery (gRPC messages are capped at
+# 64 MiB, runtime/wire) with room for the rest of its batch. Checked where records are made:
+# ctx.produce, ctx.state, Injector.send.
+MAX_VALUE_BYTES = 16 << 20
+MAX_KEY_BYTES = 64 << 10
+
+
 def producer_prefix(producer: str) -> bytes:
     """The 8-byte prefix shared by every id one producer mints."""
     return hashlib.blake2b(producer.encode(), digest_size=8).digest()

@@ -7,12 +7,9 @@ from collections.abc import Callable
 
 from runtime.computation import Context, State, TimeDomain
 from runtime.errors import MillstreamError
+from runtime.record import MAX_KEY_BYTES, MAX_VALUE_BYTES
 from worker.storage import Timer
 
-# Bounds on what user code hands the runtime: one record must fit one delivery (gRPC
-# messages are capped at 64 MiB, runtime/wire) with room for the rest of its batch.
-MAX_VALUE_BYTES = 16 << 20
-MAX_KEY_BYTES = 64 << 10
 MAX_TAG_BYTES = 1024
 
 

@@ -120,7 +120,11 @@ def test_large_values_in_large_batches_are_delivered(cluster: Cluster) -> None:
 
 def test_an_injector_refuses_bad_records_at_the_call(cluster: Cluster) -> None:
     """B23, B27: the error names the value and the fix; nothing half-sent."""
-    with Injector(cluster.masters_arg, "fine-in", "bad-records") as inj:
+    topo = Topology("bad-records")
+    topo.add_computation("bad-records-sink", "runtime.sinks:FileSink", inputs={"bad-records-in": None},
+                         params={"path": os.path.join(cluster.data_dir, "bad-records")})
+    cluster.client.submit(topo)
+    with Injector(cluster.masters_arg, "bad-records-in", "bad-records") as inj:
         with pytest.raises(InjectionError, match="bytes"):
             inj.send("text-key", b"v", BASE_TS)  # type: ignore[arg-type]
         with pytest.raises(InjectionError, match="bytes"):
@@ -128,3 +132,24 @@ def test_an_injector_refuses_bad_records_at_the_call(cluster: Cluster) -> None:
     with pytest.raises(InjectionError, match="no running computation reads it"):
         with Injector(cluster.masters_arg, "no-such-stream-anyone-reads", "typo") as inj:
             inj.send(b"k", b"v", BASE_TS)
+
+
+def test_an_injector_refuses_out_of_range_input_and_keeps_what_it_had(cluster: Cluster) -> None:
+    """B21, B22, B20: a bad record used to stay in the buffer and fail every later flush."""
+    out = os.path.join(cluster.data_dir, "range-checks")
+    topo = Topology("range-checks")
+    topo.add_computation("range-sink", "runtime.sinks:FileSink", inputs={"range-in": None}, params={"path": out})
+    cluster.client.submit(topo)
+    with Injector(cluster.masters_arg, "range-in", "range-checks") as inj:
+        with pytest.raises(InjectionError, match=r"timestamp 1180591620717411303424 must be an int .* 64 bits"):
+            inj.send(b"k", b"v", 2**70)
+        with pytest.raises(InjectionError, match="watermark 18446744073709551616 must be"):
+            inj.advance_watermark(2**64)
+        with pytest.raises(InjectionError, match="id must be 16 bytes"):
+            inj.send(b"k", b"v", BASE_TS, id=b"short")
+        with pytest.raises(InjectionError, match="over the limits"):
+            inj.send(b"k", b"x" * (17 << 20), BASE_TS)
+        assert inj.position == 0 and not inj._buffer  # nothing of them was taken
+        inj.send(b"k", b"good", BASE_TS + 1)
+        inj.flush()
+    wait_until(lambda: [r["value"] for r in read_file_sink(out)] == ["good"], 30, "the good record")
