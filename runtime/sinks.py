@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 from collections.abc import Iterator, Mapping
 
@@ -18,23 +19,87 @@ from runtime.computation import Computation, Context
 from runtime.errors import TopologyError
 from runtime.record import Record
 
+log = logging.getLogger(__name__)
+
 
 class CommittedFile:
-    """An append-only file whose committed length travels in the tablet's atomic commit.
+    """An append-only file whose name and committed length travel in the tablet's atomic
+    commit (meta ``b"<length> <file name>"``).
 
-    :meth:`open` cuts the file back to the committed length (what a crashed batch wrote
-    after it is gone, and its redelivery writes it again); :meth:`append` writes a batch
-    and returns the new length to commit with it.
+    On open it cuts the file back to the committed length: what a crashed batch wrote after
+    it is gone, and its redelivery writes it again. It never fills a gap and never cuts
+    output it did not write (review E4):
+
+    - the committed file is gone or shorter than committed (moved, rotated, compressed by an
+      operator): it goes on in a new file ``<tablet>.<n><suffix>`` and says so in the log;
+    - nothing committed yet but the file exists with content: if the content is this
+      tablet's own uncommitted first batches (a ``.uncommitted`` marker beside the file says
+      so), it is cut; otherwise (an earlier cluster's output) it is left alone and a new
+      file is used. The marker goes once a later batch proves the first commit durable.
     """
 
     def __init__(self, directory: str, tablet: str, suffix: str, meta: bytes | None) -> None:
         os.makedirs(directory, exist_ok=True)
-        self.path = os.path.join(directory, tablet.replace("/", "-") + suffix)
-        self.size = int(meta or b"0")
+        self.directory = directory
+        self.base = tablet.replace("/", "-")
+        self.suffix = suffix
+        self._prepared = False
+        if meta:
+            size, _, name = meta.decode().partition(" ")
+            self.size, self.name = int(size), name or self.base + suffix
+            on_disk = self._size_on_disk(self.name)
+            if on_disk >= self.size:
+                self._truncate(self.size)
+                self._unmark()  # committed: whatever it says is ours now
+                return
+            log.warning("sink file %s is %s; leaving it and going on in a new file",
+                        self._path(self.name), "missing" if on_disk < 0 else
+                        f"shorter ({on_disk} bytes) than committed ({self.size})")
+        self.size = 0
+        self.name = self._fresh()
+        self._truncate(0)
+        open(self._marker(), "ab").close()
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
+    @property
+    def path(self) -> str:
+        return self._path(self.name)
+
+    def _marker(self) -> str:
+        return self.path + ".uncommitted"
+
+    def _size_on_disk(self, name: str) -> int:
+        try:
+            return os.path.getsize(self._path(name))
+        except FileNotFoundError:
+            return -1
+
+    def _fresh(self) -> str:
+        """The first name that is free, or holds only this tablet's uncommitted output."""
+        n = 0
+        while True:
+            name = self.base + (f".{n}" if n else "") + self.suffix
+            if self._size_on_disk(name) <= 0 or os.path.exists(self._path(name) + ".uncommitted"):
+                return name
+            n += 1
+
+    def _truncate(self, size: int) -> None:
         with open(self.path, "a+b") as f:
-            f.truncate(self.size)
+            f.truncate(size)
+
+    def _unmark(self) -> None:
+        try:
+            os.remove(self._marker())
+        except FileNotFoundError:
+            pass
 
     def append(self, data: bytes, fsync: bool = True) -> bytes:
+        """Write a batch; returns the meta to commit with it."""
+        if self._prepared:
+            self._unmark()  # a second batch runs only after the first one's commit
+        self._prepared = True
         if data:
             with open(self.path, "ab") as f:
                 f.write(data)
@@ -42,7 +107,7 @@ class CommittedFile:
                     f.flush()
                     os.fsync(f.fileno())
             self.size += len(data)
-        return b"%d" % self.size
+        return b"%d %s" % (self.size, self.name.encode())
 
 
 class FileSink(Computation):

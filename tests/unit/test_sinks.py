@@ -1,0 +1,72 @@
+"""CommittedFile (FileSink's file) on reopen: never fill a gap, never cut what it did not
+write, and still cut its own uncommitted output (review E4)."""
+
+from __future__ import annotations
+
+import os
+
+from runtime.sinks import CommittedFile
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_reopening_cuts_uncommitted_output_back(tmp_path: object) -> None:
+    d = str(tmp_path)
+    f = CommittedFile(d, "sink/0", ".jsonl", None)
+    meta = f.append(b"one\n")
+    f.append(b"two\n")  # written, never committed: the tablet crashed
+    again = CommittedFile(d, "sink/0", ".jsonl", meta)
+    assert _read(again.path) == b"one\n" and again.path == f.path
+
+
+def test_a_file_moved_away_is_not_filled_with_nul_bytes(tmp_path: object) -> None:
+    """The review's experiment: append, delete the file, reopen with the committed meta. It
+    used to recreate the file as 43 NUL bytes."""
+    d = str(tmp_path)
+    f = CommittedFile(d, "sink/0", ".jsonl", None)
+    meta = f.append(b'{"key": "k", "value": "v", "timestamp": 1}\\n')
+    os.rename(f.path, f.path + ".rotated")
+    again = CommittedFile(d, "sink/0", ".jsonl", meta)  # like logrotate: a fresh file
+    assert _read(again.path) == b""
+    again.append(b"next\n")
+    assert _read(again.path) == b"next\n"
+    assert _read(f.path + ".rotated") == b'{"key": "k", "value": "v", "timestamp": 1}\\n'
+    # ... and if the fresh one is rotated too after a commit, the next open goes on again.
+    meta = again.append(b"more\n")
+    os.rename(again.path, again.path + ".2")
+    third = CommittedFile(d, "sink/0", ".jsonl", meta)
+    assert _read(third.path) == b"" and _read(again.path + ".2") == b"next\nmore\n"
+
+
+def test_output_of_an_earlier_cluster_is_left_alone(tmp_path: object) -> None:
+    """No committed meta (a new cluster, a lost state directory) and a file with content:
+    it used to be truncated to nothing."""
+    d = str(tmp_path)
+    old = os.path.join(d, "sink-0.jsonl")
+    with open(old, "wb") as out:
+        out.write(b"yesterday's output\n")
+    f = CommittedFile(d, "sink/0", ".jsonl", None)
+    assert f.path != old and _read(old) == b"yesterday's output\n"
+
+
+def test_a_crash_before_the_first_commit_leaves_no_duplicate(tmp_path: object) -> None:
+    d = str(tmp_path)
+    f = CommittedFile(d, "sink/0", ".jsonl", None)
+    f.append(b"first batch, never committed\n")
+    again = CommittedFile(d, "sink/0", ".jsonl", None)  # reopened: still nothing committed
+    assert again.path == f.path and _read(again.path) == b""
+    meta = again.append(b"first batch\n")
+    again.append(b"second batch\n")  # the first commit was durable: the marker goes
+    assert not os.path.exists(again.path + ".uncommitted")
+    assert CommittedFile(d, "sink/0", ".jsonl", meta).path == f.path
+
+
+def test_a_meta_from_before_file_names_were_committed_still_opens(tmp_path: object) -> None:
+    d = str(tmp_path)
+    with open(os.path.join(d, "sink-0.jsonl"), "wb") as out:
+        out.write(b"abc\nxyz")
+    f = CommittedFile(d, "sink/0", ".jsonl", b"4")  # old meta: the length only
+    assert _read(f.path) == b"abc\n"
