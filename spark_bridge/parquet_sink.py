@@ -98,13 +98,27 @@ class ParquetSink(Computation):
         self._rows: list[dict[str, Any]] = []
         self._next = 0
         self._prefix = ""
+        self._prepared = False
 
     def restore(self, tablet: str, meta: bytes | None) -> None:
-        """The tablet opened: forget files (and temporaries) its committed meta does not cover."""
-        self._prefix = file_prefix(tablet)
-        self._next = int(json.loads(meta)["next"]) if meta else 0
+        """The tablet opened: forget files (and temporaries) its committed meta does not cover.
+
+        Only files this tablet wrote are ever removed (review E4). With nothing committed
+        and files of the same name already there (an earlier cluster's output, a lost state
+        directory), they are left alone and this tablet writes under a new generation,
+        ``<tablet>.g<n>-...``; a ``.<prefix>.uncommitted`` marker tells its own uncommitted
+        first files (a crash before the first commit) from someone else's.
+        """
+        base = file_prefix(tablet)
         os.makedirs(self.dir, exist_ok=True)
         write_descriptor(self.dir, self.codec)
+        self._prepared = False
+        if meta:
+            doc = json.loads(meta)
+            self._next, self._prefix = int(doc["next"]), str(doc.get("prefix", base))
+        else:
+            self._next, self._prefix = 0, self._free_prefix(base)
+            open(self._marker(), "ab").close()
         final = re.compile(re.escape(self._prefix) + r"-(\d{16})" + re.escape(_SUFFIX) + "$")
         temp = re.compile(r"^\." + re.escape(self._prefix) + r"-\d{16}" + re.escape(_SUFFIX) + r"\..*\.tmp$")
         removed = []
@@ -117,6 +131,21 @@ class ParquetSink(Computation):
             _fsync_dir(self.dir)
             log.info("parquet sink %s: removed %d uncommitted files: %s", tablet, len(removed), removed[:5])
 
+    def _marker(self) -> str:
+        return os.path.join(self.dir, f".{self._prefix}.uncommitted")
+
+    def _free_prefix(self, base: str) -> str:
+        """``base``, or ``base.g<n>``: the first generation with no files, or only this
+        tablet's own uncommitted ones."""
+        names = os.listdir(self.dir)
+        n = 0
+        while True:
+            prefix = base + (f".g{n}" if n else "")
+            ours = f".{prefix}.uncommitted" in names
+            if ours or not any(x.startswith(prefix + "-") and x.endswith(_SUFFIX) for x in names):
+                return prefix
+            n += 1
+
     def process_record(self, ctx: Context, record: Record) -> None:
         # Decode first: a value that does not decode raises before anything is buffered,
         # so the runtime's retries and dead-lettering see a clean slate.
@@ -127,6 +156,9 @@ class ParquetSink(Computation):
 
     def prepare_commit(self) -> bytes:
         """Make the batch's file durable under its final name; returns the count to commit."""
+        if self._prepared and os.path.exists(self._marker()):
+            os.unlink(self._marker())  # a second batch runs only after the first one's commit
+        self._prepared = True
         if self._rows:
             name = self.file_name(self._next)
             final = os.path.join(self.dir, name)
@@ -152,7 +184,7 @@ class ParquetSink(Computation):
             assert len(self._rows) > 0
             self._next += len(self._rows)
             self._rows.clear()
-        return json.dumps({"next": self._next}).encode()
+        return json.dumps({"next": self._next, "prefix": self._prefix}).encode()
 
 
 def add_parquet_sink(topology: Topology, name: str, *, stream: str, path: str, codec: str = "bytes",

@@ -42,21 +42,37 @@ def test_uncommitted_files_are_removed_and_rewritten_under_the_same_name(tmp_pat
     _batch(other, range(100, 102))  # another tablet's files are not ours to touch
     _batch(s, range(3, 5))           # written, but the commit never happens (a crash)
     open(os.path.join(d, ".snk-0-0000000000000005.parquet.dead.tmp"), "w").close()
-    assert sorted(os.listdir(d)) == [".snk-0-0000000000000005.parquet.dead.tmp", "_millstream_sink.json",
+    assert sorted(os.listdir(d)) == [".snk-0-0000000000000005.parquet.dead.tmp", ".snk-1.uncommitted",
+                                     "_millstream_sink.json",
                                      "snk-0-0000000000000000.parquet", "snk-0-0000000000000003.parquet",
                                      "snk-1-0000000000000000.parquet"]
 
     s2 = _sink(d, "snk/0", m1)       # the tablet reopens at the committed meta
-    assert sorted(os.listdir(d)) == ["_millstream_sink.json", "snk-0-0000000000000000.parquet",
-                                     "snk-1-0000000000000000.parquet"]
+    assert sorted(os.listdir(d)) == [".snk-1.uncommitted", "_millstream_sink.json",
+                                     "snk-0-0000000000000000.parquet", "snk-1-0000000000000000.parquet"]
     m2 = _batch(s2, range(3, 5))      # the redelivered batch gets the very same file name
     assert "snk-0-0000000000000003.parquet" in os.listdir(d)
-    assert m2 == b'{"next": 5}' and s2.prepare_commit() == m2  # an empty batch changes nothing
+    assert m2 == b'{"next": 5, "prefix": "snk-0"}' and s2.prepare_commit() == m2  # an empty batch changes nothing
     rows = read_rows(d)
     assert sorted(r["n"] for r in rows) == [0, 1, 2, 3, 4, 100, 101]
     r3 = next(r for r in rows if r["n"] == 3)
     assert r3["key"] == "k3" and r3["query"] == "q3" and r3["score"] == 1.5 and r3["ok"] is False
     assert r3["timestamp"] == 1_700_000_000_000_003
+
+
+def test_output_of_an_earlier_cluster_is_left_alone(tmp_path: Any) -> None:
+    """No committed meta (a new cluster, a lost state directory) used to delete every file of
+    the tablet's name in the directory (review E4)."""
+    d = str(tmp_path)
+    old = _sink(d, "snk/0", None)
+    _batch(old, range(0, 2))
+    _batch(old, range(2, 4))  # committed output of an earlier cluster
+    before = sorted(n for n in os.listdir(d) if n.endswith(".parquet"))
+    new = _sink(d, "snk/0", None)
+    assert sorted(n for n in os.listdir(d) if n.endswith(".parquet")) == before
+    meta = _batch(new, range(10, 12))
+    assert b'"prefix": "snk-0.g1"' in meta
+    assert sorted(r["n"] for r in read_rows(d)) == [0, 1, 2, 3, 10, 11]
 
 
 def test_never_overwrites_a_file(tmp_path: Any) -> None:
@@ -79,7 +95,7 @@ def test_bad_values_raise_before_anything_is_buffered(tmp_path: Any) -> None:
                          (b"\xff", "not UTF-8")]:
         with pytest.raises(ValueDecodeError, match=match):
             s.process_record(None, Record(b"k", value, 0, bytes(16)))  # type: ignore[arg-type]
-    assert s.prepare_commit() == b'{"next": 0}'
+    assert s.prepare_commit() == b'{"next": 0, "prefix": "snk-0"}'
 
 
 def test_bad_sink_options_are_refused_at_the_client(tmp_path: Any) -> None:
