@@ -245,10 +245,21 @@ class Injector:
         return rpc.WorkerStub(ch)
 
     def finish(self) -> None:
-        """Send everything, then move the watermark to the end of time."""
+        """Send everything, then move the watermark to the end of time; returns once the
+        leader holds that promise (raises :class:`InjectionError` if it cannot within the
+        injector's ``timeout``: the stream would otherwise stay held, silently; review W5)."""
         self.flush()
         self.watermark = END_OF_TIME
-        self._report(wait=True)  # returns once the leader holds it (bounded by confirm_timeout)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            self._report(wait=True)  # bounded by confirm_timeout
+            if self._reported == END_OF_TIME:
+                break
+            if time.monotonic() > deadline:
+                raise InjectionError(
+                    f"injector {self.name!r}: the end of its input on {self.stream!r} was not "
+                    f"confirmed within {self.timeout:.0f}s (its last records' receivers have not "
+                    "reported them); call finish() again once the cluster is healthy")
         self.finished = True
 
     def close(self) -> None:

@@ -278,13 +278,20 @@ class MasterCore:
             stream = self.injectors[n][0]
             dirty[FINISHED + stream] = self.injectors[FINISHED + stream] = (stream, END_OF_TIME)
         if changed or dirty or done:
+            # Taken now: a report arriving during the awaits below marks its name dirty
+            # again and is written by the next tick (review W2).
+            self._dirty_injectors.clear()
             await self._io(self.store.put_progress, changed, {n: w for n, w in dirty.items() if n not in done})
             if done:
                 await self._io(self.store.delete_injectors, done)
                 for n in done:
-                    del self.injectors[n]
-                    self.settler.forget(("injector", n))
-            self._dirty_injectors.clear()
+                    # Only if still finished: a new injector may have registered under the
+                    # name meanwhile; it stays, and is written again next tick.
+                    if self.injectors.get(n, ("", END_OF_TIME))[1] == END_OF_TIME:
+                        self.injectors.pop(n, None)
+                        self.settler.forget(("injector", n))
+                    else:
+                        self._dirty_injectors.add(n)
             for c, v in changed.items():
                 assert v >= self.published.get(c, MIN), "published watermarks never decrease"
             self.published.update(changed)

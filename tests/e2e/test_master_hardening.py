@@ -43,3 +43,39 @@ def test_an_idle_follower_adds_nothing_to_etcd_history(tmp_path: object) -> None
         finally:
             store.resign()
             store.close()
+
+
+def test_finish_raises_rather_than_leave_the_stream_held_silently(cluster: Cluster) -> None:
+    """W5: finish() used to return after 5 s with its end of input never reported when the
+    receivers of its last records did not report them. The stall is simulated by hiding the
+    receivers' reports from this injector's view of the leader's answers (every other part
+    is real); then they reappear and finish() goes through."""
+    import os
+
+    from runtime import Topology
+    from runtime.errors import InjectionError
+
+    topo = Topology("w5")
+    topo.add_computation("w5-sink", "runtime.sinks:FileSink", inputs={"w5-in": None},
+                         params={"path": os.path.join(cluster.data_dir, "w5")}, key_ranges=1)
+    cluster.client.submit(topo)
+    cluster.wait_assigned()
+    inj = Injector(cluster.masters_arg, "w5-in", "w5-source", timeout=3)
+    real = inj._send_report
+    stalled = [True]
+
+    def report(wm: int) -> dict[str, int]:
+        reported = real(wm)
+        return {w: 0 for w in reported} if stalled[0] else reported
+
+    inj._send_report = report  # type: ignore[method-assign]
+    inj.send(b"k", b"v", 1_700_000_000_000_000)
+    with pytest.raises(InjectionError, match="was not confirmed within 3s"):
+        inj.finish()
+    assert not inj.finished
+    assert any(i["name"] == "w5-source" for i in cluster.client.status()["injectors"])  # still held
+    stalled[0] = False
+    inj.finish()
+    inj.close()
+    wait_until(lambda: not any(i["name"] == "w5-source" for i in cluster.client.status()["injectors"]), 30,
+               "the finished injector to be cleaned up")

@@ -60,3 +60,27 @@ def test_w1_a_tablet_left_out_of_a_report_holds_the_watermark_until_it_reports_a
         assert core.published["c"] == 10_000
 
     asyncio.run(main())
+
+
+def test_w2_an_injector_registering_again_while_its_finished_namesake_is_cleaned_up_stays() -> None:
+    """The cleanup of a finished injector spans etcd writes; a new injector registering
+    under the same name meanwhile used to be deleted with it, and its stream jumped to the
+    end of time."""
+    core, clock = _core()
+
+    class Racing(MemoryStore):
+        def delete_injectors(self, names: list[str]) -> None:
+            core.report_injector("inj", "in", 5)  # the new registration arrives mid-cleanup
+
+    core.store = Racing()  # type: ignore[assignment]
+
+    async def main() -> None:
+        core.heartbeat("w", [_held("a", 1), _held("b", None), _held("c", None)], 1)  # a still works
+        core.report_injector("inj", "in", (1 << 63) - 1)  # the first injection finished
+        await core.advance_watermarks()
+        assert core.injectors["inj"] == ("in", 5)
+        core.heartbeat("w", [_held(n, None) for n in "abc"], 2)  # a is done
+        await core.advance_watermarks()
+        assert core.published["a"] == 5  # held by the new injector, not at the end of time
+
+    asyncio.run(main())
