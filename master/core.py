@@ -66,6 +66,8 @@ class MasterConfig:
     # etcd upkeep: its size is read this often, and it is defragmented (at most hourly)
     # once it holds more than this (compaction alone does not shrink the file).
     etcd_check_s: float = 10.0
+    # An injector silent this long is flagged stale in status (it still holds its stream).
+    injector_stale_s: float = 600.0
     defrag_above_bytes: int = 512 << 20
 
 
@@ -102,6 +104,7 @@ class MasterCore:
         # healthy cluster, however busy, only joins move tablets and nothing expires.
         self.liveness = {"registrations": 0, "lease_expiries": 0, "tablet_moves": 0}
         self.etcd_db_bytes = 0
+        self.injector_seen: dict[str, float] = {}  # name -> when its last report arrived
         self._etcd_checked = -1e18
         self._defragged = -1e18
         self._changed = asyncio.Condition()
@@ -247,6 +250,7 @@ class MasterCore:
             raise ConfigError(f"injector {name!r}: stream {stream[:80]!r} is not a stream name (letters, "
                               "digits, '_', '.', '-'; at most 128 characters)")
         self.injectors[name] = (stream, watermark)
+        self.injector_seen[name] = self.now_ms()
         self.settler.observe(("injector", name), watermark, self.now_ms())
         self._dirty_injectors.add(name)
 
@@ -289,6 +293,7 @@ class MasterCore:
                     # name meanwhile; it stays, and is written again next tick.
                     if self.injectors.get(n, ("", END_OF_TIME))[1] == END_OF_TIME:
                         self.injectors.pop(n, None)
+                        self.injector_seen.pop(n, None)
                         self.settler.forget(("injector", n))
                     else:
                         self._dirty_injectors.add(n)
@@ -425,6 +430,16 @@ class MasterCore:
 
     # ---------------------------------------------------------------- status
 
+    def _injector_status(self, name: str, stream: str, wm: int, now: float) -> dict[str, Any]:
+        """An injector silent for longer than ``injector_stale_s`` still holds its stream (it
+        may yet send records its promise covers) but is flagged, with how long it has been
+        silent, so an operator can finish or release it (review G4)."""
+        seen = self.injector_seen.get(name)
+        quiet = None if seen is None else round(now - seen)
+        stale = (quiet is not None and quiet > self.config.injector_stale_s * 1000
+                 and wm != END_OF_TIME and not name.startswith(FINISHED))
+        return {"name": name, "stream": stream, "watermark": wm, "last_report_ms_ago": quiet, "stale": stale}
+
     def _problems_of(self, computation: str) -> list[dict[str, Any]]:
         """Tablets of a computation whose owner reports it cannot run them (code that does not
         load, storage that does not open, a batch that does not finish)."""
@@ -478,8 +493,7 @@ class MasterCore:
             "computations": computations,
             "liveness": dict(self.liveness),
             "etcd": {"db_size_bytes": self.etcd_db_bytes},
-            "injectors": [{"name": n, "stream": s, "watermark": w}
-                          for n, (s, w) in sorted(self.injectors.items())],
+            "injectors": [self._injector_status(n, s, w, now) for n, (s, w) in sorted(self.injectors.items())],
             "stale_reports": self.stale_reports,
             "workers": [
                 {"id": w, "address": a, "tablets": counts.get(w, 0),

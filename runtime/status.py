@@ -73,7 +73,9 @@ def render(doc: dict[str, Any]) -> str:
     if doc.get("injectors"):
         lines += ["", "injectors:"]
         for i in doc["injectors"]:
-            lines.append(f"  {i['name']:<24} -> {i['stream']:<16} wm={_time(i['watermark'])}")
+            flag = (f"  STALE: silent for {_lag(i['last_report_ms_ago'])}; it still holds its stream"
+                    if i.get("stale") else "")
+            lines.append(f"  {i['name']:<24} -> {i['stream']:<16} wm={_time(i['watermark'])}{flag}")
     lines += ["", "tablets:"]
     for t in doc["tablets"]:
         lines.append(f"  {t['computation']}/{t['key_range']:<4} worker={t['worker'] or '-':<12} "

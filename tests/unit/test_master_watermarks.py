@@ -84,3 +84,13 @@ def test_w2_an_injector_registering_again_while_its_finished_namesake_is_cleaned
         assert core.published["a"] == 5  # held by the new injector, not at the end of time
 
     asyncio.run(main())
+
+
+def test_g4_a_silent_injector_is_flagged_stale_in_status_and_still_holds_its_stream() -> None:
+    core, clock = _core()
+    clock[0] += core.config.injector_stale_s * 1000 + 1
+    core.heartbeat("w", [_held(n, None) for n in "abc"], 1)
+    (inj,) = core.status()["injectors"]
+    assert inj["stale"] and inj["last_report_ms_ago"] > core.config.injector_stale_s * 1000
+    asyncio.run(core.advance_watermarks())
+    assert core.published["a"] == 10_000  # held at its promise, not released by silence
