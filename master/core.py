@@ -187,6 +187,7 @@ class MasterCore:
             await self._io(self.store.delete_worker, worker_id)
             self.workers.pop(worker_id, None)
             self.problems.pop(worker_id, None)
+            self.reported_seq.pop(worker_id, None)
             self.last_seen.pop(worker_id, None)
             await self._rebalance("leave")
 
@@ -345,6 +346,7 @@ class MasterCore:
                 await self._io(self.store.delete_worker, w)
                 self.workers.pop(w, None)
                 self.problems.pop(w, None)
+                self.reported_seq.pop(w, None)
                 self.last_seen.pop(w, None)
                 self.liveness["lease_expiries"] += 1
                 metrics.WORKER_EXPIRIES.inc()
