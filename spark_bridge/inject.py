@@ -5,10 +5,16 @@ columns exist and have usable types, no key or timestamp (or id, or value) is
 null, the masters answer and some computation reads the stream. Only then
 does it register a *holding* injector named ``name`` (which keeps the stream's
 low watermark where it is) and run one Spark job in which every partition
-sends its rows through its own injector, ``<name>/p<partition>``. Record ids
-are derived from (injection name, partition, row position), or from a user id
-column, so a task that Spark retries after it had sent part of its partition
-sends the very same ids again and receivers drop what they already have.
+sends its rows through its own injector, ``<name>/p<partition>``.
+
+Record ids never depend on where a row lands or in which order (review E2): with a user id
+column, from (stream, id), the record's identity in the stream whatever injection sends it;
+otherwise from the row itself, (injection name,
+stream, key, value, timestamp, n) for the n-th copy of an identical row. To count copies
+deterministically the rows are first hash-partitioned by their content, so all copies of a
+row meet in one task whatever the cluster size, shuffle order or retry. A task that Spark
+retries, or an injection re-run on another cluster, sends the very same ids again and
+receivers drop what they already have; new data under a reused name gets new ids.
 When the job completes, the driver finishes the holding injector (or advances
 it to a given watermark).
 """
@@ -215,16 +221,21 @@ class PartitionInjection:
                        batch_size=self.batch_size, timeout=self.timeout)
         stream_b = self.stream.encode()
         id_b = self.id_name.encode()
-        part_b = index.to_bytes(4, "big")
+        copies: dict[bytes, int] = {}  # content digest -> copies seen (all meet in this task)
         n, lo, hi = 0, None, None
         try:
-            for pos, row in enumerate(rows):
+            for row in rows:
                 ts = int(row[2])
+                key, value = bytes(row[0]), bytes(row[1])
                 if self.has_id:
                     rid = derived_id(b"spark-id", stream_b, bytes(row[3]))
                 else:
-                    rid = derived_id(id_b, part_b, pos.to_bytes(8, "big"))
-                inj.send(bytes(row[0]), bytes(row[1]), ts, id=rid)
+                    content = derived_id(b"spark-row", id_b, stream_b, key, value,
+                                         ts.to_bytes(8, "big", signed=True))
+                    nth = copies.get(content, 0)
+                    copies[content] = nth + 1
+                    rid = derived_id(content, nth.to_bytes(8, "big"))
+                inj.send(key, value, ts, id=rid)
                 n += 1
                 lo = ts if lo is None or ts < lo else lo
                 hi = ts if hi is None or ts > hi else hi
@@ -245,8 +256,13 @@ def _task_error(e: BaseException) -> str:
 
 def run_partitions(df: DataFrame, p: Plan, task: PartitionInjection) -> list[tuple[int, int, int | None, int | None]]:
     """Run the injection job; a failed job becomes an :class:`InjectionError` (no Py4J trace)."""
+    selected = df.select(*p.columns)
+    if not task.has_id:
+        # Every copy of a row in one partition, whatever the cluster: hash partitioning by
+        # the row's content (Spark's Murmur3 of the values, stable across runs).
+        selected = selected.repartition(max(1, selected.rdd.getNumPartitions()), *selected.columns)
     try:
-        return list(df.select(*p.columns).rdd.mapPartitionsWithIndex(task).collect())
+        return list(selected.rdd.mapPartitionsWithIndex(task).collect())
     except MillstreamError:
         raise
     except Exception as e:  # Py4JJavaError / PythonException from the executors

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 from runtime import Record
 
-FAIL_VALUE = b"v7500"
+FAIL_AT = 7500
+_routed: dict[tuple[int, int, int], int] = {}
 
 
 def flaky_key(record: Record) -> bytes:
     """A key extractor -- run by producers, here inside Spark tasks -- that fails once.
 
-    On the first attempt of Spark partition 0 it raises at the record whose value is
-    :data:`FAIL_VALUE`, after the task has already sent the rows before it.
+    On the first attempt of Spark partition 0 it raises at the :data:`FAIL_AT`-th record it
+    routes, after the task has already sent the rows before it (in whatever order the
+    partition holds them).
     """
-    if record.value == FAIL_VALUE:
-        from pyspark import TaskContext
+    from pyspark import TaskContext
 
-        ctx = TaskContext.get()
-        if ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
+    ctx = TaskContext.get()
+    if ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
+        task = (ctx.stageId(), ctx.partitionId(), ctx.attemptNumber())
+        _routed[task] = _routed.get(task, 0) + 1
+        if _routed[task] == FAIL_AT:
             raise RuntimeError("injected failure on the first attempt of partition 0")
     return record.key

@@ -40,7 +40,9 @@ def test_a_retried_task_sends_nothing_twice(spark: Any, shared_cluster: Cluster)
     """Partition 0 fails on its first attempt after sending part of its rows; Spark retries it.
 
     The failure comes from the sink's key extractor, which injectors run as they route
-    each flushed batch: rows before ``v7500`` were sent (in batches of 100) and committed.
+    each flushed batch: the 7,499 rows before it were sent (in batches of 100) and committed.
+    The rows were hash-partitioned by content first, so each partition holds them in an
+    order that may differ between attempts: the ids must not depend on it.
     """
     from pyspark.sql import functions as F
 
@@ -73,6 +75,33 @@ def test_a_retried_task_sends_nothing_twice(spark: Any, shared_cluster: Cluster)
         inj.send(b"zz-marker", b"", BASE)
     wait_until(lambda: spark_bridge.count_rows(out) >= n + 1, 60, "the marker")
     assert spark_bridge.count_rows(out) == n + 1
+
+
+def test_ids_do_not_depend_on_partitioning_and_new_data_under_a_reused_name_counts(
+        spark: Any, shared_cluster: Cluster) -> None:
+    """Review E2: positional ids changed with the partitioning (a shuffle, a re-run on another
+    cluster size), losing some rows and doubling others; and a reused name dropped new data."""
+    stream, out = _sink(shared_cluster, "content-ids")
+    rows = [(f"k{i % 50}", f"v{i % 7}", BASE + i % 13) for i in range(600)]  # many identical rows
+    df = spark.createDataFrame(rows, "k string, v string, ts long")
+    m = shared_cluster.masters_arg
+    spark_bridge.inject(df.repartition(3), stream=stream, key="k", value="v", timestamp="ts",
+                        name="daily", masters=m)
+    # The same data again under the same name, partitioned differently: nothing new.
+    spark_bridge.inject(df.coalesce(1).orderBy("v"), stream=stream, key="k", value="v", timestamp="ts",
+                        name="daily", masters=m)
+    # New data under the same name (tomorrow's run of a job with a fixed name): all of it counts.
+    new = spark.createDataFrame([(f"n{i}", "x", BASE + i) for i in range(40)], "k string, v string, ts long")
+    spark_bridge.inject(new, stream=stream, key="k", value="v", timestamp="ts", name="daily", masters=m)
+    with Injector(m, stream, "content-ids-marker") as inj:
+        inj.send(b"zz-marker", b"", BASE)
+    wait_until(lambda: spark_bridge.count_rows(out) >= 641, 60, "641 rows")
+    got = read_rows(out)
+    assert len(got) == 641
+    from collections import Counter
+
+    assert Counter((r["key"], r["value"], r["timestamp"]) for r in got if r["key"].startswith("k")) == \
+        Counter(rows)
 
 
 def test_user_id_column_makes_ids(spark: Any, shared_cluster: Cluster) -> None:
