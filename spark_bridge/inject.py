@@ -154,6 +154,7 @@ class Plan:
     columns: list[Column]
     null_checked: dict[str, str]  # column -> role
     has_id: bool
+    integer_time: str | None = None  # the timestamp column, if it holds integers (unit unknown)
 
 
 def plan(df: DataFrame, *, key: str, value: str | Sequence[str] | None, timestamp: str,
@@ -168,7 +169,28 @@ def plan(df: DataFrame, *, key: str, value: str | Sequence[str] | None, timestam
     if id is not None:
         cols.append(_id_expr(df, id).alias("i"))
         checked.setdefault(id, "id")
-    return Plan(cols, checked, id is not None)
+    integer = timestamp if _type_of(df, timestamp, "timestamp") in _INTEGRAL else None
+    return Plan(cols, checked, id is not None, integer)
+
+
+# Microseconds since the epoch are above this after March 1973; seconds and milliseconds of
+# any recent date are far below it (review B35: records in January 1970 are all late).
+_MIN_PLAUSIBLE_US = 10**14
+
+
+def check_time_unit(df: DataFrame, column: str) -> None:
+    """Refuse an integer timestamp column that holds seconds or milliseconds (one Spark job)."""
+    from pyspark.sql import functions as F
+
+    row = df.agg(F.max(F.abs(F.col(column)))).collect()[0]
+    biggest = row[0]
+    if biggest is not None and 0 < biggest < _MIN_PLAUSIBLE_US:
+        unit = "seconds" if biggest < 10**11 else "milliseconds"
+        factor = "1_000_000" if unit == "seconds" else "1_000"
+        raise InvalidInput(
+            f"column {column!r} (the timestamp) looks like {unit} since the epoch (largest value "
+            f"{biggest}), not microseconds: every record would be stamped in 1970 and be late. "
+            f"Nothing was injected. Multiply it: F.col({column!r}) * {factor}, or pass a timestamp column")
 
 
 def check_nulls(df: DataFrame, checked: dict[str, str], extra: Iterable[Column] = ()) -> list[Any]:
@@ -296,11 +318,11 @@ def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] |
       column, or an integer column of microseconds since the epoch (event time).
     - ``value``: a column (string and binary as they are, others as text or
       JSON), a list of columns (sent as one JSON object), or ``None`` (empty).
-    - ``name`` names the injection: record ids derive from it, the partition
-      and the row's position (or from the ``id`` column), so re-running the
-      same injection -- or Spark retrying a task -- sends nothing twice.
-      Positions are only stable if ``df`` is deterministic (same rows, same
-      order, same partitions on every evaluation); otherwise pass ``id``.
+    - ``name`` names the injection: record ids derive from it and the row's
+      content (the n-th copy of an identical row gets the n-th id), or from the
+      ``id`` column, so re-running the same injection -- or Spark retrying a
+      task, on any partitioning -- sends nothing twice, while new data under
+      the same name is all sent.
     - ``watermark``: after the job, ``"finish"`` releases the stream (nothing
       more will come from this injection); ``"max"`` advances it to the
       largest timestamp sent; an int advances it to that time.
@@ -319,6 +341,8 @@ def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] |
         raise InvalidInput(f"watermark={watermark!r}: use 'finish', 'max' or an int of microseconds")
     check_stream(addresses, stream, min(timeout, 10.0))
     check_nulls(df, p.null_checked)
+    if p.integer_time is not None:
+        check_time_unit(df, p.integer_time)
     # From here on this injection holds the stream's watermark (until finished below).
     holder = Injector(addresses, stream, name, timeout=timeout)
     try:

@@ -232,3 +232,16 @@ def test_timestamp_types(spark: Any, shared_cluster: Cluster) -> None:
                             masters=m)
     wait_until(lambda: spark_bridge.count_rows(out) >= 3, 60, "3 rows")
     assert {r["key"]: r["timestamp"] for r in read_rows(out)} == dict.fromkeys(["t", "n", "us"], 1704067201500000)
+
+
+def test_timestamps_in_seconds_or_milliseconds_are_refused_before_sending(spark: Any,
+                                                                         shared_cluster: Cluster) -> None:
+    """Review B35: they used to be taken as microseconds, every record stamped in 1970."""
+    stream, out = _sink(shared_cluster, "units")
+    m = shared_cluster.masters_arg
+    for unit, ts in (("seconds", 1_700_000_000), ("milliseconds", 1_700_000_000_000)):
+        df = spark.createDataFrame([("k", "v", ts + i) for i in range(5)], "k string, v string, ts long")
+        with pytest.raises(InvalidInput, match=rf"column 'ts' \(the timestamp\) looks like {unit}"):
+            spark_bridge.inject(df, stream=stream, key="k", value="v", timestamp="ts", name=f"u-{unit}",
+                                masters=m)
+    _only_marker_arrives(shared_cluster, stream, out)
