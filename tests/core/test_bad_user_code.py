@@ -16,23 +16,16 @@ import pytest
 
 from runtime import Record
 from runtime.imports import CodePolicy
+from tests.core.corekit import make_core
 from tests.core.jobs import Collector
 from tests.core.test_worker_core import BASE, _until, routing
-from worker.core import WorkerCore, WorkerLimits
+from worker.core import WorkerCore
 from worker.sender import OK
 
 
 async def _core(tmp: str, *comps: tuple[str, str, list[str], list[str], dict[str, str]],
                 policy: CodePolicy = CodePolicy(("*",))) -> WorkerCore:
-    async def nowhere(*args: object) -> int:
-        raise AssertionError("everything is local in these tests")
-
-    core = WorkerCore(tmp, "self:1", nowhere, WorkerLimits(), code_policy=policy)
-    core.worker_id = "w"
-    core.renewed(core.now_ms(), 600_000)
-    Collector.seen = []
-    await core.apply_routing(routing(*comps))
-    return core
+    return await make_core(tmp, routing(*comps), policy=policy)
 
 
 MISUSES = [
@@ -112,11 +105,7 @@ def test_one_unloadable_key_extractor_stops_only_the_records_routed_through_it(t
                     ("other", "tests.core.jobs:Collector", ["x"], [], {"name": "x"}),
                     ("dead", "tests.core.jobs:Collector", ["up.dead_letter"], [], {"name": "dead"}))
         r.computations[2].inputs[0].key_extractor = "no_such_module_anywhere:key"
-        core = WorkerCore(str(tmp_path), "self:1", _nowhere, WorkerLimits())
-        core.worker_id = "w"
-        core.renewed(core.now_ms(), 600_000)
-        Collector.seen = []
-        await core.apply_routing(r)
+        core = await make_core(str(tmp_path), r)
         assert set(core.tablets) == {("up", 0), ("good", 0), ("other", 0), ("dead", 0)}
         assert await core.deliver("up", 0, 1, [Record(b"k", b"v", BASE, b"1".ljust(16))]) == OK
         await _until(lambda: [v for n, _, v in Collector.seen if n == "out"] == [b"v"], "the output")
@@ -132,11 +121,7 @@ def test_a_key_extractor_returning_str_dead_letters_the_producers_record(tmp_pat
                     ("down", "tests.core.jobs:Collector", ["out"], [], {"name": "out"}),
                     ("dead", "tests.core.jobs:Collector", ["up.dead_letter"], [], {"name": "dead"}))
         r.computations[1].inputs[0].key_extractor = "tests.core.jobs:extractor_returning_str"
-        core = WorkerCore(str(tmp_path), "self:1", _nowhere, WorkerLimits())
-        core.worker_id = "w"
-        core.renewed(core.now_ms(), 600_000)
-        Collector.seen = []
-        await core.apply_routing(r)
+        core = await make_core(str(tmp_path), r)
         assert await core.deliver("up", 0, 1, [Record(b"k", b"v", BASE, b"1".ljust(16))]) == OK
         await _until(lambda: len(Collector.seen) == 1, "a dead letter")
         name, _, value = Collector.seen[0]
@@ -145,6 +130,3 @@ def test_a_key_extractor_returning_str_dead_letters_the_producers_record(tmp_pat
 
     asyncio.run(main())
 
-
-async def _nowhere(*args: object) -> int:
-    raise AssertionError("everything is local in these tests")

@@ -9,6 +9,7 @@ import json
 import time
 
 from runtime import Record
+from tests.core.corekit import make_core
 from tests.core.jobs import BigBatchFails, Blocking, Collector
 from tests.core.test_worker_core import BASE, _until, routing
 from worker.core import WorkerCore, WorkerLimits
@@ -18,15 +19,8 @@ from worker.tablet import NOT_OWNER
 
 async def _core(tmp: str, limits: WorkerLimits, *comps: tuple[str, str, list[str], list[str], dict[str, str]]
                 ) -> WorkerCore:
-    async def nowhere(*args: object) -> int:
-        raise AssertionError("everything is local in these tests")
-
-    core = WorkerCore(tmp, "self:1", nowhere, limits)
-    core.worker_id = "w"
-    core.renewed(core.now_ms(), 600_000)
-    Collector.seen = []
-    await core.apply_routing(routing(*comps, ("collect", "tests.core.jobs:Collector", ["out"], [], {"name": "out"})))
-    return core
+    return await make_core(tmp, routing(*comps, ("collect", "tests.core.jobs:Collector", ["out"], [],
+                                                 {"name": "out"})), limits)
 
 
 def _recs(values: list[bytes], key: bytes = b"k", first: int = 0) -> list[Record]:
@@ -122,17 +116,10 @@ def test_a_burst_of_due_timers_fires_over_several_batches_each_once(tmp_path: ob
     clock = [BASE]
 
     async def main() -> None:
-        async def nowhere(*args: object) -> int:
-            raise AssertionError("local")
-
-        core = WorkerCore(str(tmp_path), "self:1", nowhere, WorkerLimits(max_batch_records=7),
-                          wall_us=lambda: clock[0])
-        core.worker_id = "w"
-        core.renewed(core.now_ms(), 600_000)
-        Collector.seen = []
-        await core.apply_routing(routing(
+        core = await make_core(str(tmp_path), routing(
             ("timers", "tests.core.jobs:TimerJob", ["in"], ["out"], {}),
-            ("collect", "tests.core.jobs:Collector", ["out"], [], {"name": "out"})))
+            ("collect", "tests.core.jobs:Collector", ["out"], [], {"name": "out"})),
+            WorkerLimits(max_batch_records=7), clock=lambda: clock[0])
         for i in range(50):  # 50 keys, each with a timer at BASE + 10 + i
             rec = Record(b"key%d" % i, b"set %d" % (10 + i), BASE, i.to_bytes(16, "big"))
             assert await core.deliver("timers", 0, 1, [rec]) == OK

@@ -6,22 +6,15 @@ from __future__ import annotations
 import asyncio
 
 from runtime import Record
+from tests.core.corekit import make_core
 from tests.core.jobs import Collector
 from tests.core.test_worker_core import BASE, _until, routing
-from worker.core import WorkerCore, WorkerLimits
+from worker.core import WorkerCore
 from worker.sender import OK
 
 
 async def _core(tmp: str, clock: list[int], r: object) -> WorkerCore:
-    async def nowhere(*args: object) -> int:
-        raise AssertionError("everything is local in these tests")
-
-    core = WorkerCore(tmp, "self:1", nowhere, WorkerLimits(), wall_us=lambda: clock[0])
-    core.worker_id = "w"
-    core.renewed(core.now_ms(), 600_000)
-    Collector.seen = []
-    await core.apply_routing(r)  # type: ignore[arg-type]
-    return core
+    return await make_core(tmp, r, clock=lambda: clock[0])  # type: ignore[arg-type]
 
 
 def test_e1_a_weak_timer_firing_again_at_the_same_time_gets_new_output_ids(tmp_path: object) -> None:

@@ -1,0 +1,28 @@
+"""Building an in-process WorkerCore for the core tests: real RocksDB, no network."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from runtime.imports import CodePolicy
+from runtime.wire import millstream_pb2 as pb
+from tests.core.jobs import Collector
+from worker.core import WorkerCore, WorkerLimits
+
+
+async def nowhere(*args: object) -> int:
+    raise AssertionError("everything is local in these tests")
+
+
+async def make_core(tmp: str, routing: pb.Routing, limits: WorkerLimits = WorkerLimits(),
+                    clock: Callable[[], int] | None = None,
+                    policy: CodePolicy = CodePolicy(("*",))) -> WorkerCore:
+    """A core registered as worker "w" with a long lease, with ``routing`` applied and the
+    Collector's record of outputs emptied."""
+    kw = {} if clock is None else {"wall_us": clock}
+    core = WorkerCore(tmp, "self:1", nowhere, limits, code_policy=policy, **kw)  # type: ignore[arg-type]
+    core.worker_id = "w"
+    core.renewed(core.now_ms(), 600_000)
+    Collector.seen = []
+    await core.apply_routing(routing)
+    return core
