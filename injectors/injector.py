@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -44,11 +45,17 @@ class Injector:
     """
 
     def __init__(self, masters: str | Iterable[str], stream: str, name: str, *,
-                 batch_size: int = 1000, timeout: float = 60.0, security: Security = Security()) -> None:
+                 batch_size: int = 1000, timeout: float = 60.0, security: Security = Security(),
+                 incarnation: str | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise InjectionError("an injector needs a non-empty name (it seeds its record ids)")
         self.stream = stream
         self.name = name
+        # Tells this object's registration apart from any other live injector under the same
+        # name: the master holds the stream at the minimum of them (review W4).
+        # ``incarnation`` given: a stable identity, so a restarted copy (a retried Spark task)
+        # replaces the hold of the one it restarts instead of adding its own.
+        self.incarnation = uuid.uuid4().hex if incarnation is None else incarnation
         self.batch_size = batch_size
         self.timeout = timeout
         self.security = security
@@ -121,7 +128,8 @@ class Injector:
         return min(candidates)
 
     def _send_report(self, wm: int) -> dict[str, int]:
-        report = pb.InjectorReport(name=self.name, stream=self.stream, watermark=wm)
+        report = pb.InjectorReport(name=self.name, stream=self.stream, watermark=wm,
+                                   incarnation=self.incarnation)
         resp = self.client.call(lambda s: s.ReportInjector(report, timeout=self.client.timeout))
         self._reported = wm
         return dict(resp.reported)
@@ -260,6 +268,13 @@ class Injector:
                     f"injector {self.name!r}: the end of its input on {self.stream!r} was not "
                     f"confirmed within {self.timeout:.0f}s (its last records' receivers have not "
                     "reported them); call finish() again once the cluster is healthy")
+        self.finished = True
+
+    def release(self) -> None:
+        """Drop every hold on this stream under this injector's name, this object's and
+        those of other (crashed, stale) injectors that used the name, without waiting for
+        confirmations; an operator's way out. Nothing can be sent afterwards."""
+        self.client.release_injector(self.name, self.stream)
         self.finished = True
 
     def close(self) -> None:

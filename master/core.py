@@ -21,6 +21,7 @@ from master.scheduler import Ownership, TabletKey, place
 from master.store import EtcdStore
 from master.watermarks import END_OF_TIME, MIN, Settler, TabletReport, Watermark, compute, publish
 from runtime import metrics
+from runtime.client import check_topology_size
 from runtime.errors import ConfigError, MillstreamError, TopologyError
 from runtime.status import show_key
 from runtime.topology import Topology, validate_against
@@ -33,6 +34,7 @@ FINISHED = "finished injectors of "  # marker injector name prefix, one per stre
 
 
 MAX_INJECTOR_NAME_BYTES = 512
+MAX_INCARNATION_CHARS = 64
 STREAM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 
 
@@ -88,7 +90,10 @@ class MasterCore:
         self.reported_seq: dict[str, int] = {}
         self.reports: dict[TabletKey, TabletReport] = {}
         self.settler = Settler(config.settle_ms)
-        self.injectors: dict[str, tuple[str, int]] = {}
+        self.injectors: dict[str, tuple[str, int]] = {}  # name -> (stream, min over incarnations)
+        # name -> incarnation -> watermark: each live Injector object under a name holds the
+        # stream on its own (review W4); "" is a client that sends no incarnation.
+        self.injector_incarnations: dict[str, dict[str, int]] = {}
         self.published: dict[str, int] = {}
         self.computed: dict[str, Watermark] = {}
         self.counters: dict[str, dict[str, int]] = {}    # computation -> totals
@@ -123,6 +128,8 @@ class MasterCore:
         self.tablets = dict(snap.tablets)
         self.published = dict(snap.watermarks)
         self.injectors = dict(snap.injectors)
+        self.injector_incarnations = {
+            n: dict(snap.injector_incarnations.get(n) or {"": wm}) for n, (_, wm) in snap.injectors.items()}
         # A submit spans several etcd transactions when it creates many tablets; if its leader
         # fell between them, the topology is stored but some tablets are not: place them now.
         wanted = {(s.name, r) for t in self.topologies.values() for s in t.computations.values()
@@ -141,6 +148,7 @@ class MasterCore:
 
     async def submit(self, topology_json: str) -> tuple[str, int]:
         topo = Topology.from_json(topology_json)
+        check_topology_size(topo.name, topology_json)
         async with self._lock:
             old = self.topologies.get(topo.name)
             if old is not None:
@@ -244,15 +252,42 @@ class MasterCore:
         count for nothing, so holds waiting on it can go."""
         return {w: self.reported_seq.get(w, 0) for w in self.workers}
 
-    def report_injector(self, name: str, stream: str, watermark: int) -> None:
-        """An injector's current promise; a new injector holds its stream from now on."""
+    def report_injector(self, name: str, stream: str, watermark: int, incarnation: str = "",
+                        release: bool = False) -> None:
+        """An injector's current promise; a new injector holds its stream from now on.
+
+        Several live injectors may share a name (``incarnation`` tells them apart): the
+        name holds its stream at the minimum of their watermarks, and one that finishes
+        releases only its own hold (review W4)."""
         check_injector_name(name)
         if not isinstance(stream, str) or not STREAM_NAME.fullmatch(stream):
             raise ConfigError(f"injector {name!r}: stream {stream[:80]!r} is not a stream name (letters, "
                               "digits, '_', '.', '-'; at most 128 characters)")
-        self.injectors[name] = (stream, watermark)
+        if len(incarnation) > MAX_INCARNATION_CHARS or not incarnation.isprintable():
+            raise ConfigError(f"injector {name!r}: incarnation {incarnation[:80]!r} is not an id of at most "
+                              f"{MAX_INCARNATION_CHARS} printable characters; let the Injector pick it")
+        old = self.injectors.get(name)
+        if release:
+            # An operator gives up on every incarnation of the name (crashed, stale).
+            if old is None or old[0] != stream or name.startswith(FINISHED):
+                raise MillstreamError(
+                    f"no injector {name!r} holds stream {stream!r}; `millstream status` lists the injectors")
+            log.warning("injector %s on %s released by an operator at watermark %s", name, stream, old[1])
+            self.injector_incarnations[name] = {incarnation: END_OF_TIME}
+            self.injectors[name] = (stream, END_OF_TIME)
+            self.injector_seen[name] = self.now_ms()
+            self.settler.forget(("injector", name))
+            self._dirty_injectors.add(name)
+            return
+        incarnations = self.injector_incarnations.setdefault(name, {})
+        if old is not None and old[0] != stream:
+            incarnations.clear()  # the name now feeds another stream: a new registration
+        incarnations[incarnation] = watermark
+        if watermark == END_OF_TIME and len(incarnations) > 1:
+            del incarnations[incarnation]  # finished: holds nothing, the others still do
+        self.injectors[name] = (stream, min(incarnations.values()))
         self.injector_seen[name] = self.now_ms()
-        self.settler.observe(("injector", name), watermark, self.now_ms())
+        self.settler.observe(("injector", name), self.injectors[name][1], self.now_ms())
         self._dirty_injectors.add(name)
 
     async def advance_watermarks(self) -> None:
@@ -286,7 +321,10 @@ class MasterCore:
             # Taken now: a report arriving during the awaits below marks its name dirty
             # again and is written by the next tick (review W2).
             self._dirty_injectors.clear()
-            await self._io(self.store.put_progress, changed, {n: w for n, w in dirty.items() if n not in done})
+            written = {n: w for n, w in dirty.items() if n not in done}
+            await self._io(self.store.put_progress, changed, written,
+                           {n: dict(self.injector_incarnations[n]) for n in written
+                            if n in self.injector_incarnations})
             if done:
                 await self._io(self.store.delete_injectors, done)
                 for n in done:
@@ -294,6 +332,7 @@ class MasterCore:
                     # name meanwhile; it stays, and is written again next tick.
                     if self.injectors.get(n, ("", END_OF_TIME))[1] == END_OF_TIME:
                         self.injectors.pop(n, None)
+                        self.injector_incarnations.pop(n, None)
                         self.injector_seen.pop(n, None)
                         self.settler.forget(("injector", n))
                     else:

@@ -25,6 +25,8 @@ from runtime.wire import millstream_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
 LEADER_METADATA = "millstream-leader"
+# How often the leader re-reads the masters list that status shows (S7: not per request).
+MASTERS_REFRESH_MS = 2000.0
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class MasterServicer(rpc.MasterServicer):
         except UnknownWorker:
             return pb.HeartbeatResponse(known=False, routing_version=core.version)
         return pb.HeartbeatResponse(known=True, routing_version=core.version, watermarks=watermarks,
+                                    lease_ms=core.config.lease_ms,
                                     reported=core.reported())
 
     async def LeaveWorker(self, request: pb.LeaveRequest, context: Any) -> pb.LeaveResponse:
@@ -90,7 +93,8 @@ class MasterServicer(rpc.MasterServicer):
     async def ReportInjector(self, request: pb.InjectorReport, context: Any) -> pb.InjectorResponse:
         core = await self._leader(context)
         await serving.call_core(context, lambda: _async(
-            core.report_injector, request.name, request.stream, request.watermark))
+            core.report_injector, request.name, request.stream, request.watermark, request.incarnation,
+            request.release))
         return pb.InjectorResponse(reported=core.reported())
 
     async def GetRouting(self, request: pb.RoutingRequest, context: Any) -> pb.Routing:
@@ -128,6 +132,8 @@ class Master:
         self.core: MasterCore | None = None
         self.leader_address: str | None = None
         self.sure_until = 0.0  # monotonic ms until which our leadership is certain
+        self._masters_cache: list[str] = []  # addresses of all masters, as last read by the leader
+        self._masters_read_at = -math.inf
 
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.to_thread(self.store.check)
@@ -159,9 +165,10 @@ class Master:
         if core is None:
             return None
         doc = core.status()
-        masters = await asyncio.to_thread(self.store.masters)
+        # From the cache the leader loop refreshes: a flood of /status.json requests must
+        # not queue etcd reads ahead of the lease keep-alive on the shared executor (S7).
         doc["masters"] = {"leader": self.address, "leader_id": self.identity,
-                          "all": sorted(m["address"] for m in masters)}
+                          "all": sorted({*self._masters_cache, self.address})}
         return doc
 
     def leadership_confirmed(self) -> bool:
@@ -201,6 +208,10 @@ class Master:
                 self.sure_until = t0 + ttl_s * 1000 * 0.8
                 if self.core is not None:
                     await self.core.tick()
+                    if t0 - self._masters_read_at >= MASTERS_REFRESH_MS:
+                        masters = await asyncio.to_thread(self.store.masters)
+                        self._masters_cache = sorted(m["address"] for m in masters)
+                        self._masters_read_at = t0
             except NotLeader as e:
                 self._step_down(e)
             except EtcdUnavailable as e:

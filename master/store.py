@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
@@ -79,6 +79,8 @@ class Snapshot:
     tablets: dict[TabletKey, Ownership]
     watermarks: dict[str, int]
     injectors: dict[str, tuple[str, int]]
+    # name -> incarnation -> watermark; an injector of an older version has none stored
+    injector_incarnations: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class EtcdStore:
@@ -215,6 +217,9 @@ class EtcdStore:
             elif key.startswith(INJECTORS):
                 doc = json.loads(value)
                 snap.injectors[key[len(INJECTORS):]] = (doc["stream"], int(doc["watermark"]))
+                if "incarnations" in doc:
+                    snap.injector_incarnations[key[len(INJECTORS):]] = {
+                        i: int(w) for i, w in doc["incarnations"].items()}
             elif key.startswith(TABLETS):
                 comp, _, r = key[len(TABLETS):].rpartition("/")
                 doc = json.loads(value)
@@ -236,12 +241,18 @@ class EtcdStore:
         self._guarded(self._tablet_ops(tablets))
 
     def put_progress(self, watermarks: Mapping[str, int],
-                     injectors: Mapping[str, tuple[str, int]]) -> None:
-        """Persist published watermarks and injector watermarks in one guarded transaction."""
+                     injectors: Mapping[str, tuple[str, int]],
+                     incarnations: Mapping[str, Mapping[str, int]] | None = None) -> None:
+        """Persist published watermarks and injector watermarks (with the watermark of each
+        live incarnation of a name, so a new leader keeps every hold) in one guarded
+        transaction."""
         t = self._client.transactions
         ops = [t.put(WATERMARKS + c, str(v)) for c, v in sorted(watermarks.items())]
-        ops += [t.put(INJECTORS + n, json.dumps({"stream": s, "watermark": w}))
-                for n, (s, w) in sorted(injectors.items())]
+        for n, (s, w) in sorted(injectors.items()):
+            doc: dict[str, Any] = {"stream": s, "watermark": w}
+            if incarnations and n in incarnations:
+                doc["incarnations"] = dict(incarnations[n])
+            ops.append(t.put(INJECTORS + n, json.dumps(doc)))
         if ops:
             self._guarded(ops)
 

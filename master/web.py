@@ -16,6 +16,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 log = logging.getLogger(__name__)
 StatusFn = Callable[[], Awaitable[dict[str, Any] | None]]
 
+# Bounds on what one client may make us hold (S7, slowloris): a request line or header
+# line longer than MAX_LINE_BYTES, more than MAX_HEADER_LINES headers, or a request head
+# not complete within HEAD_TIMEOUT_S is refused; at most MAX_CONNECTIONS are served at once.
+MAX_LINE_BYTES = 8192
+MAX_HEADER_LINES = 100
+HEAD_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 64
+
 PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>millstream</title>
 <style>
@@ -84,33 +92,60 @@ refresh(); setInterval(refresh, 1000);
 async def serve(listen: str, status: StatusFn) -> tuple[asyncio.AbstractServer, str]:
     """Start the HTTP server on ``HOST:PORT``; returns it and the bound address."""
 
+    active = 0
+
+    async def read_head(reader: asyncio.StreamReader) -> bytes | None:
+        """The request line, or None if the head breaks a bound."""
+        async with asyncio.timeout(HEAD_TIMEOUT_S):
+            request = await reader.readline()
+            for _ in range(MAX_HEADER_LINES + 1):
+                if await reader.readline() in (b"\r\n", b"\n", b""):
+                    return request  # headers: not needed
+        return None
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal active
+        active += 1
         try:
-            request = await asyncio.wait_for(reader.readline(), 10)
-            while (await asyncio.wait_for(reader.readline(), 10)) not in (b"\r\n", b"\n", b""):
-                pass  # headers: not needed
-            parts = request.decode("latin-1").split()
-            path = parts[1].split("?")[0] if len(parts) > 1 else "/"
-            if path == "/":
-                code, ctype, body = 200, "text/html; charset=utf-8", PAGE.encode()
-            elif path == "/status.json":
-                doc = await status()
-                doc = doc if doc is not None else {"error": "this master is not the leader"}
-                code, ctype, body = 200, "application/json", json.dumps(doc).encode()
-            elif path == "/metrics":
-                code, ctype, body = 200, CONTENT_TYPE_LATEST, generate_latest()
+            if active > MAX_CONNECTIONS:
+                code, ctype, body = 503, "text/plain", b"too many connections\n"
             else:
-                code, ctype, body = 404, "text/plain", b"not found\n"
-            head = (f"HTTP/1.1 {code} {'OK' if code == 200 else 'Not Found'}\r\n"
+                try:
+                    request = await read_head(reader)
+                except ValueError:  # a line longer than the stream limit (MAX_LINE_BYTES)
+                    request = None
+                if request is None:
+                    code, ctype, body = 431, "text/plain", (
+                        f"request head too large: at most {MAX_HEADER_LINES} header lines of "
+                        f"{MAX_LINE_BYTES} bytes\n").encode()
+                else:
+                    code, ctype, body = await route(request)
+            reason = {200: "OK", 404: "Not Found", 431: "Request Header Fields Too Large",
+                      503: "Service Unavailable"}[code]
+            head = (f"HTTP/1.1 {code} {reason}\r\n"
                     f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
             writer.write(head.encode() + body)
             await writer.drain()
         except (TimeoutError, ConnectionError) as e:
             log.debug("http client went away: %s", e)
         finally:
+            active -= 1
             writer.close()
 
+    async def route(request: bytes) -> tuple[int, str, bytes]:
+        parts = request.decode("latin-1").split()
+        path = parts[1].split("?")[0] if len(parts) > 1 else "/"
+        if path == "/":
+            return 200, "text/html; charset=utf-8", PAGE.encode()
+        if path == "/status.json":
+            doc = await status()
+            doc = doc if doc is not None else {"error": "this master is not the leader"}
+            return 200, "application/json", json.dumps(doc).encode()
+        if path == "/metrics":
+            return 200, CONTENT_TYPE_LATEST, generate_latest()
+        return 404, "text/plain", b"not found\n"
+
     host, _, port = listen.rpartition(":")
-    server = await asyncio.start_server(handle, host, int(port))
+    server = await asyncio.start_server(handle, host, int(port), limit=MAX_LINE_BYTES)
     bound = server.sockets[0].getsockname()[1]
     return server, f"{host}:{bound}"

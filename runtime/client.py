@@ -114,6 +114,7 @@ class Client:
         topology.validate()
         check_importable(topology)
         doc = topology.to_json()
+        check_topology_size(topology.name, doc)
         resp = self.call(lambda s: s.Submit(pb.SubmitRequest(topology_json=doc), timeout=self.timeout))
         return int(resp.tablets)
 
@@ -125,6 +126,12 @@ class Client:
         """Move one tablet to a worker (id or address); returns its new sequencer token."""
         req = pb.MoveTabletRequest(computation=computation, key_range=key_range, worker=worker)
         return int(self.call(lambda s: s.MoveTablet(req, timeout=self.timeout)).token)
+
+    def release_injector(self, name: str, stream: str) -> None:
+        """Stop every injector registered as ``name`` holding ``stream`` (one that crashed or
+        went silent, flagged stale in status). Records sent under that name later may be late."""
+        req = pb.InjectorReport(name=name, stream=stream, watermark=(1 << 63) - 1, release=True)
+        self.call(lambda s: s.ReportInjector(req, timeout=self.timeout))
 
     def routing(self) -> pb.Routing:
         return self.call(lambda s: s.GetRouting(pb.RoutingRequest(), timeout=self.timeout))
@@ -139,6 +146,21 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# etcd refuses a request over --max-request-bytes (1.5 MiB by default); the topology shares
+# its transaction with its first tablet assignments, so it must stay well below (B31).
+MAX_TOPOLOGY_BYTES = 1_000_000
+
+
+def check_topology_size(name: str, doc: str) -> None:
+    """Refuse a topology whose JSON is too large to store in etcd."""
+    size = len(doc.encode())
+    if size > MAX_TOPOLOGY_BYTES:
+        raise TopologyError(
+            f"topology {name!r} is {size} bytes of JSON, over the limit of {MAX_TOPOLOGY_BYTES} "
+            "bytes; keep large data out of computation params (pass a path or URL instead) or "
+            "split the job into several topologies")
 
 
 def check_importable(topology: Topology) -> None:

@@ -239,8 +239,10 @@ class PartitionInjection:
     timeout: float
 
     def __call__(self, index: int, rows: Iterable[Any]) -> Iterator[tuple[int, int, int | None, int | None]]:
+        # One incarnation per partition: a retried task replaces the failed attempt's hold
+        # (it sends the same ids), rather than leaving it behind for ever.
         inj = Injector(self.masters, self.stream, f"{self.name}/p{index}",
-                       batch_size=self.batch_size, timeout=self.timeout)
+                       batch_size=self.batch_size, timeout=self.timeout, incarnation="spark-partition")
         stream_b = self.stream.encode()
         id_b = self.id_name.encode()
         copies: dict[bytes, int] = {}  # content digest -> copies seen (all meet in this task)
@@ -344,7 +346,8 @@ def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] |
     if p.integer_time is not None:
         check_time_unit(df, p.integer_time)
     # From here on this injection holds the stream's watermark (until finished below).
-    holder = Injector(addresses, stream, name, timeout=timeout)
+    # A stable incarnation: re-running a crashed injection replaces its holder's hold.
+    holder = Injector(addresses, stream, name, timeout=timeout, incarnation="spark-holder")
     try:
         task = PartitionInjection(addresses, stream, name, name, p.has_id, batch_size, timeout)
         parts = run_partitions(df, p, task)
@@ -374,12 +377,8 @@ def release(*, stream: str, name: str, masters: str | Iterable[str], timeout: fl
     with Client(masters, timeout=timeout) as client:
         known = [i["name"] for i in client.status().get("injectors", [])
                  if i.get("stream") == stream and (i["name"] == name or i["name"].startswith(name + "/p"))]
-    released = []
-    for n in dict.fromkeys([name, *known]):
-        inj = Injector(masters, stream, n, timeout=timeout)
-        try:
-            inj.finish()
-        finally:
-            inj.close()
-        released.append(n)
+        released = []
+        for n in dict.fromkeys(known):
+            client.release_injector(n, stream)  # every incarnation under the name
+            released.append(n)
     return released

@@ -66,7 +66,7 @@ class StreamInjection:
         self.timeout = timeout
         check_stream(self.addresses, stream, min(timeout, 10.0))
         # Created now, before the query starts: from here on the stream's watermark waits for us.
-        self.holder = Injector(self.addresses, stream, name, timeout=timeout)
+        self.holder = Injector(self.addresses, stream, name, timeout=timeout, incarnation="spark-holder")
         self.event_time_max: int | None = None  # of Spark's watermark column, over all batches
         self.results: list[InjectionResult] = []
         self._lock = threading.Lock()

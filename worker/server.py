@@ -153,6 +153,12 @@ class MasterSession:
                     log.warning("the master no longer knows worker %s; re-registering",
                                 self.core.worker_id)
                     return
+                if resp.lease_ms and resp.lease_ms < self.lease_ms:
+                    # A new leader with a shorter lease (masters configured differently) would
+                    # move our tablets sooner than we stop trusting our lease (review E7).
+                    log.warning("the leader's lease is %d ms, shorter than the %d ms we registered "
+                                "with; trusting the shorter one", resp.lease_ms, self.lease_ms)
+                    self.lease_ms = resp.lease_ms
                 self.core.renewed(sent_at, self.lease_ms)
                 self.core.release(dict(resp.reported))
                 self.core.set_watermarks(dict(resp.watermarks))

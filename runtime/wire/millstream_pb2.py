@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1druntime/wire/millstream.proto\x12\rmillstream.v1\"C\n\x06Record\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x11\n\ttimestamp\x18\x03 \x01(\x03\x12\n\n\x02id\x18\x04 \x01(\x0c\"=\n\x0bResendFloor\x12\x10\n\x08producer\x18\x01 \x01(\x0c\x12\r\n\x05\x66loor\x18\x02 \x01(\x04\x12\r\n\x05token\x18\x03 \x01(\x04\"\xab\x01\n\x0e\x44\x65liverRequest\x12\x13\n\x0b\x63omputation\x18\x01 \x01(\t\x12\x11\n\tkey_range\x18\x02 \x01(\r\x12\r\n\x05token\x18\x03 \x01(\x04\x12&\n\x07records\x18\x04 \x03(\x0b\x32\x15.millstream.v1.Record\x12\x0e\n\x06sender\x18\x05 \x01(\t\x12*\n\x06\x66loors\x18\x06 \x03(\x0b\x32\x1a.millstream.v1.ResendFloor\"\xaa\x01\n\x0f\x44\x65liverResponse\x12\x35\n\x06status\x18\x01 \x01(\x0e\x32%.millstream.v1.DeliverResponse.Status\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x12\n\nreport_seq\x18\x04 \x01(\x04\")\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\r\n\tNOT_OWNER\x10\x01\x12\x08\n\x04\x42USY\x10\x02\"\r\n\x0bPingRequest\"!\n\x0cPingResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\"&\n\rSubmitRequest\x12\x15\n\rtopology_json\x18\x01 \x01(\t\"/\n\x0eSubmitResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07tablets\x18\x02 \x01(\r\"(\n\x15RegisterWorkerRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\"=\n\x16RegisterWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_ms\x18\x02 \x01(\r\"\xed\x01\n\nHeldTablet\x12\x13\n\x0b\x63omputation\x18\x01 \x01(\t\x12\x11\n\tkey_range\x18\x02 \x01(\r\x12\r\n\x05token\x18\x03 \x01(\x04\x12\x10\n\x08has_work\x18\x04 \x01(\x08\x12\x13\n\x0boldest_work\x18\x05 \x01(\x03\x12\x11\n\tprocessed\x18\x06 \x01(\x04\x12\x0c\n\x04late\x18\x07 \x01(\x04\x12\x15\n\rdead_lettered\x18\x08 \x01(\x04\x12\x0f\n\x07\x62\x61\x63klog\x18\t \x01(\x04\x12\x11\n\twatermark\x18\n \x01(\x03\x12%\n\x04slow\x18\x0b \x03(\x0b\x32\x17.millstream.v1.SlowCall\"9\n\x08SlowCall\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\x0f\n\x07running\x18\x03 \x01(\x08\"!\n\x0cLeaveRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"\x0f\n\rLeaveResponse\"\x95\x01\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12*\n\x07tablets\x18\x02 \x03(\x0b\x32\x19.millstream.v1.HeldTablet\x12\x12\n\nreport_seq\x18\x03 \x01(\x04\x12.\n\x08problems\x18\x04 \x03(\x0b\x32\x1c.millstream.v1.TabletProblem\"i\n\rTabletProblem\x12\x13\n\x0b\x63omputation\x18\x01 \x01(\t\x12\x11\n\tkey_range\x18\x02 \x01(\r\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x04 \x01(\r\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\"\xa7\x02\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\x12\x17\n\x0frouting_version\x18\x02 \x01(\x04\x12\x44\n\nwatermarks\x18\x03 \x03(\x0b\x32\x30.millstream.v1.HeartbeatResponse.WatermarksEntry\x12@\n\x08reported\x18\x04 \x03(\x0b\x32..millstream.v1.HeartbeatResponse.ReportedEntry\x1a\x31\n\x0fWatermarksEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a/\n\rReportedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"A\n\x0eInjectorReport\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x11\n\twatermark\x18\x03 \x01(\x03\"\x84\x01\n\x10InjectorResponse\x12?\n\x08reported\x18\x01 \x03(\x0b\x32-.millstream.v1.InjectorResponse.ReportedEntry\x1a/\n\rReportedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\".\n\x05Input\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x15\n\rkey_extractor\x18\x02 \x01(\t\"R\n\nAssignment\x12\x11\n\tkey_range\x18\x01 \x01(\r\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05token\x18\x04 \x01(\x04\"\xe8\x02\n\x10\x43omputationRoute\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08topology\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12$\n\x06inputs\x18\x04 \x03(\x0b\x32\x14.millstream.v1.Input\x12\x0f\n\x07outputs\x18\x05 \x03(\t\x12\x12\n\nkey_ranges\x18\x06 \x01(\r\x12\x14\n\x0c\x65xactly_once\x18\x07 \x01(\x08\x12\x13\n\x0bproductions\x18\x08 \x01(\t\x12\x14\n\x0clate_records\x18\t \x01(\t\x12;\n\x06params\x18\n \x03(\x0b\x32+.millstream.v1.ComputationRoute.ParamsEntry\x12.\n\x0b\x61ssignments\x18\x0b \x03(\x0b\x32\x19.millstream.v1.Assignment\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Q\n\x07Routing\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x35\n\x0c\x63omputations\x18\x02 \x03(\x0b\x32\x1f.millstream.v1.ComputationRoute\"\'\n\x0eRoutingRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x04\"K\n\x11MoveTabletRequest\x12\x13\n\x0b\x63omputation\x18\x01 \x01(\t\x12\x11\n\tkey_range\x18\x02 \x01(\r\x12\x0e\n\x06worker\x18\x03 \x01(\t\"#\n\x12MoveTabletResponse\x12\r\n\x05token\x18\x01 \x01(\x04\"\x0f\n\rStatusRequest\"\x1e\n\x0eStatusResponse\x12\x0c\n\x04json\x18\x01 \x01(\t2\x93\x01\n\x06Worker\x12H\n\x07\x44\x65liver\x12\x1d.millstream.v1.DeliverRequest\x1a\x1e.millstream.v1.DeliverResponse\x12?\n\x04Ping\x12\x1a.millstream.v1.PingRequest\x1a\x1b.millstream.v1.PingResponse2\xc2\x05\n\x06Master\x12\x45\n\x06Submit\x12\x1c.millstream.v1.SubmitRequest\x1a\x1d.millstream.v1.SubmitResponse\x12]\n\x0eRegisterWorker\x12$.millstream.v1.RegisterWorkerRequest\x1a%.millstream.v1.RegisterWorkerResponse\x12N\n\tHeartbeat\x12\x1f.millstream.v1.HeartbeatRequest\x1a .millstream.v1.HeartbeatResponse\x12H\n\x0bLeaveWorker\x12\x1b.millstream.v1.LeaveRequest\x1a\x1c.millstream.v1.LeaveResponse\x12\x43\n\nGetRouting\x12\x1d.millstream.v1.RoutingRequest\x1a\x16.millstream.v1.Routing\x12G\n\x0cWatchRouting\x12\x1d.millstream.v1.RoutingRequest\x1a\x16.millstream.v1.Routing0\x01\x12\x45\n\x06Status\x12\x1c.millstream.v1.StatusRequest\x1a\x1d.millstream.v1.StatusResponse\x12Q\n\nMoveTablet\x12 .millstream.v1.MoveTabletRequest\x1a!.millstream.v1.MoveTabletResponse\x12P\n\x0eReportInjector\x12\x1d.millstream.v1.InjectorReport\x1a\x1f.millstream.v1.InjectorResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1druntime/wire/millstream.proto\x12\rmillstream.v1\"C\n\x06Record\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x11\n\ttimestamp\x18\x03 \x01(\x03\x12\n\n\x02id\x18\x04 \x01(\x0c\"=\n\x0bResendFloor\x12\x10\n\x08producer\x18\x01 \x01(\x0c\x12\r\n\x05\x66loor\x18\x02 \x01(\x04\x12\r\n\x05token\x18\x03 \x01(\x04\"\xab\x01\n\x0e\x44\x65liverRequest\x12\x13\n\x0b\x63omputation\x18\x01 \x01(\t\x12\x11\n\tkey_range\x18\x02 \x01(\r\x12\r\n\x05token\x18\x03 \x01(\x04\x12&\n\x07records\x18\x04 \x03(\x0b\x32\x15.millstream.v1.Record\x12\x0e\n\x06sender\x18\x05 \x01(\t\x12*\n\x06\x66loors\x18\x06 \x03(\x0b\x32\x1a.millstream.v1.ResendFloor\"\xaa\x01\n\x0f\x44\x65liverResponse\x12\x35\n\x06status\x18\x01 \x01(\x0e\x32%.millstream.v1.DeliverResponse.Status\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x12\n\nreport_seq\x18\x04 \x01(\x04\")\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\r\n\tNOT_OWNER\x10\x01\x12\x08\n\x04\x42USY\x10\x02\"\r\n\x0bPingRequest\"!\n\x0cPingResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\"&\n\rSubmitRequest\x12\x15\n\rtopology_json\x18\x01 \x01(\t\"/\n\x0eSubmitResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07tablets\x18\x02 \x01(\r\"(\n\x15RegisterWorkerRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\"=\n\x16RegisterWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_ms\x18\x02 \x01(\r\"\xed\x01\n\nHeldTablet\x12\x13\n\x0b\x63omputation\x18\x01 \x01(\t\x12\x11\n\tkey_range\x18\x02 \x01(\r\x12\r\n\x05token\x18\x03 \x01(\x04\x12\x10\n\x08has_work\x18\x04 \x01(\x08\x12\x13\n\x0boldest_work\x18\x05 \x01(\x03\x12\x11\n\tprocessed\x18\x06 \x01(\x04\x12\x0c\n\x04late\x18\x07 \x01(\x04\x12\x15\n\rdead_lettered\x18\x08 \x01(\x04\x12\x0f\n\x07\x62\x61\x63klog\x18\t \x01(\x04\x12\x11\n\twatermark\x18\n \x01(\x03\x12%\n\x04slow\x18\x0b \x03(\x0b\x32\x17.millstream.v1.SlowCall\"9\n\x08SlowCall\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\x0f\n\x07running\x18\x03 \x01(\x08\"!\n\x0cLeaveRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"\x0f\n\rLeaveResponse\"\x95\x01\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12*\n\x07tablets\x18\x02 \x03(\x0b\x32\x19.millstream.v1.HeldTablet\x12\x12\n\nreport_seq\x18\x03 \x01(\x04\x12.\n\x08problems\x18\x04 \x03(\x0b\x32\x1c.millstream.v1.TabletProblem\"i\n\rTabletProblem\x12\x13\n\x0b\x63omputation\x18\x01 \x01(\t\x12\x11\n\tkey_range\x18\x02 \x01(\r\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x04 \x01(\r\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\"\xb9\x02\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\x12\x17\n\x0frouting_version\x18\x02 \x01(\x04\x12\x44\n\nwatermarks\x18\x03 \x03(\x0b\x32\x30.millstream.v1.HeartbeatResponse.WatermarksEntry\x12@\n\x08reported\x18\x04 \x03(\x0b\x32..millstream.v1.HeartbeatResponse.ReportedEntry\x12\x10\n\x08lease_ms\x18\x05 \x01(\r\x1a\x31\n\x0fWatermarksEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a/\n\rReportedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"g\n\x0eInjectorReport\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x11\n\twatermark\x18\x03 \x01(\x03\x12\x13\n\x0bincarnation\x18\x04 \x01(\t\x12\x0f\n\x07release\x18\x05 \x01(\x08\"\x84\x01\n\x10InjectorResponse\x12?\n\x08reported\x18\x01 \x03(\x0b\x32-.millstream.v1.InjectorResponse.ReportedEntry\x1a/\n\rReportedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\".\n\x05Input\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x15\n\rkey_extractor\x18\x02 \x01(\t\"R\n\nAssignment\x12\x11\n\tkey_range\x18\x01 \x01(\r\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05token\x18\x04 \x01(\x04\"\xe8\x02\n\x10\x43omputationRoute\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08topology\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12$\n\x06inputs\x18\x04 \x03(\x0b\x32\x14.millstream.v1.Input\x12\x0f\n\x07outputs\x18\x05 \x03(\t\x12\x12\n\nkey_ranges\x18\x06 \x01(\r\x12\x14\n\x0c\x65xactly_once\x18\x07 \x01(\x08\x12\x13\n\x0bproductions\x18\x08 \x01(\t\x12\x14\n\x0clate_records\x18\t \x01(\t\x12;\n\x06params\x18\n \x03(\x0b\x32+.millstream.v1.ComputationRoute.ParamsEntry\x12.\n\x0b\x61ssignments\x18\x0b \x03(\x0b\x32\x19.millstream.v1.Assignment\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Q\n\x07Routing\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x35\n\x0c\x63omputations\x18\x02 \x03(\x0b\x32\x1f.millstream.v1.ComputationRoute\"\'\n\x0eRoutingRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x04\"K\n\x11MoveTabletRequest\x12\x13\n\x0b\x63omputation\x18\x01 \x01(\t\x12\x11\n\tkey_range\x18\x02 \x01(\r\x12\x0e\n\x06worker\x18\x03 \x01(\t\"#\n\x12MoveTabletResponse\x12\r\n\x05token\x18\x01 \x01(\x04\"\x0f\n\rStatusRequest\"\x1e\n\x0eStatusResponse\x12\x0c\n\x04json\x18\x01 \x01(\t2\x93\x01\n\x06Worker\x12H\n\x07\x44\x65liver\x12\x1d.millstream.v1.DeliverRequest\x1a\x1e.millstream.v1.DeliverResponse\x12?\n\x04Ping\x12\x1a.millstream.v1.PingRequest\x1a\x1b.millstream.v1.PingResponse2\xc2\x05\n\x06Master\x12\x45\n\x06Submit\x12\x1c.millstream.v1.SubmitRequest\x1a\x1d.millstream.v1.SubmitResponse\x12]\n\x0eRegisterWorker\x12$.millstream.v1.RegisterWorkerRequest\x1a%.millstream.v1.RegisterWorkerResponse\x12N\n\tHeartbeat\x12\x1f.millstream.v1.HeartbeatRequest\x1a .millstream.v1.HeartbeatResponse\x12H\n\x0bLeaveWorker\x12\x1b.millstream.v1.LeaveRequest\x1a\x1c.millstream.v1.LeaveResponse\x12\x43\n\nGetRouting\x12\x1d.millstream.v1.RoutingRequest\x1a\x16.millstream.v1.Routing\x12G\n\x0cWatchRouting\x12\x1d.millstream.v1.RoutingRequest\x1a\x16.millstream.v1.Routing0\x01\x12\x45\n\x06Status\x12\x1c.millstream.v1.StatusRequest\x1a\x1d.millstream.v1.StatusResponse\x12Q\n\nMoveTablet\x12 .millstream.v1.MoveTabletRequest\x1a!.millstream.v1.MoveTabletResponse\x12P\n\x0eReportInjector\x12\x1d.millstream.v1.InjectorReport\x1a\x1f.millstream.v1.InjectorResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -74,39 +74,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TABLETPROBLEM']._serialized_start=1274
   _globals['_TABLETPROBLEM']._serialized_end=1379
   _globals['_HEARTBEATRESPONSE']._serialized_start=1382
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1677
-  _globals['_HEARTBEATRESPONSE_WATERMARKSENTRY']._serialized_start=1579
-  _globals['_HEARTBEATRESPONSE_WATERMARKSENTRY']._serialized_end=1628
-  _globals['_HEARTBEATRESPONSE_REPORTEDENTRY']._serialized_start=1630
-  _globals['_HEARTBEATRESPONSE_REPORTEDENTRY']._serialized_end=1677
-  _globals['_INJECTORREPORT']._serialized_start=1679
-  _globals['_INJECTORREPORT']._serialized_end=1744
-  _globals['_INJECTORRESPONSE']._serialized_start=1747
-  _globals['_INJECTORRESPONSE']._serialized_end=1879
-  _globals['_INJECTORRESPONSE_REPORTEDENTRY']._serialized_start=1630
-  _globals['_INJECTORRESPONSE_REPORTEDENTRY']._serialized_end=1677
-  _globals['_INPUT']._serialized_start=1881
-  _globals['_INPUT']._serialized_end=1927
-  _globals['_ASSIGNMENT']._serialized_start=1929
-  _globals['_ASSIGNMENT']._serialized_end=2011
-  _globals['_COMPUTATIONROUTE']._serialized_start=2014
-  _globals['_COMPUTATIONROUTE']._serialized_end=2374
-  _globals['_COMPUTATIONROUTE_PARAMSENTRY']._serialized_start=2329
-  _globals['_COMPUTATIONROUTE_PARAMSENTRY']._serialized_end=2374
-  _globals['_ROUTING']._serialized_start=2376
-  _globals['_ROUTING']._serialized_end=2457
-  _globals['_ROUTINGREQUEST']._serialized_start=2459
-  _globals['_ROUTINGREQUEST']._serialized_end=2498
-  _globals['_MOVETABLETREQUEST']._serialized_start=2500
-  _globals['_MOVETABLETREQUEST']._serialized_end=2575
-  _globals['_MOVETABLETRESPONSE']._serialized_start=2577
-  _globals['_MOVETABLETRESPONSE']._serialized_end=2612
-  _globals['_STATUSREQUEST']._serialized_start=2614
-  _globals['_STATUSREQUEST']._serialized_end=2629
-  _globals['_STATUSRESPONSE']._serialized_start=2631
-  _globals['_STATUSRESPONSE']._serialized_end=2661
-  _globals['_WORKER']._serialized_start=2664
-  _globals['_WORKER']._serialized_end=2811
-  _globals['_MASTER']._serialized_start=2814
-  _globals['_MASTER']._serialized_end=3520
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1695
+  _globals['_HEARTBEATRESPONSE_WATERMARKSENTRY']._serialized_start=1597
+  _globals['_HEARTBEATRESPONSE_WATERMARKSENTRY']._serialized_end=1646
+  _globals['_HEARTBEATRESPONSE_REPORTEDENTRY']._serialized_start=1648
+  _globals['_HEARTBEATRESPONSE_REPORTEDENTRY']._serialized_end=1695
+  _globals['_INJECTORREPORT']._serialized_start=1697
+  _globals['_INJECTORREPORT']._serialized_end=1800
+  _globals['_INJECTORRESPONSE']._serialized_start=1803
+  _globals['_INJECTORRESPONSE']._serialized_end=1935
+  _globals['_INJECTORRESPONSE_REPORTEDENTRY']._serialized_start=1648
+  _globals['_INJECTORRESPONSE_REPORTEDENTRY']._serialized_end=1695
+  _globals['_INPUT']._serialized_start=1937
+  _globals['_INPUT']._serialized_end=1983
+  _globals['_ASSIGNMENT']._serialized_start=1985
+  _globals['_ASSIGNMENT']._serialized_end=2067
+  _globals['_COMPUTATIONROUTE']._serialized_start=2070
+  _globals['_COMPUTATIONROUTE']._serialized_end=2430
+  _globals['_COMPUTATIONROUTE_PARAMSENTRY']._serialized_start=2385
+  _globals['_COMPUTATIONROUTE_PARAMSENTRY']._serialized_end=2430
+  _globals['_ROUTING']._serialized_start=2432
+  _globals['_ROUTING']._serialized_end=2513
+  _globals['_ROUTINGREQUEST']._serialized_start=2515
+  _globals['_ROUTINGREQUEST']._serialized_end=2554
+  _globals['_MOVETABLETREQUEST']._serialized_start=2556
+  _globals['_MOVETABLETREQUEST']._serialized_end=2631
+  _globals['_MOVETABLETRESPONSE']._serialized_start=2633
+  _globals['_MOVETABLETRESPONSE']._serialized_end=2668
+  _globals['_STATUSREQUEST']._serialized_start=2670
+  _globals['_STATUSREQUEST']._serialized_end=2685
+  _globals['_STATUSRESPONSE']._serialized_start=2687
+  _globals['_STATUSRESPONSE']._serialized_end=2717
+  _globals['_WORKER']._serialized_start=2720
+  _globals['_WORKER']._serialized_end=2867
+  _globals['_MASTER']._serialized_start=2870
+  _globals['_MASTER']._serialized_end=3576
 # @@protoc_insertion_point(module_scope)

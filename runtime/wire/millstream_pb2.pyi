@@ -176,7 +176,7 @@ class TabletProblem(_message.Message):
     def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., error: _Optional[str] = ..., attempts: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("known", "routing_version", "watermarks", "reported")
+    __slots__ = ("known", "routing_version", "watermarks", "reported", "lease_ms")
     class WatermarksEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -195,21 +195,27 @@ class HeartbeatResponse(_message.Message):
     ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
     WATERMARKS_FIELD_NUMBER: _ClassVar[int]
     REPORTED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     known: bool
     routing_version: int
     watermarks: _containers.ScalarMap[str, int]
     reported: _containers.ScalarMap[str, int]
-    def __init__(self, known: _Optional[bool] = ..., routing_version: _Optional[int] = ..., watermarks: _Optional[_Mapping[str, int]] = ..., reported: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    lease_ms: int
+    def __init__(self, known: _Optional[bool] = ..., routing_version: _Optional[int] = ..., watermarks: _Optional[_Mapping[str, int]] = ..., reported: _Optional[_Mapping[str, int]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class InjectorReport(_message.Message):
-    __slots__ = ("name", "stream", "watermark")
+    __slots__ = ("name", "stream", "watermark", "incarnation", "release")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
     name: str
     stream: str
     watermark: int
-    def __init__(self, name: _Optional[str] = ..., stream: _Optional[str] = ..., watermark: _Optional[int] = ...) -> None: ...
+    incarnation: str
+    release: bool
+    def __init__(self, name: _Optional[str] = ..., stream: _Optional[str] = ..., watermark: _Optional[int] = ..., incarnation: _Optional[str] = ..., release: _Optional[bool] = ...) -> None: ...
 
 class InjectorResponse(_message.Message):
     __slots__ = ("reported",)

@@ -79,3 +79,34 @@ def test_finish_raises_rather_than_leave_the_stream_held_silently(cluster: Clust
     inj.close()
     wait_until(lambda: not any(i["name"] == "w5-source" for i in cluster.client.status()["injectors"]), 30,
                "the finished injector to be cleaned up")
+
+
+def test_two_live_injectors_under_one_name_each_hold_until_released(cluster: Cluster) -> None:
+    """W4: the second injector under a name used to replace the first's registration, and
+    the first one finishing deleted it: the stream jumped past the second's records."""
+    import os
+
+    from runtime import Topology
+
+    topo = Topology("w4")
+    topo.add_computation("w4-sink", "runtime.sinks:FileSink", inputs={"w4-in": None},
+                         params={"path": os.path.join(cluster.data_dir, "w4")}, key_ranges=1)
+    cluster.client.submit(topo)
+    cluster.wait_assigned()
+    t = 1_700_000_000_000_000
+
+    def registration() -> int | None:
+        return next((i["watermark"] for i in cluster.client.status()["injectors"] if i["name"] == "shared"), None)
+
+    fast = Injector(cluster.masters_arg, "w4-in", "shared", timeout=10)
+    slow = Injector(cluster.masters_arg, "w4-in", "shared", timeout=10)
+    fast.advance_watermark(t + 100)
+    slow.advance_watermark(t)
+    fast.finish()
+    fast.close()
+    wait_until(lambda: registration() == t, 10, "the slower injector to hold the name at its promise")
+    wm = cluster.client.status()["computations"]["w4-sink"]["low_watermark"]
+    assert wm <= t, wm
+    cluster.client.release_injector("shared", "w4-in")  # the operator gives up on it
+    wait_until(lambda: registration() is None, 10, "the released name to be cleaned up")
+    slow.close()

@@ -1,0 +1,62 @@
+"""Injector input checks (review B21, B22), without a cluster: a refused call changes
+nothing, so the good records around it still go through."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from injectors.injector import Injector
+from runtime.errors import InjectionError
+from runtime.record import producer_prefix
+
+MIN = -(1 << 63)
+
+
+class NoMaster:
+    """Fails the test if a refused call got as far as the master."""
+
+    timeout = 1.0
+
+    def call(self, fn: Any) -> Any:
+        raise AssertionError("the refused call reached the master")
+
+
+def _injector() -> Injector:
+    # An Injector with no master behind it: only what send/advance_watermark touch.
+    inj = Injector.__new__(Injector)
+    inj.name, inj.stream, inj.batch_size, inj.finished = "src", "in", 1000, False
+    inj.position, inj._buffer, inj._held = 0, [], []
+    inj.watermark, inj._reported = MIN, MIN
+    inj._lock, inj._closed, inj._confirmer = threading.Lock(), threading.Event(), None
+    inj.client = NoMaster()  # type: ignore[assignment]
+    inj._prefix = producer_prefix("injector/src")
+    return inj
+
+
+@pytest.mark.parametrize("ts", [1 << 70, -(1 << 63) - 1, 1.5, True])
+def test_b21_a_timestamp_outside_signed_64_bits_is_refused_and_the_buffer_is_unchanged(ts: object) -> None:
+    inj = _injector()
+    inj.send(b"k", b"good", 1_000)
+    with pytest.raises(InjectionError, match=r"timestamp .* must be an int of microseconds .* signed 64 bits"):
+        inj.send(b"k", b"bad", ts)  # type: ignore[arg-type]
+    assert [r.value for r in inj._buffer] == [b"good"] and inj.position == 1
+    inj.send(b"k", b"good too", 2_000)
+    assert [r.value for r in inj._buffer] == [b"good", b"good too"]
+
+
+@pytest.mark.parametrize("bad_id", [b"short", b"x" * 17, "a" * 16])
+def test_b21_an_id_that_is_not_16_bytes_is_refused(bad_id: object) -> None:
+    inj = _injector()
+    with pytest.raises(InjectionError, match="id must be 16 bytes"):
+        inj.send(b"k", b"v", 1, id=bad_id)  # type: ignore[arg-type]
+    assert inj._buffer == [] and inj.position == 0
+
+
+def test_b22_a_watermark_outside_signed_64_bits_is_refused_and_the_promise_is_unchanged() -> None:
+    inj = _injector()
+    with pytest.raises(InjectionError, match=r"watermark 18446744073709551616 must be an int"):
+        inj.advance_watermark(1 << 64)
+    assert inj.watermark == MIN  # a later report still works: the bad value was never kept

@@ -1,0 +1,206 @@
+"""The leader against concurrent injectors, oversized input and abusive HTTP clients,
+without etcd (an in-memory store) and without a cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from master import web
+from master.core import MasterConfig, MasterCore
+from master.scheduler import Ownership
+from master.server import Master
+from master.store import Snapshot
+from runtime import Topology
+from runtime.client import MAX_TOPOLOGY_BYTES, check_topology_size
+from runtime.errors import ConfigError, MillstreamError, TopologyError
+from runtime.wire import millstream_pb2 as pb
+
+END = (1 << 63) - 1
+
+
+class MemoryStore:
+    """The EtcdStore calls MasterCore makes, kept in memory (pure logic under test)."""
+
+    def __init__(self) -> None:
+        self.injectors: dict[str, dict[str, Any]] = {}
+
+    def put_progress(self, watermarks: Any, injectors: Any, incarnations: Any = None) -> None:
+        for n, (s, w) in injectors.items():
+            self.injectors[n] = {"stream": s, "watermark": w, "incarnations": (incarnations or {}).get(n)}
+
+    def delete_injectors(self, names: list[str]) -> None:
+        for n in names:
+            self.injectors.pop(n, None)
+
+    def load(self) -> Snapshot:
+        return Snapshot({}, {}, {}, {}, {n: (d["stream"], d["watermark"]) for n, d in self.injectors.items()},
+                        {n: d["incarnations"] for n, d in self.injectors.items() if d["incarnations"]})
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kw: None
+
+
+def _core(store: MemoryStore | None = None) -> MasterCore:
+    core = MasterCore(store or MemoryStore(), MasterConfig(), lambda: 0.0)  # type: ignore[arg-type]
+    topo = Topology("one")
+    topo.add_computation("a", "x:A", inputs={"in": None}, key_ranges=1)
+    core.topologies["one"] = topo
+    core.workers["w"] = "127.0.0.1:1"
+    core.last_seen["w"] = 0.0
+    core.tablets = {("a", 0): Ownership("w", 1)}
+    return core
+
+
+def _idle(core: MasterCore, seq: int) -> None:
+    core.heartbeat("w", [pb.HeldTablet(computation="a", key_range=0, token=1, has_work=False)], seq)
+
+
+# ------------------------------------------------------------------ W4: incarnations
+
+
+def test_w4_two_live_injectors_under_one_name_each_hold_the_stream() -> None:
+    """One finishing must not release records the other still has in flight."""
+    core = _core()
+
+    async def main() -> None:
+        core.report_injector("loader", "in", 100, "first")
+        core.report_injector("loader", "in", 40, "second")  # a second, slower incarnation
+        core.report_injector("loader", "in", 200, "first")  # the first moves on: min still 40
+        _idle(core, 1)
+        await core.advance_watermarks()
+        assert core.published["a"] == 40
+        core.report_injector("loader", "in", END, "first")  # the first finishes
+        _idle(core, 2)
+        await core.advance_watermarks()
+        assert core.injectors["loader"] == ("in", 40)
+        assert core.published["a"] == 40  # not at the end of time: "second" still holds
+        core.report_injector("loader", "in", END, "second")
+        _idle(core, 3)
+        await core.advance_watermarks()
+        assert "loader" not in core.injectors and "loader" not in core.injector_incarnations
+        assert core.published["a"] == END
+
+    asyncio.run(main())
+
+
+def test_w4_a_new_leader_keeps_the_hold_of_every_incarnation() -> None:
+    store = MemoryStore()
+    core = _core(store)
+
+    async def main() -> None:
+        core.report_injector("loader", "in", 100, "first")
+        core.report_injector("loader", "in", 40, "second")
+        await core.advance_watermarks()
+        assert store.injectors["loader"]["incarnations"] == {"first": 100, "second": 40}
+        successor = _core(store)
+        await successor.become_leader()
+        successor.report_injector("loader", "in", END, "second")
+        assert successor.injectors["loader"] == ("in", 100)  # "first" still holds
+
+    asyncio.run(main())
+
+
+def test_w4_an_operator_release_drops_every_incarnation_and_unknown_names_are_refused() -> None:
+    core = _core()
+
+    async def main() -> None:
+        core.report_injector("loader", "in", 10, "crashed")
+        core.report_injector("loader", "in", 20, "other")
+        with pytest.raises(MillstreamError, match="no injector 'typo' holds stream 'in'"):
+            core.report_injector("typo", "in", END, release=True)
+        core.report_injector("loader", "in", END, release=True)
+        _idle(core, 1)
+        await core.advance_watermarks()
+        assert "loader" not in core.injectors
+        assert core.published["a"] == END
+
+    asyncio.run(main())
+
+
+def test_w4_an_incarnation_that_is_not_a_short_printable_id_is_refused() -> None:
+    core = _core()
+    with pytest.raises(ConfigError, match="incarnation 'x+' is not an id of at most 64"):
+        core.report_injector("loader", "in", 0, "x" * 65)
+    with pytest.raises(ConfigError, match="printable"):
+        core.report_injector("loader", "in", 0, "a\nb")
+    assert "loader" not in core.injectors
+
+
+# ------------------------------------------------------------------ B31: topology size
+
+
+def _huge_topology() -> Topology:
+    topo = Topology("huge")
+    topo.add_computation("a", "x:A", inputs={"in": None}, params={"blob": "x" * 2_000_000})
+    return topo
+
+
+def test_b31_a_topology_too_large_for_etcd_is_refused_by_the_master_with_its_size() -> None:
+    core = _core()
+    with pytest.raises(TopologyError, match=r"topology 'huge' is \d+ bytes of JSON, over the limit of 1000000"):
+        asyncio.run(core.submit(_huge_topology().to_json()))
+    assert "huge" not in core.topologies
+
+
+def test_b31_the_client_refuses_it_before_sending() -> None:
+    doc = _huge_topology().to_json()
+    with pytest.raises(TopologyError, match="keep large data out of computation params"):
+        check_topology_size("huge", doc)
+    check_topology_size("small", "x" * MAX_TOPOLOGY_BYTES)  # at the limit: accepted
+
+
+# ------------------------------------------------------------------ S7: HTTP side
+
+
+async def _http(raw: bytes) -> bytes:
+    async def status() -> dict[str, Any]:
+        return {"ok": True}
+
+    server, address = await web.serve("127.0.0.1:0", status)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(address.rpartition(":")[2]))
+        writer.write(raw)
+        await writer.drain()
+        reply = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        return reply
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def test_s7_a_request_with_too_many_header_lines_is_refused() -> None:
+    headers = b"".join(b"X-%d: y\r\n" % i for i in range(web.MAX_HEADER_LINES + 1))
+    reply = asyncio.run(_http(b"GET /status.json HTTP/1.1\r\n" + headers + b"\r\n"))
+    assert reply.startswith(b"HTTP/1.1 431 ")
+    assert b"at most 100 header lines" in reply
+
+
+def test_s7_an_overlong_request_line_is_refused() -> None:
+    reply = asyncio.run(_http(b"GET /" + b"a" * (2 * web.MAX_LINE_BYTES) + b" HTTP/1.1\r\n\r\n"))
+    assert reply.startswith(b"HTTP/1.1 431 ")
+
+
+def test_s7_an_ordinary_request_is_served() -> None:
+    reply = asyncio.run(_http(b"GET /status.json HTTP/1.1\r\nHost: x\r\n\r\n"))
+    assert reply.startswith(b"HTTP/1.1 200 OK")
+    assert json.loads(reply.split(b"\r\n\r\n", 1)[1]) == {"ok": True}
+
+
+def test_s7_status_does_not_read_etcd_per_request() -> None:
+    class NoEtcd:
+        def masters(self) -> list[dict[str, str]]:
+            raise AssertionError("status read the masters list from etcd")
+
+    master = Master.__new__(Master)
+    master.store = NoEtcd()  # type: ignore[assignment]
+    master.core = _core()
+    master.address, master.identity = "127.0.0.1:7070", "m1"
+    master._masters_cache = ["127.0.0.1:7071"]
+    doc = asyncio.run(master._status_doc())
+    assert doc is not None
+    assert doc["masters"]["all"] == ["127.0.0.1:7070", "127.0.0.1:7071"]
