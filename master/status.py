@@ -1,0 +1,102 @@
+"""The leader's status document: what `millstream status`, /status.json and the web page
+show. Reads a :class:`~master.core.MasterCore`; changes nothing."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from master.core import FINISHED
+from master.watermarks import END_OF_TIME, MIN
+from runtime.status import show_key
+
+if TYPE_CHECKING:
+    from master.core import MasterCore
+
+
+def _injector(core: MasterCore, name: str, stream: str, wm: int, now: float) -> dict[str, Any]:
+    """An injector silent for longer than ``injector_stale_s`` still holds its stream (it
+    may yet send records its promise covers) but is flagged, with how long it has been
+    silent, so an operator can finish or release it (review G4)."""
+    seen = core.injector_seen.get(name)
+    quiet = None if seen is None else round(now - seen)
+    stale = (quiet is not None and quiet > core.config.injector_stale_s * 1000
+             and wm != END_OF_TIME and not name.startswith(FINISHED))
+    return {"name": name, "stream": stream, "watermark": wm, "last_report_ms_ago": quiet, "stale": stale}
+
+
+def _problems_of(core: MasterCore, computation: str) -> list[dict[str, Any]]:
+    """Tablets of a computation whose owner reports it cannot run them (code that does not
+    load, storage that does not open, a batch that does not finish)."""
+    out = []
+    for worker, problems in core.problems.items():
+        for (c, r), (error, attempts, seconds) in sorted(problems.items()):
+            own = core.tablets.get((c, r))
+            if c == computation and own is not None and own.worker == worker:
+                out.append({"key_range": r, "worker": worker, "error": error, "attempts": attempts,
+                            "seconds": round(seconds, 1)})
+    return out
+
+
+def _slowest(core: MasterCore, computation: str, n: int = 5) -> list[dict[str, Any]]:
+    """The slowest recent calls of user code of a computation, running ones first."""
+    now = core.now_ms()
+    fresh = core.config.report_timeout_ms * 4  # a tablet that stopped reporting shows nothing
+    calls = [(running, seconds, r, key) for (c, r), (at, slow) in core._slow.items()
+             if c == computation and now - at <= fresh for key, seconds, running in slow]
+    calls.sort(reverse=True)
+    return [{"key": show_key(key), "key_range": r, "seconds": round(seconds, 3), "running": running}
+            for running, seconds, r, key in calls[:n]]
+
+
+def status_document(core: MasterCore, wall_us: int | None = None) -> dict[str, Any]:
+    now = core.now_ms()
+    wall_us = wall_us if wall_us is not None else int(time.time() * 1_000_000)
+    computations = {}
+    for t in core.topologies.values():
+        for c in t.computations:
+            wm = core.published.get(c, MIN)
+            totals = core.counters.get(c, {})
+            computations[c] = {
+                "topology": t.name,
+                "low_watermark": wm,
+                "lag_ms": None if wm in (MIN, END_OF_TIME) else round((wall_us - wm) / 1000),
+                "held_by": (core.computed[c].holder
+                            if c in core.computed and core.computed[c].value >= wm else ""),
+                "processed": totals.get("processed", 0),
+                "late": totals.get("late", 0),
+                "dead_lettered": totals.get("dead_lettered", 0),
+                "backlog": sum(b for (cc, _), b in core._backlog.items() if cc == c),
+                # the lowest watermark any of its tablets acts on (workers learn it ~50 ms later)
+                "watermark_seen": min((core._seen.get((c, r), MIN) for r in range(t.computations[c].key_ranges)),
+                                      default=MIN),
+                "slow_keys": _slowest(core, c),
+                "problems": _problems_of(core, c),
+            }
+    counts: dict[str, int] = {}
+    for own in core.tablets.values():
+        counts[own.worker] = counts.get(own.worker, 0) + 1
+    return {
+        "computations": computations,
+        "liveness": dict(core.liveness),
+        "etcd": {"db_size_bytes": core.etcd_db_bytes},
+        "injectors": [_injector(core, n, s, w, now) for n, (s, w) in sorted(core.injectors.items())],
+        "stale_reports": core.stale_reports,
+        "workers": [
+            {"id": w, "address": a, "tablets": counts.get(w, 0),
+             "last_heartbeat_ms_ago": round(now - core.last_seen.get(w, now))}
+            for w, a in sorted(core.workers.items())
+        ],
+        "topologies": {
+            n: {"computations": {
+                c.name: {"inputs": c.inputs, "outputs": c.outputs, "key_ranges": c.key_ranges,
+                         "code": c.code}
+                for c in t.computations.values()}}
+            for n, t in sorted(core.topologies.items())
+        },
+        "tablets": [
+            {"computation": c, "key_range": r, "worker": o.worker,
+             "address": core.workers.get(o.worker, ""), "token": o.token}
+            for (c, r), o in sorted(core.tablets.items())
+        ],
+    }
