@@ -47,7 +47,7 @@ class Sleepy(Computation):
 
     def process_record(self, ctx: Context, record: Record) -> None:
         if record.value.startswith(b"sleep "):
-            time.sleep(float(record.value.split()[1]))
+            time.sleep(float(record.value.split()[1]))  # the slow user code under test, not a wait
         ctx.produce("echoed", record.value)
 
 
@@ -58,7 +58,7 @@ class SlowCounter(Computation):
     def process_record(self, ctx: Context, record: Record) -> None:
         n = int(ctx.state.get() or b"0") + 1
         if n % int(self.params.get("every", "500")) == 0:
-            time.sleep(float(self.params.get("sleep", "2")))
+            time.sleep(float(self.params.get("sleep", "2")))  # slow user code under test, not a wait
         ctx.state.set(str(n).encode())
         ctx.produce("counts", str(n).encode())
 

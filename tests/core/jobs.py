@@ -67,7 +67,7 @@ class Blocking(Computation):
             Blocking.started.set()
             Blocking.gate.wait()
         elif record.value.startswith(b"sleep "):
-            time.sleep(int(record.value.split()[1]) / 1000)
+            time.sleep(int(record.value.split()[1]) / 1000)  # slow user code under test, not a wait
         elif record.value == b"exit":
             sys.exit(3)
         ctx.produce("out", record.value)
@@ -99,7 +99,7 @@ class SlowCollector(Collector):
     producer's ack wait)."""
 
     def process_record(self, ctx: Context, record: Record) -> None:
-        time.sleep(int(self.params.get("sleep_ms", "100")) / 1000)
+        time.sleep(int(self.params.get("sleep_ms", "100")) / 1000)  # a slow receiver, not a wait
         super().process_record(ctx, record)
 
 
