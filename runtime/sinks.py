@@ -139,8 +139,15 @@ class FileSink(Computation):
 
 
 def read_file_sink(path: str) -> Iterator[dict[str, object]]:
-    """Every record a :class:`FileSink` committed under ``path``."""
+    """Every record a :class:`FileSink` has written under ``path``.
+
+    Safe to call while the job runs: a line still being written (no newline yet) is not
+    returned. A batch is visible as soon as it is written, shortly before its commit; if
+    that commit fails, the tablet cuts the file back and the redelivery writes it again.
+    """
     for name in sorted(glob.glob(os.path.join(path, "*.jsonl"))):
         with open(name) as f:
             for line in f:
+                if not line.endswith("\n"):
+                    break  # the writer is mid-line
                 yield json.loads(line)

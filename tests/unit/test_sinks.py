@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from runtime.sinks import CommittedFile
+from runtime.sinks import CommittedFile, read_file_sink
 
 
 def _read(path: str) -> bytes:
@@ -70,3 +70,11 @@ def test_a_meta_from_before_file_names_were_committed_still_opens(tmp_path: obje
         out.write(b"abc\nxyz")
     f = CommittedFile(d, "sink/0", ".jsonl", b"4")  # old meta: the length only
     assert _read(f.path) == b"abc\n"
+
+
+def test_a_reader_never_sees_a_line_still_being_written(tmp_path: object) -> None:
+    """The CI failure of session 2: a test polled the sink while a batch was half written."""
+    d = str(tmp_path)
+    with open(os.path.join(d, "sink-0.jsonl"), "w") as f:
+        f.write('{"key": "a", "value": "1", "timestamp": 5}\n{"key": "b", "value": "2", "timest')
+    assert list(read_file_sink(d)) == [{"key": "a", "value": "1", "timestamp": 5}]
