@@ -158,7 +158,7 @@ def markdown(r: dict[str, Any]) -> str:
         rb = mem.get("rocksdb", {})
         if rb:
             lines += ["", "| RocksDB | bytes per 1 M keys |", "|---|---:|"]
-            for k in ("state_only", "state_plus_dedup_id"):
+            for k in ("state_only", "state_plus_opaque_id"):
                 if k in rb:
                     lines.append(f"| {k.replace('_', ' ')} ({rb['keys_written']:,} keys written) | "
                                  f"{rb[k]['bytes_per_1m_keys'] / 2**20:.1f} MiB |")

@@ -419,7 +419,7 @@ def rocksdb_bytes_per_million_keys(root: str, n_keys: int) -> dict[str, Any]:
     from worker.storage import Commit, TabletStore
 
     out: dict[str, Any] = {"keys_written": n_keys}
-    for label, with_ids in (("state_only", False), ("state_plus_dedup_id", True)):
+    for label, with_ids in (("state_only", False), ("state_plus_opaque_id", True)):
         path = os.path.join(root, f"rocksdb-{label}")
         shutil.rmtree(path, ignore_errors=True)
         store = TabletStore(path, 1, sync=False)
@@ -429,7 +429,7 @@ def rocksdb_bytes_per_million_keys(root: str, n_keys: int) -> dict[str, Any]:
             for i in range(lo, min(n_keys, lo + batch)):
                 c.state[b"k%09d" % i] = b"%d" % (i % 1000 + 1)
                 if with_ids:
-                    c.ids.append(i.to_bytes(16, "big"))
+                    c.opaque_ids.append(i.to_bytes(16, "big"))
             store.commit(c)
         store.db.flush()
         store.db.compact_range(None, None)

@@ -2,9 +2,10 @@
 
 Files are read oldest first. The injector's watermark is the minimum creation
 time of the files not yet fully read, so a file still being injected holds its
-readers back; after the last file it moves to the end of time. Record ids come
-from (injector name, file name, line number), so injecting the same directory
-again after a crash is exactly-once. The key is the file name; the timestamp the
+readers back; after the last file it moves to the end of time. Each file is a
+producer of its own and its line number the record's place in it
+(:meth:`Injector.send_sequenced`), so injecting the same directory again after a
+crash, however late, is exactly-once, and receivers keep one number per file. The key is the file name; the timestamp the
 file's creation time (its modification time, where the file system keeps no
 birth time).
 """
@@ -17,12 +18,11 @@ from typing import Protocol
 
 from injectors.injector import Injector
 from runtime.errors import InjectionError
-from runtime.record import derived_id
 from runtime.security import Security
 
 
 class Sink(Protocol):
-    def send(self, key: bytes, value: bytes, timestamp: int, id: bytes | None = None) -> None: ...
+    def send_sequenced(self, producer: str, seq: int, key: bytes, value: bytes, timestamp: int) -> None: ...
     def advance_watermark(self, timestamp: int) -> None: ...
     def flush(self) -> None: ...
 
@@ -52,9 +52,8 @@ def inject_files(sink: Sink, directory: str, name: str) -> int:
     for ts, fname in files:
         sink.advance_watermark(ts)  # the oldest unfinished file is now this one
         with open(os.path.join(directory, fname), "rb") as f:
-            for lineno, line in enumerate(f):
-                rid = derived_id(name.encode(), fname.encode(), str(lineno).encode())
-                sink.send(fname.encode(), line.rstrip(b"\n"), ts, id=rid)
+            for lineno, line in enumerate(f, start=1):
+                sink.send_sequenced(fname, lineno, fname.encode(), line.rstrip(b"\n"), ts)
                 n += 1
         sink.flush()  # this file is done: only then may the watermark pass it
     return n

@@ -3,7 +3,10 @@
 Records are batched per destination tablet and retried until the tablet has
 committed them. Ids default to (injector name, position of the record in this
 injector's sequence), so re-running the same injection after a crash sends the
-same ids and receivers drop what they already have.
+same ids and receivers drop what they already have: each receiving tablet keeps
+only the highest position it committed from this injector (worker/dedup.py), so
+that holds however late the re-run comes. Ids given by the caller are opaque and
+deduplicated for the receiving computation's ``dedup_retention``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from runtime.errors import InjectionError, MillstreamError
 from runtime.record import ID_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, Record, producer_prefix, sequence_id
 from runtime.routing import KeyExtractor, RoutingTable
 from runtime.security import Security
-from runtime.wire import MAX_DELIVERY_BYTES, record_bytes, to_proto
+from runtime.wire import MAX_DELIVERY_BYTES, record_bytes, to_orders, to_proto
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 
@@ -62,6 +65,7 @@ class Injector:
         self.client = Client(masters, timeout=min(timeout, 10.0), security=security)
         self._prefix = producer_prefix("injector/" + name)
         self.position = 0
+        self._sequenced: dict[bytes, int] = {self._prefix: 0}  # producer -> last sequence queued
         self._buffer: list[Record] = []
         self._extractors: dict[str, KeyExtractor] = {}
         self._routing = self._fetch_routing()
@@ -102,7 +106,25 @@ class Injector:
         self.position += 1
         if id is None:
             id = sequence_id(self._prefix, self.position)
-        self._buffer.append(Record(key, value, timestamp, id))
+            self._sequenced[self._prefix] = self.position
+        self._queue(Record(key, value, timestamp, id))
+
+    def send_sequenced(self, producer: str, seq: int, key: bytes, value: bytes, timestamp: int) -> None:
+        """Queue one record of a source with its own order: ``seq`` is its place in
+        ``producer`` (a file's line number, a partition's offset), rising with every call for
+        that producer. Its id is (producer, seq), so a re-send of the same place, by this
+        injector or a later one, is dropped however late it comes; dedup costs the receivers
+        one number per producer."""
+        prefix = producer_prefix("source\x00" + self.name + "\x00" + producer)
+        last = self._sequenced.get(prefix, 0)
+        if isinstance(seq, bool) or not isinstance(seq, int) or not last < seq < (1 << 64):
+            raise InjectionError(f"producer {producer!r}: seq {seq!r} must be an int above the last "
+                                 f"one sent for it ({last}) and below 2**64")
+        self.send(key, value, timestamp, id=sequence_id(prefix, seq))
+        self._sequenced[prefix] = seq
+
+    def _queue(self, record: Record) -> None:
+        self._buffer.append(record)
         if len(self._buffer) >= self.batch_size:
             self.flush()
 
@@ -187,6 +209,7 @@ class Injector:
                 if size > MAX_DELIVERY_BYTES and pending.get((comp, r, chunk)):
                     chunk, size = chunk + 1, record_bytes(rec)
                 pending.setdefault((comp, r, chunk), []).append(rec)
+        orders = self._orders(pending)
         delay = 0.01
         while pending:
             failed: dict[tuple[str, int, int], list[Record]] = {}
@@ -198,7 +221,7 @@ class Injector:
                     continue
                 req = pb.DeliverRequest(computation=dest[0], key_range=dest[1], token=target.token,
                                         records=[to_proto(r) for r in records],
-                                        sender="injector/" + self.name)
+                                        sender="injector/" + self.name, orders=orders[dest])
                 calls.append((dest, records, self._stub(target.address).Deliver.future(req, timeout=30)))
             refresh = bool(failed)
             for dest, records, fut in calls:
@@ -232,6 +255,25 @@ class Injector:
                 self._routing = self._fetch_routing()
         self._buffer.clear()
         self._report()
+
+    def _orders(self, pending: dict[tuple[str, int, int], list[Record]]
+                ) -> dict[tuple[str, int, int], list[pb.ProducerOrder]]:
+        """Each delivery's place in its producers' orders. Every earlier flush is committed,
+        so a destination's first delivery follows nothing (after=0); a later one (a
+        destination's records cut at 16 MiB) follows the one before it, and its tablet
+        waits for that one (OUT_OF_ORDER) rather than let a re-send of it count twice."""
+        out: dict[tuple[str, int, int], list[pb.ProducerOrder]] = {}
+        last: dict[tuple[str, int], dict[bytes, int]] = {}
+        for dest in sorted(pending):
+            before = last.setdefault(dest[:2], {})
+            here: dict[bytes, int] = {}
+            for rec in pending[dest]:
+                prefix = rec.id[:8]
+                if prefix in self._sequenced:
+                    here[prefix] = int.from_bytes(rec.id[8:], "big")
+            out[dest] = to_orders({p: (before.get(p, 0), 0) for p in here})
+            before.update(here)
+        return out
 
     def _route(self, records: list[Record]) -> dict[tuple[str, int], list[Record]]:
         if not self._routing.has_subscribers(self.stream):

@@ -437,6 +437,8 @@ class MasterCore:
                 c.params.update(s.params)
                 if s.fsync is not None:
                     c.params["millstream.fsync"] = "1" if s.fsync else "0"
+                if s.dedup_retention is not None:
+                    c.params["millstream.dedup_retention"] = repr(float(s.dedup_retention))
                 for stream, ex in s.inputs.items():
                     c.inputs.add(stream=stream, key_extractor=ex or "")
                 for r in range(s.key_ranges):

@@ -41,6 +41,12 @@ TABLET_FAILURES = Counter("millstream_tablet_batch_failures", "Batches that fail
                           ["computation"])
 WORKER_EXPIRIES = Counter("millstream_worker_lease_expiries", "Workers the leader dropped for a missed lease")
 ETCD_DB_BYTES = Gauge("millstream_etcd_db_bytes", "Size of etcd's database (leader master)")
+OUT_OF_ORDER = Counter("millstream_out_of_order_deliveries", "Deliveries refused until an earlier one of "
+                       "the same producer commits", ["computation"])
+DEDUP_FILTER_BYTES = Gauge("millstream_dedup_filter_bytes", "Bloom filters over opaque ids kept for "
+                           "dedup_retention", ["computation", "key_range"])
+DEDUP_PRODUCERS = Gauge("millstream_dedup_producers", "Producers with a mark (highest committed "
+                        "sequence) in a tablet", ["computation", "key_range"])
 TABLET_MOVES = Counter("millstream_tablet_moves", "Tablets given to another worker (a new token)", ["reason"])
 
 
@@ -109,6 +115,8 @@ class TabletMetrics:
     user_seconds: ThreadHistogram
     batch_seconds: Histogram
     slow_calls: Counter
+    out_of_order: Counter
+    stale_producers: Counter
 
 
 def tablet(computation: str) -> TabletMetrics:
@@ -118,6 +126,7 @@ def tablet(computation: str) -> TabletMetrics:
         DEAD.labels(computation), BUSY.labels(computation), FENCED.labels(computation),
         COMMIT_SECONDS.labels(computation), SENT.labels(computation), _USER.child(computation),
         BATCH_SECONDS.labels(computation), SLOW_CALLS.labels(computation),
+        OUT_OF_ORDER.labels(computation), STALE.labels("producer"),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -37,6 +38,7 @@ class ComputationSpec:
     late_records: str = "process"
     params: dict[str, str] = field(default_factory=dict)
     fsync: bool | None = None  # None: on for exactly-once computations
+    dedup_retention: float | None = None  # seconds opaque ids are kept; None: 600 (worker/tablet.py)
 
     @property
     def sync_commits(self) -> bool:
@@ -107,6 +109,12 @@ def validate_spec(spec: ComputationSpec) -> None:
         )
     if spec.fsync is not None and not isinstance(spec.fsync, bool):
         raise TopologyError(f"computation {spec.name!r}: fsync={spec.fsync!r} must be True, False or None")
+    r = spec.dedup_retention
+    if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float)) or not 1 <= r <= 10 * 365 * 86400):
+        raise TopologyError(
+            f"computation {spec.name!r}: dedup_retention={r!r} must be a number of seconds from 1 "
+            "to ten years (or a datetime.timedelta), e.g. dedup_retention=3600 to keep opaque "
+            "record ids for an hour")
     if not isinstance(spec.params, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in spec.params.items()
     ):
@@ -190,6 +198,7 @@ class Topology:
         late_records: str = "process",
         params: Mapping[str, str] | None = None,
         fsync: bool | None = None,
+        dedup_retention: float | datetime.timedelta | None = None,
     ) -> Topology:
         """Add a computation; returns the topology so calls can be chained.
 
@@ -198,6 +207,9 @@ class Topology:
         ``inputs`` maps each input stream to a key extractor path, or ``None``
         to key by ``record.key``. ``params`` are strings handed to
         :meth:`Computation.setup`. ``fsync`` defaults to ``exactly_once``.
+        ``dedup_retention`` (seconds or a ``timedelta``; default ten minutes) is how long
+        opaque record ids are kept for dedup (docs/exactly-once.md); sequenced ids (the
+        default injector's, files', Spark's without an id column, tablets') need none.
         """
         if name in self.computations:
             raise TopologyError(
@@ -218,6 +230,8 @@ class Topology:
             name=name, code=code, inputs=dict(inputs), outputs=list(outputs),
             key_ranges=key_ranges, exactly_once=exactly_once, productions=productions,
             late_records=late_records, params=dict(params or {}), fsync=fsync,
+            dedup_retention=(dedup_retention.total_seconds()
+                             if isinstance(dedup_retention, datetime.timedelta) else dedup_retention),
         )
         validate_spec(spec)
         self.computations[name] = spec

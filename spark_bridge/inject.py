@@ -7,20 +7,23 @@ does it register a *holding* injector named ``name`` (which keeps the stream's
 low watermark where it is) and run one Spark job in which every partition
 sends its rows through its own injector, ``<name>/p<partition>``.
 
-Record ids never depend on where a row lands or in which order (review E2): with a user id
-column, from (stream, id), the record's identity in the stream whatever injection sends it;
-otherwise from the row itself, (injection name,
-stream, key, value, timestamp, n) for the n-th copy of an identical row. To count copies
-deterministically the rows are first hash-partitioned by their content, so all copies of a
-row meet in one task whatever the cluster size, shuffle order or retry. A task that Spark
-retries, or an injection re-run on another cluster, sends the very same ids again and
-receivers drop what they already have; new data under a reused name gets new ids.
+Record ids never depend on where a row lands or in which order (review E2). With a user id
+column they come from (stream, id), the record's identity in the stream whatever injection
+sends it; such ids are opaque, and receivers keep them for their ``dedup_retention``.
+Otherwise the rows are hash-partitioned by their content into a fixed number of partitions
+(:data:`CONTENT_PARTITIONS`, whatever the cluster), and each task sorts its partition: every
+partition is then a producer of its own, named by the injection and a digest of its rows,
+and a row's place in the sorted partition is its sequence (``Injector.send_sequenced``). A
+task that Spark retries, or an injection re-run on another cluster, sends the very same
+producers and sequences, and receivers drop what they have from one number per producer,
+however late the re-run; new data under a reused name makes new producers and is all sent.
 When the job completes, the driver finishes the holding injector (or advances
 it to a given watermark).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import time
@@ -40,6 +43,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _INTEGRAL = ("tinyint", "smallint", "int", "bigint")
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Unavailable|Input)): (.+)$", re.M)
+#: partitions of an injection without an id column: fixed, so that a re-run on any cluster cuts
+#: the rows the same way (each partition is one producer, named by a digest of its rows)
+CONTENT_PARTITIONS = 16
 #: the metadata Spark attaches to a column that carries a query's event-time watermark
 WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
 
@@ -243,26 +249,27 @@ class PartitionInjection:
         # (it sends the same ids), rather than leaving it behind for ever.
         inj = Injector(self.masters, self.stream, f"{self.name}/p{index}",
                        batch_size=self.batch_size, timeout=self.timeout, incarnation="spark-partition")
-        stream_b = self.stream.encode()
-        id_b = self.id_name.encode()
-        copies: dict[bytes, int] = {}  # content digest -> copies seen (all meet in this task)
         n, lo, hi = 0, None, None
         try:
-            for row in rows:
-                ts = int(row[2])
-                key, value = bytes(row[0]), bytes(row[1])
-                if self.has_id:
-                    rid = derived_id(b"spark-id", stream_b, bytes(row[3]))
-                else:
-                    content = derived_id(b"spark-row", id_b, stream_b, key, value,
-                                         ts.to_bytes(8, "big", signed=True))
-                    nth = copies.get(content, 0)
-                    copies[content] = nth + 1
-                    rid = derived_id(content, nth.to_bytes(8, "big"))
-                inj.send(key, value, ts, id=rid)
-                n += 1
-                lo = ts if lo is None or ts < lo else lo
-                hi = ts if hi is None or ts > hi else hi
+            if self.has_id:
+                stream_b = self.stream.encode()
+                for row in rows:
+                    ts = int(row[2])
+                    inj.send(bytes(row[0]), bytes(row[1]), ts, id=derived_id(b"spark-id", stream_b, bytes(row[3])))
+                    n += 1
+                    lo = ts if lo is None or ts < lo else lo
+                    hi = ts if hi is None or ts > hi else hi
+            else:
+                # The partition, sorted, is one producer: its name says which rows it holds.
+                content = sorted((bytes(row[0]), bytes(row[1]), int(row[2])) for row in rows)
+                digest = hashlib.blake2b(digest_size=16)
+                for key, value, ts in content:
+                    digest.update(b"%d %d %d " % (len(key), len(value), ts) + key + value)
+                producer = f"{self.id_name}|{digest.hexdigest()}"
+                for n, (key, value, ts) in enumerate(content, start=1):
+                    inj.send_sequenced(producer, n, key, value, ts)
+                    lo = ts if lo is None or ts < lo else lo
+                    hi = ts if hi is None or ts > hi else hi
             inj.finish()  # this partition no longer holds the watermark
         finally:
             inj.close()
@@ -282,9 +289,10 @@ def run_partitions(df: DataFrame, p: Plan, task: PartitionInjection) -> list[tup
     """Run the injection job; a failed job becomes an :class:`InjectionError` (no Py4J trace)."""
     selected = df.select(*p.columns)
     if not task.has_id:
-        # Every copy of a row in one partition, whatever the cluster: hash partitioning by
-        # the row's content (Spark's Murmur3 of the values, stable across runs).
-        selected = selected.repartition(max(1, selected.rdd.getNumPartitions()), *selected.columns)
+        # Partitions that hold the same rows whatever the cluster, the input's partitioning or
+        # a retry: hash partitioning by the row's content (Spark's Murmur3 of the values,
+        # stable across runs) into a fixed number of partitions.
+        selected = selected.repartition(CONTENT_PARTITIONS, *selected.columns)
     try:
         return list(selected.rdd.mapPartitionsWithIndex(task).collect())
     except MillstreamError:

@@ -24,8 +24,9 @@ from runtime.errors import MillstreamError
 from runtime.record import Record, derived_id, sequence_id
 from runtime.status import show_key
 from runtime.topology import dead_letter_stream
+from runtime.wire import millstream_pb2 as pb
 from worker.context import Effects, KeyContext
-from worker.dedup import DedupFilter, rebuilt
+from worker.dedup import Mark, MarkView, OpaqueIds, split_sequenced
 from worker.inbox import Delivery
 from worker.storage import Commit, Production, TabletStore, Timer, production_key
 
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from worker.tablet import Tablet
 
 log = logging.getLogger(__name__)
+OK, NOT_OWNER, OUT_OF_ORDER = (pb.DeliverResponse.OK, pb.DeliverResponse.NOT_OWNER,
+                               pb.DeliverResponse.OUT_OF_ORDER)
 
 
 class LeaseExpired(MillstreamError):
@@ -50,13 +53,14 @@ class Batch:
     consumed: list[int] = field(default_factory=list)     # records done, per delivery
     deferred: list[Timer] = field(default_factory=list)   # due timers it did not reach
     new: int = 0                                           # new (not duplicate) input records
-    durable_acks: int = 0                                  # see Outbox.committed
+    refused: dict[int, int] = field(default_factory=dict)  # delivery index -> status to answer
 
 
 class BatchProcessor:
     """The thread side of one tablet: everything here runs on the tablet's thread only."""
 
-    def __init__(self, tablet: Tablet, store: TabletStore, comp: Computation, dedup: DedupFilter) -> None:
+    def __init__(self, tablet: Tablet, store: TabletStore, comp: Computation,
+                 marks: dict[bytes, Mark], opaque: OpaqueIds) -> None:
         self.host = tablet.host
         self.name = tablet.name
         self.computation = tablet.computation
@@ -65,12 +69,16 @@ class BatchProcessor:
         self.weak = tablet.weak
         self.prefix = tablet.prefix
         self.timers = tablet.timers      # read only here; the event loop owns it
-        self.outbox = tablet.outbox      # read only here (durable_mark)
         self.calls = tablet.calls
         self.metrics = tablet.metrics
         self.store = store
         self.comp = comp
-        self.dedup = dedup
+        self.marks = marks      # producer -> committed mark (this thread's, after each commit)
+        self.opaque = opaque
+        self.now_us = tablet.now_us
+        self.producer_expiry_us = int(self.host.limits.producer_expiry_s * 1e6)
+        self._expiry_checked_us = 0
+        self._expired_below: int | None = None
         self.ctx = KeyContext(tablet.outputs, self.read_state,
                               lambda: self.host.watermark(self.computation), tablet.now_us)
         self.late = self.dead_lettered = 0
@@ -97,9 +105,20 @@ class BatchProcessor:
         stop = False
         seen: set[bytes] = set()
         wm = self.host.watermark(self.computation)
-        for d in batch.deliveries:
+        now = self.now_us()
+        view = MarkView(self.marks)
+        if self.exactly_once:
+            self._plan_dedup(commit, now)
+        for index, d in enumerate(batch.deliveries):
             i = d.done
             records = d.records
+            orders = d.orders
+            if self.exactly_once and orders and i == 0:
+                refusal = self._check_order(view, orders, now)
+                if refusal is not None:
+                    batch.refused[index] = refusal
+                    batch.consumed.append(0)
+                    continue
             while i < len(records):
                 if work >= batch.limit or (taken and clock() - started >= budget):
                     stop = True
@@ -110,11 +129,20 @@ class BatchProcessor:
                 if self.exactly_once:
                     # Duplicates do not count against the limit: a redelivery after a failed
                     # batch must reach past what an earlier, smaller batch committed.
-                    if r.id in seen or (self.dedup.may_contain(r.id) and self.store.has_id(r.id)):
-                        self.metrics.duplicates.inc()
-                        continue
-                    seen.add(r.id)
-                    commit.ids.append(r.id)
+                    producer, seq = split_sequenced(r.id)
+                    order = orders.get(producer) if orders else None
+                    if order is not None:
+                        mark = view.get(producer)
+                        if mark is not None and seq <= mark.seq:
+                            self.metrics.duplicates.inc()
+                            continue
+                        view.advance(producer, seq, order[1], now)
+                    else:
+                        if r.id in seen or self._opaque_seen(r.id):
+                            self.metrics.duplicates.inc()
+                            continue
+                        seen.add(r.id)
+                        commit.opaque_ids.append(r.id)
                 if r.timestamp < wm:
                     self.late += 1
                     self.metrics.late.inc()
@@ -144,6 +172,46 @@ class BatchProcessor:
             source = derived_id(*parts, t.nonce) if t.nonce else derived_id(*parts)
             self._run_user(commit, t.key, t.time, b"", source, functools.partial(self._timer_fn, t))
 
+        if self.exactly_once:
+            commit.marks.update(view.changed)
+
+    def _check_order(self, view: MarkView, orders: dict[bytes, tuple[int, int]], now: int) -> int | None:
+        """Whether a delivery may be committed now (None), or the status to refuse it with:
+        NOT_OWNER for a producer tablet older than one already heard from (ids it sends may
+        collide with its successor's), OUT_OF_ORDER while an earlier delivery of one of its
+        producers is not committed here yet."""
+        for producer, (after, token) in orders.items():
+            mark = view.get(producer)
+            if mark is not None and token < mark.token:
+                self.metrics.stale_producers.inc()
+                log.warning("tablet %s refused a delivery from a stale producer (token %d < %d)",
+                            self.name, token, mark.token)
+                return NOT_OWNER
+            if after > (mark.seq if mark is not None else 0):
+                self.metrics.out_of_order.inc()
+                return OUT_OF_ORDER
+        for producer, (_, token) in orders.items():
+            mark = view.get(producer)
+            if mark is not None and token > mark.token:
+                view.advance(producer, 0, token, now)  # the new owner: its predecessor is refused
+        return None
+
+    def _opaque_seen(self, rid: bytes) -> bool:
+        buckets = self.opaque.candidates(rid)
+        return bool(buckets) and self.store.has_opaque(rid, buckets)
+
+    def _plan_dedup(self, commit: Commit, now: int) -> None:
+        """What this batch's commit adds and drops of dedup data besides its records' ids:
+        opaque ids of buckets past the retention, and marks of producers silent too long."""
+        commit.opaque_bucket = self.opaque.bucket(now)
+        oldest = self.opaque.oldest_kept(now)
+        if oldest != self._expired_below:  # once per bucket (and once after opening)
+            commit.opaque_expire_below = oldest
+        if now - self._expiry_checked_us >= 60_000_000:  # a scan of the marks: once a minute
+            self._expiry_checked_us = now
+            commit.marks_expired = [p for p, m in self.marks.items()
+                                    if now - m.seen_us > self.producer_expiry_us]
+
     def _defer(self, batch: Batch, t: Timer) -> None:
         """A due timer the batch did not reach: it stays pending (unless a record of the
         batch deleted or moved it, which the commit then makes durable)."""
@@ -163,16 +231,18 @@ class BatchProcessor:
             commit.sink = prepare()
         if not self.host.lease_valid():
             raise LeaseExpired(f"tablet {self.name}")
-        batch.durable_acks = self.outbox.durable_mark()
+        commit.marks_expired = [p for p in commit.marks_expired if p not in commit.marks]
         t0 = time.perf_counter()
         self.store.commit(commit)
         self.metrics.commit_seconds.observe(time.perf_counter() - t0)
-        if self.exactly_once:
-            self.dedup.add_all(commit.ids)
-            if self.dedup.needs_rebuild():
-                self.dedup = rebuilt(self.dedup.capacity, self.store.dedup_ids())
-                log.info("tablet %s: rebuilt its dedup filter (%d generations)", self.name,
-                         self.dedup.generations)
+        if self.exactly_once:  # memory follows the commit
+            self.marks.update(commit.marks)
+            for producer in commit.marks_expired:
+                self.marks.pop(producer, None)
+            if commit.opaque_expire_below is not None:
+                self.opaque.expire(commit.opaque_expire_below)
+                self._expired_below = commit.opaque_expire_below
+            self.opaque.add(commit.opaque_bucket, commit.opaque_ids)
 
     def _record_fn(self, record: Record, ctx: KeyContext) -> None:
         self.comp.process_record(ctx, record)

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from runtime import metrics
@@ -17,13 +17,12 @@ from runtime.routing import KeyExtractor, RoutingTable
 from runtime.wire import millstream_pb2 as pb
 from worker.sender import Sender
 from worker.storage import Production
-from worker.tablet import BUSY, NOT_OWNER, Tablet
+from worker.tablet import BUSY, NOT_OWNER, Orders, Tablet
 
 log = logging.getLogger(__name__)
 WATERMARK_MIN = -(1 << 63)
-Floors = Sequence[tuple[bytes, int, int]]  # (producer prefix, resend floor, producer token)
 Receipt = tuple[str, int]  # (receiving worker, its first progress report reflecting the commit)
-RemoteDeliver = Callable[[str, str, int, int, list[Record], Floors], Awaitable[tuple[int, Receipt | None]]]
+RemoteDeliver = Callable[[str, str, int, int, list[Record], Orders | None], Awaitable[tuple[int, Receipt | None]]]
 
 
 @dataclass(frozen=True)
@@ -41,6 +40,7 @@ class WorkerLimits:
     weak_ack_ms: int = 20      # how long a batch waits for weak productions' acks before checkpointing
     slow_call_s: float = 1.0   # a call of user code longer than this is logged and counted
     reconcile_wait_s: float = 2.0  # how long one reconcile waits for tablets to open or close
+    producer_expiry_s: float = 7 * 86400  # a producer silent this long loses its dedup mark
 
 
 class WorkerCore:
@@ -284,11 +284,11 @@ class WorkerCore:
             tablet.release(reported)
 
     async def deliver(self, computation: str, key_range: int, token: int, records: list[Record],
-                      floors: Floors = ()) -> int:
+                      orders: Orders | None = None) -> int:
         """Fence by token, then hand the batch to the tablet (DESIGN.md §4 step 1)."""
         tablet = self.tablets.get((computation, key_range))
         if tablet is not None and tablet.token == token and not tablet.closing:
-            return await tablet.deliver(records, floors)
+            return await tablet.deliver(records, orders)
         assigned = self.routing.destination(computation, key_range)
         mine = assigned.address == self.address and self.lease_valid()
         if (mine and assigned.token == token) or token > assigned.token:
@@ -302,8 +302,8 @@ class WorkerCore:
         return NOT_OWNER
 
     async def deliver_to(self, address: str, computation: str, key_range: int, token: int,
-                         records: list[Record], floors: Floors) -> tuple[int, Receipt | None]:
+                         records: list[Record], orders: Orders | None) -> tuple[int, Receipt | None]:
         if address == self.address:
-            status = await self.deliver(computation, key_range, token, records, floors)
+            status = await self.deliver(computation, key_range, token, records, orders)
             return status, self.receipt()
-        return await self._remote(address, computation, key_range, token, records, floors)
+        return await self._remote(address, computation, key_range, token, records, orders)

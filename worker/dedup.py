@@ -1,93 +1,121 @@
-"""The in-memory first stage of exactly-once dedup: Bloom filters over record ids.
+"""Exactly-once dedup data, bounded: one mark per producer, and opaque ids for a retention.
 
-A negative answer is certain, so most new records never touch the disk; a
-possible hit is confirmed against the tablet's RocksDB. Bloom filters cannot
-delete: ids are added to the newest generation, a new one starts when it
-fills, and once there are too many the tablet rebuilds the filter from the
-ids still on disk (garbage collection keeps those bounded, see
-docs/architecture.md). Forgotten ids left in a filter only cost a disk check.
+Most record ids are *sequenced*: an 8-byte producer prefix and that producer's sequence
+number (injectors, each file of ``inject-files``, each partition of a Spark injection,
+producer tablets). A delivery lists its producers (``ProducerOrder``); it carries each one's
+records in ascending order and says which of that producer's earlier sequences it follows.
+A tablet commits a producer's records to it in that order, so "already have it" is a
+comparison with one number per producer, its *mark* (the highest sequence committed): dedup
+data is bounded by producers, not by records, and a replay counts once however late.
+
+Ids of no listed producer are *opaque* (``Injector.send(id=...)``, a Spark id column, weak
+productions). They are kept, in wall-time buckets, for the computation's
+``dedup_retention`` and then dropped whole (one range delete); each live bucket has Bloom
+filters in memory so a new id rarely touches the disk.
+
+Producers silent for longer than ``producer_expiry`` lose their mark (a finished injector, a
+tablet that was dropped): a replay after that would count again, and docs/exactly-once.md
+says so.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from rbloom import Bloom
 
-
-class DedupFilter:
-    """Generations of Bloom filters answering "possibly seen" for record ids."""
-
-    def __init__(self, capacity: int = 1_000_000, error_rate: float = 0.01, generations: int = 4) -> None:
-        self.capacity = capacity
-        self.error_rate = error_rate
-        self.max_generations = generations
-        self._gens: list[Bloom] = [Bloom(capacity, error_rate)]
-        self._count = 0
-
-    def add_all(self, ids: Iterable[bytes]) -> None:
-        for rid in ids:
-            if self._count >= self.capacity:
-                self._gens.append(Bloom(self.capacity, self.error_rate))
-                self._count = 0
-            self._gens[-1].add(rid)
-            self._count += 1
-
-    @property
-    def generations(self) -> int:
-        return len(self._gens)
-
-    def needs_rebuild(self) -> bool:
-        """True when it holds more generations than wanted: rebuild it from the disk ids."""
-        return len(self._gens) > self.max_generations
-
-    def may_contain(self, rid: bytes) -> bool:
-        return any(rid in g for g in reversed(self._gens))
+SEQUENCED_ID_PREFIX = 8
 
 
-def rebuilt(capacity: int, ids: Iterable[bytes]) -> DedupFilter:
-    """A filter holding exactly ``ids`` (the ones still on disk after collection)."""
-    fresh = DedupFilter(capacity=capacity)
-    fresh.add_all(ids)
-    # Without collection (ids from injectors) the disk set itself is large: allow it,
-    # rather than rebuilding again at every commit.
-    fresh.max_generations = max(fresh.max_generations, fresh.generations + 2)
-    return fresh
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """What a tablet keeps of one producer: its highest committed sequence, the newest token
+    it came under (tablets only; older owners are refused) and when it was last heard of."""
+
+    seq: int
+    token: int
+    seen_us: int
+
+    def pack(self) -> bytes:
+        return struct.pack(">QQq", self.seq, self.token, self.seen_us)
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> Mark:
+        return cls(*struct.unpack(">QQq", raw))
 
 
-class Collection:
-    """The receiving side of dedup collection: producers' promises and tokens.
+def split_sequenced(rid: bytes) -> tuple[bytes, int]:
+    """(producer prefix, sequence) of a sequenced id."""
+    return rid[:SEQUENCED_ID_PREFIX], int.from_bytes(rid[SEQUENCED_ID_PREFIX:], "big")
 
-    A producer (an id prefix) promises, with each delivery, the lowest sequence it may still
-    resend, under its tablet's token. Ids below a promise are forgotten in the next commit,
-    which also persists the token that justified it; a producer older than one already
-    heard from is refused, since ids it might resend may be gone on its successor's word.
+
+class MarkView:
+    """The marks as one batch sees them: committed marks plus the batch's own advances."""
+
+    def __init__(self, committed: dict[bytes, Mark]) -> None:
+        self.committed = committed
+        self.changed: dict[bytes, Mark] = {}
+
+    def get(self, producer: bytes) -> Mark | None:
+        m = self.changed.get(producer)
+        return m if m is not None else self.committed.get(producer)
+
+    def advance(self, producer: bytes, seq: int, token: int, now_us: int) -> None:
+        old = self.get(producer)
+        if old is not None:
+            seq, token = max(seq, old.seq), max(token, old.token)
+        self.changed[producer] = Mark(seq, token, now_us)
+
+
+class OpaqueIds:
+    """Opaque ids of the last ``retention_us`` of wall time: Bloom filters per time bucket.
+
+    A bucket spans a quarter of the retention; ids are kept for five buckets (the current
+    one and four full ones), so at least ``retention_us`` and at most 1.25 times that.
     """
 
-    def __init__(self, tokens: dict[bytes, int]) -> None:
-        self._tokens = dict(tokens)          # producer prefix -> newest token heard
-        self._floors: dict[bytes, int] = {}  # producer prefix -> resend floor of that token
-        self._collected: dict[bytes, int] = {}  # producer prefix -> forgotten below
+    BUCKETS_KEPT = 5
 
-    def accept(self, floors: list[tuple[bytes, int, int]]) -> int | None:
-        """Take a delivery's promises; returns the newer token it is refused for, if stale."""
-        for producer, _, token in floors:
-            if token < self._tokens.get(producer, 0):
-                return self._tokens[producer]
-        for producer, floor, token in floors:
-            if token > self._tokens.get(producer, 0):
-                self._tokens[producer] = token
-                self._floors.pop(producer, None)  # an older owner's promise no longer counts
-            if floor > self._floors.get(producer, 0):
-                self._floors[producer] = floor
-        return None
+    def __init__(self, retention_us: int, capacity: int = 100_000) -> None:
+        self.retention_us = retention_us
+        self.bucket_us = max(1_000_000, retention_us // (self.BUCKETS_KEPT - 1))
+        self.capacity = capacity
+        self._blooms: dict[int, list[tuple[Bloom, int]]] = {}  # bucket -> [(filter, capacity)]
+        self._counts: dict[int, int] = {}
 
-    def plan(self) -> tuple[dict[bytes, tuple[int, int]], dict[bytes, int]]:
-        """What the next commit forgets (prefix -> [from, to) sequences) and the tokens it records."""
-        ranges = {p: (self._collected.get(p, 0), f) for p, f in self._floors.items()
-                  if f > self._collected.get(p, 0)}
-        return ranges, {p: self._tokens.get(p, 0) for p in ranges}
+    def bucket(self, now_us: int) -> int:
+        return now_us // self.bucket_us
 
-    def committed(self, ranges: dict[bytes, tuple[int, int]]) -> None:
-        for producer, (_, hi) in ranges.items():
-            self._collected[producer] = hi
+    def oldest_kept(self, now_us: int) -> int:
+        return self.bucket(now_us) - (self.BUCKETS_KEPT - 1)
+
+    def add(self, bucket: int, ids: Iterable[bytes]) -> None:
+        gens = self._blooms.setdefault(bucket, [])
+        count = self._counts.get(bucket, 0)
+        for rid in ids:
+            if not gens or count >= gens[-1][1]:
+                cap = self.capacity * (2 ** len(gens))  # grows with the rate, never rebuilt
+                gens.append((Bloom(cap, 0.01), cap))
+                count = 0
+            gens[-1][0].add(rid)
+            count += 1
+        self._counts[bucket] = count
+
+    def candidates(self, rid: bytes) -> list[int]:
+        """The buckets that may hold ``rid`` (confirm on disk)."""
+        return [b for b, gens in self._blooms.items() if any(rid in g for g, _ in gens)]
+
+    def expire(self, below: int) -> None:
+        for b in [b for b in self._blooms if b < below]:
+            del self._blooms[b]
+            self._counts.pop(b, None)
+
+    @property
+    def buckets(self) -> int:
+        return len(self._blooms)
+
+    def memory_bytes(self) -> int:
+        """About the filters' size: 9.6 bits per planned id at a 1 % error rate."""
+        return sum(cap * 12 // 10 for gens in self._blooms.values() for _, cap in gens)

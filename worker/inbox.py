@@ -27,6 +27,7 @@ class Delivery:
 
     records: list[Record]
     fut: asyncio.Future[int]
+    orders: dict[bytes, tuple[int, int]] | None = None  # producer -> (after, token)
     done: int = 0
 
     @property
@@ -46,8 +47,9 @@ class Inbox:
     def __bool__(self) -> bool:
         return bool(self._queue)
 
-    def put(self, records: list[Record], fut: asyncio.Future[int]) -> None:
-        self._queue.append(Delivery(records, fut))
+    def put(self, records: list[Record], fut: asyncio.Future[int],
+            orders: dict[bytes, tuple[int, int]] | None = None) -> None:
+        self._queue.append(Delivery(records, fut, orders))
         self.records += len(records)
         self.bytes += sum(record_bytes(r) for r in records)
         for r in records:
@@ -65,11 +67,16 @@ class Inbox:
         self.records -= n
         return out
 
-    def committed(self, taken: list[Delivery], consumed: list[int]) -> None:
+    def committed(self, taken: list[Delivery], consumed: list[int],
+                  refused: dict[int, int] | None = None) -> None:
         """A batch committed ``consumed[i]`` more records of ``taken[i]``: release their
-        timestamps, answer the finished deliveries, put the rest back in front in order."""
+        timestamps, answer the finished deliveries, put the rest back in front in order.
+        ``refused`` deliveries (index -> status) are answered with that status instead."""
         back: list[Delivery] = []
         for i, d in enumerate(taken):
+            if refused and i in refused:
+                self._release(d, refused[i])
+                continue
             n = consumed[i] if i < len(consumed) else 0
             for r in d.records[d.done:d.done + n]:
                 self._ts.remove(r.timestamp)
@@ -94,11 +101,11 @@ class Inbox:
             self._release(self._queue.popleft())
         self.records = self.bytes = 0
 
-    def _release(self, d: Delivery) -> None:
+    def _release(self, d: Delivery, status: int = NOT_OWNER) -> None:
         for r in d.records[d.done:]:
             self._ts.remove(r.timestamp)
         if not d.fut.done():
-            d.fut.set_result(NOT_OWNER)
+            d.fut.set_result(status)
 
     def hold(self, ts: int) -> None:
         """Hold the oldest work at ``ts`` (a timer being fired) until :meth:`unhold`."""

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-OK, NOT_OWNER, BUSY, UNREACHABLE = 0, 1, 2, -1
-DeliverFn = Callable[[str, str, int, int, list[Record], list[tuple[bytes, int, int]]],
+OK, NOT_OWNER, BUSY, OUT_OF_ORDER, UNREACHABLE = 0, 1, 2, 3, -1
+DeliverFn = Callable[[str, str, int, int, list[Record], dict[bytes, tuple[int, int]] | None],
                     Awaitable[tuple[int, tuple[str, int] | None]]]
 
 
@@ -88,10 +88,12 @@ class Sender:
             target = routing.destination(*dest)
             status, receipt = UNREACHABLE, None
             if target.address:
-                owners = {id(o): o for _, o in batch}.values()
-                floors = [(o.prefix, o.resend_floor(), o.token) for o in owners if not o.weak]
+                # One delivery in flight per destination, in the queue's order: each strong
+                # producer's records arrive in sequence and everything it sent here before
+                # is committed (after=0). Weak productions carry opaque ids (worker/dedup.py).
+                orders = {o.prefix: (0, o.token) for _, o in batch if not o.weak}
                 status, receipt = await self._deliver(target.address, dest[0], dest[1], target.token,
-                                                      [p.record for p, _ in batch], floors)
+                                                      [p.record for p, _ in batch], orders)
             if status == OK:
                 backoff = 0.005
                 done = {id(p) for p, _ in batch}
@@ -102,7 +104,7 @@ class Sender:
                     q.popleft()
                 for owner, keys in acked.values():
                     owner.acked(keys, receipt)
-            elif status == BUSY:
+            elif status in (BUSY, OUT_OF_ORDER):
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 0.5)
             else:

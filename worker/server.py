@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -16,7 +15,7 @@ from runtime.client import AsyncMasterClient
 from runtime.imports import CodePolicy
 from runtime.record import Record
 from runtime.security import Security, caller_roles
-from runtime.wire import from_proto, to_proto
+from runtime.wire import from_proto, to_orders, to_proto
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 from worker.core import WorkerCore, WorkerLimits
@@ -43,12 +42,12 @@ class WorkerServicer(rpc.WorkerServicer):
 
     async def Deliver(self, request: pb.DeliverRequest, context: Any) -> pb.DeliverResponse:
         records = [from_proto(r) for r in request.records]
-        # Resend floors let a receiver forget dedup ids: only a worker (a producing tablet)
-        # may give them, never an injector's credentials (review S3).
-        floors = ([(f.producer, f.floor, f.token) for f in request.floors]
-                  if "worker" in caller_roles() else [])
+        # A producer token fences older owners of a producing tablet: only a worker may name
+        # one, never an injector's credentials (review S3).
+        tokens = "worker" in caller_roles()
+        orders = {o.producer: (o.after, o.token if tokens else 0) for o in request.orders} or None
         status = await self.core.deliver(request.computation, request.key_range, request.token, records,
-                                         floors)
+                                         orders)
         wid, seq = self.core.receipt()
         return pb.DeliverResponse(status=cast(Any, status),  # an int of DeliverResponse.Status
                                   worker_id=wid, report_seq=seq)
@@ -67,7 +66,7 @@ class Peers:
         self._warned: set[tuple[str, grpc.StatusCode]] = set()
 
     async def deliver(self, address: str, computation: str, key_range: int, token: int,
-                      records: list[Record], floors: Sequence[tuple[bytes, int, int]]
+                      records: list[Record], orders: dict[bytes, tuple[int, int]] | None
                       ) -> tuple[int, tuple[str, int] | None]:
         stub = self._stubs.get(address)
         if stub is None:
@@ -76,7 +75,7 @@ class Peers:
             stub = self._stubs[address] = rpc.WorkerStub(ch)
         req = pb.DeliverRequest(computation=computation, key_range=key_range, token=token,
                                 records=[to_proto(r) for r in records],
-                                floors=[pb.ResendFloor(producer=p, floor=f, token=t) for p, f, t in floors])
+                                orders=to_orders(orders))
         try:
             resp = await stub.Deliver(req, timeout=30)
         except grpc.RpcError as e:

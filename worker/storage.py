@@ -3,11 +3,11 @@
 Keys are prefixed by one byte per kind of data::
 
     S <key>                               user state
-    D <record id>                         dedup ids of committed input
+    H <producer prefix:8>                 producer mark -> <seq:8> <token:8> <seen_us:8>
+    O <bucket:8> <record id>              opaque dedup id, by wall-time bucket (worker/dedup.py)
     P <seq:8> <range:4> <computation>     checkpointed production (a Record proto)
     K <keylen:4> <key> <tag>              timer by key -> <domain:1> <time:8> <nonce>
     T <domain:1> <time:8> <keylen:4> <key> <tag>   timer index by due time
-    G <producer prefix:8>                 newest token of a producer whose ids were collected
     M token | seq | sink                  metadata
 
 A :class:`Commit` collects one batch's effects and is written as one
@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
@@ -29,6 +29,7 @@ from runtime.errors import MillstreamError, StaleTokenError
 from runtime.record import Record
 from runtime.wire import from_proto, to_proto
 from runtime.wire import millstream_pb2 as pb
+from worker.dedup import Mark
 
 _TIME_OFFSET = 1 << 63  # maps signed microseconds onto unsigned, order-preserving
 M_TOKEN, M_SEQ, M_SINK = b"Mtoken", b"Mseq", b"Msink"
@@ -41,6 +42,10 @@ def _timer_key(key: bytes, tag: str) -> bytes:
 def _split_timer_key(raw: bytes) -> tuple[bytes, str]:
     (n,) = struct.unpack_from(">I", raw)
     return raw[4:4 + n], raw[4 + n:].decode()
+
+
+def _opaque_key(bucket: int, record_id: bytes) -> bytes:
+    return b"O" + bucket.to_bytes(8, "big") + record_id
 
 
 def production_key(seq: int, computation: str, key_range: int) -> bytes:
@@ -82,16 +87,16 @@ class Commit:
     """The effects of one batch, written atomically by :meth:`TabletStore.commit`."""
 
     state: dict[bytes, bytes | None] = field(default_factory=dict)
-    ids: list[bytes] = field(default_factory=list)
+    opaque_ids: list[bytes] = field(default_factory=list)  # new opaque ids, in opaque_bucket
+    opaque_bucket: int = 0
+    opaque_expire_below: int | None = None  # opaque ids of older buckets are dropped
+    marks: dict[bytes, Mark] = field(default_factory=dict)  # producer marks advanced
+    marks_expired: list[bytes] = field(default_factory=list)  # producers silent too long
     timers_set: dict[tuple[bytes, str], Timer] = field(default_factory=dict)
     timers_deleted: dict[tuple[bytes, str], Timer] = field(default_factory=dict)
     productions: list[Production] = field(default_factory=list)
     seq: int | None = None
     sink: bytes | None = None
-    # producer prefix -> (from seq, to seq): dedup ids in [from, to) are forgotten
-    dedup_gc: dict[bytes, tuple[int, int]] = field(default_factory=dict)
-    # producer prefix -> the token whose floor justified that collection (persisted with it)
-    producer_tokens: dict[bytes, int] = field(default_factory=dict)
     status: CommitState = CommitState.STARTED
 
 
@@ -128,8 +133,8 @@ class TabletStore:
     def get_state(self, key: bytes) -> bytes | None:
         return self.db.get(b"S" + key)
 
-    def has_id(self, record_id: bytes) -> bool:
-        return self.db.get(b"D" + record_id) is not None
+    def has_opaque(self, record_id: bytes, buckets: Iterable[int]) -> bool:
+        return any(self.db.get(_opaque_key(b, record_id)) is not None for b in buckets)
 
     def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         it = self.db.iter()
@@ -141,15 +146,24 @@ class TabletStore:
             yield k, it.value()
             it.next()
 
-    def producer_tokens(self) -> dict[bytes, int]:
-        return {k[1:]: int(v) for k, v in self._scan(b"G")}
+    def marks(self) -> dict[bytes, Mark]:
+        return {k[1:]: Mark.unpack(v) for k, v in self._scan(b"H")}
 
-    def dedup_count(self) -> int:
-        return sum(1 for _ in self._scan(b"D"))
+    def opaque_ids(self, from_bucket: int) -> Iterator[tuple[int, bytes]]:
+        """(bucket, id) of the opaque ids kept from ``from_bucket`` on."""
+        it = self.db.iter()
+        it.seek(_opaque_key(max(0, from_bucket), b""))
+        while it.valid():
+            k = it.key()
+            if not k.startswith(b"O"):
+                break
+            yield int.from_bytes(k[1:9], "big"), k[9:]
+            it.next()
 
-    def dedup_ids(self) -> Iterator[bytes]:
-        for k, _ in self._scan(b"D"):
-            yield k[1:]
+    def dedup_bytes(self) -> int:
+        """Bytes of dedup data (keys and values of producer marks and opaque ids), as stored
+        before RocksDB's compression: what bounded dedup keeps bounded."""
+        return sum(len(k) + len(v) for p in (b"H", b"O") for k, v in self._scan(p))
 
     def productions(self) -> list[Production]:
         out = []
@@ -183,12 +197,14 @@ class TabletStore:
                     wb.delete(b"S" + key)
                 else:
                     wb.put(b"S" + key, value)
-            for rid in c.ids:
-                wb.put(b"D" + rid, b"")
-            for prefix, (lo, hi) in c.dedup_gc.items():
-                wb.delete_range(b"D" + prefix + lo.to_bytes(8, "big"), b"D" + prefix + hi.to_bytes(8, "big"))
-            for prefix, token in c.producer_tokens.items():
-                wb.put(b"G" + prefix, str(token).encode())
+            for rid in c.opaque_ids:
+                wb.put(_opaque_key(c.opaque_bucket, rid), b"")
+            if c.opaque_expire_below is not None:
+                wb.delete_range(b"O", _opaque_key(max(0, c.opaque_expire_below), b""))
+            for producer, mark in c.marks.items():
+                wb.put(b"H" + producer, mark.pack())
+            for producer in c.marks_expired:
+                wb.delete(b"H" + producer)
             for (key, tag), t in c.timers_deleted.items():
                 tk = _timer_key(key, tag)
                 wb.delete(b"K" + tk)

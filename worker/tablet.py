@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from runtime import metrics
 from runtime.computation import Computation, TimeDomain
@@ -28,7 +28,7 @@ from runtime.routing import RoutingTable
 from runtime.topology import dead_letter_stream
 from runtime.wire import millstream_pb2 as pb
 from worker.batch import Batch, BatchProcessor, LeaseExpired
-from worker.dedup import Collection, DedupFilter
+from worker.dedup import OpaqueIds
 from worker.inbox import Inbox
 from worker.outbox import Outbox
 from worker.runner import TabletThread
@@ -36,12 +36,11 @@ from worker.slowcalls import CallWatch
 from worker.storage import Commit, Production, TabletStore, production_key
 from worker.timers import TimerIndex
 
-if TYPE_CHECKING:
-    from collections.abc import Iterable
-
 log = logging.getLogger(__name__)
 
 OK, NOT_OWNER, BUSY = pb.DeliverResponse.OK, pb.DeliverResponse.NOT_OWNER, pb.DeliverResponse.BUSY
+DEFAULT_DEDUP_RETENTION_S = 600.0  # docs/exactly-once.md: why ten minutes
+Orders = dict[bytes, tuple[int, int]]  # producer prefix -> (after, token): see ProducerOrder
 
 
 class TabletHost(Protocol):
@@ -76,6 +75,8 @@ class Tablet:
         self.now_us = now_us
         self.name = f"{route.name}/{key_range}"
         self.exactly_once = route.exactly_once
+        self.dedup_retention_s = float(route.params.get("millstream.dedup_retention",
+                                                        DEFAULT_DEDUP_RETENTION_S))
         fsync = route.params.get("millstream.fsync")
         self.sync = route.exactly_once if fsync is None else fsync == "1"
         self.outputs = frozenset([*route.outputs, dead_letter_stream(route.name)])
@@ -146,12 +147,18 @@ class Tablet:
         """On the tablet's thread: storage, memory and user code; the productions to re-send."""
         store = TabletStore(self.path, self.token, sync=self.sync)
         try:
-            dedup = DedupFilter()
+            # Dedup data is bounded (worker/dedup.py): one mark per producer, and the opaque
+            # ids of the retention window; opening reads no more than that.
+            marks = store.marks() if self.exactly_once else {}
+            opaque = OpaqueIds(int(self.dedup_retention_s * 1e6))
             if self.exactly_once:
-                dedup.add_all(store.dedup_ids())
+                by_bucket: dict[int, list[bytes]] = {}
+                for bucket, rid in store.opaque_ids(opaque.oldest_kept(self.now_us())):
+                    by_bucket.setdefault(bucket, []).append(rid)
+                for bucket, ids in by_bucket.items():
+                    opaque.add(bucket, ids)
             for t in store.timers():
                 self.timers.remember(t)
-            self.collection = Collection(store.producer_tokens())
             cls = load(self.route.code, f"code of computation {self.computation!r}", self.host.code_policy)
             if not (isinstance(cls, type) and issubclass(cls, Computation)):
                 raise MillstreamError(f"{self.route.code!r} is not a Computation subclass")
@@ -160,7 +167,7 @@ class Tablet:
             restore = getattr(comp, "restore", None)
             if restore is not None:
                 restore(self.name, store.sink_meta())
-            self.proc = BatchProcessor(self, store, comp, dedup)
+            self.proc = BatchProcessor(self, store, comp, marks, opaque)
             pending = store.productions()
         except BaseException:
             store.close()
@@ -211,20 +218,11 @@ class Tablet:
 
     # -------------------------------------------------------------- delivery
 
-    async def deliver(self, records: list[Record], floors: Iterable[tuple[bytes, int, int]] = ()) -> int:
-        """Queue a batch; resolves to OK once committed, BUSY or NOT_OWNER otherwise.
-
-        ``floors`` are its producers' promises: (id prefix, lowest sequence still resent,
-        the producer's token). A producer older than one already heard from is refused:
-        ids it might resend may have been collected on its successor's word.
-        """
+    async def deliver(self, records: list[Record], orders: Orders | None = None) -> int:
+        """Queue a batch; resolves to OK once committed, BUSY, OUT_OF_ORDER or NOT_OWNER
+        otherwise. ``orders`` place its records in their producers' orders (see
+        ``ProducerOrder`` in proto/millstream.proto and worker/dedup.py)."""
         if self.closing or not self.open:
-            return NOT_OWNER
-        newer = self.collection.accept(list(floors))
-        if newer is not None:
-            metrics.STALE.labels("producer").inc()
-            log.warning("tablet %s refused a delivery from a stale producer (a token below %d)",
-                        self.name, newer)
             return NOT_OWNER
         limits = self.host.limits
         if (self.inbox.records >= limits.max_queued_records or self.inbox.bytes >= limits.max_queued_bytes
@@ -232,7 +230,7 @@ class Tablet:
             self.metrics.busy.inc()
             return BUSY
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self.inbox.put(records, fut)
+        self.inbox.put(records, fut, orders or None)
         self._wake.set()
         return await fut
 
@@ -243,10 +241,6 @@ class Tablet:
     def release(self, reported: dict[str, int]) -> None:
         self.outbox.release(reported)
 
-    def resend_floor(self) -> int:
-        """The lowest sequence this tablet may still resend (ids below it are never sent again)."""
-        return self.outbox.resend_floor(self.store.seq)
-
     def _after_commit(self, batch: Batch) -> None:
         """On the loop, once the batch is durable: memory follows the commit, senders of the
         finished deliveries hear OK, what the batch did not reach goes back in the queue."""
@@ -256,9 +250,6 @@ class Tablet:
         if self._acked_unwritten:  # acknowledged while their checkpoints were being written
             self.store.delete_productions(self._acked_unwritten)
             self._acked_unwritten = []
-        if self.sync:  # an unsynced commit makes nothing durable across a power loss (E6)
-            self.outbox.committed(batch.durable_acks)
-        self.collection.committed(commit.dedup_gc)
         self.metrics.records.inc(batch.new)
         self.processed += batch.new
         for t in commit.timers_deleted.values():
@@ -267,7 +258,11 @@ class Tablet:
             self.timers.remember(t)
         for t in batch.deferred:
             self.timers.remember(t)
-        self.inbox.committed(batch.deliveries, batch.consumed)
+        self.inbox.committed(batch.deliveries, batch.consumed, batch.refused)
+        if self.exactly_once:
+            labels = (self.computation, str(self.key_range))
+            metrics.DEDUP_FILTER_BYTES.labels(*labels).set(self.proc.opaque.memory_bytes())
+            metrics.DEDUP_PRODUCERS.labels(*labels).set(len(self.proc.marks))
         if batch.deferred or (batch.deliveries and self.inbox):
             self._wake.set()
         if self.batch_limit < self.max_batch:  # after a failure: grow back, slowly
@@ -341,8 +336,6 @@ class Tablet:
         for t in due:
             self.inbox.hold(t.time)  # a timer being fired still holds the watermark
         commit = Commit(seq=self.store.seq)
-        if self.exactly_once:
-            commit.dedup_gc, commit.producer_tokens = self.collection.plan()
         batch = Batch(items, due, commit, limit)
         started = time.perf_counter()
         weak_sent = False
@@ -387,7 +380,6 @@ class Tablet:
         for p in slow:  # still in the sender's queue: checkpoint them with this commit
             commit.seq += 1
             p.ckey = production_key(commit.seq, p.computation, p.key_range)
-        self.outbox.checkpointed(slow)
         self._unwritten = {id(p) for p in slow}
         commit.productions = slow
 

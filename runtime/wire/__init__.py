@@ -29,3 +29,8 @@ def to_proto(r: Record) -> pb.Record:
 
 def from_proto(p: pb.Record) -> Record:
     return Record(p.key, p.value, p.timestamp, p.id)
+
+
+def to_orders(orders: dict[bytes, tuple[int, int]] | None) -> list[pb.ProducerOrder]:
+    """``{producer prefix: (after, token)}`` as the ``orders`` of a DeliverRequest."""
+    return [pb.ProducerOrder(producer=p, after=a, token=t) for p, (a, t) in (orders or {}).items()]

@@ -19,31 +19,31 @@ class Record(_message.Message):
     id: bytes
     def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., timestamp: _Optional[int] = ..., id: _Optional[bytes] = ...) -> None: ...
 
-class ResendFloor(_message.Message):
-    __slots__ = ("producer", "floor", "token")
+class ProducerOrder(_message.Message):
+    __slots__ = ("producer", "after", "token")
     PRODUCER_FIELD_NUMBER: _ClassVar[int]
-    FLOOR_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     producer: bytes
-    floor: int
+    after: int
     token: int
-    def __init__(self, producer: _Optional[bytes] = ..., floor: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
+    def __init__(self, producer: _Optional[bytes] = ..., after: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
 
 class DeliverRequest(_message.Message):
-    __slots__ = ("computation", "key_range", "token", "records", "sender", "floors")
+    __slots__ = ("computation", "key_range", "token", "records", "sender", "orders")
     COMPUTATION_FIELD_NUMBER: _ClassVar[int]
     KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
-    FLOORS_FIELD_NUMBER: _ClassVar[int]
+    ORDERS_FIELD_NUMBER: _ClassVar[int]
     computation: str
     key_range: int
     token: int
     records: _containers.RepeatedCompositeFieldContainer[Record]
     sender: str
-    floors: _containers.RepeatedCompositeFieldContainer[ResendFloor]
-    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., sender: _Optional[str] = ..., floors: _Optional[_Iterable[_Union[ResendFloor, _Mapping]]] = ...) -> None: ...
+    orders: _containers.RepeatedCompositeFieldContainer[ProducerOrder]
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., sender: _Optional[str] = ..., orders: _Optional[_Iterable[_Union[ProducerOrder, _Mapping]]] = ...) -> None: ...
 
 class DeliverResponse(_message.Message):
     __slots__ = ("status", "detail", "worker_id", "report_seq")
@@ -52,9 +52,11 @@ class DeliverResponse(_message.Message):
         OK: _ClassVar[DeliverResponse.Status]
         NOT_OWNER: _ClassVar[DeliverResponse.Status]
         BUSY: _ClassVar[DeliverResponse.Status]
+        OUT_OF_ORDER: _ClassVar[DeliverResponse.Status]
     OK: DeliverResponse.Status
     NOT_OWNER: DeliverResponse.Status
     BUSY: DeliverResponse.Status
+    OUT_OF_ORDER: DeliverResponse.Status
     STATUS_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]

@@ -36,7 +36,7 @@ def test_quick_bench_writes_json_and_markdown(tmp_path: object) -> None:
     assert rec["exactness"]["exact"] is True
     assert {"p50", "p95", "p99"} <= set(rec["latency_ms"])
     assert {"serving_again_after_s", "reassigned_after_s", "tablets_moved"} <= set(rec["recovery"])
-    assert {"state_only", "state_plus_dedup_id"} <= set(report["memory"]["rocksdb"])
+    assert {"state_only", "state_plus_opaque_id"} <= set(report["memory"]["rocksdb"])
     assert report["memory"]["peak_rss_by_role"].get("worker", 0) > 0
     md = open(os.path.join(out, "latest.md")).read()
     assert "## Recovery" in md and "## Targets" in md

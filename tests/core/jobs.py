@@ -31,6 +31,15 @@ class Collector(Computation):
         Collector.seen.append((self.params.get("name", ""), record.key, record.value))
 
 
+class Count(Computation):
+    """Counts the records it processes (class-wide), and keeps nothing else."""
+
+    n = 0
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        Count.n += 1
+
+
 class TimerJob(Computation):
     """b"set N" / b"move N" sets wall timer "t" at BASE + N; b"del" deletes it. A firing emits
     "fired <time>" and, with params repeat=1, sets itself again at the same time (3 firings)."""

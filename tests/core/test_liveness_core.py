@@ -38,7 +38,7 @@ def test_a_batch_stops_at_its_time_budget_and_the_rest_follows_in_order(tmp_path
         tablet = core.tablets[("slow", 0)]
         commits = []
         store_commit = tablet.proc.store.commit
-        tablet.proc.store.commit = lambda c: (commits.append(len(c.ids)), store_commit(c))[1]  # type: ignore[method-assign]
+        tablet.proc.store.commit = lambda c: (commits.append(len(c.opaque_ids)), store_commit(c))[1]  # type: ignore[method-assign]
         values = [b"sleep 5"] * 40 + [b"last"]
         assert await core.deliver("slow", 0, 1, _recs(values)) == OK  # one delivery of 41 records
         # 41 records of >= 5 ms against a 20 ms budget: several batches, each of a few records.

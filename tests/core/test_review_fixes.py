@@ -63,27 +63,6 @@ def test_e5_a_late_ack_of_a_weak_production_does_not_fail_the_next_commit(tmp_pa
     asyncio.run(main())
 
 
-def test_e6_without_fsync_the_resend_floor_never_passes_unsynced_deletes(tmp_path: object) -> None:
-    """With fsync off, a commit is not durable across a power loss, so checkpoint deletes it
-    follows are not either: the producer must keep promising to resend them."""
-    clock = [BASE]
-
-    async def main() -> None:
-        r = routing(("echo", "tests.core.jobs:Echo", ["in"], ["out"], {"millstream.fsync": "0"}),
-                    ("collect", "tests.core.jobs:Collector", ["out"], [], {"name": "out"}))
-        core = await _core(str(tmp_path), clock, r)
-        echo = core.tablets[("echo", 0)]
-        assert not echo.sync
-        for i in range(3):
-            assert await core.deliver("echo", 0, 1, [Record(b"k", b"v%d" % i, BASE + i, i.to_bytes(16, "big"))]) == OK
-            await _until(lambda n=i: len(Collector.seen) == n + 1, "the output")
-        await _until(lambda: echo.outbox.unacked == 0, "every production acknowledged")
-        assert echo.resend_floor() == 1  # not past the first checkpoint: no synced commit since
-        await core.close_all()
-
-    asyncio.run(main())
-
-
 def test_e9_a_computation_named_injector_does_not_share_ids_with_an_injector(tmp_path: object) -> None:
     """Tablet "injector/0" and an injector named "0" used to mint the same ids."""
     from runtime.record import producer_prefix

@@ -164,8 +164,8 @@ def test_a_worker_whose_lease_lapsed_refuses_to_commit(tmp_path: object) -> None
 
 
 def test_a_stale_producer_is_refused_once_its_successor_was_heard(tmp_path: object) -> None:
-    """Ids are collected on the word of a producer's newest owner; an older owner (a zombie)
-    re-sending one of them must be refused, not processed again - also after a restart."""
+    """A producer tablet's newest owner moves its mark; an older owner (a zombie) re-sending
+    must be refused, not compared with marks its successor set - also after a restart."""
     from runtime.record import producer_prefix, sequence_id
 
     p = producer_prefix("up/0")
@@ -175,20 +175,21 @@ def test_a_stale_producer_is_refused_once_its_successor_was_heard(tmp_path: obje
 
     async def main() -> None:
         core = await _core(str(tmp_path), WorkerLimits(), lambda: BASE)
-        assert await core.deliver("echo", 0, 1, [from_p(1, b"one")], [(p, 1, 1)]) == OK
-        # The producer's new owner (token 2) promises never to resend below 2: id 1 is collected.
-        assert await core.deliver("echo", 0, 1, [from_p(2, b"two")], [(p, 2, 2)]) == OK
-        assert await core.deliver("echo", 0, 1, [from_p(3, b"three")], [(p, 3, 2)]) == OK
-        assert not core.tablets[("echo", 0)].store.has_id(sequence_id(p, 1))
-        # The old owner wakes up and re-sends id 1: refused.
-        assert await core.deliver("echo", 0, 1, [from_p(1, b"one")], [(p, 1, 1)]) == NOT_OWNER
+        assert await core.deliver("echo", 0, 1, [from_p(1, b"one")], {p: (0, 1)}) == OK
+        # The producer's new owner (token 2) sends on.
+        assert await core.deliver("echo", 0, 1, [from_p(2, b"two")], {p: (0, 2)}) == OK
+        assert await core.deliver("echo", 0, 1, [from_p(3, b"three")], {p: (0, 2)}) == OK
+        assert core.tablets[("echo", 0)].store.marks()[p].token == 2
+        # The old owner wakes up and sends: refused.
+        assert await core.deliver("echo", 0, 1, [from_p(4, b"four")], {p: (0, 1)}) == NOT_OWNER
         await core.close_all()
 
     asyncio.run(main())
 
     async def reopened() -> None:
+        Collector.seen = []
         core = await _core(str(tmp_path), WorkerLimits(), lambda: BASE)
-        assert await core.deliver("echo", 0, 1, [from_p(1, b"one")], [(p, 1, 1)]) == NOT_OWNER
+        assert await core.deliver("echo", 0, 1, [from_p(4, b"four")], {p: (0, 1)}) == NOT_OWNER
         await core.close_all()
 
     asyncio.run(reopened())

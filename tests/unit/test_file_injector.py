@@ -16,8 +16,8 @@ class Recorder:
     def __init__(self) -> None:
         self.events: list[tuple[str, object]] = []
 
-    def send(self, key: bytes, value: bytes, timestamp: int, id: bytes | None = None) -> None:
-        self.events.append(("send", (key, value, timestamp, id)))
+    def send_sequenced(self, producer: str, seq: int, key: bytes, value: bytes, timestamp: int) -> None:
+        self.events.append(("send", (key, value, timestamp, (producer, seq))))
 
     def advance_watermark(self, timestamp: int) -> None:
         self.events.append(("watermark", timestamp))
@@ -50,17 +50,18 @@ def test_the_watermark_is_the_oldest_unfinished_file(tmp_path: object) -> None:
     assert all(v[2] >= 1000 * 10**6 for v in sends)  # type: ignore[index]
 
 
-def test_ids_depend_on_name_file_and_line_only(tmp_path: object) -> None:
+def test_each_file_is_a_producer_and_its_line_numbers_its_order(tmp_path: object) -> None:
+    """Re-reading a directory sends every line at the same place (file, line), so a re-run
+    is dropped by the receivers' per-producer marks; equal lines stay distinct records."""
     d = str(tmp_path)
     _file(d, "a.log", ["x", "x"], 1000)
-    first, again, other = Recorder(), Recorder(), Recorder()
+    _file(d, "b.log", ["y"], 2000)
+    first, again = Recorder(), Recorder()
     inject_files(first, d, "src")
     inject_files(again, d, "src")
-    inject_files(other, d, "another")
-    ids = [v[3] for k, v in first.events if k == "send"]  # type: ignore[index]
-    assert ids == [v[3] for k, v in again.events if k == "send"]  # type: ignore[index]
-    assert len(set(ids)) == 2
-    assert not set(ids) & {v[3] for k, v in other.events if k == "send"}  # type: ignore[index]
+    places = [v[3] for k, v in first.events if k == "send"]  # type: ignore[index]
+    assert places == [("a.log", 1), ("a.log", 2), ("b.log", 1)]
+    assert places == [v[3] for k, v in again.events if k == "send"]  # type: ignore[index]
 
 
 def test_not_a_directory(tmp_path: object) -> None:

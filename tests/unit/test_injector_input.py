@@ -33,6 +33,7 @@ def _injector() -> Injector:
     inj._lock, inj._closed, inj._confirmer = threading.Lock(), threading.Event(), None
     inj.client = NoMaster()  # type: ignore[assignment]
     inj._prefix = producer_prefix("injector/src")
+    inj._sequenced = {inj._prefix: 0}
     return inj
 
 
@@ -60,3 +61,17 @@ def test_b22_a_watermark_outside_signed_64_bits_is_refused_and_the_promise_is_un
     with pytest.raises(InjectionError, match=r"watermark 18446744073709551616 must be an int"):
         inj.advance_watermark(1 << 64)
     assert inj.watermark == MIN  # a later report still works: the bad value was never kept
+
+
+def test_a_sequenced_source_must_rise_and_a_refused_place_changes_nothing() -> None:
+    inj = _injector()
+    inj.send_sequenced("a.log", 1, b"k", b"one", 1_000)
+    inj.send_sequenced("b.log", 1, b"k", b"other file", 1_000)
+    for bad in (1, 0, -3, 2**64, True, "2"):
+        with pytest.raises(InjectionError, match=r"producer 'a.log': seq .* must be an int above the last one sent for it \(1\)"):
+            inj.send_sequenced("a.log", bad, b"k", b"bad", 1_000)  # type: ignore[arg-type]
+    inj.send_sequenced("a.log", 5, b"k", b"five", 1_000)  # gaps are fine: only the order counts
+    assert [r.value for r in inj._buffer] == [b"one", b"other file", b"five"]
+    a1, b1, a5 = (r.id for r in inj._buffer)
+    assert a1[:8] == a5[:8] != b1[:8] and a1[:8] != inj._prefix
+    assert int.from_bytes(a5[8:], "big") == 5

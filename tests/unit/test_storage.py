@@ -63,21 +63,37 @@ def test_state_put_and_delete_roundtrip(store: TabletStore) -> None:
     store.close()
 
 
-def test_dedup_ids_roundtrip(store: TabletStore) -> None:
+def test_dedup_data_roundtrip(store: TabletStore) -> None:
+    from worker.dedup import Mark
+
     ids = [bytes([i]) * 16 for i in range(5)]
-    store.commit(Commit(ids=ids[:3]))
+    store.commit(Commit(opaque_ids=ids[:3], opaque_bucket=7, marks={b"p" * 8: Mark(5, 2, 99)}))
     store = reopen(store)
-    assert all(store.has_id(i) for i in ids[:3])
-    assert not any(store.has_id(i) for i in ids[3:])
-    assert sorted(store.dedup_ids()) == sorted(ids[:3])
+    assert all(store.has_opaque(i, [7]) for i in ids[:3])
+    assert not any(store.has_opaque(i, [6, 7, 8]) for i in ids[3:])
+    assert not store.has_opaque(ids[0], [6])
+    assert sorted(store.opaque_ids(7)) == sorted((7, i) for i in ids[:3])
+    assert list(store.opaque_ids(8)) == []
+    assert store.marks() == {b"p" * 8: Mark(5, 2, 99)}
+    assert store.dedup_bytes() == 3 * (1 + 8 + 16) + (1 + 8 + 24)
     store.close()
+
+
+def test_expired_buckets_and_silent_producers_are_dropped(store: TabletStore) -> None:
+    from worker.dedup import Mark
+
+    store.commit(Commit(opaque_ids=[b"a" * 16], opaque_bucket=3, marks={b"p" * 8: Mark(5, 0, 1)}))
+    store.commit(Commit(opaque_ids=[b"b" * 16], opaque_bucket=4, marks={b"q" * 8: Mark(1, 0, 2)}))
+    store.commit(Commit(opaque_expire_below=4, marks_expired=[b"p" * 8]))
+    assert list(store.opaque_ids(0)) == [(4, b"b" * 16)]
+    assert list(store.marks()) == [b"q" * 8]
 
 
 def test_state_and_ids_do_not_collide(store: TabletStore) -> None:
     rid = b"x" * 16
     store.commit(Commit(state={rid: b"v"}))
-    assert not store.has_id(rid)
-    assert list(store.dedup_ids()) == []
+    assert not store.has_opaque(rid, [0])
+    assert list(store.opaque_ids(0)) == []
 
 
 # ------------------------------------------------------------------ timers
@@ -187,13 +203,13 @@ def test_producer_seq_persists_across_reopen(store: TabletStore) -> None:
 
 def test_seq_moving_backwards_is_refused_and_nothing_is_written(store: TabletStore) -> None:
     store.commit(Commit(seq=10))
-    c = Commit(seq=9, state={b"k": b"v"}, ids=[b"i" * 16])
+    c = Commit(seq=9, state={b"k": b"v"}, opaque_ids=[b"i" * 16])
     with pytest.raises(AssertionError, match="producer sequence moved backwards: 9 < 10"):
         store.commit(c)
     assert c.status is CommitState.FAILED
     assert store.seq == 10
     assert store.get_state(b"k") is None
-    assert not store.has_id(b"i" * 16)
+    assert not store.has_opaque(b"i" * 16, [0])
 
 
 def test_sink_meta_roundtrip(store: TabletStore) -> None:
@@ -275,16 +291,3 @@ def test_int64_extremes_roundtrip(store: TabletStore) -> None:
     assert store.productions() == [p, q]
 
 
-def test_dedup_gc_forgets_only_the_producers_ids_below_its_floor(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from runtime.record import producer_prefix, sequence_id
-    from worker.storage import Commit, TabletStore
-
-    store = TabletStore(str(tmp_path / "t"), 1, sync=False)
-    p, q = producer_prefix("a/0"), producer_prefix("b/0")
-    ids = [sequence_id(p, s) for s in range(1, 11)] + [sequence_id(q, s) for s in range(1, 11)]
-    store.commit(Commit(ids=ids))
-    store.commit(Commit(dedup_gc={p: (0, 6)}))
-    assert [store.has_id(sequence_id(p, s)) for s in range(1, 11)] == [False] * 5 + [True] * 5
-    assert all(store.has_id(sequence_id(q, s)) for s in range(1, 11))
-    assert store.dedup_count() == 15
-    store.close()
