@@ -1,7 +1,8 @@
 """``millstream bench``: run the workloads on fresh local clusters and write the report.
 
 ``--quick`` shrinks every workload (seconds instead of minutes; for smoke tests,
-not for citing); ``--only w1,recovery,w2,memory,profile`` picks workloads;
+not for citing); ``--only w1,recovery,w2,memory,profile,soak`` picks workloads (``soak``,
+20 million records through two stages at 10,000 rec/s, runs only when named);
 ``--peer spark`` adds the Spark Structured Streaming runs and the ratios.
 """
 
@@ -19,13 +20,15 @@ from typing import Any
 from bench import report, workloads
 
 log = logging.getLogger(__name__)
-ALL = ("w1", "recovery", "w2", "memory", "profile")
+DEFAULT = ("w1", "recovery", "w2", "memory", "profile")
+ALL = (*DEFAULT, "soak")
+SOAK_RATE = 10_000
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _selected(only: str | None) -> list[str]:
     if not only:
-        return list(ALL)
+        return list(DEFAULT)
     names = [n.strip() for n in only.split(",") if n.strip()]
     bad = [n for n in names if n not in ALL]
     if bad:
@@ -109,6 +112,14 @@ def run_bench(args: argparse.Namespace) -> int:
 
             _progress("profile: the in-process record path under cProfile")
             r["profile"] = profile_record_path(root, 20_000 if not cfg.quick else 4_000)
+        if "soak" in chosen:
+            from bench.soak import run_soak
+
+            n = 200_000 if cfg.quick else 20_000_000
+            _progress(f"soak: {n:,} records through two exactly-once stages at {SOAK_RATE:,} rec/s")
+            r["soak"] = run_soak(root, cfg, n, SOAK_RATE, sample_s=2.0 if cfg.quick else 30.0)
+            _progress(f"  dedup bytes per million records: {r['soak']['dedup_bytes_per_1m_records']}, "
+                      f"state slope {r['soak']['slope_state_bytes_per_1m']} B per million")
         r.setdefault("memory", {})["peak_rss_by_role"] = _rss_by_role(r)
         if peer == "spark":
             from bench import spark_peer

@@ -98,7 +98,7 @@ FAULTS: list[Callable[[Cluster, random.Random], str]] = [
 
 
 def _run_chaos(c: Cluster, seed: int, *, productions: str = "strong", counter: str | None = None,
-               extra_words: str = "") -> None:
+               extra_words: str = "", replay: bool = False) -> None:
     rng = random.Random(seed)
     out = os.path.join(c.data_dir, "out")
     topo = wordcount.topology(out, name="chaos", productions=productions)
@@ -111,14 +111,30 @@ def _run_chaos(c: Cluster, seed: int, *, productions: str = "strong", counter: s
     expected = oracle(lines)
     history: list[str] = []
     chunk = 500
-    with Injector(c.masters_arg, "lines", "chaos-source", batch_size=100) as inj:
+    inj = Injector(c.masters_arg, "lines", "chaos-source", batch_size=100)
+    try:
         for start in range(0, len(lines), chunk):
+            if replay and start == len(lines) // 2:
+                # The source crashes and is run again from the beginning under its name:
+                # sequenced ids, so every line already committed is dropped by one mark.
+                inj.close()
+                inj = Injector(c.masters_arg, "lines", "chaos-source", batch_size=100)
+                for i, line in enumerate(lines[:start]):
+                    inj.send(b"", line.encode(), 1_700_000_000_000_000 + i)
+                inj.flush()
+                history.append("replay the source from the start")
             for i, line in enumerate(lines[start:start + chunk], start):
+                if replay:
+                    inj.send(b"", line.encode(), 1_700_000_000_000_000 + i)
+                    continue
                 rid = derived_id(b"chaos", str(i).encode())
                 for _ in range(2 if i % 11 == 0 else 1):  # some ids are sent twice
                     inj.send(b"", line.encode(), 1_700_000_000_000_000 + i, id=rid)
             inj.flush()
             history.append(rng.choice(FAULTS)(c, rng))
+        inj.finish()
+    finally:
+        inj.close()
     total = sum(expected.values())
     try:
         wait_until(lambda: len(list(read_file_sink(out))) >= total, 120, f"{total} counts")
@@ -145,6 +161,13 @@ def test_tablets_restarted_after_failed_batches_stay_exact(chaos_cluster: Cluste
     """Some counter batches fail at commit (once per tablet and process): the tablet reopens
     from disk with smaller batches while the seeded faults go on."""
     _run_chaos(chaos_cluster, seed, counter="tests.jobs:FlakyCommitCounter", extra_words=" failcommit")
+
+
+@pytest.mark.parametrize("seed", [s + 300 for s in SEEDS])
+def test_a_source_replayed_from_the_start_mid_run_counts_once(chaos_cluster: Cluster, seed: int) -> None:
+    """Issue 11: default (sequenced) ids, the source re-run from its first line half-way
+    through, under the seeded faults: receivers drop the replay from per-producer marks."""
+    _run_chaos(chaos_cluster, seed, replay=True)
 
 
 def test_busy_workers_are_never_taken_for_dead(tmp_path: object) -> None:

@@ -13,6 +13,7 @@ from injectors import Injector
 from runtime import Topology
 from runtime.errors import ConfigError, InjectionError, MasterUnavailable
 from spark_bridge import InvalidInput, add_parquet_sink, read_rows
+from spark_bridge.inject import CONTENT_PARTITIONS
 from tests.harness import Cluster, metric, wait_until
 
 BASE = 1_700_000_000_000_000
@@ -40,9 +41,9 @@ def test_a_retried_task_sends_nothing_twice(spark: Any, shared_cluster: Cluster)
     """Partition 0 fails on its first attempt after sending part of its rows; Spark retries it.
 
     The failure comes from the sink's key extractor, which injectors run as they route
-    each flushed batch: the 7,499 rows before it were sent (in batches of 100) and committed.
-    The rows were hash-partitioned by content first, so each partition holds them in an
-    order that may differ between attempts: the ids must not depend on it.
+    each flushed batch: the 749 rows before it were sent (in batches of 100) and committed.
+    The rows were hash-partitioned by content first into 16 partitions, each sorted, so a
+    retry sends the same producer and sequences: its first 700 rows are duplicates.
     """
     from pyspark.sql import functions as F
 
@@ -60,14 +61,14 @@ def test_a_retried_task_sends_nothing_twice(spark: Any, shared_cluster: Cluster)
     before = sum(metric(w, "millstream_duplicates_dropped") for w in shared_cluster.workers)
     result = spark_bridge.inject(df, stream=stream, key="k", value="v", timestamp="ts",
                                  name="retry", masters=shared_cluster.masters_arg, batch_size=100)
-    assert result.records == n and result.partitions == 2
+    assert result.records == n and result.partitions == CONTENT_PARTITIONS
     wait_until(lambda: spark_bridge.count_rows(out) >= n, 60, f"{n} rows in the sink")
     rows = read_rows(out)
     assert sorted(r["key"] for r in rows) == sorted(str(i) for i in range(n))
     assert all(r["value"] == f"v{r['key']}" and r["timestamp"] == BASE + int(r["key"]) for r in rows)
     # The first attempt had sent part of partition 0: its retry re-sent those ids, dropped as duplicates.
     dups = sum(metric(w, "millstream_duplicates_dropped") for w in shared_cluster.workers) - before
-    assert dups >= 7_000, f"the failed attempt should have sent ~7500 rows before failing ({dups})"
+    assert dups >= 700, f"the failed attempt should have sent ~750 rows before failing ({dups})"
     # Re-running the whole injection under the same name sends nothing new either.
     spark_bridge.inject(df, stream=stream, key="k", value="v", timestamp="ts", name="retry",
                         masters=shared_cluster.masters_arg)
