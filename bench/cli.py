@@ -119,7 +119,7 @@ def run_bench(args: argparse.Namespace) -> int:
             _progress(f"soak: {n:,} records through two exactly-once stages at {SOAK_RATE:,} rec/s")
             r["soak"] = run_soak(root, cfg, n, SOAK_RATE, sample_s=2.0 if cfg.quick else 30.0)
             _progress(f"  dedup bytes per million records: {r['soak']['dedup_bytes_per_1m_records']}, "
-                      f"state slope {r['soak']['slope_state_bytes_per_1m']} B per million")
+                      f"table-file slope {r['soak']['slope_sst_bytes_per_1m']} B per million")
         r.setdefault("memory", {})["peak_rss_by_role"] = _rss_by_role(r)
         if peer == "spark":
             from bench import spark_peer

@@ -163,6 +163,19 @@ def markdown(r: dict[str, Any]) -> str:
                     lines.append(f"| {k.replace('_', ' ')} ({rb['keys_written']:,} keys written) | "
                                  f"{rb[k]['bytes_per_1m_keys'] / 2**20:.1f} MiB |")
         lines.append("")
+    soak = r.get("soak")
+    if soak:
+        lines += [f"## Soak: {soak['records']:,} records through two exactly-once stages at "
+                  f"{soak['rate']:,} rec/s (achieved {soak['achieved_rps']:,})", "",
+                  "| slope after warm-up, per million records | |", "|---|---:|"]
+        for key, what in (("slope_sst_bytes_per_1m", "RocksDB table files"),
+                          ("slope_state_bytes_per_1m", "state directory (with the write-ahead log)"),
+                          ("slope_worker_rss_per_1m", "worker RSS"),
+                          ("slope_bloom_bytes_per_1m", "Bloom filters")):
+            v = soak.get(key)
+            lines.append(f"| {what} | {'n/a' if v is None else f'{v / 2**20:+.2f} MiB'} |")
+        lines += ["", f"Dedup data in the stores after the run: {soak['dedup_bytes_per_1m_records']:,} "
+                  "bytes per million records per stage.", ""]
     sp = r.get("spark")
     if sp:
         lines += ["## Side by side with Spark Structured Streaming (local[2])", ""]

@@ -3,7 +3,7 @@
 A two-stage exactly-once pipeline (``bench.jobs:ChainedCounter`` twice, 10,000 keys) is fed
 by one default :class:`~injectors.Injector` (sequenced ids) at a fixed rate. Every
 ``sample_s`` the run records the records sent, the bytes of the workers' state directory
-(RocksDB files), the workers' resident memory and their Bloom-filter gauge
+(RocksDB files, and its table files alone), the workers' resident memory and their Bloom-filter gauge
 (``millstream_dedup_filter_bytes``). After the run, with the cluster stopped, it opens
 every tablet's store and measures its dedup data (``TabletStore.dedup_bytes``). The
 slopes are least-squares fits over the samples after warm-up (the first third), in bytes
@@ -37,8 +37,8 @@ def soak_topology() -> Topology:
     return t
 
 
-def _dir_bytes(path: str) -> int:
-    return sum(os.path.getsize(f) for f in glob.glob(os.path.join(path, "**", "*"), recursive=True)
+def _dir_bytes(path: str, pattern: str = "*") -> int:
+    return sum(os.path.getsize(f) for f in glob.glob(os.path.join(path, "**", pattern), recursive=True)
                if os.path.isfile(f))
 
 
@@ -77,18 +77,32 @@ def slope_per_million(xs: list[float], ys: list[float]) -> float | None:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var * 1e6
 
 
+# The key prefixes of dedup data in a tablet store: H (producer marks) and O (opaque ids)
+# since issue 11; D (one id per record) and G (producer tokens) before it, so that the same
+# command measures a checkout from before the change (``python -m bench.soak`` from there).
+DEDUP_PREFIXES = (b"H", b"O", b"D", b"G")
+
+
 def store_dedup_bytes(state_dir: str) -> dict[str, int]:
-    """Dedup bytes of every tablet store under ``state_dir`` (the cluster must be stopped)."""
-    from worker.storage import TabletStore
+    """Dedup bytes (keys and values) of every tablet store under ``state_dir``, as RocksDB
+    returns them (uncompressed); the cluster must be stopped."""
+    from rocksdict import AccessType, Options, Rdict
 
     out = {}
     for path in sorted(glob.glob(os.path.join(state_dir, "**", "CURRENT"), recursive=True)):
         d = os.path.dirname(path)
-        store = TabletStore(d, 1 << 62, sync=False)  # a token above any: read only, then closed
+        db = Rdict(d, options=Options(raw_mode=True), access_type=AccessType.read_only())
         try:
-            out[os.path.relpath(d, state_dir)] = store.dedup_bytes()
+            total = 0
+            for prefix in DEDUP_PREFIXES:
+                it = db.iter()
+                it.seek(prefix)
+                while it.valid() and it.key().startswith(prefix):
+                    total += len(it.key()) + len(it.value())
+                    it.next()
+            out[os.path.relpath(d, state_dir)] = total
         finally:
-            store.close()
+            db.close()
     return out
 
 
@@ -113,6 +127,9 @@ def run_soak(root: str, cfg: workloads.BenchConfig, records: int, rate: int,
                         samples.append({
                             "t_s": round(now - t0, 1), "records": i,
                             "state_bytes": _dir_bytes(c.state_dir),
+                            # Table files only: the write-ahead log grows and is dropped with
+                            # every memtable flush (a saw-tooth of ~64 MiB per tablet).
+                            "sst_bytes": _dir_bytes(c.state_dir, "*.sst"),
                             "worker_rss": sum(_rss(w.popen.pid) for w in c.workers if w.alive()),
                             "bloom_bytes": _gauge(c, "millstream_dedup_filter_bytes"),
                         })
@@ -126,8 +143,37 @@ def run_soak(root: str, cfg: workloads.BenchConfig, records: int, rate: int,
         "records": records, "rate": rate, "achieved_rps": round(records / elapsed),
         "loadavg_at_start": load, "loadavg_at_end": os.getloadavg(), "samples": samples,
         "slope_state_bytes_per_1m": slope_per_million(xs, [float(s["state_bytes"]) for s in warm]),
+        "slope_sst_bytes_per_1m": slope_per_million(xs, [float(s["sst_bytes"]) for s in warm]),
         "slope_worker_rss_per_1m": slope_per_million(xs, [float(s["worker_rss"]) for s in warm]),
         "slope_bloom_bytes_per_1m": slope_per_million(xs, [float(s["bloom_bytes"]) for s in warm]),
         "dedup_bytes_by_tablet": dedup,
         "dedup_bytes_per_1m_records": round(sum(dedup.values()) * 1e6 / max(1, 2 * records), 1),
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.soak RECORDS RATE``: one soak run, printed as JSON (for before/after
+    runs from two checkouts, like bench.w1_single)."""
+    import argparse
+    import json
+    import shutil
+    import tempfile
+
+    p = argparse.ArgumentParser(prog="python -m bench.soak")
+    p.add_argument("records", type=int)
+    p.add_argument("rate", type=int)
+    p.add_argument("--sample-s", type=float, default=30.0)
+    args = p.parse_args(argv)
+    root_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root_dir, os.environ.get("PYTHONPATH")]))
+    root = tempfile.mkdtemp(prefix="millstream-soak-")
+    try:
+        r = run_soak(root, workloads.BenchConfig.make(False), args.records, args.rate, args.sample_s)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(json.dumps(r))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -8,10 +8,14 @@
 Each micro-batch is injected like :func:`~spark_bridge.inject` with ids
 seeded by ``<name>/b<batch id>``, so a micro-batch that Spark re-runs after a
 failure (same batch id, same rows from its checkpoint) sends nothing twice.
-After each batch the injection's watermark advances: to Spark's own
-event-time watermark when the query has one (the largest event time seen so
-far minus the ``withWatermark`` delay: what Spark itself will use for the next
-batch), else to the batch's largest timestamp.
+After each batch the injection's watermark advances to Spark's own event-time
+watermark (the largest event time seen so far minus the ``withWatermark``
+delay: what Spark itself will use for the next batch). The query's watermark
+must be on the ``timestamp`` column. Spark's watermark is not a promise: a
+row older than it in a later micro-batch is late in millstream (counted, and
+processed or dropped as its readers' ``late_records`` says). A query without
+``withWatermark`` promises nothing, and the stream stays held until
+:meth:`StreamInjection.finish`.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from runtime.client import parse_addresses
 from spark_bridge.inject import (
     WATERMARK_DELAY_KEY,
     InjectionResult,
+    InvalidInput,
     PartitionInjection,
     check_nulls,
     check_stream,
@@ -69,6 +74,7 @@ class StreamInjection:
         self.holder = Injector(self.addresses, stream, name, timeout=timeout, incarnation="spark-holder")
         self.event_time_max: int | None = None  # of Spark's watermark column, over all batches
         self.results: list[InjectionResult] = []
+        self._warned_no_watermark = False
         self._lock = threading.Lock()
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
@@ -78,6 +84,18 @@ class StreamInjection:
             t0 = time.monotonic()
             p = plan(df, key=self.key, value=self.value, timestamp=self.timestamp, id=self.id)
             spark_wm = spark_watermark_column(df)
+            if spark_wm is not None and spark_wm[0] != self.timestamp:
+                # Review W3: the promise would follow another clock than the records' times.
+                raise InvalidInput(
+                    f"the query's event-time watermark is on column {spark_wm[0]!r} but records "
+                    f"are stamped with timestamp={self.timestamp!r}; millstream's watermark would "
+                    f"follow the wrong clock. Call withWatermark({self.timestamp!r}, ...) on the "
+                    f"timestamp column (nothing of micro-batch {batch_id} was sent)")
+            if spark_wm is None and not self._warned_no_watermark:
+                self._warned_no_watermark = True
+                log.warning("stream %s: the query has no withWatermark(%r, ...), so injection %r "
+                            "promises nothing: the stream's watermark stays where it is until "
+                            "finish() (docs/spark.md)", self.stream, self.timestamp, self.name)
             extra = []
             if spark_wm is not None:
                 col = F.col(spark_wm[0])
@@ -90,13 +108,17 @@ class StreamInjection:
             parts = run_partitions(df, p, task)
             n = sum(x[1] for x in parts)
             his = [x[3] for x in parts if x[3] is not None]
+            # Spark's watermark (latest event time seen minus the delay) is where Spark's own
+            # stateful operators stop waiting; it is not a promise that no older row will
+            # come (review W3): one that does is late in millstream, counted and handled as its
+            # readers' late_records says. Without withWatermark there is no promise at all:
+            # the stream is held until finish() (the largest time sent so far would be a
+            # promise Spark never made).
             if spark_wm is not None:
                 if batch_max is not None:
                     self.event_time_max = max(self.event_time_max or batch_max, int(batch_max))
                 if self.event_time_max is not None:
                     self.holder.advance_watermark(self.event_time_max - spark_wm[1])
-            elif his:
-                self.holder.advance_watermark(max(his))
             los = [x[2] for x in parts if x[2] is not None]
             result = InjectionResult(id_name, n, len(parts), min(los) if los else None,
                                      max(his) if his else None, self.holder.watermark,

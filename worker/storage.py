@@ -22,7 +22,7 @@ import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import Options, Rdict, WriteBatch, WriteBufferManager, WriteOptions
 
 from runtime.computation import TimeDomain
 from runtime.errors import MillstreamError, StaleTokenError
@@ -31,6 +31,9 @@ from runtime.wire import from_proto, to_proto
 from runtime.wire import millstream_pb2 as pb
 from worker.dedup import Mark
 
+MEMTABLE_BYTES = 16 << 20           # one tablet's memtable before it is flushed
+WORKER_MEMTABLE_BYTES = 128 << 20   # all the tablets of one worker process together
+_WRITE_BUFFERS = WriteBufferManager(WORKER_MEMTABLE_BYTES, False)
 _TIME_OFFSET = 1 << 63  # maps signed microseconds onto unsigned, order-preserving
 M_TOKEN, M_SEQ, M_SINK = b"Mtoken", b"Mseq", b"Msink"
 
@@ -107,6 +110,11 @@ class TabletStore:
         os.makedirs(path, exist_ok=True)
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
+        # A worker holds many tablets: their memtables share one budget (flushed early when
+        # the sum nears it) instead of RocksDB's 2 x 64 MiB each, so a worker's memory does
+        # not grow with the number of tablets it was given (docs/performance.md, "Soak").
+        opts.set_write_buffer_size(MEMTABLE_BYTES)
+        opts.set_write_buffer_manager(_WRITE_BUFFERS)
         self.path = path
         try:
             self.db = Rdict(path, options=opts)

@@ -10,6 +10,7 @@ import pytest
 
 import spark_bridge
 from injectors import Injector
+from injectors.injector import MIN
 from runtime import Topology
 from runtime.errors import ConfigError, InjectionError, MasterUnavailable
 from spark_bridge import InvalidInput, add_parquet_sink, read_rows
@@ -152,6 +153,57 @@ def test_streaming_query_through_foreach_batch(spark: Any, shared_cluster: Clust
         injection.close()
     wait_until(lambda: spark_bridge.count_rows(out) >= 300, 60, "300 rows")
     assert sorted(int(r["key"]) for r in read_rows(out)) == list(range(300))
+
+
+def _w3_query(spark: Any, cluster: Cluster, tmp_path: Any, name: str,
+              watermark_on: str | None) -> tuple[Any, Any]:
+    """A streaming query over 50 rows (event time ``ts``, another clock ``ingest``) that
+    injects through foreachBatch; returns (injection, started query)."""
+    from pyspark.sql import functions as F
+
+    stream, _ = _sink(cluster, name)
+    src = str(tmp_path / "src")
+    (spark.range(0, 50, numPartitions=1)
+     .select(F.col("id").cast("string").alias("k"), F.col("id").cast("string").alias("v"),
+             F.timestamp_micros(F.lit(BASE) + F.col("id") * 1_000_000).alias("ts"),
+             F.timestamp_micros(F.lit(BASE) - F.col("id") * 1_000_000).alias("ingest"))
+     .write.parquet(src))
+    injection = spark_bridge.inject_stream(stream=stream, key="k", value="v", timestamp="ts", name=name,
+                                           masters=cluster.masters_arg)
+    df = spark.readStream.schema("k string, v string, ts timestamp, ingest timestamp").parquet(src)
+    if watermark_on is not None:
+        df = df.withWatermark(watermark_on, "10 seconds")
+    q = (df.writeStream.foreachBatch(injection).option("checkpointLocation", str(tmp_path / "ck"))
+         .trigger(availableNow=True).start())
+    return injection, q
+
+
+def test_w3_a_spark_watermark_on_another_column_is_refused(spark: Any, shared_cluster: Cluster,
+                                                           tmp_path: Any) -> None:
+    """Review W3: the promise would follow the wrong clock. Nothing of the batch is sent."""
+    injection, q = _w3_query(spark, shared_cluster, tmp_path, "w3-col", watermark_on="ingest")
+    try:
+        with pytest.raises(Exception, match=r"watermark is on column 'ingest' but records are stamped "
+                                            r"with timestamp='ts'.*withWatermark\('ts', \.\.\.\)"):
+            q.awaitTermination(120)
+        assert injection.results == [] and injection.holder.watermark == MIN
+    finally:
+        injection.holder.release()
+        injection.close()
+
+
+def test_w3_without_a_spark_watermark_nothing_is_promised(spark: Any, shared_cluster: Cluster,
+                                                          tmp_path: Any) -> None:
+    """The batch's largest timestamp is no promise: later batches may hold older rows."""
+    injection, q = _w3_query(spark, shared_cluster, tmp_path, "w3-none", watermark_on=None)
+    try:
+        q.awaitTermination(120)
+        assert q.exception() is None
+        assert sum(r.records for r in injection.results) == 50
+        assert injection.holder.watermark == MIN  # held until finish()
+    finally:
+        injection.finish()
+        injection.close()
 
 
 # ---------------------------------------------------------------- bad input
