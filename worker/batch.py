@@ -34,6 +34,10 @@ if TYPE_CHECKING:
     from worker.tablet import Tablet
 
 log = logging.getLogger(__name__)
+# A weak output's place in its producer's order: the input's sequence times this, plus the
+# output's index (so at most 2**20 - 1 sequenced outputs per input, inputs below 2**44).
+WEAK_MAX_OUTPUTS = 1 << 20
+WEAK_MAX_SOURCE_SEQ = 1 << 44
 OK, NOT_OWNER, OUT_OF_ORDER = (pb.DeliverResponse.OK, pb.DeliverResponse.NOT_OWNER,
                                pb.DeliverResponse.OUT_OF_ORDER)
 
@@ -126,12 +130,14 @@ class BatchProcessor:
                 r = records[i]
                 i += 1
                 taken += 1
+                source: tuple[bytes, int] | None = None  # its place in its producer's order
                 if self.exactly_once:
                     # Duplicates do not count against the limit: a redelivery after a failed
                     # batch must reach past what an earlier, smaller batch committed.
                     producer, seq = split_sequenced(r.id)
                     order = orders.get(producer) if orders else None
                     if order is not None:
+                        source = (producer, seq)
                         mark = view.get(producer)
                         if mark is not None and seq <= mark.seq:
                             self.metrics.duplicates.inc()
@@ -151,7 +157,7 @@ class BatchProcessor:
                 batch.new += 1
                 work += 1
                 self._run_user(commit, r.key, r.timestamp, r.value, r.id,
-                               functools.partial(self._record_fn, r))
+                               functools.partial(self._record_fn, r), source)
             batch.consumed.append(i - d.done)
             if stop:
                 break
@@ -169,8 +175,8 @@ class BatchProcessor:
             if commit.timers_set.get(k) == t:
                 del commit.timers_set[k]  # set again earlier in this batch, unchanged: it fires now
             parts = [b"timer", t.key, t.tag.encode(), t.time.to_bytes(8, "big", signed=True)]
-            source = derived_id(*parts, t.nonce) if t.nonce else derived_id(*parts)
-            self._run_user(commit, t.key, t.time, b"", source, functools.partial(self._timer_fn, t))
+            timer_id = derived_id(*parts, t.nonce) if t.nonce else derived_id(*parts)
+            self._run_user(commit, t.key, t.time, b"", timer_id, functools.partial(self._timer_fn, t))
 
         if self.exactly_once:
             commit.marks.update(view.changed)
@@ -257,7 +263,7 @@ class BatchProcessor:
         return self.store.get_state(key)
 
     def _run_user(self, commit: Commit, key: bytes, ts: int, value: bytes, source_id: bytes,
-                  fn: Callable[[KeyContext], None]) -> None:
+                  fn: Callable[[KeyContext], None], source: tuple[bytes, int] | None = None) -> None:
         """Run user code for one record or timer, retrying, then dead-lettering it."""
         attempts = self.host.limits.max_attempts
         error: BaseException | None = None
@@ -275,7 +281,7 @@ class BatchProcessor:
                 continue
             finally:
                 user_seconds.observe(calls.end())
-            self._merge(commit, eff, routed, source_id)
+            self._merge(commit, eff, routed, source_id, source)
             return
         assert error is not None
         self.dead_lettered += 1
@@ -304,7 +310,7 @@ class BatchProcessor:
         return out
 
     def _merge(self, commit: Commit, eff: Effects, routed: list[tuple[str, int, bytes, Record]],
-               source_id: bytes) -> None:
+               source_id: bytes, source: tuple[bytes, int] | None = None) -> None:
         commit.state.update(eff.state)
         for k in eff.timers_deleted:
             commit.timers_set.pop(k, None)
@@ -331,15 +337,28 @@ class BatchProcessor:
         last: Record | None = None
         index = 0
         rid = b""
+        producer: bytes | None = self.prefix
+        weak_producer = None
+        if self.weak and source is not None and source[1] < WEAK_MAX_SOURCE_SEQ:
+            weak_producer = derived_id(self.prefix, source[0])[:8]
         for comp, r, rkey, rec in routed:
             if rec is not last:  # one id per produced record, shared by its readers
                 last = rec
                 index += 1
-                if self.weak:  # sent before the commit: a retry must mint the same ids
-                    rid = derived_id(self.prefix, source_id, index.to_bytes(4, "big"))
-                else:
+                if not self.weak:
                     commit.seq += 1
                     rid = sequence_id(self.prefix, commit.seq)
-            ckey = None if self.weak else production_key(commit.seq, comp, r)
-            commit.productions.append(Production(comp, r, Record(rkey, rec.value, rec.timestamp, rid), ckey))
+                # Weak: sent before the commit, so a retry must mint the same ids. An output of
+                # a sequenced input (P, s) is sequenced too: producer (this tablet, P), place
+                # s * 2**20 + index, in the order this tablet commits P's records. Others (of
+                # timers, of opaque inputs, the 2**20-th output of one record) are opaque.
+                elif weak_producer is not None and source is not None and index < WEAK_MAX_OUTPUTS:
+                    producer = weak_producer
+                    rid = sequence_id(producer, source[1] * WEAK_MAX_OUTPUTS + index)
+                else:
+                    producer = None
+                    rid = derived_id(self.prefix, source_id, index.to_bytes(4, "big"))
+            ckey = None if self.weak else production_key(commit.seq, comp, r, sequenced=True)
+            commit.productions.append(Production(comp, r, Record(rkey, rec.value, rec.timestamp, rid), ckey,
+                                                 producer))
 

@@ -88,10 +88,10 @@ class Sender:
             target = routing.destination(*dest)
             status, receipt = UNREACHABLE, None
             if target.address:
-                # One delivery in flight per destination, in the queue's order: each strong
+                # One delivery in flight per destination, in the queue's order: each
                 # producer's records arrive in sequence and everything it sent here before
-                # is committed (after=0). Weak productions carry opaque ids (worker/dedup.py).
-                orders = {o.prefix: (0, o.token) for _, o in batch if not o.weak}
+                # is committed (after=0). Productions with opaque ids list no producer.
+                orders = {p.producer: (0, o.token) for p, o in batch if p.producer is not None}
                 status, receipt = await self._deliver(target.address, dest[0], dest[1], target.token,
                                                       [p.record for p, _ in batch], orders)
             if status == OK:

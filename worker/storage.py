@@ -5,7 +5,7 @@ Keys are prefixed by one byte per kind of data::
     S <key>                               user state
     H <producer prefix:8>                 producer mark -> <seq:8> <token:8> <seen_us:8>
     O <bucket:8> <record id>              opaque dedup id, by wall-time bucket (worker/dedup.py)
-    P <seq:8> <range:4> <computation>     checkpointed production (a Record proto)
+    P <seq:8> <range:4> <sequenced:1> <computation>   checkpointed production (a Record proto)
     K <keylen:4> <key> <tag>              timer by key -> <domain:1> <time:8> <nonce>
     T <domain:1> <time:8> <keylen:4> <key> <tag>   timer index by due time
     M token | seq | sink                  metadata
@@ -51,8 +51,9 @@ def _opaque_key(bucket: int, record_id: bytes) -> bytes:
     return b"O" + bucket.to_bytes(8, "big") + record_id
 
 
-def production_key(seq: int, computation: str, key_range: int) -> bytes:
-    return b"P" + struct.pack(">QI", seq, key_range) + computation.encode()
+def production_key(seq: int, computation: str, key_range: int, *, sequenced: bool) -> bytes:
+    """``sequenced``: the record's id is (producer, sequence), re-sent with its ``ProducerOrder``."""
+    return b"P" + struct.pack(">QIB", seq, key_range, sequenced) + computation.encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +72,14 @@ class Timer:
 
 @dataclass(slots=True)
 class Production:
-    """A produced record bound for one tablet; ``ckey`` names its checkpoint (if any)."""
+    """A produced record bound for one tablet; ``ckey`` names its checkpoint (if any);
+    ``producer`` is the prefix of its sequenced id (None: an opaque id, worker/dedup.py)."""
 
     computation: str
     key_range: int
     record: Record
     ckey: bytes | None = None
+    producer: bytes | None = None
 
 
 class CommitState(enum.Enum):
@@ -176,10 +179,11 @@ class TabletStore:
     def productions(self) -> list[Production]:
         out = []
         for k, v in self._scan(b"P"):
-            _, key_range = struct.unpack_from(">QI", k, 1)
+            _, key_range, sequenced = struct.unpack_from(">QIB", k, 1)
             rec = pb.Record()
             rec.ParseFromString(v)
-            out.append(Production(k[13:].decode(), key_range, from_proto(rec), ckey=k))
+            out.append(Production(k[14:].decode(), key_range, from_proto(rec), ckey=k,
+                                  producer=rec.id[:8] if sequenced else None))
         return out
 
     def timers(self) -> list[Timer]:

@@ -379,7 +379,7 @@ class Tablet:
         assert commit.seq is not None
         for p in slow:  # still in the sender's queue: checkpoint them with this commit
             commit.seq += 1
-            p.ckey = production_key(commit.seq, p.computation, p.key_range)
+            p.ckey = production_key(commit.seq, p.computation, p.key_range, sequenced=p.producer is not None)
         self._unwritten = {id(p) for p in slow}
         commit.productions = slow
 

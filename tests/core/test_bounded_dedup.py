@@ -7,6 +7,7 @@ re-send counts once however late; opaque ids are kept for the computation's rete
 from __future__ import annotations
 
 import asyncio
+import os
 
 from runtime import Record
 from runtime.record import producer_prefix, sequence_id
@@ -111,3 +112,47 @@ def test_a_million_records_from_one_injector_leave_a_few_bytes_of_dedup_data(tmp
         await core.close_all()
 
     asyncio.run(main())
+
+
+def test_outputs_of_a_weak_tablet_are_sequenced_by_their_input(tmp_path: object) -> None:
+    """A weak production of input (P, s) is (this tablet and P, s * 2**20 + index): its
+    receiver keeps one mark for it, no opaque ids."""
+    from runtime.record import derived_id
+    from tests.core.jobs import Collector
+
+    r = pb.Routing(version=1)
+    for name, code, inputs, outputs, productions in (
+            ("echo", "tests.core.jobs:Echo", ["in"], ["out"], "weak"),
+            ("collect", "tests.core.jobs:Collector", ["out"], [], "strong")):
+        c = r.computations.add(name=name, code=code, outputs=outputs, key_ranges=1, exactly_once=True,
+                               productions=productions, late_records="process")
+        c.inputs.add(stream=inputs[0])
+        c.assignments.add(key_range=0, worker_id="w", address="self:1", token=1)
+
+    async def main() -> bytes:
+        core = await make_core(str(tmp_path), r)
+        records = [Record(b"k", b"v%d" % i, BASE + i, sequence_id(P, i)) for i in range(1, 6)]
+        assert await core.deliver("echo", 0, 1, records, {P: (0, 0)}) == OK
+        assert await core.deliver("echo", 0, 1, records, {P: (0, 0)}) == OK  # all duplicates
+        await _until_seen(lambda: len(Collector.seen) >= 5)
+        weak_producer = derived_id(core.tablets[("echo", 0)].prefix, P)[:8]
+        await core.close_all()
+        assert [v for _, _, v in Collector.seen] == [b"v%d" % i for i in range(1, 6)]
+        return weak_producer
+
+    weak_producer = asyncio.run(main())
+    from worker.storage import TabletStore
+
+    store = TabletStore(os.path.join(str(tmp_path), "collect", "0"), 2, sync=False)
+    try:
+        assert list(store.opaque_ids(0)) == []
+        assert {p: m.seq for p, m in store.marks().items()} == {weak_producer: 5 * 2**20 + 1}
+    finally:
+        store.close()
+
+
+async def _until_seen(cond: object, timeout: float = 10) -> None:
+    async def poll() -> None:
+        while not cond():  # type: ignore[operator]
+            await asyncio.sleep(0.01)  # poll interval of this deadline-bounded wait
+    await asyncio.wait_for(poll(), timeout)

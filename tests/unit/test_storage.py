@@ -158,7 +158,7 @@ def test_timers_match_a_model(batches) -> None:
 
 def production(seq: int, comp: str, key_range: int, value: bytes = b"v", ts: int = 7) -> Production:
     rid = seq.to_bytes(16, "big")
-    return Production(comp, key_range, Record(b"k", value, ts, rid), production_key(seq, comp, key_range))
+    return Production(comp, key_range, Record(b"k", value, ts, rid), production_key(seq, comp, key_range, sequenced=False))
 
 
 def test_productions_roundtrip_in_sequence_order(store: TabletStore) -> None:
@@ -181,7 +181,7 @@ def test_uncheckpointed_productions_are_not_stored(store: TabletStore) -> None:
 def test_delete_productions(store: TabletStore) -> None:
     ps = [production(i, "c", i % 2) for i in range(1, 6)]
     store.commit(Commit(productions=ps))
-    store.delete_productions([ps[1].ckey, ps[3].ckey, production_key(99, "c", 0)])  # type: ignore[list-item]
+    store.delete_productions([ps[1].ckey, ps[3].ckey, production_key(99, "c", 0, sequenced=False)])  # type: ignore[list-item]
     store = reopen(store)
     assert store.productions() == [ps[0], ps[2], ps[4]]
     store.close()
