@@ -7,6 +7,7 @@ harness. Every child is started with a parent-death signal (through
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -30,6 +31,16 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _last_line(path: str, lines: int = 1) -> str:
+    """The last ``lines`` lines of a log file, joined (for error messages)."""
+    try:
+        with open(path) as f:
+            tail = f.read().strip().splitlines()[-lines:]
+    except OSError:
+        tail = []
+    return " | ".join(tail) or "(no output)"
 
 
 def etcd_binary() -> str:
@@ -145,8 +156,7 @@ class LocalCluster:
                     raise MillstreamError(f"{name} did not start within {timeout:.0f}s; see {log_path}")
             if not proc.address:
                 popen.wait(5)
-                tail = open(log_path).read().strip().splitlines()[-1:] or ["(no output)"]
-                raise MillstreamError(f"{name} exited during start-up: {tail[0]} (log: {log_path})")
+                raise MillstreamError(f"{name} exited during start-up: {_last_line(log_path)} (log: {log_path})")
         return proc
 
     def _name(self, kind: str) -> str:
@@ -156,32 +166,42 @@ class LocalCluster:
     def _daemon(self, *args: str) -> list[str]:
         return [self.python, "-m", "runtime.cli", *args]
 
-    def start_etcd(self) -> str:
-        client, peer = free_port(), free_port()
-        self.etcd_url = f"http://127.0.0.1:{client}"
-        argv = [etcd_binary(), "--name", "ms0", "--data-dir", os.path.join(self.data_dir, "etcd"),
-                "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
-                "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-                "--initial-cluster", f"ms0=http://127.0.0.1:{peer}",
-                # Keep the last 10,000 revisions (minutes of history at millstream's write
-                # rate) and compact the rest every few minutes, so etcd never fills its quota
-                # with old versions (review G2; docs/etcd.md).
-                "--auto-compaction-mode", "revision", "--auto-compaction-retention", "10000",
-                "--log-level", "warn"]
-        self.etcd = self._spawn("etcd", argv, wait_address=False)
-
-        def healthy() -> bool:
-            if self.etcd is not None and not self.etcd.alive():
-                raise EtcdUnavailable(f"etcd exited at start-up; see {self.etcd.log_path}")
+    def start_etcd(self, attempts: int = 3) -> str:
+        """Start etcd on two ports the OS just handed out. etcd cannot bind port 0, so another
+        process may take a port between our probe and etcd's bind: then it starts again on
+        new ports (up to ``attempts`` times). Any other failure raises with etcd's last words."""
+        for attempt in range(1, attempts + 1):
+            client, peer = free_port(), free_port()
+            self.etcd_url = f"http://127.0.0.1:{client}"
+            data = os.path.join(self.data_dir, "etcd" if attempt == 1 else f"etcd-{attempt}")
+            argv = [etcd_binary(), "--name", "ms0", "--data-dir", data,
+                    "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
+                    "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                    "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                    "--initial-cluster", f"ms0=http://127.0.0.1:{peer}",
+                    # Keep the last 10,000 revisions (minutes of history at millstream's write
+                    # rate) and compact the rest every few minutes, so etcd never fills its
+                    # quota with old versions (review G2; docs/etcd.md).
+                    "--auto-compaction-mode", "revision", "--auto-compaction-retention", "10000",
+                    "--log-level", "warn"]
+            etcd = self.etcd = self._spawn("etcd" if attempt == 1 else f"etcd-{attempt}", argv,
+                                           wait_address=False)
             try:
-                with urllib.request.urlopen(self.etcd_url + "/health", timeout=1) as r:
-                    return bool(r.status == 200)
-            except OSError:
-                return False
+                wait_until(functools.partial(self._etcd_healthy, etcd), 30, f"etcd at {self.etcd_url}")
+                return self.etcd_url
+            except EtcdUnavailable:
+                if attempt == attempts or "address already in use" not in _last_line(etcd.log_path, 20):
+                    raise
+        raise AssertionError("unreachable")
 
-        wait_until(healthy, 30, f"etcd at {self.etcd_url}")
-        return self.etcd_url
+    def _etcd_healthy(self, etcd: Process) -> bool:
+        if not etcd.alive():
+            raise EtcdUnavailable(f"etcd exited at start-up: {_last_line(etcd.log_path)} (log: {etcd.log_path})")
+        try:
+            with urllib.request.urlopen(self.etcd_url + "/health", timeout=1) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
 
     def add_master(self, port: int | None = None) -> Process:
         if port is None:
