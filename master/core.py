@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from master.scheduler import Ownership, TabletKey, place
+from master.scheduler import Ownership, TabletKey, replan
 from master.store import EtcdStore
 from master.watermarks import END_OF_TIME, MIN, Settler, TabletReport, Watermark, compute, publish
 from runtime import metrics
 from runtime.client import check_topology_size
-from runtime.errors import ConfigError, MillstreamError, TopologyError
+from runtime.errors import ConfigError, MillstreamError, StaleTokenError, TopologyError
 from runtime.topology import Topology, validate_against
 from runtime.wire import millstream_pb2 as pb
 
@@ -35,6 +35,8 @@ FINISHED = "finished injectors of "  # marker injector name prefix, one per stre
 MAX_INJECTOR_NAME_BYTES = 512
 MAX_INCARNATION_CHARS = 64
 STREAM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+WORKER_ID = re.compile(r"^[0-9a-f]{12}$")
+ZONE = re.compile(r"^[A-Za-z0-9_.\-]{0,63}$")
 
 
 def check_injector_name(name: str) -> None:
@@ -70,6 +72,8 @@ class MasterConfig:
     # An injector silent this long is flagged stale in status (it still holds its stream).
     injector_stale_s: float = 600.0
     defrag_above_bytes: int = 512 << 20
+    # Copies of every tablet (primary included) unless its computation says otherwise.
+    replication: int = 2
 
 
 class MasterCore:
@@ -81,6 +85,8 @@ class MasterCore:
         self.now_ms = now_ms
         self.topologies: dict[str, Topology] = {}
         self.workers: dict[str, str] = {}          # id -> address
+        self.zones: dict[str, str] = {}            # id -> failure domain ("" = none)
+        self.pinned: dict[TabletKey, str] = {}     # operator moves waiting for their target to catch up
         self.last_seen: dict[str, float] = {}      # id -> ms of the last heartbeat received
         self.tablets: dict[TabletKey, Ownership] = {}
         self.version = 0
@@ -122,6 +128,7 @@ class MasterCore:
         snap = await self._io(self.store.load)
         self.topologies = {n: Topology.from_json(doc) for n, doc in snap.topologies.items()}
         self.workers = dict(snap.workers)
+        self.zones = dict(snap.zones)
         now = self.now_ms()
         self.last_seen = {w: now for w in self.workers}
         self.tablets = dict(snap.tablets)
@@ -134,12 +141,8 @@ class MasterCore:
         wanted = {(s.name, r) for t in self.topologies.values() for s in t.computations.values()
                   for r in range(s.key_ranges)}
         if wanted - set(self.tablets):
-            placed = place(wanted | set(self.tablets), self.tablets, self._live())
-            missing = {k: v for k, v in placed.items() if k not in self.tablets}
-            await self._io(self.store.put_tablets, missing)
-            self.tablets.update(missing)
-            log.warning("placed %d tablets a previous leader had not written", len(missing))
-        await self._bump()
+            log.warning("placing %d tablets a previous leader had not written", len(wanted - set(self.tablets)))
+        await self._rebalance("leader", wanted)
         log.info("leading: %d topologies, %d workers, %d tablets",
                  len(self.topologies), len(self.workers), len(self.tablets))
 
@@ -160,7 +163,9 @@ class MasterCore:
             existing = [s for t in self.topologies.values() for s in t.computations.values()]
             validate_against(topo.computations.values(), existing)
             wanted = {(s.name, r) for s in topo.computations.values() for r in range(s.key_ranges)}
-            placed = place([*self.tablets, *wanted], self.tablets, self._live())
+            placed = self._plan(wanted, extra={(s.name, r): s.replication or self.config.replication
+                                               for s in topo.computations.values()
+                                               for r in range(s.key_ranges)})
             new = {k: v for k, v in placed.items() if self.tablets.get(k) != v}
             await self._io(self.store.put_topology, topo.name, topo.to_json(), new)
             self.topologies[topo.name] = topo
@@ -174,15 +179,39 @@ class MasterCore:
     def _live(self) -> list[str]:
         return list(self.workers)
 
-    async def register_worker(self, address: str) -> str:
-        worker_id = uuid.uuid4().hex[:12]
+    async def register_worker(self, address: str, worker_id: str = "", zone: str = "") -> str:
+        """A worker joins. ``worker_id`` is the identity its state directory keeps: a worker
+        back on its disk is the same worker, and its copies count again."""
+        if worker_id and not WORKER_ID.fullmatch(worker_id):
+            raise ConfigError(f"worker id {worker_id[:40]!r} is not 12 hex digits; remove the worker.id file "
+                              "of its state directory to start it as a new worker")
+        if not ZONE.fullmatch(zone):
+            raise ConfigError(f"zone {zone[:80]!r} is not a zone name (letters, digits, '_', '.', '-'; "
+                              "at most 63)")
+        worker_id = worker_id or uuid.uuid4().hex[:12]
         async with self._lock:
-            await self._io(self.store.put_worker, worker_id, address)
+            restarted = worker_id in self.workers
+            await self._io(self.store.put_worker, worker_id, address, zone)
             self.workers[worker_id] = address
+            self.zones[worker_id] = zone
             self.last_seen[worker_id] = self.now_ms()
             self.liveness["registrations"] += 1
+            if restarted:
+                # The same disk, a new process: what it was primary of opens again under a new
+                # token (fencing anything of the old process); as a follower it catches up anew.
+                changed = {}
+                for key, own in self.tablets.items():
+                    if own.worker == worker_id:
+                        changed[key] = Ownership(worker_id, own.token + 1, own.followers, (worker_id,))
+                    elif worker_id in own.in_sync and own.worker:
+                        changed[key] = Ownership(own.worker, own.token, own.followers,
+                                                 tuple(w for w in own.in_sync if w != worker_id))
+                if changed:
+                    await self._io(self.store.put_tablets, changed)
+                    self.tablets.update(changed)
             await self._rebalance("join")
-        log.info("worker %s joined at %s", worker_id, address)
+        log.info("worker %s %s at %s%s", worker_id, "rejoined" if restarted else "joined", address,
+                 f" (zone {zone})" if zone else "")
         return worker_id
 
     async def leave(self, worker_id: str) -> None:
@@ -347,7 +376,9 @@ class MasterCore:
         metrics.WORKERS.set(len(self.workers))
 
     async def move(self, computation: str, key_range: int, worker: str) -> int:
-        """Move one tablet to ``worker`` (an id or an address) under a new token."""
+        """Move one tablet to ``worker`` (an id or an address): at once if it holds an in-sync
+        copy, else once it has caught up as a follower (DESIGN.md §5). Returns the token the
+        tablet will have there."""
         async with self._lock:
             key = (computation, key_range)
             if key not in self.tablets:
@@ -361,12 +392,12 @@ class MasterCore:
             old = self.tablets[key]
             if old.worker == target:
                 return old.token
-            new = {key: Ownership(target, old.token + 1)}
-            await self._io(self.store.put_tablets, new)
-            self.tablets.update(new)
-            self._count_moves(1, "move")
-            await self._bump()
-            log.info("moved tablet %s/%d to %s (token %d)", computation, key_range, target, old.token + 1)
+            if not old.worker:
+                raise MillstreamError(f"tablet {computation}/{key_range} has no live in-sync copy to move")
+            self.pinned[key] = target
+            await self._rebalance("move")
+            log.info("moving tablet %s/%d to %s (token %d)%s", computation, key_range, target, old.token + 1,
+                     "" if self.tablets[key].worker == target else " once it has caught up")
             return old.token + 1
 
     async def tick(self) -> None:
@@ -404,15 +435,62 @@ class MasterCore:
         self.etcd_db_bytes = size
         metrics.ETCD_DB_BYTES.set(size)
 
-    async def _rebalance(self, reason: str) -> None:
-        placed = place(self.tablets, self.tablets, self._live())
-        moved = {k: v for k, v in placed.items() if self.tablets.get(k) != v}
-        if moved:
-            await self._io(self.store.put_tablets, moved)
-            self.tablets.update(moved)
-            self._count_moves(len(moved), reason)
-            log.info("moved %d tablets (%s)", len(moved), reason)
+    def _replication(self) -> dict[TabletKey, int]:
+        return {(s.name, r): s.replication or self.config.replication
+                for t in self.topologies.values() for s in t.computations.values() for r in range(s.key_ranges)}
+
+    def _plan(self, more: Any = (), extra: dict[TabletKey, int] | None = None) -> dict[TabletKey, Ownership]:
+        for key, target in list(self.pinned.items()):
+            own = self.tablets.get(key)
+            if own is None or own.worker == target or target not in self.workers:
+                del self.pinned[key]  # done, or its target is gone
+        return replan([*self.tablets, *more], self.tablets, self._live(),
+                      {**self._replication(), **(extra or {})}, self.zones, self.pinned)
+
+    async def _rebalance(self, reason: str, more: Any = ()) -> None:
+        """Apply :func:`~master.scheduler.replan`: failovers, moves, followers."""
+        placed = self._plan(more)
+        changed = {k: v for k, v in placed.items() if self.tablets.get(k) != v}
+        if changed:
+            await self._io(self.store.put_tablets, changed)
+            moved = sum(1 for k, v in changed.items() if k in self.tablets and self.tablets[k].worker != v.worker)
+            lost = [k for k, v in changed.items() if not v.worker and v.existed]
+            self.tablets.update(changed)
+            if moved:
+                self._count_moves(moved, reason)
+                log.info("moved %d tablets (%s)", moved, reason)
+            for c, r in lost:
+                log.error("tablet %s/%d has no live in-sync copy: it stays unassigned until one of %s "
+                          "comes back (it is never opened empty)", c, r, ", ".join(self.tablets[(c, r)].in_sync))
         await self._bump()
+
+    async def update_in_sync(self, computation: str, key_range: int, token: int, follower: str,
+                             add: bool, primary: str = "") -> tuple[str, ...]:
+        """A primary adds a caught-up follower to its in-sync set, or removes one that stopped
+        acknowledging. Only under the tablet's current token (the fence: a deposed primary
+        can change nothing), and written to etcd before the answer."""
+        async with self._lock:
+            key = (computation, key_range)
+            own = self.tablets.get(key)
+            if own is None or own.token != token or (primary and own.worker != primary):
+                raise StaleTokenError(
+                    f"tablet {computation}/{key_range}: token {token} is not current "
+                    f"({own.token if own else 'no such tablet'}); this primary is stale")
+            if add and follower not in own.followers:
+                raise MillstreamError(f"worker {follower} is not a follower of {computation}/{key_range}")
+            if add == (follower in own.in_sync):
+                return own.in_sync
+            in_sync = (*own.in_sync, follower) if add else tuple(w for w in own.in_sync if w != follower)
+            new = Ownership(own.worker, own.token, own.followers, in_sync)
+            await self._io(self.store.put_tablets, {key: new})
+            self.tablets[key] = new
+            log.log(logging.INFO if add else logging.WARNING, "tablet %s/%d: follower %s %s the in-sync set",
+                    computation, key_range, follower, "joins" if add else "leaves")
+            if add:  # a move may wait for this follower to catch up: promote it now
+                await self._rebalance("move" if key in self.pinned else "balance")
+            else:
+                await self._bump()
+            return self.tablets[key].in_sync
 
     def _count_moves(self, n: int, reason: str) -> None:
         self.liveness["tablet_moves"] += n
@@ -439,12 +517,16 @@ class MasterCore:
                     c.params["millstream.fsync"] = "1" if s.fsync else "0"
                 if s.dedup_retention is not None:
                     c.params["millstream.dedup_retention"] = repr(float(s.dedup_retention))
+                c.params["millstream.replication"] = str(s.replication or self.config.replication)
                 for stream, ex in s.inputs.items():
                     c.inputs.add(stream=stream, key_extractor=ex or "")
                 for r in range(s.key_ranges):
                     own = self.tablets.get((s.name, r), Ownership("", 0))
-                    c.assignments.add(key_range=r, worker_id=own.worker,
-                                      address=self.workers.get(own.worker, ""), token=own.token)
+                    a = c.assignments.add(key_range=r, worker_id=own.worker,
+                                          address=self.workers.get(own.worker, ""), token=own.token,
+                                          in_sync=own.in_sync)
+                    for f in own.followers:
+                        a.followers.add(worker_id=f, address=self.workers.get(f, ""))
         return out
 
     async def watch(self, known_version: int) -> AsyncIterator[pb.Routing]:

@@ -1,14 +1,21 @@
-"""Tablet placement: a pure function from the cluster's state to an assignment.
+"""Tablet placement: pure functions from the cluster's state to an assignment.
 
-Tablets stay where they are while their owner lives; orphans go to the least
-loaded workers; then the most loaded give tablets to the least loaded until
-no two workers differ by more than one. Every change of owner issues the
-tablet's next sequencer token (tokens never move backwards).
+:func:`place` balances primaries: tablets stay where they are while their owner lives;
+orphans go to the least loaded workers; then the most loaded give tablets to the least
+loaded until no two workers differ by more than one.
+
+:func:`replan` adds replication (DESIGN.md §5, docs/replication.md): a tablet whose
+primary is gone is promoted to a live copy of its in-sync set, or stays unassigned if
+none is left (it is never opened empty); a primary moves only to an in-sync copy (a
+target that is not yet in sync first becomes a follower and catches up); and every
+tablet gets ``replication - 1`` followers, in other zones when possible. Every change
+of primary issues the tablet's next sequencer token (tokens never move backwards) and
+leaves the new primary alone in the in-sync set: the other copies catch up again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 TabletKey = tuple[str, int]  # (computation, key range)
@@ -16,10 +23,27 @@ TabletKey = tuple[str, int]  # (computation, key range)
 
 @dataclass(frozen=True, slots=True)
 class Ownership:
-    """Who owns a tablet, under which sequencer token ("" = nobody)."""
+    """Who owns a tablet, under which sequencer token ("" = nobody), and its copies.
+
+    ``in_sync`` holds the primary and the followers that hold every acknowledged commit;
+    for an unassigned tablet it names the (gone) workers whose copies may still be
+    promoted if they come back."""
 
     worker: str
     token: int
+    followers: tuple[str, ...] = ()
+    in_sync: tuple[str, ...] = ()
+
+    @property
+    def existed(self) -> bool:
+        """Whether some copy of the tablet was ever opened (then it is never opened empty)."""
+        return self.token > 0
+
+    def promoted(self, worker: str) -> Ownership:
+        """``worker`` (a copy in the in-sync set) becomes primary under the next token; the
+        other copies stay followers and catch up from it."""
+        followers = tuple(f for f in (*self.followers, self.worker) if f and f != worker)
+        return Ownership(worker, self.token + 1, followers, (worker,))
 
 
 def place(
@@ -60,3 +84,90 @@ def place(
             else:
                 result[t] = Ownership(w, (old.token if old else 0) + 1)
     return result
+
+
+def _pick(candidates: Sequence[str], load: Mapping[str, int], avoid_zones: set[str],
+          zones: Mapping[str, str]) -> str:
+    """The least loaded candidate, preferring one whose zone holds no copy yet."""
+    return min(candidates, key=lambda w: (zones.get(w, "") in avoid_zones and zones.get(w, "") != "",
+                                          load.get(w, 0), w))
+
+
+def replan(tablets: Iterable[TabletKey], current: Mapping[TabletKey, Ownership], live_workers: Iterable[str],
+           replication: Mapping[TabletKey, int], zones: Mapping[str, str] | None = None,
+           pinned: Mapping[TabletKey, str] | None = None) -> dict[TabletKey, Ownership]:
+    """The next ownership of every tablet, with its followers and in-sync set.
+
+    ``replication``: copies wanted per tablet (primary included; missing = 1).
+    ``pinned``: tablets an operator moves, to the worker they go to.
+    """
+    zones = zones or {}
+    pinned = pinned or {}
+    live = sorted(set(live_workers))
+    alive = set(live)
+    tablets = sorted(set(tablets))
+    out: dict[TabletKey, Ownership] = {}
+    assignable: dict[TabletKey, Ownership] = {}
+    for t in tablets:
+        own = current.get(t)
+        if own is None or not own.existed:
+            continue  # new: placed below
+        if own.worker in alive:
+            in_sync = (own.worker, *(f for f in own.in_sync if f != own.worker and f in alive
+                                    and f in own.followers))
+            assignable[t] = Ownership(own.worker, own.token, own.followers, in_sync)
+            continue
+        candidates = [w for w in own.in_sync if w in alive]
+        if candidates:  # failover: the least loaded in-sync copy
+            counts = {w: sum(1 for o in assignable.values() if o.worker == w) for w in candidates}
+            assignable[t] = own.promoted(min(candidates, key=lambda w: (counts[w], w)))
+        else:
+            out[t] = own  # no in-sync copy left: unassigned until one comes back
+    new = [t for t in tablets if t not in out and t not in assignable]
+    desired = place([*assignable, *new], assignable, live) if live else {}
+    load: dict[str, int] = {w: 0 for w in live}
+    for t in [*assignable, *new]:
+        own = assignable.get(t)
+        want = pinned.get(t) if pinned.get(t) in alive else (desired[t].worker if t in desired else "")
+        if own is None:
+            if not want:
+                out[t] = Ownership("", 0)
+                continue
+            own = Ownership(want, 1, (), (want,))
+        elif want and want != own.worker:
+            if want in own.in_sync:
+                own = own.promoted(want)
+            elif want not in own.followers:  # catch it up first, then promote it
+                own = Ownership(own.worker, own.token, (*own.followers, want), own.in_sync)
+        out[t] = own
+        load[own.worker] = load.get(own.worker, 0) + 1
+    for t, own in list(out.items()):
+        if not own.worker:
+            continue
+        n = max(1, replication.get(t, 1)) - 1
+        keep = [f for f in own.followers if f in alive and f != own.worker]
+        target = pinned.get(t) if pinned.get(t) in alive else (desired[t].worker if t in desired else "")
+        # Too many (after a move or a lower factor): drop copies not in sync first, never
+        # the move's target, and never an in-sync copy while the target catches up (until
+        # then the tablet has one follower more than it needs).
+        while len(keep) > n:
+            synced = [f for f in keep if f in own.in_sync]
+            drop = [f for f in keep if f != target and (f not in own.in_sync or len(synced) > n)]
+            if not drop:
+                break
+            drop.sort(key=lambda f: (f in own.in_sync, -load.get(f, 0)))
+            keep.remove(drop[0])
+        while len(keep) < n:
+            free = [w for w in live if w != own.worker and w not in keep]
+            if not free:
+                break
+            used = {zones.get(w, "") for w in (own.worker, *keep)}
+            keep.append(_pick(free, load, used, zones))
+        for f in keep:
+            load[f] = load.get(f, 0) + 1
+        # A new tablet's copies are all empty, so all in sync: the followers start with an
+        # empty copy, and a primary lost at once is replaced by one of them.
+        fresh = t not in current or not current[t].existed
+        in_sync = (own.worker, *(f for f in keep if fresh or f in own.in_sync))
+        out[t] = Ownership(own.worker, own.token, tuple(keep), in_sync)
+    return out

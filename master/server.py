@@ -71,7 +71,8 @@ class MasterServicer(rpc.MasterServicer):
 
     async def RegisterWorker(self, request: pb.RegisterWorkerRequest, context: Any) -> pb.RegisterWorkerResponse:
         core = await self._leader(context)
-        wid = await serving.call_core(context, lambda: core.register_worker(request.address))
+        wid = await serving.call_core(context, lambda: core.register_worker(
+            request.address, request.worker_id, request.zone))
         return pb.RegisterWorkerResponse(worker_id=wid, lease_ms=core.config.lease_ms)
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
@@ -113,6 +114,13 @@ class MasterServicer(rpc.MasterServicer):
         if doc is None:  # lost leadership meanwhile: the client retries elsewhere
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no leader elected yet")
         return pb.StatusResponse(json=json.dumps(doc))
+
+    async def UpdateInSync(self, request: pb.InSyncRequest, context: Any) -> pb.InSyncResponse:
+        core = await self._leader(context)
+        in_sync = await serving.call_core(context, lambda: core.update_in_sync(
+            request.computation, request.key_range, request.token, request.follower, request.add,
+            request.primary))
+        return pb.InSyncResponse(in_sync=in_sync)
 
     async def MoveTablet(self, request: pb.MoveTabletRequest, context: Any) -> pb.MoveTabletResponse:
         core = await self._leader(context)

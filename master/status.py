@@ -8,10 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 from master.core import FINISHED
 from master.watermarks import END_OF_TIME, MIN
+from runtime import metrics
+from runtime.keyspace import range_bounds
 from runtime.status import show_key
 
 if TYPE_CHECKING:
     from master.core import MasterCore
+    from master.scheduler import Ownership
 
 
 def _injector(core: MasterCore, name: str, stream: str, wm: int, now: float) -> dict[str, Any]:
@@ -74,8 +77,16 @@ def status_document(core: MasterCore, wall_us: int | None = None) -> dict[str, A
                 "problems": _problems_of(core, c),
             }
     counts: dict[str, int] = {}
+    copies: dict[str, int] = {}
     for own in core.tablets.values():
         counts[own.worker] = counts.get(own.worker, 0) + 1
+        for f in own.followers:
+            copies[f] = copies.get(f, 0) + 1
+    replication = core._replication()
+    health = [replication_health(o, replication.get(k, 1), len(core.workers)) for k, o in core.tablets.items()]
+    under, unavailable = health.count("under-replicated"), health.count("unavailable")
+    metrics.UNDER_REPLICATED.set(under)
+    metrics.UNAVAILABLE.set(unavailable)
     return {
         "computations": computations,
         "liveness": dict(core.liveness),
@@ -83,7 +94,8 @@ def status_document(core: MasterCore, wall_us: int | None = None) -> dict[str, A
         "injectors": [_injector(core, n, s, w, now) for n, (s, w) in sorted(core.injectors.items())],
         "stale_reports": core.stale_reports,
         "workers": [
-            {"id": w, "address": a, "tablets": counts.get(w, 0),
+            {"id": w, "address": a, "tablets": counts.get(w, 0), "followed": copies.get(w, 0),
+             "zone": core.zones.get(w, ""),
              "last_heartbeat_ms_ago": round(now - core.last_seen.get(w, now))}
             for w, a in sorted(core.workers.items())
         ],
@@ -94,9 +106,27 @@ def status_document(core: MasterCore, wall_us: int | None = None) -> dict[str, A
                 for c in t.computations.values()}}
             for n, t in sorted(core.topologies.items())
         },
-        "tablets": [
-            {"computation": c, "key_range": r, "worker": o.worker,
-             "address": core.workers.get(o.worker, ""), "token": o.token}
-            for (c, r), o in sorted(core.tablets.items())
-        ],
+        "tablets": [_tablet(core, c, r, o, replication.get((c, r), 1))
+                    for (c, r), o in sorted(core.tablets.items())],
+        "replication": {"default": core.config.replication, "under_replicated": under,
+                        "unavailable": unavailable},
     }
+
+
+def replication_health(o: Ownership, wanted: int, live: int) -> str:
+    """``ok``; ``under-replicated`` (fewer in-sync copies than wanted, e.g. while a follower
+    catches up or with fewer live workers than copies); ``unavailable`` (no live in-sync
+    copy: it waits for one to come back, it is never opened empty)."""
+    if not o.worker:
+        return "unavailable" if o.existed else "unassigned"
+    return "ok" if len(o.in_sync) >= wanted else "under-replicated"
+
+
+def _tablet(core: MasterCore, c: str, r: int, o: Ownership, wanted: int) -> dict[str, Any]:
+    spec = next((t.computations[c] for t in core.topologies.values() if c in t.computations), None)
+    start, end = range_bounds(r, spec.key_ranges) if spec is not None and r < spec.key_ranges else (0, 0)
+    return {"computation": c, "key_range": r, "start": start, "end": end,
+            "primary": o.worker, "worker": o.worker, "address": core.workers.get(o.worker, ""),
+            "followers": list(o.followers), "in_sync": list(o.in_sync), "token": o.token,
+            "replication": wanted,
+            "health": replication_health(o, wanted, len(core.workers))}

@@ -4,8 +4,8 @@ Layout under ``/millstream/``::
 
     leader                      {"id", "address"}          (held by the leader's lease)
     topologies/<name>           topology JSON
-    workers/<id>                {"address"}
-    tablets/<computation>/<r>   {"worker", "token"}
+    workers/<id>                {"address", "zone"}
+    tablets/<computation>/<r>   {"worker", "token", "followers", "in_sync"}
     masters/<id>                {"id", "address"}          (held by that master's lease)
     watermarks/<computation>    published low watermark (never decreases)
     injectors/<name>            {"stream", "watermark"}
@@ -75,12 +75,13 @@ class Snapshot:
     """Everything the master needs to rebuild itself after a failover."""
 
     topologies: dict[str, str]
-    workers: dict[str, str]
+    workers: dict[str, str]  # id -> address
     tablets: dict[TabletKey, Ownership]
     watermarks: dict[str, int]
     injectors: dict[str, tuple[str, int]]
     # name -> incarnation -> watermark; an injector of an older version has none stored
     injector_incarnations: dict[str, dict[str, int]] = field(default_factory=dict)
+    zones: dict[str, str] = field(default_factory=dict)  # worker id -> zone
 
 
 class EtcdStore:
@@ -211,7 +212,9 @@ class EtcdStore:
             if key.startswith(TOPOLOGIES):
                 snap.topologies[key[len(TOPOLOGIES):]] = value.decode()
             elif key.startswith(WORKERS):
-                snap.workers[key[len(WORKERS):]] = json.loads(value)["address"]
+                doc = json.loads(value)
+                snap.workers[key[len(WORKERS):]] = doc["address"]
+                snap.zones[key[len(WORKERS):]] = doc.get("zone", "")
             elif key.startswith(WATERMARKS):
                 snap.watermarks[key[len(WATERMARKS):]] = int(value)
             elif key.startswith(INJECTORS):
@@ -223,16 +226,18 @@ class EtcdStore:
             elif key.startswith(TABLETS):
                 comp, _, r = key[len(TABLETS):].rpartition("/")
                 doc = json.loads(value)
-                snap.tablets[(comp, int(r))] = Ownership(doc["worker"], doc["token"])
+                snap.tablets[(comp, int(r))] = Ownership(doc["worker"], doc["token"],
+                                                         tuple(doc.get("followers", ())),
+                                                         tuple(doc.get("in_sync", ())))
         return snap
 
     def put_topology(self, name: str, doc: str, tablets: Mapping[TabletKey, Ownership]) -> None:
         t = self._client.transactions
         self._guarded([t.put(TOPOLOGIES + name, doc), *self._tablet_ops(tablets)])
 
-    def put_worker(self, worker_id: str, address: str) -> None:
+    def put_worker(self, worker_id: str, address: str, zone: str = "") -> None:
         t = self._client.transactions
-        self._guarded([t.put(WORKERS + worker_id, json.dumps({"address": address}))])
+        self._guarded([t.put(WORKERS + worker_id, json.dumps({"address": address, "zone": zone}))])
 
     def delete_worker(self, worker_id: str) -> None:
         self._guarded([self._client.transactions.delete(WORKERS + worker_id)])
@@ -263,7 +268,9 @@ class EtcdStore:
     def _tablet_ops(self, tablets: Mapping[TabletKey, Ownership]) -> list[Any]:
         t = self._client.transactions
         return [
-            t.put(f"{TABLETS}{c}/{r}", json.dumps({"worker": o.worker, "token": o.token}))
+            t.put(f"{TABLETS}{c}/{r}", json.dumps({"worker": o.worker, "token": o.token,
+                                                   "followers": list(o.followers),
+                                                   "in_sync": list(o.in_sync)}))
             for (c, r), o in sorted(tablets.items())
         ]
 

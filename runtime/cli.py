@@ -123,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--etcd-ca", default=_env("MILLSTREAM_ETCD_CA"), help="CA certificate for https etcd")
     m.add_argument("--lease-ms", type=_int_in(500, 3_600_000, "--lease-ms or MILLSTREAM_LEASE_MS, milliseconds"),
                    default=_env("MILLSTREAM_LEASE_MS", "3000"))
+    m.add_argument("--replication", type=_int_in(1, 7, "--replication or MILLSTREAM_REPLICATION, copies"),
+                   default=_env("MILLSTREAM_REPLICATION", "2"),
+                   help="copies of every tablet on different workers, primary included (default 2; "
+                        "a computation's replication= overrides it; env MILLSTREAM_REPLICATION)")
     _security_flags(m, server=True)
     m.add_argument("--etcd-user", default=_env("MILLSTREAM_ETCD_USER"))
     m.add_argument("--etcd-password", default=_env("MILLSTREAM_ETCD_PASSWORD"))
@@ -134,7 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="HOST:PORT to serve on (env MILLSTREAM_WORKER_LISTEN or MILLSTREAM_LISTEN)")
     w.add_argument("--advertise", default=_env("MILLSTREAM_WORKER_ADVERTISE"),
                    help="HOST:PORT others dial, when it differs from --listen (e.g. 0.0.0.0)")
-    w.add_argument("--state-dir", default=_env("MILLSTREAM_STATE_DIR"))
+    w.add_argument("--state-dir", default=_env("MILLSTREAM_STATE_DIR"),
+                   help="this worker's own directory for its tablet copies and identity; never shared "
+                        "with another worker (env MILLSTREAM_STATE_DIR)")
+    w.add_argument("--zone", default=_env("MILLSTREAM_ZONE", ""),
+                   help="failure domain (rack, availability zone): a tablet's copies go to different "
+                        "zones when possible (env MILLSTREAM_ZONE)")
     w.add_argument("--metrics-listen", default=_env("MILLSTREAM_METRICS_LISTEN", "127.0.0.1:0"),
                    type=_address("--metrics-listen or MILLSTREAM_METRICS_LISTEN", optional=True),
                    help="HOST:PORT for Prometheus /metrics (port 0: chosen by the OS; '' = off)")
@@ -190,7 +199,7 @@ def _run(args: argparse.Namespace) -> int:
                                 user=args.etcd_user, password=args.etcd_password, ca_cert=args.etcd_ca)
         if args.lease_ms < 500:
             raise ConfigError(f"--lease-ms {args.lease_ms} is too short; use 500 or more")
-        main(MasterOptions(etcd, args.listen, MasterConfig(lease_ms=args.lease_ms),
+        main(MasterOptions(etcd, args.listen, MasterConfig(lease_ms=args.lease_ms, replication=args.replication),
                            advertise=args.advertise, http_listen=args.http_listen, security=_security(args)))
         return 0
     if cmd == "worker":
@@ -203,7 +212,7 @@ def _run(args: argparse.Namespace) -> int:
         state = os.path.abspath(_need(args.state_dir, "--state-dir", "MILLSTREAM_STATE_DIR"))
         worker_main(WorkerOptions(tuple(masters), args.listen, state, args.metrics_listen,
                                   advertise=args.advertise, security=_security(args),
-                                  code_policy=CodePolicy.parse(args.allow_code)))
+                                  code_policy=CodePolicy.parse(args.allow_code), zone=args.zone))
         return 0
     if cmd == "up":
         from runtime.up import run_up

@@ -65,6 +65,7 @@ class Process:
     address: str = ""
     http: str = ""  # a master's web page, if it serves one
     log_path: str = ""
+    state_dir: str = ""  # a worker's own state directory
     _ready: threading.Event = field(default_factory=threading.Event)
 
     def alive(self) -> bool:
@@ -135,12 +136,13 @@ class LocalCluster:
 
     # ------------------------------------------------------------- processes
 
-    def _spawn(self, name: str, argv: list[str], wait_address: bool, timeout: float = 30.0) -> Process:
+    def _spawn(self, name: str, argv: list[str], wait_address: bool, timeout: float = 30.0,
+               env: dict[str, str] | None = None) -> Process:
         os.makedirs(os.path.join(self.data_dir, "logs"), exist_ok=True)
         log_path = os.path.join(self.data_dir, "logs", f"{name}.log")
         err = open(log_path, "a")
         path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
-        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path, **(env or {}))
         guarded = [self.python, "-m", "runtime.die_with_parent", str(os.getpid()), *argv]
         popen = subprocess.Popen(guarded, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
                                  stdin=subprocess.DEVNULL)
@@ -219,13 +221,28 @@ class LocalCluster:
         self.masters.remove(old)
         return self.add_master(port=int(old.address.rpartition(":")[2]))
 
-    def add_worker(self, state_dir: str | None = None) -> Process:
-        p = self._spawn(self._name("worker"), self._daemon(
-            "worker", "--masters", self.masters_arg, "--listen", "127.0.0.1:0",
-            "--state-dir", state_dir or self.state_dir, "--allow-code", self.allow_code,
-            *self.daemon_args), wait_address=True)
+    def add_worker(self, state_dir: str | None = None, listen: str = "127.0.0.1:0", zone: str = "",
+                   env: dict[str, str] | None = None) -> Process:
+        """A worker with its own state directory (``state/worker-N`` unless given: workers
+        share no disk, as on separate machines)."""
+        name = self._name("worker")
+        state_dir = state_dir or os.path.join(self.state_dir, name)
+        p = self._spawn(name, self._daemon(
+            "worker", "--masters", self.masters_arg, "--listen", listen,
+            "--state-dir", state_dir, "--allow-code", self.allow_code,
+            *(["--zone", zone] if zone else []), *self.daemon_args), wait_address=True, env=env)
+        p.state_dir = state_dir
         self.workers.append(p)
         return p
+
+    def restart_worker(self, old: Process, *, wipe: bool = False) -> Process:
+        """Start a worker again at the address and state directory of ``old`` (stopped); with
+        ``wipe`` its disk is gone first (a host replaced by a new machine at the same address)."""
+        assert not old.alive(), f"{old.name} is still running"
+        self.workers.remove(old)
+        if wipe:
+            shutil.rmtree(old.state_dir, ignore_errors=True)
+        return self.add_worker(state_dir=old.state_dir, listen=old.address)
 
     @property
     def masters_arg(self) -> str:

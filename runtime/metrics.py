@@ -48,6 +48,24 @@ DEDUP_FILTER_BYTES = Gauge("millstream_dedup_filter_bytes", "Bloom filters over 
 DEDUP_PRODUCERS = Gauge("millstream_dedup_producers", "Producers with a mark (highest committed "
                         "sequence) in a tablet", ["computation", "key_range"])
 TABLET_MOVES = Counter("millstream_tablet_moves", "Tablets given to another worker (a new token)", ["reason"])
+# Replication (docs/replication.md)
+REPLICATION_SECONDS = Histogram("millstream_replication_seconds", "Time from a local commit to its "
+                                "acknowledgement by every in-sync follower", ["computation"],
+                                buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5))
+REPLICATION_LAG = Gauge("millstream_replication_lag_commits", "Commits a follower has not acknowledged "
+                        "(primary side)", ["computation", "key_range", "follower"])
+REPLICATION_REFUSED = Counter("millstream_replication_refused", "Commits of a primary refused by a follower "
+                              "that has seen a newer token (a zombie primary)", ["computation"])
+FOLLOWER_REFUSALS = Counter("millstream_follower_refusals", "Replicated commits or snapshots this worker "
+                            "refused as a follower", ["reason"])
+SNAPSHOTS_SENT = Counter("millstream_snapshots_sent", "Checkpoints sent to followers to catch up",
+                         ["computation"])
+IN_SYNC_CHANGES = Counter("millstream_in_sync_changes", "Followers joining or leaving an in-sync set "
+                          "(primary side)", ["change"])
+UNDER_REPLICATED = Gauge("millstream_under_replicated_tablets", "Tablets with fewer in-sync copies than "
+                         "their replication factor (leader master)")
+UNAVAILABLE = Gauge("millstream_unavailable_tablets", "Tablets that existed and have no live in-sync copy "
+                    "(leader master): they wait for one to come back")
 
 
 class ThreadHistogram:

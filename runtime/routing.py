@@ -53,10 +53,12 @@ class RoutingTable:
         self.proto = routing
         self.computations = {c.name: c for c in routing.computations}
         self._owners: dict[tuple[str, int], Destination] = {}
+        self.assignments: dict[tuple[str, int], pb.Assignment] = {}
         self._subs: dict[str, list[_Subscription]] = {}
         self._extractor_paths: dict[tuple[str, str], str] = {}
         for c in routing.computations:
             for a in c.assignments:
+                self.assignments[(c.name, a.key_range)] = a
                 self._owners[(c.name, a.key_range)] = Destination(c.name, a.key_range, a.address, a.token)
             for i in c.inputs:
                 self._subs.setdefault(i.stream, []).append(_Subscription(c.name, c.key_ranges, None))
@@ -108,6 +110,12 @@ class RoutingTable:
                 )
             out.append((sub.computation, range_of(key, sub.key_ranges), key))
         return out
+
+    def copies_of(self, worker_id: str) -> set[tuple[str, int]]:
+        """Tablets ``worker_id`` holds a copy of: as primary, follower or in-sync member."""
+        return {k for k, a in self.assignments.items()
+                if a.worker_id == worker_id or worker_id in a.in_sync
+                or any(f.worker_id == worker_id for f in a.followers)}
 
     def tablets_of(self, worker_id: str) -> dict[tuple[str, int], int]:
         """``{(computation, range): token}`` assigned to ``worker_id``."""

@@ -41,7 +41,10 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
     "/millstream.v1.Master/Heartbeat": frozenset({"worker"}),
     "/millstream.v1.Master/LeaveWorker": frozenset({"worker"}),
     "/millstream.v1.Master/ReportInjector": frozenset({"injector", "operator"}),
+    "/millstream.v1.Master/UpdateInSync": frozenset({"worker"}),
     "/millstream.v1.Worker/Deliver": frozenset({"worker", "injector", "operator"}),
+    "/millstream.v1.Worker/Replicate": frozenset({"worker"}),
+    "/millstream.v1.Worker/InstallSnapshot": frozenset({"worker"}),
 }
 _ALL = frozenset(ROLES)
 _caller: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("millstream_caller_roles", default=_ALL)

@@ -23,7 +23,7 @@ STATUS_OF: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (errors.TopologyError, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.NotOwner, grpc.StatusCode.FAILED_PRECONDITION),
-    (errors.StaleTokenError, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.StaleTokenError, grpc.StatusCode.ABORTED),  # a deposed owner: it must stop
     (errors.EtcdUnavailable, grpc.StatusCode.UNAVAILABLE),
     (errors.MasterUnavailable, grpc.StatusCode.UNAVAILABLE),
     (errors.MillstreamError, grpc.StatusCode.FAILED_PRECONDITION),

@@ -76,8 +76,16 @@ def render(doc: dict[str, Any]) -> str:
             flag = (f"  STALE: silent for {_lag(i['last_report_ms_ago'])}; it still holds its stream"
                     if i.get("stale") else "")
             lines.append(f"  {i['name']:<24} -> {i['stream']:<16} wm={_time(i['watermark'])}{flag}")
+    rep = doc.get("replication")
+    if rep and (rep["under_replicated"] or rep["unavailable"]):
+        lines += ["", f"REPLICATION: {rep['under_replicated']} tablets under-replicated, "
+                      f"{rep['unavailable']} UNAVAILABLE (no live in-sync copy; they wait for one to return)"]
     lines += ["", "tablets:"]
     for t in doc["tablets"]:
-        lines.append(f"  {t['computation']}/{t['key_range']:<4} worker={t['worker'] or '-':<12} "
-                     f"{t['address'] or '-':<22} token={t['token']}")
+        followers = ",".join(f + ("" if f in t.get("in_sync", []) else "(catching up)")
+                             for f in t.get("followers", [])) or "-"
+        health = t.get("health", "ok")
+        lines.append(f"  {t['computation']}/{t['key_range']:<4} primary={t['worker'] or '-':<12} "
+                     f"{t['address'] or '-':<22} token={t['token']:<4} followers={followers}"
+                     + ("" if health == "ok" else f"  {health.upper()}"))
     return "\n".join(lines)

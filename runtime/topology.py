@@ -24,6 +24,9 @@ def dead_letter_stream(computation: str) -> str:
     return computation + DEAD_LETTER_SUFFIX
 
 
+MAX_REPLICATION = 7
+
+
 @dataclass(frozen=True)
 class ComputationSpec:
     """One computation of a topology, as validated and stored by the master."""
@@ -39,6 +42,7 @@ class ComputationSpec:
     params: dict[str, str] = field(default_factory=dict)
     fsync: bool | None = None  # None: on for exactly-once computations
     dedup_retention: float | None = None  # seconds opaque ids are kept; None: 600 (worker/tablet.py)
+    replication: int | None = None  # copies of each tablet; None: the master's --replication
 
     @property
     def sync_commits(self) -> bool:
@@ -115,6 +119,11 @@ def validate_spec(spec: ComputationSpec) -> None:
             f"computation {spec.name!r}: dedup_retention={r!r} must be a number of seconds from 1 "
             "to ten years (or a datetime.timedelta), e.g. dedup_retention=3600 to keep opaque "
             "record ids for an hour")
+    n = spec.replication
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_REPLICATION):
+        raise TopologyError(
+            f"computation {spec.name!r}: replication={n!r} must be a whole number of copies from 1 "
+            f"to {MAX_REPLICATION} (1: no replica; the master's --replication when left out)")
     if not isinstance(spec.params, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in spec.params.items()
     ):
@@ -199,6 +208,7 @@ class Topology:
         params: Mapping[str, str] | None = None,
         fsync: bool | None = None,
         dedup_retention: float | datetime.timedelta | None = None,
+        replication: int | None = None,
     ) -> Topology:
         """Add a computation; returns the topology so calls can be chained.
 
@@ -210,6 +220,8 @@ class Topology:
         ``dedup_retention`` (seconds or a ``timedelta``; default ten minutes) is how long
         opaque record ids are kept for dedup (docs/exactly-once.md); sequenced ids (the
         default injector's, files', Spark's without an id column, tablets') need none.
+        ``replication`` is how many copies of each tablet are kept on different workers
+        (docs/replication.md); it defaults to the master's ``--replication`` (2).
         """
         if name in self.computations:
             raise TopologyError(
@@ -232,6 +244,7 @@ class Topology:
             late_records=late_records, params=dict(params or {}), fsync=fsync,
             dedup_retention=(dedup_retention.total_seconds()
                              if isinstance(dedup_retention, datetime.timedelta) else dedup_retention),
+            replication=replication,
         )
         validate_spec(spec)
         self.computations[name] = spec

@@ -58,6 +58,8 @@ class Batch:
     deferred: list[Timer] = field(default_factory=list)   # due timers it did not reach
     new: int = 0                                           # new (not duplicate) input records
     refused: dict[int, int] = field(default_factory=dict)  # delivery index -> status to answer
+    ops: bytes | None = None  # the commit's writes, for the followers (replicated tablets)
+    index: int = 0            # the commit's number in its tablet
 
 
 class BatchProcessor:
@@ -239,7 +241,8 @@ class BatchProcessor:
             raise LeaseExpired(f"tablet {self.name}")
         commit.marks_expired = [p for p in commit.marks_expired if p not in commit.marks]
         t0 = time.perf_counter()
-        self.store.commit(commit)
+        batch.ops = self.store.commit(commit)
+        batch.index = self.store.index
         self.metrics.commit_seconds.observe(time.perf_counter() - t0)
         if self.exactly_once:  # memory follows the commit
             self.marks.update(commit.marks)

@@ -11,10 +11,13 @@ from dataclasses import dataclass
 
 from runtime import metrics
 from runtime.errors import StaleTokenError
+from runtime.faults import Faults
 from runtime.imports import CodePolicy
 from runtime.record import Record
 from runtime.routing import KeyExtractor, RoutingTable
 from runtime.wire import millstream_pb2 as pb
+from worker.replica import Replicas
+from worker.replication import ReplicaChannel, Replicator
 from worker.sender import Sender
 from worker.storage import Production
 from worker.tablet import BUSY, NOT_OWNER, Orders, Tablet
@@ -41,6 +44,7 @@ class WorkerLimits:
     slow_call_s: float = 1.0   # a call of user code longer than this is logged and counted
     reconcile_wait_s: float = 2.0  # how long one reconcile waits for tablets to open or close
     producer_expiry_s: float = 7 * 86400  # a producer silent this long loses its dedup mark
+    replica_timeout_ms: int = 1000  # an in-sync follower silent this long leaves the in-sync set
 
 
 class WorkerCore:
@@ -50,7 +54,8 @@ class WorkerCore:
                  limits: WorkerLimits = WorkerLimits(),
                  now_ms: Callable[[], float] = lambda: time.monotonic() * 1000,
                  wall_us: Callable[[], int] = lambda: time.time_ns() // 1000,
-                 code_policy: CodePolicy = CodePolicy(("*",))) -> None:
+                 code_policy: CodePolicy = CodePolicy(("*",)),
+                 channel: ReplicaChannel | None = None, faults: Faults = Faults(None)) -> None:
         self.wall_us = wall_us
         self.code_policy = code_policy  # which modules user code may come from
         self._extractor_errors: set[str] = set()  # the wall clock of WALL_TIME timers and ctx.now()
@@ -81,11 +86,36 @@ class WorkerCore:
         self._wanted: dict[tuple[str, int], int] = {}       # as of the last reconcile
         self._refused_logged: tuple[str, int, int] | None = None
         self.sender = Sender(lambda: self.routing, self.deliver_to, self.routing_changed)
+        self.channel = channel  # None: no replication (a worker of the in-process test kit)
+        self.faults = faults
+        self.replicas = Replicas(state_dir, self.path_of, self._primary_token)
+        self._closing_tablets: dict[tuple[str, int], Tablet] = {}
+
+    def path_of(self, key: tuple[str, int]) -> str:
+        """Where this worker keeps its copy of a tablet (as primary or follower)."""
+        return os.path.join(self.state_dir, key[0], str(key[1]))
+
+    def _primary_token(self, key: tuple[str, int]) -> int | None:
+        """The token of a tablet open, opening or still closing here as primary (its storage
+        is in use: no snapshot may replace it)."""
+        tablet = self.tablets.get(key) or self._closing_tablets.get(key)
+        if tablet is None and key in self._opening:
+            tablet = self._opening[key][0]
+        return tablet.token if tablet is not None else None
+
+    def _replicator(self, tablet: Tablet) -> Replicator:
+        assert self.channel is not None
+        rep = Replicator(tablet, self.channel, os.path.join(self.state_dir, ".checkpoints"),
+                         self.limits.replica_timeout_ms / 1000, self.faults.blocked)
+        assignment = self.routing.assignments.get((tablet.computation, tablet.key_range))
+        if assignment is not None:
+            rep.configure(assignment)
+        return rep
 
     # ----------------------------------------------------------------- lease
 
     def lease_valid(self) -> bool:
-        return self.now_ms() < self.lease_deadline
+        return self.now_ms() < self.lease_deadline or self.faults.ignore_lease()
 
     def renewed(self, sent_at_ms: float, lease_ms: int) -> None:
         """A heartbeat sent at ``sent_at_ms`` was acknowledged: trust the lease until then + a margin."""
@@ -98,6 +128,8 @@ class WorkerCore:
     # --------------------------------------------------------------- routing
 
     async def apply_routing(self, routing: pb.Routing) -> None:
+        if self.faults.ignore_routing():
+            return
         table = RoutingTable(routing)
         # On the loop, but bounded: imports are refused outside the code policy before
         # anything runs, and an allowed module is imported once.
@@ -108,6 +140,14 @@ class WorkerCore:
         async with self._routing_cond:
             self.routing = table
             self._routing_cond.notify_all()
+        for key, a in table.assignments.items():
+            self.replicas.raise_fence(key, a.token)  # a deposed primary is refused from now on
+            if (a.token == 1 and self.worker_id and self.worker_id in a.in_sync and self.channel is not None
+                    and any(f.worker_id == self.worker_id for f in a.followers)):
+                await self.replicas.create_empty(key, a.token)
+            tablet = self.tablets.get(key)
+            if tablet is not None and tablet.replicator is not None and tablet.token == a.token:
+                tablet.replicator.configure(a)
         await self.reconcile()
 
     async def routing_changed(self, version: int, timeout: float) -> None:
@@ -145,7 +185,7 @@ class WorkerCore:
                         self._batch_failures[key] = tablet.failures
                     else:
                         self._batch_failures.pop(key, None)
-                    self._closing[key] = asyncio.create_task(tablet.close(), name=f"close {key}")
+                    self._closing[key] = asyncio.create_task(self._close(key, tablet), name=f"close {key}")
             for key, (tablet, task) in list(self._opening.items()):
                 if wanted.get(key) != tablet.token:
                     del self._opening[key]
@@ -157,12 +197,13 @@ class WorkerCore:
                 if closing is not None and not closing.done():
                     continue  # the previous copy still holds the storage
                 route = self.routing.computations[key[0]]
-                path = os.path.join(self.state_dir, key[0], str(key[1]))
-                tablet = Tablet(self, route, key[1], token, path, now_us=self.wall_us,
+                tablet = Tablet(self, route, key[1], token, self.path_of(key), now_us=self.wall_us,
                                 batch_limit=self._batch_limits.get(key),
-                                failures=self._batch_failures.get(key, 0))
-                self._opening[key] = (tablet, asyncio.create_task(tablet.start(), name=f"open {key}"))
+                                failures=self._batch_failures.get(key, 0),
+                                replicator=self._replicator if self.channel is not None else None)
+                self._opening[key] = (tablet, asyncio.create_task(self._open(key, tablet), name=f"open {key}"))
                 self._opened_at[key] = time.monotonic()
+            await self._drop_copies(wanted)
             pending = [t for _, t in self._opening.values()] + list(self._closing.values())
             if pending:
                 await asyncio.wait(pending, timeout=self.limits.reconcile_wait_s)
@@ -196,18 +237,43 @@ class WorkerCore:
             level = logging.WARNING if str(attempts).rstrip("0") == "1" else logging.DEBUG
             log.log(level, "tablet %s/%d cannot open (attempt %d): %s", key[0], key[1], attempts, text)
 
-    @staticmethod
-    async def _abandon(tablet: Tablet, opening: asyncio.Task[None]) -> None:
+    async def _open(self, key: tuple[str, int], tablet: Tablet) -> None:
+        """A follower copy promoted here is closed first: the tablet opens the same files."""
+        await self.replicas.close(key)
+        await tablet.start()
+
+    async def _close(self, key: tuple[str, int], tablet: Tablet) -> None:
+        self._closing_tablets[key] = tablet
+        try:
+            await tablet.close()
+        finally:
+            if self._closing_tablets.get(key) is tablet:
+                del self._closing_tablets[key]
+
+    async def _drop_copies(self, wanted: dict[tuple[str, int], int]) -> None:
+        """Close follower copies no longer assigned here; delete the files of those the leader
+        no longer counts on (not a follower, not in the in-sync set) as of a routing at least
+        as new as the copy."""
+        if not self.routing.version:
+            return
+        copies = self.routing.copies_of(self.worker_id) if self.worker_id else set()
+        for key, copy in list(self.replicas.copies.items()):
+            a = self.routing.assignments.get(key)
+            if a is None or key in wanted or key in copies or a.token < copy.token:
+                continue
+            await self.replicas.close(key, delete=a is not None)
+
+    async def _abandon(self, tablet: Tablet, opening: asyncio.Task[None]) -> None:
         """A tablet no longer wanted while it opens: close it once the opening ends."""
         await asyncio.gather(opening, return_exceptions=True)
-        await tablet.close()
+        await self._close((tablet.computation, tablet.key_range), tablet)
 
     async def close_all(self, timeout: float = 10.0) -> None:
         """Close every tablet; one whose batch does not finish within ``timeout`` is left to
         the process's exit (its storage is never written half-way: RocksDB's WAL)."""
         async with self._reconcile_lock:
             for key, tablet in self.tablets.items():
-                self._closing[key] = asyncio.create_task(tablet.close())
+                self._closing[key] = asyncio.create_task(self._close(key, tablet))
             for key, (tablet, task) in self._opening.items():
                 self._closing[key] = asyncio.create_task(self._abandon(tablet, task))
             self.tablets.clear()
@@ -219,6 +285,7 @@ class WorkerCore:
                     log.warning("%d tablets did not finish their batch within %.0f s "
                                 "(user code still running); leaving them", len(stuck), timeout)
             self._collect()
+        await self.replicas.close_all()
         await self.sender.close()
 
     def problems(self) -> list[pb.TabletProblem]:

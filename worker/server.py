@@ -4,14 +4,20 @@ and its session with the master (registration, heartbeats, routing)."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import os
+import re
+import uuid
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import IO, Any, cast
 
 import grpc
 
 from runtime import metrics, serving
 from runtime.client import AsyncMasterClient
+from runtime.errors import ConfigError, StaleTokenError
+from runtime.faults import Faults
 from runtime.imports import CodePolicy
 from runtime.record import Record
 from runtime.security import Security, caller_roles
@@ -34,6 +40,36 @@ class WorkerOptions:
     advertise: str | None = None
     security: Security = Security()
     code_policy: CodePolicy = CodePolicy()
+    zone: str = ""
+
+
+def claim_state_dir(state_dir: str) -> tuple[str, IO[str]]:
+    """Lock the state directory for this process and read (or create) the worker identity it
+    keeps: a worker back on its disk is the same worker to the leader, and its copies count."""
+    os.makedirs(state_dir, exist_ok=True)
+    lock = open(os.path.join(state_dir, "worker.lock"), "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        raise ConfigError(f"state directory {state_dir!r} is in use by another worker; give every worker "
+                          "its own --state-dir (workers share no disk)") from None
+    path = os.path.join(state_dir, "worker.id")
+    try:
+        with open(path) as f:
+            worker_id = f.read().strip()
+    except FileNotFoundError:
+        worker_id = uuid.uuid4().hex[:12]
+        with open(path + ".tmp", "w") as f:
+            f.write(worker_id + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+    if not re.fullmatch(r"[0-9a-f]{12}", worker_id):
+        lock.close()
+        raise ConfigError(f"{path} holds {worker_id[:40]!r}, not a worker id (12 hex digits); delete it to "
+                          "start this worker under a new identity")
+    return worker_id, lock
 
 
 class WorkerServicer(rpc.WorkerServicer):
@@ -55,6 +91,12 @@ class WorkerServicer(rpc.WorkerServicer):
     async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:
         return pb.PingResponse(worker_id=self.core.worker_id)
 
+    async def Replicate(self, request: pb.ReplicateRequest, context: Any) -> pb.ReplicateResponse:
+        return await self.core.replicas.replicate(request)
+
+    async def InstallSnapshot(self, request: pb.SnapshotChunk, context: Any) -> pb.ReplicateResponse:
+        return await self.core.replicas.install(request)
+
 
 class Peers:
     """gRPC channels to the other workers, for deliveries."""
@@ -68,11 +110,7 @@ class Peers:
     async def deliver(self, address: str, computation: str, key_range: int, token: int,
                       records: list[Record], orders: dict[bytes, tuple[int, int]] | None
                       ) -> tuple[int, tuple[str, int] | None]:
-        stub = self._stubs.get(address)
-        if stub is None:
-            ch = self.security.aio_channel(address)
-            self._channels.append(ch)
-            stub = self._stubs[address] = rpc.WorkerStub(ch)
+        stub = self._stub(address)
         req = pb.DeliverRequest(computation=computation, key_range=key_range, token=token,
                                 records=[to_proto(r) for r in records],
                                 orders=to_orders(orders))
@@ -90,17 +128,62 @@ class Peers:
             return UNREACHABLE, None
         return int(resp.status), (resp.worker_id, resp.report_seq)
 
+    def _stub(self, address: str) -> rpc.WorkerStub:
+        stub = self._stubs.get(address)
+        if stub is None:
+            ch = self.security.aio_channel(address)
+            self._channels.append(ch)
+            stub = self._stubs[address] = rpc.WorkerStub(ch)
+        return stub
+
+    async def replicate(self, address: str, req: pb.ReplicateRequest) -> pb.ReplicateResponse | None:
+        try:
+            return cast(pb.ReplicateResponse, await self._stub(address).Replicate(req, timeout=10))
+        except grpc.RpcError as e:
+            log.debug("replication to %s failed: %s", address, e.code())
+            return None
+
+    async def snapshot(self, address: str, chunk: pb.SnapshotChunk) -> pb.ReplicateResponse | None:
+        try:
+            return cast(pb.ReplicateResponse, await self._stub(address).InstallSnapshot(chunk, timeout=60))
+        except grpc.RpcError as e:
+            log.info("snapshot to %s failed: %s (%s)", address, e.code().name, e.details())
+            return None
+
     async def close(self) -> None:
         for ch in self._channels:
             await ch.close()
 
 
+class ReplicaLinks:
+    """The :class:`~worker.replication.ReplicaChannel` of a worker: followers through
+    :class:`Peers`, the in-sync set through the leader."""
+
+    def __init__(self, peers: Peers, masters: AsyncMasterClient) -> None:
+        self.peers = peers
+        self.masters = masters
+        self.replicate = peers.replicate
+        self.snapshot = peers.snapshot
+
+    async def update_in_sync(self, req: pb.InSyncRequest) -> tuple[str, ...]:
+        try:
+            resp = await self.masters.stub().UpdateInSync(req, timeout=self.masters.timeout)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.ABORTED:
+                raise StaleTokenError(e.details() or "stale token") from None
+            self.masters.follow(e)
+            raise
+        return tuple(resp.in_sync)
+
+
 class MasterSession:
     """Registers with the leader, heartbeats, and applies the routing it streams."""
 
-    def __init__(self, core: WorkerCore, masters: AsyncMasterClient) -> None:
+    def __init__(self, core: WorkerCore, masters: AsyncMasterClient, identity: str = "", zone: str = "") -> None:
         self.core = core
         self.masters = masters
+        self.identity = identity
+        self.zone = zone
         self.lease_ms = 3000
         self._behind = 0
         self._watcher: asyncio.Task[None] = asyncio.Future()  # type: ignore[assignment]
@@ -110,7 +193,8 @@ class MasterSession:
             sent_at = self.core.now_ms()
             try:
                 resp = await self.masters.stub().RegisterWorker(
-                    pb.RegisterWorkerRequest(address=self.core.address), timeout=self.masters.timeout)
+                    pb.RegisterWorkerRequest(address=self.core.address, worker_id=self.identity,
+                                             zone=self.zone), timeout=self.masters.timeout)
             except grpc.RpcError as e:
                 log.info("cannot register with master %s: %s", self.masters.leader, e.details())
                 self.masters.follow(e)
@@ -193,19 +277,21 @@ async def _reconcile_loop(core: WorkerCore) -> None:
 
 
 async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
+    identity, lock = claim_state_dir(options.state_dir)
     server = serving.make_server(options.security)
     address = serving.bind(server, options.listen, options.advertise, options.security)
     peers = Peers(options.security)
+    masters = AsyncMasterClient(options.masters, security=options.security)
     core = WorkerCore(options.state_dir, address, peers.deliver, options.limits,
-                      code_policy=options.code_policy)
+                      code_policy=options.code_policy, channel=ReplicaLinks(peers, masters),
+                      faults=Faults.from_env())
     rpc.add_WorkerServicer_to_server(WorkerServicer(core), server)
     await server.start()
     print(f"millstream worker listening on {address}", flush=True)
     if options.metrics_listen:
         host, _, port = options.metrics_listen.rpartition(":")
         print(f"millstream worker metrics on {host}:{metrics.serve(host, int(port))}", flush=True)
-    masters = AsyncMasterClient(options.masters, security=options.security)
-    tasks = [asyncio.create_task(MasterSession(core, masters).run()),
+    tasks = [asyncio.create_task(MasterSession(core, masters, identity, options.zone).run()),
              asyncio.create_task(_reconcile_loop(core))]
     try:
         await stop.wait()
@@ -222,6 +308,7 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
         await server.stop(grace=0.5)
         await peers.close()
         await masters.close()
+        lock.close()
 
 
 def main(options: WorkerOptions) -> None:

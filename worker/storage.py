@@ -8,21 +8,26 @@ Keys are prefixed by one byte per kind of data::
     P <seq:8> <range:4> <sequenced:1> <computation>   checkpointed production (a Record proto)
     K <keylen:4> <key> <tag>              timer by key -> <domain:1> <time:8> <nonce>
     T <domain:1> <time:8> <keylen:4> <key> <tag>   timer index by due time
-    M token | seq | sink                  metadata
+    M token | seq | sink | index          metadata
 
 A :class:`Commit` collects one batch's effects and is written as one
-``WriteBatch``: nothing the batch did is visible, or all of it is.
+``WriteBatch``: nothing the batch did is visible, or all of it is. A replicated tablet
+also gets the commit's writes back, encoded (:func:`encode_ops`), numbered by ``index``:
+its followers apply exactly those writes to their :class:`ReplicaStore`
+(docs/replication.md).
 """
 
 from __future__ import annotations
 
+import collections
 import enum
 import os
+import shutil
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from rocksdict import Options, Rdict, WriteBatch, WriteBufferManager, WriteOptions
+from rocksdict import Checkpoint, Options, Rdict, WriteBatch, WriteBufferManager, WriteOptions
 
 from runtime.computation import TimeDomain
 from runtime.errors import MillstreamError, StaleTokenError
@@ -35,7 +40,77 @@ MEMTABLE_BYTES = 16 << 20           # one tablet's memtable before it is flushed
 WORKER_MEMTABLE_BYTES = 128 << 20   # all the tablets of one worker process together
 _WRITE_BUFFERS = WriteBufferManager(WORKER_MEMTABLE_BYTES, False)
 _TIME_OFFSET = 1 << 63  # maps signed microseconds onto unsigned, order-preserving
-M_TOKEN, M_SEQ, M_SINK = b"Mtoken", b"Mseq", b"Msink"
+M_TOKEN, M_SEQ, M_SINK, M_INDEX = b"Mtoken", b"Mseq", b"Msink", b"Mindex"
+PUT, DELETE, DELETE_RANGE = 0, 1, 2
+_OP = struct.Struct(">BII")
+
+
+def encode_ops(ops: list[tuple[int, bytes, bytes]]) -> bytes:
+    """A commit's writes as bytes: (kind, key, value or range end) each."""
+    return b"".join(_OP.pack(kind, len(k), len(v)) + k + v for kind, k, v in ops)
+
+
+def apply_ops(wb: WriteBatch, data: bytes) -> None:
+    """Add the writes :func:`encode_ops` encoded to ``wb``."""
+    view = memoryview(data)
+    i, n = 0, len(data)
+    size = _OP.size
+    while i < n:
+        kind, kl, vl = _OP.unpack_from(view, i)
+        i += size
+        k = bytes(view[i:i + kl])
+        v = bytes(view[i + kl:i + kl + vl])
+        i += kl + vl
+        if kind == PUT:
+            wb.put(k, v)
+        elif kind == DELETE:
+            wb.delete(k)
+        elif kind == DELETE_RANGE:
+            wb.delete_range(k, v)
+        else:
+            raise MillstreamError(f"replicated commit has an unknown write kind {kind}")
+
+
+class _Writes:
+    """A WriteBatch that also records its writes when they are to be replicated."""
+
+    def __init__(self, record: bool) -> None:
+        self.wb = WriteBatch(raw_mode=True)
+        self.ops: list[tuple[int, bytes, bytes]] | None = [] if record else None
+
+    def put(self, k: bytes, v: bytes) -> None:
+        self.wb.put(k, v)
+        if self.ops is not None:
+            self.ops.append((PUT, k, v))
+
+    def delete(self, k: bytes) -> None:
+        self.wb.delete(k)
+        if self.ops is not None:
+            self.ops.append((DELETE, k, b""))
+
+    def delete_range(self, start: bytes, end: bytes) -> None:
+        self.wb.delete_range(start, end)
+        if self.ops is not None:
+            self.ops.append((DELETE_RANGE, start, end))
+
+
+def _options() -> Options:
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    # A worker holds many tablets: their memtables share one budget (flushed early when
+    # the sum nears it) instead of RocksDB's 2 x 64 MiB each, so a worker's memory does
+    # not grow with the number of tablets it was given (docs/performance.md, "Soak").
+    opts.set_write_buffer_size(MEMTABLE_BYTES)
+    opts.set_write_buffer_manager(_WRITE_BUFFERS)
+    return opts
+
+
+def _open(path: str) -> Rdict:
+    os.makedirs(path, exist_ok=True)
+    try:
+        return Rdict(path, options=_options())
+    except Exception as e:
+        raise MillstreamError(f"cannot open tablet storage {path!r}: {e}") from None
 
 
 def _timer_key(key: bytes, tag: str) -> bytes:
@@ -109,20 +184,19 @@ class Commit:
 class TabletStore:
     """The RocksDB instance of one tablet, opened by the owner of ``token``."""
 
-    def __init__(self, path: str, token: int, *, sync: bool) -> None:
-        os.makedirs(path, exist_ok=True)
-        opts = Options(raw_mode=True)
-        opts.create_if_missing(True)
-        # A worker holds many tablets: their memtables share one budget (flushed early when
-        # the sum nears it) instead of RocksDB's 2 x 64 MiB each, so a worker's memory does
-        # not grow with the number of tablets it was given (docs/performance.md, "Soak").
-        opts.set_write_buffer_size(MEMTABLE_BYTES)
-        opts.set_write_buffer_manager(_WRITE_BUFFERS)
+    def __init__(self, path: str, token: int, *, sync: bool, must_exist: bool = False,
+                 replicated: bool = False) -> None:
+        if must_exist and not os.path.isdir(path):
+            raise MillstreamError(
+                f"tablet storage {path!r} is missing but the tablet existed: refusing to open it empty "
+                "(the leader promotes only workers holding an in-sync copy; was this state directory wiped "
+                "while its worker.id file was kept?)")
         self.path = path
-        try:
-            self.db = Rdict(path, options=opts)
-        except Exception as e:
-            raise MillstreamError(f"cannot open tablet storage {path!r}: {e}") from None
+        self.db = _open(path)
+        self.replicated = replicated  # commits return their writes, for the followers
+        # Deletes to ship with the next commit (appended on the event loop, drained on the
+        # tablet's thread: a deque's append and popleft are atomic).
+        self._unshipped: collections.deque[tuple[int, bytes, bytes]] = collections.deque()
         recorded = self.db.get(M_TOKEN)
         if recorded is not None and int(recorded) > token:
             self.db.close()
@@ -132,6 +206,7 @@ class TabletStore:
             )
         self.token = token
         self.seq = int(self.db.get(M_SEQ) or b"0")
+        self.index = int(self.db.get(M_INDEX) or b"0")  # commits so far (replication numbers them)
         self._wo = WriteOptions()
         self._wo.sync = sync
         self._nosync = WriteOptions()
@@ -199,11 +274,13 @@ class TabletStore:
 
     # --------------------------------------------------------------- writes
 
-    def commit(self, c: Commit) -> None:
-        """Write every effect of ``c`` in one ``WriteBatch`` (fsynced if configured)."""
+    def commit(self, c: Commit) -> bytes | None:
+        """Write every effect of ``c`` in one ``WriteBatch`` (fsynced if configured). A
+        replicated store returns the writes, encoded, for its followers (this commit's
+        number is then ``self.index``)."""
         assert c.status is CommitState.STARTED, f"commit is {c.status.value}"
         try:
-            wb = WriteBatch(raw_mode=True)
+            wb = _Writes(self.replicated)
             for key, value in c.state.items():
                 if value is None:
                     wb.delete(b"S" + key)
@@ -234,13 +311,21 @@ class TabletStore:
                 wb.put(M_SEQ, str(c.seq).encode())
             if c.sink is not None:
                 wb.put(M_SINK, c.sink)
-            self.db.write(wb, self._wo)
+            wb.put(M_INDEX, str(self.index + 1).encode())
+            self.db.write(wb.wb, self._wo)
         except BaseException:
             c.status = CommitState.FAILED
             raise
+        self.index += 1
         if c.seq is not None:
             self.seq = c.seq
         c.status = CommitState.COMMITTED
+        if wb.ops is None:
+            return None
+        shipped = []
+        while self._unshipped:
+            shipped.append(self._unshipped.popleft())
+        return encode_ops(shipped + wb.ops)
 
     def delete_productions(self, ckeys: list[bytes]) -> None:
         """Forget checkpointed productions their receiver acknowledged (no fsync needed:
@@ -249,6 +334,52 @@ class TabletStore:
         for k in ckeys:
             wb.delete(k)
         self.db.write(wb, self._nosync)
+        if self.replicated:  # the followers forget them with the next commit
+            self._unshipped.extend((DELETE, k, b"") for k in ckeys)
+
+    def checkpoint(self, path: str) -> int:
+        """A RocksDB checkpoint of this copy in ``path`` (hard links where it can); returns
+        the index of the last commit it holds."""
+        Checkpoint(self.db).create_checkpoint(path)
+        return self.index
 
     def close(self) -> None:
         self.db.close()
+
+
+class ReplicaStore:
+    """A follower's copy of a tablet: it applies its primary's commits, in order, and
+    refuses a primary older than one it has seen (DESIGN.md §5)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.db = _open(path)
+        self.token = int(self.db.get(M_TOKEN) or b"0")
+        self.index = int(self.db.get(M_INDEX) or b"0")
+
+    def apply(self, token: int, entries: list[tuple[int, bytes]], *, sync: bool) -> None:
+        """Apply consecutive commits ``(index, writes)`` (the caller checked their order)
+        in one write."""
+        wb = WriteBatch(raw_mode=True)
+        for _, data in entries:
+            apply_ops(wb, data)
+        if token != self.token:
+            wb.put(M_TOKEN, str(token).encode())
+        wb.put(M_INDEX, str(entries[-1][0]).encode())
+        wo = WriteOptions()
+        wo.sync = sync
+        self.db.write(wb, wo)
+        self.token = token
+        self.index = entries[-1][0]
+
+    def close(self) -> None:
+        self.db.close()
+
+    @staticmethod
+    def install(path: str, incoming: str) -> ReplicaStore:
+        """Replace the copy at ``path`` (closed by the caller) with the checkpoint received in
+        ``incoming``."""
+        if os.path.exists(path):
+            shutil.rmtree(path)
+        os.rename(incoming, path)
+        return ReplicaStore(path)

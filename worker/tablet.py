@@ -31,6 +31,7 @@ from worker.batch import Batch, BatchProcessor, LeaseExpired
 from worker.dedup import OpaqueIds
 from worker.inbox import Inbox
 from worker.outbox import Outbox
+from worker.replication import ReplicationFailed, Replicator
 from worker.runner import TabletThread
 from worker.slowcalls import CallWatch
 from worker.storage import Commit, Production, TabletStore, production_key
@@ -49,6 +50,7 @@ class TabletHost(Protocol):
     routing: RoutingTable
     limits: Any
     code_policy: CodePolicy
+    worker_id: str
 
     def lease_valid(self) -> bool: ...
     def send(self, productions: list[Production], owner: Tablet) -> None: ...
@@ -65,7 +67,8 @@ class Tablet:
 
     def __init__(self, host: TabletHost, route: pb.ComputationRoute, key_range: int, token: int,
                  path: str, now_us: Callable[[], int] = lambda: time.time_ns() // 1000,
-                 batch_limit: int | None = None, failures: int = 0) -> None:
+                 batch_limit: int | None = None, failures: int = 0,
+                 replicator: Callable[[Tablet], Replicator] | None = None) -> None:
         self.host = host
         self.route = route
         self.computation = route.name
@@ -109,6 +112,12 @@ class Tablet:
                                on_slow=lambda seconds: self.metrics.slow_calls.inc())
         self.thread: TabletThread | None = None
         self._stopped = False
+        # Replicated (DESIGN.md §5): every commit waits for the in-sync followers. A tablet
+        # that existed (token > 1: it was promoted or reopened) never opens an empty copy.
+        self.replication = int(route.params.get("millstream.replication", "1"))
+        self._make_replicator = replicator if self.replication > 1 else None
+        self.replicator: Replicator | None = None
+        self.must_exist = token > 1
 
     @property
     def queued_records(self) -> int:
@@ -137,6 +146,8 @@ class Tablet:
         except BaseException:
             self._stop_thread()  # closes the storage once (if ever) the opening finishes
             raise
+        if self._make_replicator is not None:
+            self.replicator = self._make_replicator(self)  # its followers catch up from here
         self.open = True
         if pending:
             log.info("tablet %s re-sends %d checkpointed productions", self.name, len(pending))
@@ -145,7 +156,8 @@ class Tablet:
 
     def _open(self) -> list[Production]:
         """On the tablet's thread: storage, memory and user code; the productions to re-send."""
-        store = TabletStore(self.path, self.token, sync=self.sync)
+        store = TabletStore(self.path, self.token, sync=self.sync, must_exist=self.must_exist,
+                            replicated=self._make_replicator is not None)
         try:
             # Dedup data is bounded (worker/dedup.py): one mark per producer, and the opaque
             # ids of the retention window; opening reads no more than that.
@@ -192,6 +204,8 @@ class Tablet:
                 # Shielded: a cancelled caller must not cut the batch in flight short.
                 await asyncio.shield(asyncio.gather(self._task, return_exceptions=True))
             self.inbox.refuse_all()
+            if self.replicator is not None:
+                await self.replicator.close()
             if self.thread is not None and not self._stopped:
                 await asyncio.shield(self._stop_thread())
         finally:
@@ -312,6 +326,13 @@ class Tablet:
                 self.metrics.fenced.inc()
                 self.failed = self.closing = True
                 break
+            except ReplicationFailed as e:
+                # Written here, acknowledged nowhere: this copy is stale from now on and
+                # catches up from the new primary (docs/replication.md).
+                log.error("%s; closing the tablet, nothing of the batch was acknowledged", e)
+                self.metrics.fenced.inc()
+                self.failed = self.closing = True
+                break
             except Exception:
                 # Memory may no longer match disk: close; the worker reopens from disk. A
                 # failure that repeats (a full disk) is logged in full at 1, 10, 100, ... times.
@@ -348,6 +369,10 @@ class Tablet:
                 await self.thread.run(self.proc.write, batch)
             else:
                 await self.thread.run(self.proc.compute_and_write, batch)
+            if self.replicator is not None and batch.ops is not None:
+                t0 = time.perf_counter()
+                await self.replicator.replicate(batch.index, batch.ops)
+                metrics.REPLICATION_SECONDS.labels(self.computation).observe(time.perf_counter() - t0)
         except BaseException:
             self.inbox.failed(items)  # nothing of it committed: its senders retry
             self._unwritten, self._acked_unwritten = set(), []
@@ -408,6 +433,9 @@ class Tablet:
     def progress(self) -> pb.HeldTablet:
         oldest = self.oldest_work()
         self.calls.check()
+        if self.replicator is not None:
+            for follower, lag in self.replicator.lag().items():
+                metrics.REPLICATION_LAG.labels(self.computation, str(self.key_range), follower).set(lag)
         return pb.HeldTablet(
             computation=self.computation, key_range=self.key_range, token=self.token,
             has_work=oldest is not None, oldest_work=oldest or 0, processed=self.processed,

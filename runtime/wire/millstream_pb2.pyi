@@ -77,6 +77,68 @@ class PingResponse(_message.Message):
     worker_id: str
     def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
 
+class ReplicaEntry(_message.Message):
+    __slots__ = ("index", "ops")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    ops: bytes
+    def __init__(self, index: _Optional[int] = ..., ops: _Optional[bytes] = ...) -> None: ...
+
+class ReplicateRequest(_message.Message):
+    __slots__ = ("computation", "key_range", "token", "entries", "sync")
+    COMPUTATION_FIELD_NUMBER: _ClassVar[int]
+    KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    SYNC_FIELD_NUMBER: _ClassVar[int]
+    computation: str
+    key_range: int
+    token: int
+    entries: _containers.RepeatedCompositeFieldContainer[ReplicaEntry]
+    sync: bool
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[ReplicaEntry, _Mapping]]] = ..., sync: _Optional[bool] = ...) -> None: ...
+
+class ReplicateResponse(_message.Message):
+    __slots__ = ("status", "index", "detail")
+    class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        OK: _ClassVar[ReplicateResponse.Status]
+        STALE_TOKEN: _ClassVar[ReplicateResponse.Status]
+        NEED_SNAPSHOT: _ClassVar[ReplicateResponse.Status]
+    OK: ReplicateResponse.Status
+    STALE_TOKEN: ReplicateResponse.Status
+    NEED_SNAPSHOT: ReplicateResponse.Status
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    status: ReplicateResponse.Status
+    index: int
+    detail: str
+    def __init__(self, status: _Optional[_Union[ReplicateResponse.Status, str]] = ..., index: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class SnapshotChunk(_message.Message):
+    __slots__ = ("computation", "key_range", "token", "index", "session", "file", "offset", "data", "done")
+    COMPUTATION_FIELD_NUMBER: _ClassVar[int]
+    KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    computation: str
+    key_range: int
+    token: int
+    index: int
+    session: str
+    file: str
+    offset: int
+    data: bytes
+    done: bool
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., index: _Optional[int] = ..., session: _Optional[str] = ..., file: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., done: _Optional[bool] = ...) -> None: ...
+
 class SubmitRequest(_message.Message):
     __slots__ = ("topology_json",)
     TOPOLOGY_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -92,10 +154,14 @@ class SubmitResponse(_message.Message):
     def __init__(self, name: _Optional[str] = ..., tablets: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("address",)
+    __slots__ = ("address", "worker_id", "zone")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
     address: str
-    def __init__(self, address: _Optional[str] = ...) -> None: ...
+    worker_id: str
+    zone: str
+    def __init__(self, address: _Optional[str] = ..., worker_id: _Optional[str] = ..., zone: _Optional[str] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
     __slots__ = ("worker_id", "lease_ms")
@@ -240,17 +306,29 @@ class Input(_message.Message):
     key_extractor: str
     def __init__(self, stream: _Optional[str] = ..., key_extractor: _Optional[str] = ...) -> None: ...
 
+class Follower(_message.Message):
+    __slots__ = ("worker_id", "address")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    address: str
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
 class Assignment(_message.Message):
-    __slots__ = ("key_range", "worker_id", "address", "token")
+    __slots__ = ("key_range", "worker_id", "address", "token", "followers", "in_sync")
     KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWERS_FIELD_NUMBER: _ClassVar[int]
+    IN_SYNC_FIELD_NUMBER: _ClassVar[int]
     key_range: int
     worker_id: str
     address: str
     token: int
-    def __init__(self, key_range: _Optional[int] = ..., worker_id: _Optional[str] = ..., address: _Optional[str] = ..., token: _Optional[int] = ...) -> None: ...
+    followers: _containers.RepeatedCompositeFieldContainer[Follower]
+    in_sync: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, key_range: _Optional[int] = ..., worker_id: _Optional[str] = ..., address: _Optional[str] = ..., token: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[Follower, _Mapping]]] = ..., in_sync: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ComputationRoute(_message.Message):
     __slots__ = ("name", "topology", "code", "inputs", "outputs", "key_ranges", "exactly_once", "productions", "late_records", "params", "assignments")
@@ -314,6 +392,28 @@ class MoveTabletResponse(_message.Message):
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     token: int
     def __init__(self, token: _Optional[int] = ...) -> None: ...
+
+class InSyncRequest(_message.Message):
+    __slots__ = ("computation", "key_range", "token", "follower", "add", "primary")
+    COMPUTATION_FIELD_NUMBER: _ClassVar[int]
+    KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_FIELD_NUMBER: _ClassVar[int]
+    ADD_FIELD_NUMBER: _ClassVar[int]
+    PRIMARY_FIELD_NUMBER: _ClassVar[int]
+    computation: str
+    key_range: int
+    token: int
+    follower: str
+    add: bool
+    primary: str
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., follower: _Optional[str] = ..., add: _Optional[bool] = ..., primary: _Optional[str] = ...) -> None: ...
+
+class InSyncResponse(_message.Message):
+    __slots__ = ("in_sync",)
+    IN_SYNC_FIELD_NUMBER: _ClassVar[int]
+    in_sync: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, in_sync: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

@@ -44,6 +44,16 @@ class WorkerStub:
                 request_serializer=runtime_dot_wire_dot_millstream__pb2.PingRequest.SerializeToString,
                 response_deserializer=runtime_dot_wire_dot_millstream__pb2.PingResponse.FromString,
                 _registered_method=True)
+        self.Replicate = channel.unary_unary(
+                '/millstream.v1.Worker/Replicate',
+                request_serializer=runtime_dot_wire_dot_millstream__pb2.ReplicateRequest.SerializeToString,
+                response_deserializer=runtime_dot_wire_dot_millstream__pb2.ReplicateResponse.FromString,
+                _registered_method=True)
+        self.InstallSnapshot = channel.unary_unary(
+                '/millstream.v1.Worker/InstallSnapshot',
+                request_serializer=runtime_dot_wire_dot_millstream__pb2.SnapshotChunk.SerializeToString,
+                response_deserializer=runtime_dot_wire_dot_millstream__pb2.ReplicateResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -61,6 +71,18 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Replicate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def InstallSnapshot(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +95,16 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Ping,
                     request_deserializer=runtime_dot_wire_dot_millstream__pb2.PingRequest.FromString,
                     response_serializer=runtime_dot_wire_dot_millstream__pb2.PingResponse.SerializeToString,
+            ),
+            'Replicate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Replicate,
+                    request_deserializer=runtime_dot_wire_dot_millstream__pb2.ReplicateRequest.FromString,
+                    response_serializer=runtime_dot_wire_dot_millstream__pb2.ReplicateResponse.SerializeToString,
+            ),
+            'InstallSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.InstallSnapshot,
+                    request_deserializer=runtime_dot_wire_dot_millstream__pb2.SnapshotChunk.FromString,
+                    response_serializer=runtime_dot_wire_dot_millstream__pb2.ReplicateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -139,6 +171,60 @@ class Worker:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def Replicate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millstream.v1.Worker/Replicate',
+            runtime_dot_wire_dot_millstream__pb2.ReplicateRequest.SerializeToString,
+            runtime_dot_wire_dot_millstream__pb2.ReplicateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InstallSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millstream.v1.Worker/InstallSnapshot',
+            runtime_dot_wire_dot_millstream__pb2.SnapshotChunk.SerializeToString,
+            runtime_dot_wire_dot_millstream__pb2.ReplicateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class MasterStub:
     """Missing associated documentation comment in .proto file."""
@@ -193,6 +279,11 @@ class MasterStub:
                 '/millstream.v1.Master/ReportInjector',
                 request_serializer=runtime_dot_wire_dot_millstream__pb2.InjectorReport.SerializeToString,
                 response_deserializer=runtime_dot_wire_dot_millstream__pb2.InjectorResponse.FromString,
+                _registered_method=True)
+        self.UpdateInSync = channel.unary_unary(
+                '/millstream.v1.Master/UpdateInSync',
+                request_serializer=runtime_dot_wire_dot_millstream__pb2.InSyncRequest.SerializeToString,
+                response_deserializer=runtime_dot_wire_dot_millstream__pb2.InSyncResponse.FromString,
                 _registered_method=True)
 
 
@@ -255,6 +346,12 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateInSync(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -302,6 +399,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ReportInjector,
                     request_deserializer=runtime_dot_wire_dot_millstream__pb2.InjectorReport.FromString,
                     response_serializer=runtime_dot_wire_dot_millstream__pb2.InjectorResponse.SerializeToString,
+            ),
+            'UpdateInSync': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateInSync,
+                    request_deserializer=runtime_dot_wire_dot_millstream__pb2.InSyncRequest.FromString,
+                    response_serializer=runtime_dot_wire_dot_millstream__pb2.InSyncResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -547,6 +649,33 @@ class Master:
             '/millstream.v1.Master/ReportInjector',
             runtime_dot_wire_dot_millstream__pb2.InjectorReport.SerializeToString,
             runtime_dot_wire_dot_millstream__pb2.InjectorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateInSync(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millstream.v1.Master/UpdateInSync',
+            runtime_dot_wire_dot_millstream__pb2.InSyncRequest.SerializeToString,
+            runtime_dot_wire_dot_millstream__pb2.InSyncResponse.FromString,
             options,
             channel_credentials,
             insecure,

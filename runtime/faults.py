@@ -1,0 +1,57 @@
+"""A fault hook tests switch on and off while a cluster runs (never used in production).
+
+A worker started with ``MILLSTREAM_FAULTS=PATH`` reads PATH (when it changes, at most
+every 50 ms) for one fault per line:
+
+    block ADDRESS       replication from this worker to ADDRESS fails, as if the network
+                        between them were cut
+    ignore-lease        commit even when the lease has lapsed (plays a zombie that missed
+                        its self-fencing, to show that followers refuse it)
+    ignore-routing      keep acting on the routing it has (plays a zombie cut off from
+                        the master but not from its peers)
+
+Without the variable nothing is read and every check is false.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+class Faults:
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._lines: frozenset[str] = frozenset()
+        self._mtime = 0.0
+        self._checked = 0.0
+
+    @classmethod
+    def from_env(cls) -> Faults:
+        return cls(os.environ.get("MILLSTREAM_FAULTS") or None)
+
+    def _current(self) -> frozenset[str]:
+        if self.path is None:
+            return self._lines
+        now = time.monotonic()
+        if now - self._checked >= 0.05:
+            self._checked = now
+            try:
+                mtime = os.stat(self.path).st_mtime
+            except OSError:
+                self._lines, self._mtime = frozenset(), 0.0
+            else:
+                if mtime != self._mtime:
+                    self._mtime = mtime
+                    with open(self.path) as f:
+                        self._lines = frozenset(" ".join(line.split()) for line in f if line.strip())
+        return self._lines
+
+    def blocked(self, address: str) -> bool:
+        return f"block {address}" in self._current()
+
+    def ignore_lease(self) -> bool:
+        return "ignore-lease" in self._current()
+
+    def ignore_routing(self) -> bool:
+        return "ignore-routing" in self._current()

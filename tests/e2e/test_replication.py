@@ -1,0 +1,192 @@
+"""Replicated tablet state on private disks (DESIGN.md §5, docs/replication.md).
+
+Every worker has its own state directory; a host loss is a SIGKILL plus the deletion of
+that directory. The word count's results must stay exact through all of it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from runtime.cluster import Process
+from tests.e2e.wordcount_run import run_wordcount
+from tests.harness import Cluster, metric, wait_until
+
+
+def _tablets(c: Cluster) -> list[dict[str, Any]]:
+    return list(c.client.status()["tablets"])
+
+
+def _worker_id(c: Cluster, proc: Process) -> str:
+    return next(w["id"] for w in c.client.status()["workers"] if w["address"] == proc.address)
+
+
+def _healthy(c: Cluster) -> bool:
+    """Every tablet has its replication factor in sync (the cluster has enough workers)."""
+    return all(t["health"] == "ok" for t in _tablets(c))
+
+
+def _lose_host(c: Cluster, victim: Process) -> str:
+    """SIGKILL a worker and delete its disk; wait until none of its copies count."""
+    wid = _worker_id(c, victim)
+    c.kill_worker(victim, graceful=False)
+    shutil.rmtree(victim.state_dir)
+    wait_until(lambda: all(t["primary"] != wid and wid not in t["followers"] for t in _tablets(c))
+               and all(t["primary"] for t in _tablets(c)), 30, "the lost host's tablets to fail over")
+    return wid
+
+
+@pytest.fixture
+def trio(tmp_path: object) -> Iterator[Cluster]:
+    with Cluster(str(tmp_path), workers=3).running() as c:
+        yield c
+
+
+def test_every_worker_has_its_own_disk_and_every_tablet_a_follower(trio: Cluster) -> None:
+    c = trio
+    dirs = {w.state_dir for w in c.workers}
+    assert len(dirs) == 3 and all(os.path.isfile(os.path.join(d, "worker.id")) for d in dirs)
+    run_wordcount(c, n_lines=500, name="layout")
+    wait_until(lambda: _healthy(c), 30, "every tablet to have an in-sync follower")
+    for t in _tablets(c):
+        assert len(t["followers"]) == 1 and t["followers"][0] != t["primary"]
+        assert set(t["in_sync"]) == {t["primary"], *t["followers"]}
+        assert t["start"] < t["end"]
+
+
+def test_host_lost_with_its_disk_mid_run_is_exact(trio: Cluster) -> None:
+    c = trio
+    run_wordcount(c, n_lines=4000, midway=lambda: _lose_host(c, c.workers[0]), name="lost")
+    assert not any(t["health"] == "unavailable" for t in _tablets(c))
+
+
+def test_host_back_on_an_empty_disk_at_the_same_address_is_exact(trio: Cluster) -> None:
+    c = trio
+    victim = c.workers[1]
+
+    def replace() -> None:
+        old = _lose_host(c, victim)
+        new = c.restart_worker(victim, wipe=True)
+        wait_until(lambda: any(w["address"] == new.address for w in c.client.status()["workers"]), 30,
+                   "the replacement to register")
+        assert _worker_id(c, new) != old  # an empty disk is a new worker: its copies start empty
+
+    run_wordcount(c, n_lines=4000, midway=replace, name="empty")
+    wait_until(lambda: _healthy(c), 30, "the replacement to catch up")
+
+
+def test_two_hosts_lost_one_after_the_other_is_exact(trio: Cluster) -> None:
+    c = trio
+
+    def lose_two() -> None:
+        _lose_host(c, c.workers[0])
+        # Re-replication restores a follower for every tablet on the two workers left ...
+        wait_until(lambda: _healthy(c), 60, "re-replication after the first loss")
+        # ... so the second loss costs nothing either.
+        _lose_host(c, c.workers[1])
+
+    run_wordcount(c, n_lines=4000, midway=lose_two, name="two")
+    assert all(t["health"] == "under-replicated" for t in _tablets(c))  # one worker left
+
+
+def _faulty_cluster(tmp_path: Any, n: int = 3) -> tuple[Cluster, list[str]]:
+    c = Cluster(str(tmp_path), workers=0)
+    c.start()
+    faults = []
+    for i in range(n):
+        path = os.path.join(c.data_dir, f"faults-{i}")
+        open(path, "w").close()
+        faults.append(path)
+        c.add_worker(env={"MILLSTREAM_FAULTS": path})
+    c.wait_ready(60)
+    return c, faults
+
+
+class _Background:
+    """Runs a disruption on its own thread, so the injection goes on while it happens."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn = fn
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.fn()
+        except BaseException as e:  # re-raised by join()
+            self.error = e
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def join(self) -> None:
+        self.thread.join(120)
+        assert not self.thread.is_alive(), "the disruption did not finish"
+        if self.error is not None:
+            raise self.error
+
+
+def test_a_paused_primary_past_its_lease_is_refused_by_its_followers(tmp_path: Any) -> None:
+    """The zombie is made to skip its self-fencing and to ignore routing (the fault hook), so
+    it does try to commit what reached it while it slept: its followers refuse it."""
+    c, faults = _faulty_cluster(tmp_path)
+    try:
+        zombie = c.workers[0]
+
+        def pause_past_lease() -> None:
+            wid = _worker_id(c, zombie)
+            with open(faults[0], "w") as f:
+                f.write("ignore-lease\nignore-routing\n")
+            c.pause(zombie)
+            wait_until(lambda: all(t["primary"] != wid for t in _tablets(c)), 30,
+                       "the zombie's tablets to be promoted elsewhere")
+            c.resume(zombie)
+            # Its late commits reach followers that have seen the new token: refused.
+            wait_until(lambda: metric(zombie, "millstream_replication_refused") > 0, 30,
+                       "the zombie's late writes to be refused")
+            with open(faults[0], "w"):
+                pass  # the zombie hears the routing again and lets go
+
+        disruption = _Background(pause_past_lease)
+        run_wordcount(c, n_lines=6000, midway=disruption.start, name="zombie")
+        disruption.join()
+        assert sum(metric(w, "millstream_follower_refusals") for w in c.workers[1:]) > 0
+        assert "refused our commits" in open(zombie.log_path).read()
+    finally:
+        c.close()
+
+
+def test_a_cut_between_primary_and_follower_loses_no_acknowledged_commit(tmp_path: Any) -> None:
+    """Replication from one worker to the others is cut from the start (the fault hook): its
+    primaries drop those followers from their in-sync sets through the leader, and go on;
+    no tablet changes primary while the old one lives. Then the cut heals, the followers
+    catch up, and the primary's host is lost: a follower takes over each of its tablets
+    with every acknowledged commit (the counts are exact)."""
+    c, faults = _faulty_cluster(tmp_path)
+    try:
+        primary = c.workers[0]
+        with open(faults[0], "w") as f:
+            f.writelines(f"block {w.address}\n" for w in c.workers[1:])
+        pid = _worker_id(c, primary)
+
+        def heal_and_lose() -> None:
+            wait_until(lambda: any(t["primary"] == pid and len(t["in_sync"]) == 1 for t in _tablets(c)), 30,
+                       "a cut follower to leave an in-sync set")
+            for t in _tablets(c):
+                assert t["token"] == 1, t  # no second primary, ever: nothing changed hands
+            with open(faults[0], "w"):
+                pass
+            wait_until(lambda: _healthy(c), 60, "the followers to catch up once the cut heals")
+            _lose_host(c, primary)
+
+        run_wordcount(c, n_lines=4000, midway=heal_and_lose, name="cut")
+        log = open(primary.log_path).read()
+        assert "removing it from the in-sync set" in log
+    finally:
+        c.close()

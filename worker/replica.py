@@ -1,0 +1,173 @@
+"""A worker's follower copies: commits and snapshots from primaries, fenced by token.
+
+A copy holds the commits of one primary (``source``: the token it was built under, from
+that primary's snapshot) in order. It refuses anything under a token older than one it
+has seen (from a primary or from the routing), and answers NEED_SNAPSHOT to a primary it
+cannot continue from: a new primary (token), or a gap in the commit numbers. So a copy
+never mixes the commits of two primaries, and a deposed primary can make nothing durable
+here once its successor exists (DESIGN.md §5, docs/replication.md). No gRPC here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from collections.abc import Callable
+
+from runtime import metrics
+from runtime.wire import millstream_pb2 as pb
+from worker.storage import ReplicaStore
+
+log = logging.getLogger(__name__)
+R = pb.ReplicateResponse
+Key = tuple[str, int]
+
+
+def _refuse(status: int, why: str, detail: str, index: int = 0) -> pb.ReplicateResponse:
+    metrics.FOLLOWER_REFUSALS.labels(why).inc()
+    return pb.ReplicateResponse(status=status, detail=detail, index=index)  # type: ignore[arg-type]
+
+
+class Replicas:
+    """The follower copies on one worker."""
+
+    def __init__(self, state_dir: str, path_of: Callable[[Key], str],
+                 primary_token: Callable[[Key], int | None]) -> None:
+        self.incoming_dir = os.path.join(state_dir, ".incoming")
+        self.path_of = path_of
+        self.primary_token = primary_token  # token of a tablet open (or opening) here as primary
+        self.copies: dict[Key, ReplicaStore] = {}
+        self.fence: dict[Key, int] = {}      # newest token seen per tablet
+        self._incoming: dict[Key, tuple[str, str]] = {}  # key -> (session, directory)
+        self._locks: dict[Key, asyncio.Lock] = {}
+
+    def _lock(self, key: Key) -> asyncio.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+    def raise_fence(self, key: Key, token: int) -> None:
+        if token > self.fence.get(key, 0):
+            self.fence[key] = token
+
+    def _check(self, key: Key, token: int) -> pb.ReplicateResponse | None:
+        """A refusal for a primary under ``token``, or None."""
+        mine = self.primary_token(key)
+        if mine is not None and mine >= token:
+            return _refuse(R.STALE_TOKEN, "primary here", f"this worker is the primary of "
+                           f"{key[0]}/{key[1]} under token {mine}, not older than {token}")
+        if token < self.fence.get(key, 0):
+            return _refuse(R.STALE_TOKEN, "stale token", f"{key[0]}/{key[1]}: token {token} is older than "
+                           f"token {self.fence[key]}, already seen here")
+        if mine is not None:
+            return _refuse(R.NEED_SNAPSHOT, "busy", "this worker's copy is opening or closing")
+        return None
+
+    async def replicate(self, req: pb.ReplicateRequest) -> pb.ReplicateResponse:
+        key = (req.computation, req.key_range)
+        async with self._lock(key):
+            refused = self._check(key, req.token)
+            if refused is not None:
+                return refused
+            self.raise_fence(key, req.token)
+            copy = self.copies.get(key)
+            if copy is None or copy.token != req.token:
+                return _refuse(R.NEED_SNAPSHOT, "new primary", "no copy of this primary's commits here",
+                               copy.index if copy else 0)
+            entries = [(e.index, e.ops) for e in req.entries if e.index > copy.index]
+            if not entries:
+                return pb.ReplicateResponse(status=R.OK, index=copy.index)  # a retry: already here
+            if [i for i, _ in entries] != list(range(copy.index + 1, copy.index + 1 + len(entries))):
+                return _refuse(R.NEED_SNAPSHOT, "gap", f"commits from {entries[0][0]} do not follow "
+                               f"commit {copy.index} held here", copy.index)
+            await asyncio.to_thread(copy.apply, req.token, entries, sync=req.sync)
+            return pb.ReplicateResponse(status=R.OK, index=copy.index)
+
+    async def install(self, chunk: pb.SnapshotChunk) -> pb.ReplicateResponse:
+        """One piece of a snapshot; the last one replaces the copy with it."""
+        key = (chunk.computation, chunk.key_range)
+        async with self._lock(key):
+            refused = self._check(key, chunk.token)
+            if refused is not None:
+                self._discard_incoming(key)
+                return refused
+            self.raise_fence(key, chunk.token)
+            session, directory = self._incoming.get(key, ("", ""))
+            if session != chunk.session:
+                self._discard_incoming(key)
+                directory = os.path.join(self.incoming_dir, f"{key[0]}-{key[1]}-{chunk.session}")
+                await asyncio.to_thread(os.makedirs, directory, exist_ok=True)
+                self._incoming[key] = (chunk.session, directory)
+            if not chunk.done:
+                await asyncio.to_thread(_write, os.path.join(directory, os.path.basename(chunk.file)),
+                                        chunk.offset, chunk.data)
+                return pb.ReplicateResponse(status=R.OK)
+            del self._incoming[key]
+            old = self.copies.pop(key, None)
+            path = self.path_of(key)
+            copy = await asyncio.to_thread(_install, old, path, directory)
+            if copy.index != chunk.index:
+                copy.close()
+                return _refuse(R.NEED_SNAPSHOT, "bad snapshot", f"snapshot holds commit {copy.index}, "
+                               f"not {chunk.index}")
+            copy.token = chunk.token
+            self.copies[key] = copy
+            log.info("follower copy of %s/%d installed from a snapshot at commit %d (token %d)",
+                     key[0], key[1], copy.index, chunk.token)
+            return pb.ReplicateResponse(status=R.OK, index=copy.index)
+
+    async def create_empty(self, key: Key, token: int) -> None:
+        """The copy of a new tablet, in its in-sync set from the start: empty, like the
+        primary's (which then needs no snapshot to send its first commits)."""
+        async with self._lock(key):
+            path = self.path_of(key)
+            if key in self.copies or self.primary_token(key) is not None or os.path.exists(path):
+                return
+            copy = await asyncio.to_thread(ReplicaStore, path)
+            copy.token = token
+            self.copies[key] = copy
+            self.raise_fence(key, token)
+
+    def _discard_incoming(self, key: Key) -> None:
+        _, directory = self._incoming.pop(key, ("", ""))
+        if directory:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    async def close(self, key: Key, *, delete: bool = False) -> None:
+        """Close the copy of ``key`` (before this worker opens it as primary, or when it no
+        longer follows it; ``delete`` also removes its files)."""
+        async with self._lock(key):
+            self._discard_incoming(key)
+            copy = self.copies.pop(key, None)
+            if copy is not None:
+                await asyncio.to_thread(copy.close)
+            if delete:
+                await asyncio.to_thread(shutil.rmtree, self.path_of(key), True)
+                log.info("follower copy of %s/%d deleted (no longer a copy here)", key[0], key[1])
+
+    async def close_all(self) -> None:
+        for key in list(self.copies):
+            await self.close(key)
+
+
+def _write(path: str, offset: int, data: bytes) -> None:
+    with open(path, "r+b" if os.path.exists(path) else "wb") as f:
+        f.seek(offset)
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _install(old: ReplicaStore | None, path: str, directory: str) -> ReplicaStore:
+    if old is not None:
+        old.close()
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return ReplicaStore.install(path, directory)

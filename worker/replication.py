@@ -1,0 +1,359 @@
+"""A primary's side of replication: its followers, and the wait for their acknowledgements.
+
+Every commit of a replicated tablet goes, in order, to each follower (DESIGN.md §5,
+docs/replication.md). :meth:`Replicator.replicate` returns once every follower of the
+in-sync set has it durable; a follower that fails or does not answer within
+``replica_timeout_ms`` is first removed from the in-sync set by the leader, and only
+then does the primary go on without it. A follower that is not in sync catches up in the
+background: from a checkpoint of the primary's copy when it holds nothing usable, then
+from the commits after it; once it has acknowledged everything, its acknowledgements
+are awaited and the leader is asked to add it to the in-sync set.
+
+No gRPC here: the worker hands in a :class:`ReplicaChannel`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from runtime import metrics
+from runtime.errors import MillstreamError, StaleTokenError
+from runtime.wire import millstream_pb2 as pb
+
+if TYPE_CHECKING:
+    from worker.tablet import Tablet
+
+log = logging.getLogger(__name__)
+R = pb.ReplicateResponse
+SNAPSHOT_CHUNK = 4 << 20      # bytes of a checkpoint file per message
+SEND_MAX_ENTRIES = 256        # commits per Replicate call while catching up
+SEND_MAX_BYTES = 8 << 20
+QUEUE_MAX_BYTES = 256 << 20   # a follower further behind starts again from a snapshot
+
+
+class ReplicaChannel(Protocol):
+    """How a primary reaches its followers and the leader (worker/server.py)."""
+
+    async def replicate(self, address: str, req: pb.ReplicateRequest) -> pb.ReplicateResponse | None:
+        """None: not reachable."""
+
+    async def snapshot(self, address: str, chunk: pb.SnapshotChunk) -> pb.ReplicateResponse | None:
+        """None: not reachable."""
+
+    async def update_in_sync(self, req: pb.InSyncRequest) -> tuple[str, ...]:
+        """The tablet's in-sync set after the change; raises StaleTokenError if refused."""
+
+
+class ReplicationFailed(MillstreamError):
+    """A commit could not be made durable on the in-sync set (the primary is stale, or
+    lost its lease while the leader was unreachable): nothing of it is acknowledged."""
+
+
+@dataclass(slots=True)
+class _Entry:
+    index: int
+    ops: bytes
+    done: asyncio.Future[bool]
+
+
+class _Link:
+    """One follower: the commits it has not acknowledged, and the task that sends them."""
+
+    def __init__(self, rep: Replicator, follower: str, address: str) -> None:
+        self.rep = rep
+        self.follower = follower
+        self.address = address
+        self.queue: collections.deque[_Entry] = collections.deque()
+        self.queued_bytes = 0
+        self.base: int | None = None   # the last commit the follower holds (None: unknown)
+        self.synced = False            # caught up: its acknowledgements are awaited
+        # In the in-sync set already (a new tablet's empty copy, or a copy this primary fed
+        # before it reopened): try sending commits before falling back to a snapshot.
+        self.probe = follower in rep.in_sync
+        self.wake = asyncio.Event()
+        self.task = asyncio.create_task(self._run(), name=f"replicate {rep.tablet.name} to {follower}")
+
+    def push(self, index: int, ops: bytes) -> asyncio.Future[bool]:
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if self.base is not None and index <= self.base:
+            fut.set_result(True)
+            return fut
+        self.queue.append(_Entry(index, ops, fut))
+        self.queued_bytes += len(ops)
+        if self.queued_bytes > QUEUE_MAX_BYTES and not self.synced:
+            log.warning("tablet %s: follower %s is %d MiB behind; it starts again from a snapshot",
+                        self.rep.tablet.name, self.follower, self.queued_bytes >> 20)
+            self._drop(False)
+            self.base = None
+        self.wake.set()
+        return fut
+
+    def _drop(self, ok: bool, upto: int | None = None) -> None:
+        while self.queue and (upto is None or self.queue[0].index <= upto):
+            e = self.queue.popleft()
+            self.queued_bytes -= len(e.ops)
+            if not e.done.done():
+                e.done.set_result(ok)
+        if upto is None:
+            self.queued_bytes = 0
+
+    def lag(self) -> int:
+        return len(self.queue)
+
+    def fail(self) -> None:
+        """A send failed: whoever waits hears so; this follower is no longer caught up."""
+        self.synced = False
+        for e in self.queue:
+            if not e.done.done():
+                e.done.set_result(False)
+
+    async def close(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        self._drop(False)
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            try:
+                if self.base is None and self.probe:
+                    if not self.queue:
+                        await self.wake.wait()
+                        self.wake.clear()
+                        continue
+                    if await self._send():
+                        continue
+                    await asyncio.sleep(backoff)  # not reachable: never spin the event loop
+                    backoff = min(2.0, backoff * 2)
+                    continue
+                if self.base is None:
+                    self.synced = False
+                    await self._snapshot()
+                    backoff = 0.05
+                    continue
+                self._drop(True, self.base)
+                if not self.queue:
+                    if not self.synced:
+                        await self.rep.caught_up(self)
+                    await self.wake.wait()
+                    self.wake.clear()
+                    continue
+                if await self._send():
+                    backoff = 0.05
+                    continue
+            except asyncio.CancelledError:
+                raise
+            except StaleTokenError:
+                self.rep.stale = True
+                self.fail()
+                return
+            except Exception as e:  # a full disk for the checkpoint, a bug: log, back off, retry
+                log.warning("tablet %s: replication to %s failed: %s", self.rep.tablet.name, self.follower, e)
+                self.fail()
+            await asyncio.sleep(backoff)
+            backoff = min(2.0, backoff * 2)
+
+    async def _send(self) -> bool:
+        entries: list[pb.ReplicaEntry] = []
+        size = 0
+        for e in self.queue:
+            if len(entries) >= SEND_MAX_ENTRIES or (entries and size + len(e.ops) > SEND_MAX_BYTES):
+                break
+            entries.append(pb.ReplicaEntry(index=e.index, ops=e.ops))
+            size += len(e.ops)
+        rep = self.rep
+        if rep.blocked(self.address):
+            resp = None
+        else:
+            resp = await rep.channel.replicate(self.address, pb.ReplicateRequest(
+                computation=rep.tablet.computation, key_range=rep.tablet.key_range, token=rep.tablet.token,
+                entries=entries, sync=rep.tablet.sync))
+        if resp is None:
+            self.fail()
+            return False
+        self.probe = False
+        if resp.status == R.OK:
+            self.base = max(self.base or 0, entries[-1].index)
+            self._drop(True, self.base)
+            return True
+        if resp.status == R.STALE_TOKEN:
+            metrics.REPLICATION_REFUSED.labels(rep.tablet.computation).inc()
+            log.warning("tablet %s: follower %s refused our commits (token %d): %s", rep.tablet.name,
+                        self.follower, rep.tablet.token, resp.detail)
+            raise StaleTokenError(resp.detail or "a newer primary exists")
+        self.fail()
+        self.base = None  # NEED_SNAPSHOT
+        return True
+
+    async def _snapshot(self) -> None:
+        """Send a checkpoint of the primary's copy; the follower then holds commits up to it."""
+        rep = self.rep
+        tablet = rep.tablet
+        session = uuid.uuid4().hex[:12]
+        path = os.path.join(rep.checkpoints, f"{tablet.computation}-{tablet.key_range}-{session}")
+        os.makedirs(rep.checkpoints, exist_ok=True)
+        assert tablet.thread is not None
+        index = await tablet.thread.run(tablet.store.checkpoint, path)
+        try:
+            base = pb.SnapshotChunk(computation=tablet.computation, key_range=tablet.key_range,
+                                    token=tablet.token, index=index, session=session)
+            sent = 0
+            for name in sorted(os.listdir(path)):
+                offset = 0
+                while True:
+                    data = await asyncio.to_thread(_read, os.path.join(path, name), offset)
+                    chunk = pb.SnapshotChunk()
+                    chunk.CopyFrom(base)
+                    chunk.file, chunk.offset, chunk.data = name, offset, data
+                    await self._chunk(chunk)
+                    offset += len(data)
+                    sent += len(data)
+                    if len(data) < SNAPSHOT_CHUNK:
+                        break
+            done = pb.SnapshotChunk()
+            done.CopyFrom(base)
+            done.done = True
+            await self._chunk(done)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, path, True)
+        metrics.SNAPSHOTS_SENT.labels(tablet.computation).inc()
+        log.info("tablet %s: follower %s caught up from a snapshot at commit %d (%.1f MiB)",
+                 tablet.name, self.follower, index, sent / 2**20)
+        self.base = index
+
+    async def _chunk(self, chunk: pb.SnapshotChunk) -> None:
+        resp = None if self.rep.blocked(self.address) else await self.rep.channel.snapshot(self.address, chunk)
+        if resp is None:
+            raise MillstreamError(f"follower at {self.address} is not reachable")
+        if resp.status == R.STALE_TOKEN:
+            raise StaleTokenError(resp.detail or "a newer primary exists")
+        if resp.status != R.OK:
+            raise MillstreamError(f"follower refused the snapshot: {resp.detail}")
+
+
+def _read(path: str, offset: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(SNAPSHOT_CHUNK)
+
+
+class Replicator:
+    """The followers of one primary tablet (created with the tablet, closed with it)."""
+
+    def __init__(self, tablet: Tablet, channel: ReplicaChannel, checkpoints: str, timeout_s: float,
+                 blocked: Callable[[str], bool] = lambda address: False) -> None:
+        self.tablet = tablet
+        self.channel = channel
+        self.checkpoints = checkpoints
+        self.timeout_s = timeout_s
+        self.blocked = blocked      # a test's fault hook: the network to this address is cut
+        self.links: dict[str, _Link] = {}
+        self.in_sync: set[str] = set()   # followers the leader lists in the in-sync set
+        self.added: set[str] = set()     # followers we asked to add (the answer may be lost)
+        self.stale = False
+
+    def configure(self, assignment: pb.Assignment) -> None:
+        """Follow the routing: links to the tablet's followers, and its in-sync set."""
+        followers = {f.worker_id: f.address for f in assignment.followers if f.address}
+        self.in_sync = {w for w in assignment.in_sync if w in followers}
+        for w in [w for w in self.links if w not in followers]:
+            link = self.links.pop(w)
+            self.added.discard(w)
+            asyncio.get_running_loop().create_task(link.close())
+        for w, address in followers.items():
+            old = self.links.get(w)
+            if old is not None and old.address != address:  # restarted elsewhere
+                del self.links[w]
+                asyncio.get_running_loop().create_task(old.close())
+            if w not in self.links:
+                self.links[w] = _Link(self, w, address)
+        self.in_sync = {w for w in assignment.in_sync if w in followers}
+
+    def required(self) -> set[str]:
+        """Followers without whose acknowledgement nothing may be acknowledged."""
+        return self.in_sync | self.added
+
+    async def replicate(self, index: int, ops: bytes) -> None:
+        """Return once commit ``index`` is durable on every in-sync follower (the others get it
+        too, as they can); raises :class:`ReplicationFailed` if that cannot be."""
+        if self.stale:
+            raise ReplicationFailed(f"tablet {self.tablet.name}: a newer primary exists")
+        required = self.required()
+        waits = []
+        for w, link in self.links.items():
+            fut = link.push(index, ops)
+            if w in required or link.synced:
+                waits.append((w, link, fut))
+        if not waits:
+            return
+        await asyncio.wait([f for _, _, f in waits], timeout=self.timeout_s)
+        for w, link, fut in waits:
+            if fut.done() and fut.result():
+                continue
+            if self.stale:
+                raise ReplicationFailed(f"tablet {self.tablet.name}: follower {w} has seen a newer primary")
+            link.fail()
+            if w in required:
+                await self._shrink(w)
+
+    async def _shrink(self, follower: str) -> None:
+        """Have the leader remove ``follower`` from the in-sync set (waiting for as long as our
+        lease holds): only then may a commit be acknowledged without it."""
+        tablet = self.tablet
+        log.warning("tablet %s: follower %s did not acknowledge commit in %.0f ms; removing it from the "
+                    "in-sync set", tablet.name, follower, self.timeout_s * 1000)
+        req = pb.InSyncRequest(computation=tablet.computation, key_range=tablet.key_range, token=tablet.token,
+                               follower=follower, add=False, primary=tablet.host.worker_id)
+        while True:
+            try:
+                self.in_sync = set(await self.channel.update_in_sync(req))
+                self.added.discard(follower)
+                metrics.IN_SYNC_CHANGES.labels("leave").inc()
+                return
+            except StaleTokenError as e:
+                self.stale = True
+                raise ReplicationFailed(f"tablet {tablet.name}: {e}") from None
+            except Exception as e:
+                if not tablet.host.lease_valid():
+                    raise ReplicationFailed(
+                        f"tablet {tablet.name}: cannot reach the leader to drop follower {follower} "
+                        f"and the lease ran out ({e})") from None
+                await asyncio.sleep(0.1)
+
+    async def caught_up(self, link: _Link) -> None:
+        """``link``'s follower acknowledged every commit: await it from now on, and ask the
+        leader to add it to the in-sync set (added first on our side: if the answer is lost,
+        we still treat it as in sync)."""
+        link.synced = True
+        if link.follower in self.in_sync:
+            return
+        tablet = self.tablet
+        self.added.add(link.follower)
+        req = pb.InSyncRequest(computation=tablet.computation, key_range=tablet.key_range, token=tablet.token,
+                               follower=link.follower, add=True, primary=tablet.host.worker_id)
+        try:
+            self.in_sync = set(await self.channel.update_in_sync(req))
+            metrics.IN_SYNC_CHANGES.labels("join").inc()
+        except StaleTokenError:
+            raise
+        except Exception as e:  # the leader moves; the link tries again when it next catches up
+            log.info("tablet %s: could not add follower %s to the in-sync set yet: %s", tablet.name,
+                     link.follower, e)
+            link.synced = False
+            await asyncio.sleep(0.2)
+
+    def lag(self) -> dict[str, int]:
+        """Commits each follower has not acknowledged."""
+        return {w: link.lag() for w, link in self.links.items()}
+
+    async def close(self) -> None:
+        links, self.links = list(self.links.values()), {}
+        await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
