@@ -116,6 +116,7 @@ class MasterCore:
         self.etcd_db_bytes = 0
         self.injector_seen: dict[str, float] = {}  # name -> when its last report arrived
         self._etcd_checked = -1e18
+        self._gauged_at = -1e18
         self._defragged = -1e18
         self._changed = asyncio.Condition()
         self._lock = asyncio.Lock()
@@ -404,6 +405,7 @@ class MasterCore:
         """Expire workers whose lease ran out and move their tablets; advance watermarks."""
         await self.advance_watermarks()
         await self._etcd_upkeep()
+        self._gauges()
         now = self.now_ms()
         dead = [w for w, t in self.last_seen.items() if now - t > self.config.lease_ms]
         if not dead:
@@ -491,6 +493,14 @@ class MasterCore:
             else:
                 await self._bump()
             return self.tablets[key].in_sync
+
+    def _gauges(self) -> None:
+        now = self.now_ms()
+        if now - self._gauged_at >= 1000:  # a pass over every tablet: once a second
+            self._gauged_at = now
+            from master.status import replication_counts
+
+            replication_counts(self)
 
     def _count_moves(self, n: int, reason: str) -> None:
         self.liveness["tablet_moves"] += n

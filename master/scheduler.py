@@ -121,8 +121,8 @@ def replan(tablets: Iterable[TabletKey], current: Mapping[TabletKey, Ownership],
         if candidates:  # failover: the least loaded in-sync copy
             counts = {w: sum(1 for o in assignable.values() if o.worker == w) for w in candidates}
             assignable[t] = own.promoted(min(candidates, key=lambda w: (counts[w], w)))
-        else:
-            out[t] = own  # no in-sync copy left: unassigned until one comes back
+        else:  # no in-sync copy left: unassigned until one comes back
+            out[t] = Ownership("", own.token, (), own.in_sync)
     new = [t for t in tablets if t not in out and t not in assignable]
     desired = place([*assignable, *new], assignable, live) if live else {}
     load: dict[str, int] = {w: 0 for w in live}

@@ -83,10 +83,7 @@ def status_document(core: MasterCore, wall_us: int | None = None) -> dict[str, A
         for f in own.followers:
             copies[f] = copies.get(f, 0) + 1
     replication = core._replication()
-    health = [replication_health(o, replication.get(k, 1), len(core.workers)) for k, o in core.tablets.items()]
-    under, unavailable = health.count("under-replicated"), health.count("unavailable")
-    metrics.UNDER_REPLICATED.set(under)
-    metrics.UNAVAILABLE.set(unavailable)
+    under, unavailable = replication_counts(core)
     return {
         "computations": computations,
         "liveness": dict(core.liveness),
@@ -120,6 +117,16 @@ def replication_health(o: Ownership, wanted: int, live: int) -> str:
     if not o.worker:
         return "unavailable" if o.existed else "unassigned"
     return "ok" if len(o.in_sync) >= wanted else "under-replicated"
+
+
+def replication_counts(core: MasterCore) -> tuple[int, int]:
+    """Tablets under-replicated and unavailable now (also set as the leader's gauges)."""
+    replication = core._replication()
+    health = [replication_health(o, replication.get(k, 1), len(core.workers)) for k, o in core.tablets.items()]
+    under, unavailable = health.count("under-replicated"), health.count("unavailable")
+    metrics.UNDER_REPLICATED.set(under)
+    metrics.UNAVAILABLE.set(unavailable)
+    return under, unavailable
 
 
 def _tablet(core: MasterCore, c: str, r: int, o: Ownership, wanted: int) -> dict[str, Any]:

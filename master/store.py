@@ -228,7 +228,8 @@ class EtcdStore:
                 doc = json.loads(value)
                 snap.tablets[(comp, int(r))] = Ownership(doc["worker"], doc["token"],
                                                          tuple(doc.get("followers", ())),
-                                                         tuple(doc.get("in_sync", ())))
+                                                         # stored before replication: its owner
+                                                         tuple(doc.get("in_sync", [doc["worker"]] if doc["worker"] else [])))
         return snap
 
     def put_topology(self, name: str, doc: str, tablets: Mapping[TabletKey, Ownership]) -> None:

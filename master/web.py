@@ -80,8 +80,8 @@ async function refresh(){
                                                  : `${k.seconds.toFixed(3)} s`]);
   table("slow", ["computation","key","key range","user code"], slow);
   table("injs", ["injector","stream","watermark"], s.injectors.map(i => [i.name, i.stream, t(i.watermark)]));
-  table("workers", ["id","address","tablets","last heartbeat"], s.workers.map(w => [w.id, w.address, w.tablets, w.last_heartbeat_ms_ago+" ms ago"]));
-  table("tablets", ["tablet","worker","address","token"], s.tablets.map(x => [`${x.computation}/${x.key_range}`, x.worker||"-", x.address||"-", x.token]));
+  table("workers", ["id","address","zone","primaries","follower copies","last heartbeat"], s.workers.map(w => [w.id, w.address, w.zone||"-", w.tablets, w.followed, w.last_heartbeat_ms_ago+" ms ago"]));
+  table("tablets", ["tablet","primary","address","followers","in sync","replication","token"], s.tablets.map(x => [`${x.computation}/${x.key_range}`, x.primary||"-", x.address||"-", (x.followers||[]).join(", ")||"-", (x.in_sync||[]).join(", ")||"-", `${(x.in_sync||[]).length}/${x.replication} ${x.health}`, x.token]));
   last = {s, at: now};
 }
 refresh(); setInterval(refresh, 1000);

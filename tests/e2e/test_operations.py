@@ -41,6 +41,14 @@ def test_master_web_page_status_json_and_metrics(cluster: Cluster) -> None:
     wait_until(lambda: "millstream_low_watermark_us{" in _get(base + "metrics")[1], 30,
                "the watermark gauges")
     assert "millstream_master_is_leader 1.0" in _get(base + "metrics")[1]
+    # Replication: every tablet says where its copies are; the page shows them; gauges exist.
+    for t in status["tablets"]:
+        assert {"primary", "followers", "in_sync", "token", "start", "end", "health"} <= set(t), t
+        assert t["primary"] and t["primary"] not in t["followers"] and t["primary"] in t["in_sync"]
+    assert "followers" in page and "in sync" in page
+    wait_until(lambda: all(t["health"] == "ok" for t in json.loads(_get(base + "status.json")[1])["tablets"]),
+               30, "every tablet replicated")
+    assert "millstream_under_replicated_tablets 0.0" in _get(base + "metrics")[1]
 
 
 def test_a_worker_stopped_cleanly_hands_its_tablets_over_at_once(tmp_path: object) -> None:

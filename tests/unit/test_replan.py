@@ -1,0 +1,102 @@
+"""Properties of replicated placement (master/scheduler.py `replan`): the safety rules of
+DESIGN.md §5 hold for any cluster state."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from master.scheduler import Ownership, TabletKey, replan
+
+WORKERS = [f"w{i}" for i in range(5)]
+NAMES = [*WORKERS, "dead0", "dead1"]
+tablet_keys = st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 7))
+
+
+@st.composite
+def ownerships(draw: st.DrawFn) -> Ownership:
+    token = draw(st.integers(0, 9))
+    if token == 0:
+        return Ownership("", 0)
+    primary = draw(st.sampled_from([*NAMES, ""]))
+    followers = tuple(draw(st.lists(st.sampled_from([n for n in NAMES if n != primary]), unique=True,
+                                    max_size=3)))
+    synced = tuple(f for f in followers if draw(st.booleans()))
+    in_sync = ((primary,) if primary else ()) + synced
+    if not primary:
+        in_sync = tuple(draw(st.lists(st.sampled_from(NAMES), unique=True, min_size=1, max_size=2)))
+    return Ownership(primary, token, followers if primary else (), in_sync)
+
+
+@st.composite
+def states(draw: st.DrawFn) -> tuple[list[TabletKey], dict[TabletKey, Ownership], list[str], dict[TabletKey, int]]:
+    tablets = draw(st.lists(tablet_keys, unique=True, max_size=12))
+    current = {t: draw(ownerships()) for t in tablets if draw(st.booleans())}
+    live = draw(st.lists(st.sampled_from(WORKERS), unique=True, max_size=5))
+    replication = {t: draw(st.integers(1, 3)) for t in tablets}
+    return tablets, current, live, replication
+
+
+@settings(max_examples=300)
+@given(states(), st.data())
+def test_replan_keeps_the_safety_rules(state, data) -> None:  # type: ignore[no-untyped-def]
+    tablets, current, live, replication = state
+    pinned = {t: data.draw(st.sampled_from(WORKERS)) for t in tablets if data.draw(st.booleans())}
+    out = replan(tablets, current, live, replication, {w: "z" + w[-1] for w in WORKERS if w != "w0"}, pinned)
+    assert set(out) == set(tablets)
+    for t, new in out.items():
+        old = current.get(t)
+        assert new.token >= (old.token if old else 0), "tokens never move backwards"
+        if old is not None and old.existed:
+            if new.worker and new.worker != old.worker:
+                # A tablet that existed changes primary only to a copy of its in-sync set,
+                # under the next token, alone in the new in-sync set.
+                assert new.worker in old.in_sync, (old, new)
+                assert new.token == old.token + 1 and new.in_sync == (new.worker,), (old, new)
+            if not new.worker:
+                assert not any(w in live for w in old.in_sync), "an in-sync copy was alive"
+                assert new.in_sync == old.in_sync, "a waiting tablet remembers its copies"
+        if new.worker:
+            assert new.worker in live
+            assert new.in_sync[0] == new.worker
+            assert set(new.in_sync) <= {new.worker, *new.followers}
+            assert new.worker not in new.followers and len(set(new.followers)) == len(new.followers)
+            assert all(f in live for f in new.followers)
+            if old is not None and old.existed and old.worker == new.worker:
+                # The leader only ever drops members of a live primary's in-sync set.
+                assert set(new.in_sync) <= set(old.in_sync)
+            wanted = replication.get(t, 1) - 1
+            assert len(new.followers) >= min(wanted, len(live) - 1)
+
+
+def test_a_new_tablets_copies_start_in_sync_and_spread_over_zones() -> None:
+    zones = {"a": "z1", "b": "z1", "c": "z2"}
+    out = replan([("c", 0)], {}, ["a", "b", "c"], {("c", 0): 2}, zones)
+    own = out[("c", 0)]
+    assert own.token == 1 and len(own.followers) == 1
+    assert set(own.in_sync) == {own.worker, *own.followers}
+    assert zones[own.worker] != zones[own.followers[0]]
+
+
+def test_failover_promotes_an_in_sync_follower_never_a_catching_up_one() -> None:
+    cur = {("c", 0): Ownership("dead", 4, ("b", "c"), ("dead", "c"))}
+    own = replan([("c", 0)], cur, ["b", "c"], {("c", 0): 2})[("c", 0)]
+    assert own.worker == "c" and own.token == 5 and own.in_sync == ("c",)
+
+
+def test_no_in_sync_copy_left_means_unassigned_until_one_returns() -> None:
+    cur = {("c", 0): Ownership("dead", 4, ("b",), ("dead",))}
+    own = replan([("c", 0)], cur, ["b"], {("c", 0): 2})[("c", 0)]
+    assert own.worker == "" and own.in_sync == ("dead",) and own.token == 4
+    back = replan([("c", 0)], {("c", 0): own}, ["b", "dead"], {("c", 0): 2})[("c", 0)]
+    assert back.worker == "dead" and back.token == 5
+
+
+def test_a_move_catches_the_target_up_before_promoting_it() -> None:
+    cur = {("c", 0): Ownership("a", 3, ("b",), ("a", "b"))}
+    step = replan([("c", 0)], cur, ["a", "b", "c"], {("c", 0): 2}, pinned={("c", 0): "c"})[("c", 0)]
+    assert step.worker == "a" and step.token == 3
+    assert set(step.followers) == {"b", "c"}, "the in-sync follower stays while the target catches up"
+    synced = Ownership(step.worker, step.token, step.followers, (*step.in_sync, "c"))
+    done = replan([("c", 0)], {("c", 0): synced}, ["a", "b", "c"], {("c", 0): 2}, pinned={("c", 0): "c"})
+    assert done[("c", 0)].worker == "c" and done[("c", 0)].token == 4
