@@ -9,6 +9,7 @@ not for citing); ``--only w1,recovery,w2,memory,profile,soak`` picks workloads (
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import logging
 import os
@@ -20,7 +21,7 @@ from typing import Any
 from bench import report, workloads
 
 log = logging.getLogger(__name__)
-DEFAULT = ("w1", "recovery", "w2", "memory", "profile")
+DEFAULT = ("w1", "recovery", "w2", "replication", "memory", "profile")
 ALL = (*DEFAULT, "soak")
 SOAK_RATE = 10_000
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,7 +58,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "git": report.git_commit(ROOT), "environment": report.environment(), "versions": report.versions(),
         "config": {"quick": cfg.quick, "workloads": chosen, "peer": peer, "workers": cfg.workers,
-                   "masters": 1, "lease_ms": cfg.lease_ms, "key_ranges_per_computation": cfg.key_ranges,
+                   "masters": 1, "replication": cfg.replication, "lease_ms": cfg.lease_ms, "key_ranges_per_computation": cfg.key_ranges,
                    "w1_seconds": cfg.w1_seconds, "w1_rates": list(cfg.w1_rates),
                    "w1_variants": [v.__dict__ for v in workloads.W1_VARIANTS],
                    "w1_keys": "Zipf s=1.1 over 10,000 keys, seed 42", "w1_warmup_excluded_s": cfg.warmup_s,
@@ -92,7 +93,7 @@ def run_bench(args: argparse.Namespace) -> int:
             _progress(f"  {res.get('recovery', {}).get('serving_again_after_s')} s to serve again, "
                       f"exact: {res['exactness']['exact']}")
         w2_data = w2_oracle = None
-        if "w2" in chosen or peer == "spark":
+        if "w2" in chosen or "replication" in chosen or peer == "spark":
             from bench import generator
 
             w2_data = generator.w2_data(cfg.w2_records)
@@ -104,6 +105,23 @@ def run_bench(args: argparse.Namespace) -> int:
             if res.get("available"):
                 ok &= bool(res.get("oracle_equal"))
             _progress(f"  {res.get('throughput_rps') or res.get('why')}")
+        if "replication" in chosen:
+            r["replication"] = []
+            for copies in (1, 2):
+                rcfg = dataclasses.replace(cfg, replication=copies)
+                runs: dict[str, Any] = {"replication": copies, "w1": []}
+                for rate in cfg.w1_rates:
+                    _progress(f"replication {copies}: W1 {workloads.W1_VARIANTS[0].name} at {rate:,} rec/s")
+                    res = workloads.run_w1(root, rcfg, workloads.W1_VARIANTS[0], rate)
+                    runs["w1"].append(res)
+                    ok &= bool(res["exactness"]["exact"])
+                    _progress(f"  latency {res['latency_ms']}")
+                _progress(f"replication {copies}: W2 {cfg.w2_records:,} records")
+                runs["w2"] = workloads.run_w2(root, rcfg, w2_data, w2_oracle)
+                if runs["w2"].get("available"):
+                    ok &= bool(runs["w2"].get("oracle_equal"))
+                _progress(f"  {runs['w2'].get('throughput_rps')} rec/s")
+                r["replication"].append(runs)
         if "memory" in chosen:
             _progress(f"memory: RocksDB bytes for {cfg.memory_keys:,} keys")
             r["memory"] = {"rocksdb": workloads.rocksdb_bytes_per_million_keys(root, cfg.memory_keys)}

@@ -127,13 +127,27 @@ def markdown(r: dict[str, Any]) -> str:
     rec = r.get("recovery")
     if rec:
         rv = rec.get("recovery", {})
-        lines += ["## Recovery — SIGKILL of one worker during W1 at 10,000 rec/s", "",
+        lines += ["## Recovery — a worker lost with its disk (SIGKILL, state directory deleted) during W1 "
+                  "at 10,000 rec/s, replication 2", "",
                   "| tablets moved | reassigned after | serving again after | p99 before kill | max latency (10 s after kill) | p99 (10 s after) | nothing lost / doubled |",
                   "|---|---:|---:|---:|---:|---:|:---:|",
                   f"| {len(rv.get('tablets_moved', []))} | {rv.get('reassigned_after_s', '–')} s | "
                   f"{rv.get('serving_again_after_s', '–')} s | {_ms(rv.get('latency_before_kill_ms'), 'p99')} ms | "
                   f"{_ms(rv.get('latency_10s_after_kill_ms'), 'max')} ms | {_ms(rv.get('latency_10s_after_kill_ms'), 'p99')} ms | "
                   f"{_exact_text(rec.get('exactness'))} |", ""]
+    rep = r.get("replication")
+    if rep:
+        lines += ["## Replication — 1 copy vs 2 (W1 eo-strong-fsync latency, W2 throughput)", "",
+                  "| copies | " + " | ".join(f"W1 p50 / p99 at {x['rate']:,} rec/s" for x in rep[0]["w1"])
+                  + " | W2 throughput | exact |",
+                  "|---:|" + "---:|" * len(rep[0]["w1"]) + "---:|:---:|"]
+        for run in rep:
+            ok = all(x.get("exactness", {}).get("exact") for x in run["w1"]) and \
+                run["w2"].get("oracle_equal", True)
+            cells = [f"{_ms(x.get('latency_ms'), 'p50')} / {_ms(x.get('latency_ms'), 'p99')} ms" for x in run["w1"]]
+            lines.append(f"| {run['replication']} | " + " | ".join(cells)
+                         + f" | {run['w2'].get('throughput_rps') or 0:,} rec/s | {'yes' if ok else 'NO'} |")
+        lines.append("")
     w2 = r.get("w2")
     if w2:
         lines += ["## W2 — throughput (1 s event-time windows + spike detection, exactly once)", ""]

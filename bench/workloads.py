@@ -43,6 +43,7 @@ class BenchConfig:
     lease_ms: int = 3000
     key_ranges: int = 4
     warmup_s: float = 1.0
+    replication: int = 2  # copies of every tablet (the master's default)
 
     @classmethod
     def make(cls, quick: bool) -> BenchConfig:
@@ -59,7 +60,8 @@ def cluster(root: str, name: str, cfg: BenchConfig) -> Iterator[LocalCluster]:
     """A fresh cluster under ``root/name``; always closed, nothing left running."""
     data = os.path.join(root, name)
     shutil.rmtree(data, ignore_errors=True)
-    with LocalCluster(data, workers=cfg.workers, lease_ms=cfg.lease_ms, allow_code="bench").running() as c:
+    with LocalCluster(data, workers=cfg.workers, lease_ms=cfg.lease_ms, allow_code="bench",
+                      replication=cfg.replication).running() as c:
         yield c
 
 
@@ -262,6 +264,9 @@ def _kill_later(c: LocalCluster, at_s: float, info: dict[str, Any]) -> None:
     info["kill_ns"] = time.time_ns()
     c.kill(victim, graceful=False)
     info["killed_ns"] = time.time_ns()
+    # The host is lost with its disk: its tablets survive only on their followers.
+    shutil.rmtree(victim.state_dir, ignore_errors=True)
+    info["disk_deleted"] = not os.path.exists(victim.state_dir)
 
 
 def _watermark_lag(samples: list[tuple[int, int | None]], start_ns: int, end_ns: int) -> dict[str, Any]:
@@ -294,6 +299,7 @@ def _recovery(kill: dict[str, Any], before: dict[tuple[str, int], str],
     post = [a.latency_ms for a in arrivals if kill_ns <= a.sched_ns < kill_ns + 10e9]
     return {
         "killed_worker": victim,
+        "disk_deleted": bool(kill.get("disk_deleted")),
         "tablets_moved": [f"{c}/{r}" for c, r in moved],
         "reassigned_after_s": None if reassigned is None else round((reassigned - kill_ns) / 1e9, 2),
         "serving_again_after_s": None if first is None else round((first - kill_ns) / 1e9, 2),

@@ -320,7 +320,7 @@ class Replicator:
                 return
             except StaleTokenError as e:
                 self.stale = True
-                raise ReplicationFailed(f"tablet {tablet.name}: {e}") from None
+                raise ReplicationFailed(str(e)) from None
             except Exception as e:
                 if not tablet.host.lease_valid():
                     raise ReplicationFailed(
