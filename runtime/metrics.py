@@ -52,6 +52,9 @@ TABLET_MOVES = Counter("millstream_tablet_moves", "Tablets given to another work
 REPLICATION_SECONDS = Histogram("millstream_replication_seconds", "Time from a local commit to its "
                                 "acknowledgement by every in-sync follower", ["computation"],
                                 buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5))
+REPLICATION_RPC_SECONDS = Histogram("millstream_replication_rpc_seconds", "One Replicate call to a follower, "
+                                    "sent to answered (primary side)", ["computation"],
+                                    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5))
 REPLICATION_LAG = Gauge("millstream_replication_lag_commits", "Commits a follower has not acknowledged "
                         "(primary side)", ["computation", "key_range", "follower"])
 REPLICATION_REFUSED = Counter("millstream_replication_refused", "Commits of a primary refused by a follower "

@@ -11,6 +11,7 @@ here once its successor exists (DESIGN.md §5, docs/replication.md). No gRPC her
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import shutil
@@ -18,6 +19,7 @@ from collections.abc import Callable
 
 from runtime import metrics
 from runtime.wire import millstream_pb2 as pb
+from worker.runner import TabletThread
 from worker.storage import ReplicaStore
 
 log = logging.getLogger(__name__)
@@ -42,12 +44,21 @@ class Replicas:
         self.fence: dict[Key, int] = {}      # newest token seen per tablet
         self._incoming: dict[Key, tuple[str, str]] = {}  # key -> (session, directory)
         self._locks: dict[Key, asyncio.Lock] = {}
+        self._threads: dict[Key, TabletThread] = {}
 
     def _lock(self, key: Key) -> asyncio.Lock:
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
         return lock
+
+    def _thread(self, key: Key) -> TabletThread:
+        """The copy's own thread for its writes (a short write is awaited without a second
+        hand-off back to a busy event loop: worker/runner.py)."""
+        thread = self._threads.get(key)
+        if thread is None:
+            thread = self._threads[key] = TabletThread(f"{key[0]}/{key[1]} follower")
+        return thread
 
     def raise_fence(self, key: Key, token: int) -> None:
         if token > self.fence.get(key, 0):
@@ -83,7 +94,7 @@ class Replicas:
             if [i for i, _ in entries] != list(range(copy.index + 1, copy.index + 1 + len(entries))):
                 return _refuse(R.NEED_SNAPSHOT, "gap", f"commits from {entries[0][0]} do not follow "
                                f"commit {copy.index} held here", copy.index)
-            await asyncio.to_thread(copy.apply, req.token, entries, sync=req.sync)
+            await self._thread(key).run(functools.partial(copy.apply, req.token, entries, sync=req.sync))
             return pb.ReplicateResponse(status=R.OK, index=copy.index)
 
     async def install(self, chunk: pb.SnapshotChunk) -> pb.ReplicateResponse:
@@ -143,7 +154,10 @@ class Replicas:
             self._discard_incoming(key)
             copy = self.copies.pop(key, None)
             if copy is not None:
-                await asyncio.to_thread(copy.close)
+                await self._thread(key).run(copy.close)
+            thread = self._threads.pop(key, None)
+            if thread is not None:
+                thread.stop()
             if delete:
                 await asyncio.to_thread(shutil.rmtree, self.path_of(key), True)
                 log.info("follower copy of %s/%d deleted (no longer a copy here)", key[0], key[1])

@@ -19,6 +19,7 @@ import collections
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -173,9 +174,11 @@ class _Link:
         if rep.blocked(self.address):
             resp = None
         else:
+            t0 = time.perf_counter()
             resp = await rep.channel.replicate(self.address, pb.ReplicateRequest(
                 computation=rep.tablet.computation, key_range=rep.tablet.key_range, token=rep.tablet.token,
                 entries=entries, sync=rep.tablet.sync))
+            metrics.REPLICATION_RPC_SECONDS.labels(rep.tablet.computation).observe(time.perf_counter() - t0)
         if resp is None:
             self.fail()
             return False
