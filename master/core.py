@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from master.scheduler import Ownership, TabletKey, replan
+from master.scheduler import Ownership, TabletKey, replan, replication_health
 from master.store import EtcdStore
 from master.watermarks import END_OF_TIME, MIN, Settler, TabletReport, Watermark, compute, publish
 from runtime import metrics
@@ -437,7 +437,8 @@ class MasterCore:
         self.etcd_db_bytes = size
         metrics.ETCD_DB_BYTES.set(size)
 
-    def _replication(self) -> dict[TabletKey, int]:
+    def replication_factors(self) -> dict[TabletKey, int]:
+        """Copies wanted per tablet (its computation's ``replication``, else the master's)."""
         return {(s.name, r): s.replication or self.config.replication
                 for t in self.topologies.values() for s in t.computations.values() for r in range(s.key_ranges)}
 
@@ -447,7 +448,7 @@ class MasterCore:
             if own is None or own.worker == target or target not in self.workers:
                 del self.pinned[key]  # done, or its target is gone
         return replan([*self.tablets, *more], self.tablets, self._live(),
-                      {**self._replication(), **(extra or {})}, self.zones, self.pinned)
+                      {**self.replication_factors(), **(extra or {})}, self.zones, self.pinned)
 
     async def _rebalance(self, reason: str, more: Any = ()) -> None:
         """Apply :func:`~master.scheduler.replan`: failovers, moves, followers."""
@@ -498,9 +499,16 @@ class MasterCore:
         now = self.now_ms()
         if now - self._gauged_at >= 1000:  # a pass over every tablet: once a second
             self._gauged_at = now
-            from master.status import replication_counts
+            self.replication_counts()
 
-            replication_counts(self)
+    def replication_counts(self) -> tuple[int, int]:
+        """Tablets under-replicated and unavailable now (also set as the leader's gauges)."""
+        factors = self.replication_factors()
+        health = [replication_health(o, factors.get(k, 1)) for k, o in self.tablets.items()]
+        under, unavailable = health.count("under-replicated"), health.count("unavailable")
+        metrics.UNDER_REPLICATED.set(under)
+        metrics.UNAVAILABLE.set(unavailable)
+        return under, unavailable
 
     def _count_moves(self, n: int, reason: str) -> None:
         self.liveness["tablet_moves"] += n

@@ -86,6 +86,15 @@ def place(
     return result
 
 
+def replication_health(o: Ownership, wanted: int) -> str:
+    """``ok``; ``under-replicated`` (fewer in-sync copies than wanted: a follower catching
+    up, or fewer live workers than copies); ``unavailable`` (no live in-sync copy: it
+    waits for one to come back, never opened empty); ``unassigned`` (new, no worker yet)."""
+    if not o.worker:
+        return "unavailable" if o.existed else "unassigned"
+    return "ok" if len(o.in_sync) >= wanted else "under-replicated"
+
+
 def _pick(candidates: Sequence[str], load: Mapping[str, int], avoid_zones: set[str],
           zones: Mapping[str, str]) -> str:
     """The least loaded candidate, preferring one whose zone holds no copy yet."""

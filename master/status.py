@@ -7,8 +7,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from master.core import FINISHED
+from master.scheduler import replication_health
 from master.watermarks import END_OF_TIME, MIN
-from runtime import metrics
 from runtime.keyspace import range_bounds
 from runtime.status import show_key
 
@@ -82,8 +82,8 @@ def status_document(core: MasterCore, wall_us: int | None = None) -> dict[str, A
         counts[own.worker] = counts.get(own.worker, 0) + 1
         for f in own.followers:
             copies[f] = copies.get(f, 0) + 1
-    replication = core._replication()
-    under, unavailable = replication_counts(core)
+    replication = core.replication_factors()
+    under, unavailable = core.replication_counts()
     return {
         "computations": computations,
         "liveness": dict(core.liveness),
@@ -110,25 +110,6 @@ def status_document(core: MasterCore, wall_us: int | None = None) -> dict[str, A
     }
 
 
-def replication_health(o: Ownership, wanted: int, live: int) -> str:
-    """``ok``; ``under-replicated`` (fewer in-sync copies than wanted, e.g. while a follower
-    catches up or with fewer live workers than copies); ``unavailable`` (no live in-sync
-    copy: it waits for one to come back, it is never opened empty)."""
-    if not o.worker:
-        return "unavailable" if o.existed else "unassigned"
-    return "ok" if len(o.in_sync) >= wanted else "under-replicated"
-
-
-def replication_counts(core: MasterCore) -> tuple[int, int]:
-    """Tablets under-replicated and unavailable now (also set as the leader's gauges)."""
-    replication = core._replication()
-    health = [replication_health(o, replication.get(k, 1), len(core.workers)) for k, o in core.tablets.items()]
-    under, unavailable = health.count("under-replicated"), health.count("unavailable")
-    metrics.UNDER_REPLICATED.set(under)
-    metrics.UNAVAILABLE.set(unavailable)
-    return under, unavailable
-
-
 def _tablet(core: MasterCore, c: str, r: int, o: Ownership, wanted: int) -> dict[str, Any]:
     spec = next((t.computations[c] for t in core.topologies.values() if c in t.computations), None)
     start, end = range_bounds(r, spec.key_ranges) if spec is not None and r < spec.key_ranges else (0, 0)
@@ -136,4 +117,4 @@ def _tablet(core: MasterCore, c: str, r: int, o: Ownership, wanted: int) -> dict
             "primary": o.worker, "worker": o.worker, "address": core.workers.get(o.worker, ""),
             "followers": list(o.followers), "in_sync": list(o.in_sync), "token": o.token,
             "replication": wanted,
-            "health": replication_health(o, wanted, len(core.workers))}
+            "health": replication_health(o, wanted)}

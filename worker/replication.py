@@ -79,6 +79,9 @@ class _Link:
         # In the in-sync set already (a new tablet's empty copy, or a copy this primary fed
         # before it reopened): try sending commits before falling back to a snapshot.
         self.probe = follower in rep.in_sync
+        # The leader dropped this follower from the in-sync set (it restarted, say): before
+        # it counts as caught up again, it must say which commit it holds.
+        self.verify = False
         self.wake = asyncio.Event()
         self.task = asyncio.create_task(self._run(), name=f"replicate {rep.tablet.name} to {follower}")
 
@@ -141,7 +144,11 @@ class _Link:
                     backoff = 0.05
                     continue
                 self._drop(True, self.base)
-                if not self.queue:
+                if not self.queue and self.verify:
+                    if await self._check():
+                        backoff = 0.05
+                        continue
+                elif not self.queue:
                     if not self.synced:
                         await self.rep.caught_up(self)
                     await self.wake.wait()
@@ -194,6 +201,22 @@ class _Link:
             raise StaleTokenError(resp.detail or "a newer primary exists")
         self.fail()
         self.base = None  # NEED_SNAPSHOT
+        return True
+
+    async def _check(self) -> bool:
+        """Ask the follower which commit it holds (an empty Replicate): if not the last one
+        sent, it catches up from a snapshot. False: not reachable."""
+        rep = self.rep
+        resp = None if rep.blocked(self.address) else await rep.channel.replicate(
+            self.address, pb.ReplicateRequest(computation=rep.tablet.computation, key_range=rep.tablet.key_range,
+                                              token=rep.tablet.token, sync=rep.tablet.sync))
+        if resp is None:
+            return False
+        if resp.status == R.STALE_TOKEN:
+            raise StaleTokenError(resp.detail or "a newer primary exists")
+        self.verify = False
+        if resp.status != R.OK or resp.index != self.base:
+            self.base = None
         return True
 
     async def _snapshot(self) -> None:
@@ -278,6 +301,14 @@ class Replicator:
                 asyncio.get_running_loop().create_task(old.close())
             if w not in self.links:
                 self.links[w] = _Link(self, w, address)
+            elif w not in assignment.in_sync and old is not None and (old.synced or old.probe):
+                # Dropped by the leader (a restart, an expiry): it stays required until we
+                # have shrunk it ourselves (a stale routing must not hide a member), and it
+                # proves its copy (or takes a snapshot) before it is added again, even if
+                # this tablet commits nothing meanwhile.
+                old.synced = old.probe = False
+                old.verify = True
+                old.wake.set()
         self.in_sync = {w for w in assignment.in_sync if w in followers}
 
     def required(self) -> set[str]:
@@ -303,8 +334,9 @@ class Replicator:
                 continue
             if self.stale:
                 raise ReplicationFailed(f"tablet {self.tablet.name}: follower {w} has seen a newer primary")
+            was_synced = link.synced
             link.fail()
-            if w in required:
+            if w in required or was_synced:  # the leader may list it (an add's answer lost)
                 await self._shrink(w)
 
     async def _shrink(self, follower: str) -> None:

@@ -190,3 +190,22 @@ def test_a_cut_between_primary_and_follower_loses_no_acknowledged_commit(tmp_pat
         assert "removing it from the in-sync set" in log
     finally:
         c.close()
+
+
+def test_idle_tablets_replicate_again_after_a_follower_restarts_on_its_disk(trio: Cluster) -> None:
+    """A restarted follower holds copies it may have missed commits for: the leader drops it
+    from the in-sync sets, and its primaries, though idle (no commit to notice with), have it
+    prove its copy or catch up, then add it again."""
+    c = trio
+    run_wordcount(c, n_lines=500, name="idle")
+    wait_until(lambda: _healthy(c), 30, "every tablet replicated")
+    victim = c.workers[2]
+    wid = _worker_id(c, victim)
+    followed = [t for t in _tablets(c) if wid in t["followers"]]
+    assert followed
+    c.kill_worker(victim, graceful=False)
+    back = c.restart_worker(victim)
+    wait_until(lambda: any(w["address"] == back.address for w in c.client.status()["workers"]), 30,
+               "the worker to come back")
+    assert _worker_id(c, back) == wid  # the same disk: the same worker
+    wait_until(lambda: _healthy(c), 60, "the idle tablets to replicate again")
