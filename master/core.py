@@ -87,6 +87,7 @@ class MasterCore:
         self.workers: dict[str, str] = {}          # id -> address
         self.zones: dict[str, str] = {}            # id -> failure domain ("" = none)
         self.pinned: dict[TabletKey, str] = {}     # operator moves waiting for their target to catch up
+        self.draining: set[str] = set()            # workers stopping: their primaries move first
         self.last_seen: dict[str, float] = {}      # id -> ms of the last heartbeat received
         self.tablets: dict[TabletKey, Ownership] = {}
         self.version = 0
@@ -192,6 +193,7 @@ class MasterCore:
         worker_id = worker_id or uuid.uuid4().hex[:12]
         async with self._lock:
             restarted = worker_id in self.workers
+            self.draining.discard(worker_id)
             await self._io(self.store.put_worker, worker_id, address, zone)
             self.workers[worker_id] = address
             self.zones[worker_id] = zone
@@ -215,9 +217,25 @@ class MasterCore:
                  f" (zone {zone})" if zone else "")
         return worker_id
 
-    async def leave(self, worker_id: str) -> None:
-        """A worker left cleanly (its tablets are closed): move its tablets at once."""
+    async def drain(self, worker_id: str) -> int:
+        """A worker is stopping but still runs: move its primaries away, each to a target that
+        catches up first (DESIGN.md §5). Returns how many it still holds that can move (0:
+        none left, or no other worker to take them)."""
         async with self._lock:
+            if worker_id not in self.workers:
+                return 0
+            if worker_id not in self.draining:
+                log.info("worker %s at %s is draining", worker_id, self.workers[worker_id])
+                self.draining.add(worker_id)
+                await self._rebalance("drain")
+            if not set(self.workers) - self.draining:
+                return 0
+            return sum(1 for o in self.tablets.values() if o.worker == worker_id)
+
+    async def leave(self, worker_id: str) -> None:
+        """A worker left cleanly (its tablets are closed): move what it still had at once."""
+        async with self._lock:
+            self.draining.discard(worker_id)
             if worker_id not in self.workers:
                 return
             log.info("worker %s at %s left; moving its tablets", worker_id, self.workers[worker_id])
@@ -448,7 +466,8 @@ class MasterCore:
             if own is None or own.worker == target or target not in self.workers:
                 del self.pinned[key]  # done, or its target is gone
         return replan([*self.tablets, *more], self.tablets, self._live(),
-                      {**self.replication_factors(), **(extra or {})}, self.zones, self.pinned)
+                      {**self.replication_factors(), **(extra or {})}, self.zones, self.pinned,
+                      self.draining & set(self.workers))
 
     async def _rebalance(self, reason: str, more: Any = ()) -> None:
         """Apply :func:`~master.scheduler.replan`: failovers, moves, followers."""

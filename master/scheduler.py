@@ -104,16 +104,20 @@ def _pick(candidates: Sequence[str], load: Mapping[str, int], avoid_zones: set[s
 
 def replan(tablets: Iterable[TabletKey], current: Mapping[TabletKey, Ownership], live_workers: Iterable[str],
            replication: Mapping[TabletKey, int], zones: Mapping[str, str] | None = None,
-           pinned: Mapping[TabletKey, str] | None = None) -> dict[TabletKey, Ownership]:
+           pinned: Mapping[TabletKey, str] | None = None,
+           draining: Iterable[str] = ()) -> dict[TabletKey, Ownership]:
     """The next ownership of every tablet, with its followers and in-sync set.
 
     ``replication``: copies wanted per tablet (primary included; missing = 1).
     ``pinned``: tablets an operator moves, to the worker they go to.
+    ``draining``: live workers on their way out: they keep their primaries until a target
+    has caught up (then it is promoted), hold no followers, and get nothing new.
     """
     zones = zones or {}
     pinned = pinned or {}
-    live = sorted(set(live_workers))
-    alive = set(live)
+    leaving = set(draining)
+    alive = set(live_workers)
+    live = sorted(alive - leaving)
     tablets = sorted(set(tablets))
     out: dict[TabletKey, Ownership] = {}
     assignable: dict[TabletKey, Ownership] = {}
@@ -154,7 +158,7 @@ def replan(tablets: Iterable[TabletKey], current: Mapping[TabletKey, Ownership],
         if not own.worker:
             continue
         n = max(1, replication.get(t, 1)) - 1
-        keep = [f for f in own.followers if f in alive and f != own.worker]
+        keep = [f for f in own.followers if f in alive and f not in leaving and f != own.worker]
         target = pinned.get(t) if pinned.get(t) in alive else (desired[t].worker if t in desired else "")
         # Too many (after a move or a lower factor): drop copies not in sync first, never
         # the move's target, and never an in-sync copy while the target catches up (until

@@ -88,6 +88,9 @@ class MasterServicer(rpc.MasterServicer):
 
     async def LeaveWorker(self, request: pb.LeaveRequest, context: Any) -> pb.LeaveResponse:
         core = await self._leader(context)
+        if request.drain:
+            left = await serving.call_core(context, lambda: core.drain(request.worker_id))
+            return pb.LeaveResponse(primaries=left)
         await serving.call_core(context, lambda: core.leave(request.worker_id))
         return pb.LeaveResponse()
 

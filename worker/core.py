@@ -45,6 +45,7 @@ class WorkerLimits:
     reconcile_wait_s: float = 2.0  # how long one reconcile waits for tablets to open or close
     producer_expiry_s: float = 7 * 86400  # a producer silent this long loses its dedup mark
     replica_timeout_ms: int = 1000  # an in-sync follower silent this long leaves the in-sync set
+    drain_timeout_s: float = 8.0    # a stopping worker waits this long for its primaries to move
 
 
 class WorkerCore:
@@ -146,8 +147,8 @@ class WorkerCore:
                     and any(f.worker_id == self.worker_id for f in a.followers)):
                 await self.replicas.create_empty(key, a.token)
             tablet = self.tablets.get(key)
-            if tablet is not None and tablet.replicator is not None and tablet.token == a.token:
-                tablet.replicator.configure(a)
+            if tablet is not None and tablet.token == a.token:
+                tablet.follow(a)
         await self.reconcile()
 
     async def routing_changed(self, version: int, timeout: float) -> None:

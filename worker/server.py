@@ -276,6 +276,31 @@ async def _reconcile_loop(core: WorkerCore) -> None:
         await core.reconcile()
 
 
+async def _drain(core: WorkerCore, masters: AsyncMasterClient, timeout_s: float) -> None:
+    """Before closing: have the leader move our primaries to workers that catch up first,
+    while we still serve them (a short pause per key range, nothing to wait out). Bounded:
+    after ``timeout_s`` we leave anyway (the rest goes to in-sync followers, if any)."""
+    if not core.worker_id or not core.lease_valid():
+        return
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    left = -1
+    while asyncio.get_running_loop().time() < deadline:
+        try:
+            resp = await masters.stub().LeaveWorker(pb.LeaveRequest(worker_id=core.worker_id, drain=True),
+                                                    timeout=2)
+        except grpc.RpcError as e:
+            masters.follow(e)
+            log.info("drain: the leader did not answer (%s)", e.code().name)
+        else:
+            if resp.primaries != left:
+                left = resp.primaries
+                log.info("draining: %d primaries left to move", left)
+            if left == 0:
+                return
+        await asyncio.sleep(0.2)
+    log.warning("drain did not finish within %.0f s (%d primaries left); leaving anyway", timeout_s, left)
+
+
 async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
     identity, lock = claim_state_dir(options.state_dir)
     server = serving.make_server(options.security)
@@ -295,6 +320,7 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
              asyncio.create_task(_reconcile_loop(core))]
     try:
         await stop.wait()
+        await _drain(core, masters, options.limits.drain_timeout_s)
     finally:
         for t in tasks:
             t.cancel()

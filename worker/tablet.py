@@ -115,7 +115,8 @@ class Tablet:
         # Replicated (DESIGN.md §5): every commit waits for the in-sync followers. A tablet
         # that existed (token > 1: it was promoted or reopened) never opens an empty copy.
         self.replication = int(route.params.get("millstream.replication", "1"))
-        self._make_replicator = replicator if self.replication > 1 else None
+        # replication=1 gets followers only to move (a drain, a move): its replicator starts then.
+        self._make_replicator = replicator
         self.replicator: Replicator | None = None
         self.must_exist = token > 1
 
@@ -146,7 +147,7 @@ class Tablet:
         except BaseException:
             self._stop_thread()  # closes the storage once (if ever) the opening finishes
             raise
-        if self._make_replicator is not None:
+        if self._make_replicator is not None and self.replication > 1:
             self.replicator = self._make_replicator(self)  # its followers catch up from here
         self.open = True
         if pending:
@@ -157,7 +158,7 @@ class Tablet:
     def _open(self) -> list[Production]:
         """On the tablet's thread: storage, memory and user code; the productions to re-send."""
         store = TabletStore(self.path, self.token, sync=self.sync, must_exist=self.must_exist,
-                            replicated=self._make_replicator is not None)
+                            replicated=self._make_replicator is not None and self.replication > 1)
         try:
             # Dedup data is bounded (worker/dedup.py): one mark per producer, and the opaque
             # ids of the retention window; opening reads no more than that.
@@ -247,6 +248,15 @@ class Tablet:
         self.inbox.put(records, fut, orders or None)
         self._wake.set()
         return await fut
+
+    def follow(self, assignment: pb.Assignment) -> None:
+        """The routing changed: tell the replicator; a tablet without one (replication=1)
+        starts one when it is given a follower (it is being moved)."""
+        if self.replicator is None and assignment.followers and self._make_replicator is not None and self.open:
+            self.store.replicated = True  # from its next commit on (a gap before is a snapshot)
+            self.replicator = self._make_replicator(self)
+        elif self.replicator is not None:
+            self.replicator.configure(assignment)
 
     def _sent(self, productions: list[Production]) -> None:
         self.outbox.sent(productions)

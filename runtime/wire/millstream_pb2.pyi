@@ -208,14 +208,18 @@ class SlowCall(_message.Message):
     def __init__(self, key: _Optional[bytes] = ..., seconds: _Optional[float] = ..., running: _Optional[bool] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
-    __slots__ = ("worker_id",)
+    __slots__ = ("worker_id", "drain")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
-    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+    drain: bool
+    def __init__(self, worker_id: _Optional[str] = ..., drain: _Optional[bool] = ...) -> None: ...
 
 class LeaveResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("primaries",)
+    PRIMARIES_FIELD_NUMBER: _ClassVar[int]
+    primaries: int
+    def __init__(self, primaries: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("worker_id", "tablets", "report_seq", "problems")

@@ -135,3 +135,21 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split()[2] != "Z"
+
+
+def test_a_stopping_worker_drains_its_tablets_even_without_replicas(tmp_path: object) -> None:
+    """replication=1: a stopping worker's tablets have no follower to promote. It drains
+    instead: while it still serves them, each moves to a worker that catches up first. A
+    60 s lease: nothing but the drain can explain a prompt, lossless move."""
+    from tests.e2e.wordcount_run import run_wordcount
+
+    with Cluster(str(tmp_path), workers=2, lease_ms=60_000, replication=1).running() as c:
+        leaving = c.workers[0]
+
+        def stop() -> None:
+            c.kill(leaving, graceful=True)
+            wait_until(lambda: len(c.client.status()["workers"]) == 1, 15, "the worker to leave")
+
+        run_wordcount(c, n_lines=3000, midway=stop, name="drain")
+        assert "primaries left to move" in open(leaving.log_path).read()
+        assert all(t["health"] == "ok" and t["followers"] == [] for t in c.client.status()["tablets"])
