@@ -88,6 +88,7 @@ class MasterCore:
         self.zones: dict[str, str] = {}            # id -> failure domain ("" = none)
         self.pinned: dict[TabletKey, str] = {}     # operator moves waiting for their target to catch up
         self.draining: set[str] = set()            # workers stopping: their primaries move first
+        self.heard: set[str] = set()               # workers that reported since this master leads
         self.last_seen: dict[str, float] = {}      # id -> ms of the last heartbeat received
         self.tablets: dict[TabletKey, Ownership] = {}
         self.version = 0
@@ -118,6 +119,7 @@ class MasterCore:
         self.injector_seen: dict[str, float] = {}  # name -> when its last report arrived
         self._etcd_checked = -1e18
         self._gauged_at = -1e18
+        self._replan_soon = False  # a worker became eligible for copies: re-plan next tick
         self._defragged = -1e18
         self._changed = asyncio.Condition()
         self._lock = asyncio.Lock()
@@ -197,6 +199,7 @@ class MasterCore:
             await self._io(self.store.put_worker, worker_id, address, zone)
             self.workers[worker_id] = address
             self.zones[worker_id] = zone
+            self.heard.add(worker_id)
             self.last_seen[worker_id] = self.now_ms()
             self.liveness["registrations"] += 1
             if restarted:
@@ -253,6 +256,9 @@ class MasterCore:
             raise UnknownWorker(f"worker {worker_id} is not registered (its lease expired)")
         self.problems[worker_id] = {(p.computation, p.key_range): (p.error, p.attempts, p.seconds)
                                     for p in problems}
+        if worker_id not in self.heard:  # the first report since this master leads
+            self.heard.add(worker_id)
+            self._replan_soon = True
         self.last_seen[worker_id] = self.now_ms()
         self.reported_seq[worker_id] = max(self.reported_seq.get(worker_id, 0), report_seq)
         for h in held:
@@ -424,6 +430,10 @@ class MasterCore:
         await self.advance_watermarks()
         await self._etcd_upkeep()
         self._gauges()
+        if self._replan_soon:
+            self._replan_soon = False
+            async with self._lock:
+                await self._rebalance("heard")
         now = self.now_ms()
         dead = [w for w, t in self.last_seen.items() if now - t > self.config.lease_ms]
         if not dead:
@@ -467,7 +477,7 @@ class MasterCore:
                 del self.pinned[key]  # done, or its target is gone
         return replan([*self.tablets, *more], self.tablets, self._live(),
                       {**self.replication_factors(), **(extra or {})}, self.zones, self.pinned,
-                      self.draining & set(self.workers))
+                      self.draining & set(self.workers), set(self.workers) - self.heard)
 
     async def _rebalance(self, reason: str, more: Any = ()) -> None:
         """Apply :func:`~master.scheduler.replan`: failovers, moves, followers."""

@@ -105,19 +105,23 @@ def _pick(candidates: Sequence[str], load: Mapping[str, int], avoid_zones: set[s
 def replan(tablets: Iterable[TabletKey], current: Mapping[TabletKey, Ownership], live_workers: Iterable[str],
            replication: Mapping[TabletKey, int], zones: Mapping[str, str] | None = None,
            pinned: Mapping[TabletKey, str] | None = None,
-           draining: Iterable[str] = ()) -> dict[TabletKey, Ownership]:
+           draining: Iterable[str] = (), unheard: Iterable[str] = ()) -> dict[TabletKey, Ownership]:
     """The next ownership of every tablet, with its followers and in-sync set.
 
     ``replication``: copies wanted per tablet (primary included; missing = 1).
     ``pinned``: tablets an operator moves, to the worker they go to.
     ``draining``: live workers on their way out: they keep their primaries until a target
     has caught up (then it is promoted), hold no followers, and get nothing new.
+    ``unheard``: live workers this leader has not heard from yet (after a failover every
+    known worker counts as alive for a lease period, the dead too): they keep what they
+    have, but no move, promotion or new copy goes to them while another worker can take it.
     """
     zones = zones or {}
     pinned = pinned or {}
     leaving = set(draining)
     alive = set(live_workers)
     live = sorted(alive - leaving)
+    eligible = set(live) - set(unheard)  # may take new copies
     tablets = sorted(set(tablets))
     out: dict[TabletKey, Ownership] = {}
     assignable: dict[TabletKey, Ownership] = {}
@@ -131,9 +135,10 @@ def replan(tablets: Iterable[TabletKey], current: Mapping[TabletKey, Ownership],
             assignable[t] = Ownership(own.worker, own.token, own.followers, in_sync)
             continue
         candidates = [w for w in own.in_sync if w in alive]
-        if candidates:  # failover: the least loaded in-sync copy
+        if candidates:  # failover: the least loaded in-sync copy (a draining one only if alone)
             counts = {w: sum(1 for o in assignable.values() if o.worker == w) for w in candidates}
-            assignable[t] = own.promoted(min(candidates, key=lambda w: (counts[w], w)))
+            assignable[t] = own.promoted(min(candidates, key=lambda w: (w in leaving, w not in eligible,
+                                                                        counts[w], w)))
         else:  # no in-sync copy left: unassigned until one comes back
             out[t] = Ownership("", own.token, (), own.in_sync)
     new = [t for t in tablets if t not in out and t not in assignable]
@@ -141,7 +146,9 @@ def replan(tablets: Iterable[TabletKey], current: Mapping[TabletKey, Ownership],
     load: dict[str, int] = {w: 0 for w in live}
     for t in [*assignable, *new]:
         own = assignable.get(t)
-        want = pinned.get(t) if pinned.get(t) in alive else (desired[t].worker if t in desired else "")
+        want = pinned.get(t) if pinned.get(t) in eligible else (desired[t].worker if t in desired else "")
+        if want and want not in eligible and (own is None or want != own.worker):
+            want = ""  # not heard from yet: it may be dead (placed again once it reports)
         if own is None:
             if not want:
                 out[t] = Ownership("", 0)
@@ -159,7 +166,7 @@ def replan(tablets: Iterable[TabletKey], current: Mapping[TabletKey, Ownership],
             continue
         n = max(1, replication.get(t, 1)) - 1
         keep = [f for f in own.followers if f in alive and f not in leaving and f != own.worker]
-        target = pinned.get(t) if pinned.get(t) in alive else (desired[t].worker if t in desired else "")
+        target = pinned.get(t) if pinned.get(t) in eligible else (desired[t].worker if t in desired else "")
         # Too many (after a move or a lower factor): drop copies not in sync first, never
         # the move's target, and never an in-sync copy while the target catches up (until
         # then the tablet has one follower more than it needs).
@@ -171,7 +178,7 @@ def replan(tablets: Iterable[TabletKey], current: Mapping[TabletKey, Ownership],
             drop.sort(key=lambda f: (f in own.in_sync, -load.get(f, 0)))
             keep.remove(drop[0])
         while len(keep) < n:
-            free = [w for w in live if w != own.worker and w not in keep]
+            free = [w for w in live if w != own.worker and w not in keep and w in eligible]
             if not free:
                 break
             used = {zones.get(w, "") for w in (own.worker, *keep)}

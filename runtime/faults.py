@@ -5,10 +5,10 @@ every 50 ms) for one fault per line:
 
     block ADDRESS       replication from this worker to ADDRESS fails, as if the network
                         between them were cut
-    ignore-lease        commit even when the lease has lapsed (plays a zombie that missed
-                        its self-fencing, to show that followers refuse it)
-    ignore-routing      keep acting on the routing it has (plays a zombie cut off from
-                        the master but not from its peers)
+    ignore-lease        a batch commits even when the lease has lapsed (plays a zombie
+                        whose batch in flight missed its self-fencing, to show that its
+                        followers refuse it); closing and opening tablets still follow
+                        the real lease
 
 Without the variable nothing is read and every check is false.
 """
@@ -52,6 +52,3 @@ class Faults:
 
     def ignore_lease(self) -> bool:
         return "ignore-lease" in self._current()
-
-    def ignore_routing(self) -> bool:
-        return "ignore-routing" in self._current()

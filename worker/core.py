@@ -89,7 +89,7 @@ class WorkerCore:
         self.sender = Sender(lambda: self.routing, self.deliver_to, self.routing_changed)
         self.channel = channel  # None: no replication (a worker of the in-process test kit)
         self.faults = faults
-        self.replicas = Replicas(state_dir, self.path_of, self._primary_token)
+        self.replicas = Replicas(state_dir, self.path_of, self._primary_token, lambda: self.worker_id)
         self._closing_tablets: dict[tuple[str, int], Tablet] = {}
 
     def path_of(self, key: tuple[str, int]) -> str:
@@ -116,7 +116,11 @@ class WorkerCore:
     # ----------------------------------------------------------------- lease
 
     def lease_valid(self) -> bool:
-        return self.now_ms() < self.lease_deadline or self.faults.ignore_lease()
+        """Whether a batch may commit (the fault hook may play a zombie that skips this)."""
+        return self.lease_held() or self.faults.ignore_lease()
+
+    def lease_held(self) -> bool:
+        return self.now_ms() < self.lease_deadline
 
     def renewed(self, sent_at_ms: float, lease_ms: int) -> None:
         """A heartbeat sent at ``sent_at_ms`` was acknowledged: trust the lease until then + a margin."""
@@ -129,8 +133,6 @@ class WorkerCore:
     # --------------------------------------------------------------- routing
 
     async def apply_routing(self, routing: pb.Routing) -> None:
-        if self.faults.ignore_routing():
-            return
         table = RoutingTable(routing)
         # On the loop, but bounded: imports are refused outside the code policy before
         # anything runs, and an allowed module is imported once.
@@ -167,7 +169,7 @@ class WorkerCore:
         up the rest on a later call.
         """
         async with self._reconcile_lock:
-            valid = self.lease_valid()
+            valid = self.lease_held()
             wanted = self.routing.tablets_of(self.worker_id) if valid else {}
             self._wanted = wanted
             for key in [k for k in self._failures if k not in wanted]:

@@ -36,7 +36,8 @@ class Replicas:
     """The follower copies on one worker."""
 
     def __init__(self, state_dir: str, path_of: Callable[[Key], str],
-                 primary_token: Callable[[Key], int | None]) -> None:
+                 primary_token: Callable[[Key], int | None], worker_id: Callable[[], str] = lambda: "") -> None:
+        self.worker_id = worker_id
         self.incoming_dir = os.path.join(state_dir, ".incoming")
         self.path_of = path_of
         self.primary_token = primary_token  # token of a tablet open (or opening) here as primary
@@ -64,8 +65,12 @@ class Replicas:
         if token > self.fence.get(key, 0):
             self.fence[key] = token
 
-    def _check(self, key: Key, token: int) -> pb.ReplicateResponse | None:
+    def _check(self, key: Key, token: int, follower: str = "") -> pb.ReplicateResponse | None:
         """A refusal for a primary under ``token``, or None."""
+        me = self.worker_id()
+        if follower and me and follower != me:
+            return _refuse(R.WRONG_WORKER, "wrong worker", f"this is worker {me}, not {follower} (a new "
+                           "worker at its address)")
         mine = self.primary_token(key)
         if mine is not None and mine >= token:
             return _refuse(R.STALE_TOKEN, "primary here", f"this worker is the primary of "
@@ -80,7 +85,7 @@ class Replicas:
     async def replicate(self, req: pb.ReplicateRequest) -> pb.ReplicateResponse:
         key = (req.computation, req.key_range)
         async with self._lock(key):
-            refused = self._check(key, req.token)
+            refused = self._check(key, req.token, req.follower)
             if refused is not None:
                 return refused
             self.raise_fence(key, req.token)
@@ -101,7 +106,7 @@ class Replicas:
         """One piece of a snapshot; the last one replaces the copy with it."""
         key = (chunk.computation, chunk.key_range)
         async with self._lock(key):
-            refused = self._check(key, chunk.token)
+            refused = self._check(key, chunk.token, chunk.follower)
             if refused is not None:
                 self._discard_incoming(key)
                 return refused

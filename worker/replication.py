@@ -184,9 +184,9 @@ class _Link:
             t0 = time.perf_counter()
             resp = await rep.channel.replicate(self.address, pb.ReplicateRequest(
                 computation=rep.tablet.computation, key_range=rep.tablet.key_range, token=rep.tablet.token,
-                entries=entries, sync=rep.tablet.sync))
+                entries=entries, sync=rep.tablet.sync, follower=self.follower))
             metrics.REPLICATION_RPC_SECONDS.labels(rep.tablet.computation).observe(time.perf_counter() - t0)
-        if resp is None:
+        if resp is None or resp.status == R.WRONG_WORKER:
             self.fail()
             return False
         self.probe = False
@@ -209,8 +209,8 @@ class _Link:
         rep = self.rep
         resp = None if rep.blocked(self.address) else await rep.channel.replicate(
             self.address, pb.ReplicateRequest(computation=rep.tablet.computation, key_range=rep.tablet.key_range,
-                                              token=rep.tablet.token, sync=rep.tablet.sync))
-        if resp is None:
+                                              token=rep.tablet.token, sync=rep.tablet.sync, follower=self.follower))
+        if resp is None or resp.status == R.WRONG_WORKER:
             return False
         if resp.status == R.STALE_TOKEN:
             raise StaleTokenError(resp.detail or "a newer primary exists")
@@ -230,7 +230,7 @@ class _Link:
         index = await tablet.thread.run(tablet.store.checkpoint, path)
         try:
             base = pb.SnapshotChunk(computation=tablet.computation, key_range=tablet.key_range,
-                                    token=tablet.token, index=index, session=session)
+                                    token=tablet.token, index=index, session=session, follower=self.follower)
             sent = 0
             for name in sorted(os.listdir(path)):
                 offset = 0

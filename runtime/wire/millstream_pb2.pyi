@@ -86,18 +86,20 @@ class ReplicaEntry(_message.Message):
     def __init__(self, index: _Optional[int] = ..., ops: _Optional[bytes] = ...) -> None: ...
 
 class ReplicateRequest(_message.Message):
-    __slots__ = ("computation", "key_range", "token", "entries", "sync")
+    __slots__ = ("computation", "key_range", "token", "entries", "sync", "follower")
     COMPUTATION_FIELD_NUMBER: _ClassVar[int]
     KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_FIELD_NUMBER: _ClassVar[int]
     computation: str
     key_range: int
     token: int
     entries: _containers.RepeatedCompositeFieldContainer[ReplicaEntry]
     sync: bool
-    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[ReplicaEntry, _Mapping]]] = ..., sync: _Optional[bool] = ...) -> None: ...
+    follower: str
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[ReplicaEntry, _Mapping]]] = ..., sync: _Optional[bool] = ..., follower: _Optional[str] = ...) -> None: ...
 
 class ReplicateResponse(_message.Message):
     __slots__ = ("status", "index", "detail")
@@ -106,9 +108,11 @@ class ReplicateResponse(_message.Message):
         OK: _ClassVar[ReplicateResponse.Status]
         STALE_TOKEN: _ClassVar[ReplicateResponse.Status]
         NEED_SNAPSHOT: _ClassVar[ReplicateResponse.Status]
+        WRONG_WORKER: _ClassVar[ReplicateResponse.Status]
     OK: ReplicateResponse.Status
     STALE_TOKEN: ReplicateResponse.Status
     NEED_SNAPSHOT: ReplicateResponse.Status
+    WRONG_WORKER: ReplicateResponse.Status
     STATUS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
@@ -118,7 +122,7 @@ class ReplicateResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[ReplicateResponse.Status, str]] = ..., index: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class SnapshotChunk(_message.Message):
-    __slots__ = ("computation", "key_range", "token", "index", "session", "file", "offset", "data", "done")
+    __slots__ = ("computation", "key_range", "token", "index", "session", "file", "offset", "data", "done", "follower")
     COMPUTATION_FIELD_NUMBER: _ClassVar[int]
     KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +132,7 @@ class SnapshotChunk(_message.Message):
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_FIELD_NUMBER: _ClassVar[int]
     computation: str
     key_range: int
     token: int
@@ -137,7 +142,8 @@ class SnapshotChunk(_message.Message):
     offset: int
     data: bytes
     done: bool
-    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., index: _Optional[int] = ..., session: _Optional[str] = ..., file: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., done: _Optional[bool] = ...) -> None: ...
+    follower: str
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., index: _Optional[int] = ..., session: _Optional[str] = ..., file: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., done: _Optional[bool] = ..., follower: _Optional[str] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
     __slots__ = ("topology_json",)

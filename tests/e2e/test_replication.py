@@ -133,31 +133,50 @@ class _Background:
 
 
 def test_a_paused_primary_past_its_lease_is_refused_by_its_followers(tmp_path: Any) -> None:
-    """The zombie is made to skip its self-fencing and to ignore routing (the fault hook), so
-    it does try to commit what reached it while it slept: its followers refuse it."""
+    """A primary is SIGSTOPped while a batch of its runs slow user code, past its lease; its
+    follower is promoted. The fault hook makes its batches skip the lease check, so when it
+    wakes, that batch really tries to commit: its follower, now the primary, refuses it."""
     c, faults = _faulty_cluster(tmp_path)
     try:
-        zombie = c.workers[0]
+        paused: list[Process] = []
 
-        def pause_past_lease() -> None:
-            wid = _worker_id(c, zombie)
-            with open(faults[0], "w") as f:
-                f.write("ignore-lease\nignore-routing\n")
+        def pause_in_a_slow_batch() -> None:
+            by_address = {w.address: (w, f) for w, f in zip(c.workers, faults, strict=True)}
+
+            def slow_primary() -> tuple[Process, str, str] | None:
+                doc = c.client.status()
+                owners = {t["key_range"]: (t["primary"], t["address"]) for t in doc["tablets"]
+                          if t["computation"] == "counter"}
+                for k in doc["computations"]["counter"]["slow_keys"]:
+                    wid, address = owners[k["key_range"]]
+                    if k["running"] and address in by_address:
+                        return by_address[address][0], by_address[address][1], wid
+                return None
+
+            wait_until(lambda: slow_primary() is not None, 60, "a counter batch in slow user code")
+            found = slow_primary()
+            assert found is not None
+            zombie, fault_file, wid = found
+            with open(fault_file, "w") as f:
+                f.write("ignore-lease\n")
             c.pause(zombie)
+            paused.append(zombie)
             wait_until(lambda: all(t["primary"] != wid for t in _tablets(c)), 30,
                        "the zombie's tablets to be promoted elsewhere")
             c.resume(zombie)
-            # Its late commits reach followers that have seen the new token: refused.
             wait_until(lambda: metric(zombie, "millstream_replication_refused") > 0, 30,
-                       "the zombie's late writes to be refused")
-            with open(faults[0], "w"):
-                pass  # the zombie hears the routing again and lets go
+                       "the zombie's late commit to be refused")
+            with open(fault_file, "w"):
+                pass
 
-        disruption = _Background(pause_past_lease)
-        run_wordcount(c, n_lines=6000, midway=disruption.start, name="zombie")
+        disruption = _Background(pause_in_a_slow_batch)
+        topo_counter = "tests.jobs:SlowCounter"
+        run_wordcount(c, n_lines=6000, midway=disruption.start, name="zombie", counter=topo_counter,
+                      counter_params={"every": "1000", "sleep": "3"})
         disruption.join()
-        assert sum(metric(w, "millstream_follower_refusals") for w in c.workers[1:]) > 0
+        zombie = paused[0]
         assert "refused our commits" in open(zombie.log_path).read()
+        assert sum(metric(w, "millstream_follower_refusals") for w in c.workers if w is not zombie) > 0
     finally:
         c.close()
 

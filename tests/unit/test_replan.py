@@ -42,7 +42,10 @@ def states(draw: st.DrawFn) -> tuple[list[TabletKey], dict[TabletKey, Ownership]
 def test_replan_keeps_the_safety_rules(state, data) -> None:  # type: ignore[no-untyped-def]
     tablets, current, live, replication = state
     pinned = {t: data.draw(st.sampled_from(WORKERS)) for t in tablets if data.draw(st.booleans())}
-    out = replan(tablets, current, live, replication, {w: "z" + w[-1] for w in WORKERS if w != "w0"}, pinned)
+    draining = set(data.draw(st.lists(st.sampled_from(live), unique=True))) if live else set()
+    unheard = set(data.draw(st.lists(st.sampled_from(live), unique=True))) if live else set()
+    out = replan(tablets, current, live, replication, {w: "z" + w[-1] for w in WORKERS if w != "w0"}, pinned,
+                 draining, unheard)
     assert set(out) == set(tablets)
     for t, new in out.items():
         old = current.get(t)
@@ -61,12 +64,20 @@ def test_replan_keeps_the_safety_rules(state, data) -> None:  # type: ignore[no-
             assert new.in_sync[0] == new.worker
             assert set(new.in_sync) <= {new.worker, *new.followers}
             assert new.worker not in new.followers and len(set(new.followers)) == len(new.followers)
-            assert all(f in live for f in new.followers)
+            assert all(f in live and f not in draining for f in new.followers)
+            old_copies = set(old.followers) | {old.worker} if old is not None else set()
+            assert all(f not in unheard or f in old_copies for f in new.followers), "no new copy on an unheard worker"
+            if new.worker in unheard and (old is None or old.worker != new.worker):
+                assert old is not None and all(w in unheard | draining for w in old.in_sync if w in live)
+            if new.worker in draining:  # only what it had, or a failover with no other copy
+                assert old is not None and (old.worker == new.worker or all(
+                    w in draining for w in old.in_sync if w in live)), (old, new)
             if old is not None and old.existed and old.worker == new.worker:
                 # The leader only ever drops members of a live primary's in-sync set.
                 assert set(new.in_sync) <= set(old.in_sync)
             wanted = replication.get(t, 1) - 1
-            assert len(new.followers) >= min(wanted, len(live) - 1)
+            eligible = [w for w in live if w not in draining and w not in unheard and w != new.worker]
+            assert len(new.followers) >= min(wanted, len(eligible))
 
 
 def test_a_new_tablets_copies_start_in_sync_and_spread_over_zones() -> None:
@@ -100,3 +111,15 @@ def test_a_move_catches_the_target_up_before_promoting_it() -> None:
     synced = Ownership(step.worker, step.token, step.followers, (*step.in_sync, "c"))
     done = replan([("c", 0)], {("c", 0): synced}, ["a", "b", "c"], {("c", 0): 2}, pinned={("c", 0): "c"})
     assert done[("c", 0)].worker == "c" and done[("c", 0)].token == 4
+
+
+def test_a_draining_worker_keeps_serving_until_a_target_caught_up_and_holds_no_copies() -> None:
+    cur = {("c", 0): Ownership("a", 3, (), ("a",)), ("c", 1): Ownership("b", 2, ("a",), ("b", "a"))}
+    step = replan(list(cur), cur, ["a", "b"], {("c", 0): 1, ("c", 1): 2}, draining=["a"])
+    # replication=1: the target catches up as a follower; "a" still serves meanwhile.
+    assert step[("c", 0)].worker == "a" and step[("c", 0)].followers == ("b",)
+    # "a" holds no follower copy any more (and gets none new).
+    assert "a" not in step[("c", 1)].followers
+    synced = {**step, ("c", 0): Ownership("a", 3, ("b",), ("a", "b"))}
+    done = replan(list(cur), synced, ["a", "b"], {("c", 0): 1, ("c", 1): 2}, draining=["a"])
+    assert done[("c", 0)].worker == "b" and done[("c", 0)].token == 4 and done[("c", 0)].followers == ()

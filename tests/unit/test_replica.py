@@ -95,3 +95,16 @@ def test_a_snapshot_of_a_primary_replaces_the_copy(tmp_path: Any) -> None:
         copy.close()
     asyncio.run(run())
     store.close()
+
+
+def test_a_new_worker_at_a_followers_address_refuses_what_was_meant_for_the_old_one(tmp_path: Any) -> None:
+    async def run() -> None:
+        reps = Replicas(str(tmp_path), lambda k: os.path.join(str(tmp_path), k[0], str(k[1])),
+                        lambda k: None, lambda: "newworker000")
+        req = _req(1, _entry(1, b"k", b"v"))
+        req.follower = "oldworker000"
+        assert (await reps.replicate(req)).status == R.WRONG_WORKER
+        chunk = pb.SnapshotChunk(computation="c", key_range=0, token=1, index=0, session="s", done=True,
+                                 follower="oldworker000")
+        assert (await reps.install(chunk)).status == R.WRONG_WORKER
+    asyncio.run(run())
