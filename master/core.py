@@ -204,14 +204,13 @@ class MasterCore:
             self.liveness["registrations"] += 1
             if restarted:
                 # The same disk, a new process: what it was primary of opens again under a new
-                # token (fencing anything of the old process); as a follower it catches up anew.
+                # token (fencing anything of the old process). As a follower it stays in the
+                # in-sync sets it was in: its copy on disk holds every commit acknowledged
+                # without its leaving them (its primaries drop it if it falls behind).
                 changed = {}
                 for key, own in self.tablets.items():
                     if own.worker == worker_id:
                         changed[key] = Ownership(worker_id, own.token + 1, own.followers, (worker_id,))
-                    elif worker_id in own.in_sync and own.worker:
-                        changed[key] = Ownership(own.worker, own.token, own.followers,
-                                                 tuple(w for w in own.in_sync if w != worker_id))
                 if changed:
                     await self._io(self.store.put_tablets, changed)
                     self.tablets.update(changed)

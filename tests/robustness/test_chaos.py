@@ -45,8 +45,14 @@ def _replicated(c: Cluster) -> None:
     """Before a loss: every tablet has its in-sync follower again (with replication 2, two
     losses closer together than re-replication may lose both copies of a tablet; that is
     what replication 3 is for, docs/replication.md)."""
-    wait_until(lambda: all(t["health"] == "ok" for t in c.client.status()["tablets"]), 60,
-               "every tablet to be replicated again")
+    def settled() -> bool:
+        doc = c.client.status()
+        # A worker killed a moment ago still counts as alive (and its copies as in sync)
+        # until its lease runs out: wait for that too.
+        return (len(doc["workers"]) == len(_live_workers(c))
+                and all(t["health"] == "ok" for t in doc["tablets"]))
+
+    wait_until(settled, 60, "every lost worker to expire and every tablet to be replicated again")
 
 
 def _kill_and_restart_worker(c: Cluster, rng: random.Random) -> str:
