@@ -203,12 +203,7 @@ class Injector:
         # One Deliver per destination and per 16 MiB of records: never over the message limit.
         pending: dict[tuple[str, int, int], list[Record]] = {}
         for (comp, r), records in self._route(self._buffer).items():
-            chunk, size = 0, 0
-            for rec in records:
-                size += record_bytes(rec)
-                if size > MAX_DELIVERY_BYTES and pending.get((comp, r, chunk)):
-                    chunk, size = chunk + 1, record_bytes(rec)
-                pending.setdefault((comp, r, chunk), []).append(rec)
+            _chunk(pending, comp, r, records)
         orders = self._orders(pending)
         delay = 0.01
         while pending:
@@ -253,8 +248,29 @@ class Injector:
             delay = min(delay * 2, 0.5)
             if refresh:
                 self._routing = self._fetch_routing()
+                if self._reroute(pending):
+                    orders = self._orders(pending)
         self._buffer.clear()
         self._report()
+
+    def _reroute(self, pending: dict[tuple[str, int, int], list[Record]]) -> bool:
+        """Send records meant for ranges a split or merge replaced to the ranges that replaced
+        them, by key, each producer's in order; true if any moved."""
+        gone = [d for d in pending if d[0] in self._routing.computations
+                and not self._routing.has_range(d[0], d[1])]
+        if not gone:
+            return False
+        moved: dict[str, list[Record]] = {}
+        for dest in gone:
+            moved.setdefault(dest[0], []).extend(pending.pop(dest))
+        for comp, records in moved.items():
+            records.sort(key=lambda rec: rec.id)  # sequenced ids: by producer, then sequence
+            by_range: dict[int, list[Record]] = {}
+            for rec in records:
+                by_range.setdefault(self._routing.range_for(comp, rec.key), []).append(rec)
+            for r, recs in by_range.items():
+                _chunk(pending, comp, r, recs)
+        return True
 
     def _orders(self, pending: dict[tuple[str, int, int], list[Record]]
                 ) -> dict[tuple[str, int, int], list[pb.ProducerOrder]]:
@@ -338,3 +354,15 @@ class Injector:
                 self.finish()
         finally:
             self.close()
+
+
+def _chunk(pending: dict[tuple[str, int, int], list[Record]], comp: str, r: int, records: list[Record]) -> None:
+    """Add ``records`` for one tablet to ``pending``, cut into deliveries of at most 16 MiB,
+    after the chunks it already has for that tablet."""
+    chunk = max((d[2] + 1 for d in pending if d[:2] == (comp, r)), default=0)
+    size = 0
+    for rec in records:
+        size += record_bytes(rec)
+        if size > MAX_DELIVERY_BYTES and pending.get((comp, r, chunk)):
+            chunk, size = chunk + 1, record_bytes(rec)
+        pending.setdefault((comp, r, chunk), []).append(rec)

@@ -17,13 +17,15 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from master.ranges import KeyRange, Ranges
 from master.scheduler import Ownership, TabletKey, replan, replication_health
 from master.store import EtcdStore
 from master.watermarks import END_OF_TIME, MIN, Settler, TabletReport, Watermark, compute, publish
 from runtime import metrics
 from runtime.client import check_topology_size
 from runtime.errors import ConfigError, MillstreamError, StaleTokenError, TopologyError
-from runtime.topology import Topology, validate_against
+from runtime.keyspace import wire_end
+from runtime.topology import ComputationSpec, Topology, validate_against
 from runtime.wire import millstream_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -91,6 +93,8 @@ class MasterCore:
         self.heard: set[str] = set()               # workers that reported since this master leads
         self.last_seen: dict[str, float] = {}      # id -> ms of the last heartbeat received
         self.tablets: dict[TabletKey, Ownership] = {}
+        self.ranges: dict[str, Ranges] = {}        # computation -> its key ranges (master/ranges.py)
+        self.reshards: list[tuple[float, str]] = []  # recent splits and merges (ms, what), for status
         self.version = 0
         self.closed = False
         self.report_time: dict[TabletKey, float] = {}
@@ -136,14 +140,16 @@ class MasterCore:
         now = self.now_ms()
         self.last_seen = {w: now for w in self.workers}
         self.tablets = dict(snap.tablets)
+        self.ranges = {s.name: snap.ranges.get(s.name) or Ranges.first(s.key_ranges)
+                       for t in self.topologies.values() for s in t.computations.values()}
         self.published = dict(snap.watermarks)
         self.injectors = dict(snap.injectors)
         self.injector_incarnations = {
             n: dict(snap.injector_incarnations.get(n) or {"": wm}) for n, (_, wm) in snap.injectors.items()}
         # A submit spans several etcd transactions when it creates many tablets; if its leader
         # fell between them, the topology is stored but some tablets are not: place them now.
-        wanted = {(s.name, r) for t in self.topologies.values() for s in t.computations.values()
-                  for r in range(s.key_ranges)}
+        wanted = {k for t in self.topologies.values() for s in t.computations.values()
+                  for k in self._keys(s)}
         if wanted - set(self.tablets):
             log.warning("placing %d tablets a previous leader had not written", len(wanted - set(self.tablets)))
         await self._rebalance("leader", wanted)
@@ -159,17 +165,18 @@ class MasterCore:
             old = self.topologies.get(topo.name)
             if old is not None:
                 if old.to_json() == topo.to_json():
-                    return topo.name, sum(s.key_ranges for s in topo.computations.values())
+                    return topo.name, sum(len(self._keys(s)) for s in topo.computations.values())
                 raise TopologyError(
                     f"a different topology named {topo.name!r} is already running; "
                     "submit it under a new name (in-place updates are not supported)"
                 )
             existing = [s for t in self.topologies.values() for s in t.computations.values()]
             validate_against(topo.computations.values(), existing)
-            wanted = {(s.name, r) for s in topo.computations.values() for r in range(s.key_ranges)}
-            placed = self._plan(wanted, extra={(s.name, r): s.replication or self.config.replication
-                                               for s in topo.computations.values()
-                                               for r in range(s.key_ranges)})
+            for s in topo.computations.values():
+                self.ranges[s.name] = Ranges.first(s.key_ranges)
+            wanted = {k for s in topo.computations.values() for k in self._keys(s)}
+            placed = self._plan(wanted, extra={k: s.replication or self.config.replication
+                                               for s in topo.computations.values() for k in self._keys(s)})
             new = {k: v for k, v in placed.items() if self.tablets.get(k) != v}
             await self._io(self.store.put_topology, topo.name, topo.to_json(), new)
             self.topologies[topo.name] = topo
@@ -466,8 +473,17 @@ class MasterCore:
 
     def replication_factors(self) -> dict[TabletKey, int]:
         """Copies wanted per tablet (its computation's ``replication``, else the master's)."""
-        return {(s.name, r): s.replication or self.config.replication
-                for t in self.topologies.values() for s in t.computations.values() for r in range(s.key_ranges)}
+        return {k: s.replication or self.config.replication
+                for t in self.topologies.values() for s in t.computations.values() for k in self._keys(s)}
+
+    def _keys(self, spec: ComputationSpec) -> list[TabletKey]:
+        """The tablets of a computation: one per key range it has now."""
+        ranges = self.ranges.get(spec.name)
+        return [(spec.name, r) for r in (ranges.ranges if ranges is not None else range(spec.key_ranges))]
+
+    def bounds(self, computation: str, key_range: int) -> KeyRange | None:
+        ranges = self.ranges.get(computation)
+        return ranges.ranges.get(key_range) if ranges is not None else None
 
     def _plan(self, more: Any = (), extra: dict[TabletKey, int] | None = None) -> dict[TabletKey, Ownership]:
         for key, target in list(self.pinned.items()):
@@ -566,11 +582,12 @@ class MasterCore:
                 c.params["millstream.replication"] = str(s.replication or self.config.replication)
                 for stream, ex in s.inputs.items():
                     c.inputs.add(stream=stream, key_extractor=ex or "")
-                for r in range(s.key_ranges):
+                for r, kr in sorted(self.ranges[s.name].ranges.items()):
                     own = self.tablets.get((s.name, r), Ownership("", 0))
                     a = c.assignments.add(key_range=r, worker_id=own.worker,
                                           address=self.workers.get(own.worker, ""), token=own.token,
-                                          in_sync=own.in_sync)
+                                          in_sync=own.in_sync, start=kr.start, end=wire_end(kr.end),
+                                          parents=kr.parents, cut=kr.cut % (1 << 64))
                     for f in own.followers:
                         a.followers.add(worker_id=f, address=self.workers.get(f, ""))
         return out
@@ -584,6 +601,16 @@ class MasterCore:
                 return  # no longer leading: watchers reconnect and find the new leader
             known_version = self.version
             yield self.routing()
+
+    async def changed(self, timeout: float) -> None:
+        """Wait for the next routing change, at most ``timeout`` seconds."""
+        version = self.version
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(functools.partial(self._moved_since, version)),
+                                       timeout)
+            except TimeoutError:
+                pass
 
     def _moved_since(self, version: int) -> bool:
         return self.version != version or self.closed

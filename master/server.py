@@ -14,11 +14,12 @@ from typing import Any
 
 import grpc
 
-from master import web
+from master import reshard, web
 from master.core import MasterConfig, MasterCore, UnknownWorker
 from master.store import EtcdConfig, EtcdStore, NotLeader
 from runtime import metrics, serving
 from runtime.errors import EtcdUnavailable
+from runtime.keyspace import wire_end
 from runtime.security import Security
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
@@ -130,6 +131,23 @@ class MasterServicer(rpc.MasterServicer):
         token = await serving.call_core(
             context, lambda: core.move(request.computation, request.key_range, request.worker))
         return pb.MoveTabletResponse(token=token)
+
+    async def Split(self, request: pb.SplitRequest, context: Any) -> pb.ReshardResponse:
+        core = await self._leader(context)
+        views = await serving.call_core(context, lambda: reshard.split(
+            core, request.computation, request.key_range, request.at if request.has_at else None))
+        return _ranges(views)
+
+    async def Merge(self, request: pb.MergeRequest, context: Any) -> pb.ReshardResponse:
+        core = await self._leader(context)
+        views = await serving.call_core(context, lambda: reshard.merge(
+            core, request.computation, request.left, request.right))
+        return _ranges(views)
+
+
+def _ranges(views: list[reshard.RangeView]) -> pb.ReshardResponse:
+    return pb.ReshardResponse(ranges=[pb.RangeInfo(key_range=v.key_range, start=v.start, end=wire_end(v.end),
+                                                   worker_id=v.worker, token=v.token) for v in views])
 
 
 class Master:

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 from master.core import FINISHED
 from master.scheduler import replication_health
 from master.watermarks import END_OF_TIME, MIN
-from runtime.keyspace import range_bounds
 from runtime.status import show_key
 
 if TYPE_CHECKING:
@@ -71,7 +70,7 @@ def status_document(core: MasterCore, wall_us: int | None = None) -> dict[str, A
                 "dead_lettered": totals.get("dead_lettered", 0),
                 "backlog": sum(b for (cc, _), b in core._backlog.items() if cc == c),
                 # the lowest watermark any of its tablets acts on (workers learn it ~50 ms later)
-                "watermark_seen": min((core._seen.get((c, r), MIN) for r in range(t.computations[c].key_ranges)),
+                "watermark_seen": min((core._seen.get(k, MIN) for k in core._keys(t.computations[c])),
                                       default=MIN),
                 "slow_keys": _slowest(core, c),
                 "problems": _problems_of(core, c),
@@ -105,14 +104,15 @@ def status_document(core: MasterCore, wall_us: int | None = None) -> dict[str, A
         },
         "tablets": [_tablet(core, c, r, o, replication.get((c, r), 1))
                     for (c, r), o in sorted(core.tablets.items())],
+        "reshards": [{"ago_s": round((now - at) / 1000, 1), "what": what} for at, what in core.reshards],
         "replication": {"default": core.config.replication, "under_replicated": under,
                         "unavailable": unavailable},
     }
 
 
 def _tablet(core: MasterCore, c: str, r: int, o: Ownership, wanted: int) -> dict[str, Any]:
-    spec = next((t.computations[c] for t in core.topologies.values() if c in t.computations), None)
-    start, end = range_bounds(r, spec.key_ranges) if spec is not None and r < spec.key_ranges else (0, 0)
+    kr = core.bounds(c, r)
+    start, end = (kr.start, kr.end) if kr is not None else (0, 0)
     return {"computation": c, "key_range": r, "start": start, "end": end,
             "primary": o.worker, "worker": o.worker, "address": core.workers.get(o.worker, ""),
             "followers": list(o.followers), "in_sync": list(o.in_sync), "token": o.token,

@@ -6,6 +6,8 @@ Layout under ``/millstream/``::
     topologies/<name>           topology JSON
     workers/<id>                {"address", "zone"}
     tablets/<computation>/<r>   {"worker", "token", "followers", "in_sync"}
+    ranges/<computation>        {"next", "ranges": {id: [start, end, parents]}}
+                                (absent: the first cut of key_ranges, never split or merged)
     masters/<id>                {"id", "address"}          (held by that master's lease)
     watermarks/<computation>    published low watermark (never decreases)
     injectors/<name>            {"stream", "watermark"}
@@ -28,6 +30,7 @@ import grpc
 import pyetcd
 import pyetcd.exceptions
 
+from master.ranges import Ranges
 from master.scheduler import Ownership, TabletKey
 from runtime.errors import ConfigError, EtcdUnavailable, MillstreamError
 
@@ -41,6 +44,7 @@ MASTERS = PREFIX + "masters/"
 WATERMARKS = PREFIX + "watermarks/"
 INJECTORS = PREFIX + "injectors/"
 TABLETS = PREFIX + "tablets/"
+RANGES = PREFIX + "ranges/"
 _TXN_OPS = 100  # etcd's default --max-txn-ops is 128
 
 
@@ -82,6 +86,7 @@ class Snapshot:
     # name -> incarnation -> watermark; an injector of an older version has none stored
     injector_incarnations: dict[str, dict[str, int]] = field(default_factory=dict)
     zones: dict[str, str] = field(default_factory=dict)  # worker id -> zone
+    ranges: dict[str, Ranges] = field(default_factory=dict)  # split or merged computations
 
 
 class EtcdStore:
@@ -223,6 +228,8 @@ class EtcdStore:
                 if "incarnations" in doc:
                     snap.injector_incarnations[key[len(INJECTORS):]] = {
                         i: int(w) for i, w in doc["incarnations"].items()}
+            elif key.startswith(RANGES):
+                snap.ranges[key[len(RANGES):]] = Ranges.from_doc(json.loads(value))
             elif key.startswith(TABLETS):
                 comp, _, r = key[len(TABLETS):].rpartition("/")
                 doc = json.loads(value)
@@ -245,6 +252,16 @@ class EtcdStore:
 
     def put_tablets(self, tablets: Mapping[TabletKey, Ownership]) -> None:
         self._guarded(self._tablet_ops(tablets))
+
+    def put_reshard(self, computation: str, ranges: Ranges, gone: list[TabletKey],
+                    tablets: Mapping[TabletKey, Ownership]) -> None:
+        """A split or merge, in one transaction: the new ranges, the tablets that replace
+        ``gone``."""
+        t = self._client.transactions
+        ops = [t.put(RANGES + computation, json.dumps(ranges.to_doc())),
+               *(t.delete(f"{TABLETS}{c}/{r}") for c, r in gone), *self._tablet_ops(tablets)]
+        assert len(ops) <= _TXN_OPS, "a reshard is one transaction"
+        self._guarded(ops)
 
     def put_progress(self, watermarks: Mapping[str, int],
                      injectors: Mapping[str, tuple[str, int]],

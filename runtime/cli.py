@@ -19,6 +19,24 @@ from runtime.security import Security
 log = logging.getLogger("millstream")
 
 
+
+def _tablet(text: str) -> tuple[str, int]:
+    comp, _, r = text.rpartition("/")
+    if not comp or not r.isdigit():
+        raise ConfigError(f"tablet {text!r} is not COMPUTATION/RANGE, e.g. counter/0")
+    return comp, int(r)
+
+
+def _hash(text: str) -> int:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a hash (decimal, or hex as 0x...)") from None
+    if not 0 < value < 1 << 64:
+        raise argparse.ArgumentTypeError(f"{text!r} is outside the hash space (1 .. 2**64 - 1)")
+    return value
+
+
 def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
 
@@ -169,6 +187,19 @@ def build_parser() -> argparse.ArgumentParser:
     _masters_flag(mv)
     _security_flags(mv, server=False)
 
+    sp = sub.add_parser("split", help="cut a key range (COMPUTATION/RANGE) in two while the job runs")
+    sp.add_argument("tablet")
+    sp.add_argument("--at", type=_hash, default=None,
+                    help="first hash of the right half (decimal or 0x hex; default: the middle)")
+    _masters_flag(sp)
+    _security_flags(sp, server=False)
+
+    mg = sub.add_parser("merge", help="join two adjacent key ranges (COMPUTATION/RANGE COMPUTATION/RANGE)")
+    mg.add_argument("left")
+    mg.add_argument("right")
+    _masters_flag(mg)
+    _security_flags(mg, server=False)
+
     inj = sub.add_parser("inject-files", help="inject the lines of the files in a directory")
     inj.add_argument("directory")
     inj.add_argument("--stream", required=True)
@@ -241,16 +272,29 @@ def _run(args: argparse.Namespace) -> int:
             doc = c.status()
         print(json.dumps(doc, indent=2) if args.json else render(doc))
         return 0
-    if cmd == "move":
+    if cmd in ("move", "split", "merge"):
         from runtime.client import connect
 
-        comp, _, r = args.tablet.rpartition("/")
-        if not comp or not r.isdigit():
-            raise ConfigError(f"tablet {args.tablet!r} is not COMPUTATION/RANGE, e.g. counter/0")
         with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
                      security=_security(args)) as c:
-            token = c.move(comp, int(r), args.worker)
-        print(f"tablet {args.tablet} -> {args.worker} (token {token})")
+            if cmd == "move":
+                comp, r = _tablet(args.tablet)
+                token = c.move(comp, r, args.worker)
+                print(f"tablet {args.tablet} -> {args.worker} (token {token})")
+                return 0
+            if cmd == "split":
+                comp, r = _tablet(args.tablet)
+                ranges = c.split(comp, r, args.at)
+            else:
+                comp, left = _tablet(args.left)
+                comp2, right = _tablet(args.right)
+                if comp2 != comp:
+                    raise ConfigError(f"{args.left} and {args.right} are ranges of different computations; "
+                                      "only ranges of one computation merge")
+                ranges = c.merge(comp, left, right)
+        for kr in ranges:
+            print(f"{comp}/{kr['key_range']}  [{kr['start']:#018x}, {kr['end']:#018x})  "
+                  f"primary {kr['primary']} token {kr['token']}")
         return 0
     if cmd == "inject-files":
         from injectors.files import inject_directory
@@ -289,3 +333,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+

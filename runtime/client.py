@@ -19,6 +19,7 @@ import grpc
 
 from runtime.errors import ConfigError, MasterUnavailable, MillstreamError, TopologyError
 from runtime.imports import load
+from runtime.keyspace import from_wire_end
 from runtime.security import Security
 from runtime.topology import Topology
 from runtime.wire import millstream_pb2 as pb
@@ -127,6 +128,18 @@ class Client:
         req = pb.MoveTabletRequest(computation=computation, key_range=key_range, worker=worker)
         return int(self.call(lambda s: s.MoveTablet(req, timeout=self.timeout)).token)
 
+    def split(self, computation: str, key_range: int, at: int | None = None) -> list[dict[str, Any]]:
+        """Cut a key range in two while the job runs (at hash ``at``, else the middle);
+        returns the two new ranges: ``key_range`` (id), ``start``, ``end``, ``primary``, ``token``."""
+        req = pb.SplitRequest(computation=computation, key_range=key_range, at=at or 0, has_at=at is not None)
+        return _ranges(self.call(lambda s: s.Split(req, timeout=self.timeout)))
+
+    def merge(self, computation: str, left: int, right: int) -> list[dict[str, Any]]:
+        """Join two adjacent key ranges (``right`` starts where ``left`` ends) while the job
+        runs; returns the merged range."""
+        req = pb.MergeRequest(computation=computation, left=left, right=right)
+        return _ranges(self.call(lambda s: s.Merge(req, timeout=max(self.timeout, 90.0))))
+
     def release_injector(self, name: str, stream: str) -> None:
         """Stop every injector registered as ``name`` holding ``stream`` (one that crashed or
         went silent, flagged stale in status). Records sent under that name later may be late."""
@@ -223,3 +236,8 @@ class AsyncMasterClient:
     async def close(self) -> None:
         for ch in self._channels.values():
             await ch.close()
+
+
+def _ranges(resp: pb.ReshardResponse) -> list[dict[str, Any]]:
+    return [{"key_range": r.key_range, "start": r.start, "end": from_wire_end(r.end),
+             "primary": r.worker_id, "token": r.token} for r in resp.ranges]

@@ -30,3 +30,34 @@ def range_bounds(index: int, n_ranges: int) -> tuple[int, int]:
     lo = -(-index * HASH_SPACE // n_ranges)
     hi = -(-(index + 1) * HASH_SPACE // n_ranges)
     return lo, hi
+
+
+def hash_prefix(key: bytes) -> bytes:
+    """The 8 bytes of :func:`key_hash`, big-endian: a key's place in hash order (storage
+    keys start with it, so a range of hashes is a range of storage keys)."""
+    return hashlib.blake2b(key, digest_size=8).digest()
+
+
+def wire_end(end: int) -> int:
+    """A range's exclusive end as a uint64 field (2**64, the end of the space, is 0)."""
+    return 0 if end == HASH_SPACE else end
+
+
+def from_wire_end(end: int) -> int:
+    return HASH_SPACE if end == 0 else end
+
+
+def first_cut(n_ranges: int) -> dict[int, tuple[int, int]]:
+    """The ranges a computation starts with (``key_ranges=n``): ids 0..n-1, equal widths."""
+    return {i: range_bounds(i, n_ranges) for i in range(n_ranges)}
+
+
+def check_split(lo: int, hi: int, at: int | None) -> int:
+    """Where to cut ``[lo, hi)`` (the middle unless ``at``); raises ValueError if it cannot."""
+    if hi - lo < 2:
+        raise ValueError(f"range [{lo}, {hi}) holds a single hash; it cannot be split")
+    cut = lo + (hi - lo) // 2 if at is None else at
+    if not lo < cut < hi:
+        raise ValueError(f"--at {cut} is not strictly inside the range [{lo}, {hi}); "
+                         "pick a hash between its start + 1 and its end - 1")
+    return cut

@@ -6,12 +6,13 @@ subscription is the consumer's, and runs here, on the producing side.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from runtime.errors import ImportPathError
 from runtime.imports import CodePolicy, load
-from runtime.keyspace import range_of
+from runtime.keyspace import from_wire_end, key_hash
 from runtime.record import Record
 from runtime.wire import millstream_pb2 as pb
 
@@ -31,8 +32,23 @@ class Destination:
 @dataclass(slots=True)
 class _Subscription:
     computation: str
-    key_ranges: int
     extractor: KeyExtractor | None
+
+
+class _Ranges:
+    """One computation's key ranges, by hash: the range of a key is a binary search."""
+
+    def __init__(self, bounds: list[tuple[int, int, int]]) -> None:
+        bounds.sort()
+        self.starts = [lo for lo, _, _ in bounds]
+        self.ids = [r for _, _, r in bounds]
+        self.bounds = {r: (lo, hi) for lo, hi, r in bounds}
+
+    def of(self, key: bytes) -> int:
+        i = bisect.bisect_right(self.starts, key_hash(key)) - 1
+        if i < 0:
+            raise LookupError("the routing has no range at the start of the hash space")
+        return self.ids[i]
 
 
 class _Unloadable:
@@ -56,12 +72,14 @@ class RoutingTable:
         self.assignments: dict[tuple[str, int], pb.Assignment] = {}
         self._subs: dict[str, list[_Subscription]] = {}
         self._extractor_paths: dict[tuple[str, str], str] = {}
+        self._ranges: dict[str, _Ranges] = {}
         for c in routing.computations:
             for a in c.assignments:
                 self.assignments[(c.name, a.key_range)] = a
                 self._owners[(c.name, a.key_range)] = Destination(c.name, a.key_range, a.address, a.token)
+            self._ranges[c.name] = _Ranges([(a.start, from_wire_end(a.end), a.key_range) for a in c.assignments])
             for i in c.inputs:
-                self._subs.setdefault(i.stream, []).append(_Subscription(c.name, c.key_ranges, None))
+                self._subs.setdefault(i.stream, []).append(_Subscription(c.name, None))
                 if i.key_extractor:
                     self._extractor_paths[(c.name, i.stream)] = i.key_extractor
 
@@ -108,8 +126,26 @@ class RoutingTable:
                     f"the key extractor of {sub.computation!r} returned {type(key).__name__}, "
                     "not bytes"
                 )
-            out.append((sub.computation, range_of(key, sub.key_ranges), key))
+            out.append((sub.computation, self._ranges[sub.computation].of(key), key))
         return out
+
+    def range_for(self, computation: str, key: bytes) -> int:
+        """The range of ``computation`` that holds ``key`` now."""
+        return self._ranges[computation].of(key)
+
+    def has_range(self, computation: str, key_range: int) -> bool:
+        return (computation, key_range) in self.assignments
+
+    def replaced(self, computation: str, key_range: int) -> bool:
+        """Whether a split or merge replaced that range (new ranges get higher ids than every
+        range before them, so a missing id below the highest is gone, not yet to come)."""
+        ranges = self._ranges.get(computation)
+        return ranges is not None and key_range not in ranges.bounds and key_range < max(ranges.ids, default=0)
+
+    def bounds(self, computation: str, key_range: int) -> tuple[int, int] | None:
+        """``[start, end)`` of a range (None: no such range in this routing)."""
+        ranges = self._ranges.get(computation)
+        return ranges.bounds.get(key_range) if ranges is not None else None
 
     def copies_of(self, worker_id: str) -> set[tuple[str, int]]:
         """Tablets ``worker_id`` holds a copy of: as primary, follower or in-sync member."""

@@ -37,6 +37,8 @@ ROLES = ("worker", "injector", "operator")
 METHOD_ROLES: Mapping[str, frozenset[str]] = {
     "/millstream.v1.Master/Submit": frozenset({"operator"}),
     "/millstream.v1.Master/MoveTablet": frozenset({"operator"}),
+    "/millstream.v1.Master/Split": frozenset({"operator"}),
+    "/millstream.v1.Master/Merge": frozenset({"operator"}),
     "/millstream.v1.Master/RegisterWorker": frozenset({"worker"}),
     "/millstream.v1.Master/Heartbeat": frozenset({"worker"}),
     "/millstream.v1.Master/LeaveWorker": frozenset({"worker"}),

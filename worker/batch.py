@@ -80,6 +80,7 @@ class BatchProcessor:
         self.store = store
         self.comp = comp
         self.marks = marks      # producer -> committed mark (this thread's, after each commit)
+        self.lower = store.lower_marks()  # producer -> lower marks a merge left (worker/dedup.py)
         self.opaque = opaque
         self.now_us = tablet.now_us
         self.producer_expiry_us = int(self.host.limits.producer_expiry_s * 1e6)
@@ -112,7 +113,7 @@ class BatchProcessor:
         seen: set[bytes] = set()
         wm = self.host.watermark(self.computation)
         now = self.now_us()
-        view = MarkView(self.marks)
+        view = MarkView(self.marks, self.lower)
         if self.exactly_once:
             self._plan_dedup(commit, now)
         for index, d in enumerate(batch.deliveries):
@@ -140,8 +141,7 @@ class BatchProcessor:
                     order = orders.get(producer) if orders else None
                     if order is not None:
                         source = (producer, seq)
-                        mark = view.get(producer)
-                        if mark is not None and seq <= mark.seq:
+                        if view.seen(producer, seq, r.key):
                             self.metrics.duplicates.inc()
                             continue
                         view.advance(producer, seq, order[1], now)
@@ -182,6 +182,7 @@ class BatchProcessor:
 
         if self.exactly_once:
             commit.marks.update(view.changed)
+            commit.lower.update(view.lower_changed)
 
     def _check_order(self, view: MarkView, orders: dict[bytes, tuple[int, int]], now: int) -> int | None:
         """Whether a delivery may be committed now (None), or the status to refuse it with:
@@ -195,7 +196,7 @@ class BatchProcessor:
                 log.warning("tablet %s refused a delivery from a stale producer (token %d < %d)",
                             self.name, token, mark.token)
                 return NOT_OWNER
-            if after > (mark.seq if mark is not None else 0):
+            if after > view.floor(producer):
                 self.metrics.out_of_order.inc()
                 return OUT_OF_ORDER
         for producer, (_, token) in orders.items():
@@ -240,6 +241,7 @@ class BatchProcessor:
         if not self.host.lease_valid():
             raise LeaseExpired(f"tablet {self.name}")
         commit.marks_expired = [p for p in commit.marks_expired if p not in commit.marks]
+        commit.lower.update({p: [] for p in commit.marks_expired if p in self.lower})
         t0 = time.perf_counter()
         batch.ops = self.store.commit(commit)
         batch.index = self.store.index
@@ -248,6 +250,11 @@ class BatchProcessor:
             self.marks.update(commit.marks)
             for producer in commit.marks_expired:
                 self.marks.pop(producer, None)
+            for producer, lows in commit.lower.items():
+                if lows:
+                    self.lower[producer] = lows
+                else:
+                    self.lower.pop(producer, None)
             if commit.opaque_expire_below is not None:
                 self.opaque.expire(commit.opaque_expire_below)
                 self._expired_below = commit.opaque_expire_below

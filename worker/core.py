@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -13,11 +14,13 @@ from runtime import metrics
 from runtime.errors import StaleTokenError
 from runtime.faults import Faults
 from runtime.imports import CodePolicy
+from runtime.keyspace import from_wire_end
 from runtime.record import Record
 from runtime.routing import KeyExtractor, RoutingTable
 from runtime.wire import millstream_pb2 as pb
 from worker.replica import Replicas
 from worker.replication import ReplicaChannel, Replicator
+from worker.reshard import Origin, Parent
 from worker.sender import Sender
 from worker.storage import Production
 from worker.tablet import BUSY, NOT_OWNER, Orders, Tablet
@@ -142,6 +145,7 @@ class WorkerCore:
         self._extractor_errors = errors
         async with self._routing_cond:
             self.routing = table
+            self.sender.routing_applied()  # in this same step: nothing is sent with it before
             self._routing_cond.notify_all()
         for key, a in table.assignments.items():
             self.replicas.raise_fence(key, a.token)  # a deposed primary is refused from now on
@@ -196,14 +200,15 @@ class WorkerCore:
             for key, token in wanted.items():
                 if key in self.tablets or key in self._opening:
                     continue
-                closing = self._closing.get(key)
-                if closing is not None and not closing.done():
-                    continue  # the previous copy still holds the storage
+                origin = self._origin(key)
+                if any(self._in_use(p) for p in [key, *self._parents(key)]):
+                    continue  # the previous copy (or a range it is built from) still holds the storage
                 route = self.routing.computations[key[0]]
                 tablet = Tablet(self, route, key[1], token, self.path_of(key), now_us=self.wall_us,
                                 batch_limit=self._batch_limits.get(key),
                                 failures=self._batch_failures.get(key, 0),
-                                replicator=self._replicator if self.channel is not None else None)
+                                replicator=self._replicator if self.channel is not None else None,
+                                origin=origin)
                 self._opening[key] = (tablet, asyncio.create_task(self._open(key, tablet), name=f"open {key}"))
                 self._opened_at[key] = time.monotonic()
             await self._drop_copies(wanted)
@@ -211,6 +216,43 @@ class WorkerCore:
             if pending:
                 await asyncio.wait(pending, timeout=self.limits.reconcile_wait_s)
             self._collect()
+            await self._forget_parents()
+
+    def _parents(self, key: tuple[str, int]) -> list[tuple[str, int]]:
+        a = self.routing.assignments.get(key)
+        return [(key[0], p) for p in a.parents] if a is not None else []
+
+    def _in_use(self, key: tuple[str, int]) -> bool:
+        closing = self._closing.get(key)
+        return key in self.tablets or key in self._opening or (closing is not None and not closing.done())
+
+    def _origin(self, key: tuple[str, int]) -> Origin | None:
+        """How to build a range a split or merge made here (its storage is not here yet)."""
+        a = self.routing.assignments.get(key)
+        if a is None or not a.parents:
+            return None
+        end = from_wire_end(a.end)
+        if len(a.parents) == 1:
+            parents = [Parent(self.path_of((key[0], a.parents[0])), a.start, end)]
+        else:
+            parents = [Parent(self.path_of((key[0], a.parents[0])), a.start, a.cut),
+                       Parent(self.path_of((key[0], a.parents[1])), a.cut, end)]
+        return Origin(parents, a.start, end, first=len(a.parents) == 1 and end == a.cut)
+
+    async def _forget_parents(self) -> None:
+        """Delete the storage of ranges a split or merge replaced, once every range built from
+        them is built here."""
+        children: dict[tuple[str, int], list[tuple[str, int]]] = {}
+        for key, a in self.routing.assignments.items():
+            for p in a.parents:
+                children.setdefault((key[0], p), []).append(key)
+        for parent, kids in children.items():
+            path = self.path_of(parent)
+            if (parent in self.routing.assignments or self._in_use(parent) or parent in self.replicas.copies
+                    or not os.path.isdir(path) or not all(os.path.isdir(self.path_of(k)) for k in kids)):
+                continue
+            log.info("tablet %s/%d: every range built from it is built; deleting its storage", *parent)
+            await asyncio.to_thread(shutil.rmtree, path, True)
 
     def _collect(self) -> None:
         """Adopt the tablets that opened; forget finished closings; log what stays stuck."""
@@ -262,9 +304,12 @@ class WorkerCore:
         copies = self.routing.copies_of(self.worker_id) if self.worker_id else set()
         for key, copy in list(self.replicas.copies.items()):
             a = self.routing.assignments.get(key)
+            if a is None and key[0] in self.routing.computations:
+                await self.replicas.close(key, delete=True)  # split or merged away
+                continue
             if a is None or key in wanted or key in copies or a.token < copy.token:
                 continue
-            await self.replicas.close(key, delete=a is not None)
+            await self.replicas.close(key, delete=True)
 
     async def _abandon(self, tablet: Tablet, opening: asyncio.Task[None]) -> None:
         """A tablet no longer wanted while it opens: close it once the opening ends."""
@@ -361,7 +406,8 @@ class WorkerCore:
             return await tablet.deliver(records, orders)
         assigned = self.routing.destination(computation, key_range)
         mine = assigned.address == self.address and self.lease_valid()
-        if (mine and assigned.token == token) or token > assigned.token:
+        if ((mine and assigned.token == token) or token > assigned.token) and not self.routing.replaced(
+                computation, key_range):
             return BUSY  # assigned here, still opening; or routing news not yet arrived
         metrics.STALE.labels("deliver").inc()
         if self._refused_logged != (computation, key_range, token):

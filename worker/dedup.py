@@ -13,6 +13,11 @@ productions). They are kept, in wall-time buckets, for the computation's
 ``dedup_retention`` and then dropped whole (one range delete); each live bucket has Bloom
 filters in memory so a new id rarely touches the disk.
 
+A merged tablet (docs/rescaling.md) starts from the higher of its two parents' marks per
+producer and keeps the other parent's as a *lower mark* for that part of its hash range,
+until the producer's next record here (senders deliver each producer's records in order,
+re-routed ones included, so nothing older can follow it).
+
 Producers silent for longer than ``producer_expiry`` lose their mark (a finished injector, a
 tablet that was dropped): a replay after that would count again, and docs/exactly-once.md
 says so.
@@ -23,8 +28,11 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from rbloom import Bloom
+
+from runtime.keyspace import key_hash
 
 SEQUENCED_ID_PREFIX = 8
 
@@ -46,6 +54,14 @@ class Mark:
         return cls(*struct.unpack(">QQq", raw))
 
 
+class Lower(NamedTuple):
+    """A producer's mark over the hashes ``[start, end)`` of a merged range, below its mark."""
+
+    start: int
+    end: int
+    seq: int
+
+
 def split_sequenced(rid: bytes) -> tuple[bytes, int]:
     """(producer prefix, sequence) of a sequenced id."""
     return rid[:SEQUENCED_ID_PREFIX], int.from_bytes(rid[SEQUENCED_ID_PREFIX:], "big")
@@ -54,19 +70,49 @@ def split_sequenced(rid: bytes) -> tuple[bytes, int]:
 class MarkView:
     """The marks as one batch sees them: committed marks plus the batch's own advances."""
 
-    def __init__(self, committed: dict[bytes, Mark]) -> None:
+    def __init__(self, committed: dict[bytes, Mark], lower: dict[bytes, list[Lower]] | None = None) -> None:
         self.committed = committed
         self.changed: dict[bytes, Mark] = {}
+        self.lower_committed = lower if lower is not None else {}
+        self.lower_changed: dict[bytes, list[Lower]] = {}
 
     def get(self, producer: bytes) -> Mark | None:
         m = self.changed.get(producer)
         return m if m is not None else self.committed.get(producer)
 
+    def _lows(self, producer: bytes) -> list[Lower]:
+        lows = self.lower_changed.get(producer)
+        return lows if lows is not None else self.lower_committed.get(producer, [])
+
+    def seen(self, producer: bytes, seq: int, key: bytes) -> bool:
+        """Whether record ``seq`` of ``producer``, for ``key``, is committed here."""
+        mark = self.get(producer)
+        if mark is None or seq > mark.seq:
+            return False
+        lows = self._lows(producer)
+        if lows:
+            h = key_hash(key)
+            for low in lows:
+                if low.start <= h < low.end:
+                    return seq <= low.seq
+        return True
+
+    def floor(self, producer: bytes) -> int:
+        """The sequence below which every record of ``producer`` is committed here."""
+        mark = self.get(producer)
+        return min([mark.seq if mark is not None else 0, *(low.seq for low in self._lows(producer))])
+
     def advance(self, producer: bytes, seq: int, token: int, now_us: int) -> None:
         old = self.get(producer)
         if old is not None:
-            seq, token = max(seq, old.seq), max(token, old.token)
-        self.changed[producer] = Mark(seq, token, now_us)
+            top, token = max(seq, old.seq), max(token, old.token)
+        else:
+            top = seq
+        self.changed[producer] = Mark(top, token, now_us)
+        lows = self._lows(producer)
+        if lows and seq:  # nothing older than seq can follow it: raise the lower marks to it
+            self.lower_changed[producer] = [Lower(lo.start, lo.end, max(lo.seq, seq)) for lo in lows
+                                            if max(lo.seq, seq) < top]
 
 
 class OpaqueIds:

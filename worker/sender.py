@@ -5,6 +5,12 @@ or an unreachable worker waits for the next routing version; BUSY backs off
 exponentially. A production leaves the queue only when its receiver has
 committed it, or when its producing tablet closes (its checkpoint stays on
 disk and the next owner re-sends it).
+
+A range that a split or merge replaced is *retired*: once its delivery in flight ends,
+what its queue still holds is re-routed by key to the ranges that replaced it, ahead of
+anything produced for them since, and in each producer's order. Until every retired
+queue of a computation is re-routed, its other queues wait: a receiver must see each
+producer's records in order (worker/dedup.py).
 """
 
 from __future__ import annotations
@@ -43,20 +49,63 @@ class Sender:
         self._queues: dict[tuple[str, int], deque[tuple[Production, Tablet]]] = {}
         self._wakeups: dict[tuple[str, int], asyncio.Event] = {}
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._retiring: dict[str, set[tuple[str, int]]] = {}  # computation -> queues of gone ranges
+        self._staged: dict[str, list[tuple[Production, Tablet]]] = {}  # ... and what they held
 
     def send(self, productions: list[Production], owner: Tablet) -> None:
+        routing = self._routing()
         for p in productions:
-            dest = (p.computation, p.key_range)
-            q = self._queues.get(dest)
-            if q is None:
-                q = self._queues[dest] = deque()
-                self._wakeups[dest] = asyncio.Event()
-                self._tasks[dest] = asyncio.create_task(self._drain(dest), name=f"send {dest}")
-            q.append((p, owner))
-            self._wakeups[dest].set()
+            if p.computation in routing.computations and not routing.has_range(p.computation, p.key_range):
+                p.key_range = routing.range_for(p.computation, p.record.key)  # made before a split
+            self._queue((p.computation, p.key_range)).append((p, owner))
+            self._wakeups[(p.computation, p.key_range)].set()
+
+    def _queue(self, dest: tuple[str, int]) -> deque[tuple[Production, Tablet]]:
+        q = self._queues.get(dest)
+        if q is None:
+            q = self._queues[dest] = deque()
+            self._wakeups[dest] = asyncio.Event()
+            self._tasks[dest] = asyncio.create_task(self._drain(dest), name=f"send {dest}")
+        return q
+
+    def routing_applied(self) -> None:
+        """A new routing is in force: retire the queues of ranges it no longer has. Called in
+        the same step of the event loop that installed it, before anything is sent with it."""
+        routing = self._routing()
+        for dest in self._queues:
+            if dest[0] in routing.computations and not routing.has_range(*dest):
+                self._retiring.setdefault(dest[0], set()).add(dest)
+                self._wakeups[dest].set()
 
     def pending(self) -> int:
-        return sum(len(q) for q in self._queues.values())
+        return sum(len(q) for q in self._queues.values()) + sum(len(s) for s in self._staged.values())
+
+    def _retire(self, dest: tuple[str, int]) -> None:
+        """Hand what a retired queue holds to the ranges that replaced it (once the last retired
+        queue of its computation is done, all at once, each producer's records in order)."""
+        c = dest[0]
+        staged = self._staged.setdefault(c, [])
+        staged.extend(item for item in self._queues.pop(dest) if not item[1].closing)
+        del self._wakeups[dest], self._tasks[dest]
+        retiring = self._retiring[c]
+        retiring.discard(dest)
+        if retiring:
+            return
+        del self._retiring[c]
+        del self._staged[c]
+        routing = self._routing()
+        staged.sort(key=_order)
+        moved: dict[tuple[str, int], list[tuple[Production, Tablet]]] = {}
+        for p, owner in staged:
+            p.key_range = routing.range_for(c, p.record.key)
+            moved.setdefault((c, p.key_range), []).append((p, owner))
+        for new, items in moved.items():
+            self._queue(new).extendleft(reversed(items))
+        log.info("re-routed %d productions of %d tablets of %s to its new ranges", len(staged),
+                 len({id(o) for _, o in staged}), c)
+        for d, wake in self._wakeups.items():
+            if d[0] == c:
+                wake.set()
 
     async def close(self) -> None:
         for t in self._tasks.values():
@@ -68,6 +117,14 @@ class Sender:
         wake = self._wakeups[dest]
         backoff = 0.005
         while True:
+            retiring = self._retiring.get(dest[0])
+            if retiring and dest in retiring:
+                self._retire(dest)
+                return
+            if retiring:  # a replaced range's productions go first
+                wake.clear()
+                await wake.wait()
+                continue
             while q and q[0][1].closing:
                 q.popleft()  # its owner closed; the next owner re-sends from the checkpoint
             if not q:
@@ -111,3 +168,9 @@ class Sender:
                 # Not the owner (or unreachable): wait for the next routing version.
                 await self._routing_changed(routing.version, backoff)
                 backoff = min(backoff * 2, 1.0)
+
+
+def _order(item: tuple[Production, Tablet]) -> int:
+    """A production's place in its producer's order (opaque ids need none)."""
+    p = item[0]
+    return int.from_bytes(p.record.id[8:16], "big") if p.producer is not None else 0

@@ -2,13 +2,19 @@
 
 Keys are prefixed by one byte per kind of data::
 
-    S <key>                               user state
+    S <hash:8> <key>                      user state
     H <producer prefix:8>                 producer mark -> <seq:8> <token:8> <seen_us:8>
+    G <producer prefix:8> <start:8>       a lower mark for part of the range (after a merge)
+                                          -> <end:8> <seq:8>
     O <bucket:8> <record id>              opaque dedup id, by wall-time bucket (worker/dedup.py)
     P <seq:8> <range:4> <sequenced:1> <computation>   checkpointed production (a Record proto)
-    K <keylen:4> <key> <tag>              timer by key -> <domain:1> <time:8> <nonce>
-    T <domain:1> <time:8> <keylen:4> <key> <tag>   timer index by due time
+    K <hash:8> <keylen:4> <key> <tag>     timer by key -> <domain:1> <time:8> <nonce>
+    T <domain:1> <time:8> <hash:8> <keylen:4> <key> <tag>   timer index by due time
     M token | seq | sink | index          metadata
+
+``hash`` is the key's 64-bit hash (runtime/keyspace.py): state and timers are in hash
+order, so a key range's share of them is a range of storage keys (a split deletes the other
+half with two range deletes, worker/reshard.py).
 
 A :class:`Commit` collects one batch's effects and is written as one
 ``WriteBatch``: nothing the batch did is visible, or all of it is. A replicated tablet
@@ -31,10 +37,11 @@ from rocksdict import Checkpoint, Options, Rdict, WriteBatch, WriteBufferManager
 
 from runtime.computation import TimeDomain
 from runtime.errors import MillstreamError, StaleTokenError
+from runtime.keyspace import from_wire_end, hash_prefix, wire_end
 from runtime.record import Record
 from runtime.wire import from_proto, to_proto
 from runtime.wire import millstream_pb2 as pb
-from worker.dedup import Mark
+from worker.dedup import Lower, Mark
 
 MEMTABLE_BYTES = 16 << 20           # one tablet's memtable before it is flushed
 WORKER_MEMTABLE_BYTES = 128 << 20   # all the tablets of one worker process together
@@ -113,13 +120,21 @@ def _open(path: str) -> Rdict:
         raise MillstreamError(f"cannot open tablet storage {path!r}: {e}") from None
 
 
+def state_key(key: bytes) -> bytes:
+    return b"S" + hash_prefix(key) + key
+
+
 def _timer_key(key: bytes, tag: str) -> bytes:
-    return struct.pack(">I", len(key)) + key + tag.encode()
+    return hash_prefix(key) + struct.pack(">I", len(key)) + key + tag.encode()
 
 
 def _split_timer_key(raw: bytes) -> tuple[bytes, str]:
-    (n,) = struct.unpack_from(">I", raw)
-    return raw[4:4 + n], raw[4 + n:].decode()
+    (n,) = struct.unpack_from(">I", raw, 8)
+    return raw[12:12 + n], raw[12 + n:].decode()
+
+
+def lower_key(producer: bytes, start: int) -> bytes:
+    return b"G" + producer + start.to_bytes(8, "big")
 
 
 def _opaque_key(bucket: int, record_id: bytes) -> bytes:
@@ -173,6 +188,7 @@ class Commit:
     opaque_expire_below: int | None = None  # opaque ids of older buckets are dropped
     marks: dict[bytes, Mark] = field(default_factory=dict)  # producer marks advanced
     marks_expired: list[bytes] = field(default_factory=list)  # producers silent too long
+    lower: dict[bytes, list[Lower]] = field(default_factory=dict)  # producer -> its lower marks now
     timers_set: dict[tuple[bytes, str], Timer] = field(default_factory=dict)
     timers_deleted: dict[tuple[bytes, str], Timer] = field(default_factory=dict)
     productions: list[Production] = field(default_factory=list)
@@ -217,7 +233,7 @@ class TabletStore:
     # ---------------------------------------------------------------- reads
 
     def get_state(self, key: bytes) -> bytes | None:
-        return self.db.get(b"S" + key)
+        return self.db.get(state_key(key))
 
     def has_opaque(self, record_id: bytes, buckets: Iterable[int]) -> bool:
         return any(self.db.get(_opaque_key(b, record_id)) is not None for b in buckets)
@@ -234,6 +250,14 @@ class TabletStore:
 
     def marks(self) -> dict[bytes, Mark]:
         return {k[1:]: Mark.unpack(v) for k, v in self._scan(b"H")}
+
+    def lower_marks(self) -> dict[bytes, list[Lower]]:
+        """Lower marks a merge left (worker/dedup.py): producer -> [(start, end, seq)]."""
+        out: dict[bytes, list[Lower]] = {}
+        for k, v in self._scan(b"G"):
+            end, seq = struct.unpack(">QQ", v)
+            out.setdefault(k[1:9], []).append(Lower(int.from_bytes(k[9:17], "big"), from_wire_end(end), seq))
+        return out
 
     def opaque_ids(self, from_bucket: int) -> Iterator[tuple[int, bytes]]:
         """(bucket, id) of the opaque ids kept from ``from_bucket`` on."""
@@ -283,9 +307,9 @@ class TabletStore:
             wb = _Writes(self.replicated)
             for key, value in c.state.items():
                 if value is None:
-                    wb.delete(b"S" + key)
+                    wb.delete(state_key(key))
                 else:
-                    wb.put(b"S" + key, value)
+                    wb.put(state_key(key), value)
             for rid in c.opaque_ids:
                 wb.put(_opaque_key(c.opaque_bucket, rid), b"")
             if c.opaque_expire_below is not None:
@@ -294,6 +318,10 @@ class TabletStore:
                 wb.put(b"H" + producer, mark.pack())
             for producer in c.marks_expired:
                 wb.delete(b"H" + producer)
+            for producer, lows in c.lower.items():
+                wb.delete_range(lower_key(producer, 0), b"G" + producer + b"\xff" * 9)
+                for low in lows:
+                    wb.put(lower_key(producer, low.start), struct.pack(">QQ", wire_end(low.end), low.seq))
             for (key, tag), t in c.timers_deleted.items():
                 tk = _timer_key(key, tag)
                 wb.delete(b"K" + tk)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -32,6 +33,7 @@ from worker.dedup import OpaqueIds
 from worker.inbox import Inbox
 from worker.outbox import Outbox
 from worker.replication import ReplicationFailed, Replicator
+from worker.reshard import Origin
 from worker.runner import TabletThread
 from worker.slowcalls import CallWatch
 from worker.storage import Commit, Production, TabletStore, production_key
@@ -68,7 +70,8 @@ class Tablet:
     def __init__(self, host: TabletHost, route: pb.ComputationRoute, key_range: int, token: int,
                  path: str, now_us: Callable[[], int] = lambda: time.time_ns() // 1000,
                  batch_limit: int | None = None, failures: int = 0,
-                 replicator: Callable[[Tablet], Replicator] | None = None) -> None:
+                 replicator: Callable[[Tablet], Replicator] | None = None,
+                 origin: Origin | None = None) -> None:
         self.host = host
         self.route = route
         self.computation = route.name
@@ -119,6 +122,7 @@ class Tablet:
         self._make_replicator = replicator
         self.replicator: Replicator | None = None
         self.must_exist = token > 1
+        self.origin = origin  # a range a split or merge made: built from its parents' storage
 
     @property
     def queued_records(self) -> int:
@@ -157,6 +161,11 @@ class Tablet:
 
     def _open(self) -> list[Production]:
         """On the tablet's thread: storage, memory and user code; the productions to re-send."""
+        if self.origin is not None and not os.path.isdir(self.path):
+            started = time.perf_counter()
+            self.origin.build(self.path)
+            log.info("tablet %s built from %s in %.3f s", self.name,
+                     ", ".join(p.path for p in self.origin.parents), time.perf_counter() - started)
         store = TabletStore(self.path, self.token, sync=self.sync, must_exist=self.must_exist,
                             replicated=self._make_replicator is not None and self.replication > 1)
         try:

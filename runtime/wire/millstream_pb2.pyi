@@ -325,20 +325,28 @@ class Follower(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("key_range", "worker_id", "address", "token", "followers", "in_sync")
+    __slots__ = ("key_range", "worker_id", "address", "token", "followers", "in_sync", "start", "end", "parents", "cut")
     KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     FOLLOWERS_FIELD_NUMBER: _ClassVar[int]
     IN_SYNC_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    PARENTS_FIELD_NUMBER: _ClassVar[int]
+    CUT_FIELD_NUMBER: _ClassVar[int]
     key_range: int
     worker_id: str
     address: str
     token: int
     followers: _containers.RepeatedCompositeFieldContainer[Follower]
     in_sync: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, key_range: _Optional[int] = ..., worker_id: _Optional[str] = ..., address: _Optional[str] = ..., token: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[Follower, _Mapping]]] = ..., in_sync: _Optional[_Iterable[str]] = ...) -> None: ...
+    start: int
+    end: int
+    parents: _containers.RepeatedScalarFieldContainer[int]
+    cut: int
+    def __init__(self, key_range: _Optional[int] = ..., worker_id: _Optional[str] = ..., address: _Optional[str] = ..., token: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[Follower, _Mapping]]] = ..., in_sync: _Optional[_Iterable[str]] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., parents: _Optional[_Iterable[int]] = ..., cut: _Optional[int] = ...) -> None: ...
 
 class ComputationRoute(_message.Message):
     __slots__ = ("name", "topology", "code", "inputs", "outputs", "key_ranges", "exactly_once", "productions", "late_records", "params", "assignments")
@@ -402,6 +410,48 @@ class MoveTabletResponse(_message.Message):
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     token: int
     def __init__(self, token: _Optional[int] = ...) -> None: ...
+
+class SplitRequest(_message.Message):
+    __slots__ = ("computation", "key_range", "at", "has_at")
+    COMPUTATION_FIELD_NUMBER: _ClassVar[int]
+    KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    HAS_AT_FIELD_NUMBER: _ClassVar[int]
+    computation: str
+    key_range: int
+    at: int
+    has_at: bool
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., at: _Optional[int] = ..., has_at: _Optional[bool] = ...) -> None: ...
+
+class MergeRequest(_message.Message):
+    __slots__ = ("computation", "left", "right")
+    COMPUTATION_FIELD_NUMBER: _ClassVar[int]
+    LEFT_FIELD_NUMBER: _ClassVar[int]
+    RIGHT_FIELD_NUMBER: _ClassVar[int]
+    computation: str
+    left: int
+    right: int
+    def __init__(self, computation: _Optional[str] = ..., left: _Optional[int] = ..., right: _Optional[int] = ...) -> None: ...
+
+class RangeInfo(_message.Message):
+    __slots__ = ("key_range", "start", "end", "worker_id", "token")
+    KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    key_range: int
+    start: int
+    end: int
+    worker_id: str
+    token: int
+    def __init__(self, key_range: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., worker_id: _Optional[str] = ..., token: _Optional[int] = ...) -> None: ...
+
+class ReshardResponse(_message.Message):
+    __slots__ = ("ranges",)
+    RANGES_FIELD_NUMBER: _ClassVar[int]
+    ranges: _containers.RepeatedCompositeFieldContainer[RangeInfo]
+    def __init__(self, ranges: _Optional[_Iterable[_Union[RangeInfo, _Mapping]]] = ...) -> None: ...
 
 class InSyncRequest(_message.Message):
     __slots__ = ("computation", "key_range", "token", "follower", "add", "primary")

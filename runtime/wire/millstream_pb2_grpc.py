@@ -285,6 +285,16 @@ class MasterStub:
                 request_serializer=runtime_dot_wire_dot_millstream__pb2.InSyncRequest.SerializeToString,
                 response_deserializer=runtime_dot_wire_dot_millstream__pb2.InSyncResponse.FromString,
                 _registered_method=True)
+        self.Split = channel.unary_unary(
+                '/millstream.v1.Master/Split',
+                request_serializer=runtime_dot_wire_dot_millstream__pb2.SplitRequest.SerializeToString,
+                response_deserializer=runtime_dot_wire_dot_millstream__pb2.ReshardResponse.FromString,
+                _registered_method=True)
+        self.Merge = channel.unary_unary(
+                '/millstream.v1.Master/Merge',
+                request_serializer=runtime_dot_wire_dot_millstream__pb2.MergeRequest.SerializeToString,
+                response_deserializer=runtime_dot_wire_dot_millstream__pb2.ReshardResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -352,6 +362,18 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Split(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Merge(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -404,6 +426,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.UpdateInSync,
                     request_deserializer=runtime_dot_wire_dot_millstream__pb2.InSyncRequest.FromString,
                     response_serializer=runtime_dot_wire_dot_millstream__pb2.InSyncResponse.SerializeToString,
+            ),
+            'Split': grpc.unary_unary_rpc_method_handler(
+                    servicer.Split,
+                    request_deserializer=runtime_dot_wire_dot_millstream__pb2.SplitRequest.FromString,
+                    response_serializer=runtime_dot_wire_dot_millstream__pb2.ReshardResponse.SerializeToString,
+            ),
+            'Merge': grpc.unary_unary_rpc_method_handler(
+                    servicer.Merge,
+                    request_deserializer=runtime_dot_wire_dot_millstream__pb2.MergeRequest.FromString,
+                    response_serializer=runtime_dot_wire_dot_millstream__pb2.ReshardResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -676,6 +708,60 @@ class Master:
             '/millstream.v1.Master/UpdateInSync',
             runtime_dot_wire_dot_millstream__pb2.InSyncRequest.SerializeToString,
             runtime_dot_wire_dot_millstream__pb2.InSyncResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Split(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millstream.v1.Master/Split',
+            runtime_dot_wire_dot_millstream__pb2.SplitRequest.SerializeToString,
+            runtime_dot_wire_dot_millstream__pb2.ReshardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Merge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millstream.v1.Master/Merge',
+            runtime_dot_wire_dot_millstream__pb2.MergeRequest.SerializeToString,
+            runtime_dot_wire_dot_millstream__pb2.ReshardResponse.FromString,
             options,
             channel_credentials,
             insecure,

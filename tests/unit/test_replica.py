@@ -8,7 +8,7 @@ from typing import Any
 
 from runtime.wire import millstream_pb2 as pb
 from worker.replica import Replicas
-from worker.storage import PUT, Commit, ReplicaStore, TabletStore, encode_ops
+from worker.storage import PUT, Commit, ReplicaStore, TabletStore, encode_ops, state_key
 
 R = pb.ReplicateResponse
 KEY = ("c", 0)
@@ -91,7 +91,7 @@ def test_a_snapshot_of_a_primary_replaces_the_copy(tmp_path: Any) -> None:
         assert nxt.status == R.OK and nxt.index == 4
         await reps.close_all()
         copy = ReplicaStore(os.path.join(str(tmp_path), "follower", "c", "0"))
-        assert copy.db.get(b"Sk9") == b"w" and copy.db.get(b"Sk0") == b"v"
+        assert copy.db.get(state_key(b"k9")) == b"w" and copy.db.get(state_key(b"k0")) == b"v"
         copy.close()
     asyncio.run(run())
     store.close()

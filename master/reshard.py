@@ -1,0 +1,139 @@
+"""Live split and merge of key ranges, as the leader does them (docs/rescaling.md).
+
+A split replaces one tablet by two, a merge two by one, in one etcd transaction: the new
+ranges (master/ranges.py) and their tablets, owned by the old primary under token 1, the
+old tablets deleted. The primary learns it from the routing like any other change: it
+closes the old tablets (their last commit is the last one), builds the new tablets' storage
+from theirs on its own disk (worker/reshard.py), and opens them; senders find the old
+ranges gone and re-route what they hold by key. Nothing pauses the rest of the job.
+
+A merge needs both tablets on one primary: if they are apart, the right one moves first
+(a move catches its target up before promoting it) and the merge commits once it is there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from master.core import MasterCore
+from master.ranges import Ranges
+from master.scheduler import Ownership, TabletKey
+from runtime.errors import MillstreamError
+
+log = logging.getLogger(__name__)
+
+MERGE_MOVE_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class RangeView:
+    """A range as the split and merge commands print it."""
+
+    key_range: int
+    start: int
+    end: int
+    worker: str
+    token: int
+
+
+def _settled(core: MasterCore, key: TabletKey) -> Ownership:
+    """The tablet's ownership, if it can be resharded now: a live primary the leader has
+    heard from, not stopping, and no move under way."""
+    c, r = key
+    if not any(c in t.computations for t in core.topologies.values()):
+        raise MillstreamError(f"no computation {c!r}; `millstream status` lists them")
+    own = core.tablets.get(key)
+    if own is None or core.bounds(c, r) is None:
+        raise MillstreamError(f"computation {c!r} has no range {r}; `millstream status` lists its ranges")
+    if not own.worker or own.worker not in core.workers:
+        raise MillstreamError(f"tablet {c}/{r} has no live primary now; try again once it is assigned")
+    if own.worker not in core.heard or own.worker in core.draining:
+        raise MillstreamError(f"tablet {c}/{r}: its primary {own.worker} is joining or stopping; try again")
+    if key in core.pinned:
+        raise MillstreamError(f"tablet {c}/{r} is moving to {core.pinned[key]}; try again once it has moved")
+    return own
+
+
+def _forget(core: MasterCore, key: TabletKey) -> None:
+    """Drop what the leader kept of a tablet that no longer exists."""
+    core.tablets.pop(key, None)
+    core.reports.pop(key, None)
+    core.report_time.pop(key, None)
+    core._backlog.pop(key, None)
+    core._seen.pop(key, None)
+    core._slow.pop(key, None)
+    core._last_counts.pop(key, None)
+    core.settler.forget(key)
+    for problems in core.problems.values():
+        problems.pop(key, None)
+
+
+def _views(core: MasterCore, computation: str, ids: list[int]) -> list[RangeView]:
+    out = []
+    for i in ids:
+        kr = core.ranges[computation].ranges[i]
+        own = core.tablets[(computation, i)]
+        out.append(RangeView(i, kr.start, kr.end, own.worker, own.token))
+    return out
+
+
+async def _commit(core: MasterCore, computation: str, gone: list[TabletKey], new_ids: list[int],
+                  owner: Ownership, ranges: Ranges, what: str) -> list[RangeView]:
+    # The old primary builds the new tablets from its own storage; until their followers catch
+    # up from it (replication's snapshot), it holds their only copy (docs/rescaling.md). Their
+    # token is above their parents': they re-send the parents' checkpointed productions, and
+    # receivers refuse a producer older than one they heard from.
+    token = max(core.tablets[k].token for k in gone) + 1
+    tablets = {(computation, i): Ownership(owner.worker, token, owner.followers, (owner.worker,))
+               for i in new_ids}
+    await core._io(core.store.put_reshard, computation, ranges, gone, tablets)
+    core.ranges[computation] = ranges
+    for key in gone:
+        _forget(core, key)
+    core.tablets.update(tablets)
+    core.reshards.append((core.now_ms(), what))
+    del core.reshards[:-20]
+    await core._rebalance(what)
+    views = _views(core, computation, new_ids)
+    log.info("%s: %s", what, ", ".join(f"{computation}/{v.key_range} [{v.start}, {v.end})" for v in views))
+    return views
+
+
+async def split(core: MasterCore, computation: str, key_range: int, at: int | None) -> list[RangeView]:
+    """Cut a range in two while records flow; returns the two new ranges."""
+    async with core._lock:
+        key = (computation, key_range)
+        own = _settled(core, key)
+        ranges = core.ranges[computation].split(computation, key_range, at)
+        ids = [ranges.next_id - 2, ranges.next_id - 1]
+        return await _commit(core, computation, [key], ids, own, ranges,
+                             f"split {computation}/{key_range} into {ids[0]} and {ids[1]}")
+
+
+async def merge(core: MasterCore, computation: str, left: int, right: int) -> list[RangeView]:
+    """Join two adjacent ranges while records flow; returns the merged range."""
+    lk, rk = (computation, left), (computation, right)
+    async with core._lock:
+        lo, ro = _settled(core, lk), _settled(core, rk)
+        core.ranges[computation].merge(computation, left, right)  # refuses non-adjacent ranges now
+        if ro.worker != lo.worker:
+            log.info("merge %s/%d + %d: moving %s/%d to %s first", computation, left, right,
+                     computation, right, lo.worker)
+            core.pinned[rk] = lo.worker
+            await core._rebalance("merge")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + MERGE_MOVE_TIMEOUT_S
+    while True:
+        async with core._lock:
+            lo, now = _settled(core, lk), core.tablets.get(rk)
+            if now is not None and now.worker == lo.worker and rk not in core.pinned:
+                ranges = core.ranges[computation].merge(computation, left, right)
+                return await _commit(core, computation, [lk, rk], [ranges.next_id - 1], lo, ranges,
+                                     f"merge {computation}/{left} and {right} into {ranges.next_id - 1}")
+        if loop.time() > deadline:
+            raise MillstreamError(
+                f"cannot merge {computation}/{left} and {right}: {computation}/{right} did not reach "
+                f"{lo.worker} (the primary of {left}) within {MERGE_MOVE_TIMEOUT_S:.0f} s; try again")
+        await core.changed(0.2)

@@ -1,0 +1,110 @@
+"""Building split and merged ranges' storage (worker/reshard.py) on real RocksDB, and the
+lower marks a merge leaves (worker/dedup.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from master.ranges import Ranges
+from runtime.computation import TimeDomain
+from runtime.errors import MillstreamError
+from runtime.keyspace import HASH_SPACE, key_hash
+from runtime.record import Record, sequence_id
+from worker.dedup import Mark, MarkView
+from worker.reshard import Origin, Parent
+from worker.storage import Commit, Production, TabletStore, Timer, production_key
+
+P = b"producer"  # an 8-byte producer prefix
+KEYS = [f"key{i}".encode() for i in range(200)]
+
+
+def _parent(path: str, token: int = 3) -> None:
+    s = TabletStore(path, token, sync=False)
+    timers = {(k, "t"): Timer(k, "t", TimeDomain.EVENT_TIME, i) for i, k in enumerate(KEYS)}
+    prods = [Production("down", 0, Record(b"x", b"v", 0, sequence_id(b"me______", 1)),
+                        ckey=production_key(1, "down", 0, sequenced=True), producer=b"me______")]
+    s.commit(Commit(state={k: k + b"!" for k in KEYS}, timers_set=timers, productions=prods,
+                    marks={P: Mark(50, 2, 1)}, seq=1))
+    s.close()
+
+
+def _open(path: str, token: int = 4) -> TabletStore:
+    return TabletStore(path, token, sync=False, must_exist=True)
+
+
+def test_a_split_gives_each_half_its_keys_timers_and_the_marks(tmp_path: Path) -> None:
+    parent = str(tmp_path / "c" / "0")
+    _parent(parent)
+    ranges = Ranges.first(1).split("c", 0, None)
+    halves = []
+    for rid in (1, 2):
+        kr = ranges.ranges[rid]
+        Origin([Parent(parent, 0, HASH_SPACE)], kr.start, kr.end, first=kr.end == kr.cut).build(
+            str(tmp_path / "c" / str(rid)))
+        halves.append((kr, _open(str(tmp_path / "c" / str(rid)))))
+    for kr, s in halves:
+        mine = [k for k in KEYS if kr.start <= key_hash(k) < kr.end]
+        assert 0 < len(mine) < len(KEYS)
+        assert all(s.get_state(k) == k + b"!" for k in mine)
+        assert all(s.get_state(k) is None for k in KEYS if k not in mine)
+        assert sorted(t.key for t in s.timers()) == sorted(mine)
+        assert s.marks() == {P: Mark(50, 2, 1)}  # whatever the parent committed, each half has
+    (left_kr, left), (_, right) = halves
+    assert [p.record.id for p in left.productions()] == [sequence_id(b"me______", 1)]
+    assert right.productions() == []  # the first half alone re-sends the parent's productions
+    for _, s in halves:
+        s.close()
+
+
+def test_a_merge_keeps_the_lower_mark_of_the_side_that_saw_less(tmp_path: Path) -> None:
+    parent = str(tmp_path / "c" / "0")
+    _parent(parent)
+    ranges = Ranges.first(1).split("c", 0, None)
+    for rid in (1, 2):
+        kr = ranges.ranges[rid]
+        Origin([Parent(parent, 0, HASH_SPACE)], kr.start, kr.end, first=rid == 1).build(str(tmp_path / "c" / str(rid)))
+    # The right half commits records of P up to 80; the left stays at 50.
+    right = _open(str(tmp_path / "c" / "2"))
+    right.commit(Commit(marks={P: Mark(80, 2, 5)}, state={b"new": b"1"}))
+    right.close()
+    merged = ranges.merge("c", 1, 2)
+    kr = merged.ranges[3]
+    lo, hi = ranges.ranges[1], ranges.ranges[2]
+    Origin([Parent(str(tmp_path / "c" / "1"), lo.start, lo.end), Parent(str(tmp_path / "c" / "2"), hi.start, hi.end)],
+           kr.start, kr.end, first=False).build(str(tmp_path / "c" / "3"))
+    s = _open(str(tmp_path / "c" / "3"), 5)
+    assert all(s.get_state(k) == k + b"!" for k in KEYS) and s.get_state(b"new") == b"1"
+    assert len(s.timers()) == len(KEYS)
+    assert s.marks()[P].seq == 80
+    left_key = next(k for k in KEYS if key_hash(k) < lo.end)
+    right_key = next(k for k in KEYS if key_hash(k) >= lo.end)
+    view = MarkView(s.marks(), s.lower_marks())
+    assert not view.seen(P, 60, left_key)   # the left side never committed 60: not a duplicate
+    assert view.seen(P, 60, right_key)      # the right side did
+    assert view.seen(P, 50, left_key) and view.floor(P) == 50
+    view.advance(P, 81, 2, 6)  # a newer record: nothing older can follow, the lower mark goes
+    assert view.lower_changed[P] == [] and view.seen(P, 60, left_key)
+    assert len(s.productions()) == 1  # the left half's (the parent's) production, once
+    s.close()
+
+
+def test_a_build_without_its_parents_storage_refuses(tmp_path: Path) -> None:
+    with pytest.raises(MillstreamError, match="only the worker that held them"):
+        Origin([Parent(str(tmp_path / "gone"), 0, HASH_SPACE)], 0, 1 << 63, True).build(str(tmp_path / "c" / "1"))
+    assert not os.path.exists(tmp_path / "c" / "1")
+
+
+def test_ranges_refuse_bad_cuts_and_non_adjacent_merges() -> None:
+    r = Ranges.first(2)
+    with pytest.raises(MillstreamError, match="not strictly inside"):
+        r.split("c", 0, 0)
+    with pytest.raises(MillstreamError, match="not adjacent"):
+        r.merge("c", 1, 0)
+    with pytest.raises(MillstreamError, match="has no range 7"):
+        r.split("c", 7, None)
+    s = r.split("c", 0, None)
+    assert sorted(s.ranges) == [1, 2, 3] and s.next_id == 4
+    assert Ranges.from_doc(s.to_doc()) == s
