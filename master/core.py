@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from master.ranges import KeyRange, Ranges
+from master.rebalance import Policy, Rebalancer
 from master.scheduler import Ownership, TabletKey, replan, replication_health
 from master.store import EtcdStore
 from master.watermarks import END_OF_TIME, MIN, Settler, TabletReport, Watermark, compute, publish
@@ -76,6 +77,9 @@ class MasterConfig:
     defrag_above_bytes: int = 512 << 20
     # Copies of every tablet (primary included) unless its computation says otherwise.
     replication: int = 2
+    # Split hot ranges and merge cold ones (master/rebalance.py) unless a computation says.
+    rebalance: bool = False
+    policy: Policy = Policy()
 
 
 class MasterCore:
@@ -95,6 +99,8 @@ class MasterCore:
         self.tablets: dict[TabletKey, Ownership] = {}
         self.ranges: dict[str, Ranges] = {}        # computation -> its key ranges (master/ranges.py)
         self.reshards: list[tuple[float, str]] = []  # recent splits and merges (ms, what), for status
+        self.rebalancer = Rebalancer(config.policy)
+        self.autoscaling: asyncio.Task[None] | None = None  # a policy decision being carried out
         self.version = 0
         self.closed = False
         self.report_time: dict[TabletKey, float] = {}
@@ -279,6 +285,7 @@ class MasterCore:
             self.settler.observe(key, h.oldest_work if h.has_work else END_OF_TIME, now)
             self.reports[key] = TabletReport(h.token, h.oldest_work if h.has_work else None)
             self.report_time[key] = now
+            self.rebalancer.load.observe(key, h.token, h.processed, now)
             counts = (h.processed, h.late, h.dead_lettered)
             last_token, last = self._last_counts.get(key, (h.token, (0, 0, 0)))
             if last_token != h.token:
@@ -480,6 +487,12 @@ class MasterCore:
         """The tablets of a computation: one per key range it has now."""
         ranges = self.ranges.get(spec.name)
         return [(spec.name, r) for r in (ranges.ranges if ranges is not None else range(spec.key_ranges))]
+
+    def rebalanced(self) -> dict[str, list[tuple[int, int, int]]]:
+        """The ranges ``(id, start, end)`` of every computation the policy looks after."""
+        return {s.name: [(r, kr.start, kr.end) for r, kr in self.ranges[s.name].ranges.items()]
+                for t in self.topologies.values() for s in t.computations.values()
+                if (self.config.rebalance if s.rebalance is None else s.rebalance) and s.name in self.ranges}
 
     def bounds(self, computation: str, key_range: int) -> KeyRange | None:
         ranges = self.ranges.get(computation)

@@ -9,6 +9,9 @@ ranges gone and re-route what they hold by key. Nothing pauses the rest of the j
 
 A merge needs both tablets on one primary: if they are apart, the right one moves first
 (a move catches its target up before promoting it) and the merge commits once it is there.
+
+:func:`autoscale` carries out the rebalancing policy's decisions (master/rebalance.py), one
+at a time, off the leader's tick.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 
 from master.core import MasterCore
 from master.ranges import Ranges
+from master.rebalance import Decision
 from master.scheduler import Ownership, TabletKey
 from runtime.errors import MillstreamError
 
@@ -80,7 +84,7 @@ def _views(core: MasterCore, computation: str, ids: list[int]) -> list[RangeView
 
 
 async def _commit(core: MasterCore, computation: str, gone: list[TabletKey], new_ids: list[int],
-                  owner: Ownership, ranges: Ranges, what: str) -> list[RangeView]:
+                  owner: Ownership, ranges: Ranges, what: str, why: str) -> list[RangeView]:
     # The old primary builds the new tablets from its own storage; until their followers catch
     # up from it (replication's snapshot), it holds their only copy (docs/rescaling.md). Their
     # token is above their parents': they re-send the parents' checkpointed productions, and
@@ -93,15 +97,17 @@ async def _commit(core: MasterCore, computation: str, gone: list[TabletKey], new
     for key in gone:
         _forget(core, key)
     core.tablets.update(tablets)
-    core.reshards.append((core.now_ms(), what))
+    core.reshards.append((core.now_ms(), f"{what}: {why}"))
     del core.reshards[:-20]
     await core._rebalance(what)
     views = _views(core, computation, new_ids)
-    log.info("%s: %s", what, ", ".join(f"{computation}/{v.key_range} [{v.start}, {v.end})" for v in views))
+    log.info("%s (%s): %s", what, why, ", ".join(f"{computation}/{v.key_range} [{v.start}, {v.end})"
+                                                for v in views))
     return views
 
 
-async def split(core: MasterCore, computation: str, key_range: int, at: int | None) -> list[RangeView]:
+async def split(core: MasterCore, computation: str, key_range: int, at: int | None,
+                why: str = "asked by an operator") -> list[RangeView]:
     """Cut a range in two while records flow; returns the two new ranges."""
     async with core._lock:
         key = (computation, key_range)
@@ -109,10 +115,11 @@ async def split(core: MasterCore, computation: str, key_range: int, at: int | No
         ranges = core.ranges[computation].split(computation, key_range, at)
         ids = [ranges.next_id - 2, ranges.next_id - 1]
         return await _commit(core, computation, [key], ids, own, ranges,
-                             f"split {computation}/{key_range} into {ids[0]} and {ids[1]}")
+                             f"split {computation}/{key_range} into {ids[0]} and {ids[1]}", why)
 
 
-async def merge(core: MasterCore, computation: str, left: int, right: int) -> list[RangeView]:
+async def merge(core: MasterCore, computation: str, left: int, right: int,
+                why: str = "asked by an operator") -> list[RangeView]:
     """Join two adjacent ranges while records flow; returns the merged range."""
     lk, rk = (computation, left), (computation, right)
     async with core._lock:
@@ -131,9 +138,65 @@ async def merge(core: MasterCore, computation: str, left: int, right: int) -> li
             if now is not None and now.worker == lo.worker and rk not in core.pinned:
                 ranges = core.ranges[computation].merge(computation, left, right)
                 return await _commit(core, computation, [lk, rk], [ranges.next_id - 1], lo, ranges,
-                                     f"merge {computation}/{left} and {right} into {ranges.next_id - 1}")
+                                     f"merge {computation}/{left} and {right} into {ranges.next_id - 1}", why)
         if loop.time() > deadline:
             raise MillstreamError(
                 f"cannot merge {computation}/{left} and {right}: {computation}/{right} did not reach "
                 f"{lo.worker} (the primary of {left}) within {MERGE_MOVE_TIMEOUT_S:.0f} s; try again")
         await core.changed(0.2)
+
+
+def autoscale(core: MasterCore) -> None:
+    """Start carrying out the policy's next decision, unless one is under way."""
+    if core.autoscaling is not None and not core.autoscaling.done():
+        return
+    ranges = core.rebalanced()
+    if not ranges:
+        return
+    workers = len(set(core.workers) - core.draining)
+    decisions = core.rebalancer.decide(ranges, workers, core.now_ms())
+    if decisions:
+        core.autoscaling = asyncio.create_task(_carry_out(core, decisions[0]), name="autoscale")
+
+
+async def _carry_out(core: MasterCore, d: Decision) -> None:
+    try:
+        if d.kind == "split":
+            before = _worker_loads(core)  # the parent's load still counts on its primary
+            parent = core.rebalancer.load.rate((d.computation, d.ranges[0]), core.now_ms()) or 0.0
+            views = await split(core, d.computation, d.ranges[0], None, f"policy: {d.reason}")
+            await _spread(core, d.computation, views[1].key_range, before, parent / 2)
+        else:
+            views = await merge(core, d.computation, d.ranges[0], d.ranges[1], f"policy: {d.reason}")
+        core.rebalancer.done(d, [v.key_range for v in views], core.now_ms())
+    except MillstreamError as e:  # the cluster changed meanwhile: decided again next time
+        log.info("rebalancing %s %s/%s not done: %s", d.kind, d.computation, d.ranges, e)
+        core.rebalancer.done(d, [], core.now_ms())
+
+
+def _worker_loads(core: MasterCore) -> dict[str, float]:
+    """Records/s of the primaries of every live worker the leader has heard from."""
+    now = core.now_ms()
+    load = {w: 0.0 for w in core.workers if w not in core.draining and w in core.heard}
+    for k, o in core.tablets.items():
+        if o.worker in load:
+            load[o.worker] += core.rebalancer.load.rate(k, now) or 0.0
+    return load
+
+
+async def _spread(core: MasterCore, computation: str, key_range: int, load: dict[str, float],
+                  rate: float) -> None:
+    """Move a new half (about ``rate`` records/s) to the least loaded worker, if that evens
+    the load out."""
+    async with core._lock:
+        key = (computation, key_range)
+        own = core.tablets.get(key)
+        live = [w for w in load if w in core.workers and w not in core.draining]
+        if own is None or not live:
+            return
+        coolest = min(live, key=lambda w: (load[w], sum(o.worker == w for o in core.tablets.values()), w))
+        if coolest != own.worker and load[coolest] + rate < load.get(own.worker, 0.0):
+            core.pinned[key] = coolest
+            log.info("moving %s/%d (about %.0f rec/s) to %s, the least loaded worker (%.0f rec/s)",
+                     computation, key_range, rate, coolest, load[coolest])
+            await core._rebalance("rebalance")

@@ -162,6 +162,7 @@ class Master:
         self.leader_address: str | None = None
         self.sure_until = 0.0  # monotonic ms until which our leadership is certain
         self._masters_cache: list[str] = []  # addresses of all masters, as last read by the leader
+        self._autoscaled_at = -1e18
         self._masters_read_at = -math.inf
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -237,6 +238,9 @@ class Master:
                 self.sure_until = t0 + ttl_s * 1000 * 0.8
                 if self.core is not None:
                     await self.core.tick()
+                    if t0 - self._autoscaled_at >= 1000:
+                        self._autoscaled_at = t0
+                        reshard.autoscale(self.core)
                     if t0 - self._masters_read_at >= MASTERS_REFRESH_MS:
                         masters = await asyncio.to_thread(self.store.masters)
                         self._masters_cache = sorted(m["address"] for m in masters)

@@ -41,6 +41,19 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
 
 
+def _float_in(low: float, high: float, what: str) -> Callable[[str], float]:
+    """An argparse type: a number in [low, high]; the message names the flag."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number ({what})") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value:g} is out of range {low:g}..{high:g} ({what})")
+        return value
+    return parse
+
+
 def _int_in(low: int, high: int, what: str) -> Callable[[str], int]:
     """An argparse type: an int in [low, high]; the message names the flag and its env var."""
     def parse(text: str) -> int:
@@ -145,6 +158,18 @@ def build_parser() -> argparse.ArgumentParser:
                    default=_env("MILLSTREAM_REPLICATION", "2"),
                    help="copies of every tablet on different workers, primary included (default 2; "
                         "a computation's replication= overrides it; env MILLSTREAM_REPLICATION)")
+    m.add_argument("--rebalance", action="store_true", default=_env("MILLSTREAM_REBALANCE", "") in ("1", "true"),
+                   help="split hot key ranges and merge cold ones while jobs run (a computation's "
+                        "rebalance= overrides it; env MILLSTREAM_REBALANCE=1); docs/rescaling.md")
+    m.add_argument("--rebalance-hold-s", type=_float_in(0, 3600, "--rebalance-hold-s, seconds"),
+                   default=_env("MILLSTREAM_REBALANCE_HOLD_S", "10"),
+                   help="how long a range must stay hot (or cold) before it is split (or merged)")
+    m.add_argument("--rebalance-cooldown-s", type=_float_in(0, 86400, "--rebalance-cooldown-s, seconds"),
+                   default=_env("MILLSTREAM_REBALANCE_COOLDOWN_S", "30"),
+                   help="how long a computation is left alone after a split or merge")
+    m.add_argument("--rebalance-min-rate", type=_float_in(0, 1e9, "--rebalance-min-rate, records/s"),
+                   default=_env("MILLSTREAM_REBALANCE_MIN_RATE", "200"),
+                   help="ranges slower than this (records/s) are never split")
     _security_flags(m, server=True)
     m.add_argument("--etcd-user", default=_env("MILLSTREAM_ETCD_USER"))
     m.add_argument("--etcd-password", default=_env("MILLSTREAM_ETCD_PASSWORD"))
@@ -223,6 +248,7 @@ def _run(args: argparse.Namespace) -> int:
     cmd = args.command
     if cmd == "master":
         from master.core import MasterConfig
+        from master.rebalance import Policy
         from master.server import MasterOptions, main
         from master.store import EtcdConfig
 
@@ -230,7 +256,11 @@ def _run(args: argparse.Namespace) -> int:
                                 user=args.etcd_user, password=args.etcd_password, ca_cert=args.etcd_ca)
         if args.lease_ms < 500:
             raise ConfigError(f"--lease-ms {args.lease_ms} is too short; use 500 or more")
-        main(MasterOptions(etcd, args.listen, MasterConfig(lease_ms=args.lease_ms, replication=args.replication),
+        policy = Policy(hold_s=args.rebalance_hold_s, cooldown_s=args.rebalance_cooldown_s,
+                        min_rate=args.rebalance_min_rate)
+        config = MasterConfig(lease_ms=args.lease_ms, replication=args.replication, rebalance=args.rebalance,
+                              policy=policy)
+        main(MasterOptions(etcd, args.listen, config,
                            advertise=args.advertise, http_listen=args.http_listen, security=_security(args)))
         return 0
     if cmd == "worker":

@@ -114,13 +114,15 @@ class LocalCluster:
     def __init__(self, data_dir: str, *, masters: int = 1, workers: int = 2, lease_ms: int = 3000,
                  echo: IO[str] | None = None, python: str = sys.executable, master_port: int = 0,
                  daemon_args: Sequence[str] = (), security: Security = Security(),
-                 allow_code: str | None = None, replication: int | None = None) -> None:
+                 allow_code: str | None = None, replication: int | None = None,
+                 master_args: Sequence[str] = ()) -> None:
         self.master_port = master_port
         self.replication = replication  # the masters' --replication (None: their default)
         # Workers load user code from the modules of the directory the cluster runs from
         # (like `python -m`), and millstream's own sinks and examples; nothing else.
         self.allow_code = ",".join(local_modules(os.getcwd())) if allow_code is None else allow_code
         self.daemon_args = list(daemon_args)  # extra flags for every master and worker
+        self.master_args = list(master_args)  # ... and for every master only
         self.security = security
         self.data_dir = os.path.abspath(data_dir)
         self.n_masters = masters
@@ -212,7 +214,8 @@ class LocalCluster:
         p = self._spawn(self._name("master"), self._daemon(
             "master", "--etcd", self.etcd_url, "--listen", f"127.0.0.1:{port}",
             "--lease-ms", str(self.lease_ms), "--http-listen", "127.0.0.1:0",
-            *(["--replication", str(self.replication)] if self.replication else []), *self.daemon_args),
+            *(["--replication", str(self.replication)] if self.replication else []), *self.daemon_args,
+            *self.master_args),
             wait_address=True)
         self.masters.append(p)
         return p

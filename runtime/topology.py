@@ -43,6 +43,7 @@ class ComputationSpec:
     fsync: bool | None = None  # None: on for exactly-once computations
     dedup_retention: float | None = None  # seconds opaque ids are kept; None: 600 (worker/tablet.py)
     replication: int | None = None  # copies of each tablet; None: the master's --replication
+    rebalance: bool | None = None  # split hot ranges, merge cold ones; None: the master's --rebalance
 
     @property
     def sync_commits(self) -> bool:
@@ -124,6 +125,9 @@ def validate_spec(spec: ComputationSpec) -> None:
         raise TopologyError(
             f"computation {spec.name!r}: replication={n!r} must be a whole number of copies from 1 "
             f"to {MAX_REPLICATION} (1: no replica; the master's --replication when left out)")
+    if spec.rebalance is not None and not isinstance(spec.rebalance, bool):
+        raise TopologyError(f"computation {spec.name!r}: rebalance={spec.rebalance!r} must be True, False or "
+                            "None (None: the master's --rebalance)")
     if not isinstance(spec.params, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in spec.params.items()
     ):
@@ -209,6 +213,7 @@ class Topology:
         fsync: bool | None = None,
         dedup_retention: float | datetime.timedelta | None = None,
         replication: int | None = None,
+        rebalance: bool | None = None,
     ) -> Topology:
         """Add a computation; returns the topology so calls can be chained.
 
@@ -222,6 +227,8 @@ class Topology:
         default injector's, files', Spark's without an id column, tablets') need none.
         ``replication`` is how many copies of each tablet are kept on different workers
         (docs/replication.md); it defaults to the master's ``--replication`` (2).
+        ``rebalance`` lets the master split this computation's hot key ranges and merge cold
+        ones while it runs (docs/rescaling.md); it defaults to the master's ``--rebalance``.
         """
         if name in self.computations:
             raise TopologyError(
@@ -244,7 +251,7 @@ class Topology:
             late_records=late_records, params=dict(params or {}), fsync=fsync,
             dedup_retention=(dedup_retention.total_seconds()
                              if isinstance(dedup_retention, datetime.timedelta) else dedup_retention),
-            replication=replication,
+            replication=replication, rebalance=rebalance,
         )
         validate_spec(spec)
         self.computations[name] = spec

@@ -7,16 +7,21 @@ nothing lost, nothing counted twice, no window fired twice, watermarks never bac
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
+import random
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
 
-from examples import windows
+from examples import windows, wordcount
 from injectors import Injector
+from runtime.demo import oracle
 from runtime.errors import MillstreamError
 from runtime.keyspace import HASH_SPACE
+from runtime.sinks import read_file_sink
 from tests.e2e.test_watermarks import _events, _oracle, _send, _windows
 from tests.e2e.wordcount_run import run_wordcount
 from tests.harness import Cluster, etcd_history, wait_until
@@ -158,3 +163,48 @@ def test_split_and_merge_refuse_what_they_cannot_do(cluster: Cluster) -> None:
         cluster.client.merge("window_counter", 1, 0)
     with pytest.raises(MillstreamError, match="no computation"):
         cluster.client.split("nope", 0)
+
+
+def test_the_policy_splits_a_hot_range_and_moves_a_half_to_a_new_worker(tmp_path: object) -> None:
+    c = Cluster(str(tmp_path), workers=2, master_args=["--rebalance-hold-s", "2", "--rebalance-cooldown-s", "4",
+                                                       "--rebalance-min-rate", "50"])
+    c.start()
+    try:
+        c.wait_ready(60)
+        out = os.path.join(c.data_dir, "out")
+        topo = wordcount.topology(out, name="skew", key_ranges=1)
+        topo.computations["counter"] = dataclasses.replace(topo.computations["counter"], rebalance=True)
+        c.client.submit(topo)
+        c.wait_assigned()
+        old = {w["id"] for w in c.client.status()["workers"]}
+        c.add_worker()
+        c.add_worker()
+        wait_until(lambda: len(c.client.status()["workers"]) == 4, 30, "4 workers")
+        new = {w["id"] for w in c.client.status()["workers"]} - old
+        rng = random.Random(5)
+        words = [f"w{i}" for i in range(300)]
+        weights = [1 / (i + 1) for i in range(len(words))]  # Zipf: a few words are most of the load
+        sent: list[str] = []
+
+        def spread() -> bool:
+            counters = [t for t in c.client.status()["tablets"] if t["computation"] == "counter"]
+            return len(counters) >= 2 and any(t["primary"] in new for t in counters)
+
+        with Injector(c.masters_arg, "lines", "skew", batch_size=500) as inj:
+            deadline = time.monotonic() + 120
+            while not spread():
+                assert time.monotonic() < deadline, f"no split placed on a new worker: {c.client.status()}"
+                for _ in range(500):
+                    line = " ".join(rng.choices(words, weights, k=4))
+                    sent.append(line)
+                    inj.send(b"", line.encode(), 1_700_000_000_000_000 + len(sent))
+                inj.flush()
+        doc = c.client.status()
+        assert any("policy:" in r["what"] and "split counter/" in r["what"] for r in doc["reshards"]), doc["reshards"]
+        expected = oracle(sent)
+        total = sum(expected.values())
+        wait_until(lambda: len(list(read_file_sink(out))) >= total, 120, f"{total} counts")
+        got = wordcount.final_counts(list(read_file_sink(out)))
+        assert got == expected
+    finally:
+        c.close()
