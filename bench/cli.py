@@ -1,7 +1,7 @@
 """``millstream bench``: run the workloads on fresh local clusters and write the report.
 
 ``--quick`` shrinks every workload (seconds instead of minutes; for smoke tests,
-not for citing); ``--only w1,recovery,w2,memory,profile,soak`` picks workloads (``soak``,
+not for citing); ``--only w1,recovery,w2,replication,rescale,memory,profile,soak`` picks workloads (``soak``,
 20 million records through two stages at 10,000 rec/s, runs only when named);
 ``--peer spark`` adds the Spark Structured Streaming runs and the ratios.
 """
@@ -21,7 +21,7 @@ from typing import Any
 from bench import report, workloads
 
 log = logging.getLogger(__name__)
-DEFAULT = ("w1", "recovery", "w2", "replication", "memory", "profile")
+DEFAULT = ("w1", "recovery", "w2", "replication", "rescale", "memory", "profile")
 ALL = (*DEFAULT, "soak")
 SOAK_RATE = 10_000
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -122,6 +122,13 @@ def run_bench(args: argparse.Namespace) -> int:
                     ok &= bool(runs["w2"].get("oracle_equal"))
                 _progress(f"  {runs['w2'].get('throughput_rps')} rec/s")
                 r["replication"].append(runs)
+        if "rescale" in chosen:
+            from bench.rescale import run_rescale
+
+            _progress("rescale: W1 on 1 range per computation, 2 workers added, the policy splits")
+            r["rescale"] = res = run_rescale(root, cfg)
+            ok &= bool(res["exactness"]["exact"])
+            _progress(f"  {res['phases']}")
         if "memory" in chosen:
             _progress(f"memory: RocksDB bytes for {cfg.memory_keys:,} keys")
             r["memory"] = {"rocksdb": workloads.rocksdb_bytes_per_million_keys(root, cfg.memory_keys)}

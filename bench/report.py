@@ -148,6 +148,9 @@ def markdown(r: dict[str, Any]) -> str:
             lines.append(f"| {run['replication']} | " + " | ".join(cells)
                          + f" | {run['w2'].get('throughput_rps') or 0:,} rec/s | {'yes' if ok else 'NO'} |")
         lines.append("")
+    rs = r.get("rescale")
+    if rs:
+        lines += _rescale_lines(rs)
     w2 = r.get("w2")
     if w2:
         lines += ["## W2 — throughput (1 s event-time windows + spike detection, exactly once)", ""]
@@ -207,6 +210,27 @@ def markdown(r: dict[str, Any]) -> str:
         lines.append(f"| {name} | {text} |")
     lines.append("")
     return "\n".join(lines)
+
+
+def _rescale_lines(rs: dict[str, Any]) -> list[str]:
+    pol = rs["policy"]
+    lines = [f"## Rescaling — W1 eo-strong-fsync at {rs['rate']:,} rec/s (Zipf keys), 1 range per computation, "
+             f"2 workers + 2 added at {rs['add_at_s']:g} s, policy hold {pol['hold_s']} s / cooldown "
+             f"{pol['cooldown_s']} s", "",
+             "| phase | seconds | outputs/s | p50 | p99 | max |", "|---|---:|---:|---:|---:|---:|"]
+    for name in ("before", "during", "after"):
+        ph = rs["phases"].get(name, {})
+        lat = ph.get("latency_ms")
+        lines.append(f"| {name} | {ph.get('seconds', '-')} | {ph.get('throughput_rps', 0):,} | {_ms(lat, 'p50')} ms | "
+                     f"{_ms(lat, 'p99')} ms | {_ms(lat, 'max')} ms |")
+    lines += ["", "| range replaced | p99 before | p50 / p99 / max in the 3 s around it |", "|---|---:|---:|"]
+    for sp in rs["splits"]:
+        ar, be = sp.get("latency_around_ms") or {}, sp.get("latency_before_ms") or {}
+        lines.append(f"| {sp['computation']}/{sp['key_range']} | {_ms(be, 'p99')} ms | {_ms(ar, 'p50')} / "
+                     f"{_ms(ar, 'p99')} / {_ms(ar, 'max')} ms |")
+    lines += ["", "Policy decisions: " + ("; ".join(rs.get("reshards", [])) or "none"), "",
+              f"Ranges after: {rs.get('ranges_after')}; exact: {_exact_text(rs.get('exactness'))}", ""]
+    return lines
 
 
 def _exact_text(ex: dict[str, Any] | None) -> str:
