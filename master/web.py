@@ -41,7 +41,9 @@ PAGE = """<!doctype html>
 a running call holds up its key range only.</p><table id="slow"></table>
 <h2>Injectors</h2><table id="injs"></table>
 <h2>Workers</h2><table id="workers"></table>
-<h2>Tablets</h2><table id="tablets"></table>
+<h2>Tablets</h2><p>Each tablet is one key range: its hash interval [start, end) in units of 2<sup>48</sup>.</p>
+<table id="tablets"></table>
+<h2>Recent splits and merges</h2><table id="reshards"></table>
 <script>
 const MIN = -(2n**63n), END = 2n**63n - 1n;
 let last = null;
@@ -81,7 +83,9 @@ async function refresh(){
   table("slow", ["computation","key","key range","user code"], slow);
   table("injs", ["injector","stream","watermark"], s.injectors.map(i => [i.name, i.stream, t(i.watermark)]));
   table("workers", ["id","address","zone","primaries","follower copies","last heartbeat"], s.workers.map(w => [w.id, w.address, w.zone||"-", w.tablets, w.followed, w.last_heartbeat_ms_ago+" ms ago"]));
-  table("tablets", ["tablet","primary","address","followers","in sync","replication","token"], s.tablets.map(x => [`${x.computation}/${x.key_range}`, x.primary||"-", x.address||"-", (x.followers||[]).join(", ")||"-", (x.in_sync||[]).join(", ")||"-", `${(x.in_sync||[]).length}/${x.replication} ${x.health}`, x.token]));
+  const h48 = v => Math.floor(v / 2**48).toString(16).padStart(4, "0");
+  table("tablets", ["tablet","hash range","primary","address","followers","in sync","replication","token"], s.tablets.map(x => [`${x.computation}/${x.key_range}`, `[${h48(x.start)}, ${h48(x.end)})`, x.primary||"-", x.address||"-", (x.followers||[]).join(", ")||"-", (x.in_sync||[]).join(", ")||"-", `${(x.in_sync||[]).length}/${x.replication} ${x.health}`, x.token]));
+  table("reshards", ["when","what"], (s.reshards||[]).slice().reverse().map(r => [`${r.ago_s} s ago`, r.what]));
   last = {s, at: now};
 }
 refresh(); setInterval(refresh, 1000);

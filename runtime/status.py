@@ -80,12 +80,17 @@ def render(doc: dict[str, Any]) -> str:
     if rep and (rep["under_replicated"] or rep["unavailable"]):
         lines += ["", f"REPLICATION: {rep['under_replicated']} tablets under-replicated, "
                       f"{rep['unavailable']} UNAVAILABLE (no live in-sync copy; they wait for one to return)"]
-    lines += ["", "tablets:"]
+    reshards = doc.get("reshards") or []
+    if reshards:
+        lines += ["", "recent splits and merges:"]
+        lines += [f"  {r['ago_s']:>8.1f} s ago  {r['what']}" for r in reshards[-5:]]
+    lines += ["", "tablets (hash range in units of 2^48):"]
     for t in doc["tablets"]:
         followers = ",".join(f + ("" if f in t.get("in_sync", []) else "(catching up)")
                              for f in t.get("followers", [])) or "-"
         health = t.get("health", "ok")
-        lines.append(f"  {t['computation']}/{t['key_range']:<4} primary={t['worker'] or '-':<12} "
+        lines.append(f"  {t['computation']}/{t['key_range']:<4} [{t.get('start', 0) >> 48:04x}, "
+                     f"{t.get('end', 1 << 64) >> 48:04x}) primary={t['worker'] or '-':<12} "
                      f"{t['address'] or '-':<22} token={t['token']:<4} followers={followers}"
                      + ("" if health == "ok" else f"  {health.upper()}"))
     return "\n".join(lines)

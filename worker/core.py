@@ -197,26 +197,42 @@ class WorkerCore:
                 if wanted.get(key) != tablet.token:
                     del self._opening[key]
                     self._closing[key] = asyncio.create_task(self._abandon(tablet, task))
-            for key, token in wanted.items():
-                if key in self.tablets or key in self._opening:
-                    continue
-                origin = self._origin(key)
-                if any(self._in_use(p) for p in [key, *self._parents(key)]):
-                    continue  # the previous copy (or a range it is built from) still holds the storage
-                route = self.routing.computations[key[0]]
-                tablet = Tablet(self, route, key[1], token, self.path_of(key), now_us=self.wall_us,
-                                batch_limit=self._batch_limits.get(key),
-                                failures=self._batch_failures.get(key, 0),
-                                replicator=self._replicator if self.channel is not None else None,
-                                origin=origin)
-                self._opening[key] = (tablet, asyncio.create_task(self._open(key, tablet), name=f"open {key}"))
-                self._opened_at[key] = time.monotonic()
+            deferred = self._start_openings(wanted)
             await self._drop_copies(wanted)
+            started = time.monotonic()
             pending = [t for _, t in self._opening.values()] + list(self._closing.values())
             if pending:
                 await asyncio.wait(pending, timeout=self.limits.reconcile_wait_s)
+            if deferred and self.lease_held():
+                # What waited for a copy being closed (a move here, a split's old range) opens
+                # now rather than on the next pass, 200 ms later.
+                self._start_openings(self.routing.tablets_of(self.worker_id))
+                pending = [t for _, t in self._opening.values()]
+                left = self.limits.reconcile_wait_s - (time.monotonic() - started)
+                if pending and left > 0:
+                    await asyncio.wait(pending, timeout=left)
             self._collect()
             await self._forget_parents()
+
+    def _start_openings(self, wanted: dict[tuple[str, int], int]) -> bool:
+        """Start opening what is assigned here and not open; true if some had to wait for a
+        copy still being closed."""
+        deferred = False
+        for key, token in wanted.items():
+            if key in self.tablets or key in self._opening:
+                continue
+            if any(self._in_use(p) for p in [key, *self._parents(key)]):
+                deferred = True  # the previous copy (or a range it is built from) still holds the storage
+                continue
+            route = self.routing.computations[key[0]]
+            tablet = Tablet(self, route, key[1], token, self.path_of(key), now_us=self.wall_us,
+                            batch_limit=self._batch_limits.get(key),
+                            failures=self._batch_failures.get(key, 0),
+                            replicator=self._replicator if self.channel is not None else None,
+                            origin=self._origin(key))
+            self._opening[key] = (tablet, asyncio.create_task(self._open(key, tablet), name=f"open {key}"))
+            self._opened_at[key] = time.monotonic()
+        return deferred
 
     def _parents(self, key: tuple[str, int]) -> list[tuple[str, int]]:
         a = self.routing.assignments.get(key)

@@ -10,6 +10,8 @@ import collections
 import dataclasses
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -90,6 +92,9 @@ def test_split_and_merge_during_the_word_count_are_exact(cluster: Cluster) -> No
     run_wordcount(cluster, n_lines=4000, midway=hook, name="reshard")
     hook.join()  # type: ignore[attr-defined]
     assert len(_ranges(cluster, "splitter")) == 5
+    # The new ranges' followers catch up from their primary: every tablet has its copies again.
+    wait_until(lambda: all(t["health"] == "ok" for t in cluster.client.status()["tablets"]), 60,
+               "every new range's follower to be in sync")
 
 
 def test_a_split_window_pipeline_fires_every_window_once_and_watermarks_never_go_back(
@@ -163,6 +168,28 @@ def test_split_and_merge_refuse_what_they_cannot_do(cluster: Cluster) -> None:
         cluster.client.merge("window_counter", 1, 0)
     with pytest.raises(MillstreamError, match="no computation"):
         cluster.client.split("nope", 0)
+
+
+def test_the_split_and_merge_commands_print_the_new_ranges(cluster: Cluster) -> None:
+    cluster.client.submit(windows.topology(os.path.join(cluster.data_dir, "w"), key_ranges=1))
+    cluster.wait_assigned()
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "runtime.cli", *args, "--masters", cluster.masters_arg],
+                              capture_output=True, text=True, timeout=120)
+
+    out = cli("split", "window_counter/0", "--at", "0x4000000000000000")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        f"window_counter/1  [0x0000000000000000, 0x4000000000000000)  primary {_ranges(cluster, 'window_counter')[0]['primary']} token 2",
+        f"window_counter/2  [0x4000000000000000, 0x10000000000000000)  primary {_ranges(cluster, 'window_counter')[1]['primary']} token 2"]
+    out = cli("merge", "window_counter/1", "window_counter/2")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("window_counter/3  [0x0000000000000000, 0x10000000000000000)")
+    bad = cli("split", "window_counter/3", "--at", "zero")
+    assert bad.returncode != 0 and "'zero' is not a hash" in bad.stderr and "Traceback" not in bad.stderr
+    bad = cli("split", "window_counter/1")
+    assert bad.returncode != 0 and "has no range 1" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_the_policy_splits_a_hot_range_and_moves_a_half_to_a_new_worker(tmp_path: object) -> None:
