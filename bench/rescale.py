@@ -84,13 +84,14 @@ def run_rescale(root: str, cfg: BenchConfig) -> dict[str, Any]:
     result["achieved_rate"] = round(stats.sent / max(1e-9, (stats.end_ns - stats.start_ns) / 1e9))
     splits = _replaced(samples)
     result["splits"] = [_pause(s, arrivals, stats.start_ns + int(cfg.warmup_s * 1e9)) for s in splits]
-    last = max((s["at_ns"] for s in splits), default=added.get("ns", stats.start_ns))
     warm = stats.start_ns + int(cfg.warmup_s * 1e9)
     add_ns = added.get("ns", stats.end_ns)
+    # "during": from the join until 5 s after the last change the policy made after it
+    settled = max([add_ns, *(s["at_ns"] for s in splits if s["at_ns"] >= add_ns)]) + 5_000_000_000
     result["phases"] = {
         "before": _phase(arrivals, warm, add_ns),
-        "during": _phase(arrivals, add_ns, last + 5_000_000_000),
-        "after": _phase(arrivals, last + 5_000_000_000, stats.end_ns),
+        "during": _phase(arrivals, add_ns, settled),
+        "after": _phase(arrivals, settled, stats.end_ns),
     }
     result["timeline_max_latency_ms"] = latency.latency_timeline(arrivals, stats.start_ns, 1000)
     return result

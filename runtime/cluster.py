@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import queue
 import shutil
 import socket
 import subprocess
@@ -20,7 +21,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import IO, Self
+from typing import IO, Any, Self
 
 from runtime.errors import EtcdUnavailable, MillstreamError
 from runtime.security import Security
@@ -108,6 +109,44 @@ def wait_until(cond: Callable[[], bool], timeout: float, what: str, interval: fl
         time.sleep(interval)
 
 
+class _Spawner:
+    """Starts every child from one long-lived thread.
+
+    Linux's parent-death signal (runtime/die_with_parent.py) fires when the *thread* that
+    forked the child ends, not the process: a worker added from a short-lived thread (a
+    benchmark's schedule, a test's background hook) would be killed the moment that thread
+    returned. Forking from this thread, which lives as long as the process, ties children to
+    the process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: queue.Queue[tuple[Callable[[], subprocess.Popen[str]], queue.Queue[Any]]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def popen(self, argv: list[str], **kw: Any) -> subprocess.Popen[str]:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="millstream-spawner", daemon=True)
+                self._thread.start()
+        answer: queue.Queue[Any] = queue.Queue(1)
+        self._requests.put((lambda: subprocess.Popen(argv, **kw), answer))
+        result = answer.get()
+        if isinstance(result, BaseException):
+            raise result
+        return result  # type: ignore[no-any-return]
+
+    def _serve(self) -> None:
+        while True:
+            start, answer = self._requests.get()
+            try:
+                answer.put(start())
+            except BaseException as e:  # handed to the caller, raised there
+                answer.put(e)
+
+
+_spawner = _Spawner()
+
+
 class LocalCluster:
     """etcd, ``masters`` masters and ``workers`` workers under ``data_dir``."""
 
@@ -147,8 +186,8 @@ class LocalCluster:
         path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
         env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path, **(env or {}))
         guarded = [self.python, "-m", "runtime.die_with_parent", str(os.getpid()), *argv]
-        popen = subprocess.Popen(guarded, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
-                                 stdin=subprocess.DEVNULL)
+        popen = _spawner.popen(guarded, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+                               stdin=subprocess.DEVNULL)
         err.close()
         proc = Process(name, popen, log_path=log_path)
         assert popen.stdout is not None

@@ -1,16 +1,19 @@
 """LocalCluster's own start-up: etcd cannot bind port 0, so a port taken between the probe
-and etcd's bind must cost a retry, not a failed test run (the CI failure of session 3)."""
+and etcd's bind must cost a retry, not a failed test run (the CI failure of session 3); and
+a process it starts from a short-lived thread must outlive that thread."""
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Iterator
 
 import pytest
 
 from runtime import cluster as cluster_module
-from runtime.cluster import LocalCluster, free_port
+from runtime.client import Client
+from runtime.cluster import LocalCluster, Process, free_port, wait_until
 
 
 def test_etcd_starts_again_on_new_ports_when_one_was_taken(tmp_path: object,
@@ -30,3 +33,17 @@ def test_etcd_starts_again_on_new_ports_when_one_was_taken(tmp_path: object,
     finally:
         c.close()
         taken.close()
+
+
+def test_a_worker_added_from_a_thread_outlives_the_thread(tmp_path: object) -> None:
+    """The parent-death signal follows the thread that forked a child: a worker added from a
+    benchmark's schedule thread used to be killed when that thread ended (a lost lease and a
+    4 s stall in the rescaling run)."""
+    with LocalCluster(str(tmp_path), workers=1).running() as c:
+        added: list[Process] = []
+        t = threading.Thread(target=lambda: added.append(c.add_worker()))
+        t.start()
+        t.join()
+        with Client(c.masters_arg, timeout=10) as client:
+            wait_until(lambda: len(client.status()["workers"]) == 2, 30, "the added worker to register")
+        assert added[0].alive()
