@@ -51,6 +51,9 @@ class WorkerLimits:
     drain_timeout_s: float = 8.0    # a stopping worker waits this long for its primaries to move
 
 
+OPENING_WAIT_S = 0.5  # a delivery waits this long for its tablet to finish opening, then BUSY
+
+
 class WorkerCore:
     """Hosts tablets for one worker identity and fences them by lease and token."""
 
@@ -417,7 +420,14 @@ class WorkerCore:
     async def deliver(self, computation: str, key_range: int, token: int, records: list[Record],
                       orders: Orders | None = None) -> int:
         """Fence by token, then hand the batch to the tablet (DESIGN.md §4 step 1)."""
-        tablet = self.tablets.get((computation, key_range))
+        key = (computation, key_range)
+        tablet = self.tablets.get(key)
+        if tablet is None and key in self._opening and self._opening[key][0].token == token:
+            # Opening here under this token (just moved, split or merged): wait a little for it
+            # rather than send the sender into its back-off.
+            await asyncio.wait({self._opening[key][1]}, timeout=OPENING_WAIT_S)
+            self._collect()
+            tablet = self.tablets.get(key)
         if tablet is not None and tablet.token == token and not tablet.closing:
             return await tablet.deliver(records, orders)
         assigned = self.routing.destination(computation, key_range)
