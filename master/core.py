@@ -100,6 +100,7 @@ class MasterCore:
         self.ranges: dict[str, Ranges] = {}        # computation -> its key ranges (master/ranges.py)
         self.reshards: list[tuple[float, str]] = []  # recent splits and merges (ms, what), for status
         self.rebalancer = Rebalancer(config.policy)
+        self.load_medians: dict[TabletKey, int] = {}  # where each tablet's recent load divides evenly
         self.autoscaling: asyncio.Task[None] | None = None  # a policy decision being carried out
         self.version = 0
         self.closed = False
@@ -286,6 +287,8 @@ class MasterCore:
             self.reports[key] = TabletReport(h.token, h.oldest_work if h.has_work else None)
             self.report_time[key] = now
             self.rebalancer.load.observe(key, h.token, h.processed, now)
+            if h.load_median:
+                self.load_medians[key] = h.load_median
             counts = (h.processed, h.late, h.dead_lettered)
             last_token, last = self._last_counts.get(key, (h.token, (0, 0, 0)))
             if last_token != h.token:

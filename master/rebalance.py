@@ -39,7 +39,7 @@ class Policy:
     window_s: float = 5.0
     max_ranges: int = 64
     indivisible: float = 0.9
-    stuck_s: float = 600.0
+    stuck_s: float = 3600.0
 
 
 @dataclass(frozen=True)

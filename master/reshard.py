@@ -29,6 +29,7 @@ from runtime.errors import MillstreamError
 log = logging.getLogger(__name__)
 
 MERGE_MOVE_TIMEOUT_S = 60.0
+OPEN_TIMEOUT_S = 10.0  # a split waits this long for its range to be open on its primary
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,14 @@ def _settled(core: MasterCore, key: TabletKey) -> Ownership:
     return own
 
 
+def _open(core: MasterCore, key: TabletKey, own: Ownership) -> bool:
+    """Whether the primary has the tablet open under its current token (it reported it so):
+    only then is its storage there to build new ranges from. A range just made by a split
+    or merge may not be built yet, and one just moved may still be a follower's copy."""
+    rep = core.reports.get(key)
+    return rep is not None and rep.token == own.token
+
+
 def _forget(core: MasterCore, key: TabletKey) -> None:
     """Drop what the leader kept of a tablet that no longer exists."""
     core.tablets.pop(key, None)
@@ -69,6 +78,7 @@ def _forget(core: MasterCore, key: TabletKey) -> None:
     core._seen.pop(key, None)
     core._slow.pop(key, None)
     core._last_counts.pop(key, None)
+    core.load_medians.pop(key, None)
     core.settler.forget(key)
     for problems in core.problems.values():
         problems.pop(key, None)
@@ -108,14 +118,30 @@ async def _commit(core: MasterCore, computation: str, gone: list[TabletKey], new
 
 async def split(core: MasterCore, computation: str, key_range: int, at: int | None,
                 why: str = "asked by an operator") -> list[RangeView]:
-    """Cut a range in two while records flow; returns the two new ranges."""
-    async with core._lock:
-        key = (computation, key_range)
-        own = _settled(core, key)
-        ranges = core.ranges[computation].split(computation, key_range, at)
-        ids = [ranges.next_id - 2, ranges.next_id - 1]
-        return await _commit(core, computation, [key], ids, own, ranges,
-                             f"split {computation}/{key_range} into {ids[0]} and {ids[1]}", why)
+    """Cut a range in two while records flow (at ``at``; else where its recent load divides
+    evenly, as its primary reports it; else at the middle); returns the two new ranges. Waits
+    (a little) for the range to be open on its primary."""
+    key = (computation, key_range)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + OPEN_TIMEOUT_S
+    while True:
+        async with core._lock:
+            own = _settled(core, key)
+            core.ranges[computation].split(computation, key_range, at)  # refuses a bad cut at once
+            if _open(core, key, own):
+                kr = core.bounds(computation, key_range)
+                median = core.load_medians.get(key, 0)
+                if at is None and kr is not None and kr.start < median < kr.end:
+                    at = median
+                    why += f"; cut where its load divides evenly, {median:#018x}"
+                ranges = core.ranges[computation].split(computation, key_range, at)
+                ids = [ranges.next_id - 2, ranges.next_id - 1]
+                return await _commit(core, computation, [key], ids, own, ranges,
+                                     f"split {computation}/{key_range} into {ids[0]} and {ids[1]}", why)
+        if loop.time() > deadline:
+            raise MillstreamError(f"tablet {computation}/{key_range} is not open on its primary {own.worker} "
+                                  f"after {OPEN_TIMEOUT_S:.0f} s (still being opened or built); try again")
+        await core.changed(0.1)
 
 
 async def merge(core: MasterCore, computation: str, left: int, right: int,
@@ -135,14 +161,15 @@ async def merge(core: MasterCore, computation: str, left: int, right: int,
     while True:
         async with core._lock:
             lo, now = _settled(core, lk), core.tablets.get(rk)
-            if now is not None and now.worker == lo.worker and rk not in core.pinned:
+            if (now is not None and now.worker == lo.worker and rk not in core.pinned
+                    and _open(core, lk, lo) and _open(core, rk, now)):
                 ranges = core.ranges[computation].merge(computation, left, right)
                 return await _commit(core, computation, [lk, rk], [ranges.next_id - 1], lo, ranges,
                                      f"merge {computation}/{left} and {right} into {ranges.next_id - 1}", why)
         if loop.time() > deadline:
             raise MillstreamError(
-                f"cannot merge {computation}/{left} and {right}: {computation}/{right} did not reach "
-                f"{lo.worker} (the primary of {left}) within {MERGE_MOVE_TIMEOUT_S:.0f} s; try again")
+                f"cannot merge {computation}/{left} and {right}: they were not both open on {lo.worker} "
+                f"(the primary of {left}) within {MERGE_MOVE_TIMEOUT_S:.0f} s; try again")
         await core.changed(0.2)
 
 
@@ -153,7 +180,7 @@ def autoscale(core: MasterCore) -> None:
     ranges = core.rebalanced()
     if not ranges:
         return
-    workers = len(set(core.workers) - core.draining)
+    workers = len([w for w in core.workers if w in core.heard and w not in core.draining])
     decisions = core.rebalancer.decide(ranges, workers, core.now_ms())
     if decisions:
         core.autoscaling = asyncio.create_task(_carry_out(core, decisions[0]), name="autoscale")

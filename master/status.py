@@ -116,5 +116,6 @@ def _tablet(core: MasterCore, c: str, r: int, o: Ownership, wanted: int) -> dict
     return {"computation": c, "key_range": r, "start": start, "end": end,
             "primary": o.worker, "worker": o.worker, "address": core.workers.get(o.worker, ""),
             "followers": list(o.followers), "in_sync": list(o.in_sync), "token": o.token,
+            "load_median": core.load_medians.get((c, r), 0),
             "replication": wanted,
             "health": replication_health(o, wanted)}

@@ -215,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("split", help="cut a key range (COMPUTATION/RANGE) in two while the job runs")
     sp.add_argument("tablet")
     sp.add_argument("--at", type=_hash, default=None,
-                    help="first hash of the right half (decimal or 0x hex; default: the middle)")
+                    help="first hash of the right half (decimal or 0x hex; default: where the range's recent load "
+                         "divides evenly, else the middle)")
     _masters_flag(sp)
     _security_flags(sp, server=False)
 

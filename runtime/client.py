@@ -129,7 +129,8 @@ class Client:
         return int(self.call(lambda s: s.MoveTablet(req, timeout=self.timeout)).token)
 
     def split(self, computation: str, key_range: int, at: int | None = None) -> list[dict[str, Any]]:
-        """Cut a key range in two while the job runs (at hash ``at``, else the middle);
+        """Cut a key range in two while the job runs (at hash ``at``; else where its recent load
+        divides evenly, else the middle);
         returns the two new ranges: ``key_range`` (id), ``start``, ``end``, ``primary``, ``token``."""
         req = pb.SplitRequest(computation=computation, key_range=key_range, at=at or 0, has_at=at is not None)
         return _ranges(self.call(lambda s: s.Split(req, timeout=self.timeout)))

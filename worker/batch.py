@@ -142,6 +142,7 @@ class BatchProcessor:
                     if order is not None:
                         source = (producer, seq)
                         if view.seen(producer, seq, r.key):
+                            view.passed(producer, seq)
                             self.metrics.duplicates.inc()
                             continue
                         view.advance(producer, seq, order[1], now)

@@ -265,10 +265,17 @@ class WorkerCore:
         for key, a in self.routing.assignments.items():
             for p in a.parents:
                 children.setdefault((key[0], p), []).append(key)
+        # A range assigned here whose parents' storage is missing cannot be built: delete nothing
+        # while that lasts (the leader never splits a range its primary has not opened, so
+        # this is a defence, and status shows the tablet that cannot open).
+        unbuildable = any(not os.path.isdir(self.path_of(k)) and not all(os.path.isdir(self.path_of(p))
+                                                                       for p in self._parents(k))
+                          for k in self._wanted if self._parents(k))
         for parent, kids in children.items():
             path = self.path_of(parent)
             if (parent in self.routing.assignments or self._in_use(parent) or parent in self.replicas.copies
-                    or not os.path.isdir(path) or not all(os.path.isdir(self.path_of(k)) for k in kids)):
+                    or not os.path.isdir(path) or not all(os.path.isdir(self.path_of(k)) for k in kids)
+                    or unbuildable):
                 continue
             log.info("tablet %s/%d: every range built from it is built; deleting its storage", *parent)
             await asyncio.to_thread(shutil.rmtree, path, True)
@@ -302,8 +309,11 @@ class WorkerCore:
             log.log(level, "tablet %s/%d cannot open (attempt %d): %s", key[0], key[1], attempts, text)
 
     async def _open(self, key: tuple[str, int], tablet: Tablet) -> None:
-        """A follower copy promoted here is closed first: the tablet opens the same files."""
+        """A follower copy promoted here is closed first: the tablet opens the same files (and a
+        range built here from others closes their follower copies, if it has any, first)."""
         await self.replicas.close(key)
+        for parent in self._parents(key):
+            await self.replicas.close(parent)
         await tablet.start()
 
     async def _close(self, key: tuple[str, int], tablet: Tablet) -> None:
@@ -324,7 +334,12 @@ class WorkerCore:
         for key, copy in list(self.replicas.copies.items()):
             a = self.routing.assignments.get(key)
             if a is None and key[0] in self.routing.computations:
-                await self.replicas.close(key, delete=True)  # split or merged away
+                # Split or merged away. While this worker is to hold a copy of a range built
+                # from it, its files stay (closed) until that copy is here (_forget_parents):
+                # until then they may be the only other copy of that state.
+                heir = any(key[1] in c.parents and (c.worker_id == self.worker_id or any(
+                    f.worker_id == self.worker_id for f in c.followers)) for c in self.routing.assignments.values())
+                await self.replicas.close(key, delete=not heir)
                 continue
             if a is None or key in wanted or key in copies or a.token < copy.token:
                 continue

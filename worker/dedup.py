@@ -102,6 +102,15 @@ class MarkView:
         mark = self.get(producer)
         return min([mark.seq if mark is not None else 0, *(low.seq for low in self._lows(producer))])
 
+    def passed(self, producer: bytes, seq: int) -> None:
+        """A duplicate ``seq`` of ``producer`` arrived: nothing older of it can follow (records
+        come in order), so its lower marks rise to ``seq`` too."""
+        lows = self._lows(producer)
+        mark = self.get(producer)
+        if lows and mark is not None:
+            self.lower_changed[producer] = [Lower(lo.start, lo.end, max(lo.seq, seq)) for lo in lows
+                                            if max(lo.seq, seq) < mark.seq]
+
     def advance(self, producer: bytes, seq: int, token: int, now_us: int) -> None:
         old = self.get(producer)
         if old is not None:

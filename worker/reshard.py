@@ -64,9 +64,11 @@ def _h(value: int) -> bytes:
     return value.to_bytes(8, "big")
 
 
-def _open(path: str) -> Rdict:
+def _open(path: str, create: bool = False) -> Rdict:
+    opts = _options()
+    opts.create_if_missing(create)  # a parent that is not there is an error, never an empty store
     try:
-        return Rdict(path, options=_options())
+        return Rdict(path, options=opts)
     except Exception as e:
         raise MillstreamError(f"cannot open the storage {path!r} a new key range is built from: {e}") from None
 
@@ -98,9 +100,19 @@ def _build(path: str, parents: list[Parent], start: int, end: int, first: bool) 
             _keep_half(db, start, end, first)
         else:
             _absorb(db, parents[0], parents[1])
+        db.flush_wal(True)  # durable before the rename: the parents may be deleted after it
     finally:
         db.close()
     os.rename(building, path)
+    _fsync_dir(os.path.dirname(path))
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _delete_outside(db: Rdict, wb: WriteBatch, kind: bytes, start: int, end: int) -> None:
@@ -152,13 +164,17 @@ def _absorb(db: Rdict, left: Parent, right: Parent) -> None:
         right_lows = _lows(src)
         wb = WriteBatch(raw_mode=True)
         n = 0
-        for kind in (b"S", b"K", b"T", b"O"):
-            for k, v in _scan(src, kind):
-                wb.put(k, v)
+        for kind in (b"S", b"K", b"T", b"O"):  # streamed: a large parent is never all in memory
+            it = src.iter()
+            it.seek(kind)
+            while it.valid() and it.key()[:1] == kind:
+                wb.put(it.key(), it.value())
                 n += 1
                 if n % _BATCH == 0:
                     db.write(wb)
                     wb = WriteBatch(raw_mode=True)
+                it.next()
+            del it
         # Marks: the higher of the two; the other side keeps its own as a lower mark.
         wb.delete_range(b"G", b"H")
         for producer in left_marks.keys() | right_marks.keys():

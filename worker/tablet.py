@@ -32,6 +32,7 @@ from worker.batch import Batch, BatchProcessor, LeaseExpired
 from worker.dedup import OpaqueIds
 from worker.inbox import Inbox
 from worker.outbox import Outbox
+from worker.progress import KeySample
 from worker.replication import ReplicationFailed, Replicator
 from worker.reshard import Origin
 from worker.runner import TabletThread
@@ -90,6 +91,7 @@ class Tablet:
         # must not share ids with an injector named after its range: review E9).
         self.prefix = producer_prefix("tablet\x00" + self.name)
         self.inbox = Inbox()                # uncommitted input
+        self.keys = KeySample()             # where its load divides evenly (for a split)
         self.outbox = Outbox()
         self.processed = 0
         self.weak = route.productions == "weak"
@@ -254,6 +256,7 @@ class Tablet:
             self.metrics.busy.inc()
             return BUSY
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.keys.add(records)
         self.inbox.put(records, fut, orders or None)
         self._wake.set()
         return await fut
@@ -460,7 +463,8 @@ class Tablet:
             has_work=oldest is not None, oldest_work=oldest or 0, processed=self.processed,
             late=self.late, dead_lettered=self.dead_lettered, backlog=self.inbox.records,
             watermark=self.host.watermark(self.computation),
-            slow=[pb.SlowCall(key=k, seconds=sec, running=run) for k, sec, run in self.calls.snapshot()])
+            slow=[pb.SlowCall(key=k, seconds=sec, running=run) for k, sec, run in self.calls.snapshot()],
+            load_median=self.keys.median())
 
     def watermark_advanced(self) -> None:
         """Wake the run loop if an event-time timer may now be due."""

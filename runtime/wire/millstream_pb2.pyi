@@ -178,7 +178,7 @@ class RegisterWorkerResponse(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class HeldTablet(_message.Message):
-    __slots__ = ("computation", "key_range", "token", "has_work", "oldest_work", "processed", "late", "dead_lettered", "backlog", "watermark", "slow")
+    __slots__ = ("computation", "key_range", "token", "has_work", "oldest_work", "processed", "late", "dead_lettered", "backlog", "watermark", "slow", "load_median")
     COMPUTATION_FIELD_NUMBER: _ClassVar[int]
     KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +190,7 @@ class HeldTablet(_message.Message):
     BACKLOG_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
     SLOW_FIELD_NUMBER: _ClassVar[int]
+    LOAD_MEDIAN_FIELD_NUMBER: _ClassVar[int]
     computation: str
     key_range: int
     token: int
@@ -201,7 +202,8 @@ class HeldTablet(_message.Message):
     backlog: int
     watermark: int
     slow: _containers.RepeatedCompositeFieldContainer[SlowCall]
-    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., has_work: _Optional[bool] = ..., oldest_work: _Optional[int] = ..., processed: _Optional[int] = ..., late: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., backlog: _Optional[int] = ..., watermark: _Optional[int] = ..., slow: _Optional[_Iterable[_Union[SlowCall, _Mapping]]] = ...) -> None: ...
+    load_median: int
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., has_work: _Optional[bool] = ..., oldest_work: _Optional[int] = ..., processed: _Optional[int] = ..., late: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., backlog: _Optional[int] = ..., watermark: _Optional[int] = ..., slow: _Optional[_Iterable[_Union[SlowCall, _Mapping]]] = ..., load_median: _Optional[int] = ...) -> None: ...
 
 class SlowCall(_message.Message):
     __slots__ = ("key", "seconds", "running")

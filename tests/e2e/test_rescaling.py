@@ -22,7 +22,7 @@ from examples import windows, wordcount
 from injectors import Injector
 from runtime.demo import oracle
 from runtime.errors import MillstreamError
-from runtime.keyspace import HASH_SPACE
+from runtime.keyspace import HASH_SPACE, key_hash
 from runtime.sinks import read_file_sink
 from tests.e2e.test_watermarks import _events, _oracle, _send, _windows
 from tests.e2e.wordcount_run import run_wordcount
@@ -32,15 +32,6 @@ from tests.harness import Cluster, etcd_history, wait_until
 def _ranges(cluster: Cluster, computation: str) -> list[dict[str, int]]:
     return sorted((t for t in cluster.client.status()["tablets"] if t["computation"] == computation),
                   key=lambda t: t["start"])
-
-
-def _open(cluster: Cluster, computation: str, ids: list[int]) -> Callable[[], bool]:
-    """Whether those ranges have reported progress from their primary (they are open)."""
-    def check() -> bool:
-        doc = cluster.client.status()
-        return all(any(t["computation"] == computation and t["key_range"] == i and t["primary"]
-                       for t in doc["tablets"]) for i in ids) and not doc["replication"]["unavailable"]
-    return check
 
 
 def _covers_the_space(ranges: list[dict[str, int]]) -> None:
@@ -81,8 +72,12 @@ def test_split_and_merge_during_the_word_count_are_exact(cluster: Cluster) -> No
         assert [h["start"] for h in halves] == [before[0]["start"], halves[0]["end"]]
         assert halves[1]["end"] == before[0]["end"]
         cluster.client.split("splitter", 1)
-        wait_until(_open(cluster, "counter", [h["key_range"] for h in halves]), 60, "the halves to open")
-        merged = cluster.client.merge("counter", halves[0]["key_range"], halves[1]["key_range"])
+        # Back to back, no waiting here: a range just made is resharded only once its primary
+        # has built and opened it (the leader waits), so no state is left behind.
+        quarters = cluster.client.split("counter", halves[0]["key_range"])
+        merged = cluster.client.merge("counter", quarters[0]["key_range"], quarters[1]["key_range"])
+        assert (merged[0]["start"], merged[0]["end"]) == (halves[0]["start"], halves[0]["end"])
+        merged = cluster.client.merge("counter", merged[0]["key_range"], halves[1]["key_range"])
         assert (merged[0]["start"], merged[0]["end"]) == (before[0]["start"], before[0]["end"])
         after = _ranges(cluster, "counter")
         _covers_the_space(after)
@@ -168,6 +163,26 @@ def test_split_and_merge_refuse_what_they_cannot_do(cluster: Cluster) -> None:
         cluster.client.merge("window_counter", 1, 0)
     with pytest.raises(MillstreamError, match="no computation"):
         cluster.client.split("nope", 0)
+
+
+def test_a_split_cuts_where_the_load_divides_evenly(cluster: Cluster) -> None:
+    """Keys whose hashes all lie in the first quarter: the middle of the range would leave one
+    half empty; the primary's sample of its keys puts the cut among them."""
+    out = os.path.join(cluster.data_dir, "out")
+    topo = wordcount.topology(out, name="median", key_ranges=1)
+    cluster.client.submit(topo)
+    cluster.wait_assigned()
+    words = [w for w in (f"w{i}" for i in range(5000)) if key_hash(w.encode()) < HASH_SPACE // 4][:200]
+    with Injector(cluster.masters_arg, "lines", "median", batch_size=500) as inj:
+        for i in range(3000):
+            inj.send(b"", " ".join(words[(i + j) % len(words)] for j in range(3)).encode(), 1_700_000_000_000_000 + i)
+    wait_until(lambda: next(t for t in cluster.client.status()["tablets"]
+                            if t["computation"] == "counter")["load_median"] > 0, 30, "the counter's load median")
+    halves = cluster.client.split("counter", 0)
+    cut = halves[0]["end"]
+    assert 0 < cut < HASH_SPACE // 4
+    below = sum(1 for w in words if key_hash(w.encode()) < cut)
+    assert len(words) // 4 < below < 3 * len(words) // 4  # about half the keys on each side
 
 
 def test_the_split_and_merge_commands_print_the_new_ranges(cluster: Cluster) -> None:

@@ -108,3 +108,31 @@ def test_ranges_refuse_bad_cuts_and_non_adjacent_merges() -> None:
     s = r.split("c", 0, None)
     assert sorted(s.ranges) == [1, 2, 3] and s.next_id == 4
     assert Ranges.from_doc(s.to_doc()) == s
+
+
+def test_a_key_sample_finds_where_the_load_divides_evenly() -> None:
+    from worker.progress import KeySample
+
+    sample = KeySample(every=4, keep=1000, refresh_s=0)
+    low = [k for k in (b"k%d" % i for i in range(20_000)) if key_hash(k) < HASH_SPACE // 8][:2000]
+    assert sample.median() == 0  # too few samples yet
+    sample.add([Record(k, b"", 0, b"") for k in low])
+    m = sample.median()
+    assert 0 < m < HASH_SPACE // 8
+    below = sum(1 for k in low if key_hash(k) < m)
+    assert abs(below - len(low) // 2) < len(low) // 10
+
+
+def test_a_duplicate_raises_the_lower_marks_too() -> None:
+    from worker.dedup import Lower
+
+    view = MarkView({P: Mark(100, 1, 0)}, {P: [Lower(0, HALF, 40)]})
+    left = next(k for k in KEYS if key_hash(k) < HALF)
+    assert view.floor(P) == 40
+    view.passed(P, 60)  # a duplicate of 60 (committed on the other side) came by
+    assert view.floor(P) == 60 and not view.seen(P, 61, left)
+    view.passed(P, 100)
+    assert view.lower_changed[P] == [] and view.floor(P) == 100
+
+
+HALF = HASH_SPACE // 2
