@@ -223,7 +223,9 @@ class Injector:
                 try:
                     resp = fut.result()
                     status = resp.status
-                except grpc.RpcError:
+                except grpc.RpcError as e:
+                    if e.code() == grpc.StatusCode.INVALID_ARGUMENT:  # a bad record: retrying cannot help
+                        raise InjectionError(f"injector {self.name!r}: {e.details()}") from None
                     status = pb.DeliverResponse.NOT_OWNER
                 if status != pb.DeliverResponse.OK:
                     failed[dest] = records

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
+import hmac
 import logging
 import re
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -24,7 +27,7 @@ from master.store import EtcdStore
 from master.watermarks import END_OF_TIME, MIN, Settler, TabletReport, Watermark, compute, publish
 from runtime import metrics
 from runtime.client import check_topology_size
-from runtime.errors import ConfigError, MillstreamError, StaleTokenError, TopologyError
+from runtime.errors import ConfigError, MillstreamError, StaleTokenError, TopologyError, WorkerIdentityError
 from runtime.keyspace import wire_end
 from runtime.topology import ComputationSpec, Topology, validate_against
 from runtime.wire import millstream_pb2 as pb
@@ -92,6 +95,7 @@ class MasterCore:
         self.topologies: dict[str, Topology] = {}
         self.workers: dict[str, str] = {}          # id -> address
         self.zones: dict[str, str] = {}            # id -> failure domain ("" = none)
+        self.identities: dict[str, str] = {}       # id -> SHA-256 of the secret issued to it
         self.pinned: dict[TabletKey, str] = {}     # operator moves waiting for their target to catch up
         self.draining: set[str] = set()            # workers stopping: their primaries move first
         self.heard: set[str] = set()               # workers that reported since this master leads
@@ -144,6 +148,7 @@ class MasterCore:
         self.topologies = {n: Topology.from_json(doc) for n, doc in snap.topologies.items()}
         self.workers = dict(snap.workers)
         self.zones = dict(snap.zones)
+        self.identities = dict(snap.identities)
         now = self.now_ms()
         self.last_seen = {w: now for w in self.workers}
         self.tablets = dict(snap.tablets)
@@ -197,9 +202,12 @@ class MasterCore:
     def _live(self) -> list[str]:
         return list(self.workers)
 
-    async def register_worker(self, address: str, worker_id: str = "", zone: str = "") -> str:
+    async def register_worker(self, address: str, worker_id: str = "", zone: str = "",
+                              secret: str = "") -> tuple[str, str]:
         """A worker joins. ``worker_id`` is the identity its state directory keeps: a worker
-        back on its disk is the same worker, and its copies count again."""
+        back on its disk is the same worker, and its copies count again. Returns its id and
+        its secret: issued on its first registration, to be shown on every later call as that
+        id (a worker token alone cannot pose as another worker)."""
         if worker_id and not WORKER_ID.fullmatch(worker_id):
             raise ConfigError(f"worker id {worker_id[:40]!r} is not 12 hex digits; remove the worker.id file "
                               "of its state directory to start it as a new worker")
@@ -208,9 +216,17 @@ class MasterCore:
                               "at most 63)")
         worker_id = worker_id or uuid.uuid4().hex[:12]
         async with self._lock:
+            issued = None
+            if worker_id in self.identities:
+                self.authenticate(worker_id, secret)
+            else:
+                secret = secrets.token_hex(16)
+                issued = _digest(secret)
             restarted = worker_id in self.workers
             self.draining.discard(worker_id)
-            await self._io(self.store.put_worker, worker_id, address, zone)
+            await self._io(self.store.put_worker, worker_id, address, zone, issued)
+            if issued is not None:
+                self.identities[worker_id] = issued
             self.workers[worker_id] = address
             self.zones[worker_id] = zone
             self.heard.add(worker_id)
@@ -231,7 +247,16 @@ class MasterCore:
             await self._rebalance("join")
         log.info("worker %s %s at %s%s", worker_id, "rejoined" if restarted else "joined", address,
                  f" (zone {zone})" if zone else "")
-        return worker_id
+        return worker_id, secret
+
+    def authenticate(self, worker_id: str, secret: str) -> None:
+        """Refuse a call as ``worker_id`` without the secret issued to it at registration."""
+        want = self.identities.get(worker_id)
+        if want is not None and not hmac.compare_digest(_digest(secret), want):
+            raise WorkerIdentityError(
+                f"worker id {worker_id} was issued another secret: this is not that worker. A worker back "
+                "on its own disk sends the worker.secret file kept beside worker.id; if that file is lost, "
+                "delete worker.id too to join as a new worker")
 
     async def drain(self, worker_id: str) -> int:
         """A worker is stopping but still runs: move its primaries away, each to a target that
@@ -648,3 +673,7 @@ class MasterCore:
         from master.status import status_document
 
         return status_document(self, wall_us)
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()

@@ -18,7 +18,7 @@ from master import reshard, web
 from master.core import MasterConfig, MasterCore, UnknownWorker
 from master.store import EtcdConfig, EtcdStore, NotLeader
 from runtime import metrics, serving
-from runtime.errors import EtcdUnavailable
+from runtime.errors import EtcdUnavailable, WorkerIdentityError
 from runtime.keyspace import wire_end
 from runtime.security import Security
 from runtime.wire import millstream_pb2 as pb
@@ -72,12 +72,16 @@ class MasterServicer(rpc.MasterServicer):
 
     async def RegisterWorker(self, request: pb.RegisterWorkerRequest, context: Any) -> pb.RegisterWorkerResponse:
         core = await self._leader(context)
-        wid = await serving.call_core(context, lambda: core.register_worker(
-            request.address, request.worker_id, request.zone))
-        return pb.RegisterWorkerResponse(worker_id=wid, lease_ms=core.config.lease_ms)
+        wid, secret = await serving.call_core(context, lambda: core.register_worker(
+            request.address, request.worker_id, request.zone, request.secret))
+        return pb.RegisterWorkerResponse(worker_id=wid, lease_ms=core.config.lease_ms, secret=secret)
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         core = await self._leader(context)
+        try:
+            core.authenticate(request.worker_id, request.secret)
+        except WorkerIdentityError as e:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
         try:
             watermarks = core.heartbeat(request.worker_id, list(request.tablets), request.report_seq,
                                         list(request.problems))
@@ -89,6 +93,7 @@ class MasterServicer(rpc.MasterServicer):
 
     async def LeaveWorker(self, request: pb.LeaveRequest, context: Any) -> pb.LeaveResponse:
         core = await self._leader(context)
+        await serving.call_core(context, lambda: _async(core.authenticate, request.worker_id, request.secret))
         if request.drain:
             left = await serving.call_core(context, lambda: core.drain(request.worker_id))
             return pb.LeaveResponse(primaries=left)
@@ -121,6 +126,7 @@ class MasterServicer(rpc.MasterServicer):
 
     async def UpdateInSync(self, request: pb.InSyncRequest, context: Any) -> pb.InSyncResponse:
         core = await self._leader(context)
+        await serving.call_core(context, lambda: _async(core.authenticate, request.primary, request.secret))
         in_sync = await serving.call_core(context, lambda: core.update_in_sync(
             request.computation, request.key_range, request.token, request.follower, request.add,
             request.primary))

@@ -9,6 +9,8 @@ Layout under ``/millstream/``::
     ranges/<computation>        {"next", "ranges": {id: [start, end, parents]}}
                                 (absent: the first cut of key_ranges, never split or merged)
     masters/<id>                {"id", "address"}          (held by that master's lease)
+    identities/<worker id>      SHA-256 of the secret issued to that worker id (kept when it leaves:
+                                the id stays its disk's)
     watermarks/<computation>    published low watermark (never decreases)
     injectors/<name>            {"stream", "watermark"}
 
@@ -44,6 +46,7 @@ MASTERS = PREFIX + "masters/"
 WATERMARKS = PREFIX + "watermarks/"
 INJECTORS = PREFIX + "injectors/"
 TABLETS = PREFIX + "tablets/"
+IDENTITIES = PREFIX + "identities/"
 RANGES = PREFIX + "ranges/"
 _TXN_OPS = 100  # etcd's default --max-txn-ops is 128
 
@@ -87,6 +90,7 @@ class Snapshot:
     injector_incarnations: dict[str, dict[str, int]] = field(default_factory=dict)
     zones: dict[str, str] = field(default_factory=dict)  # worker id -> zone
     ranges: dict[str, Ranges] = field(default_factory=dict)  # split or merged computations
+    identities: dict[str, str] = field(default_factory=dict)  # worker id -> SHA-256 of its secret
 
 
 class EtcdStore:
@@ -228,6 +232,8 @@ class EtcdStore:
                 if "incarnations" in doc:
                     snap.injector_incarnations[key[len(INJECTORS):]] = {
                         i: int(w) for i, w in doc["incarnations"].items()}
+            elif key.startswith(IDENTITIES):
+                snap.identities[key[len(IDENTITIES):]] = value.decode()
             elif key.startswith(RANGES):
                 snap.ranges[key[len(RANGES):]] = Ranges.from_doc(json.loads(value))
             elif key.startswith(TABLETS):
@@ -243,9 +249,13 @@ class EtcdStore:
         t = self._client.transactions
         self._guarded([t.put(TOPOLOGIES + name, doc), *self._tablet_ops(tablets)])
 
-    def put_worker(self, worker_id: str, address: str, zone: str = "") -> None:
+    def put_worker(self, worker_id: str, address: str, zone: str = "", identity: str | None = None) -> None:
+        """A worker (and, when it is new, the digest of the secret it was issued)."""
         t = self._client.transactions
-        self._guarded([t.put(WORKERS + worker_id, json.dumps({"address": address, "zone": zone}))])
+        ops = [t.put(WORKERS + worker_id, json.dumps({"address": address, "zone": zone}))]
+        if identity is not None:
+            ops.append(t.put(IDENTITIES + worker_id, identity))
+        self._guarded(ops)
 
     def delete_worker(self, worker_id: str) -> None:
         self._guarded([self._client.transactions.delete(WORKERS + worker_id)])

@@ -23,6 +23,10 @@ class ConfigError(MillstreamError):
     """A command-line flag, environment variable or setting is invalid."""
 
 
+class WorkerIdentityError(MillstreamError):
+    """A call as a worker id without the secret the leader issued that id at registration."""
+
+
 class MasterUnavailable(MillstreamError):
     """No master could be reached at the given addresses."""
 

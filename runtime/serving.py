@@ -13,7 +13,7 @@ import grpc
 
 from runtime import errors
 from runtime.security import Security
-from runtime.wire import CHANNEL_OPTIONS
+from runtime.wire import SERVER_OPTIONS
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -23,6 +23,7 @@ STATUS_OF: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (errors.TopologyError, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.NotOwner, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.WorkerIdentityError, grpc.StatusCode.PERMISSION_DENIED),
     (errors.StaleTokenError, grpc.StatusCode.ABORTED),  # a deposed owner: it must stop
     (errors.EtcdUnavailable, grpc.StatusCode.UNAVAILABLE),
     (errors.MasterUnavailable, grpc.StatusCode.UNAVAILABLE),
@@ -42,7 +43,7 @@ async def call_core(context: grpc.aio.ServicerContext, fn: Callable[[], Awaitabl
 
 
 def make_server(security: Security = Security()) -> grpc.aio.Server:
-    return grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=security.server_interceptors())
+    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=security.server_interceptors())
 
 
 def bind(server: grpc.aio.Server, listen: str, advertise: str | None = None,

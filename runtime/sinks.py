@@ -1,7 +1,9 @@
 """Built-in sink computations that write a stream out of millstream, exactly once.
 
-:class:`FileSink` appends one JSON line per record to one file per tablet and
-records the file's length in the same atomic commit as the batch's dedup ids.
+:class:`FileSink` appends one JSON line per record to its tablet's current file and
+records the file's name and length in the same atomic commit as the batch's dedup ids. A
+file is closed once it holds ``roll_bytes`` (default 128 MiB) and the next batch starts
+the next one (``<tablet>.<n>.jsonl``), so no file grows without bound (review G5).
 On reopening, the file is cut back to the committed length, so a batch that
 crashed after writing but before committing leaves no trace; its redelivery
 writes it again. Subscribe it with ``params={"path": "/some/dir"}``.
@@ -38,9 +40,11 @@ class CommittedFile:
       file is used. The marker goes once a later batch proves the first commit durable.
     """
 
-    def __init__(self, directory: str, tablet: str, suffix: str, meta: bytes | None) -> None:
+    def __init__(self, directory: str, tablet: str, suffix: str, meta: bytes | None,
+                 roll_bytes: int | None = None) -> None:
         os.makedirs(directory, exist_ok=True)
         self.directory = directory
+        self.roll_bytes = roll_bytes  # a batch starts a new file once the current one holds this
         self.base = tablet.replace("/", "-")
         self.suffix = suffix
         self._prepared = False
@@ -100,6 +104,13 @@ class CommittedFile:
         if self._prepared:
             self._unmark()  # a second batch runs only after the first one's commit
         self._prepared = True
+        if data and self.roll_bytes is not None and self.size >= self.roll_bytes:
+            # Roll: this batch goes to the next file. Until a commit names it, it is marked as
+            # ours and uncommitted (a crash now leaves the committed file whole, and this one
+            # is reused by the reopened tablet).
+            self.name, self.size = self._fresh(), 0
+            self._truncate(0)
+            open(self._marker(), "ab").close()
         if data:
             with open(self.path, "ab") as f:
                 f.write(data)
@@ -110,19 +121,29 @@ class CommittedFile:
         return b"%d %s" % (self.size, self.name.encode())
 
 
+DEFAULT_ROLL_BYTES = 128 << 20
+
+
 class FileSink(Computation):
-    """Writes ``{"key", "value", "timestamp"}`` JSON lines to ``<path>/<tablet>.jsonl``."""
+    """Writes ``{"key", "value", "timestamp"}`` JSON lines to ``<path>/<tablet>[.<n>].jsonl``;
+    ``params``: ``path``, and ``roll_bytes`` (a file is closed once it holds that many)."""
 
     def setup(self, params: Mapping[str, str]) -> None:
         super().setup(params)
         if "path" not in params:
             raise TopologyError("FileSink needs params={'path': DIRECTORY}")
         self.dir = params["path"]
+        try:
+            self.roll_bytes = int(params.get("roll_bytes", str(DEFAULT_ROLL_BYTES)))
+        except ValueError:
+            raise TopologyError(f"FileSink: roll_bytes={params['roll_bytes']!r} is not a number of bytes") from None
+        if self.roll_bytes < 1:
+            raise TopologyError(f"FileSink: roll_bytes={self.roll_bytes} must be at least 1")
         self._pending: list[str] = []
 
     def restore(self, tablet: str, meta: bytes | None) -> None:
         """Called when the tablet opens: cut the file back to its committed length."""
-        self.file = CommittedFile(self.dir, tablet, ".jsonl", meta)
+        self.file = CommittedFile(self.dir, tablet, ".jsonl", meta, self.roll_bytes)
 
     def process_record(self, ctx: Context, record: Record) -> None:
         self._pending.append(json.dumps({

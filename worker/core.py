@@ -71,6 +71,7 @@ class WorkerCore:
         self.limits = limits
         self.now_ms = now_ms
         self.worker_id = ""
+        self.secret = ""  # what the leader issued this worker id (shown on calls as this worker)
         self.lease_deadline = 0.0
         self._fenced = False
         self.routing = RoutingTable(pb.Routing())

@@ -33,6 +33,7 @@ from typing import NamedTuple
 from rbloom import Bloom
 
 from runtime.keyspace import key_hash
+from runtime.record import ID_BYTES
 
 SEQUENCED_ID_PREFIX = 8
 
@@ -52,6 +53,20 @@ class Mark:
     @classmethod
     def unpack(cls, raw: bytes) -> Mark:
         return cls(*struct.unpack(">QQq", raw))
+
+
+def delivery_problem(ids: list[bytes], orders: dict[bytes, tuple[int, int]] | None) -> str | None:
+    """What is wrong with the shape of a delivery from outside, or None: every record id is 16
+    bytes and every listed producer 8. (Its order is not checked: a record sent again under
+    an earlier id of its producer is a duplicate, dropped, not an error.)"""
+    for i, rid in enumerate(ids):
+        if len(rid) != ID_BYTES:
+            return f"record {i} has an id of {len(rid)} bytes; record ids are {ID_BYTES} bytes"
+    for producer in orders or ():
+        if len(producer) != SEQUENCED_ID_PREFIX:
+            return (f"producer {producer.hex()[:40]} is {len(producer)} bytes long; producers are "
+                    f"{SEQUENCED_ID_PREFIX} bytes (the first {SEQUENCED_ID_PREFIX} of their records' ids)")
+    return None
 
 
 class Lower(NamedTuple):

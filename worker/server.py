@@ -8,7 +8,10 @@ import fcntl
 import logging
 import os
 import re
+import subprocess
+import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
@@ -25,6 +28,7 @@ from runtime.wire import from_proto, to_orders, to_proto
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 from worker.core import WorkerCore, WorkerLimits
+from worker.dedup import delivery_problem
 from worker.sender import UNREACHABLE
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,13 @@ def claim_state_dir(state_dir: str) -> tuple[str, IO[str]]:
         lock.close()
         raise ConfigError(f"state directory {state_dir!r} is in use by another worker; give every worker "
                           "its own --state-dir (workers share no disk)") from None
+    if not locks_work(lock.name):
+        lock.close()
+        raise ConfigError(
+            f"state directory {state_dir!r} is on a filesystem whose file locks do not hold (another "
+            "process could take the lock this worker holds: an NFS mount with 'nolock', a FUSE or SMB "
+            "share?). Two processes could then write one tablet's RocksDB; give the worker a local disk "
+            "(review E7)")
     path = os.path.join(state_dir, "worker.id")
     try:
         with open(path) as f:
@@ -72,6 +83,37 @@ def claim_state_dir(state_dir: str) -> tuple[str, IO[str]]:
     return worker_id, lock
 
 
+def locks_work(path: str) -> bool:
+    """Whether another process is refused the lock this process holds on ``path`` (RocksDB and
+    the worker rely on such locks; some network filesystems ignore them)."""
+    probe = ("import fcntl, sys\n"
+             "f = open(sys.argv[1], 'a')\n"
+             "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept OSError:\n    sys.exit(3)\n")
+    done = subprocess.run([sys.executable, "-c", probe, path], timeout=30, check=False)
+    return done.returncode == 3
+
+
+def read_secret(state_dir: str) -> str:
+    """The secret the leader issued this worker id (kept beside worker.id; "" before the first
+    registration)."""
+    try:
+        with open(os.path.join(state_dir, "worker.secret")) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def keep_secret(state_dir: str, secret: str) -> None:
+    """Store the issued secret (readable by this user only), durably, before it is used."""
+    path = os.path.join(state_dir, "worker.secret")
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
 class WorkerServicer(rpc.WorkerServicer):
     def __init__(self, core: WorkerCore) -> None:
         self.core = core
@@ -82,6 +124,10 @@ class WorkerServicer(rpc.WorkerServicer):
         # one, never an injector's credentials (review S3).
         tokens = "worker" in caller_roles()
         orders = {o.producer: (o.after, o.token if tokens else 0) for o in request.orders} or None
+        problem = delivery_problem([r.id for r in records], orders)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"delivery to {request.computation}/"
+                                f"{request.key_range} refused: {problem}")
         status = await self.core.deliver(request.computation, request.key_range, request.token, records,
                                          orders)
         wid, seq = self.core.receipt()
@@ -162,10 +208,12 @@ class ReplicaLinks:
     def __init__(self, peers: Peers, masters: AsyncMasterClient) -> None:
         self.peers = peers
         self.masters = masters
+        self.secret: Callable[[], str] = lambda: ""  # this worker's, shown with in-sync changes
         self.replicate = peers.replicate
         self.snapshot = peers.snapshot
 
     async def update_in_sync(self, req: pb.InSyncRequest) -> tuple[str, ...]:
+        req.secret = self.secret()
         try:
             resp = await self.masters.stub().UpdateInSync(req, timeout=self.masters.timeout)
         except grpc.RpcError as e:
@@ -179,10 +227,13 @@ class ReplicaLinks:
 class MasterSession:
     """Registers with the leader, heartbeats, and applies the routing it streams."""
 
-    def __init__(self, core: WorkerCore, masters: AsyncMasterClient, identity: str = "", zone: str = "") -> None:
+    def __init__(self, core: WorkerCore, masters: AsyncMasterClient, identity: str = "", zone: str = "",
+                 state_dir: str | None = None) -> None:
         self.core = core
         self.masters = masters
         self.identity = identity
+        self.state_dir = state_dir  # where the issued secret is kept (None: in memory only)
+        core.secret = read_secret(state_dir) if state_dir else ""
         self.zone = zone
         self.lease_ms = 3000
         self._behind = 0
@@ -194,12 +245,18 @@ class MasterSession:
             try:
                 resp = await self.masters.stub().RegisterWorker(
                     pb.RegisterWorkerRequest(address=self.core.address, worker_id=self.identity,
-                                             zone=self.zone), timeout=self.masters.timeout)
+                                             zone=self.zone, secret=self.core.secret), timeout=self.masters.timeout)
             except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    log.error("the leader refuses this worker's identity: %s", e.details())
                 log.info("cannot register with master %s: %s", self.masters.leader, e.details())
                 self.masters.follow(e)
                 await asyncio.sleep(0.2)
                 continue
+            if resp.secret != self.core.secret:
+                if self.state_dir:
+                    keep_secret(self.state_dir, resp.secret)
+                self.core.secret = resp.secret
             self.core.worker_id = resp.worker_id
             self.lease_ms = resp.lease_ms
             self.core.renewed(sent_at, self.lease_ms)
@@ -223,7 +280,7 @@ class MasterSession:
             try:
                 resp = await self.masters.stub().Heartbeat(
                     pb.HeartbeatRequest(worker_id=self.core.worker_id, tablets=held, report_seq=seq,
-                                        problems=self.core.problems()),
+                                        problems=self.core.problems(), secret=self.core.secret),
                     timeout=self.lease_ms / 2000)
             except grpc.RpcError as e:
                 # No reconcile here: nothing may hold up the next heartbeat. Commits check the
@@ -286,7 +343,7 @@ async def _drain(core: WorkerCore, masters: AsyncMasterClient, timeout_s: float)
     left = -1
     while asyncio.get_running_loop().time() < deadline:
         try:
-            resp = await masters.stub().LeaveWorker(pb.LeaveRequest(worker_id=core.worker_id, drain=True),
+            resp = await masters.stub().LeaveWorker(pb.LeaveRequest(worker_id=core.worker_id, drain=True, secret=core.secret),
                                                     timeout=2)
         except grpc.RpcError as e:
             masters.follow(e)
@@ -307,16 +364,17 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
     address = serving.bind(server, options.listen, options.advertise, options.security)
     peers = Peers(options.security)
     masters = AsyncMasterClient(options.masters, security=options.security)
+    links = ReplicaLinks(peers, masters)
     core = WorkerCore(options.state_dir, address, peers.deliver, options.limits,
-                      code_policy=options.code_policy, channel=ReplicaLinks(peers, masters),
-                      faults=Faults.from_env())
+                      code_policy=options.code_policy, channel=links, faults=Faults.from_env())
+    links.secret = lambda: core.secret
     rpc.add_WorkerServicer_to_server(WorkerServicer(core), server)
     await server.start()
     print(f"millstream worker listening on {address}", flush=True)
     if options.metrics_listen:
         host, _, port = options.metrics_listen.rpartition(":")
         print(f"millstream worker metrics on {host}:{metrics.serve(host, int(port))}", flush=True)
-    tasks = [asyncio.create_task(MasterSession(core, masters, identity, options.zone).run()),
+    tasks = [asyncio.create_task(MasterSession(core, masters, identity, options.zone, options.state_dir).run()),
              asyncio.create_task(_reconcile_loop(core))]
     try:
         await stop.wait()
@@ -328,7 +386,7 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
         await core.close_all()  # commits in flight finish; storage locks are released
         if core.worker_id:
             try:  # tell the leader, so our tablets move now rather than after the lease
-                await masters.stub().LeaveWorker(pb.LeaveRequest(worker_id=core.worker_id), timeout=2)
+                await masters.stub().LeaveWorker(pb.LeaveRequest(worker_id=core.worker_id, secret=core.secret), timeout=2)
             except grpc.RpcError as e:
                 log.info("could not tell the master we leave (%s); the lease will expire", e.code().name)
         await server.stop(grace=0.5)

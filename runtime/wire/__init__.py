@@ -21,6 +21,11 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.enable_retries", 0),
 ]
+# Servers also bound the calls one connection may have open at once (review S8): more wait
+# in the caller's transport instead of each taking memory here. A sender has one delivery
+# in flight per destination tablet, so this is far above what a healthy peer uses.
+MAX_STREAMS_PER_CONNECTION = 256
+SERVER_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION)]
 
 
 def to_proto(r: Record) -> pb.Record:

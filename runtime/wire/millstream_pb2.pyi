@@ -160,22 +160,26 @@ class SubmitResponse(_message.Message):
     def __init__(self, name: _Optional[str] = ..., tablets: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("address", "worker_id", "zone")
+    __slots__ = ("address", "worker_id", "zone", "secret")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
     address: str
     worker_id: str
     zone: str
-    def __init__(self, address: _Optional[str] = ..., worker_id: _Optional[str] = ..., zone: _Optional[str] = ...) -> None: ...
+    secret: str
+    def __init__(self, address: _Optional[str] = ..., worker_id: _Optional[str] = ..., zone: _Optional[str] = ..., secret: _Optional[str] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
-    __slots__ = ("worker_id", "lease_ms")
+    __slots__ = ("worker_id", "lease_ms", "secret")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     lease_ms: int
-    def __init__(self, worker_id: _Optional[str] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+    secret: str
+    def __init__(self, worker_id: _Optional[str] = ..., lease_ms: _Optional[int] = ..., secret: _Optional[str] = ...) -> None: ...
 
 class HeldTablet(_message.Message):
     __slots__ = ("computation", "key_range", "token", "has_work", "oldest_work", "processed", "late", "dead_lettered", "backlog", "watermark", "slow", "load_median")
@@ -216,12 +220,14 @@ class SlowCall(_message.Message):
     def __init__(self, key: _Optional[bytes] = ..., seconds: _Optional[float] = ..., running: _Optional[bool] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
-    __slots__ = ("worker_id", "drain")
+    __slots__ = ("worker_id", "drain", "secret")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     drain: bool
-    def __init__(self, worker_id: _Optional[str] = ..., drain: _Optional[bool] = ...) -> None: ...
+    secret: str
+    def __init__(self, worker_id: _Optional[str] = ..., drain: _Optional[bool] = ..., secret: _Optional[str] = ...) -> None: ...
 
 class LeaveResponse(_message.Message):
     __slots__ = ("primaries",)
@@ -230,16 +236,18 @@ class LeaveResponse(_message.Message):
     def __init__(self, primaries: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "tablets", "report_seq", "problems")
+    __slots__ = ("worker_id", "tablets", "report_seq", "problems", "secret")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     TABLETS_FIELD_NUMBER: _ClassVar[int]
     REPORT_SEQ_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     tablets: _containers.RepeatedCompositeFieldContainer[HeldTablet]
     report_seq: int
     problems: _containers.RepeatedCompositeFieldContainer[TabletProblem]
-    def __init__(self, worker_id: _Optional[str] = ..., tablets: _Optional[_Iterable[_Union[HeldTablet, _Mapping]]] = ..., report_seq: _Optional[int] = ..., problems: _Optional[_Iterable[_Union[TabletProblem, _Mapping]]] = ...) -> None: ...
+    secret: str
+    def __init__(self, worker_id: _Optional[str] = ..., tablets: _Optional[_Iterable[_Union[HeldTablet, _Mapping]]] = ..., report_seq: _Optional[int] = ..., problems: _Optional[_Iterable[_Union[TabletProblem, _Mapping]]] = ..., secret: _Optional[str] = ...) -> None: ...
 
 class TabletProblem(_message.Message):
     __slots__ = ("computation", "key_range", "error", "attempts", "seconds")
@@ -456,20 +464,22 @@ class ReshardResponse(_message.Message):
     def __init__(self, ranges: _Optional[_Iterable[_Union[RangeInfo, _Mapping]]] = ...) -> None: ...
 
 class InSyncRequest(_message.Message):
-    __slots__ = ("computation", "key_range", "token", "follower", "add", "primary")
+    __slots__ = ("computation", "key_range", "token", "follower", "add", "primary", "secret")
     COMPUTATION_FIELD_NUMBER: _ClassVar[int]
     KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     FOLLOWER_FIELD_NUMBER: _ClassVar[int]
     ADD_FIELD_NUMBER: _ClassVar[int]
     PRIMARY_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
     computation: str
     key_range: int
     token: int
     follower: str
     add: bool
     primary: str
-    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., follower: _Optional[str] = ..., add: _Optional[bool] = ..., primary: _Optional[str] = ...) -> None: ...
+    secret: str
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., follower: _Optional[str] = ..., add: _Optional[bool] = ..., primary: _Optional[str] = ..., secret: _Optional[str] = ...) -> None: ...
 
 class InSyncResponse(_message.Message):
     __slots__ = ("in_sync",)

@@ -13,7 +13,7 @@ from injectors import Injector
 from runtime.errors import MasterUnavailable, MillstreamError
 from runtime.security import Security
 from tests.e2e.wordcount_run import run_wordcount
-from tests.harness import Cluster
+from tests.harness import Cluster, wait_until
 
 TOKEN = "s3cret-token"
 
@@ -109,6 +109,23 @@ def test_a_cluster_set_up_like_the_systemd_example_refuses_strangers_and_forged_
         assert call(tokens["injector"], "Submit", pb.SubmitRequest(topology_json="{}")) == \
             grpc.StatusCode.PERMISSION_DENIED
         assert call(tokens["operator"], "Heartbeat", forged) == grpc.StatusCode.PERMISSION_DENIED
+        # Even the worker token cannot pose as another worker: each worker id has a secret the
+        # leader issued it at its first registration.
+        assert call(tokens["worker"], "Heartbeat", forged) == grpc.StatusCode.PERMISSION_DENIED
+        assert call(tokens["worker"], "RegisterWorker", pb.RegisterWorkerRequest(
+            address="127.0.0.1:1", worker_id=wid, secret="guess")) == grpc.StatusCode.PERMISSION_DENIED
+        assert call(tokens["worker"], "LeaveWorker", pb.LeaveRequest(worker_id=wid)) == \
+            grpc.StatusCode.PERMISSION_DENIED
+        assert call(tokens["worker"], "UpdateInSync", pb.InSyncRequest(
+            computation="counter", key_range=0, primary=wid, follower=wid)) == grpc.StatusCode.PERMISSION_DENIED
+        # A real worker back on its own disk shows its kept secret and is the same worker again.
+        victim = c.workers[0]
+        vid = open(os.path.join(victim.state_dir, "worker.id")).read().strip()
+        assert oct(os.stat(os.path.join(victim.state_dir, "worker.secret")).st_mode & 0o777) == "0o600"
+        c.kill(victim, graceful=False)
+        back = c.restart_worker(victim)
+        wait_until(lambda: any(w["id"] == vid and w["address"] == back.address for w in c.client.status()["workers"])
+                   and c.client.status()["liveness"]["registrations"] >= 3, 30, "the worker to rejoin as itself")
         # ... while it can inject.
         with Injector(c.masters_arg, "lines", "roles-injector",
                       security=Security(ca=ca, cert=cert, key=key, token=tokens["injector"])) as inj:

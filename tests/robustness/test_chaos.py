@@ -3,8 +3,8 @@
 In the spirit of etcd's robustness suite: the word count's input is known, so its output
 is known exactly (every count 1..n of every word, once); a schedule drawn from a seed kills
 and restarts workers on their disks, loses hosts with their disks (every worker has its own
-state directory), pauses one past its lease (a zombie), kills the leader, adds workers
-and moves tablets between chunks of input. Each bug this finds becomes a named scenario in
+state directory), pauses one past its lease (a zombie), kills the leader, adds workers,
+moves tablets, and splits and merges key ranges between chunks of input. Each bug this finds becomes a named scenario in
 tests/e2e. Seeds run in CI are fixed; MILLSTREAM_CHAOS_SEEDS=1,2,3 runs others.
 """
 
@@ -20,6 +20,7 @@ import pytest
 from examples import wordcount
 from injectors import Injector
 from runtime.demo import oracle, sample_lines
+from runtime.errors import MillstreamError
 from runtime.record import derived_id
 from runtime.sinks import read_file_sink
 from tests.harness import Cluster, wait_until
@@ -118,8 +119,31 @@ def _move(c: Cluster, rng: random.Random) -> str:
     return f"move {t['computation']}/{t['key_range']} to {to['address']}"
 
 
+def _split(c: Cluster, rng: random.Random) -> str:
+    t = rng.choice([t for t in c.client.status()["tablets"] if t["computation"] != "counts_sink"])
+    try:
+        halves = c.client.split(t["computation"], t["key_range"])
+    except MillstreamError as e:  # moving, or its primary is not back yet: a clear refusal
+        return f"split {t['computation']}/{t['key_range']} refused: {e}"
+    return f"split {t['computation']}/{t['key_range']} into {[h['key_range'] for h in halves]}"
+
+
+def _merge(c: Cluster, rng: random.Random) -> str:
+    comp = rng.choice(["splitter", "counter"])
+    ranges = sorted((t for t in c.client.status()["tablets"] if t["computation"] == comp), key=lambda t: t["start"])
+    if len(ranges) < 2:
+        return _split(c, rng)
+    i = rng.randrange(len(ranges) - 1)
+    try:
+        merged = c.client.merge(comp, ranges[i]["key_range"], ranges[i + 1]["key_range"])
+    except MillstreamError as e:
+        return f"merge {comp}/{ranges[i]['key_range']}+{ranges[i + 1]['key_range']} refused: {e}"
+    return f"merge {comp}/{ranges[i]['key_range']}+{ranges[i + 1]['key_range']} into {merged[0]['key_range']}"
+
+
 FAULTS: list[Callable[[Cluster, random.Random], str]] = [
     _kill_and_restart_worker, _lose_host, _kill_worker_for_good, _zombie, _kill_leader, _add_worker, _move,
+    _split, _merge,
 ]
 
 

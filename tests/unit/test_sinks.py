@@ -78,3 +78,22 @@ def test_a_reader_never_sees_a_line_still_being_written(tmp_path: object) -> Non
     with open(os.path.join(d, "sink-0.jsonl"), "w") as f:
         f.write('{"key": "a", "value": "1", "timestamp": 5}\n{"key": "b", "value": "2", "timest')
     assert list(read_file_sink(d)) == [{"key": "a", "value": "1", "timestamp": 5}]
+
+
+def test_a_full_file_is_closed_and_the_next_batch_starts_the_next(tmp_path: object) -> None:
+    d = str(tmp_path)
+    f = CommittedFile(d, "sink/0", ".jsonl", None, roll_bytes=5)
+    first = f.path
+    metas = [f.append(b'{"n": %d}\n' % i) for i in range(5)]
+    names = sorted(os.listdir(d))
+    assert [n for n in names if n.endswith(".jsonl")] == ["sink-0.1.jsonl", "sink-0.2.jsonl", "sink-0.3.jsonl",
+                                                          "sink-0.4.jsonl", "sink-0.jsonl"]
+    assert _read(first) == b'{"n": 0}\n'
+    assert sorted(int(str(r["n"])) for r in read_file_sink(d)) == [0, 1, 2, 3, 4]
+    # A crash after the roll batch was written but before its commit: the tablet reopens on
+    # the previous meta, keeps the earlier files whole and cuts only what was not committed.
+    g = CommittedFile(d, "sink/0", ".jsonl", metas[3], roll_bytes=5)
+    assert g.path.endswith("sink-0.3.jsonl") and _read(g.path) == b'{"n": 3}\n'
+    meta = g.append(b'{"n": 4}\n')
+    assert meta.decode().endswith("sink-0.4.jsonl")  # the uncommitted file is reused, not skipped
+    assert sorted(int(str(r["n"])) for r in read_file_sink(d)) == [0, 1, 2, 3, 4]

@@ -1,0 +1,46 @@
+"""A worker's state directory: one process at a time, locks that hold, and the secret the
+leader issued its id (worker/server.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from runtime.errors import ConfigError
+from worker import server
+from worker.server import claim_state_dir, keep_secret, locks_work, read_secret
+
+
+def test_a_state_directory_serves_one_worker_at_a_time(tmp_path: Path) -> None:
+    wid, lock = claim_state_dir(str(tmp_path))
+    try:
+        assert len(wid) == 12
+        with pytest.raises(ConfigError, match="in use by another worker"):
+            claim_state_dir(str(tmp_path))
+        assert locks_work(lock.name)  # another process is refused the lock we hold
+    finally:
+        lock.close()
+    again, lock = claim_state_dir(str(tmp_path))
+    lock.close()
+    assert again == wid  # the same identity on the same disk
+
+
+def test_the_probe_sees_a_lock_nobody_holds(tmp_path: Path) -> None:
+    path = tmp_path / "free"
+    path.write_text("")
+    assert not locks_work(str(path))  # the probe got the lock: as on a filesystem ignoring locks
+
+
+def test_a_filesystem_whose_locks_do_not_hold_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server, "locks_work", lambda path: False)
+    with pytest.raises(ConfigError, match="file locks do not hold"):
+        claim_state_dir(str(tmp_path))
+
+
+def test_the_issued_secret_is_kept_for_this_user_only(tmp_path: Path) -> None:
+    assert read_secret(str(tmp_path)) == ""
+    keep_secret(str(tmp_path), "s3cret")
+    assert read_secret(str(tmp_path)) == "s3cret"
+    assert os.stat(tmp_path / "worker.secret").st_mode & 0o777 == 0o600
