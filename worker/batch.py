@@ -238,6 +238,11 @@ class BatchProcessor:
         commit = batch.commit
         prepare = getattr(self.comp, "prepare_commit", None)
         if prepare is not None:
+            # A sink writes its output outside the store: never after our lease ran out (a
+            # worker paused past its lease, then resumed, would append to output its tablet's
+            # new owner already writes; the chaos suite saw torn lines). Checked right before.
+            if not self.host.lease_valid():
+                raise LeaseExpired(f"tablet {self.name}")
             commit.sink = prepare()
         if not self.host.lease_valid():
             raise LeaseExpired(f"tablet {self.name}")

@@ -53,7 +53,15 @@ def _replicated(c: Cluster) -> None:
         return (len(doc["workers"]) == len(_live_workers(c))
                 and all(t["health"] == "ok" for t in doc["tablets"]))
 
-    wait_until(settled, 60, "every lost worker to expire and every tablet to be replicated again")
+    try:
+        wait_until(settled, 60, "every lost worker to expire and every tablet to be replicated again")
+    except TimeoutError as e:
+        doc = c.client.status()
+        unhealthy = [(t["computation"], t["key_range"], t["primary"], t["followers"], t["in_sync"], t["health"])
+                     for t in doc["tablets"] if t["health"] != "ok"]
+        raise TimeoutError(f"{e}: workers {[w['id'] for w in doc['workers']]} ({len(_live_workers(c))} alive), "
+                           f"unhealthy {unhealthy}, problems "
+                           f"{ {c: v['problems'] for c, v in doc['computations'].items() if v['problems']} }") from None
 
 
 def _kill_and_restart_worker(c: Cluster, rng: random.Random) -> str:

@@ -58,3 +58,12 @@ def test_marks_advance_only_forward_and_keep_the_newest_token() -> None:
 def test_sequenced_ids_split_into_producer_and_sequence() -> None:
     p = producer_prefix("injector/a")
     assert split_sequenced(sequence_id(p, 2**40 + 3)) == (p, 2**40 + 3)
+
+
+def test_a_delivery_from_outside_must_have_well_formed_ids() -> None:
+    from worker.dedup import delivery_problem
+
+    good = [sequence_id(b"producer", 1), sequence_id(b"producer", 2), bytes(16)]
+    assert delivery_problem(good, {b"producer": (0, 0)}) is None
+    assert "record 1 has an id of 3 bytes" in str(delivery_problem([bytes(16), b"abc"], None))
+    assert "is 3 bytes long" in str(delivery_problem(good, {b"abc": (0, 0)}))
