@@ -54,8 +54,8 @@ class ArrivalSink(Computation):
         self.dir = params["path"]
         self._pending: list[bytes] = []
 
-    def restore(self, tablet: str, meta: bytes | None) -> None:
-        self.file = CommittedFile(self.dir, tablet, ".txt", meta)
+    def restore(self, tablet: str, meta: bytes | None, token: int = 0) -> None:
+        self.file = CommittedFile(self.dir, tablet, ".txt", meta, token=token)
 
     def process_record(self, ctx: Context, record: Record) -> None:
         self._pending.append(b"%s %s %d\n" % (record.key, record.value, time.time_ns()))

@@ -11,6 +11,8 @@ writes it again. Subscribe it with ``params={"path": "/some/dir"}``.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import glob
 import json
 import logging
@@ -18,10 +20,49 @@ import os
 from collections.abc import Iterator, Mapping
 
 from runtime.computation import Computation, Context
-from runtime.errors import TopologyError
+from runtime.errors import StaleTokenError, TopologyError
 from runtime.record import Record
 
 log = logging.getLogger(__name__)
+
+
+class OutputFence:
+    """Which owner of a tablet may write a piece of its output: a hidden ``.<name>.fence`` file
+    beside it holds the newest tablet token that claimed it, under a file lock.
+
+    Output lives outside the tablet's storage, on a directory every worker writes, and a
+    tablet's old primary may still finish a batch while its new one opens (a move, a failover,
+    a split): the new owner *claims* the output first, and every write holds the fence and
+    checks that no newer token has claimed it. An older owner's write is refused with
+    :class:`StaleTokenError` (its batch fails; nothing of it was acknowledged).
+    Token 0 (a sink opened without one) does not fence.
+    """
+
+    def __init__(self, directory: str, name: str, token: int) -> None:
+        self.path = os.path.join(directory, f".{name}.fence")
+        self.name = name
+        self.token = token
+
+    @contextlib.contextmanager
+    def hold(self, claim: bool = False) -> Iterator[None]:
+        if not self.token:
+            yield
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            seen = int(os.pread(fd, 32, 0) or b"0")
+            if seen > self.token:
+                raise StaleTokenError(
+                    f"sink output {self.name} was claimed by token {seen}, newer than this tablet's "
+                    f"({self.token}): the tablet has a newer owner, which writes it now")
+            if claim and seen < self.token:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, str(self.token).encode(), 0)
+                os.fsync(fd)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
 
 class CommittedFile:
@@ -41,9 +82,10 @@ class CommittedFile:
     """
 
     def __init__(self, directory: str, tablet: str, suffix: str, meta: bytes | None,
-                 roll_bytes: int | None = None) -> None:
+                 roll_bytes: int | None = None, token: int = 0) -> None:
         os.makedirs(directory, exist_ok=True)
         self.directory = directory
+        self.token = token  # the tablet's: an older owner may not write what this one claimed
         self.roll_bytes = roll_bytes  # a batch starts a new file once the current one holds this
         self.base = tablet.replace("/", "-")
         self.suffix = suffix
@@ -51,18 +93,23 @@ class CommittedFile:
         if meta:
             size, _, name = meta.decode().partition(" ")
             self.size, self.name = int(size), name or self.base + suffix
-            on_disk = self._size_on_disk(self.name)
-            if on_disk >= self.size:
-                self._truncate(self.size)
-                self._unmark()  # committed: whatever it says is ours now
-                return
+            with self._fence(self.name).hold(claim=True):
+                on_disk = self._size_on_disk(self.name)
+                if on_disk >= self.size:
+                    self._truncate(self.size)
+                    self._unmark()  # committed: whatever it says is ours now
+                    return
             log.warning("sink file %s is %s; leaving it and going on in a new file",
                         self._path(self.name), "missing" if on_disk < 0 else
                         f"shorter ({on_disk} bytes) than committed ({self.size})")
         self.size = 0
         self.name = self._fresh()
-        self._truncate(0)
-        open(self._marker(), "ab").close()
+        with self._fence(self.name).hold(claim=True):
+            self._truncate(0)
+            open(self._marker(), "ab").close()
+
+    def _fence(self, name: str) -> OutputFence:
+        return OutputFence(self.directory, name, self.token)
 
     def _path(self, name: str) -> str:
         return os.path.join(self.directory, name)
@@ -104,19 +151,22 @@ class CommittedFile:
         if self._prepared:
             self._unmark()  # a second batch runs only after the first one's commit
         self._prepared = True
-        if data and self.roll_bytes is not None and self.size >= self.roll_bytes:
+        rolled = bool(data) and self.roll_bytes is not None and self.size >= self.roll_bytes
+        if rolled:
             # Roll: this batch goes to the next file. Until a commit names it, it is marked as
             # ours and uncommitted (a crash now leaves the committed file whole, and this one
             # is reused by the reopened tablet).
             self.name, self.size = self._fresh(), 0
-            self._truncate(0)
-            open(self._marker(), "ab").close()
         if data:
-            with open(self.path, "ab") as f:
-                f.write(data)
-                if fsync:
-                    f.flush()
-                    os.fsync(f.fileno())
+            with self._fence(self.name).hold(claim=rolled):
+                if rolled:
+                    self._truncate(0)
+                    open(self._marker(), "ab").close()
+                with open(self.path, "ab") as f:
+                    f.write(data)
+                    if fsync:
+                        f.flush()
+                        os.fsync(f.fileno())
             self.size += len(data)
         return b"%d %s" % (self.size, self.name.encode())
 
@@ -141,9 +191,10 @@ class FileSink(Computation):
             raise TopologyError(f"FileSink: roll_bytes={self.roll_bytes} must be at least 1")
         self._pending: list[str] = []
 
-    def restore(self, tablet: str, meta: bytes | None) -> None:
-        """Called when the tablet opens: cut the file back to its committed length."""
-        self.file = CommittedFile(self.dir, tablet, ".jsonl", meta, self.roll_bytes)
+    def restore(self, tablet: str, meta: bytes | None, token: int = 0) -> None:
+        """Called when the tablet opens: claim its output, cut the file back to its committed
+        length."""
+        self.file = CommittedFile(self.dir, tablet, ".jsonl", meta, self.roll_bytes, token)
 
     def process_record(self, ctx: Context, record: Record) -> None:
         self._pending.append(json.dumps({

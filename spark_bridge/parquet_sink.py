@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from runtime.computation import Computation, Context
 from runtime.errors import MillstreamError, TopologyError
 from runtime.record import Record
+from runtime.sinks import OutputFence
 from runtime.topology import Topology
 from spark_bridge.codecs import Codec
 
@@ -99,8 +100,9 @@ class ParquetSink(Computation):
         self._next = 0
         self._prefix = ""
         self._prepared = False
+        self._fence = OutputFence(self.dir, "", 0)
 
-    def restore(self, tablet: str, meta: bytes | None) -> None:
+    def restore(self, tablet: str, meta: bytes | None, token: int = 0) -> None:
         """The tablet opened: forget files (and temporaries) its committed meta does not cover.
 
         Only files this tablet wrote are ever removed (review E4). With nothing committed
@@ -119,6 +121,12 @@ class ParquetSink(Computation):
         else:
             self._next, self._prefix = 0, self._free_prefix(base)
             open(self._marker(), "ab").close()
+        # Claim the output first: an older owner still finishing a batch can link no file now.
+        self._fence = OutputFence(self.dir, self._prefix, token)
+        with self._fence.hold(claim=True):
+            self._remove_uncommitted(tablet)
+
+    def _remove_uncommitted(self, tablet: str) -> None:
         final = re.compile(re.escape(self._prefix) + r"-(\d{16})" + re.escape(_SUFFIX) + "$")
         temp = re.compile(r"^\." + re.escape(self._prefix) + r"-\d{16}" + re.escape(_SUFFIX) + r"\..*\.tmp$")
         removed = []
@@ -170,7 +178,8 @@ class ParquetSink(Computation):
                     f.flush()
                     os.fsync(f.fileno())
                 try:
-                    os.link(tmp, final)
+                    with self._fence.hold():
+                        os.link(tmp, final)
                 except FileExistsError:
                     # Only a writer that lost the tablet (a zombie past its lease) can have put a
                     # file here since restore(); fail the batch, the reopened tablet removes it.

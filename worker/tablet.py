@@ -14,6 +14,7 @@ reach stays queued for the next one.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import time
@@ -190,7 +191,10 @@ class Tablet:
             comp.setup({k: v for k, v in self.route.params.items() if not k.startswith("millstream.")})
             restore = getattr(comp, "restore", None)
             if restore is not None:
-                restore(self.name, store.sink_meta())
+                if "token" in inspect.signature(restore).parameters:  # it fences its output
+                    restore(self.name, store.sink_meta(), token=self.token)
+                else:
+                    restore(self.name, store.sink_meta())
             self.proc = BatchProcessor(self, store, comp, marks, opaque)
             pending = store.productions()
         except BaseException:

@@ -97,3 +97,23 @@ def test_a_full_file_is_closed_and_the_next_batch_starts_the_next(tmp_path: obje
     meta = g.append(b'{"n": 4}\n')
     assert meta.decode().endswith("sink-0.4.jsonl")  # the uncommitted file is reused, not skipped
     assert sorted(int(str(r["n"])) for r in read_file_sink(d)) == [0, 1, 2, 3, 4]
+
+
+def test_an_older_owner_cannot_write_output_its_successor_claimed(tmp_path: object) -> None:
+    """A tablet's old primary still finishing a batch while the new one opens (a move, a
+    failover): the chaos suite saw torn lines in the shared output before output was fenced."""
+    import pytest
+
+    from runtime.errors import StaleTokenError
+
+    d = str(tmp_path)
+    old = CommittedFile(d, "sink/0", ".jsonl", None, token=3)
+    meta = old.append(b'{"n": 1}\n')
+    new = CommittedFile(d, "sink/0", ".jsonl", meta, token=4)  # the next owner claims the file
+    with pytest.raises(StaleTokenError, match="claimed by token 4, newer than this tablet's"):
+        old.append(b'{"n": 2}\n')
+    new.append(b'{"n": 3}\n')
+    assert [int(str(r["n"])) for r in read_file_sink(d)] == [1, 3]
+    with pytest.raises(StaleTokenError):  # nor may an older owner reopen (and cut) it
+        CommittedFile(d, "sink/0", ".jsonl", meta, token=3)
+    assert [int(str(r["n"])) for r in read_file_sink(d)] == [1, 3]
