@@ -5,7 +5,8 @@ is known exactly (every count 1..n of every word, once); a schedule drawn from a
 and restarts workers on their disks, loses hosts with their disks (every worker has its own
 state directory), pauses one past its lease (a zombie), kills the leader, adds workers,
 moves tablets, and splits and merges key ranges between chunks of input. Each bug this finds becomes a named scenario in
-tests/e2e. Seeds run in CI are fixed; MILLSTREAM_CHAOS_SEEDS=1,2,3 runs others.
+tests/e2e. Seeds run in CI are fixed; MILLSTREAM_CHAOS_SEEDS=1,2,3 (and
+MILLSTREAM_CHAOS_RESHARD_SEEDS for the test that also splits and merges) run others.
 """
 
 from __future__ import annotations
@@ -151,12 +152,16 @@ def _merge(c: Cluster, rng: random.Random) -> str:
 
 FAULTS: list[Callable[[Cluster, random.Random], str]] = [
     _kill_and_restart_worker, _lose_host, _kill_worker_for_good, _zombie, _kill_leader, _add_worker, _move,
-    _split, _merge,
 ]
+# The same failures plus live splits and merges of key ranges (issue 13): a test of its own, so
+# the seeds of the tests above keep the schedules they always had.
+RESHARD_FAULTS = [*FAULTS, _split, _merge]
+RESHARD_SEEDS = [int(s) for s in os.environ.get("MILLSTREAM_CHAOS_RESHARD_SEEDS", "107").split(",")]
 
 
 def _run_chaos(c: Cluster, seed: int, *, productions: str = "strong", counter: str | None = None,
-               extra_words: str = "", replay: bool = False) -> None:
+               extra_words: str = "", replay: bool = False,
+               faults: list[Callable[[Cluster, random.Random], str]] = FAULTS) -> None:
     rng = random.Random(seed)
     out = os.path.join(c.data_dir, "out")
     topo = wordcount.topology(out, name="chaos", productions=productions)
@@ -189,7 +194,7 @@ def _run_chaos(c: Cluster, seed: int, *, productions: str = "strong", counter: s
                 for _ in range(2 if i % 11 == 0 else 1):  # some ids are sent twice
                     inj.send(b"", line.encode(), 1_700_000_000_000_000 + i, id=rid)
             inj.flush()
-            history.append(rng.choice(FAULTS)(c, rng))
+            history.append(rng.choice(faults)(c, rng))
         inj.finish()
     finally:
         inj.close()
@@ -201,6 +206,12 @@ def _run_chaos(c: Cluster, seed: int, *, productions: str = "strong", counter: s
         raise AssertionError(f"seed {seed}, after: {history}: {e}") from None
     assert got == expected, f"seed {seed}, after: {history}"
     assert len(list(read_file_sink(out))) == total, f"seed {seed}, after: {history}"
+
+
+@pytest.mark.parametrize("seed", RESHARD_SEEDS)
+def test_word_count_stays_exact_while_ranges_split_and_merge_among_failures(chaos_cluster: Cluster,
+                                                                          seed: int) -> None:
+    _run_chaos(chaos_cluster, seed, faults=RESHARD_FAULTS)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
