@@ -224,8 +224,10 @@ class Injector:
                     resp = fut.result()
                     status = resp.status
                 except grpc.RpcError as e:
-                    if e.code() == grpc.StatusCode.INVALID_ARGUMENT:  # a bad record: retrying cannot help
-                        raise InjectionError(f"injector {self.name!r}: {e.details()}") from None
+                    if e.code() in (grpc.StatusCode.INVALID_ARGUMENT,  # a bad record: retrying cannot help
+                                    grpc.StatusCode.FAILED_PRECONDITION):  # its job drained: neither
+                        raise InjectionError(f"injector {self.name!r}: {e.details()} (the records are still "
+                                             "queued, nothing was lost)") from None
                     status = pb.DeliverResponse.NOT_OWNER
                 if status != pb.DeliverResponse.OK:
                     failed[dest] = records
@@ -296,10 +298,13 @@ class Injector:
     def _route(self, records: list[Record]) -> dict[tuple[str, int], list[Record]]:
         if not self._routing.has_subscribers(self.stream):
             self._routing = self._fetch_routing()
-            if not self._routing.has_subscribers(self.stream):
-                raise InjectionError(
-                    f"stream {self.stream!r} is unknown: no running computation reads it; "
-                    "submit a topology with it among its inputs first (nothing was sent)")
+        closed = self._routing.proto.closed_streams.get(self.stream)
+        if closed:
+            raise InjectionError(f"injector {self.name!r}: {closed} (nothing was sent)")
+        if not self._routing.has_subscribers(self.stream):
+            raise InjectionError(
+                f"stream {self.stream!r} is unknown: no running computation reads it; "
+                "submit a topology with it among its inputs first (nothing was sent)")
         out: dict[tuple[str, int], list[Record]] = {}
         for r in records:
             for comp, kr, key in self._routing.route(self.stream, r):

@@ -20,10 +20,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from master.jobs import CANCELLED, DRAINED, RUNNING, Job, closed_streams, input_streams
 from master.ranges import KeyRange, Ranges
 from master.rebalance import Policy, Rebalancer
 from master.scheduler import Ownership, TabletKey, replan, replication_health
-from master.store import EtcdStore
+from master.store import Change, EtcdStore
 from master.watermarks import END_OF_TIME, MIN, Settler, TabletReport, Watermark, compute, publish
 from runtime import metrics
 from runtime.client import check_topology_size
@@ -92,7 +93,10 @@ class MasterCore:
         self.store = store
         self.config = config
         self.now_ms = now_ms
-        self.topologies: dict[str, Topology] = {}
+        self.topologies: dict[str, Topology] = {}  # those of cancelled jobs too, while their state is kept
+        self.jobs: dict[str, Job] = {}             # jobs not running (master/jobs.py); absent: running
+        self.dropped: dict[str, int] = {}          # computation -> range ids below this were deleted
+        self.routing_seen: dict[str, int] = {}     # worker -> newest routing version it applied
         self.workers: dict[str, str] = {}          # id -> address
         self.zones: dict[str, str] = {}            # id -> failure domain ("" = none)
         self.identities: dict[str, str] = {}       # id -> SHA-256 of the secret issued to it
@@ -146,6 +150,8 @@ class MasterCore:
         """Load everything from etcd; every known worker gets a fresh lease period."""
         snap = await self._io(self.store.load)
         self.topologies = {n: Topology.from_json(doc) for n, doc in snap.topologies.items()}
+        self.jobs = {n: Job.from_doc(doc) for n, doc in snap.jobs.items()}
+        self.dropped = dict(snap.dropped)
         self.workers = dict(snap.workers)
         self.zones = dict(snap.zones)
         self.identities = dict(snap.identities)
@@ -175,27 +181,58 @@ class MasterCore:
         check_topology_size(topo.name, topology_json)
         async with self._lock:
             old = self.topologies.get(topo.name)
-            if old is not None:
+            state = self.job_state(topo.name)
+            if old is not None and state == DRAINED:
+                raise TopologyError(f"job {topo.name!r} is drained; cancel it (`millstream cancel {topo.name}`) "
+                                    "before submitting it again")
+            if old is not None and state != CANCELLED:
                 if old.to_json() == topo.to_json():
                     return topo.name, sum(len(self._keys(s)) for s in topo.computations.values())
                 raise TopologyError(
-                    f"a different topology named {topo.name!r} is already running; "
-                    "submit it under a new name (in-place updates are not supported)"
-                )
+                    f"a different topology named {topo.name!r} is already running; change it in place with "
+                    "`millstream update MODULE:ATTR`, or submit it under a new name")
+            assert old is None, "a cancelled job with its state kept is resumed by master.lifecycle.update"
             existing = [s for t in self.topologies.values() for s in t.computations.values()]
             validate_against(topo.computations.values(), existing)
-            for s in topo.computations.values():
-                self.ranges[s.name] = Ranges.first(s.key_ranges)
+            ranges = {s.name: Ranges.first(s.key_ranges, base=self.dropped.get(s.name, 0))
+                      for s in topo.computations.values()}
+            self.ranges.update(ranges)
             wanted = {k for s in topo.computations.values() for k in self._keys(s)}
             placed = self._plan(wanted, extra={k: s.replication or self.config.replication
                                                for s in topo.computations.values() for k in self._keys(s)})
             new = {k: v for k, v in placed.items() if self.tablets.get(k) != v}
-            await self._io(self.store.put_topology, topo.name, topo.to_json(), new)
+            # A name used before starts above the range ids its state had (stored: not the first cut).
+            # A stream whose injectors all finished (for jobs before this one) is open again for
+            # this job: it starts with nothing, not at the end of time.
+            finished = self.finished_streams(input_streams(topo))
+            await self._io(self.store.apply, Change(
+                topologies={topo.name: topo.to_json()}, tablets=new,
+                ranges={c: r for c, r in ranges.items() if c in self.dropped},
+                jobs={topo.name: None} if topo.name in self.jobs else {}, injectors_gone=finished))
+            self.jobs.pop(topo.name, None)
+            for n in finished:
+                self.injectors.pop(n, None)
+                self.injector_incarnations.pop(n, None)
+                self.settler.forget(("injector", n))
             self.topologies[topo.name] = topo
             self.tablets.update(new)
             await self._bump()
             log.info("submitted topology %s (%d tablets)", topo.name, len(wanted))
             return topo.name, len(wanted)
+
+    def job_state(self, name: str) -> str:
+        job = self.jobs.get(name)
+        return job.state if job is not None else RUNNING
+
+    def finished_streams(self, streams: list[str]) -> list[str]:
+        """The markers of ``streams`` whose injectors all finished, if no running job reads them."""
+        read = {i for t in self.live_topologies() for s in t.computations.values() for i in s.inputs}
+        return [FINISHED + s for s in streams if FINISHED + s in self.injectors and s not in read]
+
+    def live_topologies(self) -> list[Topology]:
+        """The topologies whose computations run (all but those of cancelled jobs that keep
+        their state: their tablets are planned and kept, but closed)."""
+        return [t for n, t in self.topologies.items() if self.job_state(n) != CANCELLED]
 
     # --------------------------------------------------------------- workers
 
@@ -288,10 +325,11 @@ class MasterCore:
             await self._rebalance("leave")
 
     def heartbeat(self, worker_id: str, held: Sequence[pb.HeldTablet] = (), report_seq: int = 0,
-                  problems: Sequence[pb.TabletProblem] = ()) -> dict[str, int]:
+                  problems: Sequence[pb.TabletProblem] = (), routing_version: int = 0) -> dict[str, int]:
         """Renew a worker's lease and take its tablets' progress; returns the watermarks."""
         if worker_id not in self.workers:
             raise UnknownWorker(f"worker {worker_id} is not registered (its lease expired)")
+        self.routing_seen[worker_id] = max(self.routing_seen.get(worker_id, 0), routing_version)
         self.problems[worker_id] = {(p.computation, p.key_range): (p.error, p.attempts, p.seconds)
                                     for p in problems}
         if worker_id not in self.heard:  # the first report since this master leads
@@ -357,6 +395,11 @@ class MasterCore:
         if not isinstance(stream, str) or not STREAM_NAME.fullmatch(stream):
             raise ConfigError(f"injector {name!r}: stream {stream[:80]!r} is not a stream name (letters, "
                               "digits, '_', '.', '-'; at most 128 characters)")
+        closed = closed_streams(self.topologies, self.jobs).get(stream)
+        if closed is not None:
+            if watermark == END_OF_TIME or release:
+                return  # an injector finishing on a closed stream: it holds nothing anyway
+            raise MillstreamError(f"injector {name!r}: {closed}")
         if len(incarnation) > MAX_INCARNATION_CHARS or not incarnation.isprintable():
             raise ConfigError(f"injector {name!r}: incarnation {incarnation[:80]!r} is not an id of at most "
                               f"{MAX_INCARNATION_CHARS} printable characters; let the Injector pick it")
@@ -386,7 +429,7 @@ class MasterCore:
 
     async def advance_watermarks(self) -> None:
         """Recompute every low watermark; persist and publish those that advanced."""
-        specs = [s for t in self.topologies.values() for s in t.computations.values()]
+        specs = [s for t in self.live_topologies() for s in t.computations.values()]
         now = self.now_ms()
         reports = {}
         for key, rep in self.reports.items():
@@ -519,7 +562,7 @@ class MasterCore:
     def rebalanced(self) -> dict[str, list[tuple[int, int, int]]]:
         """The ranges ``(id, start, end)`` of every computation the policy looks after."""
         return {s.name: [(r, kr.start, kr.end) for r, kr in self.ranges[s.name].ranges.items()]
-                for t in self.topologies.values() for s in t.computations.values()
+                for t in self.live_topologies() for s in t.computations.values()
                 if (self.config.rebalance if s.rebalance is None else s.rebalance) and s.name in self.ranges}
 
     def bounds(self, computation: str, key_range: int) -> KeyRange | None:
@@ -607,13 +650,16 @@ class MasterCore:
             self._changed.notify_all()
 
     def routing(self) -> pb.Routing:
-        out = pb.Routing(version=self.version)
-        for topo in self.topologies.values():
+        out = pb.Routing(version=self.version, closed_streams=closed_streams(self.topologies, self.jobs))
+        for name, below in sorted(self.dropped.items()):
+            out.dropped.add(computation=name, below=below)
+        for topo in self.live_topologies():
             for s in topo.computations.values():
                 c = out.computations.add(
                     name=s.name, topology=topo.name, code=s.code, outputs=s.outputs,
                     key_ranges=s.key_ranges, exactly_once=s.exactly_once,
                     productions=s.productions, late_records=s.late_records,
+                    job_state=self.job_state(topo.name),
                 )
                 c.params.update(s.params)
                 if s.fsync is not None:
@@ -673,6 +719,21 @@ class MasterCore:
         from master.status import status_document
 
         return status_document(self, wall_us)
+
+
+def forget_tablet(core: MasterCore, key: TabletKey) -> None:
+    """Drop what the leader kept of a tablet that no longer exists (split, merged, removed)."""
+    core.tablets.pop(key, None)
+    core.reports.pop(key, None)
+    core.report_time.pop(key, None)
+    core._backlog.pop(key, None)
+    core._seen.pop(key, None)
+    core._slow.pop(key, None)
+    core._last_counts.pop(key, None)
+    core.load_medians.pop(key, None)
+    core.settler.forget(key)
+    for problems in core.problems.values():
+        problems.pop(key, None)
 
 
 def _digest(secret: str) -> str:

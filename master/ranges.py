@@ -46,8 +46,10 @@ class Ranges:
     next_id: int
 
     @classmethod
-    def first(cls, n: int) -> Ranges:
-        return cls({i: KeyRange(lo, hi) for i, (lo, hi) in first_cut(n).items()}, n)
+    def first(cls, n: int, base: int = 0) -> Ranges:
+        """``n`` equal ranges with ids from ``base`` (above those of an earlier computation of
+        the same name, whose state was deleted: master/lifecycle.py)."""
+        return cls({base + i: KeyRange(lo, hi) for i, (lo, hi) in first_cut(n).items()}, base + n)
 
     def to_doc(self) -> dict[str, object]:
         return {"next": self.next_id, "ranges": {str(i): r.to_doc() for i, r in sorted(self.ranges.items())}}

@@ -20,7 +20,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from master.core import MasterCore
+from master.core import MasterCore, forget_tablet
 from master.ranges import Ranges
 from master.rebalance import Decision
 from master.scheduler import Ownership, TabletKey
@@ -47,8 +47,8 @@ def _settled(core: MasterCore, key: TabletKey) -> Ownership:
     """The tablet's ownership, if it can be resharded now: a live primary the leader has
     heard from, not stopping, and no move under way."""
     c, r = key
-    if not any(c in t.computations for t in core.topologies.values()):
-        raise MillstreamError(f"no computation {c!r}; `millstream status` lists them")
+    if not any(c in t.computations for t in core.live_topologies()):
+        raise MillstreamError(f"no computation {c!r} is running; `millstream jobs` lists the jobs")
     own = core.tablets.get(key)
     if own is None or core.bounds(c, r) is None:
         raise MillstreamError(f"computation {c!r} has no range {r}; `millstream status` lists its ranges")
@@ -67,21 +67,6 @@ def _open(core: MasterCore, key: TabletKey, own: Ownership) -> bool:
     or merge may not be built yet, and one just moved may still be a follower's copy."""
     rep = core.reports.get(key)
     return rep is not None and rep.token == own.token
-
-
-def _forget(core: MasterCore, key: TabletKey) -> None:
-    """Drop what the leader kept of a tablet that no longer exists."""
-    core.tablets.pop(key, None)
-    core.reports.pop(key, None)
-    core.report_time.pop(key, None)
-    core._backlog.pop(key, None)
-    core._seen.pop(key, None)
-    core._slow.pop(key, None)
-    core._last_counts.pop(key, None)
-    core.load_medians.pop(key, None)
-    core.settler.forget(key)
-    for problems in core.problems.values():
-        problems.pop(key, None)
 
 
 def _views(core: MasterCore, computation: str, ids: list[int]) -> list[RangeView]:
@@ -105,7 +90,7 @@ async def _commit(core: MasterCore, computation: str, gone: list[TabletKey], new
     await core._io(core.store.put_reshard, computation, ranges, gone, tablets)
     core.ranges[computation] = ranges
     for key in gone:
-        _forget(core, key)
+        forget_tablet(core, key)
     core.tablets.update(tablets)
     core.reshards.append((core.now_ms(), f"{what}: {why}"))
     del core.reshards[:-20]

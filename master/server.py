@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from master import reshard, web
+from master import lifecycle, reshard, web
 from master.core import MasterConfig, MasterCore, UnknownWorker
 from master.store import EtcdConfig, EtcdStore, NotLeader
 from runtime import metrics, serving
@@ -67,8 +67,25 @@ class MasterServicer(rpc.MasterServicer):
 
     async def Submit(self, request: pb.SubmitRequest, context: Any) -> pb.SubmitResponse:
         core = await self._leader(context)
-        name, n = await serving.call_core(context, lambda: core.submit(request.topology_json))
+        name, n = await serving.call_core(context, lambda: lifecycle.submit(core, request.topology_json))
         return pb.SubmitResponse(name=name, tablets=n)
+
+    async def Update(self, request: pb.UpdateRequest, context: Any) -> pb.UpdateResponse:
+        core = await self._leader(context)
+        summary = await serving.call_core(context, lambda: lifecycle.update(
+            core, request.topology_json, request.drop_state, list(request.reset_state)))
+        return pb.UpdateResponse(summary_json=json.dumps(summary))
+
+    async def Drain(self, request: pb.JobRequest, context: Any) -> pb.JobResponse:
+        core = await self._leader(context)
+        job = await serving.call_core(context, lambda: lifecycle.drain(core, request.topology))
+        return pb.JobResponse(state=job.state)
+
+    async def Cancel(self, request: pb.JobRequest, context: Any) -> pb.JobResponse:
+        core = await self._leader(context)
+        job = await serving.call_core(context, lambda: lifecycle.cancel(core, request.topology,
+                                                                        request.keep_state))
+        return pb.JobResponse(state=job.state, detail="state kept" if job.kept else "state deleted")
 
     async def RegisterWorker(self, request: pb.RegisterWorkerRequest, context: Any) -> pb.RegisterWorkerResponse:
         core = await self._leader(context)
@@ -84,7 +101,7 @@ class MasterServicer(rpc.MasterServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
         try:
             watermarks = core.heartbeat(request.worker_id, list(request.tablets), request.report_seq,
-                                        list(request.problems))
+                                        list(request.problems), request.routing_version)
         except UnknownWorker:
             return pb.HeartbeatResponse(known=False, routing_version=core.version)
         return pb.HeartbeatResponse(known=True, routing_version=core.version, watermarks=watermarks,
@@ -244,6 +261,7 @@ class Master:
                 self.sure_until = t0 + ttl_s * 1000 * 0.8
                 if self.core is not None:
                     await self.core.tick()
+                    await lifecycle.advance(self.core)
                     if t0 - self._autoscaled_at >= 1000:
                         self._autoscaled_at = t0
                         reshard.autoscale(self.core)

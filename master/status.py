@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from master.core import FINISHED
+from master.jobs import input_streams
 from master.scheduler import replication_health
 from master.watermarks import END_OF_TIME, MIN
 from runtime.status import show_key
@@ -95,8 +96,9 @@ def status_document(core: MasterCore, wall_us: int | None = None) -> dict[str, A
              "last_heartbeat_ms_ago": round(now - core.last_seen.get(w, now))}
             for w, a in sorted(core.workers.items())
         ],
+        "jobs": _jobs(core),
         "topologies": {
-            n: {"computations": {
+            n: {"state": core.job_state(n), "computations": {
                 c.name: {"inputs": c.inputs, "outputs": c.outputs, "key_ranges": c.key_ranges,
                          "code": c.code}
                 for c in t.computations.values()}}
@@ -108,6 +110,28 @@ def status_document(core: MasterCore, wall_us: int | None = None) -> dict[str, A
         "replication": {"default": core.config.replication, "under_replicated": under,
                         "unavailable": unavailable},
     }
+
+
+def _jobs(core: MasterCore) -> list[dict[str, Any]]:
+    """Every job: running, draining, drained or cancelled, with its computations' ranges and
+    watermarks (`millstream jobs`)."""
+    out = []
+    for name in sorted(set(core.topologies) | set(core.jobs)):
+        job = core.jobs.get(name)
+        topo = core.topologies.get(name)
+        comps = list(topo.computations) if topo is not None else list(job.computations if job else ())
+        doc: dict[str, Any] = {
+            "name": name, "state": core.job_state(name),
+            "since": job.since if job is not None else None,
+            "state_kept": bool(job.kept) if job is not None else None,
+            "input_streams": list(job.streams) if job is not None and job.streams else
+            (input_streams(topo) if topo is not None else []),
+            "computations": [{"name": c, "ranges": sorted(core.ranges[c].ranges) if c in core.ranges else [],
+                              "low_watermark": core.published.get(c, MIN) if topo is not None else None}
+                             for c in comps],
+        }
+        out.append(doc)
+    return out
 
 
 def _tablet(core: MasterCore, c: str, r: int, o: Ownership, wanted: int) -> dict[str, Any]:

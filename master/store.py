@@ -13,6 +13,9 @@ Layout under ``/millstream/``::
                                 the id stays its disk's)
     watermarks/<computation>    published low watermark (never decreases)
     injectors/<name>            {"stream", "watermark"}
+    jobs/<topology>             {"state", "since", ...} once a job left "running" (master/lifecycle.py)
+    dropped/<computation>       the id below which its ranges' state was deleted (a cancel, a
+                                removal or reset by an update); a name used again starts above it
 
 Every write the leader makes is one etcd transaction guarded by the leader key
 still holding this master's identity, so a deposed leader can change nothing.
@@ -48,6 +51,8 @@ INJECTORS = PREFIX + "injectors/"
 TABLETS = PREFIX + "tablets/"
 IDENTITIES = PREFIX + "identities/"
 RANGES = PREFIX + "ranges/"
+JOBS = PREFIX + "jobs/"
+DROPPED = PREFIX + "dropped/"
 _TXN_OPS = 100  # etcd's default --max-txn-ops is 128
 
 
@@ -91,6 +96,22 @@ class Snapshot:
     zones: dict[str, str] = field(default_factory=dict)  # worker id -> zone
     ranges: dict[str, Ranges] = field(default_factory=dict)  # split or merged computations
     identities: dict[str, str] = field(default_factory=dict)  # worker id -> SHA-256 of its secret
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # topology -> lifecycle document
+    dropped: dict[str, int] = field(default_factory=dict)  # computation -> ids below this are gone
+
+
+@dataclass
+class Change:
+    """One lifecycle change of the master's keys (master/lifecycle.py); ``None`` deletes."""
+
+    topologies: dict[str, str | None] = field(default_factory=dict)
+    jobs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    tablets: dict[TabletKey, Ownership] = field(default_factory=dict)
+    gone: list[TabletKey] = field(default_factory=list)
+    ranges: dict[str, Ranges | None] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
+    watermarks_gone: list[str] = field(default_factory=list)
+    injectors_gone: list[str] = field(default_factory=list)
 
 
 class EtcdStore:
@@ -234,6 +255,10 @@ class EtcdStore:
                         i: int(w) for i, w in doc["incarnations"].items()}
             elif key.startswith(IDENTITIES):
                 snap.identities[key[len(IDENTITIES):]] = value.decode()
+            elif key.startswith(JOBS):
+                snap.jobs[key[len(JOBS):]] = json.loads(value)
+            elif key.startswith(DROPPED):
+                snap.dropped[key[len(DROPPED):]] = int(value)
             elif key.startswith(RANGES):
                 snap.ranges[key[len(RANGES):]] = Ranges.from_doc(json.loads(value))
             elif key.startswith(TABLETS):
@@ -271,6 +296,24 @@ class EtcdStore:
         ops = [t.put(RANGES + computation, json.dumps(ranges.to_doc())),
                *(t.delete(f"{TABLETS}{c}/{r}") for c, r in gone), *self._tablet_ops(tablets)]
         assert len(ops) <= _TXN_OPS, "a reshard is one transaction"
+        self._guarded(ops)
+
+    def apply(self, change: Change) -> None:
+        """A lifecycle change, in as few transactions as etcd allows (100 operations each; the
+        job document goes last, so a leader that fails half-way leaves the job as it was
+        and the command can be repeated)."""
+        t = self._client.transactions
+        ops: list[Any] = [*(t.delete(f"{TABLETS}{c}/{r}") for c, r in change.gone),
+                          *self._tablet_ops(change.tablets)]
+        for c, r in sorted(change.ranges.items()):
+            ops.append(t.delete(RANGES + c) if r is None else t.put(RANGES + c, json.dumps(r.to_doc())))
+        ops += [t.put(DROPPED + c, str(below)) for c, below in sorted(change.dropped.items())]
+        ops += [t.delete(WATERMARKS + c) for c in change.watermarks_gone]
+        ops += [t.delete(INJECTORS + n) for n in change.injectors_gone]
+        for n, doc in sorted(change.topologies.items()):
+            ops.append(t.delete(TOPOLOGIES + n) if doc is None else t.put(TOPOLOGIES + n, doc))
+        for n, job in sorted(change.jobs.items()):
+            ops.append(t.delete(JOBS + n) if job is None else t.put(JOBS + n, json.dumps(job)))
         self._guarded(ops)
 
     def put_progress(self, watermarks: Mapping[str, int],

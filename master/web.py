@@ -35,6 +35,7 @@ PAGE = """<!doctype html>
 </style></head><body>
 <h1>millstream</h1>
 <div id="leader"></div>
+<h2>Jobs</h2><table id="jobs"></table>
 <h2>Graph</h2><table id="graph"></table>
 <h2>Computations</h2><table id="comps"></table>
 <h2>Slow keys</h2><p>The slowest recent calls of user code (one record or timer) per computation;
@@ -64,6 +65,9 @@ async function refresh(){
   if(s.error){ document.getElementById("leader").innerHTML = `<p class="warn">${esc(s.error)}</p>`; return; }
   const now = Date.now();
   document.getElementById("leader").innerHTML = `leader <code>${esc(s.masters.leader)}</code> of ${esc(s.masters.all.join(", "))}`;
+  table("jobs", ["job","state","input streams","computations"], (s.jobs||[]).map(j => [j.name,
+    {html: `<span class="state ${esc(j.state)}">${esc(j.state)}</span>`}, (j.input_streams||[]).join(", ")||"-",
+    j.computations.map(c => c.name).join(", ")||"-"]));
   const edges = [];
   for (const [tn, topo] of Object.entries(s.topologies))
     for (const [c, spec] of Object.entries(topo.computations))

@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from runtime.errors import ConfigError, MillstreamError
 from runtime.security import Security
@@ -226,6 +227,31 @@ def build_parser() -> argparse.ArgumentParser:
     _masters_flag(mg)
     _security_flags(mg, server=False)
 
+    jb = sub.add_parser("jobs", help="list the jobs (running, draining, drained, cancelled)")
+    jb.add_argument("--json", action="store_true")
+    up_ = sub.add_parser("update", help="change a running job in place to the Topology named by MODULE:ATTR")
+    up_.add_argument("topology")
+    up_.add_argument("--drop-state", action="store_true",
+                     help="confirm that computations the new topology removes lose their state")
+    up_.add_argument("--reset-state", action="append", default=[], metavar="COMPUTATION",
+                     help="start this computation over with empty state (repeatable)")
+    dr = sub.add_parser("drain", help="stop a job's input, fire every timer and window, then mark it drained")
+    dr.add_argument("job", metavar="TOPOLOGY")
+    dr.add_argument("--no-wait", action="store_true", help="return once the drain has begun")
+    dr.add_argument("--wait-s", type=float, default=None, help="give up waiting after this many seconds")
+    ca = sub.add_parser("cancel", help="stop a job at once and delete its state")
+    ca.add_argument("job", metavar="TOPOLOGY")
+    ca.add_argument("--keep-state", action="store_true",
+                    help="keep its state on the workers; submitting the job again resumes it")
+    sg = sub.add_parser("state", help="read state from a running job: state get COMPUTATION KEY")
+    sg.add_argument("action", choices=["get"])
+    sg.add_argument("computation")
+    sg.add_argument("key", help="the key (UTF-8 text; 0x... for hex bytes)")
+    sg.add_argument("--json", action="store_true")
+    for p in (jb, up_, dr, ca, sg):
+        _masters_flag(p)
+        _security_flags(p, server=False)
+
     inj = sub.add_parser("inject-files", help="inject the lines of the files in a directory")
     inj.add_argument("directory")
     inj.add_argument("--stream", required=True)
@@ -283,17 +309,15 @@ def _run(args: argparse.Namespace) -> int:
                       port=args.port)
     if cmd == "submit":
         from runtime.client import connect
-        from runtime.imports import load
-        from runtime.topology import Topology
 
-        topo = load(args.topology, "topology")
-        if not isinstance(topo, Topology):
-            raise ConfigError(f"{args.topology!r} is {type(topo).__name__}, not a Topology")
+        topo = _topology(args.topology)
         with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
                      security=_security(args)) as c:
             n = c.submit(topo)
         print(f"submitted topology {topo.name!r}: {n} tablets")
         return 0
+    if cmd in ("jobs", "update", "drain", "cancel", "state"):
+        return _lifecycle(args)
     if cmd == "status":
         from runtime.client import connect
         from runtime.status import render
@@ -344,6 +368,60 @@ def _run(args: argparse.Namespace) -> int:
         data_dir = args.data_dir or tempfile.mkdtemp(prefix="millstream-demo-")
         return run_demo(data_dir, workers=args.workers)
     raise ConfigError(f"unknown command {cmd!r}")  # pragma: no cover - argparse checks
+
+
+def _topology(path: str) -> Any:
+    from runtime.imports import load
+    from runtime.topology import Topology
+
+    topo = load(path, "topology")
+    if not isinstance(topo, Topology):
+        raise ConfigError(f"{path!r} is {type(topo).__name__}, not a Topology")
+    return topo
+
+
+def _key(text: str) -> bytes:
+    if text.startswith("0x"):
+        try:
+            return bytes.fromhex(text[2:])
+        except ValueError:
+            raise ConfigError(f"key {text!r} starts with 0x but is not hex; write the text key as is") from None
+    return text.encode()
+
+
+def _lifecycle(args: argparse.Namespace) -> int:
+    """jobs, update, drain, cancel, state get (docs/lifecycle.md)."""
+    from runtime.client import connect
+    from runtime.status import render_jobs, show_key
+
+    cmd = args.command
+    with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
+                 security=_security(args)) as c:
+        if cmd == "jobs":
+            jobs = c.jobs()
+            print(json.dumps(jobs, indent=2) if args.json else render_jobs(jobs))
+        elif cmd == "update":
+            topo = _topology(args.topology)
+            d = c.update(topo, drop_state=args.drop_state, reset_state=args.reset_state)
+            what = "; ".join(f"{k} {', '.join(v)}" for k, v in d.items() if v and k not in ("same", "resumed"))
+            print(f"{'resumed' if d['resumed'] else 'updated'} job {topo.name!r}: {what or 'nothing changed'}")
+        elif cmd == "drain":
+            print(f"job {args.job!r} is {c.drain(args.job, wait=not args.no_wait, timeout=args.wait_s)}")
+        elif cmd == "cancel":
+            state = c.cancel(args.job, keep_state=args.keep_state)
+            print(f"job {args.job!r} is {state}; its state is {'kept' if args.keep_state else 'deleted'}")
+        else:
+            key = _key(args.key)
+            value = c.state(args.computation, key)
+            if args.json:
+                print(json.dumps({"computation": args.computation, "key": show_key(key), "found": value is not None,
+                                  "value": None if value is None else value.decode("utf-8", "backslashreplace")}))
+            elif value is None:
+                print(f"{args.computation}: no state for key {show_key(key)!r}")
+                return 1
+            else:
+                print(value.decode("utf-8", "backslashreplace"))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -150,6 +150,80 @@ class Client:
     def routing(self) -> pb.Routing:
         return self.call(lambda s: s.GetRouting(pb.RoutingRequest(), timeout=self.timeout))
 
+    # ------------------------------------------------------------ job lifecycle (docs/lifecycle.md)
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every job with its state (running, draining, drained, cancelled), computations, their
+        ranges and low watermarks."""
+        return list(self.status()["jobs"])
+
+    def update(self, topology: Topology, *, drop_state: bool = False,
+               reset_state: Iterable[str] = ()) -> dict[str, Any]:
+        """Change a running job in place. Unchanged and changed computations keep their state
+        (changed ones reopen with the new code and options); ``reset_state`` names computations
+        to start over empty; removing a computation deletes its state and needs ``drop_state``.
+        Returns the computations ``added``, ``removed``, ``changed``, ``reset`` and ``same``."""
+        topology.validate()
+        check_importable(topology)
+        doc = topology.to_json()
+        check_topology_size(topology.name, doc)
+        req = pb.UpdateRequest(topology_json=doc, drop_state=drop_state, reset_state=list(reset_state))
+        return dict(json.loads(self.call(lambda s: s.Update(req, timeout=self.timeout)).summary_json))
+
+    def drain(self, name: str, *, wait: bool = True, timeout: float | None = None) -> str:
+        """Close the job's input streams and let it finish every timer and window; with
+        ``wait``, return once it is drained (raises :class:`MillstreamError` after ``timeout``
+        seconds). Returns its state."""
+        state = self.call(lambda s: s.Drain(pb.JobRequest(topology=name), timeout=self.timeout)).state
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while wait and state != "drained":
+            if state == "cancelled":
+                raise MillstreamError(f"job {name!r} was cancelled while it drained")
+            if deadline is not None and time.monotonic() > deadline:
+                raise MillstreamError(f"job {name!r} is still {state} after {timeout:.0f}s; `millstream jobs` shows "
+                                      "its computations' watermarks (one that stays low names what holds it)")
+            time.sleep(0.2)  # polling the leader, not a test wait
+            state = next((j["state"] for j in self.jobs() if j["name"] == name), "cancelled")
+        return str(state)
+
+    def cancel(self, name: str, *, keep_state: bool = False) -> str:
+        """Stop a job at once. Its state is deleted, unless ``keep_state``: then submitting the
+        same job again resumes it from that state."""
+        req = pb.JobRequest(topology=name, keep_state=keep_state)
+        return str(self.call(lambda s: s.Cancel(req, timeout=self.timeout)).state)
+
+    def state(self, computation: str, key: bytes) -> bytes | None:
+        """One key's committed state (``ctx.state``) in a running computation; None if unset."""
+        from runtime.routing import RoutingTable
+
+        deadline = time.monotonic() + self.timeout
+        while True:
+            table = RoutingTable(self.routing())
+            if computation not in table.computations:
+                raise MillstreamError(f"no computation {computation!r} is running; `millstream jobs` lists the jobs")
+            dest = table.destination(computation, table.range_for(computation, key))
+            last = f"tablet {computation}/{dest.key_range} has no primary now"
+            if dest.address:
+                req = pb.ReadStateRequest(computation=computation, key_range=dest.key_range,
+                                          token=dest.token, key=key)
+                try:
+                    resp = rpc.WorkerStub(self._worker_channel(dest.address)).ReadState(req, timeout=self.timeout)
+                    return resp.value if resp.found else None
+                except grpc.RpcError as e:
+                    if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                        raise MillstreamError(e.details() or "refused") from None
+                    last = f"{dest.address}: {e.code().name} {e.details()}"
+            if time.monotonic() > deadline:
+                raise MillstreamError(f"cannot read {computation!r} state: {last}; try again once "
+                                      "`millstream status` shows the tablet healthy")
+            time.sleep(0.1)  # the tablet is moving: retry against fresh routing
+
+    def _worker_channel(self, address: str) -> grpc.Channel:
+        ch = self._channels.get("worker " + address)
+        if ch is None:
+            ch = self._channels["worker " + address] = self.security.channel(address)
+        return ch
+
     def close(self) -> None:
         for ch in self._channels.values():
             ch.close()

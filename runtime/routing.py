@@ -110,6 +110,15 @@ class RoutingTable:
                     sub.extractor = fn
         return errors
 
+    def closed_to_input(self, computation: str) -> str:
+        """Why ``computation`` takes no records from injectors now ("" if it does): its job is
+        draining or drained (docs/lifecycle.md)."""
+        c = self.computations.get(computation)
+        if c is None or c.job_state not in ("draining", "drained"):
+            return ""
+        return (f"computation {computation!r} takes no more input from injectors: its job {c.topology!r} is "
+                f"{c.job_state} (`millstream drain`); submit a job that reads the stream to send more")
+
     def has_subscribers(self, stream: str) -> bool:
         return bool(self._subs.get(stream))
 

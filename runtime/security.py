@@ -39,6 +39,9 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
     "/millstream.v1.Master/MoveTablet": frozenset({"operator"}),
     "/millstream.v1.Master/Split": frozenset({"operator"}),
     "/millstream.v1.Master/Merge": frozenset({"operator"}),
+    "/millstream.v1.Master/Update": frozenset({"operator"}),
+    "/millstream.v1.Master/Drain": frozenset({"operator"}),
+    "/millstream.v1.Master/Cancel": frozenset({"operator"}),
     "/millstream.v1.Master/RegisterWorker": frozenset({"worker"}),
     "/millstream.v1.Master/Heartbeat": frozenset({"worker"}),
     "/millstream.v1.Master/LeaveWorker": frozenset({"worker"}),
@@ -47,6 +50,7 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
     "/millstream.v1.Worker/Deliver": frozenset({"worker", "injector", "operator"}),
     "/millstream.v1.Worker/Replicate": frozenset({"worker"}),
     "/millstream.v1.Worker/InstallSnapshot": frozenset({"worker"}),
+    "/millstream.v1.Worker/ReadState": frozenset({"operator"}),
 }
 _ALL = frozenset(ROLES)
 _caller: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("millstream_caller_roles", default=_ALL)

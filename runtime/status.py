@@ -49,7 +49,8 @@ def render(doc: dict[str, Any]) -> str:
                      f"{live['lease_expiries']} lease expiries, {live['tablet_moves']} tablet moves")
     lines += ["", "topologies:"]
     for name, t in doc["topologies"].items():
-        lines.append(f"  {name}")
+        state = t.get("state", "running")
+        lines.append(f"  {name}" + ("" if state == "running" else f"  ({state.upper()})"))
         for c, spec in t["computations"].items():
             ins = ", ".join(spec["inputs"])
             outs = ", ".join(spec["outputs"]) or "-"
@@ -93,4 +94,22 @@ def render(doc: dict[str, Any]) -> str:
                      f"{t.get('end', 1 << 64) >> 48:04x}) primary={t['worker'] or '-':<12} "
                      f"{t['address'] or '-':<22} token={t['token']:<4} followers={followers}"
                      + ("" if health == "ok" else f"  {health.upper()}"))
+    return "\n".join(lines)
+
+
+def render_jobs(jobs: list[dict[str, Any]]) -> str:
+    """`millstream jobs`: one block per job, its computations with ranges and watermarks."""
+    if not jobs:
+        return "no jobs; `millstream submit MODULE:ATTR` starts one"
+    lines = []
+    for j in jobs:
+        extra = ""
+        if j["state"] == "cancelled":
+            extra = "  (state kept: submit it again to resume)" if j.get("state_kept") else "  (state deleted)"
+        lines.append(f"{j['name']:<24} {j['state'].upper():<10}{extra}")
+        if j.get("input_streams"):
+            lines.append(f"  input streams: {', '.join(j['input_streams'])}")
+        for c in j["computations"]:
+            wm = "-" if c["low_watermark"] is None else _time(c["low_watermark"])
+            lines.append(f"  {c['name']:<22} ranges {','.join(map(str, c['ranges'])) or '-':<16} wm={wm}")
     return "\n".join(lines)

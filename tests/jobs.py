@@ -120,3 +120,12 @@ class FlakyCommitCounter(Computation):
             FlakyCommitCounter.failed.add(self.tablet)
             raise OSError(f"injected commit failure in {self.tablet}")
         return None
+
+
+class CountTo(Computation):
+    """The word counter, emitting every new count to the stream its "out" param names."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        n = int(ctx.state.get() or b"0") + 1
+        ctx.state.set(str(n).encode())
+        ctx.produce(self.params["out"], str(n).encode())

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from runtime import metrics
-from runtime.errors import StaleTokenError
+from runtime.errors import NotOwner, StaleTokenError
 from runtime.faults import Faults
 from runtime.imports import CodePolicy
 from runtime.keyspace import from_wire_end
@@ -77,6 +77,7 @@ class WorkerCore:
         self.routing = RoutingTable(pb.Routing())
         self.tablets: dict[tuple[str, int], Tablet] = {}
         self.watermarks: dict[str, int] = {}
+        self._dropped_seen: dict[str, int] = {}  # the routing's "dropped" ids as last applied
         self.report_seq = 1
         self._extractors: dict[str, KeyExtractor] = {}
         self._remote = remote_deliver
@@ -141,6 +142,12 @@ class WorkerCore:
 
     async def apply_routing(self, routing: pb.Routing) -> None:
         table = RoutingTable(routing)
+        for d in routing.dropped:
+            # A computation deleted (and perhaps submitted again under its name): its old
+            # watermark means nothing for the new one.
+            if self._dropped_seen.get(d.computation) != d.below:
+                self._dropped_seen[d.computation] = d.below
+                self.watermarks.pop(d.computation, None)
         # On the loop, but bounded: imports are refused outside the code policy before
         # anything runs, and an allowed module is imported once.
         errors = set(table.load_extractors(self._extractors, self.code_policy))
@@ -217,6 +224,7 @@ class WorkerCore:
                     await asyncio.wait(pending, timeout=left)
             self._collect()
             await self._forget_parents()
+            await self._delete_dropped()
 
     def _start_openings(self, wanted: dict[tuple[str, int], int]) -> bool:
         """Start opening what is assigned here and not open; true if some had to wait for a
@@ -280,6 +288,38 @@ class WorkerCore:
                 continue
             log.info("tablet %s/%d: every range built from it is built; deleting its storage", *parent)
             await asyncio.to_thread(shutil.rmtree, path, True)
+
+    async def _delete_dropped(self) -> None:
+        """Delete this worker's copies of ranges whose state the leader deleted (a cancelled
+        job, a computation removed or reset by an update): every ``<computation>/<id>`` below
+        the routing's ``dropped`` id that nothing here uses any more."""
+        for d in self.routing.proto.dropped:
+            top = os.path.join(self.state_dir, d.computation)
+            try:
+                names = os.listdir(top)
+            except OSError:
+                continue
+            for name in names:
+                if not name.isdigit() or int(name) >= d.below:
+                    continue
+                key = (d.computation, int(name))
+                if key in self.routing.assignments or self._in_use(key) or key in self._closing_tablets:
+                    continue
+                if key in self.replicas.copies:
+                    await self.replicas.close(key, delete=True)
+                log.info("tablet %s/%d: its state was deleted by the leader (job cancelled or computation "
+                         "removed); deleting this copy", *key)
+                await asyncio.to_thread(shutil.rmtree, os.path.join(top, name), True)
+            if not any(n for n in os.listdir(top) if not n.startswith(".")):
+                await asyncio.to_thread(shutil.rmtree, top, True)
+
+    async def read_state(self, computation: str, key_range: int, token: int, key: bytes) -> bytes | None:
+        """One key's committed state, from the tablet open here (`millstream state get`)."""
+        tablet = self.tablets.get((computation, key_range))
+        if tablet is None or (token and tablet.token != token) or tablet.closing:
+            raise NotOwner(f"tablet {computation}/{key_range} is not open on this worker under token {token}; "
+                           "it is moving or reopening: try again")
+        return await asyncio.to_thread(tablet.store.get_state, key)
 
     def _collect(self) -> None:
         """Adopt the tablets that opened; forget finished closings; log what stays stuck."""

@@ -128,11 +128,20 @@ class WorkerServicer(rpc.WorkerServicer):
         if problem is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"delivery to {request.computation}/"
                                 f"{request.key_range} refused: {problem}")
+        if request.sender.startswith("injector/") or "worker" not in caller_roles():
+            closed = self.core.routing.closed_to_input(request.computation)
+            if closed:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, closed)
         status = await self.core.deliver(request.computation, request.key_range, request.token, records,
                                          orders)
         wid, seq = self.core.receipt()
         return pb.DeliverResponse(status=cast(Any, status),  # an int of DeliverResponse.Status
                                   worker_id=wid, report_seq=seq)
+
+    async def ReadState(self, request: pb.ReadStateRequest, context: Any) -> pb.ReadStateResponse:
+        found = await serving.call_core(context, lambda: self.core.read_state(
+            request.computation, request.key_range, request.token, request.key))
+        return pb.ReadStateResponse(found=found is not None, value=found or b"", token=request.token)
 
     async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:
         return pb.PingResponse(worker_id=self.core.worker_id)
@@ -276,11 +285,13 @@ class MasterSession:
         interval = min(self.lease_ms / 4, self.core.limits.progress_ms) / 1000
         while True:
             sent_at = self.core.now_ms()
+            version = self.core.routing.version  # applied before the report is taken (a drain waits on it)
             seq, held = self.core.next_report()
             try:
                 resp = await self.masters.stub().Heartbeat(
                     pb.HeartbeatRequest(worker_id=self.core.worker_id, tablets=held, report_seq=seq,
-                                        problems=self.core.problems(), secret=self.core.secret),
+                                        problems=self.core.problems(), secret=self.core.secret,
+                                        routing_version=version),
                     timeout=self.lease_ms / 2000)
             except grpc.RpcError as e:
                 # No reconcile here: nothing may hold up the next heartbeat. Commits check the

@@ -145,6 +145,28 @@ class SnapshotChunk(_message.Message):
     follower: str
     def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., index: _Optional[int] = ..., session: _Optional[str] = ..., file: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., done: _Optional[bool] = ..., follower: _Optional[str] = ...) -> None: ...
 
+class ReadStateRequest(_message.Message):
+    __slots__ = ("computation", "key_range", "token", "key")
+    COMPUTATION_FIELD_NUMBER: _ClassVar[int]
+    KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    computation: str
+    key_range: int
+    token: int
+    key: bytes
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., key: _Optional[bytes] = ...) -> None: ...
+
+class ReadStateResponse(_message.Message):
+    __slots__ = ("found", "value", "token")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    value: bytes
+    token: int
+    def __init__(self, found: _Optional[bool] = ..., value: _Optional[bytes] = ..., token: _Optional[int] = ...) -> None: ...
+
 class SubmitRequest(_message.Message):
     __slots__ = ("topology_json",)
     TOPOLOGY_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -236,18 +258,20 @@ class LeaveResponse(_message.Message):
     def __init__(self, primaries: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "tablets", "report_seq", "problems", "secret")
+    __slots__ = ("worker_id", "tablets", "report_seq", "problems", "secret", "routing_version")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     TABLETS_FIELD_NUMBER: _ClassVar[int]
     REPORT_SEQ_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     SECRET_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     tablets: _containers.RepeatedCompositeFieldContainer[HeldTablet]
     report_seq: int
     problems: _containers.RepeatedCompositeFieldContainer[TabletProblem]
     secret: str
-    def __init__(self, worker_id: _Optional[str] = ..., tablets: _Optional[_Iterable[_Union[HeldTablet, _Mapping]]] = ..., report_seq: _Optional[int] = ..., problems: _Optional[_Iterable[_Union[TabletProblem, _Mapping]]] = ..., secret: _Optional[str] = ...) -> None: ...
+    routing_version: int
+    def __init__(self, worker_id: _Optional[str] = ..., tablets: _Optional[_Iterable[_Union[HeldTablet, _Mapping]]] = ..., report_seq: _Optional[int] = ..., problems: _Optional[_Iterable[_Union[TabletProblem, _Mapping]]] = ..., secret: _Optional[str] = ..., routing_version: _Optional[int] = ...) -> None: ...
 
 class TabletProblem(_message.Message):
     __slots__ = ("computation", "key_range", "error", "attempts", "seconds")
@@ -359,7 +383,7 @@ class Assignment(_message.Message):
     def __init__(self, key_range: _Optional[int] = ..., worker_id: _Optional[str] = ..., address: _Optional[str] = ..., token: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[Follower, _Mapping]]] = ..., in_sync: _Optional[_Iterable[str]] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., parents: _Optional[_Iterable[int]] = ..., cut: _Optional[int] = ...) -> None: ...
 
 class ComputationRoute(_message.Message):
-    __slots__ = ("name", "topology", "code", "inputs", "outputs", "key_ranges", "exactly_once", "productions", "late_records", "params", "assignments")
+    __slots__ = ("name", "topology", "code", "inputs", "outputs", "key_ranges", "exactly_once", "productions", "late_records", "params", "assignments", "job_state")
     class ParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -378,6 +402,7 @@ class ComputationRoute(_message.Message):
     LATE_RECORDS_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    JOB_STATE_FIELD_NUMBER: _ClassVar[int]
     name: str
     topology: str
     code: str
@@ -389,15 +414,35 @@ class ComputationRoute(_message.Message):
     late_records: str
     params: _containers.ScalarMap[str, str]
     assignments: _containers.RepeatedCompositeFieldContainer[Assignment]
-    def __init__(self, name: _Optional[str] = ..., topology: _Optional[str] = ..., code: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., key_ranges: _Optional[int] = ..., exactly_once: _Optional[bool] = ..., productions: _Optional[str] = ..., late_records: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ...) -> None: ...
+    job_state: str
+    def __init__(self, name: _Optional[str] = ..., topology: _Optional[str] = ..., code: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., key_ranges: _Optional[int] = ..., exactly_once: _Optional[bool] = ..., productions: _Optional[str] = ..., late_records: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., job_state: _Optional[str] = ...) -> None: ...
+
+class Dropped(_message.Message):
+    __slots__ = ("computation", "below")
+    COMPUTATION_FIELD_NUMBER: _ClassVar[int]
+    BELOW_FIELD_NUMBER: _ClassVar[int]
+    computation: str
+    below: int
+    def __init__(self, computation: _Optional[str] = ..., below: _Optional[int] = ...) -> None: ...
 
 class Routing(_message.Message):
-    __slots__ = ("version", "computations")
+    __slots__ = ("version", "computations", "dropped", "closed_streams")
+    class ClosedStreamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     VERSION_FIELD_NUMBER: _ClassVar[int]
     COMPUTATIONS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_STREAMS_FIELD_NUMBER: _ClassVar[int]
     version: int
     computations: _containers.RepeatedCompositeFieldContainer[ComputationRoute]
-    def __init__(self, version: _Optional[int] = ..., computations: _Optional[_Iterable[_Union[ComputationRoute, _Mapping]]] = ...) -> None: ...
+    dropped: _containers.RepeatedCompositeFieldContainer[Dropped]
+    closed_streams: _containers.ScalarMap[str, str]
+    def __init__(self, version: _Optional[int] = ..., computations: _Optional[_Iterable[_Union[ComputationRoute, _Mapping]]] = ..., dropped: _Optional[_Iterable[_Union[Dropped, _Mapping]]] = ..., closed_streams: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class RoutingRequest(_message.Message):
     __slots__ = ("known_version",)
@@ -486,6 +531,38 @@ class InSyncResponse(_message.Message):
     IN_SYNC_FIELD_NUMBER: _ClassVar[int]
     in_sync: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, in_sync: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class UpdateRequest(_message.Message):
+    __slots__ = ("topology_json", "drop_state", "reset_state")
+    TOPOLOGY_JSON_FIELD_NUMBER: _ClassVar[int]
+    DROP_STATE_FIELD_NUMBER: _ClassVar[int]
+    RESET_STATE_FIELD_NUMBER: _ClassVar[int]
+    topology_json: str
+    drop_state: bool
+    reset_state: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topology_json: _Optional[str] = ..., drop_state: _Optional[bool] = ..., reset_state: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class UpdateResponse(_message.Message):
+    __slots__ = ("summary_json",)
+    SUMMARY_JSON_FIELD_NUMBER: _ClassVar[int]
+    summary_json: str
+    def __init__(self, summary_json: _Optional[str] = ...) -> None: ...
+
+class JobRequest(_message.Message):
+    __slots__ = ("topology", "keep_state")
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    KEEP_STATE_FIELD_NUMBER: _ClassVar[int]
+    topology: str
+    keep_state: bool
+    def __init__(self, topology: _Optional[str] = ..., keep_state: _Optional[bool] = ...) -> None: ...
+
+class JobResponse(_message.Message):
+    __slots__ = ("state", "detail")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    detail: str
+    def __init__(self, state: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

@@ -54,6 +54,11 @@ class WorkerStub:
                 request_serializer=runtime_dot_wire_dot_millstream__pb2.SnapshotChunk.SerializeToString,
                 response_deserializer=runtime_dot_wire_dot_millstream__pb2.ReplicateResponse.FromString,
                 _registered_method=True)
+        self.ReadState = channel.unary_unary(
+                '/millstream.v1.Worker/ReadState',
+                request_serializer=runtime_dot_wire_dot_millstream__pb2.ReadStateRequest.SerializeToString,
+                response_deserializer=runtime_dot_wire_dot_millstream__pb2.ReadStateResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -83,6 +88,12 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadState(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +116,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.InstallSnapshot,
                     request_deserializer=runtime_dot_wire_dot_millstream__pb2.SnapshotChunk.FromString,
                     response_serializer=runtime_dot_wire_dot_millstream__pb2.ReplicateResponse.SerializeToString,
+            ),
+            'ReadState': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadState,
+                    request_deserializer=runtime_dot_wire_dot_millstream__pb2.ReadStateRequest.FromString,
+                    response_serializer=runtime_dot_wire_dot_millstream__pb2.ReadStateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -225,6 +241,33 @@ class Worker:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def ReadState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millstream.v1.Worker/ReadState',
+            runtime_dot_wire_dot_millstream__pb2.ReadStateRequest.SerializeToString,
+            runtime_dot_wire_dot_millstream__pb2.ReadStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class MasterStub:
     """Missing associated documentation comment in .proto file."""
@@ -294,6 +337,21 @@ class MasterStub:
                 '/millstream.v1.Master/Merge',
                 request_serializer=runtime_dot_wire_dot_millstream__pb2.MergeRequest.SerializeToString,
                 response_deserializer=runtime_dot_wire_dot_millstream__pb2.ReshardResponse.FromString,
+                _registered_method=True)
+        self.Update = channel.unary_unary(
+                '/millstream.v1.Master/Update',
+                request_serializer=runtime_dot_wire_dot_millstream__pb2.UpdateRequest.SerializeToString,
+                response_deserializer=runtime_dot_wire_dot_millstream__pb2.UpdateResponse.FromString,
+                _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/millstream.v1.Master/Drain',
+                request_serializer=runtime_dot_wire_dot_millstream__pb2.JobRequest.SerializeToString,
+                response_deserializer=runtime_dot_wire_dot_millstream__pb2.JobResponse.FromString,
+                _registered_method=True)
+        self.Cancel = channel.unary_unary(
+                '/millstream.v1.Master/Cancel',
+                request_serializer=runtime_dot_wire_dot_millstream__pb2.JobRequest.SerializeToString,
+                response_deserializer=runtime_dot_wire_dot_millstream__pb2.JobResponse.FromString,
                 _registered_method=True)
 
 
@@ -374,6 +432,24 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Update(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drain(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Cancel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -436,6 +512,21 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Merge,
                     request_deserializer=runtime_dot_wire_dot_millstream__pb2.MergeRequest.FromString,
                     response_serializer=runtime_dot_wire_dot_millstream__pb2.ReshardResponse.SerializeToString,
+            ),
+            'Update': grpc.unary_unary_rpc_method_handler(
+                    servicer.Update,
+                    request_deserializer=runtime_dot_wire_dot_millstream__pb2.UpdateRequest.FromString,
+                    response_serializer=runtime_dot_wire_dot_millstream__pb2.UpdateResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=runtime_dot_wire_dot_millstream__pb2.JobRequest.FromString,
+                    response_serializer=runtime_dot_wire_dot_millstream__pb2.JobResponse.SerializeToString,
+            ),
+            'Cancel': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cancel,
+                    request_deserializer=runtime_dot_wire_dot_millstream__pb2.JobRequest.FromString,
+                    response_serializer=runtime_dot_wire_dot_millstream__pb2.JobResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -762,6 +853,87 @@ class Master:
             '/millstream.v1.Master/Merge',
             runtime_dot_wire_dot_millstream__pb2.MergeRequest.SerializeToString,
             runtime_dot_wire_dot_millstream__pb2.ReshardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Update(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millstream.v1.Master/Update',
+            runtime_dot_wire_dot_millstream__pb2.UpdateRequest.SerializeToString,
+            runtime_dot_wire_dot_millstream__pb2.UpdateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millstream.v1.Master/Drain',
+            runtime_dot_wire_dot_millstream__pb2.JobRequest.SerializeToString,
+            runtime_dot_wire_dot_millstream__pb2.JobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cancel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millstream.v1.Master/Cancel',
+            runtime_dot_wire_dot_millstream__pb2.JobRequest.SerializeToString,
+            runtime_dot_wire_dot_millstream__pb2.JobResponse.FromString,
             options,
             channel_credentials,
             insecure,
