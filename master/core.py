@@ -126,6 +126,10 @@ class MasterCore:
         self._last_counts: dict[TabletKey, tuple[int, tuple[int, ...]]] = {}
         self._dirty_injectors: set[str] = set()
         self._backlog: dict[TabletKey, int] = {}
+        self.in_flight: dict[TabletKey, int] = {}   # queued records + unacknowledged productions
+        # Jobs whose input is paused for a savepoint (master/lifecycle.py) -> when the pause
+        # ends by itself if the savepoint never finishes (ms). Their watermarks do not advance.
+        self.paused: dict[str, float] = {}
         self._seen: dict[TabletKey, int] = {}
         self.stale_reports = 0
         # worker -> tablet -> (error, attempts, seconds): tablets it is given but cannot run
@@ -361,6 +365,7 @@ class MasterCore:
             for name, count, before in zip(("processed", "late", "dead_lettered"), counts, last, strict=True):
                 totals[name] = totals.get(name, 0) + max(0, count - before)
             self._backlog[key] = h.backlog
+            self.in_flight[key] = h.in_flight
             self._seen[key] = h.watermark
             if h.slow:
                 self._slow[key] = (now, [(c.key, c.seconds, c.running) for c in h.slow])
@@ -444,7 +449,8 @@ class MasterCore:
             injectors[name] = (stream, wm if settled is None else min(wm, settled))
         self.computed = compute(specs, self.tablets, reports, injectors, self.published)
         new = publish(self.computed, self.published)
-        changed = {c: v for c, v in new.items() if v != self.published.get(c, MIN)}
+        frozen = {s for n in self.paused for s in self.topologies[n].computations} if self.paused else set()
+        changed = {c: v for c, v in new.items() if v != self.published.get(c, MIN) and c not in frozen}
         dirty = {n: self.injectors[n] for n in self._dirty_injectors if n in self.injectors}
         # A finished injector (at the end of time) holds nothing any more. It is replaced by
         # one marker per stream, so the registry does not grow with every injection while the
@@ -659,7 +665,7 @@ class MasterCore:
                     name=s.name, topology=topo.name, code=s.code, outputs=s.outputs,
                     key_ranges=s.key_ranges, exactly_once=s.exactly_once,
                     productions=s.productions, late_records=s.late_records,
-                    job_state=self.job_state(topo.name),
+                    job_state=self.job_state(topo.name), input_paused=topo.name in self.paused,
                 )
                 c.params.update(s.params)
                 if s.fsync is not None:
@@ -730,6 +736,7 @@ def forget_tablet(core: MasterCore, key: TabletKey) -> None:
     core._seen.pop(key, None)
     core._slow.pop(key, None)
     core._last_counts.pop(key, None)
+    core.in_flight.pop(key, None)
     core.load_medians.pop(key, None)
     core.settler.forget(key)
     for problems in core.problems.values():

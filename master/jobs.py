@@ -14,6 +14,7 @@ from runtime.errors import TopologyError
 from runtime.topology import Topology
 
 RUNNING, DRAINING, DRAINED, CANCELLED = "running", "draining", "drained", "cancelled"
+RESTORING = "restoring"  # created from a savepoint; its tablets stay closed until they are loaded
 
 
 @dataclass

@@ -22,20 +22,23 @@ a new tablet's storage.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from master.core import FINISHED, MasterCore, forget_tablet
-from master.jobs import CANCELLED, DRAINED, DRAINING, Diff, Job, diff, input_streams
-from master.ranges import Ranges
+from master.jobs import CANCELLED, DRAINED, DRAINING, RESTORING, RUNNING, Diff, Job, diff, input_streams
+from master.ranges import KeyRange, Ranges
 from master.scheduler import Ownership, TabletKey
 from master.store import Change
-from master.watermarks import END_OF_TIME
+from master.watermarks import END_OF_TIME, MIN
 from runtime.client import check_topology_size
 from runtime.errors import MillstreamError
+from runtime.keyspace import wire_end
 from runtime.topology import ComputationSpec, Topology, validate_against
+from runtime.wire import millstream_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +66,7 @@ async def update(core: MasterCore, topology_json: str, drop_state: bool = False,
             raise MillstreamError(f"no job named {new.name!r} to update; `millstream jobs` lists the jobs, "
                                   "`millstream submit` starts a new one")
         job = core.jobs.get(new.name)
-        if job is not None and job.state in (DRAINING, DRAINED):
+        if job is not None and job.state in (DRAINING, DRAINED, RESTORING):
             raise MillstreamError(f"job {new.name!r} is {job.state}; it takes no update. Cancel it "
                                   f"(`millstream cancel {new.name}`) and submit the new topology")
         resume = job is not None and job.state == CANCELLED
@@ -144,7 +147,7 @@ async def drain(core: MasterCore, name: str) -> Job:
         if job is not None and job.state in (DRAINING, DRAINED):
             return job
         if job is not None or topo is None:
-            raise MillstreamError(f"job {name!r} is cancelled; there is nothing to drain")
+            raise MillstreamError(f"job {name!r} is {core.job_state(name)}; only a running job drains")
         streams = input_streams(topo)
         for other, t in core.topologies.items():
             shared = sorted(set(streams) & {i for s in t.computations.values() for i in s.inputs})
@@ -186,6 +189,7 @@ async def cancel(core: MasterCore, name: str, keep_state: bool = False) -> Job:
             change.ranges[spec.name] = None
             change.watermarks_gone.append(spec.name)
         await core._io(core.store.apply, change)
+        core.paused.pop(name, None)
         _forget_computations(core, topo.computations.values(), change.gone)
         core.dropped.update(change.dropped)
         del core.topologies[name]
@@ -206,7 +210,12 @@ def _forget_computations(core: MasterCore, specs: Iterable[ComputationSpec], gon
 
 
 async def advance(core: MasterCore) -> None:
-    """Carry draining jobs forward (called every leader tick)."""
+    """Carry draining jobs forward, end savepoint pauses nobody ended (every leader tick)."""
+    for name, until in list(core.paused.items()):
+        if core.now_ms() > until:
+            log.warning("job %s: the savepoint that paused its input did not finish; resuming", name)
+            core.paused.pop(name, None)
+            await core._bump()
     if not any(job.state == DRAINING for job in core.jobs.values()):
         return
     async with core._lock:  # a cancel or update meanwhile sees (and changes) the job as it is
@@ -247,3 +256,166 @@ def release_streams(core: MasterCore, streams: Iterable[str]) -> None:
     for s in streams:  # also a stream nobody fed yet (it would hold its readers back)
         core.injectors[FINISHED + s] = (s, END_OF_TIME)
         core._dirty_injectors.add(FINISHED + s)
+
+
+# ------------------------------------------------------------------ savepoint and restore
+
+PAUSE_LIMIT_S = 300.0  # a savepoint's pause ends by itself after this long (its client died)
+
+
+def _placed(core: MasterCore, key: TabletKey, saved: int | None = None) -> pb.TabletPlace:
+    own, kr = core.tablets[key], core.bounds(*key)
+    assert kr is not None
+    return pb.TabletPlace(computation=key[0], key_range=key[1], start=kr.start, end=wire_end(kr.end),
+                          address=core.workers.get(own.worker, ""), token=own.token,
+                          saved_key_range=key[1] if saved is None else saved)
+
+
+def _upstream_first(topo: Topology) -> list[str]:
+    """The job's computations, each after every computation of the job that feeds it."""
+    producers = {o: s.name for s in topo.computations.values() for o in s.all_outputs}
+    order: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        for stream in topo.computations[name].inputs:
+            if stream in producers and producers[stream] != name:
+                visit(producers[stream])
+        order.append(name)
+
+    for name in topo.computations:
+        visit(name)
+    return order
+
+
+async def savepoint_begin(core: MasterCore, name: str, timeout_s: float) -> pb.SavepointResponse:
+    """Pause the job's input and wait until nothing is in flight in it (docs/lifecycle.md):
+    then every tablet's state, taken in any order, is one consistent cut of the job."""
+    async with core._lock:
+        topo, job = _job(core, name)
+        if topo is None or (job is not None and job.state not in (DRAINED,)):
+            raise MillstreamError(f"job {name!r} is {core.job_state(name)}; only a running or drained job "
+                                  "has a savepoint taken")
+        if name in core.paused:
+            raise MillstreamError(f"a savepoint of job {name!r} is being taken; wait for it to finish")
+        core.paused[name] = core.now_ms() + PAUSE_LIMIT_S * 1000
+        await core._bump()
+        version = core.version
+    try:
+        keys = [k for c in _upstream_first(topo) for k in core._keys(topo.computations[c])]
+        deadline = time.monotonic() + timeout_s
+        seqs: dict[str, int] | None = None
+        while True:
+            if seqs is None and all(core.routing_seen.get(w, 0) >= version for w in core.workers):
+                seqs = dict(core.reported_seq)  # reports newer than these come after the pause
+            busy = _busy(core, keys, seqs)
+            if seqs is not None and not busy:
+                break
+            if time.monotonic() > deadline:
+                raise MillstreamError(
+                    f"savepoint of job {name!r}: it did not come to rest within {timeout_s:.0f} s "
+                    f"({', '.join(busy[:5]) or 'workers have not applied the pause'}); nothing was saved, "
+                    "try again (or with a longer --timeout-s)")
+            await asyncio.sleep(0.02)  # waiting for the workers' next reports (every 50 ms)
+    except BaseException:
+        await savepoint_end(core, name)
+        raise
+    log.info("job %s: input paused, nothing in flight: taking a savepoint of %d tablets", name, len(keys))
+    return pb.SavepointResponse(topology_json=topo.to_json(), tablets=[_placed(core, k) for k in keys],
+                                watermarks={c: core.published.get(c, MIN) for c in topo.computations})
+
+
+def _busy(core: MasterCore, keys: list[TabletKey], seqs: dict[str, int] | None) -> list[str]:
+    """The tablets not (yet known to be) at rest: no live primary, no report since the pause,
+    or records or productions in flight."""
+    out = []
+    for key in keys:
+        own = core.tablets.get(key)
+        rep = core.reports.get(key)
+        if (own is None or not own.worker or own.worker not in core.workers or seqs is None
+                or core.reported_seq.get(own.worker, 0) <= seqs.get(own.worker, 0)
+                or rep is None or rep.token != own.token or core.in_flight.get(key, 1)):
+            out.append(f"{key[0]}/{key[1]}")
+    return out
+
+
+async def savepoint_end(core: MasterCore, name: str) -> None:
+    """Resume the input a savepoint paused."""
+    if core.paused.pop(name, None) is not None:
+        await core._bump()
+        log.info("job %s: savepoint done, input resumed", name)
+
+
+async def restore_begin(core: MasterCore, manifest: dict[str, Any], name: str) -> pb.RestoreResponse:
+    """Create the job of a savepoint with its tablets closed, placed on this cluster's workers
+    under their saved token + 1; the caller loads each tablet's files into its primary, then
+    calls :func:`restore_commit`."""
+    topo = Topology.from_json(str(manifest["topology"]))
+    if name != topo.name:
+        renamed = Topology(name)
+        renamed.computations = topo.computations
+        topo = renamed
+    async with core._lock:
+        if name in core.topologies or core.jobs.get(name, Job(CANCELLED, 0)).state != CANCELLED:
+            raise MillstreamError(f"a job named {name!r} exists in this cluster; restore with --as NEW_NAME, "
+                                  f"or cancel it first (`millstream cancel {name}`)")
+        existing = [s for t in core.topologies.values() for s in t.computations.values()]
+        validate_against(topo.computations.values(), existing)
+        if not core.workers:
+            raise MillstreamError("no worker is running in this cluster; start workers, then restore")
+        saved: dict[str, list[dict[str, Any]]] = {}
+        for t in manifest["tablets"]:
+            saved.setdefault(str(t["computation"]), []).append(t)
+        change = Change(topologies={name: topo.to_json()},
+                        jobs={name: Job(RESTORING, time.time(), streams=tuple(input_streams(topo))).to_doc()})
+        ids: dict[TabletKey, int] = {}  # new tablet -> its id in the savepoint
+        for c in topo.computations:
+            entries = sorted(saved.get(c, []), key=lambda t: int(t["start"]))
+            if not entries:
+                raise MillstreamError(f"the savepoint has no tablets of computation {c!r}; it is damaged")
+            base = core.dropped.get(c, 0)
+            keep = min(int(t["key_range"]) for t in entries) >= base
+            ranges = {}
+            for i, t in enumerate(entries):
+                rid = int(t["key_range"]) if keep else base + i
+                ranges[rid] = KeyRange(int(t["start"]), int(t["end"]))
+                ids[(c, rid)] = int(t["key_range"])
+            change.ranges[c] = Ranges(ranges, max(ranges) + 1)
+        tokens = {(str(t["computation"]), int(t["key_range"])): int(t["token"]) for t in manifest["tablets"]}
+        fresh = {k: topo.computations[k[0]] for k in ids}
+        for c, r in change.ranges.items():
+            assert r is not None
+            core.ranges[c] = r
+        placed = core._plan(fresh, extra={k: s.replication or core.config.replication for k, s in fresh.items()})
+        for key in fresh:
+            own = placed[key]
+            # Above the saved token (tokens never go back); only the primary holds the state yet.
+            change.tablets[key] = Ownership(own.worker, tokens[(key[0], ids[key])] + 1, own.followers,
+                                            (own.worker,))
+        watermarks = {c: int(v) for c, v in dict(manifest.get("watermarks", {})).items() if c in topo.computations}
+        change.watermarks = watermarks
+        try:
+            await core._io(core.store.apply, change)
+        except BaseException:
+            for c in topo.computations:
+                core.ranges.pop(c, None)
+            raise
+        core.topologies[name] = topo
+        core.jobs[name] = Job.from_doc(change.jobs[name] or {})
+        core.tablets.update(change.tablets)
+        core.published.update(watermarks)
+        await core._rebalance("restore")
+        return pb.RestoreResponse(name=name, tablets=[_placed(core, k, ids[k]) for k in fresh])
+
+
+async def restore_commit(core: MasterCore, name: str) -> None:
+    """Every tablet of a restored job is loaded: open them."""
+    async with core._lock:
+        job = core.jobs.get(name)
+        if job is None or job.state != RESTORING:
+            raise MillstreamError(f"job {name!r} is not being restored ({core.job_state(name)})")
+        await core._io(core.store.apply, Change(jobs={name: None}))
+        core.jobs.pop(name, None)
+        await core._bump()
+    log.info("job %s restored from a savepoint: %s", name, RUNNING)

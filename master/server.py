@@ -81,6 +81,26 @@ class MasterServicer(rpc.MasterServicer):
         job = await serving.call_core(context, lambda: lifecycle.drain(core, request.topology))
         return pb.JobResponse(state=job.state)
 
+    async def Savepoint(self, request: pb.SavepointRequest, context: Any) -> pb.SavepointResponse:
+        core = await self._leader(context)
+        if request.end:
+            await lifecycle.savepoint_end(core, request.topology)
+            return pb.SavepointResponse()
+        return await serving.call_core(context, lambda: lifecycle.savepoint_begin(
+            core, request.topology, request.timeout_s or 60.0))
+
+    async def Restore(self, request: pb.RestoreRequest, context: Any) -> pb.RestoreResponse:
+        core = await self._leader(context)
+        if request.commit:
+            await serving.call_core(context, lambda: lifecycle.restore_commit(core, request.name))
+            return pb.RestoreResponse(name=request.name)
+        try:
+            manifest = json.loads(request.manifest_json)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the savepoint manifest is not JSON ({e})")
+        return await serving.call_core(context, lambda: lifecycle.restore_begin(
+            core, manifest, request.name or str(manifest.get("job", ""))))
+
     async def Cancel(self, request: pb.JobRequest, context: Any) -> pb.JobResponse:
         core = await self._leader(context)
         job = await serving.call_core(context, lambda: lifecycle.cancel(core, request.topology,

@@ -112,6 +112,7 @@ class Change:
     dropped: dict[str, int] = field(default_factory=dict)
     watermarks_gone: list[str] = field(default_factory=list)
     injectors_gone: list[str] = field(default_factory=list)
+    watermarks: dict[str, int] = field(default_factory=dict)
 
 
 class EtcdStore:
@@ -309,6 +310,7 @@ class EtcdStore:
             ops.append(t.delete(RANGES + c) if r is None else t.put(RANGES + c, json.dumps(r.to_doc())))
         ops += [t.put(DROPPED + c, str(below)) for c, below in sorted(change.dropped.items())]
         ops += [t.delete(WATERMARKS + c) for c in change.watermarks_gone]
+        ops += [t.put(WATERMARKS + c, str(v)) for c, v in sorted(change.watermarks.items())]
         ops += [t.delete(INJECTORS + n) for n in change.injectors_gone]
         for n, doc in sorted(change.topologies.items()):
             ops.append(t.delete(TOPOLOGIES + n) if doc is None else t.put(TOPOLOGIES + n, doc))

@@ -248,7 +248,15 @@ def build_parser() -> argparse.ArgumentParser:
     sg.add_argument("computation")
     sg.add_argument("key", help="the key (UTF-8 text; 0x... for hex bytes)")
     sg.add_argument("--json", action="store_true")
-    for p in (jb, up_, dr, ca, sg):
+    sv = sub.add_parser("savepoint", help="write a consistent copy of a running job into a new directory")
+    sv.add_argument("job", metavar="TOPOLOGY")
+    sv.add_argument("directory", metavar="DIR")
+    sv.add_argument("--timeout-s", type=float, default=60.0,
+                    help="how long the job may take to come to rest (default 60)")
+    rs = sub.add_parser("restore", help="submit a job from a savepoint directory")
+    rs.add_argument("directory", metavar="DIR")
+    rs.add_argument("--as", dest="as_name", default=None, metavar="NAME", help="the job's name here")
+    for p in (jb, up_, dr, ca, sg, sv, rs):
         _masters_flag(p)
         _security_flags(p, server=False)
 
@@ -316,7 +324,7 @@ def _run(args: argparse.Namespace) -> int:
             n = c.submit(topo)
         print(f"submitted topology {topo.name!r}: {n} tablets")
         return 0
-    if cmd in ("jobs", "update", "drain", "cancel", "state"):
+    if cmd in ("jobs", "update", "drain", "cancel", "state", "savepoint", "restore"):
         return _lifecycle(args)
     if cmd == "status":
         from runtime.client import connect
@@ -407,6 +415,12 @@ def _lifecycle(args: argparse.Namespace) -> int:
             print(f"{'resumed' if d['resumed'] else 'updated'} job {topo.name!r}: {what or 'nothing changed'}")
         elif cmd == "drain":
             print(f"job {args.job!r} is {c.drain(args.job, wait=not args.no_wait, timeout=args.wait_s)}")
+        elif cmd == "savepoint":
+            m = c.savepoint(args.job, os.path.abspath(args.directory), timeout=args.timeout_s)
+            print(f"savepoint of job {args.job!r} in {args.directory}: {len(m['tablets'])} tablets")
+        elif cmd == "restore":
+            name = c.restore(os.path.abspath(args.directory), name=args.as_name)
+            print(f"restored job {name!r} from {args.directory}")
         elif cmd == "cancel":
             state = c.cancel(args.job, keep_state=args.keep_state)
             print(f"job {args.job!r} is {state}; its state is {'kept' if args.keep_state else 'deleted'}")

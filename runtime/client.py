@@ -192,6 +192,22 @@ class Client:
         req = pb.JobRequest(topology=name, keep_state=keep_state)
         return str(self.call(lambda s: s.Cancel(req, timeout=self.timeout)).state)
 
+    def savepoint(self, name: str, directory: str, *, timeout: float = 60.0) -> dict[str, Any]:
+        """Write a consistent copy of job ``name`` (every tablet's state, timers, dedup data and
+        productions, its topology, ranges and watermarks) into ``directory``, without stopping
+        it: its input pauses until nothing is in flight (at most ``timeout`` s) and while the
+        tablets are copied. Returns the savepoint's manifest."""
+        from runtime import savepoint
+
+        return savepoint.take(self, name, directory, timeout)
+
+    def restore(self, directory: str, *, name: str | None = None) -> str:
+        """Submit the job saved in ``directory`` (by :meth:`savepoint`) to this cluster, under
+        ``name`` if given; its tablets continue from their saved state. Returns the job name."""
+        from runtime import savepoint
+
+        return savepoint.restore(self, directory, name)
+
     def state(self, computation: str, key: bytes) -> bytes | None:
         """One key's committed state (``ctx.state``) in a running computation; None if unset."""
         from runtime.routing import RoutingTable

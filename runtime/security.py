@@ -42,6 +42,8 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
     "/millstream.v1.Master/Update": frozenset({"operator"}),
     "/millstream.v1.Master/Drain": frozenset({"operator"}),
     "/millstream.v1.Master/Cancel": frozenset({"operator"}),
+    "/millstream.v1.Master/Savepoint": frozenset({"operator"}),
+    "/millstream.v1.Master/Restore": frozenset({"operator"}),
     "/millstream.v1.Master/RegisterWorker": frozenset({"worker"}),
     "/millstream.v1.Master/Heartbeat": frozenset({"worker"}),
     "/millstream.v1.Master/LeaveWorker": frozenset({"worker"}),
@@ -51,6 +53,8 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
     "/millstream.v1.Worker/Replicate": frozenset({"worker"}),
     "/millstream.v1.Worker/InstallSnapshot": frozenset({"worker"}),
     "/millstream.v1.Worker/ReadState": frozenset({"operator"}),
+    "/millstream.v1.Worker/Checkpoint": frozenset({"operator"}),
+    "/millstream.v1.Worker/LoadTablet": frozenset({"operator"}),
 }
 _ALL = frozenset(ROLES)
 _caller: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("millstream_caller_roles", default=_ALL)

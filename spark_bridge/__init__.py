@@ -5,7 +5,8 @@
 - :func:`inject_stream` does the same for each micro-batch of a Structured
   Streaming query (``foreachBatch``);
 - :class:`ParquetSink` (added with :func:`add_parquet_sink`) writes a stream
-  to Parquet files exactly once, and :func:`read_stream` reads them back.
+  to Parquet files exactly once, and :func:`read_stream` reads them back;
+- :func:`read_state` returns a computation's per-key state in a savepoint.
 
 See ``docs/spark.md``.
 """
@@ -14,6 +15,7 @@ from spark_bridge.codecs import ValueDecodeError
 from spark_bridge.inject import InjectionResult, InvalidInput, inject, release
 from spark_bridge.parquet_sink import ParquetSink, add_parquet_sink
 from spark_bridge.read import SinkNotFound, count_rows, read_rows, read_stream
+from spark_bridge.state import read_state
 from spark_bridge.stream import StreamInjection, inject_stream
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "inject",
     "inject_stream",
     "read_rows",
+    "read_state",
     "read_stream",
     "release",
 ]

@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -185,7 +186,7 @@ class WorkerCore:
         """
         async with self._reconcile_lock:
             valid = self.lease_held()
-            wanted = self.routing.tablets_of(self.worker_id) if valid else {}
+            wanted = self._assigned() if valid else {}
             self._wanted = wanted
             for key in [k for k in self._failures if k not in wanted]:
                 del self._failures[key]
@@ -217,7 +218,7 @@ class WorkerCore:
             if deferred and self.lease_held():
                 # What waited for a copy being closed (a move here, a split's old range) opens
                 # now rather than on the next pass, 200 ms later.
-                self._start_openings(self.routing.tablets_of(self.worker_id))
+                self._start_openings(self._assigned())
                 pending = [t for _, t in self._opening.values()]
                 left = self.limits.reconcile_wait_s - (time.monotonic() - started)
                 if pending and left > 0:
@@ -225,6 +226,12 @@ class WorkerCore:
             self._collect()
             await self._forget_parents()
             await self._delete_dropped()
+
+    def _assigned(self) -> dict[tuple[str, int], int]:
+        """The tablets this worker is primary of and should run (a job being restored from a
+        savepoint keeps its tablets closed until their state is loaded)."""
+        return {k: t for k, t in self.routing.tablets_of(self.worker_id).items()
+                if self.routing.computations[k[0]].job_state != "restoring"}
 
     def _start_openings(self, wanted: dict[tuple[str, int], int]) -> bool:
         """Start opening what is assigned here and not open; true if some had to wait for a
@@ -312,6 +319,29 @@ class WorkerCore:
                 await asyncio.to_thread(shutil.rmtree, os.path.join(top, name), True)
             if not any(n for n in os.listdir(top) if not n.startswith(".")):
                 await asyncio.to_thread(shutil.rmtree, top, True)
+
+    async def checkpoint(self, computation: str, key_range: int, token: int) -> tuple[str, int]:
+        """A RocksDB checkpoint of an open tablet, taken between two of its batches (for a
+        savepoint); returns its directory (the caller deletes it) and commit index."""
+        tablet = self.tablets.get((computation, key_range))
+        if tablet is None or tablet.token != token or tablet.closing or tablet.thread is None:
+            raise NotOwner(f"tablet {computation}/{key_range} is not open on this worker under token {token}; "
+                           "it moved: take the savepoint again")
+        path = os.path.join(self.state_dir, ".checkpoints", f"savepoint-{computation}-{key_range}-{uuid.uuid4().hex[:12]}")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        index = await tablet.thread.run(tablet.store.checkpoint, path)
+        return path, index
+
+    def loadable(self, computation: str, key_range: int, token: int) -> str:
+        """Where a restore may load a tablet's files: only a tablet of a job being restored,
+        assigned here as primary under ``token`` (a running tablet is never overwritten)."""
+        route = self.routing.computations.get(computation)
+        a = self.routing.assignments.get((computation, key_range))
+        if route is None or route.job_state != "restoring" or a is None or a.worker_id != self.worker_id \
+                or a.token != token:
+            raise NotOwner(f"tablet {computation}/{key_range} under token {token} is not being restored on this "
+                           "worker; restore again")
+        return self.path_of((computation, key_range))
 
     async def read_state(self, computation: str, key_range: int, token: int, key: bytes) -> bytes | None:
         """One key's committed state, from the tablet open here (`millstream state get`)."""

@@ -118,7 +118,7 @@ class Replicas:
                 await asyncio.to_thread(os.makedirs, directory, exist_ok=True)
                 self._incoming[key] = (chunk.session, directory)
             if not chunk.done:
-                await asyncio.to_thread(_write, os.path.join(directory, os.path.basename(chunk.file)),
+                await asyncio.to_thread(write_at, os.path.join(directory, os.path.basename(chunk.file)),
                                         chunk.offset, chunk.data)
                 return pb.ReplicateResponse(status=R.OK)
             del self._incoming[key]
@@ -172,7 +172,8 @@ class Replicas:
             await self.close(key)
 
 
-def _write(path: str, offset: int, data: bytes) -> None:
+def write_at(path: str, offset: int, data: bytes) -> None:
+    """Write one chunk of a received file, durably."""
     with open(path, "r+b" if os.path.exists(path) else "wb") as f:
         f.seek(offset)
         f.write(data)

@@ -235,7 +235,7 @@ class _Link:
             for name in sorted(os.listdir(path)):
                 offset = 0
                 while True:
-                    data = await asyncio.to_thread(_read, os.path.join(path, name), offset)
+                    data = await asyncio.to_thread(read_chunk, os.path.join(path, name), offset)
                     chunk = pb.SnapshotChunk()
                     chunk.CopyFrom(base)
                     chunk.file, chunk.offset, chunk.data = name, offset, data
@@ -265,7 +265,7 @@ class _Link:
             raise MillstreamError(f"follower refused the snapshot: {resp.detail}")
 
 
-def _read(path: str, offset: int) -> bytes:
+def read_chunk(path: str, offset: int) -> bytes:
     with open(path, "rb") as f:
         f.seek(offset)
         return f.read(SNAPSHOT_CHUNK)

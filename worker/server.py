@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import functools
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
@@ -29,6 +31,8 @@ from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 from worker.core import WorkerCore, WorkerLimits
 from worker.dedup import delivery_problem
+from worker.replica import write_at
+from worker.replication import SNAPSHOT_CHUNK, read_chunk
 from worker.sender import UNREACHABLE
 
 log = logging.getLogger(__name__)
@@ -132,6 +136,9 @@ class WorkerServicer(rpc.WorkerServicer):
             closed = self.core.routing.closed_to_input(request.computation)
             if closed:
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, closed)
+            route = self.core.routing.computations.get(request.computation)
+            if route is not None and route.input_paused:  # a savepoint is being taken: retry soon
+                return pb.DeliverResponse(status=pb.DeliverResponse.BUSY)
         status = await self.core.deliver(request.computation, request.key_range, request.token, records,
                                          orders)
         wid, seq = self.core.receipt()
@@ -143,6 +150,49 @@ class WorkerServicer(rpc.WorkerServicer):
             request.computation, request.key_range, request.token, request.key))
         return pb.ReadStateResponse(found=found is not None, value=found or b"", token=request.token)
 
+    async def Checkpoint(self, request: pb.CheckpointRequest, context: Any) -> AsyncIterator[pb.SnapshotChunk]:
+        path, index = await serving.call_core(context, lambda: self.core.checkpoint(
+            request.computation, request.key_range, request.token))
+        try:
+            base = pb.SnapshotChunk(computation=request.computation, key_range=request.key_range,
+                                    token=request.token, index=index)
+            for name in sorted(os.listdir(path)):
+                offset = 0
+                while True:
+                    data = await asyncio.to_thread(read_chunk, os.path.join(path, name), offset)
+                    chunk = pb.SnapshotChunk()
+                    chunk.CopyFrom(base)
+                    chunk.file, chunk.offset, chunk.data = name, offset, data
+                    yield chunk
+                    offset += len(data)
+                    if len(data) < SNAPSHOT_CHUNK:
+                        break
+            base.done = True
+            yield base
+        finally:
+            await asyncio.to_thread(shutil.rmtree, path, True)
+
+    async def LoadTablet(self, request_iterator: AsyncIterator[pb.SnapshotChunk],
+                         context: Any) -> pb.ReplicateResponse:
+        incoming = os.path.join(self.core.state_dir, ".incoming", uuid.uuid4().hex)
+        target = ""
+        try:
+            async for chunk in request_iterator:
+                if not target:
+                    target = await serving.call_core(context, functools.partial(
+                        _async, self.core.loadable, chunk.computation, chunk.key_range, chunk.token))
+                if chunk.done:
+                    await asyncio.to_thread(_install, incoming, target)
+                    return pb.ReplicateResponse(status=pb.ReplicateResponse.OK)
+                if not chunk.file or "/" in chunk.file or chunk.file.startswith("."):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad file name {chunk.file[:80]!r}")
+                await asyncio.to_thread(os.makedirs, incoming, exist_ok=True)
+                await asyncio.to_thread(write_at, os.path.join(incoming, chunk.file), chunk.offset, chunk.data)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the tablet's files ended without a last chunk")
+        finally:
+            await asyncio.to_thread(shutil.rmtree, incoming, True)
+        raise AssertionError("unreachable")
+
     async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:
         return pb.PingResponse(worker_id=self.core.worker_id)
 
@@ -151,6 +201,24 @@ class WorkerServicer(rpc.WorkerServicer):
 
     async def InstallSnapshot(self, request: pb.SnapshotChunk, context: Any) -> pb.ReplicateResponse:
         return await self.core.replicas.install(request)
+
+
+async def _async(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
+def _install(incoming: str, target: str) -> None:
+    """Make the loaded files (each synced as written) the tablet's storage, renamed into place."""
+    os.makedirs(incoming, exist_ok=True)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if os.path.exists(target):
+        shutil.rmtree(target)  # an earlier, interrupted load of the same restore
+    os.rename(incoming, target)
+    fd = os.open(os.path.dirname(target), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class Peers:

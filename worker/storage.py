@@ -33,7 +33,7 @@ import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from rocksdict import Checkpoint, Options, Rdict, WriteBatch, WriteBufferManager, WriteOptions
+from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteBufferManager, WriteOptions
 
 from runtime.computation import TimeDomain
 from runtime.errors import MillstreamError, StaleTokenError
@@ -122,6 +122,20 @@ def _open(path: str) -> Rdict:
 
 def state_key(key: bytes) -> bytes:
     return b"S" + hash_prefix(key) + key
+
+
+def saved_states(path: str) -> Iterator[tuple[bytes, bytes]]:
+    """Every ``(key, state)`` of a tablet copy not in use (a savepoint's checkpoint), read-only."""
+    db = Rdict(path, options=Options(raw_mode=True), access_type=AccessType.read_only())
+    try:
+        it = db.iter()
+        it.seek(b"S")
+        while it.valid() and it.key()[:1] == b"S":
+            yield it.key()[9:], it.value()
+            it.next()
+        del it
+    finally:
+        db.close()
 
 
 def _timer_key(key: bytes, tag: str) -> bytes:

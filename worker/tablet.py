@@ -466,6 +466,7 @@ class Tablet:
             computation=self.computation, key_range=self.key_range, token=self.token,
             has_work=oldest is not None, oldest_work=oldest or 0, processed=self.processed,
             late=self.late, dead_lettered=self.dead_lettered, backlog=self.inbox.records,
+            in_flight=self.inbox.records + self.outbox.unacked,
             watermark=self.host.watermark(self.computation),
             slow=[pb.SlowCall(key=k, seconds=sec, running=run) for k, sec, run in self.calls.snapshot()],
             load_median=self.keys.median())

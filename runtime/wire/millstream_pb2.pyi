@@ -167,6 +167,16 @@ class ReadStateResponse(_message.Message):
     token: int
     def __init__(self, found: _Optional[bool] = ..., value: _Optional[bytes] = ..., token: _Optional[int] = ...) -> None: ...
 
+class CheckpointRequest(_message.Message):
+    __slots__ = ("computation", "key_range", "token")
+    COMPUTATION_FIELD_NUMBER: _ClassVar[int]
+    KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    computation: str
+    key_range: int
+    token: int
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
+
 class SubmitRequest(_message.Message):
     __slots__ = ("topology_json",)
     TOPOLOGY_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -204,7 +214,7 @@ class RegisterWorkerResponse(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., lease_ms: _Optional[int] = ..., secret: _Optional[str] = ...) -> None: ...
 
 class HeldTablet(_message.Message):
-    __slots__ = ("computation", "key_range", "token", "has_work", "oldest_work", "processed", "late", "dead_lettered", "backlog", "watermark", "slow", "load_median")
+    __slots__ = ("computation", "key_range", "token", "has_work", "oldest_work", "processed", "late", "dead_lettered", "backlog", "watermark", "slow", "load_median", "in_flight")
     COMPUTATION_FIELD_NUMBER: _ClassVar[int]
     KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +227,7 @@ class HeldTablet(_message.Message):
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
     SLOW_FIELD_NUMBER: _ClassVar[int]
     LOAD_MEDIAN_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     computation: str
     key_range: int
     token: int
@@ -229,7 +240,8 @@ class HeldTablet(_message.Message):
     watermark: int
     slow: _containers.RepeatedCompositeFieldContainer[SlowCall]
     load_median: int
-    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., has_work: _Optional[bool] = ..., oldest_work: _Optional[int] = ..., processed: _Optional[int] = ..., late: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., backlog: _Optional[int] = ..., watermark: _Optional[int] = ..., slow: _Optional[_Iterable[_Union[SlowCall, _Mapping]]] = ..., load_median: _Optional[int] = ...) -> None: ...
+    in_flight: int
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., has_work: _Optional[bool] = ..., oldest_work: _Optional[int] = ..., processed: _Optional[int] = ..., late: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., backlog: _Optional[int] = ..., watermark: _Optional[int] = ..., slow: _Optional[_Iterable[_Union[SlowCall, _Mapping]]] = ..., load_median: _Optional[int] = ..., in_flight: _Optional[int] = ...) -> None: ...
 
 class SlowCall(_message.Message):
     __slots__ = ("key", "seconds", "running")
@@ -383,7 +395,7 @@ class Assignment(_message.Message):
     def __init__(self, key_range: _Optional[int] = ..., worker_id: _Optional[str] = ..., address: _Optional[str] = ..., token: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[Follower, _Mapping]]] = ..., in_sync: _Optional[_Iterable[str]] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., parents: _Optional[_Iterable[int]] = ..., cut: _Optional[int] = ...) -> None: ...
 
 class ComputationRoute(_message.Message):
-    __slots__ = ("name", "topology", "code", "inputs", "outputs", "key_ranges", "exactly_once", "productions", "late_records", "params", "assignments", "job_state")
+    __slots__ = ("name", "topology", "code", "inputs", "outputs", "key_ranges", "exactly_once", "productions", "late_records", "params", "assignments", "job_state", "input_paused")
     class ParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -403,6 +415,7 @@ class ComputationRoute(_message.Message):
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
     JOB_STATE_FIELD_NUMBER: _ClassVar[int]
+    INPUT_PAUSED_FIELD_NUMBER: _ClassVar[int]
     name: str
     topology: str
     code: str
@@ -415,7 +428,8 @@ class ComputationRoute(_message.Message):
     params: _containers.ScalarMap[str, str]
     assignments: _containers.RepeatedCompositeFieldContainer[Assignment]
     job_state: str
-    def __init__(self, name: _Optional[str] = ..., topology: _Optional[str] = ..., code: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., key_ranges: _Optional[int] = ..., exactly_once: _Optional[bool] = ..., productions: _Optional[str] = ..., late_records: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., job_state: _Optional[str] = ...) -> None: ...
+    input_paused: bool
+    def __init__(self, name: _Optional[str] = ..., topology: _Optional[str] = ..., code: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., key_ranges: _Optional[int] = ..., exactly_once: _Optional[bool] = ..., productions: _Optional[str] = ..., late_records: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., job_state: _Optional[str] = ..., input_paused: _Optional[bool] = ...) -> None: ...
 
 class Dropped(_message.Message):
     __slots__ = ("computation", "below")
@@ -563,6 +577,69 @@ class JobResponse(_message.Message):
     state: str
     detail: str
     def __init__(self, state: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class SavepointRequest(_message.Message):
+    __slots__ = ("topology", "end", "timeout_s")
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    topology: str
+    end: bool
+    timeout_s: float
+    def __init__(self, topology: _Optional[str] = ..., end: _Optional[bool] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class TabletPlace(_message.Message):
+    __slots__ = ("computation", "key_range", "start", "end", "address", "token", "saved_key_range")
+    COMPUTATION_FIELD_NUMBER: _ClassVar[int]
+    KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SAVED_KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
+    computation: str
+    key_range: int
+    start: int
+    end: int
+    address: str
+    token: int
+    saved_key_range: int
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., address: _Optional[str] = ..., token: _Optional[int] = ..., saved_key_range: _Optional[int] = ...) -> None: ...
+
+class SavepointResponse(_message.Message):
+    __slots__ = ("topology_json", "tablets", "watermarks")
+    class WatermarksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    TOPOLOGY_JSON_FIELD_NUMBER: _ClassVar[int]
+    TABLETS_FIELD_NUMBER: _ClassVar[int]
+    WATERMARKS_FIELD_NUMBER: _ClassVar[int]
+    topology_json: str
+    tablets: _containers.RepeatedCompositeFieldContainer[TabletPlace]
+    watermarks: _containers.ScalarMap[str, int]
+    def __init__(self, topology_json: _Optional[str] = ..., tablets: _Optional[_Iterable[_Union[TabletPlace, _Mapping]]] = ..., watermarks: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class RestoreRequest(_message.Message):
+    __slots__ = ("manifest_json", "name", "commit")
+    MANIFEST_JSON_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    manifest_json: str
+    name: str
+    commit: bool
+    def __init__(self, manifest_json: _Optional[str] = ..., name: _Optional[str] = ..., commit: _Optional[bool] = ...) -> None: ...
+
+class RestoreResponse(_message.Message):
+    __slots__ = ("name", "tablets")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TABLETS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    tablets: _containers.RepeatedCompositeFieldContainer[TabletPlace]
+    def __init__(self, name: _Optional[str] = ..., tablets: _Optional[_Iterable[_Union[TabletPlace, _Mapping]]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

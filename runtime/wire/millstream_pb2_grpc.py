@@ -59,6 +59,16 @@ class WorkerStub:
                 request_serializer=runtime_dot_wire_dot_millstream__pb2.ReadStateRequest.SerializeToString,
                 response_deserializer=runtime_dot_wire_dot_millstream__pb2.ReadStateResponse.FromString,
                 _registered_method=True)
+        self.Checkpoint = channel.unary_stream(
+                '/millstream.v1.Worker/Checkpoint',
+                request_serializer=runtime_dot_wire_dot_millstream__pb2.CheckpointRequest.SerializeToString,
+                response_deserializer=runtime_dot_wire_dot_millstream__pb2.SnapshotChunk.FromString,
+                _registered_method=True)
+        self.LoadTablet = channel.stream_unary(
+                '/millstream.v1.Worker/LoadTablet',
+                request_serializer=runtime_dot_wire_dot_millstream__pb2.SnapshotChunk.SerializeToString,
+                response_deserializer=runtime_dot_wire_dot_millstream__pb2.ReplicateResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -94,6 +104,19 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Checkpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadTablet(self, request_iterator, context):
+        """A restore's copy of one tablet, to a primary of a job being restored (docs/lifecycle.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +144,16 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.ReadState,
                     request_deserializer=runtime_dot_wire_dot_millstream__pb2.ReadStateRequest.FromString,
                     response_serializer=runtime_dot_wire_dot_millstream__pb2.ReadStateResponse.SerializeToString,
+            ),
+            'Checkpoint': grpc.unary_stream_rpc_method_handler(
+                    servicer.Checkpoint,
+                    request_deserializer=runtime_dot_wire_dot_millstream__pb2.CheckpointRequest.FromString,
+                    response_serializer=runtime_dot_wire_dot_millstream__pb2.SnapshotChunk.SerializeToString,
+            ),
+            'LoadTablet': grpc.stream_unary_rpc_method_handler(
+                    servicer.LoadTablet,
+                    request_deserializer=runtime_dot_wire_dot_millstream__pb2.SnapshotChunk.FromString,
+                    response_serializer=runtime_dot_wire_dot_millstream__pb2.ReplicateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -268,6 +301,60 @@ class Worker:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def Checkpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/millstream.v1.Worker/Checkpoint',
+            runtime_dot_wire_dot_millstream__pb2.CheckpointRequest.SerializeToString,
+            runtime_dot_wire_dot_millstream__pb2.SnapshotChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadTablet(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/millstream.v1.Worker/LoadTablet',
+            runtime_dot_wire_dot_millstream__pb2.SnapshotChunk.SerializeToString,
+            runtime_dot_wire_dot_millstream__pb2.ReplicateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class MasterStub:
     """Missing associated documentation comment in .proto file."""
@@ -352,6 +439,16 @@ class MasterStub:
                 '/millstream.v1.Master/Cancel',
                 request_serializer=runtime_dot_wire_dot_millstream__pb2.JobRequest.SerializeToString,
                 response_deserializer=runtime_dot_wire_dot_millstream__pb2.JobResponse.FromString,
+                _registered_method=True)
+        self.Savepoint = channel.unary_unary(
+                '/millstream.v1.Master/Savepoint',
+                request_serializer=runtime_dot_wire_dot_millstream__pb2.SavepointRequest.SerializeToString,
+                response_deserializer=runtime_dot_wire_dot_millstream__pb2.SavepointResponse.FromString,
+                _registered_method=True)
+        self.Restore = channel.unary_unary(
+                '/millstream.v1.Master/Restore',
+                request_serializer=runtime_dot_wire_dot_millstream__pb2.RestoreRequest.SerializeToString,
+                response_deserializer=runtime_dot_wire_dot_millstream__pb2.RestoreResponse.FromString,
                 _registered_method=True)
 
 
@@ -450,6 +547,18 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Savepoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Restore(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -527,6 +636,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Cancel,
                     request_deserializer=runtime_dot_wire_dot_millstream__pb2.JobRequest.FromString,
                     response_serializer=runtime_dot_wire_dot_millstream__pb2.JobResponse.SerializeToString,
+            ),
+            'Savepoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.Savepoint,
+                    request_deserializer=runtime_dot_wire_dot_millstream__pb2.SavepointRequest.FromString,
+                    response_serializer=runtime_dot_wire_dot_millstream__pb2.SavepointResponse.SerializeToString,
+            ),
+            'Restore': grpc.unary_unary_rpc_method_handler(
+                    servicer.Restore,
+                    request_deserializer=runtime_dot_wire_dot_millstream__pb2.RestoreRequest.FromString,
+                    response_serializer=runtime_dot_wire_dot_millstream__pb2.RestoreResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -934,6 +1053,60 @@ class Master:
             '/millstream.v1.Master/Cancel',
             runtime_dot_wire_dot_millstream__pb2.JobRequest.SerializeToString,
             runtime_dot_wire_dot_millstream__pb2.JobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Savepoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millstream.v1.Master/Savepoint',
+            runtime_dot_wire_dot_millstream__pb2.SavepointRequest.SerializeToString,
+            runtime_dot_wire_dot_millstream__pb2.SavepointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Restore(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millstream.v1.Master/Restore',
+            runtime_dot_wire_dot_millstream__pb2.RestoreRequest.SerializeToString,
+            runtime_dot_wire_dot_millstream__pb2.RestoreResponse.FromString,
             options,
             channel_credentials,
             insecure,
