@@ -46,11 +46,12 @@ a running call holds up its key range only.</p><table id="slow"></table>
 <table id="tablets"></table>
 <h2>Recent splits and merges</h2><table id="reshards"></table>
 <script>
-const MIN = -(2n**63n), END = 2n**63n - 1n;
 let last = null;
-function t(us){ if(us===null) return "-"; const b = BigInt(us);
-  if(b===MIN) return "start of time"; if(b===END) return "end of time";
-  return new Date(Number(b/1000n)).toISOString().replace("T"," ").replace("Z",""); }
+// JSON numbers are doubles: the int64 bounds arrive rounded (2^63 - 1 becomes 2^63).
+function t(us){ if(us===null) return "-";
+  if(us <= -9.2e18) return "start of time"; if(us >= 9.2e18) return "end of time";
+  const d = new Date(Math.floor(us / 1000));
+  return isNaN(d) ? String(us) : d.toISOString().replace("T"," ").replace("Z",""); }
 function lag(ms){ if(ms===null) return "-"; const a = Math.abs(ms);
   if(a < 10000) return ms+" ms"; if(a < 3600e3) return (ms/1e3).toFixed(1)+" s";
   if(a < 86400e3) return (ms/3600e3).toFixed(1)+" h"; return (ms/86400e3).toFixed(1)+" days"; }
