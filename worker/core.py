@@ -332,16 +332,22 @@ class WorkerCore:
         index = await tablet.thread.run(tablet.store.checkpoint, path)
         return path, index
 
-    def loadable(self, computation: str, key_range: int, token: int) -> str:
+    async def loadable(self, computation: str, key_range: int, token: int, wait_s: float = 10.0) -> str:
         """Where a restore may load a tablet's files: only a tablet of a job being restored,
-        assigned here as primary under ``token`` (a running tablet is never overwritten)."""
-        route = self.routing.computations.get(computation)
-        a = self.routing.assignments.get((computation, key_range))
-        if route is None or route.job_state != "restoring" or a is None or a.worker_id != self.worker_id \
-                or a.token != token:
-            raise NotOwner(f"tablet {computation}/{key_range} under token {token} is not being restored on this "
-                           "worker; restore again")
-        return self.path_of((computation, key_range))
+        assigned here as primary under ``token`` (a running tablet is never overwritten). The
+        routing that says so may be on its way: it is waited for, ``wait_s`` at most."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            route = self.routing.computations.get(computation)
+            a = self.routing.assignments.get((computation, key_range))
+            if (route is not None and route.job_state == "restoring" and a is not None
+                    and a.worker_id == self.worker_id and a.token == token):
+                return self.path_of((computation, key_range))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NotOwner(f"tablet {computation}/{key_range} under token {token} is not being restored on "
+                               "this worker")
+            await self.routing_changed(self.routing.version, left)
 
     async def read_state(self, computation: str, key_range: int, token: int, key: bytes) -> bytes | None:
         """One key's committed state, from the tablet open here (`millstream state get`)."""

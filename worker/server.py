@@ -180,7 +180,7 @@ class WorkerServicer(rpc.WorkerServicer):
             async for chunk in request_iterator:
                 if not target:
                     target = await serving.call_core(context, functools.partial(
-                        _async, self.core.loadable, chunk.computation, chunk.key_range, chunk.token))
+                        self.core.loadable, chunk.computation, chunk.key_range, chunk.token))
                 if chunk.done:
                     await asyncio.to_thread(_install, incoming, target)
                     return pb.ReplicateResponse(status=pb.ReplicateResponse.OK)
@@ -201,10 +201,6 @@ class WorkerServicer(rpc.WorkerServicer):
 
     async def InstallSnapshot(self, request: pb.SnapshotChunk, context: Any) -> pb.ReplicateResponse:
         return await self.core.replicas.install(request)
-
-
-async def _async(fn: Callable[..., Any], *args: Any) -> Any:
-    return fn(*args)
 
 
 def _install(incoming: str, target: str) -> None:

@@ -158,7 +158,9 @@ def test_cancel_keeps_state_to_resume_or_deletes_it(cluster: Cluster) -> None:
 def test_bad_lifecycle_commands_get_one_line_each(cluster: Cluster) -> None:
     for args, expect in ((("drain", "nope"), "no job named 'nope'"), (("cancel", "nope"), "no job named 'nope'"),
                          (("update", "examples.wordcount:Counter"), "not a Topology"),
-                         (("state", "get", "nope", "k"), "no computation 'nope' is running")):
+                         (("state", "get", "nope", "k"), "no computation 'nope' is running"),
+                         (("savepoint", "nope", os.path.join(cluster.data_dir, "sp")), "no job named 'nope'"),
+                         (("restore", cluster.data_dir), "is not a millstream savepoint")):
         done = _cli(cluster, *args)
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         lines = done.stderr.strip().splitlines()
@@ -222,3 +224,23 @@ def test_user_code_upgrades_by_a_rolling_restart_of_the_workers(tmp_path: object
         counts = sorted(int(v.split(":")[0]) for v in values)
         assert counts == list(range(1, words.count(word.encode()) + 1)), word  # state kept through the restarts
     assert sum(v.endswith(":v2") for vs in by_word.values() for v in vs) == len(words) - 700
+
+
+def test_savepoint_cancel_and_restore_from_the_command_line(cluster: Cluster) -> None:
+    out = os.path.join(cluster.data_dir, "counts")
+    cluster.client.submit(wordcount.topology(out, name="wc"))
+    cluster.wait_assigned()
+    lines = sample_lines(300, seed=12)
+    _inject(cluster, "cli", lines, finish=True)
+    expected = oracle(lines)
+    assert _counts(out, expected) == expected
+    saved = os.path.join(cluster.data_dir, "savepoint")
+    for args, says in ((("savepoint", "wc", saved), "savepoint of job 'wc'"), (("cancel", "wc"), "deleted"),
+                       (("restore", saved), "restored job 'wc'")):
+        done = _cli(cluster, *args)
+        assert done.returncode == 0 and says in done.stdout, (args, done.stdout, done.stderr)
+    cluster.wait_assigned()
+    word, n = max(expected.items(), key=lambda kv: kv[1])
+    done = _cli(cluster, "state", "get", "counter", word)
+    assert done.returncode == 0 and done.stdout.strip() == str(n), (done.stdout, done.stderr)
+    assert _job(cluster, "wc")["state"] == "running"
