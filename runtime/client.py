@@ -206,6 +206,7 @@ class Client:
         ``name`` if given; its tablets continue from their saved state. Returns the job name."""
         from runtime import savepoint
 
+        check_importable(Topology.from_json(str(savepoint.read_manifest(directory)["topology"])))
         return savepoint.restore(self, directory, name)
 
     def state(self, computation: str, key: bytes) -> bytes | None:
@@ -223,7 +224,7 @@ class Client:
                 req = pb.ReadStateRequest(computation=computation, key_range=dest.key_range,
                                           token=dest.token, key=key)
                 try:
-                    resp = rpc.WorkerStub(self._worker_channel(dest.address)).ReadState(req, timeout=self.timeout)
+                    resp = rpc.WorkerStub(self.worker_channel(dest.address)).ReadState(req, timeout=self.timeout)
                     return resp.value if resp.found else None
                 except grpc.RpcError as e:
                     if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
@@ -234,7 +235,7 @@ class Client:
                                       "`millstream status` shows the tablet healthy")
             time.sleep(0.1)  # the tablet is moving: retry against fresh routing
 
-    def _worker_channel(self, address: str) -> grpc.Channel:
+    def worker_channel(self, address: str) -> grpc.Channel:
         ch = self._channels.get("worker " + address)
         if ch is None:
             ch = self._channels["worker " + address] = self.security.channel(address)
