@@ -101,6 +101,7 @@ class MasterCore:
         self.zones: dict[str, str] = {}            # id -> failure domain ("" = none)
         self.identities: dict[str, str] = {}       # id -> SHA-256 of the secret issued to it
         self.pinned: dict[TabletKey, str] = {}     # operator moves waiting for their target to catch up
+        self.holding: dict[TabletKey, str] = {}    # kept on a worker while a merge waits for them there
         self.draining: set[str] = set()            # workers stopping: their primaries move first
         self.heard: set[str] = set()               # workers that reported since this master leads
         self.last_seen: dict[str, float] = {}      # id -> ms of the last heartbeat received
@@ -581,7 +582,7 @@ class MasterCore:
             if own is None or own.worker == target or target not in self.workers:
                 del self.pinned[key]  # done, or its target is gone
         return replan([*self.tablets, *more], self.tablets, self._live(),
-                      {**self.replication_factors(), **(extra or {})}, self.zones, self.pinned,
+                      {**self.replication_factors(), **(extra or {})}, self.zones, {**self.holding, **self.pinned},
                       self.draining & set(self.workers), set(self.workers) - self.heard)
 
     async def _rebalance(self, reason: str, more: Any = ()) -> None:

@@ -136,26 +136,33 @@ async def merge(core: MasterCore, computation: str, left: int, right: int,
     async with core._lock:
         lo, ro = _settled(core, lk), _settled(core, rk)
         core.ranges[computation].merge(computation, left, right)  # refuses non-adjacent ranges now
+        # Both stay on the left's primary until the merge commits: count balancing would
+        # otherwise move one away again as soon as the move is done.
+        core.holding[lk] = core.holding[rk] = lo.worker
         if ro.worker != lo.worker:
             log.info("merge %s/%d + %d: moving %s/%d to %s first", computation, left, right,
                      computation, right, lo.worker)
             core.pinned[rk] = lo.worker
             await core._rebalance("merge")
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + MERGE_MOVE_TIMEOUT_S
-    while True:
-        async with core._lock:
-            lo, now = _settled(core, lk), core.tablets.get(rk)
-            if (now is not None and now.worker == lo.worker and rk not in core.pinned
-                    and _open(core, lk, lo) and _open(core, rk, now)):
-                ranges = core.ranges[computation].merge(computation, left, right)
-                return await _commit(core, computation, [lk, rk], [ranges.next_id - 1], lo, ranges,
-                                     f"merge {computation}/{left} and {right} into {ranges.next_id - 1}", why)
-        if loop.time() > deadline:
-            raise MillstreamError(
-                f"cannot merge {computation}/{left} and {right}: they were not both open on {lo.worker} "
-                f"(the primary of {left}) within {MERGE_MOVE_TIMEOUT_S:.0f} s; try again")
-        await core.changed(0.2)
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + MERGE_MOVE_TIMEOUT_S
+        while True:
+            async with core._lock:
+                lo, now = _settled(core, lk), core.tablets.get(rk)
+                if (now is not None and now.worker == lo.worker and rk not in core.pinned
+                        and _open(core, lk, lo) and _open(core, rk, now)):
+                    ranges = core.ranges[computation].merge(computation, left, right)
+                    return await _commit(core, computation, [lk, rk], [ranges.next_id - 1], lo, ranges,
+                                         f"merge {computation}/{left} and {right} into {ranges.next_id - 1}", why)
+            if loop.time() > deadline:
+                raise MillstreamError(
+                    f"cannot merge {computation}/{left} and {right}: they were not both open on {lo.worker} "
+                    f"(the primary of {left}) within {MERGE_MOVE_TIMEOUT_S:.0f} s; try again")
+            await core.changed(0.2)
+    finally:
+        core.holding.pop(lk, None)
+        core.holding.pop(rk, None)
 
 
 def autoscale(core: MasterCore) -> None:

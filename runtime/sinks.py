@@ -17,7 +17,7 @@ import glob
 import json
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 from runtime.computation import Computation, Context
 from runtime.errors import StaleTokenError, TopologyError
@@ -111,6 +111,20 @@ class CommittedFile:
     def _fence(self, name: str) -> OutputFence:
         return OutputFence(self.directory, name, self.token)
 
+    @staticmethod
+    def settle(directory: str, meta: bytes, token: int) -> None:
+        """The committed file of a range merged into this one (its meta): claim it and cut it
+        back to its committed length (what a batch that failed after writing left there is
+        written again by the merged range); never extended, never written after."""
+        size, _, name = meta.decode().partition(" ")
+        path = os.path.join(directory, name)
+        with OutputFence(directory, name, token).hold(claim=True):
+            if os.path.exists(path) and os.path.getsize(path) > int(size):
+                log.info("sink file %s: cut back to its committed %s bytes (its range was merged)", path, size)
+                with open(path, "r+b") as f:
+                    f.truncate(int(size))
+                    os.fsync(f.fileno())
+
     def _path(self, name: str) -> str:
         return os.path.join(self.directory, name)
 
@@ -191,10 +205,12 @@ class FileSink(Computation):
             raise TopologyError(f"FileSink: roll_bytes={self.roll_bytes} must be at least 1")
         self._pending: list[str] = []
 
-    def restore(self, tablet: str, meta: bytes | None, token: int = 0) -> None:
+    def restore(self, tablet: str, meta: bytes | None, token: int = 0, absorbed: Sequence[bytes] = ()) -> None:
         """Called when the tablet opens: claim its output, cut the file back to its committed
-        length."""
+        length (and the files of ranges merged into this one to theirs)."""
         self.file = CommittedFile(self.dir, tablet, ".jsonl", meta, self.roll_bytes, token)
+        for other in absorbed:
+            CommittedFile.settle(self.dir, other, token)
 
     def process_record(self, ctx: Context, record: Record) -> None:
         self._pending.append(json.dumps({

@@ -31,7 +31,7 @@ from rocksdict import Checkpoint, Rdict, WriteBatch
 from runtime.errors import MillstreamError
 from runtime.keyspace import HASH_SPACE
 from worker.dedup import Lower, Mark
-from worker.storage import M_SEQ, M_SINK, _options, lower_key, production_key
+from worker.storage import M_SEQ, M_SINK, M_SINK_ABSORBED, _options, lower_key, production_key
 
 _BATCH = 10_000  # entries per write while copying
 _BUILDING = threading.Lock()  # a split's halves build from one parent: one at a time (its lock)
@@ -151,6 +151,7 @@ def _keep_half(db: Rdict, start: int, end: int, first: bool) -> None:
     if not first:
         wb.delete_range(b"P", b"Q")       # the first half re-sends the parent's productions
         wb.delete(M_SINK)                 # and goes on with its sink output
+        wb.delete_range(M_SINK_ABSORBED, M_SINK_ABSORBED[:-1] + b",")
     db.write(wb)
 
 
@@ -175,6 +176,13 @@ def _absorb(db: Rdict, left: Parent, right: Parent) -> None:
                     wb = WriteBatch(raw_mode=True)
                 it.next()
             del it
+        # The right parent's sink output is not continued (the left one's is): a sink that
+        # buffers committed rows settles them from this meta when the merged range opens.
+        right_sink = src.get(M_SINK)
+        if right_sink is not None:
+            wb.put(M_SINK_ABSORBED + os.path.basename(right.path).encode(), right_sink)
+        for k, v in _scan(src, M_SINK_ABSORBED):
+            wb.put(k, v)
         # Marks: the higher of the two; the other side keeps its own as a lower mark.
         wb.delete_range(b"G", b"H")
         for producer in left_marks.keys() | right_marks.keys():

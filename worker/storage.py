@@ -48,6 +48,8 @@ WORKER_MEMTABLE_BYTES = 128 << 20   # all the tablets of one worker process toge
 _WRITE_BUFFERS = WriteBufferManager(WORKER_MEMTABLE_BYTES, False)
 _TIME_OFFSET = 1 << 63  # maps signed microseconds onto unsigned, order-preserving
 M_TOKEN, M_SEQ, M_SINK, M_INDEX = b"Mtoken", b"Mseq", b"Msink", b"Mindex"
+# Msink+<range id>: the sink meta of a range merged into this one (its output may need settling)
+M_SINK_ABSORBED = b"Msink+"
 PUT, DELETE, DELETE_RANGE = 0, 1, 2
 _OP = struct.Struct(">BII")
 
@@ -309,6 +311,10 @@ class TabletStore:
 
     def sink_meta(self) -> bytes | None:
         return self.db.get(M_SINK)
+
+    def absorbed_sink_metas(self) -> list[bytes]:
+        """The sink metas of the ranges merged into this one (worker/reshard.py)."""
+        return [v for _, v in self._scan(M_SINK_ABSORBED)]
 
     # --------------------------------------------------------------- writes
 

@@ -191,10 +191,13 @@ class Tablet:
             comp.setup({k: v for k, v in self.route.params.items() if not k.startswith("millstream.")})
             restore = getattr(comp, "restore", None)
             if restore is not None:
-                if "token" in inspect.signature(restore).parameters:  # it fences its output
-                    restore(self.name, store.sink_meta(), token=self.token)
-                else:
-                    restore(self.name, store.sink_meta())
+                accepts = inspect.signature(restore).parameters
+                extra: dict[str, object] = {}
+                if "token" in accepts:  # it fences its output
+                    extra["token"] = self.token
+                if "absorbed" in accepts:  # it settles what ranges merged into this one buffered
+                    extra["absorbed"] = store.absorbed_sink_metas()
+                restore(self.name, store.sink_meta(), **extra)
             self.proc = BatchProcessor(self, store, comp, marks, opaque)
             pending = store.productions()
         except BaseException:

@@ -117,3 +117,22 @@ def test_an_older_owner_cannot_write_output_its_successor_claimed(tmp_path: obje
     with pytest.raises(StaleTokenError):  # nor may an older owner reopen (and cut) it
         CommittedFile(d, "sink/0", ".jsonl", meta, token=3)
     assert [int(str(r["n"])) for r in read_file_sink(d)] == [1, 3]
+
+
+def test_a_merged_range_cuts_the_other_range_s_file_back_and_fences_it(tmp_path: object) -> None:
+    import pytest
+
+    from runtime.errors import StaleTokenError
+    from runtime.sinks import FileSink
+
+    d = str(tmp_path)
+    right = CommittedFile(d, "sink/1", ".jsonl", None, token=1)
+    meta = right.append(b"one\n")
+    right.append(b"two\n")  # the right range's last batch: written, its commit failed; then merged
+    merged = FileSink()
+    merged.setup({"path": d})
+    for _ in range(2):  # a reopen settles again, the same way
+        merged.restore("sink/2", None, token=2, absorbed=[meta])
+        assert _read(right.path) == b"one\n"  # the merged range writes "two" again, once
+    with pytest.raises(StaleTokenError):
+        right.append(b"three\n")  # the right range's old owner can write there no more
