@@ -14,10 +14,10 @@ Values are short ASCII so that encoding costs stay out of the measurement:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from bench.generator import SECOND_US, spike_step, window_of
-from runtime import Computation, Context, Record, TimeDomain
+from runtime import Computation, Context, Record, Sink, TimeDomain
 from runtime.errors import TopologyError
 from runtime.sinks import CommittedFile
 
@@ -37,7 +37,7 @@ class ChainedCounter(Computation):
         ctx.produce(self.out, sched + b" %d" % n)
 
 
-class ArrivalSink(Computation):
+class ArrivalSink(Sink):
     """Appends ``key value arrival_ns`` lines to ``<path>/<tablet>.txt``, exactly once.
 
     The arrival time is read when the record reaches user code, before the sink's
@@ -54,7 +54,7 @@ class ArrivalSink(Computation):
         self.dir = params["path"]
         self._pending: list[bytes] = []
 
-    def restore(self, tablet: str, meta: bytes | None, token: int = 0) -> None:
+    def restore(self, tablet: str, meta: bytes | None, token: int = 0, absorbed: Sequence[bytes] = ()) -> None:
         self.file = CommittedFile(self.dir, tablet, ".txt", meta, token=token)
 
     def process_record(self, ctx: Context, record: Record) -> None:

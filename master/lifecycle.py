@@ -261,6 +261,7 @@ def release_streams(core: MasterCore, streams: Iterable[str]) -> None:
 # ------------------------------------------------------------------ savepoint and restore
 
 PAUSE_LIMIT_S = 300.0  # a savepoint's pause ends by itself after this long (its client died)
+RESTORE_TOKEN_GAP = 1 << 20  # a restored tablet's token: the saved one + this
 
 
 def _placed(core: MasterCore, key: TabletKey, saved: int | None = None) -> pb.TabletPlace:
@@ -349,7 +350,7 @@ async def savepoint_end(core: MasterCore, name: str) -> None:
 
 async def restore_begin(core: MasterCore, manifest: dict[str, Any], name: str) -> pb.RestoreResponse:
     """Create the job of a savepoint with its tablets closed, placed on this cluster's workers
-    under their saved token + 1; the caller loads each tablet's files into its primary, then
+    under their saved token + RESTORE_TOKEN_GAP; the caller loads each tablet's files into its primary, then
     calls :func:`restore_commit`."""
     topo = Topology.from_json(str(manifest["topology"]))
     if name != topo.name:
@@ -390,9 +391,11 @@ async def restore_begin(core: MasterCore, manifest: dict[str, Any], name: str) -
         placed = core._plan(fresh, extra={k: s.replication or core.config.replication for k, s in fresh.items()})
         for key in fresh:
             own = placed[key]
-            # Above the saved token (tokens never go back); only the primary holds the state yet.
-            change.tablets[key] = Ownership(own.worker, tokens[(key[0], ids[key])] + 1, own.followers,
-                                            (own.worker,))
+            # Well above the saved token: tokens never go back, and the restored tablets' claims
+            # on sink output must outrank the old job's, however often its tablets moved after
+            # the savepoint. Only the primary holds the state yet.
+            change.tablets[key] = Ownership(own.worker, tokens[(key[0], ids[key])] + RESTORE_TOKEN_GAP,
+                                            own.followers, (own.worker,))
         watermarks = {c: int(v) for c, v in dict(manifest.get("watermarks", {})).items() if c in topo.computations}
         change.watermarks = watermarks
         try:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import abc
 import enum
 from collections.abc import Mapping
+from typing import Any
 
+from runtime.errors import MillstreamError
 from runtime.record import Record
 
 
@@ -52,6 +54,20 @@ class Context(abc.ABC):
     def low_watermark(self) -> int:
         """The computation's current low watermark, in microseconds."""
 
+    @property
+    def tablet(self) -> str:
+        """The tablet running this call: ``"<computation>/<key range>"``, e.g. ``"orders_sink/3"``
+        ("" outside a worker)."""
+        return ""
+
+    @property
+    def sequencer_token(self) -> int:
+        """The tablet's sequencer token: it goes up every time the tablet changes owner, so
+        external writes made conditional on it (``UPDATE ... WHERE token <= :token``, then
+        store it) refuse an older owner still running after it lost the tablet (0 outside a
+        worker)."""
+        return 0
+
     @abc.abstractmethod
     def produce(
         self, stream: str, value: bytes, *, key: bytes | None = None, timestamp: int | None = None
@@ -73,6 +89,11 @@ class Context(abc.ABC):
     @abc.abstractmethod
     def now(self) -> int:
         """The wall clock, in microseconds since the Unix epoch."""
+
+    def state_of(self, spec: Any) -> Any:
+        """The handle of typed state ``spec`` (a ``ValueState``, ``ListState`` or ``MapState``
+        declared on the computation class) for the current key, valid during this call only."""
+        raise MillstreamError(f"{type(self).__name__} has no typed state")
 
 
 class Computation:

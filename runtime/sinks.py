@@ -1,4 +1,5 @@
-"""Built-in sink computations that write a stream out of millstream, exactly once.
+"""Sinks: :class:`Sink`, the base class (and contract) of computations that write a stream
+out of millstream exactly once, and the built-in :class:`FileSink`.
 
 :class:`FileSink` appends one JSON line per record to its tablet's current file and
 records the file's name and length in the same atomic commit as the batch's dedup ids. A
@@ -24,6 +25,67 @@ from runtime.errors import StaleTokenError, TopologyError
 from runtime.record import Record
 
 log = logging.getLogger(__name__)
+
+
+class Sink(Computation):
+    """Base class of sink computations: computations that write their input out of millstream
+    (files, a database, a service) exactly once, by committing a little *meta* of their own
+    (bytes: a file length, a row count, an offset) atomically with each batch.
+
+    The worker calls two hooks besides :meth:`process_record` and :meth:`process_timer`, both
+    on the tablet's own thread, the thread that runs ``process_record``: never concurrently
+    with user code of the same tablet or with each other. It calls them because the class
+    derives from ``Sink``; a plain :class:`Computation` that defines methods of these names
+    is refused when its tablet opens.
+
+    :meth:`restore` ``(tablet, meta, token, absorbed)``: once each time the tablet opens on
+    a worker (first start, restart, move, failover, a split or merge, and again after any
+    failed batch), after :meth:`setup` and before any record or timer of that open.
+
+    - ``tablet`` names the tablet: ``"<computation>/<range>"``, e.g. ``"orders_sink/3"``.
+    - ``meta`` is what the last *committed* :meth:`prepare_commit` returned, or ``None`` if
+      none has been committed (a new tablet, or every call returned ``None``).
+    - ``token`` is the tablet's sequencer token: it goes up every time the tablet changes
+      owner (a split's halves and a merge's result get a token above their parents'), so
+      the newest owner of a piece of output holds the highest token. The same token is
+      ``ctx.sequencer_token`` during this open.
+    - ``absorbed`` holds the last committed metas of ranges merged into this one: their
+      output is this tablet's to settle (cut back, finish), as they never run again. The
+      same metas come on every later open of the merged range.
+
+    It must be **idempotent**: the tablet may open again with the same ``meta`` and
+    ``absorbed`` (a batch failed, the worker restarted). Output a batch wrote after ``meta``
+    was committed belongs to a batch whose commit never happened: its records are delivered
+    again, so undo that output (or make the rewrite overwrite it); never undo what ``meta``
+    covers. Claim the output under ``token`` first (see :class:`OutputFence`), so an older
+    owner still finishing a batch (a zombie whose lease ran out) can write nothing more. An
+    exception fails the opening: the tablet processes nothing, the worker tries to open it
+    again on its next reconcile, and ``millstream status`` lists it as a tablet that cannot
+    run, with the error.
+
+    :meth:`prepare_commit` ``() -> bytes | None``: once per batch, after the batch's
+    ``process_record`` and ``process_timer`` calls returned and right before its atomic
+    commit, and only while the worker's lease holds (checked just before). Write the batch's
+    output durably here and return the meta that covers it; the meta is committed in the
+    same atomic write as the batch's state, timers, productions and input ids, so a
+    committed meta and the committed input always agree. ``None`` keeps the last committed
+    meta. An exception fails the batch: nothing of it is committed or acknowledged, the
+    tablet closes and opens again from storage (:meth:`restore` with the last committed
+    meta), and the batch's records are delivered again. The commit itself can also fail
+    after :meth:`prepare_commit` returned; that looks the same to the sink. A call after a
+    first one means the previous batch committed: a failed batch ends the instance.
+
+    Both hooks default to doing nothing (``prepare_commit`` returns ``None``). User code
+    that writes outside millstream from ``process_record`` can fence it the same way with
+    ``ctx.sequencer_token`` and ``ctx.tablet`` (docs/guide.md, "Writing a sink").
+    """
+
+    def restore(self, tablet: str, meta: bytes | None, token: int, absorbed: Sequence[bytes]) -> None:
+        """The tablet opened under ``token``; ``meta`` is the last committed one (see the class)."""
+
+    def prepare_commit(self) -> bytes | None:
+        """Make the batch's output durable; returns the meta to commit with it, or ``None``."""
+        return None
 
 
 class OutputFence:
@@ -188,7 +250,7 @@ class CommittedFile:
 DEFAULT_ROLL_BYTES = 128 << 20
 
 
-class FileSink(Computation):
+class FileSink(Sink):
     """Writes ``{"key", "value", "timestamp"}`` JSON lines to ``<path>/<tablet>[.<n>].jsonl``;
     ``params``: ``path``, and ``roll_bytes`` (a file is closed once it holds that many)."""
 

@@ -48,10 +48,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from injectors import END_OF_TIME
-from runtime.computation import Computation, Context, TimeDomain
+from runtime.computation import Context, TimeDomain
 from runtime.errors import MillstreamError, TopologyError
 from runtime.record import Record
-from runtime.sinks import OutputFence
+from runtime.sinks import OutputFence, Sink
 from runtime.topology import Topology
 from spark_bridge.codecs import Codec
 
@@ -144,7 +144,7 @@ def write_descriptor(directory: str, codec: Codec, stream: str | None = None) ->
     os.replace(tmp, path)
 
 
-class ParquetSink(Computation):
+class ParquetSink(Sink):
     """Writes its input to ``<path>/<tablet>-<first record>.parquet`` files of many batches each.
 
     Params: ``path`` (the directory, required), ``codec`` (``bytes`` | ``text``

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from runtime.errors import MillstreamError
 from runtime.savepoint import read_manifest, tablet_dir
 
 SCHEMA = "key string, key_bytes binary, value binary, value_text string, key_range int"
+TYPED_SCHEMA = "key string, key_bytes binary, item string, value string, key_range int"
 
 
-def read_state(spark: Any, savepoint_dir: str, computation: str) -> Any:
-    """The per-key state (``ctx.state``) of ``computation`` in the savepoint at ``savepoint_dir``
-    (written by ``millstream savepoint``): one row per key with ``key`` (UTF-8 text, escapes where
+def read_state(spark: Any, savepoint_dir: str, computation: str, state: str | None = None) -> Any:
+    """The per-key state of ``computation`` in the savepoint at ``savepoint_dir`` (written by
+    ``millstream savepoint``), as a DataFrame.
+
+    Without ``state``: its ``ctx.state``, one row per key with ``key`` (UTF-8 text, escapes where
     it is not), ``key_bytes``, ``value`` (the bytes), ``value_text`` (the bytes as UTF-8 text,
     null where they are not) and the ``key_range`` that held it.
+
+    With ``state``: the typed state of that name declared on the computation's class (its
+    ``ValueState``, ``ListState`` or ``MapState``), decoded with its codec: one row per value,
+    list element or map entry, with ``key``, ``key_bytes``, ``item`` (null for a value, the
+    index of a list element, the map key as text) and ``value`` (the decoded value as JSON
+    text); entries expired at the savepoint's watermark are left out.
 
     Each tablet's checkpoint is read by one Spark task, so the savepoint directory must be
     readable where the executors run (a local directory for ``local[*]``, else shared storage).
@@ -26,8 +36,58 @@ def read_state(spark: Any, savepoint_dir: str, computation: str) -> Any:
         have = sorted({str(t["computation"]) for t in manifest["tablets"]})
         raise MillstreamError(f"the savepoint of job {manifest['job']!r} has no computation {computation!r} "
                               f"(it has {', '.join(have)})")
-    rdd = spark.sparkContext.parallelize(paths, len(paths)).flatMap(_rows)
-    return spark.createDataFrame(rdd, SCHEMA)
+    if state is None:
+        rdd = spark.sparkContext.parallelize(paths, len(paths)).flatMap(_rows)
+        return spark.createDataFrame(rdd, SCHEMA)
+    code = json.loads(manifest["topology"])
+    spec_path = next(c["code"] for c in code["computations"] if c["name"] == computation)
+    _spec(spec_path, state)  # a clear error here, not in a task
+    wm = int(manifest.get("watermarks", {}).get(computation, -(1 << 63)))
+    items = [(r, p, spec_path, state, wm) for r, p in paths]
+    rdd = spark.sparkContext.parallelize(items, len(items)).flatMap(_typed_rows)
+    return spark.createDataFrame(rdd, TYPED_SCHEMA)
+
+
+def _spec(code: str, name: str) -> Any:
+    from runtime.imports import load
+    from runtime.state import ListState, MapState, ValueState
+
+    cls = load(code, "computation code")
+    specs = {s.name: s for s in vars(cls).values() if isinstance(s, (ValueState, ListState, MapState))}
+    for base in getattr(cls, "__mro__", ())[1:]:
+        for s in vars(base).values():
+            if isinstance(s, (ValueState, ListState, MapState)):
+                specs.setdefault(s.name, s)
+    if name not in specs:
+        raise MillstreamError(f"{code} declares no typed state {name!r} (it declares "
+                              f"{', '.join(sorted(specs)) or 'none'})")
+    return specs[name]
+
+
+def _text(obj: Any) -> str:
+    return obj if isinstance(obj, str) else json.dumps(obj, default=repr)
+
+
+def _typed_rows(item: tuple[int, str, str, str, int]) -> list[tuple[str, bytes, str | None, str, int]]:
+    from runtime.state import ELEMENT, ENTRY, VALUE, expiry_of, payload, split_cell
+    from worker.storage import saved_entries
+
+    key_range, path, code, name, wm = item
+    spec = _spec(code, name)
+    out = []
+    for skey, stored in saved_entries(path, b"Y"):
+        key, sname, rest = split_cell(skey)
+        if sname != name or rest[:1] not in (VALUE, ELEMENT, ENTRY) or expiry_of(stored) <= wm:
+            continue
+        if rest[:1] == VALUE:
+            what = None
+        elif rest[:1] == ELEMENT:
+            what = str(int.from_bytes(rest[1:], "big"))
+        else:
+            what = _text(spec.key_codec.decode(rest[1:]))
+        value = json.dumps(spec.codec.decode(payload(stored)), default=repr)
+        out.append((key.decode("utf-8", "backslashreplace"), key, what, value, key_range))
+    return out
 
 
 def _rows(item: tuple[int, str]) -> list[tuple[str, bytes, bytes, str | None, int]]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from runtime import Computation, Context, Record, Topology
+from runtime import Computation, Context, ListState, Record, Sink, Topology, ValueState, codecs
 
 
 class Poison(Computation):
@@ -72,7 +72,7 @@ class FanOut(Computation):
             ctx.produce("large-out", b"x" * size, key=record.key + b"/%d" % i)
 
 
-class CountingSink(Computation):
+class CountingSink(Sink):
     """A FileSink that writes each value's length instead of the value (large values)."""
 
     def setup(self, params: Mapping[str, str]) -> None:
@@ -82,8 +82,8 @@ class CountingSink(Computation):
         self.sink = FileSink()
         self.sink.setup(params)
 
-    def restore(self, tablet: str, meta: bytes | None) -> None:
-        self.sink.restore(tablet, meta)
+    def restore(self, tablet: str, meta: bytes | None, token: int, absorbed: Sequence[bytes]) -> None:
+        self.sink.restore(tablet, meta, token, absorbed)
 
     def process_record(self, ctx: Context, record: Record) -> None:
         self.sink.process_record(ctx, Record(record.key, str(len(record.value)).encode(),
@@ -93,7 +93,7 @@ class CountingSink(Computation):
         return self.sink.prepare_commit()
 
 
-class FlakyCommitCounter(Computation):
+class FlakyCommitCounter(Sink):
     """The word counter, but a batch holding the word "failcommit" fails at commit time, once
     per tablet and process (a storage error, say): the tablet reopens from disk, smaller."""
 
@@ -104,7 +104,7 @@ class FlakyCommitCounter(Computation):
         self.tablet = ""
         self.poisoned = False
 
-    def restore(self, tablet: str, meta: bytes | None) -> None:
+    def restore(self, tablet: str, meta: bytes | None, token: int, absorbed: Sequence[bytes]) -> None:
         self.tablet = tablet
 
     def process_record(self, ctx: Context, record: Record) -> None:
@@ -129,3 +129,21 @@ class CountTo(Computation):
         n = int(ctx.state.get() or b"0") + 1
         ctx.state.set(str(n).encode())
         ctx.produce(self.params["out"], str(n).encode())
+
+
+class TypedCounter(Computation):
+    """The word counter on typed state: a ValueState count and a ListState of every count
+    (checked against each other every 10th record, so state torn by a split or failover
+    shows as a dead-lettered record and a missing count)."""
+
+    count = ValueState("count", codecs.INT, default=0)
+    history = ListState("history", codecs.INT)
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        count, history = ctx.state_of(self.count), ctx.state_of(self.history)
+        n = count.get() + 1
+        count.set(n)
+        history.append(n)
+        if n % 10 == 0 and list(history) != list(range(1, n + 1)):
+            raise AssertionError(f"typed state of {ctx.key!r} is torn at {n}")
+        ctx.produce("counts", str(n).encode())

@@ -15,13 +15,15 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from runtime.computation import Computation
+from runtime.computation import Computation, TimeDomain
 from runtime.errors import MillstreamError
 from runtime.record import Record, derived_id, sequence_id
+from runtime.sinks import Sink
+from runtime.state import TTL_TAG, cell, expired, merged
 from runtime.status import show_key
 from runtime.topology import dead_letter_stream
 from runtime.wire import millstream_pb2 as pb
@@ -87,7 +89,8 @@ class BatchProcessor:
         self._expiry_checked_us = 0
         self._expired_below: int | None = None
         self.ctx = KeyContext(tablet.outputs, self.read_state,
-                              lambda: self.host.watermark(self.computation), tablet.now_us)
+                              lambda: self.host.watermark(self.computation), tablet.now_us,
+                              self.read_cell, self.scan_cells)
         self.late = self.dead_lettered = 0
         self._commit = Commit()
         self._due_now: dict[tuple[bytes, str], Timer] = {}   # timers the current batch fires
@@ -236,14 +239,13 @@ class BatchProcessor:
     def write(self, batch: Batch) -> None:
         """The batch's one atomic commit (after the sink's hook), then the dedup filter."""
         commit = batch.commit
-        prepare = getattr(self.comp, "prepare_commit", None)
-        if prepare is not None:
+        if isinstance(self.comp, Sink):
             # A sink writes its output outside the store: never after our lease ran out (a
             # worker paused past its lease, then resumed, would append to output its tablet's
             # new owner already writes; the chaos suite saw torn lines). Checked right before.
             if not self.host.lease_valid():
                 raise LeaseExpired(f"tablet {self.name}")
-            commit.sink = prepare()
+            commit.sink = self.comp.prepare_commit()
         if not self.host.lease_valid():
             raise LeaseExpired(f"tablet {self.name}")
         commit.marks_expired = [p for p in commit.marks_expired if p not in commit.marks]
@@ -270,7 +272,37 @@ class BatchProcessor:
         self.comp.process_record(ctx, record)
 
     def _timer_fn(self, timer: Timer, ctx: KeyContext) -> None:
-        self.comp.process_timer(ctx, timer.tag, timer.time)
+        if timer.tag.startswith(TTL_TAG):
+            self._expire(timer, ctx)
+        else:
+            self.comp.process_timer(ctx, timer.tag, timer.time)
+
+    @staticmethod
+    def _expire(timer: Timer, ctx: KeyContext) -> None:
+        """The runtime's TTL timer of one key's typed state: delete what expired by now, and
+        come back when the next entry expires (runtime/state.py)."""
+        prefix = cell(timer.key, timer.tag[len(TTL_TAG):])
+        gone, nxt = expired(prefix, ctx.cell_scan(prefix), timer.time)
+        for skey in gone:
+            ctx.cell_delete(skey)
+        if nxt is not None:
+            ctx.set_timer(timer.tag, nxt, TimeDomain.EVENT_TIME)
+
+    def read_cell(self, skey: bytes) -> bytes | None:
+        """Typed state as of this batch so far: its writes over the store."""
+        c = self._commit
+        if skey in c.cells:
+            return c.cells[skey]
+        if c.cleared and skey.startswith(tuple(c.cleared)):
+            return None
+        return self.store.get_cell(skey)
+
+    def scan_cells(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        c = self._commit
+        pending = {k: v for k, v in c.cells.items() if k.startswith(prefix)}
+        if any(prefix.startswith(p) for p in c.cleared):
+            return merged(iter(()), pending)
+        return merged(self.store.scan(prefix), pending, [p for p in c.cleared if p.startswith(prefix)])
 
     def read_state(self, key: bytes) -> bytes | None:
         st = self._commit.state
@@ -328,6 +360,11 @@ class BatchProcessor:
     def _merge(self, commit: Commit, eff: Effects, routed: list[tuple[str, int, bytes, Record]],
                source_id: bytes, source: tuple[bytes, int] | None = None) -> None:
         commit.state.update(eff.state)
+        for p in eff.cleared:
+            for skey in [s for s in commit.cells if s.startswith(p)]:
+                del commit.cells[skey]
+            commit.cleared.append(p)
+        commit.cells.update(eff.cells)
         for k in eff.timers_deleted:
             commit.timers_set.pop(k, None)
             old = self.timers.get(k)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from runtime.computation import Context, State, TimeDomain
 from runtime.errors import MillstreamError
 from runtime.record import MAX_KEY_BYTES, MAX_VALUE_BYTES
+from runtime.state import TTL_TAG, bind, merged
 from worker.storage import Timer
 
 MAX_TAG_BYTES = 1024
@@ -41,10 +43,12 @@ def _check_time(t: int, what: str) -> int:
 class Effects:
     """What one record (or timer) did; merged into the batch only if user code returned."""
 
-    __slots__ = ("state", "timers_set", "timers_deleted", "produced")
+    __slots__ = ("state", "timers_set", "timers_deleted", "produced", "cells", "cleared")
 
     def __init__(self) -> None:
         self.state: dict[bytes, bytes | None] = {}
+        self.cells: dict[bytes, bytes | None] = {}  # typed state (runtime/state.py): writes, None deletes
+        self.cleared: list[bytes] = []              # ... and cleared prefixes, before those writes
         self.timers_set: dict[tuple[bytes, str], Timer] = {}
         self.timers_deleted: set[tuple[bytes, str]] = set()
         self.produced: list[tuple[str, bytes, bytes, int]] = []  # stream, key, value, ts
@@ -82,9 +86,13 @@ class KeyContext(Context):
         read_state: Callable[[bytes], bytes | None],
         watermark: Callable[[], int],
         now_us: Callable[[], int] = lambda: time.time_ns() // 1000,
+        read_cell: Callable[[bytes], bytes | None] = lambda skey: None,
+        scan_cells: Callable[[bytes], Iterator[tuple[bytes, bytes]]] = lambda prefix: iter(()),
     ) -> None:
         self.outputs = outputs
         self.read_state = read_state
+        self.read_cell = read_cell    # typed state committed or written earlier in the batch
+        self.scan_cells = scan_cells
         self._watermark = watermark
         self._now_us = now_us
         self._key = b""
@@ -108,6 +116,22 @@ class KeyContext(Context):
     @property
     def low_watermark(self) -> int:
         return self._watermark()
+
+    _tablet = ""            # set by bind_tablet once the tablet opens
+    _sequencer_token = 0
+
+    def bind_tablet(self, tablet: str, token: int) -> None:
+        """The tablet this context runs user code for, and its sequencer token."""
+        self._tablet = tablet
+        self._sequencer_token = token
+
+    @property
+    def tablet(self) -> str:
+        return self._tablet
+
+    @property
+    def sequencer_token(self) -> int:
+        return self._sequencer_token
 
     def produce(self, stream: str, value: bytes, *, key: bytes | None = None,
                 timestamp: int | None = None) -> None:
@@ -139,3 +163,49 @@ class KeyContext(Context):
 
     def now(self) -> int:
         return self._now_us()
+
+    # ---------------------------------------------------- typed state (runtime/state.py)
+
+    def state_of(self, spec: object) -> Any:
+        return bind(spec, self)
+
+    def call_id(self) -> object:
+        return self.effects  # a new Effects per call of user code
+
+    def write_time(self) -> int:
+        return self._timestamp
+
+    def cell_get(self, skey: bytes) -> bytes | None:
+        eff = self.effects
+        if skey in eff.cells:
+            return eff.cells[skey]
+        if eff.cleared and skey.startswith(tuple(eff.cleared)):
+            return None
+        return self.read_cell(skey)
+
+    def cell_scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        eff = self.effects
+        pending = {k: v for k, v in eff.cells.items() if k.startswith(prefix)}
+        if any(prefix.startswith(p) for p in eff.cleared):
+            return merged(iter(()), pending)
+        return merged(self.scan_cells(prefix), pending, [p for p in eff.cleared if p.startswith(prefix)])
+
+    def cell_put(self, skey: bytes, stored: bytes) -> None:
+        _check_size(stored, MAX_VALUE_BYTES, "state value")
+        self.effects.cells[skey] = stored
+
+    def cell_delete(self, skey: bytes) -> None:
+        self.effects.cells[skey] = None
+
+    def cell_clear(self, prefix: bytes) -> None:
+        eff = self.effects
+        for k in [k for k in eff.cells if k.startswith(prefix)]:
+            del eff.cells[k]
+        eff.cleared.append(prefix)
+
+    def expire_at(self, name: str, time: int) -> None:
+        """The runtime's timer that deletes this key's expired entries of state ``name``."""
+        tag = TTL_TAG + name
+        t = self.effects.timers_set.get((self._key, tag))
+        if t is None or t.time < time:
+            self.set_timer(tag, time, TimeDomain.EVENT_TIME)

@@ -138,6 +138,7 @@ def _keep_half(db: Rdict, start: int, end: int, first: bool) -> None:
     wb = WriteBatch(raw_mode=True)
     _delete_outside(db, wb, b"S", start, end)
     _delete_outside(db, wb, b"K", start, end)
+    _delete_outside(db, wb, b"Y", start, end)  # typed state (runtime/state.py)
     # T <domain:1> <time:8> <hash:8> ...: in time order, so its other half is found by a scan.
     it = db.iter()
     it.seek(b"T")
@@ -165,7 +166,7 @@ def _absorb(db: Rdict, left: Parent, right: Parent) -> None:
         right_lows = _lows(src)
         wb = WriteBatch(raw_mode=True)
         n = 0
-        for kind in (b"S", b"K", b"T", b"O"):  # streamed: a large parent is never all in memory
+        for kind in (b"S", b"K", b"T", b"O", b"Y"):  # streamed: a large parent is never all in memory
             it = src.iter()
             it.seek(kind)
             while it.valid() and it.key()[:1] == kind:

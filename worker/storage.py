@@ -122,22 +122,35 @@ def _open(path: str) -> Rdict:
         raise MillstreamError(f"cannot open tablet storage {path!r}: {e}") from None
 
 
+def _after(prefix: bytes) -> bytes:
+    """The first key past every key that starts with ``prefix``."""
+    stripped = prefix.rstrip(b"\xff")
+    return stripped[:-1] + bytes([stripped[-1] + 1]) if stripped else b"\xff" * (len(prefix) + 1)
+
+
 def state_key(key: bytes) -> bytes:
     return b"S" + hash_prefix(key) + key
 
 
-def saved_states(path: str) -> Iterator[tuple[bytes, bytes]]:
-    """Every ``(key, state)`` of a tablet copy not in use (a savepoint's checkpoint), read-only."""
+def saved_entries(path: str, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """Every entry under ``prefix`` of a tablet copy not in use (a savepoint's checkpoint),
+    read-only, in key order."""
     db = Rdict(path, options=Options(raw_mode=True), access_type=AccessType.read_only())
     try:
         it = db.iter()
-        it.seek(b"S")
-        while it.valid() and it.key()[:1] == b"S":
-            yield it.key()[9:], it.value()
+        it.seek(prefix)
+        while it.valid() and it.key().startswith(prefix):
+            yield it.key(), it.value()
             it.next()
         del it
     finally:
         db.close()
+
+
+def saved_states(path: str) -> Iterator[tuple[bytes, bytes]]:
+    """Every ``(key, state)`` (``ctx.state``) of a tablet copy not in use."""
+    for k, v in saved_entries(path, b"S"):
+        yield k[9:], v
 
 
 def _timer_key(key: bytes, tag: str) -> bytes:
@@ -210,6 +223,8 @@ class Commit:
     productions: list[Production] = field(default_factory=list)
     seq: int | None = None
     sink: bytes | None = None
+    cells: dict[bytes, bytes | None] = field(default_factory=dict)  # typed state (runtime/state.py)
+    cleared: list[bytes] = field(default_factory=list)  # typed-state prefixes cleared, before ``cells``
     status: CommitState = CommitState.STARTED
 
 
@@ -250,6 +265,13 @@ class TabletStore:
 
     def get_state(self, key: bytes) -> bytes | None:
         return self.db.get(state_key(key))
+
+    def get_cell(self, skey: bytes) -> bytes | None:
+        return self.db.get(skey)
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Committed entries under ``prefix``, in key order, read as they are needed."""
+        return self._scan(prefix)
 
     def has_opaque(self, record_id: bytes, buckets: Iterable[int]) -> bool:
         return any(self.db.get(_opaque_key(b, record_id)) is not None for b in buckets)
@@ -330,6 +352,13 @@ class TabletStore:
                     wb.delete(state_key(key))
                 else:
                     wb.put(state_key(key), value)
+            for prefix in c.cleared:
+                wb.delete_range(prefix, _after(prefix))
+            for skey, stored in c.cells.items():
+                if stored is None:
+                    wb.delete(skey)
+                else:
+                    wb.put(skey, stored)
             for rid in c.opaque_ids:
                 wb.put(_opaque_key(c.opaque_bucket, rid), b"")
             if c.opaque_expire_below is not None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
 from collections.abc import Mapping
 
-from runtime import Computation, Context, Record, TimeDomain
+from runtime import Computation, Context, ListState, MapState, Record, Sink, TimeDomain, ValueState, codecs
 
 
 class Echo(Computation):
@@ -82,7 +83,14 @@ class Blocking(Computation):
         ctx.produce("out", record.value)
 
 
-class BigBatchFails(Computation):
+class UndeclaredSink(Computation):
+    """Sink hooks on a plain Computation: refused, it must derive from runtime.Sink."""
+
+    def prepare_commit(self) -> bytes | None:
+        return None
+
+
+class BigBatchFails(Sink):
     """Echoes to "out"; its commit hook fails for a batch of more than ``max`` records (a
     batch too large to commit), so only smaller batches get through."""
 
@@ -159,3 +167,30 @@ def extractor_returning_str(record: Record) -> str:
 class ExitsInSetup(Computation):
     def setup(self, params: Mapping[str, str]) -> None:
         sys.exit("setup gave up")
+
+
+class Typed(Computation):
+    """Typed state of every kind (runtime/state.py); emits, per record, what its key holds."""
+
+    seen = ListState("seen", codecs.INT)
+    total = ValueState("total", codecs.INT, default=0)
+    by_value = MapState("by_value", codecs.STR, codecs.JSON)
+    recent = ValueState("recent", codecs.STR, ttl=10_000_000)  # 10 s of event time
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        v = record.value.decode()
+        seen, by_value = ctx.state_of(self.seen), ctx.state_of(self.by_value)
+        if v == "clear":
+            seen.clear()
+            by_value.clear()
+        elif v != "look":
+            seen.append(int(v))
+            total = ctx.state_of(self.total)
+            total.set(total.get() + int(v))
+            by_value.put(v, {"n": (by_value.get(v) or {"n": 0})["n"] + 1})
+            by_value.remove("gone")
+            ctx.state_of(self.recent).set(v)
+        ctx.produce("out", json.dumps({
+            "seen": list(seen), "total": ctx.state_of(self.total).get(), "map": dict(by_value.items()),
+            "keys": list(by_value.keys()), "has1": by_value.contains("1"),
+            "recent": ctx.state_of(self.recent).get()}).encode())

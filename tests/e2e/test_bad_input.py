@@ -99,6 +99,10 @@ def test_code_outside_the_allowed_modules_is_refused_before_it_runs(cluster: Clu
                "status to report the refused code")
     assert "is not allowed on this worker" in cluster.client.status()["computations"]["exit"]["problems"][0]["error"]
     assert all(w.alive() for w in cluster.workers)
+    # ... and it is removable: cancelling its job takes its tablets away (issue 10, item 6).
+    assert cluster.client.cancel("not-allowed") == "cancelled"
+    status = cluster.client.status()
+    assert "exit" not in status["computations"] and not [t for t in status["tablets"] if t["computation"] == "exit"]
 
 
 def test_large_values_in_large_batches_are_delivered(cluster: Cluster) -> None:

@@ -73,6 +73,14 @@ class _Ctx(Context):
     def low_watermark(self) -> int:
         return 0
 
+    @property
+    def tablet(self) -> str:
+        return "snk/0"
+
+    @property
+    def sequencer_token(self) -> int:
+        return 1
+
     def produce(self, stream: str, value: bytes, *, key: bytes | None = None,
                 timestamp: int | None = None) -> None:
         raise AssertionError("the sink produces nothing")

@@ -88,3 +88,28 @@ def test_a_savepoint_under_traffic_restores_into_another_cluster_exactly(spark: 
         assert len(rows) == total
         word, n = next(iter(oracle(lines).items()))
         assert b.client.state("counter", word.encode()) == str(n).encode()
+
+
+def test_read_state_decodes_typed_state_of_a_savepoint(spark: Any, tmp_path: Any) -> None:
+    lines = sample_lines(400, seed=22)
+    topo = wordcount.topology(os.path.join(str(tmp_path), "counts"), name="typed")
+    topo.computations["counter"] = dataclasses.replace(topo.computations["counter"], code="tests.jobs:TypedCounter")
+    saved = os.path.join(str(tmp_path), "savepoint")
+    with Cluster(os.path.join(str(tmp_path), "c"), workers=2).running() as c:
+        c.client.submit(topo)
+        c.wait_assigned()
+        with Injector(c.masters_arg, "lines", "typed", batch_size=BATCH) as inj:
+            for i, line in enumerate(lines):
+                inj.send(b"", line.encode(), BASE_TS + i * 1000)
+        total = sum(oracle(lines).values())
+        wait_until(lambda: len(list(read_file_sink(os.path.join(str(tmp_path), "counts")))) >= total, 60,
+                   "every count")
+        c.client.savepoint("typed", saved)
+    counts = {r.key: json.loads(r.value) for r in read_state(spark, saved, "counter", state="count").collect()}
+    assert counts == oracle(lines)
+    history = read_state(spark, saved, "counter", state="history")
+    per_key = {r.key: r.n for r in history.groupBy("key").count().withColumnRenamed("count", "n").collect()}
+    assert per_key == oracle(lines)
+    assert {r.item for r in history.where("key = 'etcd'").collect()} == {str(i) for i in range(oracle(lines)["etcd"])}
+    with pytest.raises(MillstreamError, match="declares no typed state 'nope' .*count, history"):
+        read_state(spark, saved, "counter", state="nope")

@@ -66,6 +66,14 @@ class SimComputation:
             def low_watermark(self) -> int:
                 return sim.watermark
 
+            @property
+            def tablet(self) -> str:
+                return "model/0"
+
+            @property
+            def sequencer_token(self) -> int:
+                return 1
+
             def produce(self, stream: str, value: bytes, *, key: bytes | None = None,
                         timestamp: int | None = None) -> None:
                 t = ts if timestamp is None else timestamp

@@ -10,11 +10,16 @@ def test_runtime_all_is_pinned() -> None:
         "Client",
         "Computation",
         "Context",
+        "ListState",
+        "MapState",
         "MillstreamError",
         "Record",
+        "Sink",
         "State",
         "TimeDomain",
         "Topology",
+        "ValueState",
+        "codecs",
         "connect",
     ]
 

@@ -1,0 +1,301 @@
+"""Typed, named per-key state (DESIGN.md §3a): ``ValueState``, ``ListState``, ``MapState``.
+
+Declared on the computation class, bound to the current key with ``ctx.state_of(spec)``::
+
+    class Collector(Computation):
+        seen = ListState("seen", codecs.INT)
+        total = ValueState("total", codecs.INT, default=0, ttl=3600 * 1_000_000)
+
+        def process_record(self, ctx, record):
+            ctx.state_of(self.seen).append(int(record.value))     # O(1), not a rewrite
+            t = ctx.state_of(self.total); t.set(t.get() + 1)
+
+Every list element and map entry is its own RocksDB entry, so ``append`` and ``put`` cost the
+same however large the state is, and iteration streams. Writes join the batch's effects and
+commit atomically with it, like ``ctx.state``; they are replicated, survive failover, and follow
+their key through splits and merges (storage keys start with the key's hash).
+
+**Storage layout** (one tablet's RocksDB): a *cell* is ``Y <hash:8> <len(key):4> <key>
+<len(name):1> <name>``; under it ``v`` holds a value, ``n`` a list's next index (8 bytes),
+``e <index:8>`` a list element, ``m <encoded map key>`` a map entry. Every stored value starts
+with its expiry (8 bytes, event time in µs; the largest int64 for none).
+
+**TTL** (event time): a write with ``ttl`` expires at the timestamp of the record (or timer)
+being processed plus ``ttl``. Once the computation's low watermark reaches that time it is never
+read again, and the runtime deletes it with an internal timer of the key.
+"""
+
+from __future__ import annotations
+
+import datetime
+import heapq
+import struct
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
+
+from runtime.codecs import Codec, check_codec
+from runtime.errors import MillstreamError
+from runtime.keyspace import hash_prefix
+
+TYPED = b"Y"
+VALUE, COUNT, ELEMENT, ENTRY = b"v", b"n", b"e", b"m"
+NEVER = (1 << 63) - 1
+TTL_TAG = "millstream.ttl/"  # internal timers: "millstream.ttl/<state name>"
+_EXPIRY = struct.Struct(">q")
+_INDEX = struct.Struct(">Q")
+
+
+
+def cell(key: bytes, name: str) -> bytes:
+    """The storage prefix of one key's state ``name``."""
+    n = name.encode()
+    return TYPED + hash_prefix(key) + struct.pack(">I", len(key)) + key + bytes([len(n)]) + n
+
+
+def split_cell(skey: bytes) -> tuple[bytes, str, bytes]:
+    """``(key, name, rest)`` of a typed-state storage key."""
+    klen = struct.unpack_from(">I", skey, 9)[0]
+    key = skey[13:13 + klen]
+    nlen = skey[13 + klen]
+    name = skey[14 + klen:14 + klen + nlen].decode()
+    return key, name, skey[14 + klen + nlen:]
+
+
+def expiry_of(stored: bytes) -> int:
+    return int(_EXPIRY.unpack_from(stored)[0])
+
+
+def payload(stored: bytes) -> bytes:
+    return stored[_EXPIRY.size:]
+
+
+def _ttl_us(ttl: int | float | datetime.timedelta | None, name: str) -> int | None:
+    if ttl is None:
+        return None
+    us = int(ttl.total_seconds() * 1_000_000) if isinstance(ttl, datetime.timedelta) else ttl
+    if isinstance(us, bool) or not isinstance(us, int) or us <= 0:
+        raise MillstreamError(f"state {name!r}: ttl={ttl!r} must be a positive int of microseconds of event "
+                              "time (or a timedelta)")
+    return us
+
+
+class _Spec:
+    kind = ""
+
+    def __init__(self, name: str, ttl: int | float | datetime.timedelta | None) -> None:
+        if not isinstance(name, str) or not name or len(name.encode()) > 200 or not name.isprintable():
+            raise MillstreamError(f"state name {name!r} must be printable text of 1-200 bytes")
+        self.name = name
+        self.ttl = _ttl_us(ttl, name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+class ValueState(_Spec):
+    """One value per key: ``get()``, ``set(v)``, ``clear()``."""
+
+    kind = "value"
+
+    def __init__(self, name: str, codec: Codec, *, default: Any = None,
+                 ttl: int | float | datetime.timedelta | None = None) -> None:
+        super().__init__(name, ttl)
+        self.codec = check_codec(codec, f"ValueState {name!r}")
+        self.default = default
+
+
+class ListState(_Spec):
+    """A list per key: ``append(v)`` and ``extend(vs)`` in O(1) each, iteration, ``clear()``."""
+
+    kind = "list"
+
+    def __init__(self, name: str, codec: Codec, *, ttl: int | float | datetime.timedelta | None = None) -> None:
+        super().__init__(name, ttl)
+        self.codec = check_codec(codec, f"ListState {name!r}")
+
+
+class MapState(_Spec):
+    """A map per key: ``get``, ``put``, ``remove``, ``contains``, ``items``, ``keys``,
+    ``values``, ``clear``; one storage entry per map entry."""
+
+    kind = "map"
+
+    def __init__(self, name: str, key_codec: Codec, value_codec: Codec, *,
+                 ttl: int | float | datetime.timedelta | None = None) -> None:
+        super().__init__(name, ttl)
+        self.key_codec = check_codec(key_codec, f"MapState {name!r} keys")
+        self.codec = check_codec(value_codec, f"MapState {name!r} values")
+
+
+StateSpec = ValueState | ListState | MapState
+
+
+class Cells(Protocol):
+    """What a handle needs of the context that runs user code (worker/context.py)."""
+
+    @property
+    def key(self) -> bytes: ...
+
+    @property
+    def low_watermark(self) -> int: ...
+
+    def call_id(self) -> object: ...
+
+    def write_time(self) -> int: ...
+
+    def cell_get(self, skey: bytes) -> bytes | None: ...
+
+    def cell_scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def cell_put(self, skey: bytes, stored: bytes) -> None: ...
+
+    def cell_delete(self, skey: bytes) -> None: ...
+
+    def cell_clear(self, prefix: bytes) -> None: ...
+
+    def expire_at(self, name: str, time: int) -> None: ...
+
+
+class _Handle:
+    """Bound to one key for the duration of one call of user code."""
+
+    def __init__(self, spec: StateSpec, cells: Cells) -> None:
+        self._spec = spec
+        self._cells = cells
+        self._call = cells.call_id()
+        self._cell = cell(cells.key, spec.name)
+
+    def _check(self) -> Cells:
+        if self._cells.call_id() is not self._call:
+            raise MillstreamError(f"state handle {self._spec.name!r} used outside the call that obtained it; "
+                                  "call ctx.state_of(...) again in each process_record / process_timer")
+        return self._cells
+
+    def _live(self, stored: bytes | None) -> bytes | None:
+        if stored is None or expiry_of(stored) <= self._cells.low_watermark:
+            return None
+        return payload(stored)
+
+    def _stored(self, data: bytes) -> bytes:
+        ttl = self._spec.ttl
+        if ttl is None:
+            return _EXPIRY.pack(NEVER) + data
+        expiry = min(NEVER - 1, self._cells.write_time() + ttl)
+        self._cells.expire_at(self._spec.name, expiry)
+        return _EXPIRY.pack(expiry) + data
+
+
+class ValueHandle(_Handle):
+    def get(self) -> Any:
+        data = self._live(self._check().cell_get(self._cell + VALUE))
+        return getattr(self._spec, "default", None) if data is None else self._spec.codec.decode(data)
+
+    def set(self, value: Any) -> None:
+        self._check().cell_put(self._cell + VALUE, self._stored(self._spec.codec.encode(value)))
+
+    def clear(self) -> None:
+        self._check().cell_delete(self._cell + VALUE)
+
+
+class ListHandle(_Handle):
+    def append(self, value: Any) -> None:
+        cells = self._check()
+        stored = cells.cell_get(self._cell + COUNT)
+        n = _INDEX.unpack(stored)[0] if stored is not None else 0
+        cells.cell_put(self._cell + ELEMENT + _INDEX.pack(n), self._stored(self._spec.codec.encode(value)))
+        cells.cell_put(self._cell + COUNT, _INDEX.pack(n + 1))
+
+    def extend(self, values: Iterable[Any]) -> None:
+        for v in values:
+            self.append(v)
+
+    def __iter__(self) -> Iterator[Any]:
+        decode = self._spec.codec.decode
+        for _, stored in self._check().cell_scan(self._cell + ELEMENT):
+            data = self._live(stored)
+            if data is not None:
+                yield decode(data)
+
+    def clear(self) -> None:
+        self._check().cell_clear(self._cell)
+
+
+class MapHandle(_Handle):
+    def _k(self, k: Any) -> bytes:
+        return self._cell + ENTRY + self._spec.key_codec.encode(k)  # type: ignore[union-attr]
+
+    def get(self, k: Any, default: Any = None) -> Any:
+        data = self._live(self._check().cell_get(self._k(k)))
+        return default if data is None else self._spec.codec.decode(data)
+
+    def put(self, k: Any, value: Any) -> None:
+        self._check().cell_put(self._k(k), self._stored(self._spec.codec.encode(value)))
+
+    def remove(self, k: Any) -> None:
+        self._check().cell_delete(self._k(k))
+
+    def contains(self, k: Any) -> bool:
+        return self._live(self._check().cell_get(self._k(k))) is not None
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        prefix = self._cell + ENTRY
+        decode_key, decode = self._spec.key_codec.decode, self._spec.codec.decode  # type: ignore[union-attr]
+        for skey, stored in self._check().cell_scan(prefix):
+            data = self._live(stored)
+            if data is not None:
+                yield decode_key(skey[len(prefix):]), decode(data)
+
+    def keys(self) -> Iterator[Any]:
+        return (k for k, _ in self.items())
+
+    def values(self) -> Iterator[Any]:
+        return (v for _, v in self.items())
+
+    def clear(self) -> None:
+        self._check().cell_clear(self._cell)
+
+
+def bind(spec: object, cells: Cells) -> ValueHandle | ListHandle | MapHandle:
+    """The handle of ``spec`` for the key being processed (``ctx.state_of``)."""
+    if isinstance(spec, ValueState):
+        return ValueHandle(spec, cells)
+    if isinstance(spec, ListState):
+        return ListHandle(spec, cells)
+    if isinstance(spec, MapState):
+        return MapHandle(spec, cells)
+    raise TypeError(f"ctx.state_of() takes a ValueState, ListState or MapState declared on the computation "
+                    f"class, not {type(spec).__name__}")
+
+
+def merged(base: Iterator[tuple[bytes, bytes]], pending: dict[bytes, bytes | None],
+           cleared: Iterable[bytes] = ()) -> Iterator[tuple[bytes, bytes]]:
+    """``base`` (sorted by key) with ``pending`` writes over it (None deletes) and what lies under
+    ``cleared`` prefixes of ``base`` left out; sorted by key."""
+    cleared = tuple(cleared)
+    if cleared:
+        base = ((k, v) for k, v in base if not k.startswith(cleared))
+    over = sorted(pending.items())
+    tagged_base = ((k, 1, v) for k, v in base)
+    tagged_over = ((k, 0, v) for k, v in over)
+    last = None
+    for k, _, v in heapq.merge(tagged_over, tagged_base, key=lambda t: (t[0], t[1])):
+        if k == last:
+            continue  # a pending write hides the stored value
+        last = k
+        if v is not None:
+            yield k, v
+
+
+def expired(prefix: bytes, entries: Iterable[tuple[bytes, bytes]], time: int) -> tuple[list[bytes], int | None]:
+    """Of the ``entries`` (storage key, stored value) of the cell ``prefix``: the keys expired at
+    ``time``, and the earliest expiry among the others (None: none will expire)."""
+    gone, nxt = [], None
+    for skey, stored in entries:
+        if skey == prefix + COUNT:
+            continue  # a list's counter has no expiry
+        e = expiry_of(stored)
+        if e <= time:
+            gone.append(skey)
+        elif e != NEVER:
+            nxt = e if nxt is None else min(nxt, e)
+    return gone, nxt

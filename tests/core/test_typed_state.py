@@ -1,0 +1,87 @@
+"""Typed state (runtime/state.py) on the worker core in-process: real RocksDB, the real batch
+path. Writes are seen by later records of the same batch, commit with it, survive a reopen,
+clear and remove, and expire on the event-time watermark (TTL), storage included."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from runtime import Record, codecs
+from runtime.errors import MillstreamError
+from runtime.state import ListState, cell
+from tests.core.corekit import make_core
+from tests.core.jobs import Collector
+from tests.core.test_worker_core import BASE, _queue, _until, routing
+from worker.context import Effects, KeyContext
+
+ROUTING = routing(("typed", "tests.core.jobs:Typed", ["in"], ["out"], {}),
+                  ("collect", "tests.core.jobs:Collector", ["out"], [], {"name": "out"}))
+
+
+def _r(i: int, value: str, key: bytes = b"k") -> Record:
+    return Record(key, value.encode(), BASE + i * 1_000_000, (1000 + i).to_bytes(16, "big"))
+
+
+def _outs() -> list[dict[str, Any]]:
+    return [json.loads(v) for name, _, v in Collector.seen if name == "out"]
+
+
+def test_typed_state_across_batches_and_a_reopen(tmp_path: Any) -> None:
+    async def run() -> None:
+        core = await make_core(str(tmp_path), ROUTING)
+        for i, v in enumerate(["1", "2", "1"]):  # one batch: each record sees the ones before
+            _queue(core, ("typed", 0), _r(i, v))
+        await _until(lambda: len(_outs()) == 3, "three outputs")
+        assert _outs()[-1] == {"seen": [1, 2, 1], "total": 4, "map": {"1": {"n": 2}, "2": {"n": 1}},
+                               "keys": ["1", "2"], "has1": True, "recent": "1"}
+        await core.close_all()
+        core = await make_core(str(tmp_path), ROUTING)  # committed: a new process finds it all
+        _queue(core, ("typed", 0), _r(3, "5"))
+        await _until(lambda: len(_outs()) == 1, "an output after the reopen")
+        assert _outs()[0]["seen"] == [1, 2, 1, 5] and _outs()[0]["total"] == 9
+        _queue(core, ("typed", 0), _r(4, "clear"))
+        _queue(core, ("typed", 0), _r(5, "7"))
+        await _until(lambda: len(_outs()) == 3, "outputs after clear")
+        assert _outs()[1]["seen"] == [] and _outs()[1]["map"] == {}
+        assert _outs()[2]["seen"] == [7] and _outs()[2]["map"] == {"7": {"n": 1}} and _outs()[2]["total"] == 16
+        await core.close_all()
+
+    asyncio.run(run())
+
+
+def test_ttl_hides_then_deletes_on_the_watermark(tmp_path: Any) -> None:
+    async def run() -> None:
+        core = await make_core(str(tmp_path), ROUTING)
+        _queue(core, ("typed", 0), _r(0, "3"))
+        await _until(lambda: len(_outs()) == 1, "an output")
+        tablet = core.tablets[("typed", 0)]
+        stored = cell(b"k", "recent")
+        assert list(tablet.store.scan(stored)), "written with its expiry (record time + 10 s)"
+        core.set_watermarks({"typed": BASE + 9_000_000})
+        _queue(core, ("typed", 0), _r(1, "look"))
+        await _until(lambda: len(_outs()) == 2, "a look before the expiry")
+        assert _outs()[1]["recent"] == "3"
+        core.set_watermarks({"typed": BASE + 10_000_000})  # the watermark reaches the expiry
+        await _until(lambda: not list(tablet.store.scan(stored)), "the runtime's TTL timer to delete it")
+        _queue(core, ("typed", 0), _r(2, "look"))
+        await _until(lambda: len(_outs()) == 3, "a look after the expiry")
+        assert _outs()[2]["recent"] is None and _outs()[2]["total"] == 3  # no TTL on total
+        await core.close_all()
+
+    asyncio.run(run())
+
+
+def test_a_handle_is_only_valid_during_its_call() -> None:
+    ctx = KeyContext(frozenset(), lambda k: None, lambda: 0)
+    ctx.bind(b"k", 0, Effects())
+    handle = ctx.state_of(ListState("seen", codecs.INT))
+    handle.append(1)
+    ctx.bind(b"k", 0, Effects())  # the next record
+    with pytest.raises(MillstreamError, match="used outside the call that obtained it"):
+        handle.append(2)
+    with pytest.raises(TypeError, match="takes a ValueState, ListState or MapState"):
+        ctx.state_of("seen")
