@@ -35,8 +35,8 @@ class Sink(Computation):
     The worker calls two hooks besides :meth:`process_record` and :meth:`process_timer`, both
     on the tablet's own thread, the thread that runs ``process_record``: never concurrently
     with user code of the same tablet or with each other. It calls them because the class
-    derives from ``Sink``; a plain :class:`Computation` that defines methods of these names
-    is refused when its tablet opens.
+    derives from ``Sink`` (a plain :class:`Computation` written before ``Sink`` that defines
+    methods of these names still has them called, with a warning: :func:`is_sink`).
 
     :meth:`restore` ``(tablet, meta, token, absorbed)``: once each time the tablet opens on
     a worker (first start, restart, move, failover, a split or merge, and again after any
@@ -86,6 +86,23 @@ class Sink(Computation):
     def prepare_commit(self) -> bytes | None:
         """Make the batch's output durable; returns the meta to commit with it, or ``None``."""
         return None
+
+
+_WARNED: set[str] = set()
+
+
+def is_sink(comp: Computation, code: str = "") -> bool:
+    """Whether the worker calls ``comp``'s sink hooks: a :class:`Sink`, or a computation
+    written before it that defines ``prepare_commit`` or ``restore`` (still called, with a
+    warning once per class: derive it from Sink)."""
+    if isinstance(comp, Sink):
+        return True
+    legacy = hasattr(comp, "prepare_commit") or hasattr(comp, "restore")
+    if legacy and code not in _WARNED:
+        _WARNED.add(code)
+        log.warning("%s defines sink hooks but does not derive from runtime.Sink; they are called, but "
+                    "derive it from runtime.Sink (docs/guide.md, 'Writing a sink')", code or type(comp).__name__)
+    return legacy
 
 
 class OutputFence:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from runtime.computation import Computation, TimeDomain
 from runtime.errors import MillstreamError
 from runtime.record import Record, derived_id, sequence_id
-from runtime.sinks import Sink
+from runtime.sinks import is_sink
 from runtime.state import TTL_TAG, cell, expired, merged
 from runtime.status import show_key
 from runtime.topology import dead_letter_stream
@@ -81,6 +81,7 @@ class BatchProcessor:
         self.metrics = tablet.metrics
         self.store = store
         self.comp = comp
+        self.sink = is_sink(comp, tablet.route.code)
         self.marks = marks      # producer -> committed mark (this thread's, after each commit)
         self.lower = store.lower_marks()  # producer -> lower marks a merge left (worker/dedup.py)
         self.opaque = opaque
@@ -239,13 +240,14 @@ class BatchProcessor:
     def write(self, batch: Batch) -> None:
         """The batch's one atomic commit (after the sink's hook), then the dedup filter."""
         commit = batch.commit
-        if isinstance(self.comp, Sink):
+        prepare = getattr(self.comp, "prepare_commit", None) if self.sink else None
+        if prepare is not None:
             # A sink writes its output outside the store: never after our lease ran out (a
             # worker paused past its lease, then resumed, would append to output its tablet's
             # new owner already writes; the chaos suite saw torn lines). Checked right before.
             if not self.host.lease_valid():
                 raise LeaseExpired(f"tablet {self.name}")
-            commit.sink = self.comp.prepare_commit()
+            commit.sink = prepare()
         if not self.host.lease_valid():
             raise LeaseExpired(f"tablet {self.name}")
         commit.marks_expired = [p for p in commit.marks_expired if p not in commit.marks]

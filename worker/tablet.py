@@ -14,6 +14,7 @@ reach stays queued for the next one.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import time
@@ -26,7 +27,7 @@ from runtime.errors import MillstreamError
 from runtime.imports import CodePolicy, load
 from runtime.record import Record, producer_prefix
 from runtime.routing import RoutingTable
-from runtime.sinks import Sink
+from runtime.sinks import is_sink
 from runtime.topology import dead_letter_stream
 from runtime.wire import millstream_pb2 as pb
 from worker.batch import Batch, BatchProcessor, LeaseExpired
@@ -187,18 +188,19 @@ class Tablet:
             cls = load(self.route.code, f"code of computation {self.computation!r}", self.host.code_policy)
             if not (isinstance(cls, type) and issubclass(cls, Computation)):
                 raise MillstreamError(f"{self.route.code!r} is not a Computation subclass")
-            hooks = [h for h in ("restore", "prepare_commit") if hasattr(cls, h)]
-            if hooks and not issubclass(cls, Sink):
-                # Called as a sink's hooks, they would be; not called, its output would not
-                # be cut back on reopen: either way not what its author meant, so say so.
-                raise MillstreamError(
-                    f"{self.route.code!r} defines {' and '.join(hooks)} but does not derive from "
-                    "runtime.Sink: the worker calls sink hooks only on Sink subclasses; derive it "
-                    "from runtime.Sink, with restore(self, tablet, meta, token, absorbed)")
             comp = cls()
             comp.setup({k: v for k, v in self.route.params.items() if not k.startswith("millstream.")})
-            if isinstance(comp, Sink):
-                comp.restore(self.name, store.sink_meta(), self.token, store.absorbed_sink_metas())
+            if is_sink(comp, self.route.code):
+                restore = getattr(comp, "restore", None)
+                if restore is not None:
+                    # A sink written before runtime.Sink may take fewer arguments.
+                    accepts = inspect.signature(restore).parameters
+                    extra: dict[str, object] = {}
+                    if "token" in accepts:
+                        extra["token"] = self.token
+                    if "absorbed" in accepts:
+                        extra["absorbed"] = store.absorbed_sink_metas()
+                    restore(self.name, store.sink_meta(), **extra)
             self.proc = BatchProcessor(self, store, comp, marks, opaque)
             self.proc.ctx.bind_tablet(self.name, self.token)
             pending = store.productions()

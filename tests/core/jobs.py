@@ -84,10 +84,17 @@ class Blocking(Computation):
 
 
 class UndeclaredSink(Computation):
-    """Sink hooks on a plain Computation: refused, it must derive from runtime.Sink."""
+    """Sink hooks on a plain Computation, as written before runtime.Sink: still called."""
+
+    restored: list[tuple[str, bytes | None]] = []
+    prepared = 0
+
+    def restore(self, tablet: str, meta: bytes | None) -> None:
+        UndeclaredSink.restored.append((tablet, meta))
 
     def prepare_commit(self) -> bytes | None:
-        return None
+        UndeclaredSink.prepared += 1
+        return b"%d" % UndeclaredSink.prepared
 
 
 class BigBatchFails(Sink):

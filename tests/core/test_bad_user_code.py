@@ -74,7 +74,6 @@ LOAD_FAILURES = [
     ("tests.core.exits_on_import:X", CodePolicy(), "raised SystemExit"),              # B14
     ("no_such_module_anywhere:X", CodePolicy(("*",)), "cannot import module"),       # B10
     ("tests.core.jobs:NoSuchClass", CodePolicy(), "has no attribute"),
-    ("tests.core.jobs:UndeclaredSink", CodePolicy(), "defines prepare_commit but does not derive from runtime.Sink"),
 ]
 
 

@@ -85,3 +85,20 @@ def test_a_handle_is_only_valid_during_its_call() -> None:
         handle.append(2)
     with pytest.raises(TypeError, match="takes a ValueState, ListState or MapState"):
         ctx.state_of("seen")
+
+
+def test_a_sink_written_before_runtime_sink_still_has_its_hooks_called(tmp_path: Any) -> None:
+    from tests.core.jobs import UndeclaredSink
+
+    async def run() -> None:
+        UndeclaredSink.restored, UndeclaredSink.prepared = [], 0
+        core = await make_core(str(tmp_path), routing(("legacy", "tests.core.jobs:UndeclaredSink", ["in"], [], {})))
+        assert UndeclaredSink.restored == [("legacy/0", None)]
+        _queue(core, ("legacy", 0), _r(0, "1"))
+        await _until(lambda: UndeclaredSink.prepared == 1, "its prepare_commit")
+        await core.close_all()
+        core = await make_core(str(tmp_path), routing(("legacy", "tests.core.jobs:UndeclaredSink", ["in"], [], {})))
+        assert UndeclaredSink.restored[-1] == ("legacy/0", b"1")  # the committed meta comes back
+        await core.close_all()
+
+    asyncio.run(run())
