@@ -23,6 +23,7 @@ from runtime import Topology
 from runtime.client import Client
 from runtime.cluster import LocalCluster, Process, wait_until
 from runtime.keyspace import range_of
+from runtime.topology import Productions
 
 log = logging.getLogger(__name__)
 WARMUP_PREFIX = b"warm"
@@ -165,7 +166,7 @@ class W1Variant:
     name: str
     stages: int = 1
     exactly_once: bool = True
-    productions: str = "strong"
+    productions: Productions = "strong"
 
     def describe(self) -> str:
         mode = "exactly-once" if self.exactly_once else "at-least-once"

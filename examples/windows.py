@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from runtime import Computation, Context, Record, TimeDomain, Topology
+from runtime.topology import LateRecords
 
 WINDOW_US = 1_000_000
 
@@ -37,7 +38,7 @@ class WindowCounter(Computation):
 
 
 def topology(output_dir: str, name: str = "windows", key_ranges: int = 4,
-             late_records: str = "process") -> Topology:
+             late_records: LateRecords = "process") -> Topology:
     topo = Topology(name)
     topo.add_computation("window_counter", "examples.windows:WindowCounter", inputs={"events": None},
                          outputs=["window_counts"], key_ranges=key_ranges, late_records=late_records)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from runtime import Computation, Context, Record, Topology
+from runtime.topology import Productions
 
 
 class Splitter(Computation):
@@ -23,7 +24,7 @@ class Counter(Computation):
 
 
 def topology(output_dir: str, name: str = "wordcount", key_ranges: int = 4,
-             productions: str = "strong") -> Topology:
+             productions: Productions = "strong") -> Topology:
     topo = Topology(name)
     topo.add_computation("splitter", "examples.wordcount:Splitter", inputs={"lines": None},
                          outputs=["words"], key_ranges=key_ranges, productions=productions)

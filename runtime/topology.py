@@ -7,6 +7,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Literal
 
 from runtime.errors import TopologyError
 from runtime.imports import check_syntax
@@ -15,8 +16,10 @@ _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 DEAD_LETTER_SUFFIX = ".dead_letter"
 MAX_KEY_RANGES = 1024
 DEFAULT_KEY_RANGES = 4
-PRODUCTIONS = ("strong", "weak")
-LATE_RECORDS = ("process", "drop")
+Productions = Literal["strong", "weak"]
+LateRecords = Literal["process", "drop"]
+PRODUCTIONS: tuple[Productions, ...] = ("strong", "weak")
+LATE_RECORDS: tuple[LateRecords, ...] = ("process", "drop")
 
 
 def dead_letter_stream(computation: str) -> str:
@@ -37,8 +40,8 @@ class ComputationSpec:
     outputs: list[str]
     key_ranges: int = DEFAULT_KEY_RANGES
     exactly_once: bool = True
-    productions: str = "strong"
-    late_records: str = "process"
+    productions: Productions = "strong"
+    late_records: LateRecords = "process"
     params: dict[str, str] = field(default_factory=dict)
     fsync: bool | None = None  # None: on for exactly-once computations
     dedup_retention: float | None = None  # seconds opaque ids are kept; None: 600 (worker/tablet.py)
@@ -207,8 +210,8 @@ class Topology:
         outputs: Iterable[str] = (),
         key_ranges: int = DEFAULT_KEY_RANGES,
         exactly_once: bool = True,
-        productions: str = "strong",
-        late_records: str = "process",
+        productions: Productions = "strong",
+        late_records: LateRecords = "process",
         params: Mapping[str, str] | None = None,
         fsync: bool | None = None,
         dedup_retention: float | datetime.timedelta | None = None,

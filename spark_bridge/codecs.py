@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from runtime.errors import TopologyError
+from runtime.errors import MillstreamError, TopologyError
 
 VALUE_CODECS = ("bytes", "text", "json")
 KEY_CODECS = ("text", "bytes")
@@ -43,7 +43,7 @@ SPARK_TYPES = {"string": "string", "long": "bigint", "double": "double", "boolea
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
-class ValueDecodeError(ValueError):
+class ValueDecodeError(MillstreamError, ValueError):
     """A record's value does not decode with the sink's codec (the record is dead-lettered)."""
 
 

@@ -12,6 +12,7 @@ from injectors import Injector
 from runtime.demo import oracle, sample_lines
 from runtime.security import Security
 from runtime.sinks import read_file_sink
+from runtime.topology import Productions
 from tests.harness import Cluster, wait_until
 
 BASE_TS = 1_700_000_000_000_000
@@ -34,7 +35,7 @@ def inject_lines(masters: str, source: str, lines: list[str], repeat_every: int,
 
 def run_wordcount(cluster: Cluster, n_lines: int = 3000, *, repeat_every: int = 7,
                   midway: Callable[[], None] | None = None, name: str = "wc",
-                  productions: str = "strong", counter: str | None = None,
+                  productions: Productions = "strong", counter: str | None = None,
                   counter_params: dict[str, str] | None = None) -> dict[str, int]:
     """Inject ``n_lines`` lines (some ids sent twice, timestamps out of order); return final counts
     once the sink holds the oracle's counts, or fail with what differs."""

@@ -61,3 +61,15 @@ def test_load_finds_modules_and_dotted_attributes() -> None:
 
 def test_import_path_error_is_a_topology_error() -> None:
     assert issubclass(ImportPathError, TopologyError)
+
+
+def test_a_computation_that_overrides_nothing_is_refused_at_submit() -> None:
+    import pytest
+
+    from runtime.client import check_importable
+    from runtime.errors import TopologyError
+    from runtime.topology import Topology
+
+    topo = Topology("noop").add_computation("noop", "runtime.sinks:Sink", inputs={"x": None})
+    with pytest.raises(TopologyError, match="overrides neither process_record nor process_timer"):
+        check_importable(topo)

@@ -1,0 +1,287 @@
+"""Unit-testing user code: :class:`TestRun` runs a topology in-process (DESIGN.md §3a).
+
+The way to test a computation without a cluster, like Beam's TestStream or ``bytewax.testing``::
+
+    run = TestRun(topology)
+    run.inject("words", b"apple", b"1", timestamp=1_000_000)
+    run.advance_watermark("words", 2_000_000)
+    run.run_until_idle()
+    assert [r.value for r in run.output("counts")] == [b"1"]
+    assert run.state("counter", b"apple") == b"1"
+    run.close()
+
+It is the real worker (its batches, exactly-once dedup, timers, typed state and RocksDB, in a
+temporary directory) with every tablet on one in-process worker, no etcd, no network and no
+threads of its own: nothing runs between calls. Time is virtual: the wall clock
+(``ctx.now()``, wall-clock timers) moves only with :meth:`advance_wall_time`, and each input
+stream's watermark only with :meth:`advance_watermark` and :meth:`finish` (a stream never
+advanced holds its readers at the start of time); computations' low watermarks follow from
+them as on a cluster. Every stream any computation produces (dead letters included) is
+collected for :meth:`output`. :meth:`restart` closes a computation's tablets and opens them
+again from what they committed, as a crash and failover would.
+
+(The test kit is the one part of ``runtime`` that runs the worker, so it imports it.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from runtime.computation import Computation, Context
+from runtime.errors import MillstreamError
+from runtime.keyspace import first_cut, wire_end
+from runtime.record import Record, producer_prefix, sequence_id
+from runtime.topology import Topology
+
+MIN, END = -(1 << 63), (1 << 63) - 1
+_COLLECTED: dict[str, dict[str, list[Record]]] = {}  # run id -> stream -> records
+_RUNS = itertools.count()
+
+
+class _Collect(Computation):
+    """Subscribed to every produced stream of a :class:`TestRun`: keeps what arrives."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        _COLLECTED[self.params["run"]].setdefault(self.params["stream"], []).append(record)
+
+
+class TestRun:
+    """A topology running in this process, on virtual time (see the module doc)."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, topology: Topology, *, start_us: int = 1_700_000_000_000_000) -> None:
+        from runtime.client import check_importable
+        from runtime.imports import CodePolicy
+        from runtime.wire import millstream_pb2 as pb
+        from worker.core import WorkerCore, WorkerLimits
+
+        topology.validate()
+        check_importable(topology)
+        self.topology = topology
+        self.now_us = start_us
+        self.run_id = f"testrun-{os.getpid()}-{next(_RUNS)}"
+        _COLLECTED[self.run_id] = {}
+        self._dir = tempfile.mkdtemp(prefix="millstream-testrun-")
+        self._loop = asyncio.new_event_loop()
+        self._injected: dict[str, int] = {}    # stream -> its watermark (MIN until advanced)
+        self._position = 0
+        self._prefix = producer_prefix("testrun/" + self.run_id)
+        self._published: dict[str, int] = {}
+        self._tokens: dict[str, int] = {}
+
+        async def nowhere(*args: object) -> tuple[int, None]:
+            raise AssertionError("a TestRun has one worker: every delivery is local")
+
+        self._specs = dict(topology.computations)
+        produced = sorted({o for s in self._specs.values() for o in s.all_outputs})
+        self._collectors = {f"__collect.{n}": s for n, s in enumerate(produced)}
+        self._routing = pb.Routing(version=1)
+        self._tokens = {s.name: 1 for s in self._specs.values()}
+        self._core = WorkerCore(self._dir, "local", nowhere, WorkerLimits(), wall_us=lambda: self.now_us,
+                                code_policy=CodePolicy(("*",)))
+        self._core.worker_id = "testrun"
+        self._run(self._apply())
+
+    # ------------------------------------------------------------------ setup
+
+    def _route(self) -> Any:
+        from runtime.wire import millstream_pb2 as pb
+
+        r = pb.Routing(version=self._routing.version + 1)
+        for s in self._specs.values():
+            c = r.computations.add(name=s.name, topology=self.topology.name, code=s.code, outputs=s.outputs,
+                                   key_ranges=s.key_ranges, exactly_once=s.exactly_once,
+                                   productions=s.productions, late_records=s.late_records, job_state="running")
+            c.params.update(s.params)
+            if s.dedup_retention is not None:
+                c.params["millstream.dedup_retention"] = repr(float(s.dedup_retention))
+            c.params["millstream.fsync"] = "0"  # a test's tmp dir: durability buys nothing here
+            for stream, ex in s.inputs.items():
+                c.inputs.add(stream=stream, key_extractor=ex or "")
+            for i, (lo, hi) in first_cut(s.key_ranges).items():
+                c.assignments.add(key_range=i, worker_id="testrun", address="local", token=self._tokens[s.name],
+                                  in_sync=["testrun"], start=lo, end=wire_end(hi))
+        for name, stream in self._collectors.items():
+            c = r.computations.add(name=name, topology="__testrun", code="runtime.testing:_Collect",
+                                   key_ranges=1, exactly_once=True, productions="strong", late_records="process",
+                                   job_state="running")
+            c.params.update({"run": self.run_id, "stream": stream, "millstream.fsync": "0"})
+            c.inputs.add(stream=stream)
+            c.assignments.add(key_range=0, worker_id="testrun", address="local", token=1, in_sync=["testrun"],
+                              start=0, end=0)
+        return r
+
+    async def _apply(self) -> None:
+        self._routing = self._route()
+        self._core.renewed(self._core.now_ms(), 10 ** 12)  # a lease that never runs out
+        await self._core.apply_routing(self._routing)
+        failures = {f"{k[0]}/{k[1]}": e for k, (e, _, _) in self._core._failures.items()}
+        if failures:
+            raise MillstreamError(f"TestRun: tablets cannot open: {failures}")
+
+    def _run(self, coro: Any) -> Any:
+        return self._loop.run_until_complete(coro)
+
+    # ------------------------------------------------------------------ input
+
+    def inject(self, stream: str, key: bytes, value: bytes, timestamp: int, id: bytes | None = None) -> None:
+        """Deliver one record on ``stream`` to every computation that reads it (committed when
+        this returns). ``id`` (16 bytes) makes a re-injection of the same record a duplicate;
+        without it each call is a new record."""
+        if not self._core.routing.has_subscribers(stream):
+            raise MillstreamError(f"TestRun: no computation reads stream {stream!r}")
+        if id is None:
+            self._position += 1
+            rid, orders = sequence_id(self._prefix, self._position), {self._prefix: (self._position - 1, 0)}
+        else:
+            rid, orders = id, None
+        rec = Record(key, value, timestamp, rid)
+
+        async def deliver() -> None:
+            for comp, r, k in self._core.routing.route(stream, rec):
+                while True:
+                    status = await self._core.deliver(comp, r, self._tokens.get(comp, 1),
+                                                      [Record(k, value, timestamp, rid)], orders)
+                    if status == 0:
+                        break
+                    await asyncio.sleep(0.001)  # BUSY or a tablet reopening: yield and retry
+        self._run(deliver())
+        self._injected.setdefault(stream, MIN)
+
+    def advance_watermark(self, stream: str, timestamp: int) -> None:
+        """Promise that nothing older than ``timestamp`` will be injected on ``stream``."""
+        self._injected[stream] = max(self._injected.get(stream, MIN), timestamp)
+
+    def finish(self, stream: str) -> None:
+        """``stream`` has ended: its watermark goes to the end of time."""
+        self._injected[stream] = END
+
+    def advance_wall_time(self, us: int) -> None:
+        """Move the virtual wall clock forward by ``us`` microseconds (wall-clock timers fire
+        on the next :meth:`run_until_idle`)."""
+        if us < 0:
+            raise MillstreamError("TestRun: the wall clock does not go back")
+        self.now_us += us
+
+    # ------------------------------------------------------------------ running
+
+    def run_until_idle(self, max_rounds: int = 10_000) -> None:
+        """Run until nothing is queued, unacknowledged or due: every timer whose time the
+        watermarks or the wall clock reached has fired, and its effects are committed."""
+        self._run(self._settle(max_rounds))
+
+    async def _settle(self, max_rounds: int) -> None:
+        idle_rounds = 0
+        for _ in range(max_rounds):
+            self._publish()
+            for tablet in self._core.tablets.values():
+                tablet._wake.set()  # wall-clock timers: the virtual clock may have moved
+            await asyncio.sleep(0.001)
+            idle_rounds = idle_rounds + 1 if self._idle() else 0
+            if idle_rounds >= 3:  # idle, and stays so after the watermarks were published again
+                return
+        raise MillstreamError(f"TestRun: still busy after {max_rounds} rounds (a timer that sets itself "
+                              "again at its own time forever?)")
+
+    def _idle(self) -> bool:
+        if self._core.sender.pending() or self._core._opening or any(not t.done() for t in self._core._closing.values()):
+            return False
+        for t in self._core.tablets.values():
+            delay = t._next_wall_timer_delay()
+            if t.inbox or t.outbox.unacked or t._due_event_timers() or (delay is not None and delay <= 0):
+                return False
+        return True
+
+    def _publish(self) -> None:
+        from master.scheduler import Ownership
+        from master.watermarks import TabletReport, compute, publish
+        from runtime.topology import ComputationSpec
+
+        specs = [*self._specs.values(),
+                 *(ComputationSpec(name, "runtime.testing:_Collect", {stream: None}, [], key_ranges=1)
+                   for name, stream in self._collectors.items())]
+        tablets, reports = {}, {}
+        for t in self._core.tablets.values():
+            # On a cluster a sender's report holds what it sent until the leader has the
+            # receiver's report reflecting it; here every report is read in this same step.
+            t.release({"testrun": 1 << 62})
+        for key, t in self._core.tablets.items():
+            tablets[key] = Ownership("testrun", t.token, (), ("testrun",))
+            reports[key] = TabletReport(t.token, t.oldest_work())
+        injectors = {f"testrun/{s}": (s, wm) for s, wm in self._injected.items()}
+        for s in self.topology.computations.values():
+            for stream in s.inputs:
+                if stream not in {o for x in specs for o in x.all_outputs}:
+                    injectors.setdefault(f"testrun/{stream}", (stream, self._injected.get(stream, MIN)))
+        self._published = publish(compute(specs, tablets, reports, injectors, self._published), self._published)
+        self._core.set_watermarks(self._published)
+
+    # ------------------------------------------------------------------ reading
+
+    def output(self, stream: str) -> list[Record]:
+        """Every record produced to ``stream`` so far, in arrival order."""
+        if stream not in set(self._collectors.values()):
+            raise MillstreamError(f"TestRun: no computation produces stream {stream!r} (it produces "
+                                  f"{', '.join(sorted(self._collectors.values()))})")
+        return list(_COLLECTED[self.run_id].get(stream, []))
+
+    def low_watermark(self, computation: str) -> int:
+        return self._published.get(computation, MIN)
+
+    def state(self, computation: str, key: bytes) -> bytes | None:
+        """``computation``'s committed ``ctx.state`` of ``key``."""
+        return self._tablet(computation, key).store.get_state(key)
+
+    def typed_state(self, computation: str, key: bytes, spec: Any) -> Any:
+        """The committed value of typed state ``spec`` for ``key``: the value of a
+        ``ValueState``, a list for a ``ListState``, a dict for a ``MapState``."""
+        from runtime.state import ListHandle, MapHandle, bind
+        from worker.context import Effects, KeyContext
+
+        store = self._tablet(computation, key).store
+        ctx = KeyContext(frozenset(), store.get_state, lambda: self.low_watermark(computation),
+                         lambda: self.now_us, store.get_cell, store.scan)
+        ctx.bind(key, self.now_us, Effects())
+        handle = bind(spec, ctx)
+        if isinstance(handle, ListHandle):
+            return list(handle)
+        if isinstance(handle, MapHandle):
+            return dict(handle.items())
+        return handle.get()
+
+    def _tablet(self, computation: str, key: bytes) -> Any:
+        if computation not in self._specs:
+            raise MillstreamError(f"TestRun: no computation {computation!r}")
+        r = self._core.routing.range_for(computation, key)
+        return self._core.tablets[(computation, r)]
+
+    # ------------------------------------------------------------------ faults
+
+    def restart(self, computation: str) -> None:
+        """Close ``computation``'s tablets and open them again from what they committed (as a
+        crash and a failover would: user code's objects are new, uncommitted work is redone)."""
+        if computation not in self._specs:
+            raise MillstreamError(f"TestRun: no computation {computation!r}")
+        self._tokens[computation] += 1
+        self._run(self._apply())
+
+    def close(self) -> None:
+        """Stop everything and delete the temporary storage."""
+        try:
+            self._run(self._core.close_all())
+        finally:
+            self._loop.close()
+            _COLLECTED.pop(self.run_id, None)
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> TestRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,86 @@
+"""The test kit (runtime.testing.TestRun): users' way to unit-test a job in-process, on
+virtual time. These tests are also its examples (docs/testing.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from examples import windows, wordcount
+from runtime import Computation, Context, Record, TimeDomain, Topology
+from runtime.errors import MillstreamError
+from runtime.testing import TestRun
+from tests.jobs import TypedCounter
+
+SECOND = 1_000_000
+T0 = 1_700_000_000_000_000
+
+
+def test_a_word_count_in_process() -> None:
+    topo = wordcount.topology("/nonexistent-not-used", name="wc")
+    del topo.computations["counts_sink"]  # read the counts from the run instead
+    with TestRun(topo) as run:
+        for i, line in enumerate(["apple banana", "apple"]):
+            run.inject("lines", b"", line.encode(), T0 + i)
+        run.finish("lines")
+        run.run_until_idle()
+        assert sorted((r.key, r.value) for r in run.output("counts")) == [
+            (b"apple", b"1"), (b"apple", b"2"), (b"banana", b"1")]
+        assert run.state("counter", b"apple") == b"2"
+        assert run.low_watermark("counter") == (1 << 63) - 1
+
+
+def test_event_time_windows_fire_on_the_watermark_only() -> None:
+    topo = windows.topology("/nonexistent-not-used", name="win")
+    del topo.computations["window_sink"]
+    with TestRun(topo) as run:
+        for i in range(5):
+            run.inject("events", b"k", b"", T0 + i * SECOND // 2)  # 0, .5, 1, 1.5, 2 s
+        run.run_until_idle()
+        assert run.output("window_counts") == [], "no window closes before the watermark passes it"
+        run.advance_watermark("events", T0 + 2 * SECOND)
+        run.run_until_idle()
+        assert sorted(r.value for r in run.output("window_counts")) == [
+            f"{T0},2".encode(), f"{T0 + SECOND},2".encode()]
+
+
+class Reminder(Computation):
+    """Sets a wall-clock timer 10 s after each record; it says when it fired."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.set_timer("remind", ctx.now() + 10 * SECOND, TimeDomain.WALL_TIME)
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        ctx.produce("reminders", str(ctx.now() - time).encode())
+
+
+def test_wall_clock_timers_fire_on_the_virtual_clock() -> None:
+    topo = Topology("remind").add_computation("reminder", "tests.unit.test_testing:Reminder",
+                                              inputs={"in": None}, outputs=["reminders"])
+    with TestRun(topo, start_us=T0) as run:
+        run.inject("in", b"k", b"", T0)
+        run.advance_wall_time(9 * SECOND)
+        run.run_until_idle()
+        assert run.output("reminders") == []
+        run.advance_wall_time(SECOND)
+        run.run_until_idle()
+        assert [r.value for r in run.output("reminders")] == [b"0"]
+
+
+def test_a_restart_keeps_what_was_committed_and_a_replay_counts_once() -> None:
+    topo = wordcount.topology("/nonexistent-not-used", name="wc")
+    del topo.computations["counts_sink"]
+    topo.computations["counter"] = dataclasses.replace(topo.computations["counter"], code="tests.jobs:TypedCounter")
+    with TestRun(topo) as run:
+        run.inject("words", b"pear", b"1", T0, id=b"\x01" * 16)
+        run.run_until_idle()
+        run.restart("counter")
+        run.inject("words", b"pear", b"1", T0, id=b"\x01" * 16)  # the same record again
+        run.inject("words", b"pear", b"1", T0 + 1, id=b"\x02" * 16)
+        run.run_until_idle()
+        assert [r.value for r in run.output("counts")] == [b"1", b"2"]
+        assert run.typed_state("counter", b"pear", TypedCounter.history) == [1, 2]
+        assert run.typed_state("counter", b"pear", TypedCounter.count) == 2
+        with pytest.raises(MillstreamError, match="no computation produces stream 'nope'"):
+            run.output("nope")
