@@ -71,6 +71,7 @@ class TestRun:
         self._loop = asyncio.new_event_loop()
         self._injected: dict[str, int] = {}    # stream -> its watermark (MIN until advanced)
         self._position = 0
+        self._sent: dict[tuple[str, int], int] = {}  # tablet -> last sequence delivered to it
         self._prefix = producer_prefix("testrun/" + self.run_id)
         self._published: dict[str, int] = {}
         self._tokens: dict[str, int] = {}
@@ -138,19 +139,23 @@ class TestRun:
             raise MillstreamError(f"TestRun: no computation reads stream {stream!r}")
         if id is None:
             self._position += 1
-            rid, orders = sequence_id(self._prefix, self._position), {self._prefix: (self._position - 1, 0)}
+            rid = sequence_id(self._prefix, self._position)
         else:
-            rid, orders = id, None
+            rid = id
         rec = Record(key, value, timestamp, rid)
 
         async def deliver() -> None:
             for comp, r, k in self._core.routing.route(stream, rec):
+                # Sequenced ids: each tablet learns where this record stands in what it got.
+                orders = {self._prefix: (self._sent.get((comp, r), 0), 0)} if id is None else None
                 while True:
                     status = await self._core.deliver(comp, r, self._tokens.get(comp, 1),
                                                       [Record(k, value, timestamp, rid)], orders)
                     if status == 0:
                         break
                     await asyncio.sleep(0.001)  # BUSY or a tablet reopening: yield and retry
+                if id is None:
+                    self._sent[(comp, r)] = self._position
         self._run(deliver())
         self._injected.setdefault(stream, MIN)
 
@@ -179,12 +184,15 @@ class TestRun:
     async def _settle(self, max_rounds: int) -> None:
         idle_rounds = 0
         for _ in range(max_rounds):
+            before = dict(self._published)
             self._publish()
             for tablet in self._core.tablets.values():
                 tablet._wake.set()  # wall-clock timers: the virtual clock may have moved
             await asyncio.sleep(0.001)
-            idle_rounds = idle_rounds + 1 if self._idle() else 0
-            if idle_rounds >= 3:  # idle, and stays so after the watermarks were published again
+            # Idle: nothing to do, and publishing the watermarks again moved none of them (a
+            # fired timer lets its computation's watermark rise to the next one).
+            idle_rounds = idle_rounds + 1 if self._idle() and self._published == before else 0
+            if idle_rounds >= 2:
                 return
         raise MillstreamError(f"TestRun: still busy after {max_rounds} rounds (a timer that sets itself "
                               "again at its own time forever?)")

@@ -27,6 +27,15 @@ def dead_letter_stream(computation: str) -> str:
     return computation + DEAD_LETTER_SUFFIX
 
 
+LATE_SUFFIX = ".late"
+
+
+def late_stream(computation: str) -> str:
+    """The stream that receives ``computation``'s records that came after their event-time
+    windows fired (runtime/windows.py)."""
+    return computation + LATE_SUFFIX
+
+
 MAX_REPLICATION = 7
 
 
@@ -54,7 +63,7 @@ class ComputationSpec:
 
     @property
     def all_outputs(self) -> list[str]:
-        return [*self.outputs, dead_letter_stream(self.name)]
+        return [*self.outputs, dead_letter_stream(self.name), late_stream(self.name)]
 
 
 def _check_name(kind: str, name: object) -> None:

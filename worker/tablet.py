@@ -28,7 +28,7 @@ from runtime.imports import CodePolicy, load
 from runtime.record import Record, producer_prefix
 from runtime.routing import RoutingTable
 from runtime.sinks import is_sink
-from runtime.topology import dead_letter_stream
+from runtime.topology import dead_letter_stream, late_stream
 from runtime.wire import millstream_pb2 as pb
 from worker.batch import Batch, BatchProcessor, LeaseExpired
 from worker.dedup import OpaqueIds
@@ -88,7 +88,7 @@ class Tablet:
                                                         DEFAULT_DEDUP_RETENTION_S))
         fsync = route.params.get("millstream.fsync")
         self.sync = route.exactly_once if fsync is None else fsync == "1"
-        self.outputs = frozenset([*route.outputs, dead_letter_stream(route.name)])
+        self.outputs = frozenset([*route.outputs, dead_letter_stream(route.name), late_stream(route.name)])
         # Domain-separated from injectors' "injector/<name>" (a computation named "injector"
         # must not share ids with an injector named after its range: review E9).
         self.prefix = producer_prefix("tablet\x00" + self.name)

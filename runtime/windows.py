@@ -1,0 +1,212 @@
+"""Event-time windows (DESIGN.md §3a): ``Tumbling``, ``Sliding`` and ``Session`` windows with
+allowed lateness, aggregated through a small accumulator interface.
+
+Derive from :class:`WindowedComputation` and say what to window, how to aggregate and where
+the results go::
+
+    class Clicks(WindowedComputation):
+        windows = Tumbling(60 * SECOND)
+        aggregator = Count()
+        output = "clicks_per_minute"
+
+Each window fires **exactly once**, when the computation's low watermark passes its end plus
+the allowed lateness, with a record on ``output``: key = the record's key, value =
+``aggregator.emit(acc)`` (bytes), timestamp = the window's end - 1. A record whose every window
+has already fired is *late*: it goes to the stream ``<computation>.late`` instead (and is
+counted there). Session windows merge as records arrive, out of order included: a record
+within ``gap`` of a session joins it, and one that bridges two sessions merges them.
+
+Windows live in typed state (a ``MapState`` per key, one entry per open window) and event-time
+timers, so they commit with the batch, survive failover and follow their keys through splits.
+Accumulators must be JSON values (numbers, strings, lists, dicts).
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Protocol
+
+from runtime import codecs
+from runtime.computation import Computation, Context, TimeDomain
+from runtime.errors import MillstreamError
+from runtime.record import Record
+from runtime.state import MapState
+from runtime.topology import late_stream
+
+SECOND = 1_000_000
+_TAG = "window/"
+
+
+def _us(v: int | datetime.timedelta, what: str) -> int:
+    us = int(v.total_seconds() * 1_000_000) if isinstance(v, datetime.timedelta) else v
+    if isinstance(us, bool) or not isinstance(us, int) or us < 0:
+        raise MillstreamError(f"{what}={v!r} must be a non-negative int of microseconds (or a timedelta)")
+    return us
+
+
+class _Windows:
+    def __init__(self, allowed_lateness: int | datetime.timedelta) -> None:
+        self.lateness = _us(allowed_lateness, "allowed_lateness")
+
+    def assign(self, ts: int) -> list[tuple[int, int]]:
+        raise NotImplementedError
+
+
+class Tumbling(_Windows):
+    """Fixed, non-overlapping windows of ``size``: ``[k·size, (k+1)·size)``."""
+
+    def __init__(self, size: int | datetime.timedelta, *, allowed_lateness: int | datetime.timedelta = 0) -> None:
+        super().__init__(allowed_lateness)
+        self.size = _us(size, "size")
+        if not self.size:
+            raise MillstreamError("Tumbling: size must be > 0")
+
+    def assign(self, ts: int) -> list[tuple[int, int]]:
+        start = ts - ts % self.size
+        return [(start, start + self.size)]
+
+
+class Sliding(_Windows):
+    """Windows of ``size`` starting every ``period``: a record is in ``size / period`` of them."""
+
+    def __init__(self, size: int | datetime.timedelta, period: int | datetime.timedelta, *,
+                 allowed_lateness: int | datetime.timedelta = 0) -> None:
+        super().__init__(allowed_lateness)
+        self.size, self.period = _us(size, "size"), _us(period, "period")
+        if not self.period or self.size < self.period:
+            raise MillstreamError("Sliding: period must be > 0 and at most size")
+
+    def assign(self, ts: int) -> list[tuple[int, int]]:
+        last = ts - ts % self.period
+        return [(s, s + self.size) for s in range(last - self.size + self.period, last + 1, self.period)
+                if s <= ts < s + self.size]
+
+
+class Session(_Windows):
+    """Per-key sessions: records less than ``gap`` apart are one session, ``[first, last + gap)``."""
+
+    def __init__(self, gap: int | datetime.timedelta, *, allowed_lateness: int | datetime.timedelta = 0) -> None:
+        super().__init__(allowed_lateness)
+        self.gap = _us(gap, "gap")
+        if not self.gap:
+            raise MillstreamError("Session: gap must be > 0")
+
+    def assign(self, ts: int) -> list[tuple[int, int]]:
+        return [(ts, ts + self.gap)]
+
+
+class Aggregator(Protocol):
+    """How a window's records become its result: ``create() -> acc``, ``add(acc, value) -> acc``,
+    ``merge(a, b) -> acc`` (sessions that merge), ``emit(acc) -> bytes``."""
+
+    def create(self) -> Any: ...
+
+    def add(self, acc: Any, value: Any) -> Any: ...
+
+    def merge(self, a: Any, b: Any) -> Any: ...
+
+    def emit(self, acc: Any) -> bytes: ...
+
+
+class Count:
+    """How many records a window holds."""
+
+    def create(self) -> int:
+        return 0
+
+    def add(self, acc: int, value: Any) -> int:
+        return acc + 1
+
+    def merge(self, a: int, b: int) -> int:
+        return a + b
+
+    def emit(self, acc: int) -> bytes:
+        return str(acc).encode()
+
+
+class Sum:
+    """The sum of the values (:meth:`WindowedComputation.value` must return numbers)."""
+
+    def create(self) -> float:
+        return 0
+
+    def add(self, acc: float, value: Any) -> float:
+        return acc + value
+
+    def merge(self, a: float, b: float) -> float:
+        return a + b
+
+    def emit(self, acc: float) -> bytes:
+        return str(acc).encode()
+
+
+class WindowedComputation(Computation):
+    """A computation that aggregates each key's records per event-time window (module doc).
+
+    Set ``windows``, ``aggregator`` and ``output`` on the subclass (and list ``output`` in
+    ``outputs=``; ``<name>.late`` is every computation's); override :meth:`value` to pick what is aggregated
+    (default: the record's value) and :meth:`on_window` to emit something else."""
+
+    windows: _Windows
+    aggregator: Aggregator
+    output: str = ""
+    _open = MapState("millstream.windows", codecs.INT, codecs.JSON)  # start -> [end, acc]
+
+    def value(self, record: Record) -> Any:
+        """What the aggregator adds for ``record`` (default: its value, bytes)."""
+        return record.value
+
+    def on_window(self, ctx: Context, start: int, end: int, acc: Any) -> None:
+        """A window fired: by default produce ``aggregator.emit(acc)`` to ``output``."""
+        ctx.produce(self.output, self.aggregator.emit(acc), timestamp=end - 1)
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        w = self.windows
+        wm = ctx.low_watermark
+        live = [(s, e) for s, e in w.assign(record.timestamp) if e + w.lateness > wm]
+        if not live:
+            ctx.produce(late_stream(self._name(ctx)), record.value)
+            return
+        state = ctx.state_of(self._open)
+        value = self.value(record)
+        for s, e in live:
+            acc = self.aggregator.add(self.aggregator.create(), value)
+            if isinstance(w, Session):
+                s, e, acc = self._merge_sessions(ctx, state, s, e, acc)
+            else:
+                have = state.get(s)
+                if have is not None:
+                    acc = self.aggregator.merge(have[1], acc)
+            state.put(s, [e, acc])
+            ctx.set_timer(f"{_TAG}{s}", e + w.lateness, TimeDomain.EVENT_TIME)
+
+    def _merge_sessions(self, ctx: Context, state: Any, s: int, e: int, acc: Any) -> tuple[int, int, Any]:
+        absorbed: set[int] = set()
+        changed = True
+        while changed:  # a record can bridge sessions: merge until nothing more overlaps
+            changed = False
+            for start, (end, other) in list(state.items()):
+                if start not in absorbed and start < e and s < end:
+                    s, e = min(s, start), max(e, end)
+                    acc = self.aggregator.merge(other, acc)
+                    absorbed.add(start)
+                    changed = True
+        for start in absorbed - {s}:
+            state.remove(start)
+            ctx.delete_timer(f"{_TAG}{start}")
+        return s, e, acc
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        if not tag.startswith(_TAG):
+            return
+        start = int(tag[len(_TAG):])
+        state = ctx.state_of(self._open)
+        window = state.get(start)
+        if window is None:
+            return
+        state.remove(start)
+        self.on_window(ctx, start, int(window[0]), window[1])
+
+    @staticmethod
+    def _name(ctx: Context) -> str:
+        return ctx.tablet.rpartition("/")[0]

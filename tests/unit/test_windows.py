@@ -1,0 +1,163 @@
+"""Event-time windows (runtime/windows.py) against an oracle, with disorder and late data,
+through the test kit (the real worker, virtual time)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from runtime import Record, Topology
+from runtime.errors import MillstreamError
+from runtime.testing import TestRun
+from runtime.windows import SECOND, Count, Session, Sliding, Sum, Tumbling, WindowedComputation
+
+T0 = 1_700_000_000_000_000
+
+
+class TumblingCounts(WindowedComputation):
+    windows = Tumbling(SECOND, allowed_lateness=SECOND // 2)
+    aggregator = Count()
+    output = "counts"
+
+
+class SlidingSums(WindowedComputation):
+    windows = Sliding(2 * SECOND, SECOND)
+    aggregator = Sum()
+    output = "counts"
+
+    def value(self, record: Record) -> int:
+        return int(record.value)
+
+
+class Sessions(WindowedComputation):
+    windows = Session(SECOND)
+    aggregator = Count()
+    output = "counts"
+
+    def on_window(self, ctx, start, end, acc):  # type: ignore[no-untyped-def]
+        ctx.produce("counts", f"{start},{end},{acc}".encode(), timestamp=end - 1)
+
+
+def _events(n: int, seed: int) -> list[tuple[bytes, int, int]]:
+    """(key, timestamp, value) about 100 ms apart, shuffled within 3 s, a few of them far behind."""
+    rng = random.Random(seed)
+    out = [(b"k%d" % rng.randrange(3), T0 + i * 100_000 + rng.randrange(3 * SECOND), rng.randrange(10))
+           for i in range(n)]
+    for i in range(0, n, 37):  # late data: far behind everything else
+        out[i] = (out[i][0], out[i][1] - 20 * SECOND, out[i][2])
+    return out
+
+
+def _run(code: str, events: list[tuple[bytes, int, int]], chunk: int = 20) -> tuple[TestRun, list[int]]:
+    """Inject in chunks; after each, the input watermark moves to 3 s behind the newest base
+    time and the run settles. Returns the run and the watermark each chunk's records saw."""
+    topo = Topology("w").add_computation("win", code, inputs={"in": None}, outputs=["counts"])
+    run = TestRun(topo)
+    seen, wm = [], -(1 << 63)
+    for lo in range(0, len(events), chunk):
+        for key, ts, v in events[lo:lo + chunk]:
+            run.inject("in", key, str(v).encode(), ts)
+        seen.append(wm)
+        wm = T0 + (lo + chunk) * 100_000 - 3 * SECOND
+        run.advance_watermark("in", wm)
+        run.run_until_idle()
+    run.finish("in")
+    run.run_until_idle()
+    return run, seen
+
+
+def _fixed_oracle(events, seen, assign, lateness, chunk=20, agg=lambda vs: len(vs)):  # type: ignore[no-untyped-def]
+    windows: dict[tuple[bytes, int, int], list[int]] = {}
+    late = 0
+    for i, (key, ts, v) in enumerate(events):
+        wm = seen[i // chunk]
+        live = [(s, e) for s, e in assign(ts) if e + lateness > wm]
+        if not live:
+            late += 1
+        for s, e in live:
+            windows.setdefault((key, s, e), []).append(v)
+    return {(k, e - 1): str(agg(vs)).encode() for (k, s, e), vs in windows.items()}, late
+
+
+def _got(run: TestRun) -> dict[tuple[bytes, int], bytes]:
+    out: dict[tuple[bytes, int], bytes] = {}
+    for r in run.output("counts"):
+        assert (r.key, r.timestamp) not in out, f"window {(r.key, r.timestamp)} fired twice"
+        out[(r.key, r.timestamp)] = r.value
+    return out
+
+
+def test_tumbling_windows_with_allowed_lateness_equal_the_oracle() -> None:
+    events = _events(400, seed=1)
+    run, seen = _run("tests.unit.test_windows:TumblingCounts", events)
+    with run:
+        expected, late = _fixed_oracle(events, seen, Tumbling(SECOND).assign, SECOND // 2)
+        assert _got(run) == expected
+        assert len(run.output("win.late")) == late and late > 0
+
+
+def test_sliding_windows_sum_equal_the_oracle() -> None:
+    events = _events(300, seed=2)
+    run, seen = _run("tests.unit.test_windows:SlidingSums", events)
+    with run:
+        expected, late = _fixed_oracle(events, seen, Sliding(2 * SECOND, SECOND).assign, 0, agg=sum)
+        assert _got(run) == expected
+        assert len(run.output("win.late")) == late
+
+
+def _session_oracle(events, seen, gap, chunk=20):  # type: ignore[no-untyped-def]
+    """Sessions simulated chunk by chunk: a record whose own [ts, ts + gap) has expired is
+    late; the others join every open session they overlap; sessions fire once the watermark
+    passes their end."""
+    open_: dict[bytes, list[list[int]]] = {}
+    fired: list[tuple[bytes, int, int, int]] = []
+    late = 0
+    for c in range(0, len(events), chunk):
+        wm = seen[c // chunk]
+        for key, ts, _ in events[c:c + chunk]:
+            if ts + gap <= wm:
+                late += 1
+                continue
+            s, e, n = ts, ts + gap, 1
+            rest = []
+            for w in open_.get(key, []):
+                if w[0] < e and s < w[1]:
+                    s, e, n = min(s, w[0]), max(e, w[1]), n + w[2]
+                else:
+                    rest.append(w)
+            # a merge can make it overlap more: repeat until stable
+            changed = True
+            while changed:
+                changed, keep = False, []
+                for w in rest:
+                    if w[0] < e and s < w[1]:
+                        s, e, n, changed = min(s, w[0]), max(e, w[1]), n + w[2], True
+                    else:
+                        keep.append(w)
+                rest = keep
+            open_[key] = [*rest, [s, e, n]]
+        nxt = seen[c // chunk + 1] if c // chunk + 1 < len(seen) else None
+        wm_after = nxt if nxt is not None else (1 << 63) - 1
+        for key, ws in open_.items():
+            fired += [(key, w[0], w[1], w[2]) for w in ws if w[1] <= wm_after]
+            open_[key] = [w for w in ws if w[1] > wm_after]
+    for key, ws in open_.items():
+        fired += [(key, w[0], w[1], w[2]) for w in ws]
+    return {(k, e - 1): f"{s},{e},{n}".encode() for k, s, e, n in fired}, late
+
+
+def test_session_windows_merge_across_out_of_order_records() -> None:
+    events = _events(300, seed=3)
+    run, seen = _run("tests.unit.test_windows:Sessions", events)
+    with run:
+        expected, late = _session_oracle(events, seen, SECOND)
+        assert _got(run) == expected
+        assert len(run.output("win.late")) == late
+
+
+def test_bad_window_options_are_refused() -> None:
+    with pytest.raises(MillstreamError, match="period must be > 0 and at most size"):
+        Sliding(SECOND, 2 * SECOND)
+    with pytest.raises(MillstreamError, match="allowed_lateness=-1 must be a non-negative int"):
+        Tumbling(SECOND, allowed_lateness=-1)
