@@ -21,7 +21,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -232,18 +232,9 @@ class _Link:
             base = pb.SnapshotChunk(computation=tablet.computation, key_range=tablet.key_range,
                                     token=tablet.token, index=index, session=session, follower=self.follower)
             sent = 0
-            for name in sorted(os.listdir(path)):
-                offset = 0
-                while True:
-                    data = await asyncio.to_thread(read_chunk, os.path.join(path, name), offset)
-                    chunk = pb.SnapshotChunk()
-                    chunk.CopyFrom(base)
-                    chunk.file, chunk.offset, chunk.data = name, offset, data
-                    await self._chunk(chunk)
-                    offset += len(data)
-                    sent += len(data)
-                    if len(data) < SNAPSHOT_CHUNK:
-                        break
+            async for chunk in checkpoint_chunks(path, base):
+                await self._chunk(chunk)
+                sent += len(chunk.data)
             done = pb.SnapshotChunk()
             done.CopyFrom(base)
             done.done = True
@@ -269,6 +260,22 @@ def read_chunk(path: str, offset: int) -> bytes:
     with open(path, "rb") as f:
         f.seek(offset)
         return f.read(SNAPSHOT_CHUNK)
+
+
+async def checkpoint_chunks(path: str, base: pb.SnapshotChunk) -> AsyncIterator[pb.SnapshotChunk]:
+    """The files of the checkpoint directory ``path`` as chunks of at most 4 MiB (copies of
+    ``base`` with ``file``, ``offset`` and ``data`` set), each read off the event loop."""
+    for name in sorted(os.listdir(path)):
+        offset = 0
+        while True:
+            data = await asyncio.to_thread(read_chunk, os.path.join(path, name), offset)
+            chunk = pb.SnapshotChunk()
+            chunk.CopyFrom(base)
+            chunk.file, chunk.offset, chunk.data = name, offset, data
+            yield chunk
+            offset += len(data)
+            if len(data) < SNAPSHOT_CHUNK:
+                break
 
 
 class Replicator:

@@ -32,7 +32,7 @@ from runtime.wire import millstream_pb2_grpc as rpc
 from worker.core import WorkerCore, WorkerLimits
 from worker.dedup import delivery_problem
 from worker.replica import write_at
-from worker.replication import SNAPSHOT_CHUNK, read_chunk
+from worker.replication import checkpoint_chunks
 from worker.sender import UNREACHABLE
 
 log = logging.getLogger(__name__)
@@ -156,17 +156,8 @@ class WorkerServicer(rpc.WorkerServicer):
         try:
             base = pb.SnapshotChunk(computation=request.computation, key_range=request.key_range,
                                     token=request.token, index=index)
-            for name in sorted(os.listdir(path)):
-                offset = 0
-                while True:
-                    data = await asyncio.to_thread(read_chunk, os.path.join(path, name), offset)
-                    chunk = pb.SnapshotChunk()
-                    chunk.CopyFrom(base)
-                    chunk.file, chunk.offset, chunk.data = name, offset, data
-                    yield chunk
-                    offset += len(data)
-                    if len(data) < SNAPSHOT_CHUNK:
-                        break
+            async for chunk in checkpoint_chunks(path, base):
+                yield chunk
             base.done = True
             yield base
         finally:

@@ -115,20 +115,21 @@ def test_a_split_window_pipeline_fires_every_window_once_and_watermarks_never_go
         assert values == sorted(values), f"{key} moved backwards: {values}"
 
 
+def split_and_kill(c: Cluster) -> None:
+    """Split the counter's first range, then kill its primary at once (and start it again)."""
+    t = _ranges(c, "counter")[0]
+    victim = next(w for w in c.workers if w.address == t["address"])
+    c.client.split("counter", t["key_range"])
+    c.kill_worker(victim, graceful=False)
+    c.restart_worker(victim)
+
+
 def test_a_split_when_its_worker_is_killed_is_exact(tmp_path: object) -> None:
     c = Cluster(str(tmp_path), workers=2)
     c.start()
     try:
         c.wait_ready(60)
-
-        def split_and_kill() -> None:
-            t = _ranges(c, "counter")[0]
-            victim = next(w for w in c.workers if w.address == t["address"])
-            c.client.split("counter", t["key_range"])
-            c.kill_worker(victim, graceful=False)
-            c.restart_worker(victim)
-
-        run_wordcount(c, n_lines=3000, midway=split_and_kill, name="kill")
+        run_wordcount(c, n_lines=3000, midway=lambda: split_and_kill(c), name="kill")
     finally:
         c.close()
 

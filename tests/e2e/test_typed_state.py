@@ -3,7 +3,7 @@ exact through a split and a worker killed right after it (failover to its replic
 
 from __future__ import annotations
 
-from tests.e2e.test_rescaling import _ranges
+from tests.e2e.test_rescaling import split_and_kill
 from tests.e2e.wordcount_run import run_wordcount
 from tests.harness import Cluster
 
@@ -13,15 +13,7 @@ def test_typed_state_survives_a_split_and_a_failover(tmp_path: object) -> None:
     c.start()
     try:
         c.wait_ready(60)
-
-        def split_and_kill() -> None:
-            t = _ranges(c, "counter")[0]
-            victim = next(w for w in c.workers if w.address == t["address"])
-            c.client.split("counter", t["key_range"])
-            c.kill_worker(victim, graceful=False)
-            c.restart_worker(victim)
-
-        counts = run_wordcount(c, n_lines=2000, midway=split_and_kill, name="typed",
+        counts = run_wordcount(c, n_lines=2000, midway=lambda: split_and_kill(c), name="typed",
                                counter="tests.jobs:TypedCounter")
         word, n = max(counts.items(), key=lambda kv: kv[1])
         assert n >= 20  # the history check ran for this word, after the split
