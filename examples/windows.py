@@ -1,40 +1,27 @@
-"""One-second tumbling event-time windows counting records per key.
+"""One-second tumbling event-time windows counting records per key, on ``runtime.windows``.
 
-Each record adds one to its window's count in the key's state and sets an
-event-time timer at the window's end; the timer fires once the computation's
-low watermark passes the end (every record of the window has arrived), emits
-``"<window start>,<count>"`` and forgets the window.
+Each window fires once, when the computation's low watermark passes its end (every record
+of the window has arrived), and emits ``"<window start>,<count>"``. A record whose window has
+already fired is late: it goes to ``window_counter.late`` (counted there), never into a
+second, partial result.
 """
 
 from __future__ import annotations
 
-import json
-
-from runtime import Computation, Context, Record, TimeDomain, Topology
+from runtime import Context, Topology
 from runtime.topology import LateRecords
+from runtime.windows import SECOND, Count, Tumbling, WindowedComputation
 
-WINDOW_US = 1_000_000
+WINDOW_US = SECOND
 
 
-class WindowCounter(Computation):
-    def process_record(self, ctx: Context, record: Record) -> None:
-        start = record.timestamp - record.timestamp % WINDOW_US
-        windows = json.loads(ctx.state.get() or b"{}")
-        windows[str(start)] = windows.get(str(start), 0) + 1
-        ctx.state.set(json.dumps(windows).encode())
-        ctx.set_timer(f"w{start}", start + WINDOW_US, TimeDomain.EVENT_TIME)
+class WindowCounter(WindowedComputation):
+    windows = Tumbling(WINDOW_US)
+    aggregator = Count()
+    output = "window_counts"
 
-    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
-        start = time - WINDOW_US
-        windows = json.loads(ctx.state.get() or b"{}")
-        count = windows.pop(str(start), 0)
-        if windows:
-            ctx.state.set(json.dumps(windows).encode())
-        else:
-            ctx.state.clear()
-        # Stamped at the window's end, the timer's time: a pending timer holds the watermark
-        # there, so anything older would already be late downstream.
-        ctx.produce("window_counts", f"{start},{count}".encode())
+    def on_window(self, ctx: Context, start: int, end: int, acc: int) -> None:
+        ctx.produce(self.output, f"{start},{acc}".encode(), timestamp=self.fired_at(end))
 
 
 def topology(output_dir: str, name: str = "windows", key_ranges: int = 4,

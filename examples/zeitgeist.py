@@ -5,8 +5,9 @@
                                       +--> windows_sink    +--> alerts_sink   (Parquet)
 
 - :class:`WindowCounter`, keyed by query, counts the queries of each second of
-  event time and emits the count on an event-time timer at the end of the
-  second, once the low watermark says no more records of that second can come.
+  event time in a one-second tumbling window (``runtime.windows``) and emits the
+  count at the end of the second, once the low watermark says no more records of
+  that second can come.
 - :class:`ModelCalculator`, keyed by query, keeps a model of the query's
   expected traffic in state -- the median count of the previous
   :data:`HISTORY_SECONDS` seconds -- and, on an event-time timer that fires
@@ -28,7 +29,8 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from runtime import Computation, Context, Record, TimeDomain, Topology
+from runtime import Computation, Context, Record, TimeDomain, Topology, ValueState, codecs
+from runtime.windows import Count, Tumbling, WindowedComputation
 from spark_bridge import add_parquet_sink
 
 SECOND = 1_000_000
@@ -114,46 +116,30 @@ def reference_counts(records: Iterable[tuple[str, int]]) -> dict[str, dict[int, 
 # ----------------------------------------------------------------- computations
 
 
-class WindowCounter(Computation):
+class WindowCounter(WindowedComputation):
     """Counts a query's records per second of event time; emits each count when its second closes.
 
-    State: ``{second: count}`` of the seconds still open. One event-time timer
-    per open second, at its end. Output value: ``{"query", "second", "count"}``.
+    A one-second tumbling window (``runtime.windows``): it fires once, when the low watermark
+    passes the second's end, with ``{"query", "second", "count"}`` stamped at that end.
     """
+
+    windows = Tumbling(SECOND)
+    aggregator = Count()
 
     def setup(self, params: Mapping[str, str]) -> None:
         super().setup(params)
-        self.out = params.get("windows", "windows")
+        self.output = params.get("windows", "windows")
 
-    def process_record(self, ctx: Context, record: Record) -> None:
-        s = second_of(record.timestamp)
-        raw = ctx.state.get()
-        open_seconds: dict[str, int] = json.loads(raw) if raw else {}
-        key = str(s)
-        if key not in open_seconds:
-            ctx.set_timer(f"w{s}", end_of(s), TimeDomain.EVENT_TIME)
-        open_seconds[key] = open_seconds.get(key, 0) + 1
-        ctx.state.set(json.dumps(open_seconds).encode())
-
-    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
-        s = int(tag[1:])
-        raw = ctx.state.get()
-        open_seconds: dict[str, int] = json.loads(raw) if raw else {}
-        n = open_seconds.pop(str(s), 0)
-        if open_seconds:
-            ctx.state.set(json.dumps(open_seconds).encode())
-        else:
-            ctx.state.clear()
-        if n:
-            query = ctx.key.decode("utf-8", "backslashreplace")
-            ctx.produce(self.out, json.dumps({"query": query, "second": s, "count": n}).encode(),
-                        timestamp=end_of(s))
+    def on_window(self, ctx: Context, start: int, end: int, acc: int) -> None:
+        query = ctx.key.decode("utf-8", "backslashreplace")
+        ctx.produce(self.output, json.dumps({"query": query, "second": second_of(start), "count": acc}).encode(),
+                    timestamp=self.fired_at(end))
 
 
 class ModelCalculator(Computation):
     """Keeps a query's traffic model in state and judges each second once all its counts are in.
 
-    State: ``first`` and ``last`` second seen, ``next`` second to judge, the
+    State (one JSON :class:`ValueState`, ``model``): ``first`` and ``last`` second seen, ``next`` second to judge, the
     counts of the :data:`HISTORY_SECONDS` seconds before it (``hist``) and
     counts received but not judged yet (``pending``). One event-time timer,
     ``judge``, at :func:`judged_at` of the next second that needs judging:
@@ -162,18 +148,17 @@ class ModelCalculator(Computation):
     they are committed here).
     """
 
+    model = ValueState("model", codecs.JSON)
+
     def setup(self, params: Mapping[str, str]) -> None:
         super().setup(params)
         self.out = params.get("alerts", "alerts")
 
-    @staticmethod
-    def _load(raw: bytes | None) -> dict | None:
-        return json.loads(raw) if raw else None
-
     def process_record(self, ctx: Context, record: Record) -> None:
         w = json.loads(record.value)
         s, n = int(w["second"]), int(w["count"])
-        st = self._load(ctx.state.get())
+        model = ctx.state_of(self.model)
+        st = model.get()
         if st is None:
             st = {"first": s, "last": s, "next": s, "judged": False,
                   "hist": [0] * HISTORY_SECONDS, "pending": {}}
@@ -185,10 +170,11 @@ class ModelCalculator(Computation):
         st["last"] = max(st["last"], s)
         st["pending"][str(s)] = st["pending"].get(str(s), 0) + n
         self._schedule(ctx, st)
-        ctx.state.set(json.dumps(st).encode())
+        model.set(st)
 
     def process_timer(self, ctx: Context, tag: str, time: int) -> None:
-        st = self._load(ctx.state.get())
+        model = ctx.state_of(self.model)
+        st = model.get()
         if st is None:
             return
         query = ctx.key.decode("utf-8", "backslashreplace")
@@ -221,7 +207,7 @@ class ModelCalculator(Computation):
         st["hist"] = hist
         st["pending"] = {str(k): v for k, v in pending.items()}
         self._schedule(ctx, st)
-        ctx.state.set(json.dumps(st).encode())
+        model.set(st)
 
     @staticmethod
     def _schedule(ctx: Context, st: dict) -> None:

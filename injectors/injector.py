@@ -1,12 +1,24 @@
 """The injector client: brings external records into a stream, exactly once.
 
-Records are batched per destination tablet and retried until the tablet has
-committed them. Ids default to (injector name, position of the record in this
-injector's sequence), so re-running the same injection after a crash sends the
-same ids and receivers drop what they already have: each receiving tablet keeps
-only the highest position it committed from this injector (worker/dedup.py), so
-that holds however late the re-run comes. Ids given by the caller are opaque and
-deduplicated for the receiving computation's ``dedup_retention``.
+``send`` only queues. A background thread delivers what is queued in *rounds*: a round
+starts when ``batch_size`` records are waiting, when the oldest has waited ``linger_ms``
+(like Kafka's ``linger.ms`` or Flink's buffer timeout), or when :meth:`Injector.flush` asks;
+it sends everything waiting, one delivery per destination tablet (cut at 16 MiB), all
+destinations at once, and retries each until its tablet has committed it. Records sent
+while a round is in flight wait for the next one, so a paced loop of ``send`` calls gets
+its records committed within a few milliseconds without calling ``flush()``, and a fast
+one gets large deliveries. ``flush()`` waits until every record queued before it is
+committed. A round that fails for good (a stream closed by a drain, a cluster that stays
+unreachable for ``timeout``) puts its records back in the queue and stops the rounds; the
+next ``flush()`` (or ``finish()``, or a ``send`` that finds the queue full) raises the
+error, and the ``flush()`` after that tries again: nothing is lost.
+
+Ids default to (injector name, position of the record in this injector's sequence), so
+re-running the same injection after a crash sends the same ids and receivers drop what they
+already have: each receiving tablet keeps only the highest position it committed from this
+injector (worker/dedup.py), so that holds however late the re-run comes. Ids given by the
+caller are opaque and deduplicated for the receiving computation's ``dedup_retention``.
+The protocol itself (statuses, orders, cutting) is runtime/delivery.py's.
 """
 
 from __future__ import annotations
@@ -20,18 +32,20 @@ from typing import Any
 
 import grpc
 
+from runtime import delivery
 from runtime.client import Client
+from runtime.delivery import Status
 from runtime.errors import InjectionError, MillstreamError
 from runtime.record import ID_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, Record, producer_prefix, sequence_id
 from runtime.routing import KeyExtractor, RoutingTable
 from runtime.security import Security
-from runtime.wire import MAX_DELIVERY_BYTES, record_bytes, to_orders, to_proto
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
 END_OF_TIME = (1 << 63) - 1
 MIN = -(1 << 63)
+Pending = dict[tuple[str, int, int], list[Record]]  # (computation, range, chunk) -> records
 
 
 def _check_time(t: object, what: str) -> None:
@@ -48,7 +62,8 @@ class Injector:
     """
 
     def __init__(self, masters: str | Iterable[str], stream: str, name: str, *,
-                 batch_size: int = 1000, timeout: float = 60.0, security: Security = Security(),
+                 batch_size: int = 1000, linger_ms: float = 5.0, max_queued: int = 100_000,
+                 timeout: float = 60.0, security: Security = Security(),
                  incarnation: str | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise InjectionError("an injector needs a non-empty name (it seeds its record ids)")
@@ -59,14 +74,31 @@ class Injector:
         # ``incarnation`` given: a stable identity, so a restarted copy (a retried Spark task)
         # replaces the hold of the one it restarts instead of adding its own.
         self.incarnation = uuid.uuid4().hex if incarnation is None else incarnation
+        if linger_ms < 0 or batch_size < 1 or max_queued < batch_size:
+            raise InjectionError(f"linger_ms={linger_ms} must be >= 0, batch_size={batch_size} >= 1 and "
+                                 f"max_queued={max_queued} >= batch_size")
         self.batch_size = batch_size
+        self.linger_s = linger_ms / 1000
+        self.max_queued = max_queued
         self.timeout = timeout
         self.security = security
         self.client = Client(masters, timeout=min(timeout, 10.0), security=security)
         self._prefix = producer_prefix("injector/" + name)
         self.position = 0
         self._sequenced: dict[bytes, int] = {self._prefix: 0}  # producer -> last sequence queued
+        # The queue, shared with the round thread under _cond: records waiting (_buffer, the
+        # oldest queued at _first_at), the round in flight (_sending), how many were ever
+        # queued and committed (flush waits on those), and a round's error not yet raised.
+        self._cond = threading.Condition()
         self._buffer: list[Record] = []
+        self._buffer_min = END_OF_TIME
+        self._first_at = 0.0
+        self._sending: list[Record] = []
+        self._sending_min = END_OF_TIME
+        self._queued = self._committed = 0
+        self._flushing = 0
+        self._error: MillstreamError | None = None
+        self._rounds: threading.Thread | None = None
         self._extractors: dict[str, KeyExtractor] = {}
         self._routing = self._fetch_routing()
         self._channels: dict[str, grpc.Channel] = {}
@@ -88,7 +120,9 @@ class Injector:
     # --------------------------------------------------------------- sending
 
     def send(self, key: bytes, value: bytes, timestamp: int, id: bytes | None = None) -> None:
-        """Queue one record; sent when the batch fills, on :meth:`flush` or :meth:`finish`."""
+        """Queue one record; it leaves within ``linger_ms`` (sooner when ``batch_size`` are
+        waiting). Blocks while ``max_queued`` records wait (raising a failed round's error if
+        that is why)."""
         if self.finished:
             raise InjectionError(f"injector {self.name!r} is finished; create a new one to send more")
         if not isinstance(key, bytes):
@@ -124,9 +158,71 @@ class Injector:
         self._sequenced[prefix] = seq
 
     def _queue(self, record: Record) -> None:
-        self._buffer.append(record)
-        if len(self._buffer) >= self.batch_size:
-            self.flush()
+        with self._cond:
+            while len(self._buffer) >= self.max_queued:
+                self._raise_error()
+                self._start_rounds()
+                self._cond.wait(0.1)
+            if not self._buffer:
+                self._first_at = time.monotonic()
+            self._buffer.append(record)
+            self._buffer_min = min(self._buffer_min, record.timestamp)
+            self._queued += 1
+            self._start_rounds()
+            if len(self._buffer) == self.batch_size:
+                self._cond.notify_all()
+
+    def _start_rounds(self) -> None:
+        if self._rounds is None and not self._closed.is_set():
+            self._rounds = threading.Thread(target=self._run_rounds, name=f"injector {self.name} rounds",
+                                            daemon=True)
+            self._rounds.start()
+
+    def _raise_error(self) -> None:
+        """Raise (once) the error that stopped the rounds; the next round retries."""
+        if self._error is not None:
+            err, self._error = self._error, None
+            self._cond.notify_all()
+            raise err
+
+    def _next_round(self) -> list[Record] | None:
+        """Wait until a round is due and take its records (None: closing)."""
+        with self._cond:
+            while not self._closed.is_set():
+                if self._buffer and self._error is None:
+                    wait = self._first_at + self.linger_s - time.monotonic()
+                    if len(self._buffer) >= self.batch_size or self._flushing or wait <= 0:
+                        records, self._buffer = self._buffer, []
+                        self._sending, self._sending_min = records, self._buffer_min
+                        self._buffer_min = END_OF_TIME
+                        return records
+                    self._cond.wait(wait)
+                else:
+                    self._cond.wait()
+        return None
+
+    def _run_rounds(self) -> None:
+        while (records := self._next_round()) is not None:
+            try:
+                self._deliver(records)
+            except Exception as e:  # kept for the caller; the records stay queued
+                err = e if isinstance(e, MillstreamError) else InjectionError(
+                    f"injector {self.name!r}: delivering failed: {e!r} (the records are still queued)")
+                if not self._closed.is_set():
+                    log.warning("injector %s: %s", self.name, err)
+                with self._cond:
+                    self._buffer = records + self._buffer
+                    self._buffer_min = min(self._buffer_min, self._sending_min)
+                    self._first_at = time.monotonic()
+                    self._sending, self._sending_min = [], END_OF_TIME
+                    self._error = err
+                    self._cond.notify_all()
+                continue
+            with self._cond:
+                self._sending, self._sending_min = [], END_OF_TIME
+                self._committed += len(records)
+                self._cond.notify_all()
+            self._report()
 
     def advance_watermark(self, timestamp: int) -> None:
         """Promise to send nothing older than ``timestamp`` (never moves backwards).
@@ -143,11 +239,9 @@ class Injector:
     def effective_watermark(self) -> int:
         """min(the promised watermark, the oldest record not flushed, the oldest record whose
         receiving tablet's progress report the leader does not hold yet)."""
-        candidates = [self.watermark]
-        if self._buffer:
-            candidates.append(min(r.timestamp for r in self._buffer))
-        candidates += [ts for ts, _ in self._held]
-        return min(candidates)
+        with self._cond:
+            queued = min(self._buffer_min, self._sending_min)
+        return min(self.watermark, queued, *(ts for ts, _ in self._held))
 
     def _send_report(self, wm: int) -> dict[str, int]:
         report = pb.InjectorReport(name=self.name, stream=self.stream, watermark=wm,
@@ -196,51 +290,69 @@ class Injector:
             ask = True
 
     def flush(self) -> None:
-        """Block until every queued record is committed by its tablet."""
-        if not self._buffer:
-            return
+        """Block until every record queued before this call is committed by its tablet (or
+        raise the error that stopped the rounds; the records stay queued and the next flush
+        tries again)."""
+        with self._cond:
+            self._raise_error()
+            target = self._queued
+            if self._committed >= target:
+                return
+            self._flushing += 1
+            self._start_rounds()
+            self._cond.notify_all()
+            try:
+                while self._committed < target:
+                    self._raise_error()
+                    if self._closed.is_set():
+                        raise InjectionError(f"injector {self.name!r} is closed")
+                    self._cond.wait(0.1)
+            finally:
+                self._flushing -= 1
+
+    def _deliver(self, records: list[Record]) -> None:
+        """One round: deliver ``records`` to their tablets, retried until each is committed
+        (or raise once ``timeout`` passes; the caller keeps them)."""
         deadline = time.monotonic() + self.timeout
         # One Deliver per destination and per 16 MiB of records: never over the message limit.
-        pending: dict[tuple[str, int, int], list[Record]] = {}
-        for (comp, r), records in self._route(self._buffer).items():
-            _chunk(pending, comp, r, records)
+        pending: Pending = {}
+        for (comp, r), routed in self._route(records).items():
+            _chunk(pending, comp, r, routed)
         orders = self._orders(pending)
-        delay = 0.01
+        delay = 0.005
         while pending:
-            failed: dict[tuple[str, int, int], list[Record]] = {}
+            failed: Pending = {}
             calls = []
-            for dest, records in pending.items():
+            for dest, recs in pending.items():
                 target = self._routing.destination(dest[0], dest[1])
                 if not target.address:
-                    failed[dest] = records
+                    failed[dest] = recs
                     continue
-                req = pb.DeliverRequest(computation=dest[0], key_range=dest[1], token=target.token,
-                                        records=[to_proto(r) for r in records],
-                                        sender="injector/" + self.name, orders=orders[dest])
-                calls.append((dest, records, self._stub(target.address).Deliver.future(req, timeout=30)))
+                req = delivery.request(dest[0], dest[1], target.token, recs, sender="injector/" + self.name)
+                req.orders.extend(orders[dest])
+                calls.append((dest, recs, self._stub(target.address).Deliver.future(req, timeout=30)))
             refresh = bool(failed)
-            for dest, records, fut in calls:
+            for dest, recs, fut in calls:
                 try:
-                    resp = fut.result()
-                    status = resp.status
+                    out = delivery.answered(fut.result())
                 except grpc.RpcError as e:
-                    if e.code() in (grpc.StatusCode.INVALID_ARGUMENT,  # a bad record: retrying cannot help
-                                    grpc.StatusCode.FAILED_PRECONDITION):  # its job drained: neither
-                        raise InjectionError(f"injector {self.name!r}: {e.details()} (the records are still "
+                    out = delivery.failed(e)
+                    if out.refused is not None:  # a bad record or a drained job: retrying cannot help
+                        raise InjectionError(f"injector {self.name!r}: {out.refused} (the records are still "
                                              "queued, nothing was lost)") from None
-                    status = pb.DeliverResponse.NOT_OWNER
-                if status != pb.DeliverResponse.OK:
-                    failed[dest] = records
-                    refresh = refresh or status == pb.DeliverResponse.NOT_OWNER
-                elif resp.worker_id:
+                if out.status != Status.OK:
+                    failed[dest] = recs
+                    refresh = refresh or out.retry_after_routing
+                elif out.receipt is not None and out.receipt[0]:
                     # Committed: its timestamps hold our watermark until the leader holds the
                     # receiver's report that reflects them.
                     with self._lock:
-                        self._held.append((min(r.timestamp for r in records),
-                                           (resp.worker_id, resp.report_seq)))
+                        self._held.append((min(r.timestamp for r in recs), out.receipt))
             pending = failed
             if not pending:
                 break
+            if self._closed.is_set():
+                raise InjectionError(f"injector {self.name!r} closed with records unsent")
             if time.monotonic() > deadline:
                 n = sum(len(v) for v in pending.values())
                 raise InjectionError(
@@ -254,10 +366,8 @@ class Injector:
                 self._routing = self._fetch_routing()
                 if self._reroute(pending):
                     orders = self._orders(pending)
-        self._buffer.clear()
-        self._report()
 
-    def _reroute(self, pending: dict[tuple[str, int, int], list[Record]]) -> bool:
+    def _reroute(self, pending: Pending) -> bool:
         """Send records meant for ranges a split or merge replaced to the ranges that replaced
         them, by key, each producer's in order; true if any moved."""
         gone = [d for d in pending if d[0] in self._routing.computations
@@ -276,9 +386,8 @@ class Injector:
                 _chunk(pending, comp, r, recs)
         return True
 
-    def _orders(self, pending: dict[tuple[str, int, int], list[Record]]
-                ) -> dict[tuple[str, int, int], list[pb.ProducerOrder]]:
-        """Each delivery's place in its producers' orders. Every earlier flush is committed,
+    def _orders(self, pending: Pending) -> dict[tuple[str, int, int], list[pb.ProducerOrder]]:
+        """Each delivery's place in its producers' orders. Every earlier round is committed,
         so a destination's first delivery follows nothing (after=0); a later one (a
         destination's records cut at 16 MiB) follows the one before it, and its tablet
         waits for that one (OUT_OF_ORDER) rather than let a re-send of it count twice."""
@@ -291,7 +400,7 @@ class Injector:
                 prefix = rec.id[:8]
                 if prefix in self._sequenced:
                     here[prefix] = int.from_bytes(rec.id[8:], "big")
-            out[dest] = to_orders({p: (before.get(p, 0), 0) for p in here})
+            out[dest] = delivery.to_orders({p: (before.get(p, 0), 0) for p in here})
             before.update(here)
         return out
 
@@ -343,12 +452,16 @@ class Injector:
         self.finished = True
 
     def close(self) -> None:
+        """Stop sending (records not flushed are dropped: call :meth:`finish` or :meth:`flush`
+        first) and release the connections."""
         self._closed.set()
-        confirmer = self._confirmer
-        if confirmer is not None:
-            confirmer.join(5)
-        for ch in self._channels.values():
-            ch.close()
+        with self._cond:
+            self._cond.notify_all()
+        for ch in list(self._channels.values()):
+            ch.close()  # a round in flight fails at once and ends
+        for thread in (self._rounds, self._confirmer):
+            if thread is not None:
+                thread.join(5)
         self._channels.clear()
         self.client.close()
 
@@ -363,13 +476,9 @@ class Injector:
             self.close()
 
 
-def _chunk(pending: dict[tuple[str, int, int], list[Record]], comp: str, r: int, records: list[Record]) -> None:
-    """Add ``records`` for one tablet to ``pending``, cut into deliveries of at most 16 MiB,
+def _chunk(pending: Pending, comp: str, r: int, records: list[Record]) -> None:
+    """Add ``records`` for one tablet to ``pending``, cut into deliveries (runtime/delivery.py),
     after the chunks it already has for that tablet."""
-    chunk = max((d[2] + 1 for d in pending if d[:2] == (comp, r)), default=0)
-    size = 0
-    for rec in records:
-        size += record_bytes(rec)
-        if size > MAX_DELIVERY_BYTES and pending.get((comp, r, chunk)):
-            chunk, size = chunk + 1, record_bytes(rec)
-        pending.setdefault((comp, r, chunk), []).append(rec)
+    first = max((d[2] + 1 for d in pending if d[:2] == (comp, r)), default=0)
+    for i, chunk in enumerate(delivery.cut(records)):
+        pending[(comp, r, first + i)] = chunk

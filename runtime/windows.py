@@ -11,7 +11,9 @@ the results go::
 
 Each window fires **exactly once**, when the computation's low watermark passes its end plus
 the allowed lateness, with a record on ``output``: key = the record's key, value =
-``aggregator.emit(acc)`` (bytes), timestamp = the window's end - 1. A record whose every window
+``aggregator.emit(acc)`` (bytes), timestamp = the moment it fires: the window's end plus the
+allowed lateness (a pending window holds the computation's watermark there, so anything older
+could be late downstream). A record whose every window
 has already fired is *late*: it goes to the stream ``<computation>.late`` instead (and is
 counted there). Session windows merge as records arrive, out of order included: a record
 within ``gap`` of a session joins it, and one that bridges two sessions merges them.
@@ -157,8 +159,13 @@ class WindowedComputation(Computation):
         return record.value
 
     def on_window(self, ctx: Context, start: int, end: int, acc: Any) -> None:
-        """A window fired: by default produce ``aggregator.emit(acc)`` to ``output``."""
-        ctx.produce(self.output, self.aggregator.emit(acc), timestamp=end - 1)
+        """A window fired: by default produce ``aggregator.emit(acc)`` to ``output``, stamped
+        at :meth:`fired_at` (an override stamping anything older risks being late downstream)."""
+        ctx.produce(self.output, self.aggregator.emit(acc), timestamp=self.fired_at(end))
+
+    def fired_at(self, end: int) -> int:
+        """When the window ending at ``end`` fires: its end plus the allowed lateness."""
+        return end + self.windows.lateness
 
     def process_record(self, ctx: Context, record: Record) -> None:
         w = self.windows

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from runtime.computation import Computation, TimeDomain
+from runtime.delivery import Status
 from runtime.errors import MillstreamError
 from runtime.record import Record, derived_id, sequence_id
 from runtime.sinks import is_sink
 from runtime.state import TTL_TAG, cell, expired, merged
 from runtime.status import show_key
 from runtime.topology import dead_letter_stream
-from runtime.wire import millstream_pb2 as pb
 from worker.context import Effects, KeyContext
 from worker.dedup import Mark, MarkView, OpaqueIds, split_sequenced
 from worker.inbox import Delivery
@@ -40,8 +40,7 @@ log = logging.getLogger(__name__)
 # output's index (so at most 2**20 - 1 sequenced outputs per input, inputs below 2**44).
 WEAK_MAX_OUTPUTS = 1 << 20
 WEAK_MAX_SOURCE_SEQ = 1 << 44
-OK, NOT_OWNER, OUT_OF_ORDER = (pb.DeliverResponse.OK, pb.DeliverResponse.NOT_OWNER,
-                               pb.DeliverResponse.OUT_OF_ORDER)
+OK, NOT_OWNER, OUT_OF_ORDER = Status.OK, Status.NOT_OWNER, Status.OUT_OF_ORDER
 
 
 class LeaseExpired(MillstreamError):

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from runtime import metrics
+from runtime.delivery import Orders, Receipt
 from runtime.errors import NotOwner, StaleTokenError
 from runtime.faults import Faults
 from runtime.imports import CodePolicy
@@ -24,11 +25,10 @@ from worker.replication import ReplicaChannel, Replicator
 from worker.reshard import Origin, Parent
 from worker.sender import Sender
 from worker.storage import Production
-from worker.tablet import BUSY, NOT_OWNER, Orders, Tablet
+from worker.tablet import BUSY, NOT_OWNER, Tablet
 
 log = logging.getLogger(__name__)
 WATERMARK_MIN = -(1 << 63)
-Receipt = tuple[str, int]  # (receiving worker, its first progress report reflecting the commit)
 RemoteDeliver = Callable[[str, str, int, int, list[Record], Orders | None], Awaitable[tuple[int, Receipt | None]]]
 
 

@@ -13,12 +13,11 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 
+from runtime.delivery import Status, record_bytes
 from runtime.record import Record
-from runtime.wire import millstream_pb2 as pb
-from runtime.wire import record_bytes
 from worker.progress import TimestampBag
 
-OK, NOT_OWNER = pb.DeliverResponse.OK, pb.DeliverResponse.NOT_OWNER
+OK, NOT_OWNER = Status.OK, Status.NOT_OWNER
 
 
 @dataclass(slots=True)

@@ -7,10 +7,9 @@ docs/time.md); both hold the tablet's oldest work, hence the watermark.
 
 from __future__ import annotations
 
+from runtime.delivery import Receipt
 from worker.progress import TimestampBag
 from worker.storage import Production
-
-Receipt = tuple[str, int]  # (receiving worker, its first report reflecting the commit)
 
 
 class Outbox:

@@ -21,9 +21,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from runtime.delivery import MAX_DELIVERY_BYTES, Orders, Receipt, Status, record_bytes
 from runtime.record import Record
 from runtime.routing import RoutingTable
-from runtime.wire import MAX_DELIVERY_BYTES, record_bytes
 from worker.storage import Production
 
 if TYPE_CHECKING:
@@ -31,9 +31,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-OK, NOT_OWNER, BUSY, OUT_OF_ORDER, UNREACHABLE = 0, 1, 2, 3, -1
-DeliverFn = Callable[[str, str, int, int, list[Record], dict[bytes, tuple[int, int]] | None],
-                    Awaitable[tuple[int, tuple[str, int] | None]]]
+OK, NOT_OWNER, BUSY, OUT_OF_ORDER, UNREACHABLE = (Status.OK, Status.NOT_OWNER, Status.BUSY,
+                                                  Status.OUT_OF_ORDER, Status.UNREACHABLE)
+DeliverFn = Callable[[str, str, int, int, list[Record], Orders | None], Awaitable[tuple[int, Receipt | None]]]
 
 
 class Sender:
@@ -143,7 +143,8 @@ class Sender:
                     break
             routing = self._routing()
             target = routing.destination(*dest)
-            status, receipt = UNREACHABLE, None
+            status: int = UNREACHABLE
+            receipt: Receipt | None = None
             if target.address:
                 # One delivery in flight per destination, in the queue's order: each
                 # producer's records arrive in sequence and everything it sent here before

@@ -19,21 +19,20 @@ from typing import IO, Any, cast
 
 import grpc
 
-from runtime import metrics, serving
+from runtime import delivery, metrics, serving
 from runtime.client import AsyncMasterClient
 from runtime.errors import ConfigError, StaleTokenError
 from runtime.faults import Faults
 from runtime.imports import CodePolicy
 from runtime.record import Record
 from runtime.security import Security, caller_roles
-from runtime.wire import from_proto, to_orders, to_proto
+from runtime.wire import from_proto
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 from worker.core import WorkerCore, WorkerLimits
 from worker.dedup import delivery_problem
 from worker.replica import write_at
 from worker.replication import checkpoint_chunks
-from worker.sender import UNREACHABLE
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +137,7 @@ class WorkerServicer(rpc.WorkerServicer):
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, closed)
             route = self.core.routing.computations.get(request.computation)
             if route is not None and route.input_paused:  # a savepoint is being taken: retry soon
-                return pb.DeliverResponse(status=pb.DeliverResponse.BUSY)
+                return pb.DeliverResponse(status=cast(Any, delivery.Status.BUSY))
         status = await self.core.deliver(request.computation, request.key_range, request.token, records,
                                          orders)
         wid, seq = self.core.receipt()
@@ -218,14 +217,11 @@ class Peers:
         self._warned: set[tuple[str, grpc.StatusCode]] = set()
 
     async def deliver(self, address: str, computation: str, key_range: int, token: int,
-                      records: list[Record], orders: dict[bytes, tuple[int, int]] | None
-                      ) -> tuple[int, tuple[str, int] | None]:
-        stub = self._stub(address)
-        req = pb.DeliverRequest(computation=computation, key_range=key_range, token=token,
-                                records=[to_proto(r) for r in records],
-                                orders=to_orders(orders))
+                      records: list[Record], orders: delivery.Orders | None
+                      ) -> tuple[int, delivery.Receipt | None]:
+        req = delivery.request(computation, key_range, token, records, orders)
         try:
-            resp = await stub.Deliver(req, timeout=30)
+            out = delivery.answered(await self._stub(address).Deliver(req, timeout=30))
         except grpc.RpcError as e:
             code = e.code()
             # Unavailable / deadline: a worker restarting or busy, retried quietly. Anything
@@ -235,8 +231,8 @@ class Peers:
             elif (address, code) not in self._warned:
                 self._warned.add((address, code))
                 log.warning("delivery to %s failed: %s (%s); retrying", address, code.name, e.details())
-            return UNREACHABLE, None
-        return int(resp.status), (resp.worker_id, resp.report_seq)
+            out = delivery.failed(e)
+        return out.status, out.receipt
 
     def _stub(self, address: str) -> rpc.WorkerStub:
         stub = self._stubs.get(address)

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from runtime import metrics
 from runtime.computation import Computation, TimeDomain
+from runtime.delivery import Orders, Status
 from runtime.errors import MillstreamError
 from runtime.imports import CodePolicy, load
 from runtime.record import Record, producer_prefix
@@ -44,9 +45,9 @@ from worker.timers import TimerIndex
 
 log = logging.getLogger(__name__)
 
-OK, NOT_OWNER, BUSY = pb.DeliverResponse.OK, pb.DeliverResponse.NOT_OWNER, pb.DeliverResponse.BUSY
+OK, NOT_OWNER, BUSY = Status.OK, Status.NOT_OWNER, Status.BUSY
+
 DEFAULT_DEDUP_RETENTION_S = 600.0  # docs/exactly-once.md: why ten minutes
-Orders = dict[bytes, tuple[int, int]]  # producer prefix -> (after, token): see ProducerOrder
 
 
 class TabletHost(Protocol):

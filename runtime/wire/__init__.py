@@ -5,16 +5,9 @@ from __future__ import annotations
 from runtime.record import Record
 from runtime.wire import millstream_pb2 as pb
 
-# Bounded message sizes on every channel and server.
+# Bounded message sizes on every channel and server (runtime/delivery.py cuts deliveries
+# well below it).
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-# A delivery (one Deliver call) is cut at this many bytes of records, so a batch of large
-# values never exceeds MAX_MESSAGE_BYTES; one record may be up to 16 MiB (worker/context.py).
-MAX_DELIVERY_BYTES = 16 * 1024 * 1024
-
-
-def record_bytes(r: Record) -> int:
-    """About what ``r`` costs in a message (payload plus framing)."""
-    return len(r.key) + len(r.value) + 48
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -34,8 +27,3 @@ def to_proto(r: Record) -> pb.Record:
 
 def from_proto(p: pb.Record) -> Record:
     return Record(p.key, p.value, p.timestamp, p.id)
-
-
-def to_orders(orders: dict[bytes, tuple[int, int]] | None) -> list[pb.ProducerOrder]:
-    """``{producer prefix: (after, token)}`` as the ``orders`` of a DeliverRequest."""
-    return [pb.ProducerOrder(producer=p, after=a, token=t) for p, (a, t) in (orders or {}).items()]

@@ -11,7 +11,7 @@ import pytest
 
 from examples import windows
 from injectors import Injector
-from runtime import Topology
+from runtime import Computation, Context, Record, Topology
 from runtime.sinks import read_file_sink
 from tests.harness import Cluster, etcd_history, wait_until
 
@@ -135,8 +135,8 @@ def test_published_watermarks_never_decrease_across_failover_and_worker_kill(tmp
         c.close()
 
 
-class Count(windows.Computation):
-    def process_record(self, ctx: windows.Context, record: windows.Record) -> None:
+class Count(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
         n = int(ctx.state.get() or b"0") + 1
         ctx.state.set(str(n).encode())
         ctx.produce("late_out", record.value)

@@ -13,6 +13,7 @@ from runtime.errors import InjectionError
 from runtime.record import producer_prefix
 
 MIN = -(1 << 63)
+END = (1 << 63) - 1
 
 
 class NoMaster:
@@ -29,6 +30,8 @@ def _injector() -> Injector:
     inj = Injector.__new__(Injector)
     inj.name, inj.stream, inj.batch_size, inj.finished = "src", "in", 1000, False
     inj.position, inj._buffer, inj._held = 0, [], []
+    inj._cond, inj._buffer_min, inj._sending_min, inj._queued = threading.Condition(), END, END, 0
+    inj.max_queued, inj._error, inj._rounds, inj._first_at = 100_000, None, threading.Thread(), 0.0  # no round thread
     inj.watermark, inj._reported = MIN, MIN
     inj._lock, inj._closed, inj._confirmer = threading.Lock(), threading.Event(), None
     inj.client = NoMaster()  # type: ignore[assignment]

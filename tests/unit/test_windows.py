@@ -36,7 +36,7 @@ class Sessions(WindowedComputation):
     output = "counts"
 
     def on_window(self, ctx, start, end, acc):  # type: ignore[no-untyped-def]
-        ctx.produce("counts", f"{start},{end},{acc}".encode(), timestamp=end - 1)
+        ctx.produce("counts", f"{start},{end},{acc}".encode(), timestamp=self.fired_at(end))
 
 
 def _events(n: int, seed: int) -> list[tuple[bytes, int, int]]:
@@ -77,7 +77,7 @@ def _fixed_oracle(events, seen, assign, lateness, chunk=20, agg=lambda vs: len(v
             late += 1
         for s, e in live:
             windows.setdefault((key, s, e), []).append(v)
-    return {(k, e - 1): str(agg(vs)).encode() for (k, s, e), vs in windows.items()}, late
+    return {(k, e + lateness): str(agg(vs)).encode() for (k, s, e), vs in windows.items()}, late
 
 
 def _got(run: TestRun) -> dict[tuple[bytes, int], bytes]:
@@ -144,7 +144,7 @@ def _session_oracle(events, seen, gap, chunk=20):  # type: ignore[no-untyped-def
             open_[key] = [w for w in ws if w[1] > wm_after]
     for key, ws in open_.items():
         fired += [(key, w[0], w[1], w[2]) for w in ws]
-    return {(k, e - 1): f"{s},{e},{n}".encode() for k, s, e, n in fired}, late
+    return {(k, e): f"{s},{e},{n}".encode() for k, s, e, n in fired}, late
 
 
 def test_session_windows_merge_across_out_of_order_records() -> None:
@@ -154,6 +154,44 @@ def test_session_windows_merge_across_out_of_order_records() -> None:
         expected, late = _session_oracle(events, seen, SECOND)
         assert _got(run) == expected
         assert len(run.output("win.late")) == late
+
+
+def everything(record: Record) -> bytes:
+    return b"all"
+
+
+class Total(WindowedComputation):
+    """The second stage: sums the first stage's per-key counts per window, keyed by nothing."""
+
+    windows = Tumbling(SECOND)
+    aggregator = Sum()
+    output = "totals"
+
+    def value(self, record: Record) -> int:
+        return int(record.value)
+
+
+def test_window_results_are_never_late_for_the_next_windowed_stage() -> None:
+    """Results are stamped when their window fires; stamped earlier (the window's end - 1),
+    they fall below the watermark the pending window published, and the next stage counts
+    them late and drops them."""
+    topo = (Topology("two")
+            .add_computation("win", "tests.unit.test_windows:TumblingCounts", inputs={"in": None},
+                             outputs=["counts"])
+            .add_computation("total", "tests.unit.test_windows:Total", inputs={"counts": "tests.unit.test_windows:everything"},
+                             outputs=["totals"], late_records="drop"))
+    events = [(b"k%d" % (i % 5), T0 + i * 50_000) for i in range(200)]  # 10 s of events
+    with TestRun(topo) as run:
+        for i, (key, ts) in enumerate(events):
+            run.inject("in", key, b"", ts)
+            if i % 20 == 19:
+                run.advance_watermark("in", ts)
+                run.run_until_idle()
+        run.finish("in")
+        run.run_until_idle()
+        assert run.output("total.late") == []
+        totals = sorted(float(r.value) for r in run.output("totals"))
+        assert sum(totals) == len(events), "every count reached the second stage"
 
 
 def test_bad_window_options_are_refused() -> None:

@@ -1,0 +1,111 @@
+"""The Deliver protocol (``Worker.Deliver`` in proto/millstream.proto), in one place for both
+of its senders: a worker delivering its productions (worker/sender.py) and an injector
+delivering records from outside (injectors/injector.py); the receiving side answers with
+the same :class:`Status` (worker/tablet.py, worker/batch.py).
+
+A delivery carries records for one tablet (computation, key range) under the token the
+sender believes current. The receiver commits them and answers ``OK`` with a receipt (its
+worker id and the progress report that will reflect them), or refuses the whole delivery:
+
+- ``NOT_OWNER``: wrong token or range; fetch the routing again and re-route.
+- ``BUSY``: the tablet is full or paused; back off and retry the same delivery.
+- ``OUT_OF_ORDER``: an earlier delivery of one of its producers is not committed yet
+  (``orders``, worker/dedup.py); back off and retry.
+- ``UNREACHABLE`` (never sent by a worker): no answer at all; retry after the next routing.
+
+A refusal by status code rather than by status (a malformed record, a drained stream) will
+not heal by retrying: :func:`failed` says so in :attr:`Outcome.refused`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from runtime.record import Record
+from runtime.wire import millstream_pb2 as pb
+from runtime.wire import to_proto
+
+# A delivery (one Deliver call) is cut at this many bytes of records, so a batch of large
+# values never exceeds the 64 MiB message bound; one record may be up to 16 MiB
+# (worker/context.py).
+MAX_DELIVERY_BYTES = 16 * 1024 * 1024
+
+# {producer prefix: (after, token)}: each producer's place in its order (worker/dedup.py).
+Orders = dict[bytes, tuple[int, int]]
+# (worker id, report seq): the receiver's progress report that will reflect a commit.
+Receipt = tuple[str, int]
+
+
+class Status(enum.IntEnum):
+    OK = pb.DeliverResponse.OK
+    NOT_OWNER = pb.DeliverResponse.NOT_OWNER
+    BUSY = pb.DeliverResponse.BUSY
+    OUT_OF_ORDER = pb.DeliverResponse.OUT_OF_ORDER
+    UNREACHABLE = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of one delivery."""
+
+    status: Status
+    receipt: Receipt | None = None
+    refused: str | None = None  # a permanent refusal: the receiver's reason
+
+    @property
+    def retry_after_routing(self) -> bool:
+        """Whether the next attempt should wait for (or fetch) a newer routing."""
+        return self.status in (Status.NOT_OWNER, Status.UNREACHABLE)
+
+
+# Status codes a retry cannot cure: a record the receiver rejects, a stream closed by a drain.
+_PERMANENT = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+
+
+def record_bytes(r: Record) -> int:
+    """About what ``r`` costs in a message (payload plus framing)."""
+    return len(r.key) + len(r.value) + 48
+
+
+def to_orders(orders: Orders | None) -> list[pb.ProducerOrder]:
+    return [pb.ProducerOrder(producer=p, after=a, token=t) for p, (a, t) in (orders or {}).items()]
+
+
+def request(computation: str, key_range: int, token: int, records: Sequence[Record],
+            orders: Orders | None = None, sender: str = "") -> pb.DeliverRequest:
+    return pb.DeliverRequest(computation=computation, key_range=key_range, token=token,
+                             records=[to_proto(r) for r in records], orders=to_orders(orders),
+                             sender=sender)
+
+
+def answered(resp: pb.DeliverResponse) -> Outcome:
+    status = Status(resp.status)
+    return Outcome(status, (resp.worker_id, resp.report_seq) if status == Status.OK else None)
+
+
+def failed(e: grpc.RpcError) -> Outcome:
+    """The outcome of a call that raised: unreachable, or a permanent refusal."""
+    code = e.code()
+    if code in _PERMANENT:
+        return Outcome(Status.UNREACHABLE, refused=f"{e.details()}")
+    return Outcome(Status.UNREACHABLE)
+
+
+def cut(records: Sequence[Record], max_records: int | None = None) -> Iterator[list[Record]]:
+    """``records`` in deliveries of at most :data:`MAX_DELIVERY_BYTES` (and ``max_records``),
+    in order; a single larger record travels alone."""
+    chunk: list[Record] = []
+    size = 0
+    for r in records:
+        n = record_bytes(r)
+        if chunk and (size + n > MAX_DELIVERY_BYTES or (max_records and len(chunk) >= max_records)):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(r)
+        size += n
+    if chunk:
+        yield chunk
