@@ -18,7 +18,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/millstream bench --peer spark
 
-PACKAGES := runtime master worker injectors spark_bridge examples bench
+PACKAGES := cli runtime master worker injectors spark_bridge examples bench
 
 test: $(STAMP)
 	$(BIN)/ruff check $(PACKAGES) tests

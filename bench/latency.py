@@ -3,10 +3,12 @@
 The sender hands record ``i`` to the injector at its scheduled instant
 ``t0 + i / rate`` (an open loop: a slow cluster does not slow the schedule). Each
 record's value is its *scheduled* time in ``time.time_ns()`` nanoseconds, so a
-stall shows up in full in the latencies (no coordinated omission). After every
-tick the sender flushes — flush blocks until the tablets have committed — and
-whatever fell due meanwhile forms the next batch, so batches stay small at low
-load and grow only as far as the cluster needs.
+stall shows up in full in the latencies (no coordinated omission). By default the
+sender flushes after every tick — flush blocks until the tablets have committed —
+and whatever fell due meanwhile forms the next batch, so batches stay small at low
+load and grow only as far as the cluster needs. With ``flush_each_tick=False`` it
+only calls ``send()``, as a user's loop would, and the injector's linger decides when
+records leave.
 
 All processes run on one machine, so ``time.time_ns()`` is one clock for the
 sender, the workers and the collector.
@@ -40,11 +42,12 @@ class SendStats:
 
 def paced_send(masters: str, stream: str, name: str, keys: list[bytes], rate: int,
                *, event_time: bool = True, stop: threading.Event | None = None,
-               on_progress: Callable[[int], None] | None = None) -> SendStats:
+               on_progress: Callable[[int], None] | None = None, flush_each_tick: bool = True) -> SendStats:
     """Send ``keys`` at ``rate`` records/s; returns once every record is committed."""
     stats = SendStats()
     period_ns = 1_000_000_000 / rate
-    inj = Injector(masters, stream, name, batch_size=1 << 30, timeout=120)
+    inj = (Injector(masters, stream, name, batch_size=1 << 30, max_queued=1 << 30, timeout=120)
+           if flush_each_tick else Injector(masters, stream, name, timeout=120))
     try:
         t0 = time.time_ns() + 50_000_000
         stats.start_ns = t0
@@ -64,7 +67,8 @@ def paced_send(masters: str, stream: str, name: str, keys: list[bytes], rate: in
                 inj.send(keys[i], b"%d" % due, due // 1000 if event_time else now // 1000)
                 i += 1
             stats.max_behind_ms = max(stats.max_behind_ms, (now - (t0 + int(start * period_ns))) / 1e6)
-            inj.flush()
+            if flush_each_tick:
+                inj.flush()
             if now >= next_report:
                 # Everything before the next record's time is committed: promise that. Not
                 # after every flush: reporting a watermark costs a round trip to the master.

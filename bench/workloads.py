@@ -167,14 +167,17 @@ class W1Variant:
     stages: int = 1
     exactly_once: bool = True
     productions: Productions = "strong"
+    flush_each_tick: bool = True  # False: the sender only calls send(), as a user's loop does
 
     def describe(self) -> str:
         mode = "exactly-once" if self.exactly_once else "at-least-once"
-        return f"{self.stages} stage(s), {mode}, {self.productions} productions"
+        sender = "" if self.flush_each_tick else ", send() only (the injector's linger, no flush)"
+        return f"{self.stages} stage(s), {mode}, {self.productions} productions{sender}"
 
 
 W1_VARIANTS = (
     W1Variant("eo-strong-fsync"),
+    W1Variant("eo-send-only", flush_each_tick=False),
     W1Variant("eo-weak", productions="weak"),
     W1Variant("at-least-once", exactly_once=False),
     W1Variant("eo-2-stages", stages=2),
@@ -227,7 +230,7 @@ def run_w1(root: str, cfg: BenchConfig, v: W1Variant, rate: int, *,
         with StatusSampler(c.masters_arg, sample):
             if killer is not None:
                 killer.start()
-            stats = latency.paced_send(c.masters_arg, "in", name, keys, rate)
+            stats = latency.paced_send(c.masters_arg, "in", name, keys, rate, flush_each_tick=v.flush_each_tick)
             if killer is not None:
                 killer.join()
             expected = stats.sent + 64

@@ -35,7 +35,7 @@ import grpc
 from runtime import delivery
 from runtime.client import Client
 from runtime.delivery import Status
-from runtime.errors import InjectionError, MillstreamError
+from runtime.errors import InjectionError, InvalidRecordError, MillstreamError
 from runtime.record import ID_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, Record, producer_prefix, sequence_id
 from runtime.routing import KeyExtractor, RoutingTable
 from runtime.security import Security
@@ -50,7 +50,7 @@ Pending = dict[tuple[str, int, int], list[Record]]  # (computation, range, chunk
 
 def _check_time(t: object, what: str) -> None:
     if isinstance(t, bool) or not isinstance(t, int) or not -(1 << 63) <= t < (1 << 63):
-        raise InjectionError(f"{what} {t!r} must be an int of microseconds since the epoch, "
+        raise InvalidRecordError(f"{what} {t!r} must be an int of microseconds since the epoch, "
                              "within signed 64 bits (e.g. time.time_ns() // 1000)")
 
 
@@ -126,16 +126,16 @@ class Injector:
         if self.finished:
             raise InjectionError(f"injector {self.name!r} is finished; create a new one to send more")
         if not isinstance(key, bytes):
-            raise InjectionError(f"key must be bytes, got {type(key).__name__} {key!r}; encode it")
+            raise InvalidRecordError(f"key must be bytes, got {type(key).__name__} {key!r}; encode it")
         if not isinstance(value, bytes):
-            raise InjectionError(f"value must be bytes, got {type(value).__name__}; encode it")
+            raise InvalidRecordError(f"value must be bytes, got {type(value).__name__}; encode it")
         _check_time(timestamp, "timestamp")
         if len(value) > MAX_VALUE_BYTES or len(key) > MAX_KEY_BYTES:
-            raise InjectionError(
+            raise InvalidRecordError(
                 f"a record of {len(key):,} key bytes and {len(value):,} value bytes is over the limits "
                 f"({MAX_KEY_BYTES:,} and {MAX_VALUE_BYTES:,}); store large objects elsewhere and send a reference")
         if id is not None and (not isinstance(id, bytes) or len(id) != ID_BYTES):
-            raise InjectionError(f"id must be {ID_BYTES} bytes, got {id!r}")
+            raise InvalidRecordError(f"id must be {ID_BYTES} bytes, got {id!r}")
         # Checked before anything changes: a refused record leaves the injector as it was.
         self.position += 1
         if id is None:
@@ -152,7 +152,7 @@ class Injector:
         prefix = producer_prefix("source\x00" + self.name + "\x00" + producer)
         last = self._sequenced.get(prefix, 0)
         if isinstance(seq, bool) or not isinstance(seq, int) or not last < seq < (1 << 64):
-            raise InjectionError(f"producer {producer!r}: seq {seq!r} must be an int above the last "
+            raise InvalidRecordError(f"producer {producer!r}: seq {seq!r} must be an int above the last "
                                  f"one sent for it ({last}) and below 2**64")
         self.send(key, value, timestamp, id=sequence_id(prefix, seq))
         self._sequenced[prefix] = seq

@@ -57,7 +57,7 @@ def check_injector_name(name: str) -> None:
         raise ConfigError(f"injector name {name[:80]!r} has control characters; use printable text")
 
 
-class UnknownWorker(MillstreamError):
+class UnknownWorkerError(MillstreamError):
     """A heartbeat from a worker whose lease has already expired."""
 
 
@@ -333,7 +333,7 @@ class MasterCore:
                   problems: Sequence[pb.TabletProblem] = (), routing_version: int = 0) -> dict[str, int]:
         """Renew a worker's lease and take its tablets' progress; returns the watermarks."""
         if worker_id not in self.workers:
-            raise UnknownWorker(f"worker {worker_id} is not registered (its lease expired)")
+            raise UnknownWorkerError(f"worker {worker_id} is not registered (its lease expired)")
         self.routing_seen[worker_id] = max(self.routing_seen.get(worker_id, 0), routing_version)
         self.problems[worker_id] = {(p.computation, p.key_range): (p.error, p.attempts, p.seconds)
                                     for p in problems}

@@ -15,17 +15,17 @@ from typing import Any
 import grpc
 
 from master import lifecycle, reshard, web
-from master.core import MasterConfig, MasterCore, UnknownWorker
-from master.store import EtcdConfig, EtcdStore, NotLeader
+from master.core import MasterConfig, MasterCore, UnknownWorkerError
+from master.store import EtcdConfig, EtcdStore, NotLeaderError
 from runtime import metrics, serving
-from runtime.errors import EtcdUnavailable, WorkerIdentityError
+from runtime.client import NOT_LEADER_METADATA
+from runtime.errors import EtcdUnavailableError, WorkerIdentityError
 from runtime.keyspace import wire_end
 from runtime.security import Security
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
-LEADER_METADATA = "millstream-leader"
 # How often the leader re-reads the masters list that status shows (S7: not per request).
 MASTERS_REFRESH_MS = 2000.0
 
@@ -54,13 +54,14 @@ class MasterServicer(rpc.MasterServicer):
             # Our etcd lease may have lapsed: another master may lead. Acknowledge nothing
             # (above all, no worker heartbeats) until etcd confirms it again.
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                "no leader elected yet (leadership not confirmed with etcd)")
+                                "no leader elected yet (leadership not confirmed with etcd)",
+                                trailing_metadata=((NOT_LEADER_METADATA, ""),))
         if core is None:
             leader = self.m.leader_address or ""
-            await context.send_initial_metadata(((LEADER_METADATA, leader),))
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"not the leader; the leader is at {leader}" if leader else "no leader elected yet",
+                trailing_metadata=((NOT_LEADER_METADATA, leader),),
             )
         assert core is not None
         return core
@@ -122,7 +123,7 @@ class MasterServicer(rpc.MasterServicer):
         try:
             watermarks = core.heartbeat(request.worker_id, list(request.tablets), request.report_seq,
                                         list(request.problems), request.routing_version)
-        except UnknownWorker:
+        except UnknownWorkerError:
             return pb.HeartbeatResponse(known=False, routing_version=core.version)
         return pb.HeartbeatResponse(known=True, routing_version=core.version, watermarks=watermarks,
                                     lease_ms=core.config.lease_ms,
@@ -158,7 +159,8 @@ class MasterServicer(rpc.MasterServicer):
         await self._leader(context)
         doc = await self.m._status_doc()
         if doc is None:  # lost leadership meanwhile: the client retries elsewhere
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no leader elected yet")
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no leader elected yet",
+                                trailing_metadata=((NOT_LEADER_METADATA, ""),))
         return pb.StatusResponse(json=json.dumps(doc))
 
     async def UpdateInSync(self, request: pb.InSyncRequest, context: Any) -> pb.InSyncResponse:
@@ -276,7 +278,7 @@ class Master:
                         leader = await asyncio.to_thread(self.store.leader)
                         self.leader_address = leader["address"] if leader else None
                 if not await asyncio.to_thread(self.store.keep_alive):
-                    raise NotLeader("lease expired")
+                    raise NotLeaderError("lease expired")
                 # Confirmed: etcd cannot expire our lease before t0 + ttl; keep a margin.
                 self.sure_until = t0 + ttl_s * 1000 * 0.8
                 if self.core is not None:
@@ -289,9 +291,9 @@ class Master:
                         masters = await asyncio.to_thread(self.store.masters)
                         self._masters_cache = sorted(m["address"] for m in masters)
                         self._masters_read_at = t0
-            except NotLeader as e:
+            except NotLeaderError as e:
                 self._step_down(e)
-            except EtcdUnavailable as e:
+            except EtcdUnavailableError as e:
                 log.error("%s", e)
                 self._step_down(e)
             except Exception as e:

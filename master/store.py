@@ -37,7 +37,7 @@ import pyetcd.exceptions
 
 from master.ranges import Ranges
 from master.scheduler import Ownership, TabletKey
-from runtime.errors import ConfigError, EtcdUnavailable, MillstreamError
+from runtime.errors import ConfigError, EtcdUnavailableError, MillstreamError
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ DROPPED = PREFIX + "dropped/"
 _TXN_OPS = 100  # etcd's default --max-txn-ops is 128
 
 
-class NotLeader(MillstreamError):
+class NotLeaderError(MillstreamError):
     """This master no longer leads; its writes are refused."""
 
 
@@ -143,13 +143,13 @@ class EtcdStore:
             return fn(*args, **kw)
         except (pyetcd.exceptions.ConnectionFailedError, pyetcd.exceptions.ConnectionTimeoutError,
                 pyetcd.exceptions.NoServerAvailableError) as e:
-            raise EtcdUnavailable(
+            raise EtcdUnavailableError(
                 f"cannot reach etcd at {','.join(self.config.endpoints)} ({type(e).__name__}); "
                 "start etcd there or point --etcd / MILLSTREAM_ETCD at a running one"
             ) from None
 
     def check(self) -> None:
-        """Raise :class:`EtcdUnavailable` unless etcd answers."""
+        """Raise :class:`EtcdUnavailableError` unless etcd answers."""
         self._call(self._client.status)
 
     # ------------------------------------------------------------ leadership
@@ -221,7 +221,7 @@ class EtcdStore:
 
     def _guarded(self, ops: list[Any]) -> None:
         if self._identity is None:
-            raise NotLeader("this master is not the leader")
+            raise NotLeaderError("this master is not the leader")
         t = self._client.transactions
         for i in range(0, max(len(ops), 1), _TXN_OPS):
             ok, _ = self._call(
@@ -232,7 +232,7 @@ class EtcdStore:
             )
             if not ok:
                 self._identity = None
-                raise NotLeader("leadership was lost; the write was refused by etcd")
+                raise NotLeaderError("leadership was lost; the write was refused by etcd")
 
     # ------------------------------------------------------------------ data
 

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from runtime.errors import ConfigError, MasterUnavailable, MillstreamError, TopologyError
+from runtime.errors import ConfigError, MasterUnavailableError, MillstreamError, TopologyError
 from runtime.imports import load
 from runtime.keyspace import from_wire_end
 from runtime.security import Security
@@ -26,7 +26,9 @@ from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 
 T = TypeVar("T")
-_LEADER = re.compile(r"leader is at (\S+)")
+# A master that is not the leader refuses a call with FAILED_PRECONDITION and this trailing
+# metadata: the leader's address, or "" while none is known (master/server.py).
+NOT_LEADER_METADATA = "millstream-not-leader"
 _ADDRESS = re.compile(r"^[^\s:/]+:\d{1,5}$")
 
 
@@ -43,11 +45,20 @@ def parse_addresses(masters: str | Iterable[str]) -> list[str]:
     return out
 
 
-def _unavailable(addresses: Sequence[str], last: str) -> MasterUnavailable:
-    return MasterUnavailable(
+def _unavailable(addresses: Sequence[str], last: str) -> MasterUnavailableError:
+    return MasterUnavailableError(
         f"cannot reach a millstream master at {','.join(addresses)} ({last}); "
         "check the address (and --tls-ca if the cluster uses TLS), or start a cluster with `millstream up`"
     )
+
+
+def leader_redirect(e: grpc.RpcError) -> str | None:
+    """For a follower's refusal, the leader's address it names ("" if none is known yet);
+    None when ``e`` is not a refusal for not leading."""
+    for key, value in e.trailing_metadata() or ():
+        if key == NOT_LEADER_METADATA:
+            return str(value)
+    return None
 
 
 def _raise_for(e: grpc.RpcError) -> None:
@@ -57,8 +68,7 @@ def _raise_for(e: grpc.RpcError) -> None:
         raise TopologyError(details) from None
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         raise MillstreamError(details) from None
-    if code == grpc.StatusCode.FAILED_PRECONDITION and not _LEADER.search(details) \
-            and "no leader" not in details:
+    if code == grpc.StatusCode.FAILED_PRECONDITION and leader_redirect(e) is None:
         raise MillstreamError(details) from None
 
 
@@ -93,15 +103,15 @@ class Client:
                 except grpc.RpcError as e:
                     _raise_for(e)
                     last = f"{address}: {e.code().name} {e.details()}"
-                    m = _LEADER.search(e.details() or "")
-                    if m:
+                    leader = leader_redirect(e)
+                    if leader:
                         try:
-                            result = fn(self._stub(m.group(1)))
-                            self._preferred = m.group(1)
+                            result = fn(self._stub(leader))
+                            self._preferred = leader
                             return result
                         except grpc.RpcError as e2:
                             _raise_for(e2)
-                            last = f"{m.group(1)}: {e2.code().name} {e2.details()}"
+                            last = f"{leader}: {e2.code().name} {e2.details()}"
             if time.monotonic() + delay > deadline:
                 raise _unavailable(self.addresses, last)
             time.sleep(delay)  # retry pacing against an unreachable master, not a test wait
@@ -317,9 +327,9 @@ class AsyncMasterClient:
 
     def follow(self, e: grpc.RpcError) -> None:
         """After a failed call: move to the named leader, or to the next address."""
-        m = _LEADER.search(e.details() or "")
-        if m:
-            self.leader = m.group(1)
+        leader = leader_redirect(e)
+        if leader:
+            self.leader = leader
         else:
             candidates = self.addresses
             i = candidates.index(self.leader) if self.leader in candidates else -1

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any, Self
 
-from runtime.errors import EtcdUnavailable, MillstreamError
+from runtime.errors import EtcdUnavailableError, MillstreamError
 from runtime.security import Security
 
 log = logging.getLogger(__name__)
@@ -208,7 +208,7 @@ class LocalCluster:
         return f"{kind}-{n}"
 
     def _daemon(self, *args: str) -> list[str]:
-        return [self.python, "-m", "runtime.cli", *args]
+        return [self.python, "-m", "cli", *args]
 
     def start_etcd(self, attempts: int = 3) -> str:
         """Start etcd on two ports the OS just handed out. etcd cannot bind port 0, so another
@@ -233,14 +233,14 @@ class LocalCluster:
             try:
                 wait_until(functools.partial(self._etcd_healthy, etcd), 30, f"etcd at {self.etcd_url}")
                 return self.etcd_url
-            except EtcdUnavailable:
+            except EtcdUnavailableError:
                 if attempt == attempts or "address already in use" not in _last_line(etcd.log_path, 20):
                     raise
         raise AssertionError("unreachable")
 
     def _etcd_healthy(self, etcd: Process) -> bool:
         if not etcd.alive():
-            raise EtcdUnavailable(f"etcd exited at start-up: {_last_line(etcd.log_path)} (log: {etcd.log_path})")
+            raise EtcdUnavailableError(f"etcd exited at start-up: {_last_line(etcd.log_path)} (log: {etcd.log_path})")
         try:
             with urllib.request.urlopen(self.etcd_url + "/health", timeout=1) as r:
                 return bool(r.status == 200)

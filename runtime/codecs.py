@@ -10,6 +10,8 @@ import json
 import struct
 from typing import Any, Protocol, runtime_checkable
 
+from runtime.errors import UsageError
+
 
 @runtime_checkable
 class Codec(Protocol):
@@ -23,7 +25,7 @@ class _Bytes:
 
     def encode(self, obj: Any) -> bytes:
         if not isinstance(obj, (bytes, bytearray, memoryview)):
-            raise TypeError(f"the BYTES codec stores bytes, not {type(obj).__name__}; encode it or pick "
+            raise UsageError(f"the BYTES codec stores bytes, not {type(obj).__name__}; encode it or pick "
                             "another codec (codecs.STR, codecs.JSON, ...)")
         return bytes(obj)
 
@@ -36,7 +38,7 @@ class _Str:
 
     def encode(self, obj: Any) -> bytes:
         if not isinstance(obj, str):
-            raise TypeError(f"the STR codec stores str, not {type(obj).__name__}")
+            raise UsageError(f"the STR codec stores str, not {type(obj).__name__}")
         return obj.encode("utf-8", "surrogatepass")
 
     def decode(self, data: bytes) -> str:
@@ -48,7 +50,7 @@ class _Int:
 
     def encode(self, obj: Any) -> bytes:
         if isinstance(obj, bool) or not isinstance(obj, int):
-            raise TypeError(f"the INT codec stores int, not {type(obj).__name__}")
+            raise UsageError(f"the INT codec stores int, not {type(obj).__name__}")
         return str(obj).encode()
 
     def decode(self, data: bytes) -> int:
@@ -60,7 +62,7 @@ class _Float:
 
     def encode(self, obj: Any) -> bytes:
         if isinstance(obj, bool) or not isinstance(obj, (int, float)):
-            raise TypeError(f"the FLOAT codec stores float, not {type(obj).__name__}")
+            raise UsageError(f"the FLOAT codec stores float, not {type(obj).__name__}")
         return struct.pack(">d", float(obj))
 
     def decode(self, data: bytes) -> float:
@@ -74,7 +76,7 @@ class _Json:
         try:
             return json.dumps(obj, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
         except (TypeError, ValueError) as e:
-            raise TypeError(f"the JSON codec cannot store {type(obj).__name__}: {e}") from None
+            raise UsageError(f"the JSON codec cannot store {type(obj).__name__}: {e}") from None
 
     def decode(self, data: bytes) -> Any:
         return json.loads(data)
@@ -90,6 +92,6 @@ JSON: Codec = _Json()
 def check_codec(codec: object, what: str) -> Codec:
     """``codec`` if it has ``encode`` and ``decode``; a clear error otherwise."""
     if not (callable(getattr(codec, "encode", None)) and callable(getattr(codec, "decode", None))):
-        raise TypeError(f"{what}: {codec!r} is not a codec; use codecs.BYTES, STR, INT, FLOAT, JSON, or an "
+        raise UsageError(f"{what}: {codec!r} is not a codec; use codecs.BYTES, STR, INT, FLOAT, JSON, or an "
                         "object with encode(obj) -> bytes and decode(bytes) -> obj")
     return codec  # type: ignore[return-value]

@@ -27,11 +27,11 @@ class WorkerIdentityError(MillstreamError):
     """A call as a worker id without the secret the leader issued that id at registration."""
 
 
-class MasterUnavailable(MillstreamError):
+class MasterUnavailableError(MillstreamError):
     """No master could be reached at the given addresses."""
 
 
-class EtcdUnavailable(MillstreamError):
+class EtcdUnavailableError(MillstreamError):
     """etcd could not be reached (or did not start)."""
 
 
@@ -39,7 +39,7 @@ class StaleTokenError(MillstreamError):
     """A sequencer token is older than the one already recorded: this owner is stale."""
 
 
-class NotOwner(MillstreamError):
+class NotOwnerError(MillstreamError):
     """A tablet is not owned here under the token the caller named."""
 
 
@@ -47,5 +47,17 @@ class UserCodeError(MillstreamError):
     """User code raised; carries the original error's text."""
 
 
+class UsageError(MillstreamError, TypeError, ValueError):
+    """An API was given a value of the wrong type or out of range: a key or value that is not
+    bytes, a timestamp outside 64 bits, an oversized value, a bad timer tag, a value a state
+    codec cannot store. Also a TypeError and a ValueError, so handlers written for those
+    still catch it."""
+
+
 class InjectionError(MillstreamError):
-    """An injector could not deliver its records (bad input, nobody subscribed, ...)."""
+    """An injector could not deliver its records (nobody subscribed, a drained job, ...)."""
+
+
+class InvalidRecordError(InjectionError, UsageError):
+    """An injector was handed a record it cannot send (the same mistakes as
+    :class:`UsageError` in user code, caught at ``send``)."""

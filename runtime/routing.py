@@ -10,7 +10,7 @@ import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from runtime.errors import ImportPathError
+from runtime.errors import ImportPathError, UsageError
 from runtime.imports import CodePolicy, load
 from runtime.keyspace import from_wire_end, key_hash
 from runtime.record import Record
@@ -131,7 +131,7 @@ class RoutingTable:
         for sub in self._subs.get(stream, ()):
             key = record.key if sub.extractor is None else sub.extractor(record)
             if not isinstance(key, bytes):
-                raise TypeError(
+                raise UsageError(
                     f"the key extractor of {sub.computation!r} returned {type(key).__name__}, "
                     "not bytes"
                 )

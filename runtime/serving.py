@@ -22,11 +22,11 @@ T = TypeVar("T")
 STATUS_OF: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (errors.TopologyError, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
-    (errors.NotOwner, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.NotOwnerError, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.WorkerIdentityError, grpc.StatusCode.PERMISSION_DENIED),
     (errors.StaleTokenError, grpc.StatusCode.ABORTED),  # a deposed owner: it must stop
-    (errors.EtcdUnavailable, grpc.StatusCode.UNAVAILABLE),
-    (errors.MasterUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (errors.EtcdUnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (errors.MasterUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (errors.MillstreamError, grpc.StatusCode.FAILED_PRECONDITION),
 ]
 

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 from runtime.codecs import Codec, check_codec
-from runtime.errors import MillstreamError
+from runtime.errors import MillstreamError, UsageError
 from runtime.keyspace import hash_prefix
 
 TYPED = b"Y"
@@ -263,7 +263,7 @@ def bind(spec: object, cells: Cells) -> ValueHandle | ListHandle | MapHandle:
         return ListHandle(spec, cells)
     if isinstance(spec, MapState):
         return MapHandle(spec, cells)
-    raise TypeError(f"ctx.state_of() takes a ValueState, ListState or MapState declared on the computation "
+    raise UsageError(f"ctx.state_of() takes a ValueState, ListState or MapState declared on the computation "
                     f"class, not {type(spec).__name__}")
 
 

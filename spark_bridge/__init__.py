@@ -12,17 +12,17 @@ See ``docs/spark.md``.
 """
 
 from spark_bridge.codecs import ValueDecodeError
-from spark_bridge.inject import InjectionResult, InvalidInput, inject, release
+from spark_bridge.inject import InjectionResult, InvalidInputError, inject, release
 from spark_bridge.parquet_sink import ParquetSink, add_parquet_sink
-from spark_bridge.read import SinkNotFound, count_rows, read_rows, read_stream
+from spark_bridge.read import SinkNotFoundError, count_rows, read_rows, read_stream
 from spark_bridge.state import read_state
 from spark_bridge.stream import StreamInjection, inject_stream
 
 __all__ = [
     "InjectionResult",
-    "InvalidInput",
+    "InvalidInputError",
     "ParquetSink",
-    "SinkNotFound",
+    "SinkNotFoundError",
     "StreamInjection",
     "ValueDecodeError",
     "add_parquet_sink",

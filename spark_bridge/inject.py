@@ -50,7 +50,7 @@ CONTENT_PARTITIONS = 16
 WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
 
 
-class InvalidInput(InjectionError):
+class InvalidInputError(InjectionError):
     """The DataFrame cannot be injected as asked (a missing column, a bad type, nulls)."""
 
 
@@ -72,9 +72,9 @@ class InjectionResult:
 
 def _type_of(df: DataFrame, column: str, role: str) -> str:
     if not isinstance(column, str):
-        raise InvalidInput(f"{role}= must be a column name (a str), got {column!r}")
+        raise InvalidInputError(f"{role}= must be a column name (a str), got {column!r}")
     if column not in df.columns:
-        raise InvalidInput(
+        raise InvalidInputError(
             f"column {column!r} (the {role}) is not in the DataFrame; its columns are "
             f"{df.columns}. Pass {role}=<one of them>")
     return str(df.schema[column].dataType.simpleString())
@@ -91,7 +91,7 @@ def _key_expr(df: DataFrame, column: str) -> Column:
         return c
     if t in _INTEGRAL:
         return F.encode(c.cast("string"), "UTF-8")
-    raise InvalidInput(
+    raise InvalidInputError(
         f"column {column!r} (the key) has type {t}; keys must be string, binary or integer. "
         f"Cast it, e.g. F.col({column!r}).cast('string')")
 
@@ -114,7 +114,7 @@ def _value_expr(df: DataFrame, value: str | Sequence[str] | None) -> tuple[Colum
         return F.encode(c.cast("string"), "UTF-8"), value
     cols = list(value)
     if not cols:
-        raise InvalidInput("value= is an empty list; name the columns that make up the value")
+        raise InvalidInputError("value= is an empty list; name the columns that make up the value")
     for name in cols:
         _type_of(df, name, "value")
     return F.encode(F.to_json(F.struct(*[F.col(name) for name in cols])), "UTF-8"), None
@@ -133,7 +133,7 @@ def _timestamp_expr(df: DataFrame, column: str) -> Column:
                       f" + cast(date_part('SECOND', `{column}`) * 1000000 as bigint)")
     if t in _INTEGRAL:
         return c.cast("bigint")
-    raise InvalidInput(
+    raise InvalidInputError(
         f"column {column!r} (the timestamp) has type {t}, which is not a time: use a timestamp "
         "column or an integer column of microseconds since the Unix epoch, e.g. "
         f"F.to_timestamp(F.col({column!r})) or F.col({column!r}).cast('long') * 1_000_000")
@@ -150,7 +150,7 @@ def _id_expr(df: DataFrame, column: str) -> Column:
         return F.encode(c, "UTF-8")
     if t in _INTEGRAL:
         return F.encode(c.cast("string"), "UTF-8")
-    raise InvalidInput(f"column {column!r} (the id) has type {t}; ids must be string, binary or integer")
+    raise InvalidInputError(f"column {column!r} (the id) has type {t}; ids must be string, binary or integer")
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ def check_time_unit(df: DataFrame, column: str) -> None:
     if biggest is not None and 0 < biggest < _MIN_PLAUSIBLE_US:
         unit = "seconds" if biggest < 10**11 else "milliseconds"
         factor = "1_000_000" if unit == "seconds" else "1_000"
-        raise InvalidInput(
+        raise InvalidInputError(
             f"column {column!r} (the timestamp) looks like {unit} since the epoch (largest value "
             f"{biggest}), not microseconds: every record would be stamped in 1970 and be late. "
             f"Nothing was injected. Multiply it: F.col({column!r}) * {factor}, or pass a timestamp column")
@@ -210,7 +210,7 @@ def check_nulls(df: DataFrame, checked: dict[str, str], extra: Iterable[Column] 
     if bad:
         what = "; ".join(f"column {c!r} (the {role}) is null in {n} row{'s' * (n != 1)}"
                          for c, role, n in bad)
-        raise InvalidInput(
+        raise InvalidInputError(
             f"{what}. Nothing was injected: every record needs a key and a timestamp; filter "
             f"those rows out (df.dropna(subset=[...])) or fill them (df.fillna(...)) first")
     return [row[len(checked) + i] for i in range(len(extra))]
@@ -337,18 +337,18 @@ def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] |
       more will come from this injection); ``"max"`` advances it to the
       largest timestamp sent; an int advances it to that time.
 
-    Raises :class:`InvalidInput` (before sending anything) for a missing
-    column, an unusable type or nulls; :class:`~runtime.errors.MasterUnavailable`
+    Raises :class:`InvalidInputError` (before sending anything) for a missing
+    column, an unusable type or nulls; :class:`~runtime.errors.MasterUnavailableError`
     naming the addresses if no master answers; :class:`InjectionError` if the
     stream has no reader or the Spark job fails.
     """
     t0 = time.monotonic()
     if not isinstance(name, str) or not name:
-        raise InvalidInput("name= must be a non-empty string: it names the injection and seeds its ids")
+        raise InvalidInputError("name= must be a non-empty string: it names the injection and seeds its ids")
     addresses = parse_addresses(masters)
     p = plan(df, key=key, value=value, timestamp=timestamp, id=id)
     if not (watermark in ("finish", "max") or (isinstance(watermark, int) and not isinstance(watermark, bool))):
-        raise InvalidInput(f"watermark={watermark!r}: use 'finish', 'max' or an int of microseconds")
+        raise InvalidInputError(f"watermark={watermark!r}: use 'finish', 'max' or an int of microseconds")
     check_stream(addresses, stream, min(timeout, 10.0))
     check_nulls(df, p.null_checked)
     if p.integer_time is not None:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 _FILE = re.compile(r"^[^._].*-\d{16}\.parquet$")
 
 
-class SinkNotFound(MillstreamError):
+class SinkNotFoundError(MillstreamError):
     """A directory holds no Parquet sink output."""
 
 
@@ -27,7 +27,7 @@ def _descriptor(path: str) -> dict[str, Any]:
         with open(os.path.join(path, DESCRIPTOR)) as f:
             return dict(json.load(f))
     except FileNotFoundError:
-        raise SinkNotFound(
+        raise SinkNotFoundError(
             f"{path} is not a Parquet sink directory (no {DESCRIPTOR}); point read_stream at the "
             "path= of a ParquetSink that has started") from None
 

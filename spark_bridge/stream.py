@@ -31,7 +31,7 @@ from runtime.client import parse_addresses
 from spark_bridge.inject import (
     WATERMARK_DELAY_KEY,
     InjectionResult,
-    InvalidInput,
+    InvalidInputError,
     PartitionInjection,
     check_nulls,
     check_stream,
@@ -86,7 +86,7 @@ class StreamInjection:
             spark_wm = spark_watermark_column(df)
             if spark_wm is not None and spark_wm[0] != self.timestamp:
                 # Review W3: the promise would follow another clock than the records' times.
-                raise InvalidInput(
+                raise InvalidInputError(
                     f"the query's event-time watermark is on column {spark_wm[0]!r} but records "
                     f"are stamped with timestamp={self.timestamp!r}; millstream's watermark would "
                     f"follow the wrong clock. Call withWatermark({self.timestamp!r}, ...) on the "

@@ -43,7 +43,7 @@ WEAK_MAX_SOURCE_SEQ = 1 << 44
 OK, NOT_OWNER, OUT_OF_ORDER = Status.OK, Status.NOT_OWNER, Status.OUT_OF_ORDER
 
 
-class LeaseExpired(MillstreamError):
+class LeaseExpiredError(MillstreamError):
     """The worker could not renew its lease: it must stop committing (self-fencing)."""
 
 
@@ -245,10 +245,10 @@ class BatchProcessor:
             # worker paused past its lease, then resumed, would append to output its tablet's
             # new owner already writes; the chaos suite saw torn lines). Checked right before.
             if not self.host.lease_valid():
-                raise LeaseExpired(f"tablet {self.name}")
+                raise LeaseExpiredError(f"tablet {self.name}")
             commit.sink = prepare()
         if not self.host.lease_valid():
-            raise LeaseExpired(f"tablet {self.name}")
+            raise LeaseExpiredError(f"tablet {self.name}")
         commit.marks_expired = [p for p in commit.marks_expired if p not in commit.marks]
         commit.lower.update({p: [] for p in commit.marks_expired if p in self.lower})
         t0 = time.perf_counter()

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from runtime.computation import Context, State, TimeDomain
-from runtime.errors import MillstreamError
+from runtime.errors import MillstreamError, UsageError
 from runtime.record import MAX_KEY_BYTES, MAX_VALUE_BYTES
 from runtime.state import TTL_TAG, bind, merged
 from worker.storage import Timer
@@ -17,7 +17,7 @@ MAX_TAG_BYTES = 1024
 
 def _check_size(data: bytes, limit: int, what: str) -> None:
     if len(data) > limit:
-        raise ValueError(f"{what} of {len(data):,} bytes is over the limit of {limit:,} bytes; "
+        raise UsageError(f"{what} of {len(data):,} bytes is over the limit of {limit:,} bytes; "
                          "store large objects elsewhere and pass a reference")
 
 
@@ -25,18 +25,18 @@ def _check_tag(tag: str) -> None:
     """A tag the commit can store: checked here, where the error reaches the dead letters,
     not at commit time, where it would fail the whole batch again and again."""
     if not isinstance(tag, str):
-        raise TypeError(f"timer tag must be str, not {type(tag).__name__}")
+        raise UsageError(f"timer tag must be str, not {type(tag).__name__}")
     try:
         encoded = tag.encode()
     except UnicodeEncodeError as e:  # e.g. a lone surrogate from surrogateescape decoding
-        raise ValueError(f"timer tag {tag!r} cannot be stored as UTF-8 ({e.reason}); use text "
+        raise UsageError(f"timer tag {tag!r} cannot be stored as UTF-8 ({e.reason}); use text "
                          "without lone surrogates, e.g. decode bytes with errors='replace'") from None
     _check_size(encoded, MAX_TAG_BYTES, "timer tag")
 
 
 def _check_time(t: int, what: str) -> int:
     if isinstance(t, bool) or not isinstance(t, int) or not -(1 << 63) <= t < (1 << 63):
-        raise ValueError(f"{what} {t!r} must be an int of microseconds within 64 bits")
+        raise UsageError(f"{what} {t!r} must be an int of microseconds within 64 bits")
     return t
 
 
@@ -69,7 +69,7 @@ class _KeyState(State):
 
     def set(self, value: bytes) -> None:
         if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise TypeError(f"state must be bytes, not {type(value).__name__}; encode it first")
+            raise UsageError(f"state must be bytes, not {type(value).__name__}; encode it first")
         _check_size(value, MAX_VALUE_BYTES, "state value")
         self._ctx.effects.state[self._ctx._key] = bytes(value)
 
@@ -141,9 +141,9 @@ class KeyContext(Context):
                 f"{sorted(self.outputs)}; add it to outputs= in add_computation"
             )
         if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise TypeError(f"produce() value must be bytes, not {type(value).__name__}")
+            raise UsageError(f"produce() value must be bytes, not {type(value).__name__}")
         if key is not None and not isinstance(key, (bytes, bytearray)):
-            raise TypeError(f"produce() key must be bytes, not {type(key).__name__}")
+            raise UsageError(f"produce() key must be bytes, not {type(key).__name__}")
         ts = self._timestamp if timestamp is None else _check_time(timestamp, "produce() timestamp")
         _check_size(value, MAX_VALUE_BYTES, "produce() value")
         if key is not None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from runtime import metrics
 from runtime.delivery import Orders, Receipt
-from runtime.errors import NotOwner, StaleTokenError
+from runtime.errors import NotOwnerError, StaleTokenError
 from runtime.faults import Faults
 from runtime.imports import CodePolicy
 from runtime.keyspace import from_wire_end
@@ -325,7 +325,7 @@ class WorkerCore:
         savepoint); returns its directory (the caller deletes it) and commit index."""
         tablet = self.tablets.get((computation, key_range))
         if tablet is None or tablet.token != token or tablet.closing or tablet.thread is None:
-            raise NotOwner(f"tablet {computation}/{key_range} is not open on this worker under token {token}; "
+            raise NotOwnerError(f"tablet {computation}/{key_range} is not open on this worker under token {token}; "
                            "it moved: take the savepoint again")
         path = os.path.join(self.state_dir, ".checkpoints", f"savepoint-{computation}-{key_range}-{uuid.uuid4().hex[:12]}")
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -345,7 +345,7 @@ class WorkerCore:
                 return self.path_of((computation, key_range))
             left = deadline - time.monotonic()
             if left <= 0:
-                raise NotOwner(f"tablet {computation}/{key_range} under token {token} is not being restored on "
+                raise NotOwnerError(f"tablet {computation}/{key_range} under token {token} is not being restored on "
                                "this worker")
             await self.routing_changed(self.routing.version, left)
 
@@ -353,7 +353,7 @@ class WorkerCore:
         """One key's committed state, from the tablet open here (`millstream state get`)."""
         tablet = self.tablets.get((computation, key_range))
         if tablet is None or (token and tablet.token != token) or tablet.closing:
-            raise NotOwner(f"tablet {computation}/{key_range} is not open on this worker under token {token}; "
+            raise NotOwnerError(f"tablet {computation}/{key_range} is not open on this worker under token {token}; "
                            "it is moving or reopening: try again")
         return await asyncio.to_thread(tablet.store.get_state, key)
 

@@ -53,7 +53,7 @@ class ReplicaChannel(Protocol):
         """The tablet's in-sync set after the change; raises StaleTokenError if refused."""
 
 
-class ReplicationFailed(MillstreamError):
+class ReplicationError(MillstreamError):
     """A commit could not be made durable on the in-sync set (the primary is stale, or
     lost its lease while the leader was unreachable): nothing of it is acknowledged."""
 
@@ -324,9 +324,9 @@ class Replicator:
 
     async def replicate(self, index: int, ops: bytes) -> None:
         """Return once commit ``index`` is durable on every in-sync follower (the others get it
-        too, as they can); raises :class:`ReplicationFailed` if that cannot be."""
+        too, as they can); raises :class:`ReplicationError` if that cannot be."""
         if self.stale:
-            raise ReplicationFailed(f"tablet {self.tablet.name}: a newer primary exists")
+            raise ReplicationError(f"tablet {self.tablet.name}: a newer primary exists")
         required = self.required()
         waits = []
         for w, link in self.links.items():
@@ -340,7 +340,7 @@ class Replicator:
             if fut.done() and fut.result():
                 continue
             if self.stale:
-                raise ReplicationFailed(f"tablet {self.tablet.name}: follower {w} has seen a newer primary")
+                raise ReplicationError(f"tablet {self.tablet.name}: follower {w} has seen a newer primary")
             was_synced = link.synced
             link.fail()
             if w in required or was_synced:  # the leader may list it (an add's answer lost)
@@ -362,10 +362,10 @@ class Replicator:
                 return
             except StaleTokenError as e:
                 self.stale = True
-                raise ReplicationFailed(str(e)) from None
+                raise ReplicationError(str(e)) from None
             except Exception as e:
                 if not tablet.host.lease_valid():
-                    raise ReplicationFailed(
+                    raise ReplicationError(
                         f"tablet {tablet.name}: cannot reach the leader to drop follower {follower} "
                         f"and the lease ran out ({e})") from None
                 await asyncio.sleep(0.1)

@@ -31,12 +31,12 @@ from runtime.routing import RoutingTable
 from runtime.sinks import is_sink
 from runtime.topology import dead_letter_stream, late_stream
 from runtime.wire import millstream_pb2 as pb
-from worker.batch import Batch, BatchProcessor, LeaseExpired
+from worker.batch import Batch, BatchProcessor, LeaseExpiredError
 from worker.dedup import OpaqueIds
 from worker.inbox import Inbox
 from worker.outbox import Outbox
 from worker.progress import KeySample
-from worker.replication import ReplicationFailed, Replicator
+from worker.replication import ReplicationError, Replicator
 from worker.reshard import Origin
 from worker.runner import TabletThread
 from worker.slowcalls import CallWatch
@@ -355,12 +355,12 @@ class Tablet:
                 break
             try:
                 await self._process_once()
-            except LeaseExpired:
+            except LeaseExpiredError:
                 log.error("tablet %s: lease expired, refusing to commit", self.name)
                 self.metrics.fenced.inc()
                 self.failed = self.closing = True
                 break
-            except ReplicationFailed as e:
+            except ReplicationError as e:
                 # Written here, acknowledged nowhere: this copy is stale from now on and
                 # catches up from the new primary (docs/replication.md).
                 log.error("%s; closing the tablet, nothing of the batch was acknowledged", e)

@@ -44,7 +44,7 @@ CLI = [
 
 @pytest.mark.parametrize(("argv", "env", "error"), CLI, ids=[" ".join(c[0])[:60] for c in CLI])
 def test_a_bad_command_line_gets_one_clear_line(argv: list[str], env: dict[str, str], error: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "runtime.cli", *argv], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "cli", *argv], capture_output=True, text=True,
                           timeout=60, env={**os.environ, **env}, stdin=subprocess.DEVNULL)
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]

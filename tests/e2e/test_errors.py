@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def millstream(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "runtime.cli", "--log-level", "ERROR", *args],
+    return subprocess.run([sys.executable, "-m", "cli", "--log-level", "ERROR", *args],
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 

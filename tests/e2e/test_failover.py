@@ -5,9 +5,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
+import grpc
 import pytest
 
+from runtime.client import Client, leader_redirect
 from runtime.cluster import Process
+from runtime.wire import millstream_pb2 as pb
+from runtime.wire import millstream_pb2_grpc as rpc
 from tests.e2e.wordcount_run import run_wordcount
 from tests.harness import Cluster, metric, wait_until
 
@@ -29,6 +33,15 @@ def _tablets_of(cluster: Cluster, worker_id: str) -> int:
 
 def test_leader_master_sigkill_mid_run(big_cluster: Cluster) -> None:
     c = big_cluster
+    # A follower refuses with the leader's address as typed metadata, and a client that knows
+    # only the follower gets there through it.
+    leader = c.client.status()["masters"]["leader"]
+    follower = next(m.address for m in c.masters if m.address != leader)
+    with grpc.insecure_channel(follower) as ch, pytest.raises(grpc.RpcError) as refused:
+        rpc.MasterStub(ch).Status(pb.StatusRequest(), timeout=10)
+    assert leader_redirect(refused.value) == leader
+    with Client(follower) as via_follower:
+        assert via_follower.status()["masters"]["leader"] == leader
 
     def kill_leader() -> None:
         leader = c.client.status()["masters"]["leader"]

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
+from cli.demo import oracle, sample_lines
 from examples import windows, wordcount
 from injectors import Injector
-from runtime.demo import oracle, sample_lines
 from runtime.errors import InjectionError, MillstreamError, TopologyError
 from runtime.sinks import read_file_sink
 from runtime.topology import Topology
@@ -53,7 +53,7 @@ def _job(cluster: Cluster, name: str) -> dict[str, object]:
 
 
 def _cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runtime.cli", *args, "--masters", cluster.masters_arg],
+    return subprocess.run([sys.executable, "-m", "cli", *args, "--masters", cluster.masters_arg],
                           capture_output=True, text=True, timeout=120, check=False)
 
 

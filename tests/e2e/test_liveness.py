@@ -14,9 +14,9 @@ import random
 import threading
 
 from bench.generator import SECOND_US, window_of
+from cli.demo import oracle
 from injectors import Injector
 from runtime import Topology
-from runtime.demo import oracle
 from runtime.keyspace import range_of
 from runtime.sinks import read_file_sink
 from tests.harness import Cluster, wait_until

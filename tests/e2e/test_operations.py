@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from master.scheduler import Ownership
-from master.store import EtcdConfig, EtcdStore, NotLeader
+from master.store import EtcdConfig, EtcdStore, NotLeaderError
 from runtime.cluster import LocalCluster, wait_until
 from tests.harness import Cluster
 
@@ -82,7 +82,7 @@ def test_a_deposed_leader_can_change_nothing(tmp_path: object) -> None:
         old._lease.revoke()  # its lease is gone, as after a long pause
         wait_until(lambda: new.campaign({"id": "new", "address": "b:1"}, ttl_s=2), 10, "a new leader")
         new.put_tablets({("c", 0): Ownership("w2", 2)})
-        with pytest.raises(NotLeader, match="refused by etcd"):
+        with pytest.raises(NotLeaderError, match="refused by etcd"):
             old.put_tablets({("c", 0): Ownership("w1", 3)})
         assert new.load().tablets[("c", 0)] == Ownership("w2", 2)
         old.close()
@@ -94,7 +94,7 @@ def test_a_deposed_leader_can_change_nothing(tmp_path: object) -> None:
 def test_millstream_up_runs_a_cluster_and_stops_it_all(tmp_path: object) -> None:
     data = os.path.join(str(tmp_path), "data")
     env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "--log-level", "WARNING", "up",
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "--log-level", "WARNING", "up",
                              "--workers", "2", "--port", "0", "--data-dir", data],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     lines: list[str] = []
@@ -103,7 +103,7 @@ def test_millstream_up_runs_a_cluster_and_stops_it_all(tmp_path: object) -> None
     try:
         wait_until(lambda: any(line.startswith("ready:") for line in lines), 90, "`millstream up` to be ready")
         masters = next(line for line in lines if line.startswith("ready:")).split("=", 1)[1].split()[0]
-        status = subprocess.run([sys.executable, "-m", "runtime.cli", "status", "--masters", masters, "--json"],
+        status = subprocess.run([sys.executable, "-m", "cli", "status", "--masters", masters, "--json"],
                                 capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
         assert status.returncode == 0, status.stderr
         assert len(json.loads(status.stdout)["workers"]) == 2

@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 import pytest
 
+from cli.demo import oracle
 from examples import windows, wordcount
 from injectors import Injector
-from runtime.demo import oracle
 from runtime.errors import MillstreamError
 from runtime.keyspace import HASH_SPACE, key_hash
 from runtime.sinks import read_file_sink
@@ -191,7 +191,7 @@ def test_the_split_and_merge_commands_print_the_new_ranges(cluster: Cluster) -> 
     cluster.wait_assigned()
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "runtime.cli", *args, "--masters", cluster.masters_arg],
+        return subprocess.run([sys.executable, "-m", "cli", *args, "--masters", cluster.masters_arg],
                               capture_output=True, text=True, timeout=120)
 
     out = cli("split", "window_counter/0", "--at", "0x4000000000000000")

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from injectors import Injector
-from runtime.errors import MasterUnavailable, MillstreamError
+from runtime.errors import MasterUnavailableError, MillstreamError
 from runtime.security import Security
 from tests.e2e.wordcount_run import run_wordcount
 from tests.harness import Cluster, wait_until
@@ -58,7 +58,7 @@ def test_a_client_without_the_token_is_refused(secure_cluster: Cluster) -> None:
 def test_a_plaintext_client_cannot_talk_to_a_tls_cluster(secure_cluster: Cluster) -> None:
     from runtime.client import Client
 
-    with pytest.raises(MasterUnavailable, match="cannot reach a millstream master"):
+    with pytest.raises(MasterUnavailableError, match="cannot reach a millstream master"):
         Client(secure_cluster.masters_arg, timeout=1, security=Security(token=TOKEN)).status()
 
 

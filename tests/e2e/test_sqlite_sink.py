@@ -8,8 +8,8 @@ import sqlite3
 
 import pytest
 
+from cli.demo import oracle, sample_lines
 from examples import sqlite_sink, wordcount
-from runtime.demo import oracle, sample_lines
 from runtime.errors import StaleTokenError
 from runtime.record import Record
 from runtime.topology import Topology

@@ -14,9 +14,9 @@ import subprocess
 
 import pytest
 
+from cli.demo import sample_lines
 from examples import wordcount
 from injectors import Injector
-from runtime.demo import sample_lines
 from runtime.topology import Topology
 from tests.harness import Cluster, wait_until
 

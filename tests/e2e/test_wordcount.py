@@ -5,8 +5,8 @@ from __future__ import annotations
 import glob
 import os
 
+from cli.demo import sample_lines
 from examples import wordcount
-from runtime.demo import sample_lines
 from runtime.sinks import read_file_sink
 from tests.e2e.wordcount_run import inject_lines, run_wordcount
 from tests.harness import Cluster, wait_until

@@ -7,9 +7,9 @@ import os
 import random
 from collections.abc import Callable
 
+from cli.demo import oracle, sample_lines
 from examples import wordcount
 from injectors import Injector
-from runtime.demo import oracle, sample_lines
 from runtime.security import Security
 from runtime.sinks import read_file_sink
 from runtime.topology import Productions

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from cli.demo import oracle, sample_lines
 from examples import wordcount
 from injectors import Injector
-from runtime.demo import oracle, sample_lines
 from runtime.errors import MillstreamError
 from runtime.record import derived_id
 from runtime.sinks import read_file_sink

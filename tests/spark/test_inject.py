@@ -12,8 +12,8 @@ import spark_bridge
 from injectors import Injector
 from injectors.injector import MIN
 from runtime import Topology
-from runtime.errors import ConfigError, InjectionError, MasterUnavailable
-from spark_bridge import InvalidInput, add_parquet_sink, read_rows
+from runtime.errors import ConfigError, InjectionError, MasterUnavailableError
+from spark_bridge import InvalidInputError, add_parquet_sink, read_rows
 from spark_bridge.inject import CONTENT_PARTITIONS
 from tests.harness import Cluster, metric, wait_until
 
@@ -218,11 +218,11 @@ def bad_df(spark: Any) -> Any:
 
 def test_missing_column(bad_df: Any, shared_cluster: Cluster) -> None:
     stream, out = _sink(shared_cluster, "missing")
-    with pytest.raises(InvalidInput, match=r"column 'key_col' \(the key\) is not in the DataFrame; "
+    with pytest.raises(InvalidInputError, match=r"column 'key_col' \(the key\) is not in the DataFrame; "
                                            r"its columns are \['k', 'v', 'ts', 'day'\]"):
         spark_bridge.inject(bad_df, stream=stream, key="key_col", value="v", timestamp="ts", name="m",
                             masters=shared_cluster.masters_arg)
-    with pytest.raises(InvalidInput, match=r"column 'when' \(the timestamp\)"):
+    with pytest.raises(InvalidInputError, match=r"column 'when' \(the timestamp\)"):
         spark_bridge.inject(bad_df, stream=stream, key="k", value="v", timestamp="when", name="m",
                             masters=shared_cluster.masters_arg)
     _only_marker_arrives(shared_cluster, stream, out)
@@ -230,12 +230,12 @@ def test_missing_column(bad_df: Any, shared_cluster: Cluster) -> None:
 
 def test_null_key_and_timestamp_counted_before_sending(bad_df: Any, shared_cluster: Cluster) -> None:
     stream, out = _sink(shared_cluster, "nulls")
-    with pytest.raises(InvalidInput, match=r"column 'k' \(the key\) is null in 1 row; "
+    with pytest.raises(InvalidInputError, match=r"column 'k' \(the key\) is null in 1 row; "
                                            r"column 'ts' \(the timestamp\) is null in 2 rows\. "
                                            r"Nothing was injected"):
         spark_bridge.inject(bad_df, stream=stream, key="k", value="v", timestamp="ts", name="n",
                             masters=shared_cluster.masters_arg)
-    with pytest.raises(InvalidInput, match=r"^column 'ts' \(the timestamp\) is null in 1 row\. "):
+    with pytest.raises(InvalidInputError, match=r"^column 'ts' \(the timestamp\) is null in 1 row\. "):
         spark_bridge.inject(bad_df.where("k is not null"), stream=stream, key="k", value="v",
                             timestamp="ts", name="n", masters=shared_cluster.masters_arg)
     # Nothing holds the stream either: the refused injections never registered.
@@ -245,11 +245,11 @@ def test_null_key_and_timestamp_counted_before_sending(bad_df: Any, shared_clust
 
 def test_non_numeric_timestamp(bad_df: Any, shared_cluster: Cluster) -> None:
     stream, out = _sink(shared_cluster, "tstype")
-    with pytest.raises(InvalidInput, match=r"column 'day' \(the timestamp\) has type string, which is "
+    with pytest.raises(InvalidInputError, match=r"column 'day' \(the timestamp\) has type string, which is "
                                            r"not a time"):
         spark_bridge.inject(bad_df, stream=stream, key="k", value="v", timestamp="day", name="t",
                             masters=shared_cluster.masters_arg)
-    with pytest.raises(InvalidInput, match=r"column 'v' \(the timestamp\) has type string"):
+    with pytest.raises(InvalidInputError, match=r"column 'v' \(the timestamp\) has type string"):
         spark_bridge.inject(bad_df, stream=stream, key="k", value="v", timestamp="v", name="t",
                             masters=shared_cluster.masters_arg)
     _only_marker_arrives(shared_cluster, stream, out)
@@ -260,7 +260,7 @@ def test_unreachable_master_names_the_address(bad_df: Any, spark: Any) -> None:
 
     address = f"127.0.0.1:{free_port()}"
     good = bad_df.dropna()
-    with pytest.raises(MasterUnavailable, match=re.escape(f"cannot reach a millstream master at {address}")):
+    with pytest.raises(MasterUnavailableError, match=re.escape(f"cannot reach a millstream master at {address}")):
         spark_bridge.inject(good, stream="s", key="k", value="v", timestamp="ts", name="u",
                             masters=address, timeout=1.0)
     with pytest.raises(ConfigError, match="'nowhere' is not HOST:PORT"):
@@ -294,7 +294,7 @@ def test_timestamps_in_seconds_or_milliseconds_are_refused_before_sending(spark:
     m = shared_cluster.masters_arg
     for unit, ts in (("seconds", 1_700_000_000), ("milliseconds", 1_700_000_000_000)):
         df = spark.createDataFrame([("k", "v", ts + i) for i in range(5)], "k string, v string, ts long")
-        with pytest.raises(InvalidInput, match=rf"column 'ts' \(the timestamp\) looks like {unit}"):
+        with pytest.raises(InvalidInputError, match=rf"column 'ts' \(the timestamp\) looks like {unit}"):
             spark_bridge.inject(df, stream=stream, key="k", value="v", timestamp="ts", name=f"u-{unit}",
                                 masters=m)
     _only_marker_arrives(shared_cluster, stream, out)

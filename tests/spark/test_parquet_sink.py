@@ -16,7 +16,7 @@ from runtime.record import Record
 from runtime.topology import Topology
 from spark_bridge import ParquetSink, ValueDecodeError, add_parquet_sink, count_rows, read_rows, read_stream
 from spark_bridge.parquet_sink import END_TAG, ROLL_TAG
-from spark_bridge.read import SinkNotFound
+from spark_bridge.read import SinkNotFoundError
 from tests.harness import Cluster, wait_until
 
 FIELDS = "query:string,n:long,score:double,ok:boolean,at:timestamp"
@@ -192,7 +192,7 @@ def test_read_stream_types(spark: Any, tmp_path: Any) -> None:
     from pyspark.sql import functions as F
 
     d = str(tmp_path / "typed")
-    with pytest.raises(SinkNotFound, match="is not a Parquet sink directory"):
+    with pytest.raises(SinkNotFoundError, match="is not a Parquet sink directory"):
         read_stream(spark, d)
     s = _sink(d, "snk/0", None)
     empty = read_stream(spark, d)

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from cli.demo import oracle, sample_lines
 from examples import wordcount
 from injectors import Injector
-from runtime.demo import oracle, sample_lines
 from runtime.errors import MillstreamError
 from runtime.sinks import read_file_sink
 from spark_bridge import read_state

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from cli.demo import run_pipeline
 from examples.zeitgeist import SECOND
 from examples.zeitgeist_spark import LogSpec, generate_log, planted_found
 from runtime.client import Client
-from runtime.demo import run_pipeline
 from tests.harness import Cluster, wait_until
 
 SPEC = LogSpec().small(queries=30_000, seconds=40, vocabulary=60)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
+
 from runtime import errors
 from runtime.errors import MillstreamError
 
@@ -18,6 +20,25 @@ def test_every_error_class_derives_from_millstream_error() -> None:
 
 
 def test_the_documented_subclasses_exist() -> None:
-    for name in ["TopologyError", "ImportPathError", "ConfigError", "MasterUnavailable", "EtcdUnavailable",
-                 "StaleTokenError", "NotOwner", "UserCodeError", "InjectionError"]:
+    for name in ["TopologyError", "ImportPathError", "ConfigError", "MasterUnavailableError", "EtcdUnavailableError",
+                 "StaleTokenError", "NotOwnerError", "UserCodeError", "InjectionError"]:
         assert issubclass(getattr(errors, name), MillstreamError)
+
+
+def test_the_same_mistake_raises_the_same_error_in_user_code_and_at_an_injector() -> None:
+    """A value that is not bytes is a UsageError wherever it is caught: in ctx.produce (user
+    code), in a state codec, and at Injector.send (an InvalidRecordError, which is both a
+    UsageError and an InjectionError); all are also TypeErrors, as Python code expects."""
+    from runtime import codecs
+    from runtime.errors import InjectionError, InvalidRecordError, UsageError
+    from tests.unit.test_context import make_ctx
+    from tests.unit.test_injector_input import _injector
+
+    with pytest.raises(UsageError, match="must be bytes"):
+        make_ctx().produce("counts", "text")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="INT codec stores int"):
+        codecs.INT.encode("3")
+    with pytest.raises(InvalidRecordError, match="must be bytes") as at_send:
+        _injector().send(b"k", "text", 1)  # type: ignore[arg-type]
+    assert isinstance(at_send.value, UsageError) and isinstance(at_send.value, InjectionError)
+    assert isinstance(at_send.value, TypeError)

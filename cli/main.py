@@ -311,7 +311,7 @@ def _run(args: argparse.Namespace) -> int:
                                   code_policy=CodePolicy.parse(args.allow_code), zone=args.zone))
         return 0
     if cmd == "up":
-        from runtime.up import run_up
+        from cli.up import run_up
 
         return run_up(args.data_dir, masters=args.masters, workers=args.workers, lease_ms=args.lease_ms,
                       port=args.port)
@@ -371,7 +371,7 @@ def _run(args: argparse.Namespace) -> int:
 
         return run_bench(args)
     if cmd == "demo":
-        from runtime.demo import run_demo
+        from cli.demo import run_demo
 
         data_dir = args.data_dir or tempfile.mkdtemp(prefix="millstream-demo-")
         return run_demo(data_dir, workers=args.workers)

@@ -1,0 +1,68 @@
+"""The package graph points one way (issue 15, part 5): ``runtime`` (the user API and the
+shared core) imports nothing above it; the master and the worker know nothing of each
+other; the command line is the top and nothing imports it. Imports inside functions count
+too: a lazy import is still a dependency."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# What each package may import, besides itself and libraries.
+ALLOWED = {
+    "runtime": set(),
+    "master": {"runtime"},
+    "worker": {"runtime"},
+    "injectors": {"runtime"},
+    # read_state reads savepoints in the worker's storage format, which worker/storage.py owns
+    "spark_bridge": {"runtime", "injectors", "worker"},
+    "examples": {"runtime", "spark_bridge"},
+    "bench": {"runtime", "master", "worker", "injectors", "spark_bridge", "examples"},
+    "cli": {"runtime", "master", "worker", "injectors", "spark_bridge", "examples", "bench"},
+}
+# The one deliberate exception: the test kit runs the real worker in-process, with the
+# master's watermark math, so that a unit test exercises what production runs.
+EXCEPTIONS = {"runtime/testing.py": {"worker", "master"}}
+
+
+def _imports(path: str) -> set[str]:
+    """Top-level packages of this repository that ``path`` imports, anywhere in the file."""
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module.split(".")[0])
+    return out & set(ALLOWED)
+
+
+def _modules(package: str) -> list[str]:
+    found = []
+    for d, _, files in os.walk(os.path.join(ROOT, package)):
+        found += [os.path.relpath(os.path.join(d, f), ROOT) for f in files
+                  if f.endswith(".py") and not f.endswith(("_pb2.py", "_pb2_grpc.py"))]
+    return sorted(found)
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_no_package_imports_one_above_it(package: str) -> None:
+    wrong = {}
+    for module in _modules(package):
+        allowed = ALLOWED[package] | {package} | EXCEPTIONS.get(module, set())
+        bad = _imports(os.path.join(ROOT, module)) - allowed
+        if bad:
+            wrong[module] = sorted(bad)
+    assert not wrong, f"imports against the layering (ALLOWED in {__file__}): {wrong}"
+
+
+def test_the_check_sees_a_lazy_import(tmp_path: object) -> None:
+    path = os.path.join(str(tmp_path), "m.py")
+    with open(path, "w") as f:
+        f.write("def f():\n    from worker.core import WorkerCore\n    import cli.main\n")
+    assert _imports(path) == {"worker", "cli"}
