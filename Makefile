@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(BIN)/millstream demo
 
 bench: $(STAMP)
-	$(BIN)/millstream bench --peer spark
+	$(BIN)/millstream bench --peer spark --peer flink
 
 PACKAGES := cli runtime master worker injectors spark_bridge examples bench
 

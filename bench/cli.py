@@ -3,7 +3,8 @@
 ``--quick`` shrinks every workload (seconds instead of minutes; for smoke tests,
 not for citing); ``--only w1,recovery,w2,replication,rescale,memory,profile,soak`` picks workloads (``soak``,
 20 million records through two stages at 10,000 rec/s, runs only when named);
-``--peer spark`` adds the Spark Structured Streaming runs and the ratios.
+``--peer spark`` and ``--peer flink`` add the Spark Structured Streaming and Flink runs and
+the ratios.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def run_bench(args: argparse.Namespace) -> int:
     every run produced exact results (targets are reported, never enforced)."""
     chosen = _selected(getattr(args, "only", None))
     cfg = workloads.BenchConfig.make(bool(getattr(args, "quick", False)))
-    peer = getattr(args, "peer", None)
+    peers = list(getattr(args, "peer", None) or [])
     out_dir = getattr(args, "out", None) or os.path.join(ROOT, "bench", "results")
     # Workers import bench.jobs by path: make this checkout importable in every child.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
@@ -57,7 +58,7 @@ def run_bench(args: argparse.Namespace) -> int:
     r: dict[str, Any] = {
         "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "git": report.git_commit(ROOT), "environment": report.environment(), "versions": report.versions(),
-        "config": {"quick": cfg.quick, "workloads": chosen, "peer": peer, "workers": cfg.workers,
+        "config": {"quick": cfg.quick, "workloads": chosen, "peers": peers, "workers": cfg.workers,
                    "masters": 1, "replication": cfg.replication, "lease_ms": cfg.lease_ms, "key_ranges_per_computation": cfg.key_ranges,
                    "w1_seconds": cfg.w1_seconds, "w1_rates": list(cfg.w1_rates),
                    "w1_variants": [v.__dict__ for v in workloads.W1_VARIANTS],
@@ -93,7 +94,7 @@ def run_bench(args: argparse.Namespace) -> int:
             _progress(f"  {res.get('recovery', {}).get('serving_again_after_s')} s to serve again, "
                       f"exact: {res['exactness']['exact']}")
         w2_data = w2_oracle = None
-        if "w2" in chosen or "replication" in chosen or peer == "spark":
+        if "w2" in chosen or "replication" in chosen or peers:
             from bench import generator
 
             w2_data = generator.w2_data(cfg.w2_records)
@@ -146,11 +147,16 @@ def run_bench(args: argparse.Namespace) -> int:
             _progress(f"  dedup bytes per million records: {r['soak']['dedup_bytes_per_1m_records']}, "
                       f"table-file slope {r['soak']['slope_sst_bytes_per_1m']} B per million")
         r.setdefault("memory", {})["peak_rss_by_role"] = _rss_by_role(r)
-        if peer == "spark":
+        if "spark" in peers:
             from bench import spark_peer
 
             _progress("peer: Spark Structured Streaming (local[2])")
             r["spark"] = spark_peer.run(root, cfg, r, w2_data, w2_oracle)
+        if "flink" in peers:
+            from bench import flink_peer
+
+            _progress("peer: Flink (PyFlink SQL, local MiniCluster, parallelism 2)")
+            r["flink"] = flink_peer.run(root, cfg, r, w2_data, w2_oracle)
     finally:
         r["elapsed_s"] = round(time.monotonic() - t0)
         js, md = report.write(r, out_dir)

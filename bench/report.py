@@ -197,6 +197,24 @@ def markdown(r: dict[str, Any]) -> str:
     if sp:
         lines += ["## Side by side with Spark Structured Streaming (local[2])", ""]
         lines += _spark_lines(r, sp)
+    fl = r.get("flink")
+    if fl:
+        lines += [f"## Side by side with Flink {(fl.get('w2') or {}).get('flink_version', '')} "
+                  f"({fl['config']['mode']})", "",
+                  "| workload | millstream | Flink | millstream better by (×; < 1: Flink better) |",
+                  "|---|---:|---:|---:|"]
+        lines += [f"| {row['what']} | {row['millstream']} | {row['peer']} | {row['ratio']} |"
+                  for row in fl.get("comparison", [])]
+        w2 = fl.get("w2") or {}
+        if w2.get("cpu"):
+            lines += ["", f"Flink W2: JVM start {w2['jvm_start_s']} s, job {w2['job_s']} s from submission, "
+                      f"net runtime {w2['net_runtime_s']} s; {w2['cpu']['cpu_s']} CPU-s for the process tree, "
+                      f"foreign CPU {w2['cpu']['foreign_cpu_s']} s, load {w2['cpu']['loadavg_start']}; "
+                      f"windows and spikes equal the oracle: {'yes' if w2.get('oracle_equal') else 'NO'}."]
+        for err in (fl.get("error"), w2.get("error")):
+            if err:
+                lines.append(f"\nFlink peer error: {err}")
+        lines.append("")
     prof = r.get("profile")
     if prof:
         lines += ["## Profile of the in-process record path (cProfile)", "",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench import generator, latency
+from bench.cpu import CpuMeter
 from bench.jobs import ArrivalSink  # noqa: F401  (workers import it by path)
 from injectors import END_OF_TIME, Injector
 from runtime import Topology
@@ -365,14 +366,18 @@ def run_w2(root: str, cfg: BenchConfig, data: generator.W2Data | None = None,
                 return result
             client.submit(w2_topology(sink_dir, cfg.key_ranges))
         result["available"] = True
-        t0 = time.time_ns()
-        injected = _inject_fast(c.masters_arg, data, threads=2)
-        t_inj = time.time_ns()
-        try:
-            wait_until(lambda: latency.count_lines(sink_dir) >= len(oracle.spikes),
-                       cfg.w2_timeout_s, "every spike")
-        except TimeoutError as e:
-            result["error"] = str(e)
+        with CpuMeter() as meter:  # the whole tree: this process (the injector), etcd, master, workers
+            t0 = time.time_ns()
+            injected = _inject_fast(c.masters_arg, data, threads=2)
+            t_inj = time.time_ns()
+            try:
+                wait_until(lambda: latency.count_lines(sink_dir) >= len(oracle.spikes),
+                           cfg.w2_timeout_s, "every spike")
+            except TimeoutError as e:
+                result["error"] = str(e)
+        assert meter.figures is not None
+        result["cpu"] = meter.figures.as_dict()
+        result["records_per_cpu_s"] = round(len(data.keys) / max(1e-9, meter.figures.ours_s))
         got = latency.count_lines(sink_dir)
         t_end = max((a.arrival_ns for a in latency.read_spikes(sink_dir)), default=time.time_ns())
         time.sleep(1.0)  # anything extra (a doubled spike) lands now

@@ -172,7 +172,11 @@ class _Handle:
         return self._cells
 
     def _live(self, stored: bytes | None) -> bytes | None:
-        if stored is None or expiry_of(stored) <= self._cells.low_watermark:
+        if stored is None:
+            return None
+        expiry = expiry_of(stored)
+        # NEVER is also the end of time: state without a TTL outlives even a finished input.
+        if expiry != NEVER and expiry <= self._cells.low_watermark:
             return None
         return payload(stored)
 

@@ -239,8 +239,21 @@ class TestRun:
                                   f"{', '.join(sorted(self._collectors.values()))})")
         return list(_COLLECTED[self.run_id].get(stream, []))
 
+    @property
+    def streams(self) -> list[str]:
+        """Every stream the run's computations produce (and :meth:`output` collects)."""
+        return sorted(set(self._collectors.values()))
+
     def low_watermark(self, computation: str) -> int:
         return self._published.get(computation, MIN)
+
+    def late(self, computation: str | None = None) -> int:
+        """How many records arrived behind the watermark at ``computation`` (every
+        computation's, the output collectors' included, when None): records a test of
+        event-time code usually wants to be 0."""
+        if computation is not None and computation not in self._specs:
+            raise MillstreamError(f"TestRun: no computation {computation!r}")
+        return sum(t.late for (c, _), t in self._core.tablets.items() if computation in (None, c))
 
     def state(self, computation: str, key: bytes) -> bytes | None:
         """``computation``'s committed ``ctx.state`` of ``key``."""

@@ -84,3 +84,19 @@ def test_a_restart_keeps_what_was_committed_and_a_replay_counts_once() -> None:
         assert run.typed_state("counter", b"pear", TypedCounter.count) == 2
         with pytest.raises(MillstreamError, match="no computation produces stream 'nope'"):
             run.output("nope")
+
+
+def test_typed_state_without_a_ttl_outlives_a_finished_input() -> None:
+    """Once every input has finished, the watermark is the end of time, which is also the
+    expiry stored for state without a TTL: that state must still read (it read as missing)."""
+    topo = wordcount.topology("/nonexistent-not-used", name="wc")
+    del topo.computations["counts_sink"]
+    topo.computations["counter"] = dataclasses.replace(topo.computations["counter"], code="tests.jobs:TypedCounter")
+    with TestRun(topo) as run:
+        run.inject("words", b"plum", b"1", T0)
+        run.finish("words")
+        run.finish("lines")
+        run.run_until_idle()
+        assert run.low_watermark("counter") == (1 << 63) - 1
+        assert run.typed_state("counter", b"plum", TypedCounter.count) == 1
+        assert run.typed_state("counter", b"plum", TypedCounter.history) == [1]

@@ -1,0 +1,117 @@
+"""CPU seconds of the benchmark's own process tree, and of everything else on the machine.
+
+A figure is only worth quoting from a quiet machine. :class:`CpuMeter` samples ``/proc``
+while a run lasts and reports the CPU time the benchmark's processes used (this process,
+every descendant — etcd, masters, workers, a Spark or Flink JVM — and every process in a
+session one of them started, so a JVM re-parented to init still counts) and the CPU time the
+whole machine used; the difference is *foreign* CPU: other work that competed with the run.
+Processes are sampled every ``interval_s``; CPU a process spends after its last sample and
+before it exits is missed (a slight under-count of ours, never an over-count).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class CpuFigures:
+    wall_s: float
+    ours_s: float      # CPU seconds of the benchmark's process tree
+    machine_s: float   # CPU seconds of the whole machine (all cores)
+    foreign_s: float   # machine - ours: other work during the run
+    loadavg_start: tuple[float, float, float]
+    loadavg_end: tuple[float, float, float]
+
+    def as_dict(self) -> dict[str, object]:
+        return {"wall_s": round(self.wall_s, 2), "cpu_s": round(self.ours_s, 2),
+                "machine_cpu_s": round(self.machine_s, 2), "foreign_cpu_s": round(self.foreign_s, 2),
+                "loadavg_start": [round(x, 2) for x in self.loadavg_start],
+                "loadavg_end": [round(x, 2) for x in self.loadavg_end]}
+
+
+def _stat(pid: str) -> tuple[int, int, int] | None:
+    """(ppid, session id, utime + stime in ticks) of one process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(")") + 2:].split()
+    return int(fields[1]), int(fields[3]), int(fields[11]) + int(fields[12])
+
+
+def _machine_ticks() -> int:
+    with open("/proc/stat") as f:
+        parts = f.readline().split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in parts[:8])
+    return user + nice + system + irq + softirq + steal
+
+
+def tree_ticks(root: int, leaders: set[int] | None = None) -> dict[int, int]:
+    """CPU ticks so far of ``root``, its descendants and the sessions they lead (or led:
+    ``leaders`` remembers them across calls, so a session outlives its leader)."""
+    procs: dict[int, tuple[int, int, int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (st := _stat(name)) is not None:
+            procs[int(name)] = st
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    ours: set[int] = set()
+    stack = [root]
+    while stack:
+        pid = stack.pop()
+        if pid not in ours:
+            ours.add(pid)
+            stack += children.get(pid, [])
+    own_session = procs.get(root, (0, -1, 0))[1]
+    leaders = set() if leaders is None else leaders
+    leaders |= {pid for pid in ours if procs[pid][1] == pid and pid != own_session}
+    ours |= {pid for pid, (_, sid, _) in procs.items() if sid in leaders}
+    return {pid: procs[pid][2] for pid in ours if pid in procs}
+
+
+class CpuMeter:
+    """``with CpuMeter() as m: ...`` then ``m.figures``."""
+
+    def __init__(self, root: int | None = None, interval_s: float = 0.1) -> None:
+        self.root = os.getpid() if root is None else root
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu meter", daemon=True)
+        self._base: dict[int, int] = {}
+        self._last: dict[int, int] = {}
+        self._leaders: set[int] = set()
+        self._started = False
+        self.figures: CpuFigures | None = None
+
+    def _sample(self) -> None:
+        for pid, ticks in tree_ticks(self.root, self._leaders).items():
+            self._base.setdefault(pid, 0 if self._started else ticks)
+            self._last[pid] = ticks
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> CpuMeter:
+        self._sample()
+        self._started = True
+        self._t0, self._machine0, self._load0 = time.monotonic(), _machine_ticks(), os.getloadavg()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        ours = sum(t - self._base[pid] for pid, t in self._last.items()) / TICK
+        machine = (_machine_ticks() - self._machine0) / TICK
+        self.figures = CpuFigures(time.monotonic() - self._t0, ours, machine, max(0.0, machine - ours),
+                                  self._load0, os.getloadavg())

@@ -1,0 +1,27 @@
+"""bench/cpu.py counts the CPU of the benchmark's process tree, a detached session included."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from bench.cpu import CpuMeter
+
+BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
+
+
+def test_a_child_and_a_process_in_a_session_it_started_both_count() -> None:
+    # A child in a session of its own starts a grandchild and exits first: the grandchild is
+    # re-parented to init, as a JVM is when its Python launcher exits before it.
+    launcher = ("import subprocess, sys, time\n"
+                f"subprocess.Popen([sys.executable, '-c', {BURN!r}])\n"
+                "time.sleep(0.2)\n")
+    with CpuMeter(interval_s=0.05) as meter:
+        subprocess.run([sys.executable, "-c", BURN], check=True)
+        p = subprocess.Popen([sys.executable, "-c", launcher], start_new_session=True)
+        p.wait()
+        subprocess.run([sys.executable, "-c", "import time; time.sleep(0.8)"], check=True)
+    figures = meter.figures
+    assert figures is not None
+    assert figures.ours_s >= 0.6, figures  # two burns of 0.4 s, sampled
+    assert figures.machine_s >= figures.ours_s * 0.9
