@@ -3,11 +3,11 @@
 ``send`` only queues. A background thread delivers what is queued in *rounds*: a round
 starts when ``batch_size`` records are waiting, when the oldest has waited ``linger_ms``
 (like Kafka's ``linger.ms`` or Flink's buffer timeout), or when :meth:`Injector.flush` asks;
-it sends everything waiting, one delivery per destination tablet (cut at 16 MiB), all
-destinations at once, and retries each until its tablet has committed it. Records sent
-while a round is in flight wait for the next one, so a paced loop of ``send`` calls gets
-its records committed within a few milliseconds without calling ``flush()``, and a fast
-one gets large deliveries. ``flush()`` waits until every record queued before it is
+it takes up to ``batch_size`` of the oldest records, sends them in one delivery per
+destination tablet (cut at 16 MiB), all destinations at once, and retries each until its
+tablet has committed it. Records sent while a round is in flight wait for the next one, so
+a paced loop of ``send`` calls gets its records committed within a few milliseconds without
+calling ``flush()``, and a fast one gets full rounds back to back. ``flush()`` waits until every record queued before it is
 committed. A round that fails for good (a stream closed by a drain, a cluster that stays
 unreachable for ``timeout``) puts its records back in the queue and stops the rounds; the
 next ``flush()`` (or ``finish()``, or a ``send`` that finds the queue full) raises the
@@ -119,10 +119,10 @@ class Injector:
 
     # --------------------------------------------------------------- sending
 
-    def send(self, key: bytes, value: bytes, timestamp: int, id: bytes | None = None) -> None:
+    def send(self, key: bytes, value: bytes, timestamp: int, id: bytes | None = None) -> bytes:
         """Queue one record; it leaves within ``linger_ms`` (sooner when ``batch_size`` are
-        waiting). Blocks while ``max_queued`` records wait (raising a failed round's error if
-        that is why)."""
+        waiting). Returns its id. Blocks while ``max_queued`` records wait (raising a failed
+        round's error if that is why)."""
         if self.finished:
             raise InjectionError(f"injector {self.name!r} is finished; create a new one to send more")
         if not isinstance(key, bytes):
@@ -142,6 +142,7 @@ class Injector:
             id = sequence_id(self._prefix, self.position)
             self._sequenced[self._prefix] = self.position
         self._queue(Record(key, value, timestamp, id))
+        return id
 
     def send_sequenced(self, producer: str, seq: int, key: bytes, value: bytes, timestamp: int) -> None:
         """Queue one record of a source with its own order: ``seq`` is its place in
@@ -192,9 +193,14 @@ class Injector:
                 if self._buffer and self._error is None:
                     wait = self._first_at + self.linger_s - time.monotonic()
                     if len(self._buffer) >= self.batch_size or self._flushing or wait <= 0:
-                        records, self._buffer = self._buffer, []
-                        self._sending, self._sending_min = records, self._buffer_min
-                        self._buffer_min = END_OF_TIME
+                        records = self._buffer[:self.batch_size]
+                        del self._buffer[:self.batch_size]
+                        self._sending = records
+                        if self._buffer:  # the rest waited as long: it goes in the next round at once
+                            self._sending_min = min(r.timestamp for r in records)
+                            self._buffer_min = min(r.timestamp for r in self._buffer)
+                        else:
+                            self._sending_min, self._buffer_min = self._buffer_min, END_OF_TIME
                         return records
                     self._cond.wait(wait)
                 else:
@@ -234,6 +240,12 @@ class Injector:
         _check_time(timestamp, "watermark")
         self.watermark = max(self.watermark, timestamp)
         self._report()
+
+    @property
+    def queued(self) -> int:
+        """Records sent and not committed yet (waiting, or in the round in flight)."""
+        with self._cond:
+            return len(self._buffer) + len(self._sending)
 
     @property
     def effective_watermark(self) -> int:

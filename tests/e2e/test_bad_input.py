@@ -153,7 +153,7 @@ def test_an_injector_refuses_out_of_range_input_and_keeps_what_it_had(cluster: C
             inj.send(b"k", b"v", BASE_TS, id=b"short")
         with pytest.raises(InjectionError, match="over the limits"):
             inj.send(b"k", b"x" * (17 << 20), BASE_TS)
-        assert inj.position == 0 and not inj._buffer  # nothing of them was taken
+        assert inj.position == 0 and inj.queued == 0  # nothing of them was taken
         inj.send(b"k", b"good", BASE_TS + 1)
         inj.flush()
     wait_until(lambda: [r["value"] for r in read_file_sink(out)] == ["good"], 30, "the good record")

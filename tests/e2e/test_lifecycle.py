@@ -109,7 +109,7 @@ def test_drain_emits_every_window_then_refuses_input(cluster: Cluster) -> None:
         inj.send(b"k1", b"", events[-1][1] + 10_000_000)
         with pytest.raises(InjectionError, match="job 'win'.*drain"):
             inj.flush()
-        assert len(inj._buffer) == 1, "a refused record stays queued"
+        assert inj.queued == 1, "a refused record stays queued"
     finally:
         inj.close()
     with pytest.raises(MillstreamError, match="drained"):

@@ -25,9 +25,9 @@ def inject_lines(masters: str, source: str, lines: list[str], repeat_every: int,
     with Injector(masters, "lines", source, batch_size=200, security=security) as inj:
         for i, line in enumerate(lines):
             ts = BASE_TS + i * 1000 + rng.randint(-100_000, 100_000)
-            inj.send(b"", line.encode(), ts)
+            rid = inj.send(b"", line.encode(), ts)
             if i % repeat_every == 0:
-                inj.send(b"", line.encode(), ts, id=inj._buffer[-1].id)
+                inj.send(b"", line.encode(), ts, id=rid)
             if midway is not None and i == len(lines) // 2:
                 inj.flush()
                 midway()

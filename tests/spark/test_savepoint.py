@@ -25,13 +25,15 @@ BATCH = 50
 
 
 def _feed(masters: str, lines: list[str], acked: list[int]) -> None:
-    """The injector the savepoint is taken under: every ``BATCH`` lines are one flush (one
-    delivery: the splitter has one range), so the savepoint holds a prefix of whole flushes."""
+    """The injector the savepoint is taken under: ``acked`` is how many lines are committed
+    (a flush every ``BATCH`` lines). The splitter has one range, so its commits follow the
+    injection's order and the savepoint holds a prefix of it."""
     inj = Injector(masters, "lines", "feed", batch_size=BATCH)
     try:
         for i, line in enumerate(lines):
             inj.send(b"", line.encode(), BASE_TS + i * 1000)
             if (i + 1) % BATCH == 0:
+                inj.flush()
                 acked[0] = i + 1
     finally:
         inj.close()  # not finished: the injection continues on the other cluster
@@ -61,9 +63,10 @@ def test_a_savepoint_under_traffic_restores_into_another_cluster_exactly(spark: 
         with pytest.raises(MillstreamError, match="is not empty"):
             a.client.savepoint("wc", saved)
     # The cluster is gone (its processes and their state directories with it, as far as the
-    # new cluster can tell). The savepoint holds a prefix of whole flushes of the injection.
+    # new cluster can tell). The savepoint holds a prefix of the injection: at least what was
+    # acknowledged when it began, at most what was sent before the next flush after it ended.
     counts = {r.key: int(r.value_text) for r in read_state(spark, saved, "counter").collect()}
-    prefixes = [k for k in range(before, after + BATCH, BATCH) if counts == oracle(lines[:k])]
+    prefixes = [k for k in range(before, after + BATCH + 1) if counts == oracle(lines[:k])]
     assert prefixes, f"the saved counts match no prefix of the injection between {before} and {after} lines"
     with open(os.path.join(saved, "manifest.json")) as f:
         assert json.load(f)["job"] == "wc"

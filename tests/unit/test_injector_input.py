@@ -32,6 +32,7 @@ def _injector() -> Injector:
     inj.position, inj._buffer, inj._held = 0, [], []
     inj._cond, inj._buffer_min, inj._sending_min, inj._queued = threading.Condition(), END, END, 0
     inj.max_queued, inj._error, inj._rounds, inj._first_at = 100_000, None, threading.Thread(), 0.0  # no round thread
+    inj._sending = []
     inj.watermark, inj._reported = MIN, MIN
     inj._lock, inj._closed, inj._confirmer = threading.Lock(), threading.Event(), None
     inj.client = NoMaster()  # type: ignore[assignment]

@@ -1,0 +1,210 @@
+"""Nexmark on a real cluster (``millstream bench --nexmark``): each query on a fresh local
+cluster (etcd, a master, two workers, exactly-once, fsync, replication as configured),
+checked against the exact oracle.
+
+Two runs per query:
+
+- **Throughput**: the events, generated beforehand, are injected as fast as one injector
+  goes (its watermark following the generator's promise), and the run ends when the last
+  expected output has arrived. Reported: events per second of wall time, and events per
+  CPU-second of the whole process tree (this process, which injects, plus etcd, master and
+  workers; bench/cpu.py), with the foreign CPU of the same interval.
+- **Latency**: the events are injected on a paced schedule, each at the wall-clock instant
+  of its event time (the generator's base time is the run's start), so an output's latency
+  is its arrival time minus its timestamp: for a windowed query, minus the moment its window
+  could fire (the watermark's delay included, as a user sees it).
+
+Both runs compare every output record (key, value, timestamp) with the oracle's multiset:
+``lost`` are expected records that never came, ``doubled`` records that came more often
+than expected (q12 groups by processing time: only each bidder's total is checked).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from bench import latency
+from bench.cpu import CpuMeter
+from bench.nexmark import oracle, queries
+from bench.nexmark.generator import SECOND_US, NexmarkConfig, records, watermark_after
+from injectors import Injector
+from runtime import Context, Record, Sink, Topology
+from runtime.client import Client
+from runtime.cluster import wait_until
+from runtime.errors import TopologyError
+from runtime.sinks import CommittedFile
+
+if TYPE_CHECKING:
+    from bench.workloads import BenchConfig
+
+STREAM, OUT = "nx-events", "nx-out"
+Output = Counter[tuple[bytes, bytes, int]]
+
+
+class OutputSink(Sink):
+    """Appends ``key value timestamp arrival_ns`` lines (key and value in hex) to
+    ``<path>/<tablet>.txt``, exactly once (the committed length is in the tablet's commit)."""
+
+    def setup(self, params: Mapping[str, str]) -> None:
+        super().setup(params)
+        if "path" not in params:
+            raise TopologyError("OutputSink needs params={'path': DIRECTORY}")
+        self.dir = params["path"]
+        self._pending: list[bytes] = []
+
+    def restore(self, tablet: str, meta: bytes | None, token: int = 0, absorbed: Sequence[bytes] = ()) -> None:
+        self.file = CommittedFile(self.dir, tablet, ".txt", meta, token=token)
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        self._pending.append(b"%s %s %d %d\n" % (record.key.hex().encode(), record.value.hex().encode(),
+                                                  record.timestamp, time.time_ns()))
+
+    def prepare_commit(self) -> bytes:
+        data = b"".join(self._pending)
+        self._pending.clear()
+        return self.file.append(data, fsync=False)
+
+
+def read_outputs(path: str) -> list[tuple[bytes, bytes, int, int]]:
+    """(key, value, timestamp, arrival_ns) of every committed output line under ``path``."""
+    out: list[tuple[bytes, bytes, int, int]] = []
+    if not os.path.isdir(path):
+        return out
+    for name in sorted(os.listdir(path)):
+        with open(os.path.join(path, name), "rb") as f:
+            for line in f:
+                if line.endswith(b"\n"):
+                    k, v, ts, arrival = line.split()
+                    out.append((bytes.fromhex(k.decode()), bytes.fromhex(v.decode()), int(ts), int(arrival)))
+    return out
+
+
+def _topology(query: str, prefix: str, config: NexmarkConfig, sink_dir: str, key_ranges: int) -> Topology:
+    topo = queries.QUERIES[query](prefix, f"{prefix}{STREAM}", f"{prefix}{OUT}", key_ranges=key_ranges,
+                                  config=config)
+    topo.add_computation(f"{prefix}sink", "bench.nexmark.run:OutputSink", inputs={f"{prefix}{OUT}": None},
+                         key_ranges=2, fsync=False, params={"path": sink_dir})
+    return topo
+
+
+def _check(query: str, config: NexmarkConfig, events: list[tuple[bytes, bytes, int]],
+           got: list[tuple[bytes, bytes, int, int]]) -> dict[str, Any]:
+    if query == "q12":
+        want: Counter[bytes] = oracle.q12_totals(config, events)
+        have: Counter[bytes] = Counter()
+        for k, v, _, _ in got:
+            have[k] += int(v)
+        lost, doubled = sum((want - have).values()), sum((have - want).values())
+        return {"expected": sum(want.values()), "observed": sum(have.values()), "lost": lost, "doubled": doubled,
+                "exact": lost == doubled == 0, "checked": "bids per bidder (processing-time panes)"}
+    expected: Output = oracle.ORACLES[query](config, events)
+    observed: Output = Counter((k, v, ts) for k, v, ts, _ in got)
+    lost, doubled = sum((expected - observed).values()), sum((observed - expected).values())
+    return {"expected": sum(expected.values()), "observed": sum(observed.values()), "lost": lost,
+            "doubled": doubled, "exact": lost == doubled == 0, "checked": "every output record"}
+
+
+def _wait_open(client: Client, prefix: str, timeout: float = 60.0) -> None:
+    def ready() -> bool:
+        tablets = [t for t in client.status()["tablets"] if t["computation"].startswith(prefix)]
+        return bool(tablets) and all(t.get("health") == "ok" for t in tablets)
+    wait_until(ready, timeout, f"every tablet of {prefix} to be open and in sync")
+
+
+def _wait_outputs(query: str, config: NexmarkConfig, events: list[tuple[bytes, bytes, int]], sink: str,
+                  timeout_s: float) -> None:
+    """Until every output the oracle expects has arrived (for q12, until the panes hold every
+    bid: they close on the wall clock, ``window_size_sec`` after their first bid)."""
+    if query == "q12":
+        bids = sum(oracle.q12_totals(config, events).values())
+        wait_until(lambda: sum(int(v) for _, v, _, _ in read_outputs(sink)) >= bids, timeout_s,
+                   f"q12's panes to hold all {bids:,} bids")
+    else:
+        want = sum(oracle.ORACLES[query](config, events).values())
+        wait_until(lambda: latency.count_lines(sink) >= want, timeout_s, f"{query}'s {want:,} outputs")
+
+
+def _inject(masters: str, name: str, config: NexmarkConfig, events: list[tuple[bytes, bytes, int]],
+            paced_from_ns: int | None) -> None:
+    """Send ``events`` (paced at their event times from ``paced_from_ns``, or as fast as the
+    injector goes), the watermark following the generator's promise; then finish."""
+    # A watermark report is a call to the master: every 500 events, or every 50 ms when paced.
+    every = 500 if paced_from_ns is None else max(1, config.events_per_second // 20)
+    with Injector(masters, f"{name}{STREAM}", f"{name}injector", timeout=120) as inj:
+        for i, (key, value, ts) in enumerate(events):
+            if paced_from_ns is not None:
+                due = ts * 1000
+                while (now := time.time_ns()) < due:
+                    time.sleep(min((due - now) / 1e9, 0.0005))  # the schedule, not a test wait
+            inj.send(key, value, ts)
+            if i % every == every - 1:
+                inj.advance_watermark(watermark_after(config, i))
+
+
+def run_query(c: Any, query: str, config: NexmarkConfig, n_throughput: int, latency_s: float,
+              latency_rate: int, key_ranges: int, timeout_s: float) -> dict[str, Any]:
+    """Both runs of one query on the cluster ``c``."""
+    out: dict[str, Any] = {"query": query}
+    with Client(c.masters_arg, timeout=30) as client:
+        # Throughput.
+        prefix = "t-"
+        sink = os.path.join(c.data_dir, "nexmark-t")
+        client.submit(_topology(query, prefix, config, sink, key_ranges))
+        _wait_open(client, prefix)
+        events = list(records(config, 0, n_throughput))
+        with CpuMeter() as meter:
+            t0 = time.time_ns()
+            _inject(c.masters_arg, prefix, config, events, None)
+            _wait_outputs(query, config, events, sink, timeout_s)
+            got = read_outputs(sink)
+            t_end = max((a for *_, a in got), default=time.time_ns())
+        assert meter.figures is not None
+        wall = (t_end - t0) / 1e9
+        out["throughput"] = {"events": n_throughput, "wall_s": round(wall, 2),
+                             "events_per_s": round(n_throughput / wall),
+                             "events_per_cpu_s": round(n_throughput / max(1e-9, meter.figures.ours_s)),
+                             "cpu": meter.figures.as_dict(), "outputs": len(got),
+                             "exactness": _check(query, config, events, got)}
+        # Latency: event times on the wall clock, paced.
+        prefix = "l-"
+        sink = os.path.join(c.data_dir, "nexmark-l")
+        start_ns = time.time_ns() + 2_000_000_000
+        paced = dataclasses.replace(config, base_time_us=start_ns // 1000, events_per_second=latency_rate)
+        client.submit(_topology(query, prefix, paced, sink, key_ranges))
+        _wait_open(client, prefix)
+        events = list(records(paced, 0, int(latency_s * latency_rate)))
+        _inject(c.masters_arg, prefix, paced, events, start_ns)
+        _wait_outputs(query, paced, events, sink, timeout_s)
+        got = read_outputs(sink)
+        # Outputs of the end of the input (windows closed by finish()) fire early: left out.
+        closed_by_end = paced.base_time_us + int(latency_s * SECOND_US)
+        lat = [(arrival / 1000 - ts) / 1000 for _, _, ts, arrival in got if ts <= closed_by_end]
+        out["latency"] = {"events": len(events), "rate": latency_rate, "ms": latency.percentiles(lat),
+                          "samples": len(lat), "exactness": _check(query, paced, events, got)}
+    return out
+
+
+def run(root: str, cfg: BenchConfig, only: Sequence[str] | None = None) -> dict[str, Any]:
+    """Every query (or ``only``), each on a fresh cluster."""
+    from bench.workloads import cluster
+
+    n = 20_000 if cfg.quick else 200_000
+    latency_s, rate = (3.0, 2_000) if cfg.quick else (20.0, 5_000)
+    config = NexmarkConfig()
+    result: dict[str, Any] = {"config": dataclasses.asdict(config) | {
+        "throughput_events": n, "latency_seconds": latency_s, "latency_rate": rate,
+        "replication": cfg.replication, "workers": cfg.workers, "key_ranges": cfg.key_ranges}, "queries": []}
+    for query in only or queries.QUERIES:
+        print(f"  Nexmark {query}", flush=True)
+        with cluster(root, f"nexmark-{query}", cfg) as c:
+            try:
+                result["queries"].append(run_query(c, query, config, n, latency_s, rate, cfg.key_ranges,
+                                                   cfg.w2_timeout_s))
+            except TimeoutError as e:
+                result["queries"].append({"query": query, "error": str(e)})
+    return result
