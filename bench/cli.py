@@ -1,7 +1,7 @@
 """``millstream bench``: run the workloads on fresh local clusters and write the report.
 
 ``--quick`` shrinks every workload (seconds instead of minutes; for smoke tests,
-not for citing); ``--only w1,recovery,w2,replication,rescale,memory,profile,soak`` picks workloads (``soak``,
+not for citing); ``--only w1,recovery,w2,replication,rescale,memory,profile,nexmark,soak`` picks workloads (``soak``,
 20 million records through two stages at 10,000 rec/s, runs only when named);
 ``--peer spark`` and ``--peer flink`` add the Spark Structured Streaming and Flink runs and
 the ratios.
@@ -22,7 +22,7 @@ from typing import Any
 from bench import report, workloads
 
 log = logging.getLogger(__name__)
-DEFAULT = ("w1", "recovery", "w2", "replication", "rescale", "memory", "profile")
+DEFAULT = ("w1", "recovery", "w2", "replication", "rescale", "memory", "profile", "nexmark")
 ALL = (*DEFAULT, "soak")
 SOAK_RATE = 10_000
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +47,7 @@ def _progress(msg: str) -> None:
 def run_bench(args: argparse.Namespace) -> int:
     """Run the selected workloads; write ``<out>/<stamp>-<commit>.json|.md``. Returns 0 if
     every run produced exact results (targets are reported, never enforced)."""
-    chosen = _selected(getattr(args, "only", None))
+    chosen = ["nexmark"] if getattr(args, "nexmark", False) else _selected(getattr(args, "only", None))
     cfg = workloads.BenchConfig.make(bool(getattr(args, "quick", False)))
     peers = list(getattr(args, "peer", None) or [])
     out_dir = getattr(args, "out", None) or os.path.join(ROOT, "bench", "results")
@@ -138,6 +138,16 @@ def run_bench(args: argparse.Namespace) -> int:
 
             _progress("profile: the in-process record path under cProfile")
             r["profile"] = profile_record_path(root, 20_000 if not cfg.quick else 4_000)
+        if "nexmark" in chosen:
+            from bench.nexmark import run as nexmark
+
+            _progress("Nexmark: q0, q1, q2, q3, q5, q7, q8, q11, q12, each on a fresh cluster")
+            r["nexmark"] = nx = nexmark.run(root, cfg)
+            for q in nx["queries"]:
+                exact = all(q.get(k, {}).get("exactness", {}).get("exact") for k in ("throughput", "latency"))
+                ok &= exact
+                _progress(f"  {q['query']}: {q.get('throughput', {}).get('events_per_cpu_s')} events per CPU-s, "
+                          f"latency {q.get('latency', {}).get('ms')}, exact: {exact}{' ' + q['error'] if 'error' in q else ''}")
         if "soak" in chosen:
             from bench.soak import run_soak
 

@@ -197,6 +197,28 @@ def markdown(r: dict[str, Any]) -> str:
     if sp:
         lines += ["## Side by side with Spark Structured Streaming (local[2])", ""]
         lines += _spark_lines(r, sp)
+    nx = r.get("nexmark")
+    if nx:
+        c = nx["config"]
+        lines += [f"## Nexmark — each query on a fresh cluster ({c['workers']} workers, {c['key_ranges']} key ranges, "
+                  f"replication {c['replication']}, exactly-once + fsync)", "",
+                  f"Throughput: {c['throughput_events']:,} events injected as fast as one injector goes. Latency: "
+                  f"{c['latency_seconds']:g} s at {c['latency_rate']:,} events/s, each event sent at its event time "
+                  "(output arrival − output timestamp).", "",
+                  "| query | events/s | events per CPU-s | foreign CPU-s | p50 / p99 latency (ms) | lost / doubled | exact |",
+                  "|---|---:|---:|---:|---:|---:|:---:|"]
+        for q in nx["queries"]:
+            if "error" in q:
+                lines.append(f"| {q['query']} | error: {q['error']} | | | | | NO |")
+                continue
+            t, la = q["throughput"], q["latency"]
+            lost = t["exactness"]["lost"] + la["exactness"]["lost"]
+            doubled = t["exactness"]["doubled"] + la["exactness"]["doubled"]
+            exact = t["exactness"]["exact"] and la["exactness"]["exact"]
+            lines.append(f"| {q['query']} | {t['events_per_s']:,} | {t['events_per_cpu_s']:,} | "
+                         f"{t['cpu']['foreign_cpu_s']} | {_ms(la['ms'], 'p50')} / {_ms(la['ms'], 'p99')} | "
+                         f"{lost} / {doubled} | {'yes' if exact else 'NO'} |")
+        lines.append("")
     fl = r.get("flink")
     if fl:
         lines += [f"## Side by side with Flink {(fl.get('w2') or {}).get('flink_version', '')} "

@@ -272,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run the workloads on a peer (repeat for both); Flink gets a virtualenv of its "
                         "own, .venv-flink, made on first use")
     b.add_argument("--quick", action="store_true", help="short runs, for smoke tests")
+    b.add_argument("--nexmark", action="store_true", help="run only the Nexmark queries (same as --only nexmark)")
     b.add_argument("--only", default=None, help="comma-separated workloads to run (default: all)")
     b.add_argument("--out", default="bench/results", help="directory for the JSON and Markdown reports")
 

@@ -25,7 +25,7 @@ from master.ranges import KeyRange, Ranges
 from master.rebalance import Policy, Rebalancer
 from master.scheduler import Ownership, TabletKey, replan, replication_health
 from master.store import Change, EtcdStore
-from master.watermarks import END_OF_TIME, MIN, Settler, TabletReport, Watermark, compute, publish
+from master.watermarks import END_OF_TIME, MIN, Settler, TabletReport, Watermark, compute, inputs, publish
 from runtime import metrics
 from runtime.client import check_topology_size
 from runtime.errors import ConfigError, MillstreamError, StaleTokenError, TopologyError, WorkerIdentityError
@@ -122,6 +122,9 @@ class MasterCore:
         # stream on its own (review W4); "" is a client that sends no incarnation.
         self.injector_incarnations: dict[str, dict[str, int]] = {}
         self.published: dict[str, int] = {}
+        # What each computation acts on (master/watermarks.py, inputs): not persisted, it
+        # follows from the published values and the injectors, and only ever rises here.
+        self.input_published: dict[str, int] = {}
         self.computed: dict[str, Watermark] = {}
         self.counters: dict[str, dict[str, int]] = {}    # computation -> totals
         self._last_counts: dict[TabletKey, tuple[int, tuple[int, ...]]] = {}
@@ -331,7 +334,7 @@ class MasterCore:
 
     def heartbeat(self, worker_id: str, held: Sequence[pb.HeldTablet] = (), report_seq: int = 0,
                   problems: Sequence[pb.TabletProblem] = (), routing_version: int = 0) -> dict[str, int]:
-        """Renew a worker's lease and take its tablets' progress; returns the watermarks."""
+        """Renew a worker's lease and take its tablets' progress; returns the input watermarks."""
         if worker_id not in self.workers:
             raise UnknownWorkerError(f"worker {worker_id} is not registered (its lease expired)")
         self.routing_seen[worker_id] = max(self.routing_seen.get(worker_id, 0), routing_version)
@@ -382,7 +385,7 @@ class MasterCore:
                 del self.reports[key]
                 self.report_time.pop(key, None)
                 self.settler.forget(key)
-        return self.published
+        return self.input_published
 
     def reported(self) -> dict[str, int]:
         """The newest progress report held from each known worker (for receipts, see
@@ -484,6 +487,9 @@ class MasterCore:
             for c, v in changed.items():
                 assert v >= self.published.get(c, MIN), "published watermarks never decrease"
             self.published.update(changed)
+        for c, v in inputs(specs, self.published, injectors).items():
+            if c not in frozen and v > self.input_published.get(c, MIN):
+                self.input_published[c] = v
         wall = time.time()
         for c, v in new.items():
             metrics.WATERMARK.labels(c).set(v)

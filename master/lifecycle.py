@@ -117,6 +117,7 @@ async def _replace(core: MasterCore, old: Topology, new: Topology, d: Diff, resu
     core.dropped.update(change.dropped)
     for c in d.removed:
         core.published.pop(c, None)
+        core.input_published.pop(c, None)
         core.computed.pop(c, None)
     core.tablets.update(change.tablets)
     await core._rebalance("update")
@@ -205,6 +206,7 @@ def _forget_computations(core: MasterCore, specs: Iterable[ComputationSpec], gon
     for s in specs:
         core.ranges.pop(s.name, None)
         core.published.pop(s.name, None)
+        core.input_published.pop(s.name, None)
         core.computed.pop(s.name, None)
         core.counters.pop(s.name, None)
 

@@ -125,7 +125,7 @@ class MasterServicer(rpc.MasterServicer):
                                         list(request.problems), request.routing_version)
         except UnknownWorkerError:
             return pb.HeartbeatResponse(known=False, routing_version=core.version)
-        return pb.HeartbeatResponse(known=True, routing_version=core.version, watermarks=watermarks,
+        return pb.HeartbeatResponse(known=True, routing_version=core.version, input_watermarks=watermarks,
                                     lease_ms=core.config.lease_ms,
                                     reported=core.reported())
 

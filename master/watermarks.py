@@ -6,6 +6,12 @@ token than its current one (it moved and the new owner has not reported yet)
 holds ``A`` at its last published watermark. A stream nobody produces yet
 holds its readers at the minimum: data may still come ("delayed or not
 there?"). Published watermarks never decrease.
+
+A computation *acts* on its input watermark (:func:`inputs`): the published watermarks of
+what feeds it. Its own pending timers hold what it publishes for its readers, never what it
+fires them on: otherwise each timer would fire only once the one before it had left the
+computation's own watermark, one round of progress reports per distinct timer time (a
+burst of session windows closing at the end of an input took a minute).
 """
 
 from __future__ import annotations
@@ -96,6 +102,32 @@ def compute(
 def publish(computed: Mapping[str, Watermark], published: Mapping[str, int]) -> dict[str, int]:
     """The new published values: never below what was published before."""
     return {name: max(wm.value, published.get(name, MIN)) for name, wm in computed.items()}
+
+
+def inputs(specs: Iterable[ComputationSpec], published: Mapping[str, int],
+           injectors: Mapping[str, tuple[str, int]]) -> dict[str, int]:
+    """Each computation's input watermark: the lowest of the published watermarks of the
+    computations producing its input streams and of the injectors on them (a stream nobody
+    feeds yet holds it at the start of time). Event-time timers fire, and records count as
+    late, on this value. Every record below it has been committed where it was sent: its
+    producer holds its own watermark until the receiver's commit is reported."""
+    by_name = {s.name: s for s in specs}
+    producers: dict[str, list[str]] = {}
+    for s in by_name.values():
+        for out in s.all_outputs:
+            producers.setdefault(out, []).append(s.name)
+    by_stream: dict[str, list[int]] = {}
+    for stream, wm in injectors.values():
+        by_stream.setdefault(stream, []).append(wm)
+    out_: dict[str, int] = {}
+    for name, spec in by_name.items():
+        wm = END_OF_TIME
+        for stream in spec.inputs:
+            feeders = [published.get(p, MIN) for p in producers.get(stream, []) if p in by_name]
+            sources = by_stream.get(stream, [])
+            wm = min(wm, *feeders, *sources) if feeders or sources else MIN
+        out_[name] = wm
+    return out_
 
 
 class Settler:

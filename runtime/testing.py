@@ -208,7 +208,7 @@ class TestRun:
 
     def _publish(self) -> None:
         from master.scheduler import Ownership
-        from master.watermarks import TabletReport, compute, publish
+        from master.watermarks import TabletReport, compute, inputs, publish
         from runtime.topology import ComputationSpec
 
         specs = [*self._specs.values(),
@@ -228,7 +228,7 @@ class TestRun:
                 if stream not in {o for x in specs for o in x.all_outputs}:
                     injectors.setdefault(f"testrun/{stream}", (stream, self._injected.get(stream, MIN)))
         self._published = publish(compute(specs, tablets, reports, injectors, self._published), self._published)
-        self._core.set_watermarks(self._published)
+        self._core.set_watermarks(inputs(specs, self._published, injectors))
 
     # ------------------------------------------------------------------ reading
 

@@ -479,12 +479,14 @@ class WorkerCore:
         self.sender.send(productions, owner)
 
     def watermark(self, computation: str) -> int:
+        """``computation``'s input watermark (master/watermarks.py, inputs): what its timers
+        fire on, what its records are late against, ``ctx.low_watermark``."""
         return self.watermarks.get(computation, WATERMARK_MIN)
 
-    def set_watermarks(self, published: dict[str, int]) -> None:
-        """Adopt the leader's published watermarks (never moving one backwards here)."""
+    def set_watermarks(self, inputs: dict[str, int]) -> None:
+        """Adopt the leader's input watermarks (never moving one backwards here)."""
         advanced = set()
-        for comp, wm in published.items():
+        for comp, wm in inputs.items():
             if wm > self.watermarks.get(comp, WATERMARK_MIN):
                 self.watermarks[comp] = wm
                 advanced.add(comp)

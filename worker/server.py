@@ -363,7 +363,7 @@ class MasterSession:
                     self.lease_ms = resp.lease_ms
                 self.core.renewed(sent_at, self.lease_ms)
                 self.core.release(dict(resp.reported))
-                self.core.set_watermarks(dict(resp.watermarks))
+                self.core.set_watermarks(dict(resp.input_watermarks))
                 # A routing stream can outlive its master's leadership (a deposed leader that
                 # did not die): if the leader's version stays ahead of ours, watch anew.
                 behind = resp.routing_version > self.core.routing.version
