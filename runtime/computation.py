@@ -14,7 +14,7 @@ from runtime.record import Record
 class TimeDomain(enum.IntEnum):
     """Which clock a timer follows."""
 
-    #: fires when the computation's low watermark reaches the timer's time
+    #: fires when the computation's input watermark (``ctx.low_watermark``) reaches the timer's time
     EVENT_TIME = 0
     #: fires when the wall clock reaches the timer's time
     WALL_TIME = 1

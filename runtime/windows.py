@@ -9,7 +9,7 @@ the results go::
         aggregator = Count()
         output = "clicks_per_minute"
 
-Each window fires **exactly once**, when the computation's low watermark passes its end plus
+Each window fires **exactly once**, when the computation's input watermark passes its end plus
 the allowed lateness, with a record on ``output``: key = the record's key, value =
 ``aggregator.emit(acc)`` (bytes), timestamp = the moment it fires: the window's end plus the
 allowed lateness (a pending window holds the computation's watermark there, so anything older
