@@ -46,7 +46,7 @@ def paced_send(masters: str, stream: str, name: str, keys: list[bytes], rate: in
     """Send ``keys`` at ``rate`` records/s; returns once every record is committed."""
     stats = SendStats()
     period_ns = 1_000_000_000 / rate
-    inj = (Injector(masters, stream, name, batch_size=1 << 30, max_queued=1 << 30, timeout=120)
+    inj = (Injector(masters, stream, name, batch_size=1 << 30, timeout=120)
            if flush_each_tick else Injector(masters, stream, name, timeout=120))
     try:
         t0 = time.time_ns() + 50_000_000

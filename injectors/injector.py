@@ -62,7 +62,7 @@ class Injector:
     """
 
     def __init__(self, masters: str | Iterable[str], stream: str, name: str, *,
-                 batch_size: int = 1000, linger_ms: float = 5.0, max_queued: int = 100_000,
+                 batch_size: int = 1000, linger_ms: float = 5.0, max_queued: int | None = None,
                  timeout: float = 60.0, security: Security = Security(),
                  incarnation: str | None = None) -> None:
         if not isinstance(name, str) or not name:
@@ -74,6 +74,7 @@ class Injector:
         # ``incarnation`` given: a stable identity, so a restarted copy (a retried Spark task)
         # replaces the hold of the one it restarts instead of adding its own.
         self.incarnation = uuid.uuid4().hex if incarnation is None else incarnation
+        max_queued = max(100_000, batch_size) if max_queued is None else max_queued
         if linger_ms < 0 or batch_size < 1 or max_queued < batch_size:
             raise InjectionError(f"linger_ms={linger_ms} must be >= 0, batch_size={batch_size} >= 1 and "
                                  f"max_queued={max_queued} >= batch_size")

@@ -79,3 +79,18 @@ def test_a_sequenced_source_must_rise_and_a_refused_place_changes_nothing() -> N
     a1, b1, a5 = (r.id for r in inj._buffer)
     assert a1[:8] == a5[:8] != b1[:8] and a1[:8] != inj._prefix
     assert int.from_bytes(a5[8:], "big") == 5
+
+
+def test_settings_are_checked_before_any_call_and_a_huge_batch_size_is_allowed() -> None:
+    from runtime.cluster import free_port
+    from runtime.errors import MasterUnavailableError
+
+    nowhere = f"127.0.0.1:{free_port()}"
+    with pytest.raises(InjectionError, match="linger_ms=-1 must be >= 0"):
+        Injector(nowhere, "in", "src", linger_ms=-1)
+    with pytest.raises(InjectionError, match="max_queued=10 >= batch_size"):
+        Injector(nowhere, "in", "src", batch_size=100, max_queued=10)
+    # A batch as large as the caller likes (the queue bound follows it): the settings pass,
+    # and only the master, which is not there, is missing.
+    with pytest.raises(MasterUnavailableError):
+        Injector(nowhere, "in", "src", batch_size=1 << 30, timeout=0.5)
