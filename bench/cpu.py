@@ -53,13 +53,23 @@ def _machine_ticks() -> int:
     return user + nice + system + irq + softirq + steal
 
 
-def tree_ticks(root: int, leaders: set[int] | None = None) -> dict[int, int]:
-    """CPU ticks so far of ``root``, its descendants and the sessions they lead (or led:
-    ``leaders`` remembers them across calls, so a session outlives its leader)."""
+def _processes() -> dict[int, tuple[int, int, int]]:
     procs: dict[int, tuple[int, int, int]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit() and (st := _stat(name)) is not None:
             procs[int(name)] = st
+    return procs
+
+
+def session(leader: int) -> list[int]:
+    """The live processes of the session ``leader`` started (it may have exited itself)."""
+    return [pid for pid, (_, sid, _) in _processes().items() if sid == leader]
+
+
+def tree_ticks(root: int, leaders: set[int] | None = None) -> dict[int, int]:
+    """CPU ticks so far of ``root``, its descendants and the sessions they lead (or led:
+    ``leaders`` remembers them across calls, so a session outlives its leader)."""
+    procs = _processes()
     children: dict[int, list[int]] = {}
     for pid, (ppid, _, _) in procs.items():
         children.setdefault(ppid, []).append(pid)
@@ -67,7 +77,7 @@ def tree_ticks(root: int, leaders: set[int] | None = None) -> dict[int, int]:
     stack = [root]
     while stack:
         pid = stack.pop()
-        if pid not in ours:
+        if pid not in ours and pid in procs:
             ours.add(pid)
             stack += children.get(pid, [])
     own_session = procs.get(root, (0, -1, 0))[1]

@@ -29,7 +29,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from bench import generator
-from bench.cpu import CpuMeter, tree_ticks
+from bench.cpu import CpuMeter, session
 
 if TYPE_CHECKING:
     from bench.workloads import BenchConfig
@@ -80,7 +80,7 @@ def _stop_session(leader: int, grace_s: float = 15.0) -> None:
                 return
             deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            if not tree_ticks(leader):
+            if not session(leader):
                 return
             time.sleep(0.1)  # polling /proc for the session's end: a benchmark, not a test
 
