@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Interleaved W1 runs across commits, for A/B and bisection on a noisy machine:
 #   bench/ab_commits.sh "eo-3-stages 1000" ROUNDS COMMIT...
+#   bench/ab_commits.sh "eo-3-stages 1000 --replication 1" ROUNDS COMMIT...
 # Each commit is exported (git archive) to /tmp/ms-ab/<commit> with this checkout's
 # bench/w1_single.py copied in, then every round runs every commit once, in order.
 set -euo pipefail
@@ -14,6 +15,6 @@ done
 for _ in $(seq "$rounds"); do
   for c in "$@"; do
     # shellcheck disable=SC2086
-    echo "$c $(cd "/tmp/ms-ab/$c" && PYTHONPATH="/tmp/ms-ab/$c" "$here/.venv/bin/python" -m bench.w1_single $variant 15 2>/dev/null | tail -1)"
+    echo "$c $(cd "/tmp/ms-ab/$c" && PYTHONPATH="/tmp/ms-ab/$c" "$here/.venv/bin/python" -m bench.w1_single ${variant%% --*} 15 ${variant#"${variant%% --*}"} 2>/dev/null | tail -1)"
   done
 done

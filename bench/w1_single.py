@@ -11,6 +11,7 @@ the same machine at the same time; docs/performance.md cites such interleaved ru
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -24,13 +25,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("variant", choices=[v.name for v in workloads.W1_VARIANTS])
     p.add_argument("rate", type=int)
     p.add_argument("seconds", type=float)
+    p.add_argument("--replication", type=int, default=None,
+                   help="copies of every tablet (default: the bench's); checkouts from before "
+                        "replication existed run with one copy whatever this says")
     args = p.parse_args(argv)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     cfg = workloads.BenchConfig.make(False)
+    if args.replication is not None and hasattr(cfg, "replication"):
+        cfg = dataclasses.replace(cfg, replication=args.replication)
     v = next(x for x in workloads.W1_VARIANTS if x.name == args.variant)
     r = workloads.run_w1(tempfile.mkdtemp(prefix="millstream-w1-"), cfg, v, args.rate, seconds=args.seconds)
     print(json.dumps({"variant": args.variant, "rate": args.rate, "seconds": args.seconds,
+                      "replication": getattr(cfg, "replication", 1),
                       "latency_ms": r["latency_ms"], "exact": r["exactness"]["exact"],
                       "loadavg": os.getloadavg()}))
     return 0 if r["exactness"]["exact"] else 1
