@@ -137,7 +137,9 @@ class Injector:
                 f"({MAX_KEY_BYTES:,} and {MAX_VALUE_BYTES:,}); store large objects elsewhere and send a reference")
         if id is not None and (not isinstance(id, bytes) or len(id) != ID_BYTES):
             raise InvalidRecordError(f"id must be {ID_BYTES} bytes, got {id!r}")
-        # Checked before anything changes: a refused record leaves the injector as it was.
+        # Checked before anything changes: a refused record leaves the injector as it was,
+        # and so does one that finds the queue full and a failed round to report.
+        self._wait_room()
         self.position += 1
         if id is None:
             id = sequence_id(self._prefix, self.position)
@@ -156,26 +158,43 @@ class Injector:
         if isinstance(seq, bool) or not isinstance(seq, int) or not last < seq < (1 << 64):
             raise InvalidRecordError(f"producer {producer!r}: seq {seq!r} must be an int above the last "
                                  f"one sent for it ({last}) and below 2**64")
-        self.send(key, value, timestamp, id=sequence_id(prefix, seq))
+        # Known as a producer before its record can be in a round (else it would go out
+        # with no order, deduplicated as an opaque id).
         self._sequenced[prefix] = seq
+        try:
+            self.send(key, value, timestamp, id=sequence_id(prefix, seq))
+        except BaseException:
+            if last:
+                self._sequenced[prefix] = last
+            else:
+                del self._sequenced[prefix]
+            raise
 
-    def _queue(self, record: Record) -> None:
+    def _wait_room(self) -> None:
+        """Block while ``max_queued`` records wait (raising a failed round's error, or if the
+        injector is closed)."""
         with self._cond:
             while len(self._buffer) >= self.max_queued:
                 self._raise_error()
+                if self._closed.is_set():
+                    raise InjectionError(f"injector {self.name!r} is closed")
                 self._start_rounds()
                 self._cond.wait(0.1)
+
+    def _queue(self, record: Record) -> None:
+        with self._cond:
             if not self._buffer:
                 self._first_at = time.monotonic()
             self._buffer.append(record)
             self._buffer_min = min(self._buffer_min, record.timestamp)
             self._queued += 1
             self._start_rounds()
-            if len(self._buffer) == self.batch_size:
+            if len(self._buffer) in (1, self.batch_size):  # a linger starts, or a round is full
                 self._cond.notify_all()
 
     def _start_rounds(self) -> None:
-        if self._rounds is None and not self._closed.is_set():
+        """Start the round thread (again, if it ever died)."""
+        if (self._rounds is None or not self._rounds.is_alive()) and not self._closed.is_set():
             self._rounds = threading.Thread(target=self._run_rounds, name=f"injector {self.name} rounds",
                                             daemon=True)
             self._rounds.start()
@@ -229,7 +248,10 @@ class Injector:
                 self._sending, self._sending_min = [], END_OF_TIME
                 self._committed += len(records)
                 self._cond.notify_all()
-            self._report()
+            try:
+                self._report()
+            except MillstreamError as e:  # the confirmer or the next user call reports again
+                log.info("injector %s: could not report its watermark: %s", self.name, e)
 
     def advance_watermark(self, timestamp: int) -> None:
         """Promise to send nothing older than ``timestamp`` (never moves backwards).
@@ -269,21 +291,26 @@ class Injector:
         acknowledged record holds it back (bounded by ``confirm_timeout``)."""
         with self._lock:
             self._report_locked(wait)
-        if self._held and self._confirmer is None and not self._closed.is_set():
-            # Receipts not confirmed yet: ask in the background until they are, so that
-            # neither a paced sender waits for it nor a quiet injector holds its stream back.
-            self._confirmer = threading.Thread(target=self._confirm, name=f"injector {self.name}",
-                                               daemon=True)
-            self._confirmer.start()
+            if self._held and self._confirmer is None and not self._closed.is_set():
+                # Receipts not confirmed yet: ask in the background until they are, so that
+                # neither a paced sender waits for it nor a quiet injector holds its stream back.
+                self._confirmer = threading.Thread(target=self._confirm, name=f"injector {self.name}",
+                                                   daemon=True)
+                self._confirmer.start()
 
     def _confirm(self) -> None:
+        """Ask until no receipt is held; leaves (clearing ``_confirmer``) under the lock, so a
+        receipt added meanwhile either is seen here or starts a new confirmer."""
         try:
-            while self._held and not self._closed.wait(0.02):
+            while not self._closed.wait(0.02):
                 with self._lock:
+                    if not self._held:
+                        self._confirmer = None
+                        return
                     self._report_locked(wait=False, ask=True)
         except MillstreamError as e:  # the next user call reports (and raises) again
             log.info("injector %s: could not confirm its watermark: %s", self.name, e)
-        finally:
+        with self._lock:
             self._confirmer = None
 
     def _report_locked(self, wait: bool, ask: bool = False) -> None:
@@ -319,6 +346,7 @@ class Injector:
                     self._raise_error()
                     if self._closed.is_set():
                         raise InjectionError(f"injector {self.name!r} is closed")
+                    self._start_rounds()
                     self._cond.wait(0.1)
             finally:
                 self._flushing -= 1

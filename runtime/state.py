@@ -176,7 +176,10 @@ class _Handle:
             return None
         expiry = expiry_of(stored)
         # NEVER is also the end of time: state without a TTL outlives even a finished input.
-        if expiry != NEVER and expiry <= self._cells.low_watermark:
+        # Judged at the call's own time when the watermark is past it (a timer firing late,
+        # after the input watermark jumped): state live at the timer's time reads as live.
+        now = min(self._cells.low_watermark, self._cells.write_time())
+        if expiry != NEVER and expiry <= now:
             return None
         return payload(stored)
 

@@ -266,9 +266,9 @@ class TestRun:
         from worker.context import Effects, KeyContext
 
         store = self._tablet(computation, key).store
-        ctx = KeyContext(frozenset(), store.get_state, lambda: self.low_watermark(computation),
+        ctx = KeyContext(frozenset(), store.get_state, lambda: self._core.watermark(computation),
                          lambda: self.now_us, store.get_cell, store.scan)
-        ctx.bind(key, self.now_us, Effects())
+        ctx.bind(key, self._core.watermark(computation), Effects())  # TTL judged at the watermark
         handle = bind(spec, ctx)
         if isinstance(handle, ListHandle):
             return list(handle)
