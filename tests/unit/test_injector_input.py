@@ -25,13 +25,20 @@ class NoMaster:
         raise AssertionError("the refused call reached the master")
 
 
+class _Idle:
+    """Stands for a live round thread that never sends (these injectors have no master)."""
+
+    def is_alive(self) -> bool:
+        return True
+
+
 def _injector() -> Injector:
     # An Injector with no master behind it: only what send/advance_watermark touch.
     inj = Injector.__new__(Injector)
     inj.name, inj.stream, inj.batch_size, inj.finished = "src", "in", 1000, False
     inj.position, inj._buffer, inj._held = 0, [], []
     inj._cond, inj._buffer_min, inj._sending_min, inj._queued = threading.Condition(), END, END, 0
-    inj.max_queued, inj._error, inj._rounds, inj._first_at = 100_000, None, threading.Thread(), 0.0  # no round thread
+    inj.max_queued, inj._error, inj._rounds, inj._first_at = 100_000, None, _Idle(), 0.0  # type: ignore[assignment]
     inj._sending = []
     inj.watermark, inj._reported = MIN, MIN
     inj._lock, inj._closed, inj._confirmer = threading.Lock(), threading.Event(), None
