@@ -61,6 +61,14 @@ def _settled(core: MasterCore, key: TabletKey) -> Ownership:
     return own
 
 
+def _heard_since(core: MasterCore, worker: str, asked_ms: float) -> bool:
+    """Whether ``worker`` heartbeated after the split or merge was asked. A worker killed a
+    moment ago is still in the worker list until its lease runs out; new tablets built on it
+    would have their only copy there (docs/rescaling.md): a heartbeat that arrives after the
+    request shows the process was alive when the reshard commits."""
+    return core.last_seen.get(worker, float("-inf")) > asked_ms
+
+
 def _open(core: MasterCore, key: TabletKey, own: Ownership) -> bool:
     """Whether the primary has the tablet open under its current token (it reported it so):
     only then is its storage there to build new ranges from. A range just made by a split
@@ -109,11 +117,12 @@ async def split(core: MasterCore, computation: str, key_range: int, at: int | No
     key = (computation, key_range)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + OPEN_TIMEOUT_S
+    asked = core.now_ms()
     while True:
         async with core._lock:
             own = _settled(core, key)
             core.ranges[computation].split(computation, key_range, at)  # refuses a bad cut at once
-            if _open(core, key, own):
+            if _open(core, key, own) and _heard_since(core, own.worker, asked):
                 kr = core.bounds(computation, key_range)
                 median = core.load_medians.get(key, 0)
                 if at is None and kr is not None and kr.start < median < kr.end:
@@ -124,6 +133,10 @@ async def split(core: MasterCore, computation: str, key_range: int, at: int | No
                 return await _commit(core, computation, [key], ids, own, ranges,
                                      f"split {computation}/{key_range} into {ids[0]} and {ids[1]}", why)
         if loop.time() > deadline:
+            if not _heard_since(core, own.worker, asked):
+                raise MillstreamError(f"tablet {computation}/{key_range}: its primary {own.worker} has not been "
+                                      f"heard from for {OPEN_TIMEOUT_S:.0f} s (it may have just died); try again "
+                                      "once the range has a live primary")
             raise MillstreamError(f"tablet {computation}/{key_range} is not open on its primary {own.worker} "
                                   f"after {OPEN_TIMEOUT_S:.0f} s (still being opened or built); try again")
         await core.changed(0.1)
@@ -133,6 +146,7 @@ async def merge(core: MasterCore, computation: str, left: int, right: int,
                 why: str = "asked by an operator") -> list[RangeView]:
     """Join two adjacent ranges while records flow; returns the merged range."""
     lk, rk = (computation, left), (computation, right)
+    asked = core.now_ms()
     async with core._lock:
         lo, ro = _settled(core, lk), _settled(core, rk)
         core.ranges[computation].merge(computation, left, right)  # refuses non-adjacent ranges now
@@ -151,14 +165,15 @@ async def merge(core: MasterCore, computation: str, left: int, right: int,
             async with core._lock:
                 lo, now = _settled(core, lk), core.tablets.get(rk)
                 if (now is not None and now.worker == lo.worker and rk not in core.pinned
-                        and _open(core, lk, lo) and _open(core, rk, now)):
+                        and _open(core, lk, lo) and _open(core, rk, now) and _heard_since(core, lo.worker, asked)):
                     ranges = core.ranges[computation].merge(computation, left, right)
                     return await _commit(core, computation, [lk, rk], [ranges.next_id - 1], lo, ranges,
                                          f"merge {computation}/{left} and {right} into {ranges.next_id - 1}", why)
             if loop.time() > deadline:
                 raise MillstreamError(
                     f"cannot merge {computation}/{left} and {right}: they were not both open on {lo.worker} "
-                    f"(the primary of {left}) within {MERGE_MOVE_TIMEOUT_S:.0f} s; try again")
+                    f"(the primary of {left}, {'heard from' if _heard_since(core, lo.worker, asked) else 'silent'} "
+                    f"since the merge was asked) within {MERGE_MOVE_TIMEOUT_S:.0f} s; try again")
             await core.changed(0.2)
     finally:
         core.holding.pop(lk, None)

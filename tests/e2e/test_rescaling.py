@@ -166,6 +166,38 @@ def test_split_and_merge_refuse_what_they_cannot_do(cluster: Cluster) -> None:
         cluster.client.split("nope", 0)
 
 
+def test_a_split_on_a_primary_killed_a_moment_ago_waits_for_a_live_one(tmp_path: object) -> None:
+    """The chaos suite found it: a worker SIGKILLed a moment ago stays in the worker list until
+    its lease runs out, and a split committed then built its halves on the dead primary alone,
+    unavailable for good if its disk was lost too. The leader now waits for a heartbeat sent
+    after the request: the split happens on the range's next primary, after the failover (or
+    is refused with "try again")."""
+    with Cluster(str(tmp_path), workers=3).running() as c:
+        out = os.path.join(c.data_dir, "out")
+        c.client.submit(wordcount.topology(out, name="dead-split"))
+        c.wait_assigned()
+        lines = [f"w{i} w{i + 1} w{i + 2}" for i in range(200)]  # every counter range gets words
+        with Injector(c.masters_arg, "lines", "dead-split-source") as inj:
+            for line in lines:
+                inj.send(b"", line.encode(), 1_700_000_000_000_000)
+            inj.flush()
+        wait_until(lambda: len(list(read_file_sink(out))) >= 3 * len(lines), 60, "the counts")
+        wait_until(lambda: all(t["health"] == "ok" for t in c.client.status()["tablets"]), 60,
+                   "every tablet to have its in-sync follower")
+        t = _ranges(c, "counter")[0]
+        victim = next(w for w in c.workers if w.address == t["address"])
+        c.kill_worker(victim, graceful=False)
+        try:
+            halves = c.client.split("counter", t["key_range"])
+        except MillstreamError as e:
+            assert "heard from" in str(e) or "no live primary" in str(e), e
+        else:
+            assert all(h["primary"] != t["worker"] for h in halves), (halves, t["worker"])
+        wait_until(lambda: (len(c.client.status()["workers"]) == 2
+                            and all(t["health"] == "ok" for t in c.client.status()["tablets"])), 60,
+                   "every range to have a live primary and its in-sync follower again")
+
+
 def test_a_split_cuts_where_the_load_divides_evenly(cluster: Cluster) -> None:
     """Keys whose hashes all lie in the first quarter: the middle of the range would leave one
     half empty; the primary's sample of its keys puts the cut among them."""

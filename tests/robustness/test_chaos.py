@@ -194,7 +194,10 @@ def _run_chaos(c: Cluster, seed: int, *, productions: str = "strong", counter: s
                 for _ in range(2 if i % 11 == 0 else 1):  # some ids are sent twice
                     inj.send(b"", line.encode(), 1_700_000_000_000_000 + i, id=rid)
             inj.flush()
-            history.append(rng.choice(faults)(c, rng))
+            try:
+                history.append(rng.choice(faults)(c, rng))
+            except TimeoutError as e:
+                raise TimeoutError(f"seed {seed}, after: {history}: {e}") from None
         inj.finish()
     finally:
         inj.close()
