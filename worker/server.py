@@ -457,5 +457,12 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
         lock.close()
 
 
+# How long a thread may hold the GIL while another waits for it (CPython's default: 5 ms).
+# A tablet's thread lets go of the GIL for its fsync and must win it back from a busy event
+# loop; with the default it waits up to 5 ms for every commit (docs/performance.md).
+SWITCH_INTERVAL_S = 0.0005
+
+
 def main(options: WorkerOptions) -> None:
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     serving.run(lambda stop: serve(options, stop))
