@@ -437,7 +437,15 @@ class MasterCore:
         self._dirty_injectors.add(name)
 
     async def advance_watermarks(self) -> None:
-        """Recompute every low watermark; persist and publish those that advanced."""
+        """Recompute every low watermark; persist and publish those that advanced.
+
+        Under the leader's lock: the watermarks are computed for the jobs as they are, then
+        written to etcd, then applied; a cancel, update or pause during the write would
+        otherwise see its computations' watermarks put back (or advanced while paused)."""
+        async with self._lock:
+            await self._advance_watermarks()
+
+    async def _advance_watermarks(self) -> None:
         specs = [s for t in self.live_topologies() for s in t.computations.values()]
         now = self.now_ms()
         reports = {}

@@ -94,3 +94,38 @@ def test_g4_a_silent_injector_is_flagged_stale_in_status_and_still_holds_its_str
     assert inj["stale"] and inj["last_report_ms_ago"] > core.config.injector_stale_s * 1000
     asyncio.run(core.advance_watermarks())
     assert core.published["a"] == 10_000  # held at its promise, not released by silence
+
+
+def test_a_job_cancelled_while_its_watermarks_are_written_stays_forgotten() -> None:
+    """advance_watermarks computes, writes to etcd, then applies. A cancel that ran during the
+    write (it takes the leader's lock, which the write did not hold) forgot the job's
+    watermarks, and the apply put the input watermarks back: a job submitted again under
+    the same computation names would have started with its predecessor's input watermark
+    and fired timers, or judged records late, against it."""
+    core, clock = _core()
+    from master.lifecycle import _forget_computations
+    loop_box: list[asyncio.AbstractEventLoop] = []
+    cancels: list[asyncio.Future[None]] = []
+
+    async def cancel() -> None:
+        async with core._lock:
+            topo = core.topologies.pop("chain")
+            _forget_computations(core, topo.computations.values(), [])
+
+    class Racing(MemoryStore):
+        def put_progress(self, *args: Any) -> None:  # runs on a thread: the cancel arrives now
+            if not cancels:
+                cancels.append(asyncio.run_coroutine_threadsafe(cancel(), loop_box[0]))  # type: ignore[arg-type]
+
+    core.store = Racing()  # type: ignore[assignment]
+
+    async def main() -> None:
+        loop_box.append(asyncio.get_running_loop())
+        core.heartbeat("w", [_held(n, None) for n in "abc"], 1)
+        await core.advance_watermarks()
+        await asyncio.wrap_future(cancels[0])  # type: ignore[arg-type]
+        assert "chain" not in core.topologies
+        assert not core.input_published, core.input_published
+        assert not core.published, core.published
+
+    asyncio.run(main())
