@@ -360,10 +360,12 @@ class Injector:
         for (comp, r), routed in self._route(records).items():
             _chunk(pending, comp, r, routed)
         orders = self._orders(pending)
+        readers = {dest[0] for dest in pending}
         delay = 0.005
         while pending:
             failed: Pending = {}
             calls = []
+            newest = 0
             for dest, recs in pending.items():
                 target = self._routing.destination(dest[0], dest[1])
                 if not target.address:
@@ -381,6 +383,7 @@ class Injector:
                     if out.refused is not None:  # a bad record or a drained job: retrying cannot help
                         raise InjectionError(f"injector {self.name!r}: {out.refused} (the records are still "
                                              "queued, nothing was lost)") from None
+                newest = max(newest, out.routing_version)
                 if out.status != Status.OK:
                     failed[dest] = recs
                     refresh = refresh or out.retry_after_routing
@@ -390,6 +393,12 @@ class Injector:
                     with self._lock:
                         self._held.append((min(r.timestamp for r in recs), out.receipt))
             pending = failed
+            if newest > self._routing.version:
+                # A receiver holds a newer routing: a job update may have added a reader of our
+                # stream, which this round must reach too (nothing else would tell us).
+                self._routing = self._fetch_routing()
+                if self._widen(pending, records, readers) | self._reroute(pending):
+                    orders = self._orders(pending)
             if not pending:
                 break
             if self._closed.is_set():
@@ -405,8 +414,22 @@ class Injector:
             delay = min(delay * 2, 0.5)
             if refresh:
                 self._routing = self._fetch_routing()
-                if self._reroute(pending):
+                if self._widen(pending, records, readers) | self._reroute(pending):
                     orders = self._orders(pending)
+
+    def _widen(self, pending: Pending, records: list[Record], readers: set[str]) -> bool:
+        """Add the deliveries of ``records`` to readers of the stream that the routing now
+        has and ``readers`` (those the round has gone to) lacks; true if there were any."""
+        added = self._routing.readers(self.stream) - readers
+        if not added:
+            return False
+        readers |= added
+        for (comp, r), routed in self._route(records).items():
+            if comp in added:
+                _chunk(pending, comp, r, routed)
+        log.info("injector %s: stream %r has new readers %s; this round goes to them too", self.name,
+                 self.stream, sorted(added))
+        return True
 
     def _reroute(self, pending: Pending) -> bool:
         """Send records meant for ranges a split or merge replaced to the ranges that replaced

@@ -74,9 +74,25 @@ async def update(core: MasterCore, topology_json: str, drop_state: bool = False,
         others = [s for n, t in core.topologies.items() if n != new.name for s in t.computations.values()]
         validate_against(new.computations.values(), others)
         await _replace(core, old, new, d, resume)
+        version = core.version
     log.info("job %s %s: %s", new.name, "resumed" if resume else "updated",
              {k: v for k, v in d.summary().items() if v and k != "same"})
+    await _seen_by_workers(core, version, core.config.lease_ms / 1000)
     return {**d.summary(), "resumed": resume}
+
+
+async def _seen_by_workers(core: MasterCore, version: int, timeout: float) -> None:
+    """Wait (at most ``timeout``) until every live worker has applied routing ``version``:
+    a running injector learns a new reader of its stream from the workers' answers, so
+    once this returns, whatever it sends reaches the new readers (a worker that does not
+    answer in time is left to its lease)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while any(core.routing_seen.get(w, 0) < version for w in core.workers):
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            log.info("routing %d not confirmed by every worker within %.1f s", version, timeout)
+            return
+        await asyncio.sleep(min(0.02, left))  # heartbeats confirm it every progress interval
 
 
 async def _replace(core: MasterCore, old: Topology, new: Topology, d: Diff, resume: bool) -> None:

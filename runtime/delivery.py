@@ -55,6 +55,7 @@ class Outcome:
     status: Status
     receipt: Receipt | None = None
     refused: str | None = None  # a permanent refusal: the receiver's reason
+    routing_version: int = 0    # the receiver's routing version (0: unknown)
 
     @property
     def retry_after_routing(self) -> bool:
@@ -84,7 +85,8 @@ def request(computation: str, key_range: int, token: int, records: Sequence[Reco
 
 def answered(resp: pb.DeliverResponse) -> Outcome:
     status = Status(resp.status)
-    return Outcome(status, (resp.worker_id, resp.report_seq) if status == Status.OK else None)
+    return Outcome(status, (resp.worker_id, resp.report_seq) if status == Status.OK else None,
+                   routing_version=resp.routing_version)
 
 
 def failed(e: grpc.RpcError) -> Outcome:

@@ -122,6 +122,10 @@ class RoutingTable:
     def has_subscribers(self, stream: str) -> bool:
         return bool(self._subs.get(stream))
 
+    def readers(self, stream: str) -> set[str]:
+        """The computations that read ``stream``."""
+        return {sub.computation for sub in self._subs.get(stream, ())}
+
     def destination(self, computation: str, key_range: int) -> Destination:
         return self._owners.get((computation, key_range)) or Destination(computation, key_range, "", 0)
 

@@ -137,12 +137,13 @@ class WorkerServicer(rpc.WorkerServicer):
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, closed)
             route = self.core.routing.computations.get(request.computation)
             if route is not None and route.input_paused:  # a savepoint is being taken: retry soon
-                return pb.DeliverResponse(status=cast(Any, delivery.Status.BUSY))
+                return pb.DeliverResponse(status=cast(Any, delivery.Status.BUSY),
+                                          routing_version=self.core.routing.version)
         status = await self.core.deliver(request.computation, request.key_range, request.token, records,
                                          orders)
         wid, seq = self.core.receipt()
         return pb.DeliverResponse(status=cast(Any, status),  # an int of DeliverResponse.Status
-                                  worker_id=wid, report_seq=seq)
+                                  worker_id=wid, report_seq=seq, routing_version=self.core.routing.version)
 
     async def ReadState(self, request: pb.ReadStateRequest, context: Any) -> pb.ReadStateResponse:
         found = await serving.call_core(context, lambda: self.core.read_state(

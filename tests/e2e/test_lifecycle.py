@@ -94,6 +94,36 @@ def test_update_adds_a_computation_removes_another_and_keeps_the_state_of_the_re
     assert done.returncode == 0 and done.stdout.strip() == str(n), done.stderr
 
 
+def test_an_injector_running_through_an_update_feeds_the_new_reader_of_its_stream(cluster: Cluster) -> None:
+    """The same injector before and after an update that adds a second reader of its stream:
+    everything sent after update() returns reaches the new reader. The injector used to keep
+    the routing it started with (nothing refused it: the old reader's tablets had not moved),
+    and the new reader got nothing from it."""
+    out, raw = os.path.join(cluster.data_dir, "counts"), os.path.join(cluster.data_dir, "raw")
+    cluster.client.submit(wordcount.topology(out, name="wc"))
+    cluster.wait_assigned()
+    first, second = sample_lines(300, seed=7), sample_lines(300, seed=8)
+    inj = Injector(cluster.masters_arg, "lines", "long-lived", batch_size=50, security=cluster.security)
+    try:
+        for i, line in enumerate(first):
+            inj.send(b"", line.encode(), BASE_TS + i * 1000)
+        inj.flush()
+        new = wordcount.topology(out, name="wc")
+        new.add_computation("raw_lines", "runtime.sinks:FileSink", inputs={"lines": None},
+                            params={"path": raw}, key_ranges=2)
+        assert cluster.client.update(new)["added"] == ["raw_lines"]
+        for i, line in enumerate(second, len(first)):
+            inj.send(b"", line.encode(), BASE_TS + i * 1000)
+        inj.flush()
+        inj.finish()
+    finally:
+        inj.close()
+    assert _counts(out, oracle(first + second)) == oracle(first + second)
+    wait_until(lambda: len(list(read_file_sink(raw))) >= len(second), 60, "the new reader's lines")
+    got = sorted(str(r["value"]) for r in read_file_sink(raw))
+    assert got == sorted(second), (len(got), len(second))
+
+
 def test_drain_emits_every_window_then_refuses_input(cluster: Cluster) -> None:
     out = os.path.join(cluster.data_dir, "windows")
     cluster.client.submit(windows.topology(out, name="win"))
