@@ -3,7 +3,9 @@ takes minutes per variant)::
 
     python -m bench.w1_single eo-3-stages 10000 15
 
-prints the variant, rate, latency percentiles (ms) and whether the output was exact.
+prints the variant, rate, latency percentiles (ms), whether the output was exact, and the
+CPU seconds of the whole process tree (etcd, master, workers, this process: bench/cpu.py)
+with the foreign CPU the machine spent meanwhile.
 Run it alternately from two checkouts (each with its own PYTHONPATH) to compare them on
 the same machine at the same time; docs/performance.md cites such interleaved runs.
 """
@@ -18,6 +20,7 @@ import sys
 import tempfile
 
 from bench import workloads
+from bench.cpu import CpuMeter
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,10 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.replication is not None and hasattr(cfg, "replication"):
         cfg = dataclasses.replace(cfg, replication=args.replication)
     v = next(x for x in workloads.W1_VARIANTS if x.name == args.variant)
-    r = workloads.run_w1(tempfile.mkdtemp(prefix="millstream-w1-"), cfg, v, args.rate, seconds=args.seconds)
+    with CpuMeter() as meter:
+        r = workloads.run_w1(tempfile.mkdtemp(prefix="millstream-w1-"), cfg, v, args.rate, seconds=args.seconds)
+    assert meter.figures is not None
     print(json.dumps({"variant": args.variant, "rate": args.rate, "seconds": args.seconds,
                       "replication": getattr(cfg, "replication", 1),
                       "latency_ms": r["latency_ms"], "exact": r["exactness"]["exact"],
+                      "cpu": meter.figures.as_dict(),
                       "loadavg": os.getloadavg()}))
     return 0 if r["exactness"]["exact"] else 1
 
