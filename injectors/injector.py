@@ -7,8 +7,10 @@ it takes up to ``batch_size`` of the oldest records, sends them in one delivery 
 destination tablet (cut at 16 MiB), all destinations at once, and retries each until its
 tablet has committed it. Records sent while a round is in flight wait for the next one, so
 a paced loop of ``send`` calls gets its records committed within a few milliseconds without
-calling ``flush()``, and a fast one gets full rounds back to back. ``flush()`` waits until every record queued before it is
-committed. A round that fails for good (a stream closed by a drain, a cluster that stays
+calling ``flush()``, and a fast one gets full rounds back to back. ``flush()`` waits until
+every record queued before it is committed; when no round is in flight it delivers the next
+one itself, on the caller's thread (a flush per tick then costs no hand-off to the round
+thread and back). One round is in flight at a time, whichever thread runs it. A round that fails for good (a stream closed by a drain, a cluster that stays
 unreachable for ``timeout``) puts its records back in the queue and stops the rounds; the
 next ``flush()`` (or ``finish()``, or a ``send`` that finds the queue full) raises the
 error, and the ``flush()`` after that tries again: nothing is lost.
@@ -96,6 +98,7 @@ class Injector:
         self._first_at = 0.0
         self._sending: list[Record] = []
         self._sending_min = END_OF_TIME
+        self._round_active = False  # one round at a time, on the round thread or in flush()
         self._queued = self._committed = 0
         self._flushing = 0
         self._error: MillstreamError | None = None
@@ -206,22 +209,30 @@ class Injector:
             self._cond.notify_all()
             raise err
 
+    def _take_round(self) -> list[Record] | None:
+        """Under ``_cond``: the records of the next round, if one may start now (none in
+        flight, something queued, no error waiting to be raised)."""
+        if self._round_active or not self._buffer or self._error is not None:
+            return None
+        records = self._buffer[:self.batch_size]
+        del self._buffer[:self.batch_size]
+        self._sending = records
+        if self._buffer:  # the rest waited as long: it goes in the next round at once
+            self._sending_min = min(r.timestamp for r in records)
+            self._buffer_min = min(r.timestamp for r in self._buffer)
+        else:
+            self._sending_min, self._buffer_min = self._buffer_min, END_OF_TIME
+        self._round_active = True
+        return records
+
     def _next_round(self) -> list[Record] | None:
         """Wait until a round is due and take its records (None: closing)."""
         with self._cond:
             while not self._closed.is_set():
-                if self._buffer and self._error is None:
+                if self._buffer and self._error is None and not self._round_active:
                     wait = self._first_at + self.linger_s - time.monotonic()
                     if len(self._buffer) >= self.batch_size or self._flushing or wait <= 0:
-                        records = self._buffer[:self.batch_size]
-                        del self._buffer[:self.batch_size]
-                        self._sending = records
-                        if self._buffer:  # the rest waited as long: it goes in the next round at once
-                            self._sending_min = min(r.timestamp for r in records)
-                            self._buffer_min = min(r.timestamp for r in self._buffer)
-                        else:
-                            self._sending_min, self._buffer_min = self._buffer_min, END_OF_TIME
-                        return records
+                        return self._take_round()
                     self._cond.wait(wait)
                 else:
                     self._cond.wait()
@@ -229,29 +240,35 @@ class Injector:
 
     def _run_rounds(self) -> None:
         while (records := self._next_round()) is not None:
-            try:
-                self._deliver(records)
-            except Exception as e:  # kept for the caller; the records stay queued
-                err = e if isinstance(e, MillstreamError) else InjectionError(
-                    f"injector {self.name!r}: delivering failed: {e!r} (the records are still queued)")
-                if not self._closed.is_set():
-                    log.warning("injector %s: %s", self.name, err)
-                with self._cond:
-                    self._buffer = records + self._buffer
-                    self._buffer_min = min(self._buffer_min, self._sending_min)
-                    self._first_at = time.monotonic()
-                    self._sending, self._sending_min = [], END_OF_TIME
-                    self._error = err
-                    self._cond.notify_all()
-                continue
+            self._run_round(records)
+
+    def _run_round(self, records: list[Record]) -> None:
+        """Deliver one round taken by :meth:`_take_round`, on whichever thread took it."""
+        try:
+            self._deliver(records)
+        except Exception as e:  # kept for the caller; the records stay queued
+            err = e if isinstance(e, MillstreamError) else InjectionError(
+                f"injector {self.name!r}: delivering failed: {e!r} (the records are still queued)")
+            if not self._closed.is_set():
+                log.warning("injector %s: %s", self.name, err)
             with self._cond:
+                self._buffer = records + self._buffer
+                self._buffer_min = min(self._buffer_min, self._sending_min)
+                self._first_at = time.monotonic()
                 self._sending, self._sending_min = [], END_OF_TIME
-                self._committed += len(records)
+                self._round_active = False
+                self._error = err
                 self._cond.notify_all()
-            try:
-                self._report()
-            except MillstreamError as e:  # the confirmer or the next user call reports again
-                log.info("injector %s: could not report its watermark: %s", self.name, e)
+            return
+        with self._cond:
+            self._sending, self._sending_min = [], END_OF_TIME
+            self._round_active = False
+            self._committed += len(records)
+            self._cond.notify_all()
+        try:
+            self._report()
+        except MillstreamError as e:  # the confirmer or the next user call reports again
+            log.info("injector %s: could not report its watermark: %s", self.name, e)
 
     def advance_watermark(self, timestamp: int) -> None:
         """Promise to send nothing older than ``timestamp`` (never moves backwards).
@@ -339,16 +356,25 @@ class Injector:
             if self._committed >= target:
                 return
             self._flushing += 1
-            self._start_rounds()
-            self._cond.notify_all()
-            try:
-                while self._committed < target:
+        try:
+            while True:
+                with self._cond:
+                    if self._committed >= target:
+                        return
                     self._raise_error()
                     if self._closed.is_set():
                         raise InjectionError(f"injector {self.name!r} is closed")
-                    self._start_rounds()
-                    self._cond.wait(0.1)
-            finally:
+                    # No round in flight: deliver the next one on this thread, sparing the
+                    # hand-offs to the round thread and back (a flush per tick pays them).
+                    records = self._take_round()
+                    if records is None:
+                        self._start_rounds()
+                        self._cond.notify_all()
+                        self._cond.wait(0.1)
+                        continue
+                self._run_round(records)
+        finally:
+            with self._cond:
                 self._flushing -= 1
 
     def _deliver(self, records: list[Record]) -> None:
