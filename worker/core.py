@@ -79,7 +79,12 @@ class WorkerCore:
         self.tablets: dict[tuple[str, int], Tablet] = {}
         self.watermarks: dict[str, int] = {}
         self._dropped_seen: dict[str, int] = {}  # the routing's "dropped" ids as last applied
-        self.report_seq = 1
+        # Progress reports are numbered from this process's start time (µs), so a restarted
+        # worker's first report is newer than any its previous process handed out as a
+        # receipt: a sender (an injector, another worker) holding the receipt of a commit
+        # the old process made is released by it, not after as many reports as the old
+        # process had sent (minutes of a held watermark; the chaos suite found it).
+        self.report_seq = max(1, wall_us())
         self._extractors: dict[str, KeyExtractor] = {}
         self._remote = remote_deliver
         self._routing_cond = asyncio.Condition()

@@ -272,3 +272,26 @@ def test_a_timer_setting_itself_again_at_its_own_time_fires_again(tmp_path: obje
         await core.close_all()
 
     asyncio.run(main())
+
+
+def test_a_restarted_workers_first_report_is_newer_than_every_receipt_of_the_one_before(tmp_path: object) -> None:
+    """A receipt names the report that will reflect a commit (worker id, report number). Its
+    holder lets go once the leader holds that report or a newer one. Report numbers used to
+    restart at 1 in every process: after a SIGKILL right after a commit, the restarted
+    worker (same id, same disk) needed as many reports as its predecessor had sent before
+    the receipt counted as reported, and an injector's finish() gave up after 60 s (chaos
+    seed 8). Numbers now start from the process's start time."""
+    async def nowhere(*args: object) -> int:
+        raise AssertionError("everything is local in these tests")
+
+    clock = [1_700_000_000_000_000]
+    old = WorkerCore(str(tmp_path), "self:1", nowhere, WorkerLimits(), wall_us=lambda: clock[0])
+    old.worker_id = "w"
+    for _ in range(5000):  # four minutes of heartbeats
+        old.next_report()
+    receipt = old.receipt()
+    clock[0] += 1_000_000  # restarted a second later
+    new = WorkerCore(str(tmp_path), "self:1", nowhere, WorkerLimits(), wall_us=lambda: clock[0])
+    new.worker_id = "w"
+    first, _ = new.next_report()
+    assert first >= receipt[1], (first, receipt)
