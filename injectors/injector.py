@@ -421,9 +421,10 @@ class Injector:
             pending = failed
             if newest > self._routing.version:
                 # A receiver holds a newer routing: a job update may have added a reader of our
-                # stream, which this round must reach too (nothing else would tell us).
+                # stream, which this round must reach too, or removed one, whose tablets will
+                # never commit it (nothing else would tell us).
                 self._routing = self._fetch_routing()
-                if self._widen(pending, records, readers) | self._reroute(pending):
+                if self._follow_readers(pending, records, readers) | self._reroute(pending):
                     orders = self._orders(pending)
             if not pending:
                 break
@@ -440,22 +441,30 @@ class Injector:
             delay = min(delay * 2, 0.5)
             if refresh:
                 self._routing = self._fetch_routing()
-                if self._widen(pending, records, readers) | self._reroute(pending):
+                if self._follow_readers(pending, records, readers) | self._reroute(pending):
                     orders = self._orders(pending)
 
-    def _widen(self, pending: Pending, records: list[Record], readers: set[str]) -> bool:
-        """Add the deliveries of ``records`` to readers of the stream that the routing now
-        has and ``readers`` (those the round has gone to) lacks; true if there were any."""
-        added = self._routing.readers(self.stream) - readers
-        if not added:
-            return False
-        readers |= added
-        for (comp, r), routed in self._route(records).items():
-            if comp in added:
-                _chunk(pending, comp, r, routed)
-        log.info("injector %s: stream %r has new readers %s; this round goes to them too", self.name,
-                 self.stream, sorted(added))
-        return True
+    def _follow_readers(self, pending: Pending, records: list[Record], readers: set[str]) -> bool:
+        """After a routing fetch: add the deliveries of ``records`` to readers of the stream
+        that ``readers`` (those the round has gone to) lacks, and drop those to computations
+        that no longer read it (an update removed them: their tablets answer BUSY until the
+        round times out); true if anything changed."""
+        now = self._routing.readers(self.stream)
+        added, gone = now - readers, readers - now
+        for dest in [d for d in pending if d[0] in gone]:
+            del pending[dest]
+        readers -= gone
+        if gone:
+            log.info("injector %s: %s no longer read %r; this round's deliveries to them are dropped",
+                     self.name, sorted(gone), self.stream)
+        if added:
+            readers |= added
+            for (comp, r), routed in self._route(records).items():
+                if comp in added:
+                    _chunk(pending, comp, r, routed)
+            log.info("injector %s: stream %r has new readers %s; this round goes to them too", self.name,
+                     self.stream, sorted(added))
+        return bool(added or gone)
 
     def _reroute(self, pending: Pending) -> bool:
         """Send records meant for ranges a split or merge replaced to the ranges that replaced

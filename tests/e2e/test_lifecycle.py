@@ -124,6 +124,34 @@ def test_an_injector_running_through_an_update_feeds_the_new_reader_of_its_strea
     assert got == sorted(second), (len(got), len(second))
 
 
+def test_an_injector_running_through_an_update_stops_feeding_a_removed_reader(cluster: Cluster) -> None:
+    """The other direction: an update removes a reader of the injector's stream. Its tablets
+    are gone, and a delivery to them was answered BUSY until the round timed out: the
+    injector's next flush raised. Now the round drops them and goes on."""
+    out, raw = os.path.join(cluster.data_dir, "counts"), os.path.join(cluster.data_dir, "raw")
+    topo = wordcount.topology(out, name="wc")
+    topo.add_computation("raw_lines", "runtime.sinks:FileSink", inputs={"lines": None},
+                         params={"path": raw}, key_ranges=2)
+    cluster.client.submit(topo)
+    cluster.wait_assigned()
+    first, second = sample_lines(300, seed=9), sample_lines(300, seed=10)
+    inj = Injector(cluster.masters_arg, "lines", "long-lived", batch_size=50, timeout=20,
+                   security=cluster.security)
+    try:
+        for i, line in enumerate(first):
+            inj.send(b"", line.encode(), BASE_TS + i * 1000)
+        inj.flush()
+        wait_until(lambda: len(list(read_file_sink(raw))) >= len(first), 60, "the first lines")
+        assert cluster.client.update(wordcount.topology(out, name="wc"), drop_state=True)["removed"] == ["raw_lines"]
+        for i, line in enumerate(second, len(first)):
+            inj.send(b"", line.encode(), BASE_TS + i * 1000)
+        inj.flush()
+        inj.finish()
+    finally:
+        inj.close()
+    assert _counts(out, oracle(first + second)) == oracle(first + second)
+
+
 def test_drain_emits_every_window_then_refuses_input(cluster: Cluster) -> None:
     out = os.path.join(cluster.data_dir, "windows")
     cluster.client.submit(windows.topology(out, name="win"))
