@@ -7,6 +7,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -94,6 +95,28 @@ def test_update_adds_a_computation_removes_another_and_keeps_the_state_of_the_re
     assert done.returncode == 0 and done.stdout.strip() == str(n), done.stderr
 
 
+def _with_raw_reader(out: str, raw: str) -> Topology:
+    """The word count plus a second reader of ``lines`` that writes every line to ``raw``."""
+    topo = wordcount.topology(out, name="wc")
+    topo.add_computation("raw_lines", "runtime.sinks:FileSink", inputs={"lines": None},
+                         params={"path": raw}, key_ranges=2)
+    return topo
+
+
+def _inject_through(inj: Injector, first: list[str], second: list[str], update: Callable[[], None]) -> None:
+    """One injector: ``first``, flushed; then ``update()``; then ``second``, flushed and finished."""
+    try:
+        for i, line in enumerate(first + second):
+            if i == len(first):
+                inj.flush()
+                update()
+            inj.send(b"", line.encode(), BASE_TS + i * 1000)
+        inj.flush()
+        inj.finish()
+    finally:
+        inj.close()
+
+
 def test_an_injector_running_through_an_update_feeds_the_new_reader_of_its_stream(cluster: Cluster) -> None:
     """The same injector before and after an update that adds a second reader of its stream:
     everything sent after update() returns reaches the new reader. The injector used to keep
@@ -103,21 +126,12 @@ def test_an_injector_running_through_an_update_feeds_the_new_reader_of_its_strea
     cluster.client.submit(wordcount.topology(out, name="wc"))
     cluster.wait_assigned()
     first, second = sample_lines(300, seed=7), sample_lines(300, seed=8)
-    inj = Injector(cluster.masters_arg, "lines", "long-lived", batch_size=50, security=cluster.security)
-    try:
-        for i, line in enumerate(first):
-            inj.send(b"", line.encode(), BASE_TS + i * 1000)
-        inj.flush()
-        new = wordcount.topology(out, name="wc")
-        new.add_computation("raw_lines", "runtime.sinks:FileSink", inputs={"lines": None},
-                            params={"path": raw}, key_ranges=2)
-        assert cluster.client.update(new)["added"] == ["raw_lines"]
-        for i, line in enumerate(second, len(first)):
-            inj.send(b"", line.encode(), BASE_TS + i * 1000)
-        inj.flush()
-        inj.finish()
-    finally:
-        inj.close()
+
+    def add_reader() -> None:
+        assert cluster.client.update(_with_raw_reader(out, raw))["added"] == ["raw_lines"]
+
+    _inject_through(Injector(cluster.masters_arg, "lines", "long-lived", batch_size=50, security=cluster.security),
+                    first, second, add_reader)
     assert _counts(out, oracle(first + second)) == oracle(first + second)
     wait_until(lambda: len(list(read_file_sink(raw))) >= len(second), 60, "the new reader's lines")
     got = sorted(str(r["value"]) for r in read_file_sink(raw))
@@ -129,26 +143,16 @@ def test_an_injector_running_through_an_update_stops_feeding_a_removed_reader(cl
     are gone, and a delivery to them was answered BUSY until the round timed out: the
     injector's next flush raised. Now the round drops them and goes on."""
     out, raw = os.path.join(cluster.data_dir, "counts"), os.path.join(cluster.data_dir, "raw")
-    topo = wordcount.topology(out, name="wc")
-    topo.add_computation("raw_lines", "runtime.sinks:FileSink", inputs={"lines": None},
-                         params={"path": raw}, key_ranges=2)
-    cluster.client.submit(topo)
+    cluster.client.submit(_with_raw_reader(out, raw))
     cluster.wait_assigned()
     first, second = sample_lines(300, seed=9), sample_lines(300, seed=10)
-    inj = Injector(cluster.masters_arg, "lines", "long-lived", batch_size=50, timeout=20,
-                   security=cluster.security)
-    try:
-        for i, line in enumerate(first):
-            inj.send(b"", line.encode(), BASE_TS + i * 1000)
-        inj.flush()
+
+    def remove_reader() -> None:
         wait_until(lambda: len(list(read_file_sink(raw))) >= len(first), 60, "the first lines")
         assert cluster.client.update(wordcount.topology(out, name="wc"), drop_state=True)["removed"] == ["raw_lines"]
-        for i, line in enumerate(second, len(first)):
-            inj.send(b"", line.encode(), BASE_TS + i * 1000)
-        inj.flush()
-        inj.finish()
-    finally:
-        inj.close()
+
+    _inject_through(Injector(cluster.masters_arg, "lines", "long-lived", batch_size=50, timeout=20,
+                             security=cluster.security), first, second, remove_reader)
     assert _counts(out, oracle(first + second)) == oracle(first + second)
 
 
