@@ -1,5 +1,6 @@
-"""The Flink peer: W2 on PyFlink (Flink SQL, local MiniCluster, parallelism 2, exactly-once
-checkpoints every second), on the same records as millstream and Spark, for the ratios.
+"""The Flink peer: W2 and Nexmark on PyFlink (Flink SQL, local MiniCluster, parallelism 2,
+exactly-once checkpoints every second), on the same records as millstream and Spark, for the
+ratios (Nexmark: bench/nexmark/on_flink.py).
 
 PyFlink pins protobuf < 6 and grpcio < 1.66, which this project cannot use, so it gets a
 virtualenv of its own, ``.venv-flink`` at the repository root, made on first use from
@@ -17,6 +18,7 @@ over the job's wall time from submission (SQL planning and MiniCluster start inc
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -68,7 +70,7 @@ def ensure_venv() -> str:
     return python
 
 
-def _stop_session(leader: int, grace_s: float = 15.0) -> None:
+def stop_session(leader: int, grace_s: float = 15.0) -> None:
     """Wait for every process of ``leader``'s session (the JVM outlives its Python launcher
     by a moment), then SIGTERM and SIGKILL what is left."""
     deadline = time.monotonic() + grace_s
@@ -136,7 +138,7 @@ def run_w2(python: str, root: str, data: generator.W2Data, oracle: generator.W2O
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             stdout, stderr = proc.communicate()
-        _stop_session(proc.pid)
+        stop_session(proc.pid)
     assert meter.figures is not None
     if proc.returncode != 0:
         return {"error": f"the Flink job failed (exit {proc.returncode}): {stderr.strip()[-800:]}",
@@ -174,6 +176,15 @@ def run(root: str, cfg: BenchConfig, report: dict[str, Any], w2_data: generator.
     if w2_data is not None and w2_oracle is not None:
         print(f"  Flink W2 over {len(w2_data.keys):,} records", flush=True)
         out["w2"] = run_w2(python, root, w2_data, w2_oracle, cfg.w2_timeout_s)
+    nx = report.get("nexmark")
+    if nx:  # the same events, queries and configuration as millstream's run
+        from bench.nexmark import on_flink
+        from bench.nexmark.generator import NexmarkConfig
+
+        config = NexmarkConfig(**{f.name: nx["config"][f.name] for f in dataclasses.fields(NexmarkConfig)})
+        out["nexmark"] = on_flink.run(python, root, config, nx["config"]["throughput_events"],
+                                      [q["query"] for q in nx["queries"]], cfg.w2_timeout_s)
+        out["nexmark_comparison"] = on_flink.compare(nx, out["nexmark"])
     out["comparison"] = compare(report, out)
     return out
 

@@ -233,6 +233,20 @@ def markdown(r: dict[str, Any]) -> str:
                       f"net runtime {w2['net_runtime_s']} s; {w2['cpu']['cpu_s']} CPU-s for the process tree, "
                       f"foreign CPU {w2['cpu']['foreign_cpu_s']} s, load {w2['cpu']['loadavg_start']}; "
                       f"windows and spikes equal the oracle: {'yes' if w2.get('oracle_equal') else 'NO'}."]
+        fnx = fl.get("nexmark")
+        if fnx:
+            lines += ["", f"Nexmark on Flink: the same {fnx['events']:,} events and queries, each its own job; "
+                      "checked against the same oracle (key and value of every output). Events per CPU-second "
+                      f"of the process tree net of a job's start ({fnx.get('start_cpu_s')} CPU-s, measured "
+                      "by the same job over no events), as millstream's figure leaves its cluster's start out.",
+                      "", "| query | millstream events per CPU-s | Flink events per CPU-s (net of start) | "
+                      "Flink, start included | Flink events/s (net runtime) | Flink lost / doubled | "
+                      "millstream better by (×) |",
+                      "|---|---:|---:|---:|---:|---:|---:|"]
+            lines += [f"| {row['what']} | {row['millstream']} | {row['peer']} | {row['peer_raw']} | "
+                      f"{row['peer_rate']} | {row['peer_exact']} | {row['ratio']} |"
+                      for row in fl.get("nexmark_comparison", [])]
+            lines += [f"\n{q} not run on Flink: {why}" for q, why in fnx.get("not_run", {}).items()]
         for err in (fl.get("error"), w2.get("error")):
             if err:
                 lines.append(f"\nFlink peer error: {err}")
