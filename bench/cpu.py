@@ -110,6 +110,10 @@ class CpuMeter:
         while not self._stop.wait(self.interval_s):
             self._sample()
 
+    @property
+    def started(self) -> bool:
+        return self._started
+
     def __enter__(self) -> CpuMeter:
         self._sample()
         self._started = True

@@ -20,9 +20,11 @@ against the same oracle): q0 passes every event, q3 joins a person and an auctio
 writes ``(k, v)`` string rows: the key and value of millstream's output, window starts as
 Flink timestamps that the peer converts.
 
+Prints ``RUNNING`` once the job runs (the peer meters CPU from there), then one JSON line:
+timings and the version.
+
 Usage: python nexmark_job.py QUERY INPUT_DIR OUT_DIR CHECKPOINT_DIR SIZE_S PERIOD_S SKIP WAIT_S DISORDER_S
 (DISORDER_S: how far out of order the events may come, the watermark's delay)
-Prints one JSON line: timings and the version.
 """
 
 from __future__ import annotations
@@ -141,6 +143,10 @@ def main(q: str, inp: str, out: str, checkpoints: str, size: str, period: str, s
                     f"'path' = 'file://{out}', 'format' = 'csv')")
     submitted = time.time()
     result = env.execute_sql("INSERT INTO results " + query(q, int(size), int(period), int(skip), int(wait)))
+    client = result.get_job_client()
+    while client.get_job_status().result().name in ("INITIALIZING", "CREATED"):
+        time.sleep(0.01)  # polling the job's status: the peer meters CPU from RUNNING on
+    print("RUNNING", flush=True)
     result.wait()
     done = time.time()
     net_ms = result.get_job_client().get_job_execution_result().result().get_net_runtime()

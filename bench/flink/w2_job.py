@@ -7,7 +7,7 @@ standard library. Reads ``key,ts_us`` CSV files from INPUT (one split per file, 
 one file per source task), counts per key and one-second tumbling event-time window with a
 2-second bounded-out-of-orderness watermark (the disorder W2's generator adds, and what the
 Spark peer's ``withWatermark`` allows), and writes ``key,first_ts_us,count`` CSV rows to OUT.
-Prints one JSON line: timings (planning + MiniCluster start + run, and Flink's own net
+Prints ``RUNNING`` once the job runs (the peer meters CPU from there), then one JSON line: timings (planning + MiniCluster start + run, and Flink's own net
 runtime of the job) and the version.
 
 Usage: python w2_job.py INPUT_DIR OUT_DIR CHECKPOINT_DIR
@@ -51,6 +51,10 @@ def main(inp: str, out: str, checkpoints: str) -> int:
         SELECT k, MIN(ts_us), COUNT(*)
         FROM TABLE(TUMBLE(TABLE events, DESCRIPTOR(ts), INTERVAL '1' SECOND))
         GROUP BY k, window_start, window_end""")
+    client = result.get_job_client()
+    while client.get_job_status().result().name in ("INITIALIZING", "CREATED"):
+        time.sleep(0.01)  # polling the job's status: the peer meters CPU from RUNNING on
+    print("RUNNING", flush=True)
     result.wait()
     done = time.time()
     net_ms = result.get_job_client().get_job_execution_result().result().get_net_runtime()
