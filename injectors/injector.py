@@ -34,6 +34,7 @@ from typing import Any
 
 import grpc
 
+from injectors.buffer import END_OF_TIME, Buffer
 from runtime import delivery
 from runtime.client import Client
 from runtime.delivery import Status
@@ -45,7 +46,6 @@ from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
-END_OF_TIME = (1 << 63) - 1
 MIN = -(1 << 63)
 Pending = dict[tuple[str, int, int], list[Record]]  # (computation, range, chunk) -> records
 
@@ -93,8 +93,7 @@ class Injector:
         # oldest queued at _first_at), the round in flight (_sending), how many were ever
         # queued and committed (flush waits on those), and a round's error not yet raised.
         self._cond = threading.Condition()
-        self._buffer: list[Record] = []
-        self._buffer_min = END_OF_TIME
+        self._buffer = Buffer()
         self._first_at = 0.0
         self._sending: list[Record] = []
         self._sending_min = END_OF_TIME
@@ -189,7 +188,6 @@ class Injector:
             if not self._buffer:
                 self._first_at = time.monotonic()
             self._buffer.append(record)
-            self._buffer_min = min(self._buffer_min, record.timestamp)
             self._queued += 1
             self._start_rounds()
             if len(self._buffer) in (1, self.batch_size):  # a linger starts, or a round is full
@@ -214,14 +212,11 @@ class Injector:
         flight, something queued, no error waiting to be raised)."""
         if self._round_active or not self._buffer or self._error is not None:
             return None
-        records = self._buffer[:self.batch_size]
-        del self._buffer[:self.batch_size]
+        before = self._buffer.min_timestamp
+        records = self._buffer.take(self.batch_size)
         self._sending = records
-        if self._buffer:  # the rest waited as long: it goes in the next round at once
-            self._sending_min = min(r.timestamp for r in records)
-            self._buffer_min = min(r.timestamp for r in self._buffer)
-        else:
-            self._sending_min, self._buffer_min = self._buffer_min, END_OF_TIME
+        # The rest waited as long: it goes in the next round at once.
+        self._sending_min = min(r.timestamp for r in records) if self._buffer else before
         self._round_active = True
         return records
 
@@ -252,8 +247,7 @@ class Injector:
             if not self._closed.is_set():
                 log.warning("injector %s: %s", self.name, err)
             with self._cond:
-                self._buffer = records + self._buffer
-                self._buffer_min = min(self._buffer_min, self._sending_min)
+                self._buffer.put_back(records)
                 self._first_at = time.monotonic()
                 self._sending, self._sending_min = [], END_OF_TIME
                 self._round_active = False
@@ -292,7 +286,7 @@ class Injector:
         """min(the promised watermark, the oldest record not flushed, the oldest record whose
         receiving tablet's progress report the leader does not hold yet)."""
         with self._cond:
-            queued = min(self._buffer_min, self._sending_min)
+            queued = min(self._buffer.min_timestamp, self._sending_min)
         return min(self.watermark, queued, *(ts for ts, _ in self._held))
 
     def _send_report(self, wm: int) -> dict[str, int]:
