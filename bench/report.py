@@ -118,15 +118,22 @@ def markdown(r: dict[str, Any]) -> str:
     w1 = r.get("w1") or []
     if w1:
         lines += ["## W1 — per-record latency (ms, scheduled send → output observed)", "",
-                  "| variant | rate (rec/s) | achieved | p50 | p95 | p99 | max | mean batch | exact |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+                  "| variant | rate (rec/s) | achieved | p50 | p95 | p99 | max | mean batch | exact "
+                  "| CPU-s | foreign CPU-s | load at start |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---:|---:|"]
         for x in w1:
             lat = x.get("latency_ms")
             ok = x.get("exactness", {}).get("exact")
+            cpu = x.get("cpu") or {}
             lines.append(f"| {x['variant']} ({x['description']}) | {x['rate']:,} | {x.get('achieved_rate', 0):,} | "
                          f"{_ms(lat, 'p50')} | {_ms(lat, 'p95')} | {_ms(lat, 'p99')} | {_ms(lat, 'max')} | "
-                         f"{x.get('sender', {}).get('mean_batch', '–')} | {'yes' if ok else 'NO'} |")
-        lines.append("")
+                         f"{x.get('sender', {}).get('mean_batch', '–')} | {'yes' if ok else 'NO'} | "
+                         f"{cpu.get('cpu_s', '–')} | {cpu.get('foreign_cpu_s', '–')} | "
+                         f"{(cpu.get('loadavg_start') or ['–'])[0]} |")
+        lines += ["", "CPU-s: the run's process tree (this process, etcd, master, workers) from the first "
+                  "record sent to the last output; foreign CPU-s: the rest of the machine meanwhile. A run "
+                  "with foreign CPU or a high load at its start shared the machine: its latency is not a "
+                  "result.", ""]
     rec = r.get("recovery")
     if rec:
         rv = rec.get("recovery", {})

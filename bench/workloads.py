@@ -228,7 +228,7 @@ def run_w1(root: str, cfg: BenchConfig, v: W1Variant, rate: int, *,
         kill_info: dict[str, Any] = {}
         if kill_at_s is not None:
             killer = threading.Thread(target=_kill_later, args=(c, kill_at_s, kill_info), daemon=True)
-        with StatusSampler(c.masters_arg, sample):
+        with StatusSampler(c.masters_arg, sample), CpuMeter() as meter:
             if killer is not None:
                 killer.start()
             stats = latency.paced_send(c.masters_arg, "in", name, keys, rate, flush_each_tick=v.flush_each_tick)
@@ -239,7 +239,10 @@ def run_w1(root: str, cfg: BenchConfig, v: W1Variant, rate: int, *,
                 wait_until(lambda: latency.count_lines(sink_dir) >= expected, 120, "every output")
             except TimeoutError as e:
                 result["error"] = str(e)
-            time.sleep(0.5)  # let any (wrong) extra output land before counting
+        time.sleep(0.5)  # let any (wrong) extra output land before counting
+        assert meter.figures is not None
+        # A busy machine is recognisable: the CPU of everything else next to the run's own.
+        result["cpu"] = meter.figures.as_dict()
         result["peak_rss_bytes"] = peak_rss(c)
         arrivals = [a for a in latency.read_arrivals(sink_dir) if not a.key.startswith(WARMUP_PREFIX)]
     check = latency.check_exact(arrivals, stats.per_key)
