@@ -733,14 +733,6 @@ class MasterCore:
 
         asyncio.get_running_loop().create_task(wake())
 
-    # ---------------------------------------------------------------- status
-
-    def status(self, wall_us: int | None = None) -> dict[str, Any]:
-        """The status document (master/status.py)."""
-        from master.status import status_document
-
-        return status_document(self, wall_us)
-
 
 def forget_tablet(core: MasterCore, key: TabletKey) -> None:
     """Drop what the leader kept of a tablet that no longer exists (split, merged, removed)."""

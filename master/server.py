@@ -16,6 +16,7 @@ import grpc
 
 from master import lifecycle, reshard, web
 from master.core import MasterConfig, MasterCore, UnknownWorkerError
+from master.status import status_document
 from master.store import EtcdConfig, EtcdStore, NotLeaderError
 from runtime import metrics, serving
 from runtime.client import NOT_LEADER_METADATA
@@ -239,7 +240,7 @@ class Master:
         core = self.core
         if core is None:
             return None
-        doc = core.status()
+        doc = status_document(core)
         # From the cache the leader loop refreshes: a flood of /status.json requests must
         # not queue etcd reads ahead of the lease keep-alive on the shared executor (S7).
         doc["masters"] = {"leader": self.address, "leader_id": self.identity,

@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from bench.flink_peer import ROOT, run_job
+from bench.flink_env import ROOT, run_job
 from bench.nexmark import oracle
 from bench.nexmark.generator import Auction, Bid, NexmarkConfig, Person, decode, records
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from master.core import MasterConfig, MasterCore
 from master.scheduler import Ownership
+from master.status import status_document
 from runtime import Topology
 from runtime.wire import millstream_pb2 as pb
 
@@ -90,7 +91,7 @@ def test_g4_a_silent_injector_is_flagged_stale_in_status_and_still_holds_its_str
     core, clock = _core()
     clock[0] += core.config.injector_stale_s * 1000 + 1
     core.heartbeat("w", [_held(n, None) for n in "abc"], 1)
-    (inj,) = core.status()["injectors"]
+    (inj,) = status_document(core)["injectors"]
     assert inj["stale"] and inj["last_report_ms_ago"] > core.config.injector_stale_s * 1000
     asyncio.run(core.advance_watermarks())
     assert core.published["a"] == 10_000  # held at its promise, not released by silence

@@ -99,7 +99,7 @@ def test_q12_is_checked_by_totals_per_bidder() -> None:
 @pytest.mark.skipif(os.environ.get("MILLSTREAM_FLINK_TESTS") != "1",
                     reason="runs Flink jobs (a JVM and .venv-flink, ~850 MB): MILLSTREAM_FLINK_TESTS=1")
 def test_flink_runs_nexmark_exactly(tmp_path: object) -> None:
-    from bench.flink_peer import ensure_venv
+    from bench.flink_env import ensure_venv
 
     disordered = NexmarkConfig(out_of_order_group_size=25, window_size_sec=1, window_period_sec=1)
     r = on_flink.run(ensure_venv(), str(tmp_path), disordered, 20_000, ["q5", "q11", "q12"], 300)
