@@ -608,6 +608,8 @@ class MasterCore:
             moved = sum(1 for k, v in changed.items() if k in self.tablets and self.tablets[k].worker != v.worker)
             lost = [k for k, v in changed.items() if not v.worker and v.existed]
             self.tablets.update(changed)
+            for key in [k for k, target in self.pinned.items() if k in changed and changed[k].worker == target]:
+                del self.pinned[key]  # moved: a merge waiting for it need not wait for another replan
             if moved:
                 self._count_moves(moved, reason)
                 log.info("moved %d tablets (%s)", moved, reason)

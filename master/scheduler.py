@@ -41,9 +41,17 @@ class Ownership:
 
     def promoted(self, worker: str) -> Ownership:
         """``worker`` (a copy in the in-sync set) becomes primary under the next token; the
-        other copies stay followers and catch up from it."""
+        other copies stay followers and catch up from it.
+
+        The other members of the in-sync set (the old primary included, on a move) stay in
+        it: each still holds every acknowledged commit, and the new primary acknowledges
+        nothing until each has taken its commits or been removed through the leader (a copy
+        built under the old token answers NEED_SNAPSHOT, so it is removed before the first
+        commit). So a new primary that dies before it commits (a move onto a worker killed
+        a moment before) leaves a copy to fail over to, not an unavailable tablet."""
         followers = tuple(f for f in (*self.followers, self.worker) if f and f != worker)
-        return Ownership(worker, self.token + 1, followers, (worker,))
+        return Ownership(worker, self.token + 1, followers,
+                         (worker, *(w for w in self.in_sync if w != worker and w in followers)))
 
 
 def place(

@@ -350,8 +350,9 @@ class Replicator:
         """Have the leader remove ``follower`` from the in-sync set (waiting for as long as our
         lease holds): only then may a commit be acknowledged without it."""
         tablet = self.tablet
-        log.warning("tablet %s: follower %s did not acknowledge commit in %.0f ms; removing it from the "
-                    "in-sync set", tablet.name, follower, self.timeout_s * 1000)
+        log.warning("tablet %s: follower %s did not take the commit (unreachable, silent for %.0f ms, or its "
+                    "copy needs a snapshot from this primary); removing it from the in-sync set", tablet.name,
+                    follower, self.timeout_s * 1000)
         req = pb.InSyncRequest(computation=tablet.computation, key_range=tablet.key_range, token=tablet.token,
                                follower=follower, add=False, primary=tablet.host.worker_id)
         while True:
