@@ -3,8 +3,10 @@
 Values are short ASCII so that encoding costs stay out of the measurement:
 
 - W1: the injector sends ``b"<scheduled ns>"``; each :class:`ChainedCounter` stage
-  keeps a per-key running count and produces ``b"<scheduled ns> <count>"``;
-  :class:`ArrivalSink` appends ``key count scheduled_ns arrival_ns`` lines.
+  keeps a per-key running count and produces ``b"<scheduled ns>,<stamp ns>... <count>"``
+  (the time the record reached each stage's user code, appended stage by stage, so a run
+  says where its milliseconds go: :func:`bench.latency.hops`);
+  :class:`ArrivalSink` appends ``key value arrival_ns`` lines.
 - W2: :class:`WindowCounter` counts per key and one-second event-time window and
   emits ``b"<window start> <count>"`` on the window's event-time timer;
   :class:`SpikeDetector` feeds each key's windows, in window order, through
@@ -23,7 +25,8 @@ from runtime.sinks import CommittedFile
 
 
 class ChainedCounter(Computation):
-    """A per-key running count; forwards the scheduled time it was given. Param ``out``."""
+    """A per-key running count; forwards the scheduled time it was given, and the times
+    earlier stages saw the record, with its own appended. Param ``out``."""
 
     def setup(self, params: Mapping[str, str]) -> None:
         super().setup(params)
@@ -33,8 +36,8 @@ class ChainedCounter(Computation):
         state = ctx.state
         n = int(state.get() or b"0") + 1
         state.set(b"%d" % n)
-        sched = record.value.split(b" ", 1)[0]
-        ctx.produce(self.out, sched + b" %d" % n)
+        stamps = record.value.split(b" ", 1)[0]
+        ctx.produce(self.out, b"%s,%d %d" % (stamps, time.time_ns(), n))
 
 
 class ArrivalSink(Sink):

@@ -93,6 +93,7 @@ class Arrival:
     count: int
     sched_ns: int
     arrival_ns: int
+    stamps: tuple[int, ...] = ()  # when each W1 stage's user code saw the record
 
     @property
     def latency_ms(self) -> float:
@@ -106,7 +107,28 @@ def read_arrivals(path: str) -> list[Arrival]:
         with open(name, "rb") as f:
             for line in f:
                 k, sched, n, arr = line.split()
-                out.append(Arrival(k, int(n), int(sched), int(arr)))
+                times = [int(t) for t in sched.split(b",")]
+                out.append(Arrival(k, int(n), times[0], int(arr), tuple(times[1:])))
+    return out
+
+
+def hops(arrivals: Iterable[Arrival]) -> list[dict[str, object]]:
+    """Where a W1 record's time goes: p50 and p99 (ms) of each hop between the scheduled
+    send, each stage's user code and the sink's. The first hop holds the injector (its
+    linger), the delivery and stage 1's queue; each next one the previous stage's batch,
+    fsynced commit, replication and production, and the next stage's queue."""
+    xs = [a for a in arrivals if a.stamps]
+    if not xs:
+        return []
+    n = min(len(a.stamps) for a in xs)
+    names = ["send → stage 1", *(f"stage {i} → stage {i + 1}" for i in range(1, n)), f"stage {n} → sink"]
+    out: list[dict[str, object]] = []
+    for i, name in enumerate(names):
+        def hop(a: Arrival, i: int = i) -> float:
+            times = (a.sched_ns, *a.stamps[:n], a.arrival_ns)
+            return (times[i + 1] - times[i]) / 1e6
+        pc = percentiles(hop(a) for a in xs)
+        out.append({"hop": name, "p50": pc["p50"], "p99": pc["p99"]})
     return out
 
 

@@ -134,6 +134,18 @@ def markdown(r: dict[str, Any]) -> str:
                   "record sent to the last output; foreign CPU-s: the rest of the machine meanwhile. A run "
                   "with foreign CPU or a high load at its start shared the machine: its latency is not a "
                   "result.", ""]
+        hopped = [x for x in w1 if x.get("hops_ms")]
+        if hopped:
+            lines += ["Where the time goes, p50 / p99 per hop (ms; a hop ends when the next stage's user code "
+                      "sees the record, so it holds the previous stage's fsynced commit, its replication and "
+                      "production, and the next stage's queue):", "",
+                      "| variant | rate | " + " | ".join(f"hop {i + 1}" for i in range(max(len(x["hops_ms"])
+                                                                                      for x in hopped))) + " |",
+                      "|---|---:|" + "---|" * max(len(x["hops_ms"]) for x in hopped)]
+            for x in hopped:
+                lines.append(f"| {x['variant']} | {x['rate']:,} | " + " | ".join(
+                    f"{h['hop']}: {h['p50']:.2f} / {h['p99']:.2f}" for h in x["hops_ms"]) + " |")
+            lines.append("")
     rec = r.get("recovery")
     if rec:
         rv = rec.get("recovery", {})

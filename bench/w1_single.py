@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     assert meter.figures is not None
     print(json.dumps({"variant": args.variant, "rate": args.rate, "seconds": args.seconds,
                       "replication": getattr(cfg, "replication", 1),
-                      "latency_ms": r["latency_ms"], "exact": r["exactness"]["exact"],
+                      "latency_ms": r["latency_ms"], "hops_ms": r.get("hops_ms"),
+                      "exact": r["exactness"]["exact"],
                       "cpu": meter.figures.as_dict(),
                       "loadavg": os.getloadavg()}))
     return 0 if r["exactness"]["exact"] else 1

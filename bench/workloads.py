@@ -250,6 +250,7 @@ def run_w1(root: str, cfg: BenchConfig, v: W1Variant, rate: int, *,
     steady = [a.latency_ms for a in arrivals if a.sched_ns >= warm_end]
     result.update({
         "latency_ms": latency.percentiles(steady),
+        "hops_ms": latency.hops(a for a in arrivals if a.sched_ns >= warm_end),
         "sender": {"flushes": stats.flushes, "mean_batch": round(stats.sent / max(1, stats.flushes), 1),
                    "max_batch": stats.max_batch, "max_behind_ms": round(stats.max_behind_ms, 1)},
         "timeline_max_latency_ms": latency.latency_timeline(arrivals, stats.start_ns, 1000),

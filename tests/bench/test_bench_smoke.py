@@ -14,7 +14,7 @@ import pytest
 
 from bench import generator, jobs
 from bench.cli import run_bench
-from bench.latency import Arrival, check_exact, percentiles
+from bench.latency import Arrival, check_exact, hops, percentiles, read_arrivals
 from runtime.computation import TimeDomain
 
 
@@ -35,6 +35,7 @@ def test_quick_bench_writes_json_and_markdown(tmp_path: object) -> None:
     rec = report["recovery"]
     assert rec["exactness"]["exact"] is True
     assert {"p50", "p95", "p99"} <= set(rec["latency_ms"])
+    assert [h["hop"] for h in rec["hops_ms"]] == ["send → stage 1", "stage 1 → sink"]
     assert {"serving_again_after_s", "reassigned_after_s", "tablets_moved"} <= set(rec["recovery"])
     assert {"state_only", "state_plus_opaque_id"} <= set(report["memory"]["rocksdb"])
     assert report["memory"]["peak_rss_by_role"].get("worker", 0) > 0
@@ -57,6 +58,21 @@ def test_exactness_check_names_losses_and_doubles() -> None:
     check = check_exact(arr, sent)
     assert (check.lost, check.doubled, check.exact) == (1, 1, False)
     assert percentiles([1.0, 2.0, 3.0, 4.0])["p50"] == 2.0
+
+
+def test_hops_split_a_records_latency_by_stage(tmp_path: object) -> None:
+    """The stamps each W1 stage appends (bench.jobs.ChainedCounter) come back per hop."""
+    with open(os.path.join(str(tmp_path), "sink-0.txt"), "wb") as f:
+        for i in range(10):  # sent at 0, stage 1 at +1 ms, stage 2 at +3 ms, sink at +6 ms (+i µs)
+            base = i * 10_000_000
+            f.write(b"k%d %d,%d,%d %d %d\n" % (i, base, base + 1_000_000, base + 3_000_000, 1,
+                                               base + 6_000_000 + i * 1000))
+    arrivals = read_arrivals(str(tmp_path))
+    assert arrivals[0].stamps == (1_000_000, 3_000_000) and arrivals[0].latency_ms == 6.0
+    got = hops(arrivals)
+    assert [h["hop"] for h in got] == ["send → stage 1", "stage 1 → stage 2", "stage 2 → sink"]
+    assert [h["p50"] for h in got] == [1.0, 2.0, 3.0]
+    assert got[2]["p99"] == 3.01
 
 
 class _Ctx:
