@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -105,6 +106,8 @@ class Injector:
         self._extractors: dict[str, KeyExtractor] = {}
         self._routing = self._fetch_routing()
         self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, rpc.WorkerStub] = {}
+        self._pool: ThreadPoolExecutor | None = None  # a round's calls to more than one tablet
         self.watermark = MIN
         self.finished = False
         self._reported: int | None = None
@@ -393,16 +396,17 @@ class Injector:
                     continue
                 req = delivery.request(dest[0], dest[1], target.token, recs, sender="injector/" + self.name)
                 req.orders.extend(orders[dest])
-                calls.append((dest, recs, self._stub(target.address).Deliver.future(req, timeout=30)))
+                calls.append((dest, recs, self._stub(target.address), req))
             refresh = bool(failed)
-            for dest, recs, fut in calls:
-                try:
-                    out = delivery.answered(fut.result())
-                except grpc.RpcError as e:
-                    out = delivery.failed(e)
+            for (dest, recs, _, _), answer in zip(calls, self._call_all([(s, q) for _, _, s, q in calls]),
+                                                  strict=True):
+                if isinstance(answer, grpc.RpcError):
+                    out = delivery.failed(answer)
                     if out.refused is not None:  # a bad record or a drained job: retrying cannot help
                         raise InjectionError(f"injector {self.name!r}: {out.refused} (the records are still "
                                              "queued, nothing was lost)") from None
+                else:
+                    out = delivery.answered(answer)
                 newest = max(newest, out.routing_version)
                 if out.status != Status.OK:
                     failed[dest] = recs
@@ -514,10 +518,29 @@ class Injector:
         return out
 
     def _stub(self, address: str) -> rpc.WorkerStub:
-        ch = self._channels.get(address)
-        if ch is None:
+        stub = self._stubs.get(address)
+        if stub is None:
             ch = self._channels[address] = self.security.channel(address)
-        return rpc.WorkerStub(ch)
+            stub = self._stubs[address] = rpc.WorkerStub(ch)
+        return stub
+
+    def _call_all(self, calls: list[tuple[rpc.WorkerStub, pb.DeliverRequest]]) -> list[Any]:
+        """Send every Deliver at once; each one's response or :class:`grpc.RpcError`, in order.
+
+        Blocking calls, all but the last on a small pool of threads kept for the injector's
+        life, the last on this thread: a sync gRPC ``future()`` starts a thread for every call
+        made while none is in flight, which cost a paced sender about a millisecond per round
+        (docs/performance.md, "The injector's round trip")."""
+        def call(stub: rpc.WorkerStub, req: pb.DeliverRequest) -> Any:
+            try:
+                return stub.Deliver(req, timeout=30)
+            except grpc.RpcError as e:
+                return e
+        if len(calls) > 1 and self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"injector {self.name} deliver")
+        futures: list[Future[Any]] = [self._pool.submit(call, *c) for c in calls[:-1]] if self._pool else []
+        last = [call(*calls[-1])] if calls else []
+        return [f.result() for f in futures] + last
 
     def finish(self) -> None:
         """Send everything, then move the watermark to the end of time; returns once the
@@ -552,10 +575,13 @@ class Injector:
             self._cond.notify_all()
         for ch in list(self._channels.values()):
             ch.close()  # a round in flight fails at once and ends
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
         for thread in (self._rounds, self._confirmer):
             if thread is not None:
                 thread.join(5)
         self._channels.clear()
+        self._stubs.clear()
         self.client.close()
 
     def __enter__(self) -> Injector:
