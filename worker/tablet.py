@@ -307,10 +307,6 @@ class Tablet:
         for t in batch.deferred:
             self.timers.remember(t)
         self.inbox.committed(batch.deliveries, batch.consumed, batch.refused)
-        if self.exactly_once:
-            labels = (self.computation, str(self.key_range))
-            metrics.DEDUP_FILTER_BYTES.labels(*labels).set(self.proc.opaque.memory_bytes())
-            metrics.DEDUP_PRODUCERS.labels(*labels).set(len(self.proc.marks))
         if batch.deferred or (batch.deliveries and self.inbox):
             self._wake.set()
         if self.batch_limit < self.max_batch:  # after a failure: grow back, slowly
@@ -467,6 +463,10 @@ class Tablet:
     def progress(self) -> pb.HeldTablet:
         oldest = self.oldest_work()
         self.calls.check()
+        if self.exactly_once:  # gauges: fresh at every report (20 a second), not every commit
+            labels = (self.computation, str(self.key_range))
+            metrics.DEDUP_FILTER_BYTES.labels(*labels).set(self.proc.opaque.memory_bytes())
+            metrics.DEDUP_PRODUCERS.labels(*labels).set(len(self.proc.marks))
         if self.replicator is not None:
             for follower, lag in self.replicator.lag().items():
                 metrics.REPLICATION_LAG.labels(self.computation, str(self.key_range), follower).set(lag)

@@ -1,0 +1,154 @@
+"""Fixed costs under the record path, measured apart from it::
+
+    python -m bench.overhead rpc            # a bare gRPC round trip on this machine
+    python -m bench.overhead cpu [RATE...]  # CPU of each process: idle, then at each rate
+
+``rpc``: a grpc.aio server on uvloop with an empty handler (the worker's Ping) in its own
+process, and a blocking client: the round trip back to back, and with 2 ms between calls
+(as a paced sender at 1,000 rec/s leaves them). No millstream code on either side: the
+floor that every hop of the record path (injector → worker, worker → worker) pays here.
+
+``cpu``: the W1 topology (one exactly-once stage and the sink, one copy) on a local
+cluster; the CPU seconds each process (etcd, master, workers, this one) spends in 10 s
+with no injector, then in 10 s of W1's paced sender at each RATE (flush per tick).
+docs/performance.md quotes both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+
+def _serve() -> None:
+    import grpc
+    import uvloop
+
+    from runtime.wire import millstream_pb2 as pb
+    from runtime.wire import millstream_pb2_grpc as rpc
+
+    class Pinged(rpc.WorkerServicer):
+        async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:
+            return pb.PingResponse(worker_id="bare")
+
+    async def serve() -> None:
+        server = grpc.aio.server()
+        rpc.add_WorkerServicer_to_server(Pinged(), server)  # type: ignore[no-untyped-call]
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        print(port, flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes it
+        await server.stop(0)
+
+    uvloop.run(serve())
+
+
+def _quantiles(xs: list[float]) -> dict[str, float]:
+    xs = sorted(xs)
+    return {p: round(xs[min(len(xs) - 1, int(len(xs) * q))], 3) for p, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))}
+
+
+def rpc_floor(calls: int = 1000) -> dict[str, Any]:
+    import grpc
+
+    from runtime.wire import millstream_pb2 as pb
+    from runtime.wire import millstream_pb2_grpc as rpc
+
+    server = subprocess.Popen([sys.executable, "-m", "bench.overhead", "_serve"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        stub = rpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+        out: dict[str, Any] = {"loadavg_start": os.getloadavg()}
+        for name, gap in (("back_to_back_ms", 0.0), ("every_2ms_ms", 0.002)):
+            xs = []
+            for _ in range(calls):
+                t = time.perf_counter()
+                stub.Ping(pb.PingRequest(), timeout=5)
+                xs.append((time.perf_counter() - t) * 1000)
+                if gap:
+                    time.sleep(gap)
+            out[name] = _quantiles(xs)
+        channel.close()
+        out["loadavg_end"] = os.getloadavg()
+        return out
+    finally:
+        if server.stdin is not None:
+            server.stdin.close()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def process_cpu(rates: list[int], seconds: float = 10.0) -> dict[str, Any]:
+    from bench import generator, latency, workloads
+    from runtime.client import Client
+
+    cfg = dataclasses.replace(workloads.BenchConfig.make(False), replication=1)
+    variant = next(v for v in workloads.W1_VARIANTS if v.name == "eo-strong-fsync")
+    root = tempfile.mkdtemp(prefix="millstream-overhead-")
+    out: dict[str, Any] = {"loadavg_start": os.getloadavg(), "seconds": seconds, "runs": []}
+    try:
+        with workloads.cluster(root, "overhead", cfg) as c:
+            sink = os.path.join(c.data_dir, "arrivals")
+            with Client(c.masters_arg, timeout=30) as client:
+                client.submit(workloads.w1_topology(variant, sink, cfg.key_ranges))
+                workloads.wait_tablets_open(c, client, "in", sink)
+            pids = {p.name: p.popen.pid for p in c.processes()}
+            for rate in [0, *rates]:
+                before = {n: _cpu_s(p) for n, p in pids.items()}
+                mine, t0 = _own_cpu_s(), time.monotonic()
+                if rate:
+                    latency.paced_send(c.masters_arg, "in", f"overhead-{rate}", generator.w1_keys(rate, seconds), rate)
+                else:
+                    time.sleep(seconds)  # the measurement: an idle cluster for this long
+                wall = time.monotonic() - t0
+                cpu = {n: round(_cpu_s(p) - before[n], 2) for n, p in pids.items()}
+                cpu["this process"] = round(_own_cpu_s() - mine, 2)
+                out["runs"].append({"rate": rate, "wall_s": round(wall, 1), "cpu_s": cpu,
+                                    "cores": round(sum(cpu.values()) / wall, 2)})
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    out["loadavg_end"] = os.getloadavg()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.overhead")
+    p.add_argument("what", choices=["rpc", "cpu", "_serve"])
+    p.add_argument("rates", nargs="*", type=int, default=[1000, 10000])
+    args = p.parse_args(argv)
+    if args.what == "_serve":
+        _serve()
+        return 0
+    print(json.dumps(rpc_floor() if args.what == "rpc" else process_cpu(args.rates)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
