@@ -142,9 +142,11 @@ def markdown(r: dict[str, Any]) -> str:
                       "| variant | rate | " + " | ".join(f"hop {i + 1}" for i in range(max(len(x["hops_ms"])
                                                                                       for x in hopped))) + " |",
                       "|---|---:|" + "---|" * max(len(x["hops_ms"]) for x in hopped)]
+            width = max(len(x["hops_ms"]) for x in hopped)
             for x in hopped:
-                lines.append(f"| {x['variant']} | {x['rate']:,} | " + " | ".join(
-                    f"{h['hop']}: {h['p50']:.2f} / {h['p99']:.2f}" for h in x["hops_ms"]) + " |")
+                cells = [f"{h['hop']}: {h['p50']:.2f} / {h['p99']:.2f}" for h in x["hops_ms"]]
+                lines.append(f"| {x['variant']} | {x['rate']:,} | "
+                             + " | ".join(cells + [""] * (width - len(cells))) + " |")
             lines.append("")
     rec = r.get("recovery")
     if rec:
