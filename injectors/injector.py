@@ -529,8 +529,8 @@ class Injector:
 
         Blocking calls, all but the last on a small pool of threads kept for the injector's
         life, the last on this thread: a sync gRPC ``future()`` starts a thread for every call
-        made while none is in flight, which cost a paced sender about a millisecond per round
-        (docs/performance.md, "The injector's round trip")."""
+        made while none is in flight, CPU a paced sender paid on every round (latency did not
+        move; docs/performance.md, "The injector's round trip")."""
         def call(stub: rpc.WorkerStub, req: pb.DeliverRequest) -> Any:
             try:
                 return stub.Deliver(req, timeout=30)
