@@ -2,6 +2,9 @@
 
     python -m bench.overhead rpc            # a bare gRPC round trip on this machine
     python -m bench.overhead cpu [RATE...]  # CPU of each process: idle, then at each rate
+    python -m bench.overhead fsync          # one small append + fdatasync, as a commit pays
+    python -m bench.overhead inflight       # an injector's rounds: 1 vs 4 in flight, with and
+                                            # without a network round trip to the workers
 
 ``rpc``: a grpc.aio server on uvloop with an empty handler (the worker's Ping) in its own
 process, and a blocking client: the round trip back to back, and with 2 ms between calls
@@ -12,6 +15,18 @@ floor that every hop of the record path (injector → worker, worker → worker)
 cluster; the CPU seconds each process (etcd, master, workers, this one) spends in 10 s
 with no injector, then in 10 s of W1's paced sender at each RATE (flush per tick).
 docs/performance.md quotes both.
+
+``fsync``: 200-byte appends to a file in a fresh temporary directory (where the benchmark's
+state goes), each followed by ``fdatasync``: what one fsynced RocksDB commit of a small batch
+pays the disk, and so the most that group commit (one sync for several tablets' batches)
+could save per batch on this machine.
+
+``inflight``: W1's topology (one copy) takes a bulk injection (``--records`` records in full
+rounds of 1,000, ``finish()`` at the end) from an injector with ``max_in_flight`` 1 and 4,
+alternately, with no added delay and with the fault hook making each injector delivery wait
+``--delay-ms`` before the worker takes it (a network between the injector's host and the
+cluster; loopback has none, and this kernel has no netem). Records per second until
+``finish()`` returned, and the CPU seconds of the whole process tree.
 """
 
 from __future__ import annotations
@@ -94,6 +109,25 @@ def rpc_floor(calls: int = 1000) -> dict[str, Any]:
             server.wait()
 
 
+def fsync_cost(syncs: int = 500) -> dict[str, Any]:
+    out: dict[str, Any] = {"loadavg_start": os.getloadavg()}
+    root = tempfile.mkdtemp(prefix="millstream-fsync-")
+    try:
+        fd = os.open(os.path.join(root, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        xs = []
+        for _ in range(syncs):
+            os.write(fd, b"x" * 200)
+            t = time.perf_counter()
+            os.fdatasync(fd)
+            xs.append((time.perf_counter() - t) * 1000)
+        os.close(fd)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    out["fdatasync_ms"] = _quantiles(xs)
+    out["loadavg_end"] = os.getloadavg()
+    return out
+
+
 def _cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -138,15 +172,71 @@ def process_cpu(rates: list[int], seconds: float = 10.0) -> dict[str, Any]:
     return out
 
 
+def rounds_in_flight(records: int, delay_ms: float, repeats: int = 2) -> dict[str, Any]:
+    from bench import generator, workloads
+    from bench.cpu import CpuMeter
+    from injectors import Injector
+    from runtime.client import Client
+
+    cfg = dataclasses.replace(workloads.BenchConfig.make(False), replication=1)
+    variant = next(v for v in workloads.W1_VARIANTS if v.name == "eo-strong-fsync")
+    root = tempfile.mkdtemp(prefix="millstream-inflight-")
+    faults = os.path.join(root, "faults")
+    open(faults, "w").close()
+    os.environ["MILLSTREAM_FAULTS"] = faults  # read by the workers this process starts
+    keys = generator.w1_keys(records, 1)
+    out: dict[str, Any] = {"loadavg_start": os.getloadavg(), "records": records, "delay_ms": delay_ms,
+                           "runs": []}
+    try:
+        with workloads.cluster(root, "inflight", cfg) as c:
+            sink = os.path.join(c.data_dir, "arrivals")
+            with Client(c.masters_arg, timeout=30) as client:
+                client.submit(workloads.w1_topology(variant, sink, cfg.key_ranges))
+                workloads.wait_tablets_open(c, client, "in", sink)
+            n = 0
+            for _ in range(repeats):
+                for delay in (0.0, delay_ms):
+                    with open(faults, "w") as f:
+                        f.write(f"delay-injector {delay}\n" if delay else "")
+                    time.sleep(0.2)  # the workers re-read the hook's file every 50 ms
+                    for in_flight in (1, 4):
+                        n += 1
+                        with CpuMeter() as meter:
+                            t0 = time.monotonic()
+                            with Injector(c.masters_arg, "in", f"inflight-{n}", max_in_flight=in_flight,
+                                          timeout=120) as inj:
+                                for i, key in enumerate(keys):
+                                    inj.send(key, b"0", 1_700_000_000_000_000 + i)
+                                peak = inj.peak_in_flight
+                            wall = time.monotonic() - t0
+                        assert meter.figures is not None
+                        out["runs"].append({"delay_ms": delay, "max_in_flight": in_flight, "peak_in_flight": peak,
+                                            "records_per_s": round(records / wall),
+                                            "cpu_s": round(meter.figures.ours_s, 2),
+                                            "foreign_cpu_s": round(meter.figures.foreign_s, 2)})
+    finally:
+        os.environ.pop("MILLSTREAM_FAULTS", None)
+        shutil.rmtree(root, ignore_errors=True)
+    out["loadavg_end"] = os.getloadavg()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.overhead")
-    p.add_argument("what", choices=["rpc", "cpu", "_serve"])
+    p.add_argument("what", choices=["rpc", "cpu", "fsync", "inflight", "_serve"])
     p.add_argument("rates", nargs="*", type=int, default=[1000, 10000])
+    p.add_argument("--records", type=int, default=50_000, help="inflight: records per injection")
+    p.add_argument("--delay-ms", type=float, default=5.0, help="inflight: the injector's round trip to add")
     args = p.parse_args(argv)
     if args.what == "_serve":
         _serve()
         return 0
-    print(json.dumps(rpc_floor() if args.what == "rpc" else process_cpu(args.rates)))
+    if args.what == "fsync":
+        print(json.dumps(fsync_cost()))
+    elif args.what == "inflight":
+        print(json.dumps(rounds_in_flight(args.records, args.delay_ms)))
+    else:
+        print(json.dumps(rpc_floor() if args.what == "rpc" else process_cpu(args.rates)))
     return 0
 
 

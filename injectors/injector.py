@@ -5,15 +5,19 @@ starts when ``batch_size`` records are waiting, when the oldest has waited ``lin
 (like Kafka's ``linger.ms`` or Flink's buffer timeout), or when :meth:`Injector.flush` asks;
 it takes up to ``batch_size`` of the oldest records, sends them in one delivery per
 destination tablet (cut at 16 MiB), all destinations at once, and retries each until its
-tablet has committed it. Records sent while a round is in flight wait for the next one, so
-a paced loop of ``send`` calls gets its records committed within a few milliseconds without
-calling ``flush()``, and a fast one gets full rounds back to back. ``flush()`` waits until
-every record queued before it is committed; when no round is in flight it delivers the next
-one itself, on the caller's thread (a flush per tick then costs no hand-off to the round
-thread and back). One round is in flight at a time, whichever thread runs it. A round that fails for good (a stream closed by a drain, a cluster that stays
-unreachable for ``timeout``) puts its records back in the queue and stops the rounds; the
-next ``flush()`` (or ``finish()``, or a ``send`` that finds the queue full) raises the
-error, and the ``flush()`` after that tries again: nothing is lost.
+tablet has committed it. Up to ``max_in_flight`` rounds are in flight at once (like Kafka's
+``max.in.flight.requests.per.connection``): a round leaves without waiting for the one
+before it to be acknowledged, each delivery chained after the previous one to its tablet so
+that tablets still commit every producer's records in order (injectors/rounds.py). So a
+paced loop of ``send`` calls gets its records committed within a few milliseconds without
+calling ``flush()``, and a fast one keeps the receivers busy while it routes the next
+round. ``flush()`` waits until every record queued before it is committed; when a round
+may start it delivers it itself, on the caller's thread (a flush per tick then costs no
+hand-off to the round thread and back). A round that fails for good (a stream closed by a
+drain, a cluster that stays unreachable for ``timeout``) puts its records back in the queue,
+with those of any later round still in flight, in order, and stops the rounds; the next
+``flush()`` (or ``finish()``, or a ``send`` that finds the queue full) raises the error, and
+the ``flush()`` after that tries again: nothing is lost.
 
 Ids default to (injector name, position of the record in this injector's sequence), so
 re-running the same injection after a crash sends the same ids and receivers drop what they
@@ -29,6 +33,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -36,6 +41,7 @@ from typing import Any
 import grpc
 
 from injectors.buffer import END_OF_TIME, Buffer
+from injectors.rounds import Orders, Pending, Round, Tails, chained_orders
 from runtime import delivery
 from runtime.client import Client
 from runtime.delivery import Status
@@ -48,7 +54,6 @@ from runtime.wire import millstream_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
 MIN = -(1 << 63)
-Pending = dict[tuple[str, int, int], list[Record]]  # (computation, range, chunk) -> records
 
 
 def _check_time(t: object, what: str) -> None:
@@ -66,7 +71,7 @@ class Injector:
 
     def __init__(self, masters: str | Iterable[str], stream: str, name: str, *,
                  batch_size: int = 1000, linger_ms: float = 5.0, max_queued: int | None = None,
-                 timeout: float = 60.0, security: Security = Security(),
+                 max_in_flight: int = 4, timeout: float = 60.0, security: Security = Security(),
                  incarnation: str | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise InjectionError("an injector needs a non-empty name (it seeds its record ids)")
@@ -78,10 +83,11 @@ class Injector:
         # replaces the hold of the one it restarts instead of adding its own.
         self.incarnation = uuid.uuid4().hex if incarnation is None else incarnation
         max_queued = max(100_000, batch_size) if max_queued is None else max_queued
-        if linger_ms < 0 or batch_size < 1 or max_queued < batch_size:
-            raise InjectionError(f"linger_ms={linger_ms} must be >= 0, batch_size={batch_size} >= 1 and "
-                                 f"max_queued={max_queued} >= batch_size")
+        if linger_ms < 0 or batch_size < 1 or max_queued < batch_size or max_in_flight < 1:
+            raise InjectionError(f"linger_ms={linger_ms} must be >= 0, batch_size={batch_size} >= 1, "
+                                 f"max_queued={max_queued} >= batch_size and max_in_flight={max_in_flight} >= 1")
         self.batch_size = batch_size
+        self.max_in_flight = max_in_flight
         self.linger_s = linger_ms / 1000
         self.max_queued = max_queued
         self.timeout = timeout
@@ -90,15 +96,20 @@ class Injector:
         self._prefix = producer_prefix("injector/" + name)
         self.position = 0
         self._sequenced: dict[bytes, int] = {self._prefix: 0}  # producer -> last sequence queued
-        # The queue, shared with the round thread under _cond: records waiting (_buffer, the
-        # oldest queued at _first_at), the round in flight (_sending), how many were ever
-        # queued and committed (flush waits on those), and a round's error not yet raised.
+        # The queue, shared with the round threads under _cond: records waiting (_buffer, the
+        # oldest queued at _first_at), the rounds in flight in take order (_flight) and those
+        # that failed for good, kept until the others are done (_returned), how many records
+        # were ever queued and committed (flush waits on those), a round's error not yet
+        # raised, and the chain of sequences sent to each tablet by the rounds in flight.
         self._cond = threading.Condition()
         self._buffer = Buffer()
         self._first_at = 0.0
-        self._sending: list[Record] = []
-        self._sending_min = END_OF_TIME
-        self._round_active = False  # one round at a time, on the round thread or in flush()
+        self._flight: deque[Round] = deque()
+        self._returned: list[Round] = []
+        self._rounds_taken = 0
+        self._tails: Tails = {}
+        self._newest_seen = 0  # the newest routing version a receiver answered with
+        self.peak_in_flight = 0  # the most rounds ever in flight at once
         self._queued = self._committed = 0
         self._flushing = 0
         self._error: MillstreamError | None = None
@@ -108,6 +119,7 @@ class Injector:
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, rpc.WorkerStub] = {}
         self._pool: ThreadPoolExecutor | None = None  # a round's calls to more than one tablet
+        self._round_pool: ThreadPoolExecutor | None = None  # rounds started by the round thread
         self.watermark = MIN
         self.finished = False
         self._reported: int | None = None
@@ -210,24 +222,46 @@ class Injector:
             self._cond.notify_all()
             raise err
 
-    def _take_round(self) -> list[Record] | None:
-        """Under ``_cond``: the records of the next round, if one may start now (none in
-        flight, something queued, no error waiting to be raised)."""
-        if self._round_active or not self._buffer or self._error is not None:
+    def _may_take(self) -> bool:
+        """Under ``_cond``: whether a round may start now. Something is queued, no error waits
+        to be raised, and either nothing is in flight or fewer than ``max_in_flight`` rounds
+        are, all routed (the newest is ordered after them) under the current routing, none of
+        them failed (injectors/rounds.py)."""
+        if not self._buffer or self._error is not None or self._returned:
+            return False
+        flight = self._flight
+        if not flight:
+            return True
+        # Only a full round joins others in flight: at a paced sender's rate, rounds one at a
+        # time carry more records each and cost the receivers fewer deliveries, and that
+        # measured faster on two cores shared with them (docs/performance.md); a bulk load
+        # keeps the receivers busy while it routes the next round.
+        return (len(flight) < self.max_in_flight and len(self._buffer) >= self.batch_size
+                and flight[-1].prepared
+                and flight[-1].routing.version == self._routing.version
+                and not any(r.slow for r in flight))
+
+    def _take_round(self) -> Round | None:
+        """Under ``_cond``: the next round, if one may start now."""
+        if not self._may_take():
             return None
         before = self._buffer.min_timestamp
         records = self._buffer.take(self.batch_size)
-        self._sending = records
         # The rest waited as long: it goes in the next round at once.
-        self._sending_min = min(r.timestamp for r in records) if self._buffer else before
-        self._round_active = True
-        return records
+        min_ts = min(r.timestamp for r in records) if self._buffer else before
+        if not self._flight:
+            self._tails = {}  # every earlier round is committed: nothing to follow
+        rnd = Round(self._rounds_taken, records, min_ts, self._routing)
+        self._rounds_taken += 1
+        self._flight.append(rnd)
+        self.peak_in_flight = max(self.peak_in_flight, len(self._flight))
+        return rnd
 
-    def _next_round(self) -> list[Record] | None:
-        """Wait until a round is due and take its records (None: closing)."""
+    def _next_round(self) -> Round | None:
+        """Wait until a round is due and take it (None: closing)."""
         with self._cond:
             while not self._closed.is_set():
-                if self._buffer and self._error is None and not self._round_active:
+                if self._may_take():
                     wait = self._first_at + self.linger_s - time.monotonic()
                     if len(self._buffer) >= self.batch_size or self._flushing or wait <= 0:
                         return self._take_round()
@@ -237,35 +271,55 @@ class Injector:
         return None
 
     def _run_rounds(self) -> None:
-        while (records := self._next_round()) is not None:
-            self._run_round(records)
+        while (rnd := self._next_round()) is not None:
+            if self.max_in_flight == 1 or len(rnd.records) < self.batch_size:
+                # A paced sender's round (only full rounds join others in flight): run it
+                # here, sparing it a hand-off to a pool thread, as with one round in flight.
+                self._run_round(rnd)
+                continue
+            if self._round_pool is None:
+                self._round_pool = ThreadPoolExecutor(self.max_in_flight,
+                                                      thread_name_prefix=f"injector {self.name} round")
+            try:
+                self._round_pool.submit(self._run_round, rnd)
+            except RuntimeError:  # the pool was shut down: the injector is closing
+                self._run_round(rnd)
 
-    def _run_round(self, records: list[Record]) -> None:
-        """Deliver one round taken by :meth:`_take_round`, on whichever thread took it."""
+    def _run_round(self, rnd: Round) -> None:
+        """Deliver a round taken by :meth:`_take_round`, on whichever thread took it; it
+        finishes in take order (each round waits for the ones before it)."""
+        error: MillstreamError | None = None
         try:
-            self._deliver(records)
-        except Exception as e:  # kept for the caller; the records stay queued
-            err = e if isinstance(e, MillstreamError) else InjectionError(
+            self._deliver(rnd)
+        except Exception as e:  # kept for the caller; the records go back in the queue
+            error = e if isinstance(e, MillstreamError) else InjectionError(
                 f"injector {self.name!r}: delivering failed: {e!r} (the records are still queued)")
-            if not self._closed.is_set():
-                log.warning("injector %s: %s", self.name, err)
-            with self._cond:
-                self._buffer.put_back(records)
-                self._first_at = time.monotonic()
-                self._sending, self._sending_min = [], END_OF_TIME
-                self._round_active = False
-                self._error = err
-                self._cond.notify_all()
-            return
         with self._cond:
-            self._sending, self._sending_min = [], END_OF_TIME
-            self._round_active = False
-            self._committed += len(records)
+            rnd.prepared = rnd.done = True
+            if error is not None:
+                rnd.returned = True
+                self._returned.append(rnd)
+                if self._error is None and not (self._closed.is_set() and isinstance(error, InjectionError)):
+                    log.warning("injector %s: %s", self.name, error)
+                if self._error is None:
+                    self._error = error
+            while self._flight and self._flight[0].done:
+                head = self._flight.popleft()
+                if not head.returned:
+                    self._committed += len(head.records)
+            if self._returned and not self._flight:
+                # Back at the front of the queue in their order (a later round's records first
+                # would reach a tablet before earlier ones of the same producer).
+                self._buffer.put_back([r for back in sorted(self._returned, key=lambda x: x.index)
+                                      for r in back.records])
+                self._returned = []
+                self._first_at = time.monotonic()
             self._cond.notify_all()
-        try:
-            self._report()
-        except MillstreamError as e:  # the confirmer or the next user call reports again
-            log.info("injector %s: could not report its watermark: %s", self.name, e)
+        if error is None:
+            try:
+                self._report()
+            except MillstreamError as e:  # the confirmer or the next user call reports again
+                log.info("injector %s: could not report its watermark: %s", self.name, e)
 
     def advance_watermark(self, timestamp: int) -> None:
         """Promise to send nothing older than ``timestamp`` (never moves backwards).
@@ -280,16 +334,18 @@ class Injector:
 
     @property
     def queued(self) -> int:
-        """Records sent and not committed yet (waiting, or in the round in flight)."""
+        """Records sent and not committed yet (waiting, in a round in flight, or failed and
+        about to be queued again)."""
         with self._cond:
-            return len(self._buffer) + len(self._sending)
+            rounds = {id(r): len(r.records) for r in (*self._flight, *self._returned)}
+            return len(self._buffer) + sum(rounds.values())
 
     @property
     def effective_watermark(self) -> int:
         """min(the promised watermark, the oldest record not flushed, the oldest record whose
         receiving tablet's progress report the leader does not hold yet)."""
         with self._cond:
-            queued = min(self._buffer.min_timestamp, self._sending_min)
+            queued = min([self._buffer.min_timestamp, *(r.min_ts for r in (*self._flight, *self._returned))])
         return min(self.watermark, queued, *(ts for ts, _ in self._held))
 
     def _send_report(self, wm: int) -> dict[str, int]:
@@ -361,71 +417,138 @@ class Injector:
                     self._raise_error()
                     if self._closed.is_set():
                         raise InjectionError(f"injector {self.name!r} is closed")
-                    # No round in flight: deliver the next one on this thread, sparing the
-                    # hand-offs to the round thread and back (a flush per tick pays them).
-                    records = self._take_round()
-                    if records is None:
+                    # A round may start: deliver it on this thread, sparing the hand-offs to
+                    # the round thread and back (a flush per tick pays them).
+                    rnd = self._take_round()
+                    if rnd is None:
                         self._start_rounds()
                         self._cond.notify_all()
                         self._cond.wait(0.1)
                         continue
-                self._run_round(records)
+                self._run_round(rnd)
         finally:
             with self._cond:
                 self._flushing -= 1
 
-    def _deliver(self, records: list[Record]) -> None:
-        """One round: deliver ``records`` to their tablets, retried until each is committed
-        (or raise once ``timeout`` passes; the caller keeps them)."""
+    def _deliver(self, rnd: Round) -> None:
+        """One round: deliver its records to their tablets, retried until each is committed
+        (or raise once ``timeout`` passes; :meth:`_run_round` queues them again).
+
+        The first attempt goes out at once, under the routing the round was taken with, each
+        delivery chained after those of the rounds in flight before it (injectors/rounds.py).
+        Then the round waits for those rounds; whatever its first attempt did not get
+        committed (and any reader a newer routing added) it retries as the only round in
+        flight would."""
         deadline = time.monotonic() + self.timeout
-        # One Deliver per destination and per 16 MiB of records: never over the message limit.
-        pending: Pending = {}
-        for (comp, r), routed in self._route(records).items():
-            _chunk(pending, comp, r, routed)
-        orders = self._orders(pending)
-        readers = {dest[0] for dest in pending}
+        pending: Pending | None = None
+        refresh = False
+        try:
+            sent = self._prepare(rnd)
+        finally:
+            with self._cond:
+                rnd.prepared = True
+                self._cond.notify_all()
+        if sent:
+            pending, refresh = self._attempt(rnd.pending, rnd.orders, rnd.routing)
+        if pending is None or pending or self._newest_seen > rnd.routing.version:
+            with self._cond:
+                rnd.slow = True  # no round starts until this one is done
+        self._wait_oldest(rnd)
+        if pending == {} and max(self._newest_seen, self._routing.version) <= rnd.routing.version:
+            return
+        with self._cond:
+            if self._returned:
+                raise InjectionError(f"injector {self.name!r}: an earlier round failed, so this one waits "
+                                     "for it (its records are queued again, in order)")
+        self._retry(rnd, pending, refresh, deadline)
+
+    def _prepare(self, rnd: Round) -> bool:
+        """Route the round under its routing and chain its orders after the rounds before
+        it; False if that routing cannot take it (the retry fetches a new one, or raises)."""
+        routing = rnd.routing
+        if not routing.has_subscribers(self.stream) or routing.proto.closed_streams.get(self.stream):
+            return False
+        for (comp, r), routed in self._route_with(rnd.records, routing).items():
+            _chunk(rnd.pending, comp, r, routed)
+        # Only this thread changes the chain now: the next round is taken once this one is prepared.
+        rnd.orders, tails = chained_orders(rnd.pending, self._sequenced, self._tails)
+        self._tails.update(tails)
+        return True
+
+    def _wait_oldest(self, rnd: Round) -> None:
+        """Block until every round taken before ``rnd`` is done."""
+        with self._cond:
+            while self._flight[0] is not rnd:
+                if self._closed.is_set():
+                    raise InjectionError(f"injector {self.name!r} closed with records unsent")
+                self._cond.wait(0.1)
+
+    def _attempt(self, pending: Pending, orders: Orders, routing: RoutingTable) -> tuple[Pending, bool]:
+        """Send every delivery of ``pending`` once, all at once: the ones not committed, and
+        whether a new routing is needed before they are sent again."""
+        failed: Pending = {}
+        calls = []
+        for dest, recs in pending.items():
+            target = routing.destination(dest[0], dest[1])
+            if not target.address:
+                failed[dest] = recs
+                continue
+            req = delivery.request(dest[0], dest[1], target.token, recs, sender="injector/" + self.name)
+            req.orders.extend(orders[dest])
+            calls.append((dest, recs, self._stub(target.address), req))
+        refresh = bool(failed)
+        newest = 0
+        for (dest, recs, _, _), answer in zip(calls, self._call_all([(s, q) for _, _, s, q in calls]),
+                                              strict=True):
+            if isinstance(answer, grpc.RpcError):
+                out = delivery.failed(answer)
+                if out.refused is not None:  # a bad record or a drained job: retrying cannot help
+                    raise InjectionError(f"injector {self.name!r}: {out.refused} (the records are still "
+                                         "queued, nothing was lost)") from None
+            else:
+                out = delivery.answered(answer)
+            newest = max(newest, out.routing_version)
+            if out.status != Status.OK:
+                failed[dest] = recs
+                refresh = refresh or out.retry_after_routing
+            elif out.receipt is not None and out.receipt[0]:
+                # Committed: its timestamps hold our watermark until the leader holds the
+                # receiver's report that reflects them.
+                with self._lock:
+                    self._held.append((min(r.timestamp for r in recs), out.receipt))
+        if newest > self._newest_seen:
+            with self._cond:
+                self._newest_seen = max(self._newest_seen, newest)
+        return failed, refresh
+
+    def _retry(self, rnd: Round, pending: Pending | None, refresh: bool, deadline: float) -> None:
+        """Deliver what is left of a round once every round before it is done (so each
+        tablet's first delivery follows nothing: after=0), retried with back-off, following
+        new routings (new readers of the stream, splits and merges)."""
+        records = rnd.records
+        if pending is None:  # never sent: the routing it was taken with had no reader of the stream
+            pending = {}
+            for (comp, r), routed in self._route(records).items():
+                _chunk(pending, comp, r, routed)
+            readers = {dest[0] for dest in pending}
+            version = self._routing.version
+            pending, refresh = self._attempt(pending, self._orders(pending), self._routing)
+        else:
+            readers = {dest[0] for dest in rnd.pending}
+            version = rnd.routing.version  # what its deliveries and readers were routed under
         delay = 0.005
-        while pending:
-            failed: Pending = {}
-            calls = []
-            newest = 0
-            for dest, recs in pending.items():
-                target = self._routing.destination(dest[0], dest[1])
-                if not target.address:
-                    failed[dest] = recs
-                    continue
-                req = delivery.request(dest[0], dest[1], target.token, recs, sender="injector/" + self.name)
-                req.orders.extend(orders[dest])
-                calls.append((dest, recs, self._stub(target.address), req))
-            refresh = bool(failed)
-            for (dest, recs, _, _), answer in zip(calls, self._call_all([(s, q) for _, _, s, q in calls]),
-                                                  strict=True):
-                if isinstance(answer, grpc.RpcError):
-                    out = delivery.failed(answer)
-                    if out.refused is not None:  # a bad record or a drained job: retrying cannot help
-                        raise InjectionError(f"injector {self.name!r}: {out.refused} (the records are still "
-                                             "queued, nothing was lost)") from None
-                else:
-                    out = delivery.answered(answer)
-                newest = max(newest, out.routing_version)
-                if out.status != Status.OK:
-                    failed[dest] = recs
-                    refresh = refresh or out.retry_after_routing
-                elif out.receipt is not None and out.receipt[0]:
-                    # Committed: its timestamps hold our watermark until the leader holds the
-                    # receiver's report that reflects them.
-                    with self._lock:
-                        self._held.append((min(r.timestamp for r in recs), out.receipt))
-            pending = failed
-            if newest > self._routing.version:
+        while True:
+            if self._newest_seen > self._routing.version:
                 # A receiver holds a newer routing: a job update may have added a reader of our
                 # stream, which this round must reach too, or removed one, whose tablets will
                 # never commit it (nothing else would tell us).
                 self._routing = self._fetch_routing()
-                if self._follow_readers(pending, records, readers) | self._reroute(pending):
-                    orders = self._orders(pending)
+            if self._routing.version > version:  # fetched now, or by an earlier round
+                version = self._routing.version
+                self._follow_readers(pending, records, readers)
+                self._reroute(pending)
             if not pending:
-                break
+                return
             if self._closed.is_set():
                 raise InjectionError(f"injector {self.name!r} closed with records unsent")
             if time.monotonic() > deadline:
@@ -439,8 +562,10 @@ class Injector:
             delay = min(delay * 2, 0.5)
             if refresh:
                 self._routing = self._fetch_routing()
-                if self._follow_readers(pending, records, readers) | self._reroute(pending):
-                    orders = self._orders(pending)
+                version = self._routing.version
+                self._follow_readers(pending, records, readers)
+                self._reroute(pending)
+            pending, refresh = self._attempt(pending, self._orders(pending), self._routing)
 
     def _follow_readers(self, pending: Pending, records: list[Record], readers: set[str]) -> bool:
         """After a routing fetch: add the deliveries of ``records`` to readers of the stream
@@ -483,23 +608,11 @@ class Injector:
                 _chunk(pending, comp, r, recs)
         return True
 
-    def _orders(self, pending: Pending) -> dict[tuple[str, int, int], list[pb.ProducerOrder]]:
-        """Each delivery's place in its producers' orders. Every earlier round is committed,
-        so a destination's first delivery follows nothing (after=0); a later one (a
-        destination's records cut at 16 MiB) follows the one before it, and its tablet
-        waits for that one (OUT_OF_ORDER) rather than let a re-send of it count twice."""
-        out: dict[tuple[str, int, int], list[pb.ProducerOrder]] = {}
-        last: dict[tuple[str, int], dict[bytes, int]] = {}
-        for dest in sorted(pending):
-            before = last.setdefault(dest[:2], {})
-            here: dict[bytes, int] = {}
-            for rec in pending[dest]:
-                prefix = rec.id[:8]
-                if prefix in self._sequenced:
-                    here[prefix] = int.from_bytes(rec.id[8:], "big")
-            out[dest] = delivery.to_orders({p: (before.get(p, 0), 0) for p in here})
-            before.update(here)
-        return out
+    def _orders(self, pending: Pending) -> Orders:
+        """Each delivery's place in its producers' orders when every earlier round is done:
+        a tablet's first delivery follows nothing (after=0), a later one (a tablet's records
+        cut at 16 MiB) follows the one before it."""
+        return chained_orders(pending, self._sequenced, {})[0]
 
     def _route(self, records: list[Record]) -> dict[tuple[str, int], list[Record]]:
         if not self._routing.has_subscribers(self.stream):
@@ -511,9 +624,12 @@ class Injector:
             raise InjectionError(
                 f"stream {self.stream!r} is unknown: no running computation reads it; "
                 "submit a topology with it among its inputs first (nothing was sent)")
+        return self._route_with(records, self._routing)
+
+    def _route_with(self, records: list[Record], routing: RoutingTable) -> dict[tuple[str, int], list[Record]]:
         out: dict[tuple[str, int], list[Record]] = {}
         for r in records:
-            for comp, kr, key in self._routing.route(self.stream, r):
+            for comp, kr, key in routing.route(self.stream, r):
                 out.setdefault((comp, kr), []).append(Record(key, r.value, r.timestamp, r.id))
         return out
 
@@ -537,7 +653,7 @@ class Injector:
             except grpc.RpcError as e:
                 return e
         if len(calls) > 1 and self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"injector {self.name} deliver")
+            self._pool = ThreadPoolExecutor(max_workers=4 + 4 * self.max_in_flight, thread_name_prefix=f"injector {self.name} deliver")
         futures: list[Future[Any]] = [self._pool.submit(call, *c) for c in calls[:-1]] if self._pool else []
         last = [call(*calls[-1])] if calls else []
         return [f.result() for f in futures] + last
@@ -575,9 +691,12 @@ class Injector:
             self._cond.notify_all()
         for ch in list(self._channels.values()):
             ch.close()  # a round in flight fails at once and ends
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-        for thread in (self._rounds, self._confirmer):
+        for pool in (self._pool, self._round_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:  # a round thread's report may be starting a confirmer right now
+            confirmer = self._confirmer
+        for thread in (self._rounds, confirmer):
             if thread is not None:
                 thread.join(5)
         self._channels.clear()

@@ -9,6 +9,9 @@ every 50 ms) for one fault per line:
                         whose batch in flight missed its self-fencing, to show that its
                         followers refuse it); closing and opening tablets still follow
                         the real lease
+    delay-injector MS   a delivery from an injector waits MS milliseconds (without CPU)
+                        before the worker takes it: the round trip of a network between
+                        the injector's host and the cluster (bench/overhead.py inflight)
 
 Without the variable nothing is read and every check is false.
 """
@@ -52,3 +55,9 @@ class Faults:
 
     def ignore_lease(self) -> bool:
         return "ignore-lease" in self._current()
+
+    def injector_delay_s(self) -> float:
+        for line in self._current():
+            if line.startswith("delay-injector "):
+                return float(line.split()[1]) / 1000
+        return 0.0

@@ -135,6 +135,9 @@ class WorkerServicer(rpc.WorkerServicer):
             closed = self.core.routing.closed_to_input(request.computation)
             if closed:
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, closed)
+            delay = self.core.faults.injector_delay_s()
+            if delay:
+                await asyncio.sleep(delay)  # the fault hook's network round trip (tests, benchmarks)
             route = self.core.routing.computations.get(request.computation)
             if route is not None and route.input_paused:  # a savepoint is being taken: retry soon
                 return pb.DeliverResponse(status=cast(Any, delivery.Status.BUSY),

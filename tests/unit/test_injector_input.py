@@ -4,6 +4,7 @@ nothing, so the good records around it still go through."""
 from __future__ import annotations
 
 import threading
+from collections import deque
 from typing import Any
 
 import pytest
@@ -13,7 +14,6 @@ from runtime.errors import InjectionError
 from runtime.record import producer_prefix
 
 MIN = -(1 << 63)
-END = (1 << 63) - 1
 
 
 class NoMaster:
@@ -37,9 +37,9 @@ def _injector() -> Injector:
     inj = Injector.__new__(Injector)
     inj.name, inj.stream, inj.batch_size, inj.finished = "src", "in", 1000, False
     inj.position, inj._buffer, inj._held = 0, [], []
-    inj._cond, inj._buffer_min, inj._sending_min, inj._queued = threading.Condition(), END, END, 0
+    inj._cond, inj._queued = threading.Condition(), 0
     inj.max_queued, inj._error, inj._rounds, inj._first_at = 100_000, None, _Idle(), 0.0  # type: ignore[assignment]
-    inj._sending = []
+    inj._flight, inj._returned = deque(), []
     inj.watermark, inj._reported = MIN, MIN
     inj._lock, inj._closed, inj._confirmer = threading.Lock(), threading.Event(), None
     inj.client = NoMaster()  # type: ignore[assignment]

@@ -1,0 +1,66 @@
+"""An injector's rounds in flight, and the order that lets several be in flight at once.
+
+Receivers deduplicate an injector's records by one number per producer: the highest
+sequence each tablet committed (worker/dedup.py). So a tablet must commit a producer's
+records in sequence order, or a later record committed first would make the earlier ones
+look like duplicates. With one round in flight that holds by itself. With several, each
+delivery names the last sequence of the delivery before it to the same tablet (``after``
+in its order), and the tablet answers OUT_OF_ORDER until that one is committed there: a
+round may overtake another on the wire, never in a tablet.
+
+The chain holds only while every round in flight was routed with one routing version (a
+split or merge renames destinations). So a round starts while others are in flight only
+if it is routed with theirs and none of them has failed; a round whose first attempt did
+not succeed everywhere retries only once every round before it is done, which is the
+situation of a single round in flight (``after`` 0 is then true). Rounds also finish in
+order, so "committed" always means a prefix of the injector's sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runtime import delivery
+from runtime.record import Record
+from runtime.routing import RoutingTable
+from runtime.wire import millstream_pb2 as pb
+
+Pending = dict[tuple[str, int, int], list[Record]]  # (computation, range, chunk) -> records
+Orders = dict[tuple[str, int, int], list[pb.ProducerOrder]]
+Tails = dict[tuple[str, int], dict[bytes, int]]  # tablet -> producer -> last sequence sent to it
+
+
+@dataclass(eq=False)
+class Round:
+    """Records taken from the queue together, in queue order; ``index`` is the take order."""
+
+    index: int
+    records: list[Record]
+    min_ts: int
+    routing: RoutingTable        # the version it was taken under (first attempt)
+    prepared: bool = False       # routed and ordered (the next round may be taken)
+    slow: bool = False           # its first attempt did not succeed everywhere
+    done: bool = False           # finished: committed, or given back (``returned``)
+    returned: bool = False       # failed for good: its records go back to the queue
+    pending: Pending = field(default_factory=dict)
+    orders: Orders = field(default_factory=dict)
+
+
+def chained_orders(pending: Pending, sequenced: dict[bytes, int], tails: Tails) -> tuple[Orders, Tails]:
+    """Each delivery's place in its producers' orders: the first chunk to a tablet follows the
+    last sequence ``tails`` says was sent there (0: nothing in flight), a later chunk follows
+    the one before it. Returns the orders and the tails after these deliveries (``tails`` is
+    not changed: a round that fails before sending leaves no mark on the chain)."""
+    out: Orders = {}
+    after: Tails = {}
+    for dest in sorted(pending):
+        tablet = dest[:2]
+        before = after.setdefault(tablet, dict(tails.get(tablet, {})))
+        here: dict[bytes, int] = {}
+        for rec in pending[dest]:
+            prefix = rec.id[:8]
+            if prefix in sequenced:
+                here[prefix] = int.from_bytes(rec.id[8:], "big")
+        out[dest] = delivery.to_orders({p: (before.get(p, 0), 0) for p in here})
+        before.update(here)
+    return out, after
