@@ -118,6 +118,7 @@ class Injector:
         self._routing = self._fetch_routing()
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, rpc.WorkerStub] = {}
+        self._stubs_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None  # a round's calls to more than one tablet
         self._round_pool: ThreadPoolExecutor | None = None  # rounds started by the round thread
         self.watermark = MIN
@@ -636,8 +637,11 @@ class Injector:
     def _stub(self, address: str) -> rpc.WorkerStub:
         stub = self._stubs.get(address)
         if stub is None:
-            ch = self._channels[address] = self.security.channel(address)
-            stub = self._stubs[address] = rpc.WorkerStub(ch)
+            with self._stubs_lock:  # rounds in flight on several threads: one channel per address
+                stub = self._stubs.get(address)
+                if stub is None:
+                    ch = self._channels[address] = self.security.channel(address)
+                    stub = self._stubs[address] = rpc.WorkerStub(ch)
         return stub
 
     def _call_all(self, calls: list[tuple[rpc.WorkerStub, pb.DeliverRequest]]) -> list[Any]:
@@ -694,10 +698,10 @@ class Injector:
         for pool in (self._pool, self._round_pool):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
-        with self._lock:  # a round thread's report may be starting a confirmer right now
-            confirmer = self._confirmer
-        for thread in (self._rounds, confirmer):
-            if thread is not None:
+        for thread in (self._rounds, self._confirmer):
+            # A round thread's report may have made a confirmer and not started it yet (it
+            # would see the injector closed and end at once).
+            if thread is not None and thread.is_alive():
                 thread.join(5)
         self._channels.clear()
         self._stubs.clear()
