@@ -35,22 +35,17 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import grpc
-
 from injectors.buffer import END_OF_TIME, Buffer
-from injectors.rounds import Orders, Pending, Round, Tails, chained_orders
-from runtime import delivery
+from injectors.rounds import Pending, Round, Tails, chained_orders
+from injectors.tablets import Tablets, chunk
 from runtime.client import Client
-from runtime.delivery import Status
 from runtime.errors import InjectionError, InvalidRecordError, MillstreamError
 from runtime.record import ID_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, Record, producer_prefix, sequence_id
-from runtime.routing import KeyExtractor, RoutingTable
 from runtime.security import Security
 from runtime.wire import millstream_pb2 as pb
-from runtime.wire import millstream_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
 MIN = -(1 << 63)
@@ -108,18 +103,11 @@ class Injector:
         self._returned: list[Round] = []
         self._rounds_taken = 0
         self._tails: Tails = {}
-        self._newest_seen = 0  # the newest routing version a receiver answered with
         self.peak_in_flight = 0  # the most rounds ever in flight at once
         self._queued = self._committed = 0
         self._flushing = 0
         self._error: MillstreamError | None = None
         self._rounds: threading.Thread | None = None
-        self._extractors: dict[str, KeyExtractor] = {}
-        self._routing = self._fetch_routing()
-        self._channels: dict[str, grpc.Channel] = {}
-        self._stubs: dict[str, rpc.WorkerStub] = {}
-        self._stubs_lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None  # a round's calls to more than one tablet
         self._round_pool: ThreadPoolExecutor | None = None  # rounds started by the round thread
         self.watermark = MIN
         self.finished = False
@@ -128,13 +116,16 @@ class Injector:
         self.confirm_timeout = 5.0
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._tablets = Tablets(name, stream, self.client, security, self._sequenced, self._closed,
+                                calls=4 + 4 * max_in_flight, committed=self._hold)
         self._confirmer: threading.Thread | None = None
         self._report()  # registers: from now on this injector holds its stream's watermark
 
-    def _fetch_routing(self) -> RoutingTable:
-        table = RoutingTable(self.client.routing())
-        table.load_extractors(self._extractors)
-        return table
+    def _hold(self, oldest: int, receipt: tuple[str, int]) -> None:
+        """A delivery was committed: its timestamps hold our watermark until the leader holds
+        the receiver's report that reflects them."""
+        with self._lock:
+            self._held.append((oldest, receipt))
 
     # --------------------------------------------------------------- sending
 
@@ -239,7 +230,7 @@ class Injector:
         # keeps the receivers busy while it routes the next round.
         return (len(flight) < self.max_in_flight and len(self._buffer) >= self.batch_size
                 and flight[-1].prepared
-                and flight[-1].routing.version == self._routing.version
+                and flight[-1].routing.version == self._tablets.routing.version
                 and not any(r.slow for r in flight))
 
     def _take_round(self) -> Round | None:
@@ -252,7 +243,7 @@ class Injector:
         min_ts = min(r.timestamp for r in records) if self._buffer else before
         if not self._flight:
             self._tails = {}  # every earlier round is committed: nothing to follow
-        rnd = Round(self._rounds_taken, records, min_ts, self._routing)
+        rnd = Round(self._rounds_taken, records, min_ts, self._tablets.routing)
         self._rounds_taken += 1
         self._flight.append(rnd)
         self.peak_in_flight = max(self.peak_in_flight, len(self._flight))
@@ -449,19 +440,22 @@ class Injector:
             with self._cond:
                 rnd.prepared = True
                 self._cond.notify_all()
+        tablets = self._tablets
         if sent:
-            pending, refresh = self._attempt(rnd.pending, rnd.orders, rnd.routing)
-        if pending is None or pending or self._newest_seen > rnd.routing.version:
+            pending, refresh = tablets.attempt(rnd.pending, rnd.orders, rnd.routing)
+        if pending is None or pending or tablets.newest_seen > rnd.routing.version:
             with self._cond:
                 rnd.slow = True  # no round starts until this one is done
         self._wait_oldest(rnd)
-        if pending == {} and max(self._newest_seen, self._routing.version) <= rnd.routing.version:
+        if pending == {} and max(tablets.newest_seen, tablets.routing.version) <= rnd.routing.version:
             return
         with self._cond:
             if self._returned:
                 raise InjectionError(f"injector {self.name!r}: an earlier round failed, so this one waits "
                                      "for it (its records are queued again, in order)")
-        self._retry(rnd, pending, refresh, deadline)
+        # Every round before it is done: what is left goes as a lone round's would.
+        tablets.retry(rnd.records, pending, {dest[0] for dest in rnd.pending}, rnd.routing.version,
+                      refresh, deadline, self.timeout)
 
     def _prepare(self, rnd: Round) -> bool:
         """Route the round under its routing and chain its orders after the rounds before
@@ -469,8 +463,8 @@ class Injector:
         routing = rnd.routing
         if not routing.has_subscribers(self.stream) or routing.proto.closed_streams.get(self.stream):
             return False
-        for (comp, r), routed in self._route_with(rnd.records, routing).items():
-            _chunk(rnd.pending, comp, r, routed)
+        for (comp, r), routed in self._tablets.route_with(rnd.records, routing).items():
+            chunk(rnd.pending, comp, r, routed)
         # Only this thread changes the chain now: the next round is taken once this one is prepared.
         rnd.orders, tails = chained_orders(rnd.pending, self._sequenced, self._tails)
         self._tails.update(tails)
@@ -483,184 +477,6 @@ class Injector:
                 if self._closed.is_set():
                     raise InjectionError(f"injector {self.name!r} closed with records unsent")
                 self._cond.wait(0.1)
-
-    def _attempt(self, pending: Pending, orders: Orders, routing: RoutingTable) -> tuple[Pending, bool]:
-        """Send every delivery of ``pending`` once, all at once: the ones not committed, and
-        whether a new routing is needed before they are sent again."""
-        failed: Pending = {}
-        calls = []
-        for dest, recs in pending.items():
-            target = routing.destination(dest[0], dest[1])
-            if not target.address:
-                failed[dest] = recs
-                continue
-            req = delivery.request(dest[0], dest[1], target.token, recs, sender="injector/" + self.name)
-            req.orders.extend(orders[dest])
-            calls.append((dest, recs, self._stub(target.address), req))
-        refresh = bool(failed)
-        newest = 0
-        for (dest, recs, _, _), answer in zip(calls, self._call_all([(s, q) for _, _, s, q in calls]),
-                                              strict=True):
-            if isinstance(answer, grpc.RpcError):
-                out = delivery.failed(answer)
-                if out.refused is not None:  # a bad record or a drained job: retrying cannot help
-                    raise InjectionError(f"injector {self.name!r}: {out.refused} (the records are still "
-                                         "queued, nothing was lost)") from None
-            else:
-                out = delivery.answered(answer)
-            newest = max(newest, out.routing_version)
-            if out.status != Status.OK:
-                failed[dest] = recs
-                refresh = refresh or out.retry_after_routing
-            elif out.receipt is not None and out.receipt[0]:
-                # Committed: its timestamps hold our watermark until the leader holds the
-                # receiver's report that reflects them.
-                with self._lock:
-                    self._held.append((min(r.timestamp for r in recs), out.receipt))
-        if newest > self._newest_seen:
-            with self._cond:
-                self._newest_seen = max(self._newest_seen, newest)
-        return failed, refresh
-
-    def _retry(self, rnd: Round, pending: Pending | None, refresh: bool, deadline: float) -> None:
-        """Deliver what is left of a round once every round before it is done (so each
-        tablet's first delivery follows nothing: after=0), retried with back-off, following
-        new routings (new readers of the stream, splits and merges)."""
-        records = rnd.records
-        if pending is None:  # never sent: the routing it was taken with had no reader of the stream
-            pending = {}
-            for (comp, r), routed in self._route(records).items():
-                _chunk(pending, comp, r, routed)
-            readers = {dest[0] for dest in pending}
-            version = self._routing.version
-            pending, refresh = self._attempt(pending, self._orders(pending), self._routing)
-        else:
-            readers = {dest[0] for dest in rnd.pending}
-            version = rnd.routing.version  # what its deliveries and readers were routed under
-        delay = 0.005
-        while True:
-            if self._newest_seen > self._routing.version:
-                # A receiver holds a newer routing: a job update may have added a reader of our
-                # stream, which this round must reach too, or removed one, whose tablets will
-                # never commit it (nothing else would tell us).
-                self._routing = self._fetch_routing()
-            if self._routing.version > version:  # fetched now, or by an earlier round
-                version = self._routing.version
-                self._follow_readers(pending, records, readers)
-                self._reroute(pending)
-            if not pending:
-                return
-            if self._closed.is_set():
-                raise InjectionError(f"injector {self.name!r} closed with records unsent")
-            if time.monotonic() > deadline:
-                n = sum(len(v) for v in pending.values())
-                raise InjectionError(
-                    f"injector {self.name!r}: {n} records to {self.stream!r} were not acknowledged "
-                    f"within {self.timeout:.0f}s (tablets {sorted({d[:2] for d in pending})} busy or "
-                    "unowned); they are "
-                    "still queued: call flush() again once the cluster has capacity")
-            time.sleep(delay)  # back-off before retrying a busy or moving tablet
-            delay = min(delay * 2, 0.5)
-            if refresh:
-                self._routing = self._fetch_routing()
-                version = self._routing.version
-                self._follow_readers(pending, records, readers)
-                self._reroute(pending)
-            pending, refresh = self._attempt(pending, self._orders(pending), self._routing)
-
-    def _follow_readers(self, pending: Pending, records: list[Record], readers: set[str]) -> bool:
-        """After a routing fetch: add the deliveries of ``records`` to readers of the stream
-        that ``readers`` (those the round has gone to) lacks, and drop those to computations
-        that no longer read it (an update removed them: their tablets answer BUSY until the
-        round times out); true if anything changed."""
-        now = self._routing.readers(self.stream)
-        added, gone = now - readers, readers - now
-        for dest in [d for d in pending if d[0] in gone]:
-            del pending[dest]
-        readers -= gone
-        if gone:
-            log.info("injector %s: %s no longer read %r; this round's deliveries to them are dropped",
-                     self.name, sorted(gone), self.stream)
-        if added:
-            readers |= added
-            for (comp, r), routed in self._route(records).items():
-                if comp in added:
-                    _chunk(pending, comp, r, routed)
-            log.info("injector %s: stream %r has new readers %s; this round goes to them too", self.name,
-                     self.stream, sorted(added))
-        return bool(added or gone)
-
-    def _reroute(self, pending: Pending) -> bool:
-        """Send records meant for ranges a split or merge replaced to the ranges that replaced
-        them, by key, each producer's in order; true if any moved."""
-        gone = [d for d in pending if d[0] in self._routing.computations
-                and not self._routing.has_range(d[0], d[1])]
-        if not gone:
-            return False
-        moved: dict[str, list[Record]] = {}
-        for dest in gone:
-            moved.setdefault(dest[0], []).extend(pending.pop(dest))
-        for comp, records in moved.items():
-            records.sort(key=lambda rec: rec.id)  # sequenced ids: by producer, then sequence
-            by_range: dict[int, list[Record]] = {}
-            for rec in records:
-                by_range.setdefault(self._routing.range_for(comp, rec.key), []).append(rec)
-            for r, recs in by_range.items():
-                _chunk(pending, comp, r, recs)
-        return True
-
-    def _orders(self, pending: Pending) -> Orders:
-        """Each delivery's place in its producers' orders when every earlier round is done:
-        a tablet's first delivery follows nothing (after=0), a later one (a tablet's records
-        cut at 16 MiB) follows the one before it."""
-        return chained_orders(pending, self._sequenced, {})[0]
-
-    def _route(self, records: list[Record]) -> dict[tuple[str, int], list[Record]]:
-        if not self._routing.has_subscribers(self.stream):
-            self._routing = self._fetch_routing()
-        closed = self._routing.proto.closed_streams.get(self.stream)
-        if closed:
-            raise InjectionError(f"injector {self.name!r}: {closed} (nothing was sent)")
-        if not self._routing.has_subscribers(self.stream):
-            raise InjectionError(
-                f"stream {self.stream!r} is unknown: no running computation reads it; "
-                "submit a topology with it among its inputs first (nothing was sent)")
-        return self._route_with(records, self._routing)
-
-    def _route_with(self, records: list[Record], routing: RoutingTable) -> dict[tuple[str, int], list[Record]]:
-        out: dict[tuple[str, int], list[Record]] = {}
-        for r in records:
-            for comp, kr, key in routing.route(self.stream, r):
-                out.setdefault((comp, kr), []).append(Record(key, r.value, r.timestamp, r.id))
-        return out
-
-    def _stub(self, address: str) -> rpc.WorkerStub:
-        stub = self._stubs.get(address)
-        if stub is None:
-            with self._stubs_lock:  # rounds in flight on several threads: one channel per address
-                stub = self._stubs.get(address)
-                if stub is None:
-                    ch = self._channels[address] = self.security.channel(address)
-                    stub = self._stubs[address] = rpc.WorkerStub(ch)
-        return stub
-
-    def _call_all(self, calls: list[tuple[rpc.WorkerStub, pb.DeliverRequest]]) -> list[Any]:
-        """Send every Deliver at once; each one's response or :class:`grpc.RpcError`, in order.
-
-        Blocking calls, all but the last on a small pool of threads kept for the injector's
-        life, the last on this thread: a sync gRPC ``future()`` starts a thread for every call
-        made while none is in flight, CPU a paced sender paid on every round (latency did not
-        move; docs/performance.md, "The injector's round trip")."""
-        def call(stub: rpc.WorkerStub, req: pb.DeliverRequest) -> Any:
-            try:
-                return stub.Deliver(req, timeout=30)
-            except grpc.RpcError as e:
-                return e
-        if len(calls) > 1 and self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=4 + 4 * self.max_in_flight, thread_name_prefix=f"injector {self.name} deliver")
-        futures: list[Future[Any]] = [self._pool.submit(call, *c) for c in calls[:-1]] if self._pool else []
-        last = [call(*calls[-1])] if calls else []
-        return [f.result() for f in futures] + last
 
     def finish(self) -> None:
         """Send everything, then move the watermark to the end of time; returns once the
@@ -693,18 +509,14 @@ class Injector:
         self._closed.set()
         with self._cond:
             self._cond.notify_all()
-        for ch in list(self._channels.values()):
-            ch.close()  # a round in flight fails at once and ends
-        for pool in (self._pool, self._round_pool):
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+        self._tablets.close()  # a round in flight fails at once and ends
+        if self._round_pool is not None:
+            self._round_pool.shutdown(wait=False, cancel_futures=True)
         for thread in (self._rounds, self._confirmer):
             # A round thread's report may have made a confirmer and not started it yet (it
             # would see the injector closed and end at once).
             if thread is not None and thread.is_alive():
                 thread.join(5)
-        self._channels.clear()
-        self._stubs.clear()
         self.client.close()
 
     def __enter__(self) -> Injector:
@@ -716,11 +528,3 @@ class Injector:
                 self.finish()
         finally:
             self.close()
-
-
-def _chunk(pending: Pending, comp: str, r: int, records: list[Record]) -> None:
-    """Add ``records`` for one tablet to ``pending``, cut into deliveries (runtime/delivery.py),
-    after the chunks it already has for that tablet."""
-    first = max((d[2] + 1 for d in pending if d[:2] == (comp, r)), default=0)
-    for i, chunk in enumerate(delivery.cut(records)):
-        pending[(comp, r, first + i)] = chunk

@@ -1,0 +1,260 @@
+"""An injector's side of the delivery protocol: which tablets its records go to, the calls
+to them, and retrying what was not committed.
+
+It keeps the routing (fetched from the master, and again when a tablet answers NOT_OWNER,
+cannot be reached or has no owner, or when a receiver answers with a newer version), one
+channel per worker, and sends a round's deliveries all at once. When rounds go and in which
+order they finish is the injector's (injectors/injector.py, injectors/rounds.py); the
+protocol itself (statuses, orders, cutting) is runtime/delivery.py's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import grpc
+
+from injectors.rounds import Orders, Pending, chained_orders
+from runtime import delivery
+from runtime.client import Client
+from runtime.delivery import Status
+from runtime.errors import InjectionError
+from runtime.record import Record
+from runtime.routing import KeyExtractor, RoutingTable
+from runtime.security import Security
+from runtime.wire import millstream_pb2 as pb
+from runtime.wire import millstream_pb2_grpc as rpc
+
+log = logging.getLogger(__name__)
+Receipt = tuple[str, int]  # (worker id, report sequence) of a commit
+
+
+class Tablets:
+    """The tablets reading one stream, as one injector sends to them."""
+
+    def __init__(self, name: str, stream: str, client: Client, security: Security,
+                 sequenced: dict[bytes, int], closed: threading.Event, *, calls: int,
+                 committed: Callable[[int, Receipt], None]) -> None:
+        self.name = name
+        self.stream = stream
+        self._client = client
+        self._security = security
+        self._sequenced = sequenced    # the injector's producers (their records are ordered)
+        self._closed = closed
+        self._calls = calls            # threads for one round's calls to several tablets
+        self._committed = committed    # (oldest timestamp, receipt) of each committed delivery
+        self._extractors: dict[str, KeyExtractor] = {}
+        self.routing = self.fetch()
+        self._newest = 0  # the newest routing version a receiver answered with
+        self._newest_lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, rpc.WorkerStub] = {}
+        self._stubs_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def newest_seen(self) -> int:
+        return self._newest
+
+    def fetch(self) -> RoutingTable:
+        table = RoutingTable(self._client.routing())
+        table.load_extractors(self._extractors)
+        return table
+
+    def close(self) -> None:
+        for ch in list(self._channels.values()):
+            ch.close()  # a call in flight fails at once
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._channels.clear()
+        self._stubs.clear()
+
+    # ------------------------------------------------------------- routing
+
+    def route(self, records: list[Record]) -> dict[tuple[str, int], list[Record]]:
+        """``records`` by destination tablet under the current routing (fetched again if it
+        has no reader of the stream); raises if the stream is closed or unknown."""
+        if not self.routing.has_subscribers(self.stream):
+            self.routing = self.fetch()
+        closed = self.routing.proto.closed_streams.get(self.stream)
+        if closed:
+            raise InjectionError(f"injector {self.name!r}: {closed} (nothing was sent)")
+        if not self.routing.has_subscribers(self.stream):
+            raise InjectionError(
+                f"stream {self.stream!r} is unknown: no running computation reads it; "
+                "submit a topology with it among its inputs first (nothing was sent)")
+        return self.route_with(records, self.routing)
+
+    def route_with(self, records: list[Record], routing: RoutingTable) -> dict[tuple[str, int], list[Record]]:
+        out: dict[tuple[str, int], list[Record]] = {}
+        for r in records:
+            for comp, kr, key in routing.route(self.stream, r):
+                out.setdefault((comp, kr), []).append(Record(key, r.value, r.timestamp, r.id))
+        return out
+
+    def orders(self, pending: Pending) -> Orders:
+        """Each delivery's place in its producers' orders when nothing else is in flight: a
+        tablet's first delivery follows nothing (after=0), a later one (a tablet's records
+        cut at 16 MiB) follows the one before it."""
+        return chained_orders(pending, self._sequenced, {})[0]
+
+    # --------------------------------------------------------------- sending
+
+    def attempt(self, pending: Pending, orders: Orders, routing: RoutingTable) -> tuple[Pending, bool]:
+        """Send every delivery of ``pending`` once, all at once: the ones not committed, and
+        whether a new routing is needed before they are sent again."""
+        failed: Pending = {}
+        calls = []
+        for dest, recs in pending.items():
+            target = routing.destination(dest[0], dest[1])
+            if not target.address:
+                failed[dest] = recs
+                continue
+            req = delivery.request(dest[0], dest[1], target.token, recs, sender="injector/" + self.name)
+            req.orders.extend(orders[dest])
+            calls.append((dest, recs, self._stub(target.address), req))
+        refresh = bool(failed)
+        newest = 0
+        for (dest, recs, _, _), answer in zip(calls, self._call_all([(s, q) for _, _, s, q in calls]),
+                                              strict=True):
+            if isinstance(answer, grpc.RpcError):
+                out = delivery.failed(answer)
+                if out.refused is not None:  # a bad record or a drained job: retrying cannot help
+                    raise InjectionError(f"injector {self.name!r}: {out.refused} (the records are still "
+                                         "queued, nothing was lost)") from None
+            else:
+                out = delivery.answered(answer)
+            newest = max(newest, out.routing_version)
+            if out.status != Status.OK:
+                failed[dest] = recs
+                refresh = refresh or out.retry_after_routing
+            elif out.receipt is not None and out.receipt[0]:
+                # Committed: its timestamps hold the injector's watermark until the leader
+                # holds the receiver's report that reflects them.
+                self._committed(min(r.timestamp for r in recs), out.receipt)
+        if newest > self._newest:
+            with self._newest_lock:
+                self._newest = max(self._newest, newest)
+        return failed, refresh
+
+    def retry(self, records: list[Record], pending: Pending | None, readers: set[str], version: int,
+              refresh: bool, deadline: float, timeout: float) -> None:
+        """Deliver what is left of a round, with nothing earlier in flight (so each tablet's
+        first delivery follows nothing), retried with back-off and following new routings
+        (new readers of the stream, splits and merges); raises once ``deadline`` passes.
+        ``pending`` None: never sent (the routing it was taken with had no reader);
+        ``readers`` and ``version``: the computations it went to, under which routing."""
+        if pending is None:
+            pending = {}
+            for (comp, r), routed in self.route(records).items():
+                chunk(pending, comp, r, routed)
+            readers = {dest[0] for dest in pending}
+            version = self.routing.version
+            pending, refresh = self.attempt(pending, self.orders(pending), self.routing)
+        delay = 0.005
+        while True:
+            if self._newest > self.routing.version:
+                # A receiver holds a newer routing: a job update may have added a reader of our
+                # stream, which this round must reach too, or removed one, whose tablets will
+                # never commit it (nothing else would tell us).
+                self.routing = self.fetch()
+            if self.routing.version > version:  # fetched now, or for an earlier round
+                version = self.routing.version
+                self._follow_readers(pending, records, readers)
+                self._reroute(pending)
+            if not pending:
+                return
+            if self._closed.is_set():
+                raise InjectionError(f"injector {self.name!r} closed with records unsent")
+            if time.monotonic() > deadline:
+                n = sum(len(v) for v in pending.values())
+                raise InjectionError(
+                    f"injector {self.name!r}: {n} records to {self.stream!r} were not acknowledged "
+                    f"within {timeout:.0f}s (tablets {sorted({d[:2] for d in pending})} busy or "
+                    "unowned); they are still queued: call flush() again once the cluster has capacity")
+            time.sleep(delay)  # back-off before retrying a busy or moving tablet
+            delay = min(delay * 2, 0.5)
+            if refresh:
+                self.routing = self.fetch()
+                version = self.routing.version
+                self._follow_readers(pending, records, readers)
+                self._reroute(pending)
+            pending, refresh = self.attempt(pending, self.orders(pending), self.routing)
+
+    def _follow_readers(self, pending: Pending, records: list[Record], readers: set[str]) -> None:
+        """After a routing fetch: add the deliveries of ``records`` to readers of the stream
+        that ``readers`` (those the round has gone to) lacks, and drop those to computations
+        that no longer read it (an update removed them: their tablets answer BUSY until the
+        round times out)."""
+        now = self.routing.readers(self.stream)
+        added, gone = now - readers, readers - now
+        for dest in [d for d in pending if d[0] in gone]:
+            del pending[dest]
+        readers -= gone
+        if gone:
+            log.info("injector %s: %s no longer read %r; this round's deliveries to them are dropped",
+                     self.name, sorted(gone), self.stream)
+        if added:
+            readers |= added
+            for (comp, r), routed in self.route(records).items():
+                if comp in added:
+                    chunk(pending, comp, r, routed)
+            log.info("injector %s: stream %r has new readers %s; this round goes to them too", self.name,
+                     self.stream, sorted(added))
+
+    def _reroute(self, pending: Pending) -> None:
+        """Send records meant for ranges a split or merge replaced to the ranges that replaced
+        them, by key, each producer's in order."""
+        gone = [d for d in pending if d[0] in self.routing.computations
+                and not self.routing.has_range(d[0], d[1])]
+        moved: dict[str, list[Record]] = {}
+        for dest in gone:
+            moved.setdefault(dest[0], []).extend(pending.pop(dest))
+        for comp, records in moved.items():
+            records.sort(key=lambda rec: rec.id)  # sequenced ids: by producer, then sequence
+            by_range: dict[int, list[Record]] = {}
+            for rec in records:
+                by_range.setdefault(self.routing.range_for(comp, rec.key), []).append(rec)
+            for r, recs in by_range.items():
+                chunk(pending, comp, r, recs)
+
+    def _stub(self, address: str) -> rpc.WorkerStub:
+        stub = self._stubs.get(address)
+        if stub is None:
+            with self._stubs_lock:  # rounds in flight on several threads: one channel per address
+                stub = self._stubs.get(address)
+                if stub is None:
+                    ch = self._channels[address] = self._security.channel(address)
+                    stub = self._stubs[address] = rpc.WorkerStub(ch)
+        return stub
+
+    def _call_all(self, calls: list[tuple[rpc.WorkerStub, pb.DeliverRequest]]) -> list[Any]:
+        """Send every Deliver at once; each one's response or :class:`grpc.RpcError`, in order.
+
+        Blocking calls, all but the last on a small pool of threads kept for the injector's
+        life, the last on this thread: a sync gRPC ``future()`` starts a thread for every call
+        made while none is in flight, CPU a paced sender paid on every round (latency did not
+        move; docs/performance.md, "The injector's round trip")."""
+        def call(stub: rpc.WorkerStub, req: pb.DeliverRequest) -> Any:
+            try:
+                return stub.Deliver(req, timeout=30)
+            except grpc.RpcError as e:
+                return e
+        if len(calls) > 1 and self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self._calls, thread_name_prefix=f"injector {self.name} deliver")
+        futures: list[Future[Any]] = [self._pool.submit(call, *c) for c in calls[:-1]] if self._pool else []
+        last = [call(*calls[-1])] if calls else []
+        return [f.result() for f in futures] + last
+
+
+def chunk(pending: Pending, comp: str, r: int, records: list[Record]) -> None:
+    """Add ``records`` for one tablet to ``pending``, cut into deliveries (runtime/delivery.py),
+    after the chunks it already has for that tablet."""
+    first = max((d[2] + 1 for d in pending if d[:2] == (comp, r)), default=0)
+    for i, part in enumerate(delivery.cut(records)):
+        pending[(comp, r, first + i)] = part
