@@ -286,6 +286,12 @@ class Injector:
         except Exception as e:  # kept for the caller; the records go back in the queue
             error = e if isinstance(e, MillstreamError) else InjectionError(
                 f"injector {self.name!r}: delivering failed: {e!r} (the records are still queued)")
+            with self._cond:
+                rnd.slow = True  # no round joins the ones in flight now
+                # Failures finish in take order too: the caller hears of this one once every
+                # round before it is committed (or failed), as with one round in flight.
+                while self._flight[0] is not rnd and not self._closed.is_set():
+                    self._cond.wait(0.1)
         with self._cond:
             rnd.prepared = rnd.done = True
             if error is not None:
