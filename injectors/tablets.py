@@ -117,11 +117,11 @@ class Tablets:
                 continue
             req = delivery.request(dest[0], dest[1], target.token, recs, sender="injector/" + self.name)
             req.orders.extend(orders[dest])
-            calls.append((dest, recs, self._stub(target.address), req))
+            calls.append((dest, recs, target.address, req))
         refresh = bool(failed)
         newest = 0
-        for (dest, recs, _, _), answer in zip(calls, self._call_all([(s, q) for _, _, s, q in calls]),
-                                              strict=True):
+        sent = [(a, q, sum(map(delivery.record_bytes, recs))) for _, recs, a, q in calls]
+        for (dest, recs, _, _), answer in zip(calls, self._call_all(sent), strict=True):
             if isinstance(answer, grpc.RpcError):
                 out = delivery.failed(answer)
                 if out.refused is not None:  # a bad record or a drained job: retrying cannot help
@@ -233,23 +233,41 @@ class Tablets:
                     stub = self._stubs[address] = rpc.WorkerStub(ch)
         return stub
 
-    def _call_all(self, calls: list[tuple[rpc.WorkerStub, pb.DeliverRequest]]) -> list[Any]:
+    def _call_all(self, calls: list[tuple[str, pb.DeliverRequest, int]]) -> list[Any]:
         """Send every Deliver at once; each one's response or :class:`grpc.RpcError`, in order.
 
-        Blocking calls, all but the last on a small pool of threads kept for the injector's
-        life, the last on this thread: a sync gRPC ``future()`` starts a thread for every call
-        made while none is in flight, CPU a paced sender paid on every round (latency did not
-        move; docs/performance.md, "The injector's round trip")."""
-        def call(stub: rpc.WorkerStub, req: pb.DeliverRequest) -> Any:
+        ``calls``: (worker address, request, about its size). The requests to one worker go
+        in one ``DeliverMany`` (up to ``delivery.BUNDLE_BYTES``): one call per worker and round,
+        and the worker runs their batches side by side. Blocking calls, all but the last on
+        a small pool of threads kept for the injector's life, the last on this thread: a
+        sync gRPC ``future()`` starts a thread for every call made while none is in flight,
+        CPU a paced sender paid on every round (docs/performance.md, "The injector's round
+        trip")."""
+        by_worker: dict[str, list[int]] = {}
+        for i, (address, _, _) in enumerate(calls):
+            by_worker.setdefault(address, []).append(i)
+        groups = [(address, [own[j] for j in part]) for address, own in by_worker.items()
+                  for part in delivery.bundles([calls[i][2] for i in own])]
+
+        def call(address: str, members: list[int]) -> list[Any]:
+            stub = self._stub(address)
             try:
-                return stub.Deliver(req, timeout=30)
+                if len(members) == 1:
+                    return [stub.Deliver(calls[members[0]][1], timeout=30)]
+                resp = stub.DeliverMany(pb.DeliverManyRequest(deliveries=[calls[i][1] for i in members]),
+                                        timeout=30)
+                return list(resp.answers)
             except grpc.RpcError as e:
-                return e
-        if len(calls) > 1 and self._pool is None:
+                return [e] * len(members)
+        if len(groups) > 1 and self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self._calls, thread_name_prefix=f"injector {self.name} deliver")
-        futures: list[Future[Any]] = [self._pool.submit(call, *c) for c in calls[:-1]] if self._pool else []
-        last = [call(*calls[-1])] if calls else []
-        return [f.result() for f in futures] + last
+        futures: list[Future[list[Any]]] = [self._pool.submit(call, *g) for g in groups[:-1]] if self._pool else []
+        last = [call(*groups[-1])] if groups else []
+        out: list[Any] = [None] * len(calls)
+        for (_, members), answers in zip(groups, [f.result() for f in futures] + last, strict=True):
+            for i, a in zip(members, answers, strict=True):
+                out[i] = a
+        return out
 
 
 def chunk(pending: Pending, comp: str, r: int, records: list[Record]) -> None:

@@ -33,6 +33,9 @@ from runtime.wire import to_proto
 # values never exceeds the 64 MiB message bound; one record may be up to 16 MiB
 # (worker/context.py).
 MAX_DELIVERY_BYTES = 16 * 1024 * 1024
+# Deliveries to one worker may travel together in one ``DeliverMany`` up to about this many
+# bytes of records (well under the 64 MiB message bound).
+BUNDLE_BYTES = 2 * MAX_DELIVERY_BYTES
 
 # {producer prefix: (after, token)}: each producer's place in its order (worker/dedup.py).
 Orders = dict[bytes, tuple[int, int]]
@@ -95,6 +98,19 @@ def failed(e: grpc.RpcError) -> Outcome:
     if code in _PERMANENT:
         return Outcome(Status.UNREACHABLE, refused=f"{e.details()}")
     return Outcome(Status.UNREACHABLE)
+
+
+def bundles(sizes: Sequence[int]) -> Iterator[range]:
+    """Consecutive deliveries of these sizes (bytes), grouped into calls of at most
+    :data:`BUNDLE_BYTES` (a larger delivery travels alone), in order."""
+    start, total = 0, 0
+    for i, n in enumerate(sizes):
+        if i > start and total + n > BUNDLE_BYTES:
+            yield range(start, i)
+            start, total = i, 0
+        total += n
+    if start < len(sizes):
+        yield range(start, len(sizes))
 
 
 def cut(records: Sequence[Record], max_records: int | None = None) -> Iterator[list[Record]]:

@@ -50,6 +50,7 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
     "/millstream.v1.Master/ReportInjector": frozenset({"injector", "operator"}),
     "/millstream.v1.Master/UpdateInSync": frozenset({"worker"}),
     "/millstream.v1.Worker/Deliver": frozenset({"worker", "injector", "operator"}),
+    "/millstream.v1.Worker/DeliverMany": frozenset({"worker", "injector", "operator"}),
     "/millstream.v1.Worker/Replicate": frozenset({"worker"}),
     "/millstream.v1.Worker/InstallSnapshot": frozenset({"worker"}),
     "/millstream.v1.Worker/ReadState": frozenset({"operator"}),

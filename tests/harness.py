@@ -67,12 +67,14 @@ class Cluster(LocalCluster):
         assert not left, f"processes left behind: {left}"
 
 
-def metric(proc: Process, name: str) -> float:
-    """The sum of a Prometheus metric's samples on a worker (from its /metrics page)."""
+def metric(proc: Process, name: str, labels: str = "") -> float:
+    """The sum of a Prometheus metric's samples on a worker (from its /metrics page), of those
+    whose labels include ``labels`` (e.g. ``sender="worker"``) if given."""
     port = next(line.rsplit(":", 1)[1] for line in proc.lines if " metrics on " in line)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
-    return sum(float(m) for m in re.findall(rf"^{name}(?:_total)?(?:{{[^}}]*}})? (\S+)$", text, re.M))
+    found = re.findall(rf"^{name}(?:_total)?(?:{{([^}}]*)}})? (\S+)$", text, re.M)
+    return sum(float(v) for lbl, v in found if labels in lbl)
 
 
 def etcd_history(etcd_url: str, prefix: str) -> list[tuple[str, bytes, int]]:

@@ -58,6 +58,48 @@ def _settle(fut: asyncio.Future[Any], result: Any, error: BaseException | None) 
         fut.set_result(result)
 
 
+def _claim(call: _Call, fut: asyncio.Future[Any], loop: asyncio.AbstractEventLoop) -> None:
+    """Settle ``fut`` with the call's outcome if it has one, else leave that to its thread."""
+    with call.lock:
+        if not call.finished:
+            call.fut, call.loop = fut, loop  # the thread settles it when the call returns
+            return
+    _settle(fut, call.result, call.error)
+
+
+class _Waits:
+    """The short calls one turn of an event loop handed to tablet threads, waited for
+    together at the start of the next turn, each at most for its own bound."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.calls: list[tuple[_Call, float, asyncio.Future[Any]]] = []
+
+    def add(self, call: _Call, bound_s: float, fut: asyncio.Future[Any]) -> None:
+        if not self.calls:
+            self.loop.call_soon(self._wait)
+        self.calls.append((call, bound_s, fut))
+
+    def _wait(self) -> None:
+        calls, self.calls = self.calls, []
+        started = time.monotonic()
+        for call, bound_s, fut in calls:
+            left = started + bound_s - time.monotonic()
+            if left > 0:
+                call.done.wait(left)
+            _claim(call, fut, self.loop)
+
+
+_LOCAL = threading.local()  # a loop runs on one thread: its waits live there
+
+
+def _waits(loop: asyncio.AbstractEventLoop) -> _Waits:
+    w: _Waits | None = getattr(_LOCAL, "waits", None)
+    if w is None or w.loop is not loop:
+        w = _LOCAL.waits = _Waits(loop)
+    return w
+
+
 class TabletThread:
     """Runs the calls given to :meth:`run` one at a time, in order, on one daemon thread."""
 
@@ -71,14 +113,17 @@ class TabletThread:
     def run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """Schedule ``fn(*args)`` on the thread; the future resolves on the calling loop.
 
-        If this tablet's calls typically use little CPU, the loop first waits for the call,
-        with the GIL released, for about twice their typical CPU time (at most
+        If this tablet's calls typically use little CPU, the loop waits for the call, with
+        the GIL released, for about twice their typical CPU time (at most
         :data:`HANDOFF_WAIT_MAX_S`): the thread takes the GIL at once instead of after the
-        interpreter's 5 ms switch interval, and the outcome needs no second handoff back to
-        a busy loop. A tablet whose calls run longer gets no wait at all, and any call that
-        outlasts the wait resolves through ``call_soon_threadsafe``: user code never holds
-        the loop for longer than that bound. Measured with the W1 benchmark: a three-stage
-        pipeline at 10,000 rec/s has the latency it had with user code on the loop.
+        interpreter's switch interval, and the outcome needs no second handoff back to a
+        busy loop. The wait is not taken here but once the loop has run everything else
+        that was ready in this turn (:class:`_Waits`), so the calls of several tablets
+        handed over in one turn (one delivery's batches, a commit's local productions) run
+        side by side and are waited for together: their fsyncs overlap. A tablet whose
+        calls run longer gets no wait at all, and any call that outlasts the wait resolves
+        through ``call_soon_threadsafe``: user code never holds the loop for longer than
+        that bound.
         """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
@@ -86,12 +131,9 @@ class TabletThread:
         self._calls.put(call)
         typical = self.typical_s
         if typical < HANDOFF_WAIT_MAX_S:
-            call.done.wait(min(HANDOFF_WAIT_MAX_S, 2 * typical + 0.001))
-        with call.lock:
-            if not call.finished:
-                call.fut, call.loop = fut, loop  # the thread settles it when the call returns
-                return fut
-        _settle(fut, call.result, call.error)
+            _waits(loop).add(call, min(HANDOFF_WAIT_MAX_S, 2 * typical + 0.001), fut)
+        else:
+            _claim(call, fut, loop)
         return fut
 
     def stop(self) -> None:

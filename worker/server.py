@@ -117,27 +117,57 @@ def keep_secret(state_dir: str, secret: str) -> None:
     os.replace(path + ".tmp", path)
 
 
+def _sender_kind(request: pb.DeliverRequest) -> str:
+    return "injector" if request.sender.startswith("injector/") or "worker" not in caller_roles() else "worker"
+
+
 class WorkerServicer(rpc.WorkerServicer):
     def __init__(self, core: WorkerCore) -> None:
         self.core = core
 
     async def Deliver(self, request: pb.DeliverRequest, context: Any) -> pb.DeliverResponse:
-        records = [from_proto(r) for r in request.records]
+        admitted = await self._admit([request], context)
+        metrics.DELIVERIES_PER_CALL.labels(_sender_kind(request)).observe(1)
+        return await self._deliver(*admitted[0])
+
+    async def DeliverMany(self, request: pb.DeliverManyRequest, context: Any) -> pb.DeliverManyResponse:
+        """Every delivery is checked before any is handed over (one refused refuses the call,
+        so none of it is committed), then all go to their tablets at once: their batches run
+        side by side on the tablets' threads (worker/runner.py)."""
+        admitted = await self._admit(request.deliveries, context)
+        if admitted:
+            metrics.DELIVERIES_PER_CALL.labels(_sender_kind(admitted[0][0])).observe(len(admitted))
+        answers = await asyncio.gather(*(self._deliver(*a) for a in admitted))
+        return pb.DeliverManyResponse(answers=answers)
+
+    async def _admit(self, requests: Any, context: Any) -> list[tuple[pb.DeliverRequest, list[Record], Any]]:
+        """Each request with its records and producer orders, once all are valid (the call
+        is aborted with what is wrong otherwise)."""
+        out = []
+        injected = False
         # A producer token fences older owners of a producing tablet: only a worker may name
         # one, never an injector's credentials (review S3).
-        tokens = "worker" in caller_roles()
-        orders = {o.producer: (o.after, o.token if tokens else 0) for o in request.orders} or None
-        problem = delivery_problem([r.id for r in records], orders)
-        if problem is not None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"delivery to {request.computation}/"
-                                f"{request.key_range} refused: {problem}")
+        worker = "worker" in caller_roles()
+        for request in requests:
+            records = [from_proto(r) for r in request.records]
+            orders = {o.producer: (o.after, o.token if worker else 0) for o in request.orders} or None
+            problem = delivery_problem([r.id for r in records], orders)
+            if problem is not None:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"delivery to {request.computation}/"
+                                    f"{request.key_range} refused: {problem}")
+            if request.sender.startswith("injector/") or not worker:
+                injected = True
+                closed = self.core.routing.closed_to_input(request.computation)
+                if closed:
+                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, closed)
+            out.append((request, records, orders))
+        delay = self.core.faults.injector_delay_s() if injected else 0
+        if delay:
+            await asyncio.sleep(delay)  # the fault hook's network round trip (tests, benchmarks)
+        return out
+
+    async def _deliver(self, request: pb.DeliverRequest, records: list[Record], orders: Any) -> pb.DeliverResponse:
         if request.sender.startswith("injector/") or "worker" not in caller_roles():
-            closed = self.core.routing.closed_to_input(request.computation)
-            if closed:
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, closed)
-            delay = self.core.faults.injector_delay_s()
-            if delay:
-                await asyncio.sleep(delay)  # the fault hook's network round trip (tests, benchmarks)
             route = self.core.routing.computations.get(request.computation)
             if route is not None and route.input_paused:  # a savepoint is being taken: retry soon
                 return pb.DeliverResponse(status=cast(Any, delivery.Status.BUSY),
@@ -212,31 +242,74 @@ def _install(incoming: str, target: str) -> None:
 
 
 class Peers:
-    """gRPC channels to the other workers, for deliveries."""
+    """gRPC channels to the other workers, for deliveries.
+
+    The deliveries a turn of the event loop makes to one worker (a commit's productions to
+    several of its tablets) leave together in one ``DeliverMany`` (up to
+    ``delivery.BUNDLE_BYTES``): one call instead of one per tablet, and the receiver runs
+    their batches side by side."""
 
     def __init__(self, security: Security) -> None:
         self.security = security
         self._stubs: dict[str, rpc.WorkerStub] = {}
         self._channels: list[grpc.aio.Channel] = []
         self._warned: set[tuple[str, grpc.StatusCode]] = set()
+        self._bundles: dict[str, list[tuple[pb.DeliverRequest, int, asyncio.Future[delivery.Outcome]]]] = {}
+        self._calls: set[asyncio.Task[None]] = set()
 
     async def deliver(self, address: str, computation: str, key_range: int, token: int,
                       records: list[Record], orders: delivery.Orders | None
                       ) -> tuple[int, delivery.Receipt | None]:
         req = delivery.request(computation, key_range, token, records, orders)
-        try:
-            out = delivery.answered(await self._stub(address).Deliver(req, timeout=30))
-        except grpc.RpcError as e:
-            code = e.code()
-            # Unavailable / deadline: a worker restarting or busy, retried quietly. Anything
-            # else (too large, unauthenticated, ...) will not heal by itself: say so, once.
-            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                log.debug("delivery to %s failed: %s", address, code)
-            elif (address, code) not in self._warned:
-                self._warned.add((address, code))
-                log.warning("delivery to %s failed: %s (%s); retrying", address, code.name, e.details())
-            out = delivery.failed(e)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[delivery.Outcome] = loop.create_future()
+        bundle = self._bundles.setdefault(address, [])
+        if not bundle:
+            loop.call_soon(self._send, address)
+        bundle.append((req, sum(map(delivery.record_bytes, records)), fut))
+        out = await fut
         return out.status, out.receipt
+
+    def _send(self, address: str) -> None:
+        """Send what this turn gave ``address``."""
+        waiting = [b for b in self._bundles.pop(address, []) if not b[2].done()]
+        for part in delivery.bundles([b[1] for b in waiting]):
+            task = asyncio.get_running_loop().create_task(self._call(address, waiting[part.start:part.stop]))
+            self._calls.add(task)
+            task.add_done_callback(self._calls.discard)
+
+    async def _call(self, address: str, bundle: list[tuple[pb.DeliverRequest, int, asyncio.Future[delivery.Outcome]]]
+                    ) -> None:
+        stub = self._stub(address)
+        try:
+            if len(bundle) == 1:
+                outs = [delivery.answered(await stub.Deliver(bundle[0][0], timeout=30))]
+            else:
+                resp = await stub.DeliverMany(pb.DeliverManyRequest(deliveries=[b[0] for b in bundle]), timeout=30)
+                outs = [delivery.answered(a) for a in resp.answers]
+        except grpc.RpcError as e:
+            out = self._failed(address, e)
+            if out.refused is not None and len(bundle) > 1:
+                # One delivery the receiver refuses for good refuses the call: the others go
+                # alone, so only that one waits (it is retried, as any failed delivery).
+                for b in bundle:
+                    await self._call(address, [b])
+                return
+            outs = [out] * len(bundle)
+        for (_, _, fut), out in zip(bundle, outs, strict=True):
+            if not fut.done():
+                fut.set_result(out)
+
+    def _failed(self, address: str, e: grpc.RpcError) -> delivery.Outcome:
+        code = e.code()
+        # Unavailable / deadline: a worker restarting or busy, retried quietly. Anything
+        # else (too large, unauthenticated, ...) will not heal by itself: say so, once.
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            log.debug("delivery to %s failed: %s", address, code)
+        elif (address, code) not in self._warned:
+            self._warned.add((address, code))
+            log.warning("delivery to %s failed: %s (%s); retrying", address, code.name, e.details())
+        return delivery.failed(e)
 
     def _stub(self, address: str) -> rpc.WorkerStub:
         stub = self._stubs.get(address)

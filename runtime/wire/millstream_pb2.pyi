@@ -69,6 +69,18 @@ class DeliverResponse(_message.Message):
     routing_version: int
     def __init__(self, status: _Optional[_Union[DeliverResponse.Status, str]] = ..., detail: _Optional[str] = ..., worker_id: _Optional[str] = ..., report_seq: _Optional[int] = ..., routing_version: _Optional[int] = ...) -> None: ...
 
+class DeliverManyRequest(_message.Message):
+    __slots__ = ("deliveries",)
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    deliveries: _containers.RepeatedCompositeFieldContainer[DeliverRequest]
+    def __init__(self, deliveries: _Optional[_Iterable[_Union[DeliverRequest, _Mapping]]] = ...) -> None: ...
+
+class DeliverManyResponse(_message.Message):
+    __slots__ = ("answers",)
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[DeliverResponse]
+    def __init__(self, answers: _Optional[_Iterable[_Union[DeliverResponse, _Mapping]]] = ...) -> None: ...
+
 class PingRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -39,6 +39,11 @@ class WorkerStub:
                 request_serializer=runtime_dot_wire_dot_millstream__pb2.DeliverRequest.SerializeToString,
                 response_deserializer=runtime_dot_wire_dot_millstream__pb2.DeliverResponse.FromString,
                 _registered_method=True)
+        self.DeliverMany = channel.unary_unary(
+                '/millstream.v1.Worker/DeliverMany',
+                request_serializer=runtime_dot_wire_dot_millstream__pb2.DeliverManyRequest.SerializeToString,
+                response_deserializer=runtime_dot_wire_dot_millstream__pb2.DeliverManyResponse.FromString,
+                _registered_method=True)
         self.Ping = channel.unary_unary(
                 '/millstream.v1.Worker/Ping',
                 request_serializer=runtime_dot_wire_dot_millstream__pb2.PingRequest.SerializeToString,
@@ -76,6 +81,14 @@ class WorkerServicer:
 
     def Deliver(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeliverMany(self, request, context):
+        """Several tablets' deliveries to this worker in one call (an injector's round): each is
+        handled as its own Deliver, side by side; the answers come in the same order.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -124,6 +137,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Deliver,
                     request_deserializer=runtime_dot_wire_dot_millstream__pb2.DeliverRequest.FromString,
                     response_serializer=runtime_dot_wire_dot_millstream__pb2.DeliverResponse.SerializeToString,
+            ),
+            'DeliverMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeliverMany,
+                    request_deserializer=runtime_dot_wire_dot_millstream__pb2.DeliverManyRequest.FromString,
+                    response_serializer=runtime_dot_wire_dot_millstream__pb2.DeliverManyResponse.SerializeToString,
             ),
             'Ping': grpc.unary_unary_rpc_method_handler(
                     servicer.Ping,
@@ -183,6 +201,33 @@ class Worker:
             '/millstream.v1.Worker/Deliver',
             runtime_dot_wire_dot_millstream__pb2.DeliverRequest.SerializeToString,
             runtime_dot_wire_dot_millstream__pb2.DeliverResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeliverMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millstream.v1.Worker/DeliverMany',
+            runtime_dot_wire_dot_millstream__pb2.DeliverManyRequest.SerializeToString,
+            runtime_dot_wire_dot_millstream__pb2.DeliverManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -97,6 +97,42 @@ def test_a_tablet_thread_runs_calls_in_order_off_the_loop_and_hands_back_errors(
     asyncio.run(main())
 
 
+def test_calls_handed_over_in_one_turn_are_waited_for_together_and_never_hold_the_loop() -> None:
+    """Several tablets' short calls of one loop turn run side by side and are settled by the
+    loop's one wait; a call that turns out long is waited for at most HANDOFF_WAIT_MAX_S,
+    after which the loop runs on and the call's thread settles it when it returns."""
+    from worker.runner import HANDOFF_WAIT_MAX_S
+
+    async def main() -> None:
+        threads = [TabletThread(f"t/{i}") for i in range(3)]
+        for t in threads:
+            t.typical_s = HANDOFF_WAIT_MAX_S / 2  # short calls: the loop waits for them
+        release = threading.Event()
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not release.is_set():
+                ticks += 1
+                await asyncio.sleep(0.005)
+
+        tick = asyncio.ensure_future(ticker())
+        long = threads[0].run(lambda: release.wait(60) and "long")
+        quick = [t.run(lambda i=i: i * 10) for i, t in enumerate(threads[1:], 1)]
+        assert await asyncio.gather(*quick) == [10, 20]
+        seen = ticks
+        while ticks < seen + 3:  # the loop runs on while the long call is still running
+            await asyncio.sleep(0.005)
+        assert not long.done()
+        release.set()
+        assert await long == "long"
+        await tick
+        for t in threads:
+            t.stop()
+
+    asyncio.run(main())
+
+
 def test_a_timestamp_bag_stays_small_while_one_old_timestamp_is_pinned() -> None:
     from worker.progress import TimestampBag
 

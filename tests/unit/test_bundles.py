@@ -1,0 +1,82 @@
+"""Several tablets' deliveries in one call (``DeliverMany``): how they are grouped, and how a
+worker's :class:`~worker.server.Peers` sends one turn's deliveries to a peer (over a real
+gRPC server in this process whose servicer only records what it is sent)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runtime import delivery
+from runtime.record import Record
+from runtime.security import Security
+from runtime.wire import millstream_pb2 as pb
+from runtime.wire import millstream_pb2_grpc as rpc
+from worker.server import Peers
+
+
+@given(st.lists(st.integers(min_value=1, max_value=3 * delivery.BUNDLE_BYTES), max_size=40))
+def test_bundles_keep_order_cover_everything_once_and_stay_under_the_bound(sizes: list[int]) -> None:
+    parts = list(delivery.bundles(sizes))
+    assert [i for p in parts for i in p] == list(range(len(sizes)))
+    for p in parts:
+        assert len(p) >= 1
+        assert len(p) == 1 or sum(sizes[i] for i in p) <= delivery.BUNDLE_BYTES
+    for a, b in zip(parts, parts[1:], strict=False):  # a part ends only where the next one would not fit
+        assert sum(sizes[i] for i in a) + sizes[b.start] > delivery.BUNDLE_BYTES
+
+
+class _Recorder(rpc.WorkerServicer):
+    """Answers OK to every delivery, and refuses (INVALID_ARGUMENT) any call that carries one
+    to the computation ``bad``, as a worker refuses a malformed delivery."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    async def Deliver(self, request: pb.DeliverRequest, context: Any) -> pb.DeliverResponse:
+        return (await self._answer([request], context))[0]
+
+    async def DeliverMany(self, request: pb.DeliverManyRequest, context: Any) -> pb.DeliverManyResponse:
+        return pb.DeliverManyResponse(answers=await self._answer(list(request.deliveries), context))
+
+    async def _answer(self, reqs: list[pb.DeliverRequest], context: Any) -> list[pb.DeliverResponse]:
+        self.calls.append([r.computation for r in reqs])
+        if any(r.computation == "bad" for r in reqs):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "delivery to bad/0 refused: malformed")
+        return [pb.DeliverResponse(status=pb.DeliverResponse.OK, worker_id="w", report_seq=7) for _ in reqs]
+
+
+def _run(comps: list[str]) -> tuple[list[tuple[int, Any]], list[list[str]]]:
+    async def main() -> tuple[list[tuple[int, Any]], list[list[str]]]:
+        server = grpc.aio.server()
+        recorder = _Recorder()
+        rpc.add_WorkerServicer_to_server(recorder, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        peers = Peers(Security())
+        try:
+            rec = [Record(b"k", b"v", 1, bytes(16))]
+            outs = await asyncio.gather(*(peers.deliver(f"127.0.0.1:{port}", c, 0, 1, rec, None) for c in comps))
+        finally:
+            await peers.close()
+            await server.stop(None)
+        return list(outs), recorder.calls
+    return asyncio.run(main())
+
+
+def test_one_turns_deliveries_to_a_peer_go_in_one_call_answered_in_order() -> None:
+    outs, calls = _run(["a", "b", "c"])
+    assert calls == [["a", "b", "c"]]
+    assert outs == [(delivery.Status.OK, ("w", 7))] * 3
+
+
+def test_a_refused_delivery_does_not_hold_back_the_others_of_its_call() -> None:
+    outs, calls = _run(["a", "bad", "c"])
+    assert calls[0] == ["a", "bad", "c"]  # refused whole, then each went alone
+    assert sorted(map(tuple, calls[1:])) == [("a",), ("bad",), ("c",)]
+    assert outs[0] == outs[2] == (delivery.Status.OK, ("w", 7))
+    assert outs[1] == (delivery.Status.UNREACHABLE, None)
