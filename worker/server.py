@@ -534,10 +534,13 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
         lock.close()
 
 
-# How long a thread may hold the GIL while another waits for it (CPython's default: 5 ms).
-# A tablet's thread lets go of the GIL for its fsync and must win it back from a busy event
-# loop; with the default it waits up to 5 ms for every commit (docs/performance.md).
-SWITCH_INTERVAL_S = 0.0005
+# How long a thread may hold the GIL while another waits for it: CPython's default, 5 ms.
+# Session 8 chose 0.5 ms (a tablet's thread won the GIL back sooner after its fsync); since
+# the loop waits for one turn's short calls together, several tablet threads run side by
+# side, and forcing the GIL between them every 0.5 ms measured worse under load (W1 three
+# stages and one stage at 10,000 rec/s; neutral at one stage 1,000: docs/performance.md,
+# "Session 12").
+SWITCH_INTERVAL_S = 0.005
 
 
 def main(options: WorkerOptions) -> None:
