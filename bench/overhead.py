@@ -5,6 +5,7 @@
     python -m bench.overhead fsync          # one small append + fdatasync, as a commit pays
     python -m bench.overhead inflight       # an injector's rounds: 1 vs 4 in flight, with and
                                             # without a network round trip to the workers
+    python -m bench.overhead recordpath [BATCH...]  # us per record of one stage, in process
 
 ``rpc``: a grpc.aio server on uvloop with an empty handler (the worker's Ping) in its own
 process, and a blocking client: the round trip back to back, and with 2 ms between calls
@@ -27,6 +28,12 @@ alternately, with no added delay and with the fault hook making each injector de
 ``--delay-ms`` before the worker takes it (a network between the injector's host and the
 cluster; loopback has none, and this kernel has no netem). Records per second until
 ``finish()`` returned, and the CPU seconds of the whole process tree.
+
+``recordpath``: ``bench.profile``'s record path (one exactly-once stage on a real RocksDB,
+fsync per commit, fed and producing serialized deliveries; no network, no other process),
+10,000 records in batches of each BATCH (default 100): microseconds per record without a
+profiler. It exists in checkouts back to before issue 9, so this file copied into an older
+one (as bench/ab_commits.sh does with w1_single.py) compares the record path's own cost.
 """
 
 from __future__ import annotations
@@ -221,10 +228,20 @@ def rounds_in_flight(records: int, delay_ms: float, repeats: int = 2) -> dict[st
     return out
 
 
+def record_path(batches: list[int], records: int = 10_000) -> dict[str, Any]:
+    from bench.profile import profile_record_path
+
+    with tempfile.TemporaryDirectory(prefix="millstream-recordpath-") as tmp:
+        runs = profile_record_path(tmp, records=records, batches=tuple(batches))["runs"]
+    return {"us_per_record": {str(r["batch"]): r["us_per_record"] for r in runs},
+            "loadavg": os.getloadavg()}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.overhead")
-    p.add_argument("what", choices=["rpc", "cpu", "fsync", "inflight", "_serve"])
-    p.add_argument("rates", nargs="*", type=int, default=[1000, 10000])
+    p.add_argument("what", choices=["rpc", "cpu", "fsync", "inflight", "recordpath", "_serve"])
+    p.add_argument("rates", nargs="*", type=int, default=None,
+                   help="cpu: rates (default 1000 10000); recordpath: batch sizes (default 100)")
     p.add_argument("--records", type=int, default=50_000, help="inflight: records per injection")
     p.add_argument("--delay-ms", type=float, default=5.0, help="inflight: the injector's round trip to add")
     args = p.parse_args(argv)
@@ -233,10 +250,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.what == "fsync":
         print(json.dumps(fsync_cost()))
+    elif args.what == "recordpath":
+        print(json.dumps(record_path(args.rates or [100])))
     elif args.what == "inflight":
         print(json.dumps(rounds_in_flight(args.records, args.delay_ms)))
     else:
-        print(json.dumps(rpc_floor() if args.what == "rpc" else process_cpu(args.rates)))
+        print(json.dumps(rpc_floor() if args.what == "rpc" else process_cpu(args.rates or [1000, 10000])))
     return 0
 
 
