@@ -32,7 +32,8 @@ cluster; loopback has none, and this kernel has no netem). Records per second un
 ``recordpath``: ``bench.profile``'s record path (one exactly-once stage on a real RocksDB,
 fsync per commit, fed and producing serialized deliveries; no network, no other process),
 10,000 records in batches of each BATCH (default 100): microseconds per record without a
-profiler. It exists in checkouts back to before issue 9, so this file copied into an older
+profiler, wall and CPU (every thread of the process; the wall figure also holds the fsyncs,
+which move with the disk from run to run). It exists in checkouts back to before issue 9, so this file copied into an older
 one (as bench/ab_commits.sh does with w1_single.py) compares the record path's own cost.
 """
 
@@ -229,12 +230,22 @@ def rounds_in_flight(records: int, delay_ms: float, repeats: int = 2) -> dict[st
 
 
 def record_path(batches: list[int], records: int = 10_000) -> dict[str, Any]:
-    from bench.profile import profile_record_path
+    import uvloop
 
+    from bench.profile import _drive
+
+    wall: dict[str, float] = {}
+    cpu: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="millstream-recordpath-") as tmp:
-        runs = profile_record_path(tmp, records=records, batches=tuple(batches))["runs"]
-    return {"us_per_record": {str(r["batch"]): r["us_per_record"] for r in runs},
-            "loadavg": os.getloadavg()}
+        for batch in batches:
+            path = os.path.join(tmp, f"b{batch}")
+            started = time.process_time()
+            wall[str(batch)] = round(uvloop.run(_drive(path, records, batch, None)), 1)
+            # CPU of every thread of this process (the fsyncs' waits are not in it): the
+            # figure to compare on a machine whose disk latency moves from run to run.
+            cpu[str(batch)] = round((time.process_time() - started) / records * 1e6, 1)
+            shutil.rmtree(path, ignore_errors=True)
+    return {"us_per_record": wall, "cpu_us_per_record": cpu, "loadavg": os.getloadavg()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("what", choices=["rpc", "cpu", "fsync", "inflight", "recordpath", "_serve"])
     p.add_argument("rates", nargs="*", type=int, default=None,
                    help="cpu: rates (default 1000 10000); recordpath: batch sizes (default 100)")
-    p.add_argument("--records", type=int, default=50_000, help="inflight: records per injection")
+    p.add_argument("--records", type=int, default=None,
+                   help="inflight: records per injection (default 50,000); recordpath: records (default 10,000)")
     p.add_argument("--delay-ms", type=float, default=5.0, help="inflight: the injector's round trip to add")
     args = p.parse_args(argv)
     if args.what == "_serve":
@@ -251,9 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "fsync":
         print(json.dumps(fsync_cost()))
     elif args.what == "recordpath":
-        print(json.dumps(record_path(args.rates or [100])))
+        print(json.dumps(record_path(args.rates or [100], args.records or 10_000)))
     elif args.what == "inflight":
-        print(json.dumps(rounds_in_flight(args.records, args.delay_ms)))
+        print(json.dumps(rounds_in_flight(args.records or 50_000, args.delay_ms)))
     else:
         print(json.dumps(rpc_floor() if args.what == "rpc" else process_cpu(args.rates or [1000, 10000])))
     return 0

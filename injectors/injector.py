@@ -147,13 +147,17 @@ class Injector:
         if id is not None and (not isinstance(id, bytes) or len(id) != ID_BYTES):
             raise InvalidRecordError(f"id must be {ID_BYTES} bytes, got {id!r}")
         # Checked before anything changes: a refused record leaves the injector as it was,
-        # and so does one that finds the queue full and a failed round to report.
-        self._wait_room()
-        self.position += 1
-        if id is None:
-            id = sequence_id(self._prefix, self.position)
-            self._sequenced[self._prefix] = self.position
-        self._queue(Record(key, value, timestamp, id))
+        # and so does one that finds the queue full and a failed round to report. One
+        # acquisition of the lock per record: a paced sender queues a tick's records while
+        # a round thread may be taking the previous ones.
+        with self._cond:
+            if len(self._buffer) >= self.max_queued:
+                self._wait_room()
+            self.position += 1
+            if id is None:
+                id = sequence_id(self._prefix, self.position)
+                self._sequenced[self._prefix] = self.position
+            self._queue(Record(key, value, timestamp, id))
         return id
 
     def send_sequenced(self, producer: str, seq: int, key: bytes, value: bytes, timestamp: int) -> None:
@@ -180,25 +184,25 @@ class Injector:
             raise
 
     def _wait_room(self) -> None:
-        """Block while ``max_queued`` records wait (raising a failed round's error, or if the
-        injector is closed)."""
-        with self._cond:
-            while len(self._buffer) >= self.max_queued:
-                self._raise_error()
-                if self._closed.is_set():
-                    raise InjectionError(f"injector {self.name!r} is closed")
-                self._start_rounds()
-                self._cond.wait(0.1)
+        """Under ``_cond``: block while ``max_queued`` records wait (raising a failed round's
+        error, or if the injector is closed)."""
+        while len(self._buffer) >= self.max_queued:
+            self._raise_error()
+            if self._closed.is_set():
+                raise InjectionError(f"injector {self.name!r} is closed")
+            self._start_rounds()
+            self._cond.wait(0.1)
 
     def _queue(self, record: Record) -> None:
-        with self._cond:
-            if not self._buffer:
-                self._first_at = time.monotonic()
-            self._buffer.append(record)
-            self._queued += 1
-            self._start_rounds()
-            if len(self._buffer) in (1, self.batch_size):  # a linger starts, or a round is full
-                self._cond.notify_all()
+        """Under ``_cond``."""
+        buffer = self._buffer
+        if not buffer:
+            self._first_at = time.monotonic()
+        buffer.append(record)
+        self._queued += 1
+        if len(buffer) in (1, self.batch_size):  # a linger starts, or a round is full
+            self._start_rounds()  # (again, if it died: flush and a full queue check too)
+            self._cond.notify_all()
 
     def _start_rounds(self) -> None:
         """Start the round thread (again, if it ever died)."""

@@ -131,15 +131,26 @@ class RoutingTable:
 
     def route(self, stream: str, record: Record) -> list[tuple[str, int, bytes]]:
         """``(computation, key_range, key)`` for every tablet that must receive ``record``."""
+        return self.route_fields(stream, record.key, record.value, record.timestamp, record)
+
+    def route_fields(self, stream: str, key: bytes, value: bytes, timestamp: int,
+                     record: Record | None = None) -> list[tuple[str, int, bytes]]:
+        """:meth:`route` of a record given by its fields: a :class:`Record` is made only
+        for a reader with a key extractor (a production has no id before it is routed)."""
         out = []
         for sub in self._subs.get(stream, ()):
-            key = record.key if sub.extractor is None else sub.extractor(record)
-            if not isinstance(key, bytes):
+            if sub.extractor is None:
+                out.append((sub.computation, self._ranges[sub.computation].of(key), key))
+                continue
+            if record is None:
+                record = Record(key, value, timestamp, b"")
+            extracted = sub.extractor(record)
+            if not isinstance(extracted, bytes):
                 raise UsageError(
-                    f"the key extractor of {sub.computation!r} returned {type(key).__name__}, "
+                    f"the key extractor of {sub.computation!r} returned {type(extracted).__name__}, "
                     "not bytes"
                 )
-            out.append((sub.computation, self._ranges[sub.computation].of(key), key))
+            out.append((sub.computation, self._ranges[sub.computation].of(extracted), extracted))
         return out
 
     def range_for(self, computation: str, key: bytes) -> int:

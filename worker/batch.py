@@ -11,13 +11,12 @@ event loop side of this is in worker/tablet.py.
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from runtime.computation import Computation, TimeDomain
 from runtime.delivery import Status
@@ -27,7 +26,7 @@ from runtime.sinks import is_sink
 from runtime.state import TTL_TAG, cell, expired, merged
 from runtime.status import show_key
 from runtime.topology import dead_letter_stream
-from worker.context import Effects, KeyContext
+from worker.context import Effects, KeyContext, Produced
 from worker.dedup import Mark, MarkView, OpaqueIds, split_sequenced
 from worker.inbox import Delivery
 from worker.storage import Commit, Production, TabletStore, Timer, production_key
@@ -36,6 +35,7 @@ if TYPE_CHECKING:
     from worker.tablet import Tablet
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 # A weak output's place in its producer's order: the input's sequence times this, plus the
 # output's index (so at most 2**20 - 1 sequenced outputs per input, inputs below 2**44).
 WEAK_MAX_OUTPUTS = 1 << 20
@@ -162,8 +162,7 @@ class BatchProcessor:
                         continue
                 batch.new += 1
                 work += 1
-                self._run_user(commit, r.key, r.timestamp, r.value, r.id,
-                               functools.partial(self._record_fn, r), source)
+                self._run_user(commit, r.key, r.timestamp, r.value, r.id, self._record_fn, r, source)
             batch.consumed.append(i - d.done)
             if stop:
                 break
@@ -182,7 +181,7 @@ class BatchProcessor:
                 del commit.timers_set[k]  # set again earlier in this batch, unchanged: it fires now
             parts = [b"timer", t.key, t.tag.encode(), t.time.to_bytes(8, "big", signed=True)]
             timer_id = derived_id(*parts, t.nonce) if t.nonce else derived_id(*parts)
-            self._run_user(commit, t.key, t.time, b"", timer_id, functools.partial(self._timer_fn, t))
+            self._run_user(commit, t.key, t.time, b"", timer_id, self._timer_fn, t)
 
         if self.exactly_once:
             commit.marks.update(view.changed)
@@ -269,10 +268,10 @@ class BatchProcessor:
                 self._expired_below = commit.opaque_expire_below
             self.opaque.add(commit.opaque_bucket, commit.opaque_ids)
 
-    def _record_fn(self, record: Record, ctx: KeyContext) -> None:
+    def _record_fn(self, ctx: KeyContext, record: Record) -> None:
         self.comp.process_record(ctx, record)
 
-    def _timer_fn(self, timer: Timer, ctx: KeyContext) -> None:
+    def _timer_fn(self, ctx: KeyContext, timer: Timer) -> None:
         if timer.tag.startswith(TTL_TAG):
             self._expire(timer, ctx)
         else:
@@ -312,8 +311,10 @@ class BatchProcessor:
         return self.store.get_state(key)
 
     def _run_user(self, commit: Commit, key: bytes, ts: int, value: bytes, source_id: bytes,
-                  fn: Callable[[KeyContext], None], source: tuple[bytes, int] | None = None) -> None:
-        """Run user code for one record or timer, retrying, then dead-lettering it."""
+                  fn: Callable[[KeyContext, _T], None], arg: _T,
+                  source: tuple[bytes, int] | None = None) -> None:
+        """Run user code (``fn(ctx, arg)``) for one record or timer, retrying, then
+        dead-lettering it."""
         attempts = self.host.limits.max_attempts
         error: BaseException | None = None
         calls = self.calls
@@ -323,8 +324,8 @@ class BatchProcessor:
             self.ctx.bind(key, ts, eff)
             calls.begin(key)
             try:
-                fn(self.ctx)
-                routed = self._route(eff)  # key extractors are user code too
+                fn(self.ctx, arg)
+                routed = self._route(eff) if eff.produced else []  # key extractors are user code too
             except BaseException as e:  # user code: anything may happen, sys.exit() included
                 error = e
                 continue
@@ -348,24 +349,33 @@ class BatchProcessor:
             routed = []
         self._merge(commit, eff, routed, source_id + b"dead-letter")
 
-    def _route(self, eff: Effects) -> list[tuple[str, int, bytes, Record]]:
-        """``(computation, range, key, record)`` for each production; ids are filled in by _merge."""
-        routing = self.host.routing
+    def _route(self, eff: Effects) -> list[tuple[str, int, bytes, Produced]]:
+        """``(computation, range, key, production)`` for each reader of each production;
+        records (and their ids) are made by _merge."""
+        route = self.host.routing.route_fields
         out = []
-        for stream, key, value, ts in eff.produced:
-            rec = Record(key, value, ts, b"")
-            for comp, r, k in routing.route(stream, rec):
-                out.append((comp, r, k, rec))
+        for produced in eff.produced:
+            stream, key, value, ts = produced
+            for comp, r, k in route(stream, key, value, ts):
+                out.append((comp, r, k, produced))
         return out
 
-    def _merge(self, commit: Commit, eff: Effects, routed: list[tuple[str, int, bytes, Record]],
+    def _merge(self, commit: Commit, eff: Effects, routed: list[tuple[str, int, bytes, Produced]],
                source_id: bytes, source: tuple[bytes, int] | None = None) -> None:
-        commit.state.update(eff.state)
+        if eff.state:
+            commit.state.update(eff.state)
         for p in eff.cleared:
             for skey in [s for s in commit.cells if s.startswith(p)]:
                 del commit.cells[skey]
             commit.cleared.append(p)
-        commit.cells.update(eff.cells)
+        if eff.cells:
+            commit.cells.update(eff.cells)
+        if eff.timers_deleted or eff.timers_set:
+            self._merge_timers(commit, eff, source_id)
+        if routed:
+            self._merge_productions(commit, routed, source_id, source)
+
+    def _merge_timers(self, commit: Commit, eff: Effects, source_id: bytes) -> None:
         for k in eff.timers_deleted:
             commit.timers_set.pop(k, None)
             old = self.timers.get(k)
@@ -387,17 +397,20 @@ class BatchProcessor:
                     self._cancelled.add(k)
                 else:
                     self._cancelled.discard(k)
+
+    def _merge_productions(self, commit: Commit, routed: list[tuple[str, int, bytes, Produced]],
+                           source_id: bytes, source: tuple[bytes, int] | None) -> None:
         assert commit.seq is not None
-        last: Record | None = None
+        last: Produced | None = None
         index = 0
         rid = b""
         producer: bytes | None = self.prefix
         weak_producer = None
         if self.weak and source is not None and source[1] < WEAK_MAX_SOURCE_SEQ:
             weak_producer = derived_id(self.prefix, source[0])[:8]
-        for comp, r, rkey, rec in routed:
-            if rec is not last:  # one id per produced record, shared by its readers
-                last = rec
+        for comp, r, rkey, produced in routed:
+            if produced is not last:  # one id per produced record, shared by its readers
+                last = produced
                 index += 1
                 if not self.weak:
                     commit.seq += 1
@@ -413,6 +426,5 @@ class BatchProcessor:
                     producer = None
                     rid = derived_id(self.prefix, source_id, index.to_bytes(4, "big"))
             ckey = None if self.weak else production_key(commit.seq, comp, r, sequenced=True)
-            commit.productions.append(Production(comp, r, Record(rkey, rec.value, rec.timestamp, rid), ckey,
-                                                 producer))
+            commit.productions.append(Production(comp, r, Record(rkey, produced[2], produced[3], rid), ckey, producer))
 

@@ -40,6 +40,9 @@ def _check_time(t: int, what: str) -> int:
     return t
 
 
+Produced = tuple[str, bytes, bytes, int]  # what ctx.produce() was given: stream, key, value, ts
+
+
 class Effects:
     """What one record (or timer) did; merged into the batch only if user code returned."""
 
@@ -51,7 +54,7 @@ class Effects:
         self.cleared: list[bytes] = []              # ... and cleared prefixes, before those writes
         self.timers_set: dict[tuple[bytes, str], Timer] = {}
         self.timers_deleted: set[tuple[bytes, str]] = set()
-        self.produced: list[tuple[str, bytes, bytes, int]] = []  # stream, key, value, ts
+        self.produced: list[Produced] = []
 
 
 class _KeyState(State):

@@ -5,6 +5,10 @@ NOT_OWNER if the tablet lets go of it first. A batch may stop part-way through a
 (its time budget ran out, or it was cut smaller after a failure); the rest of that
 delivery, and every delivery after it, goes back to the front of the queue in order.
 Every record not yet committed holds the tablet's oldest work (hence the watermark).
+
+The oldest timestamp and the size of what a delivery has left are kept per delivery, not
+per record: computed once when it arrives (and again only when a batch stops inside it),
+so a record costs the queue nothing in Python beyond its delivery's two sums.
 """
 
 from __future__ import annotations
@@ -28,31 +32,40 @@ class Delivery:
     fut: asyncio.Future[int]
     orders: dict[bytes, tuple[int, int]] | None = None  # producer -> (after, token)
     done: int = 0
+    oldest: int | None = None  # the lowest timestamp of records[done:]
+    nbytes: int = 0            # about the size of records[done:]
 
     @property
     def remaining(self) -> int:
         return len(self.records) - self.done
 
+    def measure(self) -> None:
+        rest = self.records[self.done:] if self.done else self.records
+        self.oldest = min((r.timestamp for r in rest), default=None)
+        self.nbytes = sum(map(record_bytes, rest))
+
 
 class Inbox:
-    """Deliveries in arrival order and the timestamps they hold."""
+    """Deliveries in arrival order, those a batch took and has not finished, and the
+    timestamps they hold."""
 
     def __init__(self) -> None:
         self._queue: deque[Delivery] = deque()
+        self._taken: dict[int, Delivery] = {}  # id -> delivery a batch holds now
         self.records = 0  # records queued and not yet taken
         self.bytes = 0    # ... and about their size (queues are bounded in bytes too)
-        self._ts = TimestampBag()
+        self._holds = TimestampBag()  # timers being fired
 
     def __bool__(self) -> bool:
         return bool(self._queue)
 
     def put(self, records: list[Record], fut: asyncio.Future[int],
             orders: dict[bytes, tuple[int, int]] | None = None) -> None:
-        self._queue.append(Delivery(records, fut, orders))
+        d = Delivery(records, fut, orders)
+        d.measure()
+        self._queue.append(d)
         self.records += len(records)
-        self.bytes += sum(record_bytes(r) for r in records)
-        for r in records:
-            self._ts.add(r.timestamp)
+        self.bytes += d.nbytes
 
     def take(self, limit: int) -> list[Delivery]:
         """The oldest deliveries holding up to ``limit`` records (always at least one)."""
@@ -61,7 +74,8 @@ class Inbox:
         while self._queue and (not out or n + self._queue[0].remaining <= limit):
             d = self._queue.popleft()
             n += d.remaining
-            self.bytes -= sum(record_bytes(r) for r in d.records[d.done:])
+            self.bytes -= d.nbytes
+            self._taken[id(d)] = d
             out.append(d)
         self.records -= n
         return out
@@ -77,18 +91,19 @@ class Inbox:
                 self._release(d, refused[i])
                 continue
             n = consumed[i] if i < len(consumed) else 0
-            for r in d.records[d.done:d.done + n]:
-                self._ts.remove(r.timestamp)
             d.done += n
+            self._taken.pop(id(d), None)
             if d.done == len(d.records):
                 if not d.fut.done():
                     d.fut.set_result(OK)
             else:
+                if n:
+                    d.measure()
                 back.append(d)
         for d in reversed(back):
             self._queue.appendleft(d)
             self.records += d.remaining
-            self.bytes += sum(record_bytes(r) for r in d.records[d.done:])
+            self.bytes += d.nbytes
 
     def failed(self, taken: list[Delivery]) -> None:
         """Nothing of a batch committed: its senders retry (here or elsewhere)."""
@@ -101,17 +116,22 @@ class Inbox:
         self.records = self.bytes = 0
 
     def _release(self, d: Delivery, status: int = NOT_OWNER) -> None:
-        for r in d.records[d.done:]:
-            self._ts.remove(r.timestamp)
+        self._taken.pop(id(d), None)
         if not d.fut.done():
             d.fut.set_result(status)
 
     def hold(self, ts: int) -> None:
         """Hold the oldest work at ``ts`` (a timer being fired) until :meth:`unhold`."""
-        self._ts.add(ts)
+        self._holds.add(ts)
 
     def unhold(self, ts: int) -> None:
-        self._ts.remove(ts)
+        self._holds.remove(ts)
 
     def oldest(self) -> int | None:
-        return self._ts.min()
+        """The lowest timestamp of every record not committed yet (queued or in a batch) and
+        of the timers being fired."""
+        found = [d.oldest for d in (*self._queue, *self._taken.values()) if d.oldest is not None]
+        held = self._holds.min()
+        if held is not None:
+            found.append(held)
+        return min(found) if found else None
