@@ -114,7 +114,8 @@ class Injector:
         self._reported: int | None = None
         self._held: list[tuple[int, tuple[str, int]]] = []  # (oldest ts, receipt) of committed batches
         self.confirm_timeout = 5.0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one report at a time
+        self._held_lock = threading.Lock()
         self._closed = threading.Event()
         self._tablets = Tablets(name, stream, self.client, security, self._sequenced, self._closed,
                                 calls=4 + 4 * max_in_flight, committed=self._hold)
@@ -123,8 +124,9 @@ class Injector:
 
     def _hold(self, oldest: int, receipt: tuple[str, int]) -> None:
         """A delivery was committed: its timestamps hold our watermark until the leader holds
-        the receiver's report that reflects them."""
-        with self._lock:
+        the receiver's report that reflects them. (Under its own lock, never behind a report
+        in flight: a round calls this before it finishes.)"""
+        with self._held_lock:
             self._held.append((oldest, receipt))
 
     # --------------------------------------------------------------- sending
@@ -318,10 +320,10 @@ class Injector:
                 self._first_at = time.monotonic()
             self._cond.notify_all()
         if error is None:
-            try:
-                self._report()
-            except MillstreamError as e:  # the confirmer or the next user call reports again
-                log.info("injector %s: could not report its watermark: %s", self.name, e)
+            # The watermark this round let rise goes to the leader from the confirmer thread,
+            # not on the rounds' path: a master round trip per round would be paid by every
+            # round after it (a paced sender's flush waits for this one).
+            self._report_later()
 
     def advance_watermark(self, timestamp: int) -> None:
         """Promise to send nothing older than ``timestamp`` (never moves backwards).
@@ -363,20 +365,36 @@ class Injector:
         acknowledged record holds it back (bounded by ``confirm_timeout``)."""
         with self._lock:
             self._report_locked(wait)
-            if self._held and self._confirmer is None and not self._closed.is_set():
+            if self._held:
                 # Receipts not confirmed yet: ask in the background until they are, so that
                 # neither a paced sender waits for it nor a quiet injector holds its stream back.
-                self._confirmer = threading.Thread(target=self._confirm, name=f"injector {self.name}",
-                                                   daemon=True)
-                self._confirmer.start()
+                self._start_confirmer(report_first=False)
 
-    def _confirm(self) -> None:
+    def _report_later(self) -> None:
+        """Report the effective watermark from the confirmer thread (started if need be)."""
+        with self._lock:
+            self._start_confirmer(report_first=True)
+
+    def _start_confirmer(self, report_first: bool) -> None:
+        """Under ``_lock``: start the confirmer unless it runs (a running one reports within
+        its next 20 ms anyway)."""
+        if self._confirmer is None and not self._closed.is_set():
+            self._confirmer = threading.Thread(target=self._confirm, args=(report_first,),
+                                               name=f"injector {self.name}", daemon=True)
+            self._confirmer.start()
+
+    def _confirm(self, report_first: bool = False) -> None:
         """Ask until no receipt is held; leaves (clearing ``_confirmer``) under the lock, so a
-        receipt added meanwhile either is seen here or starts a new confirmer."""
+        receipt added meanwhile either is seen here or starts a new confirmer. With
+        ``report_first``, reports the effective watermark (if it rose) before the first wait."""
         try:
+            if report_first:
+                with self._lock:
+                    self._report_locked(wait=False)
             while not self._closed.wait(0.02):
                 with self._lock:
                     if not self._held:
+                        self._report_locked(wait=False)  # what the last confirmations let rise
                         self._confirmer = None
                         return
                     self._report_locked(wait=False, ask=True)
@@ -392,7 +410,8 @@ class Injector:
             if self._reported is None or wm > self._reported or ask:
                 reported = self._send_report(max(wm, self._reported) if self._reported is not None else wm)
                 # Receipts whose report the leader holds (or whose worker it does not know).
-                self._held = [(ts, r) for ts, r in self._held if reported.get(r[0], r[1]) < r[1]]
+                with self._held_lock:
+                    self._held = [(ts, r) for ts, r in self._held if reported.get(r[0], r[1]) < r[1]]
                 ask = False
                 if self.effective_watermark > wm:
                     continue  # released holds let it rise: report that at once
