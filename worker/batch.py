@@ -27,7 +27,7 @@ from runtime.state import TTL_TAG, cell, expired, merged
 from runtime.status import show_key
 from runtime.topology import dead_letter_stream
 from worker.context import Effects, KeyContext, Produced
-from worker.dedup import Mark, MarkView, OpaqueIds, split_sequenced
+from worker.dedup import SEQUENCED_ID_PREFIX, Mark, MarkView, OpaqueIds
 from worker.inbox import Delivery
 from worker.storage import Commit, Production, TabletStore, Timer, production_key
 
@@ -129,6 +129,11 @@ class BatchProcessor:
                     batch.refused[index] = refusal
                     batch.consumed.append(0)
                     continue
+            # Each producer's mark moves once per delivery, to the last sequence of it this
+            # batch took: a delivery holds its producers' records in rising order, so no
+            # record of it can be a duplicate of an earlier one of it (a sender that breaks
+            # that order gets its record counted once all the same).
+            tops: dict[bytes, tuple[int, int]] = {}
             while i < len(records):
                 if work >= batch.limit or (taken and clock() - started >= budget):
                     stop = True
@@ -140,15 +145,19 @@ class BatchProcessor:
                 if self.exactly_once:
                     # Duplicates do not count against the limit: a redelivery after a failed
                     # batch must reach past what an earlier, smaller batch committed.
-                    producer, seq = split_sequenced(r.id)
+                    rid = r.id
+                    producer = rid[:SEQUENCED_ID_PREFIX]  # split_sequenced, inline: per record
                     order = orders.get(producer) if orders else None
                     if order is not None:
+                        seq = int.from_bytes(rid[SEQUENCED_ID_PREFIX:], "big")
                         source = (producer, seq)
                         if view.seen(producer, seq, r.key):
                             view.passed(producer, seq)
                             self.metrics.duplicates.inc()
                             continue
-                        view.advance(producer, seq, order[1], now)
+                        top = tops.get(producer)
+                        if top is None or seq > top[0]:
+                            tops[producer] = (seq, order[1])
                     else:
                         if r.id in seen or self._opaque_seen(r.id):
                             self.metrics.duplicates.inc()
@@ -163,6 +172,8 @@ class BatchProcessor:
                 batch.new += 1
                 work += 1
                 self._run_user(commit, r.key, r.timestamp, r.value, r.id, self._record_fn, r, source)
+            for producer, (seq, token) in tops.items():
+                view.advance(producer, seq, token, now)
             batch.consumed.append(i - d.done)
             if stop:
                 break

@@ -196,6 +196,34 @@ def test_a_stale_producer_is_refused_once_its_successor_was_heard(tmp_path: obje
     assert [v for n, _, v in Collector.seen if n == "out"] == []  # the reopened run emitted nothing
 
 
+def test_a_producers_records_count_once_however_a_delivery_orders_them(tmp_path: object) -> None:
+    """A tablet moves a producer's mark once per delivery (worker/batch.py): a redelivery's
+    duplicates are dropped, its new records count, and a record a sender put after a later
+    one of the same producer in one delivery counts once too, never lost as a duplicate."""
+    from runtime.record import producer_prefix, sequence_id
+
+    p = producer_prefix("up/0")
+
+    def batch(*seqs: int) -> list[Record]:
+        return [Record(b"k%d" % s, b"r%d" % s, BASE + s, sequence_id(p, s)) for s in seqs]
+
+    async def main() -> None:
+        core = await _core(str(tmp_path), WorkerLimits(), lambda: BASE)
+        marks = core.tablets[("echo", 0)].store.marks
+        assert await core.deliver("echo", 0, 1, batch(1, 2, 3), {p: (0, 1)}) == OK
+        assert marks()[p].seq == 3
+        assert await core.deliver("echo", 0, 1, batch(2, 3, 4), {p: (1, 1)}) == OK  # a resend and one new
+        assert marks()[p].seq == 4
+        assert await core.deliver("echo", 0, 1, batch(6, 5), {p: (4, 1)}) == OK
+        assert await core.deliver("echo", 0, 1, batch(5, 6), {p: (4, 1)}) == OK  # all seen
+        assert marks()[p].seq == 6
+        await _until(lambda: len(_outputs()) >= 6, "six outputs")
+        await core.close_all()
+
+    asyncio.run(main())
+    assert sorted(_outputs()) == [b"r%d" % s for s in range(1, 7)]
+
+
 async def _timer_core(tmp: str, clock: list[int], repeat: bool = False) -> WorkerCore:
     async def nowhere(*args: object) -> int:
         raise AssertionError("everything is local in these tests")
