@@ -57,10 +57,12 @@ def chained_orders(pending: Pending, sequenced: dict[bytes, int], tails: Tails) 
         tablet = dest[:2]
         before = after.setdefault(tablet, dict(tails.get(tablet, {})))
         here: dict[bytes, int] = {}
-        for rec in pending[dest]:
+        for rec in reversed(pending[dest]):  # each producer's last record here, from the end
             prefix = rec.id[:8]
-            if prefix in sequenced:
+            if prefix in sequenced and prefix not in here:
                 here[prefix] = int.from_bytes(rec.id[8:], "big")
+                if len(here) == len(sequenced):
+                    break
         out[dest] = delivery.to_orders({p: (before.get(p, 0), 0) for p in here})
         before.update(here)
     return out, after

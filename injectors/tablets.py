@@ -92,9 +92,14 @@ class Tablets:
 
     def route_with(self, records: list[Record], routing: RoutingTable) -> dict[tuple[str, int], list[Record]]:
         out: dict[tuple[str, int], list[Record]] = {}
+        route, stream = routing.route_fields, self.stream
         for r in records:
-            for comp, kr, key in routing.route(self.stream, r):
-                out.setdefault((comp, kr), []).append(Record(key, r.value, r.timestamp, r.id))
+            for comp, kr, key in route(stream, r.key, r.value, r.timestamp, r):
+                dest = out.get((comp, kr))
+                if dest is None:
+                    dest = out[(comp, kr)] = []
+                # A reader keyed by the record's own key takes it as it is.
+                dest.append(r if key is r.key else Record(key, r.value, r.timestamp, r.id))
         return out
 
     def orders(self, pending: Pending) -> Orders:
@@ -120,7 +125,7 @@ class Tablets:
             calls.append((dest, recs, target.address, req))
         refresh = bool(failed)
         newest = 0
-        sent = [(a, q, sum(map(delivery.record_bytes, recs))) for _, recs, a, q in calls]
+        sent = [(a, q, q.ByteSize()) for _, _, a, q in calls]
         for (dest, recs, _, _), answer in zip(calls, self._call_all(sent), strict=True):
             if isinstance(answer, grpc.RpcError):
                 out = delivery.failed(answer)

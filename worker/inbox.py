@@ -17,7 +17,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 
-from runtime.delivery import Status, record_bytes
+from runtime.delivery import RECORD_OVERHEAD_BYTES, Status
 from runtime.record import Record
 from worker.progress import TimestampBag
 
@@ -41,8 +41,9 @@ class Delivery:
 
     def measure(self) -> None:
         rest = self.records[self.done:] if self.done else self.records
-        self.oldest = min((r.timestamp for r in rest), default=None)
-        self.nbytes = sum(map(record_bytes, rest))
+        self.oldest = min([r.timestamp for r in rest], default=None)
+        # runtime.delivery.record_bytes, summed without a call per record
+        self.nbytes = sum([len(r.key) + len(r.value) for r in rest]) + RECORD_OVERHEAD_BYTES * len(rest)
 
 
 class Inbox:

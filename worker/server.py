@@ -266,7 +266,7 @@ class Peers:
         bundle = self._bundles.setdefault(address, [])
         if not bundle:
             loop.call_soon(self._send, address)
-        bundle.append((req, sum(map(delivery.record_bytes, records)), fut))
+        bundle.append((req, req.ByteSize(), fut))
         out = await fut
         return out.status, out.receipt
 

@@ -30,6 +30,26 @@ def test_bundles_keep_order_cover_everything_once_and_stay_under_the_bound(sizes
         assert sum(sizes[i] for i in a) + sizes[b.start] > delivery.BUNDLE_BYTES
 
 
+@given(st.lists(st.integers(min_value=0, max_value=700), max_size=30), st.sampled_from([None, 1, 3, 50]))
+def test_cut_keeps_order_covers_everything_once_and_stays_under_both_bounds(values: list[int],
+                                                                            max_records: int | None) -> None:
+    """Deliveries of at most MAX_DELIVERY_BYTES (a larger record alone) and ``max_records``,
+    cut only where the next record would not fit: with a bound of 1,000 bytes here."""
+    import pytest
+
+    records = [Record(b"k", b"v" * n, i, i.to_bytes(16, "big")) for i, n in enumerate(values)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(delivery, "MAX_DELIVERY_BYTES", 1000)
+        parts = list(delivery.cut(records, max_records))
+    assert [r for p in parts for r in p] == records
+    size = lambda part: sum(map(delivery.record_bytes, part))  # noqa: E731
+    for p in parts:
+        assert p and (len(p) == 1 or size(p) <= 1000)
+        assert max_records is None or len(p) <= max_records
+    for a, b in zip(parts, parts[1:], strict=False):
+        assert size(a) + delivery.record_bytes(b[0]) > 1000 or len(a) == max_records
+
+
 class _Recorder(rpc.WorkerServicer):
     """Answers OK to every delivery, and refuses (INVALID_ARGUMENT) any call that carries one
     to the computation ``bad``, as a worker refuses a malformed delivery."""
