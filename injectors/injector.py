@@ -230,13 +230,11 @@ class Injector:
         flight = self._flight
         if not flight:
             return True
-        # Only a full round, or one a caller's flush() waits for, joins others in flight: at a
-        # paced sender's rate, rounds one at a time carry more records each and cost the
-        # receivers fewer deliveries, and that measured faster on two cores shared with them
-        # (docs/performance.md); a bulk load keeps the receivers busy while it routes the
-        # next round. A flush that finds a round in flight (its linger took the first part
-        # of a burst) sends the rest at once instead of a whole round trip later.
-        return (len(flight) < self.max_in_flight and (len(self._buffer) >= self.batch_size or self._flushing)
+        # Only a full round joins others in flight: at a paced sender's rate, rounds one at a
+        # time carry more records each and cost the receivers fewer deliveries, and that
+        # measured faster on two cores shared with them (docs/performance.md); a bulk load
+        # keeps the receivers busy while it routes the next round.
+        return (len(flight) < self.max_in_flight and len(self._buffer) >= self.batch_size
                 and flight[-1].prepared
                 and flight[-1].routing.version == self._tablets.routing.version
                 and not any(r.slow for r in flight))
