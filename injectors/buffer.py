@@ -28,12 +28,13 @@ class Buffer:
         self._head = 0          # index in _items of the first record still queued
         self._taken = 0         # records ever taken: _items[i] has absolute position _taken - _head + i
         self._mins: deque[tuple[int, int]] = deque()  # (timestamp, absolute position), rising both
+        self.size = 0           # records queued: len(), read without a call on the send path
 
     def __len__(self) -> int:
-        return len(self._items) - self._head
+        return self.size
 
     def __bool__(self) -> bool:
-        return len(self._items) > self._head
+        return self.size > 0
 
     def __iter__(self) -> Iterator[Record]:
         return iter(self._items[self._head:])
@@ -42,19 +43,24 @@ class Buffer:
     def min_timestamp(self) -> int:
         return self._mins[0][0] if self._mins else END_OF_TIME
 
-    def append(self, record: Record) -> None:
+    def append(self, record: Record) -> int:
+        """Queue ``record``; returns how many are queued now."""
         ts = record.timestamp
         mins = self._mins
         while mins and mins[-1][0] >= ts:
             mins.pop()
-        mins.append((ts, self._taken + len(self)))
+        n = self.size
+        mins.append((ts, self._taken + n))
         self._items.append(record)
+        self.size = n + 1
+        return n + 1
 
     def take(self, n: int) -> list[Record]:
         """The (up to) ``n`` oldest records, removed."""
         out = self._items[self._head:self._head + n]
         self._head += len(out)
         self._taken += len(out)
+        self.size -= len(out)
         mins = self._mins
         while mins and mins[0][1] < self._taken:
             mins.popleft()
@@ -66,7 +72,7 @@ class Buffer:
     def put_back(self, records: list[Record]) -> None:
         """Queue ``records`` again ahead of everything (a round that failed)."""
         rest = self._items[self._head:]
-        self._items, self._head, self._mins = [], 0, deque()
+        self._items, self._head, self._mins, self.size = [], 0, deque(), 0
         self._taken -= len(records)
         for r in [*records, *rest]:
             self.append(r)

@@ -49,6 +49,7 @@ from runtime.wire import millstream_pb2 as pb
 
 log = logging.getLogger(__name__)
 MIN = -(1 << 63)
+MAX = (1 << 63) - 1
 
 
 def _check_time(t: object, what: str) -> None:
@@ -96,7 +97,8 @@ class Injector:
         # that failed for good, kept until the others are done (_returned), how many records
         # were ever queued and committed (flush waits on those), a round's error not yet
         # raised, and the chain of sequences sent to each tablet by the rounds in flight.
-        self._cond = threading.Condition()
+        self._mutex = threading.RLock()
+        self._cond = threading.Condition(self._mutex)
         self._buffer = Buffer()
         self._first_at = 0.0
         self._flight: deque[Round] = deque()
@@ -141,7 +143,8 @@ class Injector:
             raise InvalidRecordError(f"key must be bytes, got {type(key).__name__} {key!r}; encode it")
         if not isinstance(value, bytes):
             raise InvalidRecordError(f"value must be bytes, got {type(value).__name__}; encode it")
-        _check_time(timestamp, "timestamp")
+        if type(timestamp) is not int or not MIN <= timestamp <= MAX:  # _check_time, inline: per record
+            _check_time(timestamp, "timestamp")
         if len(value) > MAX_VALUE_BYTES or len(key) > MAX_KEY_BYTES:
             raise InvalidRecordError(
                 f"a record of {len(key):,} key bytes and {len(value):,} value bytes is over the limits "
@@ -152,14 +155,21 @@ class Injector:
         # and so does one that finds the queue full and a failed round to report. One
         # acquisition of the lock per record: a paced sender queues a tick's records while
         # a round thread may be taking the previous ones.
-        with self._cond:
-            if len(self._buffer) >= self.max_queued:
+        with self._mutex:  # _cond's lock, entered without the Condition's Python-level wrapper
+            buffer = self._buffer
+            if buffer.size >= self.max_queued:
                 self._wait_room()
             self.position += 1
             if id is None:
-                id = sequence_id(self._prefix, self.position)
+                id = self._prefix + self.position.to_bytes(8, "big")  # sequence_id, inline
                 self._sequenced[self._prefix] = self.position
-            self._queue(Record(key, value, timestamp, id))
+            if not buffer.size:
+                self._first_at = time.monotonic()
+            n = buffer.append(Record(key, value, timestamp, id))
+            self._queued += 1
+            if n == 1 or n == self.batch_size:  # a linger starts, or a round is full
+                self._start_rounds()  # (again, if it died: flush and a full queue check too)
+                self._cond.notify_all()
         return id
 
     def send_sequenced(self, producer: str, seq: int, key: bytes, value: bytes, timestamp: int) -> None:
@@ -194,17 +204,6 @@ class Injector:
                 raise InjectionError(f"injector {self.name!r} is closed")
             self._start_rounds()
             self._cond.wait(0.1)
-
-    def _queue(self, record: Record) -> None:
-        """Under ``_cond``."""
-        buffer = self._buffer
-        if not buffer:
-            self._first_at = time.monotonic()
-        buffer.append(record)
-        self._queued += 1
-        if len(buffer) in (1, self.batch_size):  # a linger starts, or a round is full
-            self._start_rounds()  # (again, if it died: flush and a full queue check too)
-            self._cond.notify_all()
 
     def _start_rounds(self) -> None:
         """Start the round thread (again, if it ever died)."""
