@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from injectors.buffer import Buffer
 from injectors.injector import Injector
 from runtime.errors import InjectionError
 from runtime.record import producer_prefix
@@ -36,8 +37,9 @@ def _injector() -> Injector:
     # An Injector with no master behind it: only what send/advance_watermark touch.
     inj = Injector.__new__(Injector)
     inj.name, inj.stream, inj.batch_size, inj.finished = "src", "in", 1000, False
-    inj.position, inj._buffer, inj._held = 0, [], []
-    inj._cond, inj._queued = threading.Condition(), 0
+    inj.position, inj._buffer, inj._held = 0, Buffer(), []
+    inj._mutex = threading.RLock()
+    inj._cond, inj._queued = threading.Condition(inj._mutex), 0
     inj.max_queued, inj._error, inj._rounds, inj._first_at = 100_000, None, _Idle(), 0.0  # type: ignore[assignment]
     inj._flight, inj._returned = deque(), []
     inj.watermark, inj._reported = MIN, MIN
@@ -64,7 +66,7 @@ def test_b21_an_id_that_is_not_16_bytes_is_refused(bad_id: object) -> None:
     inj = _injector()
     with pytest.raises(InjectionError, match="id must be 16 bytes"):
         inj.send(b"k", b"v", 1, id=bad_id)  # type: ignore[arg-type]
-    assert inj._buffer == [] and inj.position == 0
+    assert list(inj._buffer) == [] and inj.position == 0
 
 
 def test_b22_a_watermark_outside_signed_64_bits_is_refused_and_the_promise_is_unchanged() -> None:
