@@ -129,10 +129,10 @@ class BatchProcessor:
                     batch.refused[index] = refusal
                     batch.consumed.append(0)
                     continue
-            # Each producer's mark moves once per delivery, to the last sequence of it this
-            # batch took: a delivery holds its producers' records in rising order, so no
-            # record of it can be a duplicate of an earlier one of it (a sender that breaks
-            # that order gets its record counted once all the same).
+            # Each producer's mark moves once per delivery, to the highest sequence of it
+            # this batch took; within the delivery, a record at or below that is a duplicate
+            # (a delivery may repeat a record: a re-sent checkpoint, a round put back), as it
+            # would be against a mark moved record by record.
             tops: dict[bytes, tuple[int, int]] = {}
             while i < len(records):
                 if work >= batch.limit or (taken and clock() - started >= budget):
@@ -151,13 +151,15 @@ class BatchProcessor:
                     if order is not None:
                         seq = int.from_bytes(rid[SEQUENCED_ID_PREFIX:], "big")
                         source = (producer, seq)
+                        top = tops.get(producer)
+                        if top is not None and seq <= top[0]:
+                            self.metrics.duplicates.inc()
+                            continue
                         if view.seen(producer, seq, r.key):
                             view.passed(producer, seq)
                             self.metrics.duplicates.inc()
                             continue
-                        top = tops.get(producer)
-                        if top is None or seq > top[0]:
-                            tops[producer] = (seq, order[1])
+                        tops[producer] = (seq, order[1])
                     else:
                         if r.id in seen or self._opaque_seen(r.id):
                             self.metrics.duplicates.inc()

@@ -1,5 +1,5 @@
 """Several tablets' deliveries in one call (``DeliverMany``): how they are grouped, and how a
-worker's :class:`~worker.server.Peers` sends one turn's deliveries to a peer (over a real
+worker's :class:`~worker.peers.Peers` sends one turn's deliveries to a peer (over a real
 gRPC server in this process whose servicer only records what it is sent)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from runtime.record import Record
 from runtime.security import Security
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
-from worker.server import Peers
+from worker.peers import Peers
 
 
 @given(st.lists(st.integers(min_value=1, max_value=3 * delivery.BUNDLE_BYTES), max_size=40))
