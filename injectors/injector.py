@@ -41,14 +41,13 @@ from typing import Any
 from injectors.buffer import END_OF_TIME, Buffer
 from injectors.rounds import Pending, Round, Tails, chained_orders
 from injectors.tablets import Tablets, chunk
+from injectors.watermark import MIN, Watermark
 from runtime.client import Client
 from runtime.errors import InjectionError, InvalidRecordError, MillstreamError
 from runtime.record import ID_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, Record, producer_prefix, sequence_id
 from runtime.security import Security
-from runtime.wire import millstream_pb2 as pb
 
 log = logging.getLogger(__name__)
-MIN = -(1 << 63)
 MAX = (1 << 63) - 1
 
 
@@ -111,25 +110,12 @@ class Injector:
         self._error: MillstreamError | None = None
         self._rounds: threading.Thread | None = None
         self._round_pool: ThreadPoolExecutor | None = None  # rounds started by the round thread
-        self.watermark = MIN
         self.finished = False
-        self._reported: int | None = None
-        self._held: list[tuple[int, tuple[str, int]]] = []  # (oldest ts, receipt) of committed batches
-        self.confirm_timeout = 5.0
-        self._lock = threading.Lock()  # one report at a time
-        self._held_lock = threading.Lock()
         self._closed = threading.Event()
+        self._marks = Watermark(name, stream, self.incarnation, self.client, self._queued_min, self._closed)
         self._tablets = Tablets(name, stream, self.client, security, self._sequenced, self._closed,
-                                calls=4 + 4 * max_in_flight, committed=self._hold)
-        self._confirmer: threading.Thread | None = None
-        self._report()  # registers: from now on this injector holds its stream's watermark
-
-    def _hold(self, oldest: int, receipt: tuple[str, int]) -> None:
-        """A delivery was committed: its timestamps hold our watermark until the leader holds
-        the receiver's report that reflects them. (Under its own lock, never behind a report
-        in flight: a round calls this before it finishes.)"""
-        with self._held_lock:
-            self._held.append((oldest, receipt))
+                                calls=4 + 4 * max_in_flight, committed=self._marks.hold)
+        self._marks.report()  # registers: from now on this injector holds its stream's watermark
 
     # --------------------------------------------------------------- sending
 
@@ -322,7 +308,7 @@ class Injector:
             # The watermark this round let rise goes to the leader from the confirmer thread,
             # not on the rounds' path: a master round trip per round would be paid by every
             # round after it (a paced sender's flush waits for this one).
-            self._report_later()
+            self._marks.report_later()
 
     def advance_watermark(self, timestamp: int) -> None:
         """Promise to send nothing older than ``timestamp`` (never moves backwards).
@@ -332,8 +318,13 @@ class Injector:
         confirmations arrive (a background thread asks for them). :meth:`finish` waits.
         """
         _check_time(timestamp, "watermark")
-        self.watermark = max(self.watermark, timestamp)
-        self._report()
+        self._marks.promise(timestamp)
+        self._marks.report()
+
+    @property
+    def watermark(self) -> int:
+        """What this injector promised (``advance_watermark``; the end of time once finished)."""
+        return self._marks.promised
 
     @property
     def queued(self) -> int:
@@ -347,77 +338,11 @@ class Injector:
     def effective_watermark(self) -> int:
         """min(the promised watermark, the oldest record not flushed, the oldest record whose
         receiving tablet's progress report the leader does not hold yet)."""
+        return self._marks.effective
+
+    def _queued_min(self) -> int:
         with self._cond:
-            queued = min([self._buffer.min_timestamp, *(r.min_ts for r in (*self._flight, *self._returned))])
-        return min(self.watermark, queued, *(ts for ts, _ in self._held))
-
-    def _send_report(self, wm: int) -> dict[str, int]:
-        report = pb.InjectorReport(name=self.name, stream=self.stream, watermark=wm,
-                                   incarnation=self.incarnation)
-        resp = self.client.call(lambda s: s.ReportInjector(report, timeout=self.client.timeout))
-        self._reported = wm
-        return dict(resp.reported)
-
-    def _report(self, wait: bool = False) -> None:
-        """Report the effective watermark if it rose (a lower one could only come from records
-        below our own promise: those are late whatever we say). With ``wait``, until no
-        acknowledged record holds it back (bounded by ``confirm_timeout``)."""
-        with self._lock:
-            self._report_locked(wait)
-            if self._held:
-                # Receipts not confirmed yet: ask in the background until they are, so that
-                # neither a paced sender waits for it nor a quiet injector holds its stream back.
-                self._start_confirmer(report_first=False)
-
-    def _report_later(self) -> None:
-        """Report the effective watermark from the confirmer thread (started if need be)."""
-        with self._lock:
-            self._start_confirmer(report_first=True)
-
-    def _start_confirmer(self, report_first: bool) -> None:
-        """Under ``_lock``: start the confirmer unless it runs (a running one reports within
-        its next 20 ms anyway)."""
-        if self._confirmer is None and not self._closed.is_set():
-            self._confirmer = threading.Thread(target=self._confirm, args=(report_first,),
-                                               name=f"injector {self.name}", daemon=True)
-            self._confirmer.start()
-
-    def _confirm(self, report_first: bool = False) -> None:
-        """Ask until no receipt is held; leaves (clearing ``_confirmer``) under the lock, so a
-        receipt added meanwhile either is seen here or starts a new confirmer. With
-        ``report_first``, reports the effective watermark (if it rose) before the first wait."""
-        try:
-            if report_first:
-                with self._lock:
-                    self._report_locked(wait=False)
-            while not self._closed.wait(0.02):
-                with self._lock:
-                    if not self._held:
-                        self._report_locked(wait=False)  # what the last confirmations let rise
-                        self._confirmer = None
-                        return
-                    self._report_locked(wait=False, ask=True)
-        except MillstreamError as e:  # the next user call reports (and raises) again
-            log.info("injector %s: could not confirm its watermark: %s", self.name, e)
-        with self._lock:
-            self._confirmer = None
-
-    def _report_locked(self, wait: bool, ask: bool = False) -> None:
-        deadline = time.monotonic() + self.confirm_timeout
-        while True:
-            wm = self.effective_watermark
-            if self._reported is None or wm > self._reported or ask:
-                reported = self._send_report(max(wm, self._reported) if self._reported is not None else wm)
-                # Receipts whose report the leader holds (or whose worker it does not know).
-                with self._held_lock:
-                    self._held = [(ts, r) for ts, r in self._held if reported.get(r[0], r[1]) < r[1]]
-                ask = False
-                if self.effective_watermark > wm:
-                    continue  # released holds let it rise: report that at once
-            if not wait or not self._held or time.monotonic() > deadline:
-                return
-            time.sleep(0.01)  # waiting for receivers' next progress report (every 50 ms)
-            ask = True
+            return min([self._buffer.min_timestamp, *(r.min_ts for r in (*self._flight, *self._returned))])
 
     def flush(self) -> None:
         """Block until every record queued before this call is committed by its tablet (or
@@ -511,11 +436,11 @@ class Injector:
         leader holds that promise (raises :class:`InjectionError` if it cannot within the
         injector's ``timeout``: the stream would otherwise stay held, silently; review W5)."""
         self.flush()
-        self.watermark = END_OF_TIME
+        self._marks.promise(END_OF_TIME)
         deadline = time.monotonic() + self.timeout
         while True:
-            self._report(wait=True)  # bounded by confirm_timeout
-            if self._reported == END_OF_TIME:
+            self._marks.report(wait=True)  # bounded by its confirm_timeout
+            if self._marks.reported == END_OF_TIME:
                 break
             if time.monotonic() > deadline:
                 raise InjectionError(
@@ -540,11 +465,9 @@ class Injector:
         self._tablets.close()  # a round in flight fails at once and ends
         if self._round_pool is not None:
             self._round_pool.shutdown(wait=False, cancel_futures=True)
-        for thread in (self._rounds, self._confirmer):
-            # A round thread's report may have made a confirmer and not started it yet (it
-            # would see the injector closed and end at once).
-            if thread is not None and thread.is_alive():
-                thread.join(5)
+        if self._rounds is not None and self._rounds.is_alive():
+            self._rounds.join(5)
+        self._marks.close()
         self.client.close()
 
     def __enter__(self) -> Injector:

@@ -61,14 +61,14 @@ def test_finish_raises_rather_than_leave_the_stream_held_silently(cluster: Clust
     cluster.client.submit(topo)
     cluster.wait_assigned()
     inj = Injector(cluster.masters_arg, "w5-in", "w5-source", timeout=3)
-    real = inj._send_report
+    real = inj._marks._send
     stalled = [True]
 
     def report(wm: int) -> dict[str, int]:
         reported = real(wm)
         return {w: 0 for w in reported} if stalled[0] else reported
 
-    inj._send_report = report  # type: ignore[method-assign]
+    inj._marks._send = report  # type: ignore[method-assign]
     inj.send(b"k", b"v", 1_700_000_000_000_000)
     with pytest.raises(InjectionError, match="was not confirmed within 3s"):
         inj.finish()

@@ -11,6 +11,7 @@ import pytest
 
 from injectors.buffer import Buffer
 from injectors.injector import Injector
+from injectors.watermark import Watermark
 from runtime.errors import InjectionError
 from runtime.record import producer_prefix
 
@@ -37,14 +38,15 @@ def _injector() -> Injector:
     # An Injector with no master behind it: only what send/advance_watermark touch.
     inj = Injector.__new__(Injector)
     inj.name, inj.stream, inj.batch_size, inj.finished = "src", "in", 1000, False
-    inj.position, inj._buffer, inj._held = 0, Buffer(), []
+    inj.position, inj._buffer = 0, Buffer()
     inj._mutex = threading.RLock()
     inj._cond, inj._queued = threading.Condition(inj._mutex), 0
     inj.max_queued, inj._error, inj._rounds, inj._first_at = 100_000, None, _Idle(), 0.0  # type: ignore[assignment]
     inj._flight, inj._returned = deque(), []
-    inj.watermark, inj._reported = MIN, MIN
-    inj._lock, inj._closed, inj._confirmer = threading.Lock(), threading.Event(), None
+    inj._closed = threading.Event()
     inj.client = NoMaster()  # type: ignore[assignment]
+    inj._marks = Watermark("src", "in", "x", inj.client, inj._queued_min, inj._closed)
+    inj._marks.reported = MIN
     inj._prefix = producer_prefix("injector/src")
     inj._sequenced = {inj._prefix: 0}
     return inj

@@ -1,0 +1,92 @@
+"""The injector's watermark side (injectors/watermark.py) against a scripted leader: what it
+reports while receipts are held, and that a round's report never waits for one in flight.
+The real master and workers are in tests/e2e/test_watermarks.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from injectors.watermark import MIN, Watermark
+from runtime.wire import millstream_pb2 as pb
+
+MAX = (1 << 63) - 1
+
+
+class Leader:
+    """Answers ReportInjector with the progress reports it holds per worker; can be made to
+    hang inside a call until released."""
+
+    timeout = 1.0
+
+    def __init__(self) -> None:
+        self.holds: dict[str, int] = {}
+        self.watermarks: list[int] = []
+        self.hang = threading.Event()
+        self.inside = threading.Event()
+        self.release = threading.Event()
+
+    def call(self, fn: Any) -> Any:
+        return fn(self)
+
+    def ReportInjector(self, report: pb.InjectorReport, timeout: float) -> pb.InjectorResponse:
+        if self.hang.is_set():
+            self.inside.set()
+            assert self.release.wait(10)
+        self.watermarks.append(report.watermark)
+        return pb.InjectorResponse(reported=self.holds)
+
+
+def _wait_for(cond: Any, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def test_a_held_receipt_holds_the_watermark_until_the_leader_holds_its_report() -> None:
+    leader, closed = Leader(), threading.Event()
+    marks = Watermark("src", "in", "x", leader, lambda: MAX, closed)  # type: ignore[arg-type]
+    try:
+        leader.holds = {"w1": 3}  # a worker the leader knows (an unknown one holds nothing)
+        marks.report()
+        assert leader.watermarks == [MIN]
+        marks.hold(100, ("w1", 5))
+        marks.promise(1_000)
+        marks.report()
+        assert marks.reported == 100 and marks.effective == 100  # the committed records hold it
+        leader.holds = {"w1": 4}  # an older report: still held
+        _wait_for(lambda: len(leader.watermarks) >= 4, "the confirmer did not ask again")
+        assert marks.reported == 100
+        leader.holds = {"w1": 5}
+        _wait_for(lambda: marks.reported == 1_000, "the watermark did not rise once the report was held")
+        assert marks.effective == 1_000 and leader.watermarks[-1] == 1_000
+    finally:
+        closed.set()
+        marks.close()
+
+
+def test_a_rounds_report_never_waits_for_a_report_in_flight() -> None:
+    leader, closed = Leader(), threading.Event()
+    marks = Watermark("src", "in", "x", leader, lambda: MAX, closed)  # type: ignore[arg-type]
+    try:
+        leader.holds = {"w1": 0}
+        marks.report()
+        leader.hang.set()
+        caller = threading.Thread(target=lambda: (marks.promise(50), marks.report()))
+        caller.start()  # advance_watermark's report, stuck at the master
+        assert leader.inside.wait(10)
+        round_end = threading.Thread(target=lambda: (marks.hold(10, ("w1", 1)), marks.report_later()))
+        round_end.start()
+        round_end.join(5)
+        assert not round_end.is_alive(), "a round's report waited for the one in flight"
+        leader.hang.clear()
+        leader.release.set()
+        caller.join(10)
+        leader.holds = {"w1": 1}
+        _wait_for(lambda: marks.reported == 50, "the confirmer did not report what the round let rise")
+    finally:
+        leader.release.set()
+        closed.set()
+        marks.close()
