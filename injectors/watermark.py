@@ -100,19 +100,27 @@ class Watermark:
             self._confirmer.join(timeout)
 
     def _confirm(self) -> None:
+        """Report what each round let rise; while receipts are held, ask every
+        ``CONFIRM_EVERY_S`` which of them the leader holds now, however often rounds wake it
+        (rounds every few milliseconds must not put the asking off for ever)."""
         failing = False
+        next_ask = time.monotonic() + CONFIRM_EVERY_S
         while not self._closed.is_set():
-            held = bool(self._held)
-            woken = self._due.wait(CONFIRM_EVERY_S if held else None)
+            if self._held:
+                self._due.wait(max(0.0, next_ask - time.monotonic()))
+            else:
+                self._due.wait()
+                next_ask = time.monotonic() + CONFIRM_EVERY_S
             self._due.clear()
             if self._closed.is_set():
                 return
+            ask = bool(self._held) and time.monotonic() >= next_ask
             try:
                 with self._lock:
-                    # Woken by a round: report what it let rise. Otherwise ask which receipts
-                    # the leader holds now.
-                    self._report_locked(wait=False, ask=held and not woken)
+                    self._report_locked(wait=False, ask=ask)
                 failing = False
+                if ask:
+                    next_ask = time.monotonic() + CONFIRM_EVERY_S
             except MillstreamError as e:  # the next user call reports (and raises) again
                 log.log(logging.DEBUG if failing else logging.INFO,
                         "injector %s: could not confirm its watermark: %s", self.name, e)

@@ -90,3 +90,34 @@ def test_a_rounds_report_never_waits_for_a_report_in_flight() -> None:
         leader.release.set()
         closed.set()
         marks.close()
+
+
+def test_rounds_more_often_than_the_asking_interval_do_not_put_the_asking_off() -> None:
+    """A paced sender's rounds wake the confirmer every few milliseconds; it must still ask
+    every 20 ms, or a held receipt is never released and the stream's watermark stalls."""
+    leader, closed = Leader(), threading.Event()
+    marks = Watermark("src", "in", "x", leader, lambda: MAX, closed)  # type: ignore[arg-type]
+    rounds_done = threading.Event()
+
+    def rounds() -> None:  # a round every 2 ms, each committed (and held) until told to stop
+        seq = 2
+        while not rounds_done.is_set():
+            marks.hold(2_000 + seq, ("w1", seq))
+            marks.report_later()
+            seq += 1
+            rounds_done.wait(0.002)
+    try:
+        leader.holds = {"w1": 0}
+        marks.hold(500, ("w1", 1))
+        marks.promise(1_000)
+        marks.report()
+        assert marks.reported == 500
+        sender = threading.Thread(target=rounds)
+        sender.start()
+        leader.holds = {"w1": 1}  # the first receipt's report is held from now on
+        _wait_for(lambda: marks.reported == 1_000, "held receipts were never asked about while rounds ran")
+        assert sender.is_alive()
+    finally:
+        rounds_done.set()
+        closed.set()
+        marks.close()
