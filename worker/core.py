@@ -516,16 +516,6 @@ class WorkerCore:
         for tablet in self.tablets.values():
             tablet.release(reported)
 
-    def submit(self, computation: str, key_range: int, token: int, records: list[Record],
-               orders: Orders | None = None) -> int | asyncio.Future[int] | None:
-        """:meth:`deliver`'s common case without a coroutine: the tablet is open here under
-        this token, and this is its status or the future its commit resolves. None: anything
-        else (use :meth:`deliver`)."""
-        tablet = self.tablets.get((computation, key_range))
-        if tablet is not None and tablet.token == token and not tablet.closing:
-            return tablet.submit(records, orders)
-        return None
-
     async def deliver(self, computation: str, key_range: int, token: int, records: list[Record],
                       orders: Orders | None = None) -> int:
         """Fence by token, then hand the batch to the tablet (DESIGN.md §4 step 1)."""

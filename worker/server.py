@@ -118,25 +118,6 @@ def keep_secret(state_dir: str, secret: str) -> None:
     os.replace(path + ".tmp", path)
 
 
-_PAUSED = -1  # not a wire status: BUSY without a receipt (the stream's input is paused)
-
-
-def _all_done(futures: list[asyncio.Future[int]]) -> asyncio.Future[None]:
-    """Resolved once all of ``futures`` are: two loop steps after the last (a done callback,
-    then the waiter), where ``asyncio.gather`` of coroutines takes three."""
-    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    left = len(futures)
-
-    def one(_: asyncio.Future[int]) -> None:
-        nonlocal left
-        left -= 1
-        if not left and not done.done():
-            done.set_result(None)
-    for f in futures:
-        f.add_done_callback(one)
-    return done
-
-
 def _sender_kind(request: pb.DeliverRequest) -> str:
     return "injector" if request.sender.startswith("injector/") or "worker" not in caller_roles() else "worker"
 
@@ -148,27 +129,17 @@ class WorkerServicer(rpc.WorkerServicer):
     async def Deliver(self, request: pb.DeliverRequest, context: Any) -> pb.DeliverResponse:
         admitted = await self._admit([request], context)
         metrics.DELIVERIES_PER_CALL.labels(_sender_kind(request)).observe(1)
-        status = self._start(*admitted[0])
-        return self._answer(status if isinstance(status, int) else await status)
+        return await self._deliver(*admitted[0])
 
     async def DeliverMany(self, request: pb.DeliverManyRequest, context: Any) -> pb.DeliverManyResponse:
         """Every delivery is checked before any is handed over (one refused refuses the call,
         so none of it is committed), then all go to their tablets at once: their batches run
-        side by side on the tablets' threads (worker/runner.py).
-
-        The answer goes back two loop steps after the last commit. Through ``asyncio.gather``
-        (a task per delivery) it took a step more, and by then the commit's productions had
-        reached a local tablet whose batch the loop waits for (worker/runner.py): the caller's
-        next round waited for the next stage's fsync (docs/performance.md, "Session 14")."""
+        side by side on the tablets' threads (worker/runner.py)."""
         admitted = await self._admit(request.deliveries, context)
         if admitted:
             metrics.DELIVERIES_PER_CALL.labels(_sender_kind(admitted[0][0])).observe(len(admitted))
-        started = [self._start(*a) for a in admitted]
-        waiting = [s for s in started if not isinstance(s, int)]
-        if waiting:
-            await _all_done(waiting)
-        return pb.DeliverManyResponse(answers=[self._answer(s if isinstance(s, int) else s.result())
-                                               for s in started])
+        answers = await asyncio.gather(*(self._deliver(*a) for a in admitted))
+        return pb.DeliverManyResponse(answers=answers)
 
     async def _admit(self, requests: Any, context: Any) -> list[tuple[pb.DeliverRequest, list[Record], Any]]:
         """Each request with its records and producer orders, once all are valid (the call
@@ -196,20 +167,14 @@ class WorkerServicer(rpc.WorkerServicer):
             await asyncio.sleep(delay)  # the fault hook's network round trip (tests, benchmarks)
         return out
 
-    def _start(self, request: pb.DeliverRequest, records: list[Record], orders: Any) -> int | asyncio.Future[int]:
-        """Hand a delivery to its tablet: its status now, or the future its commit resolves."""
+    async def _deliver(self, request: pb.DeliverRequest, records: list[Record], orders: Any) -> pb.DeliverResponse:
         if request.sender.startswith("injector/") or "worker" not in caller_roles():
             route = self.core.routing.computations.get(request.computation)
             if route is not None and route.input_paused:  # a savepoint is being taken: retry soon
-                return _PAUSED
-        args = (request.computation, request.key_range, request.token, records, orders)
-        queued = self.core.submit(*args)
-        return asyncio.ensure_future(self.core.deliver(*args)) if queued is None else queued
-
-    def _answer(self, status: int) -> pb.DeliverResponse:
-        if status == _PAUSED:
-            return pb.DeliverResponse(status=cast(Any, delivery.Status.BUSY),
-                                      routing_version=self.core.routing.version)
+                return pb.DeliverResponse(status=cast(Any, delivery.Status.BUSY),
+                                          routing_version=self.core.routing.version)
+        status = await self.core.deliver(request.computation, request.key_range, request.token, records,
+                                         orders)
         wid, seq = self.core.receipt()
         return pb.DeliverResponse(status=cast(Any, status),  # an int of DeliverResponse.Status
                                   worker_id=wid, report_seq=seq, routing_version=self.core.routing.version)

@@ -260,12 +260,6 @@ class Tablet:
         """Queue a batch; resolves to OK once committed, BUSY, OUT_OF_ORDER or NOT_OWNER
         otherwise. ``orders`` place its records in their producers' orders (see
         ``ProducerOrder`` in proto/millstream.proto and worker/dedup.py)."""
-        queued = self.submit(records, orders)
-        return queued if isinstance(queued, int) else await queued
-
-    def submit(self, records: list[Record], orders: Orders | None = None) -> int | asyncio.Future[int]:
-        """:meth:`deliver` without the wait: the status now (NOT_OWNER, BUSY), or the future
-        the commit resolves (on the loop, in the step that finishes the batch)."""
         if self.closing or not self.open:
             return NOT_OWNER
         limits = self.host.limits
@@ -277,7 +271,7 @@ class Tablet:
         self.keys.add(records)
         self.inbox.put(records, fut, orders or None)
         self._wake.set()
-        return fut
+        return await fut
 
     def follow(self, assignment: pb.Assignment) -> None:
         """The routing changed: tell the replicator; a tablet without one (replication=1)
