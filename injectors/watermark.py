@@ -84,8 +84,12 @@ class Watermark:
             self.report_later()
 
     def report_later(self) -> None:
-        """Have the confirmer report (what the last round let rise); never blocks."""
-        self._due.set()
+        """Have the confirmer report what the last round let rise; never blocks. While
+        receipts are held it asks within ``CONFIRM_EVERY_S`` anyway, and reports any rise
+        then: it is not woken (a paced sender's rounds would wake it a hundred times a
+        second, each a thread switch in the sender's process)."""
+        if not self._held:
+            self._due.set()
         if self._confirmer is None:
             with self._start_lock:
                 if self._confirmer is None and not self._closed.is_set():
