@@ -145,8 +145,11 @@ def replan(tablets: Iterable[TabletKey], current: Mapping[TabletKey, Ownership],
         candidates = [w for w in own.in_sync if w in alive]
         if candidates:  # failover: the least loaded in-sync copy (a draining one only if alone)
             counts = {w: sum(1 for o in assignable.values() if o.worker == w) for w in candidates}
-            assignable[t] = own.promoted(min(candidates, key=lambda w: (w in leaving, w not in eligible,
-                                                                        counts[w], w)))
+            pin = pinned.get(t)
+            # A copy an operator pinned it to, if it can take it: promoted once, not promoted
+            # here and then again below to follow the pin.
+            assignable[t] = own.promoted(pin if pin in candidates and pin in eligible else min(
+                candidates, key=lambda w: (w in leaving, w not in eligible, counts[w], w)))
         else:  # no in-sync copy left: unassigned until one comes back
             out[t] = Ownership("", own.token, (), own.in_sync)
     new = [t for t in tablets if t not in out and t not in assignable]
@@ -163,8 +166,8 @@ def replan(tablets: Iterable[TabletKey], current: Mapping[TabletKey, Ownership],
                 continue
             own = Ownership(want, 1, (), (want,))
         elif want and want != own.worker:
-            if want in own.in_sync:
-                own = own.promoted(want)
+            if want in own.in_sync and own.token == current[t].token:
+                own = own.promoted(want)  # (one promotion per replan: a failover above was one)
             elif want not in own.followers:  # catch it up first, then promote it
                 own = Ownership(own.worker, own.token, (*own.followers, want), own.in_sync)
         out[t] = own

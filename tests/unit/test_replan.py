@@ -135,3 +135,12 @@ def test_a_draining_worker_keeps_serving_until_a_target_caught_up_and_holds_no_c
     synced = {**step, ("c", 0): Ownership("a", 3, ("b",), ("a", "b"))}
     done = replan(list(cur), synced, ["a", "b"], {("c", 0): 1, ("c", 1): 2}, draining=["a"])
     assert done[("c", 0)].worker == "b" and done[("c", 0)].token == 4 and done[("c", 0)].followers == ()
+
+
+def test_a_failover_onto_a_pinned_copy_is_one_promotion() -> None:
+    """Hypothesis found it: the dead primary's tablet was promoted to one in-sync copy, then
+    promoted again to the copy an operator pinned it to, skipping a token in one replan."""
+    t = ("a", 1)
+    old = Ownership("w4", 1, ("w0", "w2", "w3"), ("w4", "w2", "w3"))
+    out = replan([("a", 0), t], {t: old}, ["w0", "w2", "w3"], {("a", 0): 1, t: 1}, pinned={t: "w3"})
+    assert out[t].worker == "w3" and out[t].token == 2 and set(out[t].in_sync) <= set(old.in_sync)
