@@ -5,10 +5,10 @@ The real master and workers are in tests/e2e/test_watermarks.py."""
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 from injectors.watermark import MIN, Watermark
+from runtime.cluster import wait_until
 from runtime.wire import millstream_pb2 as pb
 
 MAX = (1 << 63) - 1
@@ -38,13 +38,6 @@ class Leader:
         return pb.InjectorResponse(reported=self.holds)
 
 
-def _wait_for(cond: Any, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
-
-
 def test_a_held_receipt_holds_the_watermark_until_the_leader_holds_its_report() -> None:
     leader, closed = Leader(), threading.Event()
     marks = Watermark("src", "in", "x", leader, lambda: MAX, closed)  # type: ignore[arg-type]
@@ -57,10 +50,10 @@ def test_a_held_receipt_holds_the_watermark_until_the_leader_holds_its_report() 
         marks.report()
         assert marks.reported == 100 and marks.effective == 100  # the committed records hold it
         leader.holds = {"w1": 4}  # an older report: still held
-        _wait_for(lambda: len(leader.watermarks) >= 4, "the confirmer did not ask again")
+        wait_until(lambda: len(leader.watermarks) >= 4, 10, "the confirmer to ask again", interval=0.005)
         assert marks.reported == 100
         leader.holds = {"w1": 5}
-        _wait_for(lambda: marks.reported == 1_000, "the watermark did not rise once the report was held")
+        wait_until(lambda: marks.reported == 1_000, 10, "the watermark to rise once the report is held", interval=0.005)
         assert marks.effective == 1_000 and leader.watermarks[-1] == 1_000
     finally:
         closed.set()
@@ -85,7 +78,7 @@ def test_a_rounds_report_never_waits_for_a_report_in_flight() -> None:
         leader.release.set()
         caller.join(10)
         leader.holds = {"w1": 1}
-        _wait_for(lambda: marks.reported == 50, "the confirmer did not report what the round let rise")
+        wait_until(lambda: marks.reported == 50, 10, "the confirmer to report what the round let rise", interval=0.005)
     finally:
         leader.release.set()
         closed.set()
@@ -115,7 +108,7 @@ def test_rounds_more_often_than_the_asking_interval_do_not_put_the_asking_off() 
         sender = threading.Thread(target=rounds)
         sender.start()
         leader.holds = {"w1": 1}  # the first receipt's report is held from now on
-        _wait_for(lambda: marks.reported == 1_000, "held receipts were never asked about while rounds ran")
+        wait_until(lambda: marks.reported == 1_000, 10, "held receipts to be asked about while rounds run", interval=0.005)
         assert sender.is_alive()
     finally:
         rounds_done.set()
