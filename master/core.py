@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from master.jobs import CANCELLED, DRAINED, RUNNING, Job, closed_streams, input_streams
+from master.jobs import CANCELLED, DRAINED, PAUSE_LIMIT_S, RUNNING, Job, Pause, closed_streams, input_streams
 from master.ranges import KeyRange, Ranges
 from master.rebalance import Policy, Rebalancer
 from master.scheduler import Ownership, TabletKey, replan, replication_health
@@ -131,9 +131,12 @@ class MasterCore:
         self._dirty_injectors: set[str] = set()
         self._backlog: dict[TabletKey, int] = {}
         self.in_flight: dict[TabletKey, int] = {}   # queued records + unacknowledged productions
-        # Jobs whose input is paused for a savepoint (master/lifecycle.py) -> when the pause
-        # ends by itself if the savepoint never finishes (ms). Their watermarks do not advance.
-        self.paused: dict[str, float] = {}
+        # Jobs whose input is paused for a savepoint (master/lifecycle.py; stored in etcd). Their
+        # watermarks do not advance and their tablets fire no timers.
+        self.paused: dict[str, Pause] = {}
+        # tablet -> (the routing version its worker had applied when it took the tablet's last
+        # report, the batches it had committed): a savepoint's check that nothing ran
+        self.report_marks: dict[TabletKey, tuple[int, int]] = {}
         self._seen: dict[TabletKey, int] = {}
         self.stale_reports = 0
         # worker -> tablet -> (error, attempts, seconds): tablets it is given but cannot run
@@ -169,6 +172,9 @@ class MasterCore:
         self.ranges = {s.name: snap.ranges.get(s.name) or Ranges.first(s.key_ranges)
                        for t in self.topologies.values() for s in t.computations.values()}
         self.published = dict(snap.watermarks)
+        # A savepoint being taken stays paused (its client renews or ends it here now).
+        self.paused = {n: Pause.from_doc(d, now + PAUSE_LIMIT_S * 1000) for n, d in snap.pauses.items()
+                       if n in self.topologies}
         self.injectors = dict(snap.injectors)
         self.injector_incarnations = {
             n: dict(snap.injector_incarnations.get(n) or {"": wm}) for n, (_, wm) in snap.injectors.items()}
@@ -370,6 +376,7 @@ class MasterCore:
                 totals[name] = totals.get(name, 0) + max(0, count - before)
             self._backlog[key] = h.backlog
             self.in_flight[key] = h.in_flight
+            self.report_marks[key] = (routing_version, h.commits)
             self._seen[key] = h.watermark
             if h.slow:
                 self._slow[key] = (now, [(c.key, c.seconds, c.running) for c in h.slow])
@@ -746,6 +753,7 @@ def forget_tablet(core: MasterCore, key: TabletKey) -> None:
     core._slow.pop(key, None)
     core._last_counts.pop(key, None)
     core.in_flight.pop(key, None)
+    core.report_marks.pop(key, None)
     core.load_medians.pop(key, None)
     core.settler.forget(key)
     for problems in core.problems.values():

@@ -15,6 +15,7 @@ from runtime.topology import Topology
 
 RUNNING, DRAINING, DRAINED, CANCELLED = "running", "draining", "drained", "cancelled"
 RESTORING = "restoring"  # created from a savepoint; its tablets stay closed until they are loaded
+PAUSE_LIMIT_S = 60.0  # a savepoint's pause not renewed for this long ends by itself (its client died)
 
 
 @dataclass
@@ -39,6 +40,27 @@ class Job:
         return cls(str(doc["state"]), float(doc["since"]), bool(doc.get("kept", False)),
                    tuple(doc.get("streams", ())), bool(doc.get("released", False)),
                    tuple(doc.get("computations", ())))
+
+
+@dataclass
+class Pause:
+    """A savepoint being taken of a job (etcd ``savepoints/<topology>``): its input is paused and
+    its tablets fire no timers until the client ends it (docs/lifecycle.md). A new leader keeps it."""
+
+    id: str
+    until: float  # the leader's clock (ms): it ends by itself then unless renewed (not stored)
+    # The agreed point, once the job came to rest: "computation/range" -> [token, batches
+    # committed]; the client's copy is a cut only if every tablet still reports the same after it.
+    cut: dict[str, list[int]] | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"id": self.id, "cut": self.cut}
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any], until: float) -> Pause:
+        cut = doc.get("cut")
+        return cls(str(doc["id"]), until, None if cut is None else {str(k): [int(x) for x in v]
+                                                                    for k, v in dict(cut).items()})
 
 
 def input_streams(topology: Topology) -> list[str]:

@@ -25,11 +25,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from master.core import FINISHED, MasterCore, forget_tablet
-from master.jobs import CANCELLED, DRAINED, DRAINING, RESTORING, RUNNING, Diff, Job, diff, input_streams
+from master.jobs import (
+    CANCELLED,
+    DRAINED,
+    DRAINING,
+    PAUSE_LIMIT_S,
+    RESTORING,
+    RUNNING,
+    Diff,
+    Job,
+    Pause,
+    diff,
+    input_streams,
+)
 from master.ranges import KeyRange, Ranges
 from master.scheduler import Ownership, TabletKey
 from master.store import Change
@@ -199,7 +212,8 @@ async def cancel(core: MasterCore, name: str, keep_state: bool = False) -> Job:
             log.info("job %s cancelled; its state is kept (submit it again to resume)", name)
             return new
         new = Job(CANCELLED, time.time(), streams=streams, computations=tuple(topo.computations))
-        change = Change(topologies={name: None}, jobs={name: new.to_doc()})
+        change = Change(topologies={name: None}, jobs={name: new.to_doc()},
+                        pauses={name: None} if name in core.paused else {})
         for spec in topo.computations.values():
             change.gone += core._keys(spec)
             change.dropped[spec.name] = core.ranges[spec.name].next_id
@@ -228,12 +242,12 @@ def _forget_computations(core: MasterCore, specs: Iterable[ComputationSpec], gon
 
 
 async def advance(core: MasterCore) -> None:
-    """Carry draining jobs forward, end savepoint pauses nobody ended (every leader tick)."""
-    for name, until in list(core.paused.items()):
-        if core.now_ms() > until:
-            log.warning("job %s: the savepoint that paused its input did not finish; resuming", name)
-            core.paused.pop(name, None)
-            await core._bump()
+    """Carry draining jobs forward, end savepoint pauses nobody renewed (every leader tick)."""
+    for name, pause in list(core.paused.items()):
+        if core.now_ms() > pause.until:
+            log.warning("job %s: the savepoint that paused its input was not renewed for %.0f s (its "
+                        "client died?); resuming", name, PAUSE_LIMIT_S)
+            await savepoint_end(core, name, pause.id)
     if not any(job.state == DRAINING for job in core.jobs.values()):
         return
     async with core._lock:  # a cancel or update meanwhile sees (and changes) the job as it is
@@ -278,7 +292,6 @@ def release_streams(core: MasterCore, streams: Iterable[str]) -> None:
 
 # ------------------------------------------------------------------ savepoint and restore
 
-PAUSE_LIMIT_S = 300.0  # a savepoint's pause ends by itself after this long (its client died)
 RESTORE_TOKEN_GAP = 1 << 20  # a restored tablet's token: the saved one + this
 
 
@@ -309,8 +322,9 @@ def _upstream_first(topo: Topology) -> list[str]:
 
 
 async def savepoint_begin(core: MasterCore, name: str, timeout_s: float) -> pb.SavepointResponse:
-    """Pause the job's input and wait until nothing is in flight in it (docs/lifecycle.md):
-    then every tablet's state, taken in any order, is one consistent cut of the job."""
+    """Pause the job (its input, its timers; stored in etcd) and wait until it is at rest
+    (docs/lifecycle.md): then every tablet's state, taken in any order while the pause
+    holds, is one consistent cut of the job."""
     async with core._lock:
         topo, job = _job(core, name)
         if topo is None or (job is not None and job.state not in (DRAINED,)):
@@ -318,52 +332,115 @@ async def savepoint_begin(core: MasterCore, name: str, timeout_s: float) -> pb.S
                                   "has a savepoint taken")
         if name in core.paused:
             raise MillstreamError(f"a savepoint of job {name!r} is being taken; wait for it to finish")
-        core.paused[name] = core.now_ms() + PAUSE_LIMIT_S * 1000
+        pause = Pause(uuid.uuid4().hex[:16], core.now_ms() + (timeout_s + PAUSE_LIMIT_S) * 1000)
+        await core._io(core.store.apply, Change(pauses={name: pause.to_doc()}))
+        core.paused[name] = pause
         await core._bump()
-        version = core.version
     try:
         keys = [k for c in _upstream_first(topo) for k in core._keys(topo.computations[c])]
         deadline = time.monotonic() + timeout_s
-        seqs: dict[str, int] | None = None
+        first: dict[str, list[int]] | None = None
         while True:
-            if seqs is None and all(core.routing_seen.get(w, 0) >= version for w in core.workers):
-                seqs = dict(core.reported_seq)  # reports newer than these come after the pause
-            busy = _busy(core, keys, seqs)
-            if seqs is not None and not busy:
+            # Two rounds of reports, each taken after the routing bumped before it, with nothing
+            # queued, in flight or running, and the same batches committed in both: nothing ran
+            # in the job between them, and with its input and timers paused nothing can start.
+            cut, busy = await _round(core, keys, deadline)
+            if cut is not None and cut == first:
                 break
+            first = cut
+            if cut is None:
+                await asyncio.sleep(0.02)  # not at rest yet: look again at the next reports
             if time.monotonic() > deadline:
                 raise MillstreamError(
                     f"savepoint of job {name!r}: it did not come to rest within {timeout_s:.0f} s "
-                    f"({', '.join(busy[:5]) or 'workers have not applied the pause'}); nothing was saved, "
+                    f"({', '.join(busy[:5]) or 'its tablets kept committing'}); nothing was saved, "
                     "try again (or with a longer --timeout-s)")
-            await asyncio.sleep(0.02)  # waiting for the workers' next reports (every 50 ms)
+        async with core._lock:
+            if core.paused.get(name) is not pause:
+                raise MillstreamError(f"savepoint of job {name!r}: its pause ended while it came to rest "
+                                      "(cancelled?); nothing was saved")
+            pause.cut, pause.until = cut, core.now_ms() + PAUSE_LIMIT_S * 1000
+            await core._io(core.store.apply, Change(pauses={name: pause.to_doc()}))
     except BaseException:
-        await savepoint_end(core, name)
+        await savepoint_end(core, name, pause.id)
         raise
-    log.info("job %s: input paused, nothing in flight: taking a savepoint of %d tablets", name, len(keys))
+    log.info("job %s: paused and at rest: taking savepoint %s of %d tablets", name, pause.id, len(keys))
     return pb.SavepointResponse(topology_json=topo.to_json(), tablets=[_placed(core, k) for k in keys],
-                                watermarks={c: core.published.get(c, MIN) for c in topo.computations})
+                                watermarks={c: core.published.get(c, MIN) for c in topo.computations},
+                                savepoint_id=pause.id)
 
 
-def _busy(core: MasterCore, keys: list[TabletKey], seqs: dict[str, int] | None) -> list[str]:
-    """The tablets not (yet known to be) at rest: no live primary, no report since the pause,
-    or records or productions in flight."""
+async def _round(core: MasterCore, keys: list[TabletKey],
+                 deadline: float) -> tuple[dict[str, list[int]] | None, list[str]]:
+    """Bump the routing, wait for a report of every tablet taken after its worker applied it
+    (or the deadline); returns what each committed so far if all are at rest (else None),
+    and the tablets that are not."""
+    await core._bump()
+    version = core.version
+    while True:
+        busy = _busy(core, keys, version)
+        if not [b for b in busy if b.endswith("(no report yet)")] or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.02)  # waiting for the workers' next reports (every 50 ms)
+    if busy:
+        return None, busy
+    return {f"{c}/{r}": [core.tablets[(c, r)].token, core.report_marks[(c, r)][1]] for c, r in keys}, []
+
+
+def _busy(core: MasterCore, keys: list[TabletKey], version: int) -> list[str]:
+    """The tablets not known to be at rest: no live primary, no report taken under routing
+    ``version`` or later, or records or productions in flight, or a batch running."""
     out = []
     for key in keys:
         own = core.tablets.get(key)
         rep = core.reports.get(key)
-        if (own is None or not own.worker or own.worker not in core.workers or seqs is None
-                or core.reported_seq.get(own.worker, 0) <= seqs.get(own.worker, 0)
-                or rep is None or rep.token != own.token or core.in_flight.get(key, 1)):
-            out.append(f"{key[0]}/{key[1]}")
+        if own is None or not own.worker or own.worker not in core.workers:
+            out.append(f"{key[0]}/{key[1]} (no live primary)")
+        elif rep is None or rep.token != own.token or core.report_marks.get(key, (0, 0))[0] < version:
+            out.append(f"{key[0]}/{key[1]} (no report yet)")
+        elif core.in_flight.get(key, 1):
+            out.append(f"{key[0]}/{key[1]} ({core.in_flight[key]} in flight)")
     return out
 
 
-async def savepoint_end(core: MasterCore, name: str) -> None:
-    """Resume the input a savepoint paused."""
-    if core.paused.pop(name, None) is not None:
-        await core._bump()
-        log.info("job %s: savepoint done, input resumed", name)
+def _lost(name: str, savepoint_id: str, why: str) -> MillstreamError:
+    return MillstreamError(
+        f"savepoint {savepoint_id or '(no id)'} of job {name!r}: {why}. The tablets copied are not one "
+        "consistent cut of the job, so no manifest is written; take the savepoint again")
+
+
+async def savepoint_renew(core: MasterCore, name: str, savepoint_id: str) -> None:
+    """The client is still copying: keep the pause another :data:`PAUSE_LIMIT_S`."""
+    pause = core.paused.get(name)
+    if pause is None or pause.id != savepoint_id or pause.cut is None:
+        raise _lost(name, savepoint_id, "its pause is no longer in force (not renewed in time, or ended)")
+    pause.until = core.now_ms() + PAUSE_LIMIT_S * 1000
+
+
+async def savepoint_end(core: MasterCore, name: str, savepoint_id: str = "", verify: bool = False,
+                        timeout_s: float = 30.0) -> None:
+    """Resume the job a savepoint paused. With ``verify``, first check that the pause held
+    throughout and that every tablet still reports what it reported at the agreed point (nothing
+    ran while the tablets were copied); raise otherwise (the pause ends either way)."""
+    pause = core.paused.get(name)
+    try:
+        if verify:
+            if pause is None or pause.id != savepoint_id or pause.cut is None:
+                raise _lost(name, savepoint_id, "its pause ended before the copy did (not renewed in time?)")
+            keys = [(c, int(r)) for c, _, r in (k.rpartition("/") for k in pause.cut)]
+            cut, busy = await _round(core, keys, time.monotonic() + timeout_s)
+            if cut != pause.cut:
+                moved = busy or [k for k, v in (cut or {}).items() if pause.cut.get(k) != v]
+                raise _lost(name, savepoint_id, "its tablets did not stay at rest while they were copied "
+                                                f"({', '.join(moved[:5])})")
+    finally:
+        async with core._lock:
+            pause = core.paused.get(name)
+            if pause is not None and (not savepoint_id or pause.id == savepoint_id):
+                await core._io(core.store.apply, Change(pauses={name: None}))
+                core.paused.pop(name, None)
+                await core._bump()
+                log.info("job %s: savepoint %s ended, input and timers resumed", name, pause.id)
 
 
 async def restore_begin(core: MasterCore, manifest: dict[str, Any], name: str) -> pb.RestoreResponse:

@@ -85,9 +85,14 @@ class MasterServicer(rpc.MasterServicer):
 
     async def Savepoint(self, request: pb.SavepointRequest, context: Any) -> pb.SavepointResponse:
         core = await self._leader(context)
+        if request.renew:
+            await serving.call_core(context, lambda: lifecycle.savepoint_renew(
+                core, request.topology, request.savepoint_id))
+            return pb.SavepointResponse(savepoint_id=request.savepoint_id)
         if request.end:
-            await lifecycle.savepoint_end(core, request.topology)
-            return pb.SavepointResponse()
+            await serving.call_core(context, lambda: lifecycle.savepoint_end(
+                core, request.topology, request.savepoint_id, request.verify))
+            return pb.SavepointResponse(savepoint_id=request.savepoint_id)
         return await serving.call_core(context, lambda: lifecycle.savepoint_begin(
             core, request.topology, request.timeout_s or 60.0))
 

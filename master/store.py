@@ -16,6 +16,7 @@ Layout under ``/millstream/``::
     jobs/<topology>             {"state", "since", ...} once a job left "running" (master/lifecycle.py)
     dropped/<computation>       the id below which its ranges' state was deleted (a cancel, a
                                 removal or reset by an update); a name used again starts above it
+    savepoints/<topology>       {"id", "cut"} while a savepoint pauses that job (master/lifecycle.py)
 
 Every write the leader makes is one etcd transaction guarded by the leader key
 still holding this master's identity, so a deposed leader can change nothing.
@@ -53,6 +54,7 @@ IDENTITIES = PREFIX + "identities/"
 RANGES = PREFIX + "ranges/"
 JOBS = PREFIX + "jobs/"
 DROPPED = PREFIX + "dropped/"
+SAVEPOINTS = PREFIX + "savepoints/"
 _TXN_OPS = 100  # etcd's default --max-txn-ops is 128
 
 
@@ -98,6 +100,7 @@ class Snapshot:
     identities: dict[str, str] = field(default_factory=dict)  # worker id -> SHA-256 of its secret
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # topology -> lifecycle document
     dropped: dict[str, int] = field(default_factory=dict)  # computation -> ids below this are gone
+    pauses: dict[str, dict[str, Any]] = field(default_factory=dict)  # topology -> savepoint pause
 
 
 @dataclass
@@ -113,6 +116,7 @@ class Change:
     watermarks_gone: list[str] = field(default_factory=list)
     injectors_gone: list[str] = field(default_factory=list)
     watermarks: dict[str, int] = field(default_factory=dict)
+    pauses: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # savepoint pauses
 
 
 class EtcdStore:
@@ -258,6 +262,8 @@ class EtcdStore:
                 snap.identities[key[len(IDENTITIES):]] = value.decode()
             elif key.startswith(JOBS):
                 snap.jobs[key[len(JOBS):]] = json.loads(value)
+            elif key.startswith(SAVEPOINTS):
+                snap.pauses[key[len(SAVEPOINTS):]] = json.loads(value)
             elif key.startswith(DROPPED):
                 snap.dropped[key[len(DROPPED):]] = int(value)
             elif key.startswith(RANGES):
@@ -316,6 +322,8 @@ class EtcdStore:
             ops.append(t.delete(TOPOLOGIES + n) if doc is None else t.put(TOPOLOGIES + n, doc))
         for n, job in sorted(change.jobs.items()):
             ops.append(t.delete(JOBS + n) if job is None else t.put(JOBS + n, json.dumps(job)))
+        for n, pause in sorted(change.pauses.items()):
+            ops.append(t.delete(SAVEPOINTS + n) if pause is None else t.put(SAVEPOINTS + n, json.dumps(pause)))
         self._guarded(ops)
 
     def put_progress(self, watermarks: Mapping[str, int],

@@ -7,24 +7,28 @@ Layout of a savepoint directory::
                                      data, checkpointed productions, sink positions)
 
 ``manifest.json`` holds the format, the job's name and topology, when it was taken, every
-tablet (computation, range id, hash bounds ``[start, end)``, sequencer token) and the
-published low watermarks.
+tablet (computation, range id, hash bounds ``[start, end)``, sequencer token, and every file
+of its checkpoint with its size and SHA-256) and the published low watermarks.
 
-Taking one (:func:`take`): the leader pauses the job's input (workers answer injectors BUSY,
-so they wait and retry; nothing is refused) and freezes its watermarks, waits until no
-record or production is in flight anywhere in the job, and says where each tablet is; this
-client then streams a checkpoint of every tablet from its primary, and the leader resumes
-the input. Restoring (:func:`restore`): the leader creates the job with its tablets placed
-on this cluster's workers but closed, this client loads every tablet's files into its
-primary, and the leader opens them.
+Taking one (:func:`take`): the leader pauses the job (workers answer injectors BUSY, so they
+wait and retry, and fire none of its timers; the pause is stored in etcd, so a new leader
+keeps it) and freezes its watermarks, waits until the job is at rest, and says where each
+tablet is; this client then streams a checkpoint of every tablet from its primary, renewing
+the pause meanwhile, and ends the pause with a check that it held and nothing ran: only then
+is the manifest written. Restoring (:func:`restore`): the files are checked against the
+manifest, the leader creates the job with its tablets placed on this cluster's workers but
+closed, this client loads every tablet's files into its primary (which checks them again),
+and the leader opens them.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
@@ -50,8 +54,10 @@ class Client(Protocol):
 
 
 MANIFEST = "manifest.json"
-FORMAT = 1
+FORMAT = 2    # 2: every tablet lists its files (1: without; still restored)
+FORMATS = (1, 2)
 CHUNK = 4 << 20
+RENEW_EVERY_S = 5.0  # the leader ends a pause not renewed for a minute (master.jobs.PAUSE_LIMIT_S)
 
 
 def tablet_dir(directory: str, computation: str, key_range: int) -> str:
@@ -59,7 +65,8 @@ def tablet_dir(directory: str, computation: str, key_range: int) -> str:
 
 
 def read_manifest(directory: str) -> dict[str, Any]:
-    """The manifest of the savepoint in ``directory``; a clear error if it is not one."""
+    """The manifest of the savepoint in ``directory``; a clear error if it is not one, or if a
+    tablet's files are missing or of another size than the manifest says."""
     path = os.path.join(directory, MANIFEST)
     try:
         with open(path) as f:
@@ -69,12 +76,26 @@ def read_manifest(directory: str) -> dict[str, Any]:
                               "directory `millstream savepoint` wrote") from None
     except ValueError as e:
         raise MillstreamError(f"{path!r} is not a savepoint manifest ({e}); the savepoint is damaged") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or "topology" not in doc:
-        raise MillstreamError(f"{path!r} is not a savepoint manifest of format {FORMAT}")
+    if not isinstance(doc, dict) or doc.get("format") not in FORMATS or "topology" not in doc:
+        raise MillstreamError(f"{path!r} is not a savepoint manifest of format {' or '.join(map(str, FORMATS))}")
     for t in doc.get("tablets", []):
-        if not os.path.isdir(tablet_dir(directory, t["computation"], int(t["key_range"]))):
-            raise MillstreamError(f"savepoint {directory!r} lacks tablet {t['computation']}/{t['key_range']}; "
-                                  "it is damaged")
+        where = tablet_dir(directory, t["computation"], int(t["key_range"]))
+        name = f"{t['computation']}/{t['key_range']}"
+        if not os.path.isdir(where):
+            raise MillstreamError(f"savepoint {directory!r} lacks tablet {name}; it is damaged")
+        files = t.get("files")
+        if files is None:  # format 1: at least a RocksDB database, never an empty directory
+            files = [{"name": "CURRENT"}]
+        for f in files:
+            try:
+                size = os.path.getsize(os.path.join(where, str(f["name"])))
+            except OSError:
+                raise MillstreamError(f"savepoint {directory!r}: tablet {name} lacks its file {f['name']!r}; the "
+                                      "savepoint is damaged (restoring it would start that tablet from empty "
+                                      "state): restore another savepoint") from None
+            if "size" in f and size != int(f["size"]):
+                raise MillstreamError(f"savepoint {directory!r}: tablet {name}'s file {f['name']!r} has {size} "
+                                      f"bytes, the manifest says {f['size']}; the savepoint is damaged")
     return doc
 
 
@@ -85,20 +106,38 @@ def take(client: Client, name: str, directory: str, timeout_s: float = 60.0) -> 
     os.makedirs(directory, exist_ok=True)
     req = pb.SavepointRequest(topology=name, timeout_s=timeout_s)
     plan = client.call(lambda s: s.Savepoint(req, timeout=timeout_s + client.timeout))
+    sid = plan.savepoint_id
+    renewer = _Renewer(client, name, sid)
+    ended = False
     try:
         tablets = []
         for t in plan.tablets:
+            renewer.check()
             if not t.address:
                 raise MillstreamError(f"tablet {t.computation}/{t.key_range} has no primary now; try again")
-            _fetch(client, t, tablet_dir(directory, t.computation, t.key_range))
+            target = tablet_dir(directory, t.computation, t.key_range)
+            _fetch(client, t, target)
             tablets.append({"computation": t.computation, "key_range": t.key_range, "start": t.start,
-                            "end": from_wire_end(t.end), "token": t.token})
+                            "end": from_wire_end(t.end), "token": t.token, "files": digests(target)})
+        renewer.stop()
+        renewer.check()
+        # The leader checks that the pause held and every tablet is as it was at the agreed
+        # point (and raises otherwise); the pause ends either way.
+        ended = True
+        client.call(lambda s: s.Savepoint(pb.SavepointRequest(topology=name, end=True, savepoint_id=sid,
+                                                              verify=True), timeout=client.timeout + 30))
     except BaseException:
         shutil.rmtree(os.path.join(directory, "tablets"), ignore_errors=True)
+        if not ended:
+            try:
+                client.call(lambda s: s.Savepoint(pb.SavepointRequest(topology=name, end=True, savepoint_id=sid),
+                                                  timeout=client.timeout))
+            except MillstreamError:
+                pass  # the error that brought us here says more; the pause ends by itself anyway
         raise
     finally:
-        client.call(lambda s: s.Savepoint(pb.SavepointRequest(topology=name, end=True), timeout=client.timeout))
-    manifest = {"format": FORMAT, "job": name, "topology": plan.topology_json,
+        renewer.stop()
+    manifest = {"format": FORMAT, "job": name, "savepoint_id": sid, "topology": plan.topology_json,
                 "taken": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                 "tablets": tablets, "watermarks": dict(plan.watermarks)}
     tmp = os.path.join(directory, f".{MANIFEST}.tmp")
@@ -108,6 +147,51 @@ def take(client: Client, name: str, directory: str, timeout_s: float = 60.0) -> 
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(directory, MANIFEST))
     return manifest
+
+
+class _Renewer:
+    """Renews a savepoint's pause every :data:`RENEW_EVERY_S` while the tablets are copied (a
+    copy may take longer than the leader keeps an unrenewed pause); the first refusal is kept
+    and raised by :meth:`check`."""
+
+    def __init__(self, client: Client, name: str, savepoint_id: str) -> None:
+        self._stop = threading.Event()
+        self.error: MillstreamError | None = None
+        req = pb.SavepointRequest(topology=name, renew=True, savepoint_id=savepoint_id)
+
+        def run() -> None:
+            while not self._stop.wait(RENEW_EVERY_S):
+                try:
+                    client.call(lambda s: s.Savepoint(req, timeout=client.timeout))
+                except MillstreamError as e:
+                    self.error = e
+                    return
+
+        self._thread = threading.Thread(target=run, name=f"savepoint {name}: renew", daemon=True)
+        self._thread.start()
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+
+def digests(directory: str) -> list[dict[str, Any]]:
+    """Every file of a tablet's copy: name, size and SHA-256 (the manifest keeps them)."""
+    out = []
+    for name in sorted(os.listdir(directory)):
+        h = hashlib.sha256()
+        size = 0
+        with open(os.path.join(directory, name), "rb") as f:
+            while data := f.read(CHUNK):
+                h.update(data)
+                size += len(data)
+        out.append({"name": name, "size": size, "sha256": h.hexdigest()})
+    return out
 
 
 def _fetch(client: Client, t: pb.TabletPlace, target: str) -> None:
@@ -132,14 +216,19 @@ def _fetch(client: Client, t: pb.TabletPlace, target: str) -> None:
 def restore(client: Client, directory: str, name: str | None = None) -> str:
     """Submit the job saved in ``directory`` to this cluster (as ``name``); returns its name."""
     manifest = read_manifest(directory)
+    files = {(str(t["computation"]), int(t["key_range"])): t.get("files") for t in manifest["tablets"]}
+    for (c, r), listed in files.items():
+        if listed is not None:
+            _check(directory, c, r, listed)  # before anything changes in the cluster
     doc = json.dumps(manifest)
     begun = client.call(lambda s: s.Restore(pb.RestoreRequest(manifest_json=doc, name=name or ""),
                                             timeout=client.timeout))
     for t in begun.tablets:
         source = tablet_dir(directory, t.computation, t.saved_key_range)
+        listed = files.get((t.computation, t.saved_key_range))
         stub = rpc.WorkerStub(client.worker_channel(t.address))
         try:
-            resp = stub.LoadTablet(_chunks(source, t), timeout=600)
+            resp = stub.LoadTablet(_chunks(source, t, listed), timeout=600)
         except grpc.RpcError as e:
             raise MillstreamError(f"restore: loading tablet {t.computation}/{t.key_range} into {t.address} "
                                   f"failed: {e.details()}; cancel the job (`millstream cancel {begun.name}`) "
@@ -150,8 +239,21 @@ def restore(client: Client, directory: str, name: str | None = None) -> str:
     return str(begun.name)
 
 
-def _chunks(source: str, t: pb.TabletPlace) -> Iterator[pb.SnapshotChunk]:
-    for file in sorted(os.listdir(source)):
+def _check(directory: str, computation: str, key_range: int, listed: list[dict[str, Any]]) -> None:
+    """The tablet's files are those the manifest lists, byte for byte."""
+    have = {d["name"]: d for d in digests(tablet_dir(directory, computation, key_range))}
+    for f in listed:
+        got = have.get(str(f["name"]))
+        if got is None or got["size"] != int(f["size"]) or got["sha256"] != f["sha256"]:
+            what = "is missing" if got is None else "differs from what the manifest says (size or SHA-256)"
+            raise MillstreamError(f"savepoint {directory!r}: tablet {computation}/{key_range}'s file "
+                                  f"{f['name']!r} {what}; the savepoint is damaged, restore another one")
+
+
+def _chunks(source: str, t: pb.TabletPlace, listed: list[dict[str, Any]] | None) -> Iterator[pb.SnapshotChunk]:
+    """The files of a tablet's copy (those the manifest lists), then a last chunk listing them."""
+    names = sorted(os.listdir(source)) if listed is None else [str(f["name"]) for f in listed]
+    for file in names:
         with open(os.path.join(source, file), "rb") as f:
             offset = 0
             while True:
@@ -161,4 +263,5 @@ def _chunks(source: str, t: pb.TabletPlace) -> Iterator[pb.SnapshotChunk]:
                 offset += len(data)
                 if len(data) < CHUNK:
                     break
-    yield pb.SnapshotChunk(computation=t.computation, key_range=t.key_range, token=t.token, done=True)
+    files = [pb.FileDigest(name=str(f["name"]), size=int(f["size"]), sha256=str(f["sha256"])) for f in listed or ()]
+    yield pb.SnapshotChunk(computation=t.computation, key_range=t.key_range, token=t.token, done=True, files=files)

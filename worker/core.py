@@ -172,6 +172,8 @@ class WorkerCore:
             tablet = self.tablets.get(key)
             if tablet is not None and tablet.token == a.token:
                 tablet.follow(a)
+        for tablet in self.tablets.values():
+            tablet.wake()  # a savepoint's pause may have ended: the timers it held fire now
         await self.reconcile()
 
     async def routing_changed(self, version: int, timeout: float) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import functools
+import hashlib
 import logging
 import os
 import re
@@ -207,6 +208,10 @@ class WorkerServicer(rpc.WorkerServicer):
                     target = await serving.call_core(context, functools.partial(
                         self.core.loadable, chunk.computation, chunk.key_range, chunk.token))
                 if chunk.done:
+                    wrong = await asyncio.to_thread(_differs, incoming, chunk.files)
+                    if wrong:
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"tablet {chunk.computation}/"
+                                            f"{chunk.key_range}: {wrong}; nothing was installed")
                     await asyncio.to_thread(_install, incoming, target)
                     return pb.ReplicateResponse(status=pb.ReplicateResponse.OK)
                 if not chunk.file or "/" in chunk.file or chunk.file.startswith("."):
@@ -226,6 +231,28 @@ class WorkerServicer(rpc.WorkerServicer):
 
     async def InstallSnapshot(self, request: pb.SnapshotChunk, context: Any) -> pb.ReplicateResponse:
         return await self.core.replicas.install(request)
+
+
+def _differs(incoming: str, files: Any) -> str:
+    """What is wrong with the files loaded into ``incoming`` against the list the last chunk
+    carries (a savepoint's manifest): "" if they match, or if there is no list (an older client)."""
+    if not files:
+        return ""
+    for f in files:
+        path = os.path.join(incoming, f.name)
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            return f"its file {f.name!r} did not arrive"
+        if size != f.size:
+            return f"its file {f.name!r} has {size} bytes, the savepoint's manifest says {f.size}"
+        h = hashlib.sha256()
+        with open(path, "rb") as data:
+            while block := data.read(4 << 20):
+                h.update(block)
+        if h.hexdigest() != f.sha256:
+            return f"its file {f.name!r} differs from the savepoint's manifest (SHA-256)"
+    return ""
 
 
 def _install(incoming: str, target: str) -> None:

@@ -97,6 +97,8 @@ class Tablet:
         self.keys = KeySample()             # where its load divides evenly (for a split)
         self.outbox = Outbox()
         self.processed = 0
+        self.commits = 0   # batches committed under this token (a savepoint compares two reports)
+        self.running = 0   # records of the batch running now, plus 1 (0: no batch runs)
         self.weak = route.productions == "weak"
         self._weak_wait: tuple[set[int], asyncio.Event] | None = None
         # Weak productions checkpointed by the commit being written, and those of them
@@ -294,6 +296,7 @@ class Tablet:
         finished deliveries hear OK, what the batch did not reach goes back in the queue."""
         commit = batch.commit
         self.failures = 0
+        self.commits += 1
         self._unwritten = set()
         if self._acked_unwritten:  # acknowledged while their checkpoints were being written
             self.store.delete_productions(self._acked_unwritten)
@@ -338,10 +341,22 @@ class Tablet:
 
     # ------------------------------------------------------------ processing
 
+    def timers_held(self) -> bool:
+        """Whether a savepoint of this tablet's job is being taken: its timers (wall-clock and
+        event-time) do not fire until it is done, so nothing in the job moves while its
+        tablets are copied one after another (docs/lifecycle.md)."""
+        route = self.host.routing.computations.get(self.computation)
+        return route is not None and route.input_paused
+
+    def wake(self) -> None:
+        """The routing changed: timers a savepoint held may fire now."""
+        self._wake.set()
+
     async def _run(self) -> None:
         while not self.closing:
-            delay = self._next_wall_timer_delay()
-            if not self.inbox and not self._due_event_timers():
+            held = self.timers_held()
+            delay = None if held else self._next_wall_timer_delay()
+            if not self.inbox and (held or not self._due_event_timers()):
                 try:
                     await asyncio.wait_for(self._wake.wait(), delay)
                 except TimeoutError:
@@ -381,9 +396,11 @@ class Tablet:
         assert self.thread is not None
         limit = self.batch_limit
         items = self.inbox.take(limit)
-        due = self.timers.pop_due(self.now_us(), self.host.watermark(self.computation), limit)
+        due = [] if self.timers_held() else self.timers.pop_due(self.now_us(), self.host.watermark(self.computation),
+                                                                 limit)
         if not items and not due:
             return
+        self.running = 1 + sum(d.remaining for d in items)
         for t in due:
             self.inbox.hold(t.time)  # a timer being fired still holds the watermark
         commit = Commit(seq=self.store.seq)
@@ -408,6 +425,7 @@ class Tablet:
             self._unwritten, self._acked_unwritten = set(), []
             raise
         finally:
+            self.running = 0
             for t in due:
                 self.inbox.unhold(t.time)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
@@ -474,7 +492,7 @@ class Tablet:
             computation=self.computation, key_range=self.key_range, token=self.token,
             has_work=oldest is not None, oldest_work=oldest or 0, processed=self.processed,
             late=self.late, dead_lettered=self.dead_lettered, backlog=self.inbox.records,
-            in_flight=self.inbox.records + self.outbox.unacked,
+            in_flight=self.inbox.records + self.running + self.outbox.unacked, commits=self.commits,
             watermark=self.host.watermark(self.computation),
             slow=[pb.SlowCall(key=k, seconds=sec, running=run) for k, sec, run in self.calls.snapshot()],
             load_median=self.keys.median())

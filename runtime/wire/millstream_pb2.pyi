@@ -136,7 +136,7 @@ class ReplicateResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[ReplicateResponse.Status, str]] = ..., index: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class SnapshotChunk(_message.Message):
-    __slots__ = ("computation", "key_range", "token", "index", "session", "file", "offset", "data", "done", "follower")
+    __slots__ = ("computation", "key_range", "token", "index", "session", "file", "offset", "data", "done", "follower", "files")
     COMPUTATION_FIELD_NUMBER: _ClassVar[int]
     KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +147,7 @@ class SnapshotChunk(_message.Message):
     DATA_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     FOLLOWER_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
     computation: str
     key_range: int
     token: int
@@ -157,7 +158,18 @@ class SnapshotChunk(_message.Message):
     data: bytes
     done: bool
     follower: str
-    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., index: _Optional[int] = ..., session: _Optional[str] = ..., file: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., done: _Optional[bool] = ..., follower: _Optional[str] = ...) -> None: ...
+    files: _containers.RepeatedCompositeFieldContainer[FileDigest]
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., index: _Optional[int] = ..., session: _Optional[str] = ..., file: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., done: _Optional[bool] = ..., follower: _Optional[str] = ..., files: _Optional[_Iterable[_Union[FileDigest, _Mapping]]] = ...) -> None: ...
+
+class FileDigest(_message.Message):
+    __slots__ = ("name", "size", "sha256")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    size: int
+    sha256: str
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class ReadStateRequest(_message.Message):
     __slots__ = ("computation", "key_range", "token", "key")
@@ -228,7 +240,7 @@ class RegisterWorkerResponse(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., lease_ms: _Optional[int] = ..., secret: _Optional[str] = ...) -> None: ...
 
 class HeldTablet(_message.Message):
-    __slots__ = ("computation", "key_range", "token", "has_work", "oldest_work", "processed", "late", "dead_lettered", "backlog", "watermark", "slow", "load_median", "in_flight")
+    __slots__ = ("computation", "key_range", "token", "has_work", "oldest_work", "processed", "late", "dead_lettered", "backlog", "watermark", "slow", "load_median", "in_flight", "commits")
     COMPUTATION_FIELD_NUMBER: _ClassVar[int]
     KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -242,6 +254,7 @@ class HeldTablet(_message.Message):
     SLOW_FIELD_NUMBER: _ClassVar[int]
     LOAD_MEDIAN_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    COMMITS_FIELD_NUMBER: _ClassVar[int]
     computation: str
     key_range: int
     token: int
@@ -255,7 +268,8 @@ class HeldTablet(_message.Message):
     slow: _containers.RepeatedCompositeFieldContainer[SlowCall]
     load_median: int
     in_flight: int
-    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., has_work: _Optional[bool] = ..., oldest_work: _Optional[int] = ..., processed: _Optional[int] = ..., late: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., backlog: _Optional[int] = ..., watermark: _Optional[int] = ..., slow: _Optional[_Iterable[_Union[SlowCall, _Mapping]]] = ..., load_median: _Optional[int] = ..., in_flight: _Optional[int] = ...) -> None: ...
+    commits: int
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., has_work: _Optional[bool] = ..., oldest_work: _Optional[int] = ..., processed: _Optional[int] = ..., late: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., backlog: _Optional[int] = ..., watermark: _Optional[int] = ..., slow: _Optional[_Iterable[_Union[SlowCall, _Mapping]]] = ..., load_median: _Optional[int] = ..., in_flight: _Optional[int] = ..., commits: _Optional[int] = ...) -> None: ...
 
 class SlowCall(_message.Message):
     __slots__ = ("key", "seconds", "running")
@@ -593,14 +607,20 @@ class JobResponse(_message.Message):
     def __init__(self, state: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class SavepointRequest(_message.Message):
-    __slots__ = ("topology", "end", "timeout_s")
+    __slots__ = ("topology", "end", "timeout_s", "savepoint_id", "renew", "verify")
     TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    SAVEPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    RENEW_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_FIELD_NUMBER: _ClassVar[int]
     topology: str
     end: bool
     timeout_s: float
-    def __init__(self, topology: _Optional[str] = ..., end: _Optional[bool] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    savepoint_id: str
+    renew: bool
+    verify: bool
+    def __init__(self, topology: _Optional[str] = ..., end: _Optional[bool] = ..., timeout_s: _Optional[float] = ..., savepoint_id: _Optional[str] = ..., renew: _Optional[bool] = ..., verify: _Optional[bool] = ...) -> None: ...
 
 class TabletPlace(_message.Message):
     __slots__ = ("computation", "key_range", "start", "end", "address", "token", "saved_key_range")
@@ -621,7 +641,7 @@ class TabletPlace(_message.Message):
     def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., address: _Optional[str] = ..., token: _Optional[int] = ..., saved_key_range: _Optional[int] = ...) -> None: ...
 
 class SavepointResponse(_message.Message):
-    __slots__ = ("topology_json", "tablets", "watermarks")
+    __slots__ = ("topology_json", "tablets", "watermarks", "savepoint_id")
     class WatermarksEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -632,10 +652,12 @@ class SavepointResponse(_message.Message):
     TOPOLOGY_JSON_FIELD_NUMBER: _ClassVar[int]
     TABLETS_FIELD_NUMBER: _ClassVar[int]
     WATERMARKS_FIELD_NUMBER: _ClassVar[int]
+    SAVEPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     topology_json: str
     tablets: _containers.RepeatedCompositeFieldContainer[TabletPlace]
     watermarks: _containers.ScalarMap[str, int]
-    def __init__(self, topology_json: _Optional[str] = ..., tablets: _Optional[_Iterable[_Union[TabletPlace, _Mapping]]] = ..., watermarks: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    savepoint_id: str
+    def __init__(self, topology_json: _Optional[str] = ..., tablets: _Optional[_Iterable[_Union[TabletPlace, _Mapping]]] = ..., watermarks: _Optional[_Mapping[str, int]] = ..., savepoint_id: _Optional[str] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
     __slots__ = ("manifest_json", "name", "commit")
