@@ -64,6 +64,23 @@ class TimerJob(Computation):
             ctx.set_timer(tag, time, TimeDomain.WALL_TIME)
 
 
+class EventTimers(Computation):
+    """b"at N" sets event-time timer "e" at BASE + N; a firing emits "event N"; anything else is
+    echoed."""
+
+    BASE = 1_700_000_000_000_000
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        op, _, n = record.value.decode().partition(" ")
+        if op == "at":
+            ctx.set_timer("e", self.BASE + int(n), TimeDomain.EVENT_TIME)
+        else:
+            ctx.produce("out", record.value)
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        ctx.produce("out", f"event {time - self.BASE}".encode())
+
+
 class Blocking(Computation):
     """b"block" waits until the test sets ``gate`` (user code that does not return until
     then); b"sleep <ms>" sleeps; b"exit" calls sys.exit(); anything else is echoed. Every
