@@ -1,0 +1,131 @@
+"""A savepoint's pause on the leader (review N1, N2), without etcd or a cluster: the job is at
+rest only when two rounds of reports, each taken under a newer routing, show nothing in flight
+and the same batches committed; the pause is stored, so a new leader keeps it; the client's end
+checks that it held and nothing ran, and fails loudly otherwise."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from master import lifecycle
+from master.core import MasterConfig, MasterCore
+from master.jobs import PAUSE_LIMIT_S
+from master.scheduler import Ownership
+from master.store import Change, Snapshot
+from runtime import Topology
+from runtime.errors import MillstreamError
+from runtime.wire import millstream_pb2 as pb
+
+
+class PauseStore:
+    """The keys of the job and its savepoint pause, in memory (what a new leader loads)."""
+
+    def __init__(self, topo: Topology) -> None:
+        self.topologies = {topo.name: topo.to_json()}
+        self.pauses: dict[str, dict[str, Any]] = {}
+
+    def apply(self, change: Change) -> None:
+        for name, doc in change.pauses.items():
+            if doc is None:
+                self.pauses.pop(name, None)
+            else:
+                self.pauses[name] = doc
+
+    def load(self) -> Snapshot:
+        return Snapshot(dict(self.topologies), {"w": "127.0.0.1:1"}, {("a", 0): Ownership("w", 1)}, {}, {},
+                        pauses=dict(self.pauses))
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kw: None
+
+
+def _topology() -> Topology:
+    topo = Topology("one")
+    topo.add_computation("a", "x:A", inputs={"in": None}, key_ranges=1)
+    return topo
+
+
+async def _leader(store: PauseStore, clock: list[float]) -> MasterCore:
+    core = MasterCore(store, MasterConfig(replication=1), lambda: clock[0])  # type: ignore[arg-type]
+    await core.become_leader()
+    return core
+
+
+async def _reporting(core: MasterCore, commits: Callable[[int], int], until: asyncio.Future[Any]) -> int:
+    """Play worker "w": a report every 5 ms under the newest routing (applied at once), with
+    nothing in flight and ``commits(n)`` batches committed at its n-th report; returns how many
+    reports it sent."""
+    n = 0
+    while not until.done():
+        n += 1
+        held = pb.HeldTablet(computation="a", key_range=0, token=1, in_flight=0, commits=commits(n))
+        core.heartbeat("w", [held], report_seq=n, routing_version=core.version)
+        await asyncio.wait({until}, timeout=0.005)  # the worker's report interval
+    return n
+
+
+async def _while_reporting(core: MasterCore, commits: Callable[[int], int], call: Any) -> tuple[Any, int]:
+    task = asyncio.ensure_future(call)
+    n = await _reporting(core, commits, task)
+    return task.result(), n
+
+
+def test_at_rest_needs_two_rounds_of_reports_with_nothing_committed_between() -> None:
+    # Every report says nothing is in flight, yet the tablet commits between reports (records
+    # from a tablet that reported earlier, say): that is not rest. Only once its count stays
+    # the same over two rounds is the job at rest.
+    async def main() -> None:
+        store, clock = PauseStore(_topology()), [0.0]
+        core = await _leader(store, clock)
+        plan, reports = await _while_reporting(core, lambda n: min(n, 10), lifecycle.savepoint_begin(core, "one", 10))
+        assert reports > 10
+        assert store.pauses["one"] == {"id": plan.savepoint_id, "cut": {"a/0": [1, 10]}}
+        await lifecycle.savepoint_end(core, "one", plan.savepoint_id)
+        assert store.pauses == {} and "one" not in core.paused
+
+    asyncio.run(main())
+
+
+def test_a_new_leader_keeps_the_pause_and_the_end_checks_it() -> None:
+    async def main() -> None:
+        store, clock = PauseStore(_topology()), [0.0]
+        old = await _leader(store, clock)
+        plan, _ = await _while_reporting(old, lambda n: 7, lifecycle.savepoint_begin(old, "one", 10))
+        old.shutdown()
+        new = await _leader(store, clock)  # a failover while the client copies
+        assert [c.input_paused for c in new.routing().computations] == [True]
+        await lifecycle.savepoint_renew(new, "one", plan.savepoint_id)
+        with pytest.raises(MillstreamError, match="pause is no longer in force"):
+            await lifecycle.savepoint_renew(new, "one", "another")
+        await _while_reporting(new, lambda n: 7, lifecycle.savepoint_end(new, "one", plan.savepoint_id, verify=True))
+        assert store.pauses == {} and [c.input_paused for c in new.routing().computations] == [False]
+
+    asyncio.run(main())
+
+
+def test_the_end_fails_loudly_when_the_pause_was_lost_or_the_job_moved() -> None:
+    async def main() -> None:
+        store, clock = PauseStore(_topology()), [0.0]
+        core = await _leader(store, clock)
+        plan, _ = await _while_reporting(core, lambda n: 7, lifecycle.savepoint_begin(core, "one", 10))
+        # Something committed while the tablets were copied: no manifest.
+        with pytest.raises(MillstreamError, match=r"did not stay at rest while they were copied \(a/0\).*take "
+                                                  "the savepoint again"):
+            await _while_reporting(core, lambda n: 8,
+                                   lifecycle.savepoint_end(core, "one", plan.savepoint_id, verify=True))
+        assert store.pauses == {} and "one" not in core.paused  # ended all the same
+        # A copy that outlived an unrenewed pause: no manifest either.
+        plan, _ = await _while_reporting(core, lambda n: 8, lifecycle.savepoint_begin(core, "one", 10))
+        clock[0] += PAUSE_LIMIT_S * 1000 + 1
+        await lifecycle.advance(core)
+        assert "one" not in core.paused and store.pauses == {}
+        with pytest.raises(MillstreamError, match="pause is no longer in force"):
+            await lifecycle.savepoint_renew(core, "one", plan.savepoint_id)
+        with pytest.raises(MillstreamError, match="its pause ended before the copy did"):
+            await lifecycle.savepoint_end(core, "one", plan.savepoint_id, verify=True)
+
+    asyncio.run(main())
