@@ -135,7 +135,7 @@ class MasterCore:
         # watermarks do not advance and their tablets fire no timers.
         self.paused: dict[str, Pause] = {}
         # tablet -> (the routing version its worker had applied when it took the tablet's last
-        # report, the batches it had committed): a savepoint's check that nothing ran
+        # report, the commits its storage held): a savepoint's check that nothing ran
         self.report_marks: dict[TabletKey, tuple[int, int]] = {}
         self._seen: dict[TabletKey, int] = {}
         self.stale_reports = 0

@@ -49,9 +49,9 @@ class Pause:
 
     id: str
     until: float  # the leader's clock (ms): it ends by itself then unless renewed (not stored)
-    # The agreed point, once the job came to rest: "computation/range" -> [token, batches
-    # committed]; the client's copy is a cut only if every tablet still reports the same after it.
-    cut: dict[str, list[int]] | None = None
+    # The agreed point, once the job came to rest: "computation/range" -> the commits its
+    # storage held; the client's copy is a cut only if every tablet still reports the same after it.
+    cut: dict[str, int] | None = None
 
     def to_doc(self) -> dict[str, Any]:
         return {"id": self.id, "cut": self.cut}
@@ -59,8 +59,7 @@ class Pause:
     @classmethod
     def from_doc(cls, doc: dict[str, Any], until: float) -> Pause:
         cut = doc.get("cut")
-        return cls(str(doc["id"]), until, None if cut is None else {str(k): [int(x) for x in v]
-                                                                    for k, v in dict(cut).items()})
+        return cls(str(doc["id"]), until, None if cut is None else {str(k): int(v) for k, v in dict(cut).items()})
 
 
 def input_streams(topology: Topology) -> list[str]:

@@ -339,7 +339,7 @@ async def savepoint_begin(core: MasterCore, name: str, timeout_s: float) -> pb.S
     try:
         keys = [k for c in _upstream_first(topo) for k in core._keys(topo.computations[c])]
         deadline = time.monotonic() + timeout_s
-        first: dict[str, list[int]] | None = None
+        first: dict[str, int] | None = None
         while True:
             # Two rounds of reports, each taken after the routing bumped before it, with nothing
             # queued, in flight or running, and the same batches committed in both: nothing ran
@@ -371,7 +371,7 @@ async def savepoint_begin(core: MasterCore, name: str, timeout_s: float) -> pb.S
 
 
 async def _round(core: MasterCore, keys: list[TabletKey],
-                 deadline: float) -> tuple[dict[str, list[int]] | None, list[str]]:
+                 deadline: float) -> tuple[dict[str, int] | None, list[str]]:
     """Bump the routing, wait for a report of every tablet taken after its worker applied it
     (or the deadline); returns what each committed so far if all are at rest (else None),
     and the tablets that are not."""
@@ -384,7 +384,7 @@ async def _round(core: MasterCore, keys: list[TabletKey],
         await asyncio.sleep(0.02)  # waiting for the workers' next reports (every 50 ms)
     if busy:
         return None, busy
-    return {f"{c}/{r}": [core.tablets[(c, r)].token, core.report_marks[(c, r)][1]] for c, r in keys}, []
+    return {f"{c}/{r}": core.report_marks[(c, r)][1] for c, r in keys}, []
 
 
 def _busy(core: MasterCore, keys: list[TabletKey], version: int) -> list[str]:
@@ -430,7 +430,8 @@ async def savepoint_end(core: MasterCore, name: str, savepoint_id: str = "", ver
             keys = [(c, int(r)) for c, _, r in (k.rpartition("/") for k in pause.cut)]
             cut, busy = await _round(core, keys, time.monotonic() + timeout_s)
             if cut != pause.cut:
-                moved = busy or [k for k, v in (cut or {}).items() if pause.cut.get(k) != v]
+                moved = busy or [f"{k}: {pause.cut.get(k)} commits then, {v} now" for k, v in (cut or {}).items()
+                                 if pause.cut.get(k) != v]
                 raise _lost(name, savepoint_id, "its tablets did not stay at rest while they were copied "
                                                 f"({', '.join(moved[:5])})")
     finally:

@@ -6,7 +6,7 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 
-from runtime import Computation, Context, ListState, Record, Sink, Topology, ValueState, codecs
+from runtime import Computation, Context, ListState, Record, Sink, TimeDomain, Topology, ValueState, codecs
 
 
 class Poison(Computation):
@@ -147,3 +147,21 @@ class TypedCounter(Computation):
         if n % 10 == 0 and list(history) != list(range(1, n + 1)):
             raise AssertionError(f"typed state of {ctx.key!r} is torn at {n}")
         ctx.produce("counts", str(n).encode())
+
+
+class Ticker(Computation):
+    """Emits ``r <value>`` for every record and arms a wall-clock timer ``ms`` ahead (param,
+    default 20) unless one is armed; a firing emits ``t <n>``, n counting firings from 1 (a
+    job whose timers produce downstream while its input runs: review N1's savepoint case)."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.produce(self.params["out"], b"r " + record.value)
+        n, armed = (ctx.state.get() or b"0 0").split()
+        if armed == b"0":
+            ctx.set_timer("tick", ctx.now() + int(self.params.get("ms", "20")) * 1000, TimeDomain.WALL_TIME)
+            ctx.state.set(n + b" 1")
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        n = int((ctx.state.get() or b"0 0").split()[0]) + 1
+        ctx.state.set(b"%d 0" % n)
+        ctx.produce(self.params["out"], b"t %d" % n)

@@ -97,7 +97,6 @@ class Tablet:
         self.keys = KeySample()             # where its load divides evenly (for a split)
         self.outbox = Outbox()
         self.processed = 0
-        self.commits = 0   # batches committed under this token (a savepoint compares two reports)
         self.running = 0   # records of the batch running now, plus 1 (0: no batch runs)
         self.weak = route.productions == "weak"
         self._weak_wait: tuple[set[int], asyncio.Event] | None = None
@@ -296,7 +295,6 @@ class Tablet:
         finished deliveries hear OK, what the batch did not reach goes back in the queue."""
         commit = batch.commit
         self.failures = 0
-        self.commits += 1
         self._unwritten = set()
         if self._acked_unwritten:  # acknowledged while their checkpoints were being written
             self.store.delete_productions(self._acked_unwritten)
@@ -492,7 +490,7 @@ class Tablet:
             computation=self.computation, key_range=self.key_range, token=self.token,
             has_work=oldest is not None, oldest_work=oldest or 0, processed=self.processed,
             late=self.late, dead_lettered=self.dead_lettered, backlog=self.inbox.records,
-            in_flight=self.inbox.records + self.running + self.outbox.unacked, commits=self.commits,
+            in_flight=self.inbox.records + self.running + self.outbox.unacked, commits=self.store.index,
             watermark=self.host.watermark(self.computation),
             slow=[pb.SlowCall(key=k, seconds=sec, running=run) for k, sec, run in self.calls.snapshot()],
             load_median=self.keys.median())
