@@ -674,9 +674,10 @@ class MasterCore:
 
     # --------------------------------------------------------------- routing
 
-    async def _bump(self) -> None:
+    async def _bump(self, above: int = 0) -> None:
+        """A new routing version (above ``above`` too: a version a worker reported)."""
         async with self._changed:
-            self.version = max(self.version + 1, int(self.now_ms() * 1000))
+            self.version = max(self.version + 1, above + 1, int(self.now_ms() * 1000))
             self._changed.notify_all()
 
     def routing(self) -> pb.Routing:

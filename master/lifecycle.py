@@ -375,7 +375,14 @@ async def _round(core: MasterCore, keys: list[TabletKey],
     """Bump the routing, wait for a report of every tablet taken after its worker applied it
     (or the deadline); returns what each committed so far if all are at rest (else None),
     and the tablets that are not."""
-    await core._bump()
+    # Above every version a worker reported, once every worker holding one of the tablets has
+    # reported to this leader: a report under an earlier leader's routing is no proof of when
+    # it was taken (leaders' versions come from their own clocks).
+    while any(core.tablets[k].worker not in core.heard for k in keys if k in core.tablets):
+        if time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.02)
+    await core._bump(above=max(core.routing_seen.values(), default=0))
     version = core.version
     while True:
         busy = _busy(core, keys, version)
