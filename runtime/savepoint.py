@@ -220,7 +220,9 @@ def restore(client: Client, directory: str, name: str | None = None) -> str:
     for (c, r), listed in files.items():
         if listed is not None:
             _check(directory, c, r, listed)  # before anything changes in the cluster
-    doc = json.dumps(manifest)
+    # The leader needs the tablets, not their file lists (this client and the workers check those).
+    doc = json.dumps({**manifest, "tablets": [{k: v for k, v in t.items() if k != "files"}
+                                              for t in manifest["tablets"]]})
     begun = client.call(lambda s: s.Restore(pb.RestoreRequest(manifest_json=doc, name=name or ""),
                                             timeout=client.timeout))
     for t in begun.tablets:
