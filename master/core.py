@@ -130,7 +130,7 @@ class MasterCore:
         self._last_counts: dict[TabletKey, tuple[int, tuple[int, ...]]] = {}
         self._dirty_injectors: set[str] = set()
         self._backlog: dict[TabletKey, int] = {}
-        self.in_flight: dict[TabletKey, int] = {}   # queued records + unacknowledged productions
+        self.in_flight: dict[TabletKey, int] = {}   # records queued or running + unacknowledged productions
         # Jobs whose input is paused for a savepoint (master/lifecycle.py; stored in etcd). Their
         # watermarks do not advance and their tablets fire no timers.
         self.paused: dict[str, Pause] = {}
