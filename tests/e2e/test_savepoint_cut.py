@@ -46,11 +46,15 @@ class Feed:
             self.inj.send(b"k", str(self.sent).encode(), BASE_TS + self.sent * 1000)
             self.sent += 1
 
-    def stop(self) -> int:
+    def stop(self, flush: bool = True) -> int:
+        """Stop sending; with ``flush``, once everything sent is committed. Returns how many."""
         self._stop.set()
         self._thread.join()
-        self.inj.flush()
-        self.inj.close()
+        try:
+            if flush:
+                self.inj.flush()
+        finally:
+            self.inj.close()
         return self.sent
 
 
@@ -61,24 +65,28 @@ def test_a_savepoint_taken_through_a_leader_failover_restores_every_output_once(
         c.client.submit(_topology(out))
         c.wait_assigned()
         feed = Feed(c)
-        wait_until(lambda: sum(1 for r in read_file_sink(out) if r["value"].startswith("t ")) >= 5, 60,
-                   "the ticker's timer to fire a few times")
+        try:
+            wait_until(lambda: sum(1 for r in read_file_sink(out) if r["value"].startswith("t ")) >= 5, 60,
+                       "the ticker's timer to fire a few times")
 
-        fetch = savepoint._fetch
-        copied: list[str] = []
+            fetch = savepoint._fetch
+            copied: list[str] = []
 
-        def fetch_then_kill_the_leader(client: Any, t: Any, target: str) -> None:
-            fetch(client, t, target)
-            copied.append(t.computation)
-            if len(copied) == 1:  # the ticker is copied (upstream first); the sink is not yet
-                leader = c.client.status()["masters"]["leader"]
-                c.kill(next(m for m in c.masters if m.address == leader), graceful=False)
-                wait_until(lambda: c.client.status()["masters"]["leader"] not in ("", leader), 60, "a new leader")
+            def fetch_then_kill_the_leader(client: Any, t: Any, target: str) -> None:
+                fetch(client, t, target)
+                copied.append(t.computation)
+                if len(copied) == 1:  # the ticker is copied (upstream first); the sink is not yet
+                    leader = c.client.status()["masters"]["leader"]
+                    c.kill(next(m for m in c.masters if m.address == leader), graceful=False)
+                    wait_until(lambda: c.client.status()["masters"]["leader"] not in ("", leader), 60, "a new leader")
 
-        monkeypatch.setattr(savepoint, "_fetch", fetch_then_kill_the_leader)
-        saved = os.path.join(c.data_dir, "savepoint")
-        manifest = c.client.savepoint("tick", saved)
-        assert copied == ["ticker", "ticks_sink"] and len(manifest["tablets"]) == 2
+            monkeypatch.setattr(savepoint, "_fetch", fetch_then_kill_the_leader)
+            saved = os.path.join(c.data_dir, "savepoint")
+            manifest = c.client.savepoint("tick", saved)
+            assert copied == ["ticker", "ticks_sink"] and len(manifest["tablets"]) == 2
+        except BaseException:
+            feed.stop(flush=False)
+            raise
         sent = feed.stop()
 
         c.client.cancel("tick")
