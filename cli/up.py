@@ -9,6 +9,7 @@ import threading
 from types import FrameType
 
 from runtime.cluster import LocalCluster
+from runtime.etcd_binary import show
 
 
 def _free(port: int) -> bool:
@@ -20,7 +21,8 @@ def _free(port: int) -> bool:
     return True
 
 
-def run_up(data_dir: str, *, masters: int, workers: int, lease_ms: int, port: int = 7070) -> int:
+def run_up(data_dir: str, *, masters: int, workers: int, lease_ms: int, port: int = 7070,
+           etcd_binary: str | None = None) -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -31,11 +33,14 @@ def run_up(data_dir: str, *, masters: int, workers: int, lease_ms: int, port: in
     if port and not _free(port):
         print(f"port {port} is taken; the first master takes a port chosen by the OS", file=sys.stderr)
         port = 0
-    cluster = LocalCluster(data_dir, masters=masters, workers=workers, lease_ms=lease_ms, master_port=port)
+    cluster = LocalCluster(data_dir, masters=masters, workers=workers, lease_ms=lease_ms, master_port=port,
+                           etcd_binary=etcd_binary)
     try:
         cluster.start()
         cluster.wait_ready(60)
-        print(f"etcd     {cluster.etcd_url}")
+        server = cluster.etcd_server
+        assert server is not None  # started
+        print(f"etcd     {cluster.etcd_url}   etcd {show(server.version)} ({server.path})")
         for m in cluster.masters:
             print(f"master   {m.address}   web page {m.http or '-'}")
         for w in cluster.workers:

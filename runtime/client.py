@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -24,6 +25,8 @@ from runtime.security import Security
 from runtime.topology import Topology
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 # A master that is not the leader refuses a call with FAILED_PRECONDITION and this trailing
@@ -124,6 +127,7 @@ class Client:
         """
         topology.validate()
         check_importable(topology)
+        warn_unsynced(topology)
         doc = topology.to_json()
         check_topology_size(topology.name, doc)
         resp = self.call(lambda s: s.Submit(pb.SubmitRequest(topology_json=doc), timeout=self.timeout))
@@ -175,6 +179,7 @@ class Client:
         Returns the computations ``added``, ``removed``, ``changed``, ``reset`` and ``same``."""
         topology.validate()
         check_importable(topology)
+        warn_unsynced(topology)
         doc = topology.to_json()
         check_topology_size(topology.name, doc)
         req = pb.UpdateRequest(topology_json=doc, drop_state=drop_state, reset_state=list(reset_state))
@@ -276,6 +281,20 @@ def check_topology_size(name: str, doc: str) -> None:
             f"topology {name!r} is {size} bytes of JSON, over the limit of {MAX_TOPOLOGY_BYTES} "
             "bytes; keep large data out of computation params (pass a path or URL instead) or "
             "split the job into several topologies")
+
+
+def warn_unsynced(topology: Topology) -> list[str]:
+    """Warn, in one line, about exactly-once computations with ``fsync=False`` (review E6): their
+    commits are acknowledged before they are on disk, so a host crash can lose acknowledged
+    records (docs/guide.md#fsync). Returns their names."""
+    names = [s.name for s in topology.computations.values() if s.exactly_once and s.fsync is False]
+    if names:
+        log.warning("topology %r: %s %s exactly_once=True with fsync=False: commits are acknowledged before "
+                    "they reach the disk, so a host crash (power loss, kernel panic) can lose acknowledged "
+                    "records unless another in-sync copy's host survives (replication >= 2); "
+                    "see docs/guide.md#fsync", topology.name, ", ".join(names),
+                    "is" if len(names) == 1 else "are")
+    return names
 
 
 def check_importable(topology: Topology) -> None:

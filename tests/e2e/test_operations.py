@@ -15,7 +15,7 @@ import pytest
 from master.scheduler import Ownership
 from master.store import EtcdConfig, EtcdStore, NotLeaderError
 from runtime.cluster import LocalCluster, wait_until
-from tests.harness import Cluster
+from tests.harness import ETCD_BINARY, Cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -72,7 +72,7 @@ def test_a_worker_stopped_cleanly_hands_its_tablets_over_at_once(tmp_path: objec
 
 
 def test_a_deposed_leader_can_change_nothing(tmp_path: object) -> None:
-    cluster = LocalCluster(str(tmp_path), masters=0, workers=0)
+    cluster = LocalCluster(str(tmp_path), masters=0, workers=0, etcd_binary=ETCD_BINARY)
     cluster.start()
     try:
         old, new = EtcdStore(EtcdConfig.parse(cluster.etcd_url)), EtcdStore(EtcdConfig.parse(cluster.etcd_url))
