@@ -142,8 +142,7 @@ class Replicas:
             path = self.path_of(key)
             if key in self.copies or self.primary_token(key) is not None or os.path.exists(path):
                 return
-            copy = await asyncio.to_thread(ReplicaStore, path)
-            copy.token = token
+            copy = await asyncio.to_thread(ReplicaStore, path, token)
             self.copies[key] = copy
             self.raise_fence(key, token)
 

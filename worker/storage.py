@@ -131,12 +131,30 @@ def _options() -> Options:
     return opts
 
 
-def _open(path: str) -> Rdict:
-    os.makedirs(path, exist_ok=True)
+def _open(path: str, create: bool = True) -> Rdict:
+    """Open the RocksDB in ``path``; unless ``create``, it must be there (never made anew)."""
+    if create:
+        os.makedirs(path, exist_ok=True)
+    opts = _options()
+    opts.create_if_missing(create)
     try:
-        return Rdict(path, options=_options())
+        return Rdict(path, options=opts)
     except Exception as e:
         raise MillstreamError(f"cannot open tablet storage {path!r}: {e}") from None
+
+
+def _refuse_empty(path: str, token: int, what: str) -> MillstreamError:
+    return MillstreamError(
+        f"tablet storage {path!r} {what}, but the tablet existed (token {token}): refusing to open it "
+        "empty. The leader promotes only workers holding an in-sync copy: was this state directory wiped "
+        "(or this tablet's directory emptied) while its worker.id file was kept, or a savepoint's tablet "
+        "copied without its files? Bring back the worker that holds the copy, or restore from a complete "
+        "savepoint")
+
+
+def is_tablet_copy(path: str) -> bool:
+    """Whether ``path`` holds a RocksDB (its ``CURRENT`` file): what a tablet that existed must have."""
+    return os.path.isfile(os.path.join(path, "CURRENT"))
 
 
 def _after(prefix: bytes) -> bytes:
@@ -250,13 +268,19 @@ class TabletStore:
 
     def __init__(self, path: str, token: int, *, sync: bool, must_exist: bool = False,
                  replicated: bool = False) -> None:
+        # A tablet that existed is never opened empty (DESIGN.md §5): its copy must be a RocksDB
+        # (a CURRENT file; an empty directory or SSTs alone would open as a new, empty DB) that a
+        # tablet wrote (its token or a commit recorded; every copy a primary, a follower, a split
+        # or a restore makes has one).
         if must_exist and not os.path.isdir(path):
-            raise MillstreamError(
-                f"tablet storage {path!r} is missing but the tablet existed: refusing to open it empty "
-                "(the leader promotes only workers holding an in-sync copy; was this state directory wiped "
-                "while its worker.id file was kept?)")
+            raise _refuse_empty(path, token, "is missing")
+        if must_exist and not is_tablet_copy(path):
+            raise _refuse_empty(path, token, "has no RocksDB CURRENT file (an empty or partial directory)")
         self.path = path
-        self.db = _open(path)
+        self.db = _open(path, create=not must_exist)
+        if must_exist and self.db.get(M_TOKEN) is None and self.db.get(M_INDEX) is None:
+            self.db.close()
+            raise _refuse_empty(path, token, "holds a database no tablet wrote (no token, no commit recorded)")
         self.replicated = replicated  # commits return their writes, for the followers
         # Deletes to ship with the next commit (appended on the event loop, drained on the
         # tablet's thread: a deque's append and popleft are atomic).
@@ -443,9 +467,16 @@ class ReplicaStore:
     """A follower's copy of a tablet: it applies its primary's commits, in order, and
     refuses a primary older than one it has seen (DESIGN.md §5)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, token: int | None = None) -> None:
+        """Open the copy in ``path``; with ``token``, a new tablet's empty copy is made there,
+        its token recorded (durably: promoted, it must open as the copy it is, not be taken
+        for a lost one)."""
         self.path = path
         self.db = _open(path)
+        if token is not None and self.db.get(M_TOKEN) is None:
+            wb = WriteBatch(raw_mode=True)
+            wb.put(M_TOKEN, str(token).encode())
+            write_durably(self.db, wb, True)
         self.token = int(self.db.get(M_TOKEN) or b"0")
         self.index = int(self.db.get(M_INDEX) or b"0")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 import tempfile
 import threading
@@ -11,12 +12,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rocksdict import DbClosedError
+from rocksdict import DbClosedError, Rdict
 
 from runtime.computation import TimeDomain
 from runtime.errors import MillstreamError, StaleTokenError
 from runtime.record import Record
-from worker.storage import Commit, CommitState, Production, TabletStore, Timer, production_key
+from worker.storage import Commit, CommitState, Production, ReplicaStore, TabletStore, Timer, production_key
 
 
 @pytest.fixture
@@ -244,6 +245,38 @@ def test_reopen_with_same_or_newer_token_works_and_fences_older(db_path: str) ->
     s.close()
     with pytest.raises(StaleTokenError):
         TabletStore(db_path, 8, sync=False)
+
+
+def test_a_tablet_that_existed_never_opens_from_an_empty_or_foreign_directory(tmp_path: Path) -> None:
+    """Review 3 N8: must_exist asked only for a directory; an empty one (a savepoint's tablet
+    copied without its files), SSTs without CURRENT, or a RocksDB no tablet wrote opened as
+    an empty tablet under any token."""
+    missing = str(tmp_path / "missing")
+    with pytest.raises(MillstreamError, match="is missing"):
+        TabletStore(missing, 2, sync=False, must_exist=True)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(MillstreamError, match="no RocksDB CURRENT file.*refusing to open it empty"):
+        TabletStore(str(empty), 1_048_581, sync=False, must_exist=True)
+    assert os.listdir(empty) == []  # nothing was created there
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "000012.sst").write_bytes(b"x" * 64)
+    with pytest.raises(MillstreamError, match="no RocksDB CURRENT file"):
+        TabletStore(str(partial), 3, sync=False, must_exist=True)
+    foreign = str(tmp_path / "foreign")
+    Rdict(foreign).close()  # a RocksDB, but not one a tablet wrote
+    with pytest.raises(MillstreamError, match="no token, no commit recorded"):
+        TabletStore(foreign, 3, sync=False, must_exist=True)
+    # A real copy opens: one opened once (its token recorded), one a follower made empty.
+    real = str(tmp_path / "real")
+    TabletStore(real, 1, sync=False).close()
+    TabletStore(real, 2, sync=False, must_exist=True).close()
+    follower = str(tmp_path / "follower")
+    ReplicaStore(follower, token=1).close()
+    s = TabletStore(follower, 2, sync=False, must_exist=True)
+    assert s.seq == 0 and s.index == 0
+    s.close()
 
 
 def test_second_open_while_open_is_refused(store: TabletStore) -> None:
