@@ -295,14 +295,22 @@ def merged(base: Iterator[tuple[bytes, bytes]], pending: dict[bytes, bytes | Non
 
 def expired(prefix: bytes, entries: Iterable[tuple[bytes, bytes]], time: int) -> tuple[list[bytes], int | None]:
     """Of the ``entries`` (storage key, stored value) of the cell ``prefix``: the keys expired at
-    ``time``, and the earliest expiry among the others (None: none will expire)."""
+    ``time``, and the earliest expiry among the others (None: none will expire). A list's
+    counter has no expiry: it goes with its last element (else a key seen once would keep it
+    for ever, and no timer would come back for it); the next append starts again at 0."""
     gone, nxt = [], None
+    counter, kept = False, False
     for skey, stored in entries:
         if skey == prefix + COUNT:
-            continue  # a list's counter has no expiry
+            counter = True
+            continue
         e = expiry_of(stored)
         if e <= time:
             gone.append(skey)
-        elif e != NEVER:
-            nxt = e if nxt is None else min(nxt, e)
+        else:
+            kept = True
+            if e != NEVER:
+                nxt = e if nxt is None else min(nxt, e)
+    if counter and not kept:
+        gone.append(prefix + COUNT)
     return gone, nxt

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from runtime import Record, codecs
+from runtime.computation import Computation, Context, TimeDomain
 from runtime.errors import MillstreamError
-from runtime.state import ListState, cell
+from runtime.state import _EXPIRY, _INDEX, COUNT, ELEMENT, NEVER, ListState, cell, expired
 from tests.core.corekit import make_core
 from tests.core.jobs import Collector
 from tests.core.test_worker_core import BASE, _queue, _until, routing
@@ -102,3 +103,47 @@ def test_a_sink_written_before_runtime_sink_still_has_its_hooks_called(tmp_path:
         await core.close_all()
 
     asyncio.run(run())
+
+
+class TtlEvents(Computation):
+    """A list whose elements expire 10 s of event time after they were appended."""
+
+    events = ListState("events", codecs.INT, ttl=10_000_000)
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.state_of(self.events).append(int(record.value))
+
+
+def test_a_ttl_list_whose_elements_all_expired_leaves_nothing_of_its_key(tmp_path: Any) -> None:
+    """Review 3 N15: the list's counter had no expiry and stayed for ever (one entry per key
+    ever seen), and no TTL timer came back for it."""
+    async def run() -> None:
+        core = await make_core(str(tmp_path), routing(("ttl", f"{__name__}:TtlEvents", ["in"], [], {})))
+        for i, key in enumerate([b"a", b"a", b"b"]):
+            _queue(core, ("ttl", 0), _r(i, "1", key))
+        await _until(lambda: (t := core.tablets.get(("ttl", 0))) is not None and t.processed == 3, "three records")
+        tablet = core.tablets[("ttl", 0)]
+        assert list(tablet.store.scan(cell(b"a", "events")))
+        core.set_watermarks({"ttl": BASE + 12_000_001})  # past every element's expiry
+        await _until(lambda: not list(tablet.store.scan(b"Y")), "every key's list, counter included, deleted")
+        assert not tablet.timers.peek(TimeDomain.EVENT_TIME), "no TTL timer left behind"
+        _queue(core, ("ttl", 0), _r(20, "5"))  # a key seen again starts a new list
+        await _until(lambda: tablet.processed == 4, "a fourth record")
+        assert [v for _, v in tablet.store.scan(cell(b"k", "events"))]
+        await core.close_all()
+
+    asyncio.run(run())
+
+
+def test_expired_deletes_a_lists_counter_with_its_last_element() -> None:
+    prefix = cell(b"session-123", "events")
+    entries = sorted([(prefix + COUNT, _INDEX.pack(3)),
+                      (prefix + ELEMENT + _INDEX.pack(0), _EXPIRY.pack(100) + b"a"),
+                      (prefix + ELEMENT + _INDEX.pack(1), _EXPIRY.pack(200) + b"b")])
+    gone, nxt = expired(prefix, entries, 150)
+    assert gone == [prefix + ELEMENT + _INDEX.pack(0)] and nxt == 200  # one left: the counter stays
+    gone, nxt = expired(prefix, entries, 1_000)
+    assert sorted(gone) == sorted(k for k, _ in entries) and nxt is None
+    forever = [*entries, (prefix + ELEMENT + _INDEX.pack(2), _EXPIRY.pack(NEVER) + b"c")]
+    gone, nxt = expired(prefix, sorted(forever), 1_000)
+    assert prefix + COUNT not in gone and nxt is None  # an element without expiry keeps the list
