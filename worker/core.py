@@ -283,11 +283,18 @@ class WorkerCore:
 
     async def _forget_parents(self) -> None:
         """Delete the storage of ranges a split or merge replaced, once every range built from
-        them is built here."""
+        them that this worker holds a copy of (as primary or follower) is here. A range held
+        only elsewhere does not keep it: a follower that follows one half of a split (the
+        other half moved away) would otherwise keep the whole parent for ever."""
+        if not self.worker_id or not self.routing.version:
+            return
+        held = self.routing.copies_of(self.worker_id)
         children: dict[tuple[str, int], list[tuple[str, int]]] = {}
         for key, a in self.routing.assignments.items():
             for p in a.parents:
-                children.setdefault((key[0], p), []).append(key)
+                kids = children.setdefault((key[0], p), [])
+                if key in held:
+                    kids.append(key)
         # A range assigned here whose parents' storage is missing cannot be built: delete nothing
         # while that lasts (the leader never splits a range its primary has not opened, so
         # this is a defence, and status shows the tablet that cannot open).

@@ -1,0 +1,65 @@
+"""What a worker keeps on disk and in memory once it no longer needs it (review 3: N11, N16,
+N17): parent copies after a split, crash leftovers, per-range gauges and dictionaries."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from runtime.wire import millstream_pb2 as pb
+from tests.core.corekit import make_core
+from worker.storage import TabletStore
+
+HALF = 1 << 63
+
+
+def _split_routing(version: int, halves: dict[int, tuple[str, list[str]]]) -> pb.Routing:
+    """Computation ``c`` split from range 0 into 1 and 2: ``halves`` gives each half's primary
+    and followers (worker ids; this core is "w")."""
+    r = pb.Routing(version=version)
+    c = r.computations.add(name="c", code="tests.core.jobs:Echo", outputs=[], key_ranges=2, exactly_once=True,
+                           productions="strong", late_records="process")
+    c.inputs.add(stream="in")
+    c.params["millstream.replication"] = "2"
+    for rid, (primary, followers) in halves.items():
+        a = c.assignments.add(key_range=rid, worker_id=primary, address=f"{primary}:1", token=2,
+                              start=0 if rid == 1 else HALF, end=HALF if rid == 1 else 0, parents=[0], cut=HALF)
+        for f in followers:
+            a.followers.add(worker_id=f, address=f"{f}:1")
+        a.in_sync.append(primary)
+    return r
+
+
+def _copy(path: str) -> None:
+    TabletStore(path, 1, sync=False).close()
+
+
+def test_a_follower_of_one_half_of_a_split_deletes_the_parent_once_that_half_is_here(tmp_path: Any) -> None:
+    """N11: the parent was deleted only once *every* half's directory was here: a follower of
+    one half (the other moved away with its followers) kept the whole parent for ever."""
+    async def run() -> None:
+        core = await make_core(str(tmp_path), pb.Routing(version=1))
+        parent = os.path.join(str(tmp_path), "c", "0")
+        _copy(parent)  # this worker followed range 0; the split gave it half 1 only
+        await core.apply_routing(_split_routing(2, {1: ("x", ["w"]), 2: ("y", ["z"])}))
+        assert os.path.isdir(parent), "half 1's copy is not here yet: the parent may be its only copy here"
+        _copy(os.path.join(str(tmp_path), "c", "1"))  # half 1 caught up (its primary's snapshot)
+        await core.apply_routing(_split_routing(3, {1: ("x", ["w"]), 2: ("y", ["z"])}))
+        assert not os.path.exists(parent)
+        await core.close_all()
+
+    asyncio.run(run())
+
+
+def test_a_parent_stays_while_a_half_assigned_here_is_not_built(tmp_path: Any) -> None:
+    async def run() -> None:
+        core = await make_core(str(tmp_path), pb.Routing(version=1))
+        parent = os.path.join(str(tmp_path), "c", "0")
+        _copy(parent)
+        _copy(os.path.join(str(tmp_path), "c", "1"))
+        await core.apply_routing(_split_routing(2, {1: ("x", ["w"]), 2: ("y", ["w"])}))
+        assert os.path.isdir(parent), "half 2 is to be followed here too, and is not here yet"
+        await core.close_all()
+
+    asyncio.run(run())
