@@ -85,7 +85,35 @@ def claim_state_dir(state_dir: str) -> tuple[str, IO[str]]:
         lock.close()
         raise ConfigError(f"{path} holds {worker_id[:40]!r}, not a worker id (12 hex digits); delete it to "
                           "start this worker under a new identity")
+    sweep_leftovers(state_dir)
     return worker_id, lock
+
+
+_BUILDING = re.compile(r"\d+\.building")
+
+
+def sweep_leftovers(state_dir: str) -> None:
+    """Delete what a previous process left half-done (called with the state directory locked:
+    no other process can be using any of it): checkpoints taken for a snapshot or a savepoint
+    (hard links that keep old SST files on disk), snapshots and restore loads being received,
+    and split or merge builds. Each is redone from scratch when it is needed again."""
+    gone = []
+    for name in (".checkpoints", ".incoming"):
+        top = os.path.join(state_dir, name)
+        if os.path.isdir(top) and os.listdir(top):
+            gone += [os.path.join(name, n) for n in os.listdir(top)]
+            shutil.rmtree(top, ignore_errors=True)
+    for comp in os.listdir(state_dir):
+        top = os.path.join(state_dir, comp)
+        if comp.startswith(".") or not os.path.isdir(top):
+            continue
+        for name in os.listdir(top):
+            if _BUILDING.fullmatch(name):
+                gone.append(os.path.join(comp, name))
+                shutil.rmtree(os.path.join(top, name), ignore_errors=True)
+    if gone:
+        log.info("state directory %s: deleted %d leftovers of an interrupted snapshot, savepoint, restore "
+                 "or split: %s", state_dir, len(gone), ", ".join(sorted(gone)[:10]))
 
 
 def locks_work(path: str) -> bool:

@@ -11,6 +11,7 @@ import pytest
 from runtime.errors import ConfigError
 from worker import server
 from worker.server import claim_state_dir, keep_secret, locks_work, read_secret
+from worker.storage import TabletStore
 
 
 def test_a_state_directory_serves_one_worker_at_a_time(tmp_path: Path) -> None:
@@ -44,3 +45,21 @@ def test_the_issued_secret_is_kept_for_this_user_only(tmp_path: Path) -> None:
     keep_secret(str(tmp_path), "s3cret")
     assert read_secret(str(tmp_path)) == "s3cret"
     assert os.stat(tmp_path / "worker.secret").st_mode & 0o777 == 0o600
+
+
+def test_claiming_a_state_directory_sweeps_what_a_crashed_process_left_half_done(tmp_path: Path) -> None:
+    """Review 3 N16: checkpoints (hard links pinning old SSTs), snapshots or restore loads
+    being received, and split builds interrupted by a crash stayed on disk for ever."""
+    TabletStore(str(tmp_path / "c" / "0"), 1, sync=False).close()
+    leftovers = [tmp_path / ".checkpoints" / "c-0-5e55104a", tmp_path / ".checkpoints" / "savepoint-c-0-abc",
+                 tmp_path / ".incoming" / "c-0-5e55104a", tmp_path / ".incoming" / "0f3a",
+                 tmp_path / "c" / "3.building"]
+    for d in leftovers:
+        d.mkdir(parents=True)
+        (d / "000009.sst").write_bytes(b"x")
+    os.link(next((tmp_path / "c" / "0").glob("*.log")), tmp_path / ".checkpoints" / "c-0-5e55104a" / "1.log")
+    wid, lock = claim_state_dir(str(tmp_path))
+    lock.close()
+    assert not any(d.exists() for d in leftovers)
+    assert sorted(os.listdir(tmp_path / "c")) == ["0"]
+    TabletStore(str(tmp_path / "c" / "0"), 2, sync=False, must_exist=True).close()  # the tablet is intact
