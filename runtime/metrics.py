@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
@@ -72,6 +72,16 @@ UNDER_REPLICATED = Gauge("millstream_under_replicated_tablets", "Tablets with fe
                          "their replication factor (leader master)")
 UNAVAILABLE = Gauge("millstream_unavailable_tablets", "Tablets that existed and have no live in-sync copy "
                     "(leader master): they wait for one to come back")
+
+
+def forget_range(computation: str, key_range: int, followers: Iterable[str] = ()) -> None:
+    """Drop one tablet's per-range gauges: it closed on this worker (moved, split, merged,
+    reopening, or its job gone), and a stale value must not stay exported for ever."""
+    labels = (computation, str(key_range))
+    DEDUP_FILTER_BYTES.remove(*labels)
+    DEDUP_PRODUCERS.remove(*labels)
+    for follower in followers:
+        REPLICATION_LAG.remove(*labels, follower)
 
 
 class ThreadHistogram:

@@ -233,6 +233,7 @@ class WorkerCore:
             self._collect()
             await self._forget_parents()
             await self._delete_dropped()
+            self._forget_gone()
 
     def _assigned(self) -> dict[tuple[str, int], int]:
         """The tablets this worker is primary of and should run (a job being restored from a
@@ -309,6 +310,27 @@ class WorkerCore:
                 continue
             log.info("tablet %s/%d: every range built from it is built; deleting its storage", *parent)
             await asyncio.to_thread(shutil.rmtree, path, True)
+
+    def _forget_gone(self) -> None:
+        """Forget what this worker kept per range about ranges it no longer has: smaller batches
+        after a failure (for a tablet no longer assigned here), opening times, and followers'
+        fences of ranges gone for good. Else every range ever held stays in memory."""
+        mine = self.routing.tablets_of(self.worker_id) if self.worker_id else {}
+        for kept in (self._batch_limits, self._batch_failures):
+            for key in [k for k in kept if k not in mine]:
+                del kept[key]
+        for key in [k for k in self._opened_at if k not in self._opening]:
+            del self._opened_at[key]
+        self.replicas.forget(self._gone)
+
+    def _gone(self, key: tuple[str, int]) -> bool:
+        """Whether range ``key`` is gone for good (no later routing brings it back: range ids
+        only grow): split or merged away, or its state deleted by the leader."""
+        if key in self.routing.assignments:
+            return False
+        if self.routing.replaced(*key):
+            return True
+        return any(d.computation == key[0] and key[1] < d.below for d in self.routing.proto.dropped)
 
     async def _delete_dropped(self) -> None:
         """Delete this worker's copies of ranges whose state the leader deleted (a cancelled

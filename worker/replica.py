@@ -11,11 +11,12 @@ here once its successor exists (DESIGN.md §5, docs/replication.md). No gRPC her
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from runtime import metrics
 from runtime.wire import millstream_pb2 as pb
@@ -44,14 +45,25 @@ class Replicas:
         self.copies: dict[Key, ReplicaStore] = {}
         self.fence: dict[Key, int] = {}      # newest token seen per tablet
         self._incoming: dict[Key, tuple[str, str]] = {}  # key -> (session, directory)
-        self._locks: dict[Key, asyncio.Lock] = {}
+        self._locks: dict[Key, tuple[asyncio.Lock, list[int]]] = {}  # with how many hold or wait
         self._threads: dict[Key, TabletThread] = {}
 
-    def _lock(self, key: Key) -> asyncio.Lock:
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = self._locks[key] = asyncio.Lock()
-        return lock
+    @contextlib.asynccontextmanager
+    async def _lock(self, key: Key) -> AsyncIterator[None]:
+        """Hold the copy's lock; it is forgotten once nobody holds or waits for it (one per
+        range ever would stay otherwise)."""
+        entry = self._locks.get(key)
+        if entry is None:
+            entry = self._locks[key] = (asyncio.Lock(), [0])
+        lock, users = entry
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._locks[key]
 
     def _thread(self, key: Key) -> TabletThread:
         """The copy's own thread for its writes (a short write is awaited without a second
@@ -60,6 +72,12 @@ class Replicas:
         if thread is None:
             thread = self._threads[key] = TabletThread(f"{key[0]}/{key[1]} follower")
         return thread
+
+    def forget(self, gone: Callable[[Key], bool]) -> None:
+        """Forget the fences of ranges ``gone`` for good that have no copy here (a split's or
+        merge's parents, a deleted job's ranges): nothing replicates to them any more."""
+        for key in [k for k in self.fence if k not in self.copies and k not in self._incoming and gone(k)]:
+            del self.fence[key]
 
     def raise_fence(self, key: Key, token: int) -> None:
         if token > self.fence.get(key, 0):

@@ -112,6 +112,7 @@ class Tablet:
         self._task: asyncio.Task[None] | None = None
         self.timers = TimerIndex()
         self.metrics = metrics.tablet(self.computation)
+        self._lag_labels: set[str] = set()  # followers whose replication lag this tablet exports
         limits = host.limits
         self.max_batch = limits.max_batch_records
         self.batch_limit = max(1, min(batch_limit or self.max_batch, self.max_batch))
@@ -236,6 +237,7 @@ class Tablet:
         finally:
             self.inbox.refuse_all()
             self._stop_thread()
+            metrics.forget_range(self.computation, self.key_range, self._lag_labels)
             log.info("tablet %s closed (token %d)", self.name, self.token)
 
     def _stop_thread(self) -> asyncio.Future[None]:
@@ -484,7 +486,11 @@ class Tablet:
             metrics.DEDUP_FILTER_BYTES.labels(*labels).set(self.proc.opaque.memory_bytes())
             metrics.DEDUP_PRODUCERS.labels(*labels).set(len(self.proc.marks))
         if self.replicator is not None:
-            for follower, lag in self.replicator.lag().items():
+            lags = self.replicator.lag()
+            for follower in self._lag_labels - lags.keys():  # no longer a follower
+                metrics.REPLICATION_LAG.remove(self.computation, str(self.key_range), follower)
+            self._lag_labels = set(lags)
+            for follower, lag in lags.items():
                 metrics.REPLICATION_LAG.labels(self.computation, str(self.key_range), follower).set(lag)
         return pb.HeldTablet(
             computation=self.computation, key_range=self.key_range, token=self.token,

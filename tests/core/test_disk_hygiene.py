@@ -7,8 +7,12 @@ import asyncio
 import os
 from typing import Any
 
+from prometheus_client import REGISTRY
+
+from runtime import metrics
 from runtime.wire import millstream_pb2 as pb
 from tests.core.corekit import make_core
+from tests.core.test_worker_core import _until, routing
 from worker.storage import TabletStore
 
 HALF = 1 << 63
@@ -61,5 +65,48 @@ def test_a_parent_stays_while_a_half_assigned_here_is_not_built(tmp_path: Any) -
         await core.apply_routing(_split_routing(2, {1: ("x", ["w"]), 2: ("y", ["w"])}))
         assert os.path.isdir(parent), "half 2 is to be followed here too, and is not here yet"
         await core.close_all()
+
+    asyncio.run(run())
+
+
+def _gauge(name: str, computation: str, key_range: int, **extra: str) -> float | None:
+    return REGISTRY.get_sample_value(name, {"computation": computation, "key_range": str(key_range), **extra})
+
+
+def test_a_tablet_leaving_a_worker_takes_its_gauges_and_entries_with_it(tmp_path: Any) -> None:
+    """N17: per-range gauges kept their last value for ever on a worker the tablet had left (a
+    move, a split, a merge), and per-range dictionaries kept one entry per range ever."""
+    async def run() -> None:
+        here = routing(("echo", "tests.core.jobs:Echo", ["in"], [], {}))
+        core = await make_core(str(tmp_path), here)
+        await _until(lambda: ("echo", 0) in core.tablets, "the tablet to open")
+        core.next_report()  # exports the dedup gauges (fresh at every report)
+        assert _gauge("millstream_dedup_producers", "echo", 0) == 0
+        tablet = core.tablets[("echo", 0)]
+        tablet._lag_labels = {"f1"}  # as if it had exported a follower's lag
+        metrics.REPLICATION_LAG.labels("echo", "0", "f1").set(3)
+        core._batch_limits[("echo", 0)] = 10  # as after a failed batch
+        core.replicas.raise_fence(("echo", 0), 1)
+        moved = pb.Routing()
+        moved.CopyFrom(here)
+        moved.version = 2
+        a = moved.computations[0].assignments[0]
+        a.worker_id, a.address, a.token = "x", "x:1", 2
+        await core.apply_routing(moved)
+        await _until(lambda: not core._closing, "the tablet to close")
+        assert _gauge("millstream_dedup_producers", "echo", 0) is None
+        assert _gauge("millstream_dedup_filter_bytes", "echo", 0) is None
+        assert _gauge("millstream_replication_lag_commits", "echo", 0, follower="f1") is None
+        assert not core._batch_limits and not core._opened_at
+        split = pb.Routing()
+        split.CopyFrom(moved)
+        split.version = 3
+        del split.computations[0].assignments[:]
+        for rid in (1, 2):
+            split.computations[0].assignments.add(key_range=rid, worker_id="x", address="x:1", token=3, parents=[0])
+        await core.apply_routing(split)
+        assert ("echo", 0) not in core.replicas.fence  # range 0 is gone for good
+        await core.close_all()
+        assert not core.replicas._locks
 
     asyncio.run(run())
