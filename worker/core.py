@@ -23,6 +23,7 @@ from runtime.wire import millstream_pb2 as pb
 from worker.replica import Replicas
 from worker.replication import ReplicaChannel, Replicator
 from worker.reshard import Origin, Parent
+from worker.seen import SeenTablets
 from worker.sender import Sender
 from worker.storage import Production
 from worker.tablet import BUSY, NOT_OWNER, Tablet
@@ -103,7 +104,9 @@ class WorkerCore:
         self.sender = Sender(lambda: self.routing, self.deliver_to, self.routing_changed)
         self.channel = channel  # None: no replication (a worker of the in-process test kit)
         self.faults = faults
-        self.replicas = Replicas(state_dir, self.path_of, self._primary_token, lambda: self.worker_id)
+        self.seen = SeenTablets(state_dir)  # the tablets this worker was ever given a role in
+        self.replicas = Replicas(state_dir, self.path_of, self._primary_token, lambda: self.worker_id,
+                                 lambda key: self.seen.remember([key]))
         self._closing_tablets: dict[tuple[str, int], Tablet] = {}
 
     def path_of(self, key: tuple[str, int]) -> str:
@@ -160,6 +163,7 @@ class WorkerCore:
         for error in errors - self._extractor_errors:  # once per distinct error, not per update
             log.error("%s; records routed through it go to their producer's dead letters", error)
         self._extractor_errors = errors
+        await self._first_sight(table)
         async with self._routing_cond:
             self.routing = table
             self.sender.routing_applied()  # in this same step: nothing is sent with it before
@@ -175,6 +179,25 @@ class WorkerCore:
         for tablet in self.tablets.values():
             tablet.wake()  # a savepoint's pause may have ended: the timers it held fire now
         await self.reconcile()
+
+    async def _first_sight(self, table: RoutingTable) -> None:
+        """Record the tablets ``table`` gives this worker a role in (worker/seen.py), before
+        any copy of them is made here. One never held here, of whose in-sync set this worker
+        is (primary or follower), gets the empty copy its creation would have given it: no
+        commit of it can have been acknowledged (review 3 N19: a new tablet's primary died
+        before its follower applied the routing, and the follower, promoted, had no copy)."""
+        if not self.worker_id:
+            return
+        held = table.copies_of(self.worker_id)
+        first = self.seen.first_seen(held)
+        await self.seen.remember(held)
+        for key in sorted(first):
+            a = table.assignments[key]
+            if (a.token > 1 and not a.parents and table.computations[key[0]].job_state != "restoring"
+                    and self.worker_id in (a.worker_id, *a.in_sync) and not os.path.exists(self.path_of(key))):
+                log.warning("tablet %s/%d: this worker is in its in-sync set (token %d) but never held a copy: "
+                            "nothing of it was acknowledged; starting from its empty copy", key[0], key[1], a.token)
+                await self.replicas.create_empty(key, a.token)
 
     async def routing_changed(self, version: int, timeout: float) -> None:
         async with self._routing_cond:
@@ -233,7 +256,7 @@ class WorkerCore:
             self._collect()
             await self._forget_parents()
             await self._delete_dropped()
-            self._forget_gone()
+            await self._forget_gone()
 
     def _assigned(self) -> dict[tuple[str, int], int]:
         """The tablets this worker is primary of and should run (a job being restored from a
@@ -311,7 +334,7 @@ class WorkerCore:
             log.info("tablet %s/%d: every range built from it is built; deleting its storage", *parent)
             await asyncio.to_thread(shutil.rmtree, path, True)
 
-    def _forget_gone(self) -> None:
+    async def _forget_gone(self) -> None:
         """Forget what this worker kept per range about ranges it no longer has: smaller batches
         after a failure (for a tablet no longer assigned here), opening times, and followers'
         fences of ranges gone for good. Else every range ever held stays in memory."""
@@ -322,6 +345,7 @@ class WorkerCore:
         for key in [k for k in self._opened_at if k not in self._opening]:
             del self._opened_at[key]
         self.replicas.forget(self._gone)
+        await self.seen.forget(self._gone)
 
     def _gone(self, key: tuple[str, int]) -> bool:
         """Whether range ``key`` is gone for good (no later routing brings it back: range ids

@@ -16,7 +16,7 @@ import functools
 import logging
 import os
 import shutil
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from runtime import metrics
 from runtime.wire import millstream_pb2 as pb
@@ -37,8 +37,10 @@ class Replicas:
     """The follower copies on one worker."""
 
     def __init__(self, state_dir: str, path_of: Callable[[Key], str],
-                 primary_token: Callable[[Key], int | None], worker_id: Callable[[], str] = lambda: "") -> None:
+                 primary_token: Callable[[Key], int | None], worker_id: Callable[[], str] = lambda: "",
+                 remember: Callable[[Key], Awaitable[None]] | None = None) -> None:
         self.worker_id = worker_id
+        self.remember = remember  # records a tablet held here before its copy is made (worker/seen.py)
         self.incoming_dir = os.path.join(state_dir, ".incoming")
         self.path_of = path_of
         self.primary_token = primary_token  # token of a tablet open (or opening) here as primary
@@ -132,6 +134,8 @@ class Replicas:
             session, directory = self._incoming.get(key, ("", ""))
             if session != chunk.session:
                 self._discard_incoming(key)
+                if self.remember is not None:
+                    await self.remember(key)
                 directory = os.path.join(self.incoming_dir, f"{key[0]}-{key[1]}-{chunk.session}")
                 await asyncio.to_thread(os.makedirs, directory, exist_ok=True)
                 self._incoming[key] = (chunk.session, directory)

@@ -30,6 +30,7 @@ from runtime.security import Security, caller_roles
 from runtime.wire import from_proto
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
+from worker import seen
 from worker.core import WorkerCore, WorkerLimits
 from worker.dedup import delivery_problem
 from worker.peers import Peers, ReplicaLinks
@@ -75,6 +76,7 @@ def claim_state_dir(state_dir: str) -> tuple[str, IO[str]]:
         with open(path) as f:
             worker_id = f.read().strip()
     except FileNotFoundError:
+        seen.start(state_dir)  # a new worker: it knows every tablet it will ever hold (worker/seen.py)
         worker_id = uuid.uuid4().hex[:12]
         with open(path + ".tmp", "w") as f:
             f.write(worker_id + "\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from typing import Any
 
 from prometheus_client import REGISTRY
@@ -13,6 +14,8 @@ from runtime import metrics
 from runtime.wire import millstream_pb2 as pb
 from tests.core.corekit import make_core
 from tests.core.test_worker_core import _until, routing
+from worker import seen
+from worker.seen import SeenTablets
 from worker.storage import TabletStore
 
 HALF = 1 << 63
@@ -110,3 +113,67 @@ def test_a_tablet_leaving_a_worker_takes_its_gauges_and_entries_with_it(tmp_path
         assert not core.replicas._locks
 
     asyncio.run(run())
+
+
+def _promoted(version: int, token: int = 2, parents: tuple[int, ...] = ()) -> pb.Routing:
+    """Tablet echo/0 given to this worker ("w") under ``token``: promoted from the in-sync set
+    of a new tablet whose primary ("p") died (the routing of its creation never reached w)."""
+    r = routing(("echo", "tests.core.jobs:Echo", ["in"], [], {}))
+    r.version = version
+    a = r.computations[0].assignments[0]
+    a.token = token
+    a.in_sync.append("w")
+    a.parents.extend(parents)
+    return r
+
+
+def test_a_follower_promoted_before_it_made_a_new_tablets_empty_copy_opens_it(tmp_path: Any) -> None:
+    """N19: it was refused for ever ("missing, but the tablet existed") though, in-sync and
+    never holding a copy, it proves that no commit of the tablet was ever acknowledged."""
+    async def run() -> None:
+        seen.start(str(tmp_path))  # a new state directory: it knows every tablet it is given
+        core = await make_core(str(tmp_path), _promoted(1))
+        await _until(lambda: ("echo", 0) in core.tablets, "the promoted tablet to open, empty")
+        assert core.tablets[("echo", 0)].store.index == 0
+        await core.close_all()
+        # A tablet seen here before whose copy is gone was lost: never opened empty.
+        shutil.rmtree(os.path.join(str(tmp_path), "echo", "0"))
+        core = await make_core(str(tmp_path), _promoted(2, token=3))
+        await _until(lambda: ("echo", 0) in core._failures, "the opening to fail")
+        assert "is missing" in core._failures[("echo", 0)][0] and ("echo", 0) not in core.tablets
+        await core.close_all()
+
+    asyncio.run(run())
+
+
+def test_no_empty_copy_without_a_record_since_the_worker_id_or_for_a_built_range(tmp_path: Any) -> None:
+    async def run() -> None:
+        old = str(tmp_path / "old")  # a state directory from before the record: it may have lost copies
+        core = await make_core(old, _promoted(1))
+        await _until(lambda: ("echo", 0) in core._failures, "the opening to fail")
+        assert "is missing" in core._failures[("echo", 0)][0]
+        await core.close_all()
+        built = str(tmp_path / "built")  # a split's half is built from its parent, never made empty
+        os.makedirs(built)
+        seen.start(built)
+        core = await make_core(built, _promoted(1, parents=(7,)))
+        await _until(lambda: ("echo", 0) in core._failures, "the opening to fail")
+        assert not os.path.exists(os.path.join(built, "echo", "0"))
+        await core.close_all()
+
+    asyncio.run(run())
+
+
+def test_the_record_survives_a_restart_and_forgets_ranges_gone_for_good(tmp_path: Any) -> None:
+    seen.start(str(tmp_path))
+    record = SeenTablets(str(tmp_path))
+    asyncio.run(record.remember([("c", 1), ("c", 2)]))
+    with open(os.path.join(str(tmp_path), seen.FILE), "a") as f:
+        f.write('["c", 3')  # a line a crash cut short
+    again = SeenTablets(str(tmp_path))
+    assert again.trusted and again.keys == {("c", 1), ("c", 2)}
+    assert again.first_seen([("c", 2), ("c", 4)]) == {("c", 4)}
+    for i in range(100, 200):
+        asyncio.run(again.remember([("c", i)]))
+    asyncio.run(again.forget(lambda k: k[1] >= 100))  # split away: rewritten without them
+    assert SeenTablets(str(tmp_path)).keys == {("c", 1), ("c", 2)}

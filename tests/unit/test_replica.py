@@ -108,3 +108,23 @@ def test_a_new_worker_at_a_followers_address_refuses_what_was_meant_for_the_old_
                                  follower="oldworker000")
         assert (await reps.install(chunk)).status == R.WRONG_WORKER
     asyncio.run(run())
+
+
+def test_a_snapshot_records_its_tablet_before_its_copy_is_made(tmp_path: Any) -> None:
+    """A copy sent before this worker's routing names the tablet is recorded as held first
+    (worker/seen.py: a copy lost later is never taken for one never held)."""
+    async def run() -> None:
+        recorded: list[tuple[str, int]] = []
+
+        async def remember(key: tuple[str, int]) -> None:
+            assert not os.path.exists(os.path.join(str(tmp_path), "c", "0"))
+            recorded.append(key)
+
+        reps = Replicas(str(tmp_path), lambda k: os.path.join(str(tmp_path), k[0], str(k[1])),
+                        lambda k: None, lambda: "", remember)
+        chunk = pb.SnapshotChunk(computation="c", key_range=0, token=2, index=0, session="s", file="CURRENT",
+                                 data=b"x")
+        assert (await reps.install(chunk)).status == R.OK
+        assert recorded == [KEY]
+        await reps.close_all()
+    asyncio.run(run())

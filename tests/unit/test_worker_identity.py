@@ -10,6 +10,7 @@ import pytest
 
 from runtime.errors import ConfigError
 from worker import server
+from worker.seen import SeenTablets
 from worker.server import claim_state_dir, keep_secret, locks_work, read_secret
 from worker.storage import TabletStore
 
@@ -63,3 +64,16 @@ def test_claiming_a_state_directory_sweeps_what_a_crashed_process_left_half_done
     assert not any(d.exists() for d in leftovers)
     assert sorted(os.listdir(tmp_path / "c")) == ["0"]
     TabletStore(str(tmp_path / "c" / "0"), 2, sync=False, must_exist=True).close()  # the tablet is intact
+
+
+def test_only_a_new_worker_id_starts_a_trusted_record_of_the_tablets_seen(tmp_path: Path) -> None:
+    """Review 3 N19: a worker may make the empty copy of a tablet it never held only if it
+    knows every tablet it ever held (worker/seen.py): a record started with its identity."""
+    wid, lock = claim_state_dir(str(tmp_path / "new"))
+    lock.close()
+    assert SeenTablets(str(tmp_path / "new")).trusted
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "worker.id").write_text("0123456789ab\n")  # a worker from before the record
+    wid, lock = claim_state_dir(str(tmp_path / "old"))
+    lock.close()
+    assert wid == "0123456789ab" and not SeenTablets(str(tmp_path / "old")).trusted
