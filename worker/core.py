@@ -108,6 +108,7 @@ class WorkerCore:
         self.replicas = Replicas(state_dir, self.path_of, self._primary_token, lambda: self.worker_id,
                                  lambda key: self.seen.remember([key]))
         self._closing_tablets: dict[tuple[str, int], Tablet] = {}
+        self._swept = 0  # the routing version replaced ranges' leftover copies were last looked for in
 
     def path_of(self, key: tuple[str, int]) -> str:
         """Where this worker keeps its copy of a tablet (as primary or follower)."""
@@ -333,6 +334,23 @@ class WorkerCore:
                 continue
             log.info("tablet %s/%d: every range built from it is built; deleting its storage", *parent)
             await asyncio.to_thread(shutil.rmtree, path, True)
+        if unbuildable or self._swept == self.routing.version:
+            return
+        # A range replaced again before its copy reached this worker leaves its parent here
+        # without any range built from it: nothing can need that storage any more.
+        self._swept = self.routing.version
+        for computation in self.routing.computations:
+            try:
+                names = os.listdir(os.path.join(self.state_dir, computation))
+            except OSError:
+                continue
+            for name in names:
+                old = (computation, int(name)) if name.isdigit() else None
+                if (old is None or old in children or not self.routing.replaced(*old) or self._in_use(old)
+                        or old in self.replicas.copies or old in self._closing_tablets):
+                    continue
+                log.info("tablet %s/%d: replaced, and no range is built from it; deleting its storage", *old)
+                await asyncio.to_thread(shutil.rmtree, self.path_of(old), True)
 
     async def _forget_gone(self) -> None:
         """Forget what this worker kept per range about ranges it no longer has: smaller batches

@@ -177,3 +177,23 @@ def test_the_record_survives_a_restart_and_forgets_ranges_gone_for_good(tmp_path
         asyncio.run(again.remember([("c", i)]))
     asyncio.run(again.forget(lambda k: k[1] >= 100))  # split away: rewritten without them
     assert SeenTablets(str(tmp_path)).keys == {("c", 1), ("c", 2)}
+
+
+def test_a_parent_whose_half_was_replaced_before_its_copy_came_here_is_deleted(tmp_path: Any) -> None:
+    """N11: half 1 (followed here) was split again before its copy reached this worker, and so
+    was half 2: range 0 is then nobody's parent, and nothing here can need it."""
+    async def run() -> None:
+        core = await make_core(str(tmp_path), pb.Routing(version=1))
+        parent = os.path.join(str(tmp_path), "c", "0")
+        _copy(parent)
+        await core.apply_routing(_split_routing(2, {1: ("x", ["w"]), 2: ("y", ["z"])}))
+        assert os.path.isdir(parent)
+        again = _split_routing(3, {})
+        for rid in (3, 4, 5, 6):  # both halves split again (1 into 3 and 4, 2 into 5 and 6), none followed here
+            again.computations[0].assignments.add(key_range=rid, worker_id="x", address="x:1", token=3,
+                                                  parents=[1 if rid < 5 else 2])
+        await core.apply_routing(again)
+        assert not os.path.exists(parent)
+        await core.close_all()
+
+    asyncio.run(run())
