@@ -30,7 +30,7 @@ from runtime import metrics
 from runtime.client import check_topology_size
 from runtime.errors import ConfigError, MillstreamError, StaleTokenError, TopologyError, WorkerIdentityError
 from runtime.keyspace import wire_end
-from runtime.topology import ComputationSpec, Topology, validate_against
+from runtime.topology import RESERVED_PARAM_PREFIX, ComputationSpec, Topology, validate_against
 from runtime.wire import millstream_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ class MasterCore:
     async def become_leader(self) -> None:
         """Load everything from etcd; every known worker gets a fresh lease period."""
         snap = await self._io(self.store.load)
-        self.topologies = {n: Topology.from_json(doc) for n, doc in snap.topologies.items()}
+        self.topologies = {n: Topology.from_json(doc, stored=True) for n, doc in snap.topologies.items()}
         self.jobs = {n: Job.from_doc(doc) for n, doc in snap.jobs.items()}
         self.dropped = dict(snap.dropped)
         self.workers = dict(snap.workers)
@@ -692,7 +692,8 @@ class MasterCore:
                     productions=s.productions, late_records=s.late_records,
                     job_state=self.job_state(topo.name), input_paused=topo.name in self.paused,
                 )
-                c.params.update(s.params)
+                # Only the runtime writes its own options (a user's are refused at submit).
+                c.params.update({k: v for k, v in s.params.items() if not k.startswith(RESERVED_PARAM_PREFIX)})
                 if s.fsync is not None:
                     c.params["millstream.fsync"] = "1" if s.fsync else "0"
                 if s.dedup_retention is not None:

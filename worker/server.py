@@ -370,6 +370,10 @@ class MasterSession:
                     await self.core.apply_routing(routing)
             except grpc.RpcError as e:
                 self.masters.follow(e)
+            except Exception:
+                # A bug applying one routing must not end the watch for good (review N7):
+                # log it, and watch anew from the leader's current routing.
+                log.exception("applying the routing failed; watching it anew")
             known = 0
             await asyncio.sleep(0.1)
 
@@ -377,7 +381,10 @@ class MasterSession:
 async def _reconcile_loop(core: WorkerCore) -> None:
     while True:
         await asyncio.sleep(0.2)
-        await core.reconcile()
+        try:
+            await core.reconcile()
+        except Exception:  # never the end of the loop: every later pass may open what is assigned
+            log.exception("reconcile failed; trying again")
 
 
 async def _drain(core: WorkerCore, masters: AsyncMasterClient, timeout_s: float) -> None:
