@@ -151,6 +151,7 @@ class MasterCore:
         self._gauged_at = -1e18
         self._replan_soon = False  # a worker became eligible for copies: re-plan next tick
         self._defragged = -1e18
+        self.upkeep: asyncio.Task[None] | None = None  # etcd's size check and defragment, off the tick
         self._changed = asyncio.Condition()
         self._lock = asyncio.Lock()
 
@@ -540,7 +541,7 @@ class MasterCore:
     async def tick(self) -> None:
         """Expire workers whose lease ran out and move their tablets; advance watermarks."""
         await self.advance_watermarks()
-        await self._etcd_upkeep()
+        self._start_upkeep()
         self._gauges()
         if self._replan_soon:
             self._replan_soon = False
@@ -563,17 +564,31 @@ class MasterCore:
                 metrics.WORKER_EXPIRIES.inc()
             await self._rebalance("expiry")
 
-    async def _etcd_upkeep(self) -> None:
+    def _start_upkeep(self) -> None:
+        """etcd's size check (and its hourly defragment) as a task of its own: a defragment
+        takes seconds on a large database, and the leader's loop, which also keeps its etcd
+        lease alive, must not wait for it (review N12: it cost leadership and fenced workers)."""
         now = self.now_ms()
-        if now - self._etcd_checked < self.config.etcd_check_s * 1000:
+        if (self.upkeep is not None and not self.upkeep.done()) or self.closed \
+                or now - self._etcd_checked < self.config.etcd_check_s * 1000:
             return
         self._etcd_checked = now
-        size = await self._io(self.store.db_size)
-        if size > self.config.defrag_above_bytes and now - self._defragged > 3_600_000:
-            log.warning("etcd holds %d MiB: defragmenting it", size >> 20)
-            self._defragged = now
-            await self._io(self.store.defragment)
+        self.upkeep = asyncio.get_running_loop().create_task(self._etcd_upkeep(now), name="etcd upkeep")
+
+    async def _etcd_upkeep(self, now: float) -> None:
+        try:
             size = await self._io(self.store.db_size)
+            if size > self.config.defrag_above_bytes and now - self._defragged > 3_600_000:
+                log.warning("etcd holds %d MiB: defragmenting it", size >> 20)
+                self._defragged = now
+                await self._io(self.store.defragment)
+                size = await self._io(self.store.db_size)
+        except MillstreamError as e:  # etcd unreachable: the leader's own writes will say so
+            log.warning("etcd upkeep failed: %s", e)
+            return
+        except Exception:
+            log.exception("etcd upkeep failed")
+            return
         self.etcd_db_bytes = size
         metrics.ETCD_DB_BYTES.set(size)
 
@@ -737,6 +752,8 @@ class MasterCore:
     def shutdown(self) -> None:
         """Leadership is lost: end every routing watch (their workers look for the leader)."""
         self.closed = True
+        if self.upkeep is not None:
+            self.upkeep.cancel()  # its etcd call in a thread runs out; nothing waits for it
 
         async def wake() -> None:
             async with self._changed:

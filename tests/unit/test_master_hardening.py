@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from master import web
 from master.core import MasterConfig, MasterCore
 from master.scheduler import Ownership
-from master.server import Master
+from master.server import Master, MasterOptions
 from master.store import Snapshot
 from runtime import Topology
 from runtime.client import MAX_TOPOLOGY_BYTES, check_topology_size
@@ -204,3 +205,96 @@ def test_s7_status_does_not_read_etcd_per_request() -> None:
     doc = asyncio.run(master._status_doc())
     assert doc is not None
     assert doc["masters"]["all"] == ["127.0.0.1:7070", "127.0.0.1:7071"]
+
+
+# ------------------------------------------------------------------ N12: etcd upkeep off the tick
+
+
+class SlowDefragStore(MemoryStore):
+    """An etcd over the defragment threshold whose defragment takes until ``done`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.defragmenting = threading.Event()
+        self.done = threading.Event()
+        self.keep_alives = 0
+
+    def db_size(self) -> int:
+        return 1 << 40 if not self.done.is_set() else 1 << 20
+
+    def defragment(self) -> None:
+        self.defragmenting.set()
+        assert self.done.wait(30), "the test never let the defragment end"
+
+    def campaign(self, identity: Any, ttl_s: int) -> bool:
+        return True
+
+    def keep_alive(self) -> bool:
+        self.keep_alives += 1
+        return True
+
+    def masters(self) -> list[dict[str, str]]:
+        return []
+
+
+def test_n12_a_long_defragment_does_not_hold_up_the_leaders_tick() -> None:
+    store = SlowDefragStore()
+    clock = [0.0]
+    core = MasterCore(store, MasterConfig(), lambda: clock[0])  # type: ignore[arg-type]
+
+    async def main() -> None:
+        await asyncio.wait_for(core.tick(), 10)  # starts the upkeep, which defragments
+        assert await asyncio.to_thread(store.defragmenting.wait, 10)
+        for _ in range(3):  # the leader keeps ticking while etcd defragments
+            clock[0] += 50
+            await asyncio.wait_for(core.tick(), 10)
+        clock[0] += MasterConfig().etcd_check_s * 1000
+        upkeep = core.upkeep
+        await asyncio.wait_for(core.tick(), 10)
+        assert core.upkeep is upkeep, "one upkeep at a time"
+        store.done.set()
+        assert upkeep is not None
+        await asyncio.wait_for(upkeep, 10)
+        assert core.etcd_db_bytes == 1 << 20  # measured again after the defragment
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.done.set()
+
+
+def test_n12_the_leader_keeps_its_lease_alive_through_a_long_defragment() -> None:
+    store = SlowDefragStore()
+    master = Master.__new__(Master)
+    master.options = MasterOptions(etcd=None, listen="", config=MasterConfig(lease_ms=1000))  # type: ignore[arg-type]
+    master.store = store  # type: ignore[assignment]
+    master.identity, master.address, master.core, master.leader_address = "m1", "127.0.0.1:1", None, None
+    master.sure_until, master._refreshed_at = 0.0, float("-inf")
+    master._masters_cache, master._autoscaled_at, master._masters_read_at = [], -1e18, float("-inf")
+
+    async def main() -> None:
+        lead = asyncio.create_task(master._lead())
+        try:
+            assert await asyncio.to_thread(store.defragmenting.wait, 10)
+            before = store.keep_alives
+            # Refreshed every quarter of the 2 s TTL: two more within the deadline, while the
+            # defragment still runs (the leader's loop used to wait for it).
+            await wait_until_async(lambda: store.keep_alives >= before + 2, 10, "two lease refreshes")
+            assert not store.done.is_set() and master.leadership_confirmed()
+        finally:
+            store.done.set()
+            lead.cancel()
+            await asyncio.gather(lead, return_exceptions=True)
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.done.set()
+
+
+async def wait_until_async(cond: Any, timeout: float, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)  # poll interval of this deadline-bounded wait
