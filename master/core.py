@@ -333,11 +333,17 @@ class MasterCore:
                 return
             log.info("worker %s at %s left; moving its tablets", worker_id, self.workers[worker_id])
             await self._io(self.store.delete_worker, worker_id)
-            self.workers.pop(worker_id, None)
-            self.problems.pop(worker_id, None)
-            self.reported_seq.pop(worker_id, None)
-            self.last_seen.pop(worker_id, None)
+            self._forget_worker(worker_id)
             await self._rebalance("leave")
+
+    def _forget_worker(self, worker_id: str) -> None:
+        """Drop what the leader kept of a worker that left or expired (review N17: one entry
+        per worker ever, otherwise). Its identity stays: it may come back on its disk."""
+        for per_worker in (self.workers, self.problems, self.reported_seq, self.last_seen, self.routing_seen,
+                           self.zones):
+            per_worker.pop(worker_id, None)
+        self.heard.discard(worker_id)
+        self.draining.discard(worker_id)
 
     def heartbeat(self, worker_id: str, held: Sequence[pb.HeldTablet] = (), report_seq: int = 0,
                   problems: Sequence[pb.TabletProblem] = (), routing_version: int = 0) -> dict[str, int]:
@@ -556,10 +562,7 @@ class MasterCore:
                 log.warning("worker %s at %s missed its lease; moving its tablets",
                             w, self.workers.get(w))
                 await self._io(self.store.delete_worker, w)
-                self.workers.pop(w, None)
-                self.problems.pop(w, None)
-                self.reported_seq.pop(w, None)
-                self.last_seen.pop(w, None)
+                self._forget_worker(w)
                 self.liveness["lease_expiries"] += 1
                 metrics.WORKER_EXPIRIES.inc()
             await self._rebalance("expiry")

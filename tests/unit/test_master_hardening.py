@@ -298,3 +298,33 @@ async def wait_until_async(cond: Any, timeout: float, what: str) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.01)  # poll interval of this deadline-bounded wait
+
+
+# ------------------------------------------------------------------ N17: per-worker state
+
+
+def test_n17_a_worker_that_leaves_or_expires_leaves_nothing_behind() -> None:
+    clock = [0.0]
+    core = MasterCore(MemoryStore(), MasterConfig(), lambda: clock[0])  # type: ignore[arg-type]
+
+    def kept(w: str) -> list[str]:
+        return [name for name in ("workers", "zones", "routing_seen", "heard", "last_seen", "reported_seq",
+                                  "problems", "draining") if w in getattr(core, name)]
+
+    async def main() -> None:
+        for i in range(3):
+            wid, _ = await core.register_worker(f"127.0.0.1:{i + 1}", zone=f"z{i}")
+            core.heartbeat(wid, report_seq=1, routing_version=core.version)
+        leaving, expiring, staying = sorted(core.workers, key=core.workers.__getitem__)
+        await core.drain(leaving)
+        assert kept(leaving) == ["workers", "zones", "routing_seen", "heard", "last_seen", "reported_seq",
+                                 "problems", "draining"]
+        await core.leave(leaving)
+        clock[0] += core.config.lease_ms / 2
+        core.heartbeat(staying, report_seq=2, routing_version=core.version)
+        clock[0] += core.config.lease_ms / 2 + 1
+        await core.tick()  # `expiring` missed its lease
+        assert kept(leaving) == [] and kept(expiring) == []
+        assert set(core.routing_seen) == set(core.zones) == core.heard == set(core.workers) == {staying}
+
+    asyncio.run(main())
