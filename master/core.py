@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from master.code import check_loadable
 from master.jobs import CANCELLED, DRAINED, PAUSE_LIMIT_S, RUNNING, Job, Pause, closed_streams, input_streams
 from master.ranges import KeyRange, Ranges
 from master.rebalance import Policy, Rebalancer
@@ -44,6 +45,7 @@ MAX_INCARNATION_CHARS = 64
 STREAM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 WORKER_ID = re.compile(r"^[0-9a-f]{12}$")
 ZONE = re.compile(r"^[A-Za-z0-9_.\-]{0,63}$")
+MODULE_PREFIX = re.compile(r"[A-Za-z_]\w{0,127}(\.[A-Za-z_]\w{0,127}){0,15}")
 
 
 def check_injector_name(name: str) -> None:
@@ -99,6 +101,7 @@ class MasterCore:
         self.routing_seen: dict[str, int] = {}     # worker -> newest routing version it applied
         self.workers: dict[str, str] = {}          # id -> address
         self.zones: dict[str, str] = {}            # id -> failure domain ("" = none)
+        self.code: dict[str, tuple[str, ...]] = {}  # id -> module prefixes it loads code from (master/code.py)
         self.identities: dict[str, str] = {}       # id -> SHA-256 of the secret issued to it
         self.pinned: dict[TabletKey, str] = {}     # operator moves waiting for their target to catch up
         self.holding: dict[TabletKey, str] = {}    # kept on a worker while a merge waits for them there
@@ -166,6 +169,7 @@ class MasterCore:
         self.dropped = dict(snap.dropped)
         self.workers = dict(snap.workers)
         self.zones = dict(snap.zones)
+        self.code = dict(snap.code)
         self.identities = dict(snap.identities)
         now = self.now_ms()
         self.last_seen = {w: now for w in self.workers}
@@ -209,6 +213,7 @@ class MasterCore:
             assert old is None, "a cancelled job with its state kept is resumed by master.lifecycle.update"
             existing = [s for t in self.topologies.values() for s in t.computations.values()]
             validate_against(topo.computations.values(), existing)
+            check_loadable(topo.computations.values(), self.code, self.workers)
             ranges = {s.name: Ranges.first(s.key_ranges, base=self.dropped.get(s.name, 0))
                       for s in topo.computations.values()}
             self.ranges.update(ranges)
@@ -255,7 +260,7 @@ class MasterCore:
         return list(self.workers)
 
     async def register_worker(self, address: str, worker_id: str = "", zone: str = "",
-                              secret: str = "") -> tuple[str, str]:
+                              secret: str = "", allowed_code: Sequence[str] = ()) -> tuple[str, str]:
         """A worker joins. ``worker_id`` is the identity its state directory keeps: a worker
         back on its disk is the same worker, and its copies count again. Returns its id and
         its secret: issued on its first registration, to be shown on every later call as that
@@ -266,6 +271,7 @@ class MasterCore:
         if not ZONE.fullmatch(zone):
             raise ConfigError(f"zone {zone[:80]!r} is not a zone name (letters, digits, '_', '.', '-'; "
                               "at most 63)")
+        allowed = check_policy(allowed_code)
         worker_id = worker_id or uuid.uuid4().hex[:12]
         async with self._lock:
             issued = None
@@ -276,11 +282,12 @@ class MasterCore:
                 issued = _digest(secret)
             restarted = worker_id in self.workers
             self.draining.discard(worker_id)
-            await self._io(self.store.put_worker, worker_id, address, zone, issued)
+            await self._io(self.store.put_worker, worker_id, address, zone, issued, allowed)
             if issued is not None:
                 self.identities[worker_id] = issued
             self.workers[worker_id] = address
             self.zones[worker_id] = zone
+            self.code[worker_id] = allowed
             self.heard.add(worker_id)
             self.last_seen[worker_id] = self.now_ms()
             self.liveness["registrations"] += 1
@@ -340,7 +347,7 @@ class MasterCore:
         """Drop what the leader kept of a worker that left or expired (review N17: one entry
         per worker ever, otherwise). Its identity stays: it may come back on its disk."""
         for per_worker in (self.workers, self.problems, self.reported_seq, self.last_seen, self.routing_seen,
-                           self.zones):
+                           self.zones, self.code):
             per_worker.pop(worker_id, None)
         self.heard.discard(worker_id)
         self.draining.discard(worker_id)
@@ -780,6 +787,18 @@ def forget_tablet(core: MasterCore, key: TabletKey) -> None:
     core.settler.forget(key)
     for problems in core.problems.values():
         problems.pop(key, None)
+
+
+MAX_POLICY_ENTRIES = 256
+
+
+def check_policy(allowed: Sequence[str]) -> tuple[str, ...]:
+    """A worker's code policy as it reports it: module prefixes (or "*"), bounded."""
+    if len(allowed) > MAX_POLICY_ENTRIES or not all(
+            p == "*" or MODULE_PREFIX.fullmatch(p) for p in allowed):
+        raise ConfigError(f"the worker's --allow-code ({', '.join(list(allowed)[:5])[:200]}) is not a list of at "
+                          f"most {MAX_POLICY_ENTRIES} module prefixes; give dotted module names such as my_jobs")
+    return tuple(allowed)
 
 
 def _digest(secret: str) -> str:

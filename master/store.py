@@ -96,6 +96,7 @@ class Snapshot:
     # name -> incarnation -> watermark; an injector of an older version has none stored
     injector_incarnations: dict[str, dict[str, int]] = field(default_factory=dict)
     zones: dict[str, str] = field(default_factory=dict)  # worker id -> zone
+    code: dict[str, tuple[str, ...]] = field(default_factory=dict)  # worker id -> allowed code prefixes
     ranges: dict[str, Ranges] = field(default_factory=dict)  # split or merged computations
     identities: dict[str, str] = field(default_factory=dict)  # worker id -> SHA-256 of its secret
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # topology -> lifecycle document
@@ -250,6 +251,7 @@ class EtcdStore:
                 doc = json.loads(value)
                 snap.workers[key[len(WORKERS):]] = doc["address"]
                 snap.zones[key[len(WORKERS):]] = doc.get("zone", "")
+                snap.code[key[len(WORKERS):]] = tuple(doc.get("code", ()))
             elif key.startswith(WATERMARKS):
                 snap.watermarks[key[len(WATERMARKS):]] = int(value)
             elif key.startswith(INJECTORS):
@@ -281,10 +283,12 @@ class EtcdStore:
         t = self._client.transactions
         self._guarded([t.put(TOPOLOGIES + name, doc), *self._tablet_ops(tablets)])
 
-    def put_worker(self, worker_id: str, address: str, zone: str = "", identity: str | None = None) -> None:
-        """A worker (and, when it is new, the digest of the secret it was issued)."""
+    def put_worker(self, worker_id: str, address: str, zone: str = "", identity: str | None = None,
+                   code: tuple[str, ...] = ()) -> None:
+        """A worker, with the module prefixes it loads code from (and, when it is new, the
+        digest of the secret it was issued)."""
         t = self._client.transactions
-        ops = [t.put(WORKERS + worker_id, json.dumps({"address": address, "zone": zone}))]
+        ops = [t.put(WORKERS + worker_id, json.dumps({"address": address, "zone": zone, "code": list(code)}))]
         if identity is not None:
             ops.append(t.put(IDENTITIES + worker_id, identity))
         self._guarded(ops)

@@ -290,7 +290,9 @@ class MasterSession:
             try:
                 resp = await self.masters.stub().RegisterWorker(
                     pb.RegisterWorkerRequest(address=self.core.address, worker_id=self.identity,
-                                             zone=self.zone, secret=self.core.secret), timeout=self.masters.timeout)
+                                             zone=self.zone, secret=self.core.secret,
+                                             allowed_code=self.core.code_policy.allowed),
+                    timeout=self.masters.timeout)
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.PERMISSION_DENIED:
                     log.error("the leader refuses this worker's identity: %s", e.details())

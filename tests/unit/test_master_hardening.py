@@ -14,10 +14,13 @@ from master import web
 from master.core import MasterConfig, MasterCore
 from master.scheduler import Ownership
 from master.server import Master, MasterOptions
+from master.status import status_document
 from master.store import Snapshot
 from runtime import Topology
 from runtime.client import MAX_TOPOLOGY_BYTES, check_topology_size
 from runtime.errors import ConfigError, MillstreamError, TopologyError
+from runtime.imports import CodeNotAllowedError
+from runtime.status import render, render_jobs
 from runtime.wire import millstream_pb2 as pb
 
 END = (1 << 63) - 1
@@ -40,6 +43,9 @@ class MemoryStore:
     def load(self) -> Snapshot:
         return Snapshot({}, {}, {}, {}, {n: (d["stream"], d["watermark"]) for n, d in self.injectors.items()},
                         {n: d["incarnations"] for n, d in self.injectors.items() if d["incarnations"]})
+
+    def db_size(self) -> int:
+        return 0
 
     def __getattr__(self, name: str) -> Any:
         return lambda *args, **kw: None
@@ -328,3 +334,41 @@ def test_n17_a_worker_that_leaves_or_expires_leaves_nothing_behind() -> None:
         assert set(core.routing_seen) == set(core.zones) == core.heard == set(core.workers) == {staying}
 
     asyncio.run(main())
+
+
+# ------------------------------------------------------------------ code the workers may not load
+
+
+def test_a_submit_of_code_a_worker_may_not_load_is_refused_naming_the_fix() -> None:
+    core = MasterCore(MemoryStore(), MasterConfig(), lambda: 0.0)  # type: ignore[arg-type]
+    topo = Topology("wc")
+    topo.add_computation("count", "tests.jobs:Counter", inputs={"words": "tests.jobs:first_byte"})
+
+    async def main() -> None:
+        wide, _ = await core.register_worker("127.0.0.1:1", allowed_code=["runtime.sinks", "tests"])
+        old, _ = await core.register_worker("127.0.0.1:3")  # reports no policy (an older worker)
+        narrow, _ = await core.register_worker("127.0.0.1:2", allowed_code=["runtime.sinks", "examples"])
+        with pytest.raises(CodeNotAllowedError, match=(
+                rf"computation 'count': code 'tests.jobs:Counter' is from module 'tests.jobs', which worker "
+                rf"{narrow} \(127.0.0.1:2\) does not allow; start it with --allow-code tests .*"
+                r"computation 'count': key extractor of 'words' 'tests.jobs:first_byte'.*Nothing was changed")):
+            await core.submit(topo.to_json())
+        assert "wc" not in core.topologies and not core.tablets
+        await core.leave(narrow)
+        assert (await core.submit(topo.to_json()))[0] == "wc"
+        # A worker joining later that may not load it: named in status and jobs at once.
+        narrow, _ = await core.register_worker("127.0.0.1:4", allowed_code=["runtime.sinks"])
+        doc = status_document(core)
+        [code, extractor] = doc["computations"]["count"]["code_refused"]
+        assert narrow in code and "--allow-code tests" in code and wide not in code and old not in code
+        assert doc["jobs"][0]["computations"][0]["code_refused"] == [code, extractor]
+        assert "CANNOT LOAD: computation 'count': code 'tests.jobs:Counter'" in render(doc)
+        assert "--allow-code tests" in render_jobs(doc["jobs"])
+
+    asyncio.run(main())
+
+
+def test_a_worker_policy_that_is_not_module_prefixes_is_refused() -> None:
+    core = MasterCore(MemoryStore(), MasterConfig(), lambda: 0.0)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="is not a list of at most 256 module prefixes"):
+        asyncio.run(core.register_worker("127.0.0.1:1", allowed_code=["os; rm"]))
