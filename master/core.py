@@ -183,15 +183,35 @@ class MasterCore:
         self.injectors = dict(snap.injectors)
         self.injector_incarnations = {
             n: dict(snap.injector_incarnations.get(n) or {"": wm}) for n, (_, wm) in snap.injectors.items()}
-        # A submit spans several etcd transactions when it creates many tablets; if its leader
-        # fell between them, the topology is stored but some tablets are not: place them now.
         wanted = {k for t in self.topologies.values() for s in t.computations.values()
                   for k in self._keys(s)}
+        await self._collect(wanted, set(snap.ranges) | set(snap.watermarks))
+        # Tablets a new topology wants that are not written yet (a change interrupted after
+        # its topology was, see EtcdStore.apply; or one written before that order): new
+        # tablets, placed now.
         if wanted - set(self.tablets):
             log.warning("placing %d tablets a previous leader had not written", len(wanted - set(self.tablets)))
         await self._rebalance("leader", wanted)
         log.info("leading: %d topologies, %d workers, %d tablets",
                  len(self.topologies), len(self.workers), len(self.tablets))
+
+    async def _collect(self, wanted: set[TabletKey], stored: set[str]) -> None:
+        """Delete what a lifecycle change interrupted by a failover left behind (review N13):
+        tablets no topology wants (a cancelled job's, a removed or reset computation's old
+        ranges, a restore that never wrote its topology), and the ranges and watermarks of
+        computations no topology has."""
+        names = {s.name for t in self.topologies.values() for s in t.computations.values()}
+        orphans = sorted(k for k in self.tablets if k not in wanted)
+        stray = sorted(c for c in stored if c not in names)
+        if not orphans and not stray:
+            return
+        log.warning("deleting %d tablets and the ranges and watermarks of %d computations that an interrupted "
+                    "lifecycle change left behind", len(orphans), len(stray))
+        await self._io(self.store.collect, orphans, stray)
+        for key in orphans:
+            del self.tablets[key]
+        for c in stray:
+            self.published.pop(c, None)
 
     # ------------------------------------------------------------ topologies
 
