@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from master.code import check_loadable
 from master.jobs import CANCELLED, DRAINED, PAUSE_LIMIT_S, RUNNING, Job, Pause, closed_streams, input_streams
 from master.ranges import KeyRange, Ranges
 from master.rebalance import Policy, Rebalancer
@@ -30,7 +31,7 @@ from runtime import metrics
 from runtime.client import check_topology_size
 from runtime.errors import ConfigError, MillstreamError, StaleTokenError, TopologyError, WorkerIdentityError
 from runtime.keyspace import wire_end
-from runtime.topology import ComputationSpec, Topology, validate_against
+from runtime.topology import RESERVED_PARAM_PREFIX, ComputationSpec, Topology, validate_against
 from runtime.wire import millstream_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ MAX_INCARNATION_CHARS = 64
 STREAM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 WORKER_ID = re.compile(r"^[0-9a-f]{12}$")
 ZONE = re.compile(r"^[A-Za-z0-9_.\-]{0,63}$")
+MODULE_PREFIX = re.compile(r"[A-Za-z_]\w{0,127}(\.[A-Za-z_]\w{0,127}){0,15}")
 
 
 def check_injector_name(name: str) -> None:
@@ -99,6 +101,7 @@ class MasterCore:
         self.routing_seen: dict[str, int] = {}     # worker -> newest routing version it applied
         self.workers: dict[str, str] = {}          # id -> address
         self.zones: dict[str, str] = {}            # id -> failure domain ("" = none)
+        self.code: dict[str, tuple[str, ...]] = {}  # id -> module prefixes it loads code from (master/code.py)
         self.identities: dict[str, str] = {}       # id -> SHA-256 of the secret issued to it
         self.pinned: dict[TabletKey, str] = {}     # operator moves waiting for their target to catch up
         self.holding: dict[TabletKey, str] = {}    # kept on a worker while a merge waits for them there
@@ -151,6 +154,7 @@ class MasterCore:
         self._gauged_at = -1e18
         self._replan_soon = False  # a worker became eligible for copies: re-plan next tick
         self._defragged = -1e18
+        self.upkeep: asyncio.Task[None] | None = None  # etcd's size check and defragment, off the tick
         self._changed = asyncio.Condition()
         self._lock = asyncio.Lock()
 
@@ -160,11 +164,12 @@ class MasterCore:
     async def become_leader(self) -> None:
         """Load everything from etcd; every known worker gets a fresh lease period."""
         snap = await self._io(self.store.load)
-        self.topologies = {n: Topology.from_json(doc) for n, doc in snap.topologies.items()}
+        self.topologies = {n: Topology.from_json(doc, stored=True) for n, doc in snap.topologies.items()}
         self.jobs = {n: Job.from_doc(doc) for n, doc in snap.jobs.items()}
         self.dropped = dict(snap.dropped)
         self.workers = dict(snap.workers)
         self.zones = dict(snap.zones)
+        self.code = dict(snap.code)
         self.identities = dict(snap.identities)
         now = self.now_ms()
         self.last_seen = {w: now for w in self.workers}
@@ -178,15 +183,35 @@ class MasterCore:
         self.injectors = dict(snap.injectors)
         self.injector_incarnations = {
             n: dict(snap.injector_incarnations.get(n) or {"": wm}) for n, (_, wm) in snap.injectors.items()}
-        # A submit spans several etcd transactions when it creates many tablets; if its leader
-        # fell between them, the topology is stored but some tablets are not: place them now.
         wanted = {k for t in self.topologies.values() for s in t.computations.values()
                   for k in self._keys(s)}
+        await self._collect(wanted, set(snap.ranges) | set(snap.watermarks))
+        # Tablets a new topology wants that are not written yet (a change interrupted after
+        # its topology was, see EtcdStore.apply; or one written before that order): new
+        # tablets, placed now.
         if wanted - set(self.tablets):
             log.warning("placing %d tablets a previous leader had not written", len(wanted - set(self.tablets)))
         await self._rebalance("leader", wanted)
         log.info("leading: %d topologies, %d workers, %d tablets",
                  len(self.topologies), len(self.workers), len(self.tablets))
+
+    async def _collect(self, wanted: set[TabletKey], stored: set[str]) -> None:
+        """Delete what a lifecycle change interrupted by a failover left behind (review N13):
+        tablets no topology wants (a cancelled job's, a removed or reset computation's old
+        ranges, a restore that never wrote its topology), and the ranges and watermarks of
+        computations no topology has."""
+        names = {s.name for t in self.topologies.values() for s in t.computations.values()}
+        orphans = sorted(k for k in self.tablets if k not in wanted)
+        stray = sorted(c for c in stored if c not in names)
+        if not orphans and not stray:
+            return
+        log.warning("deleting %d tablets and the ranges and watermarks of %d computations that an interrupted "
+                    "lifecycle change left behind", len(orphans), len(stray))
+        await self._io(self.store.collect, orphans, stray)
+        for key in orphans:
+            del self.tablets[key]
+        for c in stray:
+            self.published.pop(c, None)
 
     # ------------------------------------------------------------ topologies
 
@@ -208,6 +233,7 @@ class MasterCore:
             assert old is None, "a cancelled job with its state kept is resumed by master.lifecycle.update"
             existing = [s for t in self.topologies.values() for s in t.computations.values()]
             validate_against(topo.computations.values(), existing)
+            check_loadable(topo.computations.values(), self.code, self.workers)
             ranges = {s.name: Ranges.first(s.key_ranges, base=self.dropped.get(s.name, 0))
                       for s in topo.computations.values()}
             self.ranges.update(ranges)
@@ -254,7 +280,7 @@ class MasterCore:
         return list(self.workers)
 
     async def register_worker(self, address: str, worker_id: str = "", zone: str = "",
-                              secret: str = "") -> tuple[str, str]:
+                              secret: str = "", allowed_code: Sequence[str] = ()) -> tuple[str, str]:
         """A worker joins. ``worker_id`` is the identity its state directory keeps: a worker
         back on its disk is the same worker, and its copies count again. Returns its id and
         its secret: issued on its first registration, to be shown on every later call as that
@@ -265,6 +291,7 @@ class MasterCore:
         if not ZONE.fullmatch(zone):
             raise ConfigError(f"zone {zone[:80]!r} is not a zone name (letters, digits, '_', '.', '-'; "
                               "at most 63)")
+        allowed = check_policy(allowed_code)
         worker_id = worker_id or uuid.uuid4().hex[:12]
         async with self._lock:
             issued = None
@@ -275,11 +302,12 @@ class MasterCore:
                 issued = _digest(secret)
             restarted = worker_id in self.workers
             self.draining.discard(worker_id)
-            await self._io(self.store.put_worker, worker_id, address, zone, issued)
+            await self._io(self.store.put_worker, worker_id, address, zone, issued, allowed)
             if issued is not None:
                 self.identities[worker_id] = issued
             self.workers[worker_id] = address
             self.zones[worker_id] = zone
+            self.code[worker_id] = allowed
             self.heard.add(worker_id)
             self.last_seen[worker_id] = self.now_ms()
             self.liveness["registrations"] += 1
@@ -332,11 +360,17 @@ class MasterCore:
                 return
             log.info("worker %s at %s left; moving its tablets", worker_id, self.workers[worker_id])
             await self._io(self.store.delete_worker, worker_id)
-            self.workers.pop(worker_id, None)
-            self.problems.pop(worker_id, None)
-            self.reported_seq.pop(worker_id, None)
-            self.last_seen.pop(worker_id, None)
+            self._forget_worker(worker_id)
             await self._rebalance("leave")
+
+    def _forget_worker(self, worker_id: str) -> None:
+        """Drop what the leader kept of a worker that left or expired (review N17: one entry
+        per worker ever, otherwise). Its identity stays: it may come back on its disk."""
+        for per_worker in (self.workers, self.problems, self.reported_seq, self.last_seen, self.routing_seen,
+                           self.zones, self.code):
+            per_worker.pop(worker_id, None)
+        self.heard.discard(worker_id)
+        self.draining.discard(worker_id)
 
     def heartbeat(self, worker_id: str, held: Sequence[pb.HeldTablet] = (), report_seq: int = 0,
                   problems: Sequence[pb.TabletProblem] = (), routing_version: int = 0) -> dict[str, int]:
@@ -540,7 +574,7 @@ class MasterCore:
     async def tick(self) -> None:
         """Expire workers whose lease ran out and move their tablets; advance watermarks."""
         await self.advance_watermarks()
-        await self._etcd_upkeep()
+        self._start_upkeep()
         self._gauges()
         if self._replan_soon:
             self._replan_soon = False
@@ -555,25 +589,36 @@ class MasterCore:
                 log.warning("worker %s at %s missed its lease; moving its tablets",
                             w, self.workers.get(w))
                 await self._io(self.store.delete_worker, w)
-                self.workers.pop(w, None)
-                self.problems.pop(w, None)
-                self.reported_seq.pop(w, None)
-                self.last_seen.pop(w, None)
+                self._forget_worker(w)
                 self.liveness["lease_expiries"] += 1
                 metrics.WORKER_EXPIRIES.inc()
             await self._rebalance("expiry")
 
-    async def _etcd_upkeep(self) -> None:
+    def _start_upkeep(self) -> None:
+        """etcd's size check (and its hourly defragment) as a task of its own: a defragment
+        takes seconds on a large database, and the leader's loop, which also keeps its etcd
+        lease alive, must not wait for it (review N12: it cost leadership and fenced workers)."""
         now = self.now_ms()
-        if now - self._etcd_checked < self.config.etcd_check_s * 1000:
+        if (self.upkeep is not None and not self.upkeep.done()) or self.closed \
+                or now - self._etcd_checked < self.config.etcd_check_s * 1000:
             return
         self._etcd_checked = now
-        size = await self._io(self.store.db_size)
-        if size > self.config.defrag_above_bytes and now - self._defragged > 3_600_000:
-            log.warning("etcd holds %d MiB: defragmenting it", size >> 20)
-            self._defragged = now
-            await self._io(self.store.defragment)
+        self.upkeep = asyncio.get_running_loop().create_task(self._etcd_upkeep(now), name="etcd upkeep")
+
+    async def _etcd_upkeep(self, now: float) -> None:
+        try:
             size = await self._io(self.store.db_size)
+            if size > self.config.defrag_above_bytes and now - self._defragged > 3_600_000:
+                log.warning("etcd holds %d MiB: defragmenting it", size >> 20)
+                self._defragged = now
+                await self._io(self.store.defragment)
+                size = await self._io(self.store.db_size)
+        except MillstreamError as e:  # etcd unreachable: the leader's own writes will say so
+            log.warning("etcd upkeep failed: %s", e)
+            return
+        except Exception:
+            log.exception("etcd upkeep failed")
+            return
         self.etcd_db_bytes = size
         metrics.ETCD_DB_BYTES.set(size)
 
@@ -692,7 +737,8 @@ class MasterCore:
                     productions=s.productions, late_records=s.late_records,
                     job_state=self.job_state(topo.name), input_paused=topo.name in self.paused,
                 )
-                c.params.update(s.params)
+                # Only the runtime writes its own options (a user's are refused at submit).
+                c.params.update({k: v for k, v in s.params.items() if not k.startswith(RESERVED_PARAM_PREFIX)})
                 if s.fsync is not None:
                     c.params["millstream.fsync"] = "1" if s.fsync else "0"
                 if s.dedup_retention is not None:
@@ -736,6 +782,8 @@ class MasterCore:
     def shutdown(self) -> None:
         """Leadership is lost: end every routing watch (their workers look for the leader)."""
         self.closed = True
+        if self.upkeep is not None:
+            self.upkeep.cancel()  # its etcd call in a thread runs out; nothing waits for it
 
         async def wake() -> None:
             async with self._changed:
@@ -759,6 +807,18 @@ def forget_tablet(core: MasterCore, key: TabletKey) -> None:
     core.settler.forget(key)
     for problems in core.problems.values():
         problems.pop(key, None)
+
+
+MAX_POLICY_ENTRIES = 256
+
+
+def check_policy(allowed: Sequence[str]) -> tuple[str, ...]:
+    """A worker's code policy as it reports it: module prefixes (or "*"), bounded."""
+    if len(allowed) > MAX_POLICY_ENTRIES or not all(
+            p == "*" or MODULE_PREFIX.fullmatch(p) for p in allowed):
+        raise ConfigError(f"the worker's --allow-code ({', '.join(list(allowed)[:5])[:200]}) is not a list of at "
+                          f"most {MAX_POLICY_ENTRIES} module prefixes; give dotted module names such as my_jobs")
+    return tuple(allowed)
 
 
 def _digest(secret: str) -> str:

@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from master.code import check_loadable
 from master.core import FINISHED, MasterCore, forget_tablet
 from master.jobs import (
     CANCELLED,
@@ -86,6 +87,9 @@ async def update(core: MasterCore, topology_json: str, drop_state: bool = False,
         d = diff(old, new, drop_state, reset)
         others = [s for n, t in core.topologies.items() if n != new.name for s in t.computations.values()]
         validate_against(new.computations.values(), others)
+        # What opens anew (added, changed, or all of a resumed job) must load on every worker.
+        check_loadable([s for s in new.computations.values() if resume or old.computations.get(s.name) != s],
+                       core.code, core.workers)
         await _replace(core, old, new, d, resume)
         version = core.version
     log.info("job %s %s: %s", new.name, "resumed" if resume else "updated",
@@ -466,6 +470,7 @@ async def restore_begin(core: MasterCore, manifest: dict[str, Any], name: str) -
                                   f"or cancel it first (`millstream cancel {name}`)")
         existing = [s for t in core.topologies.values() for s in t.computations.values()]
         validate_against(topo.computations.values(), existing)
+        check_loadable(topo.computations.values(), core.code, core.workers)
         if not core.workers:
             raise MillstreamError("no worker is running in this cluster; start workers, then restore")
         saved: dict[str, list[dict[str, Any]]] = {}

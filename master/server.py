@@ -117,7 +117,7 @@ class MasterServicer(rpc.MasterServicer):
     async def RegisterWorker(self, request: pb.RegisterWorkerRequest, context: Any) -> pb.RegisterWorkerResponse:
         core = await self._leader(context)
         wid, secret = await serving.call_core(context, lambda: core.register_worker(
-            request.address, request.worker_id, request.zone, request.secret))
+            request.address, request.worker_id, request.zone, request.secret, list(request.allowed_code)))
         return pb.RegisterWorkerResponse(worker_id=wid, lease_ms=core.config.lease_ms, secret=secret)
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:

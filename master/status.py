@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from master.code import describe, refusals
 from master.core import FINISHED
 from master.jobs import input_streams
 from master.scheduler import replication_health
@@ -41,6 +42,17 @@ def _problems_of(core: MasterCore, computation: str) -> list[dict[str, Any]]:
     return out
 
 
+def _code_refused(core: MasterCore) -> dict[str, list[str]]:
+    """Computations of running jobs whose code some live worker may not load (its
+    --allow-code), one line each naming the workers and the flag to add: known as soon as
+    such a worker joins, before any of its tablets fails to open."""
+    out: dict[str, list[str]] = {}
+    specs = [s for t in core.live_topologies() for s in t.computations.values()]
+    for r in refusals(specs, core.code, core.workers):
+        out.setdefault(r.computation, []).append(describe(r, core.workers))
+    return out
+
+
 def _slowest(core: MasterCore, computation: str, n: int = 5) -> list[dict[str, Any]]:
     """The slowest recent calls of user code of a computation, running ones first."""
     now = core.now_ms()
@@ -56,6 +68,7 @@ def status_document(core: MasterCore, wall_us: int | None = None) -> dict[str, A
     now = core.now_ms()
     wall_us = wall_us if wall_us is not None else int(time.time() * 1_000_000)
     computations = {}
+    refused = _code_refused(core)
     for t in core.topologies.values():
         for c in t.computations:
             wm = core.published.get(c, MIN)
@@ -75,6 +88,7 @@ def status_document(core: MasterCore, wall_us: int | None = None) -> dict[str, A
                                       default=MIN),
                 "slow_keys": _slowest(core, c),
                 "problems": _problems_of(core, c),
+                "code_refused": refused.get(c, []),
             }
     counts: dict[str, int] = {}
     copies: dict[str, int] = {}
@@ -116,6 +130,7 @@ def _jobs(core: MasterCore) -> list[dict[str, Any]]:
     """Every job: running, draining, drained or cancelled, with its computations' ranges and
     watermarks (`millstream jobs`)."""
     out = []
+    refused = _code_refused(core)
     for name in sorted(set(core.topologies) | set(core.jobs)):
         job = core.jobs.get(name)
         topo = core.topologies.get(name)
@@ -127,7 +142,8 @@ def _jobs(core: MasterCore) -> list[dict[str, Any]]:
             "input_streams": list(job.streams) if job is not None and job.streams else
             (input_streams(topo) if topo is not None else []),
             "computations": [{"name": c, "ranges": sorted(core.ranges[c].ranges) if c in core.ranges else [],
-                              "low_watermark": core.published.get(c, MIN) if topo is not None else None}
+                              "low_watermark": core.published.get(c, MIN) if topo is not None else None,
+                              "problems": _problems_of(core, c), "code_refused": refused.get(c, [])}
                              for c in comps],
         }
         out.append(doc)

@@ -96,6 +96,7 @@ class Snapshot:
     # name -> incarnation -> watermark; an injector of an older version has none stored
     injector_incarnations: dict[str, dict[str, int]] = field(default_factory=dict)
     zones: dict[str, str] = field(default_factory=dict)  # worker id -> zone
+    code: dict[str, tuple[str, ...]] = field(default_factory=dict)  # worker id -> allowed code prefixes
     ranges: dict[str, Ranges] = field(default_factory=dict)  # split or merged computations
     identities: dict[str, str] = field(default_factory=dict)  # worker id -> SHA-256 of its secret
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # topology -> lifecycle document
@@ -250,6 +251,7 @@ class EtcdStore:
                 doc = json.loads(value)
                 snap.workers[key[len(WORKERS):]] = doc["address"]
                 snap.zones[key[len(WORKERS):]] = doc.get("zone", "")
+                snap.code[key[len(WORKERS):]] = tuple(doc.get("code", ()))
             elif key.startswith(WATERMARKS):
                 snap.watermarks[key[len(WATERMARKS):]] = int(value)
             elif key.startswith(INJECTORS):
@@ -281,10 +283,12 @@ class EtcdStore:
         t = self._client.transactions
         self._guarded([t.put(TOPOLOGIES + name, doc), *self._tablet_ops(tablets)])
 
-    def put_worker(self, worker_id: str, address: str, zone: str = "", identity: str | None = None) -> None:
-        """A worker (and, when it is new, the digest of the secret it was issued)."""
+    def put_worker(self, worker_id: str, address: str, zone: str = "", identity: str | None = None,
+                   code: tuple[str, ...] = ()) -> None:
+        """A worker, with the module prefixes it loads code from (and, when it is new, the
+        digest of the secret it was issued)."""
         t = self._client.transactions
-        ops = [t.put(WORKERS + worker_id, json.dumps({"address": address, "zone": zone}))]
+        ops = [t.put(WORKERS + worker_id, json.dumps({"address": address, "zone": zone, "code": list(code)}))]
         if identity is not None:
             ops.append(t.put(IDENTITIES + worker_id, identity))
         self._guarded(ops)
@@ -306,25 +310,51 @@ class EtcdStore:
         self._guarded(ops)
 
     def apply(self, change: Change) -> None:
-        """A lifecycle change, in as few transactions as etcd allows (100 operations each; the
-        job document goes last, so a leader that fails half-way leaves the job as it was
-        and the command can be repeated)."""
+        """A lifecycle change: one transaction when it fits (100 operations); else three steps,
+        ordered so that a leader failing between any two transactions leaves etcd in a state
+        the next leader repairs (:meth:`MasterCore.become_leader`, review N13):
+
+        1. what only adds or raises (tablets written, ``dropped`` floors, new ranges and
+           watermarks): until the topology points at them they are orphans, collected;
+        2. the topology, job and savepoint-pause documents, in one transaction: the change
+           takes effect;
+        3. what it leaves behind (tablets, ranges and watermarks deleted, finished injector
+           markers): orphans of the new topology if the leader fails before them, collected.
+
+        A tablet with state is so never deleted while its topology still wants it (the next
+        leader would re-create it empty under token 1), and a restored tablet never wanted
+        before it is written."""
         t = self._client.transactions
-        ops: list[Any] = [*(t.delete(f"{TABLETS}{c}/{r}") for c, r in change.gone),
-                          *self._tablet_ops(change.tablets)]
-        for c, r in sorted(change.ranges.items()):
-            ops.append(t.delete(RANGES + c) if r is None else t.put(RANGES + c, json.dumps(r.to_doc())))
-        ops += [t.put(DROPPED + c, str(below)) for c, below in sorted(change.dropped.items())]
-        ops += [t.delete(WATERMARKS + c) for c in change.watermarks_gone]
-        ops += [t.put(WATERMARKS + c, str(v)) for c, v in sorted(change.watermarks.items())]
-        ops += [t.delete(INJECTORS + n) for n in change.injectors_gone]
-        for n, doc in sorted(change.topologies.items()):
-            ops.append(t.delete(TOPOLOGIES + n) if doc is None else t.put(TOPOLOGIES + n, doc))
-        for n, job in sorted(change.jobs.items()):
-            ops.append(t.delete(JOBS + n) if job is None else t.put(JOBS + n, json.dumps(job)))
-        for n, pause in sorted(change.pauses.items()):
-            ops.append(t.delete(SAVEPOINTS + n) if pause is None else t.put(SAVEPOINTS + n, json.dumps(pause)))
-        self._guarded(ops)
+        first: list[Any] = [*self._tablet_ops(change.tablets)]
+        first += [t.put(DROPPED + c, str(below)) for c, below in sorted(change.dropped.items())]
+        first += [t.put(RANGES + c, json.dumps(r.to_doc())) for c, r in sorted(change.ranges.items()) if r is not None]
+        first += [t.put(WATERMARKS + c, str(v)) for c, v in sorted(change.watermarks.items())]
+        docs: list[Any] = [t.delete(TOPOLOGIES + n) if doc is None else t.put(TOPOLOGIES + n, doc)
+                           for n, doc in sorted(change.topologies.items())]
+        docs += [t.delete(JOBS + n) if job is None else t.put(JOBS + n, json.dumps(job))
+                 for n, job in sorted(change.jobs.items())]
+        docs += [t.delete(SAVEPOINTS + n) if pause is None else t.put(SAVEPOINTS + n, json.dumps(pause))
+                 for n, pause in sorted(change.pauses.items())]
+        last: list[Any] = [t.delete(f"{TABLETS}{c}/{r}") for c, r in change.gone]
+        last += [t.delete(RANGES + c) for c, r in sorted(change.ranges.items()) if r is None]
+        last += [t.delete(WATERMARKS + c) for c in change.watermarks_gone]
+        last += [t.delete(INJECTORS + n) for n in change.injectors_gone]
+        if len(first) + len(docs) + len(last) <= _TXN_OPS:
+            self._guarded([*first, *docs, *last])
+            return
+        assert len(docs) <= _TXN_OPS, "a change's documents are one transaction"
+        for ops in (first, docs, last):
+            if ops:
+                self._guarded(ops)
+
+    def collect(self, tablets: list[TabletKey], computations: list[str]) -> None:
+        """Delete what a lifecycle change interrupted by a failover left behind: tablets no
+        topology wants, and the ranges and watermarks of computations no topology has."""
+        t = self._client.transactions
+        ops = [*(t.delete(f"{TABLETS}{c}/{r}") for c, r in sorted(tablets)),
+               *(op for c in sorted(computations) for op in (t.delete(RANGES + c), t.delete(WATERMARKS + c)))]
+        if ops:
+            self._guarded(ops)
 
     def put_progress(self, watermarks: Mapping[str, int],
                      injectors: Mapping[str, tuple[str, int]],

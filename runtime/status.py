@@ -64,9 +64,7 @@ def render(doc: dict[str, Any]) -> str:
                          f"held by {c['held_by'] or '-'}")
             lines.append(f"  {'':<20} processed={c['processed']} late={c['late']} "
                          f"dead-lettered={c['dead_lettered']} backlog={c['backlog']}")
-            for p in c.get("problems", []):
-                lines.append(f"  {'':<20} PROBLEM range {p['key_range']} on worker {p['worker']}: "
-                             f"{p['error']} ({p['attempts']} attempts, {p['seconds']:.0f} s)")
+            lines += _problem_lines(c, f"  {'':<20} ")
             for k in c.get("slow_keys", []):
                 what = "RUNNING for" if k["running"] else "took"
                 lines.append(f"  {'':<20} slow key {k['key']!r} (range {k['key_range']}): "
@@ -97,6 +95,15 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _problem_lines(c: dict[str, Any], indent: str) -> list[str]:
+    """A computation's code that workers may not load, and its tablets that do not run."""
+    lines = [f"{indent}CANNOT LOAD: {text}" for text in c.get("code_refused", [])]
+    for p in c.get("problems", []):
+        lines.append(f"{indent}PROBLEM range {p['key_range']} on worker {p['worker']}: "
+                     f"{p['error']} ({p['attempts']} attempts, {p['seconds']:.0f} s)")
+    return lines
+
+
 def render_jobs(jobs: list[dict[str, Any]]) -> str:
     """`millstream jobs`: one block per job, its computations with ranges and watermarks."""
     if not jobs:
@@ -112,4 +119,5 @@ def render_jobs(jobs: list[dict[str, Any]]) -> str:
         for c in j["computations"]:
             wm = "-" if c["low_watermark"] is None else _time(c["low_watermark"])
             lines.append(f"  {c['name']:<22} ranges {','.join(map(str, c['ranges'])) or '-':<16} wm={wm}")
+            lines += _problem_lines(c, "    ")
     return "\n".join(lines)

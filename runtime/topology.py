@@ -38,6 +38,10 @@ def late_stream(computation: str) -> str:
 
 MAX_REPLICATION = 7
 
+# Params under this prefix are the runtime's own (the master sets them from the computation's
+# fields: fsync, dedup_retention, replication); a user's params may not use it (review N7).
+RESERVED_PARAM_PREFIX = "millstream."
+
 
 @dataclass(frozen=True)
 class ComputationSpec:
@@ -144,6 +148,12 @@ def validate_spec(spec: ComputationSpec) -> None:
         isinstance(k, str) and isinstance(v, str) for k, v in spec.params.items()
     ):
         raise TopologyError(f"computation {spec.name!r}: params must map strings to strings")
+    reserved = sorted(k for k in spec.params if k.startswith(RESERVED_PARAM_PREFIX))
+    if reserved:
+        raise TopologyError(
+            f"computation {spec.name!r}: params {reserved} use the prefix {RESERVED_PARAM_PREFIX!r}, which is "
+            "reserved for the runtime's own options; rename them, and set durability and dedup with "
+            "add_computation's fsync=, dedup_retention= and replication= arguments instead")
 
 
 def find_cycle(specs: Iterable[ComputationSpec]) -> list[str] | None:
@@ -293,14 +303,19 @@ class Topology:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> Topology:
-        """Parse and validate a topology sent over the wire."""
+    def from_json(cls, text: str, stored: bool = False) -> Topology:
+        """Parse and validate a topology sent over the wire. ``stored``: a document the master
+        accepted earlier (in etcd), which may hold params under the now reserved prefix: they
+        are dropped (they never reach a worker) rather than refused."""
         try:
             doc = json.loads(text)
             topo = cls(doc["name"])
             for c in doc["computations"]:
                 if not isinstance(c, dict):
                     raise TopologyError(f"malformed topology document: computation {c!r} is not an object")
+                if stored and isinstance(c.get("params"), dict):
+                    c["params"] = {k: v for k, v in c["params"].items()
+                                   if not (isinstance(k, str) and k.startswith(RESERVED_PARAM_PREFIX))}
                 unknown = set(c) - set(ComputationSpec.__dataclass_fields__)
                 if unknown:
                     raise TopologyError(f"unknown computation fields {sorted(unknown)}")

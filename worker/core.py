@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from runtime import metrics
 from runtime.delivery import Orders, Receipt
-from runtime.errors import NotOwnerError, StaleTokenError
+from runtime.errors import ConfigError, NotOwnerError, StaleTokenError, TopologyError
 from runtime.faults import Faults
 from runtime.imports import CodePolicy
 from runtime.keyspace import from_wire_end
@@ -98,6 +98,7 @@ class WorkerCore:
         self._batch_failures: dict[tuple[str, int], int] = {}  # failed batches in a row
         # Tablets that failed to open: (last error, attempts, first failure, monotonic s)
         self._failures: dict[tuple[str, int], tuple[str, int, float]] = {}
+        self._lasting: set[tuple[str, int]] = set()  # of those, failing for a reason a retry cannot fix
         self._opened_at: dict[tuple[str, int], float] = {}  # when an opening began
         self._wanted: dict[tuple[str, int], int] = {}       # as of the last reconcile
         self._refused_logged: tuple[str, int, int] | None = None
@@ -221,6 +222,7 @@ class WorkerCore:
             self._wanted = wanted
             for key in [k for k in self._failures if k not in wanted]:
                 del self._failures[key]
+                self._lasting.discard(key)
             if not valid and self.worker_id and not self._fenced:
                 self._fenced = True
                 metrics.LEASE_LOST.inc()
@@ -275,12 +277,18 @@ class WorkerCore:
             if any(self._in_use(p) for p in [key, *self._parents(key)]):
                 deferred = True  # the previous copy (or a range it is built from) still holds the storage
                 continue
-            route = self.routing.computations[key[0]]
-            tablet = Tablet(self, route, key[1], token, self.path_of(key), now_us=self.wall_us,
-                            batch_limit=self._batch_limits.get(key),
-                            failures=self._batch_failures.get(key, 0),
-                            replicator=self._replicator if self.channel is not None else None,
-                            origin=self._origin(key))
+            try:
+                route = self.routing.computations[key[0]]
+                tablet = Tablet(self, route, key[1], token, self.path_of(key), now_us=self.wall_us,
+                                batch_limit=self._batch_limits.get(key),
+                                failures=self._batch_failures.get(key, 0),
+                                replicator=self._replicator if self.channel is not None else None,
+                                origin=self._origin(key))
+            except Exception as e:
+                # One tablet that cannot even be built (a route option that does not parse)
+                # must not stop the others opening, nor the reconcile loop (review N7).
+                self._open_failed(key, e)
+                continue
             self._opening[key] = (tablet, asyncio.create_task(self._open(key, tablet), name=f"open {key}"))
             self._opened_at[key] = time.monotonic()
         return deferred
@@ -448,20 +456,28 @@ class WorkerCore:
             if error is None:
                 self.tablets[key] = tablet
                 self._failures.pop(key, None)
+                self._lasting.discard(key)
                 metrics.TABLET_OPENS.labels(key[0]).inc()
                 log.info("tablet %s/%d open under token %d", key[0], key[1], tablet.token)
                 continue
             if isinstance(error, StaleTokenError):
                 metrics.STALE.labels("open").inc()
-            text = " ".join(str(error).split()) or type(error).__name__
-            _, attempts, first = self._failures.get(key, ("", 0, time.monotonic()))
-            attempts += 1
-            self._failures[key] = (text, attempts, first)
-            # Typically the previous owner still holds the RocksDB lock for a moment; a failure
-            # that lasts (code that does not load, a full disk) is logged at 1, 10, 100, ...
-            # attempts (not every 200 ms) and reported to the leader for status.
-            level = logging.WARNING if str(attempts).rstrip("0") == "1" else logging.DEBUG
-            log.log(level, "tablet %s/%d cannot open (attempt %d): %s", key[0], key[1], attempts, text)
+            self._open_failed(key, error)
+
+    def _open_failed(self, key: tuple[str, int], error: BaseException) -> None:
+        text = " ".join(str(error).split()) or type(error).__name__
+        _, attempts, first = self._failures.get(key, ("", 0, time.monotonic()))
+        attempts += 1
+        self._failures[key] = (text, attempts, first)
+        if isinstance(error, (TopologyError, ConfigError)):
+            self._lasting.add(key)  # code that does not load, an option that does not parse
+        else:
+            self._lasting.discard(key)
+        # Typically the previous owner still holds the RocksDB lock for a moment; a failure
+        # that lasts (code that does not load, a full disk) is logged at 1, 10, 100, ...
+        # attempts (not every 200 ms) and reported to the leader for status.
+        level = logging.WARNING if str(attempts).rstrip("0") == "1" else logging.DEBUG
+        log.log(level, "tablet %s/%d cannot open (attempt %d): %s", key[0], key[1], attempts, text)
 
     async def _open(self, key: tuple[str, int], tablet: Tablet) -> None:
         """A follower copy promoted here is closed first: the tablet opens the same files (and a
@@ -531,7 +547,9 @@ class WorkerCore:
         out = []
         for key in self._wanted:
             failure = self._failures.get(key)
-            if failure is not None and failure[1] >= 3:  # a first retry is routine (a lock)
+            # A first retry is routine (a lock); code or options that do not load are not
+            # going to: those are reported from the first failure.
+            if failure is not None and (failure[1] >= 3 or key in self._lasting):
                 out.append(pb.TabletProblem(computation=key[0], key_range=key[1], error=failure[0],
                                             attempts=failure[1], seconds=now - failure[2]))
                 continue

@@ -320,7 +320,9 @@ class MasterSession:
             try:
                 resp = await self.masters.stub().RegisterWorker(
                     pb.RegisterWorkerRequest(address=self.core.address, worker_id=self.identity,
-                                             zone=self.zone, secret=self.core.secret), timeout=self.masters.timeout)
+                                             zone=self.zone, secret=self.core.secret,
+                                             allowed_code=self.core.code_policy.allowed),
+                    timeout=self.masters.timeout)
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.PERMISSION_DENIED:
                     log.error("the leader refuses this worker's identity: %s", e.details())
@@ -400,6 +402,10 @@ class MasterSession:
                     await self.core.apply_routing(routing)
             except grpc.RpcError as e:
                 self.masters.follow(e)
+            except Exception:
+                # A bug applying one routing must not end the watch for good (review N7):
+                # log it, and watch anew from the leader's current routing.
+                log.exception("applying the routing failed; watching it anew")
             known = 0
             await asyncio.sleep(0.1)
 
@@ -407,7 +413,10 @@ class MasterSession:
 async def _reconcile_loop(core: WorkerCore) -> None:
     while True:
         await asyncio.sleep(0.2)
-        await core.reconcile()
+        try:
+            await core.reconcile()
+        except Exception:  # never the end of the loop: every later pass may open what is assigned
+            log.exception("reconcile failed; trying again")
 
 
 async def _drain(core: WorkerCore, masters: AsyncMasterClient, timeout_s: float) -> None:

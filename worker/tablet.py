@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from typing import Any, Protocol
 from runtime import metrics
 from runtime.computation import Computation, TimeDomain
 from runtime.delivery import Orders, Status
-from runtime.errors import MillstreamError
+from runtime.errors import ConfigError, MillstreamError
 from runtime.imports import CodePolicy, load
 from runtime.record import Record, producer_prefix
 from runtime.routing import RoutingTable
@@ -68,6 +69,33 @@ def _decade(n: int) -> bool:
     return str(n).rstrip("0") == "1"
 
 
+def route_options(route: pb.ComputationRoute) -> tuple[float, bool, int]:
+    """The runtime's own options of a computation (dedup retention in seconds, fsync, copies), as the
+    master wrote them into its route. A value that does not parse is refused with
+    :class:`ConfigError` (the tablet does not open and reports why), never guessed: a
+    mistyped fsync must not turn durability off (review N7)."""
+    text = route.params.get("millstream.dedup_retention")
+    retention = DEFAULT_DEDUP_RETENTION_S
+    if text is not None:
+        try:
+            retention = float(text)
+        except ValueError:
+            retention = math.nan
+        if not math.isfinite(retention) or retention <= 0:
+            raise ConfigError(f"computation {route.name!r}: millstream.dedup_retention={text[:40]!r} is not a "
+                              "positive number of seconds; set dedup_retention= on the computation and "
+                              "submit it again (`millstream update`)")
+    fsync = route.params.get("millstream.fsync")
+    if fsync not in (None, "0", "1"):
+        raise ConfigError(f"computation {route.name!r}: millstream.fsync={fsync[:40]!r} is neither '0' nor '1'; "
+                          "set fsync= on the computation and submit it again (`millstream update`)")
+    copies = route.params.get("millstream.replication", "1")
+    if not copies.isdigit() or not 1 <= int(copies) <= 64:
+        raise ConfigError(f"computation {route.name!r}: millstream.replication={copies[:40]!r} is not a number "
+                          "of copies; set replication= on the computation and submit it again")
+    return retention, route.exactly_once if fsync is None else fsync == "1", int(copies)
+
+
 class Tablet:
     """Processes batches for one (computation, key range) under one token."""
 
@@ -85,10 +113,7 @@ class Tablet:
         self.now_us = now_us
         self.name = f"{route.name}/{key_range}"
         self.exactly_once = route.exactly_once
-        self.dedup_retention_s = float(route.params.get("millstream.dedup_retention",
-                                                        DEFAULT_DEDUP_RETENTION_S))
-        fsync = route.params.get("millstream.fsync")
-        self.sync = route.exactly_once if fsync is None else fsync == "1"
+        self.dedup_retention_s, self.sync, self.replication = route_options(route)
         self.outputs = frozenset([*route.outputs, dead_letter_stream(route.name), late_stream(route.name)])
         # Domain-separated from injectors' "injector/<name>" (a computation named "injector"
         # must not share ids with an injector named after its range: review E9).
@@ -124,7 +149,6 @@ class Tablet:
         self._stopped = False
         # Replicated (DESIGN.md §5): every commit waits for the in-sync followers. A tablet
         # that existed (token > 1: it was promoted or reopened) never opens an empty copy.
-        self.replication = int(route.params.get("millstream.replication", "1"))
         # replication=1 gets followers only to move (a drain, a move): its replicator starts then.
         self._make_replicator = replicator
         self.replicator: Replicator | None = None

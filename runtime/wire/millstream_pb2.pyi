@@ -218,16 +218,18 @@ class SubmitResponse(_message.Message):
     def __init__(self, name: _Optional[str] = ..., tablets: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("address", "worker_id", "zone", "secret")
+    __slots__ = ("address", "worker_id", "zone", "secret", "allowed_code")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
     SECRET_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_CODE_FIELD_NUMBER: _ClassVar[int]
     address: str
     worker_id: str
     zone: str
     secret: str
-    def __init__(self, address: _Optional[str] = ..., worker_id: _Optional[str] = ..., zone: _Optional[str] = ..., secret: _Optional[str] = ...) -> None: ...
+    allowed_code: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, address: _Optional[str] = ..., worker_id: _Optional[str] = ..., zone: _Optional[str] = ..., secret: _Optional[str] = ..., allowed_code: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
     __slots__ = ("worker_id", "lease_ms", "secret")

@@ -130,3 +130,35 @@ def test_a_key_extractor_returning_str_dead_letters_the_producers_record(tmp_pat
 
     asyncio.run(main())
 
+
+
+@pytest.mark.parametrize("params", [{"millstream.dedup_retention": "ten minutes"}, {"millstream.fsync": "no"},
+                                    {"millstream.replication": "two"}])
+def test_a_tablet_that_cannot_be_built_stops_neither_reconcile_nor_the_others(tmp_path: object,
+                                                                              params: dict[str, str]) -> None:
+    # review N7: Tablet.__init__ raised inside reconcile(): the worker's reconcile loop and
+    # routing watch died, and no tablet of any job opened there any more.
+    async def main() -> None:
+        core = await _core(str(tmp_path), ("broken", "tests.core.jobs:Echo", ["in"], ["broken-out"], params),
+                           ("echo", "tests.core.jobs:Echo", ["other"], ["out"], {}),
+                           ("collect", "tests.core.jobs:Collector", ["out"], [], {"name": "out"}))
+        assert set(core.tablets) == {("echo", 0), ("collect", 0)}
+        await core.reconcile()  # and again: still no exception
+        problems = {(p.computation, p.key_range): p for p in core.problems()}
+        assert "millstream." in problems[("broken", 0)].error and "submit it again" in problems[("broken", 0)].error
+        assert await core.deliver("echo", 0, 1, [Record(b"k", b"fine", BASE, b"1".ljust(16))]) == OK
+        await _until(lambda: [v for _, _, v in Collector.seen] == [b"fine"], "the other computation's output")
+        await core.close_all()
+
+    asyncio.run(main())
+
+
+def test_code_the_worker_may_not_load_is_reported_from_the_first_failure(tmp_path: object) -> None:
+    async def main() -> None:
+        core = await _core(str(tmp_path), ("broken", "os:getcwd", ["in"], ["out"], {}), policy=CodePolicy())
+        assert core._failures[("broken", 0)][1] == 1  # one attempt so far
+        [problem] = core.problems()
+        assert "not allowed on this worker" in problem.error and "--allow-code os" in problem.error
+        await core.close_all()
+
+    asyncio.run(main())

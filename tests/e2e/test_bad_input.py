@@ -4,6 +4,7 @@ line that says what was wrong and how to fix it, no traceback, no hang, nothing 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ import pytest
 
 from injectors import Injector
 from runtime import Topology
-from runtime.errors import InjectionError
+from runtime.errors import InjectionError, TopologyError
 from runtime.sinks import read_file_sink
 from tests.harness import Cluster, wait_until
 
@@ -96,18 +97,50 @@ def test_code_the_workers_cannot_import_is_shown_in_status_and_others_run(cluste
 
 
 def test_code_outside_the_allowed_modules_is_refused_before_it_runs(cluster: Cluster) -> None:
-    """S2: a topology naming os:getcwd (or sys:exit) is refused by every worker."""
+    """S2: a topology naming os:getcwd (or sys:exit) is refused by every worker: at submit,
+    by the leader, which knows every worker's --allow-code."""
     topo = Topology("not-allowed")
     topo.add_computation("exit", "sys:exit", inputs={"exit-in": None})
-    _submit_unchecked(cluster, topo)
-    wait_until(lambda: bool(cluster.client.status()["computations"]["exit"]["problems"]), 30,
-               "status to report the refused code")
-    assert "is not allowed on this worker" in cluster.client.status()["computations"]["exit"]["problems"][0]["error"]
+    with pytest.raises(TopologyError, match=r"computation 'exit': code 'sys:exit' is from module 'sys', which "
+                       r"workers .* do not allow; start them with --allow-code sys"):
+        _submit_unchecked(cluster, topo)
     assert all(w.alive() for w in cluster.workers)
-    # ... and it is removable: cancelling its job takes its tablets away (issue 10, item 6).
-    assert cluster.client.cancel("not-allowed") == "cancelled"
     status = cluster.client.status()
     assert "exit" not in status["computations"] and not [t for t in status["tablets"] if t["computation"] == "exit"]
+
+
+def test_code_a_worker_may_not_load_is_refused_at_submit_and_named_in_jobs_at_once(cluster: Cluster) -> None:
+    """Issue 28: with workers started without --allow-code for the user's module, submit
+    succeeded and the tablets retried opening for ever (`cannot open (attempt 1000)`)."""
+    topo = Topology("loadable-before")
+    topo.add_computation("counted", "tests.jobs:CountTo", inputs={"counted-in": None}, key_ranges=2)
+    cluster.client.submit(topo)
+    allow, cluster.allow_code = cluster.allow_code, ""  # this worker allows only the built-in code
+    try:
+        narrow = cluster.add_worker()
+    finally:
+        cluster.allow_code = allow
+    try:
+        cluster.wait_ready(workers=3)
+        # Named at once, from the policy it registered with (no tablet had to fail first).
+        refused = cluster.client.status()["computations"]["counted"]["code_refused"]
+        assert len(refused) == 1 and narrow.address in refused[0] and "--allow-code tests" in refused[0], refused
+        jobs = subprocess.run([sys.executable, "-m", "cli", "jobs", "--masters", cluster.masters_arg],
+                              capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert "CANNOT LOAD: computation 'counted': code 'tests.jobs:CountTo'" in jobs.stdout, jobs.stdout
+        late = Topology("refused-now")
+        late.add_computation("refused", "tests.jobs:CountTo", inputs={"refused-in": None})
+        with pytest.raises(TopologyError, match=(
+                rf"computation 'refused': code 'tests.jobs:CountTo' is from module 'tests.jobs', which worker "
+                rf"\w+ \({re.escape(narrow.address)}\) does not allow; start it with --allow-code tests")):
+            cluster.client.submit(late)
+        assert "refused-now" not in [j["name"] for j in cluster.client.jobs()]
+    finally:
+        cluster.kill(narrow)
+        cluster.workers.remove(narrow)
+    wait_until(lambda: not cluster.client.status()["computations"]["counted"]["code_refused"], 15,
+               "the narrow worker to be gone from status")
+    assert cluster.client.cancel("loadable-before") == "cancelled"
 
 
 def test_large_values_in_large_batches_are_delivered(cluster: Cluster) -> None:

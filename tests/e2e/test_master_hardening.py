@@ -110,3 +110,99 @@ def test_two_live_injectors_under_one_name_each_hold_until_released(cluster: Clu
     cluster.client.release_injector("shared", "w4-in")  # the operator gives up on it
     wait_until(lambda: registration() is None, 10, "the released name to be cleaned up")
     slow.close()
+
+
+# ------------------------------------------------------------------ N13: large lifecycle changes
+
+
+class Crash(BaseException):
+    """The leader process dies here."""
+
+
+@pytest.mark.parametrize("change", ["cancel", "update"])
+def test_n13_a_leader_dying_inside_a_large_change_loses_no_tablet(tmp_path: object, change: str) -> None:
+    """A change of more than 100 etcd operations spans several transactions. It used to
+    delete tablets first and the topology last: a leader dying in between left the topology
+    with tablets missing, and the next leader re-created them as new, empty, token-1 tablets.
+    Only etcd runs here; the leaders are MasterCores in this process. The leader dies after
+    the first, second and third of the change's four transactions."""
+    import asyncio
+
+    from master import lifecycle
+    from master.core import MasterConfig, MasterCore
+    from master.scheduler import Ownership
+    from runtime import Topology
+
+    big = Topology("big")
+    for i in range(30):
+        big.add_computation(f"c{i}", "tests.jobs:CountTo", inputs={f"s{i}": None}, key_ranges=4)
+    smaller = Topology("big")  # the update keeps five of its computations, drops 25 with their state
+    for i in range(5):
+        smaller.add_computation(f"c{i}", "tests.jobs:CountTo", inputs={f"s{i}": None}, key_ranges=4)
+    other = Topology("other")
+    other.add_computation("bystander", "tests.jobs:CountTo", inputs={"b": None}, key_ranges=2)
+
+    async def leader(store: EtcdStore) -> MasterCore:
+        core = MasterCore(store, MasterConfig(replication=1, lease_ms=500), lambda: 0.0)
+        await core.become_leader()
+        return core
+
+    async def run(core: MasterCore) -> None:
+        if change == "cancel":
+            await lifecycle.cancel(core, "big")
+        else:
+            await lifecycle.update(core, smaller.to_json(), drop_state=True)
+
+    def check(store: EtcdStore, collected: bool = True) -> None:
+        snap = store.load()
+        wanted = {(s.name, r) for doc in snap.topologies.values()
+                  for s in Topology.from_json(doc).computations.values() for r in range(s.key_ranges)}
+        assert wanted <= set(snap.tablets), sorted(wanted - set(snap.tablets))  # none missing
+        if collected:
+            assert set(snap.tablets) == wanted  # none left behind
+            assert set(snap.ranges) | set(snap.watermarks) <= {c for c, _ in wanted}
+        # Every tablet holds state (token 5 and up): none was re-created empty under token 1.
+        assert all(o.token >= 5 for o in snap.tablets.values()), sorted(
+            k for k, o in snap.tablets.items() if o.token < 5)
+
+    async def main(store: EtcdStore, crash_after: int) -> None:
+        core = await leader(store)
+        for i in range(2):
+            await core.register_worker(f"127.0.0.1:{i + 2}")
+        await lifecycle.submit(core, big.to_json())
+        await lifecycle.submit(core, other.to_json())
+        # Tablets that have moved and hold state: a token well above 1.
+        held = {k: Ownership(o.worker, 5, o.followers, o.in_sync) for k, o in core.tablets.items()}
+        store.put_tablets(held)
+        core = await leader(store)  # reads them back
+        real, calls = store._client.transaction, [0]
+
+        def dies_after(*args: object, **kw: object) -> object:
+            if calls[0] == crash_after:
+                raise Crash
+            calls[0] += 1
+            return real(*args, **kw)
+
+        store._client.transaction = dies_after  # one etcd transaction each
+        with pytest.raises(Crash):
+            await run(core)
+        store._client.transaction = real
+        check(store, collected=False)  # as the next leader finds it ...
+        core = await leader(store)
+        check(store)  # ... and after it collected what the change left behind
+        await run(core)  # the command, repeated, completes the change
+        check(store)
+        snap = store.load()
+        assert len(snap.tablets) == (2 if change == "cancel" else 22)
+        assert ("cancelled" in snap.jobs["big"]["state"]) if change == "cancel" else "big" in snap.topologies
+
+    with Cluster(str(tmp_path), masters=0, workers=0) as c:
+        for crash_after in (1, 2, 3):
+            store = EtcdStore(EtcdConfig.parse(c.etcd_url))
+            try:
+                store._client.delete_prefix("/millstream/")  # the round before's cluster
+                assert store.campaign({"id": "m1", "address": "127.0.0.1:1"}, 30)
+                asyncio.run(main(store, crash_after))
+            finally:
+                store.resign()
+                store.close()

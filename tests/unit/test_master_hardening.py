@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -12,11 +13,14 @@ import pytest
 from master import web
 from master.core import MasterConfig, MasterCore
 from master.scheduler import Ownership
-from master.server import Master
+from master.server import Master, MasterOptions
+from master.status import status_document
 from master.store import Snapshot
 from runtime import Topology
 from runtime.client import MAX_TOPOLOGY_BYTES, check_topology_size
 from runtime.errors import ConfigError, MillstreamError, TopologyError
+from runtime.imports import CodeNotAllowedError
+from runtime.status import render, render_jobs
 from runtime.wire import millstream_pb2 as pb
 
 END = (1 << 63) - 1
@@ -39,6 +43,9 @@ class MemoryStore:
     def load(self) -> Snapshot:
         return Snapshot({}, {}, {}, {}, {n: (d["stream"], d["watermark"]) for n, d in self.injectors.items()},
                         {n: d["incarnations"] for n, d in self.injectors.items() if d["incarnations"]})
+
+    def db_size(self) -> int:
+        return 0
 
     def __getattr__(self, name: str) -> Any:
         return lambda *args, **kw: None
@@ -204,3 +211,164 @@ def test_s7_status_does_not_read_etcd_per_request() -> None:
     doc = asyncio.run(master._status_doc())
     assert doc is not None
     assert doc["masters"]["all"] == ["127.0.0.1:7070", "127.0.0.1:7071"]
+
+
+# ------------------------------------------------------------------ N12: etcd upkeep off the tick
+
+
+class SlowDefragStore(MemoryStore):
+    """An etcd over the defragment threshold whose defragment takes until ``done`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.defragmenting = threading.Event()
+        self.done = threading.Event()
+        self.keep_alives = 0
+
+    def db_size(self) -> int:
+        return 1 << 40 if not self.done.is_set() else 1 << 20
+
+    def defragment(self) -> None:
+        self.defragmenting.set()
+        assert self.done.wait(30), "the test never let the defragment end"
+
+    def campaign(self, identity: Any, ttl_s: int) -> bool:
+        return True
+
+    def keep_alive(self) -> bool:
+        self.keep_alives += 1
+        return True
+
+    def masters(self) -> list[dict[str, str]]:
+        return []
+
+
+def test_n12_a_long_defragment_does_not_hold_up_the_leaders_tick() -> None:
+    store = SlowDefragStore()
+    clock = [0.0]
+    core = MasterCore(store, MasterConfig(), lambda: clock[0])  # type: ignore[arg-type]
+
+    async def main() -> None:
+        await asyncio.wait_for(core.tick(), 10)  # starts the upkeep, which defragments
+        assert await asyncio.to_thread(store.defragmenting.wait, 10)
+        for _ in range(3):  # the leader keeps ticking while etcd defragments
+            clock[0] += 50
+            await asyncio.wait_for(core.tick(), 10)
+        clock[0] += MasterConfig().etcd_check_s * 1000
+        upkeep = core.upkeep
+        await asyncio.wait_for(core.tick(), 10)
+        assert core.upkeep is upkeep, "one upkeep at a time"
+        store.done.set()
+        assert upkeep is not None
+        await asyncio.wait_for(upkeep, 10)
+        assert core.etcd_db_bytes == 1 << 20  # measured again after the defragment
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.done.set()
+
+
+def test_n12_the_leader_keeps_its_lease_alive_through_a_long_defragment() -> None:
+    store = SlowDefragStore()
+    master = Master.__new__(Master)
+    master.options = MasterOptions(etcd=None, listen="", config=MasterConfig(lease_ms=1000))  # type: ignore[arg-type]
+    master.store = store  # type: ignore[assignment]
+    master.identity, master.address, master.core, master.leader_address = "m1", "127.0.0.1:1", None, None
+    master.sure_until, master._refreshed_at = 0.0, float("-inf")
+    master._masters_cache, master._autoscaled_at, master._masters_read_at = [], -1e18, float("-inf")
+
+    async def main() -> None:
+        lead = asyncio.create_task(master._lead())
+        try:
+            assert await asyncio.to_thread(store.defragmenting.wait, 10)
+            before = store.keep_alives
+            # Refreshed every quarter of the 2 s TTL: two more within the deadline, while the
+            # defragment still runs (the leader's loop used to wait for it).
+            await wait_until_async(lambda: store.keep_alives >= before + 2, 10, "two lease refreshes")
+            assert not store.done.is_set() and master.leadership_confirmed()
+        finally:
+            store.done.set()
+            lead.cancel()
+            await asyncio.gather(lead, return_exceptions=True)
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.done.set()
+
+
+async def wait_until_async(cond: Any, timeout: float, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)  # poll interval of this deadline-bounded wait
+
+
+# ------------------------------------------------------------------ N17: per-worker state
+
+
+def test_n17_a_worker_that_leaves_or_expires_leaves_nothing_behind() -> None:
+    clock = [0.0]
+    core = MasterCore(MemoryStore(), MasterConfig(), lambda: clock[0])  # type: ignore[arg-type]
+
+    def kept(w: str) -> list[str]:
+        return [name for name in ("workers", "zones", "routing_seen", "heard", "last_seen", "reported_seq",
+                                  "problems", "draining") if w in getattr(core, name)]
+
+    async def main() -> None:
+        for i in range(3):
+            wid, _ = await core.register_worker(f"127.0.0.1:{i + 1}", zone=f"z{i}")
+            core.heartbeat(wid, report_seq=1, routing_version=core.version)
+        leaving, expiring, staying = sorted(core.workers, key=core.workers.__getitem__)
+        await core.drain(leaving)
+        assert kept(leaving) == ["workers", "zones", "routing_seen", "heard", "last_seen", "reported_seq",
+                                 "problems", "draining"]
+        await core.leave(leaving)
+        clock[0] += core.config.lease_ms / 2
+        core.heartbeat(staying, report_seq=2, routing_version=core.version)
+        clock[0] += core.config.lease_ms / 2 + 1
+        await core.tick()  # `expiring` missed its lease
+        assert kept(leaving) == [] and kept(expiring) == []
+        assert set(core.routing_seen) == set(core.zones) == core.heard == set(core.workers) == {staying}
+
+    asyncio.run(main())
+
+
+# ------------------------------------------------------------------ code the workers may not load
+
+
+def test_a_submit_of_code_a_worker_may_not_load_is_refused_naming_the_fix() -> None:
+    core = MasterCore(MemoryStore(), MasterConfig(), lambda: 0.0)  # type: ignore[arg-type]
+    topo = Topology("wc")
+    topo.add_computation("count", "tests.jobs:Counter", inputs={"words": "tests.jobs:first_byte"})
+
+    async def main() -> None:
+        wide, _ = await core.register_worker("127.0.0.1:1", allowed_code=["runtime.sinks", "tests"])
+        old, _ = await core.register_worker("127.0.0.1:3")  # reports no policy (an older worker)
+        narrow, _ = await core.register_worker("127.0.0.1:2", allowed_code=["runtime.sinks", "examples"])
+        with pytest.raises(CodeNotAllowedError, match=(
+                rf"computation 'count': code 'tests.jobs:Counter' is from module 'tests.jobs', which worker "
+                rf"{narrow} \(127.0.0.1:2\) does not allow; start it with --allow-code tests .*"
+                r"computation 'count': key extractor of 'words' 'tests.jobs:first_byte'.*Nothing was changed")):
+            await core.submit(topo.to_json())
+        assert "wc" not in core.topologies and not core.tablets
+        await core.leave(narrow)
+        assert (await core.submit(topo.to_json()))[0] == "wc"
+        # A worker joining later that may not load it: named in status and jobs at once.
+        narrow, _ = await core.register_worker("127.0.0.1:4", allowed_code=["runtime.sinks"])
+        doc = status_document(core)
+        [code, extractor] = doc["computations"]["count"]["code_refused"]
+        assert narrow in code and "--allow-code tests" in code and wide not in code and old not in code
+        assert doc["jobs"][0]["computations"][0]["code_refused"] == [code, extractor]
+        assert "CANNOT LOAD: computation 'count': code 'tests.jobs:Counter'" in render(doc)
+        assert "--allow-code tests" in render_jobs(doc["jobs"])
+
+    asyncio.run(main())
+
+
+def test_a_worker_policy_that_is_not_module_prefixes_is_refused() -> None:
+    core = MasterCore(MemoryStore(), MasterConfig(), lambda: 0.0)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="is not a list of at most 256 module prefixes"):
+        asyncio.run(core.register_worker("127.0.0.1:1", allowed_code=["os; rm"]))

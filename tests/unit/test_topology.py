@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.errors import ImportPathError, TopologyError
-from runtime.topology import ComputationSpec, Topology, find_cycle, validate_against
+from runtime.topology import ComputationSpec, Topology, find_cycle, validate_against, validate_spec
 
 CODE = "tests.jobs:Counter"
 
@@ -159,6 +159,27 @@ def test_bad_fsync_and_params() -> None:
         Topology("t").add_computation("c", CODE, inputs={"x": None}, fsync="yes")  # type: ignore[arg-type]
     with pytest.raises(TopologyError, match="params must map strings to strings"):
         Topology("t").add_computation("c", CODE, inputs={"x": None}, params={"n": 3})  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize("key", ["millstream.fsync", "millstream.dedup_retention", "millstream.anything"])
+def test_params_may_not_use_the_runtimes_prefix(key: str) -> None:
+    # review N7: millstream.fsync="0" turned fsync off for an exactly-once computation, and a
+    # bad millstream.dedup_retention raised inside every given worker's reconcile.
+    with pytest.raises(TopologyError, match=rf"params \['{re.escape(key)}'\] use the prefix 'millstream\.', "
+                       "which is reserved.*fsync=, dedup_retention="):
+        Topology("t").add_computation("c", CODE, inputs={"x": None}, params={key: "0", "fine": "1"})
+    spec = ComputationSpec("c", CODE, {"x": None}, [], params={key: "0"})
+    doc = json.dumps({"name": "t", "computations": [{**GOOD, "params": {key: "0"}}]})
+    with pytest.raises(TopologyError, match="reserved for the runtime"):  # what the master checks
+        Topology.from_json(doc)
+    with pytest.raises(TopologyError, match="reserved for the runtime"):
+        validate_spec(spec)
+
+
+def test_a_stored_topology_with_reserved_params_loads_without_them() -> None:
+    # Accepted by a master before review N7: a new leader must still load it.
+    doc = json.dumps({"name": "t", "computations": [{**GOOD, "params": {"millstream.fsync": "0", "n": "3"}}]})
+    assert Topology.from_json(doc, stored=True).computations["c"].params == {"n": "3"}
 
 
 def test_failed_add_leaves_topology_unchanged() -> None:
