@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from injectors.injector import END_OF_TIME, Injector
 from runtime.client import Client, parse_addresses
 from runtime.errors import InjectionError, MillstreamError
+from runtime.imports import CodePolicy
 from runtime.record import derived_id
 from runtime.routing import RoutingTable
 
@@ -245,12 +246,14 @@ class PartitionInjection:
     batch_size: int
     timeout: float
     incarnation: str  # the run's (run_incarnation): a retried task replaces its failed attempt
+    allow_code: tuple[str, ...] = ()  # where the stream's key extractors may come from
 
     def __call__(self, index: int, rows: Iterable[Any]) -> Iterator[tuple[int, int, int | None, int | None]]:
         # One incarnation per partition and run: a retried task replaces the failed attempt's
         # hold (it sends the same ids), rather than leaving it behind for ever.
         inj = Injector(self.masters, self.stream, f"{self.name}/p{index}",
-                       batch_size=self.batch_size, timeout=self.timeout, incarnation=self.incarnation)
+                       batch_size=self.batch_size, timeout=self.timeout, incarnation=self.incarnation,
+                       allow_code=self.allow_code)
         n, lo, hi = 0, None, None
         try:
             if self.has_id:
@@ -276,6 +279,14 @@ class PartitionInjection:
         finally:
             inj.close()
         yield index, n, lo, hi
+
+
+def code_prefixes(allow_code: str | Sequence[str]) -> tuple[str, ...]:
+    """``allow_code`` as a tuple (checked here, on the driver, before any task starts)."""
+    given = allow_code.split(",") if isinstance(allow_code, str) else allow_code
+    prefixes = tuple(p.strip() for p in given if p.strip())
+    CodePolicy.parse(",".join(prefixes))
+    return prefixes
 
 
 def run_incarnation(given: str | None) -> str:
@@ -332,7 +343,8 @@ def _summary(name: str, parts: list[tuple[int, int, int | None, int | None]], wa
 def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] | None,
            timestamp: str, name: str, masters: str | Iterable[str], id: str | None = None,
            watermark: int | str = "finish", batch_size: int = 1000,
-           timeout: float = 60.0, incarnation: str | None = None) -> InjectionResult:
+           timeout: float = 60.0, incarnation: str | None = None,
+           allow_code: str | Sequence[str] = ()) -> InjectionResult:
     """Send every row of ``df`` to ``stream`` as one record, exactly once.
 
     - ``key``: a string, binary or integer column; ``timestamp``: a timestamp
@@ -352,6 +364,8 @@ def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] |
       failed run's hold stays until :func:`release`; pass a value of your own,
       kept secret and the same on a re-run, for a re-run to replace the failed
       run's holds instead.
+    - ``allow_code``: module prefixes the stream's key extractors may be loaded
+      from on the executors besides millstream's own (as ``Injector``).
 
     Raises :class:`InvalidInputError` (before sending anything) for a missing
     column, an unusable type or nulls; :class:`~runtime.errors.MasterUnavailableError`
@@ -371,9 +385,10 @@ def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] |
         check_time_unit(df, p.integer_time)
     # From here on this injection holds the stream's watermark (until finished below).
     run = run_incarnation(incarnation)
-    holder = Injector(addresses, stream, name, timeout=timeout, incarnation=run)
+    holder = Injector(addresses, stream, name, timeout=timeout, incarnation=run, allow_code=allow_code)
     try:
-        task = PartitionInjection(addresses, stream, name, name, p.has_id, batch_size, timeout, run)
+        task = PartitionInjection(addresses, stream, name, name, p.has_id, batch_size, timeout, run,
+                                  code_prefixes(allow_code))
         parts = run_partitions(df, p, task)
         result = _summary(name, parts, 0, t0)
         if watermark == "finish":

@@ -61,7 +61,8 @@ def test_a_retried_task_sends_nothing_twice(spark: Any, shared_cluster: Cluster)
                   (F.lit(BASE) + F.col("id")).alias("ts")))
     before = sum(metric(w, "millstream_duplicates_dropped") for w in shared_cluster.workers)
     result = spark_bridge.inject(df, stream=stream, key="k", value="v", timestamp="ts",
-                                 name="retry", masters=shared_cluster.masters_arg, batch_size=100)
+                                 name="retry", masters=shared_cluster.masters_arg, batch_size=100,
+                                 allow_code="tests.spark")
     assert result.records == n and result.partitions == CONTENT_PARTITIONS
     wait_until(lambda: spark_bridge.count_rows(out) >= n, 60, f"{n} rows in the sink")
     rows = read_rows(out)
