@@ -77,7 +77,8 @@ class Injector:
             raise InjectionError("an injector needs a non-empty name (it seeds its record ids)")
         # Key extractors come from the routing, which operators write: loaded from millstream's
         # own modules and those the caller allows only, as on workers (review N10).
-        code_policy = CodePolicy.parse(allow_code if isinstance(allow_code, str) else ",".join(allow_code))
+        code_policy = CodePolicy.parse(allow_code if isinstance(allow_code, str) else ",".join(allow_code),
+                                       where="injector")
         self.stream = stream
         self.name = name
         # Tells this object's registration apart from any other live injector under the same

@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 from runtime.errors import ImportPathError
 
@@ -69,16 +69,18 @@ class CodePolicy:
     ``pkg.anything``; ``"*"`` allows every module, for trusted single-user setups)."""
 
     allowed: tuple[str, ...] = BUILT_IN_CODE
+    where: Literal["worker", "injector"] = "worker"  # who loads (says how to allow more)
 
     @classmethod
-    def parse(cls, text: str | None, extra: Iterable[str] = ()) -> CodePolicy:
+    def parse(cls, text: str | None, extra: Iterable[str] = (),
+              where: Literal["worker", "injector"] = "worker") -> CodePolicy:
         """From a comma-separated flag value; the built-in prefixes are always allowed."""
         given = [p.strip() for p in (text or "").split(",") if p.strip()]
         for p in given:
             if p != "*" and not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", p):
                 raise ImportPathError(f"--allow-code entry {p!r} is not a module prefix; "
                                       "give dotted module names such as my_jobs or my_pkg.jobs")
-        return cls(tuple(dict.fromkeys([*BUILT_IN_CODE, *given, *extra])))
+        return cls(tuple(dict.fromkeys([*BUILT_IN_CODE, *given, *extra])), where)
 
     def permits(self, module: str) -> bool:
         for p in self.allowed:
@@ -90,10 +92,14 @@ class CodePolicy:
     def check(self, path: str, what: str) -> None:
         module = path.partition(":")[0]
         if not self.permits(module):
+            top = module.split(".")[0]
+            how = (f"start workers with --allow-code {top} (or MILLSTREAM_ALLOW_CODE)" if self.where == "worker"
+                   else f"pass allow_code=[{top!r}] to the Injector (spark_bridge.inject(allow_code=...), "
+                        "millstream inject-files --allow-code)")
             raise CodeNotAllowedError(
-                f"{what} {path!r}: module {module!r} is not allowed on this worker (allowed: "
-                f"{', '.join(self.allowed)}); start workers with --allow-code {module.split('.')[0]} "
-                "(or MILLSTREAM_ALLOW_CODE) if this code is meant to run here")
+                f"{what} {path!r}: module {module!r} is not allowed "
+                f"{'on this worker' if self.where == 'worker' else 'in this injector'} (allowed: "
+                f"{', '.join(self.allowed)}); {how} if this code is meant to run here")
 
 
 def load(path: str, what: str = "import path", policy: CodePolicy | None = None) -> Any:

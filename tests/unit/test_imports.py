@@ -160,6 +160,8 @@ def test_n10_an_injector_loads_key_extractors_under_a_policy() -> None:
     mine = "tests.unit.test_imports:Holder.key"
     with pytest.raises(ImportPathError, match="'runtime.sinks:os.sys.exit': 'os' is not a class"):
         tablets("runtime.sinks:os.sys.exit", CodePolicy()).routing.route("in", record)
-    with pytest.raises(ImportPathError, match="module 'tests.unit.test_imports' is not allowed"):
-        tablets(mine, CodePolicy()).routing.route("in", record)  # not allowed unless the caller says so
+    with pytest.raises(ImportPathError, match=r"module 'tests.unit.test_imports' is not allowed in this "
+                                              r"injector .*; pass allow_code=\['tests'\] to the Injector"):
+        tablets(mine, CodePolicy.parse("", where="injector")).routing.route("in", record)
     assert tablets(mine, CodePolicy.parse("tests.unit")).routing.route("in", record)[0][0] == "reader"
+
