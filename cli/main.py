@@ -323,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     inj.add_argument("directory")
     inj.add_argument("--stream", required=True)
     inj.add_argument("--name", default=None, help="injector name (default: the directory's)")
+    inj.add_argument("--allow-code", default=_env("MILLSTREAM_ALLOW_CODE"),
+                     help="comma-separated module prefixes the stream's key extractors may be loaded "
+                          "from (env MILLSTREAM_ALLOW_CODE); millstream's own are always allowed")
     _masters_flag(inj)
     _security_flags(inj, server=False)
 
@@ -428,7 +431,7 @@ def _run(args: argparse.Namespace) -> int:
         from injectors.files import inject_directory
 
         n = inject_directory(args.directory, _need(args.masters, "--masters", "MILLSTREAM_MASTERS"),
-                             args.stream, args.name, security=_security(args))
+                             args.stream, args.name, security=_security(args), allow_code=args.allow_code or "")
         print(f"injected {n} lines into {args.stream!r}")
         return 0
     if cmd == "bench":

@@ -13,7 +13,7 @@ birth time).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from injectors.injector import Injector
@@ -60,9 +60,11 @@ def inject_files(sink: Sink, directory: str, name: str) -> int:
 
 
 def inject_directory(directory: str, masters: str | Iterable[str], stream: str,
-                     name: str | None = None, security: Security = Security()) -> int:
-    """Inject every line of the regular files under ``directory``, then finish."""
+                     name: str | None = None, security: Security = Security(),
+                     allow_code: str | Sequence[str] = ()) -> int:
+    """Inject every line of the regular files under ``directory``, then finish
+    (``allow_code``: where the stream's key extractors may come from, as for ``Injector``)."""
     name = name or "files:" + os.path.abspath(directory)
     pending_files(directory)  # a bad directory fails before anything registers
-    with Injector(masters, stream, name, security=security) as inj:
+    with Injector(masters, stream, name, security=security, allow_code=allow_code) as inj:
         return inject_files(inj, directory, name)

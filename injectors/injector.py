@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -44,6 +44,7 @@ from injectors.tablets import Tablets, chunk
 from injectors.watermark import MIN, Watermark
 from runtime.client import Client
 from runtime.errors import InjectionError, InvalidRecordError, MillstreamError
+from runtime.imports import CodePolicy
 from runtime.record import ID_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, Record, producer_prefix, sequence_id
 from runtime.security import Security
 
@@ -62,14 +63,22 @@ class Injector:
 
     >>> with Injector("127.0.0.1:7070", "lines", "my-source") as inj:   # doctest: +SKIP
     ...     inj.send(b"k", b"hello world", timestamp=1_700_000_000_000_000)
+
+    ``allow_code``: module prefixes (a list, or comma-separated) the stream's key extractors
+    may be loaded from besides millstream's own, like ``millstream worker --allow-code``;
+    the injector refuses to import any other code the routing names (review N10).
     """
 
     def __init__(self, masters: str | Iterable[str], stream: str, name: str, *,
                  batch_size: int = 1000, linger_ms: float = 5.0, max_queued: int | None = None,
                  max_in_flight: int = 4, timeout: float = 60.0, security: Security = Security(),
-                 incarnation: str | None = None) -> None:
+                 incarnation: str | None = None, allow_code: str | Sequence[str] = ()) -> None:
         if not isinstance(name, str) or not name:
             raise InjectionError("an injector needs a non-empty name (it seeds its record ids)")
+        # Key extractors come from the routing, which operators write: loaded from millstream's
+        # own modules and those the caller allows only, as on workers (review N10).
+        code_policy = CodePolicy.parse(allow_code if isinstance(allow_code, str) else ",".join(allow_code),
+                                       where="injector")
         self.stream = stream
         self.name = name
         # Tells this object's registration apart from any other live injector under the same
@@ -114,7 +123,7 @@ class Injector:
         self._closed = threading.Event()
         self._marks = Watermark(name, stream, self.incarnation, self.client, self._queued_min, self._closed)
         self._tablets = Tablets(name, stream, self.client, security, self._sequenced, self._closed,
-                                calls=4 + 4 * max_in_flight, committed=self._marks.hold)
+                                calls=4 + 4 * max_in_flight, committed=self._marks.hold, code_policy=code_policy)
         self._marks.report()  # registers: from now on this injector holds its stream's watermark
 
     # --------------------------------------------------------------- sending

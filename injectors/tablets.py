@@ -24,6 +24,7 @@ from runtime import delivery
 from runtime.client import Client
 from runtime.delivery import Status
 from runtime.errors import InjectionError
+from runtime.imports import CodePolicy
 from runtime.record import Record
 from runtime.routing import KeyExtractor, RoutingTable
 from runtime.security import Security
@@ -39,7 +40,7 @@ class Tablets:
 
     def __init__(self, name: str, stream: str, client: Client, security: Security,
                  sequenced: dict[bytes, int], closed: threading.Event, *, calls: int,
-                 committed: Callable[[int, Receipt], None]) -> None:
+                 committed: Callable[[int, Receipt], None], code_policy: CodePolicy = CodePolicy()) -> None:
         self.name = name
         self.stream = stream
         self._client = client
@@ -49,6 +50,7 @@ class Tablets:
         self._calls = calls            # threads for one round's calls to several tablets
         self._committed = committed    # (oldest timestamp, receipt) of each committed delivery
         self._extractors: dict[str, KeyExtractor] = {}
+        self._code_policy = code_policy  # where key extractors may come from
         self.routing = self.fetch()
         self._newest = 0  # the newest routing version a receiver answered with
         self._newest_lock = threading.Lock()
@@ -63,7 +65,7 @@ class Tablets:
 
     def fetch(self) -> RoutingTable:
         table = RoutingTable(self._client.routing())
-        table.load_extractors(self._extractors)
+        table.load_extractors(self._extractors, self._code_policy)
         return table
 
     def close(self) -> None:

@@ -29,7 +29,14 @@ from master.store import Change, EtcdStore
 from master.watermarks import END_OF_TIME, MIN, Settler, TabletReport, Watermark, compute, inputs, publish
 from runtime import metrics
 from runtime.client import check_topology_size
-from runtime.errors import ConfigError, MillstreamError, StaleTokenError, TopologyError, WorkerIdentityError
+from runtime.errors import (
+    ConfigError,
+    MillstreamError,
+    RoleError,
+    StaleTokenError,
+    TopologyError,
+    WorkerIdentityError,
+)
 from runtime.keyspace import wire_end
 from runtime.topology import RESERVED_PARAM_PREFIX, ComputationSpec, Topology, validate_against
 from runtime.wire import millstream_pb2 as pb
@@ -57,6 +64,9 @@ def check_injector_name(name: str) -> None:
                           f"use at most {MAX_INJECTOR_NAME_BYTES} bytes")
     if not name.isprintable():
         raise ConfigError(f"injector name {name[:80]!r} has control characters; use printable text")
+    if name.startswith(FINISHED):
+        raise ConfigError(f"injector name {name[:80]!r} starts with {FINISHED!r}, the leader's marker "
+                          "of finished injectors; choose another name")
 
 
 class UnknownWorkerError(MillstreamError):
@@ -435,13 +445,18 @@ class MasterCore:
         return {w: self.reported_seq.get(w, 0) for w in self.workers}
 
     def report_injector(self, name: str, stream: str, watermark: int, incarnation: str = "",
-                        release: bool = False) -> None:
+                        release: bool = False, operator: bool = False) -> None:
         """An injector's current promise; a new injector holds its stream from now on.
 
         Several live injectors may share a name (``incarnation`` tells them apart): the
         name holds its stream at the minimum of their watermarks, and one that finishes
-        releases only its own hold (review W4)."""
+        releases only its own hold (review W4). ``release`` (every hold under the name) is
+        an operator's action: ``operator`` says the caller holds that role (review N9)."""
         check_injector_name(name)
+        if release and not operator:
+            raise RoleError(f"releasing injector {name!r} drops every hold under the name, an "
+                            "operator's action; call it with the operator token (an injector "
+                            "ends its own hold with finish())")
         if not isinstance(stream, str) or not STREAM_NAME.fullmatch(stream):
             raise ConfigError(f"injector {name!r}: stream {stream[:80]!r} is not a stream name (letters, "
                               "digits, '_', '.', '-'; at most 128 characters)")
@@ -468,6 +483,11 @@ class MasterCore:
             return
         incarnations = self.injector_incarnations.setdefault(name, {})
         if old is not None and old[0] != stream:
+            if old[1] != END_OF_TIME:
+                # Else any caller could drop a live name's holds by naming another stream (N9).
+                raise MillstreamError(
+                    f"injector {name!r} still holds stream {old[0]!r} (at {old[1]}); finish it "
+                    f"there, or have an operator release it, before using the name for {stream!r}")
             incarnations.clear()  # the name now feeds another stream: a new registration
         incarnations[incarnation] = watermark
         if watermark == END_OF_TIME and len(incarnations) > 1:

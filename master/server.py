@@ -22,7 +22,7 @@ from runtime import metrics, serving
 from runtime.client import NOT_LEADER_METADATA
 from runtime.errors import EtcdUnavailableError, WorkerIdentityError
 from runtime.keyspace import wire_end
-from runtime.security import Security
+from runtime.security import Security, caller_roles
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 
@@ -148,7 +148,7 @@ class MasterServicer(rpc.MasterServicer):
         core = await self._leader(context)
         await serving.call_core(context, lambda: _async(
             core.report_injector, request.name, request.stream, request.watermark, request.incarnation,
-            request.release))
+            request.release, "operator" in caller_roles()))
         return pb.InjectorResponse(reported=core.reported())
 
     async def GetRouting(self, request: pb.RoutingRequest, context: Any) -> pb.Routing:

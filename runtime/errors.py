@@ -27,6 +27,11 @@ class WorkerIdentityError(MillstreamError):
     """A call as a worker id without the secret the leader issued that id at registration."""
 
 
+class RoleError(MillstreamError):
+    """A call the caller's role may not make, though its method is open to that role (an
+    injector's token asking to release every hold under a name: an operator's action)."""
+
+
 class MasterUnavailableError(MillstreamError):
     """No master could be reached at the given addresses."""
 

@@ -3,16 +3,27 @@
 A topology names its code by import path, and every worker imports it. Whoever can submit
 a topology must not be able to make workers import and call anything on their path
 (``sys:exit``, ``os:fork``, ``pdb:set_trace``): workers load code only from the module
-prefixes an operator allowed (:class:`CodePolicy`, ``millstream worker --allow-code``).
+prefixes an operator allowed (:class:`CodePolicy`, ``millstream worker --allow-code``), and
+injectors load key extractors under one too (``Injector(allow_code=...)``).
+
+Under a policy, the part after the colon names something *defined in* an allowed module:
+an attribute of the module, or of a class defined there (``module:Class.attr``). A walk
+through anything else (``runtime.sinks:os.sys.exit`` reached ``sys.exit`` through a module
+the sinks import; review N10) is refused, and so is an object whose ``__module__`` is not
+allowed (a function the allowed module imported from elsewhere).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.util
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
+from typing import Any, Literal
 
 from runtime.errors import ImportPathError
 
@@ -28,8 +39,24 @@ def check_syntax(path: str, what: str) -> None:
         )
 
 
-# What every worker may load without being told: millstream's own sinks and examples.
+# What every worker may load without being told: millstream's own sinks and examples. Only
+# millstream's own copies: a package of the same name elsewhere on the path (any project's
+# ``examples``) is not built in (review N10).
 BUILT_IN_CODE = ("runtime.sinks", "spark_bridge.parquet_sink", "examples")
+_OWN_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@functools.lru_cache(maxsize=64)
+def _is_own(top: str) -> bool:
+    """Whether the top-level package ``top`` is millstream's own (found, not imported)."""
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    where = list(spec.submodule_search_locations or ()) or ([spec.origin] if spec.origin else [])
+    return any(os.path.dirname(os.path.abspath(w)) == _OWN_ROOT for w in where)
 
 
 class CodeNotAllowedError(ImportPathError):
@@ -42,27 +69,37 @@ class CodePolicy:
     ``pkg.anything``; ``"*"`` allows every module, for trusted single-user setups)."""
 
     allowed: tuple[str, ...] = BUILT_IN_CODE
+    where: Literal["worker", "injector"] = "worker"  # who loads (says how to allow more)
 
     @classmethod
-    def parse(cls, text: str | None, extra: Iterable[str] = ()) -> CodePolicy:
+    def parse(cls, text: str | None, extra: Iterable[str] = (),
+              where: Literal["worker", "injector"] = "worker") -> CodePolicy:
         """From a comma-separated flag value; the built-in prefixes are always allowed."""
         given = [p.strip() for p in (text or "").split(",") if p.strip()]
         for p in given:
             if p != "*" and not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", p):
                 raise ImportPathError(f"--allow-code entry {p!r} is not a module prefix; "
                                       "give dotted module names such as my_jobs or my_pkg.jobs")
-        return cls(tuple(dict.fromkeys([*BUILT_IN_CODE, *given, *extra])))
+        return cls(tuple(dict.fromkeys([*BUILT_IN_CODE, *given, *extra])), where)
 
     def permits(self, module: str) -> bool:
-        return any(p == "*" or module == p or module.startswith(p + ".") for p in self.allowed)
+        for p in self.allowed:
+            if p == "*" or module == p or module.startswith(p + "."):
+                if p not in BUILT_IN_CODE or _is_own(module.partition(".")[0]):
+                    return True
+        return False
 
     def check(self, path: str, what: str) -> None:
         module = path.partition(":")[0]
         if not self.permits(module):
+            top = module.split(".")[0]
+            how = (f"start workers with --allow-code {top} (or MILLSTREAM_ALLOW_CODE)" if self.where == "worker"
+                   else f"pass allow_code=[{top!r}] to the Injector (spark_bridge.inject(allow_code=...), "
+                        "millstream inject-files --allow-code)")
             raise CodeNotAllowedError(
-                f"{what} {path!r}: module {module!r} is not allowed on this worker (allowed: "
-                f"{', '.join(self.allowed)}); start workers with --allow-code {module.split('.')[0]} "
-                "(or MILLSTREAM_ALLOW_CODE) if this code is meant to run here")
+                f"{what} {path!r}: module {module!r} is not allowed "
+                f"{'on this worker' if self.where == 'worker' else 'in this injector'} (allowed: "
+                f"{', '.join(self.allowed)}); {how} if this code is meant to run here")
 
 
 def load(path: str, what: str = "import path", policy: CodePolicy | None = None) -> Any:
@@ -83,7 +120,12 @@ def load(path: str, what: str = "import path", policy: CodePolicy | None = None)
         raise ImportPathError(
             f"{what} {path!r}: importing module {module_name!r} raised {type(e).__name__}: {e}"
         ) from None
-    for part in attr.split("."):
+    parts = attr.split(".")
+    for i, part in enumerate(parts):
+        if i and policy is not None and not (isinstance(obj, type) and policy.permits(obj.__module__)):
+            raise CodeNotAllowedError(
+                f"{what} {path!r}: {'.'.join(parts[:i])!r} is not a class defined in an allowed module; "
+                f"name the code where it is defined ('module:Name' or 'module:Class.attr')")
         try:
             obj = getattr(obj, part)
         except AttributeError:
@@ -91,4 +133,11 @@ def load(path: str, what: str = "import path", policy: CodePolicy | None = None)
                 f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}; "
                 "check the name after the colon"
             ) from None
+    if policy is not None:
+        defined_in = None if isinstance(obj, ModuleType) else getattr(obj, "__module__", None)
+        if not isinstance(defined_in, str) or not policy.permits(defined_in):
+            found = "a module" if isinstance(obj, ModuleType) else f"defined in {defined_in!r}"
+            raise CodeNotAllowedError(
+                f"{what} {path!r} is {found}, not code of an allowed module ({', '.join(policy.allowed)}); "
+                "name the code where it is defined, in a module allowed here")
     return obj

@@ -30,9 +30,28 @@ MAX_VALUE_BYTES = 16 << 20
 MAX_KEY_BYTES = 64 << 10
 
 
+# The first bit of a producer prefix says where its producer lives: set for producers inside
+# the cluster (a tablet, and a weak tablet's producer per upstream producer), clear for every
+# other (injectors, files, Spark partitions). A worker takes producers with it set only from
+# callers holding the worker role, so an injector's credentials cannot move the mark of a
+# tablet's output at any receiver (review N4).
+WORKER_PRODUCER_BIT = 0x80
+
+
 def producer_prefix(producer: str) -> bytes:
-    """The 8-byte prefix shared by every id one producer mints."""
-    return hashlib.blake2b(producer.encode(), digest_size=8).digest()
+    """The 8-byte prefix shared by every id one producer outside the cluster mints."""
+    digest = hashlib.blake2b(producer.encode(), digest_size=8).digest()
+    return bytes((digest[0] & ~WORKER_PRODUCER_BIT & 0xFF,)) + digest[1:]
+
+
+def worker_producer(prefix: bytes) -> bytes:
+    """The 8 bytes ``prefix`` (a digest) as the prefix of a producer inside the cluster."""
+    return bytes((prefix[0] | WORKER_PRODUCER_BIT,)) + prefix[1:8]
+
+
+def is_worker_producer(prefix: bytes) -> bool:
+    """Whether ``prefix`` names a producer inside the cluster (only workers may send its ids)."""
+    return bool(prefix[0] & WORKER_PRODUCER_BIT)
 
 
 def sequence_id(prefix: bytes, seq: int) -> bytes:

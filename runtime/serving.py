@@ -24,6 +24,7 @@ STATUS_OF: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (errors.ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.NotOwnerError, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.WorkerIdentityError, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.RoleError, grpc.StatusCode.PERMISSION_DENIED),
     (errors.StaleTokenError, grpc.StatusCode.ABORTED),  # a deposed owner: it must stop
     (errors.EtcdUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (errors.MasterUnavailableError, grpc.StatusCode.UNAVAILABLE),

@@ -27,6 +27,7 @@ import hashlib
 import logging
 import re
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from injectors.injector import END_OF_TIME, Injector
 from runtime.client import Client, parse_addresses
 from runtime.errors import InjectionError, MillstreamError
+from runtime.imports import CodePolicy
 from runtime.record import derived_id
 from runtime.routing import RoutingTable
 
@@ -243,12 +245,15 @@ class PartitionInjection:
     has_id: bool
     batch_size: int
     timeout: float
+    incarnation: str  # the run's (run_incarnation): a retried task replaces its failed attempt
+    allow_code: tuple[str, ...] = ()  # where the stream's key extractors may come from
 
     def __call__(self, index: int, rows: Iterable[Any]) -> Iterator[tuple[int, int, int | None, int | None]]:
-        # One incarnation per partition: a retried task replaces the failed attempt's hold
-        # (it sends the same ids), rather than leaving it behind for ever.
+        # One incarnation per partition and run: a retried task replaces the failed attempt's
+        # hold (it sends the same ids), rather than leaving it behind for ever.
         inj = Injector(self.masters, self.stream, f"{self.name}/p{index}",
-                       batch_size=self.batch_size, timeout=self.timeout, incarnation="spark-partition")
+                       batch_size=self.batch_size, timeout=self.timeout, incarnation=self.incarnation,
+                       allow_code=self.allow_code)
         n, lo, hi = 0, None, None
         try:
             if self.has_id:
@@ -274,6 +279,22 @@ class PartitionInjection:
         finally:
             inj.close()
         yield index, n, lo, hi
+
+
+def code_prefixes(allow_code: str | Sequence[str]) -> tuple[str, ...]:
+    """``allow_code`` as a tuple (checked here, on the driver, before any task starts)."""
+    given = allow_code.split(",") if isinstance(allow_code, str) else allow_code
+    prefixes = tuple(p.strip() for p in given if p.strip())
+    CodePolicy.parse(",".join(prefixes))
+    return prefixes
+
+
+def run_incarnation(given: str | None) -> str:
+    """The incarnation a run's injectors register under: ``given``, or one of its own that
+    nobody else can guess. Another holder of the injector token reporting under a known
+    incarnation would replace this run's hold (review N9: the bridge's fixed ones let any
+    loader jump another team's stream to the end of time)."""
+    return uuid.uuid4().hex if given is None else given
 
 
 def _task_error(e: BaseException) -> str:
@@ -302,7 +323,8 @@ def run_partitions(df: DataFrame, p: Plan, task: PartitionInjection) -> list[tup
             f"injection {task.id_name!r} into {task.stream!r} failed in a Spark task after Spark's "
             f"retries: {_task_error(e)}. Records already sent stay (once each); run the same "
             "injection again (same name, same data) to complete it exactly once -- until then it "
-            "holds the stream's watermark")
+            "holds the stream's watermark (pass the same incarnation= for the re-run to take over "
+            "this run's hold, else release it: spark_bridge.release)")
         err.spark_error = e  # type: ignore[attr-defined]
         raise err from None
 
@@ -321,7 +343,8 @@ def _summary(name: str, parts: list[tuple[int, int, int | None, int | None]], wa
 def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] | None,
            timestamp: str, name: str, masters: str | Iterable[str], id: str | None = None,
            watermark: int | str = "finish", batch_size: int = 1000,
-           timeout: float = 60.0) -> InjectionResult:
+           timeout: float = 60.0, incarnation: str | None = None,
+           allow_code: str | Sequence[str] = ()) -> InjectionResult:
     """Send every row of ``df`` to ``stream`` as one record, exactly once.
 
     - ``key``: a string, binary or integer column; ``timestamp``: a timestamp
@@ -336,6 +359,13 @@ def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] |
     - ``watermark``: after the job, ``"finish"`` releases the stream (nothing
       more will come from this injection); ``"max"`` advances it to the
       largest timestamp sent; an int advances it to that time.
+    - ``incarnation``: what this run's holds are registered under (at most 64
+      printable characters). By default a fresh, unguessable one per run, so a
+      failed run's hold stays until :func:`release`; pass a value of your own,
+      kept secret and the same on a re-run, for a re-run to replace the failed
+      run's holds instead.
+    - ``allow_code``: module prefixes the stream's key extractors may be loaded
+      from on the executors besides millstream's own (as ``Injector``).
 
     Raises :class:`InvalidInputError` (before sending anything) for a missing
     column, an unusable type or nulls; :class:`~runtime.errors.MasterUnavailableError`
@@ -354,10 +384,11 @@ def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] |
     if p.integer_time is not None:
         check_time_unit(df, p.integer_time)
     # From here on this injection holds the stream's watermark (until finished below).
-    # A stable incarnation: re-running a crashed injection replaces its holder's hold.
-    holder = Injector(addresses, stream, name, timeout=timeout, incarnation="spark-holder")
+    run = run_incarnation(incarnation)
+    holder = Injector(addresses, stream, name, timeout=timeout, incarnation=run, allow_code=allow_code)
     try:
-        task = PartitionInjection(addresses, stream, name, name, p.has_id, batch_size, timeout)
+        task = PartitionInjection(addresses, stream, name, name, p.has_id, batch_size, timeout, run,
+                                  code_prefixes(allow_code))
         parts = run_partitions(df, p, task)
         result = _summary(name, parts, 0, t0)
         if watermark == "finish":

@@ -35,7 +35,9 @@ from spark_bridge.inject import (
     PartitionInjection,
     check_nulls,
     check_stream,
+    code_prefixes,
     plan,
+    run_incarnation,
     run_partitions,
 )
 
@@ -59,8 +61,10 @@ class StreamInjection:
 
     def __init__(self, *, stream: str, key: str, value: str | Sequence[str] | None, timestamp: str,
                  name: str, masters: str | Iterable[str], id: str | None = None,
-                 batch_size: int = 1000, timeout: float = 60.0) -> None:
+                 batch_size: int = 1000, timeout: float = 60.0, incarnation: str | None = None,
+                 allow_code: str | Sequence[str] = ()) -> None:
         self.stream = stream
+        self.allow_code = code_prefixes(allow_code)
         self.key = key
         self.value = value
         self.timestamp = timestamp
@@ -71,7 +75,9 @@ class StreamInjection:
         self.timeout = timeout
         check_stream(self.addresses, stream, min(timeout, 10.0))
         # Created now, before the query starts: from here on the stream's watermark waits for us.
-        self.holder = Injector(self.addresses, stream, name, timeout=timeout, incarnation="spark-holder")
+        self.incarnation = run_incarnation(incarnation)
+        self.holder = Injector(self.addresses, stream, name, timeout=timeout, incarnation=self.incarnation,
+                               allow_code=self.allow_code)
         self.event_time_max: int | None = None  # of Spark's watermark column, over all batches
         self.results: list[InjectionResult] = []
         self._warned_no_watermark = False
@@ -104,7 +110,7 @@ class StreamInjection:
             (batch_max, *_) = check_nulls(df, p.null_checked, extra) or [None]
             id_name = f"{self.name}/b{batch_id}"
             task = PartitionInjection(self.addresses, self.stream, self.name, id_name, p.has_id,
-                                      self.batch_size, self.timeout)
+                                      self.batch_size, self.timeout, self.incarnation, self.allow_code)
             parts = run_partitions(df, p, task)
             n = sum(x[1] for x in parts)
             his = [x[3] for x in parts if x[3] is not None]
@@ -137,7 +143,8 @@ class StreamInjection:
 
 def inject_stream(*, stream: str, key: str, value: str | Sequence[str] | None, timestamp: str,
                   name: str, masters: str | Iterable[str], id: str | None = None,
-                  batch_size: int = 1000, timeout: float = 60.0) -> StreamInjection:
+                  batch_size: int = 1000, timeout: float = 60.0,
+                  incarnation: str | None = None, allow_code: str | Sequence[str] = ()) -> StreamInjection:
     """A ``foreachBatch`` function injecting a streaming query into ``stream`` exactly once.
 
     Arguments as for :func:`~spark_bridge.inject`. Create it before starting
@@ -146,4 +153,5 @@ def inject_stream(*, stream: str, key: str, value: str | Sequence[str] | None, t
     ends for good, so the stream's readers can flush their last timers.
     """
     return StreamInjection(stream=stream, key=key, value=value, timestamp=timestamp, name=name,
-                           masters=masters, id=id, batch_size=batch_size, timeout=timeout)
+                           masters=masters, id=id, batch_size=batch_size, timeout=timeout,
+                           incarnation=incarnation, allow_code=allow_code)

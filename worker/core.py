@@ -107,7 +107,7 @@ class WorkerCore:
         self.faults = faults
         self.seen = SeenTablets(state_dir)  # the tablets this worker was ever given a role in
         self.replicas = Replicas(state_dir, self.path_of, self._primary_token, lambda: self.worker_id,
-                                 lambda key: self.seen.remember([key]))
+                                 lambda key: self.seen.remember([key]), routed_token=self._followed_token)
         self._closing_tablets: dict[tuple[str, int], Tablet] = {}
         self._swept = 0  # the routing version replaced ranges' leftover copies were last looked for in
 
@@ -122,6 +122,14 @@ class WorkerCore:
         if tablet is None and key in self._opening:
             tablet = self._opening[key][0]
         return tablet.token if tablet is not None else None
+
+    def _followed_token(self, key: tuple[str, int]) -> int:
+        """The routing's token of a tablet this worker follows (0: the routing does not say it
+        follows it): the newest primary a peer may claim to be (review N14)."""
+        a = self.routing.assignments.get(key)
+        if a is None or not self.worker_id or not any(f.worker_id == self.worker_id for f in a.followers):
+            return 0
+        return a.token
 
     def _replicator(self, tablet: Tablet) -> Replicator:
         assert self.channel is not None

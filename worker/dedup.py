@@ -33,7 +33,7 @@ from typing import NamedTuple
 from rbloom import Bloom
 
 from runtime.keyspace import key_hash
-from runtime.record import ID_BYTES
+from runtime.record import ID_BYTES, is_worker_producer
 
 SEQUENCED_ID_PREFIX = 8
 
@@ -66,6 +66,19 @@ def delivery_problem(ids: list[bytes], orders: dict[bytes, tuple[int, int]] | No
         if len(producer) != SEQUENCED_ID_PREFIX:
             return (f"producer {producer.hex()[:40]} is {len(producer)} bytes long; producers are "
                     f"{SEQUENCED_ID_PREFIX} bytes (the first {SEQUENCED_ID_PREFIX} of their records' ids)")
+    return None
+
+
+def outside_problem(orders: dict[bytes, tuple[int, int]] | None) -> str | None:
+    """What a caller without the worker role may not send, or None: records of a producer
+    inside the cluster (a tablet's, runtime/record.py). Their marks are the receivers' only
+    record of what a tablet delivered, and one record far ahead would make every later one
+    of that tablet read as a duplicate (review N4)."""
+    for producer in orders or ():
+        if is_worker_producer(producer):
+            return (f"producer {producer.hex()} is a producer inside the cluster (a tablet's); only "
+                    "the worker role sends its records. Injectors name their producers with "
+                    "runtime.record.producer_prefix (Injector.send, send_sequenced)")
     return None
 
 
@@ -125,6 +138,12 @@ class MarkView:
         if lows and mark is not None:
             self.lower_changed[producer] = [Lower(lo.start, lo.end, max(lo.seq, seq)) for lo in lows
                                             if max(lo.seq, seq) < mark.seq]
+
+    def restart(self, producer: bytes, token: int, now_us: int) -> None:
+        """Forget what ``producer`` sent so far: its mark starts again at 0 under ``token``."""
+        self.changed[producer] = Mark(0, token, now_us)
+        if self._lows(producer):
+            self.lower_changed[producer] = []
 
     def advance(self, producer: bytes, seq: int, token: int, now_us: int) -> None:
         old = self.get(producer)

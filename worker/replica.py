@@ -6,6 +6,13 @@ has seen (from a primary or from the routing), and answers NEED_SNAPSHOT to a pr
 cannot continue from: a new primary (token), or a gap in the commit numbers. So a copy
 never mixes the commits of two primaries, and a deposed primary can make nothing durable
 here once its successor exists (DESIGN.md §5, docs/replication.md). No gRPC here.
+
+Peers authenticate with the shared worker token only, so a primary's token is believed
+only as far as this worker's routing confirms it: commits and snapshots come in only for
+a tablet the routing says this worker follows, under a token no newer than the routing's
+(NOT_YET otherwise: the sender retries once this worker's routing caught up). One forged
+call under a huge token used to raise the fence for ever, and the real primary's every
+commit then failed (review N14).
 """
 
 from __future__ import annotations
@@ -38,12 +45,14 @@ class Replicas:
 
     def __init__(self, state_dir: str, path_of: Callable[[Key], str],
                  primary_token: Callable[[Key], int | None], worker_id: Callable[[], str] = lambda: "",
-                 remember: Callable[[Key], Awaitable[None]] | None = None) -> None:
+                 remember: Callable[[Key], Awaitable[None]] | None = None, *,
+                 routed_token: Callable[[Key], int]) -> None:
         self.worker_id = worker_id
         self.remember = remember  # records a tablet held here before its copy is made (worker/seen.py)
         self.incoming_dir = os.path.join(state_dir, ".incoming")
         self.path_of = path_of
         self.primary_token = primary_token  # token of a tablet open (or opening) here as primary
+        self.routed_token = routed_token    # the routing's token of a tablet followed here (else 0)
         self.copies: dict[Key, ReplicaStore] = {}
         self.fence: dict[Key, int] = {}      # newest token seen per tablet
         self._incoming: dict[Key, tuple[str, str]] = {}  # key -> (session, directory)
@@ -98,6 +107,12 @@ class Replicas:
         if token < self.fence.get(key, 0):
             return _refuse(R.STALE_TOKEN, "stale token", f"{key[0]}/{key[1]}: token {token} is older than "
                            f"token {self.fence[key]}, already seen here")
+        routed = self.routed_token(key)
+        if token > routed:
+            # Not confirmed: the fence stays where the routing put it (review N14).
+            return _refuse(R.NOT_YET, "not routed", f"{key[0]}/{key[1]}: this worker's routing has no copy "
+                           f"of it here under token {token} (its token here: {routed or 'none'}); "
+                           "retry once the routing has reached this worker")
         if mine is not None:
             return _refuse(R.NEED_SNAPSHOT, "busy", "this worker's copy is opening or closing")
         return None

@@ -186,7 +186,7 @@ class _Link:
                 computation=rep.tablet.computation, key_range=rep.tablet.key_range, token=rep.tablet.token,
                 entries=entries, sync=rep.tablet.sync, follower=self.follower))
             metrics.REPLICATION_RPC_SECONDS.labels(rep.tablet.computation).observe(time.perf_counter() - t0)
-        if resp is None or resp.status == R.WRONG_WORKER:
+        if resp is None or resp.status in (R.WRONG_WORKER, R.NOT_YET):  # NOT_YET: its routing lags
             self.fail()
             return False
         self.probe = False
@@ -210,7 +210,7 @@ class _Link:
         resp = None if rep.blocked(self.address) else await rep.channel.replicate(
             self.address, pb.ReplicateRequest(computation=rep.tablet.computation, key_range=rep.tablet.key_range,
                                               token=rep.tablet.token, sync=rep.tablet.sync, follower=self.follower))
-        if resp is None or resp.status == R.WRONG_WORKER:
+        if resp is None or resp.status in (R.WRONG_WORKER, R.NOT_YET):
             return False
         if resp.status == R.STALE_TOKEN:
             raise StaleTokenError(resp.detail or "a newer primary exists")

@@ -32,7 +32,7 @@ from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 from worker import seen
 from worker.core import WorkerCore, WorkerLimits
-from worker.dedup import delivery_problem
+from worker.dedup import delivery_problem, outside_problem
 from worker.peers import Peers, ReplicaLinks
 from worker.replica import write_at
 from worker.replication import checkpoint_chunks
@@ -178,7 +178,7 @@ class WorkerServicer(rpc.WorkerServicer):
         out = []
         injected = False
         # A producer token fences older owners of a producing tablet: only a worker may name
-        # one, never an injector's credentials (review S3).
+        # one, never an injector's credentials (review S3); nor send a tablet's records (N4).
         worker = "worker" in caller_roles()
         for request in requests:
             records = [from_proto(r) for r in request.records]
@@ -186,6 +186,10 @@ class WorkerServicer(rpc.WorkerServicer):
             problem = delivery_problem([r.id for r in records], orders)
             if problem is not None:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"delivery to {request.computation}/"
+                                    f"{request.key_range} refused: {problem}")
+            problem = None if worker else outside_problem(orders)
+            if problem is not None:
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"delivery to {request.computation}/"
                                     f"{request.key_range} refused: {problem}")
             if request.sender.startswith("injector/") or not worker:
                 injected = True

@@ -27,7 +27,7 @@ from runtime.computation import Computation, TimeDomain
 from runtime.delivery import Orders, Status
 from runtime.errors import ConfigError, MillstreamError
 from runtime.imports import CodePolicy, load
-from runtime.record import Record, producer_prefix
+from runtime.record import Record, producer_prefix, worker_producer
 from runtime.routing import RoutingTable
 from runtime.sinks import is_sink
 from runtime.topology import dead_letter_stream, late_stream
@@ -117,7 +117,7 @@ class Tablet:
         self.outputs = frozenset([*route.outputs, dead_letter_stream(route.name), late_stream(route.name)])
         # Domain-separated from injectors' "injector/<name>" (a computation named "injector"
         # must not share ids with an injector named after its range: review E9).
-        self.prefix = producer_prefix("tablet\x00" + self.name)
+        self.prefix = worker_producer(producer_prefix("tablet\x00" + self.name))
         self.inbox = Inbox()                # uncommitted input
         self.keys = KeySample()             # where its load divides evenly (for a split)
         self.outbox = Outbox()

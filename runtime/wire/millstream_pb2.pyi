@@ -123,10 +123,12 @@ class ReplicateResponse(_message.Message):
         STALE_TOKEN: _ClassVar[ReplicateResponse.Status]
         NEED_SNAPSHOT: _ClassVar[ReplicateResponse.Status]
         WRONG_WORKER: _ClassVar[ReplicateResponse.Status]
+        NOT_YET: _ClassVar[ReplicateResponse.Status]
     OK: ReplicateResponse.Status
     STALE_TOKEN: ReplicateResponse.Status
     NEED_SNAPSHOT: ReplicateResponse.Status
     WRONG_WORKER: ReplicateResponse.Status
+    NOT_YET: ReplicateResponse.Status
     STATUS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]

@@ -117,7 +117,7 @@ def test_a_million_records_from_one_injector_leave_a_few_bytes_of_dedup_data(tmp
 def test_outputs_of_a_weak_tablet_are_sequenced_by_their_input(tmp_path: object) -> None:
     """A weak production of input (P, s) is (this tablet and P, s * 2**20 + index): its
     receiver keeps one mark for it, no opaque ids."""
-    from runtime.record import derived_id
+    from runtime.record import derived_id, worker_producer
     from tests.core.jobs import Collector
 
     r = pb.Routing(version=1)
@@ -135,7 +135,7 @@ def test_outputs_of_a_weak_tablet_are_sequenced_by_their_input(tmp_path: object)
         assert await core.deliver("echo", 0, 1, records, {P: (0, 0)}) == OK
         assert await core.deliver("echo", 0, 1, records, {P: (0, 0)}) == OK  # all duplicates
         await _until_seen(lambda: len(Collector.seen) >= 5)
-        weak_producer = derived_id(core.tablets[("echo", 0)].prefix, P)[:8]
+        weak_producer = worker_producer(derived_id(core.tablets[("echo", 0)].prefix, P))
         await core.close_all()
         assert [v for _, _, v in Collector.seen] == [b"v%d" % i for i in range(1, 6)]
         return weak_producer

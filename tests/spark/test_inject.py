@@ -61,7 +61,8 @@ def test_a_retried_task_sends_nothing_twice(spark: Any, shared_cluster: Cluster)
                   (F.lit(BASE) + F.col("id")).alias("ts")))
     before = sum(metric(w, "millstream_duplicates_dropped") for w in shared_cluster.workers)
     result = spark_bridge.inject(df, stream=stream, key="k", value="v", timestamp="ts",
-                                 name="retry", masters=shared_cluster.masters_arg, batch_size=100)
+                                 name="retry", masters=shared_cluster.masters_arg, batch_size=100,
+                                 allow_code="tests.spark")
     assert result.records == n and result.partitions == CONTENT_PARTITIONS
     wait_until(lambda: spark_bridge.count_rows(out) >= n, 60, f"{n} rows in the sink")
     rows = read_rows(out)
@@ -72,8 +73,8 @@ def test_a_retried_task_sends_nothing_twice(spark: Any, shared_cluster: Cluster)
     assert dups >= 700, f"the failed attempt should have sent ~750 rows before failing ({dups})"
     # Re-running the whole injection under the same name sends nothing new either.
     spark_bridge.inject(df, stream=stream, key="k", value="v", timestamp="ts", name="retry",
-                        masters=shared_cluster.masters_arg)
-    with Injector(shared_cluster.masters_arg, stream, "retry-marker") as inj:
+                        masters=shared_cluster.masters_arg, allow_code="tests.spark")
+    with Injector(shared_cluster.masters_arg, stream, "retry-marker", allow_code="tests.spark") as inj:
         inj.send(b"zz-marker", b"", BASE)
     wait_until(lambda: spark_bridge.count_rows(out) >= n + 1, 60, "the marker")
     assert spark_bridge.count_rows(out) == n + 1

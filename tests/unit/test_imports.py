@@ -73,3 +73,95 @@ def test_a_computation_that_overrides_nothing_is_refused_at_submit() -> None:
     topo = Topology("noop").add_computation("noop", "runtime.sinks:Sink", inputs={"x": None})
     with pytest.raises(TopologyError, match="overrides neither process_record nor process_timer"):
         check_importable(topo)
+
+
+# ------------------------------------------------------------------ N10: what a policy admits
+
+
+class Holder:
+    """A class defined here, with an attribute: ``module:Class.attr`` stays loadable."""
+
+    @staticmethod
+    def key(record: object) -> bytes:
+        return b"k"
+
+
+def test_n10_a_walk_through_an_allowed_module_to_code_elsewhere_is_refused() -> None:
+    """Review N10: the policy checked the module only, then walked the attribute path: a
+    module the allowed one imports led to anything (``runtime.sinks:os.sys.exit``)."""
+    from runtime.imports import CodeNotAllowedError, CodePolicy
+
+    with pytest.raises(CodeNotAllowedError, match=r"'runtime.sinks:os.sys.exit': 'os' is not a class "
+                                                  r"defined in an allowed module"):
+        load("runtime.sinks:os.sys.exit", "key extractor", CodePolicy())
+    with pytest.raises(CodeNotAllowedError, match="'runtime.sinks:os' is a module, not code of an allowed module"):
+        load("runtime.sinks:os", "key extractor", CodePolicy())
+    # Imported into an allowed module from elsewhere: named where it is defined, or not at all.
+    with pytest.raises(CodeNotAllowedError, match=r"is defined in 'runtime.imports', not code of an allowed"):
+        load("tests.unit.test_imports:load", "key extractor", CodePolicy(("tests.unit",)))
+    nested = load("tests.unit.test_imports:Holder.key", "key extractor", CodePolicy(("tests.unit",)))
+    assert nested.__qualname__ == "Holder.key"
+    assert load("runtime.sinks:Sink", "code", CodePolicy()).__name__ == "Sink"
+    assert load("os:path.join") is os.path.join  # no policy: the caller's own code, as before
+
+
+def test_n10_a_package_named_like_a_built_in_one_elsewhere_on_the_path_is_not_built_in(
+        tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``examples`` is built in as millstream's own examples, not any package of that name."""
+    import pathlib
+    import sys
+
+    from runtime import imports
+    from runtime.imports import CodeNotAllowedError, CodePolicy
+
+    assert CodePolicy().permits("examples.wordcount")  # millstream's own
+    other = pathlib.Path(str(tmp_path)) / "examples"
+    other.mkdir()
+    (other / "__init__.py").write_text("")
+    (other / "tool.py").write_text("import sys\nexit = sys.exit\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "examples" or m.startswith("examples.")]:
+        monkeypatch.delitem(sys.modules, name)
+    imports._is_own.cache_clear()
+    try:
+        assert not CodePolicy().permits("examples.tool")
+        with pytest.raises(CodeNotAllowedError, match="module 'examples.tool' is not allowed on this worker"):
+            load("examples.tool:exit", "key extractor", CodePolicy())
+        assert "examples.tool" not in sys.modules  # refused before anything was imported
+    finally:
+        imports._is_own.cache_clear()
+
+
+def test_n10_an_injector_loads_key_extractors_under_a_policy() -> None:
+    """Review N10: injectors (and Spark executors) loaded the routing's key extractors with no
+    policy at all, so whoever writes the routing ran any code in every loader's process."""
+    import threading
+
+    from injectors.tablets import Tablets
+    from runtime.imports import CodePolicy
+    from runtime.record import Record
+    from runtime.security import Security
+    from runtime.wire import millstream_pb2 as pb
+
+    def tablets(path: str, policy: CodePolicy) -> Tablets:
+        routing = pb.Routing(version=1)
+        c = routing.computations.add(name="reader", key_ranges=1)
+        c.inputs.add(stream="in", key_extractor=path)
+        c.assignments.add(key_range=0, worker_id="w", address="w:1", token=1)
+
+        class OneRouting:
+            def routing(self) -> pb.Routing:
+                return routing
+
+        return Tablets("src", "in", OneRouting(), Security(), {}, threading.Event(),  # type: ignore[arg-type]
+                       calls=1, committed=lambda *a: None, code_policy=policy)
+
+    record = Record(b"k", b"v", 1, bytes(16))
+    mine = "tests.unit.test_imports:Holder.key"
+    with pytest.raises(ImportPathError, match="'runtime.sinks:os.sys.exit': 'os' is not a class"):
+        tablets("runtime.sinks:os.sys.exit", CodePolicy()).routing.route("in", record)
+    with pytest.raises(ImportPathError, match=r"module 'tests.unit.test_imports' is not allowed in this "
+                                              r"injector .*; pass allow_code=\['tests'\] to the Injector"):
+        tablets(mine, CodePolicy.parse("", where="injector")).routing.route("in", record)
+    assert tablets(mine, CodePolicy.parse("tests.unit")).routing.route("in", record)[0][0] == "reader"
+

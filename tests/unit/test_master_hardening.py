@@ -18,7 +18,7 @@ from master.status import status_document
 from master.store import Snapshot
 from runtime import Topology
 from runtime.client import MAX_TOPOLOGY_BYTES, check_topology_size
-from runtime.errors import ConfigError, MillstreamError, TopologyError
+from runtime.errors import ConfigError, MillstreamError, RoleError, TopologyError
 from runtime.imports import CodeNotAllowedError
 from runtime.status import render, render_jobs
 from runtime.wire import millstream_pb2 as pb
@@ -118,12 +118,70 @@ def test_w4_an_operator_release_drops_every_incarnation_and_unknown_names_are_re
         core.report_injector("loader", "in", 10, "crashed")
         core.report_injector("loader", "in", 20, "other")
         with pytest.raises(MillstreamError, match="no injector 'typo' holds stream 'in'"):
-            core.report_injector("typo", "in", END, release=True)
-        core.report_injector("loader", "in", END, release=True)
+            core.report_injector("typo", "in", END, release=True, operator=True)
+        core.report_injector("loader", "in", END, release=True, operator=True)
         _idle(core, 1)
         await core.advance_watermarks()
         assert "loader" not in core.injectors
         assert core.published["a"] == END
+
+    asyncio.run(main())
+
+
+def test_n9_only_an_operator_may_release_and_a_live_name_cannot_be_moved_to_another_stream() -> None:
+    """Review N9: an injector's token could release every hold under any name, or drop them
+    by reporting the name on another stream: either jumped that stream to the end of time."""
+    core = _core()
+    core.topologies["one"].add_computation("b", "x:B", inputs={"other": None}, key_ranges=1)
+
+    async def main() -> None:
+        core.report_injector("loader", "in", 10, "theirs")
+        with pytest.raises(RoleError, match="releasing injector 'loader' .* operator token"):
+            core.report_injector("loader", "in", END, release=True)
+        with pytest.raises(MillstreamError, match="injector 'loader' still holds stream 'in' .* release"):
+            core.report_injector("loader", "other", END, "mine")
+        with pytest.raises(ConfigError, match="starts with 'finished injectors of '"):
+            core.report_injector("finished injectors of in", "in", 5, "mine")
+        assert core.injector_incarnations["loader"] == {"theirs": 10}
+        core.report_injector("loader", "in", END, "theirs")  # finished: the name is free again
+        core.report_injector("loader", "other", 20, "next")
+        assert core.injectors["loader"] == ("other", 20)
+
+    asyncio.run(main())
+
+
+def test_n9_the_servicer_takes_release_from_the_operator_token_only() -> None:
+    """Through the role check and the master's servicer: the injector token is refused."""
+    from types import SimpleNamespace
+
+    import grpc
+
+    from master.server import MasterServicer
+    from runtime.security import Security
+    from runtime.wire import millstream_pb2_grpc as rpc
+
+    core = _core()
+    core.report_injector("loader", "in", 10, "theirs")
+    tokens = {"worker": "w-secret", "injector": "i-secret", "operator": "o-secret"}
+
+    async def main() -> None:
+        server = grpc.aio.server(interceptors=Security(role_tokens=tokens).server_interceptors())
+        master = SimpleNamespace(core=core, leadership_confirmed=lambda: True)
+        rpc.add_MasterServicer_to_server(MasterServicer(master), server)  # type: ignore[arg-type]
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        release = pb.InjectorReport(name="loader", stream="in", watermark=END, release=True)
+        try:
+            async with Security(token=tokens["injector"]).aio_channel(f"127.0.0.1:{port}") as ch:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await rpc.MasterStub(ch).ReportInjector(release)
+                assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                assert core.injectors["loader"] == ("in", 10)
+            async with Security(token=tokens["operator"]).aio_channel(f"127.0.0.1:{port}") as ch:
+                await rpc.MasterStub(ch).ReportInjector(release)
+            assert core.injectors["loader"] == ("in", END)
+        finally:
+            await server.stop(None)
 
     asyncio.run(main())
 

@@ -14,9 +14,12 @@ R = pb.ReplicateResponse
 KEY = ("c", 0)
 
 
-def _replicas(tmp: Any, primary: dict[tuple[str, int], int] | None = None) -> Replicas:
+def _replicas(tmp: Any, primary: dict[tuple[str, int], int] | None = None,
+              routed: dict[tuple[str, int], int] | None = None) -> Replicas:
+    """Copies on a worker whose routing says it follows KEY under token 5 (or ``routed``)."""
+    routed = {KEY: 5} if routed is None else routed
     return Replicas(str(tmp), lambda k: os.path.join(str(tmp), k[0], str(k[1])),
-                    lambda k: (primary or {}).get(k))
+                    lambda k: (primary or {}).get(k), routed_token=lambda k: routed.get(k, 0))
 
 
 def _entry(index: int, key: bytes, value: bytes) -> pb.ReplicaEntry:
@@ -100,7 +103,7 @@ def test_a_snapshot_of_a_primary_replaces_the_copy(tmp_path: Any) -> None:
 def test_a_new_worker_at_a_followers_address_refuses_what_was_meant_for_the_old_one(tmp_path: Any) -> None:
     async def run() -> None:
         reps = Replicas(str(tmp_path), lambda k: os.path.join(str(tmp_path), k[0], str(k[1])),
-                        lambda k: None, lambda: "newworker000")
+                        lambda k: None, lambda: "newworker000", routed_token=lambda k: 1)
         req = _req(1, _entry(1, b"k", b"v"))
         req.follower = "oldworker000"
         assert (await reps.replicate(req)).status == R.WRONG_WORKER
@@ -121,10 +124,42 @@ def test_a_snapshot_records_its_tablet_before_its_copy_is_made(tmp_path: Any) ->
             recorded.append(key)
 
         reps = Replicas(str(tmp_path), lambda k: os.path.join(str(tmp_path), k[0], str(k[1])),
-                        lambda k: None, lambda: "", remember)
+                        lambda k: None, lambda: "", remember, routed_token=lambda k: 2)
         chunk = pb.SnapshotChunk(computation="c", key_range=0, token=2, index=0, session="s", file="CURRENT",
                                  data=b"x")
         assert (await reps.install(chunk)).status == R.OK
         assert recorded == [KEY]
+        await reps.close_all()
+    asyncio.run(run())
+
+
+def test_n14_a_token_the_routing_does_not_confirm_neither_raises_the_fence_nor_installs(tmp_path: Any) -> None:
+    """Review N14: peers share one worker token, so one forged Replicate(token=2**63-1) raised
+    a follower's fence for ever and the real primary's every commit then failed; a forged
+    snapshot under such a token replaced the copy. Only the routing's token is believed."""
+    forged = (1 << 63) - 1
+
+    async def run() -> None:
+        routed = {KEY: 1}
+        reps = _replicas(tmp_path, routed=routed)
+        await reps.create_empty(KEY, 1)
+        assert (await reps.replicate(_req(1, _entry(1, b"k", b"real")))).status == R.OK
+        refused = await reps.replicate(_req(forged))
+        assert refused.status == R.NOT_YET and "retry once the routing has reached this worker" in refused.detail
+        assert reps.fence[KEY] == 1
+        chunk = pb.SnapshotChunk(computation="c", key_range=0, token=forged, index=0, session="evil",
+                                 file="CURRENT", offset=0, data=b"x")
+        assert (await reps.install(chunk)).status == R.NOT_YET
+        assert not os.path.exists(reps.incoming_dir) or os.listdir(reps.incoming_dir) == []
+        # The real primary goes on.
+        ok = await reps.replicate(_req(1, _entry(2, b"k", b"still")))
+        assert ok.status == R.OK and ok.index == 2
+        # A tablet the routing does not say this worker follows: nothing comes in, whatever the token.
+        other = pb.ReplicateRequest(computation="c", key_range=7, token=1, entries=[_entry(1, b"k", b"v")])
+        assert (await reps.replicate(other)).status == R.NOT_YET and ("c", 7) not in reps.fence
+        # The routing's promotion (token 2) is believed: a new primary, so a snapshot first.
+        routed[KEY] = 2
+        assert (await reps.replicate(_req(2, _entry(3, b"k", b"x")))).status == R.NEED_SNAPSHOT
+        assert reps.fence[KEY] == 2
         await reps.close_all()
     asyncio.run(run())
