@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from injectors.rounds import Orders, Pending, chained_orders
+from injectors.rounds import Orders, Pending, chained_orders, ordered
 from runtime import delivery
 from runtime.client import Client
 from runtime.delivery import Status
@@ -115,9 +115,18 @@ class Tablets:
         whether a new routing is needed before they are sent again."""
         failed: Pending = {}
         calls = []
+        first: dict[tuple[str, int], int] = {}  # each tablet's first chunk still to commit
+        for dest in pending:
+            first[dest[:2]] = min(first.get(dest[:2], dest[2]), dest[2])
         for dest, recs in pending.items():
             target = routing.destination(dest[0], dest[1])
             if not target.address:
+                failed[dest] = recs
+                continue
+            if dest[2] != first[dest[:2]] and not ordered({dest: recs}, orders, routing):
+                # A later chunk the tablet would not hold behind the one before it (records
+                # with the caller's ids, an at-least-once reader): it goes once that one is
+                # committed, or it could overtake it (the key order of DESIGN.md §2).
                 failed[dest] = recs
                 continue
             req = delivery.request(dest[0], dest[1], target.token, recs, sender="injector/" + self.name)
