@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from injectors.buffer import END_OF_TIME, Buffer
-from injectors.rounds import Pending, Round, Tails, chained_orders
+from injectors.rounds import Pending, Round, Tails, chained_orders, ordered
 from injectors.tablets import Tablets, chunk
 from injectors.watermark import MIN, Watermark
 from runtime.client import Client
@@ -400,9 +400,16 @@ class Injector:
             sent = self._prepare(rnd)
         finally:
             with self._cond:
+                if not rnd.ordered:
+                    rnd.slow = True  # no round joins one its receivers cannot order
                 rnd.prepared = True
                 self._cond.notify_all()
         tablets = self._tablets
+        if sent and not rnd.ordered:
+            # Records with the caller's ids, or a reader that is not exactly once: nothing at
+            # the tablets would hold this round behind those before it (rounds.py), so it
+            # goes once they are done, as the only round in flight.
+            self._wait_oldest(rnd)
         if sent:
             pending, refresh = tablets.attempt(rnd.pending, rnd.orders, rnd.routing)
         if pending is None or pending or tablets.newest_seen > rnd.routing.version:
@@ -429,6 +436,7 @@ class Injector:
             chunk(rnd.pending, comp, r, routed)
         # Only this thread changes the chain now: the next round is taken once this one is prepared.
         rnd.orders, tails = chained_orders(rnd.pending, self._sequenced, self._tails)
+        rnd.ordered = ordered(rnd.pending, rnd.orders, routing)
         self._tails.update(tails)
         return True
 

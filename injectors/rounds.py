@@ -14,6 +14,13 @@ if it is routed with theirs and none of them has failed; a round whose first att
 not succeed everywhere retries only once every round before it is done, which is the
 situation of a single round in flight (``after`` 0 is then true). Rounds also finish in
 order, so "committed" always means a prefix of the injector's sequence.
+
+The chain is also what keeps each key's records in send order (DESIGN.md §2): a round that
+overtakes another on the wire waits at the tablet. It binds only deliveries that list a
+producer (records with the caller's own ids list none) at exactly-once readers (the others
+keep no marks to check ``after`` against). A round with any other delivery is not
+``ordered``: it goes only once every round before it is done, and no round joins it, as a
+single round in flight; its retries then overtake nothing.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ class Round:
     routing: RoutingTable        # the version it was taken under (first attempt)
     prepared: bool = False       # routed and ordered (the next round may be taken)
     slow: bool = False           # its first attempt did not succeed everywhere
+    ordered: bool = True         # every delivery ordered by the chain at an exactly-once reader
     done: bool = False           # finished: committed, or given back (``returned``)
     returned: bool = False       # failed for good: its records go back to the queue
     pending: Pending = field(default_factory=dict)
@@ -66,3 +74,11 @@ def chained_orders(pending: Pending, sequenced: dict[bytes, int], tails: Tails) 
         out[dest] = delivery.to_orders({p: (before.get(p, 0), 0) for p in here})
         before.update(here)
     return out, after
+
+
+def ordered(pending: Pending, orders: Orders, routing: RoutingTable) -> bool:
+    """Whether the chain keeps every delivery of a round in order at its tablet: each lists a
+    producer and goes to an exactly-once reader (worker/batch.py checks ``after`` there)."""
+    computations = routing.computations
+    return all(orders.get(dest) and dest[0] in computations and computations[dest[0]].exactly_once
+               for dest in pending)

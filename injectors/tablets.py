@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from injectors.rounds import Orders, Pending, chained_orders
+from injectors.rounds import Orders, Pending, chained_orders, ordered
 from runtime import delivery
 from runtime.client import Client
 from runtime.delivery import Status
@@ -117,9 +117,18 @@ class Tablets:
         whether a new routing is needed before they are sent again."""
         failed: Pending = {}
         calls = []
+        first: dict[tuple[str, int], int] = {}  # each tablet's first chunk still to commit
+        for dest in pending:
+            first[dest[:2]] = min(first.get(dest[:2], dest[2]), dest[2])
         for dest, recs in pending.items():
             target = routing.destination(dest[0], dest[1])
             if not target.address:
+                failed[dest] = recs
+                continue
+            if dest[2] != first[dest[:2]] and not ordered({dest: recs}, orders, routing):
+                # A later chunk the tablet would not hold behind the one before it (records
+                # with the caller's ids, an at-least-once reader): it goes once that one is
+                # committed, or it could overtake it (the key order of DESIGN.md §2).
                 failed[dest] = recs
                 continue
             req = delivery.request(dest[0], dest[1], target.token, recs, sender="injector/" + self.name)
@@ -173,7 +182,7 @@ class Tablets:
             if self.routing.version > version:  # fetched now, or for an earlier round
                 version = self.routing.version
                 self._follow_readers(pending, records, readers)
-                self._reroute(pending)
+                self._reroute(pending, records)
             if not pending:
                 return
             if self._closed.is_set():
@@ -190,7 +199,7 @@ class Tablets:
                 self.routing = self.fetch()
                 version = self.routing.version
                 self._follow_readers(pending, records, readers)
-                self._reroute(pending)
+                self._reroute(pending, records)
             pending, refresh = self.attempt(pending, self.orders(pending), self.routing)
 
     def _follow_readers(self, pending: Pending, records: list[Record], readers: set[str]) -> None:
@@ -214,16 +223,22 @@ class Tablets:
             log.info("injector %s: stream %r has new readers %s; this round goes to them too", self.name,
                      self.stream, sorted(added))
 
-    def _reroute(self, pending: Pending) -> None:
+    def _reroute(self, pending: Pending, sent: list[Record]) -> None:
         """Send records meant for ranges a split or merge replaced to the ranges that replaced
-        them, by key, each producer's in order."""
+        them, by key, in the order ``sent`` (the round's records) has them: each producer's
+        in sequence, each key's in send order (records with the caller's ids too)."""
         gone = [d for d in pending if d[0] in self.routing.computations
                 and not self.routing.has_range(d[0], d[1])]
+        if not gone:
+            return
+        place: dict[bytes, int] = {}
+        for i, rec in enumerate(sent):
+            place.setdefault(rec.id, i)  # routed copies keep the id (a key extractor's too)
         moved: dict[str, list[Record]] = {}
         for dest in gone:
             moved.setdefault(dest[0], []).extend(pending.pop(dest))
         for comp, records in moved.items():
-            records.sort(key=lambda rec: rec.id)  # sequenced ids: by producer, then sequence
+            records.sort(key=lambda rec: place.get(rec.id, 0))
             by_range: dict[int, list[Record]] = {}
             for rec in records:
                 by_range.setdefault(self.routing.range_for(comp, rec.key), []).append(rec)

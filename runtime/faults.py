@@ -12,6 +12,9 @@ every 50 ms) for one fault per line:
     delay-injector MS   a delivery from an injector waits MS milliseconds (without CPU)
                         before the worker takes it: the round trip of a network between
                         the injector's host and the cluster (bench/overhead.py inflight)
+    busy PERCENT        that share of deliveries (from injectors and from other tablets)
+                        is answered BUSY at once, as by a full tablet: backpressure and
+                        retries without a slow computation (tests/e2e/test_key_order.py)
 
 Without the variable nothing is read and every check is false.
 """
@@ -19,6 +22,7 @@ Without the variable nothing is read and every check is false.
 from __future__ import annotations
 
 import os
+import random
 import time
 
 
@@ -61,3 +65,10 @@ class Faults:
             if line.startswith("delay-injector "):
                 return float(line.split()[1]) / 1000
         return 0.0
+
+    def busy(self) -> bool:
+        """Whether to answer this delivery BUSY (``busy PERCENT``)."""
+        for line in self._current():
+            if line.startswith("busy "):
+                return random.random() * 100 < float(line.split()[1])
+        return False

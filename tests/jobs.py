@@ -165,3 +165,19 @@ class Ticker(Computation):
         n = int((ctx.state.get() or b"0 0").split()[0]) + 1
         ctx.state.set(b"%d 0" % n)
         ctx.produce(self.params["out"], b"t %d" % n)
+
+
+class InOrder(Computation):
+    """Checks per-producer key order (DESIGN.md §2): values are a key's send indexes, in
+    the order one producer sent them. Keeps each key's last index; an index at or below it
+    goes to "disorder" as ``b"<computation> <index> after <last>"``. Forwards every value
+    to param ``out`` (if any), so the next stage sees this one's processing order."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        i = int(record.value)
+        last = ctx.state.get()
+        if last is not None and int(last) >= i:
+            ctx.produce("disorder", b"%s %d after %s" % (self.params.get("name", "?").encode(), i, last))
+        ctx.state.set(b"%d" % i)
+        if "out" in self.params:
+            ctx.produce(self.params["out"], record.value)

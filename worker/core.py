@@ -618,6 +618,8 @@ class WorkerCore:
     async def deliver(self, computation: str, key_range: int, token: int, records: list[Record],
                       orders: Orders | None = None) -> int:
         """Fence by token, then hand the batch to the tablet (DESIGN.md §4 step 1)."""
+        if self.faults.path is not None and self.faults.busy():
+            return BUSY  # the test hook's backpressure (runtime/faults.py)
         key = (computation, key_range)
         tablet = self.tablets.get(key)
         if tablet is None and key in self._opening and self._opening[key][0].token == token:

@@ -8,9 +8,11 @@ disk and the next owner re-sends it).
 
 A range that a split or merge replaced is *retired*: once its delivery in flight ends,
 what its queue still holds is re-routed by key to the ranges that replaced it, ahead of
-anything produced for them since, and in each producer's order. Until every retired
-queue of a computation is re-routed, its other queues wait: a receiver must see each
-producer's records in order (worker/dedup.py).
+anything produced for them since, in the order the sender was given them: so each
+producer's records stay in sequence (worker/dedup.py) and each key's in the order its
+producer made them (DESIGN.md §2; a weak producer's outputs carry sequences of several
+orders, and opaque ids none, so their ids cannot say it). Until every retired queue of a
+computation is re-routed, its other queues wait.
 """
 
 from __future__ import annotations
@@ -51,10 +53,15 @@ class Sender:
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._retiring: dict[str, set[tuple[str, int]]] = {}  # computation -> queues of gone ranges
         self._staged: dict[str, list[tuple[Production, Tablet]]] = {}  # ... and what they held
+        self._given = 0  # productions ever given to send(): their order, for a re-route
 
     def send(self, productions: list[Production], owner: Tablet) -> None:
         routing = self._routing()
+        given = self._given
+        self._given += len(productions)
         for p in productions:
+            given += 1
+            p.sent = given
             if p.computation in routing.computations and not routing.has_range(p.computation, p.key_range):
                 p.key_range = routing.range_for(p.computation, p.record.key)  # made before a split
             self._queue((p.computation, p.key_range)).append((p, owner))
@@ -94,7 +101,7 @@ class Sender:
         del self._retiring[c]
         del self._staged[c]
         routing = self._routing()
-        staged.sort(key=_order)
+        staged.sort(key=_given)
         moved: dict[tuple[str, int], list[tuple[Production, Tablet]]] = {}
         for p, owner in staged:
             p.key_range = routing.range_for(c, p.record.key)
@@ -171,7 +178,6 @@ class Sender:
                 backoff = min(backoff * 2, 1.0)
 
 
-def _order(item: tuple[Production, Tablet]) -> int:
-    """A production's place in its producer's order (opaque ids need none)."""
-    p = item[0]
-    return int.from_bytes(p.record.id[8:16], "big") if p.producer is not None else 0
+def _given(item: tuple[Production, Tablet]) -> int:
+    """A production's place in the order the sender was given them (its producer's order)."""
+    return item[0].sent

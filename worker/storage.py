@@ -227,13 +227,15 @@ class Timer:
 @dataclass(slots=True)
 class Production:
     """A produced record bound for one tablet; ``ckey`` names its checkpoint (if any);
-    ``producer`` is the prefix of its sequenced id (None: an opaque id, worker/dedup.py)."""
+    ``producer`` is the prefix of its sequenced id (None: an opaque id, worker/dedup.py);
+    ``sent`` its place in the order its worker's sender was given productions."""
 
     computation: str
     key_range: int
     record: Record
     ckey: bytes | None = None
     producer: bytes | None = None
+    sent: int = field(default=0, compare=False)
 
 
 class CommitState(enum.Enum):

@@ -1,7 +1,8 @@
 """A seeded mix of failures during one pipeline, checked against an exact model.
 
 In the spirit of etcd's robustness suite: the word count's input is known, so its output
-is known exactly (every count 1..n of every word, once); a schedule drawn from a seed kills
+is known exactly (every count 1..n of every word, once), and so is its order (DESIGN.md §2,
+see :func:`_check_key_order`); a schedule drawn from a seed kills
 and restarts workers on their disks, loses hosts with their disks (every worker has its own
 state directory), pauses one past its lease (a zombie), kills the leader, adds workers,
 moves tablets, and splits and merges key ranges between chunks of input. Each bug this finds becomes a named scenario in
@@ -26,6 +27,7 @@ from runtime.record import derived_id
 from runtime.sinks import read_file_sink
 from tests.harness import Cluster, wait_until
 
+BASE_TS = 1_700_000_000_000_000  # line i has timestamp BASE_TS + i
 SEEDS = [int(s) for s in os.environ.get("MILLSTREAM_CHAOS_SEEDS", "7").split(",")]
 
 
@@ -183,16 +185,16 @@ def _run_chaos(c: Cluster, seed: int, *, productions: str = "strong", counter: s
                 inj.close()
                 inj = Injector(c.masters_arg, "lines", "chaos-source", batch_size=100)
                 for i, line in enumerate(lines[:start]):
-                    inj.send(b"", line.encode(), 1_700_000_000_000_000 + i)
+                    inj.send(b"", line.encode(), BASE_TS + i)
                 inj.flush()
                 history.append("replay the source from the start")
             for i, line in enumerate(lines[start:start + chunk], start):
                 if replay:
-                    inj.send(b"", line.encode(), 1_700_000_000_000_000 + i)
+                    inj.send(b"", line.encode(), BASE_TS + i)
                     continue
                 rid = derived_id(b"chaos", str(i).encode())
                 for _ in range(2 if i % 11 == 0 else 1):  # some ids are sent twice
-                    inj.send(b"", line.encode(), 1_700_000_000_000_000 + i, id=rid)
+                    inj.send(b"", line.encode(), BASE_TS + i, id=rid)
             inj.flush()
             try:
                 history.append(rng.choice(faults)(c, rng))
@@ -208,7 +210,32 @@ def _run_chaos(c: Cluster, seed: int, *, productions: str = "strong", counter: s
     except (AssertionError, TimeoutError) as e:
         raise AssertionError(f"seed {seed}, after: {history}: {e}") from None
     assert got == expected, f"seed {seed}, after: {history}"
-    assert len(list(read_file_sink(out))) == total, f"seed {seed}, after: {history}"
+    rows = list(read_file_sink(out))
+    assert len(rows) == total, f"seed {seed}, after: {history}"
+    if faults is not RESHARD_FAULTS:  # a split or merge changes a key's producer: no order across
+        problem = _check_key_order(rows)
+        assert problem is None, f"seed {seed}, after: {history}: {problem}"
+
+
+def _check_key_order(rows: list[dict[str, object]]) -> str | None:
+    """What breaks per-producer key order in the sink's rows (None: nothing). Every line has
+    key b"", so one splitter tablet splits them all, in send order; one counter tablet per
+    word counts its occurrences, in the splitter's order; one sink tablet per word writes its
+    counts, in the counter's order. So per word, the sink's file holds the counts rising, and
+    the n-th count carries the timestamp of the line of the word's n-th occurrence: rising
+    with n too (equal for a word twice in a line). Failover keeps a tablet one producer (its
+    replays are dropped): this is the order of first processing."""
+    last: dict[str, tuple[int, int]] = {}
+    for row in rows:  # file by file (a word's counts are all in one), each in write order
+        word, n, ts = str(row["key"]), int(str(row["value"])), int(str(row["timestamp"]))
+        before = last.get(word, (0, 0))
+        if n <= before[0]:
+            return f"count {n} of {word!r} written after count {before[0]}"
+        if ts < before[1]:
+            return (f"count {n} of {word!r} is of line {ts - BASE_TS}, count {before[0]} of the later "
+                    f"line {before[1] - BASE_TS}")
+        last[word] = (n, ts)
+    return None
 
 
 @pytest.mark.parametrize("seed", RESHARD_SEEDS)
@@ -260,7 +287,7 @@ def test_busy_workers_are_never_taken_for_dead(tmp_path: object) -> None:
         with Injector(c.masters_arg, "lines", "busy-source", batch_size=100) as inj:
             for start in range(0, len(lines), 500):
                 for i, line in enumerate(lines[start:start + 500], start):
-                    inj.send(b"", line.encode(), 1_700_000_000_000_000 + i)
+                    inj.send(b"", line.encode(), BASE_TS + i)
                 inj.flush()
                 history.append(rng.choice([_move, _move, _add_worker])(c, rng))
         total = sum(expected.values())

@@ -6,8 +6,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from injectors.rounds import chained_orders
+from injectors.rounds import chained_orders, ordered
 from runtime.record import Record, producer_prefix, sequence_id
+from runtime.routing import RoutingTable
+from runtime.wire import millstream_pb2 as pb
 
 P = producer_prefix("injector/src")
 Q = producer_prefix("source\x00src\x00a.log")
@@ -61,3 +63,18 @@ def test_every_delivery_follows_exactly_the_previous_records_of_its_tablet(round
         orders, new = chained_orders(pending, sequenced, tails)
         tails.update(new)
         assert {dest[1]: _after(o, P) for dest, o in orders.items()} == expect
+
+
+def test_only_rounds_the_chain_orders_everywhere_may_overlap() -> None:
+    """A round may travel with others in flight only if every delivery of it lists a producer
+    (records with the caller's ids list none) and goes to an exactly-once reader (an
+    at-least-once one keeps no marks to hold a delivery behind): DESIGN.md §2, key order."""
+    routing = RoutingTable(pb.Routing(version=1, computations=[
+        pb.ComputationRoute(name="eo", exactly_once=True), pb.ComputationRoute(name="alo", exactly_once=False)]))
+    opaque = Record(b"k", b"v", 1, b"\x01" * 16)
+    seq = {("eo", 0, 0): _recs(P, [1, 2]), ("eo", 1, 0): [*_recs(P, [3]), opaque]}
+    assert ordered(seq, chained_orders(seq, {P: 0}, {})[0], routing)
+    ids = {**seq, ("eo", 2, 0): [opaque]}
+    assert not ordered(ids, chained_orders(ids, {P: 0}, {})[0], routing)
+    loose = {**seq, ("alo", 0, 0): _recs(P, [1, 2])}
+    assert not ordered(loose, chained_orders(loose, {P: 0}, {})[0], routing)

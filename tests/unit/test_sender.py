@@ -122,3 +122,48 @@ def test_two_merged_ranges_queues_are_interleaved_by_sequence() -> None:
         return got
 
     assert asyncio.run(run()) == list(range(1, 41))
+
+
+def test_merged_ranges_queues_keep_the_order_they_were_given_in() -> None:
+    """A weak tablet's outputs carry sequences of several producers (one per input producer)
+    and opaque ids: their ids do not say the order the tablet made them in, which each key's
+    records must keep (DESIGN.md §2). The re-route keeps the order the sender was given."""
+    async def run() -> list[bytes]:
+        table = {"now": _routing(1, [(0, 0, HALF), (1, HALF, HASH_SPACE)])}
+        got: list[bytes] = []
+        all_in = asyncio.Event()
+
+        async def deliver(address: str, comp: str, rid: int, token: int, records: list[Record],
+                          orders: Any) -> tuple[int, Any]:
+            if rid != 2:
+                return NOT_OWNER, None
+            got.extend(r.value for r in records)
+            if len(got) == 40:
+                all_in.set()
+            return OK, None
+
+        async def changed(version: int, timeout: float) -> None:
+            await asyncio.sleep(0)  # the fake routing wait: yield, no time passes
+
+        sender = Sender(lambda: table["now"], deliver, changed)
+        owner = Owner()
+        keys = _keys(4)
+
+        def made(i: int) -> Production:
+            key = keys[i % 4]
+            r = 0 if key_hash(key) < HALF else 1
+            if i % 3 == 2:  # an opaque id (a timer's output)
+                return Production("c", r, Record(key, b"%d" % i, 0, bytes([200 - i]) * 16))
+            producer = b"weak-%03d" % (i % 3)  # two weak producers: one far ahead of the other
+            seq = (1000 - i if i % 3 else i) << 20
+            return Production("c", r, Record(key, b"%d" % i, 0, sequence_id(producer, seq)), producer=producer)
+
+        sender.send([made(i) for i in range(40)], owner)  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        table["now"] = _routing(2, [(2, 0, HASH_SPACE)])
+        sender.routing_applied()
+        await asyncio.wait_for(all_in.wait(), 10)
+        await sender.close()
+        return got
+
+    assert asyncio.run(run()) == [b"%d" % i for i in range(40)]
