@@ -13,6 +13,13 @@ producer's records stay in sequence (worker/dedup.py) and each key's in the orde
 producer made them (DESIGN.md §2; a weak producer's outputs carry sequences of several
 orders, and opaque ids none, so their ids cannot say it). Until every retired queue of a
 computation is re-routed, its other queues wait.
+
+A computation the routing no longer has (its job was cancelled, with or without its state
+kept, or an update removed it) will never commit what is queued for it: once a delivery in
+flight to it ends, its queues are dropped, their checkpoints deleted and their producers let
+go of them (they hold nothing). So is anything sent for it from then on. That is the rule
+of the injector too (injectors/tablets.py, ``_follow_readers``); docs/lifecycle.md says what it
+means for a job cancelled with its state kept.
 """
 
 from __future__ import annotations
@@ -57,6 +64,10 @@ class Sender:
 
     def send(self, productions: list[Production], owner: Tablet) -> None:
         routing = self._routing()
+        unread = [p for p in productions if not _reads(routing, p.computation)]
+        if unread:
+            _drop(unread, owner, "sent")
+            productions = [p for p in productions if _reads(routing, p.computation)]
         given = self._given
         self._given += len(productions)
         for p in productions:
@@ -80,7 +91,9 @@ class Sender:
         the same step of the event loop that installed it, before anything is sent with it."""
         routing = self._routing()
         for dest in self._queues:
-            if dest[0] in routing.computations and not routing.has_range(*dest):
+            if not _reads(routing, dest[0]):
+                self._wakeups[dest].set()  # its task drops the queue (_abandon)
+            elif not routing.has_range(*dest):
                 self._retiring.setdefault(dest[0], set()).add(dest)
                 self._wakeups[dest].set()
 
@@ -114,6 +127,24 @@ class Sender:
             if d[0] == c:
                 wake.set()
 
+    def _abandon(self, dest: tuple[str, int]) -> None:
+        """Drop a queue of a computation the routing no longer has (with what a retired range of
+        it staged, once the last of its retired queues is gone)."""
+        c = dest[0]
+        items = [item for item in self._queues.pop(dest) if not item[1].closing]
+        del self._wakeups[dest], self._tasks[dest]
+        retiring = self._retiring.get(c)
+        if retiring is not None:
+            retiring.discard(dest)
+            if not retiring:
+                del self._retiring[c]
+                items += [item for item in self._staged.pop(c, []) if not item[1].closing]
+        by_owner: dict[int, tuple[Tablet, list[Production]]] = {}
+        for p, owner in items:
+            by_owner.setdefault(id(owner), (owner, []))[1].append(p)
+        for owner, ps in by_owner.values():
+            _drop(ps, owner, "queued")
+
     async def close(self) -> None:
         for t in self._tasks.values():
             t.cancel()
@@ -124,6 +155,9 @@ class Sender:
         wake = self._wakeups[dest]
         backoff = 0.005
         while True:
+            if not _reads(self._routing(), dest[0]):
+                self._abandon(dest)
+                return
             retiring = self._retiring.get(dest[0])
             if retiring and dest in retiring:
                 self._retire(dest)
@@ -176,6 +210,19 @@ class Sender:
                 # Not the owner (or unreachable): wait for the next routing version.
                 await self._routing_changed(routing.version, backoff)
                 backoff = min(backoff * 2, 1.0)
+
+
+def _reads(routing: RoutingTable, computation: str) -> bool:
+    """Whether ``computation`` may still commit what is sent to it (a worker that has no
+    routing yet knows of no computation, and drops nothing)."""
+    return computation in routing.computations or not routing.version
+
+
+def _drop(productions: list[Production], owner: Tablet, how: str) -> None:
+    log.info("dropped %d productions %s for %s by tablet %s: the routing no longer has that computation "
+             "(its job was cancelled, or an update removed it)", len(productions), how,
+             ", ".join(sorted({p.computation for p in productions})), owner.name)
+    owner.dropped(productions)
 
 
 def _given(item: tuple[Production, Tablet]) -> int:

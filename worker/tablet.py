@@ -349,13 +349,21 @@ class Tablet:
         receiver's report named by ``receipt`` (which reflects them): so no report
         sequence lets the watermark pass records in hand-over.
         """
+        self.metrics.sent.inc(len(productions))
+        self._handed_over(productions, receipt)
+
+    def dropped(self, productions: list[Production]) -> None:
+        """No reader will ever commit these (the routing no longer has their computation):
+        forget their checkpoints; they hold nothing (worker/sender.py)."""
+        self._handed_over(productions, None)
+
+    def _handed_over(self, productions: list[Production], receipt: tuple[str, int] | None) -> None:
         if self._weak_wait is not None:
             waiting, done = self._weak_wait
             for p in productions:
                 waiting.discard(id(p))
             if not waiting:
                 done.set()
-        self.metrics.sent.inc(len(productions))
         if self.open and not self.closing:
             keys = [p.ckey for p in productions if p.ckey and id(p) not in self._unwritten]
             self._acked_unwritten += [p.ckey for p in productions if p.ckey and id(p) in self._unwritten]

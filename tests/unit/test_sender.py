@@ -1,15 +1,19 @@
 """The worker's sender re-routes what it holds for a split or merged range (worker/sender.py):
-by key, to the new ranges, ahead of newer records and in each producer's order."""
+by key, to the new ranges, ahead of newer records and in each producer's order; and drops what
+it holds for a computation the routing no longer has."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from typing import Any
 
 from runtime.keyspace import HASH_SPACE, key_hash
 from runtime.record import Record, sequence_id
 from runtime.routing import RoutingTable
 from runtime.wire import millstream_pb2 as pb
+from worker.outbox import Outbox
 from worker.sender import NOT_OWNER, OK, Sender
 from worker.storage import Production
 
@@ -28,6 +32,7 @@ def _routing(version: int, ranges: list[tuple[int, int, int]]) -> RoutingTable:
 class Owner:
     closing = False
     token = 2
+    name = "producer/0"
 
     def __init__(self) -> None:
         self.done: list[int] = []
@@ -167,3 +172,135 @@ def test_merged_ranges_queues_keep_the_order_they_were_given_in() -> None:
         return got
 
     assert asyncio.run(run()) == [b"%d" % i for i in range(40)]
+
+
+TS = 1_700_000_000_000_000
+
+
+async def _until(cond: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0)
+
+
+class Producer(Owner):
+    """Keeps its productions' timestamps in an Outbox, as a Tablet does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropped_ids: list[int] = []
+        self.outbox = Outbox()
+
+    def send(self, sender: Sender, productions: list[Production]) -> None:
+        self.outbox.sent(productions)
+        sender.send(productions, self)  # type: ignore[arg-type]
+
+    def acked(self, productions: list[Production], receipt: Any) -> None:
+        super().acked(productions, receipt)
+        self.outbox.acked(productions, None)
+
+    def dropped(self, productions: list[Production]) -> None:
+        self.dropped_ids += [int.from_bytes(p.record.id[8:], "big") for p in productions]
+        self.outbox.acked(productions, None)
+
+
+def _prods(computation: str, seqs: range) -> list[Production]:
+    return [Production(computation, 0, Record(b"k%d" % s, b"", TS + s, sequence_id(PRODUCER, s)),
+                       producer=PRODUCER) for s in seqs]
+
+
+def test_productions_for_a_computation_the_routing_no_longer_has_are_dropped() -> None:
+    """Review 3, N3: they were retried for ever, holding their producer's oldest work (so its
+    watermark, its drain and its savepoints) for good."""
+    async def run() -> None:
+        r = pb.Routing(version=7)
+        r.computations.add(name="c").assignments.add(key_range=0, address="w", token=2, start=0, end=0)
+        table = {"now": RoutingTable(pb.Routing(version=7))}  # the reader's job was cancelled
+        calls: list[str] = []
+
+        async def deliver(address: str, comp: str, rid: int, token: int, records: list[Record],
+                          orders: Any) -> tuple[int, Any]:
+            calls.append(comp)
+            return OK, None
+
+        async def changed(version: int, timeout: float) -> None:
+            await asyncio.sleep(0)
+
+        sender = Sender(lambda: table["now"], deliver, changed)
+        owner = Producer()
+        owner.send(sender, _prods("gone", range(1, 4)))
+        assert sender.pending() == 0 and owner.dropped_ids == [1, 2, 3]
+        assert owner.outbox.oldest() is None and owner.outbox.unacked == 0, "it holds the producer no more"
+        # A computation that is still there is delivered to as ever.
+        table["now"] = RoutingTable(r)
+        sender.routing_applied()
+        owner.send(sender, _prods("c", range(4, 6)))
+        await _until(lambda: owner.done == [4, 5], "the delivery to c")
+        assert calls == ["c"] and owner.outbox.oldest() is None
+        await sender.close()
+
+    asyncio.run(run())
+
+
+def test_a_queue_whose_computation_leaves_the_routing_is_dropped_after_its_delivery_in_flight() -> None:
+    async def run() -> None:
+        table = {"now": _routing(1, [(0, 0, HASH_SPACE)])}
+        gate, in_flight = asyncio.Event(), asyncio.Event()
+        delivered: list[int] = []
+
+        async def deliver(address: str, comp: str, rid: int, token: int, records: list[Record],
+                          orders: Any) -> tuple[int, Any]:
+            if not delivered:
+                in_flight.set()
+                await gate.wait()  # committed just before the cancel
+                delivered.extend(int.from_bytes(r.id[8:], "big") for r in records)
+                return OK, None
+            return NOT_OWNER, None  # never reached: the routing no longer has "c"
+
+        async def changed(version: int, timeout: float) -> None:
+            await asyncio.sleep(0)
+
+        sender = Sender(lambda: table["now"], deliver, changed, max_batch=3)
+        owner = Producer()
+        owner.send(sender, _prods("c", range(1, 11)))
+        await asyncio.wait_for(in_flight.wait(), 10)
+        table["now"] = RoutingTable(pb.Routing(version=2))  # the reader's job is cancelled
+        sender.routing_applied()
+        gate.set()
+        await _until(lambda: not sender.pending(), "the queues dropped")
+        assert delivered == [1, 2, 3] and owner.done == [1, 2, 3], "what was in flight ends as it ends"
+        assert owner.dropped_ids == list(range(4, 11))
+        assert owner.outbox.oldest() is None and owner.outbox.unacked == 0
+        await sender.close()
+
+    asyncio.run(run())
+
+
+def test_a_computation_removed_while_a_range_of_it_is_being_re_routed_is_dropped_whole() -> None:
+    async def run() -> None:
+        table = {"now": _routing(1, [(0, 0, HALF), (1, HALF, HASH_SPACE)])}
+
+        async def deliver(address: str, comp: str, rid: int, token: int, records: list[Record],
+                          orders: Any) -> tuple[int, Any]:
+            return NOT_OWNER, None
+
+        async def changed(version: int, timeout: float) -> None:
+            await asyncio.sleep(0)
+
+        sender = Sender(lambda: table["now"], deliver, changed)
+        owner = Producer()
+        owner.send(sender, [Production("c", 0 if key_hash(p.record.key) < HALF else 1, p.record,
+                                       producer=PRODUCER) for p in _prods("c", range(1, 21))])
+        await asyncio.sleep(0)
+        table["now"] = _routing(2, [(2, 0, HASH_SPACE)])  # merged...
+        sender.routing_applied()
+        await asyncio.sleep(0)
+        table["now"] = RoutingTable(pb.Routing(version=3))  # ... and then removed
+        sender.routing_applied()
+        await _until(lambda: not sender.pending(), "the queues dropped")
+        assert sorted(owner.dropped_ids) == list(range(1, 21)) and owner.done == []
+        assert owner.outbox.oldest() is None
+        await sender.close()
+
+    asyncio.run(run())
