@@ -217,6 +217,42 @@ def test_cancel_keeps_state_to_resume_or_deletes_it(cluster: Cluster) -> None:
     assert _counts(out3, oracle(third)) == oracle(third)
 
 
+def _low_watermark(cluster: Cluster, computation: str) -> int:
+    return int(cluster.client.status()["computations"][computation]["low_watermark"])
+
+
+def test_cancelling_the_reader_of_a_stream_another_job_produces_does_not_stall_that_job(cluster: Cluster) -> None:
+    """Review 3, N3: what the producing job had routed to the cancelled reader was retried for
+    ever and held its watermark, so its windows, its drain and its savepoints, for good."""
+    producer = Topology("producer")
+    producer.add_computation("p", "tests.jobs:CountTo", inputs={"lines": None}, outputs=["s"], params={"out": "s"})
+    reader = Topology("reader")  # slow: the producer's productions queue for it
+    reader.add_computation("r", "tests.jobs:SlowCounter", inputs={"s": None}, outputs=["r_counts"],
+                           params={"every": "1", "sleep": "0.05"})
+    cluster.client.submit(producer)
+    cluster.client.submit(reader)
+    cluster.wait_assigned()
+    inj = Injector(cluster.masters_arg, "lines", "steady", batch_size=50, security=cluster.security)
+    try:
+        for i in range(300):
+            inj.send(b"k%d" % (i % 30), b"", BASE_TS + i * 1000)
+        inj.flush()
+        inj.advance_watermark(BASE_TS + 300 * 1000)
+        wait_until(lambda: cluster.client.status()["computations"]["r"]["processed"] > 0, 30, "the reader at work")
+        assert cluster.client.status()["computations"]["r"]["processed"] < 300, "productions still on their way"
+        assert cluster.client.cancel("reader", keep_state=True) == "cancelled"
+        later = BASE_TS + 60_000_000
+        for i in range(300):
+            inj.send(b"k%d" % (i % 30), b"", later + i * 1000)
+        inj.flush()
+        inj.advance_watermark(later + 300 * 1000)
+        wait_until(lambda: _low_watermark(cluster, "p") >= later, 30,
+                   "the producer's watermark past what it had sent the cancelled reader")
+    finally:
+        inj.close()
+    assert cluster.client.drain("producer", timeout=30) == "drained"
+
+
 def test_bad_lifecycle_commands_get_one_line_each(cluster: Cluster) -> None:
     for args, expect in ((("drain", "nope"), "no job named 'nope'"), (("cancel", "nope"), "no job named 'nope'"),
                          (("update", "examples.wordcount:Counter"), "not a Topology"),
