@@ -10,6 +10,8 @@ protocol itself (statuses, orders, cutting) is runtime/delivery.py's.
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import threading
 import time
@@ -25,9 +27,10 @@ from runtime.client import Client
 from runtime.delivery import Status
 from runtime.errors import InjectionError
 from runtime.imports import CodePolicy
-from runtime.record import Record
+from runtime.record import Record, derived_id
 from runtime.routing import KeyExtractor, RoutingTable
 from runtime.security import Security
+from runtime.topology import dead_letter_stream
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 
@@ -51,6 +54,7 @@ class Tablets:
         self._committed = committed    # (oldest timestamp, receipt) of each committed delivery
         self._extractors: dict[str, KeyExtractor] = {}
         self._code_policy = code_policy  # where key extractors may come from
+        self._extractor_failures: dict[str, int] = {}  # reader -> records its key extractor failed on
         self.routing = self.fetch()
         self._newest = 0  # the newest routing version a receiver answered with
         self._newest_lock = threading.Lock()
@@ -93,16 +97,53 @@ class Tablets:
         return self.route_with(records, self.routing)
 
     def route_with(self, records: list[Record], routing: RoutingTable) -> dict[tuple[str, int], list[Record]]:
+        """``records`` by destination tablet. A record a reader's key extractor fails on goes
+        to that reader's dead letters (``<reader>.dead_letter``) instead, and to every other
+        reader as usual: one reader's bug does not stop the stream (review N5)."""
         out: dict[tuple[str, int], list[Record]] = {}
         route, stream = routing.route_fields, self.stream
+        errors: list[tuple[str, BaseException]] = []
+
+        def fail(reader: str, error: BaseException) -> None:
+            errors.append((reader, error))
+
         for r in records:
-            for comp, kr, key in route(stream, r.key, r.value, r.timestamp, r):
+            for comp, kr, key in route(stream, r.key, r.value, r.timestamp, r, fail):
                 dest = out.get((comp, kr))
                 if dest is None:
                     dest = out[(comp, kr)] = []
                 # A reader keyed by the record's own key takes it as it is.
                 dest.append(r if key is r.key else Record(key, r.value, r.timestamp, r.id))
+            if errors:
+                for reader, error in errors:
+                    letter = self._dead_letter(reader, r, error)
+                    for comp, kr, key in route(dead_letter_stream(reader), letter.key, letter.value,
+                                               letter.timestamp, None, self._lost_dead_letter):
+                        out.setdefault((comp, kr), []).append(Record(key, letter.value, letter.timestamp, letter.id))
+                errors.clear()
         return out
+
+    def _dead_letter(self, reader: str, r: Record, error: BaseException) -> Record:
+        """What goes to ``<reader>.dead_letter`` for a record ``reader``'s key extractor failed on."""
+        text = f"{type(error).__name__}: {error}"
+        n = self._extractor_failures[reader] = self._extractor_failures.get(reader, 0) + 1
+        log.log(logging.WARNING if str(n).rstrip("0") == "1" else logging.DEBUG,
+                "injector %s: the key extractor of %r on %r failed (%d times): %s; the record goes to %s",
+                self.name, reader, self.stream, n, text, dead_letter_stream(reader))
+        doc = {"error": text, "computation": reader, "stream": self.stream, "producer": "injector/" + self.name,
+               "value": base64.b64encode(r.value).decode()}
+        # An opaque id (no producer's order): derived, so a retried round sends the same one.
+        return Record(r.key, json.dumps(doc).encode(), r.timestamp, derived_id(b"dead-letter", reader.encode(), r.id))
+
+    def _lost_dead_letter(self, reader: str, error: BaseException) -> None:
+        log.error("injector %s: a dead letter is lost: the key extractor of %r, a reader of dead letters, "
+                  "failed: %s: %s", self.name, reader, type(error).__name__, error)
+
+    def _reached(self) -> set[str]:
+        """The computations this stream's records may go to: its readers, and the readers of
+        their dead letters."""
+        readers = self.routing.readers(self.stream)
+        return readers.union(*(self.routing.readers(dead_letter_stream(c)) for c in readers))
 
     def orders(self, pending: Pending) -> Orders:
         """Each delivery's place in its producers' orders when nothing else is in flight: a
@@ -207,7 +248,7 @@ class Tablets:
         that ``readers`` (those the round has gone to) lacks, and drop those to computations
         that no longer read it (an update removed them: their tablets answer BUSY until the
         round times out)."""
-        now = self.routing.readers(self.stream)
+        now = self._reached()
         added, gone = now - readers, readers - now
         for dest in [d for d in pending if d[0] in gone]:
             del pending[dest]

@@ -88,8 +88,8 @@ class RoutingTable:
 
         One bad extractor does not stop the others (or the routing table): its subscription
         raises :class:`ImportPathError` when a record must be routed through it, so only
-        the records for that reader fail (to the producer's dead letters, or the injector's
-        caller), and they say why.
+        that reader misses the records (they go to its dead letters, saying why), see
+        :meth:`route_fields`.
         """
         errors = []
         for (comp, stream), path in self._extractor_paths.items():
@@ -134,9 +134,15 @@ class RoutingTable:
         return self.route_fields(stream, record.key, record.value, record.timestamp, record)
 
     def route_fields(self, stream: str, key: bytes, value: bytes, timestamp: int,
-                     record: Record | None = None) -> list[tuple[str, int, bytes]]:
+                     record: Record | None = None,
+                     failed: Callable[[str, BaseException], None] | None = None) -> list[tuple[str, int, bytes]]:
         """:meth:`route` of a record given by its fields: a :class:`Record` is made only
-        for a reader with a key extractor (a production has no id before it is routed)."""
+        for a reader with a key extractor (a production has no id before it is routed).
+
+        A reader's key extractor is that reader's code: when it raises (or returns no bytes),
+        ``failed(reader, error)`` is told and the record goes to every other reader; without
+        ``failed`` the error is raised. Anything it raises is caught then, ``SystemExit``
+        included, as for any user code."""
         out = []
         for sub in self._subs.get(stream, ()):
             if sub.extractor is None:
@@ -144,12 +150,18 @@ class RoutingTable:
                 continue
             if record is None:
                 record = Record(key, value, timestamp, b"")
-            extracted = sub.extractor(record)
-            if not isinstance(extracted, bytes):
-                raise UsageError(
-                    f"the key extractor of {sub.computation!r} returned {type(extracted).__name__}, "
-                    "not bytes"
-                )
+            try:
+                extracted = sub.extractor(record)
+                if not isinstance(extracted, bytes):
+                    raise UsageError(
+                        f"the key extractor of {sub.computation!r} returned {type(extracted).__name__}, "
+                        "not bytes; return the key as bytes (encode it)"
+                    )
+            except BaseException as e:
+                if failed is None:
+                    raise
+                failed(sub.computation, e)
+                continue
             out.append((sub.computation, self._ranges[sub.computation].of(extracted), extracted))
         return out
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
+from runtime import metrics
 from runtime.computation import Computation, TimeDomain
 from runtime.delivery import Status
 from runtime.errors import MillstreamError
@@ -95,6 +96,7 @@ class BatchProcessor:
         self._commit = Commit()
         self._due_now: dict[tuple[bytes, str], Timer] = {}   # timers the current batch fires
         self._cancelled: set[tuple[bytes, str]] = set()     # ... that its records deleted or moved
+        self._extractor_failures: dict[str, int] = {}      # reader -> records its key extractor failed on
 
     def compute_and_write(self, batch: Batch) -> None:
         self.compute(batch)
@@ -346,10 +348,13 @@ class BatchProcessor:
             calls.begin(key)
             try:
                 fn(self.ctx, arg)
-                routed = self._route(eff) if eff.produced else []  # key extractors are user code too
             except BaseException as e:  # user code: anything may happen, sys.exit() included
                 error = e
                 continue
+            else:
+                # Key extractors are the readers' code: one that fails costs its reader the
+                # record (to its dead letters), not this call or the other readers (review N5).
+                routed = self._route(eff) if eff.produced else []
             finally:
                 user_seconds.observe(calls.end())
             self._merge(commit, eff, routed, source_id, source)
@@ -363,23 +368,47 @@ class BatchProcessor:
                "value": base64.b64encode(value).decode()}
         eff = Effects()
         eff.produced.append((dead_letter_stream(self.computation), key, json.dumps(doc).encode(), ts))
-        try:
-            routed = self._route(eff)
-        except Exception:  # a dead-letter reader's key extractor failed: keep the count, log it
-            log.exception("tablet %s: cannot route a dead letter", self.name)
-            routed = []
-        self._merge(commit, eff, routed, source_id + b"dead-letter")
+        self._merge(commit, eff, self._route(eff), source_id + b"dead-letter")
 
     def _route(self, eff: Effects) -> list[tuple[str, int, bytes, Produced]]:
         """``(computation, range, key, production)`` for each reader of each production;
-        records (and their ids) are made by _merge."""
+        records (and their ids) are made by _merge. A production a reader's key extractor
+        fails on goes to that reader's dead letters instead (``<reader>.dead_letter``)."""
         route = self.host.routing.route_fields
         out = []
+        errors: list[tuple[str, BaseException]] = []
+
+        def fail(reader: str, error: BaseException) -> None:
+            errors.append((reader, error))
+
+        letters: list[Produced] = []
         for produced in eff.produced:
             stream, key, value, ts = produced
-            for comp, r, k in route(stream, key, value, ts):
+            for comp, r, k in route(stream, key, value, ts, None, fail):
                 out.append((comp, r, k, produced))
+            if errors:
+                letters += [self._reader_dead_letter(reader, produced, error) for reader, error in errors]
+                errors.clear()
+        for letter in letters:
+            for comp, r, k in route(*letter, None, self._unroutable_dead_letter):
+                out.append((comp, r, k, letter))
         return out
+
+    def _reader_dead_letter(self, reader: str, produced: Produced, error: BaseException) -> Produced:
+        stream, key, value, ts = produced
+        text = f"{type(error).__name__}: {error}"
+        n = self._extractor_failures[reader] = self._extractor_failures.get(reader, 0) + 1
+        log.log(logging.WARNING if str(n).rstrip("0") == "1" else logging.DEBUG,
+                "tablet %s: the key extractor of %r on %r failed (%d times): %s; the record goes to %s",
+                self.name, reader, stream, n, text, dead_letter_stream(reader))
+        metrics.tablet(reader).dead_lettered.inc()
+        doc = {"error": text, "computation": reader, "stream": stream, "producer": self.computation,
+               "value": base64.b64encode(value).decode()}
+        return dead_letter_stream(reader), key, json.dumps(doc).encode(), ts
+
+    def _unroutable_dead_letter(self, reader: str, error: BaseException) -> None:
+        log.error("tablet %s: a dead letter is lost: the key extractor of %r, a reader of dead letters, "
+                  "failed: %s: %s", self.name, reader, type(error).__name__, error)
 
     def _merge(self, commit: Commit, eff: Effects, routed: list[tuple[str, int, bytes, Produced]],
                source_id: bytes, source: tuple[bytes, int] | None = None) -> None:

@@ -171,7 +171,7 @@ class WorkerCore:
         # anything runs, and an allowed module is imported once.
         errors = set(table.load_extractors(self._extractors, self.code_policy))
         for error in errors - self._extractor_errors:  # once per distinct error, not per update
-            log.error("%s; records routed through it go to their producer's dead letters", error)
+            log.error("%s; records routed through it go to that reader's dead letters", error)
         self._extractor_errors = errors
         await self._first_sight(table)
         async with self._routing_cond:

@@ -188,6 +188,19 @@ def extractor_returning_str(record: Record) -> str:
     return "not bytes"
 
 
+def extractor_raising(record: Record) -> bytes:
+    """A reader's key extractor with a bug: it cannot parse what its producer writes."""
+    return json.loads(record.value)["user"].encode()
+
+
+class CountEcho(Computation):
+    """Counts each key's records in its state and emits every value to "out"."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.state.set(str(int(ctx.state.get() or b"0") + 1).encode())
+        ctx.produce("out", record.value)
+
+
 class ExitsInSetup(Computation):
     def setup(self, params: Mapping[str, str]) -> None:
         sys.exit("setup gave up")

@@ -10,6 +10,7 @@ clear error where the user will look for it, and nothing else is lost or stopped
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 
 import pytest
@@ -98,28 +99,63 @@ def test_code_that_cannot_load_is_reported_and_the_worker_goes_on(tmp_path: obje
 
 
 def test_one_unloadable_key_extractor_stops_only_the_records_routed_through_it(tmp_path: object) -> None:
-    """B11: it used to freeze every routing update of the worker."""
+    """B11: it used to freeze every routing update of the worker; and (review N5) a reader of
+    ``out`` whose extractor cannot load used to dead-letter the producer's record, so the
+    other reader of ``out`` lost it too."""
     async def main() -> None:
         r = routing(("up", "tests.core.jobs:Echo", ["in"], ["out"], {}),
                     ("good", "tests.core.jobs:Collector", ["out"], [], {"name": "out"}),
-                    ("other", "tests.core.jobs:Collector", ["x"], [], {"name": "x"}),
-                    ("dead", "tests.core.jobs:Collector", ["up.dead_letter"], [], {"name": "dead"}))
+                    ("other", "tests.core.jobs:Collector", ["out"], [], {"name": "other"}),
+                    ("dead", "tests.core.jobs:Collector", ["up.dead_letter"], [], {"name": "dead"}),
+                    ("other_dead", "tests.core.jobs:Collector", ["other.dead_letter"], [], {"name": "other-dead"}))
         r.computations[2].inputs[0].key_extractor = "no_such_module_anywhere:key"
         core = await make_core(str(tmp_path), r)
-        assert set(core.tablets) == {("up", 0), ("good", 0), ("other", 0), ("dead", 0)}
+        assert set(core.tablets) == {("up", 0), ("good", 0), ("other", 0), ("dead", 0), ("other_dead", 0)}
         assert await core.deliver("up", 0, 1, [Record(b"k", b"v", BASE, b"1".ljust(16))]) == OK
-        await _until(lambda: [v for n, _, v in Collector.seen if n == "out"] == [b"v"], "the output")
+        await _until(lambda: {n for n, _, _ in Collector.seen} == {"out", "other-dead"}, "the output and a dead letter")
+        assert [v for n, _, v in Collector.seen if n == "out"] == [b"v"]
+        letter = json.loads(next(v for n, _, v in Collector.seen if n == "other-dead"))
+        assert "cannot import module" in letter["error"] and letter["computation"] == "other", letter
+        assert (letter["stream"], letter["producer"], base64.b64decode(letter["value"])) == ("out", "up", b"v")
         await core.close_all()
 
     asyncio.run(main())
 
 
-def test_a_key_extractor_returning_str_dead_letters_the_producers_record(tmp_path: object) -> None:
-    """B24."""
+def test_a_reader_s_failing_key_extractor_costs_only_that_reader_the_record(tmp_path: object) -> None:
+    """Review N5: the producer's call keeps its state change and its outputs to every other
+    reader; the failing reader's dead letters get the record, with the error."""
+    async def main() -> None:
+        r = routing(("up", "tests.core.jobs:CountEcho", ["in"], ["out"], {}),
+                    ("good", "tests.core.jobs:Collector", ["out"], [], {"name": "out"}),
+                    ("buggy", "tests.core.jobs:Collector", ["out"], [], {"name": "buggy"}),
+                    ("dead", "tests.core.jobs:Collector", ["up.dead_letter"], [], {"name": "dead"}),
+                    ("buggy_dead", "tests.core.jobs:Collector", ["buggy.dead_letter"], [], {"name": "buggy-dead"}))
+        r.computations[2].inputs[0].key_extractor = "tests.core.jobs:extractor_raising"
+        core = await make_core(str(tmp_path), r)
+        recs = [Record(b"k", b'{"user": "ann"}', BASE, b"1".ljust(16)),
+                Record(b"k", b"not json", BASE + 1, b"2".ljust(16))]
+        assert await core.deliver("up", 0, 1, recs) == OK
+        await _until(lambda: len(Collector.seen) == 4, "three outputs and a dead letter")
+        seen = sorted((n, k, v) for n, k, v in Collector.seen if n != "buggy-dead")
+        assert seen == sorted([("buggy", b"ann", b'{"user": "ann"}'), ("out", b"k", b'{"user": "ann"}'),
+                               ("out", b"k", b"not json")])
+        letter = json.loads(next(v for n, _, v in Collector.seen if n == "buggy-dead"))
+        assert letter["error"].startswith("JSONDecodeError") and letter["computation"] == "buggy", letter
+        assert base64.b64decode(letter["value"]) == b"not json"
+        assert await core.read_state("up", 0, 1, b"k") == b"2", "the producer's state change is kept"
+        assert core.tablets[("up", 0)].dead_lettered == 0
+        await core.close_all()
+
+    asyncio.run(main())
+
+
+def test_a_key_extractor_returning_str_dead_letters_the_record_for_its_reader(tmp_path: object) -> None:
+    """B24 (to the reader's dead letters since review N5, not the producer's)."""
     async def main() -> None:
         r = routing(("up", "tests.core.jobs:Echo", ["in"], ["out"], {}),
                     ("down", "tests.core.jobs:Collector", ["out"], [], {"name": "out"}),
-                    ("dead", "tests.core.jobs:Collector", ["up.dead_letter"], [], {"name": "dead"}))
+                    ("dead", "tests.core.jobs:Collector", ["down.dead_letter"], [], {"name": "dead"}))
         r.computations[1].inputs[0].key_extractor = "tests.core.jobs:extractor_returning_str"
         core = await make_core(str(tmp_path), r)
         assert await core.deliver("up", 0, 1, [Record(b"k", b"v", BASE, b"1".ljust(16))]) == OK
