@@ -38,6 +38,7 @@ class _Host:
         self.routing = RoutingTable(routing)
         self.limits = _LIMITS
         self.code_policy = CodePolicy(("bench",))
+        self.watermarks_known = True
         self.encoded_bytes = 0
         self._ack_productions: bool | None = None
 

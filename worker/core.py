@@ -64,7 +64,8 @@ class WorkerCore:
                  now_ms: Callable[[], float] = lambda: time.monotonic() * 1000,
                  wall_us: Callable[[], int] = lambda: time.time_ns() // 1000,
                  code_policy: CodePolicy = CodePolicy(("*",)),
-                 channel: ReplicaChannel | None = None, faults: Faults = Faults(None)) -> None:
+                 channel: ReplicaChannel | None = None, faults: Faults = Faults(None),
+                 await_watermarks: bool = False) -> None:
         self.wall_us = wall_us
         self.code_policy = code_policy  # which modules user code may come from
         self._extractor_errors: set[str] = set()  # the wall clock of WALL_TIME timers and ctx.now()
@@ -79,6 +80,11 @@ class WorkerCore:
         self.routing = RoutingTable(pb.Routing())
         self.tablets: dict[tuple[str, int], Tablet] = {}
         self.watermarks: dict[str, int] = {}
+        # Until the leader's first answer sets them, every input watermark here reads as MIN:
+        # nothing would be late, a fired window would open again, expired state would read
+        # as live (review N20). A worker of a cluster (``await_watermarks``) runs no batch
+        # before then; its tablets open and queue deliveries meanwhile.
+        self.watermarks_known = not await_watermarks
         self._dropped_seen: dict[str, int] = {}  # the routing's "dropped" ids as last applied
         # Progress reports are numbered from this process's start time (µs), so a restarted
         # worker's first report is newer than any its previous process handed out as a
@@ -594,7 +600,11 @@ class WorkerCore:
             if wm > self.watermarks.get(comp, WATERMARK_MIN):
                 self.watermarks[comp] = wm
                 advanced.add(comp)
-        if advanced:
+        if not self.watermarks_known:
+            self.watermarks_known = True
+            for tablet in self.tablets.values():
+                tablet.wake()  # it may run batches now
+        elif advanced:
             for (comp, _), tablet in self.tablets.items():
                 if comp in advanced:
                     tablet.watermark_advanced()

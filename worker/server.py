@@ -456,7 +456,8 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
     masters = AsyncMasterClient(options.masters, security=options.security)
     links = ReplicaLinks(peers, masters)
     core = WorkerCore(options.state_dir, address, peers.deliver, options.limits,
-                      code_policy=options.code_policy, channel=links, faults=Faults.from_env())
+                      code_policy=options.code_policy, channel=links, faults=Faults.from_env(),
+                      await_watermarks=True)
     links.secret = lambda: core.secret
     rpc.add_WorkerServicer_to_server(WorkerServicer(core), server)
     await server.start()

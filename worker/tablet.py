@@ -58,6 +58,7 @@ class TabletHost(Protocol):
     limits: Any
     code_policy: CodePolicy
     worker_id: str
+    watermarks_known: bool  # false: no batch may run yet (the input watermarks are not known)
 
     def lease_valid(self) -> bool: ...
     def send(self, productions: list[Production], owner: Tablet) -> None: ...
@@ -381,11 +382,16 @@ class Tablet:
         return route is not None and route.input_paused
 
     def wake(self) -> None:
-        """The routing changed: timers a savepoint held may fire now."""
+        """The routing changed (timers a savepoint held may fire now), or the worker learnt
+        its input watermarks (batches may run now)."""
         self._wake.set()
 
     async def _run(self) -> None:
         while not self.closing:
+            if not self.host.watermarks_known:
+                await self._wake.wait()  # WorkerCore.set_watermarks wakes it (or close())
+                self._wake.clear()
+                continue
             held = self.timers_held()
             delay = None if held else self._next_wall_timer_delay()
             if not self.inbox and (held or not self._due_event_timers()):

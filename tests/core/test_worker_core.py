@@ -323,3 +323,34 @@ def test_a_restarted_workers_first_report_is_newer_than_every_receipt_of_the_one
     new.worker_id = "w"
     first, _ = new.next_report()
     assert first >= receipt[1], (first, receipt)
+
+
+def test_a_fresh_worker_runs_no_batch_before_it_knows_its_input_watermarks(tmp_path: object) -> None:
+    """Review N20: a worker process took deliveries and ran batches before the leader's first
+    heartbeat answer: every input watermark read as MIN, so a record already late was not
+    late (a fired window opened again, expired state read as live)."""
+    async def nowhere(*args: object) -> int:
+        raise AssertionError("everything is local in these tests")
+
+    async def main() -> None:
+        core = WorkerCore(str(tmp_path), "self:1", nowhere, WorkerLimits(), await_watermarks=True)
+        core.worker_id = "w"
+        core.renewed(core.now_ms(), 60_000)
+        Collector.seen = []
+        r = routing(("echo", "tests.core.jobs:Echo", ["in"], ["out"], {}),
+                    ("collect", "tests.core.jobs:Collector", ["out"], [], {"name": "out"}))
+        r.computations[0].late_records = "drop"
+        await core.apply_routing(r)
+        assert set(core.tablets) == {("echo", 0), ("collect", 0)}, "tablets open meanwhile"
+        late, on_time = Record(b"k", b"late", BASE, b"1".ljust(16)), Record(b"k", b"on time", BASE + 10, b"2".ljust(16))
+        delivery = asyncio.ensure_future(core.deliver("echo", 0, 1, [late, on_time]))
+        for _ in range(20):
+            await asyncio.sleep(0.01)  # time for a batch to run, if one could
+        assert not delivery.done() and core.tablets[("echo", 0)].processed == 0, "no batch yet"
+        core.set_watermarks({"echo": BASE + 5, "collect": BASE + 5})  # the leader's first answer
+        assert await asyncio.wait_for(delivery, 10) == OK
+        await _until(lambda: Collector.seen == [("out", b"k", b"on time")], "the record that is on time")
+        assert core.tablets[("echo", 0)].late == 1
+        await core.close_all()
+
+    asyncio.run(main())
