@@ -97,6 +97,11 @@ class BatchProcessor:
         self._due_now: dict[tuple[bytes, str], Timer] = {}   # timers the current batch fires
         self._cancelled: set[tuple[bytes, str]] = set()     # ... that its records deleted or moved
         self._extractor_failures: dict[str, int] = {}      # reader -> records its key extractor failed on
+        # The oldest event-time timer or production this batch made earlier than the record
+        # (or timer) it came from, which holds the watermark there: read by the event loop
+        # for progress reports until the batch's effects are in the timer index and the
+        # outbox (worker/tablet.py clears it then). None: no such effect.
+        self.hold: int | None = None
 
     def compute_and_write(self, batch: Batch) -> None:
         self.compute(batch)
@@ -357,6 +362,8 @@ class BatchProcessor:
                 routed = self._route(eff) if eff.produced else []
             finally:
                 user_seconds.observe(calls.end())
+            if eff.timers_set or routed:
+                self._hold(eff, routed, ts)
             self._merge(commit, eff, routed, source_id, source)
             return
         assert error is not None
@@ -369,6 +376,19 @@ class BatchProcessor:
         eff = Effects()
         eff.produced.append((dead_letter_stream(self.computation), key, json.dumps(doc).encode(), ts))
         self._merge(commit, eff, self._route(eff), source_id + b"dead-letter")
+
+    def _hold(self, eff: Effects, routed: list[tuple[str, int, bytes, Produced]], ts: int) -> None:
+        """Hold the watermark at effects earlier than their source's timestamp ``ts`` (which
+        the inbox holds already) from now on, not only once they are committed (review N22)."""
+        low = ts
+        for t in eff.timers_set.values():
+            if t.time < low and t.domain is TimeDomain.EVENT_TIME:
+                low = t.time
+        for *_, produced in routed:
+            if produced[3] < low:
+                low = produced[3]
+        if low < ts and (self.hold is None or low < self.hold):
+            self.hold = low
 
     def _route(self, eff: Effects) -> list[tuple[str, int, bytes, Produced]]:
         """``(computation, range, key, production)`` for each reader of each production;

@@ -461,6 +461,7 @@ class Tablet:
         except BaseException:
             self.inbox.failed(items)  # nothing of it committed: its senders retry
             self._unwritten, self._acked_unwritten = set(), []
+            self.proc.hold = None
             raise
         finally:
             self.running = 0
@@ -470,6 +471,7 @@ class Tablet:
         self._after_commit(batch)
         if commit.productions and not weak_sent:
             self._sent(commit.productions)
+        self.proc.hold = None  # its timers are in the index, its productions in the outbox
 
     # ------------------------------------------------ on the tablet's thread
 
@@ -508,9 +510,10 @@ class Tablet:
 
     def oldest_work(self) -> int | None:
         """Oldest timestamp of uncommitted input, unacknowledged productions and pending
-        event-time timers (``None``: nothing pending). Batches run between awaits, so no
-        record is half-processed when this is read."""
-        candidates = [t for t in (self.inbox.oldest(), self.outbox.oldest()) if t is not None]
+        event-time timers, and of what the batch in flight made earlier than its input
+        (``None``: nothing pending)."""
+        hold = self.proc.hold if self.open else None
+        candidates = [t for t in (self.inbox.oldest(), self.outbox.oldest(), hold) if t is not None]
         t = self.timers.peek(TimeDomain.EVENT_TIME)
         if t is not None:
             candidates.append(t.time)

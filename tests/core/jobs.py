@@ -100,6 +100,18 @@ class Blocking(Computation):
         ctx.produce("out", record.value)
 
 
+class EarlyThenBlock(Blocking):
+    """b"early" produces an output 1 ms and sets an event-time timer 2 ms before its record's
+    time (both allowed); the rest as :class:`Blocking`."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        if record.value == b"early":
+            ctx.produce("out", b"early", timestamp=record.timestamp - 1000)
+            ctx.set_timer("t", record.timestamp - 2000)
+            return
+        super().process_record(ctx, record)
+
+
 class UndeclaredSink(Computation):
     """Sink hooks on a plain Computation, as written before runtime.Sink: still called."""
 

@@ -354,3 +354,40 @@ def test_a_fresh_worker_runs_no_batch_before_it_knows_its_input_watermarks(tmp_p
         await core.close_all()
 
     asyncio.run(main())
+
+
+def test_a_batch_holds_the_watermark_at_what_it_makes_earlier_than_its_input_before_it_commits(
+        tmp_path: object) -> None:
+    """Review N22: a timer set (or an output stamped) earlier than its record's time entered
+    the tablet's oldest work only after the commit; while the batch ran on, committed and
+    replicated, reports held only the record's time, and the watermark could pass it."""
+    from tests.core.jobs import Blocking
+
+    async def nowhere(*args: object) -> int:
+        raise AssertionError("everything is local in these tests")
+
+    async def main() -> None:
+        Blocking.gate.clear()
+        Blocking.started.clear()
+        core = WorkerCore(str(tmp_path), "self:1", nowhere, WorkerLimits())
+        core.worker_id = "w"
+        core.renewed(core.now_ms(), 60_000)
+        Collector.seen = []
+        await core.apply_routing(routing(("early", "tests.core.jobs:EarlyThenBlock", ["in"], ["out"], {}),
+                                         ("collect", "tests.core.jobs:Collector", ["out"], [], {"name": "out"})))
+        tablet = core.tablets[("early", 0)]
+        t = BASE + 10_000_000
+        delivery = asyncio.ensure_future(core.deliver("early", 0, 1, [
+            Record(b"k", b"early", t, b"1".ljust(16)), Record(b"k", b"block", t + 1, b"2".ljust(16))]))
+        try:
+            await _until(Blocking.started.is_set, "the batch to reach the blocking record")
+            assert tablet.oldest_work() == t - 2000, "held at the timer the batch set, before it commits"
+        finally:
+            Blocking.gate.set()
+        assert await asyncio.wait_for(delivery, 10) == OK
+        await _until(lambda: len(Collector.seen) == 2, "both outputs")
+        assert tablet.oldest_work() == t - 2000, "the timer, now in the index"
+        assert tablet.proc.hold is None
+        await core.close_all()
+
+    asyncio.run(main())
