@@ -315,7 +315,7 @@ class Tablet:
         self.host.send(productions, self)
 
     def release(self, reported: dict[str, int]) -> None:
-        self.outbox.release(reported)
+        self._forget(self.outbox.release(reported))
 
     def _after_commit(self, batch: Batch) -> None:
         """On the loop, once the batch is durable: memory follows the commit, senders of the
@@ -344,11 +344,12 @@ class Tablet:
                 self.batch_limit = min(self.max_batch, self.batch_limit * 2)
 
     def acked(self, productions: list[Production], receipt: tuple[str, int] | None = None) -> None:
-        """The receiver committed these productions: forget their checkpoints.
+        """The receiver committed these productions.
 
-        Their timestamps stay in this tablet's oldest work until the leader holds the
-        receiver's report named by ``receipt`` (which reflects them): so no report
-        sequence lets the watermark pass records in hand-over.
+        Their timestamps stay in this tablet's oldest work, and their checkpoints on disk,
+        until the leader holds the receiver's report named by ``receipt`` (which reflects
+        them): so no report sequence lets the watermark pass records in hand-over, also
+        across a close of this tablet (worker/outbox.py).
         """
         self.metrics.sent.inc(len(productions))
         self._handed_over(productions, receipt)
@@ -365,12 +366,16 @@ class Tablet:
                 waiting.discard(id(p))
             if not waiting:
                 done.set()
-        if self.open and not self.closing:
+        self._forget(self.outbox.acked(productions, receipt))
+
+    def _forget(self, productions: list[Production]) -> None:
+        """Delete the checkpoints of productions let go of (a closing tablet leaves them to
+        its successor, which re-sends them)."""
+        if productions and self.open and not self.closing:
             keys = [p.ckey for p in productions if p.ckey and id(p) not in self._unwritten]
             self._acked_unwritten += [p.ckey for p in productions if p.ckey and id(p) in self._unwritten]
-            if keys:  # deleted before the outbox hears of it: see Outbox.committed
+            if keys:
                 self.store.delete_productions(keys)
-        self.outbox.acked(productions, receipt)
 
     # ------------------------------------------------------------ processing
 
@@ -537,7 +542,8 @@ class Tablet:
             computation=self.computation, key_range=self.key_range, token=self.token,
             has_work=oldest is not None, oldest_work=oldest or 0, processed=self.processed,
             late=self.late, dead_lettered=self.dead_lettered, backlog=self.inbox.records,
-            in_flight=self.inbox.records + self.running + self.outbox.unacked, commits=self.store.index,
+            in_flight=self.inbox.records + self.running + self.outbox.unacked + self.outbox.held,
+            commits=self.store.index,
             watermark=self.host.watermark(self.computation),
             slow=[pb.SlowCall(key=k, seconds=sec, running=run) for k, sec, run in self.calls.snapshot()],
             load_median=self.keys.median())

@@ -391,3 +391,40 @@ def test_a_batch_holds_the_watermark_at_what_it_makes_earlier_than_its_input_bef
         await core.close_all()
 
     asyncio.run(main())
+
+
+def test_a_reopened_producer_holds_again_what_it_had_acknowledged_but_not_seen_reported(tmp_path: object) -> None:
+    """Review N21: the hold of an acknowledged production lived only in the producing Tablet
+    object, its checkpoint already deleted: once the tablet closed and reopened (a failed
+    batch, a move, a split), nothing held the watermark at it while the receiver's covering
+    report was still on its way. Now its checkpoint stays until the receipt is confirmed:
+    the successor re-sends it (a duplicate, dropped) and holds it again."""
+    async def nowhere(*args: object) -> int:
+        raise AssertionError("everything is local in these tests")
+
+    async def main() -> None:
+        core = WorkerCore(str(tmp_path), "self:1", nowhere, WorkerLimits())
+        core.worker_id = "w"
+        core.renewed(core.now_ms(), 60_000)
+        Collector.seen = []
+        comps = (("echo", "tests.core.jobs:Echo", ["in"], ["out"], {}),
+                 ("collect", "tests.core.jobs:Collector", ["out"], [], {"name": "out"}))
+        await core.apply_routing(routing(*comps))
+        assert await core.deliver("echo", 0, 1, [Record(b"k", b"v", BASE, b"1".ljust(16))]) == OK
+        await _until(lambda: Collector.seen == [("out", b"k", b"v")] and core.tablets[("echo", 0)].outbox.unacked == 0,
+                     "the production acknowledged")
+        assert core.tablets[("echo", 0)].oldest_work() == BASE, "held until its receipt is confirmed"
+        moved = routing(*comps)
+        moved.version = 2
+        moved.computations[0].assignments[0].token = 2  # reopened under the next token
+        await core.apply_routing(moved)
+        await _until(lambda: ("echo", 0) in core.tablets and core.tablets[("echo", 0)].token == 2, "the reopening")
+        echo = core.tablets[("echo", 0)]
+        await _until(lambda: echo.outbox.unacked == 0, "the re-sent production acknowledged")
+        assert echo.oldest_work() == BASE, "the successor holds it again"
+        core.release({"w": 1 << 62})  # the leader holds the receiver's covering report
+        assert echo.oldest_work() is None and echo.store.productions() == []
+        assert Collector.seen == [("out", b"k", b"v")], "the re-sent one was a duplicate"
+        await core.close_all()
+
+    asyncio.run(main())
