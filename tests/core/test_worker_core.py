@@ -422,6 +422,7 @@ def test_a_reopened_producer_holds_again_what_it_had_acknowledged_but_not_seen_r
         echo = core.tablets[("echo", 0)]
         await _until(lambda: echo.outbox.unacked == 0, "the re-sent production acknowledged")
         assert echo.oldest_work() == BASE, "the successor holds it again"
+        assert echo.progress().in_flight == 1, "a savepoint waits for it: its checkpoint is still on disk"
         core.release({"w": 1 << 62})  # the leader holds the receiver's covering report
         assert echo.oldest_work() is None and echo.store.productions() == []
         assert Collector.seen == [("out", b"k", b"v")], "the re-sent one was a duplicate"
