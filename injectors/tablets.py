@@ -139,10 +139,9 @@ class Tablets:
         log.error("injector %s: a dead letter is lost: the key extractor of %r, a reader of dead letters, "
                   "failed: %s: %s", self.name, reader, type(error).__name__, error)
 
-    def _reached(self) -> set[str]:
-        """The computations this stream's records may go to: its readers, and the readers of
-        their dead letters."""
-        readers = self.routing.readers(self.stream)
+    def _reached(self, readers: set[str]) -> set[str]:
+        """The computations this stream's records may go to: its ``readers``, and the readers
+        of their dead letters."""
         return readers.union(*(self.routing.readers(dead_letter_stream(c)) for c in readers))
 
     def orders(self, pending: Pending) -> Orders:
@@ -247,9 +246,9 @@ class Tablets:
         """After a routing fetch: add the deliveries of ``records`` to readers of the stream
         that ``readers`` (those the round has gone to) lacks, and drop those to computations
         that no longer read it (an update removed them: their tablets answer BUSY until the
-        round times out)."""
-        now = self._reached()
-        added, gone = now - readers, readers - now
+        round times out). Deliveries to the readers of a reader's dead letters stay."""
+        now = self.routing.readers(self.stream)
+        added, gone = now - readers, readers - self._reached(now)
         for dest in [d for d in pending if d[0] in gone]:
             del pending[dest]
         readers -= gone
