@@ -505,6 +505,7 @@ class Injector:
         confirmations; an operator's way out. Nothing can be sent afterwards."""
         self.client.release_injector(self.name, self.stream)
         self.finished = True
+        self._marks.stop()  # no keep-alive may register the name again
 
     def close(self) -> None:
         """Stop sending (records not flushed are dropped: call :meth:`finish` or :meth:`flush`

@@ -65,6 +65,7 @@ class Watermark:
         self.reported: int | None = None
         self.reported_idle = False  # what the leader was last told
         self._idle_asked = False    # mark_idle() since the last round or promise
+        self._going_idle = False    # an idle report is being made (a round starting waits for it)
         self._active_at = time.monotonic()
         self._sent_at = time.monotonic()
         self._held: list[tuple[int, Receipt]] = []  # (oldest timestamp, receipt) of committed deliveries
@@ -76,6 +77,7 @@ class Watermark:
         self._due = threading.Event()  # wakes the confirmer
         self._confirmer: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        self._stopped = False  # released: nothing more goes to the leader from here
 
     def promise(self, timestamp: int) -> None:
         self.promised = max(self.promised, timestamp)
@@ -135,7 +137,7 @@ class Watermark:
         it hears otherwise first, from this thread: the round's records must hold their stream
         before any of them reaches a tablet (raises what the master call raised)."""
         self._active()
-        if self.reported_idle:
+        if self.reported_idle or self._going_idle:
             with self._lock:
                 self._report_locked(wait=False)
 
@@ -168,6 +170,12 @@ class Watermark:
                                                        daemon=True)
                     self._confirmer.start()
 
+    def stop(self) -> None:
+        """The name was released (``Injector.release``): the confirmer reports nothing more (a
+        keep-alive would register the name again)."""
+        self._stopped = True
+        self._due.set()
+
     def close(self, timeout: float = 5.0) -> None:
         """After the injector's ``closed`` is set: let the confirmer end."""
         self._due.set()
@@ -191,7 +199,7 @@ class Watermark:
         failing = 0.0  # the wait before the next attempt while the leader cannot be reached
         next_ask = time.monotonic() + CONFIRM_EVERY_S
         seen = -1
-        while not self._closed.is_set():
+        while not self._closed.is_set() and not self._stopped:
             now = time.monotonic()
             with self._held_lock:
                 held = bool(self._held)
@@ -207,7 +215,7 @@ class Watermark:
             elif held:
                 self._due.wait(max(0.0, next_ask - now))
             self._due.clear()
-            if self._closed.is_set():
+            if self._closed.is_set() or self._stopped:
                 return
             with self._held_lock:
                 seen = self._nudges
@@ -239,8 +247,21 @@ class Watermark:
         while True:
             wm, nothing_pending = self._state()
             idle = self._idle(nothing_pending)
-            if self.reported is None or wm > self.reported or ask or idle != self.reported_idle:
-                reported = self._send(max(wm, self.reported) if self.reported is not None else wm, idle)
+            if idle and not self.reported_idle:
+                # Flag first, then look again: a round taken before the second look is seen
+                # by it (nothing idle is said); one taken after it finds the flag in resume(),
+                # waits for this report and says it is active before it delivers.
+                self._going_idle = True
+                wm, nothing_pending = self._state()
+                idle = self._idle(nothing_pending)
+            try:
+                if self.reported is None or wm > self.reported or ask or idle != self.reported_idle:
+                    reported = self._send(max(wm, self.reported) if self.reported is not None else wm, idle)
+                else:
+                    reported = None
+            finally:
+                self._going_idle = False
+            if reported is not None:
                 # Receipts whose report the leader holds (or whose worker it does not know).
                 with self._held_lock:
                     self._held = [(ts, r) for ts, r in self._held if reported.get(r[0], r[1]) < r[1]]

@@ -240,3 +240,54 @@ def test_a_live_injector_reports_every_keepalive_interval(monkeypatch: pytest.Mo
     finally:
         closed.set()
         marks.close()
+
+
+def test_a_released_injector_sends_no_keepalive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Injector.release() drops the name at the leader; a keep-alive after it would register
+    the name again and hold the stream."""
+    monkeypatch.setattr(watermark_module, "KEEPALIVE_S", 0.01)
+    leader, closed = Leader(), threading.Event()
+    marks = Watermark("gone", "in", "x", leader, lambda: MAX, closed)  # type: ignore[arg-type]
+    try:
+        leader.holds = {"w1": 0}
+        marks.promise(1_000)
+        marks.report()
+        marks.report_later()
+        wait_until(lambda: len(leader.watermarks) >= 2, 10, "a keep-alive", interval=0.005)
+        marks.stop()
+        wait_until(lambda: not any(t.name == "injector gone" for t in threading.enumerate()), 10,
+                   "the confirmer to end", interval=0.005)
+    finally:
+        closed.set()
+        marks.close()
+
+
+def test_a_round_starting_while_the_idle_report_is_in_flight_says_it_is_active_before_it_delivers() -> None:
+    """Else the leader could take the idle report after the round's records were delivered,
+    and let the stream pass them before their receipts are confirmed."""
+    leader, closed = Leader(), threading.Event()
+    queued = [MAX]
+    marks = Watermark("part-5", "in", "x", leader, lambda: queued[0], closed)  # type: ignore[arg-type]
+    try:
+        leader.holds = {"w1": 0}
+        marks.promise(1_000)
+        marks.report()
+        marks.mark_idle()
+        leader.hang.set()
+        idle_report = threading.Thread(target=marks.report)
+        idle_report.start()
+        assert leader.inside.wait(10)        # the idle report is at the leader ...
+        queued[0] = 1_500                    # ... when a round is taken
+        resumed = threading.Event()
+        round_start = threading.Thread(target=lambda: (marks.resume(), resumed.set()))
+        round_start.start()
+        assert not resumed.wait(0.05), "the round went ahead of the idle report in flight"
+        leader.hang.clear()
+        leader.release.set()
+        assert resumed.wait(10)
+        idle_report.join(10)
+        assert leader.idle[-2:] == [True, False] and not marks.reported_idle
+    finally:
+        leader.release.set()
+        closed.set()
+        marks.close()
