@@ -229,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--rebalance-min-rate", type=_float_in(0, 1e9, "--rebalance-min-rate, records/s"),
                    default=_env("MILLSTREAM_REBALANCE_MIN_RATE", "200"),
                    help="ranges slower than this (records/s) are never split")
+    m.add_argument("--injector-expiry-s", type=_float_in(0, 1e9, "--injector-expiry-s, seconds"),
+                   default=_env("MILLSTREAM_INJECTOR_EXPIRY_S", "86400"),
+                   help="release an injector's hold on its stream after this long without a report "
+                        "(a live one reports every 10 s; 0 = never; default a day); docs/time.md")
     _security_flags(m, server=True)
     m.add_argument("--etcd-user", default=_env("MILLSTREAM_ETCD_USER"), help="etcd user (env MILLSTREAM_ETCD_USER)")
     _secret_flag(m.add_argument_group("etcd password"), "etcd-password", "MILLSTREAM_ETCD_PASSWORD",
@@ -362,7 +366,7 @@ def _run(args: argparse.Namespace) -> int:
         policy = Policy(hold_s=args.rebalance_hold_s, cooldown_s=args.rebalance_cooldown_s,
                         min_rate=args.rebalance_min_rate)
         config = MasterConfig(lease_ms=args.lease_ms, replication=args.replication, rebalance=args.rebalance,
-                              policy=policy)
+                              policy=policy, injector_expiry_s=args.injector_expiry_s)
         main(MasterOptions(etcd, args.listen, config,
                            advertise=args.advertise, http_listen=args.http_listen, security=_security(args)))
         return 0

@@ -67,12 +67,18 @@ class Injector:
     ``allow_code``: module prefixes (a list, or comma-separated) the stream's key extractors
     may be loaded from besides millstream's own, like ``millstream worker --allow-code``;
     the injector refuses to import any other code the routing names (review N10).
+
+    ``idle_after``: seconds without a round or a promise after which the injector counts as
+    idle (once nothing it sent is unconfirmed), as with Flink's ``withIdleness``: an idle
+    injector does not hold its stream below the other injectors on it. :meth:`mark_idle`
+    does the same at once. See docs/time.md, "Idle sources".
     """
 
     def __init__(self, masters: str | Iterable[str], stream: str, name: str, *,
                  batch_size: int = 1000, linger_ms: float = 5.0, max_queued: int | None = None,
                  max_in_flight: int = 4, timeout: float = 60.0, security: Security = Security(),
-                 incarnation: str | None = None, allow_code: str | Sequence[str] = ()) -> None:
+                 incarnation: str | None = None, allow_code: str | Sequence[str] = (),
+                 idle_after: float | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise InjectionError("an injector needs a non-empty name (it seeds its record ids)")
         # Key extractors come from the routing, which operators write: loaded from millstream's
@@ -90,6 +96,10 @@ class Injector:
         if linger_ms < 0 or batch_size < 1 or max_queued < batch_size or max_in_flight < 1:
             raise InjectionError(f"linger_ms={linger_ms} must be >= 0, batch_size={batch_size} >= 1, "
                                  f"max_queued={max_queued} >= batch_size and max_in_flight={max_in_flight} >= 1")
+        if idle_after is not None and (isinstance(idle_after, bool) or not isinstance(idle_after, (int, float))
+                                       or not idle_after > 0):
+            raise InjectionError(f"idle_after={idle_after!r} must be a number of seconds above 0, or None "
+                                 "(never idle by itself; mark_idle() still works)")
         self.batch_size = batch_size
         self.max_in_flight = max_in_flight
         self.linger_s = linger_ms / 1000
@@ -121,7 +131,8 @@ class Injector:
         self._round_pool: ThreadPoolExecutor | None = None  # rounds started by the round thread
         self.finished = False
         self._closed = threading.Event()
-        self._marks = Watermark(name, stream, self.incarnation, self.client, self._queued_min, self._closed)
+        self._marks = Watermark(name, stream, self.incarnation, self.client, self._queued_min, self._closed,
+                                idle_after=idle_after)
         self._tablets = Tablets(name, stream, self.client, security, self._sequenced, self._closed,
                                 calls=4 + 4 * max_in_flight, committed=self._marks.hold, code_policy=code_policy)
         self._marks.report()  # registers: from now on this injector holds its stream's watermark
@@ -174,21 +185,27 @@ class Injector:
         injector or a later one, is dropped however late it comes; dedup costs the receivers
         one number per producer."""
         prefix = producer_prefix("source\x00" + self.name + "\x00" + producer)
-        last = self._sequenced.get(prefix, 0)
-        if isinstance(seq, bool) or not isinstance(seq, int) or not last < seq < (1 << 64):
-            raise InvalidRecordError(f"producer {producer!r}: seq {seq!r} must be an int above the last "
-                                 f"one sent for it ({last}) and below 2**64")
-        # Known as a producer before its record can be in a round (else it would go out
-        # with no order, deduplicated as an opaque id).
-        self._sequenced[prefix] = seq
-        try:
-            self.send(key, value, timestamp, id=sequence_id(prefix, seq))
-        except BaseException:
-            if last:
-                self._sequenced[prefix] = last
-            else:
-                del self._sequenced[prefix]
-            raise
+        # The check, the new last sequence and the queueing under one hold of the lock (send
+        # enters it again: an RLock), or two threads feeding one producer could both pass the
+        # check and queue n+1 before n, and the receiver would drop n as a duplicate (review N18).
+        with self._mutex:
+            if self._buffer.size >= self.max_queued:
+                self._wait_room()  # (it lets go of the lock: before the check, not between it and the queueing)
+            last = self._sequenced.get(prefix, 0)
+            if isinstance(seq, bool) or not isinstance(seq, int) or not last < seq < (1 << 64):
+                raise InvalidRecordError(f"producer {producer!r}: seq {seq!r} must be an int above the last "
+                                         f"one sent for it ({last}) and below 2**64")
+            # Known as a producer before its record can be in a round (else it would go out
+            # with no order, deduplicated as an opaque id).
+            self._sequenced[prefix] = seq
+            try:
+                self.send(key, value, timestamp, id=sequence_id(prefix, seq))
+            except BaseException:
+                if last:
+                    self._sequenced[prefix] = last
+                else:
+                    del self._sequenced[prefix]
+                raise
 
     def _wait_room(self) -> None:
         """Under ``_cond``: block while ``max_queued`` records wait (raising a failed round's
@@ -330,6 +347,21 @@ class Injector:
         self._marks.promise(timestamp)
         self._marks.report()
 
+    def mark_idle(self) -> None:
+        """Flush, then mark this injector idle (Flink's ``withIdleness``): until it sends or
+        promises again, it does not hold its stream below the other injectors on it. Reported
+        at once (or as soon as the last records' receipts are confirmed). Its next records
+        count as late wherever they are older than the watermark its readers reached
+        meanwhile (docs/time.md, "Idle sources")."""
+        self.flush()
+        self._marks.mark_idle()
+        self._marks.report()
+
+    @property
+    def idle(self) -> bool:
+        """Whether the leader was last told this injector is idle."""
+        return self._marks.reported_idle
+
     @property
     def watermark(self) -> int:
         """What this injector promised (``advance_watermark``; the end of time once finished)."""
@@ -397,6 +429,7 @@ class Injector:
         pending: Pending | None = None
         refresh = False
         try:
+            self._marks.resume()  # an idle injector tells the leader it is active before it sends
             sent = self._prepare(rnd)
         finally:
             with self._cond:
@@ -472,6 +505,7 @@ class Injector:
         confirmations; an operator's way out. Nothing can be sent afterwards."""
         self.client.release_injector(self.name, self.stream)
         self.finished = True
+        self._marks.stop()  # no keep-alive may register the name again
 
     def close(self) -> None:
         """Stop sending (records not flushed are dropped: call :meth:`finish` or :meth:`flush`

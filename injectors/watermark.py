@@ -8,9 +8,20 @@ tablet may not reflect the records, and the stream's watermark must not pass the
 
 Reports go to the leader from the caller's thread when the caller asks (registration,
 ``advance_watermark``, ``finish``) and otherwise from one background thread per injector
-(the *confirmer*): woken after every committed round (a round never waits for a master
-round trip, nor for a report in flight), and every 20 ms while receipts are held, asking
-the leader which of them it holds now.
+(the *confirmer*). While receipts are held it asks the leader every 20 ms which of them it
+holds now, and reports each rise. With none held it sleeps (a keep-alive report every
+``KEEPALIVE_S``), and the first receipt held, or a round's rise, wakes it. Whether it
+sleeps is decided under the lock that adds receipts, and it does not sleep if anything
+woke it since its last report began: a receipt added as it decides is never missed (issue
+28: once a round held one while it went to sleep, a source that then went quiet never had
+its promise published). A round never waits for a master round trip, nor for a report in
+flight: it only wakes the sleeping confirmer, once.
+
+An injector may be *idle* (Flink's ``withIdleness``): asked to (``mark_idle``) or silent
+for ``idle_after`` seconds, and with nothing queued or unconfirmed, it says so in its
+reports, and the leader does not let it hold its stream below the other injectors on it
+(master/watermarks.py, ``with_idleness``). Its next round tells the leader it is active
+again before it delivers anything (docs/time.md, "Idle sources").
 """
 
 from __future__ import annotations
@@ -27,7 +38,12 @@ from runtime.wire import millstream_pb2 as pb
 log = logging.getLogger(__name__)
 
 MIN = -(1 << 63)
+END = (1 << 63) - 1
 CONFIRM_EVERY_S = 0.02  # how often the confirmer asks while receipts are held
+# A live injector reports at least this often, idle or not: the leader counts a registration
+# silent for long as gone (MasterConfig.injector_expiry_s), and a new leader learns its idleness.
+KEEPALIVE_S = 10.0
+RETRY_MAX_S = 1.0       # the longest wait between two attempts while the leader cannot be reached
 Receipt = tuple[str, int]  # (worker id, its report sequence) that reflects a commit
 
 
@@ -36,7 +52,7 @@ class Watermark:
 
     def __init__(self, name: str, stream: str, incarnation: str, client: Client,
                  queued_min: Callable[[], int], closed: threading.Event,
-                 confirm_timeout: float = 5.0) -> None:
+                 confirm_timeout: float = 5.0, idle_after: float | None = None) -> None:
         self.name = name
         self.stream = stream
         self.incarnation = incarnation
@@ -44,32 +60,88 @@ class Watermark:
         self._queued_min = queued_min  # oldest timestamp queued or in flight (MAX: none)
         self._closed = closed
         self.confirm_timeout = confirm_timeout
+        self.idle_after = idle_after
         self.promised = MIN
         self.reported: int | None = None
+        self.reported_idle = False  # what the leader was last told
+        self._idle_asked = False    # mark_idle() since the last round or promise
+        self._going_idle = False    # an idle report is being made (a round starting waits for it)
+        self._active_at = time.monotonic()
+        self._sent_at = time.monotonic()
         self._held: list[tuple[int, Receipt]] = []  # (oldest timestamp, receipt) of committed deliveries
         self._held_lock = threading.Lock()
+        # Under _held_lock: how often something woke the confirmer, and whether it sleeps.
+        self._nudges = 0
+        self._sleeping = False
         self._lock = threading.Lock()  # one report at a time
         self._due = threading.Event()  # wakes the confirmer
         self._confirmer: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        self._stopped = False  # released: nothing more goes to the leader from here
 
     def promise(self, timestamp: int) -> None:
         self.promised = max(self.promised, timestamp)
+        self._active()
 
     def hold(self, oldest: int, receipt: Receipt) -> None:
         """A delivery was committed: its timestamps hold the watermark until the leader holds
         the receiver's report named by ``receipt``. (Under its own lock, never behind a report
-        in flight: a round calls this before it finishes.)"""
+        in flight: a round calls this before it finishes.) Wakes a sleeping confirmer."""
         with self._held_lock:
             self._held.append((oldest, receipt))
+            self._nudge()
+
+    def _nudge(self) -> None:
+        """Under ``_held_lock``: something may have changed what to report."""
+        self._nudges += 1
+        if self._sleeping:
+            self._sleeping = False
+            self._due.set()
 
     @property
     def effective(self) -> int:
         """min(the promise, the oldest record not committed, the oldest record whose
         receiving tablet's progress report the leader does not hold yet)."""
+        return self._state()[0]
+
+    def _state(self) -> tuple[int, bool]:
+        """The effective watermark, and whether nothing is queued, in flight or held.
+
+        The rounds in flight are read before the holds (review N6): a round adds its holds
+        before it leaves the flight, so one that commits and leaves between the two reads
+        is seen in the second. (Read the other way round, it was in neither.)"""
+        queued = self._queued_min()
         with self._held_lock:
-            held = min((ts for ts, _ in self._held), default=self.promised)
-        return min(self.promised, self._queued_min(), held)
+            held = min((ts for ts, _ in self._held), default=END)
+        return min(self.promised, queued, held), queued == END and held == END
+
+    # ------------------------------------------------------------------ idleness
+
+    def mark_idle(self) -> None:
+        """Idle from now on (once nothing is queued or unconfirmed), until the next round or
+        promise."""
+        self._idle_asked = True
+
+    def _active(self) -> None:
+        self._idle_asked = False
+        self._active_at = time.monotonic()
+
+    def _idle(self, nothing_pending: bool) -> bool:
+        if not nothing_pending or self.reported == END:
+            return False
+        return self._idle_asked or (self.idle_after is not None
+                                    and time.monotonic() - self._active_at >= self.idle_after)
+
+    def resume(self) -> None:
+        """A round is about to deliver: the injector is active. If the leader holds it idle,
+        it hears otherwise first, from this thread: the round's records must hold their stream
+        before any of them reaches a tablet (raises what the master call raised)."""
+        self._active()
+        if self.reported_idle or self._going_idle:
+            with self._lock:
+                self._report_locked(wait=False)
+
+    # ------------------------------------------------------------------ reports
 
     def report(self, wait: bool = False) -> None:
         """Report the effective watermark if it rose (a lower one could only come from records
@@ -86,10 +158,11 @@ class Watermark:
     def report_later(self) -> None:
         """Have the confirmer report what the last round let rise; never blocks. While
         receipts are held it asks within ``CONFIRM_EVERY_S`` anyway, and reports any rise
-        then: it is not woken (a paced sender's rounds would wake it a hundred times a
-        second, each a thread switch in the sender's process)."""
-        if not self._held:
-            self._due.set()
+        then: it is only woken when it sleeps (a paced sender's rounds would otherwise wake
+        it a hundred times a second, each a thread switch in the sender's process)."""
+        self._active_at = time.monotonic()
+        with self._held_lock:
+            self._nudge()
         if self._confirmer is None:
             with self._start_lock:
                 if self._confirmer is None and not self._closed.is_set():
@@ -97,59 +170,105 @@ class Watermark:
                                                        daemon=True)
                     self._confirmer.start()
 
+    def stop(self) -> None:
+        """The name was released (``Injector.release``): the confirmer reports nothing more (a
+        keep-alive would register the name again)."""
+        self._stopped = True
+        self._due.set()
+
     def close(self, timeout: float = 5.0) -> None:
         """After the injector's ``closed`` is set: let the confirmer end."""
         self._due.set()
         if self._confirmer is not None and self._confirmer.is_alive():
             self._confirmer.join(timeout)
 
+    def _rest(self, now: float) -> float | None:
+        """How long the confirmer may sleep with nothing held: until the next keep-alive, or
+        until ``idle_after`` makes the injector idle (None: until woken)."""
+        if self.reported is None or self.reported == END:
+            return None  # not registered yet, or finished: nothing to keep alive
+        until = self._sent_at + KEEPALIVE_S
+        if self.idle_after is not None and not self.reported_idle and not self._idle_asked:
+            until = min(until, self._active_at + self.idle_after)
+        return max(until - now, CONFIRM_EVERY_S)
+
     def _confirm(self) -> None:
         """Report what each round let rise; while receipts are held, ask every
         ``CONFIRM_EVERY_S`` which of them the leader holds now, however often rounds wake it
         (rounds every few milliseconds must not put the asking off for ever)."""
-        failing = False
+        failing = 0.0  # the wait before the next attempt while the leader cannot be reached
         next_ask = time.monotonic() + CONFIRM_EVERY_S
-        while not self._closed.is_set():
-            if self._held:
-                self._due.wait(max(0.0, next_ask - time.monotonic()))
-            else:
-                self._due.wait()
+        seen = -1
+        while not self._closed.is_set() and not self._stopped:
+            now = time.monotonic()
+            with self._held_lock:
+                held = bool(self._held)
+                # Asleep only if nothing woke it since its last report began (a receipt held
+                # or a rise then may not be in what that report read).
+                self._sleeping = sleep = not held and not failing and self._nudges == seen
+            if sleep:
+                self._due.wait(self._rest(now))
+                self._sleeping = False  # (a nudge from now on sets _due once more: harmless)
                 next_ask = time.monotonic() + CONFIRM_EVERY_S
+            elif failing:
+                self._closed.wait(failing)
+            elif held:
+                self._due.wait(max(0.0, next_ask - now))
             self._due.clear()
-            if self._closed.is_set():
+            if self._closed.is_set() or self._stopped:
                 return
-            ask = bool(self._held) and time.monotonic() >= next_ask
+            with self._held_lock:
+                seen = self._nudges
+            now = time.monotonic()
+            ask = (bool(self._held) and now >= next_ask) or (
+                self.reported is not None and self.reported != END and now >= self._sent_at + KEEPALIVE_S)
             try:
                 with self._lock:
                     self._report_locked(wait=False, ask=ask)
-                failing = False
+                failing = 0.0
                 if ask:
                     next_ask = time.monotonic() + CONFIRM_EVERY_S
             except MillstreamError as e:  # the next user call reports (and raises) again
                 log.log(logging.DEBUG if failing else logging.INFO,
                         "injector %s: could not confirm its watermark: %s", self.name, e)
-                failing = True
-                self._closed.wait(CONFIRM_EVERY_S)
+                failing = min(RETRY_MAX_S, 2 * failing or CONFIRM_EVERY_S)
 
-    def _send(self, wm: int) -> dict[str, int]:
+    def _send(self, wm: int, idle: bool) -> dict[str, int]:
         report = pb.InjectorReport(name=self.name, stream=self.stream, watermark=wm,
-                                   incarnation=self.incarnation)
+                                   incarnation=self.incarnation, idle=idle)
         resp = self.client.call(lambda s: s.ReportInjector(report, timeout=self.client.timeout))
         self.reported = wm
+        self.reported_idle = idle
+        self._sent_at = time.monotonic()
         return dict(resp.reported)
 
     def _report_locked(self, wait: bool, ask: bool = False) -> None:
         deadline = time.monotonic() + self.confirm_timeout
         while True:
-            wm = self.effective
-            if self.reported is None or wm > self.reported or ask:
-                reported = self._send(max(wm, self.reported) if self.reported is not None else wm)
+            wm, nothing_pending = self._state()
+            idle = self._idle(nothing_pending)
+            if idle and not self.reported_idle:
+                # Flag first, then look again: a round taken before the second look is seen
+                # by it (nothing idle is said); one taken after it finds the flag in resume(),
+                # waits for this report and says it is active before it delivers.
+                self._going_idle = True
+                wm, nothing_pending = self._state()
+                idle = self._idle(nothing_pending)
+            try:
+                if self.reported is None or wm > self.reported or ask or idle != self.reported_idle:
+                    reported = self._send(max(wm, self.reported) if self.reported is not None else wm, idle)
+                else:
+                    reported = None
+            finally:
+                self._going_idle = False
+            if reported is not None:
                 # Receipts whose report the leader holds (or whose worker it does not know).
                 with self._held_lock:
                     self._held = [(ts, r) for ts, r in self._held if reported.get(r[0], r[1]) < r[1]]
                 ask = False
-                if self.effective > wm:
-                    continue  # released holds let it rise: report that at once
+                after, nothing_pending = self._state()
+                if after > wm or self._idle(nothing_pending) != idle:
+                    continue  # released holds let it rise (or go idle): report that at once
             if not wait or not self._held or time.monotonic() > deadline:
                 return
             time.sleep(0.01)  # waiting for receivers' next progress report (every 50 ms)

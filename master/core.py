@@ -26,7 +26,17 @@ from master.ranges import KeyRange, Ranges
 from master.rebalance import Policy, Rebalancer
 from master.scheduler import Ownership, TabletKey, replan, replication_health
 from master.store import Change, EtcdStore
-from master.watermarks import END_OF_TIME, MIN, Settler, TabletReport, Watermark, compute, inputs, publish
+from master.watermarks import (
+    END_OF_TIME,
+    MIN,
+    Settler,
+    TabletReport,
+    Watermark,
+    compute,
+    inputs,
+    publish,
+    with_idleness,
+)
 from runtime import metrics
 from runtime.client import check_topology_size
 from runtime.errors import (
@@ -90,6 +100,9 @@ class MasterConfig:
     etcd_check_s: float = 10.0
     # An injector silent this long is flagged stale in status (it still holds its stream).
     injector_stale_s: float = 600.0
+    # An injector silent this long is gone (a live Injector reports every 10 s, idle or not):
+    # its name is released as an operator's release would (review G4). 0: never.
+    injector_expiry_s: float = 86_400.0
     defrag_above_bytes: int = 512 << 20
     # Copies of every tablet (primary included) unless its computation says otherwise.
     replication: int = 2
@@ -134,6 +147,10 @@ class MasterCore:
         # name -> incarnation -> watermark: each live Injector object under a name holds the
         # stream on its own (review W4); "" is a client that sends no incarnation.
         self.injector_incarnations: dict[str, dict[str, int]] = {}
+        # name -> its incarnations that report themselves idle (docs/time.md, "Idle sources").
+        # Not persisted: a live injector repeats it within 10 s of a new leader.
+        self.injector_idle: dict[str, set[str]] = {}
+        self.expired_injectors: list[tuple[float, str, str, int]] = []  # recent (ms, name, stream, watermark)
         self.published: dict[str, int] = {}
         # What each computation acts on (master/watermarks.py, inputs): not persisted, it
         # follows from the published values and the injectors, and only ever rises here.
@@ -193,6 +210,7 @@ class MasterCore:
         self.injectors = dict(snap.injectors)
         self.injector_incarnations = {
             n: dict(snap.injector_incarnations.get(n) or {"": wm}) for n, (_, wm) in snap.injectors.items()}
+        self.injector_seen = {n: now for n in self.injectors}  # silent from now, for expiry
         wanted = {k for t in self.topologies.values() for s in t.computations.values()
                   for k in self._keys(s)}
         await self._collect(wanted, set(snap.ranges) | set(snap.watermarks))
@@ -263,6 +281,7 @@ class MasterCore:
             for n in finished:
                 self.injectors.pop(n, None)
                 self.injector_incarnations.pop(n, None)
+                self.injector_idle.pop(n, None)
                 self.settler.forget(("injector", n))
             self.topologies[topo.name] = topo
             self.tablets.update(new)
@@ -445,13 +464,15 @@ class MasterCore:
         return {w: self.reported_seq.get(w, 0) for w in self.workers}
 
     def report_injector(self, name: str, stream: str, watermark: int, incarnation: str = "",
-                        release: bool = False, operator: bool = False) -> None:
+                        release: bool = False, operator: bool = False, idle: bool = False) -> None:
         """An injector's current promise; a new injector holds its stream from now on.
 
         Several live injectors may share a name (``incarnation`` tells them apart): the
         name holds its stream at the minimum of their watermarks, and one that finishes
         releases only its own hold (review W4). ``release`` (every hold under the name) is
-        an operator's action: ``operator`` says the caller holds that role (review N9)."""
+        an operator's action: ``operator`` says the caller holds that role (review N9). An
+        ``idle`` incarnation counts only when all of the name's are idle; an idle name holds
+        its stream only as :func:`master.watermarks.with_idleness` says."""
         check_injector_name(name)
         if release and not operator:
             raise RoleError(f"releasing injector {name!r} drops every hold under the name, an "
@@ -476,12 +497,15 @@ class MasterCore:
                     f"no injector {name!r} holds stream {stream!r}; `millstream status` lists the injectors")
             log.warning("injector %s on %s released by an operator at watermark %s", name, stream, old[1])
             self.injector_incarnations[name] = {incarnation: END_OF_TIME}
+            self.injector_idle.pop(name, None)
             self.injectors[name] = (stream, END_OF_TIME)
             self.injector_seen[name] = self.now_ms()
             self.settler.forget(("injector", name))
             self._dirty_injectors.add(name)
             return
         incarnations = self.injector_incarnations.setdefault(name, {})
+        idlers = self.injector_idle.setdefault(name, set())
+        before = dict(incarnations)
         if old is not None and old[0] != stream:
             if old[1] != END_OF_TIME:
                 # Else any caller could drop a live name's holds by naming another stream (N9).
@@ -489,13 +513,45 @@ class MasterCore:
                     f"injector {name!r} still holds stream {old[0]!r} (at {old[1]}); finish it "
                     f"there, or have an operator release it, before using the name for {stream!r}")
             incarnations.clear()  # the name now feeds another stream: a new registration
+            idlers.clear()
         incarnations[incarnation] = watermark
+        if idle and watermark != END_OF_TIME:
+            idlers.add(incarnation)
+        else:
+            idlers.discard(incarnation)
         if watermark == END_OF_TIME and len(incarnations) > 1:
             del incarnations[incarnation]  # finished: holds nothing, the others still do
-        self.injectors[name] = (stream, min(incarnations.values()))
+        active = [wm for i, wm in incarnations.items() if i not in idlers]
+        self.injectors[name] = (stream, min(active or incarnations.values()))
         self.injector_seen[name] = self.now_ms()
         self.settler.observe(("injector", name), self.injectors[name][1], self.now_ms())
-        self._dirty_injectors.add(name)
+        if self.injectors[name] != old or incarnations != before:
+            self._dirty_injectors.add(name)  # (a keep-alive that changes nothing costs no etcd write)
+
+    def idle_injectors(self) -> set[str]:
+        """Names all of whose incarnations report themselves idle."""
+        return {n for n, idlers in self.injector_idle.items()
+                if idlers and n in self.injector_incarnations and idlers >= set(self.injector_incarnations[n])}
+
+    def expire_injectors(self) -> list[str]:
+        """Release the names no injector has reported for ``injector_expiry_s`` (review G4):
+        a live ``Injector`` reports every 10 s, so the process that held them is gone. Records
+        a later injector sends under such a name may be late; the log and the status say so."""
+        limit = self.config.injector_expiry_s * 1000
+        if limit <= 0:
+            return []
+        now = self.now_ms()
+        gone = [n for n, (_, wm) in self.injectors.items()
+                if wm != END_OF_TIME and not n.startswith(FINISHED)
+                and now - self.injector_seen.get(n, now) > limit]
+        for n in gone:
+            stream, wm = self.injectors[n]
+            log.warning("injector %s on %s expired: no report for %.0f s (MasterConfig.injector_expiry_s); "
+                        "its hold at watermark %s is released, and records sent later under the name may "
+                        "be late", n, stream, (now - self.injector_seen[n]) / 1000, wm)
+            self.expired_injectors = [*self.expired_injectors[-19:], (now, n, stream, wm)]
+            self.report_injector(n, stream, 0, release=True, operator=True)  # the leader's own release
+        return gone
 
     async def advance_watermarks(self) -> None:
         """Recompute every low watermark; persist and publish those that advanced.
@@ -507,6 +563,7 @@ class MasterCore:
             await self._advance_watermarks()
 
     async def _advance_watermarks(self) -> None:
+        self.expire_injectors()
         specs = [s for t in self.live_topologies() for s in t.computations.values()]
         now = self.now_ms()
         reports = {}
@@ -520,6 +577,7 @@ class MasterCore:
         for name, (stream, wm) in self.injectors.items():
             settled = self.settler.value(("injector", name), now)
             injectors[name] = (stream, wm if settled is None else min(wm, settled))
+        injectors = with_idleness(injectors, self.idle_injectors())
         self.computed = compute(specs, self.tablets, reports, injectors, self.published)
         new = publish(self.computed, self.published)
         frozen = {s for n in self.paused for s in self.topologies[n].computations} if self.paused else set()
@@ -549,6 +607,7 @@ class MasterCore:
                     if self.injectors.get(n, ("", END_OF_TIME))[1] == END_OF_TIME:
                         self.injectors.pop(n, None)
                         self.injector_incarnations.pop(n, None)
+                        self.injector_idle.pop(n, None)
                         self.injector_seen.pop(n, None)
                         self.settler.forget(("injector", n))
                     else:

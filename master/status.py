@@ -18,15 +18,18 @@ if TYPE_CHECKING:
     from master.scheduler import Ownership
 
 
-def _injector(core: MasterCore, name: str, stream: str, wm: int, now: float) -> dict[str, Any]:
+def _injector(core: MasterCore, name: str, stream: str, wm: int, now: float, idle: set[str]) -> dict[str, Any]:
     """An injector silent for longer than ``injector_stale_s`` still holds its stream (it
     may yet send records its promise covers) but is flagged, with how long it has been
-    silent, so an operator can finish or release it (review G4)."""
+    silent, so an operator can finish or release it; after ``injector_expiry_s`` it is
+    released (review G4). A live Injector reports every 10 s, so only a gone one goes
+    stale. ``idle``: it says it is idle (docs/time.md, "Idle sources")."""
     seen = core.injector_seen.get(name)
     quiet = None if seen is None else round(now - seen)
     stale = (quiet is not None and quiet > core.config.injector_stale_s * 1000
              and wm != END_OF_TIME and not name.startswith(FINISHED))
-    return {"name": name, "stream": stream, "watermark": wm, "last_report_ms_ago": quiet, "stale": stale}
+    return {"name": name, "stream": stream, "watermark": wm, "last_report_ms_ago": quiet, "stale": stale,
+            "idle": name in idle}
 
 
 def _problems_of(core: MasterCore, computation: str) -> list[dict[str, Any]]:
@@ -98,11 +101,14 @@ def status_document(core: MasterCore, wall_us: int | None = None) -> dict[str, A
             copies[f] = copies.get(f, 0) + 1
     replication = core.replication_factors()
     under, unavailable = core.replication_counts()
+    idle = core.idle_injectors()
     return {
         "computations": computations,
         "liveness": dict(core.liveness),
         "etcd": {"db_size_bytes": core.etcd_db_bytes},
-        "injectors": [_injector(core, n, s, w, now) for n, (s, w) in sorted(core.injectors.items())],
+        "injectors": [_injector(core, n, s, w, now, idle) for n, (s, w) in sorted(core.injectors.items())],
+        "expired_injectors": [{"name": n, "stream": s, "watermark": w, "expired_ms_ago": round(now - at)}
+                              for at, n, s, w in core.expired_injectors],
         "stale_reports": core.stale_reports,
         "workers": [
             {"id": w, "address": a, "tablets": counts.get(w, 0), "followed": copies.get(w, 0),

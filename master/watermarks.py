@@ -16,7 +16,7 @@ burst of session windows closing at the end of an input took a minute).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from master.scheduler import Ownership, TabletKey
@@ -97,6 +97,29 @@ def compute(
     for name in by_name:
         lwm(name)
     return result
+
+
+def with_idleness(injectors: Mapping[str, tuple[str, int]], idle: Collection[str]) -> dict[str, tuple[str, int]]:
+    """What each injector holds its stream at, when those named in ``idle`` report themselves
+    idle (nothing queued or unconfirmed, marked idle or silent for their ``idle_after``; Flink's
+    ``withIdleness``). An idle injector holds nothing while another injector on its stream is
+    active (not idle and not finished). When every unfinished injector on a stream is idle, the
+    stream holds at the highest of their watermarks, as Flink's watermark valve advances to the
+    highest of its inputs' watermarks once all of them are idle: a quiet source, however many
+    partitions it has, does not stall its readers below what it promised. An idle injector
+    that sends again reports itself active first; its records older than what its readers
+    reached meanwhile are late."""
+    if not idle:
+        return dict(injectors)
+    active: set[str] = set()
+    highest: dict[str, int] = {}
+    for name, (stream, wm) in injectors.items():
+        if name in idle:
+            highest[stream] = max(highest.get(stream, MIN), wm)
+        elif wm != END_OF_TIME:
+            active.add(stream)
+    return {name: (stream, (END_OF_TIME if stream in active else highest[stream]) if name in idle else wm)
+            for name, (stream, wm) in injectors.items()}
 
 
 def publish(computed: Mapping[str, Watermark], published: Mapping[str, int]) -> dict[str, int]:

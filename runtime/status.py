@@ -73,8 +73,11 @@ def render(doc: dict[str, Any]) -> str:
         lines += ["", "injectors:"]
         for i in doc["injectors"]:
             flag = (f"  STALE: silent for {_lag(i['last_report_ms_ago'])}; it still holds its stream"
-                    if i.get("stale") else "")
+                    if i.get("stale") else "  idle" if i.get("idle") else "")
             lines.append(f"  {i['name']:<24} -> {i['stream']:<16} wm={_time(i['watermark'])}{flag}")
+    for i in doc.get("expired_injectors") or []:
+        lines.append(f"  EXPIRED {i['name']} -> {i['stream']} at wm={_time(i['watermark'])}, "
+                     f"{_lag(i['expired_ms_ago'])} ago: silent too long, its hold was released")
     rep = doc.get("replication")
     if rep and (rep["under_replicated"] or rep["unavailable"]):
         lines += ["", f"REPLICATION: {rep['under_replicated']} tablets under-replicated, "

@@ -64,8 +64,8 @@ def test_finish_raises_rather_than_leave_the_stream_held_silently(cluster: Clust
     real = inj._marks._send
     stalled = [True]
 
-    def report(wm: int) -> dict[str, int]:
-        reported = real(wm)
+    def report(wm: int, idle: bool) -> dict[str, int]:
+        reported = real(wm, idle)
         return {w: 0 for w in reported} if stalled[0] else reported
 
     inj._marks._send = report  # type: ignore[method-assign]

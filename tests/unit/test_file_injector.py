@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from injectors.files import inject_files
+from injectors.files import file_identity, inject_files
 from runtime.errors import InjectionError
 
 
@@ -60,10 +60,32 @@ def test_each_file_is_a_producer_and_its_line_numbers_its_order(tmp_path: object
     inject_files(first, d, "src")
     inject_files(again, d, "src")
     places = [v[3] for k, v in first.events if k == "send"]  # type: ignore[index]
-    assert places == [("a.log", 1), ("a.log", 2), ("b.log", 1)]
+    a, b = file_identity(os.path.join(d, "a.log")), file_identity(os.path.join(d, "b.log"))
+    assert places == [(a, 1), (a, 2), (b, 1)]
     assert places == [v[3] for k, v in again.events if k == "send"]  # type: ignore[index]
 
 
 def test_not_a_directory(tmp_path: object) -> None:
     with pytest.raises(InjectionError, match="is not a directory"):
         inject_files(Recorder(), os.path.join(str(tmp_path), "missing"), "src")
+
+
+def test_e3_a_rotated_file_is_the_file_it_was_and_the_new_one_under_its_name_is_new(tmp_path: object) -> None:
+    """Review E3: files were producers by name, so after ``app.log`` was rotated to
+    ``app.log.1`` and a new ``app.log`` began, a re-run sent the new file's lines at the old
+    one's places (dropped as duplicates, up to the old file's length) and the old file's
+    lines under a new producer (counted again where they reached another tablet)."""
+    d = str(tmp_path)
+    _file(d, "app.log", ["old 1", "old 2"], 1000)
+    first = Recorder()
+    inject_files(first, d, "src")
+    os.rename(os.path.join(d, "app.log"), os.path.join(d, "app.log.1"))
+    _file(d, "app.log", ["new 1", "new 2", "new 3"], 2000)
+    again = Recorder()
+    inject_files(again, d, "src")
+    before = {v[1]: v[3] for k, v in first.events if k == "send"}  # type: ignore[index]
+    after = {v[1]: v[3] for k, v in again.events if k == "send"}  # type: ignore[index]
+    assert after[b"old 1"] == before[b"old 1"] and after[b"old 2"] == before[b"old 2"]  # the same places
+    new_producer = after[b"new 1"][0]
+    assert new_producer != before[b"old 1"][0] and [after[b"new %d" % i] for i in (1, 2, 3)] == [
+        (new_producer, 1), (new_producer, 2), (new_producer, 3)]

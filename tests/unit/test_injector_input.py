@@ -105,3 +105,49 @@ def test_settings_are_checked_before_any_call_and_a_huge_batch_size_is_allowed()
     # and only the master, which is not there, is missing.
     with pytest.raises(MasterUnavailableError):
         Injector(nowhere, "in", "src", batch_size=1 << 30, timeout=0.5)
+
+
+class _Contended:
+    """The injector's lock, telling when a thread found it held and had to wait."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.waited = real, threading.Event()
+
+    def __enter__(self) -> None:
+        if not self.real.acquire(blocking=False):
+            self.waited.set()
+            self.real.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.real.release()
+
+
+def test_n18_two_threads_on_one_producer_queue_its_records_in_sequence_order() -> None:
+    """Review N18: send_sequenced checked and set the producer's last sequence outside the
+    lock, then queued. A thread with seq n could be overtaken between the two by one with
+    n+1, which queued first; the receiver then dropped n as a duplicate."""
+    inj = _injector()
+    lock = _Contended(inj._mutex)
+    inj._mutex = lock  # type: ignore[assignment]
+    real_send = inj.send
+    other_done = threading.Event()
+
+    def other() -> None:
+        inj.send_sequenced("partition-0", 2, b"k", b"second", 2)
+        other_done.set()
+
+    def send(*args: Any, **kw: Any) -> bytes:
+        # Thread A, between its check of seq 1 and queueing it: thread B sends seq 2 now, and
+        # either finishes (the race) or has to wait for A's lock (fixed).
+        if args[1] == b"first":
+            threading.Thread(target=other, daemon=True).start()
+            deadline = 10.0
+            while not (other_done.wait(0.001) or lock.waited.is_set()):
+                deadline -= 0.001
+                assert deadline > 0, "thread B neither finished nor waited for the lock"
+        return real_send(*args, **kw)
+
+    inj.send = send  # type: ignore[method-assign]
+    inj.send_sequenced("partition-0", 1, b"k", b"first", 1)
+    assert other_done.wait(10)
+    assert [r.value for r in inj._buffer] == [b"first", b"second"]

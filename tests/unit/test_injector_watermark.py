@@ -4,9 +4,14 @@ The real master and workers are in tests/e2e/test_watermarks.py."""
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 from typing import Any
 
+import pytest
+
+from injectors import watermark as watermark_module
 from injectors.watermark import MIN, Watermark
 from runtime.cluster import wait_until
 from runtime.wire import millstream_pb2 as pb
@@ -23,6 +28,7 @@ class Leader:
     def __init__(self) -> None:
         self.holds: dict[str, int] = {}
         self.watermarks: list[int] = []
+        self.idle: list[bool] = []  # what each report said
         self.hang = threading.Event()
         self.inside = threading.Event()
         self.release = threading.Event()
@@ -35,6 +41,7 @@ class Leader:
             self.inside.set()
             assert self.release.wait(10)
         self.watermarks.append(report.watermark)
+        self.idle.append(report.idle)
         return pb.InjectorResponse(reported=self.holds)
 
 
@@ -112,5 +119,175 @@ def test_rounds_more_often_than_the_asking_interval_do_not_put_the_asking_off() 
         assert sender.is_alive()
     finally:
         rounds_done.set()
+        closed.set()
+        marks.close()
+
+
+def _asleep(name: str) -> bool:
+    """Whether the confirmer thread of injector ``name`` is blocked in a wait (not between
+    deciding to sleep and sleeping)."""
+    for t in threading.enumerate():
+        if t.name == f"injector {name}" and t.ident is not None:
+            frame = sys._current_frames().get(t.ident)
+            return frame is not None and frame.f_code.co_name == "wait" and frame.f_code.co_filename.endswith(
+                "threading.py")
+    return False
+
+
+def test_a_receipt_held_while_the_confirmer_sleeps_reaches_the_leader_within_a_bounded_time() -> None:
+    """Issue 28, the quiet source: the confirmer slept with nothing held; a round then
+    committed (a receipt held) and asked for a report, which only woke a confirmer with
+    nothing held, so nothing asked the leader again until finish(): the source's last promise
+    never reached it and windows downstream never fired. Now it is asked within ~20 ms of the
+    round and reports the promise once the leader holds the receiver's report."""
+    leader, closed = Leader(), threading.Event()
+    queued = [MAX]
+    marks = Watermark("quiet", "in", "x", leader, lambda: queued[0], closed)  # type: ignore[arg-type]
+    try:
+        leader.holds = {"w1": 0}
+        queued[0] = 100                 # a round in flight, its oldest record at 100
+        marks.promise(1_000)            # advance_watermark(past the end of what it sent)
+        marks.report()
+        assert marks.reported == 100
+        marks.report_later()            # an earlier round's end: the confirmer starts, finds nothing held
+        wait_until(lambda: _asleep("quiet"), 10, "the confirmer to sleep with nothing held", interval=0.002)
+        marks.hold(100, ("w1", 5))      # the round commits: its receipt is held ...
+        queued[0] = MAX                 # ... it leaves the flight ...
+        marks.report_later()            # ... and asks for a report; then the source goes quiet
+        leader.holds = {"w1": 5}        # the receiver's report reaches the leader
+        start = time.monotonic()
+        wait_until(lambda: marks.reported == 1_000, 5, "the quiet source's promise to reach the leader",
+                   interval=0.002)
+        assert time.monotonic() - start < 1.0  # ~20 ms plus a thread switch; loose for loaded CI
+    finally:
+        closed.set()
+        marks.close()
+
+
+def test_n6_a_round_leaving_the_flight_between_the_two_reads_still_holds_the_watermark() -> None:
+    """Review N6 (v_wm.py): effective read the holds, then the rounds in flight; a round that
+    committed (hold added) and left the flight in between was in neither, and the injector
+    reported a watermark above records whose receiver's report the leader did not hold."""
+    t = 1_700_000_000_000_000
+    in_flight = [t]
+    marks: Watermark
+
+    def queued_min() -> int:  # the round thread runs between the confirmer's two reads
+        if in_flight:
+            marks.hold(t, ("worker-a", 42))
+            in_flight.clear()
+        return min(in_flight, default=MAX)
+    marks = Watermark("inj", "s", "inc", None, queued_min, threading.Event())  # type: ignore[arg-type]
+    marks.promise(t + 10_000_000)
+    assert marks.effective == t
+
+
+def test_an_idle_injector_says_so_once_nothing_is_unconfirmed_and_wakes_up_before_its_next_round() -> None:
+    leader, closed = Leader(), threading.Event()
+    queued = [MAX]
+    marks = Watermark("part-3", "in", "x", leader, lambda: queued[0], closed)  # type: ignore[arg-type]
+    try:
+        leader.holds = {"w1": 0}
+        marks.promise(1_000)
+        marks.report()
+        marks.hold(500, ("w1", 1))      # its last round's receipt, not confirmed yet
+        marks.mark_idle()
+        marks.report()
+        assert leader.idle[-1] is False and not marks.reported_idle  # something is unconfirmed
+        leader.holds = {"w1": 1}
+        wait_until(lambda: marks.reported_idle, 10, "the idle report once the receipt is confirmed", interval=0.002)
+        assert leader.watermarks[-1] == 1_000 and leader.idle[-1] is True
+        queued[0] = 2_000               # it sends again: the round tells the leader first
+        n = len(leader.watermarks)
+        marks.resume()
+        assert len(leader.watermarks) == n + 1 and leader.idle[-1] is False and not marks.reported_idle
+    finally:
+        closed.set()
+        marks.close()
+
+
+def test_idle_after_makes_a_silent_injector_idle_and_a_promise_makes_it_active(monkeypatch: pytest.MonkeyPatch) -> None:
+    leader, closed = Leader(), threading.Event()
+    marks = Watermark("part-4", "in", "x", leader, lambda: MAX, closed, idle_after=0.05)  # type: ignore[arg-type]
+    try:
+        leader.holds = {"w1": 0}
+        marks.promise(1_000)
+        marks.report()
+        assert leader.idle == [False]
+        marks.report_later()            # a round ended
+        wait_until(lambda: marks.reported_idle, 10, "idle_after to pass", interval=0.005)
+        marks.promise(2_000)            # advance_watermark: active again
+        marks.report()
+        assert leader.watermarks[-1] == 2_000 and leader.idle[-1] is False
+    finally:
+        closed.set()
+        marks.close()
+
+
+def test_a_live_injector_reports_every_keepalive_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leader expires registrations silent for long (MasterConfig.injector_expiry_s): a
+    live injector with nothing to say reports anyway, so only a gone one is expired."""
+    monkeypatch.setattr(watermark_module, "KEEPALIVE_S", 0.05)
+    leader, closed = Leader(), threading.Event()
+    marks = Watermark("alive", "in", "x", leader, lambda: MAX, closed)  # type: ignore[arg-type]
+    try:
+        leader.holds = {"w1": 0}
+        marks.promise(1_000)
+        marks.report()
+        marks.report_later()
+        wait_until(lambda: len(leader.watermarks) >= 4, 10, "keep-alive reports", interval=0.005)
+        assert set(leader.watermarks) == {1_000}
+    finally:
+        closed.set()
+        marks.close()
+
+
+def test_a_released_injector_sends_no_keepalive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Injector.release() drops the name at the leader; a keep-alive after it would register
+    the name again and hold the stream."""
+    monkeypatch.setattr(watermark_module, "KEEPALIVE_S", 0.01)
+    leader, closed = Leader(), threading.Event()
+    marks = Watermark("gone", "in", "x", leader, lambda: MAX, closed)  # type: ignore[arg-type]
+    try:
+        leader.holds = {"w1": 0}
+        marks.promise(1_000)
+        marks.report()
+        marks.report_later()
+        wait_until(lambda: len(leader.watermarks) >= 2, 10, "a keep-alive", interval=0.005)
+        marks.stop()
+        wait_until(lambda: not any(t.name == "injector gone" for t in threading.enumerate()), 10,
+                   "the confirmer to end", interval=0.005)
+    finally:
+        closed.set()
+        marks.close()
+
+
+def test_a_round_starting_while_the_idle_report_is_in_flight_says_it_is_active_before_it_delivers() -> None:
+    """Else the leader could take the idle report after the round's records were delivered,
+    and let the stream pass them before their receipts are confirmed."""
+    leader, closed = Leader(), threading.Event()
+    queued = [MAX]
+    marks = Watermark("part-5", "in", "x", leader, lambda: queued[0], closed)  # type: ignore[arg-type]
+    try:
+        leader.holds = {"w1": 0}
+        marks.promise(1_000)
+        marks.report()
+        marks.mark_idle()
+        leader.hang.set()
+        idle_report = threading.Thread(target=marks.report)
+        idle_report.start()
+        assert leader.inside.wait(10)        # the idle report is at the leader ...
+        queued[0] = 1_500                    # ... when a round is taken
+        resumed = threading.Event()
+        round_start = threading.Thread(target=lambda: (marks.resume(), resumed.set()))
+        round_start.start()
+        assert not resumed.wait(0.05), "the round went ahead of the idle report in flight"
+        leader.hang.clear()
+        leader.release.set()
+        assert resumed.wait(10)
+        idle_report.join(10)
+        assert leader.idle[-2:] == [True, False] and not marks.reported_idle
+    finally:
+        leader.release.set()
         closed.set()
         marks.close()

@@ -130,3 +130,89 @@ def test_a_job_cancelled_while_its_watermarks_are_written_stays_forgotten() -> N
         assert not core.published, core.published
 
     asyncio.run(main())
+
+
+END = (1 << 63) - 1
+
+
+def test_with_idleness_an_idle_injector_holds_nothing_while_another_on_its_stream_is_active() -> None:
+    from master.watermarks import with_idleness
+    injectors = {"p0": ("in", 500), "p1": ("in", 100), "p2": ("in", 300), "x": ("other", 7),
+                 "finished markers of in": ("in", END)}
+    assert with_idleness(injectors, set()) == injectors
+    # p1 idle: the stream holds at the active p0 and p2, not at p1's 100.
+    assert with_idleness(injectors, {"p1"})["p1"] == ("in", END)
+    # All unfinished ones idle (a finished one is not active): the highest of them.
+    out = with_idleness(injectors, {"p0", "p1", "p2"})
+    assert {out[n][1] for n in ("p0", "p1", "p2")} == {500} and out["x"] == ("other", 7)
+
+
+def test_an_idle_partition_does_not_hold_the_stream_and_holds_it_again_once_active() -> None:
+    core, clock = _core()  # "inj" on "in" at 10,000
+    core.heartbeat("w", [_held(n, None) for n in "abc"], 1)
+
+    async def main() -> None:
+        core.report_injector("quiet-partition", "in", 2_000, "i1")
+        await core.advance_watermarks()
+        assert core.published["a"] == 2_000
+        core.report_injector("quiet-partition", "in", 2_000, "i1", idle=True)
+        await core.advance_watermarks()
+        assert core.published["a"] == 10_000 and core.input_published["a"] == 10_000
+        doc = {i["name"]: i for i in status_document(core)["injectors"]}
+        assert doc["quiet-partition"]["idle"] and not doc["inj"]["idle"]
+        core.report_injector("quiet-partition", "in", 2_500, "i1")  # active again, below the stream
+        core.report_injector("inj", "in", 20_000)
+        await core.advance_watermarks()
+        assert core.published["a"] == 10_000  # never back; held until the partition advances
+        core.report_injector("quiet-partition", "in", 30_000, "i1")
+        await core.advance_watermarks()
+        assert core.published["a"] == 20_000
+
+    asyncio.run(main())
+
+
+def test_g4_an_injector_silent_past_the_expiry_is_released_with_a_log_line_and_a_status_entry(
+        caplog: Any) -> None:
+    core, clock = _core()
+    core.heartbeat("w", [_held(n, None) for n in "abc"], 1)
+    core.report_injector("alive", "in", 5_000, "a1")
+
+    async def main() -> None:
+        await core.advance_watermarks()
+        assert core.published["a"] == 5_000
+        for _ in range(3):  # "alive" keeps reporting (an Injector's keep-alive); "inj" is silent
+            clock[0] += core.config.injector_expiry_s * 1000 / 2
+            core.report_injector("alive", "in", 5_000, "a1")
+            core.heartbeat("w", [_held(n, None) for n in "abc"], 2 + _)
+            await core.advance_watermarks()
+        assert "inj" not in core.injectors and "alive" in core.injectors
+        assert core.published["a"] == 5_000
+
+    asyncio.run(main())
+    assert any("injector inj on in expired" in r.getMessage() for r in caplog.records)
+    (entry,) = status_document(core)["expired_injectors"]
+    assert entry["name"] == "inj" and entry["watermark"] == 10_000
+
+
+def test_a_keepalive_that_changes_nothing_writes_nothing_to_etcd() -> None:
+    core, clock = _core()
+    core.heartbeat("w", [_held(n, None) for n in "abc"], 1)
+    writes: list[Any] = []
+
+    class Counting(MemoryStore):
+        def put_progress(self, *args: Any) -> None:
+            writes.append(args)
+
+    core.store = Counting()  # type: ignore[assignment]
+
+    async def main() -> None:
+        await core.advance_watermarks()
+        n = len(writes)
+        core.report_injector("inj", "in", 10_000)
+        await core.advance_watermarks()
+        assert len(writes) == n
+        core.report_injector("inj", "in", 11_000)
+        await core.advance_watermarks()
+        assert len(writes) == n + 1
+
+    asyncio.run(main())
