@@ -9,10 +9,11 @@ crash, however late, is exactly-once, and receivers keep one number per file. Th
 file's creation time (its modification time, where the file system keeps no
 birth time).
 
-A file is known by its creation time and a digest of its content, not by its name
+A file is known by its inode and a digest of its first line, not by its name
 (:func:`file_identity`; review E3): a log rotated from ``app.log`` to ``app.log.1`` is
-still the file it was, and the new ``app.log`` is a new file. By name, the new file's
-first lines were dropped as duplicates of the old one's, up to the old one's length.
+still the file it was, a file appended to between runs too, and the new ``app.log`` is a
+new file. By name, the new file's first lines were dropped as duplicates of the old one's,
+up to the old one's length.
 """
 
 from __future__ import annotations
@@ -40,15 +41,17 @@ def created_us(path: str) -> int:
 
 
 def file_identity(path: str) -> str:
-    """What a file is, whatever its name: its creation time (µs) and a BLAKE2b digest of its
-    content. Renaming keeps both; a new file under an old name has another. Two files with
-    the same content and the same creation time to the microsecond (a copy kept with its
-    times) are one file: its lines count once."""
-    digest = hashlib.blake2b(digest_size=16)
+    """What a file is, whatever its name: its device and inode, and a BLAKE2b digest of its
+    first line (at most 4 KiB). A rename (a log rotated from ``app.log`` to ``app.log.1``)
+    keeps all three; lines appended later keep them too, so a re-run continues the file's
+    line numbers; a new file under an old name has another inode, and one that reuses a
+    deleted file's inode almost surely another first line. A copy (a backup restored onto
+    another disk) is a new file: its lines count again."""
+    st = os.stat(path)
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return f"{created_us(path)}:{digest.hexdigest()}"
+        first = f.readline(4096)
+    digest = hashlib.blake2b(first, digest_size=8).hexdigest()
+    return f"{st.st_dev}:{st.st_ino}:{digest}"
 
 
 def pending_files(directory: str) -> list[tuple[int, str]]:

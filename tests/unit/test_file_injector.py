@@ -89,3 +89,20 @@ def test_e3_a_rotated_file_is_the_file_it_was_and_the_new_one_under_its_name_is_
     new_producer = after[b"new 1"][0]
     assert new_producer != before[b"old 1"][0] and [after[b"new %d" % i] for i in (1, 2, 3)] == [
         (new_producer, 1), (new_producer, 2), (new_producer, 3)]
+
+
+def test_e3_a_file_appended_to_between_runs_continues_its_line_numbers(tmp_path: object) -> None:
+    """A live log grows between two runs: its first lines are at the same places (dropped by
+    the receivers' marks), the lines added since come after them under the same producer."""
+    d = str(tmp_path)
+    _file(d, "app.log", ["l1", "l2"], 1000)
+    first = Recorder()
+    inject_files(first, d, "src")
+    with open(os.path.join(d, "app.log"), "a") as f:
+        f.write("l3\n")
+    again = Recorder()
+    inject_files(again, d, "src")
+    before = {v[1]: v[3] for k, v in first.events if k == "send"}  # type: ignore[index]
+    after = {v[1]: v[3] for k, v in again.events if k == "send"}  # type: ignore[index]
+    producer = before[b"l1"][0]
+    assert after == {b"l1": (producer, 1), b"l2": (producer, 2), b"l3": (producer, 3)}
