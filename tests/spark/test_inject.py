@@ -39,12 +39,13 @@ def _only_marker_arrives(cluster: Cluster, stream: str, out: str) -> None:
 
 
 def test_a_retried_task_sends_nothing_twice(spark: Any, shared_cluster: Cluster) -> None:
-    """Partition 0 fails on its first attempt after sending part of its rows; Spark retries it.
+    """Partition 0's first attempt crashes after sending part of its rows; Spark retries it.
 
-    The failure comes from the sink's key extractor, which injectors run as they route
-    each flushed batch: the 749 rows before it were sent (in batches of 100) and committed.
-    The rows were hash-partitioned by content first into 16 partitions, each sorted, so a
-    retry sends the same producer and sequences: its first 700 rows are duplicates.
+    The crash comes from the sink's key extractor, which injectors run as they route each
+    batch: it ends the task's process at the 750th row, when most of the rows before it were
+    sent (in batches of 100) and committed. The rows were hash-partitioned by content first
+    into 16 partitions, each sorted, so a retry sends the same producer and sequences: what
+    the first attempt committed comes back as duplicates.
     """
     from pyspark.sql import functions as F
 
@@ -68,9 +69,10 @@ def test_a_retried_task_sends_nothing_twice(spark: Any, shared_cluster: Cluster)
     rows = read_rows(out)
     assert sorted(r["key"] for r in rows) == sorted(str(i) for i in range(n))
     assert all(r["value"] == f"v{r['key']}" and r["timestamp"] == BASE + int(r["key"]) for r in rows)
-    # The first attempt had sent part of partition 0: its retry re-sent those ids, dropped as duplicates.
+    # The first attempt had sent part of partition 0: its retry re-sent those ids, dropped as
+    # duplicates. Up to 4 rounds of 100 may still have been in flight when its process ended.
     dups = sum(metric(w, "millstream_duplicates_dropped") for w in shared_cluster.workers) - before
-    assert dups >= 700, f"the failed attempt should have sent ~750 rows before failing ({dups})"
+    assert dups >= 300, f"the failed attempt should have committed 350-750 rows before it crashed ({dups})"
     # Re-running the whole injection under the same name sends nothing new either.
     spark_bridge.inject(df, stream=stream, key="k", value="v", timestamp="ts", name="retry",
                         masters=shared_cluster.masters_arg, allow_code="tests.spark")
