@@ -4,7 +4,8 @@ The word count of test_chaos runs under the same faults (drawn between chunks of
 a seed), and one operation a user does to a running job happens mid-run:
 
 - a savepoint is taken, the job cancelled and restored from it, and the injection continued,
-  once with the source quiet and once while a thread keeps sending (the savepoint pauses it);
+  once with the source quiet and once while a thread keeps sending (the savepoint pauses it)
+  and the leader is killed during the copy;
 - a second job that reads the word count's ``counts`` is cancelled (with ``--keep-state``,
   resumed, then cancelled for good) while the word count keeps running (review N3);
 - the source promises a watermark and goes quiet without finishing; event-time windows of
@@ -34,7 +35,7 @@ from runtime.sinks import read_file_sink
 from runtime.topology import Topology
 from runtime.windows import SECOND
 from tests.harness import Cluster, wait_until
-from tests.robustness.test_chaos import FAULTS, SEEDS, _replicated
+from tests.robustness.test_chaos import FAULTS, SEEDS, _kill_leader, _replicated
 
 BASE_TS = 1_700_000_000_000_000  # a whole second: windows start on it
 END_OF_TIME = (1 << 63) - 1
@@ -146,8 +147,9 @@ def _savepoint_quiet(run: Run, inj: Injector, pos: int, chunk: int) -> tuple[Inj
 
 def _savepoint_flowing(run: Run, inj: Injector, pos: int, monkeypatch: pytest.MonkeyPatch) -> tuple[Injector, int]:
     """A thread keeps sending while the savepoint is taken (the pause holds it back with
-    BUSY; it goes on after): the sink's output at the cut, read while the tablets are copied
-    (the job at rest), is consistent (every word's counts 1..n once, between what was
+    BUSY; it goes on after), and the leader is killed once the first tablet is copied (a new
+    leader must keep the pause; review N2). The sink's output at the cut, read when the copy
+    starts (the job at rest), is consistent (every word's counts 1..n once, between what was
     flushed before and what was sent in all), and it is what the restored sink holds."""
     _replicated(run.c)
     saved = os.path.join(run.c.data_dir, f"savepoint-{pos}")
@@ -155,9 +157,12 @@ def _savepoint_flowing(run: Run, inj: Injector, pos: int, monkeypatch: pytest.Mo
     fetch = savepoint._fetch
 
     def fetch_and_read_the_cut(client: Any, t: Any, target: str) -> None:
-        if not cut:
+        first = not cut
+        if first:
             cut.append(collections.Counter(run.rows()))
         fetch(client, t, target)
+        if first:
+            run.history.append(f"during the savepoint's copy: {_kill_leader(run.c, run.rng)}")
 
     monkeypatch.setattr(savepoint, "_fetch", fetch_and_read_the_cut)
     done = threading.Event()
