@@ -53,14 +53,14 @@ class Sleepy(Computation):
 
 class SlowCounter(Computation):
     """The word counter, but every ``every``-th count of a word sleeps ``sleep`` seconds first
-    (an external call slower than the lease)."""
+    (an external call slower than the lease); it emits to "counts", or the stream "out" names."""
 
     def process_record(self, ctx: Context, record: Record) -> None:
         n = int(ctx.state.get() or b"0") + 1
         if n % int(self.params.get("every", "500")) == 0:
             time.sleep(float(self.params.get("sleep", "2")))  # slow user code under test, not a wait
         ctx.state.set(str(n).encode())
-        ctx.produce("counts", str(n).encode())
+        ctx.produce(self.params.get("out", "counts"), str(n).encode())
 
 
 class FanOut(Computation):
