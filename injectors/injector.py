@@ -72,6 +72,13 @@ class Injector:
     idle (once nothing it sent is unconfirmed), as with Flink's ``withIdleness``: an idle
     injector does not hold its stream below the other injectors on it. :meth:`mark_idle`
     does the same at once. See docs/time.md, "Idle sources".
+
+    :attr:`accepted` and :attr:`duplicates` count what the receivers did with the records
+    this object delivered (once per reading computation a record reached): committed, or
+    dropped as already committed under the same id. Only exactly-once readers drop
+    duplicates. If the first deliveries come back all duplicates, one WARNING is logged:
+    the exactly-once re-run of a crashed injection looks like that, and so does a new
+    injection under a name used before for other data (docs/guide.md, "Injectors").
     """
 
     def __init__(self, masters: str | Iterable[str], stream: str, name: str, *,
@@ -136,6 +143,16 @@ class Injector:
         self._tablets = Tablets(name, stream, self.client, security, self._sequenced, self._closed,
                                 calls=4 + 4 * max_in_flight, committed=self._marks.hold, code_policy=code_policy)
         self._marks.report()  # registers: from now on this injector holds its stream's watermark
+
+    @property
+    def accepted(self) -> int:
+        """Records the receivers committed as new (per reading computation)."""
+        return self._tablets.accepted
+
+    @property
+    def duplicates(self) -> int:
+        """Records the receivers dropped as already committed (per reading computation)."""
+        return self._tablets.duplicates
 
     # --------------------------------------------------------------- sending
 

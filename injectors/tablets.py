@@ -62,6 +62,11 @@ class Tablets:
         self._stubs: dict[str, rpc.WorkerStub] = {}
         self._stubs_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        # Records the receivers committed (accepted) and dropped as already committed under
+        # their ids (duplicates), one count per reader a record reached; see Injector.
+        self.accepted = self.duplicates = 0
+        self._counts_lock = threading.Lock()
+        self._judged = False  # whether the first committed deliveries were looked at
 
     @property
     def newest_seen(self) -> int:
@@ -176,6 +181,7 @@ class Tablets:
             calls.append((dest, recs, target.address, req))
         refresh = bool(failed)
         newest = 0
+        accepted = duplicates = 0
         sent = [(a, q, q.ByteSize()) for _, _, a, q in calls]
         for (dest, recs, _, _), answer in zip(calls, self._call_all(sent), strict=True):
             if isinstance(answer, grpc.RpcError):
@@ -189,14 +195,36 @@ class Tablets:
             if out.status != Status.OK:
                 failed[dest] = recs
                 refresh = refresh or out.retry_after_routing
-            elif out.receipt is not None and out.receipt[0]:
+                continue
+            duplicates += out.duplicates
+            accepted += len(recs) - out.duplicates
+            if out.receipt is not None and out.receipt[0]:
                 # Committed: its timestamps hold the injector's watermark until the leader
                 # holds the receiver's report that reflects them.
                 self._committed(min(r.timestamp for r in recs), out.receipt)
+        if accepted or duplicates:
+            self._count(accepted, duplicates)
         if newest > self._newest:
             with self._newest_lock:
                 self._newest = max(self._newest, newest)
         return failed, refresh
+
+    def _count(self, accepted: int, duplicates: int) -> None:
+        """Add one attempt's committed deliveries to the counts; the first to commit any
+        decides whether to warn that they were all duplicates (E3 of review 3: a new
+        injector under a name already used for other data has everything it sends dropped,
+        which looks the same from here as the exactly-once re-run of a crashed one)."""
+        with self._counts_lock:
+            self.accepted += accepted
+            self.duplicates += duplicates
+            if self._judged:
+                return
+            self._judged = True
+        if not accepted:
+            log.warning("injector %r on stream %r: the first %d records this process sent were all already "
+                        "committed under this name (duplicates, dropped). If this is a re-run of the same "
+                        "input, that is exactly-once at work; if it is new data, give the injector a new name.",
+                        self.name, self.stream, duplicates)
 
     def retry(self, records: list[Record], pending: Pending | None, readers: set[str], version: int,
               refresh: bool, deadline: float, timeout: float) -> None:

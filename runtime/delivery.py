@@ -59,6 +59,7 @@ class Outcome:
     receipt: Receipt | None = None
     refused: str | None = None  # a permanent refusal: the receiver's reason
     routing_version: int = 0    # the receiver's routing version (0: unknown)
+    duplicates: int = 0         # with OK: records the receiver dropped as already committed
 
     @property
     def retry_after_routing(self) -> bool:
@@ -91,8 +92,9 @@ def request(computation: str, key_range: int, token: int, records: Sequence[Reco
 
 def answered(resp: pb.DeliverResponse) -> Outcome:
     status = Status(resp.status)
-    return Outcome(status, (resp.worker_id, resp.report_seq) if status == Status.OK else None,
-                   routing_version=resp.routing_version)
+    ok = status == Status.OK
+    return Outcome(status, (resp.worker_id, resp.report_seq) if ok else None,
+                   routing_version=resp.routing_version, duplicates=resp.duplicates if ok else 0)
 
 
 def failed(e: grpc.RpcError) -> Outcome:

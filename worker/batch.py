@@ -59,6 +59,7 @@ class Batch:
     consumed: list[int] = field(default_factory=list)     # records done, per delivery
     deferred: list[Timer] = field(default_factory=list)   # due timers it did not reach
     new: int = 0                                           # new (not duplicate) input records
+    duplicates: dict[int, int] = field(default_factory=dict)  # delivery index -> duplicates dropped
     refused: dict[int, int] = field(default_factory=dict)  # delivery index -> status to answer
     ops: bytes | None = None  # the commit's writes, for the followers (replicated tablets)
     index: int = 0            # the commit's number in its tablet
@@ -141,6 +142,7 @@ class BatchProcessor:
             # (a delivery may repeat a record: a re-sent checkpoint, a round put back), as it
             # would be against a mark moved record by record.
             tops: dict[bytes, tuple[int, int]] = {}
+            dups = 0
             while i < len(records):
                 if work >= batch.limit or (taken and clock() - started >= budget):
                     stop = True
@@ -161,15 +163,18 @@ class BatchProcessor:
                         top = tops.get(producer)
                         if top is not None and seq <= top[0]:
                             self.metrics.duplicates.inc()
+                            dups += 1
                             continue
                         if view.seen(producer, seq, r.key):
                             view.passed(producer, seq)
                             self.metrics.duplicates.inc()
+                            dups += 1
                             continue
                         tops[producer] = (seq, order[1])
                     else:
                         if r.id in seen or self._opaque_seen(r.id):
                             self.metrics.duplicates.inc()
+                            dups += 1
                             continue
                         seen.add(r.id)
                         commit.opaque_ids.append(r.id)
@@ -184,6 +189,8 @@ class BatchProcessor:
             for producer, (seq, token) in tops.items():
                 view.advance(producer, seq, token, now)
             batch.consumed.append(i - d.done)
+            if dups:
+                batch.duplicates[index] = dups
             if stop:
                 break
         for t in batch.due:

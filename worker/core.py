@@ -628,8 +628,14 @@ class WorkerCore:
     async def deliver(self, computation: str, key_range: int, token: int, records: list[Record],
                       orders: Orders | None = None) -> int:
         """Fence by token, then hand the batch to the tablet (DESIGN.md §4 step 1)."""
+        return (await self.deliver_counted(computation, key_range, token, records, orders))[0]
+
+    async def deliver_counted(self, computation: str, key_range: int, token: int, records: list[Record],
+                              orders: Orders | None = None) -> tuple[int, int]:
+        """:meth:`deliver`, with how many of the records were dropped as duplicates (with OK;
+        the answer to a Deliver carries it, so an injector can tell a re-used name)."""
         if self.faults.path is not None and self.faults.busy():
-            return BUSY  # the test hook's backpressure (runtime/faults.py)
+            return BUSY, 0  # the test hook's backpressure (runtime/faults.py)
         key = (computation, key_range)
         tablet = self.tablets.get(key)
         if tablet is None and key in self._opening and self._opening[key][0].token == token:
@@ -644,14 +650,14 @@ class WorkerCore:
         mine = assigned.address == self.address and self.lease_valid()
         if ((mine and assigned.token == token) or token > assigned.token) and not self.routing.replaced(
                 computation, key_range):
-            return BUSY  # assigned here, still opening; or routing news not yet arrived
+            return BUSY, 0  # assigned here, still opening; or routing news not yet arrived
         metrics.STALE.labels("deliver").inc()
         if self._refused_logged != (computation, key_range, token):
             self._refused_logged = (computation, key_range, token)
             log.warning("refused a delivery to %s/%d under token %d: not the owner here "
                         "(routing says %s, token %d)", computation, key_range, token,
                         assigned.address or "unassigned", assigned.token)
-        return NOT_OWNER
+        return NOT_OWNER, 0
 
     async def deliver_to(self, address: str, computation: str, key_range: int, token: int,
                          records: list[Record], orders: Orders | None) -> tuple[int, Receipt | None]:

@@ -32,6 +32,7 @@ class Delivery:
     fut: asyncio.Future[int]
     orders: dict[bytes, tuple[int, int]] | None = None  # producer -> (after, token)
     done: int = 0
+    duplicates: int = 0        # records of it the committed batches dropped as duplicates
     oldest: int | None = None  # the lowest timestamp of records[done:]
     nbytes: int = 0            # about the size of records[done:]
 
@@ -61,12 +62,13 @@ class Inbox:
         return bool(self._queue)
 
     def put(self, records: list[Record], fut: asyncio.Future[int],
-            orders: dict[bytes, tuple[int, int]] | None = None) -> None:
+            orders: dict[bytes, tuple[int, int]] | None = None) -> Delivery:
         d = Delivery(records, fut, orders)
         d.measure()
         self._queue.append(d)
         self.records += len(records)
         self.bytes += d.nbytes
+        return d
 
     def take(self, limit: int) -> list[Delivery]:
         """The oldest deliveries holding up to ``limit`` records (always at least one)."""
@@ -82,10 +84,11 @@ class Inbox:
         return out
 
     def committed(self, taken: list[Delivery], consumed: list[int],
-                  refused: dict[int, int] | None = None) -> None:
+                  refused: dict[int, int] | None = None, duplicates: dict[int, int] | None = None) -> None:
         """A batch committed ``consumed[i]`` more records of ``taken[i]``: release their
         timestamps, answer the finished deliveries, put the rest back in front in order.
-        ``refused`` deliveries (index -> status) are answered with that status instead."""
+        ``refused`` deliveries (index -> status) are answered with that status instead;
+        ``duplicates`` (index -> count) are how many of the consumed ones were duplicates."""
         back: list[Delivery] = []
         for i, d in enumerate(taken):
             if refused and i in refused:
@@ -93,6 +96,8 @@ class Inbox:
                 continue
             n = consumed[i] if i < len(consumed) else 0
             d.done += n
+            if duplicates:
+                d.duplicates += duplicates.get(i, 0)
             self._taken.pop(id(d), None)
             if d.done == len(d.records):
                 if not d.fut.done():

@@ -208,11 +208,12 @@ class WorkerServicer(rpc.WorkerServicer):
             if route is not None and route.input_paused:  # a savepoint is being taken: retry soon
                 return pb.DeliverResponse(status=cast(Any, delivery.Status.BUSY),
                                           routing_version=self.core.routing.version)
-        status = await self.core.deliver(request.computation, request.key_range, request.token, records,
-                                         orders)
+        status, duplicates = await self.core.deliver_counted(request.computation, request.key_range,
+                                                             request.token, records, orders)
         wid, seq = self.core.receipt()
         return pb.DeliverResponse(status=cast(Any, status),  # an int of DeliverResponse.Status
-                                  worker_id=wid, report_seq=seq, routing_version=self.core.routing.version)
+                                  worker_id=wid, report_seq=seq, routing_version=self.core.routing.version,
+                                  duplicates=duplicates)
 
     async def ReadState(self, request: pb.ReadStateRequest, context: Any) -> pb.ReadStateResponse:
         found = await serving.call_core(context, lambda: self.core.read_state(

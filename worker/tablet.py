@@ -284,22 +284,24 @@ class Tablet:
 
     # -------------------------------------------------------------- delivery
 
-    async def deliver(self, records: list[Record], orders: Orders | None = None) -> int:
+    async def deliver(self, records: list[Record], orders: Orders | None = None) -> tuple[int, int]:
         """Queue a batch; resolves to OK once committed, BUSY, OUT_OF_ORDER or NOT_OWNER
-        otherwise. ``orders`` place its records in their producers' orders (see
-        ``ProducerOrder`` in proto/millstream.proto and worker/dedup.py)."""
+        otherwise, with how many of its records were dropped as duplicates (with OK).
+        ``orders`` place its records in their producers' orders (see ``ProducerOrder`` in
+        proto/millstream.proto and worker/dedup.py)."""
         if self.closing or not self.open:
-            return NOT_OWNER
+            return NOT_OWNER, 0
         limits = self.host.limits
         if (self.inbox.records >= limits.max_queued_records or self.inbox.bytes >= limits.max_queued_bytes
                 or self.outbox.unacked >= limits.max_unacked):
             self.metrics.busy.inc()
-            return BUSY
+            return BUSY, 0
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.keys.add(records)
-        self.inbox.put(records, fut, orders or None)
+        d = self.inbox.put(records, fut, orders or None)
         self._wake.set()
-        return await fut
+        status = await fut
+        return status, d.duplicates
 
     def follow(self, assignment: pb.Assignment) -> None:
         """The routing changed: tell the replicator; a tablet without one (replication=1)
@@ -334,7 +336,7 @@ class Tablet:
             self.timers.remember(t)
         for t in batch.deferred:
             self.timers.remember(t)
-        self.inbox.committed(batch.deliveries, batch.consumed, batch.refused)
+        self.inbox.committed(batch.deliveries, batch.consumed, batch.refused, batch.duplicates)
         if batch.deferred or (batch.deliveries and self.inbox):
             self._wake.set()
         if self.batch_limit < self.max_batch:  # after a failure: grow back, slowly

@@ -46,7 +46,7 @@ class DeliverRequest(_message.Message):
     def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., sender: _Optional[str] = ..., orders: _Optional[_Iterable[_Union[ProducerOrder, _Mapping]]] = ...) -> None: ...
 
 class DeliverResponse(_message.Message):
-    __slots__ = ("status", "detail", "worker_id", "report_seq", "routing_version")
+    __slots__ = ("status", "detail", "worker_id", "report_seq", "routing_version", "duplicates")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         OK: _ClassVar[DeliverResponse.Status]
@@ -62,12 +62,14 @@ class DeliverResponse(_message.Message):
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     REPORT_SEQ_FIELD_NUMBER: _ClassVar[int]
     ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
     status: DeliverResponse.Status
     detail: str
     worker_id: str
     report_seq: int
     routing_version: int
-    def __init__(self, status: _Optional[_Union[DeliverResponse.Status, str]] = ..., detail: _Optional[str] = ..., worker_id: _Optional[str] = ..., report_seq: _Optional[int] = ..., routing_version: _Optional[int] = ...) -> None: ...
+    duplicates: int
+    def __init__(self, status: _Optional[_Union[DeliverResponse.Status, str]] = ..., detail: _Optional[str] = ..., worker_id: _Optional[str] = ..., report_seq: _Optional[int] = ..., routing_version: _Optional[int] = ..., duplicates: _Optional[int] = ...) -> None: ...
 
 class DeliverManyRequest(_message.Message):
     __slots__ = ("deliveries",)

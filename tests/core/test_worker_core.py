@@ -224,6 +224,31 @@ def test_a_producers_records_count_once_within_and_across_deliveries(tmp_path: o
     assert sorted(_outputs()) == [b"r%d" % s for s in range(1, 7)]
 
 
+def test_a_delivery_answer_counts_the_duplicates_it_dropped(tmp_path: object) -> None:
+    """The answer to a delivery says how many of its records were dropped as already
+    committed (review 3, E3: an injector warns when a re-used name makes all it sends
+    duplicates): repeats within the delivery, records below the producer's mark, opaque ids
+    seen before."""
+    from runtime.record import producer_prefix, sequence_id
+
+    p = producer_prefix("injector/nightly")
+
+    def batch(*seqs: int) -> list[Record]:
+        return [Record(b"k%d" % s, b"r%d" % s, BASE + s, sequence_id(p, s)) for s in seqs]
+
+    async def main() -> None:
+        core = await _core(str(tmp_path), WorkerLimits(), lambda: BASE)
+        assert await core.deliver_counted("echo", 0, 1, batch(1, 2, 3), {p: (0, 0)}) == (OK, 0)
+        assert await core.deliver_counted("echo", 0, 1, batch(1, 2, 3), {p: (0, 0)}) == (OK, 3)
+        assert await core.deliver_counted("echo", 0, 1, batch(2, 3, 4, 4), {p: (0, 0)}) == (OK, 3)
+        opaque = [rec(7, b"o")]
+        assert await core.deliver_counted("echo", 0, 1, opaque) == (OK, 0)
+        assert await core.deliver_counted("echo", 0, 1, opaque) == (OK, 1)
+        await core.close_all()
+
+    asyncio.run(main())
+
+
 async def _timer_core(tmp: str, clock: list[int], repeat: bool = False) -> WorkerCore:
     async def nowhere(*args: object) -> int:
         raise AssertionError("everything is local in these tests")

@@ -3,7 +3,9 @@ after the receiving worker restarted and after its tablets moved, adds nothing."
 
 from __future__ import annotations
 
+import logging
 import os
+from typing import Any
 
 from injectors import Injector
 from runtime import Topology
@@ -57,3 +59,39 @@ def test_a_finished_injection_re_run_under_its_name_adds_nothing(tmp_path: objec
         # Longer than before: the first N are dropped, the rest is new and counts.
         _inject(c, N + 500)
         assert _lines(out) == sorted(str(i) for i in range(N + 500))
+
+
+def test_a_new_injection_under_a_used_name_is_all_dropped_and_says_so(tmp_path: object, caplog: Any) -> None:
+    """Review 3, E3: record ids are (injector name, position), so a fresh injector under a
+    name already used for other data has every record dropped as a duplicate. It is told:
+    one WARNING, and its counts; under a new name nothing is dropped and nothing is said."""
+    n = 300
+    with Cluster(str(tmp_path), workers=1).running() as c:
+        out = os.path.join(c.data_dir, "out")
+        topo = Topology("names")
+        topo.add_computation("sink", "runtime.sinks:FileSink", inputs={"events": None},
+                             params={"path": out}, key_ranges=2)
+        c.client.submit(topo)
+        c.wait_assigned()
+
+        def inject(name: str, first: int) -> Injector:
+            with Injector(c.masters_arg, "events", name, batch_size=100) as inj:
+                for i in range(first, first + n):
+                    # The same keys in the same places: each tablet had every position before
+                    # (dedup is per receiving tablet; a later position than it had is new).
+                    inj.send(b"user%d" % ((i - first) % 7), b"%d" % i, BASE + i)
+            return inj
+
+        warned = "already committed under this name"
+        with caplog.at_level(logging.WARNING, logger="injectors.tablets"):
+            first = inject("daily", 0)
+            assert (first.accepted, first.duplicates) == (n, 0)
+            assert warned not in caplog.text
+            again = inject("daily", n)  # other values, the same name: the same ids
+            assert (again.accepted, again.duplicates) == (0, n)
+            assert caplog.text.count(warned) == 1
+            assert "injector 'daily' on stream 'events'" in caplog.text
+            fresh = inject("daily-2", n)
+            assert (fresh.accepted, fresh.duplicates) == (n, 0)
+            assert caplog.text.count(warned) == 1
+        assert _lines(out) == sorted(str(i) for i in range(2 * n))  # the first and the renamed
