@@ -161,6 +161,7 @@ class Tablets:
         """Send every delivery of ``pending`` once, all at once: the ones not committed, and
         whether a new routing is needed before they are sent again."""
         failed: Pending = {}
+        held: Pending = {}  # later chunks waiting for the one before them (not a failure)
         calls = []
         first: dict[tuple[str, int], int] = {}  # each tablet's first chunk still to commit
         for dest in pending:
@@ -174,7 +175,7 @@ class Tablets:
                 # A later chunk the tablet would not hold behind the one before it (records
                 # with the caller's ids, an at-least-once reader): it goes once that one is
                 # committed, or it could overtake it (the key order of DESIGN.md §2).
-                failed[dest] = recs
+                held[dest] = recs
                 continue
             req = delivery.request(dest[0], dest[1], target.token, recs, sender="injector/" + self.name)
             req.orders.extend(orders[dest])
@@ -207,6 +208,7 @@ class Tablets:
         if newest > self._newest:
             with self._newest_lock:
                 self._newest = max(self._newest, newest)
+        failed.update(held)
         return failed, refresh
 
     def _count(self, accepted: int, duplicates: int) -> None:
@@ -241,6 +243,7 @@ class Tablets:
             version = self.routing.version
             pending, refresh = self.attempt(pending, self.orders(pending), self.routing)
         delay = 0.005
+        before = left = 0  # records pending before and after the last attempt
         while True:
             if self._newest > self.routing.version:
                 # A receiver holds a newer routing: a job update may have added a reader of our
@@ -261,14 +264,21 @@ class Tablets:
                     f"injector {self.name!r}: {n} records to {self.stream!r} were not acknowledged "
                     f"within {timeout:.0f}s (tablets {sorted({d[:2] for d in pending})} busy or "
                     "unowned); they are still queued: call flush() again once the cluster has capacity")
-            time.sleep(delay)  # back-off before retrying a busy or moving tablet
-            delay = min(delay * 2, 0.5)
+            if left < before and not refresh:
+                # Something committed (a chunk that later ones of its tablet wait for, say):
+                # go on at once and start the back-off again.
+                delay = 0.005
+            else:
+                time.sleep(delay)  # back-off before retrying a busy or moving tablet
+                delay = min(delay * 2, 0.5)
             if refresh:
                 self.routing = self.fetch()
                 version = self.routing.version
                 self._follow_readers(pending, records, readers)
                 self._reroute(pending, records)
+            before = sum(len(v) for v in pending.values())
             pending, refresh = self.attempt(pending, self.orders(pending), self.routing)
+            left = sum(len(v) for v in pending.values())
 
     def _follow_readers(self, pending: Pending, records: list[Record], readers: set[str]) -> None:
         """After a routing fetch: add the deliveries of ``records`` to readers of the stream

@@ -616,7 +616,10 @@ class MasterCore:
                 assert v >= self.published.get(c, MIN), "published watermarks never decrease"
             self.published.update(changed)
         for c, v in inputs(specs, self.published, injectors).items():
-            if c not in frozen and v > self.input_published.get(c, MIN):
+            if c not in frozen and v > self.input_published.get(c, MIN) or c not in self.input_published:
+                # A paused job's inputs stay where they were; a leader that took over during the
+                # pause starts them from what was published, so a worker's first heartbeat
+                # answer never leaves them at the start of time (review N20).
                 self.input_published[c] = v
         wall = time.time()
         for c, v in new.items():

@@ -98,6 +98,10 @@ def test_a_new_leader_keeps_the_pause_and_the_end_checks_it() -> None:
         old.shutdown()
         new = await _leader(store, clock)  # a failover while the client copies
         assert [c.input_paused for c in new.routing().computations] == [True]
+        # Its inputs' watermarks are known (as published), not left out of the heartbeat answer
+        # (review N20: a worker started now would run the paused job's tablets at the start of time).
+        await new.advance_watermarks()
+        assert "a" in new.input_published
         await lifecycle.savepoint_renew(new, "one", plan.savepoint_id)
         with pytest.raises(MillstreamError, match="pause is no longer in force"):
             await lifecycle.savepoint_renew(new, "one", "another")
