@@ -42,6 +42,16 @@ class Cluster(LocalCluster):
             self._client = Client(self.masters_arg, timeout=30, security=self.security)
         return self._client
 
+    def add_faulty_workers(self, n: int, *faults: str) -> None:
+        """Start ``n`` workers that read ``faults`` (runtime/faults.py, one per line) and wait
+        until they are registered."""
+        path = os.path.join(self.data_dir, "faults")
+        with open(path, "w") as f:
+            f.write("".join(line + "\n" for line in faults))
+        for _ in range(n):
+            self.add_worker(env={"MILLSTREAM_FAULTS": path})
+        self.wait_ready(60)
+
     def kill_worker(self, worker: Process, graceful: bool = False) -> None:
         self.kill(worker, graceful=graceful)
 

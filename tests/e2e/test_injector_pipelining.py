@@ -37,15 +37,10 @@ def _send(c: Cluster, lines: list[str], name: str, midway: threading.Thread | No
 
 def test_rounds_in_flight_stay_exact_through_a_split_a_killed_worker_and_a_rerun(tmp_path: object) -> None:
     with Cluster(str(tmp_path), workers=0).running() as c:
-        faults = os.path.join(c.data_dir, "faults")
-        with open(faults, "w") as f:
-            # An injector's delivery waits 5 ms at the worker (a network's round trip), so the
-            # next rounds fill and join it in flight however fast the machine is right now
-            # (under the whole suite's load a round could finish before 25 more records came).
-            f.write("delay-injector 5\n")
-        for _ in range(3):
-            c.add_worker(env={"MILLSTREAM_FAULTS": faults})
-        c.wait_ready(60)
+        # An injector's delivery waits 5 ms at the worker (a network's round trip), so the
+        # next rounds fill and join it in flight however fast the machine is right now
+        # (under the whole suite's load a round could finish before 25 more records came).
+        c.add_faulty_workers(3, "delay-injector 5")
         out = os.path.join(c.data_dir, "out")
         c.client.submit(wordcount.topology(out, name="pipelined"))
         c.wait_assigned()

@@ -60,14 +60,9 @@ def test_each_key_is_processed_in_send_order_through_busy_retries_and_rounds_in_
     c = Cluster(str(tmp_path), workers=0)
     c.start()
     try:
-        faults = os.path.join(c.data_dir, "faults")
-        with open(faults, "w") as f:
-            # Three deliveries in twenty are refused and retried; an injector's take 10 ms more
-            # (a network's round trip), so its next rounds fill and leave before it is answered.
-            f.write("busy 15\ndelay-injector 10\n")
-        for _ in range(2):
-            c.add_worker(env={"MILLSTREAM_FAULTS": faults})
-        c.wait_ready(60)
+        # Three deliveries in twenty are refused and retried; an injector's take 10 ms more
+        # (a network's round trip), so its next rounds fill and leave before it is answered.
+        c.add_faulty_workers(2, "busy 15", "delay-injector 10")
         out = os.path.join(c.data_dir, "out")
         c.client.submit(_topology(out))
         c.wait_assigned()
