@@ -103,8 +103,9 @@ async def _drive(path: str, records: int, batch: int, prof: cProfile.Profile | N
             prof.enable()
         for raw in wire:
             req = pb.DeliverRequest.FromString(raw)
-            status = await tablet.deliver([from_proto(r) for r in req.records])
-            assert status == 0, status
+            answer = await tablet.deliver([from_proto(r) for r in req.records])
+            status = answer[0] if isinstance(answer, tuple) else answer  # (status, duplicates) since 4f0e072
+            assert status == 0, answer
         if prof is not None:
             prof.disable()
         elapsed = time.perf_counter() - t0

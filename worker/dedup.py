@@ -25,6 +25,9 @@ says so.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import operator
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -208,3 +211,14 @@ class OpaqueIds:
     def memory_bytes(self) -> int:
         """About the filters' size: 9.6 bits per planned id at a 1 % error rate."""
         return sum(cap * 12 // 10 for gens in self._blooms.values() for _, cap in gens)
+
+
+def ascending(seqs: list[int]) -> bool:
+    """Whether ``seqs`` rise strictly: what lets one range check stand for a check per record."""
+    return all(map(operator.lt, seqs, itertools.islice(seqs, 1, None)))
+
+
+def first_new(seqs: list[int], start: int, mark: int) -> int:
+    """The first index from ``start`` whose sequence is above ``mark`` (``seqs`` ascending):
+    the records before it are duplicates, it and the rest are new."""
+    return bisect.bisect_right(seqs, mark, start)

@@ -30,20 +30,40 @@ class ProducerOrder(_message.Message):
     def __init__(self, producer: _Optional[bytes] = ..., after: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
 
 class DeliverRequest(_message.Message):
-    __slots__ = ("computation", "key_range", "token", "records", "sender", "orders")
+    __slots__ = ("computation", "key_range", "token", "records", "sender", "orders", "columns")
     COMPUTATION_FIELD_NUMBER: _ClassVar[int]
     KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     ORDERS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     computation: str
     key_range: int
     token: int
     records: _containers.RepeatedCompositeFieldContainer[Record]
     sender: str
     orders: _containers.RepeatedCompositeFieldContainer[ProducerOrder]
-    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., sender: _Optional[str] = ..., orders: _Optional[_Iterable[_Union[ProducerOrder, _Mapping]]] = ...) -> None: ...
+    columns: Columns
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., sender: _Optional[str] = ..., orders: _Optional[_Iterable[_Union[ProducerOrder, _Mapping]]] = ..., columns: _Optional[_Union[Columns, _Mapping]] = ...) -> None: ...
+
+class Columns(_message.Message):
+    __slots__ = ("keys", "values", "timestamps", "producer", "seqs", "ids", "producers")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMPS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_FIELD_NUMBER: _ClassVar[int]
+    SEQS_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCERS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    values: _containers.RepeatedScalarFieldContainer[bytes]
+    timestamps: _containers.RepeatedScalarFieldContainer[int]
+    producer: bytes
+    seqs: _containers.RepeatedScalarFieldContainer[int]
+    ids: bytes
+    producers: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., values: _Optional[_Iterable[bytes]] = ..., timestamps: _Optional[_Iterable[int]] = ..., producer: _Optional[bytes] = ..., seqs: _Optional[_Iterable[int]] = ..., ids: _Optional[bytes] = ..., producers: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class DeliverResponse(_message.Message):
     __slots__ = ("status", "detail", "worker_id", "report_seq", "routing_version", "duplicates")
