@@ -263,12 +263,12 @@ class TestRun:
         """The committed value of typed state ``spec`` for ``key``: the value of a
         ``ValueState``, a list for a ``ListState``, a dict for a ``MapState``."""
         from runtime.state import ListHandle, MapHandle, bind
-        from worker.context import Effects, KeyContext
+        from worker.context import KeyContext
 
         store = self._tablet(computation, key).store
         ctx = KeyContext(frozenset(), store.get_state, lambda: self._core.watermark(computation),
                          lambda: self.now_us, store.get_cell, store.scan)
-        ctx.bind(key, self._core.watermark(computation), Effects())  # TTL judged at the watermark
+        ctx.begin(key, self._core.watermark(computation))  # TTL judged at the watermark
         handle = bind(spec, ctx)
         if isinstance(handle, ListHandle):
             return list(handle)

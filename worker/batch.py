@@ -19,18 +19,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from runtime import metrics
+from runtime.columns import RECORD_OVERHEAD_BYTES, Columns
 from runtime.computation import Computation, TimeDomain
-from runtime.delivery import Status
+from runtime.delivery import MAX_DELIVERY_BYTES, Status
 from runtime.errors import MillstreamError
 from runtime.record import Record, derived_id, is_worker_producer, sequence_id, worker_producer
 from runtime.sinks import is_sink
 from runtime.state import TTL_TAG, cell, expired, merged
 from runtime.status import show_key
 from runtime.topology import dead_letter_stream
-from worker.context import Effects, KeyContext, Produced
-from worker.dedup import SEQUENCED_ID_PREFIX, Mark, MarkView, OpaqueIds
+from worker.context import _UNSAVED, Effects, KeyContext, Produced
+from worker.dedup import SEQUENCED_ID_PREFIX, Mark, MarkView, OpaqueIds, ascending, first_new
 from worker.inbox import Delivery
-from worker.storage import Commit, Production, TabletStore, Timer, production_key
+from worker.storage import Commit, Shipment, TabletStore, Timer, production_key
 
 if TYPE_CHECKING:
     from worker.tablet import Tablet
@@ -98,6 +99,15 @@ class BatchProcessor:
         self._due_now: dict[tuple[bytes, str], Timer] = {}   # timers the current batch fires
         self._cancelled: set[tuple[bytes, str]] = set()     # ... that its records deleted or moved
         self._extractor_failures: dict[str, int] = {}      # reader -> records its key extractor failed on
+        self._outgoing: dict[tuple[str, int], _Outgoing] = {}  # the batch's productions, per destination
+        self._produced = 0      # weak: productions made so far, for their order (worker/sender.py)
+        self._limit = 0         # the batch's bound on records and timers
+        self._budget = 0.0      # ... and on its user code's time (seconds)
+        self._started = 0.0
+        self._work = 0          # records and timers that ran user code
+        self._taken = 0         # everything looked at, duplicates included
+        self._stop = False      # the batch is full
+        self._wm = 0            # the input watermark the batch judges lateness by
         # The oldest event-time timer or production this batch made earlier than the record
         # (or timer) it came from, which holds the watermark there: read by the event loop
         # for progress reports until the batch's effects are in the timer index and the
@@ -115,92 +125,59 @@ class BatchProcessor:
         self._commit = commit
         self._due_now = {(t.key, t.tag): t for t in batch.due}
         self._cancelled = set()
-        budget = self.host.limits.batch_budget_ms / 1000
-        clock = time.perf_counter
-        started = clock()
-        work = 0   # records and timers that ran user code (the count ``limit`` bounds)
-        taken = 0  # everything looked at, duplicates included (the time budget bounds it)
-        stop = False
-        seen: set[bytes] = set()
-        wm = self.host.watermark(self.computation)
+        self._outgoing = {}
+        self.ctx.start_batch(commit.state)
+        self._limit = batch.limit
+        self._budget = self.host.limits.batch_budget_ms / 1000
+        self._started = time.perf_counter()
+        self._work = 0   # records and timers that ran user code (the count ``limit`` bounds)
+        self._taken = 0  # everything looked at, duplicates included (the time budget bounds it)
+        self._stop = False
+        self._wm = self.host.watermark(self.computation)
         now = self.now_us()
         view = MarkView(self.marks, self.lower)
         if self.exactly_once:
             self._plan_dedup(commit, now)
+        seen: set[bytes] = set()
         for index, d in enumerate(batch.deliveries):
-            i = d.done
-            records = d.records
+            start = d.done
+            cols = d.cols
             orders = d.orders
-            if self.exactly_once and orders and i == 0:
+            if self.exactly_once and orders and start == 0:
                 refusal = self._check_order(view, orders, now)
                 if refusal is not None:
                     batch.refused[index] = refusal
                     batch.consumed.append(0)
                     continue
-            # Each producer's mark moves once per delivery, to the highest sequence of it
-            # this batch took; within the delivery, a record at or below that is a duplicate
-            # (a delivery may repeat a record: a re-sent checkpoint, a round put back), as it
-            # would be against a mark moved record by record.
-            tops: dict[bytes, tuple[int, int]] = {}
-            dups = 0
-            while i < len(records):
-                if work >= batch.limit or (taken and clock() - started >= budget):
-                    stop = True
-                    break
-                r = records[i]
-                i += 1
-                taken += 1
-                source: tuple[bytes, int] | None = None  # its place in its producer's order
-                if self.exactly_once:
-                    # Duplicates do not count against the limit: a redelivery after a failed
-                    # batch must reach past what an earlier, smaller batch committed.
-                    rid = r.id
-                    producer = rid[:SEQUENCED_ID_PREFIX]  # split_sequenced, inline: per record
-                    order = orders.get(producer) if orders else None
-                    if order is not None:
-                        seq = int.from_bytes(rid[SEQUENCED_ID_PREFIX:], "big")
-                        source = (producer, seq)
-                        top = tops.get(producer)
-                        if top is not None and seq <= top[0]:
-                            self.metrics.duplicates.inc()
-                            dups += 1
-                            continue
-                        if view.seen(producer, seq, r.key):
-                            view.passed(producer, seq)
-                            self.metrics.duplicates.inc()
-                            dups += 1
-                            continue
-                        tops[producer] = (seq, order[1])
-                    else:
-                        if r.id in seen or self._opaque_seen(r.id):
-                            self.metrics.duplicates.inc()
-                            dups += 1
-                            continue
-                        seen.add(r.id)
-                        commit.opaque_ids.append(r.id)
-                if r.timestamp < wm:
-                    self.late += 1
-                    self.metrics.late.inc()
-                    if self.late_records == "drop":
-                        continue
-                batch.new += 1
-                work += 1
-                self._run_user(commit, r.key, r.timestamp, r.value, r.id, self._record_fn, r, source)
-            for producer, (seq, token) in tops.items():
-                view.advance(producer, seq, token, now)
-            batch.consumed.append(i - d.done)
+            producer = cols.producer
+            order = orders.get(producer) if orders and producer is not None else None
+            if not self.exactly_once:
+                end = self._run_records(batch, cols, start, None)
+                dups = 0
+            elif (order is not None and producer is not None and cols.seqs is not None
+                  and not view.has_lower(producer) and ascending(cols.seqs)):
+                # One producer's records in order: one range check against its mark.
+                fresh = first_new(cols.seqs, start, view.top(producer))
+                dups = fresh - start
+                end = self._run_records(batch, cols, fresh, producer)
+                if end > fresh:
+                    view.advance(producer, cols.seqs[end - 1], order[1], now)
+            else:
+                end, dups = self._dedup_each(batch, cols, start, orders, view, seen, now)
+            batch.consumed.append(end - start)
             if dups:
+                self.metrics.duplicates.inc(dups)
                 batch.duplicates[index] = dups
-            if stop:
+            if self._stop:
                 break
         for t in batch.due:
             k = (t.key, t.tag)
-            if stop or work >= batch.limit or (taken and clock() - started >= budget):
-                stop = True
+            if self._stop or self._full():
+                self._stop = True
                 self._defer(batch, t)
                 continue
-            work += 1
-            taken += 1
+            self._work += 1
+            self._taken += 1
             commit.timers_deleted[k] = t  # its index entry goes, whatever happens next
             if k in self._cancelled:
                 continue  # a record of this batch deleted or moved it: it does not fire
@@ -209,10 +186,124 @@ class BatchProcessor:
             parts = [b"timer", t.key, t.tag.encode(), t.time.to_bytes(8, "big", signed=True)]
             timer_id = derived_id(*parts, t.nonce) if t.nonce else derived_id(*parts)
             self._run_user(commit, t.key, t.time, b"", timer_id, self._timer_fn, t)
-
+        commit.productions = self._shipments()
         if self.exactly_once:
             commit.marks.update(view.changed)
             commit.lower.update(view.lower_changed)
+
+    def _full(self) -> bool:
+        """Whether the batch has done its ``limit`` or used its time budget."""
+        return self._work >= self._limit or (
+            self._taken > 0 and time.perf_counter() - self._started >= self._budget)
+
+    def _run_records(self, batch: Batch, cols: Columns, i: int, producer: bytes | None) -> int:
+        """User code for records ``i:`` of ``cols`` (new ones: dedup is done), until the batch
+        is full; returns the index it reached. ``producer``: the records are its sequences."""
+        n = len(cols)
+        keys, values, tss = cols.keys, cols.values, cols.timestamps
+        seqs = cols.seqs if producer is not None else None
+        ids = cols.ids
+        call = self._call
+        clock = time.perf_counter
+        deadline = self._started + self._budget
+        weak = self.weak
+        while i < n:
+            if self._work >= self._limit or (self._taken and not self._taken & 7 and clock() >= deadline):
+                self._stop = True
+                break
+            if seqs is not None:
+                assert producer is not None
+                seq = seqs[i]
+                call(batch, keys[i], values[i], tss[i], producer + seq.to_bytes(8, "big"),
+                     (producer, seq) if weak else None)
+            else:
+                assert ids is not None
+                call(batch, keys[i], values[i], tss[i], ids[i], None)
+            i += 1
+        return i
+
+    def _call(self, batch: Batch, key: bytes, value: bytes, ts: int, rid: bytes,
+              source: tuple[bytes, int] | None) -> None:
+        """User code for one new record (``source``: its place in its producer's order, for a
+        weak tablet's output ids). The common path: a late check, a ``Record``, the call, and
+        what it made merged; a call that raises is retried, then dead-lettered (``_run_user``)."""
+        self._taken += 1
+        if ts < self._wm:
+            self.late += 1
+            self.metrics.late.inc()
+            if self.late_records == "drop":
+                return
+        batch.new += 1
+        self._work += 1
+        ctx = self.ctx
+        mark = len(ctx.out)
+        ctx._key = key  # KeyContext.begin, inline: per record
+        ctx._timestamp = ts
+        ctx.eff = None
+        ctx._saved = _UNSAVED
+        calls = self.calls
+        calls.begin(key)
+        try:
+            self.comp.process_record(ctx, Record(key, value, ts, rid))
+        except BaseException as e:  # user code: anything may happen, sys.exit() included
+            ctx.undo(mark)
+            self.metrics.user_seconds.observe(calls.end())
+            self._run_user(batch.commit, key, ts, value, rid, self._record_fn, Record(key, value, ts, rid), source,
+                           failed=e)
+            return
+        self.metrics.user_seconds.observe(calls.end())
+        if ctx.eff is not None or len(ctx.out) > mark:
+            self._after_call(batch.commit, ctx.eff, mark, ts, rid, source)
+
+    def _dedup_each(self, batch: Batch, cols: Columns, i: int, orders: dict[bytes, tuple[int, int]] | None,
+                    view: MarkView, seen: set[bytes], now: int) -> tuple[int, int]:
+        """Records ``i:`` of ``cols`` deduplicated one by one (opaque ids, several producers in
+        one delivery, a producer with lower marks after a merge, or out of order) and the new
+        ones run. Returns the index reached and the duplicates dropped."""
+        # Each producer's mark moves once per delivery, to the highest sequence of it this
+        # batch took; within the delivery, a record at or below that is a duplicate (a
+        # delivery may repeat a record: a re-sent checkpoint, a round put back), as it would
+        # be against a mark moved record by record.
+        tops: dict[bytes, tuple[int, int]] = {}
+        dups = 0
+        n = len(cols)
+        while i < n:
+            if self._full():
+                self._stop = True
+                break
+            rid = cols.id(i)
+            producer = rid[:SEQUENCED_ID_PREFIX]
+            order = orders.get(producer) if orders else None
+            source: tuple[bytes, int] | None = None
+            if order is not None:
+                seq = int.from_bytes(rid[SEQUENCED_ID_PREFIX:], "big")
+                top = tops.get(producer)
+                if top is not None and seq <= top[0]:
+                    dups += 1
+                    self._taken += 1
+                    i += 1
+                    continue
+                if view.seen(producer, seq, cols.keys[i]):
+                    view.passed(producer, seq)
+                    dups += 1
+                    self._taken += 1
+                    i += 1
+                    continue
+                tops[producer] = (seq, order[1])
+                source = (producer, seq)
+            else:
+                if rid in seen or self._opaque_seen(rid):
+                    dups += 1
+                    self._taken += 1
+                    i += 1
+                    continue
+                seen.add(rid)
+                self._commit.opaque_ids.append(rid)
+            self._call(batch, cols.keys[i], cols.values[i], cols.timestamps[i], rid, source)
+            i += 1
+        for producer, (seq, token) in tops.items():
+            view.advance(producer, seq, token, now)
+        return i, dups
 
     def _check_order(self, view: MarkView, orders: dict[bytes, tuple[int, int]], now: int) -> int | None:
         """Whether a delivery may be committed now (None), or the status to refuse it with:
@@ -340,86 +431,96 @@ class BatchProcessor:
         return merged(self.store.scan(prefix), pending, [p for p in c.cleared if p.startswith(prefix)])
 
     def read_state(self, key: bytes) -> bytes | None:
-        st = self._commit.state
-        if key in st:
-            return st[key]
         return self.store.get_state(key)
 
     def _run_user(self, commit: Commit, key: bytes, ts: int, value: bytes, source_id: bytes,
                   fn: Callable[[KeyContext, _T], None], arg: _T,
-                  source: tuple[bytes, int] | None = None) -> None:
+                  source: tuple[bytes, int] | None = None, failed: BaseException | None = None) -> None:
         """Run user code (``fn(ctx, arg)``) for one record or timer, retrying, then
-        dead-lettering it."""
-        attempts = self.host.limits.max_attempts
-        error: BaseException | None = None
+        dead-lettering it. ``failed``: what its first attempt raised (one attempt is used)."""
+        attempts = self.host.limits.max_attempts - (failed is not None)
+        error = failed
         calls = self.calls
         user_seconds = self.metrics.user_seconds
+        ctx = self.ctx
+        mark = len(ctx.out)
         for _ in range(attempts):
-            eff = Effects()
-            self.ctx.bind(key, ts, eff)
+            ctx.begin(key, ts)
             calls.begin(key)
             try:
-                fn(self.ctx, arg)
+                fn(ctx, arg)
             except BaseException as e:  # user code: anything may happen, sys.exit() included
                 error = e
+                ctx.undo(mark)
                 continue
-            else:
-                # Key extractors are the readers' code: one that fails costs its reader the
-                # record (to its dead letters), not this call or the other readers (review N5).
-                routed = self._route(eff) if eff.produced else []
             finally:
                 user_seconds.observe(calls.end())
-            if eff.timers_set or routed:
-                self._hold(eff, routed, ts)
-            self._merge(commit, eff, routed, source_id, source)
+            self._after_call(commit, ctx.eff, mark, ts, source_id, source)
             return
         assert error is not None
         self.dead_lettered += 1
         self.metrics.dead_lettered.inc()
         log.warning("tablet %s: dead-lettering a record of key %r after %d failures: %r",
-                    self.name, show_key(key), attempts, error)
+                    self.name, show_key(key), self.host.limits.max_attempts, error)
         doc = {"error": f"{type(error).__name__}: {error}", "computation": self.computation,
                "value": base64.b64encode(value).decode()}
-        eff = Effects()
-        eff.produced.append((dead_letter_stream(self.computation), key, json.dumps(doc).encode(), ts))
-        self._merge(commit, eff, self._route(eff), source_id + b"dead-letter")
+        ctx.begin(key, ts)
+        ctx.out.append((dead_letter_stream(self.computation), key, json.dumps(doc).encode(), ts))
+        self._after_call(commit, None, mark, ts, source_id + b"dead-letter", None)
 
-    def _hold(self, eff: Effects, routed: list[tuple[str, int, bytes, Produced]], ts: int) -> None:
-        """Hold the watermark at effects earlier than their source's timestamp ``ts`` (which
-        the inbox holds already) from now on, not only once they are committed (review N22)."""
+    def _after_call(self, commit: Commit, eff: Effects | None, mark: int, ts: int, source_id: bytes,
+                    source: tuple[bytes, int] | None) -> None:
+        """Merge what a call that returned did (its timers and typed state; its productions
+        ``ctx.out[mark:]``, routed) into the batch, and hold the watermark at any of it
+        earlier than the call's timestamp ``ts`` (which the inbox holds already) from now on,
+        not only once committed (review N22)."""
         low = ts
-        for t in eff.timers_set.values():
-            if t.time < low and t.domain is TimeDomain.EVENT_TIME:
-                low = t.time
-        for *_, produced in routed:
-            if produced[3] < low:
-                low = produced[3]
+        if eff is not None:
+            for prefix in eff.cleared:
+                for skey in [s for s in commit.cells if s.startswith(prefix)]:
+                    del commit.cells[skey]
+                commit.cleared.append(prefix)
+            if eff.cells:
+                commit.cells.update(eff.cells)
+            if eff.timers_deleted or eff.timers_set:
+                self._merge_timers(commit, eff, source_id)
+                for t in eff.timers_set.values():
+                    if t.time < low and t.domain is TimeDomain.EVENT_TIME:
+                        low = t.time
+        out = self.ctx.out
+        if len(out) > mark:
+            routed = self._route(out, mark)
+            for *_, produced in routed:
+                if produced[3] < low:
+                    low = produced[3]
+            self._merge_productions(commit, routed, source_id, source)
         if low < ts and (self.hold is None or low < self.hold):
             self.hold = low
 
-    def _route(self, eff: Effects) -> list[tuple[str, int, bytes, Produced]]:
-        """``(computation, range, key, production)`` for each reader of each production;
-        records (and their ids) are made by _merge. A production a reader's key extractor
-        fails on goes to that reader's dead letters instead (``<reader>.dead_letter``)."""
+    def _route(self, out: list[Produced], mark: int) -> list[tuple[str, int, bytes, Produced]]:
+        """``(computation, range, key, production)`` for each reader of each production of
+        ``out[mark:]``; ids are given by _merge_productions. A production a reader's key
+        extractor fails on goes to that reader's dead letters instead (``<reader>.dead_letter``)."""
         route = self.host.routing.route_fields
-        out = []
+        routed = []
         errors: list[tuple[str, BaseException]] = []
 
         def fail(reader: str, error: BaseException) -> None:
             errors.append((reader, error))
 
         letters: list[Produced] = []
-        for produced in eff.produced:
+        for i in range(mark, len(out)):
+            produced = out[i]
             stream, key, value, ts = produced
             for comp, r, k in route(stream, key, value, ts, None, fail):
-                out.append((comp, r, k, produced))
+                routed.append((comp, r, k, produced))
             if errors:
                 letters += [self._reader_dead_letter(reader, produced, error) for reader, error in errors]
                 errors.clear()
         for letter in letters:
             for comp, r, k in route(*letter, None, self._unroutable_dead_letter):
-                out.append((comp, r, k, letter))
-        return out
+                routed.append((comp, r, k, letter))
+        return routed
 
     def _reader_dead_letter(self, reader: str, produced: Produced, error: BaseException) -> Produced:
         stream, key, value, ts = produced
@@ -436,21 +537,6 @@ class BatchProcessor:
     def _unroutable_dead_letter(self, reader: str, error: BaseException) -> None:
         log.error("tablet %s: a dead letter is lost: the key extractor of %r, a reader of dead letters, "
                   "failed: %s: %s", self.name, reader, type(error).__name__, error)
-
-    def _merge(self, commit: Commit, eff: Effects, routed: list[tuple[str, int, bytes, Produced]],
-               source_id: bytes, source: tuple[bytes, int] | None = None) -> None:
-        if eff.state:
-            commit.state.update(eff.state)
-        for p in eff.cleared:
-            for skey in [s for s in commit.cells if s.startswith(p)]:
-                del commit.cells[skey]
-            commit.cleared.append(p)
-        if eff.cells:
-            commit.cells.update(eff.cells)
-        if eff.timers_deleted or eff.timers_set:
-            self._merge_timers(commit, eff, source_id)
-        if routed:
-            self._merge_productions(commit, routed, source_id, source)
 
     def _merge_timers(self, commit: Commit, eff: Effects, source_id: bytes) -> None:
         for k in eff.timers_deleted:
@@ -477,21 +563,24 @@ class BatchProcessor:
 
     def _merge_productions(self, commit: Commit, routed: list[tuple[str, int, bytes, Produced]],
                            source_id: bytes, source: tuple[bytes, int] | None) -> None:
+        """Give each production its id and append it, for each of its readers, to the batch's
+        outgoing delivery to that reader's tablet."""
         assert commit.seq is not None
         last: Produced | None = None
         index = 0
         rid = b""
-        producer: bytes | None = self.prefix
+        producer: bytes | None = None
         weak_producer = None
-        if self.weak and source is not None and source[1] < WEAK_MAX_SOURCE_SEQ:
+        weak = self.weak
+        if weak and source is not None and source[1] < WEAK_MAX_SOURCE_SEQ:
             weak_producer = worker_producer(derived_id(self.prefix, source[0]))
+        outgoing = self._outgoing
         for comp, r, rkey, produced in routed:
             if produced is not last:  # one id per produced record, shared by its readers
                 last = produced
                 index += 1
-                if not self.weak:
+                if not weak:
                     commit.seq += 1
-                    rid = sequence_id(self.prefix, commit.seq)
                 # Weak: sent before the commit, so a retry must mint the same ids. An output of
                 # a sequenced input (P, s) is sequenced too: producer (this tablet, P), place
                 # s * 2**20 + index, in the order this tablet commits P's records. Others (of
@@ -502,6 +591,71 @@ class BatchProcessor:
                 else:
                     producer = None
                     rid = derived_id(self.prefix, source_id, index.to_bytes(4, "big"))
-            ckey = None if self.weak else production_key(commit.seq, comp, r, sequenced=True)
-            commit.productions.append(Production(comp, r, Record(rkey, produced[2], produced[3], rid), ckey, producer))
+            o = outgoing.get((comp, r))
+            if o is None:
+                o = outgoing[(comp, r)] = _Outgoing()
+            o.keys.append(rkey)
+            o.values.append(produced[2])
+            o.timestamps.append(produced[3])
+            if not weak:
+                o.seqs.append(commit.seq)
+            else:
+                o.ids.append(rid)
+                o.order.append(self._produced)
+                if producer is not None:
+                    o.producers[producer] = None
+            self._produced += 1
 
+    def _shipments(self) -> list[Shipment]:
+        """The batch's outgoing deliveries, one per destination tablet (cut where one would
+        pass :data:`~runtime.delivery.MAX_DELIVERY_BYTES`); strong ones with their checkpoint."""
+        out = []
+        for (comp, r), o in self._outgoing.items():
+            if self.weak:
+                cols = Columns(o.keys, o.values, o.timestamps, ids=o.ids)
+                producers = tuple(o.producers)
+            else:
+                cols = Columns(o.keys, o.values, o.timestamps, self.prefix, o.seqs)
+                producers = (self.prefix,)
+            start = 0
+            for part in _cut(cols):
+                s = Shipment(comp, r, part, producers)
+                if self.weak:
+                    s.order = o.order[start:start + len(part)]
+                else:
+                    assert part.seqs is not None
+                    s.ckey = production_key(part.seqs[0], comp, r)
+                start += len(part)
+                out.append(s)
+        self._outgoing = {}
+        return out
+
+
+class _Outgoing:
+    """One destination tablet's share of a batch's productions, as columns being built."""
+
+    __slots__ = ("keys", "values", "timestamps", "seqs", "ids", "order", "producers")
+
+    def __init__(self) -> None:
+        self.keys: list[bytes] = []
+        self.values: list[bytes] = []
+        self.timestamps: list[int] = []
+        self.seqs: list[int] = []                 # strong: this tablet's sequence of each
+        self.ids: list[bytes] = []                # weak: each one's id
+        self.order: list[int] = []                # weak: each one's place in production order
+        self.producers: dict[bytes, None] = {}    # weak: the sequenced producers among them, in order
+
+
+def _cut(cols: Columns) -> list[Columns]:
+    """``cols`` in parts of at most :data:`MAX_DELIVERY_BYTES` (a larger record alone)."""
+    if cols.nbytes() <= MAX_DELIVERY_BYTES:
+        return [cols]
+    parts, start, size = [], 0, 0
+    for i in range(len(cols)):
+        n = len(cols.keys[i]) + len(cols.values[i]) + RECORD_OVERHEAD_BYTES
+        if i > start and size + n > MAX_DELIVERY_BYTES:
+            parts.append(cols.select(range(start, i)))
+            start, size = i, 0
+        size += n
+    parts.append(cols.select(range(start, len(cols))))
+    return parts

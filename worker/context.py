@@ -44,17 +44,20 @@ Produced = tuple[str, bytes, bytes, int]  # what ctx.produce() was given: stream
 
 
 class Effects:
-    """What one record (or timer) did; merged into the batch only if user code returned."""
+    """What one call of user code did to timers and typed state; merged into the batch only if
+    it returned. (Its ``ctx.state`` writes and productions go straight into the batch, undone
+    if it raised: :meth:`KeyContext.undo`.) Made only for a call that uses them."""
 
-    __slots__ = ("state", "timers_set", "timers_deleted", "produced", "cells", "cleared")
+    __slots__ = ("timers_set", "timers_deleted", "cells", "cleared")
 
     def __init__(self) -> None:
-        self.state: dict[bytes, bytes | None] = {}
         self.cells: dict[bytes, bytes | None] = {}  # typed state (runtime/state.py): writes, None deletes
         self.cleared: list[bytes] = []              # ... and cleared prefixes, before those writes
         self.timers_set: dict[tuple[bytes, str], Timer] = {}
         self.timers_deleted: set[tuple[bytes, str]] = set()
-        self.produced: list[Produced] = []
+
+
+_UNSAVED = object()
 
 
 class _KeyState(State):
@@ -64,24 +67,30 @@ class _KeyState(State):
         self._ctx = ctx
 
     def get(self) -> bytes | None:
-        key = self._ctx._key
-        eff = self._ctx.effects
-        if key in eff.state:
-            return eff.state[key]
-        return self._ctx.read_state(key)
+        ctx = self._ctx
+        key = ctx._key
+        writes = ctx.writes
+        if key in writes:
+            return writes[key]
+        return ctx.read_state(key)
 
     def set(self, value: bytes) -> None:
         if not isinstance(value, (bytes, bytearray, memoryview)):
             raise UsageError(f"state must be bytes, not {type(value).__name__}; encode it first")
         _check_size(value, MAX_VALUE_BYTES, "state value")
-        self._ctx.effects.state[self._ctx._key] = bytes(value)
+        self._ctx.write_state(bytes(value))
 
     def clear(self) -> None:
-        self._ctx.effects.state[self._ctx._key] = None
+        self._ctx.write_state(None)
 
 
 class KeyContext(Context):
-    """A context reused across the records of a batch (rebound per record)."""
+    """A context reused across the records of a batch (rebound per record).
+
+    ``ctx.state`` writes go into the batch's ``writes`` and productions onto its ``out``
+    list as they are made; :meth:`begin` marks where a call starts and :meth:`undo` takes
+    back what a call that raised did. Timers and typed state go into an :class:`Effects` of
+    the call, made on first use (``effects``)."""
 
     def __init__(
         self,
@@ -93,7 +102,7 @@ class KeyContext(Context):
         scan_cells: Callable[[bytes], Iterator[tuple[bytes, bytes]]] = lambda prefix: iter(()),
     ) -> None:
         self.outputs = outputs
-        self.read_state = read_state
+        self.read_state = read_state  # committed state (the batch's writes are ``writes``)
         self.read_cell = read_cell    # typed state committed or written earlier in the batch
         self.scan_cells = scan_cells
         self._watermark = watermark
@@ -101,12 +110,49 @@ class KeyContext(Context):
         self._key = b""
         self._timestamp = 0
         self._state = _KeyState(self)
-        self.effects = Effects()
+        self.writes: dict[bytes, bytes | None] = {}  # the batch's ctx.state writes
+        self.out: list[Produced] = []                # the batch's productions, in order
+        self.eff: Effects | None = None              # this call's timers and typed state
+        self._saved: Any = _UNSAVED                  # this call's key's state before it wrote
 
-    def bind(self, key: bytes, timestamp: int, effects: Effects) -> None:
+    def start_batch(self, writes: dict[bytes, bytes | None]) -> None:
+        self.writes = writes
+        self.out = []
+
+    def begin(self, key: bytes, timestamp: int) -> None:
+        """A call of user code for ``key`` at ``timestamp`` starts."""
         self._key = key
         self._timestamp = timestamp
-        self.effects = effects
+        self.eff = None
+        self._saved = _UNSAVED
+
+    def undo(self, produced: int) -> None:
+        """Take back what the call did (it raised): its state write, its productions from
+        index ``produced`` of ``out`` on, its timers and typed state."""
+        saved = self._saved
+        if saved is not _UNSAVED:
+            had, old = saved
+            if had:
+                self.writes[self._key] = old
+            else:
+                self.writes.pop(self._key, None)
+            self._saved = _UNSAVED
+        del self.out[produced:]
+        self.eff = None
+
+    def write_state(self, value: bytes | None) -> None:
+        writes = self.writes
+        key = self._key
+        if self._saved is _UNSAVED:
+            self._saved = (key in writes, writes.get(key))
+        writes[key] = value
+
+    @property
+    def effects(self) -> Effects:
+        eff = self.eff
+        if eff is None:
+            eff = self.eff = Effects()
+        return eff
 
     @property
     def key(self) -> bytes:
@@ -151,7 +197,7 @@ class KeyContext(Context):
         _check_size(value, MAX_VALUE_BYTES, "produce() value")
         if key is not None:
             _check_size(key, MAX_KEY_BYTES, "produce() key")
-        self.effects.produced.append((stream, self._key if key is None else bytes(key), bytes(value), ts))
+        self.out.append((stream, self._key if key is None else bytes(key), bytes(value), ts))
 
     def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
         _check_tag(tag)

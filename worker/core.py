@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from runtime import metrics
+from runtime.columns import Columns
 from runtime.delivery import Orders, Receipt
 from runtime.errors import ConfigError, NotOwnerError, StaleTokenError, TopologyError
 from runtime.faults import Faults
@@ -25,12 +26,12 @@ from worker.replication import ReplicaChannel, Replicator
 from worker.reshard import Origin, Parent
 from worker.seen import SeenTablets
 from worker.sender import Sender
-from worker.storage import Production
+from worker.storage import Shipment
 from worker.tablet import BUSY, NOT_OWNER, Tablet
 
 log = logging.getLogger(__name__)
 WATERMARK_MIN = -(1 << 63)
-RemoteDeliver = Callable[[str, str, int, int, list[Record], Orders | None], Awaitable[tuple[int, Receipt | None]]]
+RemoteDeliver = Callable[[str, str, int, int, Columns, Orders | None], Awaitable[tuple[int, Receipt | None]]]
 
 
 @dataclass(frozen=True)
@@ -585,8 +586,8 @@ class WorkerCore:
 
     # -------------------------------------------------------------- delivery
 
-    def send(self, productions: list[Production], owner: Tablet) -> None:
-        self.sender.send(productions, owner)
+    def send(self, shipments: list[Shipment], owner: Tablet) -> None:
+        self.sender.send(shipments, owner)
 
     def watermark(self, computation: str) -> int:
         """``computation``'s input watermark (master/watermarks.py, inputs): what its timers
@@ -625,15 +626,18 @@ class WorkerCore:
         for tablet in self.tablets.values():
             tablet.release(reported)
 
-    async def deliver(self, computation: str, key_range: int, token: int, records: list[Record],
+    async def deliver(self, computation: str, key_range: int, token: int, records: Columns | list[Record],
                       orders: Orders | None = None) -> int:
         """Fence by token, then hand the batch to the tablet (DESIGN.md §4 step 1)."""
         return (await self.deliver_counted(computation, key_range, token, records, orders))[0]
 
-    async def deliver_counted(self, computation: str, key_range: int, token: int, records: list[Record],
+    async def deliver_counted(self, computation: str, key_range: int, token: int, records: Columns | list[Record],
                               orders: Orders | None = None) -> tuple[int, int]:
         """:meth:`deliver`, with how many of the records were dropped as duplicates (with OK;
-        the answer to a Deliver carries it, so an injector can tell a re-used name)."""
+        the answer to a Deliver carries it, so an injector can tell a re-used name). Records
+        come as columns (a list of records is taken too: tests, runtime.testing)."""
+        if not isinstance(records, Columns):
+            records = Columns.of_records(records, next(iter(orders)) if orders and len(orders) == 1 else None)
         if self.faults.path is not None and self.faults.busy():
             return BUSY, 0  # the test hook's backpressure (runtime/faults.py)
         key = (computation, key_range)
@@ -660,7 +664,7 @@ class WorkerCore:
         return NOT_OWNER, 0
 
     async def deliver_to(self, address: str, computation: str, key_range: int, token: int,
-                         records: list[Record], orders: Orders | None) -> tuple[int, Receipt | None]:
+                         records: Columns, orders: Orders | None) -> tuple[int, Receipt | None]:
         if address == self.address:
             status = await self.deliver(computation, key_range, token, records, orders)
             return status, self.receipt()

@@ -128,6 +128,15 @@ class MarkView:
                     return seq <= low.seq
         return True
 
+    def top(self, producer: bytes) -> int:
+        """The highest sequence of ``producer`` committed here (0: none)."""
+        mark = self.get(producer)
+        return mark.seq if mark is not None else 0
+
+    def has_lower(self, producer: bytes) -> bool:
+        """Whether part of the range has a lower mark of ``producer`` (after a merge)."""
+        return bool(self._lows(producer))
+
     def floor(self, producer: bytes) -> int:
         """The sequence below which every record of ``producer`` is committed here."""
         mark = self.get(producer)

@@ -6,9 +6,9 @@ NOT_OWNER if the tablet lets go of it first. A batch may stop part-way through a
 delivery, and every delivery after it, goes back to the front of the queue in order.
 Every record not yet committed holds the tablet's oldest work (hence the watermark).
 
-The oldest timestamp and the size of what a delivery has left are kept per delivery, not
-per record: computed once when it arrives (and again only when a batch stops inside it),
-so a record costs the queue nothing in Python beyond its delivery's two sums.
+A delivery's records are columns (runtime/columns.py). The oldest timestamp and the size of
+what a delivery has left are kept per delivery, not per record: computed once when it
+arrives (and again only when a batch stops inside it), each a call into C over a column.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 
-from runtime.delivery import RECORD_OVERHEAD_BYTES, Status
-from runtime.record import Record
+from runtime.columns import Columns
+from runtime.delivery import Status
 from worker.progress import TimestampBag
 
 OK, NOT_OWNER = Status.OK, Status.NOT_OWNER
@@ -28,7 +28,7 @@ OK, NOT_OWNER = Status.OK, Status.NOT_OWNER
 class Delivery:
     """One sender's batch of records; ``done`` of them are committed already."""
 
-    records: list[Record]
+    cols: Columns
     fut: asyncio.Future[int]
     orders: dict[bytes, tuple[int, int]] | None = None  # producer -> (after, token)
     done: int = 0
@@ -38,13 +38,11 @@ class Delivery:
 
     @property
     def remaining(self) -> int:
-        return len(self.records) - self.done
+        return len(self.cols) - self.done
 
     def measure(self) -> None:
-        rest = self.records[self.done:] if self.done else self.records
-        self.oldest = min([r.timestamp for r in rest], default=None)
-        # runtime.delivery.record_bytes, summed without a call per record
-        self.nbytes = sum([len(r.key) + len(r.value) for r in rest]) + RECORD_OVERHEAD_BYTES * len(rest)
+        self.oldest = self.cols.oldest(self.done)
+        self.nbytes = self.cols.nbytes(self.done)
 
 
 class Inbox:
@@ -61,12 +59,12 @@ class Inbox:
     def __bool__(self) -> bool:
         return bool(self._queue)
 
-    def put(self, records: list[Record], fut: asyncio.Future[int],
+    def put(self, cols: Columns, fut: asyncio.Future[int],
             orders: dict[bytes, tuple[int, int]] | None = None) -> Delivery:
-        d = Delivery(records, fut, orders)
+        d = Delivery(cols, fut, orders)
         d.measure()
         self._queue.append(d)
-        self.records += len(records)
+        self.records += len(cols)
         self.bytes += d.nbytes
         return d
 
@@ -99,7 +97,7 @@ class Inbox:
             if duplicates:
                 d.duplicates += duplicates.get(i, 0)
             self._taken.pop(id(d), None)
-            if d.done == len(d.records):
+            if d.done == len(d.cols):
                 if not d.fut.done():
                     d.fut.set_result(OK)
             else:

@@ -1,4 +1,5 @@
-"""What a tablet has produced and not yet fully handed over.
+"""What a tablet has produced and not yet fully handed over, by shipment (one outgoing
+delivery of one commit, worker/storage.py).
 
 A production is *unacknowledged* until its receiver commits it; then *held* until the
 leader holds the receiver's progress report that reflects it (its receipt, see
@@ -13,51 +14,59 @@ from __future__ import annotations
 
 from runtime.delivery import Receipt
 from worker.progress import TimestampBag
-from worker.storage import Production
+from worker.storage import Shipment
 
 
 class Outbox:
-    """In-flight productions of one tablet, for its watermark."""
+    """In-flight productions of one tablet, for its watermark: counted in records, their
+    timestamps kept by shipment (its oldest)."""
 
     def __init__(self) -> None:
-        self.unacked = 0
+        self.unacked = 0  # records
         self._unacked_ts = TimestampBag()
         self._held_ts = TimestampBag()
-        self._held: dict[Receipt, list[Production]] = {}
+        self._held: dict[Receipt, list[Shipment]] = {}
 
-    def sent(self, productions: list[Production]) -> None:
-        self.unacked += len(productions)
-        for p in productions:
-            self._unacked_ts.add(p.record.timestamp)
+    def sent(self, shipments: list[Shipment]) -> None:
+        for s in shipments:
+            self.unacked += len(s.cols)
+            self._unacked_ts.add(s.oldest)
 
-    def acked(self, productions: list[Production], receipt: Receipt | None) -> list[Production]:
+    def replaced(self, old: list[Shipment], new: list[Shipment]) -> None:
+        """Re-routing cut unacknowledged shipments ``old`` into ``new`` (worker/sender.py)."""
+        for s in old:
+            self.unacked -= len(s.cols)
+            self._unacked_ts.remove(s.oldest)
+        self.sent(new)
+
+    def acked(self, shipments: list[Shipment], receipt: Receipt | None) -> list[Shipment]:
         """The receiver committed them (or never will: ``receipt`` None): hold their
         timestamps until ``receipt`` is confirmed. Returns those let go of now."""
-        self.unacked -= len(productions)
-        for p in productions:
-            self._unacked_ts.remove(p.record.timestamp)
+        for s in shipments:
+            self.unacked -= len(s.cols)
+            self._unacked_ts.remove(s.oldest)
         if receipt is None:
-            return productions
-        self._held.setdefault(receipt, []).extend(productions)
-        for p in productions:
-            self._held_ts.add(p.record.timestamp)
+            return shipments
+        self._held.setdefault(receipt, []).extend(shipments)
+        for s in shipments:
+            self._held_ts.add(s.oldest)
         return []
 
-    def release(self, reported: dict[str, int]) -> list[Production]:
-        """Let go of productions whose receiver's covering report the leader holds (or whose
+    def release(self, reported: dict[str, int]) -> list[Shipment]:
+        """Let go of shipments whose receiver's covering report the leader holds (or whose
         receiver the leader does not know: its reports count for nothing then); returns them."""
-        out: list[Production] = []
+        out: list[Shipment] = []
         for receipt in [r for r in self._held if reported.get(r[0], r[1]) >= r[1]]:
             held = self._held.pop(receipt)
-            for p in held:
-                self._held_ts.remove(p.record.timestamp)
+            for s in held:
+                self._held_ts.remove(s.oldest)
             out += held
         return out
 
     @property
     def held(self) -> int:
-        """Productions acknowledged whose receipt is not confirmed yet."""
-        return sum(len(ps) for ps in self._held.values())
+        """Records acknowledged whose receipt is not confirmed yet."""
+        return sum(len(s.cols) for ss in self._held.values() for s in ss)
 
     def oldest(self) -> int | None:
         """The oldest timestamp still in hand-over."""

@@ -13,8 +13,8 @@ import grpc
 
 from runtime import delivery
 from runtime.client import AsyncMasterClient
+from runtime.columns import Columns
 from runtime.errors import StaleTokenError
-from runtime.record import Record
 from runtime.security import Security
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
@@ -39,9 +39,10 @@ class Peers:
         self._calls: set[asyncio.Task[None]] = set()
 
     async def deliver(self, address: str, computation: str, key_range: int, token: int,
-                      records: list[Record], orders: delivery.Orders | None
+                      cols: Columns, orders: delivery.Orders | None
                       ) -> tuple[int, delivery.Receipt | None]:
-        req = delivery.request(computation, key_range, token, records, orders)
+        req = pb.DeliverRequest(computation=computation, key_range=key_range, token=token,
+                                columns=cols.to_proto(), orders=delivery.to_orders(orders))
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[delivery.Outcome] = loop.create_future()
         bundle = self._bundles.setdefault(address, [])

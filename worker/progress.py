@@ -9,7 +9,6 @@ from collections import deque
 from collections.abc import Sequence
 
 from runtime.keyspace import key_hash
-from runtime.record import Record
 
 
 class KeySample:
@@ -26,10 +25,10 @@ class KeySample:
         self._median = 0
         self._computed_at = -1e18
 
-    def add(self, records: Sequence[Record]) -> None:
+    def add(self, keys: Sequence[bytes]) -> None:
         start = -self._seen % self.every
-        self._hashes.extend(key_hash(r.key) for r in records[start::self.every])
-        self._seen += len(records)
+        self._hashes.extend(map(key_hash, keys[start::self.every]))
+        self._seen += len(keys)
 
     def median(self) -> int:
         """The median sampled hash (0 while there are too few samples); recomputed at most

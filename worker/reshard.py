@@ -203,9 +203,9 @@ def _absorb(db: Rdict, left: Parent, right: Parent) -> None:
         left_seq = int(db.get(M_SEQ) or b"0")
         last = max([left_seq, *(struct.unpack_from(">Q", k, 1)[0] for k, _ in _scan(db, b"P"))])
         for k, v in _scan(src, b"P"):
-            _, key_range, sequenced = struct.unpack_from(">QIB", k, 1)
+            _, key_range, kind = struct.unpack_from(">QIB", k, 1)
             last += 1
-            wb.put(production_key(last, k[14:].decode(), key_range, sequenced=bool(sequenced)), v)
+            wb.put(production_key(last, k[14:].decode(), key_range, kind), v)
         right_seq = int(src.get(M_SEQ) or b"0")
         wb.put(M_SEQ, str(max(last, right_seq)).encode())
         db.write(wb)

@@ -1,6 +1,8 @@
 """Delivery of productions to their tablets, retried until acknowledged.
 
-One task per destination tablet drains that tablet's queue in batches. NOT_OWNER
+What a sender queues are shipments (worker/storage.py): one commit's records for one
+tablet, as columns. One task per destination tablet drains that tablet's queue, several
+shipments to a delivery. NOT_OWNER
 or an unreachable worker waits for the next routing version; BUSY backs off
 exponentially. A production leaves the queue only when its receiver has
 committed it, or when its producing tablet closes (its checkpoint stays on
@@ -8,11 +10,11 @@ disk and the next owner re-sends it).
 
 A range that a split or merge replaced is *retired*: once its delivery in flight ends,
 what its queue still holds is re-routed by key to the ranges that replaced it, ahead of
-anything produced for them since, in the order the sender was given them: so each
-producer's records stay in sequence (worker/dedup.py) and each key's in the order its
-producer made them (DESIGN.md §2; a weak producer's outputs carry sequences of several
-orders, and opaque ids none, so their ids cannot say it). Until every retired queue of a
-computation is re-routed, its other queues wait.
+anything produced for them since: record by record, each producer's in sequence
+(worker/dedup.py), and each key's in the order its producer made them (DESIGN.md §2: a key's
+records were all in one retired queue, in that order; records with opaque ids keep their
+queue's order). Until every retired queue of a computation is re-routed, its other queues
+wait. A re-routed shipment holds a share of the checkpoints its records came from.
 
 A computation the routing no longer has (its job was cancelled, with or without its state
 kept, or an update removed it) will never commit what is queued for it: once a delivery in
@@ -30,10 +32,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from runtime.delivery import MAX_DELIVERY_BYTES, Orders, Receipt, Status, record_bytes
-from runtime.record import Record
+from runtime.columns import Columns
+from runtime.delivery import MAX_DELIVERY_BYTES, Orders, Receipt, Status
 from runtime.routing import RoutingTable
-from worker.storage import Production
+from worker.storage import Share, Shipment
 
 if TYPE_CHECKING:
     from worker.tablet import Tablet
@@ -42,11 +44,11 @@ log = logging.getLogger(__name__)
 
 OK, NOT_OWNER, BUSY, OUT_OF_ORDER, UNREACHABLE = (Status.OK, Status.NOT_OWNER, Status.BUSY,
                                                   Status.OUT_OF_ORDER, Status.UNREACHABLE)
-DeliverFn = Callable[[str, str, int, int, list[Record], Orders | None], Awaitable[tuple[int, Receipt | None]]]
+DeliverFn = Callable[[str, str, int, int, Columns, Orders | None], Awaitable[tuple[int, Receipt | None]]]
 
 
 class Sender:
-    """Queues productions per destination tablet and delivers them."""
+    """Queues shipments per destination tablet and delivers them."""
 
     def __init__(self, routing: Callable[[], RoutingTable], deliver: DeliverFn,
                  routing_changed: Callable[[int, float], Awaitable[None]],
@@ -55,30 +57,28 @@ class Sender:
         self._deliver = deliver
         self._routing_changed = routing_changed
         self.max_batch = max_batch
-        self._queues: dict[tuple[str, int], deque[tuple[Production, Tablet]]] = {}
+        self._queues: dict[tuple[str, int], deque[tuple[Shipment, Tablet]]] = {}
         self._wakeups: dict[tuple[str, int], asyncio.Event] = {}
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._retiring: dict[str, set[tuple[str, int]]] = {}  # computation -> queues of gone ranges
-        self._staged: dict[str, list[tuple[Production, Tablet]]] = {}  # ... and what they held
-        self._given = 0  # productions ever given to send(): their order, for a re-route
+        self._staged: dict[str, list[tuple[Shipment, Tablet]]] = {}  # ... and what they held
 
-    def send(self, productions: list[Production], owner: Tablet) -> None:
+    def send(self, shipments: list[Shipment], owner: Tablet) -> None:
         routing = self._routing()
-        unread = [p for p in productions if not _reads(routing, p.computation)]
+        unread = [s for s in shipments if not _reads(routing, s.computation)]
         if unread:
             _drop(unread, owner, "sent")
-            productions = [p for p in productions if _reads(routing, p.computation)]
-        given = self._given
-        self._given += len(productions)
-        for p in productions:
-            given += 1
-            p.sent = given
-            if p.computation in routing.computations and not routing.has_range(p.computation, p.key_range):
-                p.key_range = routing.range_for(p.computation, p.record.key)  # made before a split
-            self._queue((p.computation, p.key_range)).append((p, owner))
-            self._wakeups[(p.computation, p.key_range)].set()
+            shipments = [s for s in shipments if _reads(routing, s.computation)]
+        for s in shipments:
+            if s.computation in routing.computations and not routing.has_range(s.computation, s.key_range):
+                parts = _reroute([(s, owner)], routing)  # made before a split or merge
+            else:
+                parts = {(s.computation, s.key_range): [(s, owner)]}
+            for dest, items in parts.items():
+                self._queue(dest).extend(items)
+                self._wakeups[dest].set()
 
-    def _queue(self, dest: tuple[str, int]) -> deque[tuple[Production, Tablet]]:
+    def _queue(self, dest: tuple[str, int]) -> deque[tuple[Shipment, Tablet]]:
         q = self._queues.get(dest)
         if q is None:
             q = self._queues[dest] = deque()
@@ -113,15 +113,10 @@ class Sender:
             return
         del self._retiring[c]
         del self._staged[c]
-        routing = self._routing()
-        staged.sort(key=_given)
-        moved: dict[tuple[str, int], list[tuple[Production, Tablet]]] = {}
-        for p, owner in staged:
-            p.key_range = routing.range_for(c, p.record.key)
-            moved.setdefault((c, p.key_range), []).append((p, owner))
+        moved = _reroute(staged, self._routing())
         for new, items in moved.items():
             self._queue(new).extendleft(reversed(items))
-        log.info("re-routed %d productions of %d tablets of %s to its new ranges", len(staged),
+        log.info("re-routed %d records of %d tablets of %s to its new ranges", sum(len(s.cols) for s, _ in staged),
                  len({id(o) for _, o in staged}), c)
         for d, wake in self._wakeups.items():
             if d[0] == c:
@@ -139,11 +134,11 @@ class Sender:
             if not retiring:
                 del self._retiring[c]
                 items += [item for item in self._staged.pop(c, []) if not item[1].closing]
-        by_owner: dict[int, tuple[Tablet, list[Production]]] = {}
-        for p, owner in items:
-            by_owner.setdefault(id(owner), (owner, []))[1].append(p)
-        for owner, ps in by_owner.values():
-            _drop(ps, owner, "queued")
+        by_owner: dict[int, tuple[Tablet, list[Shipment]]] = {}
+        for s, owner in items:
+            by_owner.setdefault(id(owner), (owner, []))[1].append(s)
+        for owner, ss in by_owner.values():
+            _drop(ss, owner, "queued")
 
     async def close(self) -> None:
         for t in self._tasks.values():
@@ -172,16 +167,15 @@ class Sender:
                 wake.clear()
                 await wake.wait()
                 continue
-            batch: list[tuple[Production, Tablet]] = []
-            size = 0
-            for p, owner in q:
+            batch: list[tuple[Shipment, Tablet]] = []
+            size = count = 0
+            for s, owner in q:
                 if not owner.closing:
-                    size += record_bytes(p.record)
-                    if batch and size > MAX_DELIVERY_BYTES:
+                    size += s.cols.nbytes()
+                    count += len(s.cols)
+                    if batch and (size > MAX_DELIVERY_BYTES or count > self.max_batch):
                         break  # bounded in bytes too: large values never exceed a message
-                    batch.append((p, owner))
-                if len(batch) >= self.max_batch:
-                    break
+                    batch.append((s, owner))
             routing = self._routing()
             target = routing.destination(*dest)
             status: int = UNREACHABLE
@@ -190,15 +184,15 @@ class Sender:
                 # One delivery in flight per destination, in the queue's order: each
                 # producer's records arrive in sequence and everything it sent here before
                 # is committed (after=0). Productions with opaque ids list no producer.
-                orders = {p.producer: (0, o.token) for p, o in batch if p.producer is not None}
+                orders = {p: (0, o.token) for s, o in batch for p in s.producers}
                 status, receipt = await self._deliver(target.address, dest[0], dest[1], target.token,
-                                                      [p.record for p, _ in batch], orders)
+                                                      Columns.concat([s.cols for s, _ in batch]), orders)
             if status == OK:
                 backoff = 0.005
-                done = {id(p) for p, _ in batch}
-                acked: dict[int, tuple[Tablet, list[Production]]] = {}
-                for p, owner in batch:
-                    acked.setdefault(id(owner), (owner, []))[1].append(p)
+                done = {id(s) for s, _ in batch}
+                acked: dict[int, tuple[Tablet, list[Shipment]]] = {}
+                for s, owner in batch:
+                    acked.setdefault(id(owner), (owner, []))[1].append(s)
                 while q and (id(q[0][0]) in done or q[0][1].closing):
                     q.popleft()
                 for owner, keys in acked.values():
@@ -218,13 +212,58 @@ def _reads(routing: RoutingTable, computation: str) -> bool:
     return computation in routing.computations or not routing.version
 
 
-def _drop(productions: list[Production], owner: Tablet, how: str) -> None:
+def _drop(shipments: list[Shipment], owner: Tablet, how: str) -> None:
     log.info("dropped %d productions %s for %s by tablet %s: the routing no longer has that computation "
-             "(its job was cancelled, or an update removed it)", len(productions), how,
-             ", ".join(sorted({p.computation for p in productions})), owner.name)
-    owner.dropped(productions)
+             "(its job was cancelled, or an update removed it)", sum(len(s.cols) for s in shipments), how,
+             ", ".join(sorted({s.computation for s in shipments})), owner.name)
+    owner.dropped(shipments)
 
 
-def _given(item: tuple[Production, Tablet]) -> int:
-    """A production's place in the order the sender was given them (its producer's order)."""
-    return item[0].sent
+def _reroute(items: list[tuple[Shipment, Tablet]], routing: RoutingTable
+             ) -> dict[tuple[str, int], list[tuple[Shipment, Tablet]]]:
+    """Shipments of one computation cut by key into shipments to the ranges ``routing`` has
+    now: per owner and new range, one shipment with the records in the order their owner made
+    them (by sequence, or by a weak tablet's production order; records whose order is not
+    known, re-sent from a checkpoint, keep their queue order), so each producer's records
+    stay in sequence and each key's in order. It holds a share of each checkpoint its records
+    came from. Each owner is told which shipments replace which (``Tablet.rerouted``)."""
+    out: dict[tuple[str, int], list[tuple[Shipment, Tablet]]] = {}
+    by_owner: dict[int, list[tuple[Shipment, Tablet]]] = {}
+    for item in items:
+        by_owner.setdefault(id(item[1]), []).append(item)
+    for group in by_owner.values():
+        owner = group[0][1]
+        comp = group[0][0].computation
+        rows: list[tuple[tuple[int, ...], Shipment, int]] = []
+        for pos, (s, _) in enumerate(group):
+            cols = s.cols
+            for i in range(len(cols)):
+                if s.order is not None:
+                    order: tuple[int, ...] = (0, s.order[i])
+                elif cols.seqs is not None:
+                    order = (1, cols.seqs[i])
+                else:
+                    order = (2, pos, i)
+                rows.append((order, s, i))
+        rows.sort(key=lambda row: row[0])
+        own = {id(s): Share(s.ckey, 0) for s, _ in group if s.ckey is not None and not s.shares}
+        picked: dict[int, list[tuple[Shipment, int]]] = {}
+        for _, s, i in rows:
+            picked.setdefault(routing.range_for(comp, s.cols.keys[i]), []).append((s, i))
+        for r, members in picked.items():
+            sources = {id(m): m for m, _ in members}
+            held: dict[int, Share] = {}
+            for m in sources.values():
+                for sh in m.shares or ((own[id(m)],) if id(m) in own else ()):
+                    held[id(sh)] = sh
+            for sh in held.values():
+                sh.parts += 1
+            cols = Columns.concat([m.cols.select([i]) for m, i in members])
+            producers = tuple({p: None for m in sources.values() for p in m.producers})
+            out.setdefault((comp, r), []).append((Shipment(comp, r, cols, producers, shares=tuple(held.values())),
+                                                  owner))
+        for s, _ in group:  # the old shipments' hold on their shares goes with them
+            for sh in s.shares:
+                sh.parts -= 1
+        owner.rerouted([s for s, _ in group], [s for items in out.values() for s, o in items if o is owner])
+    return out

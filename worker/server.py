@@ -22,12 +22,11 @@ import grpc
 
 from runtime import delivery, metrics, serving
 from runtime.client import AsyncMasterClient
+from runtime.columns import Columns, MalformedColumns, of_request
 from runtime.errors import ConfigError
 from runtime.faults import Faults
 from runtime.imports import CodePolicy
-from runtime.record import Record
 from runtime.security import Security, caller_roles
-from runtime.wire import from_proto
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 from worker import seen
@@ -172,18 +171,23 @@ class WorkerServicer(rpc.WorkerServicer):
         answers = await asyncio.gather(*(self._deliver(*a) for a in admitted))
         return pb.DeliverManyResponse(answers=answers)
 
-    async def _admit(self, requests: Any, context: Any) -> list[tuple[pb.DeliverRequest, list[Record], Any]]:
-        """Each request with its records and producer orders, once all are valid (the call
-        is aborted with what is wrong otherwise)."""
+    async def _admit(self, requests: Any, context: Any) -> list[tuple[pb.DeliverRequest, Columns, Any]]:
+        """Each request with its records (as columns: rows from older senders are turned into
+        columns) and producer orders, once all are valid (the call is aborted with what is
+        wrong otherwise)."""
         out = []
         injected = False
         # A producer token fences older owners of a producing tablet: only a worker may name
         # one, never an injector's credentials (review S3); nor send a tablet's records (N4).
         worker = "worker" in caller_roles()
         for request in requests:
-            records = [from_proto(r) for r in request.records]
             orders = {o.producer: (o.after, o.token if worker else 0) for o in request.orders} or None
-            problem = delivery_problem([r.id for r in records], orders)
+            try:
+                records = of_request(request)
+            except MalformedColumns as e:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"delivery to {request.computation}/"
+                                    f"{request.key_range} refused: {e}")
+            problem = delivery_problem(records.ids or [], orders)
             if problem is not None:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"delivery to {request.computation}/"
                                     f"{request.key_range} refused: {problem}")
@@ -202,7 +206,7 @@ class WorkerServicer(rpc.WorkerServicer):
             await asyncio.sleep(delay)  # the fault hook's network round trip (tests, benchmarks)
         return out
 
-    async def _deliver(self, request: pb.DeliverRequest, records: list[Record], orders: Any) -> pb.DeliverResponse:
+    async def _deliver(self, request: pb.DeliverRequest, records: Columns, orders: Any) -> pb.DeliverResponse:
         if request.sender.startswith("injector/") or "worker" not in caller_roles():
             route = self.core.routing.computations.get(request.computation)
             if route is not None and route.input_paused:  # a savepoint is being taken: retry soon

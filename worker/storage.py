@@ -7,7 +7,8 @@ Keys are prefixed by one byte per kind of data::
     G <producer prefix:8> <start:8>       a lower mark for part of the range (after a merge)
                                           -> <end:8> <seq:8>
     O <bucket:8> <record id>              opaque dedup id, by wall-time bucket (worker/dedup.py)
-    P <seq:8> <range:4> <sequenced:1> <computation>   checkpointed production (a Record proto)
+    P <seq:8> <range:4> <kind:1> <computation>   checkpointed outgoing delivery (a Columns proto;
+                                          kinds 0/1: one Record proto, written before columns)
     K <hash:8> <keylen:4> <key> <tag>     timer by key -> <domain:1> <time:8> <nonce>
     T <domain:1> <time:8> <hash:8> <keylen:4> <key> <tag>   timer index by due time
     M token | seq | sink | index          metadata
@@ -35,11 +36,10 @@ from dataclasses import dataclass, field
 
 from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteBufferManager, WriteOptions
 
+from runtime.columns import Columns
 from runtime.computation import TimeDomain
 from runtime.errors import MillstreamError, StaleTokenError
 from runtime.keyspace import from_wire_end, hash_prefix, wire_end
-from runtime.record import Record
-from runtime.wire import from_proto, to_proto
 from runtime.wire import millstream_pb2 as pb
 from worker.dedup import Lower, Mark
 
@@ -205,9 +205,14 @@ def _opaque_key(bucket: int, record_id: bytes) -> bytes:
     return b"O" + bucket.to_bytes(8, "big") + record_id
 
 
-def production_key(seq: int, computation: str, key_range: int, *, sequenced: bool) -> bytes:
-    """``sequenced``: the record's id is (producer, sequence), re-sent with its ``ProducerOrder``."""
-    return b"P" + struct.pack(">QIB", seq, key_range, sequenced) + computation.encode()
+# What a checkpointed production holds: one record as a Record proto, its id opaque or
+# sequenced (written before deliveries were columns), or a whole outgoing delivery's Columns.
+CK_OPAQUE_ROW, CK_SEQUENCED_ROW, CK_COLUMNS = 0, 1, 2
+
+
+def production_key(seq: int, computation: str, key_range: int, kind: int = CK_COLUMNS) -> bytes:
+    """The checkpoint of an outgoing delivery (``kind``: what its value holds), in ``seq`` order."""
+    return b"P" + struct.pack(">QIB", seq, key_range, kind) + computation.encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,18 +229,52 @@ class Timer:
     nonce: bytes = field(default=b"", compare=False)
 
 
-@dataclass(slots=True)
-class Production:
-    """A produced record bound for one tablet; ``ckey`` names its checkpoint (if any);
-    ``producer`` is the prefix of its sequenced id (None: an opaque id, worker/dedup.py);
-    ``sent`` its place in the order its worker's sender was given productions."""
+class Share:
+    """A checkpoint whose records re-routing spread over several shipments: deleted once
+    every one of them is let go of."""
+
+    __slots__ = ("ckey", "parts")
+
+    def __init__(self, ckey: bytes, parts: int) -> None:
+        self.ckey = ckey
+        self.parts = parts
+
+
+@dataclass(slots=True, eq=False)
+class Shipment:
+    """Records one commit produced for one tablet: one outgoing delivery, checkpointed as one
+    entry (``ckey``: strong productions, and weak ones slow to be acknowledged), queued, sent
+    and acknowledged as one. ``producers`` are the sequenced producers among its ids (listed
+    in the delivery's orders; other ids are opaque, worker/dedup.py); ``oldest`` its lowest
+    timestamp. A shipment re-routing made (worker/sender.py) holds ``shares`` of the
+    checkpoints its records came from instead of a checkpoint of its own; ``order`` keeps
+    the production order of a weak tablet's records (ids do not say it) for re-routing."""
 
     computation: str
     key_range: int
-    record: Record
+    cols: Columns
+    producers: tuple[bytes, ...] = ()
     ckey: bytes | None = None
-    producer: bytes | None = None
-    sent: int = field(default=0, compare=False)
+    oldest: int = 0
+    shares: tuple[Share, ...] = ()
+    order: list[int] | None = None  # a weak tablet's: each record's place in its production order
+
+    def __post_init__(self) -> None:
+        self.oldest = min(self.cols.timestamps)
+
+    def __len__(self) -> int:
+        return len(self.cols)
+
+    def let_go(self) -> list[bytes]:
+        """The checkpoints to delete now that this shipment is let go of."""
+        if not self.shares:
+            return [self.ckey] if self.ckey is not None else []
+        done = []
+        for share in self.shares:
+            share.parts -= 1
+            if share.parts == 0:
+                done.append(share.ckey)
+        return done
 
 
 class CommitState(enum.Enum):
@@ -257,7 +296,7 @@ class Commit:
     lower: dict[bytes, list[Lower]] = field(default_factory=dict)  # producer -> its lower marks now
     timers_set: dict[tuple[bytes, str], Timer] = field(default_factory=dict)
     timers_deleted: dict[tuple[bytes, str], Timer] = field(default_factory=dict)
-    productions: list[Production] = field(default_factory=list)
+    productions: list[Shipment] = field(default_factory=list)
     seq: int | None = None
     sink: bytes | None = None
     cells: dict[bytes, bytes | None] = field(default_factory=dict)  # typed state (runtime/state.py)
@@ -354,14 +393,18 @@ class TabletStore:
         before RocksDB's compression: what bounded dedup keeps bounded."""
         return sum(len(k) + len(v) for p in (b"H", b"O") for k, v in self._scan(p))
 
-    def productions(self) -> list[Production]:
+    def productions(self) -> list[Shipment]:
+        """The checkpointed outgoing deliveries, in the order they were made."""
         out = []
         for k, v in self._scan(b"P"):
-            _, key_range, sequenced = struct.unpack_from(">QIB", k, 1)
-            rec = pb.Record()
-            rec.ParseFromString(v)
-            out.append(Production(k[14:].decode(), key_range, from_proto(rec), ckey=k,
-                                  producer=rec.id[:8] if sequenced else None))
+            _, key_range, kind = struct.unpack_from(">QIB", k, 1)
+            if kind == CK_COLUMNS:
+                c = pb.Columns.FromString(v)
+                out.append(Shipment(k[14:].decode(), key_range, Columns.from_proto(c), tuple(c.producers), ckey=k))
+            else:
+                r = pb.Record.FromString(v)
+                cols = Columns([r.key], [r.value], [r.timestamp], ids=[r.id])
+                out.append(Shipment(k[14:].decode(), key_range, cols, (r.id[:8],) if kind else (), ckey=k))
         return out
 
     def timers(self) -> list[Timer]:
@@ -423,7 +466,7 @@ class TabletStore:
                 wb.put(b"T" + packed + tk, b"")
             for p in c.productions:
                 if p.ckey is not None:
-                    wb.put(p.ckey, to_proto(p.record).SerializeToString())
+                    wb.put(p.ckey, p.cols.to_proto(p.producers).SerializeToString())
             if c.seq is not None:
                 assert c.seq >= self.seq, f"producer sequence moved backwards: {c.seq} < {self.seq}"
                 wb.put(M_SEQ, str(c.seq).encode())

@@ -23,11 +23,12 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from runtime import metrics
+from runtime.columns import Columns
 from runtime.computation import Computation, TimeDomain
 from runtime.delivery import Orders, Status
 from runtime.errors import ConfigError, MillstreamError
 from runtime.imports import CodePolicy, load
-from runtime.record import Record, producer_prefix, worker_producer
+from runtime.record import producer_prefix, worker_producer
 from runtime.routing import RoutingTable
 from runtime.sinks import is_sink
 from runtime.topology import dead_letter_stream, late_stream
@@ -41,7 +42,7 @@ from worker.replication import ReplicationError, Replicator
 from worker.reshard import Origin
 from worker.runner import TabletThread
 from worker.slowcalls import CallWatch
-from worker.storage import Commit, Production, TabletStore, production_key
+from worker.storage import Commit, Shipment, TabletStore, production_key
 from worker.timers import TimerIndex
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class TabletHost(Protocol):
     watermarks_known: bool  # false: no batch may run yet (the input watermarks are not known)
 
     def lease_valid(self) -> bool: ...
-    def send(self, productions: list[Production], owner: Tablet) -> None: ...
+    def send(self, shipments: list[Shipment], owner: Tablet) -> None: ...
     def watermark(self, computation: str) -> int: ...
 
 
@@ -191,7 +192,7 @@ class Tablet:
             self._sent(pending)
         self._task = asyncio.create_task(self._run(), name=f"tablet {self.name}")
 
-    def _open(self) -> list[Production]:
+    def _open(self) -> list[Shipment]:
         """On the tablet's thread: storage, memory and user code; the productions to re-send."""
         if self.origin is not None and not os.path.isdir(self.path):
             started = time.perf_counter()
@@ -284,8 +285,8 @@ class Tablet:
 
     # -------------------------------------------------------------- delivery
 
-    async def deliver(self, records: list[Record], orders: Orders | None = None) -> tuple[int, int]:
-        """Queue a batch; resolves to OK once committed, BUSY, OUT_OF_ORDER or NOT_OWNER
+    async def deliver(self, cols: Columns, orders: Orders | None = None) -> tuple[int, int]:
+        """Queue a delivery's records; resolves to OK once committed, BUSY, OUT_OF_ORDER or NOT_OWNER
         otherwise, with how many of its records were dropped as duplicates (with OK).
         ``orders`` place its records in their producers' orders (see ``ProducerOrder`` in
         proto/millstream.proto and worker/dedup.py)."""
@@ -297,8 +298,8 @@ class Tablet:
             self.metrics.busy.inc()
             return BUSY, 0
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self.keys.add(records)
-        d = self.inbox.put(records, fut, orders or None)
+        self.keys.add(cols.keys)
+        d = self.inbox.put(cols, fut, orders or None)
         self._wake.set()
         status = await fut
         return status, d.duplicates
@@ -312,9 +313,9 @@ class Tablet:
         elif self.replicator is not None:
             self.replicator.configure(assignment)
 
-    def _sent(self, productions: list[Production]) -> None:
-        self.outbox.sent(productions)
-        self.host.send(productions, self)
+    def _sent(self, shipments: list[Shipment]) -> None:
+        self.outbox.sent(shipments)
+        self.host.send(shipments, self)
 
     def release(self, reported: dict[str, int]) -> None:
         self._forget(self.outbox.release(reported))
@@ -345,37 +346,51 @@ class Tablet:
                 self._good_batches = 0
                 self.batch_limit = min(self.max_batch, self.batch_limit * 2)
 
-    def acked(self, productions: list[Production], receipt: tuple[str, int] | None = None) -> None:
-        """The receiver committed these productions.
+    def acked(self, shipments: list[Shipment], receipt: tuple[str, int] | None = None) -> None:
+        """The receiver committed these shipments.
 
         Their timestamps stay in this tablet's oldest work, and their checkpoints on disk,
         until the leader holds the receiver's report named by ``receipt`` (which reflects
         them): so no report sequence lets the watermark pass records in hand-over, also
         across a close of this tablet (worker/outbox.py).
         """
-        self.metrics.sent.inc(len(productions))
-        self._handed_over(productions, receipt)
+        self.metrics.sent.inc(sum(len(s.cols) for s in shipments))
+        self._handed_over(shipments, receipt)
 
-    def dropped(self, productions: list[Production]) -> None:
+    def rerouted(self, old: list[Shipment], new: list[Shipment]) -> None:
+        """The sender re-routed shipments ``old`` (their range was split or merged) as ``new``."""
+        self.outbox.replaced(old, new)
+        gone, made = {id(s) for s in old}, {id(s) for s in new}
+        if self._weak_wait is not None and self._weak_wait[0] & gone:
+            self._weak_wait[0].difference_update(gone)
+            self._weak_wait[0].update(made)
+        if self._unwritten & gone:
+            self._unwritten = (self._unwritten - gone) | made
+
+    def dropped(self, shipments: list[Shipment]) -> None:
         """No reader will ever commit these (the routing no longer has their computation):
         forget their checkpoints; they hold nothing (worker/sender.py)."""
-        self._handed_over(productions, None)
+        self._handed_over(shipments, None)
 
-    def _handed_over(self, productions: list[Production], receipt: tuple[str, int] | None) -> None:
+    def _handed_over(self, shipments: list[Shipment], receipt: tuple[str, int] | None) -> None:
         if self._weak_wait is not None:
             waiting, done = self._weak_wait
-            for p in productions:
-                waiting.discard(id(p))
+            for s in shipments:
+                waiting.discard(id(s))
             if not waiting:
                 done.set()
-        self._forget(self.outbox.acked(productions, receipt))
+        self._forget(self.outbox.acked(shipments, receipt))
 
-    def _forget(self, productions: list[Production]) -> None:
-        """Delete the checkpoints of productions let go of (a closing tablet leaves them to
-        its successor, which re-sends them)."""
-        if productions and self.open and not self.closing:
-            keys = [p.ckey for p in productions if p.ckey and id(p) not in self._unwritten]
-            self._acked_unwritten += [p.ckey for p in productions if p.ckey and id(p) in self._unwritten]
+    def _forget(self, shipments: list[Shipment]) -> None:
+        """Delete the checkpoints of shipments let go of (a closing tablet leaves them to
+        its successor, which re-sends them): one write per call, not per record."""
+        if shipments and self.open and not self.closing:
+            keys = []
+            for s in shipments:
+                if id(s) in self._unwritten:
+                    self._acked_unwritten += s.let_go()
+                else:
+                    keys += s.let_go()
             if keys:
                 self.store.delete_productions(keys)
 
@@ -485,7 +500,7 @@ class Tablet:
     async def _send_weak(self, commit: Commit) -> None:
         """Weak productions: send before the commit; checkpoint only those not acknowledged
         within ``weak_ack_ms``, so a straggler does not hold this tablet's pipeline."""
-        waiting = {id(p) for p in commit.productions}
+        waiting = {id(s) for s in commit.productions}
         done = asyncio.Event()
         self._weak_wait = (waiting, done)
         self._sent(commit.productions)
@@ -495,11 +510,11 @@ class Tablet:
             pass
         finally:
             self._weak_wait = None
-        slow = [p for p in commit.productions if id(p) in waiting]
+        slow = [s for s in commit.productions if id(s) in waiting]
         assert commit.seq is not None
-        for p in slow:  # still in the sender's queue: checkpoint them with this commit
+        for s in slow:  # still in the sender's queue: checkpoint them with this commit
             commit.seq += 1
-            p.ckey = production_key(commit.seq, p.computation, p.key_range, sequenced=p.producer is not None)
+            s.ckey = production_key(commit.seq, s.computation, s.key_range)
         self._unwritten = {id(p) for p in slow}
         commit.productions = slow
 

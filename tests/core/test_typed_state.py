@@ -17,7 +17,7 @@ from runtime.state import _EXPIRY, _INDEX, COUNT, ELEMENT, NEVER, ListState, cel
 from tests.core.corekit import make_core
 from tests.core.jobs import Collector
 from tests.core.test_worker_core import BASE, _queue, _until, routing
-from worker.context import Effects, KeyContext
+from worker.context import KeyContext
 
 ROUTING = routing(("typed", "tests.core.jobs:Typed", ["in"], ["out"], {}),
                   ("collect", "tests.core.jobs:Collector", ["out"], [], {"name": "out"}))
@@ -78,10 +78,10 @@ def test_ttl_hides_then_deletes_on_the_watermark(tmp_path: Any) -> None:
 
 def test_a_handle_is_only_valid_during_its_call() -> None:
     ctx = KeyContext(frozenset(), lambda k: None, lambda: 0)
-    ctx.bind(b"k", 0, Effects())
+    ctx.begin(b"k", 0)
     handle = ctx.state_of(ListState("seen", codecs.INT))
     handle.append(1)
-    ctx.bind(b"k", 0, Effects())  # the next record
+    ctx.begin(b"k", 0)  # the next record
     with pytest.raises(MillstreamError, match="used outside the call that obtained it"):
         handle.append(2)
     with pytest.raises(TypeError, match="takes a ValueState, ListState or MapState"):

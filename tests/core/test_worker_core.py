@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 
 from runtime import Record
+from runtime.columns import Columns
 from runtime.wire import millstream_pb2 as pb
 from tests.core.jobs import Collector
 from worker.core import WorkerCore, WorkerLimits
@@ -69,7 +70,7 @@ def _queue(core: WorkerCore, tablet_key: tuple[str, int], record: Record) -> asy
     it awaits), so a test controls exactly what the next batch holds."""
     tablet = core.tablets[tablet_key]
     fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    tablet.inbox.put([record], fut)
+    tablet.inbox.put(Columns.of_records([record]), fut)
     tablet._wake.set()
     return fut
 

@@ -85,7 +85,7 @@ def test_word_counts_land_in_sqlite_exactly_through_a_split(cluster: Cluster) ->
 def _batch(sink: sqlite_sink.SqliteSink, ctx: KeyContext, items: dict[str, str]) -> bytes:
     """One batch through the sink's hooks, as a worker runs it."""
     for key, value in items.items():
-        ctx.bind(key.encode(), 0, ctx.effects)
+        ctx.begin(key.encode(), 0)
         sink.process_record(ctx, Record(key.encode(), value.encode(), 0, b"0" * 16))
     return sink.prepare_commit()
 

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runtime import delivery
+from runtime.columns import Columns
 from runtime.record import Record
 from runtime.security import Security
 from runtime.wire import millstream_pb2 as pb
@@ -79,7 +80,7 @@ def _run(comps: list[str]) -> tuple[list[tuple[int, Any]], list[list[str]]]:
         await server.start()
         peers = Peers(Security())
         try:
-            rec = [Record(b"k", b"v", 1, bytes(16))]
+            rec = Columns.of_records([Record(b"k", b"v", 1, bytes(16))])
             outs = await asyncio.gather(*(peers.deliver(f"127.0.0.1:{port}", c, 0, 1, rec, None) for c in comps))
         finally:
             await peers.close()

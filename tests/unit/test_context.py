@@ -6,7 +6,7 @@ import pytest
 
 from runtime.computation import Context, TimeDomain
 from runtime.errors import MillstreamError
-from worker.context import Effects, KeyContext
+from worker.context import KeyContext
 from worker.storage import Timer
 
 STORED = {b"k": b"stored"}
@@ -14,7 +14,7 @@ STORED = {b"k": b"stored"}
 
 def make_ctx(key: bytes = b"k", ts: int = 1000) -> KeyContext:
     ctx = KeyContext(frozenset({"counts", "alerts"}), STORED.get, watermark=lambda: 500, now_us=lambda: 42)
-    ctx.bind(key, ts, Effects())
+    ctx.begin(key, ts)
     return ctx
 
 
@@ -48,8 +48,25 @@ def test_produce_defaults_key_and_timestamp() -> None:
     ctx = make_ctx(b"k", 1000)
     ctx.produce("counts", b"1")
     ctx.produce("alerts", bytearray(b"2"), key=b"other", timestamp=5)
-    assert ctx.effects.produced == [("counts", b"k", b"1", 1000), ("alerts", b"other", b"2", 5)]
-    assert all(type(v) is bytes for _, _, v, _ in ctx.effects.produced)
+    assert ctx.out == [("counts", b"k", b"1", 1000), ("alerts", b"other", b"2", 5)]
+    assert all(type(v) is bytes for _, _, v, _ in ctx.out)
+
+
+def test_a_call_that_raised_is_undone() -> None:
+    ctx = make_ctx(b"k")
+    ctx.state.set(b"kept")
+    ctx.produce("counts", b"kept")
+    ctx.begin(b"k", 1000)  # the next call
+    mark = len(ctx.out)
+    ctx.state.set(b"lost")
+    ctx.produce("counts", b"lost")
+    ctx.set_timer("t", 5)
+    ctx.undo(mark)
+    assert ctx.state.get() == b"kept" and [v for _, _, v, _ in ctx.out] == [b"kept"] and ctx.eff is None
+    ctx.begin(b"j", 1000)
+    ctx.state.set(b"new key")
+    ctx.undo(len(ctx.out))
+    assert b"j" not in ctx.writes
 
 
 def test_state_get_sees_set_within_effects() -> None:
@@ -60,17 +77,16 @@ def test_state_get_sees_set_within_effects() -> None:
     assert STORED[b"k"] == b"stored"  # nothing written through
     ctx.state.clear()
     assert ctx.state.get() is None
-    assert ctx.effects.state == {b"k": None}
+    assert ctx.writes == {b"k": None}
 
 
 def test_state_is_per_key() -> None:
     ctx = make_ctx(b"k")
-    eff = ctx.effects
     ctx.state.set(b"for k")
-    ctx.bind(b"j", 0, eff)
+    ctx.begin(b"j", 0)
     assert ctx.state.get() is None
     ctx.state.set(b"for j")
-    ctx.bind(b"k", 0, eff)
+    ctx.begin(b"k", 0)
     assert ctx.state.get() == b"for k"
 
 

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from runtime.columns import Columns
 from runtime.errors import UserCodeError
 from runtime.record import Record
 from worker.inbox import NOT_OWNER, OK, Inbox
@@ -16,8 +17,8 @@ from worker.runner import TabletThread
 from worker.slowcalls import CallWatch
 
 
-def _records(n: int, base: int = 100) -> list[Record]:
-    return [Record(b"k", b"", base + i, i.to_bytes(16, "big")) for i in range(n)]
+def _records(n: int, base: int = 100) -> Columns:
+    return Columns.of_records([Record(b"k", b"", base + i, i.to_bytes(16, "big")) for i in range(n)])
 
 
 def test_an_inbox_answers_finished_deliveries_and_puts_the_rest_back_in_order() -> None:
@@ -35,7 +36,7 @@ def test_an_inbox_answers_finished_deliveries_and_puts_the_rest_back_in_order() 
         assert futs[0].result() == OK and not futs[1].done()
         assert inbox.records == 7 and inbox.oldest() == 51  # record 50 committed: no longer held
         again = inbox.take(100)
-        assert [len(d.records) - d.done for d in again] == [3, 4]  # the rest, in order
+        assert [len(d.cols) - d.done for d in again] == [3, 4]  # the rest, in order
         inbox.failed(again)
         assert futs[1].result() == NOT_OWNER and futs[2].result() == NOT_OWNER
         assert inbox.oldest() is None and not inbox

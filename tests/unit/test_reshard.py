@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 from master.ranges import Ranges
+from runtime.columns import Columns
 from runtime.computation import TimeDomain
 from runtime.errors import MillstreamError
 from runtime.keyspace import HASH_SPACE, key_hash
 from runtime.record import Record, sequence_id
 from worker.dedup import Mark, MarkView
 from worker.reshard import Origin, Parent
-from worker.storage import Commit, Production, TabletStore, Timer, production_key
+from worker.storage import Commit, Shipment, TabletStore, Timer, production_key
 
 P = b"producer"  # an 8-byte producer prefix
 KEYS = [f"key{i}".encode() for i in range(200)]
@@ -24,8 +25,8 @@ KEYS = [f"key{i}".encode() for i in range(200)]
 def _parent(path: str, token: int = 3) -> None:
     s = TabletStore(path, token, sync=False)
     timers = {(k, "t"): Timer(k, "t", TimeDomain.EVENT_TIME, i) for i, k in enumerate(KEYS)}
-    prods = [Production("down", 0, Record(b"x", b"v", 0, sequence_id(b"me______", 1)),
-                        ckey=production_key(1, "down", 0, sequenced=True), producer=b"me______")]
+    prods = [Shipment("down", 0, Columns.of_records([Record(b"x", b"v", 0, sequence_id(b"me______", 1))], b"me______"),
+                      (b"me______",), ckey=production_key(1, "down", 0))]
     s.commit(Commit(state={k: k + b"!" for k in KEYS}, timers_set=timers, productions=prods,
                     marks={P: Mark(50, 2, 1)}, seq=1))
     s.close()
@@ -53,7 +54,7 @@ def test_a_split_gives_each_half_its_keys_timers_and_the_marks(tmp_path: Path) -
         assert sorted(t.key for t in s.timers()) == sorted(mine)
         assert s.marks() == {P: Mark(50, 2, 1)}  # whatever the parent committed, each half has
     (left_kr, left), (_, right) = halves
-    assert [p.record.id for p in left.productions()] == [sequence_id(b"me______", 1)]
+    assert [p.cols.id(0) for p in left.productions()] == [sequence_id(b"me______", 1)]
     assert right.productions() == []  # the first half alone re-sends the parent's productions
     for _, s in halves:
         s.close()
@@ -116,7 +117,7 @@ def test_a_key_sample_finds_where_the_load_divides_evenly() -> None:
     sample = KeySample(every=4, keep=1000, refresh_s=0)
     low = [k for k in (b"k%d" % i for i in range(20_000)) if key_hash(k) < HASH_SPACE // 8][:2000]
     assert sample.median() == 0  # too few samples yet
-    sample.add([Record(k, b"", 0, b"") for k in low])
+    sample.add(low)
     m = sample.median()
     assert 0 < m < HASH_SPACE // 8
     below = sum(1 for k in low if key_hash(k) < m)

@@ -9,16 +9,28 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from runtime.columns import Columns
 from runtime.keyspace import HASH_SPACE, key_hash
 from runtime.record import Record, sequence_id
 from runtime.routing import RoutingTable
 from runtime.wire import millstream_pb2 as pb
 from worker.outbox import Outbox
 from worker.sender import NOT_OWNER, OK, Sender
-from worker.storage import Production
+from worker.storage import Shipment
 
 HALF = HASH_SPACE // 2
 PRODUCER = b"producer"
+
+
+def Production(computation: str, key_range: int, record: Record, producer: bytes | None = None,
+               order: int | None = None) -> Shipment:
+    """A shipment of one record (what one production was before shipments)."""
+    return Shipment(computation, key_range, Columns.of_records([record], producer),
+                    (producer,) if producer else (), order=None if order is None else [order])
+
+
+def _ids(shipments: list[Shipment]) -> list[int]:
+    return [int.from_bytes(rid[8:], "big") for s in shipments for rid in s.cols.all_ids()]
 
 
 def _routing(version: int, ranges: list[tuple[int, int, int]]) -> RoutingTable:
@@ -37,8 +49,11 @@ class Owner:
     def __init__(self) -> None:
         self.done: list[int] = []
 
-    def acked(self, productions: list[Production], receipt: Any) -> None:
-        self.done += [int.from_bytes(p.record.id[8:], "big") for p in productions]
+    def acked(self, productions: list[Shipment], receipt: Any) -> None:
+        self.done += _ids(productions)
+
+    def rerouted(self, old: list[Shipment], new: list[Shipment]) -> None:
+        pass
 
 
 def _keys(n: int) -> list[bytes]:
@@ -51,12 +66,12 @@ def test_a_split_range_s_queue_goes_to_the_halves_in_order_before_newer_records(
         got: dict[int, list[int]] = {}
         gate, all_in = asyncio.Event(), asyncio.Event()
 
-        async def deliver(address: str, comp: str, rid: int, token: int, records: list[Record],
+        async def deliver(address: str, comp: str, rid: int, token: int, records: Columns,
                           orders: Any) -> tuple[int, Any]:
             if rid == 0:
                 await gate.wait()
                 return NOT_OWNER, None  # split away meanwhile
-            got.setdefault(rid, []).extend(int.from_bytes(r.id[8:], "big") for r in records)
+            got.setdefault(rid, []).extend(int.from_bytes(rid[8:], "big") for rid in records.all_ids())
             if sum(len(v) for v in got.values()) == 40:
                 all_in.set()
             return OK, None
@@ -68,7 +83,7 @@ def test_a_split_range_s_queue_goes_to_the_halves_in_order_before_newer_records(
         owner = Owner()
         keys = _keys(40)
 
-        def prods(seqs: range) -> list[Production]:
+        def prods(seqs: range) -> list[Shipment]:
             return [Production("c", 0, Record(keys[s % 40], b"", 0, sequence_id(PRODUCER, s)), producer=PRODUCER)
                     for s in seqs]
 
@@ -101,11 +116,11 @@ def test_two_merged_ranges_queues_are_interleaved_by_sequence() -> None:
         got: list[int] = []
         all_in = asyncio.Event()
 
-        async def deliver(address: str, comp: str, rid: int, token: int, records: list[Record],
+        async def deliver(address: str, comp: str, rid: int, token: int, records: Columns,
                           orders: Any) -> tuple[int, Any]:
             if rid != 2:
                 return NOT_OWNER, None
-            got.extend(int.from_bytes(r.id[8:], "big") for r in records)
+            got.extend(int.from_bytes(rid[8:], "big") for rid in records.all_ids())
             if len(got) == 40:
                 all_in.set()
             return OK, None
@@ -132,17 +147,17 @@ def test_two_merged_ranges_queues_are_interleaved_by_sequence() -> None:
 def test_merged_ranges_queues_keep_the_order_they_were_given_in() -> None:
     """A weak tablet's outputs carry sequences of several producers (one per input producer)
     and opaque ids: their ids do not say the order the tablet made them in, which each key's
-    records must keep (DESIGN.md §2). The re-route keeps the order the sender was given."""
+    records must keep (DESIGN.md §2). The re-route keeps the tablet's production order."""
     async def run() -> list[bytes]:
         table = {"now": _routing(1, [(0, 0, HALF), (1, HALF, HASH_SPACE)])}
         got: list[bytes] = []
         all_in = asyncio.Event()
 
-        async def deliver(address: str, comp: str, rid: int, token: int, records: list[Record],
+        async def deliver(address: str, comp: str, rid: int, token: int, records: Columns,
                           orders: Any) -> tuple[int, Any]:
             if rid != 2:
                 return NOT_OWNER, None
-            got.extend(r.value for r in records)
+            got.extend(records.values)
             if len(got) == 40:
                 all_in.set()
             return OK, None
@@ -154,14 +169,15 @@ def test_merged_ranges_queues_keep_the_order_they_were_given_in() -> None:
         owner = Owner()
         keys = _keys(4)
 
-        def made(i: int) -> Production:
+        def made(i: int) -> Shipment:
             key = keys[i % 4]
             r = 0 if key_hash(key) < HALF else 1
             if i % 3 == 2:  # an opaque id (a timer's output)
-                return Production("c", r, Record(key, b"%d" % i, 0, bytes([200 - i]) * 16))
+                return Production("c", r, Record(key, b"%d" % i, 0, bytes([200 - i]) * 16), order=i)
             producer = b"weak-%03d" % (i % 3)  # two weak producers: one far ahead of the other
             seq = (1000 - i if i % 3 else i) << 20
-            return Production("c", r, Record(key, b"%d" % i, 0, sequence_id(producer, seq)), producer=producer)
+            return Production("c", r, Record(key, b"%d" % i, 0, sequence_id(producer, seq)), producer=producer,
+                              order=i)
 
         sender.send([made(i) for i in range(40)], owner)  # type: ignore[arg-type]
         await asyncio.sleep(0)
@@ -192,20 +208,23 @@ class Producer(Owner):
         self.dropped_ids: list[int] = []
         self.outbox = Outbox()
 
-    def send(self, sender: Sender, productions: list[Production]) -> None:
+    def send(self, sender: Sender, productions: list[Shipment]) -> None:
         self.outbox.sent(productions)
         sender.send(productions, self)  # type: ignore[arg-type]
 
-    def acked(self, productions: list[Production], receipt: Any) -> None:
+    def acked(self, productions: list[Shipment], receipt: Any) -> None:
         super().acked(productions, receipt)
         self.outbox.acked(productions, None)
 
-    def dropped(self, productions: list[Production]) -> None:
-        self.dropped_ids += [int.from_bytes(p.record.id[8:], "big") for p in productions]
+    def dropped(self, productions: list[Shipment]) -> None:
+        self.dropped_ids += _ids(productions)
         self.outbox.acked(productions, None)
 
+    def rerouted(self, old: list[Shipment], new: list[Shipment]) -> None:
+        self.outbox.replaced(old, new)
 
-def _prods(computation: str, seqs: range) -> list[Production]:
+
+def _prods(computation: str, seqs: range) -> list[Shipment]:
     return [Production(computation, 0, Record(b"k%d" % s, b"", TS + s, sequence_id(PRODUCER, s)),
                        producer=PRODUCER) for s in seqs]
 
@@ -219,7 +238,7 @@ def test_productions_for_a_computation_the_routing_no_longer_has_are_dropped() -
         table = {"now": RoutingTable(pb.Routing(version=7))}  # the reader's job was cancelled
         calls: list[str] = []
 
-        async def deliver(address: str, comp: str, rid: int, token: int, records: list[Record],
+        async def deliver(address: str, comp: str, rid: int, token: int, records: Columns,
                           orders: Any) -> tuple[int, Any]:
             calls.append(comp)
             return OK, None
@@ -249,12 +268,12 @@ def test_a_queue_whose_computation_leaves_the_routing_is_dropped_after_its_deliv
         gate, in_flight = asyncio.Event(), asyncio.Event()
         delivered: list[int] = []
 
-        async def deliver(address: str, comp: str, rid: int, token: int, records: list[Record],
+        async def deliver(address: str, comp: str, rid: int, token: int, records: Columns,
                           orders: Any) -> tuple[int, Any]:
             if not delivered:
                 in_flight.set()
                 await gate.wait()  # committed just before the cancel
-                delivered.extend(int.from_bytes(r.id[8:], "big") for r in records)
+                delivered.extend(int.from_bytes(rid[8:], "big") for rid in records.all_ids())
                 return OK, None
             return NOT_OWNER, None  # never reached: the routing no longer has "c"
 
@@ -281,7 +300,7 @@ def test_a_computation_removed_while_a_range_of_it_is_being_re_routed_is_dropped
     async def run() -> None:
         table = {"now": _routing(1, [(0, 0, HALF), (1, HALF, HASH_SPACE)])}
 
-        async def deliver(address: str, comp: str, rid: int, token: int, records: list[Record],
+        async def deliver(address: str, comp: str, rid: int, token: int, records: Columns,
                           orders: Any) -> tuple[int, Any]:
             return NOT_OWNER, None
 
@@ -290,7 +309,7 @@ def test_a_computation_removed_while_a_range_of_it_is_being_re_routed_is_dropped
 
         sender = Sender(lambda: table["now"], deliver, changed)
         owner = Producer()
-        owner.send(sender, [Production("c", 0 if key_hash(p.record.key) < HALF else 1, p.record,
+        owner.send(sender, [Production("c", 0 if key_hash(p.cols.keys[0]) < HALF else 1, p.cols.record(0),
                                        producer=PRODUCER) for p in _prods("c", range(1, 21))])
         await asyncio.sleep(0)
         table["now"] = _routing(2, [(2, 0, HASH_SPACE)])  # merged...

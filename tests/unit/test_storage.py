@@ -14,10 +14,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rocksdict import DbClosedError, Rdict
 
+from runtime.columns import Columns
 from runtime.computation import TimeDomain
 from runtime.errors import MillstreamError, StaleTokenError
 from runtime.record import Record
-from worker.storage import Commit, CommitState, Production, ReplicaStore, TabletStore, Timer, production_key
+from runtime.wire import millstream_pb2 as pb
+from worker.storage import (
+    CK_SEQUENCED_ROW,
+    Commit,
+    CommitState,
+    ReplicaStore,
+    Shipment,
+    TabletStore,
+    Timer,
+    production_key,
+)
 
 
 @pytest.fixture
@@ -158,9 +169,13 @@ def test_timers_match_a_model(batches) -> None:
 # ------------------------------------------------------------- productions
 
 
-def production(seq: int, comp: str, key_range: int, value: bytes = b"v", ts: int = 7) -> Production:
+def production(seq: int, comp: str, key_range: int, value: bytes = b"v", ts: int = 7) -> Shipment:
     rid = seq.to_bytes(16, "big")
-    return Production(comp, key_range, Record(b"k", value, ts, rid), production_key(seq, comp, key_range, sequenced=False))
+    return Shipment(comp, key_range, Columns([b"k"], [value], [ts], ids=[rid]), ckey=production_key(seq, comp, key_range))
+
+
+def _view(shipments: list[Shipment]) -> list[tuple[object, ...]]:
+    return [(s.computation, s.key_range, s.ckey, s.cols, s.producers) for s in shipments]
 
 
 def test_productions_roundtrip_in_sequence_order(store: TabletStore) -> None:
@@ -168,9 +183,30 @@ def test_productions_roundtrip_in_sequence_order(store: TabletStore) -> None:
     store.commit(Commit(productions=ps, seq=256))
     store = reopen(store)
     got = store.productions()
-    assert got == sorted(ps, key=lambda p: p.ckey)  # type: ignore[arg-type, return-value]
-    assert [p.record.id[-1] for p in got] == [2, 10, 0]  # seq 2, 10, 256 (256 ends in 0x00)
+    assert _view(got) == _view(sorted(ps, key=lambda p: p.ckey or b""))
+    assert [p.cols.id(0)[-1] for p in got] == [2, 10, 0]  # seq 2, 10, 256 (256 ends in 0x00)
     store.close()
+
+
+def test_a_shipment_is_one_checkpoint_of_its_columns(store: TabletStore) -> None:
+    cols = Columns([b"a", b"b", b"c"], [b"1", b"2", b"3"], [5, 3, 9], b"producer", [7, 8, 9])
+    store.commit(Commit(productions=[Shipment("c", 0, cols, (b"producer",), ckey=production_key(7, "c", 0))], seq=9))
+    store = reopen(store)
+    assert sum(1 for _ in store.scan(b"P")) == 1
+    (got,) = store.productions()
+    assert (got.cols, got.producers, got.oldest) == (cols, (b"producer",), 3)
+    store.close()
+
+
+def test_row_checkpoints_written_before_columns_are_re_sent(store: TabletStore) -> None:
+    """A tablet checkpointed one Record per production before issue 29: an upgraded worker
+    reads them as one-record shipments."""
+    rid = b"producer" + (4).to_bytes(8, "big")
+    ckey = production_key(4, "c", 1, CK_SEQUENCED_ROW)
+    store.db[ckey] = pb.Record(key=b"k", value=b"v", timestamp=11, id=rid).SerializeToString()
+    (got,) = store.productions()
+    assert (got.computation, got.key_range, got.cols.records(), got.producers, got.ckey) == (
+        "c", 1, [Record(b"k", b"v", 11, rid)], (b"producer",), ckey)
 
 
 def test_uncheckpointed_productions_are_not_stored(store: TabletStore) -> None:
@@ -183,9 +219,9 @@ def test_uncheckpointed_productions_are_not_stored(store: TabletStore) -> None:
 def test_delete_productions(store: TabletStore) -> None:
     ps = [production(i, "c", i % 2) for i in range(1, 6)]
     store.commit(Commit(productions=ps))
-    store.delete_productions([ps[1].ckey, ps[3].ckey, production_key(99, "c", 0, sequenced=False)])  # type: ignore[list-item]
+    store.delete_productions([ps[1].ckey, ps[3].ckey, production_key(99, "c", 0)])  # type: ignore[list-item]
     store = reopen(store)
-    assert store.productions() == [ps[0], ps[2], ps[4]]
+    assert _view(store.productions()) == _view([ps[0], ps[2], ps[4]])
     store.close()
 
 
@@ -322,7 +358,7 @@ def test_int64_extremes_roundtrip(store: TabletStore) -> None:
     q = production(2, "c", 0, ts=-(2**63))
     store.commit(Commit(timers_set={(t.key, t.tag): t for t in ts}, productions=[p, q]))
     assert set(store.timers()) == set(ts)
-    assert store.productions() == [p, q]
+    assert _view(store.productions()) == _view([p, q])
 
 
 
