@@ -124,7 +124,7 @@ async def _drive(path: str, records: int, batch: int, prof: cProfile.Profile | N
             if _COLUMNS:  # as worker/server.py admits it
                 answer = await tablet.deliver(of_request(req), {o.producer: (o.after, o.token) for o in req.orders})
             else:  # sequenced, as an injector's records are
-                answer = await tablet.deliver([from_proto(r) for r in req.records], {prefix: (0, 0)})
+                answer = await tablet.deliver([from_proto(r) for r in req.records], {prefix: (0, 0)})  # type: ignore[arg-type]
             status = answer[0] if isinstance(answer, tuple) else answer  # (status, duplicates) since 4f0e072
             assert status == 0, answer
         if prof is not None:
