@@ -165,6 +165,18 @@ class RoutingTable:
             out.append((sub.computation, self._ranges[sub.computation].of(extracted), extracted))
         return out
 
+    def plain_readers(self, stream: str) -> list[tuple[str, list[int], list[int]]] | None:
+        """``(computation, range starts, range ids)`` of each reader of ``stream`` if none has
+        a key extractor (a record goes to the range of its own key's hash in each), else None:
+        what a producer may route with one hash per record and no objects."""
+        out = []
+        for sub in self._subs.get(stream, ()):
+            if (sub.computation, stream) in self._extractor_paths:
+                return None
+            ranges = self._ranges[sub.computation]
+            out.append((sub.computation, ranges.starts, ranges.ids))
+        return out
+
     def range_for(self, computation: str, key: bytes) -> int:
         """The range of ``computation`` that holds ``key`` now."""
         return self._ranges[computation].of(key)

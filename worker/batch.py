@@ -14,8 +14,10 @@ import base64
 import json
 import logging
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from hashlib import blake2b
 from typing import TYPE_CHECKING, TypeVar
 
 from runtime import metrics
@@ -108,6 +110,10 @@ class BatchProcessor:
         self._taken = 0         # everything looked at, duplicates included
         self._stop = False      # the batch is full
         self._wm = 0            # the input watermark the batch judges lateness by
+        self._durations: list[float] = []  # of its calls of user code (one histogram update per batch)
+        self._routing = self.host.routing  # the routing of the batch running now
+        # stream -> plain_readers(stream) of that routing (None: a reader has a key extractor)
+        self._plain: dict[str, list[tuple[str, list[int], list[int]]] | None] = {}
         # The oldest event-time timer or production this batch made earlier than the record
         # (or timer) it came from, which holds the watermark there: read by the event loop
         # for progress reports until the batch's effects are in the timer index and the
@@ -127,6 +133,10 @@ class BatchProcessor:
         self._cancelled = set()
         self._outgoing = {}
         self.ctx.start_batch(commit.state)
+        routing = self.host.routing
+        if routing is not self._routing:  # a new routing: what is known of its streams goes
+            self._routing = routing
+            self._plain = {}
         self._limit = batch.limit
         self._budget = self.host.limits.batch_budget_ms / 1000
         self._started = time.perf_counter()
@@ -187,6 +197,8 @@ class BatchProcessor:
             timer_id = derived_id(*parts, t.nonce) if t.nonce else derived_id(*parts)
             self._run_user(commit, t.key, t.time, b"", timer_id, self._timer_fn, t)
         commit.productions = self._shipments()
+        self.metrics.user_seconds.observe_many(self._durations)
+        self._durations.clear()
         if self.exactly_once:
             commit.marks.update(view.changed)
             commit.lower.update(view.lower_changed)
@@ -196,64 +208,77 @@ class BatchProcessor:
         return self._work >= self._limit or (
             self._taken > 0 and time.perf_counter() - self._started >= self._budget)
 
-    def _run_records(self, batch: Batch, cols: Columns, i: int, producer: bytes | None) -> int:
-        """User code for records ``i:`` of ``cols`` (new ones: dedup is done), until the batch
-        is full; returns the index it reached. ``producer``: the records are its sequences."""
-        n = len(cols)
+    def _run_records(self, batch: Batch, cols: Columns, i: int, producer: bytes | None,
+                     stop: int | None = None, source: tuple[bytes, int] | None = None) -> int:
+        """User code for records ``i:`` of ``cols`` (new ones: dedup is done) until the batch is
+        full, or for records ``i:stop`` whatever the batch holds; returns the index it reached. ``producer``: the records are its
+        sequences; ``source``: else, the one record's place in its producer's order.
+
+        The common path, per record: a late check, a ``Record`` for user code, the call
+        (timed for the slow-call watch and the user-code histogram), and what it made merged;
+        inlined, since it runs for every record. A call that raises is undone and retried,
+        then dead-lettered (:meth:`_run_user`)."""
+        n = len(cols) if stop is None else stop
         keys, values, tss = cols.keys, cols.values, cols.timestamps
-        seqs = cols.seqs if producer is not None else None
-        ids = cols.ids
-        call = self._call
-        clock = time.perf_counter
-        deadline = self._started + self._budget
+        seqs, ids, prefix = cols.seqs, cols.ids, cols.producer
+        commit = batch.commit
+        ctx = self.ctx
+        out = ctx.out
+        fn = self.comp.process_record
+        calls = self.calls
+        clock = calls.clock
+        slow = calls.record_above
+        durations = self._durations
         weak = self.weak
+        wm = self._wm
+        drop_late = self.late_records == "drop"
+        perf = time.perf_counter
+        deadline = self._started + self._budget
         while i < n:
-            if self._work >= self._limit or (self._taken and not self._taken & 7 and clock() >= deadline):
+            if stop is None and (self._work >= self._limit or (
+                    self._taken and not self._taken & 7 and perf() >= deadline)):
                 self._stop = True
                 break
+            key, value, ts = keys[i], values[i], tss[i]
             if seqs is not None:
-                assert producer is not None
                 seq = seqs[i]
-                call(batch, keys[i], values[i], tss[i], producer + seq.to_bytes(8, "big"),
-                     (producer, seq) if weak else None)
+                rid = prefix + seq.to_bytes(8, "big")  # type: ignore[operator]
+                if weak and producer is not None:
+                    source = (producer, seq)
             else:
-                assert ids is not None
-                call(batch, keys[i], values[i], tss[i], ids[i], None)
+                rid = ids[i]  # type: ignore[index]
             i += 1
+            self._taken += 1
+            if ts < wm:
+                self.late += 1
+                self.metrics.late.inc()
+                if drop_late:
+                    continue
+            batch.new += 1
+            self._work += 1
+            mark = len(out)
+            ctx._key = key  # KeyContext.begin, inline
+            ctx._timestamp = ts
+            ctx.eff = None
+            ctx._saved = _UNSAVED
+            t0 = clock()
+            calls.running_call = (key, t0)
+            try:
+                fn(ctx, Record(key, value, ts, rid))
+            except BaseException as e:  # user code: anything may happen, sys.exit() included
+                ctx.undo(mark)
+                calls.ended(clock())
+                self._run_user(commit, key, ts, value, rid, self._record_fn, Record(key, value, ts, rid), source,
+                               failed=e)
+                continue
+            t1 = clock()
+            calls.running_call = None
+            durations.append(t1 - t0)
+            if t1 - t0 >= slow:
+                calls.slow(key, t1 - t0, t1)
+            if ctx.eff is not None or len(out) > mark:
+                self._after_call(commit, ctx.eff, mark, ts, rid, source)
         return i
-
-    def _call(self, batch: Batch, key: bytes, value: bytes, ts: int, rid: bytes,
-              source: tuple[bytes, int] | None) -> None:
-        """User code for one new record (``source``: its place in its producer's order, for a
-        weak tablet's output ids). The common path: a late check, a ``Record``, the call, and
-        what it made merged; a call that raises is retried, then dead-lettered (``_run_user``)."""
-        self._taken += 1
-        if ts < self._wm:
-            self.late += 1
-            self.metrics.late.inc()
-            if self.late_records == "drop":
-                return
-        batch.new += 1
-        self._work += 1
-        ctx = self.ctx
-        mark = len(ctx.out)
-        ctx._key = key  # KeyContext.begin, inline: per record
-        ctx._timestamp = ts
-        ctx.eff = None
-        ctx._saved = _UNSAVED
-        calls = self.calls
-        calls.begin(key)
-        try:
-            self.comp.process_record(ctx, Record(key, value, ts, rid))
-        except BaseException as e:  # user code: anything may happen, sys.exit() included
-            ctx.undo(mark)
-            self.metrics.user_seconds.observe(calls.end())
-            self._run_user(batch.commit, key, ts, value, rid, self._record_fn, Record(key, value, ts, rid), source,
-                           failed=e)
-            return
-        self.metrics.user_seconds.observe(calls.end())
-        if ctx.eff is not None or len(ctx.out) > mark:
-            self._after_call(batch.commit, ctx.eff, mark, ts, rid, source)
 
     def _dedup_each(self, batch: Batch, cols: Columns, i: int, orders: dict[bytes, tuple[int, int]] | None,
                     view: MarkView, seen: set[bytes], now: int) -> tuple[int, int]:
@@ -299,7 +324,7 @@ class BatchProcessor:
                     continue
                 seen.add(rid)
                 self._commit.opaque_ids.append(rid)
-            self._call(batch, cols.keys[i], cols.values[i], cols.timestamps[i], rid, source)
+            self._run_records(batch, cols, i, None, i + 1, source)
             i += 1
         for producer, (seq, token) in tops.items():
             view.advance(producer, seq, token, now)
@@ -488,7 +513,39 @@ class BatchProcessor:
                     if t.time < low and t.domain is TimeDomain.EVENT_TIME:
                         low = t.time
         out = self.ctx.out
-        if len(out) > mark:
+        n = len(out)
+        if n > mark and not self.weak:
+            # Strong productions to readers that take the record's own key (no key extractor):
+            # straight onto the outgoing columns, one hash each. The general path below takes
+            # the rest from the first one that is not so (a key extractor may fail: dead letters).
+            plain = self._plain
+            outgoing = self._outgoing
+            seq = commit.seq
+            assert seq is not None
+            while mark < n:
+                stream, key, value, pts = out[mark]
+                if stream in plain:
+                    dests = plain[stream]
+                else:
+                    dests = plain[stream] = self._routing.plain_readers(stream)
+                if dests is None:
+                    break
+                mark += 1
+                seq += 1
+                if pts < low:
+                    low = pts
+                h = int.from_bytes(blake2b(key, digest_size=8).digest(), "big")  # runtime.keyspace.key_hash
+                for comp, starts, ids in dests:
+                    dest = (comp, ids[bisect_right(starts, h) - 1])
+                    o = outgoing.get(dest)
+                    if o is None:
+                        o = outgoing[dest] = _Outgoing()
+                    o.keys.append(key)
+                    o.values.append(value)
+                    o.timestamps.append(pts)
+                    o.seqs.append(seq)
+            commit.seq = seq
+        if n > mark:
             routed = self._route(out, mark)
             for *_, produced in routed:
                 if produced[3] < low:

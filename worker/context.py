@@ -77,8 +77,14 @@ class _KeyState(State):
     def set(self, value: bytes) -> None:
         if not isinstance(value, (bytes, bytearray, memoryview)):
             raise UsageError(f"state must be bytes, not {type(value).__name__}; encode it first")
-        _check_size(value, MAX_VALUE_BYTES, "state value")
-        self._ctx.write_state(bytes(value))
+        if len(value) > MAX_VALUE_BYTES:
+            _check_size(value, MAX_VALUE_BYTES, "state value")
+        ctx = self._ctx
+        writes = ctx.writes
+        key = ctx._key
+        if ctx._saved is _UNSAVED:  # KeyContext.write_state, inline: the common path
+            ctx._saved = (key in writes, writes.get(key))
+        writes[key] = value if type(value) is bytes else bytes(value)
 
     def clear(self) -> None:
         self._ctx.write_state(None)
@@ -194,10 +200,12 @@ class KeyContext(Context):
         if key is not None and not isinstance(key, (bytes, bytearray)):
             raise UsageError(f"produce() key must be bytes, not {type(key).__name__}")
         ts = self._timestamp if timestamp is None else _check_time(timestamp, "produce() timestamp")
-        _check_size(value, MAX_VALUE_BYTES, "produce() value")
+        if len(value) > MAX_VALUE_BYTES:
+            _check_size(value, MAX_VALUE_BYTES, "produce() value")
         if key is not None:
             _check_size(key, MAX_KEY_BYTES, "produce() key")
-        self.out.append((stream, self._key if key is None else bytes(key), bytes(value), ts))
+        self.out.append((stream, self._key if key is None else bytes(key),
+                         value if type(value) is bytes else bytes(value), ts))
 
     def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
         _check_tag(tag)

@@ -35,38 +35,48 @@ class CallWatch:
         self.record_above = record_above
         self.clock = clock
         self.on_slow = on_slow
-        self._running: tuple[bytes, float] | None = None
+        # (key, started) of the call running now: set and cleared by the tablet's thread
+        # around each call (begin/end, or inline on the record path, worker/batch.py).
+        self.running_call: tuple[bytes, float] | None = None
         self._next_warning = warn_after
         self._recent: list[tuple[float, bytes, float]] = []  # (seconds, key, ended at)
         self._lock = threading.Lock()
 
     def begin(self, key: bytes) -> None:
-        self._running = (key, self.clock())
+        self.running_call = (key, self.clock())
 
     def end(self) -> float:
         """The call returned (or raised); returns how long it ran."""
-        running = self._running
+        running = self.running_call
         if running is None:
             return 0.0
-        key, started = running
-        now = self.clock()
-        seconds = now - started
-        self._running = None
+        return self.ended(self.clock())
+
+    def ended(self, now: float) -> float:
+        """The running call ended at ``now``; returns how long it ran."""
+        running = self.running_call
+        self.running_call = None
+        if running is None:
+            return 0.0
+        seconds = now - running[1]
         if seconds >= self.record_above:
-            with self._lock:
-                self._next_warning = self.warn_after
-                self._recent.append((seconds, key, now))
-                self._recent = sorted((c for c in self._recent if now - c[2] <= self.window),
-                                      reverse=True)[:self.keep]
-            if seconds >= self.warn_after:
-                self.on_slow(seconds)
-                log.warning("tablet %s: user code for key %r took %.1f s", self.tablet,
-                            show_key(key), seconds)
+            self.slow(running[0], seconds, now)
         return seconds
+
+    def slow(self, key: bytes, seconds: float, now: float) -> None:
+        """A call for ``key`` that ended at ``now`` took ``seconds``, at least ``record_above``."""
+        with self._lock:
+            self._next_warning = self.warn_after
+            self._recent.append((seconds, key, now))
+            self._recent = sorted((c for c in self._recent if now - c[2] <= self.window),
+                                  reverse=True)[:self.keep]
+        if seconds >= self.warn_after:
+            self.on_slow(seconds)
+            log.warning("tablet %s: user code for key %r took %.1f s", self.tablet, show_key(key), seconds)
 
     def running(self) -> tuple[bytes, float] | None:
         """The key whose call is running now, and for how long (None when idle)."""
-        running = self._running
+        running = self.running_call
         if running is None:
             return None
         return running[0], self.clock() - running[1]

@@ -243,3 +243,12 @@ class Typed(Computation):
             "seen": list(seen), "total": ctx.state_of(self.total).get(), "map": dict(by_value.items()),
             "keys": list(by_value.keys()), "has1": by_value.contains("1"),
             "recent": ctx.state_of(self.recent).get()}).encode())
+
+
+class IdLog(Computation):
+    """Logs the id of every record it processes (class-wide), in order."""
+
+    ids: list[bytes] = []
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        IdLog.ids.append(record.id)
