@@ -28,7 +28,8 @@ class Peers:
     The deliveries a turn of the event loop makes to one worker (a commit's productions to
     several of its tablets) leave together in one ``DeliverMany`` (up to
     ``delivery.BUNDLE_BYTES``): one call instead of one per tablet, and the receiver runs
-    their batches side by side."""
+    their batches side by side. Commits replicated to one follower worker in one turn (of
+    several tablets) leave together the same way, in one ``ReplicateMany``."""
 
     def __init__(self, security: Security) -> None:
         self.security = security
@@ -36,6 +37,7 @@ class Peers:
         self._channels: list[grpc.aio.Channel] = []
         self._warned: set[tuple[str, grpc.StatusCode]] = set()
         self._bundles: dict[str, list[tuple[pb.DeliverRequest, int, asyncio.Future[delivery.Outcome]]]] = {}
+        self._replicas: dict[str, list[tuple[pb.ReplicateRequest, int, asyncio.Future[pb.ReplicateResponse | None]]]] = {}
         self._calls: set[asyncio.Task[None]] = set()
 
     async def deliver(self, address: str, computation: str, key_range: int, token: int,
@@ -102,11 +104,46 @@ class Peers:
         return stub
 
     async def replicate(self, address: str, req: pb.ReplicateRequest) -> pb.ReplicateResponse | None:
+        """None: not reachable (or the call failed)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[pb.ReplicateResponse | None] = loop.create_future()
+        bundle = self._replicas.setdefault(address, [])
+        if not bundle:
+            loop.call_soon(self._send_replicas, address)
+        bundle.append((req, req.ByteSize(), fut))
+        return await fut
+
+    def _send_replicas(self, address: str) -> None:
+        """Send the Replicate calls this turn gave ``address``."""
+        waiting = [b for b in self._replicas.pop(address, []) if not b[2].done()]
+        for part in delivery.bundles([b[1] for b in waiting]):
+            task = asyncio.get_running_loop().create_task(self._replicate(address, waiting[part.start:part.stop]))
+            self._calls.add(task)
+            task.add_done_callback(self._calls.discard)
+
+    async def _replicate(self, address: str, bundle: list[tuple[pb.ReplicateRequest, int,
+                                                                 asyncio.Future[pb.ReplicateResponse | None]]]
+                         ) -> None:
+        stub = self._stub(address)
+        answers: list[pb.ReplicateResponse | None]
         try:
-            return cast(pb.ReplicateResponse, await self._stub(address).Replicate(req, timeout=10))
+            if len(bundle) == 1:
+                answers = [await stub.Replicate(bundle[0][0], timeout=10)]
+            else:
+                resp = await stub.ReplicateMany(pb.ReplicateManyRequest(requests=[b[0] for b in bundle]), timeout=10)
+                answers = list(resp.answers)
         except grpc.RpcError as e:
             log.debug("replication to %s failed: %s", address, e.code())
-            return None
+            if len(bundle) > 1 and e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                # One tablet's copy failing there fails the call: the others must not wait
+                # for it (nor leave their in-sync sets), so each goes alone.
+                for b in bundle:
+                    await self._replicate(address, [b])
+                return
+            answers = [None] * len(bundle)
+        for (_, _, fut), answer in zip(bundle, answers, strict=True):
+            if not fut.done():
+                fut.set_result(answer)
 
     async def snapshot(self, address: str, chunk: pb.SnapshotChunk) -> pb.ReplicateResponse | None:
         try:

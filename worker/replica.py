@@ -3,9 +3,13 @@
 A copy holds the commits of one primary (``source``: the token it was built under, from
 that primary's snapshot) in order. It refuses anything under a token older than one it
 has seen (from a primary or from the routing), and answers NEED_SNAPSHOT to a primary it
-cannot continue from: a new primary (token), or a gap in the commit numbers. So a copy
-never mixes the commits of two primaries, and a deposed primary can make nothing durable
-here once its successor exists (DESIGN.md §5, docs/replication.md). No gRPC here.
+cannot continue from: a new primary (token), a gap in the commit numbers, or a commit it
+holds that may not be the primary's. A commit is named by its number and its term (the
+primary's opening that made it, worker/storage.py): a primary that reopened after its own
+write of commit N failed (its followers may already hold that N) makes a different N
+under a higher term. So a copy never mixes the commits of two primaries or of two
+openings of one, and a deposed primary can make nothing durable here once its successor
+exists (DESIGN.md §5, docs/replication.md). No gRPC here.
 
 Peers authenticate with the shared worker token only, so a primary's token is believed
 only as far as this worker's routing confirms it: commits and snapshots come in only for
@@ -128,14 +132,14 @@ class Replicas:
             if copy is None or copy.token != req.token:
                 return _refuse(R.NEED_SNAPSHOT, "new primary", "no copy of this primary's commits here",
                                copy.index if copy else 0)
+            refused = _continues(copy, req)
+            if refused is not None:
+                return refused
             entries = [(e.index, e.ops) for e in req.entries if e.index > copy.index]
-            if not entries:
-                return pb.ReplicateResponse(status=R.OK, index=copy.index)  # a retry: already here
-            if [i for i, _ in entries] != list(range(copy.index + 1, copy.index + 1 + len(entries))):
-                return _refuse(R.NEED_SNAPSHOT, "gap", f"commits from {entries[0][0]} do not follow "
-                               f"commit {copy.index} held here", copy.index)
-            await self._thread(key).run(functools.partial(copy.apply, req.token, entries, sync=req.sync))
-            return pb.ReplicateResponse(status=R.OK, index=copy.index)
+            if not entries:  # a retry (or a question: which commit is here?)
+                return pb.ReplicateResponse(status=R.OK, index=copy.index, term=copy.term)
+            await self._thread(key).run(functools.partial(copy.apply, req.token, req.term, entries, sync=req.sync))
+            return pb.ReplicateResponse(status=R.OK, index=copy.index, term=copy.term)
 
     async def install(self, chunk: pb.SnapshotChunk) -> pb.ReplicateResponse:
         """One piece of a snapshot; the last one replaces the copy with it."""
@@ -206,6 +210,31 @@ class Replicas:
     async def close_all(self) -> None:
         for key in list(self.copies):
             await self.close(key)
+
+
+def _continues(copy: ReplicaStore, req: pb.ReplicateRequest) -> pb.ReplicateResponse | None:
+    """A refusal (NEED_SNAPSHOT) unless ``req``'s commits continue ``copy`` (same token).
+
+    Commits this copy holds are the primary's only if they are of its current term (a
+    retry); the next one continues it only if the commit before it, held here, is of the
+    term the primary says (Raft's rule on the previous entry's term)."""
+    if req.term < copy.term:
+        return _refuse(R.NEED_SNAPSHOT, "old term", f"term {req.term} is older than the term {copy.term} of "
+                       f"commit {copy.index} held here (an earlier opening of this primary)", copy.index)
+    if not req.entries:
+        return None
+    first = req.entries[0].index
+    if first <= copy.index and req.term != copy.term:
+        return _refuse(R.NEED_SNAPSHOT, "other term", f"commit {copy.index} held here is of term {copy.term}, "
+                       f"not the primary's term {req.term}: it may differ from the primary's", copy.index)
+    if first == copy.index + 1 and req.prev_term != copy.term:
+        return _refuse(R.NEED_SNAPSHOT, "other term", f"commit {copy.index} held here is of term {copy.term}, "
+                       f"the primary's is of term {req.prev_term}", copy.index)
+    indexes = [e.index for e in req.entries]
+    if first > copy.index + 1 or indexes != list(range(first, first + len(indexes))):
+        return _refuse(R.NEED_SNAPSHOT, "gap", f"commits from {first} do not follow commit {copy.index} held "
+                       "here", copy.index)
+    return None
 
 
 def write_at(path: str, offset: int, data: bytes) -> None:

@@ -1,8 +1,9 @@
 """A primary's side of replication: its followers, and the wait for their acknowledgements.
 
 Every commit of a replicated tablet goes, in order, to each follower (DESIGN.md §5,
-docs/replication.md). :meth:`Replicator.replicate` returns once every follower of the
-in-sync set has it durable; a follower that fails or does not answer within
+docs/replication.md), while the primary writes it itself: :meth:`Replicator.send` starts
+it, and :meth:`Replicator.wait` returns once every follower of the in-sync set has it
+durable; a follower that fails or does not answer within
 ``replica_timeout_ms`` is first removed from the in-sync set by the leader, and only
 then does the primary go on without it. A follower that is not in sync catches up in the
 background: from a checkpoint of the primary's copy when it holds nothing usable, then
@@ -51,6 +52,11 @@ class ReplicaChannel(Protocol):
 
     async def update_in_sync(self, req: pb.InSyncRequest) -> tuple[str, ...]:
         """The tablet's in-sync set after the change; raises StaleTokenError if refused."""
+
+
+# What a commit's replication waits for: (follower, its link, its acknowledgement, whether
+# it was in the in-sync set when the commit was sent).
+Sending = list[tuple[str, "_Link", "asyncio.Future[bool]", bool]]
 
 
 class ReplicationError(MillstreamError):
@@ -182,9 +188,10 @@ class _Link:
             resp = None
         else:
             t0 = time.perf_counter()
-            resp = await rep.channel.replicate(self.address, pb.ReplicateRequest(
-                computation=rep.tablet.computation, key_range=rep.tablet.key_range, token=rep.tablet.token,
-                entries=entries, sync=rep.tablet.sync, follower=self.follower))
+            req = self._request()
+            req.entries.extend(entries)
+            req.prev_term = rep.tablet.store.term_of(entries[0].index - 1)
+            resp = await rep.channel.replicate(self.address, req)
             metrics.REPLICATION_RPC_SECONDS.labels(rep.tablet.computation).observe(time.perf_counter() - t0)
         if resp is None or resp.status in (R.WRONG_WORKER, R.NOT_YET):  # NOT_YET: its routing lags
             self.fail()
@@ -207,17 +214,22 @@ class _Link:
         """Ask the follower which commit it holds (an empty Replicate): if not the last one
         sent, it catches up from a snapshot. False: not reachable."""
         rep = self.rep
-        resp = None if rep.blocked(self.address) else await rep.channel.replicate(
-            self.address, pb.ReplicateRequest(computation=rep.tablet.computation, key_range=rep.tablet.key_range,
-                                              token=rep.tablet.token, sync=rep.tablet.sync, follower=self.follower))
+        resp = None if rep.blocked(self.address) else await rep.channel.replicate(self.address, self._request())
         if resp is None or resp.status in (R.WRONG_WORKER, R.NOT_YET):
             return False
         if resp.status == R.STALE_TOKEN:
             raise StaleTokenError(resp.detail or "a newer primary exists")
         self.verify = False
-        if resp.status != R.OK or resp.index != self.base:
+        if (resp.status != R.OK or self.base is None or resp.index != self.base
+                or resp.term != rep.tablet.store.term_of(self.base)):
             self.base = None
         return True
+
+    def _request(self) -> pb.ReplicateRequest:
+        """A Replicate to this follower, without entries."""
+        tablet = self.rep.tablet
+        return pb.ReplicateRequest(computation=tablet.computation, key_range=tablet.key_range, token=tablet.token,
+                                   sync=tablet.sync, follower=self.follower, term=tablet.store.term)
 
     async def _snapshot(self) -> None:
         """Send a checkpoint of the primary's copy; the follower then holds commits up to it."""
@@ -322,28 +334,33 @@ class Replicator:
         """Followers without whose acknowledgement nothing may be acknowledged."""
         return self.in_sync | self.added
 
-    async def replicate(self, index: int, ops: bytes) -> None:
-        """Return once commit ``index`` is durable on every in-sync follower (the others get it
-        too, as they can); raises :class:`ReplicationError` if that cannot be."""
-        if self.stale:
-            raise ReplicationError(f"tablet {self.tablet.name}: a newer primary exists")
+    def send(self, index: int, ops: bytes) -> Sending:
+        """Queue commit ``index`` for every follower (called before the primary's own write
+        of it: they take it meanwhile); :meth:`wait` for what this returns."""
         required = self.required()
         waits = []
         for w, link in self.links.items():
             fut = link.push(index, ops)
             if w in required or link.synced:
-                waits.append((w, link, fut))
+                waits.append((w, link, fut, w in required))
+        return waits
+
+    async def wait(self, waits: Sending) -> None:
+        """Return once the commit :meth:`send` gave is durable on every in-sync follower (the
+        others get it too, as they can); raises :class:`ReplicationError` if that cannot be."""
+        if self.stale:
+            raise ReplicationError(f"tablet {self.tablet.name}: a newer primary exists")
         if not waits:
             return
-        await asyncio.wait([f for _, _, f in waits], timeout=self.timeout_s)
-        for w, link, fut in waits:
+        await asyncio.wait([f for _, _, f, _ in waits], timeout=self.timeout_s)
+        for w, link, fut, required in waits:
             if fut.done() and fut.result():
                 continue
             if self.stale:
                 raise ReplicationError(f"tablet {self.tablet.name}: follower {w} has seen a newer primary")
             was_synced = link.synced
             link.fail()
-            if w in required or was_synced:  # the leader may list it (an add's answer lost)
+            if required or was_synced:  # the leader may list it (an add's answer lost)
                 await self._shrink(w)
 
     async def _shrink(self, follower: str) -> None:

@@ -41,7 +41,7 @@ class _Call:
         self.fn = fn
         self.args = args
         self.lock = threading.Lock()
-        self.done = threading.Event()
+        self.done = threading.Event()  # the loop need wait no longer: finished, or released it
         self.finished = False
         self.result: Any = None
         self.error: BaseException | None = None
@@ -107,6 +107,7 @@ class TabletThread:
         self.name = name
         self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.typical_s = 0.0  # moving average of the CPU time of this thread's calls
+        self._current: _Call | None = None
         self._thread = threading.Thread(target=self._main, name=f"tablet {name}", daemon=True)
         self._thread.start()
 
@@ -136,6 +137,15 @@ class TabletThread:
             _claim(call, fut, loop)
         return fut
 
+    def release_loop(self) -> None:
+        """From the call running on this thread: the loop is not to wait for it (see
+        :meth:`run`) but to go on at once, its outcome coming through
+        ``call_soon_threadsafe``. A commit of a replicated tablet calls this right before
+        its write: the loop then sends the commit to the followers meanwhile."""
+        call = self._current
+        if call is not None:
+            call.done.set()
+
     def stop(self) -> None:
         """Let the thread end once the calls already given have run."""
         self._calls.put(_STOP)
@@ -150,6 +160,7 @@ class TabletThread:
             if call is _STOP:
                 return
             started = time.thread_time()
+            self._current = call
             try:
                 call.result = call.fn(*call.args)
             except Exception as e:  # handed to the awaiting coroutine, never lost here
@@ -160,6 +171,7 @@ class TabletThread:
                 call.error = UserCodeError(f"user code raised {type(e).__name__}: {e}")
             # CPU time, not wall time: waiting out an fsync would only hold the loop.
             self.typical_s = 0.8 * self.typical_s + 0.2 * (time.thread_time() - started)
+            self._current = None
             with call.lock:
                 call.finished = True
                 fut, loop = call.fut, call.loop

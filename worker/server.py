@@ -268,6 +268,12 @@ class WorkerServicer(rpc.WorkerServicer):
     async def Replicate(self, request: pb.ReplicateRequest, context: Any) -> pb.ReplicateResponse:
         return await self.core.replicas.replicate(request)
 
+    async def ReplicateMany(self, request: pb.ReplicateManyRequest, context: Any) -> pb.ReplicateManyResponse:
+        """Several tablets' commits from one primary worker, applied side by side (each on its
+        copy's thread); one that raises fails the call, and the sender sends each alone."""
+        answers = await asyncio.gather(*(self.core.replicas.replicate(r) for r in request.requests))
+        return pb.ReplicateManyResponse(answers=answers)
+
     async def InstallSnapshot(self, request: pb.SnapshotChunk, context: Any) -> pb.ReplicateResponse:
         return await self.core.replicas.install(request)
 

@@ -11,7 +11,7 @@ Keys are prefixed by one byte per kind of data::
                                           kinds 0/1: one Record proto, written before columns)
     K <hash:8> <keylen:4> <key> <tag>     timer by key -> <domain:1> <time:8> <nonce>
     T <domain:1> <time:8> <hash:8> <keylen:4> <key> <tag>   timer index by due time
-    M token | seq | sink | index          metadata
+    M token | seq | sink | index | opened | term   metadata
 
 ``hash`` is the key's 64-bit hash (runtime/keyspace.py): state and timers are in hash
 order, so a key range's share of them is a range of storage keys (a split deletes the other
@@ -21,7 +21,10 @@ A :class:`Commit` collects one batch's effects and is written as one
 ``WriteBatch``: nothing the batch did is visible, or all of it is. A replicated tablet
 also gets the commit's writes back, encoded (:func:`encode_ops`), numbered by ``index``:
 its followers apply exactly those writes to their :class:`ReplicaStore`
-(docs/replication.md).
+(docs/replication.md). Every opening of a :class:`TabletStore` has its own ``term``, higher
+than any before it in that copy, and every commit records its term: so a commit is named by
+(index, term), and a reopened primary's commit N is never taken for the commit N of the
+opening before it (one whose local write failed after its followers had it).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import enum
 import os
 import shutil
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteBufferManager, WriteOptions
@@ -48,6 +51,7 @@ WORKER_MEMTABLE_BYTES = 128 << 20   # all the tablets of one worker process toge
 _WRITE_BUFFERS = WriteBufferManager(WORKER_MEMTABLE_BYTES, False)
 _TIME_OFFSET = 1 << 63  # maps signed microseconds onto unsigned, order-preserving
 M_TOKEN, M_SEQ, M_SINK, M_INDEX = b"Mtoken", b"Mseq", b"Msink", b"Mindex"
+M_OPENED, M_TERM = b"Mopened", b"Mterm"  # the term of the last opening; of the last commit
 # Msink+<range id>: the sink meta of a range merged into this one (its output may need settling)
 M_SINK_ABSORBED = b"Msink+"
 PUT, DELETE, DELETE_RANGE = 0, 1, 2
@@ -337,9 +341,24 @@ class TabletStore:
         self.seq = int(self.db.get(M_SEQ) or b"0")
         self.index = int(self.db.get(M_INDEX) or b"0")  # commits so far (replication numbers them)
         self.sync = sync
+        # This opening's term: above every term this copy saw (a promoted follower's copy
+        # holds its old primary's), recorded even if it commits nothing (and before any
+        # commit of it, in the same log: a commit that survives a crash implies it did).
+        self.opened_at = self.index
+        self.base_term = int(self.db.get(M_TERM) or b"0")  # the term of commit ``opened_at``
+        self.term = max(self.base_term, int(self.db.get(M_OPENED) or b"0")) + 1
+        # Called on the tablet's thread with (index, writes) of each replicated commit
+        # before it is written here, so its followers get it while it is (worker/tablet.py).
+        self.ship: Callable[[int, bytes], None] | None = None
         wb = WriteBatch(raw_mode=True)
         wb.put(M_TOKEN, str(token).encode())
+        wb.put(M_OPENED, str(self.term).encode())
         write_durably(self.db, wb, sync)
+
+    def term_of(self, index: int) -> int:
+        """The term of commit ``index`` (one of this opening's, or the one it opened at)."""
+        assert index >= self.opened_at, f"commit {index} is older than this opening ({self.opened_at})"
+        return self.term if index > self.opened_at else self.base_term
 
     # ---------------------------------------------------------------- reads
 
@@ -427,7 +446,8 @@ class TabletStore:
     def commit(self, c: Commit) -> bytes | None:
         """Write every effect of ``c`` in one ``WriteBatch`` (fsynced if configured). A
         replicated store returns the writes, encoded, for its followers (this commit's
-        number is then ``self.index``)."""
+        number is then ``self.index``), and hands them to :attr:`ship` before its own write:
+        its followers take the commit while it is written and fsynced here."""
         assert c.status is CommitState.STARTED, f"commit is {c.status.value}"
         try:
             wb = _Writes(self.replicated)
@@ -473,6 +493,10 @@ class TabletStore:
             if c.sink is not None:
                 wb.put(M_SINK, c.sink)
             wb.put(M_INDEX, str(self.index + 1).encode())
+            wb.put(M_TERM, str(self.term).encode())
+            ops = None if wb.ops is None else self._ops(wb.ops)
+            if ops is not None and self.ship is not None:
+                self.ship(self.index + 1, ops)
             write_durably(self.db, wb.wb, self.sync)
         except BaseException:
             c.status = CommitState.FAILED
@@ -481,12 +505,14 @@ class TabletStore:
         if c.seq is not None:
             self.seq = c.seq
         c.status = CommitState.COMMITTED
-        if wb.ops is None:
-            return None
+        return ops
+
+    def _ops(self, ops: list[tuple[int, bytes, bytes]]) -> bytes:
+        """The followers' writes of a commit: the deletes not shipped yet, then its own."""
         shipped = []
         while self._unshipped:
             shipped.append(self._unshipped.popleft())
-        return encode_ops(shipped + wb.ops)
+        return encode_ops(shipped + ops)
 
     def delete_productions(self, ckeys: list[bytes]) -> None:
         """Forget checkpointed productions their receiver acknowledged (no fsync needed:
@@ -524,18 +550,21 @@ class ReplicaStore:
             write_durably(self.db, wb, True)
         self.token = int(self.db.get(M_TOKEN) or b"0")
         self.index = int(self.db.get(M_INDEX) or b"0")
+        self.term = int(self.db.get(M_TERM) or b"0")  # the term of commit ``index``
 
-    def apply(self, token: int, entries: list[tuple[int, bytes]], *, sync: bool) -> None:
-        """Apply consecutive commits ``(index, writes)`` (the caller checked their order)
-        in one write."""
+    def apply(self, token: int, term: int, entries: list[tuple[int, bytes]], *, sync: bool) -> None:
+        """Apply consecutive commits ``(index, writes)`` of a primary's ``term`` (the caller
+        checked that they continue this copy) in one write."""
         wb = WriteBatch(raw_mode=True)
         for _, data in entries:
             apply_ops(wb, data)
         if token != self.token:
             wb.put(M_TOKEN, str(token).encode())
         wb.put(M_INDEX, str(entries[-1][0]).encode())
+        wb.put(M_TERM, str(term).encode())
         write_durably(self.db, wb, sync)
         self.token = token
+        self.term = term
         self.index = entries[-1][0]
 
     def close(self) -> None:

@@ -38,7 +38,7 @@ from worker.dedup import OpaqueIds
 from worker.inbox import Inbox
 from worker.outbox import Outbox
 from worker.progress import KeySample
-from worker.replication import ReplicationError, Replicator
+from worker.replication import ReplicationError, Replicator, Sending
 from worker.reshard import Origin
 from worker.runner import TabletThread
 from worker.slowcalls import CallWatch
@@ -154,6 +154,11 @@ class Tablet:
         # replication=1 gets followers only to move (a drain, a move): its replicator starts then.
         self._make_replicator = replicator
         self.replicator: Replicator | None = None
+        # The commit the store handed over before writing it (set on the tablet's thread),
+        # and its replication once started on the loop: see _ship.
+        self._to_ship: tuple[int, bytes] | None = None
+        self._sending: Sending | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.must_exist = token > 1
         self.origin = origin  # a range a split or merge made: built from its parents' storage
 
@@ -184,8 +189,9 @@ class Tablet:
         except BaseException:
             self._stop_thread()  # closes the storage once (if ever) the opening finishes
             raise
+        self._loop = asyncio.get_running_loop()
         if self._make_replicator is not None and self.replication > 1:
-            self.replicator = self._make_replicator(self)  # its followers catch up from here
+            self._start_replicator()  # its followers catch up from here
         self.open = True
         if pending:
             log.info("tablet %s re-sends %d checkpointed productions", self.name, len(pending))
@@ -309,9 +315,29 @@ class Tablet:
         starts one when it is given a follower (it is being moved)."""
         if self.replicator is None and assignment.followers and self._make_replicator is not None and self.open:
             self.store.replicated = True  # from its next commit on (a gap before is a snapshot)
-            self.replicator = self._make_replicator(self)
+            self._start_replicator()
         elif self.replicator is not None:
             self.replicator.configure(assignment)
+
+    def _start_replicator(self) -> None:
+        assert self._make_replicator is not None
+        self.replicator = self._make_replicator(self)
+        self.store.ship = self._ship
+
+    def _ship(self, index: int, ops: bytes) -> None:
+        """On the tablet's thread, right before the store writes commit ``index``: have the
+        loop send it to the followers now, while the write and its fsync run (P7 of the
+        performance study; acknowledgements still wait for both, _process_once)."""
+        assert self._loop is not None and self.thread is not None
+        self._to_ship = (index, ops)
+        self._loop.call_soon_threadsafe(self._start_sending)
+        self.thread.release_loop()  # the loop must not wait for this write before sending
+
+    def _start_sending(self) -> None:
+        """On the loop: start replicating the commit :meth:`_ship` handed over, if not yet."""
+        shipped, self._to_ship = self._to_ship, None
+        if shipped is not None and self.replicator is not None:
+            self._sending = self.replicator.send(*shipped)
 
     def _sent(self, shipments: list[Shipment]) -> None:
         self.outbox.sent(shipments)
@@ -476,13 +502,22 @@ class Tablet:
                 await self.thread.run(self.proc.write, batch)
             else:
                 await self.thread.run(self.proc.compute_and_write, batch)
-            if self.replicator is not None and batch.ops is not None:
+            # Written here; its followers have had it since before the write (_ship).
+            self._start_sending()
+            sending, self._sending = self._sending, None
+            if sending is None and self.replicator is not None and batch.ops is not None:
+                sending = self.replicator.send(batch.index, batch.ops)  # its replicator started meanwhile
+            if self.replicator is not None and sending is not None:
                 t0 = time.perf_counter()
-                await self.replicator.replicate(batch.index, batch.ops)
+                await self.replicator.wait(sending)
                 metrics.REPLICATION_SECONDS.labels(self.computation).observe(time.perf_counter() - t0)
         except BaseException:
-            self.inbox.failed(items)  # nothing of it committed: its senders retry
+            # Nothing of it acknowledged: its senders retry. If its write failed here, its
+            # followers may hold it: the tablet reopens under a new term, and they give it
+            # up for a snapshot (worker/replica.py) unless promoted first (then it is theirs).
+            self.inbox.failed(items)
             self._unwritten, self._acked_unwritten = set(), []
+            self._to_ship = self._sending = None
             self.proc.hold = None
             raise
         finally:

@@ -122,23 +122,39 @@ class ReplicaEntry(_message.Message):
     def __init__(self, index: _Optional[int] = ..., ops: _Optional[bytes] = ...) -> None: ...
 
 class ReplicateRequest(_message.Message):
-    __slots__ = ("computation", "key_range", "token", "entries", "sync", "follower")
+    __slots__ = ("computation", "key_range", "token", "entries", "sync", "follower", "term", "prev_term")
     COMPUTATION_FIELD_NUMBER: _ClassVar[int]
     KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
     FOLLOWER_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    PREV_TERM_FIELD_NUMBER: _ClassVar[int]
     computation: str
     key_range: int
     token: int
     entries: _containers.RepeatedCompositeFieldContainer[ReplicaEntry]
     sync: bool
     follower: str
-    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[ReplicaEntry, _Mapping]]] = ..., sync: _Optional[bool] = ..., follower: _Optional[str] = ...) -> None: ...
+    term: int
+    prev_term: int
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[ReplicaEntry, _Mapping]]] = ..., sync: _Optional[bool] = ..., follower: _Optional[str] = ..., term: _Optional[int] = ..., prev_term: _Optional[int] = ...) -> None: ...
+
+class ReplicateManyRequest(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[ReplicateRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[ReplicateRequest, _Mapping]]] = ...) -> None: ...
+
+class ReplicateManyResponse(_message.Message):
+    __slots__ = ("answers",)
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[ReplicateResponse]
+    def __init__(self, answers: _Optional[_Iterable[_Union[ReplicateResponse, _Mapping]]] = ...) -> None: ...
 
 class ReplicateResponse(_message.Message):
-    __slots__ = ("status", "index", "detail")
+    __slots__ = ("status", "index", "detail", "term")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         OK: _ClassVar[ReplicateResponse.Status]
@@ -154,10 +170,12 @@ class ReplicateResponse(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     status: ReplicateResponse.Status
     index: int
     detail: str
-    def __init__(self, status: _Optional[_Union[ReplicateResponse.Status, str]] = ..., index: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+    term: int
+    def __init__(self, status: _Optional[_Union[ReplicateResponse.Status, str]] = ..., index: _Optional[int] = ..., detail: _Optional[str] = ..., term: _Optional[int] = ...) -> None: ...
 
 class SnapshotChunk(_message.Message):
     __slots__ = ("computation", "key_range", "token", "index", "session", "file", "offset", "data", "done", "follower", "files")

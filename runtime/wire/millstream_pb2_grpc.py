@@ -74,6 +74,11 @@ class WorkerStub:
                 request_serializer=runtime_dot_wire_dot_millstream__pb2.SnapshotChunk.SerializeToString,
                 response_deserializer=runtime_dot_wire_dot_millstream__pb2.ReplicateResponse.FromString,
                 _registered_method=True)
+        self.ReplicateMany = channel.unary_unary(
+                '/millstream.v1.Worker/ReplicateMany',
+                request_serializer=runtime_dot_wire_dot_millstream__pb2.ReplicateManyRequest.SerializeToString,
+                response_deserializer=runtime_dot_wire_dot_millstream__pb2.ReplicateManyResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -130,6 +135,12 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReplicateMany(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -172,6 +183,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.LoadTablet,
                     request_deserializer=runtime_dot_wire_dot_millstream__pb2.SnapshotChunk.FromString,
                     response_serializer=runtime_dot_wire_dot_millstream__pb2.ReplicateResponse.SerializeToString,
+            ),
+            'ReplicateMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplicateMany,
+                    request_deserializer=runtime_dot_wire_dot_millstream__pb2.ReplicateManyRequest.FromString,
+                    response_serializer=runtime_dot_wire_dot_millstream__pb2.ReplicateManyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -390,6 +406,33 @@ class Worker:
             '/millstream.v1.Worker/LoadTablet',
             runtime_dot_wire_dot_millstream__pb2.SnapshotChunk.SerializeToString,
             runtime_dot_wire_dot_millstream__pb2.ReplicateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicateMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millstream.v1.Worker/ReplicateMany',
+            runtime_dot_wire_dot_millstream__pb2.ReplicateManyRequest.SerializeToString,
+            runtime_dot_wire_dot_millstream__pb2.ReplicateManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

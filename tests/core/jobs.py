@@ -41,6 +41,13 @@ class Count(Computation):
         Count.n += 1
 
 
+class Tally(Computation):
+    """Appends every value to its key's state: a record lost or applied twice shows there."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.state.set((ctx.state.get() or b"") + record.value + b";")
+
+
 class TimerJob(Computation):
     """b"set N" / b"move N" sets wall timer "t" at BASE + N; b"del" deletes it. A firing emits
     "fired <time>" and, with params repeat=1, sets itself again at the same time (3 firings)."""

@@ -1,6 +1,7 @@
 """Several tablets' deliveries in one call (``DeliverMany``): how they are grouped, and how a
-worker's :class:`~worker.peers.Peers` sends one turn's deliveries to a peer (over a real
-gRPC server in this process whose servicer only records what it is sent)."""
+worker's :class:`~worker.peers.Peers` sends one turn's deliveries (and one turn's
+replicated commits, ``ReplicateMany``) to a peer (over a real gRPC server in this process
+whose servicer only records what it is sent)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,18 @@ class _Recorder(rpc.WorkerServicer):
     async def DeliverMany(self, request: pb.DeliverManyRequest, context: Any) -> pb.DeliverManyResponse:
         return pb.DeliverManyResponse(answers=await self._answer(list(request.deliveries), context))
 
+    async def Replicate(self, request: pb.ReplicateRequest, context: Any) -> pb.ReplicateResponse:
+        return (await self._replicated([request], context))[0]
+
+    async def ReplicateMany(self, request: pb.ReplicateManyRequest, context: Any) -> pb.ReplicateManyResponse:
+        return pb.ReplicateManyResponse(answers=await self._replicated(list(request.requests), context))
+
+    async def _replicated(self, reqs: list[pb.ReplicateRequest], context: Any) -> list[pb.ReplicateResponse]:
+        self.calls.append([r.computation for r in reqs])
+        if any(r.computation == "bad" for r in reqs):
+            await context.abort(grpc.StatusCode.INTERNAL, "the copy of bad/0 failed its write")
+        return [pb.ReplicateResponse(status=pb.ReplicateResponse.OK, index=r.entries[-1].index) for r in reqs]
+
     async def _answer(self, reqs: list[pb.DeliverRequest], context: Any) -> list[pb.DeliverResponse]:
         self.calls.append([r.computation for r in reqs])
         if any(r.computation == "bad" for r in reqs):
@@ -101,3 +114,39 @@ def test_a_refused_delivery_does_not_hold_back_the_others_of_its_call() -> None:
     assert sorted(map(tuple, calls[1:])) == [("a",), ("bad",), ("c",)]
     assert outs[0] == outs[2] == (delivery.Status.OK, ("w", 7))
     assert outs[1] == (delivery.Status.UNREACHABLE, None)
+
+
+def _replicate(comps: list[str]) -> tuple[list[Any], list[list[str]]]:
+    """One commit (index 3) of each of ``comps``' tablets, replicated to one follower worker
+    in one turn; the answers and the calls its servicer got."""
+    async def main() -> tuple[list[Any], list[list[str]]]:
+        server = grpc.aio.server()
+        recorder = _Recorder()
+        rpc.add_WorkerServicer_to_server(recorder, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        peers = Peers(Security())
+        try:
+            reqs = [pb.ReplicateRequest(computation=c, key_range=0, token=1, entries=[pb.ReplicaEntry(index=3)])
+                    for c in comps]
+            outs = await asyncio.gather(*(peers.replicate(f"127.0.0.1:{port}", r) for r in reqs))
+        finally:
+            await peers.close()
+            await server.stop(None)
+        return list(outs), recorder.calls
+    return asyncio.run(main())
+
+
+def test_one_turns_commits_to_a_follower_worker_go_in_one_call_answered_in_order() -> None:
+    """Eight tablets' commits (W1's round: four counters and four sinks) cost one unary call
+    to their follower worker, not eight (performance study, section 2.2)."""
+    outs, calls = _replicate([f"c{i}" for i in range(8)])
+    assert calls == [[f"c{i}" for i in range(8)]]
+    assert [(o.status, o.index) for o in outs] == [(pb.ReplicateResponse.OK, 3)] * 8
+
+
+def test_one_copy_failing_does_not_fail_the_other_tablets_replication() -> None:
+    outs, calls = _replicate(["a", "bad", "c"])
+    assert calls[0] == ["a", "bad", "c"]  # failed whole, then each went alone
+    assert sorted(map(tuple, calls[1:])) == [("a",), ("bad",), ("c",)]
+    assert outs[1] is None and outs[0].status == outs[2].status == pb.ReplicateResponse.OK

@@ -26,8 +26,10 @@ def _entry(index: int, key: bytes, value: bytes) -> pb.ReplicaEntry:
     return pb.ReplicaEntry(index=index, ops=encode_ops([(PUT, b"S" + key, value)]))
 
 
-def _req(token: int, *entries: pb.ReplicaEntry) -> pb.ReplicateRequest:
-    return pb.ReplicateRequest(computation="c", key_range=0, token=token, entries=entries, sync=False)
+def _req(token: int, *entries: pb.ReplicaEntry, term: int = 1, prev_term: int = 0) -> pb.ReplicateRequest:
+    """Commits of a primary's first opening (term 1) onto an empty copy (term 0), by default."""
+    return pb.ReplicateRequest(computation="c", key_range=0, token=token, entries=entries, sync=False,
+                               term=term, prev_term=prev_term)
 
 
 def test_commits_apply_in_order_retries_are_harmless_and_gaps_need_a_snapshot(tmp_path: Any) -> None:
@@ -90,7 +92,8 @@ def test_a_snapshot_of_a_primary_replaces_the_copy(tmp_path: Any) -> None:
         # The primary's next commit continues the copy.
         ops = store.commit(Commit(state={b"k9": b"w"}))
         assert ops is not None
-        nxt = await reps.replicate(_req(5, pb.ReplicaEntry(index=store.index, ops=ops)))
+        nxt = await reps.replicate(_req(5, pb.ReplicaEntry(index=store.index, ops=ops), term=store.term,
+                                        prev_term=store.term))
         assert nxt.status == R.OK and nxt.index == 4
         await reps.close_all()
         copy = ReplicaStore(os.path.join(str(tmp_path), "follower", "c", "0"))
@@ -152,7 +155,7 @@ def test_n14_a_token_the_routing_does_not_confirm_neither_raises_the_fence_nor_i
         assert (await reps.install(chunk)).status == R.NOT_YET
         assert not os.path.exists(reps.incoming_dir) or os.listdir(reps.incoming_dir) == []
         # The real primary goes on.
-        ok = await reps.replicate(_req(1, _entry(2, b"k", b"still")))
+        ok = await reps.replicate(_req(1, _entry(2, b"k", b"still"), prev_term=1))
         assert ok.status == R.OK and ok.index == 2
         # A tablet the routing does not say this worker follows: nothing comes in, whatever the token.
         other = pb.ReplicateRequest(computation="c", key_range=7, token=1, entries=[_entry(1, b"k", b"v")])
@@ -163,3 +166,50 @@ def test_n14_a_token_the_routing_does_not_confirm_neither_raises_the_fence_nor_i
         assert reps.fence[KEY] == 2
         await reps.close_all()
     asyncio.run(run())
+
+
+def test_a_commit_held_under_an_older_term_is_never_taken_for_the_primarys(tmp_path: Any) -> None:
+    """P7: a primary reopened after its own write of commit 2 failed (its follower had it)
+    sends a different commit 2 under its next term: not a retry, a snapshot."""
+    async def run() -> None:
+        reps = _replicas(tmp_path)
+        await reps.create_empty(KEY, 5)
+        assert (await reps.replicate(_req(5, _entry(1, b"k", b"1"), term=1))).status == R.OK
+        assert (await reps.replicate(_req(5, _entry(2, b"k", b"lost"), term=1, prev_term=1))).status == R.OK
+        # Reopened (term 2) at commit 1: its commit 2 is another one.
+        resent = await reps.replicate(_req(5, _entry(2, b"k", b"other"), term=2, prev_term=1))
+        assert resent.status == R.NEED_SNAPSHOT and resent.index == 2
+        # Nor does it continue a copy whose last commit is not of the term the primary's is.
+        nxt = await reps.replicate(_req(5, _entry(3, b"k", b"3"), term=2, prev_term=2))
+        assert nxt.status == R.NEED_SNAPSHOT
+        # A late call of the earlier opening is refused once a later one wrote here.
+        assert (await reps.replicate(_req(5, _entry(3, b"k", b"3"), term=2, prev_term=1))).status == R.OK
+        late = await reps.replicate(_req(5, _entry(4, b"k", b"zombie"), term=1, prev_term=1))
+        assert late.status == R.NEED_SNAPSHOT
+        # A retry within one term is harmless, and a question names the commit and its term.
+        assert (await reps.replicate(_req(5, _entry(3, b"k", b"3"), term=2, prev_term=1))).status == R.OK
+        which = await reps.replicate(_req(5, term=2))
+        assert which.status == R.OK and (which.index, which.term) == (3, 2)
+        await reps.close_all()
+        copy = ReplicaStore(os.path.join(str(tmp_path), "c", "0"))
+        assert copy.db.get(b"Sk") == b"3" and (copy.index, copy.term) == (3, 2)
+        copy.close()
+    asyncio.run(run())
+
+
+def test_every_opening_of_a_tablet_store_has_a_higher_term_and_its_commits_carry_it(tmp_path: Any) -> None:
+    path = os.path.join(str(tmp_path), "t")
+    store = TabletStore(path, 1, sync=False, replicated=True)
+    assert (store.term, store.term_of(0)) == (1, 0)
+    store.commit(Commit(state={b"a": b"1"}))
+    store.close()
+    store = TabletStore(path, 1, sync=False, replicated=True)  # reopened under the same token
+    assert store.term == 2 and store.term_of(1) == 1 and store.term_of(2) == 2
+    store.close()
+    store = TabletStore(path, 1, sync=False, replicated=True)  # an opening that committed nothing counts
+    assert store.term == 3 and store.term_of(1) == 1
+    shipped: list[tuple[int, bytes]] = []
+    store.ship = lambda index, ops: shipped.append((index, ops))
+    ops = store.commit(Commit(state={b"a": b"2"}))
+    assert shipped == [(2, ops)]
+    store.close()
