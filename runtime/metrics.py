@@ -33,6 +33,9 @@ BATCH_SECONDS = Histogram("millstream_batch_seconds", "Time of one batch, user c
 DELIVERIES_PER_CALL = Histogram("millstream_deliveries_per_call", "Tablets' deliveries carried by one Deliver "
                                 "or DeliverMany call this worker received, by sender (injector, worker)",
                                 ["sender"], buckets=(1, 2, 4, 8, 16, 32, 64))
+REPLICAS_PER_CALL = Histogram("millstream_replicated_tablets_per_call", "Tablets' Replicate requests carried by "
+                              "one Replicate or ReplicateMany call this worker received as a follower",
+                              buckets=(1, 2, 4, 8, 16, 32, 64))
 SLOW_CALLS = Counter("millstream_slow_user_calls", "Calls of user code that took over a second",
                      ["computation"])
 # Liveness: each of these stays at zero on a healthy cluster, however busy (docs/operations.md).

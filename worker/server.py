@@ -266,11 +266,13 @@ class WorkerServicer(rpc.WorkerServicer):
         return pb.PingResponse(worker_id=self.core.worker_id)
 
     async def Replicate(self, request: pb.ReplicateRequest, context: Any) -> pb.ReplicateResponse:
+        metrics.REPLICAS_PER_CALL.observe(1)
         return await self.core.replicas.replicate(request)
 
     async def ReplicateMany(self, request: pb.ReplicateManyRequest, context: Any) -> pb.ReplicateManyResponse:
         """Several tablets' commits from one primary worker, applied side by side (each on its
         copy's thread); one that raises fails the call, and the sender sends each alone."""
+        metrics.REPLICAS_PER_CALL.observe(len(request.requests))
         answers = await asyncio.gather(*(self.core.replicas.replicate(r) for r in request.requests))
         return pb.ReplicateManyResponse(answers=answers)
 

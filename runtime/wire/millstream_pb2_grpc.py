@@ -136,7 +136,9 @@ class WorkerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReplicateMany(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Several tablets' Replicate calls to this follower worker in one call (one turn of the
+        primary's loop, worker/peers.py): each handled as its own Replicate, side by side.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

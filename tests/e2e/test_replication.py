@@ -58,6 +58,11 @@ def test_every_worker_has_its_own_disk_and_every_tablet_a_follower(trio: Cluster
         assert len(t["followers"]) == 1 and t["followers"][0] != t["primary"]
         assert set(t["in_sync"]) == {t["primary"], *t["followers"]}
         assert t["start"] < t["end"]
+    # Followers count the tablets each Replicate or ReplicateMany call carried (several, when
+    # commits of several tablets left their primary's loop in one turn: worker/peers.py).
+    calls = sum(metric(w, "millstream_replicated_tablets_per_call_count") for w in c.workers)
+    carried = sum(metric(w, "millstream_replicated_tablets_per_call_sum") for w in c.workers)
+    assert carried >= calls > 0
 
 
 def test_host_lost_with_its_disk_mid_run_is_exact(trio: Cluster) -> None:
