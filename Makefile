@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(BIN)/millstream demo
 
 bench: $(STAMP)
-	$(BIN)/millstream bench --peer spark --peer flink
+	$(BIN)/millstream bench --peer spark --peer flink --against 3a1b1da
 
 PACKAGES := cli runtime master worker injectors spark_bridge examples bench
 

@@ -5,7 +5,8 @@ not for citing); ``--only w1,recovery,w2,replication,rescale,memory,profile,nexm
 (``soak`` sends ``--soak-records`` through two stages at 10,000 rec/s: 3 million by default,
 five minutes; 20 million for the figures docs/performance.md quotes);
 ``--peer spark`` and ``--peer flink`` add the Spark Structured Streaming and Flink runs and
-the ratios.
+the ratios; ``--against COMMIT`` adds the A/B of the headline figures against an older
+commit, ``--ab-rounds`` rounds of each (bench/ab.py; ``--only ab`` runs nothing else).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from bench import report, workloads
 
 log = logging.getLogger(__name__)
 DEFAULT = ("w1", "recovery", "w2", "replication", "rescale", "memory", "profile", "nexmark", "soak")
-ALL = DEFAULT
+ALL = (*DEFAULT, "ab")  # "ab": the A/B of --against, which runs whenever --against is given
 SOAK_RECORDS = 3_000_000
 SOAK_RATE = 10_000
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,7 +40,26 @@ def _selected(only: str | None) -> list[str]:
         from runtime.errors import ConfigError
 
         raise ConfigError(f"--only {','.join(bad)}: unknown workload; choose from {', '.join(ALL)}")
-    return names
+    return [n for n in names if n != "ab"]
+
+
+def _ab_plan(args: argparse.Namespace) -> tuple[str, int, list[str]] | None:
+    """(commit, rounds, figures) of the A/B that ``--against`` asks for, or None."""
+    from bench.ab import ROUNDS
+    from bench.ab_figures import FIGURES
+    from runtime.errors import ConfigError
+
+    against = getattr(args, "against", None)
+    only = getattr(args, "only", None) or ""
+    if not against:
+        if "ab" in [n.strip() for n in only.split(",")]:
+            raise ConfigError("--only ab: the A/B needs a commit to compare with; add --against COMMIT")
+        return None
+    figures = [f.strip() for f in (getattr(args, "ab_figures", None) or ",".join(FIGURES)).split(",") if f.strip()]
+    bad = [f for f in figures if f not in FIGURES]
+    if bad:
+        raise ConfigError(f"--ab-figures {','.join(bad)}: unknown figure; choose from {', '.join(FIGURES)}")
+    return against, getattr(args, "ab_rounds", None) or ROUNDS, figures
 
 
 def _progress(msg: str) -> None:
@@ -52,6 +72,7 @@ def run_bench(args: argparse.Namespace) -> int:
     chosen = ["nexmark"] if getattr(args, "nexmark", False) else _selected(getattr(args, "only", None))
     cfg = workloads.BenchConfig.make(bool(getattr(args, "quick", False)))
     peers = list(getattr(args, "peer", None) or [])
+    ab_plan = _ab_plan(args)
     out_dir = getattr(args, "out", None) or os.path.join(ROOT, "bench", "results")
     # Workers import bench.jobs by path: make this checkout importable in every child.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
@@ -66,7 +87,8 @@ def run_bench(args: argparse.Namespace) -> int:
                    "w1_variants": [v.__dict__ for v in workloads.W1_VARIANTS],
                    "w1_keys": "Zipf s=1.1 over 10,000 keys, seed 42", "w1_warmup_excluded_s": cfg.warmup_s,
                    "recovery_seconds": cfg.recovery_seconds, "w2_records": cfg.w2_records,
-                   "w2_timeout_s": cfg.w2_timeout_s, "memory_keys": cfg.memory_keys, "scratch": root},
+                   "w2_timeout_s": cfg.w2_timeout_s, "memory_keys": cfg.memory_keys, "scratch": root,
+                   "against": ab_plan and ab_plan[0]},
         "targets": report.TARGETS | {f"nexmark_{q}_events_per_cpu_s": v for q, v in report.NEXMARK_TARGETS.items()},
     }
     ok = True
@@ -159,6 +181,13 @@ def run_bench(args: argparse.Namespace) -> int:
             _progress(f"  dedup bytes per million records: {r['soak']['dedup_bytes_per_1m_records']}, "
                       f"table-file slope {r['soak']['slope_sst_bytes_per_1m']} B per million")
         r.setdefault("memory", {})["peak_rss_by_role"] = _rss_by_role(r)
+        if ab_plan is not None:
+            from bench import ab
+
+            against, rounds, figures = ab_plan
+            _progress(f"A/B against {against}: {', '.join(figures)}, {rounds} rounds, alternating")
+            r["ab"] = ab.run(ROOT, against, rounds=rounds, quick=cfg.quick, figures=figures, progress=_progress)
+            ok &= ab.current_exact(r["ab"])
         if "spark" in peers:
             from bench import spark_peer
 

@@ -192,7 +192,7 @@ def markdown(r: dict[str, Any]) -> str:
         lines += ([f"p50 {_ms(wl, 'p50')} ms, p95 {_ms(wl, 'p95')} ms over {wl['samples']} samples", ""]
                   if wl.get("available") else [f"Not available: {wl.get('why')}", ""])
     mem = r.get("memory")
-    if mem:
+    if mem and (mem.get("peak_rss_by_role") or mem.get("rocksdb")):
         lines += ["## Memory", "", "| process | peak RSS (max over runs) |", "|---|---:|"]
         for name, b in sorted(mem.get("peak_rss_by_role", {}).items()):
             lines.append(f"| {name} | {_mib(b)} |")
@@ -284,6 +284,8 @@ def markdown(r: dict[str, Any]) -> str:
             top = ", ".join(f"{f['function']} {f['share']:.0%}" for f in p["top"][:4])
             lines.append(f"| {p['batch']} | {p['us_per_record']} | {p['us_per_record_profiled']} | {top} |")
         lines.append("")
+    if r.get("ab"):
+        lines += _ab_lines(r["ab"])
     lines += ["## Targets", "", "| target | verdict |", "|---|---|"]
     for name, text in targets(r):
         lines.append(f"| {name} | {text} |")
@@ -309,6 +311,37 @@ def _rescale_lines(rs: dict[str, Any]) -> list[str]:
                      f"{_ms(ar, 'p99')} / {_ms(ar, 'max')} ms |")
     lines += ["", "Policy decisions: " + ("; ".join(rs.get("reshards", [])) or "none"), "",
               f"Ranges after: {rs.get('ranges_after')}; exact: {_exact_text(rs.get('exactness'))}", ""]
+    return lines
+
+
+def _ab_lines(ab: dict[str, Any]) -> list[str]:
+    """The A/B table: every run's value with the 1-minute load before it, medians, ratio."""
+    lines = [f"## A/B against {ab['against']}", ""]
+    if ab.get("skipped"):
+        return lines + [ab["skipped"], ""]
+    lines += [f"Commit `{ab['commit'][:10]}` (`git archive`, its own runtime) and this checkout, alternately, "
+              f"{ab['rounds']} round(s), baseline first in each{'; **quick** sizes' if ab['quick'] else ''}. "
+              "Each run: value (1-minute load average before it). Ratio of the medians: baseline / current for "
+              "costs (lower is better), current / baseline for rates (higher is better), so **> 1 means this "
+              "checkout is better**.", "",
+              "| figure | metric (better) | baseline runs | current runs | baseline median | current median "
+              "| current better by (×) |", "|---|---|---|---|---:|---:|---:|"]
+    failed = []
+    for fig in ab["figures"]:
+        for m in fig["metrics"]:
+            cells = [", ".join(f"{x['value']:,} ({x['load']:.2f})" for x in m[side]) or "–"
+                     for side in ("baseline", "current")]
+            medians = ["–" if m[f"{side}_median"] is None else f"{m[f'{side}_median']:,}"
+                       for side in ("baseline", "current")]
+            lines.append(f"| {fig['title']} | {m['label']} ({m['better']}) | {cells[0]} | {cells[1]} | "
+                         f"{medians[0]} | {medians[1]} | {'–' if m['ratio'] is None else m['ratio']} |")
+        failed += [f"{fig['figure']} {x['side']} round {x['round']}: "
+                   + (x["error"] if "error" in x else "output NOT exact")
+                   for x in fig["runs"] if "error" in x or x.get("exact") is False]
+    lines.append("")
+    if failed:
+        lines += ["Runs without a valid figure (left out of the medians where they gave none):", ""]
+        lines += [f"- {f}" for f in failed] + [""]
     return lines
 
 

@@ -343,6 +343,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--soak-records", type=_int_in(1_000, 10**10, "records"), default=None, metavar="N",
                    help="records the soak sends at 10,000 rec/s (default 3,000,000; 200,000 with --quick)")
     b.add_argument("--out", default="bench/results", help="directory for the JSON and Markdown reports")
+    b.add_argument("--against", default=None, metavar="COMMIT",
+                   help="also run the headline figures of an older commit (git archive of it) and of this "
+                        "checkout alternately, and report both with their ratio (bench/ab.py); skipped, with "
+                        "a line in the report, if the checkout lacks the commit (a shallow clone)")
+    b.add_argument("--ab-rounds", type=_int_in(1, 50, "--ab-rounds"), default=None, metavar="R",
+                   help="rounds of the A/B: each runs every figure on both sides (default 3)")
+    b.add_argument("--ab-figures", default=None, metavar="LIST",
+                   help="comma-separated A/B figures: recordpath, w1-1stage, w1-3stages, w2, nexmark-q0 "
+                        "(default: all)")
 
     d = sub.add_parser("demo", help="run the main example end to end on an embedded cluster")
     d.add_argument("--data-dir", default=None)

@@ -1,0 +1,144 @@
+"""One run of one A/B figure in this checkout, printed as one JSON line::
+
+    python -m bench.ab_figures recordpath [--quick]
+
+``bench/ab.py`` runs it alternately in the checkout under test and in an older commit's
+tree (exported with ``git archive``, with this file and the drivers it needs copied in),
+each with its own ``PYTHONPATH``, so each side runs its own runtime. It therefore uses only
+what every checkout back to 3a1b1da offers: ``bench.workloads.run_w1`` / ``run_w2``,
+``bench.nexmark.run.run`` and the copied ``bench.profile`` (which switches on whether
+``runtime.columns`` imports) and ``bench.overhead``.
+
+The line holds ``values`` (metric name to number; a metric missing means the run did not
+produce it), ``exact`` (whether the run's output was exact; ``null`` where nothing is
+checked), ``runtime`` (the directory the runtime was imported from) and ``foreign`` (the
+project's modules this process imported from outside its tree: ``bench/ab.py`` discards a
+run that has any).
+
+An editable install (``pip install -e .``) puts a finder on ``sys.meta_path`` that resolves
+any module of the project's packages that ``PYTHONPATH``'s tree lacks from the installed
+checkout: an old tree would import ``runtime.columns`` from the new one, and the copied
+``bench.profile`` would drive the old runtime through the new API. This process removes
+that finder before it imports the project. (The cluster's processes keep it; code of a
+commit imports only modules that commit has, except for such switches in copied drivers.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import shutil
+import sys
+import tempfile
+from typing import Any
+
+PACKAGES = ("bench", "cli", "examples", "injectors", "master", "runtime", "spark_bridge", "worker")
+FIGURES = ("recordpath", "w1-1stage", "w1-3stages", "w2", "nexmark-q0")
+RECORDPATH_BATCH = 1_000  # `python -m bench.overhead recordpath 1000`
+W1_RATE = 10_000
+
+
+def _recordpath(quick: bool) -> tuple[dict[str, float], bool | None]:
+    """CPU µs per record (as ``bench.overhead recordpath 1000``), then the interpreter-level
+    calls per record of both threads under cProfile (as the performance study's callcount.py)."""
+    import uvloop
+
+    from bench.overhead import record_path
+    from bench.profile import _drive
+
+    records = 2_000 if quick else 10_000
+    cpu = record_path([RECORDPATH_BATCH], records)["cpu_us_per_record"][str(RECORDPATH_BATCH)]
+    with tempfile.TemporaryDirectory(prefix="millstream-ab-calls-") as tmp:
+        prof, thread_prof = cProfile.Profile(), cProfile.Profile()
+        uvloop.run(_drive(os.path.join(tmp, "t"), records, RECORDPATH_BATCH, prof, thread_prof))
+    stats = pstats.Stats(prof)
+    stats.add(thread_prof)
+    calls = sum(v[1] for v in stats.stats.values())  # type: ignore[attr-defined]
+    return {"cpu_us_per_record": cpu, "calls_per_record": round(calls / records, 1)}, None
+
+
+def _w1(root: str, quick: bool, variant: str) -> tuple[dict[str, float], bool | None]:
+    """W1 at 10,000 rec/s with the bench's sizes (replication 2)."""
+    from bench import workloads
+
+    cfg = workloads.BenchConfig.make(quick)
+    v = next(x for x in workloads.W1_VARIANTS if x.name == variant)
+    r = workloads.run_w1(root, cfg, v, W1_RATE)
+    lat = r.get("latency_ms") or {}
+    return {f"{p}_ms": lat[p] for p in ("p50", "p99") if lat.get(p) is not None}, bool(r["exactness"]["exact"])
+
+
+def _w2(root: str, quick: bool) -> tuple[dict[str, float], bool | None]:
+    from bench import workloads
+
+    r = workloads.run_w2(root, workloads.BenchConfig.make(quick))
+    if not r.get("available") or not r.get("throughput_rps"):
+        return {}, False
+    return {"records_per_s": r["throughput_rps"]}, bool(r.get("oracle_equal"))
+
+
+def _nexmark_q0(root: str, quick: bool) -> tuple[dict[str, float], bool | None]:
+    from bench import workloads
+    from bench.nexmark import run as nexmark
+
+    q = nexmark.run(root, workloads.BenchConfig.make(quick), only=["q0"])["queries"][0]
+    t = q.get("throughput") or {}
+    if t.get("events_per_cpu_s") is None:
+        return {}, False
+    return {"events_per_cpu_s": t["events_per_cpu_s"]}, bool((t.get("exactness") or {}).get("exact"))
+
+
+def _isolate() -> None:
+    """Drop setuptools' editable-install finders (see the module docstring)."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
+
+
+def _foreign(tree: str) -> list[str]:
+    """The project's modules imported so far from outside ``tree``."""
+    inside = os.path.realpath(tree) + os.sep
+    files = {name: getattr(m, "__file__", None) for name, m in list(sys.modules.items())
+             if name.split(".")[0] in PACKAGES}
+    return sorted(name for name, file in files.items() if file and not os.path.realpath(file).startswith(inside))
+
+
+def measure(figure: str, quick: bool) -> dict[str, Any]:
+    """Run ``figure`` once in this process's checkout; see the module docstring for the result."""
+    _isolate()
+    import runtime
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # Workers and masters import this checkout's code: make it the first on their path.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
+    root = tempfile.mkdtemp(prefix="millstream-ab-run-")
+    try:
+        if figure == "recordpath":
+            values, exact = _recordpath(quick)
+        elif figure == "w1-1stage":
+            values, exact = _w1(root, quick, "eo-strong-fsync")
+        elif figure == "w1-3stages":
+            values, exact = _w1(root, quick, "eo-3-stages")
+        elif figure == "w2":
+            values, exact = _w2(root, quick)
+        else:
+            values, exact = _nexmark_q0(root, quick)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return {"figure": figure, "values": values, "exact": exact,
+            "runtime": os.path.dirname(os.path.abspath(runtime.__file__)), "foreign": _foreign(here)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.ab_figures")
+    p.add_argument("figure", choices=FIGURES)
+    p.add_argument("--quick", action="store_true", help="the sizes of `millstream bench --quick`")
+    args = p.parse_args(argv)
+    # The last line of the output (workloads print progress before it).
+    print(json.dumps(measure(args.figure, args.quick)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
