@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/millstream demo
 
+# --against: issue 29's A/B (bench/ab.py); a shallow clone skips it with a line in the report.
 bench: $(STAMP)
 	$(BIN)/millstream bench --peer spark --peer flink --against 3a1b1da
 
