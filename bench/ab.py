@@ -86,8 +86,8 @@ def export(repo: str, sha: str, dest: str) -> None:
 
 
 def run_once(tree: str, figure: str, quick: bool, timeout_s: float) -> dict[str, Any]:
-    """One run of ``figure`` in ``tree``, in a process session of its own (so a timeout takes
-    its cluster down with it): the figure driver's result, or ``error``."""
+    """One run of ``figure`` in ``tree``, in a process session of its own (so a timeout or an
+    interrupt takes its cluster down with it): the figure driver's result, or ``error``."""
     env = dict(os.environ, PYTHONPATH=tree)
     cmd = [sys.executable, "-m", "bench.ab_figures", figure, *(["--quick"] if quick else [])]
     p = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -95,9 +95,13 @@ def run_once(tree: str, figure: str, quick: bool, timeout_s: float) -> dict[str,
     try:
         out, err = p.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
         return {"error": f"no result within {timeout_s:g} s"}
+    finally:  # whatever of the session is left: the driver on a timeout, a process it left behind
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.communicate()
     lines = out.strip().splitlines()
     try:
         result: dict[str, Any] = json.loads(lines[-1])

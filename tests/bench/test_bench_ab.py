@@ -94,3 +94,7 @@ def test_the_driver_drops_editable_finders_and_names_foreign_modules(monkeypatch
     stray.__file__ = "/elsewhere/runtime/stray_for_test.py"
     monkeypatch.setitem(sys.modules, "runtime.stray_for_test", stray)
     assert ab_figures._foreign(ROOT) == ["runtime.stray_for_test"]
+
+
+def test_a_run_past_its_time_is_an_error_not_a_hang() -> None:
+    assert ab.run_once(ROOT, "recordpath", True, timeout_s=0.05) == {"error": "no result within 0.05 s"}
