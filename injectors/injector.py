@@ -149,6 +149,7 @@ class Injector:
         self.position = 0
         # Producer -> last sequence queued (the injector's own: 0, ``position`` is its last).
         self._sequenced: dict[bytes, int] = {self._prefix: 0}
+        self._last_producer: tuple[str | None, bytes] = (None, b"")  # send_sequenced's, and its prefix
         # The queue, shared with the round threads under _cond: records waiting (_buffer, the
         # oldest queued at _first_at), the rounds in flight in take order (_flight) and those
         # that failed for good, kept until the others are done (_returned), how many records
@@ -262,7 +263,10 @@ class Injector:
         if self.finished:
             raise InjectionError(f"injector {self.name!r} is finished; create a new one to send more")
         _check_record(key, value, timestamp)
-        prefix = producer_prefix("source\x00" + self.name + "\x00" + producer)
+        last_producer, prefix = self._last_producer
+        if producer != last_producer:  # a file's lines, a partition's rows: one digest per producer
+            prefix = producer_prefix("source\x00" + self.name + "\x00" + producer)
+            self._last_producer = (producer, prefix)
         # The check, the new last sequence and the queueing under one hold of the lock, or two
         # threads feeding one producer could both pass the check and queue n+1 before n, and
         # the receiver would drop n as a duplicate (review N18).

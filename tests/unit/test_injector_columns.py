@@ -17,7 +17,7 @@ from injectors.buffer import Buffer
 from injectors.injector import Injector
 from injectors.tablets import Tablets
 from runtime import delivery
-from runtime.columns import Columns, of_request
+from runtime.columns import of_request
 from runtime.errors import InjectionError, InvalidRecordError
 from runtime.imports import CodePolicy
 from runtime.record import Record, producer_prefix
@@ -63,6 +63,7 @@ def _injector() -> tuple[Injector, list[pb.DeliverRequest]]:
     inj._start_rounds = lambda: None  # type: ignore[method-assign]
     inj._prefix = producer_prefix("injector/src")
     inj._sequenced = {inj._prefix: 0}
+    inj._last_producer = (None, b"")
     tablets = Tablets("src", "s", _Client(_routing()), None, inj._sequenced, threading.Event(),  # type: ignore[arg-type]
                       calls=1, committed=lambda *a: None, code_policy=CodePolicy.parse("tests", where="test"))
     sent: list[pb.DeliverRequest] = []
@@ -84,7 +85,7 @@ def _rows(tablets: Tablets, records: list[Record], sequenced: dict[bytes, int]) 
     for r in records:
         errors: list[tuple[str, BaseException]] = []
         for comp, kr, key in routing.route_fields("s", r.key, r.value, r.timestamp, r,
-                                                  lambda c, e: errors.append((c, e))):
+                                                  lambda c, e, errors=errors: errors.append((c, e))):
             by_tablet.setdefault((comp, kr), []).append(Record(key, r.value, r.timestamp, r.id))
         for reader, error in errors:
             letter = tablets._dead_letter(reader, r, error)

@@ -49,6 +49,7 @@ def _injector() -> Injector:
     inj._marks.reported = MIN
     inj._prefix = producer_prefix("injector/src")
     inj._sequenced = {inj._prefix: 0}
+    inj._last_producer = (None, b"")
     return inj
 
 
