@@ -6,8 +6,8 @@ starts when ``batch_size`` records are waiting, when the oldest has waited ``lin
 (like Kafka's ``linger.ms`` or Flink's buffer timeout), or when :meth:`Injector.flush` asks;
 it takes up to ``batch_size`` of the oldest records, sends them in one delivery per
 destination tablet (cut at 16 MiB), as columns (runtime/columns.py: no object per record
-from the queue to the wire; one producer's records as its prefix and their sequences), all destinations at once, and retries each until its
-tablet has committed it. Up to ``max_in_flight`` rounds are in flight at once (like Kafka's
+from the queue to the wire; one producer's records as its prefix and their sequences), all
+destinations at once, and retries each until its tablet has committed it. Up to ``max_in_flight`` rounds are in flight at once (like Kafka's
 ``max.in.flight.requests.per.connection``): a round leaves without waiting for the one
 before it to be acknowledged, each delivery chained after the previous one to its tablet so
 that tablets still commit every producer's records in order (injectors/rounds.py). So a
