@@ -41,9 +41,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from injectors.buffer import END_OF_TIME, Buffer
+from injectors.checks import MAX, MIN, check_record, check_time, plain
 from injectors.rounds import Pending, Round, Tails, chained_orders, ordered
 from injectors.tablets import Tablets, chunk
-from injectors.watermark import MIN, Watermark
+from injectors.watermark import Watermark
 from runtime.client import Client
 from runtime.columns import Columns
 from runtime.errors import InjectionError, InvalidRecordError, MillstreamError
@@ -52,35 +53,6 @@ from runtime.record import ID_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, producer_pr
 from runtime.security import Security
 
 log = logging.getLogger(__name__)
-MAX = (1 << 63) - 1
-
-
-def _check_time(t: object, what: str) -> None:
-    if isinstance(t, bool) or not isinstance(t, int) or not -(1 << 63) <= t < (1 << 63):
-        raise InvalidRecordError(f"{what} {t!r} must be an int of microseconds since the epoch, "
-                             "within signed 64 bits (e.g. time.time_ns() // 1000)")
-
-
-def _check_record(key: object, value: object, timestamp: object, where: str = "") -> None:
-    """Raise :class:`InvalidRecordError` saying what is wrong with a record (``where``: which
-    one, for a batch), if anything is."""
-    if not isinstance(key, bytes):
-        raise InvalidRecordError(f"{where}key must be bytes, got {type(key).__name__} {key!r}; encode it")
-    if not isinstance(value, bytes):
-        raise InvalidRecordError(f"{where}value must be bytes, got {type(value).__name__}; encode it")
-    _check_time(timestamp, f"{where}timestamp")
-    if len(value) > MAX_VALUE_BYTES or len(key) > MAX_KEY_BYTES:
-        raise InvalidRecordError(
-            f"{where}a record of {len(key):,} key bytes and {len(value):,} value bytes is over the limits "
-            f"({MAX_KEY_BYTES:,} and {MAX_VALUE_BYTES:,}); store large objects elsewhere and send a reference")
-
-
-def _plain(keys: list[bytes], values: list[bytes], timestamps: list[int]) -> bool:
-    """Whether every record of the columns is fine, tested a column at a time (no call of ours
-    per record); False: look at each (:func:`_check_record`) to say which is not."""
-    return (set(map(type, keys)) == {bytes} and set(map(type, values)) == {bytes}
-            and set(map(type, timestamps)) == {int} and MIN <= min(timestamps) and max(timestamps) <= MAX
-            and max(map(len, keys)) <= MAX_KEY_BYTES and max(map(len, values)) <= MAX_VALUE_BYTES)
 
 
 class Injector:
@@ -198,7 +170,7 @@ class Injector:
             raise InjectionError(f"injector {self.name!r} is finished; create a new one to send more")
         if (type(key) is not bytes or type(value) is not bytes or type(timestamp) is not int
                 or not MIN <= timestamp <= MAX or len(value) > MAX_VALUE_BYTES or len(key) > MAX_KEY_BYTES):
-            _check_record(key, value, timestamp)  # (one test of the common case above: per record)
+            check_record(key, value, timestamp)  # (one test of the common case above: per record)
         if id is not None and (not isinstance(id, bytes) or len(id) != ID_BYTES):
             raise InvalidRecordError(f"id must be {ID_BYTES} bytes, got {id!r}")
         # Checked before anything changes: a refused record leaves the injector as it was,
@@ -238,9 +210,9 @@ class Injector:
                                      "timestamps; pass one of each per record")
         if not n:
             return
-        if not _plain(keys, values, timestamps):
+        if not plain(keys, values, timestamps):
             for i in range(n):
-                _check_record(keys[i], values[i], timestamps[i], f"record {i}: ")
+                check_record(keys[i], values[i], timestamps[i], f"record {i}: ")
         with self._mutex:
             buffer = self._buffer
             if buffer.size >= self.max_queued:
@@ -262,7 +234,7 @@ class Injector:
         one number per producer."""
         if self.finished:
             raise InjectionError(f"injector {self.name!r} is finished; create a new one to send more")
-        _check_record(key, value, timestamp)
+        check_record(key, value, timestamp)
         last_producer, prefix = self._last_producer
         if producer != last_producer:  # a file's lines, a partition's rows: one digest per producer
             prefix = producer_prefix("source\x00" + self.name + "\x00" + producer)
@@ -424,7 +396,7 @@ class Injector:
         oldest record not yet confirmed (see :attr:`effective_watermark`), and rises as
         confirmations arrive (a background thread asks for them). :meth:`finish` waits.
         """
-        _check_time(timestamp, "watermark")
+        check_time(timestamp, "watermark")
         self._marks.promise(timestamp)
         self._marks.report()
 
