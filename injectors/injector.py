@@ -1,11 +1,13 @@
 """The injector client: brings external records into a stream, exactly once.
 
-``send`` only queues. A background thread delivers what is queued in *rounds*: a round
+``send`` only queues (``send_many`` queues records already in lists, in one step, at a
+fraction of the cost). A background thread delivers what is queued in *rounds*: a round
 starts when ``batch_size`` records are waiting, when the oldest has waited ``linger_ms``
 (like Kafka's ``linger.ms`` or Flink's buffer timeout), or when :meth:`Injector.flush` asks;
 it takes up to ``batch_size`` of the oldest records, sends them in one delivery per
-destination tablet (cut at 16 MiB), all destinations at once, and retries each until its
-tablet has committed it. Up to ``max_in_flight`` rounds are in flight at once (like Kafka's
+destination tablet (cut at 16 MiB), as columns (runtime/columns.py: no object per record
+from the queue to the wire; one producer's records as its prefix and their sequences), all
+destinations at once, and retries each until its tablet has committed it. Up to ``max_in_flight`` rounds are in flight at once (like Kafka's
 ``max.in.flight.requests.per.connection``): a round leaves without waiting for the one
 before it to be acknowledged, each delivery chained after the previous one to its tablet so
 that tablets still commit every producer's records in order (injectors/rounds.py). So a
@@ -39,23 +41,18 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from injectors.buffer import END_OF_TIME, Buffer
+from injectors.checks import MAX, MIN, check_record, check_time, plain
 from injectors.rounds import Pending, Round, Tails, chained_orders, ordered
 from injectors.tablets import Tablets, chunk
-from injectors.watermark import MIN, Watermark
+from injectors.watermark import Watermark
 from runtime.client import Client
+from runtime.columns import Columns
 from runtime.errors import InjectionError, InvalidRecordError, MillstreamError
 from runtime.imports import CodePolicy
-from runtime.record import ID_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, Record, producer_prefix, sequence_id
+from runtime.record import ID_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, producer_prefix
 from runtime.security import Security
 
 log = logging.getLogger(__name__)
-MAX = (1 << 63) - 1
-
-
-def _check_time(t: object, what: str) -> None:
-    if isinstance(t, bool) or not isinstance(t, int) or not -(1 << 63) <= t < (1 << 63):
-        raise InvalidRecordError(f"{what} {t!r} must be an int of microseconds since the epoch, "
-                             "within signed 64 bits (e.g. time.time_ns() // 1000)")
 
 
 class Injector:
@@ -63,6 +60,12 @@ class Injector:
 
     >>> with Injector("127.0.0.1:7070", "lines", "my-source") as inj:   # doctest: +SKIP
     ...     inj.send(b"k", b"hello world", timestamp=1_700_000_000_000_000)
+    ...     inj.send_many([b"a", b"b"], [b"one", b"two"], [1_700_000_000_000_001, 1_700_000_000_000_002])
+
+    :meth:`send` queues one record; :meth:`send_many` queues records already in lists
+    (keys, values, timestamps) as that many ``send`` calls would, checking every one first
+    (a bad one raises :class:`InvalidRecordError` naming its index, and nothing is queued);
+    :meth:`send_sequenced` queues a record of a source with its own order.
 
     ``allow_code``: module prefixes (a list, or comma-separated) the stream's key extractors
     may be loaded from besides millstream's own, like ``millstream worker --allow-code``;
@@ -116,7 +119,9 @@ class Injector:
         self.client = Client(masters, timeout=min(timeout, 10.0), security=security)
         self._prefix = producer_prefix("injector/" + name)
         self.position = 0
-        self._sequenced: dict[bytes, int] = {self._prefix: 0}  # producer -> last sequence queued
+        # Producer -> last sequence queued (the injector's own: 0, ``position`` is its last).
+        self._sequenced: dict[bytes, int] = {self._prefix: 0}
+        self._last_producer: tuple[str | None, bytes] = (None, b"")  # send_sequenced's, and its prefix
         # The queue, shared with the round threads under _cond: records waiting (_buffer, the
         # oldest queued at _first_at), the rounds in flight in take order (_flight) and those
         # that failed for good, kept until the others are done (_returned), how many records
@@ -159,19 +164,13 @@ class Injector:
     def send(self, key: bytes, value: bytes, timestamp: int, id: bytes | None = None) -> bytes:
         """Queue one record; it leaves within ``linger_ms`` (sooner when ``batch_size`` are
         waiting). Returns its id. Blocks while ``max_queued`` records wait (raising a failed
-        round's error if that is why)."""
+        round's error if that is why). Records already in lists go cheaper through
+        :meth:`send_many`."""
         if self.finished:
             raise InjectionError(f"injector {self.name!r} is finished; create a new one to send more")
-        if not isinstance(key, bytes):
-            raise InvalidRecordError(f"key must be bytes, got {type(key).__name__} {key!r}; encode it")
-        if not isinstance(value, bytes):
-            raise InvalidRecordError(f"value must be bytes, got {type(value).__name__}; encode it")
-        if type(timestamp) is not int or not MIN <= timestamp <= MAX:  # _check_time, inline: per record
-            _check_time(timestamp, "timestamp")
-        if len(value) > MAX_VALUE_BYTES or len(key) > MAX_KEY_BYTES:
-            raise InvalidRecordError(
-                f"a record of {len(key):,} key bytes and {len(value):,} value bytes is over the limits "
-                f"({MAX_KEY_BYTES:,} and {MAX_VALUE_BYTES:,}); store large objects elsewhere and send a reference")
+        if (type(key) is not bytes or type(value) is not bytes or type(timestamp) is not int
+                or not MIN <= timestamp <= MAX or len(value) > MAX_VALUE_BYTES or len(key) > MAX_KEY_BYTES):
+            check_record(key, value, timestamp)  # (one test of the common case above: per record)
         if id is not None and (not isinstance(id, bytes) or len(id) != ID_BYTES):
             raise InvalidRecordError(f"id must be {ID_BYTES} bytes, got {id!r}")
         # Checked before anything changes: a refused record leaves the injector as it was,
@@ -182,18 +181,50 @@ class Injector:
             buffer = self._buffer
             if buffer.size >= self.max_queued:
                 self._wait_room()
-            self.position += 1
+            self.position = position = self.position + 1
             if id is None:
-                id = self._prefix + self.position.to_bytes(8, "big")  # sequence_id, inline
-                self._sequenced[self._prefix] = self.position
-            if not buffer.size:
-                self._first_at = time.monotonic()
-            n = buffer.append(Record(key, value, timestamp, id))
+                n = buffer.add(key, value, timestamp, self._prefix, position)
+                id = self._prefix + position.to_bytes(8, "big")  # sequence_id, inline
+            else:
+                n = buffer.add_id(key, value, timestamp, id)
             self._queued += 1
             if n == 1 or n == self.batch_size:  # a linger starts, or a round is full
+                if n == 1:
+                    self._first_at = time.monotonic()
                 self._start_rounds()  # (again, if it died: flush and a full queue check too)
                 self._cond.notify_all()
         return id
+
+    def send_many(self, keys: Sequence[bytes], values: Sequence[bytes], timestamps: Sequence[int]) -> None:
+        """Queue records given as columns: record i is ``(keys[i], values[i], timestamps[i])``,
+        with this injector's next ids, as that many :meth:`send` calls would, at a fraction
+        of their cost. Every record is checked first, as ``send`` checks one: a bad one
+        raises :class:`InvalidRecordError` naming its index, and then nothing is queued.
+        Blocks while ``max_queued`` records wait, then queues them all at once."""
+        if self.finished:
+            raise InjectionError(f"injector {self.name!r} is finished; create a new one to send more")
+        keys, values, timestamps = list(keys), list(values), list(timestamps)
+        n = len(keys)
+        if len(values) != n or len(timestamps) != n:
+            raise InvalidRecordError(f"send_many got {n} keys, {len(values)} values and {len(timestamps)} "
+                                     "timestamps; pass one of each per record")
+        if not n:
+            return
+        if not plain(keys, values, timestamps):
+            for i in range(n):
+                check_record(keys[i], values[i], timestamps[i], f"record {i}: ")
+        with self._mutex:
+            buffer = self._buffer
+            if buffer.size >= self.max_queued:
+                self._wait_room()
+            first = self.position + 1
+            self.position += n
+            if not buffer.size:
+                self._first_at = time.monotonic()
+            buffer.extend(Columns(keys, values, timestamps, self._prefix, list(range(first, first + n))))
+            self._queued += n
+            self._start_rounds()
+            self._cond.notify_all()
 
     def send_sequenced(self, producer: str, seq: int, key: bytes, value: bytes, timestamp: int) -> None:
         """Queue one record of a source with its own order: ``seq`` is its place in
@@ -201,10 +232,16 @@ class Injector:
         that producer. Its id is (producer, seq), so a re-send of the same place, by this
         injector or a later one, is dropped however late it comes; dedup costs the receivers
         one number per producer."""
-        prefix = producer_prefix("source\x00" + self.name + "\x00" + producer)
-        # The check, the new last sequence and the queueing under one hold of the lock (send
-        # enters it again: an RLock), or two threads feeding one producer could both pass the
-        # check and queue n+1 before n, and the receiver would drop n as a duplicate (review N18).
+        if self.finished:
+            raise InjectionError(f"injector {self.name!r} is finished; create a new one to send more")
+        check_record(key, value, timestamp)
+        last_producer, prefix = self._last_producer
+        if producer != last_producer:  # a file's lines, a partition's rows: one digest per producer
+            prefix = producer_prefix("source\x00" + self.name + "\x00" + producer)
+            self._last_producer = (producer, prefix)
+        # The check, the new last sequence and the queueing under one hold of the lock, or two
+        # threads feeding one producer could both pass the check and queue n+1 before n, and
+        # the receiver would drop n as a duplicate (review N18).
         with self._mutex:
             if self._buffer.size >= self.max_queued:
                 self._wait_room()  # (it lets go of the lock: before the check, not between it and the queueing)
@@ -215,14 +252,14 @@ class Injector:
             # Known as a producer before its record can be in a round (else it would go out
             # with no order, deduplicated as an opaque id).
             self._sequenced[prefix] = seq
-            try:
-                self.send(key, value, timestamp, id=sequence_id(prefix, seq))
-            except BaseException:
-                if last:
-                    self._sequenced[prefix] = last
-                else:
-                    del self._sequenced[prefix]
-                raise
+            self.position += 1
+            n = self._buffer.add(key, value, timestamp, prefix, seq)
+            self._queued += 1
+            if n == 1 or n == self.batch_size:
+                if n == 1:
+                    self._first_at = time.monotonic()
+                self._start_rounds()
+                self._cond.notify_all()
 
     def _wait_room(self) -> None:
         """Under ``_cond``: block while ``max_queued`` records wait (raising a failed round's
@@ -274,7 +311,7 @@ class Injector:
         before = self._buffer.min_timestamp
         records = self._buffer.take(self.batch_size)
         # The rest waited as long: it goes in the next round at once.
-        min_ts = min(r.timestamp for r in records) if self._buffer else before
+        min_ts = min(records.timestamps) if self._buffer else before
         if not self._flight:
             self._tails = {}  # every earlier round is committed: nothing to follow
         rnd = Round(self._rounds_taken, records, min_ts, self._tablets.routing)
@@ -342,8 +379,7 @@ class Injector:
             if self._returned and not self._flight:
                 # Back at the front of the queue in their order (a later round's records first
                 # would reach a tablet before earlier ones of the same producer).
-                self._buffer.put_back([r for back in sorted(self._returned, key=lambda x: x.index)
-                                      for r in back.records])
+                self._buffer.put_back([back.records for back in sorted(self._returned, key=lambda x: x.index)])
                 self._returned = []
                 self._first_at = time.monotonic()
             self._cond.notify_all()
@@ -360,7 +396,7 @@ class Injector:
         oldest record not yet confirmed (see :attr:`effective_watermark`), and rises as
         confirmations arrive (a background thread asks for them). :meth:`finish` waits.
         """
-        _check_time(timestamp, "watermark")
+        check_time(timestamp, "watermark")
         self._marks.promise(timestamp)
         self._marks.report()
 

@@ -28,11 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from runtime import delivery
-from runtime.record import Record
+from runtime.columns import Columns
 from runtime.routing import RoutingTable
 from runtime.wire import millstream_pb2 as pb
 
-Pending = dict[tuple[str, int, int], list[Record]]  # (computation, range, chunk) -> records
+Pending = dict[tuple[str, int, int], Columns]  # (computation, range, chunk) -> its records
 Orders = dict[tuple[str, int, int], list[pb.ProducerOrder]]
 Tails = dict[tuple[str, int], dict[bytes, int]]  # tablet -> producer -> last sequence sent to it
 
@@ -42,7 +42,7 @@ class Round:
     """Records taken from the queue together, in queue order; ``index`` is the take order."""
 
     index: int
-    records: list[Record]
+    records: Columns
     min_ts: int
     routing: RoutingTable        # the version it was taken under (first attempt)
     prepared: bool = False       # routed and ordered (the next round may be taken)
@@ -64,16 +64,26 @@ def chained_orders(pending: Pending, sequenced: dict[bytes, int], tails: Tails) 
     for dest in sorted(pending):
         tablet = dest[:2]
         before = after.setdefault(tablet, dict(tails.get(tablet, {})))
-        here: dict[bytes, int] = {}
-        for rec in reversed(pending[dest]):  # each producer's last record here, from the end
-            prefix = rec.id[:8]
-            if prefix in sequenced and prefix not in here:
-                here[prefix] = int.from_bytes(rec.id[8:], "big")
-                if len(here) == len(sequenced):
-                    break
+        here = _last_sequences(pending[dest], sequenced)
         out[dest] = delivery.to_orders({p: (before.get(p, 0), 0) for p in here})
         before.update(here)
     return out, after
+
+
+def _last_sequences(columns: Columns, sequenced: dict[bytes, int]) -> dict[bytes, int]:
+    """The last sequence of each of ``sequenced``'s producers among ``columns``' records: one
+    look in the sequenced form, a scan from the end of the ids otherwise."""
+    if columns.producer is not None:
+        seqs = columns.seqs
+        return {columns.producer: seqs[-1]} if seqs and columns.producer in sequenced else {}
+    here: dict[bytes, int] = {}
+    for rid in reversed(columns.all_ids()):  # each producer's last record here, from the end
+        prefix = rid[:8]
+        if prefix in sequenced and prefix not in here:
+            here[prefix] = int.from_bytes(rid[8:], "big")
+            if len(here) == len(sequenced):
+                break
+    return here
 
 
 def ordered(pending: Pending, orders: Orders, routing: RoutingTable) -> bool:

@@ -15,8 +15,11 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 import grpc
@@ -24,9 +27,11 @@ import grpc
 from injectors.rounds import Orders, Pending, chained_orders, ordered
 from runtime import delivery
 from runtime.client import Client
+from runtime.columns import Columns
 from runtime.delivery import Status
-from runtime.errors import InjectionError
+from runtime.errors import InjectionError, UsageError
 from runtime.imports import CodePolicy
+from runtime.keyspace import key_hashes
 from runtime.record import Record, derived_id
 from runtime.routing import KeyExtractor, RoutingTable
 from runtime.security import Security
@@ -87,7 +92,7 @@ class Tablets:
 
     # ------------------------------------------------------------- routing
 
-    def route(self, records: list[Record]) -> dict[tuple[str, int], list[Record]]:
+    def route(self, records: Columns) -> dict[tuple[str, int], Columns]:
         """``records`` by destination tablet under the current routing (fetched again if it
         has no reader of the stream); raises if the stream is closed or unknown."""
         if not self.routing.has_subscribers(self.stream):
@@ -101,31 +106,60 @@ class Tablets:
                 "submit a topology with it among its inputs first (nothing was sent)")
         return self.route_with(records, self.routing)
 
-    def route_with(self, records: list[Record], routing: RoutingTable) -> dict[tuple[str, int], list[Record]]:
-        """``records`` by destination tablet. A record a reader's key extractor fails on goes
-        to that reader's dead letters (``<reader>.dead_letter``) instead, and to every other
+    def route_with(self, records: Columns, routing: RoutingTable) -> dict[tuple[str, int], Columns]:
+        """``records`` by destination tablet, each destination's in their order, as columns:
+        every key is hashed once whatever the number of readers, and a reader with one range
+        takes the columns as they are. A record a reader's key extractor fails on goes to
+        that reader's dead letters (``<reader>.dead_letter``) instead, and to every other
         reader as usual: one reader's bug does not stop the stream (review N5)."""
-        out: dict[tuple[str, int], list[Record]] = {}
-        route, stream = routing.route_fields, self.stream
-        errors: list[tuple[str, BaseException]] = []
-
-        def fail(reader: str, error: BaseException) -> None:
-            errors.append((reader, error))
-
-        for r in records:
-            for comp, kr, key in route(stream, r.key, r.value, r.timestamp, r, fail):
-                dest = out.get((comp, kr))
-                if dest is None:
-                    dest = out[(comp, kr)] = []
-                # A reader keyed by the record's own key takes it as it is.
-                dest.append(r if key is r.key else Record(key, r.value, r.timestamp, r.id))
-            if errors:
-                for reader, error in errors:
-                    letter = self._dead_letter(reader, r, error)
-                    for comp, kr, key in route(dead_letter_stream(reader), letter.key, letter.value,
-                                               letter.timestamp, None, self._lost_dead_letter):
-                        out.setdefault((comp, kr), []).append(Record(key, letter.value, letter.timestamp, letter.id))
-                errors.clear()
+        hashes: list[int] | None = None
+        # Destination -> what goes there: (the indexes in ``records`` of what the reader keyed,
+        # None for all; which of those go there, None for all; those records).
+        pieces: dict[tuple[str, int], list[tuple[list[int] | None, list[int] | None, Columns]]] = {}
+        failures: list[tuple[int, str, BaseException]] = []  # (record index, reader, error)
+        for comp, extractor in routing.subscriptions(self.stream):
+            taken: list[int] | None = None  # the records this reader takes (None: all)
+            routed = records
+            if extractor is not None:
+                taken, routed = _extracted(comp, extractor, records, failures)
+            sole = routing.sole_range(comp)
+            if sole is not None:
+                pieces.setdefault((comp, sole), []).append((taken, None, routed))
+                continue
+            if extractor is None:
+                hashes = key_hashes(records.keys) if hashes is None else hashes
+                ranges = routing.ranges_of(comp, hashes)
+            else:
+                ranges = routing.ranges_of(comp, key_hashes(routed.keys))
+            groups = group(ranges)
+            for r, ix in groups.items():
+                if len(groups) == 1:
+                    pieces.setdefault((comp, r), []).append((taken, None, routed))
+                else:
+                    pieces.setdefault((comp, r), []).append((taken, ix, pick(routed, ix)))
+        letters: dict[tuple[str, int], list[tuple[int, Record]]] = {}
+        for i, reader, error in sorted(failures, key=lambda f: f[0]):  # (stable: readers in order)
+            letter = self._dead_letter(reader, records.record(i), error)
+            for comp, kr, key in routing.route_fields(dead_letter_stream(reader), letter.key, letter.value,
+                                                      letter.timestamp, None, self._lost_dead_letter):
+                letters.setdefault((comp, kr), []).append((i, Record(key, letter.value, letter.timestamp, letter.id)))
+        out: dict[tuple[str, int], Columns] = {}
+        for dest in [*pieces, *(d for d in letters if d not in pieces)]:
+            parts = pieces.get(dest, [])
+            if len(parts) == 1 and dest not in letters:
+                out[dest] = parts[0][2]
+                continue
+            # Several readings of the stream to one tablet, or dead letters among them: in the
+            # order of the records they come from, each record's dead letters after it.
+            merged: list[tuple[int, int, Record]] = []
+            for keyed, chosen, cols in parts:
+                where: Sequence[int] = range(len(cols)) if chosen is None else chosen
+                if keyed is not None:
+                    where = [keyed[i] for i in where]
+                merged += zip(where, repeat(0), cols.records())
+            merged += ((i, 1, letter) for i, letter in letters.get(dest, ()))
+            merged.sort(key=lambda m: m[:2])
+            out[dest] = Columns.of_records([m[2] for m in merged])
         return out
 
     def _dead_letter(self, reader: str, r: Record, error: BaseException) -> Record:
@@ -177,7 +211,13 @@ class Tablets:
                 # committed, or it could overtake it (the key order of DESIGN.md §2).
                 held[dest] = recs
                 continue
-            req = delivery.request(dest[0], dest[1], target.token, recs, sender="injector/" + self.name)
+            cols = recs
+            comp = routing.computations.get(dest[0])
+            if cols.producer is not None and comp is not None and not comp.exactly_once:
+                # An at-least-once reader takes records in the ids form only (worker/batch.py
+                # runs its records without looking at ``producer``): until it reads both.
+                cols = Columns(cols.keys, cols.values, cols.timestamps, ids=cols.all_ids())
+            req = delivery.columns_request(dest[0], dest[1], target.token, cols, sender="injector/" + self.name)
             req.orders.extend(orders[dest])
             calls.append((dest, recs, target.address, req))
         refresh = bool(failed)
@@ -202,7 +242,7 @@ class Tablets:
             if out.receipt is not None and out.receipt[0]:
                 # Committed: its timestamps hold the injector's watermark until the leader
                 # holds the receiver's report that reflects them.
-                self._committed(min(r.timestamp for r in recs), out.receipt)
+                self._committed(min(recs.timestamps), out.receipt)
         if accepted or duplicates:
             self._count(accepted, duplicates)
         if newest > self._newest:
@@ -228,7 +268,7 @@ class Tablets:
                         "input, that is exactly-once at work; if it is new data, give the injector a new name.",
                         self.name, self.stream, duplicates)
 
-    def retry(self, records: list[Record], pending: Pending | None, readers: set[str], version: int,
+    def retry(self, records: Columns, pending: Pending | None, readers: set[str], version: int,
               refresh: bool, deadline: float, timeout: float) -> None:
         """Deliver what is left of a round, with nothing earlier in flight (so each tablet's
         first delivery follows nothing), retried with back-off and following new routings
@@ -280,7 +320,7 @@ class Tablets:
             pending, refresh = self.attempt(pending, self.orders(pending), self.routing)
             left = sum(len(v) for v in pending.values())
 
-    def _follow_readers(self, pending: Pending, records: list[Record], readers: set[str]) -> None:
+    def _follow_readers(self, pending: Pending, records: Columns, readers: set[str]) -> None:
         """After a routing fetch: add the deliveries of ``records`` to readers of the stream
         that ``readers`` (those the round has gone to) lacks, and drop those to computations
         that no longer read it (an update removed them: their tablets answer BUSY until the
@@ -301,7 +341,7 @@ class Tablets:
             log.info("injector %s: stream %r has new readers %s; this round goes to them too", self.name,
                      self.stream, sorted(added))
 
-    def _reroute(self, pending: Pending, sent: list[Record]) -> None:
+    def _reroute(self, pending: Pending, sent: Columns) -> None:
         """Send records meant for ranges a split or merge replaced to the ranges that replaced
         them, by key, in the order ``sent`` (the round's records) has them: each producer's
         in sequence, each key's in send order (records with the caller's ids too)."""
@@ -310,18 +350,17 @@ class Tablets:
         if not gone:
             return
         place: dict[bytes, int] = {}
-        for i, rec in enumerate(sent):
-            place.setdefault(rec.id, i)  # routed copies keep the id (a key extractor's too)
-        moved: dict[str, list[Record]] = {}
+        for i, rid in enumerate(sent.all_ids()):
+            place.setdefault(rid, i)  # routed copies keep the id (a key extractor's too)
+        moved: dict[str, list[Columns]] = {}
         for dest in gone:
-            moved.setdefault(dest[0], []).extend(pending.pop(dest))
-        for comp, records in moved.items():
-            records.sort(key=lambda rec: place.get(rec.id, 0))
-            by_range: dict[int, list[Record]] = {}
-            for rec in records:
-                by_range.setdefault(self.routing.range_for(comp, rec.key), []).append(rec)
-            for r, recs in by_range.items():
-                chunk(pending, comp, r, recs)
+            moved.setdefault(dest[0], []).append(pending.pop(dest))
+        for comp, parts in moved.items():
+            records = Columns.concat(parts)
+            ids = records.all_ids()
+            records = records.select(sorted(range(len(records)), key=lambda j: place.get(ids[j], 0)))
+            for r, ix in group(self.routing.ranges_of(comp, key_hashes(records.keys))).items():
+                chunk(pending, comp, r, pick(records, ix))
 
     def _stub(self, address: str) -> rpc.WorkerStub:
         stub = self._stubs.get(address)
@@ -370,9 +409,57 @@ class Tablets:
         return out
 
 
-def chunk(pending: Pending, comp: str, r: int, records: list[Record]) -> None:
+def chunk(pending: Pending, comp: str, r: int, records: Columns) -> None:
     """Add ``records`` for one tablet to ``pending``, cut into deliveries (runtime/delivery.py),
     after the chunks it already has for that tablet."""
     first = max((d[2] + 1 for d in pending if d[:2] == (comp, r)), default=0)
-    for i, part in enumerate(delivery.cut(records)):
+    for i, part in enumerate(delivery.cut_columns(records)):
         pending[(comp, r, first + i)] = part
+
+
+def group(ranges: list[int]) -> dict[int, list[int]]:
+    """The indexes of ``ranges`` by value, each list rising: which records go to which range
+    (ranges in the order they first occur)."""
+    groups: dict[int, list[int]] = {r: [] for r in dict.fromkeys(ranges)}
+    adds = {r: ix.append for r, ix in groups.items()}
+    for i, r in enumerate(ranges):
+        adds[r](i)
+    return groups
+
+
+def pick(columns: Columns, indexes: list[int]) -> Columns:
+    """The records of ``columns`` at ``indexes``, in that order (``Columns.select``, with
+    the copying in C)."""
+    c = columns
+    if len(indexes) == 1:
+        return c.select(indexes)
+    get = itemgetter(*indexes)
+    return Columns(list(get(c.keys)), list(get(c.values)), list(get(c.timestamps)), c.producer,
+                   list(get(c.seqs)) if c.seqs is not None else None,
+                   list(get(c.ids)) if c.ids is not None else None)
+
+
+def _extracted(reader: str, extractor: KeyExtractor, records: Columns,
+               failures: list[tuple[int, str, BaseException]]) -> tuple[list[int] | None, Columns]:
+    """``records`` keyed by ``reader``'s key extractor: the indexes of those it keyed (None:
+    all) and them with their new keys. Each record it fails on (raises, or returns no
+    bytes) is added to ``failures``; anything it raises is caught, as for any user code."""
+    keys, values, timestamps = records.keys, records.values, records.timestamps
+    taken: list[int] = []
+    extracted: list[bytes] = []
+    for i, rid in enumerate(records.all_ids()):
+        try:
+            key = extractor(Record(keys[i], values[i], timestamps[i], rid))
+            if not isinstance(key, bytes):
+                raise UsageError(f"the key extractor of {reader!r} returned {type(key).__name__}, not bytes; "
+                                 "return the key as bytes (encode it)")
+        except BaseException as e:
+            failures.append((i, reader, e))
+            continue
+        taken.append(i)
+        extracted.append(key)
+    if len(taken) == len(records):
+        return None, replace(records, keys=extracted)
+    out = records.select(taken)
+    out.keys = extracted
+    return taken, out

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from runtime.columns import Columns
 from runtime.record import Record
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import to_proto
@@ -90,6 +91,13 @@ def request(computation: str, key_range: int, token: int, records: Sequence[Reco
                              sender=sender)
 
 
+def columns_request(computation: str, key_range: int, token: int, columns: Columns,
+                    orders: Orders | None = None, sender: str = "") -> pb.DeliverRequest:
+    """A delivery of ``columns`` in the columnar wire form (``DeliverRequest.columns``)."""
+    return pb.DeliverRequest(computation=computation, key_range=key_range, token=token,
+                             columns=columns.to_proto(), orders=to_orders(orders), sender=sender)
+
+
 def answered(resp: pb.DeliverResponse) -> Outcome:
     status = Status(resp.status)
     ok = status == Status.OK
@@ -138,3 +146,21 @@ def cut(records: Sequence[Record], max_records: int | None = None) -> Iterator[l
         size += n
     if chunk:
         yield chunk
+
+
+def cut_columns(columns: Columns) -> list[Columns]:
+    """:func:`cut` of records in columns: deliveries of at most :data:`MAX_DELIVERY_BYTES`,
+    in order (nearly every round's columns whole, sized without a call per record); a single
+    larger record travels alone."""
+    if columns.nbytes() <= MAX_DELIVERY_BYTES:
+        return [columns] if len(columns) else []
+    out: list[Columns] = []
+    start = size = 0
+    for i, n in enumerate(map(len, columns.keys)):
+        n += len(columns.values[i]) + RECORD_OVERHEAD_BYTES
+        if i > start and size + n > MAX_DELIVERY_BYTES:
+            out.append(columns.select(range(start, i)))
+            start, size = i, 0
+        size += n
+    out.append(columns.select(range(start, len(columns))))
+    return out

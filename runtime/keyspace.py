@@ -18,6 +18,13 @@ def key_hash(key: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
 
 
+def key_hashes(keys: list[bytes]) -> list[int]:
+    """:func:`key_hash` of every key, in order, without a call of ours per key (a column of
+    keys is hashed once, whatever number of readers then route it)."""
+    blake2b, from_bytes = hashlib.blake2b, int.from_bytes
+    return [from_bytes(blake2b(k, digest_size=8).digest(), "big") for k in keys]
+
+
 def range_of(key: bytes, n_ranges: int) -> int:
     """The index of the key range, out of ``n_ranges``, that holds ``key``."""
     return (key_hash(key) * n_ranges) >> 64

@@ -177,6 +177,27 @@ class RoutingTable:
             out.append((sub.computation, ranges.starts, ranges.ids))
         return out
 
+    def subscriptions(self, stream: str) -> list[tuple[str, KeyExtractor | None]]:
+        """``(computation, key extractor or None)`` of every reader of ``stream``, in the
+        order :meth:`route_fields` routes to them."""
+        return [(sub.computation, sub.extractor) for sub in self._subs.get(stream, ())]
+
+    def sole_range(self, computation: str) -> int | None:
+        """The range of ``computation`` if it has one only, covering every hash (then routing
+        needs no hash); else None."""
+        ranges = self._ranges[computation]
+        return ranges.ids[0] if len(ranges.ids) == 1 and ranges.starts[0] == 0 else None
+
+    def ranges_of(self, computation: str, hashes: list[int]) -> list[int]:
+        """The range of ``computation`` holding each key hash (runtime/keyspace.py
+        ``key_hashes``), in order: :meth:`range_for` of a column of keys."""
+        ranges = self._ranges[computation]
+        starts, ids = ranges.starts, ranges.ids
+        if hashes and (not starts or min(hashes) < starts[0]):
+            raise LookupError("the routing has no range at the start of the hash space")
+        right = bisect.bisect_right
+        return [ids[right(starts, h) - 1] for h in hashes]
+
     def range_for(self, computation: str, key: bytes) -> int:
         """The range of ``computation`` that holds ``key`` now."""
         return self._ranges[computation].of(key)

@@ -49,6 +49,7 @@ def _injector() -> Injector:
     inj._marks.reported = MIN
     inj._prefix = producer_prefix("injector/src")
     inj._sequenced = {inj._prefix: 0}
+    inj._last_producer = (None, b"")
     return inj
 
 
@@ -129,14 +130,14 @@ def test_n18_two_threads_on_one_producer_queue_its_records_in_sequence_order() -
     inj = _injector()
     lock = _Contended(inj._mutex)
     inj._mutex = lock  # type: ignore[assignment]
-    real_send = inj.send
+    real_add = inj._buffer.add
     other_done = threading.Event()
 
     def other() -> None:
         inj.send_sequenced("partition-0", 2, b"k", b"second", 2)
         other_done.set()
 
-    def send(*args: Any, **kw: Any) -> bytes:
+    def add(*args: Any, **kw: Any) -> int:
         # Thread A, between its check of seq 1 and queueing it: thread B sends seq 2 now, and
         # either finishes (the race) or has to wait for A's lock (fixed).
         if args[1] == b"first":
@@ -145,9 +146,9 @@ def test_n18_two_threads_on_one_producer_queue_its_records_in_sequence_order() -
             while not (other_done.wait(0.001) or lock.waited.is_set()):
                 deadline -= 0.001
                 assert deadline > 0, "thread B neither finished nor waited for the lock"
-        return real_send(*args, **kw)
+        return real_add(*args, **kw)
 
-    inj.send = send  # type: ignore[method-assign]
+    inj._buffer.add = add  # type: ignore[method-assign]
     inj.send_sequenced("partition-0", 1, b"k", b"first", 1)
     assert other_done.wait(10)
     assert [r.value for r in inj._buffer] == [b"first", b"second"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 from injectors.tablets import Tablets
+from runtime.columns import Columns, of_request
 from runtime.record import Record, producer_prefix, sequence_id
 from runtime.wire import millstream_pb2 as pb
 
@@ -39,13 +40,14 @@ def test_records_of_merged_ranges_keep_the_rounds_send_order() -> None:
     # Ids of the caller's (random bytes, nothing like send order) and sequenced ones, mixed.
     sent = [Record(b"k%d" % (i % 5), b"%d" % i, 1, (bytes([255 - i]) * 16) if i % 2 else sequence_id(P, i))
             for i in range(40)]
-    pending = {(c, r, 0): recs for (c, r), recs in tablets.route_with(sent, tablets.routing).items()}
+    round_ = Columns.of_records(sent)
+    pending = {(c, r, 0): recs for (c, r), recs in tablets.route_with(round_, tablets.routing).items()}
     assert len(pending) == 2, "the keys should fall in both ranges"
     client.current = _routing(2, (2, 0, 0))  # merged into one range
     tablets.routing = tablets.fetch()
-    tablets._reroute(pending, sent)
+    tablets._reroute(pending, round_)
     assert list(pending) == [("c", 2, 0)]
-    assert [r.value for r in pending[("c", 2, 0)]] == [r.value for r in sent]
+    assert pending[("c", 2, 0)].values == [r.value for r in sent]
 
 
 def test_a_later_chunk_to_a_tablet_goes_with_the_first_only_where_the_chain_holds_it() -> None:
@@ -55,7 +57,7 @@ def test_a_later_chunk_to_a_tablet_goes_with_the_first_only_where_the_chain_hold
     sent: list[tuple[int, int]] = []
 
     def answer(tablets: Tablets, calls: list) -> list:  # type: ignore[type-arg]
-        sent.extend((req.key_range, len(req.records)) for _, req, _ in calls)
+        sent.extend((req.key_range, len(of_request(req))) for _, req, _ in calls)
         return [pb.DeliverResponse(status=pb.DeliverResponse.OK, worker_id="w", report_seq=1) for _ in calls]
 
     for exactly_once, ids in ((True, "sequenced"), (True, "caller's"), (False, "sequenced")):
@@ -64,7 +66,9 @@ def test_a_later_chunk_to_a_tablet_goes_with_the_first_only_where_the_chain_hold
         tablets._call_all = lambda calls, t=tablets: answer(t, calls)  # type: ignore[method-assign,misc]
         recs = [Record(b"k", b"%d" % i, 1, sequence_id(P, i + 1) if ids == "sequenced" else bytes([i]) * 16)
                 for i in range(5)]
-        pending = {("c", 0, 0): recs[:2], ("c", 0, 1): recs[2:]}
+        producer = P if ids == "sequenced" else None
+        pending = {("c", 0, 0): Columns.of_records(recs[:2], producer),
+                   ("c", 0, 1): Columns.of_records(recs[2:], producer)}
         sent.clear()
         left, refresh = tablets.attempt(pending, tablets.orders(pending), tablets.routing)
         if exactly_once and ids == "sequenced":
