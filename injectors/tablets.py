@@ -211,13 +211,7 @@ class Tablets:
                 # committed, or it could overtake it (the key order of DESIGN.md §2).
                 held[dest] = recs
                 continue
-            cols = recs
-            comp = routing.computations.get(dest[0])
-            if cols.producer is not None and comp is not None and not comp.exactly_once:
-                # An at-least-once reader takes records in the ids form only (worker/batch.py
-                # runs its records without looking at ``producer``): until it reads both.
-                cols = Columns(cols.keys, cols.values, cols.timestamps, ids=cols.all_ids())
-            req = delivery.columns_request(dest[0], dest[1], target.token, cols, sender="injector/" + self.name)
+            req = delivery.columns_request(dest[0], dest[1], target.token, recs, sender="injector/" + self.name)
             req.orders.extend(orders[dest])
             calls.append((dest, recs, target.address, req))
         refresh = bool(failed)

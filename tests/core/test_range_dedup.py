@@ -25,9 +25,9 @@ P = producer_prefix("injector/property")
 BASE = 1_700_000_000_000_000
 
 
-def _routing() -> pb.Routing:
+def _routing(exactly_once: bool = True) -> pb.Routing:
     r = pb.Routing(version=1)
-    c = r.computations.add(name="log", code="tests.core.jobs:IdLog", key_ranges=1, exactly_once=True,
+    c = r.computations.add(name="log", code="tests.core.jobs:IdLog", key_ranges=1, exactly_once=exactly_once,
                            productions="strong", late_records="process")
     c.inputs.add(stream="in")
     c.assignments.add(key_range=0, worker_id="w", address="self:1", token=1)
@@ -88,3 +88,18 @@ def test_range_dedup_commits_what_per_record_dedup_does(tmp_path_factory: object
     expected = _model(deliveries)
     assert _run(str(root / "range"), deliveries, True, batch) == expected
     assert _run(str(root / "each"), deliveries, False, batch) == expected
+
+
+def test_an_at_least_once_reader_runs_a_sequenced_delivery_every_time(tmp_path: object) -> None:
+    """No dedup: each delivery's records run, in the sequenced form as in the ids form."""
+    async def go() -> list[bytes]:
+        core = await make_core(str(tmp_path), _routing(exactly_once=False))
+        try:
+            for _ in range(2):
+                assert await core.deliver("log", 0, 1, _columns([1, 2, 3], True), {P: (0, 0)}) == OK
+        finally:
+            await core.close_all()
+        return list(IdLog.ids)
+
+    IdLog.ids = []
+    assert asyncio.run(go()) == [P + s.to_bytes(8, "big") for s in (1, 2, 3)] * 2

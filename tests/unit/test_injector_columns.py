@@ -208,19 +208,3 @@ def test_send_many_takes_bytes_subclasses_as_send_does() -> None:
     inj, _ = _injector()
     inj.send_many([Key(b"a")], [b""], [1])
     assert [r.key for r in inj._buffer] == [b"a"]
-
-
-def test_an_at_least_once_reader_gets_the_ids_form() -> None:
-    """Its tablets run records without dedup, reading ids only (worker/batch.py)."""
-    inj, sent = _injector()
-    routing = _routing()
-    for c in routing.computations:
-        c.exactly_once = c.name != "four"
-    inj._tablets._client.current = routing  # type: ignore[attr-defined]
-    inj._tablets.routing = inj._tablets.fetch()
-    for i in range(50):
-        inj.send(b"k%d" % i, b'{"user": "u%d"}' % i if i % 2 else b"{}", i)
-    expected = _rows(inj._tablets, list(inj._buffer), inj._sequenced)
-    assert _round(inj, sent) == expected
-    assert {(req.computation, bool(req.columns.producer)) for req in sent} == {
-        ("one", True), ("four", False), ("buggy", True), ("buggy_dead", False)}
