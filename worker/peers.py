@@ -34,7 +34,9 @@ class DeliveryStream:
         self.window = SenderWindow()
         self.broken: grpc.RpcError | None = None
         self._call = stub.DeliverStream()
-        self._waiting: dict[int, asyncio.Future[pb.DeliverAnswerFrame]] = {}
+        # Each frame's answer, or the stream's error (a result, never raised into a future
+        # whose sender may have stopped waiting).
+        self._waiting: dict[int, asyncio.Future[pb.DeliverAnswerFrame | grpc.RpcError]] = {}
         self._credit = asyncio.Event()  # set when credit comes back (or the stream breaks)
         self._writing = asyncio.Lock()
         self._reader = asyncio.get_running_loop().create_task(self._read())
@@ -67,6 +69,8 @@ class DeliveryStream:
             self._waiting.pop(frame.id, None)
             raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {FRAME_TIMEOUT_S:.0f} s"
                               ) from None
+        if isinstance(done, grpc.RpcError):
+            raise done
         refused = refusal(done)
         if refused is not None:
             raise refused
@@ -99,7 +103,7 @@ class DeliveryStream:
         waiting, self._waiting = self._waiting, {}
         for waiter in waiting.values():
             if not waiter.done():
-                waiter.set_exception(self.broken)
+                waiter.set_result(self.broken)
 
     async def close(self) -> None:
         self._break(StreamError(grpc.StatusCode.CANCELLED, "the delivery stream was closed"))
