@@ -305,18 +305,18 @@ class Tablet:
         if self.closing or not self.open:
             return NOT_OWNER, 0
         limits = self.host.limits
-        waited_until = None
+        deadline = None
         while (self.inbox.records >= limits.max_queued_records or self.inbox.bytes >= limits.max_queued_bytes
                or self.outbox.unacked >= limits.max_unacked):
             # Full: wait here for room, bounded, rather than send the sender into its back-off.
             now = asyncio.get_running_loop().time()
-            waited_until = now + ROOM_WAIT_S if waited_until is None else waited_until
-            if now >= waited_until:
+            deadline = now + ROOM_WAIT_S if deadline is None else deadline
+            if now >= deadline:
                 self.metrics.busy.inc()
                 return BUSY, 0
             self._room.clear()
             try:
-                await asyncio.wait_for(self._room.wait(), min(ROOM_CHECK_S, waited_until - now))
+                await asyncio.wait_for(self._room.wait(), min(ROOM_CHECK_S, deadline - now))
             except TimeoutError:
                 pass
             if self.closing or not self.open:
