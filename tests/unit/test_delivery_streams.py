@@ -17,6 +17,7 @@ import pytest
 
 from injectors.tablets import Tablets
 from runtime import delivery
+from runtime.columns import Columns
 from runtime.record import Record
 from runtime.security import Security
 from runtime.streams import STREAM_CREDIT_BYTES, ReceiverWindow, SenderWindow
@@ -123,7 +124,7 @@ async def _until(cond: Callable[[], bool], what: str, timeout: float = 10) -> No
 
 
 def _deliver(peers: Peers, address: str, comp: str, value: bytes = b"v") -> asyncio.Task[Any]:
-    rec = [Record(b"k", value, 1, bytes(16))]
+    rec = Columns.of_records([Record(b"k", value, 1, bytes(16))])
     return asyncio.get_running_loop().create_task(peers.deliver(address, comp, 0, 1, rec, None))
 
 
