@@ -61,7 +61,7 @@ def injector(ranges: int, batch_size: int) -> tuple[Injector, list[int]]:
     inj._sequenced = {inj._prefix: 0}
     inj._last_producer = (None, b"")
     tablets = Tablets("bench", "events", _Master(ranges), None, inj._sequenced,  # type: ignore[arg-type]
-                      threading.Event(), calls=1, committed=lambda *a: None)
+                      threading.Event(), committed=lambda *a: None)
     sizes: list[int] = []
 
     def answer(calls: list[Any]) -> list[pb.DeliverResponse]:

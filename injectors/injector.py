@@ -146,7 +146,7 @@ class Injector:
         self._marks = Watermark(name, stream, self.incarnation, self.client, self._queued_min, self._closed,
                                 idle_after=idle_after)
         self._tablets = Tablets(name, stream, self.client, security, self._sequenced, self._closed,
-                                calls=4 + 4 * max_in_flight, committed=self._marks.hold, code_policy=code_policy)
+                                committed=self._marks.hold, code_policy=code_policy)
         self._marks.report()  # registers: from now on this injector holds its stream's watermark
 
     @property

@@ -3,7 +3,8 @@ to them, and retrying what was not committed.
 
 It keeps the routing (fetched from the master, and again when a tablet answers NOT_OWNER,
 cannot be reached or has no owner, or when a receiver answers with a newer version), one
-channel per worker, and sends a round's deliveries all at once. When rounds go and in which
+channel and delivery stream per worker (injectors/stream.py), and sends a round's
+deliveries all at once. When rounds go and in which
 order they finish is the injector's (injectors/injector.py, injectors/rounds.py); the
 protocol itself (statuses, orders, cutting) is runtime/delivery.py's.
 """
@@ -16,7 +17,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import replace
 from itertools import repeat
 from operator import itemgetter
@@ -25,6 +27,7 @@ from typing import Any
 import grpc
 
 from injectors.rounds import Orders, Pending, chained_orders, ordered
+from injectors.stream import Answer, DeliveryStream
 from runtime import delivery
 from runtime.client import Client
 from runtime.columns import Columns
@@ -35,6 +38,7 @@ from runtime.keyspace import key_hashes
 from runtime.record import Record, derived_id
 from runtime.routing import KeyExtractor, RoutingTable
 from runtime.security import Security
+from runtime.streams import FRAME_TIMEOUT_S, StreamError
 from runtime.topology import dead_letter_stream
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
@@ -47,7 +51,7 @@ class Tablets:
     """The tablets reading one stream, as one injector sends to them."""
 
     def __init__(self, name: str, stream: str, client: Client, security: Security,
-                 sequenced: dict[bytes, int], closed: threading.Event, *, calls: int,
+                 sequenced: dict[bytes, int], closed: threading.Event, *,
                  committed: Callable[[int, Receipt], None], code_policy: CodePolicy = CodePolicy()) -> None:
         self.name = name
         self.stream = stream
@@ -55,7 +59,6 @@ class Tablets:
         self._security = security
         self._sequenced = sequenced    # the injector's producers (their records are ordered)
         self._closed = closed
-        self._calls = calls            # threads for one round's calls to several tablets
         self._committed = committed    # (oldest timestamp, receipt) of each committed delivery
         self._extractors: dict[str, KeyExtractor] = {}
         self._code_policy = code_policy  # where key extractors may come from
@@ -65,8 +68,8 @@ class Tablets:
         self._newest_lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, rpc.WorkerStub] = {}
-        self._stubs_lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
+        self._streams: dict[str, DeliveryStream] = {}
+        self._stubs_lock = threading.Lock()  # the channels, stubs and streams
         # Records the receivers committed (accepted) and dropped as already committed under
         # their ids (duplicates), one count per reader a record reached; see Injector.
         self.accepted = self.duplicates = 0
@@ -83,10 +86,11 @@ class Tablets:
         return table
 
     def close(self) -> None:
+        for stream in list(self._streams.values()):
+            stream.close()  # a delivery in flight fails at once
         for ch in list(self._channels.values()):
-            ch.close()  # a call in flight fails at once
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            ch.close()
+        self._streams.clear()
         self._channels.clear()
         self._stubs.clear()
 
@@ -366,40 +370,45 @@ class Tablets:
                     stub = self._stubs[address] = rpc.WorkerStub(ch)
         return stub
 
+    def _stream(self, address: str) -> DeliveryStream:
+        """The delivery stream to ``address``: a new one if there is none or it broke."""
+        stub = self._stub(address)
+        with self._stubs_lock:
+            stream = self._streams.get(address)
+            if stream is None or stream.broken is not None:
+                stream = self._streams[address] = DeliveryStream(stub, f"injector {self.name} to {address}")
+        return stream
+
     def _call_all(self, calls: list[tuple[str, pb.DeliverRequest, int]]) -> list[Any]:
         """Send every Deliver at once; each one's response or :class:`grpc.RpcError`, in order.
 
         ``calls``: (worker address, request, about its size). The requests to one worker go
-        in one ``DeliverMany`` (up to ``delivery.BUNDLE_BYTES``): one call per worker and round,
-        and the worker runs their batches side by side. Blocking calls, all but the last on
-        a small pool of threads kept for the injector's life, the last on this thread: a
-        sync gRPC ``future()`` starts a thread for every call made while none is in flight,
-        CPU a paced sender paid on every round (docs/performance.md, "The injector's round
-        trip")."""
+        in one frame (up to ``delivery.BUNDLE_BYTES``) on the stream to that worker: one
+        frame per worker and round, and the worker runs their batches side by side. All
+        frames go out before the first answer is awaited, from this thread (a frame waits
+        only for its stream's credit)."""
         by_worker: dict[str, list[int]] = {}
         for i, (address, _, _) in enumerate(calls):
             by_worker.setdefault(address, []).append(i)
-        groups = [(address, [own[j] for j in part]) for address, own in by_worker.items()
-                  for part in delivery.bundles([calls[i][2] for i in own])]
-
-        def call(address: str, members: list[int]) -> list[Any]:
-            stub = self._stub(address)
-            try:
-                if len(members) == 1:
-                    return [stub.Deliver(calls[members[0]][1], timeout=30)]
-                resp = stub.DeliverMany(pb.DeliverManyRequest(deliveries=[calls[i][1] for i in members]),
-                                        timeout=30)
-                return list(resp.answers)
-            except grpc.RpcError as e:
-                return [e] * len(members)
-        if len(groups) > 1 and self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self._calls, thread_name_prefix=f"injector {self.name} deliver")
-        futures: list[Future[list[Any]]] = [self._pool.submit(call, *g) for g in groups[:-1]] if self._pool else []
-        last = [call(*groups[-1])] if groups else []
+        sent: list[tuple[list[int], Future[Answer]]] = []
+        for address, own in by_worker.items():
+            for part in delivery.bundles([calls[i][2] for i in own]):
+                members = [own[j] for j in part]
+                frame = pb.DeliverManyRequest(deliveries=[calls[i][1] for i in members])
+                sent.append((members, self._stream(address).send(frame)))
         out: list[Any] = [None] * len(calls)
-        for (_, members), answers in zip(groups, [f.result() for f in futures] + last, strict=True):
-            for i, a in zip(members, answers, strict=True):
-                out[i] = a
+        for members, future in sent:
+            try:
+                answer = future.result(timeout=FRAME_TIMEOUT_S)
+            except FutureTimeoutError:
+                answer = StreamError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                     f"no answer within {FRAME_TIMEOUT_S:.0f} s")
+            if isinstance(answer, grpc.RpcError):
+                for i in members:
+                    out[i] = answer
+            else:
+                for i, a in zip(members, answer.answers, strict=True):
+                    out[i] = a
         return out
 
 

@@ -36,6 +36,8 @@ DELIVERIES_PER_CALL = Histogram("millstream_deliveries_per_call", "Tablets' deli
 REPLICAS_PER_CALL = Histogram("millstream_replicated_tablets_per_call", "Tablets' Replicate requests carried by "
                               "one Replicate or ReplicateMany call this worker received as a follower",
                               buckets=(1, 2, 4, 8, 16, 32, 64))
+DELIVER_CALLS = Counter("millstream_deliver_calls", "Deliver or DeliverMany calls (unary) and delivery stream "
+                        "frames (frame) this worker received", ["carrier"])
 SLOW_CALLS = Counter("millstream_slow_user_calls", "Calls of user code that took over a second",
                      ["computation"])
 # Liveness: each of these stays at zero on a healthy cluster, however busy (docs/operations.md).

@@ -51,6 +51,7 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
     "/millstream.v1.Master/UpdateInSync": frozenset({"worker"}),
     "/millstream.v1.Worker/Deliver": frozenset({"worker", "injector", "operator"}),
     "/millstream.v1.Worker/DeliverMany": frozenset({"worker", "injector", "operator"}),
+    "/millstream.v1.Worker/DeliverStream": frozenset({"worker", "injector", "operator"}),
     "/millstream.v1.Worker/Replicate": frozenset({"worker"}),
     "/millstream.v1.Worker/InstallSnapshot": frozenset({"worker"}),
     "/millstream.v1.Worker/ReadState": frozenset({"operator"}),
@@ -149,7 +150,8 @@ class Security:
 
     def aio_channel(self, address: str) -> grpc.aio.Channel:
         """An asyncio channel to ``address`` carrying the token, over TLS if configured."""
-        interceptors = [_AioUnaryToken(self.token), _AioStreamToken(self.token)] if self.token else None
+        interceptors: Any = ([_AioUnaryToken(self.token), _AioStreamToken(self.token),
+                              _AioStreamStreamToken(self.token)] if self.token else None)
         if self.tls:
             return grpc.aio.secure_channel(address, self._client_credentials(), options=CHANNEL_OPTIONS,
                                            interceptors=interceptors)
@@ -173,7 +175,8 @@ class _Details:
         self.compression = getattr(base, "compression", None)
 
 
-class _SyncToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+class _SyncToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                 grpc.StreamStreamClientInterceptor):
     def __init__(self, token: str | None) -> None:
         self.token = token or ""
 
@@ -182,6 +185,9 @@ class _SyncToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterce
 
     def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return continuation(_with_token(details, self.token), request)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(_with_token(details, self.token), requests)
 
 
 class _AioUnaryToken(grpc.aio.UnaryUnaryClientInterceptor):
@@ -198,6 +204,14 @@ class _AioStreamToken(grpc.aio.UnaryStreamClientInterceptor):
 
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(_with_token(details, self.token), request)
+
+
+class _AioStreamStreamToken(grpc.aio.StreamStreamClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(_with_token(details, self.token), requests)
 
 
 class _TokenCheck(grpc.aio.ServerInterceptor):
@@ -254,7 +268,17 @@ def _with_roles(handler: Any, roles: frozenset[str]) -> Any:
 
         return grpc.unary_stream_rpc_method_handler(stream, handler.request_deserializer,
                                                     handler.response_serializer)
-    return handler  # no stream-unary or stream-stream methods in this protocol
+    if handler.stream_stream is not None:  # a delivery stream: its roles hold for every frame
+        inner_bidi = handler.stream_stream
+
+        async def bidi(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            _caller.set(roles)
+            async for item in inner_bidi(requests, context):
+                yield item
+
+        return grpc.stream_stream_rpc_method_handler(bidi, handler.request_deserializer,
+                                                     handler.response_serializer)
+    return handler  # stream-unary (LoadTablet): it does not look at the caller's roles
 
 
 def _deny(handler: Any, code: grpc.StatusCode, message: str) -> Any:
@@ -267,5 +291,8 @@ def _deny(handler: Any, code: grpc.StatusCode, message: str) -> Any:
 
     if handler.unary_stream is not None:
         return grpc.unary_stream_rpc_method_handler(
+            deny_stream, handler.request_deserializer, handler.response_serializer)
+    if handler.stream_stream is not None:
+        return grpc.stream_stream_rpc_method_handler(
             deny_stream, handler.request_deserializer, handler.response_serializer)
     return grpc.unary_unary_rpc_method_handler(deny, handler.request_deserializer, handler.response_serializer)

@@ -43,8 +43,16 @@ async def call_core(context: grpc.aio.ServicerContext, fn: Callable[[], Awaitabl
         raise  # unreachable: MillstreamError is in the table
 
 
+# Clients ping every keepalive_time_ms (10 s) while a call is open. A delivery stream is
+# open for good, idle between rounds: the server's default (a ping at most every 5 minutes
+# without data) would answer those pings with GOAWAY "too_many_pings" and break the stream,
+# failing the first delivery after a quiet spell.
+KEEPALIVE_OPTIONS = [("grpc.http2.min_ping_interval_without_data_ms", 5_000)]
+
+
 def make_server(security: Security = Security()) -> grpc.aio.Server:
-    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=security.server_interceptors())
+    return grpc.aio.server(options=[*SERVER_OPTIONS, *KEEPALIVE_OPTIONS],
+                           interceptors=security.server_interceptors())
 
 
 def bind(server: grpc.aio.Server, listen: str, advertise: str | None = None,

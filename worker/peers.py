@@ -1,6 +1,7 @@
-"""A worker's gRPC links to the other workers: deliveries (several tablets' in one call),
-replication to followers and snapshots (:class:`Peers`), and the replication channel that
-adds the in-sync set kept by the leader (:class:`ReplicaLinks`)."""
+"""A worker's gRPC links to the other workers: deliveries (several tablets' in one frame of
+a long-lived stream, :class:`DeliveryStream`), replication to followers and snapshots
+(:class:`Peers`), and the replication channel that adds the in-sync set kept by the leader
+(:class:`ReplicaLinks`)."""
 
 from __future__ import annotations
 
@@ -16,24 +17,113 @@ from runtime.client import AsyncMasterClient
 from runtime.columns import Columns
 from runtime.errors import StaleTokenError
 from runtime.security import Security
+from runtime.streams import FRAME_TIMEOUT_S, SenderWindow, StreamError, refusal
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
 
 
+class DeliveryStream:
+    """One long-lived ``DeliverStream`` to a worker (runtime/streams.py): frames go within the
+    credit the worker grants, answers come back in any order, matched by id. Once broken, it
+    fails every frame in flight with the stream's error and takes no more (the caller opens
+    a new one)."""
+
+    def __init__(self, stub: rpc.WorkerStub) -> None:
+        self.window = SenderWindow()
+        self.broken: grpc.RpcError | None = None
+        self._call = stub.DeliverStream()
+        # Each frame's answer, or the stream's error (a result, never raised into a future
+        # whose sender may have stopped waiting).
+        self._waiting: dict[int, asyncio.Future[pb.DeliverAnswerFrame | grpc.RpcError]] = {}
+        self._credit = asyncio.Event()  # set when credit comes back (or the stream breaks)
+        self._writing = asyncio.Lock()
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def send(self, deliveries: pb.DeliverManyRequest) -> pb.DeliverManyResponse:
+        """The answers to ``deliveries`` as one frame; raises :class:`grpc.RpcError` where a
+        ``DeliverMany`` call would: refused, the stream broken, no answer in time."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + FRAME_TIMEOUT_S
+        frame, size = self.window.frame(deliveries)
+        while self.broken is None and not self.window.fits(size):
+            self._credit.clear()
+            try:
+                await asyncio.wait_for(self._credit.wait(), deadline - loop.time())
+            except TimeoutError:
+                raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, "no credit on the delivery stream "
+                                  f"within {FRAME_TIMEOUT_S:.0f} s") from None
+        if self.broken is not None:
+            raise self.broken
+        self.window.sent(frame.id, size)
+        answer = self._waiting[frame.id] = loop.create_future()
+        try:
+            async with self._writing:
+                await self._call.write(frame)
+        except (grpc.RpcError, asyncio.InvalidStateError) as e:
+            self._break(e if isinstance(e, grpc.RpcError) else StreamError(grpc.StatusCode.UNAVAILABLE, str(e)))
+        try:
+            done = await asyncio.wait_for(asyncio.shield(answer), deadline - loop.time())
+        except TimeoutError:
+            self._waiting.pop(frame.id, None)
+            raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {FRAME_TIMEOUT_S:.0f} s"
+                              ) from None
+        if isinstance(done, grpc.RpcError):
+            raise done
+        refused = refusal(done)
+        if refused is not None:
+            raise refused
+        return done.answers
+
+    async def _read(self) -> None:
+        error: grpc.RpcError
+        try:
+            while True:
+                answer = await self._call.read()
+                if answer is grpc.aio.EOF:
+                    error = StreamError(grpc.StatusCode.UNAVAILABLE, "the worker ended the delivery stream")
+                    break
+                self.window.answered(answer)
+                self._credit.set()
+                waiter = self._waiting.pop(answer.id, None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(answer)
+        except grpc.RpcError as e:
+            error = e
+        except ValueError as e:  # an answer to no frame of ours: this stream cannot be trusted
+            error = StreamError(grpc.StatusCode.INTERNAL, str(e))
+        self._break(error)
+
+    def _break(self, error: grpc.RpcError) -> None:
+        if self.broken is None:
+            self.broken = error
+        self._call.cancel()
+        self._credit.set()
+        waiting, self._waiting = self._waiting, {}
+        for waiter in waiting.values():
+            if not waiter.done():
+                waiter.set_result(self.broken)
+
+    async def close(self) -> None:
+        self._break(StreamError(grpc.StatusCode.CANCELLED, "the delivery stream was closed"))
+        self._reader.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)
+
+
 class Peers:
     """gRPC channels to the other workers, for deliveries.
 
     The deliveries a turn of the event loop makes to one worker (a commit's productions to
-    several of its tablets) leave together in one ``DeliverMany`` (up to
-    ``delivery.BUNDLE_BYTES``): one call instead of one per tablet, and the receiver runs
-    their batches side by side. Commits replicated to one follower worker in one turn (of
-    several tablets) leave together the same way, in one ``ReplicateMany``."""
+    several of its tablets) leave together in one frame (up to ``delivery.BUNDLE_BYTES``) of
+    the :class:`DeliveryStream` to that worker: one frame instead of a call per tablet, and
+    the receiver runs their batches side by side. Commits replicated to one follower worker
+    in one turn (of several tablets) leave together in one ``ReplicateMany``."""
 
     def __init__(self, security: Security) -> None:
         self.security = security
         self._stubs: dict[str, rpc.WorkerStub] = {}
+        self._streams: dict[str, DeliveryStream] = {}
         self._channels: list[grpc.aio.Channel] = []
         self._warned: set[tuple[str, grpc.StatusCode]] = set()
         self._bundles: dict[str, list[tuple[pb.DeliverRequest, int, asyncio.Future[delivery.Outcome]]]] = {}
@@ -64,17 +154,13 @@ class Peers:
 
     async def _call(self, address: str, bundle: list[tuple[pb.DeliverRequest, int, asyncio.Future[delivery.Outcome]]]
                     ) -> None:
-        stub = self._stub(address)
         try:
-            if len(bundle) == 1:
-                outs = [delivery.answered(await stub.Deliver(bundle[0][0], timeout=30))]
-            else:
-                resp = await stub.DeliverMany(pb.DeliverManyRequest(deliveries=[b[0] for b in bundle]), timeout=30)
-                outs = [delivery.answered(a) for a in resp.answers]
+            resp = await self._stream(address).send(pb.DeliverManyRequest(deliveries=[b[0] for b in bundle]))
+            outs = [delivery.answered(a) for a in resp.answers]
         except grpc.RpcError as e:
             out = self._failed(address, e)
             if out.refused is not None and len(bundle) > 1:
-                # One delivery the receiver refuses for good refuses the call: the others go
+                # One delivery the receiver refuses for good refuses the frame: the others go
                 # alone, so only that one waits (it is retried, as any failed delivery).
                 for b in bundle:
                     await self._call(address, [b])
@@ -94,6 +180,13 @@ class Peers:
             self._warned.add((address, code))
             log.warning("delivery to %s failed: %s (%s); retrying", address, code.name, e.details())
         return delivery.failed(e)
+
+    def _stream(self, address: str) -> DeliveryStream:
+        """The stream to ``address``: a new one if there is none or it broke."""
+        stream = self._streams.get(address)
+        if stream is None or stream.broken is not None:
+            stream = self._streams[address] = DeliveryStream(self._stub(address))
+        return stream
 
     def _stub(self, address: str) -> rpc.WorkerStub:
         stub = self._stubs.get(address)
@@ -153,6 +246,8 @@ class Peers:
             return None
 
     async def close(self) -> None:
+        for stream in self._streams.values():
+            await stream.close()
         for ch in self._channels:
             await ch.close()
 

@@ -20,7 +20,7 @@ from typing import IO, Any, cast
 
 import grpc
 
-from runtime import delivery, metrics, serving
+from runtime import delivery, metrics, serving, streams
 from runtime.client import AsyncMasterClient
 from runtime.columns import Columns, MalformedColumns, of_request
 from runtime.errors import ConfigError
@@ -32,6 +32,7 @@ from runtime.wire import millstream_pb2_grpc as rpc
 from worker import seen
 from worker.core import WorkerCore, WorkerLimits
 from worker.dedup import delivery_problem, outside_problem
+from worker.deliverstream import serve_frames
 from worker.peers import Peers, ReplicaLinks
 from worker.replica import write_at
 from worker.replication import checkpoint_chunks
@@ -148,66 +149,104 @@ def keep_secret(state_dir: str, secret: str) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _sender_kind(request: pb.DeliverRequest) -> str:
-    return "injector" if request.sender.startswith("injector/") or "worker" not in caller_roles() else "worker"
+def _injected(request: pb.DeliverRequest, worker: bool) -> bool:
+    """Whether a delivery comes from outside (an injector's, or any not sent as a worker)."""
+    return request.sender.startswith("injector/") or not worker
 
 
 class WorkerServicer(rpc.WorkerServicer):
-    def __init__(self, core: WorkerCore) -> None:
+    def __init__(self, core: WorkerCore, stream_credit: int = streams.STREAM_CREDIT_BYTES) -> None:
         self.core = core
+        self.stream_credit = stream_credit  # each delivery stream's grant, in bytes of frames
 
     async def Deliver(self, request: pb.DeliverRequest, context: Any) -> pb.DeliverResponse:
-        admitted = await self._admit([request], context)
-        metrics.DELIVERIES_PER_CALL.labels(_sender_kind(request)).observe(1)
-        return await self._deliver(*admitted[0])
+        worker = "worker" in caller_roles()
+        try:
+            admitted = await self._admit([request], worker)
+        except streams.StreamError as e:
+            await context.abort(e.code(), e.details())
+            raise
+        metrics.DELIVER_CALLS.labels("unary").inc()
+        metrics.DELIVERIES_PER_CALL.labels("injector" if _injected(request, worker) else "worker").observe(1)
+        return await self._deliver(*admitted[0], worker)
 
     async def DeliverMany(self, request: pb.DeliverManyRequest, context: Any) -> pb.DeliverManyResponse:
         """Every delivery is checked before any is handed over (one refused refuses the call,
         so none of it is committed), then all go to their tablets at once: their batches run
         side by side on the tablets' threads (worker/runner.py)."""
-        admitted = await self._admit(request.deliveries, context)
+        worker = "worker" in caller_roles()
+        try:
+            return await self._deliver_many(request, worker)
+        except streams.StreamError as e:
+            await context.abort(e.code(), e.details())
+            raise
+
+    async def DeliverStream(self, request_iterator: AsyncIterator[pb.DeliverFrame],
+                            context: Any) -> AsyncIterator[pb.DeliverAnswerFrame]:
+        """Deliveries on one long-lived stream (runtime/streams.py): each frame is handled as
+        a DeliverMany call by the same caller would be, side by side with the others, and
+        answered when done; a refused frame is answered with its status code."""
+        worker = "worker" in caller_roles()  # the stream's credentials, checked once, hold for every frame
+
+        async def handle(frame: pb.DeliverFrame, size: int) -> pb.DeliverAnswerFrame:
+            try:
+                answers = await self._deliver_many(frame.deliveries, worker, "frame")
+            except streams.StreamError as e:
+                return streams.refused(frame.id, size, e.code(), e.details())
+            return pb.DeliverAnswerFrame(id=frame.id, answers=answers, credit=size)
+
+        async for answer in serve_frames(request_iterator, context, handle, self.stream_credit):
+            yield answer
+
+    async def _deliver_many(self, request: pb.DeliverManyRequest, worker: bool,
+                            carrier: str = "unary") -> pb.DeliverManyResponse:
+        admitted = await self._admit(request.deliveries, worker)
+        metrics.DELIVER_CALLS.labels(carrier).inc()
         if admitted:
-            metrics.DELIVERIES_PER_CALL.labels(_sender_kind(admitted[0][0])).observe(len(admitted))
-        answers = await asyncio.gather(*(self._deliver(*a) for a in admitted))
+            metrics.DELIVERIES_PER_CALL.labels("injector" if _injected(admitted[0][0], worker) else "worker"
+                                               ).observe(len(admitted))
+        answers = await asyncio.gather(*(self._deliver(*a, worker) for a in admitted))
         return pb.DeliverManyResponse(answers=answers)
 
-    async def _admit(self, requests: Any, context: Any) -> list[tuple[pb.DeliverRequest, Columns, Any]]:
+    async def _admit(self, requests: Any, worker: bool) -> list[tuple[pb.DeliverRequest, Columns, Any]]:
         """Each request with its records (as columns: rows from older senders are turned into
-        columns) and producer orders, once all are valid (the call is aborted with what is
-        wrong otherwise)."""
+        columns) and producer orders, once all are valid; raises
+        :class:`~runtime.streams.StreamError` with what is wrong otherwise (the call is
+        aborted with it, a stream's frame refused). ``worker``: whether the caller holds the
+        worker role. A producer token fences older owners of a producing tablet: only a
+        worker may name one, never an injector's credentials (review S3); nor send a
+        tablet's records (N4)."""
         out = []
         injected = False
-        # A producer token fences older owners of a producing tablet: only a worker may name
-        # one, never an injector's credentials (review S3); nor send a tablet's records (N4).
-        worker = "worker" in caller_roles()
         for request in requests:
             orders = {o.producer: (o.after, o.token if worker else 0) for o in request.orders} or None
             try:
                 records = of_request(request)
             except MalformedColumns as e:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"delivery to {request.computation}/"
-                                    f"{request.key_range} refused: {e}")
+                raise streams.StreamError(grpc.StatusCode.INVALID_ARGUMENT, f"delivery to {request.computation}/"
+                                          f"{request.key_range} refused: {e}") from None
             problem = delivery_problem(records.ids or [], orders)
             if problem is not None:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"delivery to {request.computation}/"
-                                    f"{request.key_range} refused: {problem}")
+                raise streams.StreamError(grpc.StatusCode.INVALID_ARGUMENT, f"delivery to {request.computation}/"
+                                          f"{request.key_range} refused: {problem}")
             problem = None if worker else outside_problem(orders)
             if problem is not None:
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"delivery to {request.computation}/"
-                                    f"{request.key_range} refused: {problem}")
-            if request.sender.startswith("injector/") or not worker:
+                raise streams.StreamError(grpc.StatusCode.PERMISSION_DENIED, f"delivery to {request.computation}/"
+                                          f"{request.key_range} refused: {problem}")
+            if _injected(request, worker):
                 injected = True
                 closed = self.core.routing.closed_to_input(request.computation)
                 if closed:
-                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, closed)
+                    raise streams.StreamError(grpc.StatusCode.FAILED_PRECONDITION, closed)
             out.append((request, records, orders))
         delay = self.core.faults.injector_delay_s() if injected else 0
         if delay:
             await asyncio.sleep(delay)  # the fault hook's network round trip (tests, benchmarks)
         return out
 
-    async def _deliver(self, request: pb.DeliverRequest, records: Columns, orders: Any) -> pb.DeliverResponse:
-        if request.sender.startswith("injector/") or "worker" not in caller_roles():
+    async def _deliver(self, request: pb.DeliverRequest, records: Columns, orders: Any,
+                       worker: bool) -> pb.DeliverResponse:
+        if _injected(request, worker):
             route = self.core.routing.computations.get(request.computation)
             if route is not None and route.input_paused:  # a savepoint is being taken: retry soon
                 return pb.DeliverResponse(status=cast(Any, delivery.Status.BUSY),

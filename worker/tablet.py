@@ -50,6 +50,11 @@ log = logging.getLogger(__name__)
 OK, NOT_OWNER, BUSY = Status.OK, Status.NOT_OWNER, Status.BUSY
 
 DEFAULT_DEDUP_RETENTION_S = 600.0  # docs/exactly-once.md: why ten minutes
+# A delivery to a full tablet waits this long for room (holding its sender's stream credit)
+# before it is answered BUSY; it looks again at least every ROOM_CHECK_S (acknowledgements
+# free room without a commit).
+ROOM_WAIT_S = 2.0
+ROOM_CHECK_S = 0.05
 
 
 class TabletHost(Protocol):
@@ -136,6 +141,7 @@ class Tablet:
         self.failed = False   # a batch failed: the next copy starts with smaller batches
         self._closed = False
         self._wake = asyncio.Event()
+        self._room = asyncio.Event()  # set by each commit: a delivery waiting for room looks again
         self._task: asyncio.Task[None] | None = None
         self.timers = TimerIndex()
         self.metrics = metrics.tablet(self.computation)
@@ -299,10 +305,22 @@ class Tablet:
         if self.closing or not self.open:
             return NOT_OWNER, 0
         limits = self.host.limits
-        if (self.inbox.records >= limits.max_queued_records or self.inbox.bytes >= limits.max_queued_bytes
-                or self.outbox.unacked >= limits.max_unacked):
-            self.metrics.busy.inc()
-            return BUSY, 0
+        deadline = None
+        while (self.inbox.records >= limits.max_queued_records or self.inbox.bytes >= limits.max_queued_bytes
+               or self.outbox.unacked >= limits.max_unacked):
+            # Full: wait here for room, bounded, rather than send the sender into its back-off.
+            now = asyncio.get_running_loop().time()
+            deadline = now + ROOM_WAIT_S if deadline is None else deadline
+            if now >= deadline:
+                self.metrics.busy.inc()
+                return BUSY, 0
+            self._room.clear()
+            try:
+                await asyncio.wait_for(self._room.wait(), min(ROOM_CHECK_S, deadline - now))
+            except TimeoutError:
+                pass
+            if self.closing or not self.open:
+                return NOT_OWNER, 0
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.keys.add(cols.keys)
         d = self.inbox.put(cols, fut, orders or None)
@@ -364,6 +382,7 @@ class Tablet:
         for t in batch.deferred:
             self.timers.remember(t)
         self.inbox.committed(batch.deliveries, batch.consumed, batch.refused, batch.duplicates)
+        self._room.set()
         if batch.deferred or (batch.deliveries and self.inbox):
             self._wake.set()
         if self.batch_limit < self.max_batch:  # after a failure: grow back, slowly

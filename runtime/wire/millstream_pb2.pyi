@@ -732,3 +732,25 @@ class StatusResponse(_message.Message):
     JSON_FIELD_NUMBER: _ClassVar[int]
     json: str
     def __init__(self, json: _Optional[str] = ...) -> None: ...
+
+class DeliverFrame(_message.Message):
+    __slots__ = ("id", "deliveries")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    deliveries: DeliverManyRequest
+    def __init__(self, id: _Optional[int] = ..., deliveries: _Optional[_Union[DeliverManyRequest, _Mapping]] = ...) -> None: ...
+
+class DeliverAnswerFrame(_message.Message):
+    __slots__ = ("id", "answers", "credit", "code", "details")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    answers: DeliverManyResponse
+    credit: int
+    code: int
+    details: str
+    def __init__(self, id: _Optional[int] = ..., answers: _Optional[_Union[DeliverManyResponse, _Mapping]] = ..., credit: _Optional[int] = ..., code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...

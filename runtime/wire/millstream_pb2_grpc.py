@@ -79,6 +79,11 @@ class WorkerStub:
                 request_serializer=runtime_dot_wire_dot_millstream__pb2.ReplicateManyRequest.SerializeToString,
                 response_deserializer=runtime_dot_wire_dot_millstream__pb2.ReplicateManyResponse.FromString,
                 _registered_method=True)
+        self.DeliverStream = channel.stream_stream(
+                '/millstream.v1.Worker/DeliverStream',
+                request_serializer=runtime_dot_wire_dot_millstream__pb2.DeliverFrame.SerializeToString,
+                response_deserializer=runtime_dot_wire_dot_millstream__pb2.DeliverAnswerFrame.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -143,6 +148,16 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeliverStream(self, request_iterator, context):
+        """One long-lived stream per sending process for its deliveries to this worker (issue 29):
+        each frame is a DeliverMany, answered as one, out of order, matched by id. The worker
+        grants the stream a credit in bytes of frames: a sender keeps at most that many bytes
+        of unanswered frames on it (runtime/streams.py).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -190,6 +205,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.ReplicateMany,
                     request_deserializer=runtime_dot_wire_dot_millstream__pb2.ReplicateManyRequest.FromString,
                     response_serializer=runtime_dot_wire_dot_millstream__pb2.ReplicateManyResponse.SerializeToString,
+            ),
+            'DeliverStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.DeliverStream,
+                    request_deserializer=runtime_dot_wire_dot_millstream__pb2.DeliverFrame.FromString,
+                    response_serializer=runtime_dot_wire_dot_millstream__pb2.DeliverAnswerFrame.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -435,6 +455,33 @@ class Worker:
             '/millstream.v1.Worker/ReplicateMany',
             runtime_dot_wire_dot_millstream__pb2.ReplicateManyRequest.SerializeToString,
             runtime_dot_wire_dot_millstream__pb2.ReplicateManyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeliverStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/millstream.v1.Worker/DeliverStream',
+            runtime_dot_wire_dot_millstream__pb2.DeliverFrame.SerializeToString,
+            runtime_dot_wire_dot_millstream__pb2.DeliverAnswerFrame.FromString,
             options,
             channel_credentials,
             insecure,

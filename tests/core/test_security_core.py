@@ -14,6 +14,7 @@ from runtime import Record
 from runtime.delivery import request
 from runtime.record import producer_prefix, sequence_id
 from runtime.security import Security
+from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 from tests.core.corekit import make_core
 from tests.core.jobs import Collector
@@ -109,3 +110,47 @@ def test_n4_a_tablets_mark_set_under_no_token_gives_way_to_its_owner(tmp_path: o
 
     asyncio.run(main())
     assert _outputs() == [b"r1", b"r2"]
+
+
+def test_n4_holds_on_a_delivery_stream_for_every_frame_of_an_injectors_stream(tmp_path: object) -> None:
+    """The roles of a ``DeliverStream`` are the stream's token's, checked once when it opens
+    and applied to each frame as to a call: an injector's frame naming a tablet producer is
+    refused (PERMISSION_DENIED) and the stream goes on; the same frame from a worker is taken."""
+    from runtime.delivery import Status, answered
+    from runtime.record import worker_producer
+    from runtime.streams import StreamError
+    from worker.peers import DeliveryStream
+
+    async def main() -> None:
+        core = await make_core(str(tmp_path), routing(
+            ("echo", "tests.core.jobs:Echo", ["in"], ["out"], {}),
+            ("collect", "tests.core.jobs:Collector", ["out"], [], {"name": "out"})))
+        echo = core.tablets[("echo", 0)].prefix
+        forged = request("collect", 0, 1, [Record(b"k", b"forged", BASE, sequence_id(echo, LAST_SEQ))],
+                         {echo: (0, 0)}, sender="injector/mallory")
+        me = producer_prefix("injector/src")
+        real = request("echo", 0, 1, [Record(b"k", b"real", BASE, sequence_id(me, 1))], {me: (0, 0)},
+                       "injector/src")
+        async with _served(core) as stub:
+            injector = DeliveryStream(stub("injector"))
+            with pytest.raises(StreamError, match="only the worker role sends its records") as refused:
+                await injector.send(pb.DeliverManyRequest(deliveries=[forged]))
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            both = await injector.send(pb.DeliverManyRequest(deliveries=[real]))  # the same stream goes on
+            assert [answered(a).status for a in both.answers] == [Status.OK]
+            assert injector.broken is None
+            await injector.close()
+            worker = DeliveryStream(stub("worker"))
+            up = worker_producer(producer_prefix("tablet\x00up/0"))  # another producer's tablet
+            own = request("collect", 0, 1, [Record(b"k", b"own", BASE, sequence_id(up, 1))], {up: (0, 1)},
+                          sender="up")
+            taken = await worker.send(pb.DeliverManyRequest(deliveries=[own]))
+            assert [answered(a).status for a in taken.answers] == [Status.OK]
+            await worker.close()
+            deadline = asyncio.get_running_loop().time() + 10
+            while len(_outputs()) < 2 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.01)  # poll interval of this deadline-bounded wait
+        assert sorted(_outputs()) == [b"own", b"real"]
+        await core.close_all()
+
+    asyncio.run(main())

@@ -1,6 +1,6 @@
 """The worker core in-process: real RocksDB, no network, injected clocks.
 
-Covers what is awkward to provoke through processes: BUSY backpressure,
+Covers what is awkward to provoke through processes: backpressure (a wait for room, then BUSY),
 poison records, wall-clock timers on a fake clock, and self-fencing at commit.
 """
 
@@ -10,10 +10,13 @@ import asyncio
 import json
 from collections.abc import Callable
 
+import pytest
+
 from runtime import Record
 from runtime.columns import Columns
 from runtime.wire import millstream_pb2 as pb
 from tests.core.jobs import Collector
+from worker import tablet as tablet_module
 from worker.core import WorkerCore, WorkerLimits
 from worker.sender import OK
 from worker.tablet import BUSY, NOT_OWNER
@@ -75,7 +78,30 @@ def _queue(core: WorkerCore, tablet_key: tuple[str, int], record: Record) -> asy
     return fut
 
 
-def test_a_full_queue_answers_busy_and_nothing_is_lost(tmp_path: object) -> None:
+def test_a_delivery_to_a_full_queue_waits_for_room_instead_of_bouncing_busy(tmp_path: object) -> None:
+    """Issue 29: the sixth delivery to a tablet whose queue holds five waits on the receiver
+    until a commit makes room, and is taken: no BUSY for its sender to back off on."""
+    async def main() -> None:
+        core = await _core(str(tmp_path), WorkerLimits(max_queued_records=5, max_batch_records=5),
+                           lambda: BASE)
+        first = [_queue(core, ("echo", 0), rec(i, b"v%d" % i)) for i in range(5)]
+        tablet = core.tablets[("echo", 0)]
+        assert tablet.queued_records == 5
+        busy = tablet.metrics.busy._value.get()  # type: ignore[attr-defined]
+        # Awaited at once: it finds the queue full before the tablet has run.
+        assert await core.deliver("echo", 0, 1, [rec(99, b"over")]) == OK
+        assert all(f.done() for f in first)  # it was taken once the first five committed
+        assert tablet.metrics.busy._value.get() == busy  # type: ignore[attr-defined]
+        await _until(lambda: len(Collector.seen) == 6, "6 outputs")
+        await core.close_all()
+
+    asyncio.run(main())
+
+
+def test_a_full_queue_answers_busy_once_the_wait_is_over_and_nothing_is_lost(
+        tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tablet_module, "ROOM_WAIT_S", 0.0)  # no wait: the old answer at once
+
     async def main() -> None:
         core = await _core(str(tmp_path), WorkerLimits(max_queued_records=5, max_batch_records=5),
                            lambda: BASE)

@@ -1,5 +1,5 @@
-"""Several tablets' deliveries in one call (``DeliverMany``): how they are grouped, and how a
-worker's :class:`~worker.peers.Peers` sends one turn's deliveries (and one turn's
+"""Several tablets' deliveries in one call or frame (``DeliverMany``): how they are grouped,
+and how a worker's :class:`~worker.peers.Peers` sends one turn's deliveries (and one turn's
 replicated commits, ``ReplicateMany``) to a peer (over a real gRPC server in this process
 whose servicer only records what it is sent)."""
 
@@ -16,8 +16,10 @@ from runtime import delivery
 from runtime.columns import Columns
 from runtime.record import Record
 from runtime.security import Security
+from runtime.streams import STREAM_CREDIT_BYTES, StreamError, refused
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
+from worker.deliverstream import serve_frames
 from worker.peers import Peers
 
 
@@ -53,17 +55,22 @@ def test_cut_keeps_order_covers_everything_once_and_stays_under_both_bounds(valu
 
 
 class _Recorder(rpc.WorkerServicer):
-    """Answers OK to every delivery, and refuses (INVALID_ARGUMENT) any call that carries one
-    to the computation ``bad``, as a worker refuses a malformed delivery."""
+    """Answers OK to every delivery, and refuses (INVALID_ARGUMENT) any call or frame that
+    carries one to the computation ``bad``, as a worker refuses a malformed delivery."""
 
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    async def Deliver(self, request: pb.DeliverRequest, context: Any) -> pb.DeliverResponse:
-        return (await self._answer([request], context))[0]
+    async def DeliverStream(self, requests: Any, context: Any) -> Any:
+        async def handle(frame: pb.DeliverFrame, size: int) -> pb.DeliverAnswerFrame:
+            try:
+                answers = self._answer(list(frame.deliveries.deliveries))
+            except StreamError as e:
+                return refused(frame.id, size, e.code(), e.details())
+            return pb.DeliverAnswerFrame(id=frame.id, credit=size, answers=pb.DeliverManyResponse(answers=answers))
 
-    async def DeliverMany(self, request: pb.DeliverManyRequest, context: Any) -> pb.DeliverManyResponse:
-        return pb.DeliverManyResponse(answers=await self._answer(list(request.deliveries), context))
+        async for answer in serve_frames(requests, context, handle, STREAM_CREDIT_BYTES):
+            yield answer
 
     async def Replicate(self, request: pb.ReplicateRequest, context: Any) -> pb.ReplicateResponse:
         return (await self._replicated([request], context))[0]
@@ -77,10 +84,10 @@ class _Recorder(rpc.WorkerServicer):
             await context.abort(grpc.StatusCode.INTERNAL, "the copy of bad/0 failed its write")
         return [pb.ReplicateResponse(status=pb.ReplicateResponse.OK, index=r.entries[-1].index) for r in reqs]
 
-    async def _answer(self, reqs: list[pb.DeliverRequest], context: Any) -> list[pb.DeliverResponse]:
+    def _answer(self, reqs: list[pb.DeliverRequest]) -> list[pb.DeliverResponse]:
         self.calls.append([r.computation for r in reqs])
         if any(r.computation == "bad" for r in reqs):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "delivery to bad/0 refused: malformed")
+            raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "delivery to bad/0 refused: malformed")
         return [pb.DeliverResponse(status=pb.DeliverResponse.OK, worker_id="w", report_seq=7) for _ in reqs]
 
 
@@ -102,13 +109,13 @@ def _run(comps: list[str]) -> tuple[list[tuple[int, Any]], list[list[str]]]:
     return asyncio.run(main())
 
 
-def test_one_turns_deliveries_to_a_peer_go_in_one_call_answered_in_order() -> None:
+def test_one_turns_deliveries_to_a_peer_go_in_one_frame_answered_in_order() -> None:
     outs, calls = _run(["a", "b", "c"])
     assert calls == [["a", "b", "c"]]
     assert outs == [(delivery.Status.OK, ("w", 7))] * 3
 
 
-def test_a_refused_delivery_does_not_hold_back_the_others_of_its_call() -> None:
+def test_a_refused_delivery_does_not_hold_back_the_others_of_its_frame() -> None:
     outs, calls = _run(["a", "bad", "c"])
     assert calls[0] == ["a", "bad", "c"]  # refused whole, then each went alone
     assert sorted(map(tuple, calls[1:])) == [("a",), ("bad",), ("c",)]

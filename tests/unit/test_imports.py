@@ -154,7 +154,7 @@ def test_n10_an_injector_loads_key_extractors_under_a_policy() -> None:
                 return routing
 
         return Tablets("src", "in", OneRouting(), Security(), {}, threading.Event(),  # type: ignore[arg-type]
-                       calls=1, committed=lambda *a: None, code_policy=policy)
+                       committed=lambda *a: None, code_policy=policy)
 
     record = Record(b"k", b"v", 1, bytes(16))
     mine = "tests.unit.test_imports:Holder.key"

@@ -65,7 +65,7 @@ def _injector() -> tuple[Injector, list[pb.DeliverRequest]]:
     inj._sequenced = {inj._prefix: 0}
     inj._last_producer = (None, b"")
     tablets = Tablets("src", "s", _Client(_routing()), None, inj._sequenced, threading.Event(),  # type: ignore[arg-type]
-                      calls=1, committed=lambda *a: None, code_policy=CodePolicy.parse("tests", where="test"))
+                      committed=lambda *a: None, code_policy=CodePolicy.parse("tests", where="test"))
     sent: list[pb.DeliverRequest] = []
 
     def answer(calls: list[Any]) -> list[pb.DeliverResponse]:

@@ -31,7 +31,7 @@ def _routing(version: int, *ranges: tuple[int, int, int], exactly_once: bool = T
 
 def _tablets(client: _Client) -> Tablets:
     return Tablets("src", "s", client, None, {P: 0}, threading.Event(),  # type: ignore[arg-type]
-                   calls=1, committed=lambda *a: None)
+                   committed=lambda *a: None)
 
 
 def test_records_of_merged_ranges_keep_the_rounds_send_order() -> None:

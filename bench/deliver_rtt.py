@@ -1,0 +1,131 @@
+"""CPU per delivery round trip, unary ``DeliverMany`` against one ``DeliverStream`` frame, as
+each sender makes them: an injector's blocking gRPC (``injectors/stream.py``) and a worker's
+``grpc.aio`` (``worker/peers.py``). The receiver is a server in a child process that answers
+at once (the real frame loop, ``worker/deliverstream.py``, without tablets), so the figures
+are the transport's alone, each end's CPU apart::
+
+    python -m bench.deliver_rtt [ROUND_TRIPS]      # 3,000 by default, a few seconds
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import uvloop
+
+from injectors.stream import DeliveryStream as BlockingStream
+from runtime import delivery, serving
+from runtime.record import Record
+from runtime.security import Security
+from runtime.streams import STREAM_CREDIT_BYTES
+from runtime.wire import millstream_pb2 as pb
+from runtime.wire import millstream_pb2_grpc as rpc
+from worker.deliverstream import serve_frames
+from worker.peers import DeliveryStream as AioStream
+
+
+def _answers(req: pb.DeliverManyRequest) -> pb.DeliverManyResponse:
+    return pb.DeliverManyResponse(answers=[pb.DeliverResponse(status=pb.DeliverResponse.OK, worker_id="w",
+                                                              report_seq=1) for _ in req.deliveries])
+
+
+class _Echo(rpc.WorkerServicer):
+    async def DeliverMany(self, request: pb.DeliverManyRequest, context: Any) -> pb.DeliverManyResponse:
+        return _answers(request)
+
+    async def DeliverStream(self, requests: Any, context: Any) -> AsyncIterator[pb.DeliverAnswerFrame]:
+        async def handle(frame: pb.DeliverFrame, size: int) -> pb.DeliverAnswerFrame:
+            return pb.DeliverAnswerFrame(id=frame.id, credit=size, answers=_answers(frame.deliveries))
+
+        async for answer in serve_frames(requests, context, handle, STREAM_CREDIT_BYTES):
+            yield answer
+
+
+async def _serve() -> None:
+    server = serving.make_server()
+    rpc.add_WorkerServicer_to_server(_Echo(), server)
+    print(server.add_insecure_port("127.0.0.1:0"), flush=True)
+    await server.start()
+    await server.wait_for_termination()
+
+
+def _cpu_s(pid: int | None = None) -> float:
+    if pid is None:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return ru.ru_utime + ru.ru_stime
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _sample(server: int) -> tuple[float, float, float]:
+    """(this process's CPU, the receiver's CPU, wall clock), in seconds."""
+    return _cpu_s(), _cpu_s(server), time.perf_counter()
+
+
+def _line(name: str, n: int, before: tuple[float, float, float], after: tuple[float, float, float]) -> None:
+    sender, receiver, wall = (1e6 * (b - a) / n for a, b in zip(before, after, strict=True))
+    print(f"{name:16s} {wall:5.0f} us wall, CPU {sender:4.0f} us sender + {receiver:4.0f} us receiver "
+          f"= {sender + receiver:4.0f} us")
+
+
+def main(n: int) -> None:
+    child = subprocess.Popen([sys.executable, "-m", "bench.deliver_rtt", "--serve"], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout is not None
+        address = f"127.0.0.1:{int(child.stdout.readline())}"
+        # One round of W1: two tablets' deliveries of 50 small records to one worker.
+        records = [Record(b"k%d" % i, b"v" * 20, 1, bytes(16)) for i in range(50)]
+        req = pb.DeliverManyRequest(deliveries=[delivery.request("c", r, 1, records) for r in range(2)])
+        print(f"load average {os.getloadavg()}; {n} sequential round trips of one DeliverMany "
+              f"({req.ByteSize()} B) each")
+        channel = Security().channel(address)
+        stub = rpc.WorkerStub(channel)
+        stream = BlockingStream(stub, "bench")
+        for name, once in (("blocking unary", lambda: stub.DeliverMany(req, timeout=30)),
+                           ("blocking stream", lambda: stream.send(req).result(30))):
+            for _ in range(200):
+                once()
+            before = _sample(child.pid)
+            for _ in range(n):
+                once()
+            _line(name, n, before, _sample(child.pid))
+        stream.close()
+        channel.close()
+        uvloop.run(_aio(address, req, n, child.pid))
+    finally:
+        child.kill()
+        child.wait()
+
+
+async def _aio(address: str, req: pb.DeliverManyRequest, n: int, server: int) -> None:
+    channel = Security().aio_channel(address)
+    stub = rpc.WorkerStub(channel)
+    stream = AioStream(stub)
+    for name, once in (("asyncio unary", lambda: stub.DeliverMany(req, timeout=30)),
+                       ("asyncio stream", lambda: stream.send(req))):
+        await _times(once, 200)
+        before = _sample(server)
+        await _times(once, n)
+        _line(name, n, before, _sample(server))
+    await stream.close()
+    await channel.close()
+
+
+async def _times(once: Callable[[], Awaitable[Any]], n: int) -> None:
+    for _ in range(n):
+        await once()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--serve"]:
+        uvloop.run(_serve())
+    else:
+        main(int(sys.argv[1]) if len(sys.argv) > 1 else 3000)

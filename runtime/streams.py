@@ -1,0 +1,113 @@
+"""Delivery streams (``Worker.DeliverStream``, issue 29), without I/O: what both ends of a
+stream count, shared by the worker's sender (worker/peers.py), the injector's
+(injectors/stream.py) and the receiver (worker/deliverstream.py).
+
+A sender keeps one long-lived stream per worker instead of one unary call per delivery
+(a bidi stream costs about half the CPU per round trip: docs/performance.md, "Issue 29:
+streams"). Each frame carries what one ``DeliverMany`` would; the receiver handles frames
+side by side and answers each when its deliveries are done, in any order, by id.
+
+Flow control is by credit, in bytes of encoded frames: the receiver's first message grants
+the stream :data:`STREAM_CREDIT_BYTES`, each answer gives its frame's size back, and a
+sender puts a frame on the wire only within its credit (one larger than the whole grant goes
+alone, once nothing else is in flight). A receiver refuses a stream that overdraws.
+
+A frame the receiver refuses as it would refuse the call (a malformed record, a producer
+token from an injector) is answered with the status code, and the stream goes on; a stream
+that breaks fails every frame in flight on it, as a failed call would
+(``runtime.delivery.failed``: UNREACHABLE).
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from runtime.wire import millstream_pb2 as pb
+
+STREAM_CREDIT_BYTES = 32 * 1024 * 1024  # a stream's grant: BUNDLE_BYTES, a full DeliverMany
+FRAME_TIMEOUT_S = 30.0  # a frame not answered by then fails, as a DeliverMany call's deadline
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class StreamError(grpc.RpcError):
+    """A frame's failure, as the unary call would have raised it: refused by the receiver
+    (its status code and details), its stream broken, or no answer in time."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self._code = code
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def refusal(answer: pb.DeliverAnswerFrame) -> StreamError | None:
+    """The refusal an answer carries, if any."""
+    if not answer.code:
+        return None
+    return StreamError(_CODES.get(answer.code, grpc.StatusCode.UNKNOWN), answer.details)
+
+
+def refused(frame_id: int, size: int, code: grpc.StatusCode, details: str) -> pb.DeliverAnswerFrame:
+    """The answer refusing frame ``frame_id`` (of ``size`` bytes, given back) with ``code``."""
+    return pb.DeliverAnswerFrame(id=frame_id, credit=size, code=code.value[0], details=details)
+
+
+class SenderWindow:
+    """A sender's count of one stream: frame ids, the credit granted, what is in flight."""
+
+    def __init__(self) -> None:
+        self.granted = 0    # 0 until the receiver's grant arrives: nothing may go before
+        self.credit = 0     # bytes it may still put on the wire (< 0 under one oversized frame)
+        self.in_flight: dict[int, int] = {}  # frame id -> its size
+        self._last_id = 0
+
+    def frame(self, deliveries: pb.DeliverManyRequest) -> tuple[pb.DeliverFrame, int]:
+        """The next frame carrying ``deliveries``, and its size in bytes (what it costs)."""
+        self._last_id += 1
+        frame = pb.DeliverFrame(id=self._last_id, deliveries=deliveries)
+        return frame, frame.ByteSize()
+
+    def fits(self, size: int) -> bool:
+        """Whether a frame of ``size`` bytes may go now."""
+        return self.granted > 0 and (size <= self.credit or not self.in_flight)
+
+    def sent(self, frame_id: int, size: int) -> None:
+        assert self.fits(size), f"frame {frame_id} of {size} B over the credit {self.credit} B"
+        self.credit -= size
+        self.in_flight[frame_id] = size
+
+    def answered(self, answer: pb.DeliverAnswerFrame) -> None:
+        """Count an answer in: its credit back, its frame no longer in flight."""
+        if answer.id == 0:
+            self.granted += answer.credit
+        elif self.in_flight.pop(answer.id, None) is None:
+            raise ValueError(f"an answer to frame {answer.id}, which is not in flight on this stream")
+        self.credit += answer.credit
+
+
+class ReceiverWindow:
+    """A receiver's count of one stream: the bytes of frames not yet answered, within the grant."""
+
+    def __init__(self, grant: int = STREAM_CREDIT_BYTES) -> None:
+        self.grant = grant
+        self.outstanding = 0
+        self.frames = 0
+
+    def admit(self, size: int) -> bool:
+        """Take a frame of ``size`` bytes in; False if the sender overdrew its credit."""
+        if self.frames and self.outstanding + size > self.grant:
+            return False
+        self.outstanding += size
+        self.frames += 1
+        return True
+
+    def answered(self, size: int) -> None:
+        self.outstanding -= size
+        self.frames -= 1
+        assert self.outstanding >= 0 and self.frames >= 0, "answered more than was admitted"

@@ -1,0 +1,269 @@
+"""Delivery streams (``Worker.DeliverStream``, runtime/streams.py): the credit both ends
+count, and both senders (a worker's :class:`~worker.peers.Peers`, an injector's
+:class:`~injectors.tablets.Tablets`) against a real gRPC server in this process whose
+servicer holds each frame until the test lets it go."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+import pytest
+
+from injectors.tablets import Tablets
+from runtime import delivery
+from runtime.columns import Columns
+from runtime.record import Record
+from runtime.security import Security
+from runtime.streams import STREAM_CREDIT_BYTES, ReceiverWindow, SenderWindow
+from runtime.wire import millstream_pb2 as pb
+from runtime.wire import millstream_pb2_grpc as rpc
+from worker.deliverstream import serve_frames
+from worker.peers import Peers
+
+OK = delivery.Status.OK
+
+
+def _deliveries(*comps: str, value: bytes = b"v") -> pb.DeliverManyRequest:
+    return pb.DeliverManyRequest(deliveries=[delivery.request(c, 0, 1, [Record(b"k", value, 1, bytes(16))])
+                                             for c in comps])
+
+
+# ----------------------------------------------------------------- the windows
+
+
+def test_a_sender_sends_nothing_before_the_grant_and_then_only_within_its_credit() -> None:
+    w = SenderWindow()
+    frame, size = w.frame(_deliveries("a", value=b"x" * 1000))
+    assert not w.fits(size)  # no grant yet
+    w.answered(pb.DeliverAnswerFrame(credit=2 * size + 10))
+    w.sent(frame.id, size)
+    second, _ = w.frame(_deliveries("b", value=b"x" * 1000))
+    assert w.fits(size)
+    w.sent(second.id, size)
+    assert not w.fits(size)  # a third would overdraw the grant: it waits
+    with pytest.raises(AssertionError, match="over the credit"):
+        w.sent(99, size)
+    w.answered(pb.DeliverAnswerFrame(id=second.id, credit=size))  # answered out of order
+    assert w.fits(size) and list(w.in_flight) == [frame.id]
+    with pytest.raises(ValueError, match="not in flight"):
+        w.answered(pb.DeliverAnswerFrame(id=second.id, credit=size))
+
+
+def test_a_frame_larger_than_the_grant_goes_alone() -> None:
+    w = SenderWindow()
+    w.answered(pb.DeliverAnswerFrame(credit=100))
+    w.sent(1, 10)
+    assert not w.fits(500)  # not while another is in flight
+    w.answered(pb.DeliverAnswerFrame(id=1, credit=10))
+    assert w.fits(500)
+    w.sent(2, 500)
+    assert w.credit == -400 and not w.fits(1)
+    w.answered(pb.DeliverAnswerFrame(id=2, credit=500))
+    assert w.credit == 100
+
+
+def test_a_receiver_refuses_a_frame_that_overdraws_the_grant() -> None:
+    r = ReceiverWindow(grant=100)
+    assert r.admit(60) and not r.admit(60)
+    r.answered(60)
+    assert r.admit(500)  # alone: a frame larger than the grant
+    assert not r.admit(1)
+
+
+# ----------------------------------------------------------- over a real server
+
+
+class _Held(rpc.WorkerServicer):
+    """Answers each frame OK once the test sets the event of every computation in it."""
+
+    def __init__(self, grant: int = STREAM_CREDIT_BYTES) -> None:
+        self.grant = grant
+        self.release: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
+        self.arrived: list[list[str]] = []  # each frame's computations, in arrival order
+        self.streams = 0
+
+    async def DeliverStream(self, requests: Any, context: Any) -> AsyncIterator[pb.DeliverAnswerFrame]:
+        self.streams += 1
+
+        async def handle(frame: pb.DeliverFrame, size: int) -> pb.DeliverAnswerFrame:
+            comps = [d.computation for d in frame.deliveries.deliveries]
+            self.arrived.append(comps)
+            for c in comps:
+                await self.release[c].wait()
+            return pb.DeliverAnswerFrame(id=frame.id, credit=size, answers=pb.DeliverManyResponse(answers=[
+                pb.DeliverResponse(status=pb.DeliverResponse.OK, worker_id="w", report_seq=7) for _ in comps]))
+
+        async for answer in serve_frames(requests, context, handle, self.grant):
+            yield answer
+
+
+@asynccontextmanager
+async def _server(servicer: rpc.WorkerServicer, port: int = 0) -> AsyncIterator[tuple[grpc.aio.Server, str]]:
+    server = grpc.aio.server()
+    rpc.add_WorkerServicer_to_server(servicer, server)
+    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    try:
+        yield server, f"127.0.0.1:{bound}"
+    finally:
+        await server.stop(None)
+
+
+async def _until(cond: Callable[[], bool], what: str, timeout: float = 10) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)  # poll interval of this deadline-bounded wait
+
+
+def _deliver(peers: Peers, address: str, comp: str, value: bytes = b"v") -> asyncio.Task[Any]:
+    rec = Columns.of_records([Record(b"k", value, 1, bytes(16))])
+    return asyncio.get_running_loop().create_task(peers.deliver(address, comp, 0, 1, rec, None))
+
+
+def test_a_workers_frames_wait_side_by_side_and_are_answered_out_of_order() -> None:
+    async def main() -> None:
+        held = _Held()
+        async with _server(held) as (_, address):
+            peers = Peers(Security())
+            try:
+                a = _deliver(peers, address, "a")
+                await _until(lambda: held.arrived == [["a"]], "frame a")
+                b = _deliver(peers, address, "b")  # a later turn: its own frame, same stream
+                await _until(lambda: len(held.arrived) == 2, "frame b")
+                held.release["b"].set()
+                assert await b == (OK, ("w", 7))  # answered while a still waits
+                assert not a.done()
+                held.release["a"].set()
+                assert await a == (OK, ("w", 7))
+                assert held.streams == 1
+            finally:
+                await peers.close()
+
+    asyncio.run(main())
+
+
+def test_a_broken_stream_fails_what_is_in_flight_unreachable_and_the_next_delivery_reconnects() -> None:
+    async def main() -> None:
+        held = _Held()
+        peers = Peers(Security())
+        try:
+            async with _server(held) as (server, address):
+                a = _deliver(peers, address, "a")
+                await _until(lambda: held.arrived == [["a"]], "frame a")
+                await server.stop(None)  # the receiver goes away with a in flight
+                assert await a == (delivery.Status.UNREACHABLE, None)
+            again = _Held()
+            again.release["c"].set()
+            async with _server(again, int(address.rsplit(":", 1)[1])):  # back at the same address
+                assert await _deliver(peers, address, "c") == (OK, ("w", 7))
+            assert again.streams == 1
+        finally:
+            await peers.close()
+
+    asyncio.run(main())
+
+
+def test_credit_holds_a_sender_to_its_grant() -> None:
+    async def main() -> None:
+        size = pb.DeliverFrame(id=1, deliveries=_deliveries("c0", value=b"x" * 1000)).ByteSize()
+        held = _Held(grant=2 * size + size // 2)  # room for two frames on the wire, not three
+        async with _server(held) as (_, address):
+            peers = Peers(Security())
+            try:
+                sends = []
+                for i in range(5):  # five turns: five frames
+                    sends.append(_deliver(peers, address, f"c{i}", b"x" * 1000))
+                    await asyncio.sleep(0)  # the next turn of the loop (Peers bundles per turn)
+                await _until(lambda: len(held.arrived) == 2, "two frames")
+                stream = peers._streams[address]
+                await _until(lambda: len(stream._waiting) == 2, "the sender to hold its credit")
+                assert len(stream.window.in_flight) == 2 and not any(s.done() for s in sends)
+                for i in range(5):
+                    held.release[f"c{i}"].set()
+                assert await asyncio.gather(*sends) == [(OK, ("w", 7))] * 5
+                assert len(held.arrived) == 5 and held.streams == 1  # never over: the receiver keeps the stream
+            finally:
+                await peers.close()
+
+    asyncio.run(main())
+
+
+def test_a_receiver_ends_a_stream_whose_sender_overdraws() -> None:
+    async def main() -> None:
+        held = _Held(grant=10)
+        async with _server(held) as (_, address):
+            async with grpc.aio.insecure_channel(address) as ch:
+                call = rpc.WorkerStub(ch).DeliverStream()
+                assert (await call.read()).credit == 10
+                for i in (1, 2):  # ignores its credit: the second overdraws
+                    await call.write(pb.DeliverFrame(id=i, deliveries=_deliveries("a")))
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await call.read()
+                assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "overdraws the stream's credit" in (e.value.details() or "")
+
+    asyncio.run(main())
+
+
+class _OneRouting:
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    def routing(self) -> pb.Routing:
+        return pb.Routing(version=1, computations=[pb.ComputationRoute(
+            name=c, exactly_once=True, inputs=[pb.Input(stream="s")],
+            assignments=[pb.Assignment(key_range=0, address=self.address, token=1)]) for c in ("a", "b")])
+
+
+def test_an_injectors_stream_answers_out_of_order_and_a_broken_one_is_replaced() -> None:
+    """``Tablets._call_all`` keeps its contract (each call's answer or RpcError, in order) over
+    one stream per worker: frames answered out of order, a broken stream's frames failed."""
+
+    async def main() -> None:
+        held = _Held()
+        async with _server(held) as (server, address):
+            tablets = Tablets("src", "s", _OneRouting(address), Security(), {}, threading.Event(),  # type: ignore[arg-type]
+                              committed=lambda *a: None)
+            try:
+                stream = tablets._stream(address)
+                first = await asyncio.to_thread(stream.send, _deliveries("a"))
+                second = await asyncio.to_thread(stream.send, _deliveries("b"))
+                await _until(lambda: len(held.arrived) == 2, "both frames")
+                held.release["b"].set()
+                answer_b = await asyncio.wrap_future(second)
+                assert not first.done()
+                assert [a.status for a in answer_b.answers] == [pb.DeliverResponse.OK]  # type: ignore[union-attr]
+                held.release["a"].set()
+                await asyncio.wrap_future(first)
+                # A round of two tablets on one worker: one frame, answered in order.
+                req = [(address, delivery.request(c, 0, 1, [Record(b"k", b"v", 1, bytes(16))]), 100) for c in "ab"]
+                out = await asyncio.to_thread(tablets._call_all, req)
+                assert [a.worker_id for a in out] == ["w", "w"] and held.arrived[-1] == ["a", "b"]
+                held.release.clear()
+                pending = asyncio.create_task(asyncio.to_thread(tablets._call_all, req))
+                await _until(lambda: len(held.arrived) == 4, "the third frame")
+                await server.stop(None)
+                failed = await pending
+                assert all(isinstance(f, grpc.RpcError) for f in failed)
+                assert delivery.failed(failed[0]).status == delivery.Status.UNREACHABLE
+                assert tablets._streams[address].broken is not None
+            finally:
+                tablets.close()
+        again = _Held()
+        again.release["a"].set()
+        async with _server(again, int(address.rsplit(":", 1)[1])):
+            try:
+                out = await asyncio.to_thread(tablets._call_all, req[:1])
+                assert out[0].status == pb.DeliverResponse.OK and again.streams == 1
+            finally:
+                tablets.close()
+
+    asyncio.run(main())

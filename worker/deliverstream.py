@@ -1,0 +1,77 @@
+"""The receiving end of a delivery stream (``Worker.DeliverStream``; the protocol is
+runtime/streams.py's): the stream's grant first, then its frames handled side by side (one
+may wait for a commit or for room in a full tablet while later ones go on), each answered
+as soon as it is done, within the grant."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from runtime.streams import ReceiverWindow, StreamError, refused
+from runtime.wire import millstream_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+# What answers one frame (of the given size in bytes): the servicer's DeliverMany.
+FrameHandler = Callable[[pb.DeliverFrame, int], Awaitable[pb.DeliverAnswerFrame]]
+_Item = pb.DeliverAnswerFrame | StreamError | None  # an answer, the stream's failure, its end
+
+
+async def serve_frames(frames: AsyncIterator[pb.DeliverFrame], context: grpc.aio.ServicerContext[Any, Any],
+                       handle: FrameHandler, grant: int) -> AsyncIterator[pb.DeliverAnswerFrame]:
+    """The answers of one stream, as they are ready. Ends once the sender has closed its side
+    and every frame is answered; ends the stream with RESOURCE_EXHAUSTED if the sender
+    overdraws its credit. Frames still in flight when the stream ends are cancelled, as the
+    calls of a sender that went away are."""
+    window = ReceiverWindow(grant)
+    answers: asyncio.Queue[_Item] = asyncio.Queue()
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def answer(frame: pb.DeliverFrame, size: int) -> None:
+        try:
+            out = await handle(frame, size)
+        except Exception as e:  # a bug: the frame fails (UNKNOWN, as the call would), not the stream
+            log.exception("delivery frame %d failed", frame.id)
+            out = refused(frame.id, size, grpc.StatusCode.UNKNOWN, f"{type(e).__name__}: {e}")
+        window.answered(size)
+        answers.put_nowait(out)
+
+    async def read() -> None:
+        try:
+            async for frame in frames:
+                size = frame.ByteSize()
+                if not window.admit(size):
+                    answers.put_nowait(StreamError(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"frame {frame.id} of {size} B overdraws the stream's credit ({window.outstanding} B "
+                        f"of {window.grant} B unanswered); a sender waits for credit before sending"))
+                    return
+                task = asyncio.get_running_loop().create_task(answer(frame, size))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        except grpc.RpcError as e:  # the sender's side broke: what is in flight is cancelled
+            answers.put_nowait(StreamError(e.code(), e.details() or "the stream broke"))
+            return
+        while tasks:
+            await asyncio.wait(set(tasks))
+        answers.put_nowait(None)
+
+    yield pb.DeliverAnswerFrame(credit=grant)
+    reader = asyncio.get_running_loop().create_task(read())
+    try:
+        while True:
+            item = await answers.get()
+            if item is None:
+                return
+            if isinstance(item, StreamError):
+                await context.abort(item.code(), item.details())
+            yield item
+    finally:
+        reader.cancel()
+        for task in list(tasks):
+            task.cancel()
