@@ -21,9 +21,9 @@ from hashlib import blake2b
 from typing import TYPE_CHECKING, TypeVar
 
 from runtime import metrics
-from runtime.columns import RECORD_OVERHEAD_BYTES, Columns
+from runtime.columns import Columns
 from runtime.computation import Computation, TimeDomain
-from runtime.delivery import MAX_DELIVERY_BYTES, Status
+from runtime.delivery import Status, cut_columns
 from runtime.errors import MillstreamError
 from runtime.record import Record, derived_id, is_worker_producer, sequence_id, worker_producer
 from runtime.sinks import is_sink
@@ -675,7 +675,7 @@ class BatchProcessor:
                 cols = Columns(o.keys, o.values, o.timestamps, self.prefix, o.seqs)
                 producers = (self.prefix,)
             start = 0
-            for part in _cut(cols):
+            for part in cut_columns(cols):
                 s = Shipment(comp, r, part, producers)
                 if self.weak:
                     s.order = o.order[start:start + len(part)]
@@ -701,18 +701,3 @@ class _Outgoing:
         self.ids: list[bytes] = []                # weak: each one's id
         self.order: list[int] = []                # weak: each one's place in production order
         self.producers: dict[bytes, None] = {}    # weak: the sequenced producers among them, in order
-
-
-def _cut(cols: Columns) -> list[Columns]:
-    """``cols`` in parts of at most :data:`MAX_DELIVERY_BYTES` (a larger record alone)."""
-    if cols.nbytes() <= MAX_DELIVERY_BYTES:
-        return [cols]
-    parts, start, size = [], 0, 0
-    for i in range(len(cols)):
-        n = len(cols.keys[i]) + len(cols.values[i]) + RECORD_OVERHEAD_BYTES
-        if i > start and size + n > MAX_DELIVERY_BYTES:
-            parts.append(cols.select(range(start, i)))
-            start, size = i, 0
-        size += n
-    parts.append(cols.select(range(start, len(cols))))
-    return parts
