@@ -18,7 +18,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from hashlib import blake2b
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from runtime import metrics
 from runtime.columns import Columns
@@ -101,7 +101,11 @@ class BatchProcessor:
         self._due_now: dict[tuple[bytes, str], Timer] = {}   # timers the current batch fires
         self._cancelled: set[tuple[bytes, str]] = set()     # ... that its records deleted or moved
         self._extractor_failures: dict[str, int] = {}      # reader -> records its key extractor failed on
-        self._outgoing: dict[tuple[str, int], _Outgoing] = {}  # the batch's productions, per destination
+        # The batch's productions, per destination tablet: rows of (key, value, timestamp,
+        # seq) (strong) or (key, value, timestamp, id, production order) (weak), made columns
+        # at the end of the batch; and a weak tablet's sequenced producers among them.
+        self._outgoing: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
+        self._weak_producers: dict[tuple[str, int], dict[bytes, None]] = {}
         self._produced = 0      # weak: productions made so far, for their order (worker/sender.py)
         self._limit = 0         # the batch's bound on records and timers
         self._budget = 0.0      # ... and on its user code's time (seconds)
@@ -132,6 +136,7 @@ class BatchProcessor:
         self._due_now = {(t.key, t.tag): t for t in batch.due}
         self._cancelled = set()
         self._outgoing = {}
+        self._weak_producers = {}
         self.ctx.start_batch(commit.state)
         routing = self.host.routing
         if routing is not self._routing:  # a new routing: what is known of its streams goes
@@ -276,8 +281,9 @@ class BatchProcessor:
             durations.append(t1 - t0)
             if t1 - t0 >= slow:
                 calls.slow(key, t1 - t0, t1)
-            if ctx.eff is not None or len(out) > mark:
-                self._after_call(commit, ctx.eff, mark, ts, rid, source)
+            made = len(out)
+            if ctx.eff is not None or made > mark:
+                self._after_call(commit, ctx.eff, mark, ts, rid, source, made)
         return i
 
     def _dedup_each(self, batch: Batch, cols: Columns, i: int, orders: dict[bytes, tuple[int, int]] | None,
@@ -494,11 +500,11 @@ class BatchProcessor:
         self._after_call(commit, None, mark, ts, source_id + b"dead-letter", None)
 
     def _after_call(self, commit: Commit, eff: Effects | None, mark: int, ts: int, source_id: bytes,
-                    source: tuple[bytes, int] | None) -> None:
+                    source: tuple[bytes, int] | None, n: int | None = None) -> None:
         """Merge what a call that returned did (its timers and typed state; its productions
-        ``ctx.out[mark:]``, routed) into the batch, and hold the watermark at any of it
-        earlier than the call's timestamp ``ts`` (which the inbox holds already) from now on,
-        not only once committed (review N22)."""
+        ``ctx.out[mark:n]``, routed; ``n`` None: to its end) into the batch, and hold the
+        watermark at any of it earlier than the call's timestamp ``ts`` (which the inbox holds
+        already) from now on, not only once committed (review N22)."""
         low = ts
         if eff is not None:
             for prefix in eff.cleared:
@@ -513,7 +519,8 @@ class BatchProcessor:
                     if t.time < low and t.domain is TimeDomain.EVENT_TIME:
                         low = t.time
         out = self.ctx.out
-        n = len(out)
+        if n is None:
+            n = len(out)
         if n > mark and not self.weak:
             # Strong productions to readers that take the record's own key (no key extractor):
             # straight onto the outgoing columns, one hash each. The general path below takes
@@ -537,13 +544,10 @@ class BatchProcessor:
                 h = int.from_bytes(blake2b(key, digest_size=8).digest(), "big")  # runtime.keyspace.key_hash
                 for comp, starts, ids in dests:
                     dest = (comp, ids[bisect_right(starts, h) - 1])
-                    o = outgoing.get(dest)
-                    if o is None:
-                        o = outgoing[dest] = _Outgoing()
-                    o.keys.append(key)
-                    o.values.append(value)
-                    o.timestamps.append(pts)
-                    o.seqs.append(seq)
+                    rows = outgoing.get(dest)
+                    if rows is None:
+                        rows = outgoing[dest] = []
+                    rows.append((key, value, pts, seq))
             commit.seq = seq
         if n > mark:
             routed = self._route(out, mark)
@@ -558,7 +562,7 @@ class BatchProcessor:
         """``(computation, range, key, production)`` for each reader of each production of
         ``out[mark:]``; ids are given by _merge_productions. A production a reader's key
         extractor fails on goes to that reader's dead letters instead (``<reader>.dead_letter``)."""
-        route = self.host.routing.route_fields
+        route = self._routing.route_fields  # the batch's routing: one version for all its productions
         routed = []
         errors: list[tuple[str, BaseException]] = []
 
@@ -648,56 +652,42 @@ class BatchProcessor:
                 else:
                     producer = None
                     rid = derived_id(self.prefix, source_id, index.to_bytes(4, "big"))
-            o = outgoing.get((comp, r))
-            if o is None:
-                o = outgoing[(comp, r)] = _Outgoing()
-            o.keys.append(rkey)
-            o.values.append(produced[2])
-            o.timestamps.append(produced[3])
+            rows = outgoing.get((comp, r))
+            if rows is None:
+                rows = outgoing[(comp, r)] = []
             if not weak:
-                o.seqs.append(commit.seq)
+                rows.append((rkey, produced[2], produced[3], commit.seq))
             else:
-                o.ids.append(rid)
-                o.order.append(self._produced)
+                rows.append((rkey, produced[2], produced[3], rid, self._produced))
                 if producer is not None:
-                    o.producers[producer] = None
+                    self._weak_producers.setdefault((comp, r), {})[producer] = None
             self._produced += 1
 
     def _shipments(self) -> list[Shipment]:
         """The batch's outgoing deliveries, one per destination tablet (cut where one would
         pass :data:`~runtime.delivery.MAX_DELIVERY_BYTES`); strong ones with their checkpoint."""
         out = []
-        for (comp, r), o in self._outgoing.items():
+        for (comp, r), rows in self._outgoing.items():
+            columns = [list(c) for c in zip(*rows, strict=True)]  # rows to columns, in C
+            order = None
             if self.weak:
-                cols = Columns(o.keys, o.values, o.timestamps, ids=o.ids)
-                producers = tuple(o.producers)
+                keys, values, stamps, ids, order = columns
+                cols = Columns(keys, values, stamps, ids=ids)
+                producers = tuple(self._weak_producers.get((comp, r), ()))
             else:
-                cols = Columns(o.keys, o.values, o.timestamps, self.prefix, o.seqs)
+                keys, values, stamps, seqs = columns
+                cols = Columns(keys, values, stamps, self.prefix, seqs)
                 producers = (self.prefix,)
             start = 0
             for part in cut_columns(cols):
                 s = Shipment(comp, r, part, producers)
-                if self.weak:
-                    s.order = o.order[start:start + len(part)]
+                if order is not None:
+                    s.order = order[start:start + len(part)]
                 else:
                     assert part.seqs is not None
                     s.ckey = production_key(part.seqs[0], comp, r)
                 start += len(part)
                 out.append(s)
         self._outgoing = {}
+        self._weak_producers = {}
         return out
-
-
-class _Outgoing:
-    """One destination tablet's share of a batch's productions, as columns being built."""
-
-    __slots__ = ("keys", "values", "timestamps", "seqs", "ids", "order", "producers")
-
-    def __init__(self) -> None:
-        self.keys: list[bytes] = []
-        self.values: list[bytes] = []
-        self.timestamps: list[int] = []
-        self.seqs: list[int] = []                 # strong: this tablet's sequence of each
-        self.ids: list[bytes] = []                # weak: each one's id
-        self.order: list[int] = []                # weak: each one's place in production order
-        self.producers: dict[bytes, None] = {}    # weak: the sequenced producers among them, in order

@@ -75,8 +75,10 @@ class _KeyState(State):
         return ctx.read_state(key)
 
     def set(self, value: bytes) -> None:
-        if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise UsageError(f"state must be bytes, not {type(value).__name__}; encode it first")
+        if type(value) is not bytes:  # the common case first: no call
+            if not isinstance(value, (bytearray, memoryview)):
+                raise UsageError(f"state must be bytes, not {type(value).__name__}; encode it first")
+            value = bytes(value)
         if len(value) > MAX_VALUE_BYTES:
             _check_size(value, MAX_VALUE_BYTES, "state value")
         ctx = self._ctx
@@ -84,7 +86,7 @@ class _KeyState(State):
         key = ctx._key
         if ctx._saved is _UNSAVED:  # KeyContext.write_state, inline: the common path
             ctx._saved = (key in writes, writes.get(key))
-        writes[key] = value if type(value) is bytes else bytes(value)
+        writes[key] = value
 
     def clear(self) -> None:
         self._ctx.write_state(None)
@@ -195,17 +197,21 @@ class KeyContext(Context):
                 f"produce() to unknown stream {stream!r}: this computation's outputs are "
                 f"{sorted(self.outputs)}; add it to outputs= in add_computation"
             )
-        if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise UsageError(f"produce() value must be bytes, not {type(value).__name__}")
-        if key is not None and not isinstance(key, (bytes, bytearray)):
-            raise UsageError(f"produce() key must be bytes, not {type(key).__name__}")
+        if type(value) is not bytes:  # the common case first: no call
+            if not isinstance(value, (bytearray, memoryview)):
+                raise UsageError(f"produce() value must be bytes, not {type(value).__name__}")
+            value = bytes(value)
+        if key is None:
+            key = self._key
+        else:
+            if not isinstance(key, (bytes, bytearray)):
+                raise UsageError(f"produce() key must be bytes, not {type(key).__name__}")
+            _check_size(key, MAX_KEY_BYTES, "produce() key")
+            key = bytes(key)
         ts = self._timestamp if timestamp is None else _check_time(timestamp, "produce() timestamp")
         if len(value) > MAX_VALUE_BYTES:
             _check_size(value, MAX_VALUE_BYTES, "produce() value")
-        if key is not None:
-            _check_size(key, MAX_KEY_BYTES, "produce() key")
-        self.out.append((stream, self._key if key is None else bytes(key),
-                         value if type(value) is bytes else bytes(value), ts))
+        self.out.append((stream, key, value, ts))
 
     def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
         _check_tag(tag)

@@ -226,7 +226,8 @@ def _reroute(items: list[tuple[Shipment, Tablet]], routing: RoutingTable
     them (by sequence, or by a weak tablet's production order; records whose order is not
     known, re-sent from a checkpoint, keep their queue order), so each producer's records
     stay in sequence and each key's in order. It holds a share of each checkpoint its records
-    came from. Each owner is told which shipments replace which (``Tablet.rerouted``)."""
+    came from. Each owner is told which shipments replace which (``Tablet.rerouted``).
+    Records whose order is not known (re-sent from checkpoints at open) go first."""
     out: dict[tuple[str, int], list[tuple[Shipment, Tablet]]] = {}
     by_owner: dict[int, list[tuple[Shipment, Tablet]]] = {}
     for item in items:
@@ -238,14 +239,17 @@ def _reroute(items: list[tuple[Shipment, Tablet]], routing: RoutingTable
         for pos, (s, _) in enumerate(group):
             cols = s.cols
             for i in range(len(cols)):
-                if s.order is not None:
-                    order: tuple[int, ...] = (0, s.order[i])
+                # Records whose order is not known (re-sent from a checkpoint at open, weak or
+                # written before columns) are older than any made since: they go first.
+                if s.order is not None and s.order[i] >= 0:
+                    order: tuple[int, ...] = (1, s.order[i])
                 elif cols.seqs is not None:
                     order = (1, cols.seqs[i])
                 else:
-                    order = (2, pos, i)
+                    order = (0, pos, i)
                 rows.append((order, s, i))
         rows.sort(key=lambda row: row[0])
+        parts: dict[int, list[Shipment]] = {}  # old shipment -> the new ones holding its records
         own = {id(s): Share(s.ckey, 0) for s, _ in group if s.ckey is not None and not s.shares}
         picked: dict[int, list[tuple[Shipment, int]]] = {}
         for _, s, i in rows:
@@ -260,10 +264,14 @@ def _reroute(items: list[tuple[Shipment, Tablet]], routing: RoutingTable
                 sh.parts += 1
             cols = Columns.concat([m.cols.select([i]) for m, i in members])
             producers = tuple({p: None for m in sources.values() for p in m.producers})
-            out.setdefault((comp, r), []).append((Shipment(comp, r, cols, producers, shares=tuple(held.values())),
-                                                  owner))
+            kept = ([m.order[i] if m.order is not None else -1 for m, i in members]  # -1: not known
+                    if any(m.order is not None for m in sources.values()) else None)
+            made = Shipment(comp, r, cols, producers, shares=tuple(held.values()), order=kept)
+            out.setdefault((comp, r), []).append((made, owner))
+            for m in sources.values():
+                parts.setdefault(id(m), []).append(made)
         for s, _ in group:  # the old shipments' hold on their shares goes with them
             for sh in s.shares:
                 sh.parts -= 1
-        owner.rerouted([s for s, _ in group], [s for items in out.values() for s, o in items if o is owner])
+        owner.rerouted([s for s, _ in group], [s for items in out.values() for s, o in items if o is owner], parts)
     return out

@@ -261,7 +261,7 @@ class Shipment:
     ckey: bytes | None = None
     oldest: int = 0
     shares: tuple[Share, ...] = ()
-    order: list[int] | None = None  # a weak tablet's: each record's place in its production order
+    order: list[int] | None = None  # a weak tablet's: each record's place in its production order (-1: not known)
 
     def __post_init__(self) -> None:
         self.oldest = min(self.cols.timestamps)

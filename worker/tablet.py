@@ -42,7 +42,7 @@ from worker.replication import ReplicationError, Replicator, Sending
 from worker.reshard import Origin
 from worker.runner import TabletThread
 from worker.slowcalls import CallWatch
-from worker.storage import Commit, Shipment, TabletStore, production_key
+from worker.storage import Commit, Share, Shipment, TabletStore, production_key
 from worker.timers import TimerIndex
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,8 @@ class Tablet:
         self.processed = 0
         self.running = 0   # records of the batch running now, plus 1 (0: no batch runs)
         self.weak = route.productions == "weak"
-        self._weak_wait: tuple[set[int], asyncio.Event] | None = None
+        # a weak batch's wait: shipments unacknowledged, set when none is, where each went
+        self._weak_wait: tuple[set[int], asyncio.Event, dict[int, list[Shipment]]] | None = None
         # Weak productions checkpointed by the commit being written, and those of them
         # acknowledged before it was: their checkpoints are deleted once it is written.
         self._unwritten: set[int] = set()
@@ -402,15 +403,22 @@ class Tablet:
         self.metrics.sent.inc(sum(len(s.cols) for s in shipments))
         self._handed_over(shipments, receipt)
 
-    def rerouted(self, old: list[Shipment], new: list[Shipment]) -> None:
-        """The sender re-routed shipments ``old`` (their range was split or merged) as ``new``."""
+    def rerouted(self, old: list[Shipment], new: list[Shipment], parts: dict[int, list[Shipment]]) -> None:
+        """The sender re-routed shipments ``old`` (their range was split or merged) as ``new``;
+        ``parts``: old shipment -> the new ones holding its records."""
         self.outbox.replaced(old, new)
-        gone, made = {id(s) for s in old}, {id(s) for s in new}
-        if self._weak_wait is not None and self._weak_wait[0] & gone:
-            self._weak_wait[0].difference_update(gone)
-            self._weak_wait[0].update(made)
+        if self._weak_wait is not None:  # a weak batch waits for its shipments: follow them
+            waiting, _, pieces = self._weak_wait
+            for shipment, now in pieces.items():
+                pieces[shipment] = [q for p in now for q in parts.get(id(p), [p])]
+            for s in old:
+                if id(s) in waiting:
+                    waiting.discard(id(s))
+                    waiting.update(id(q) for q in parts.get(id(s), ()))
+        gone = {id(s) for s in old}
         if self._unwritten & gone:
-            self._unwritten = (self._unwritten - gone) | made
+            self._unwritten = (self._unwritten - gone) | {id(q) for s in old if id(s) in self._unwritten
+                                                          for q in parts.get(id(s), ())}
 
     def dropped(self, shipments: list[Shipment]) -> None:
         """No reader will ever commit these (the routing no longer has their computation):
@@ -419,7 +427,7 @@ class Tablet:
 
     def _handed_over(self, shipments: list[Shipment], receipt: tuple[str, int] | None) -> None:
         if self._weak_wait is not None:
-            waiting, done = self._weak_wait
+            waiting, done, _ = self._weak_wait
             for s in shipments:
                 waiting.discard(id(s))
             if not waiting:
@@ -556,7 +564,10 @@ class Tablet:
         within ``weak_ack_ms``, so a straggler does not hold this tablet's pipeline."""
         waiting = {id(s) for s in commit.productions}
         done = asyncio.Event()
-        self._weak_wait = (waiting, done)
+        # Where each shipment's records are now: re-routing (a split or merge, also of a
+        # shipment made under a routing that changed meanwhile) cuts it into new ones.
+        pieces = {id(s): [s] for s in commit.productions}
+        self._weak_wait = (waiting, done, pieces)
         self._sent(commit.productions)
         try:
             await asyncio.wait_for(done.wait(), self.host.limits.weak_ack_ms / 1000)
@@ -564,12 +575,23 @@ class Tablet:
             pass
         finally:
             self._weak_wait = None
-        slow = [s for s in commit.productions if id(s) in waiting]
         assert commit.seq is not None
-        for s in slow:  # still in the sender's queue: checkpoint them with this commit
+        slow = []
+        self._unwritten = set()
+        for s in commit.productions:
+            pending = [p for p in pieces[id(s)] if id(p) in waiting]
+            if not pending:
+                continue
+            # Still in the sender's queue: checkpoint the shipment with this commit. Cut by
+            # re-routing, its unacknowledged pieces share that checkpoint.
             commit.seq += 1
             s.ckey = production_key(commit.seq, s.computation, s.key_range)
-        self._unwritten = {id(p) for p in slow}
+            if pending != [s]:
+                share = Share(s.ckey, len(pending))
+                for p in pending:
+                    p.shares = (*p.shares, share)
+            self._unwritten.update(id(p) for p in pending)
+            slow.append(s)
         commit.productions = slow
 
     # ---------------------------------------------------------------- timers
