@@ -6,6 +6,9 @@ import asyncio
 import logging
 import signal
 import socket
+import sys
+import threading
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -82,6 +85,22 @@ def bind(server: grpc.aio.Server, listen: str, advertise: str | None = None,
     return f"{host}:{bound}"
 
 
+def dump_tasks() -> None:
+    """Log what the process is waiting on: every asyncio task's stack and every thread's
+    (``kill -USR1 <pid>`` on a daemon; docs/operations.md, "A process that seems stuck")."""
+    lines = [f"SIGUSR1: {len(asyncio.all_tasks())} asyncio tasks, {threading.active_count()} threads"]
+    for task in asyncio.all_tasks():
+        lines.append(f"task {task.get_name()}: {task!r:.300}")
+        for frame in task.get_stack(limit=12):
+            lines.append(f"    {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+    frames = sys._current_frames()
+    for thread in threading.enumerate():
+        frame = frames.get(thread.ident or -1)
+        lines.append(f"thread {thread.name}")
+        lines += ["    " + line.strip() for line in traceback.format_stack(frame, limit=12)] if frame else []
+    log.warning("%s", "\n".join(lines))
+
+
 def run(main: Callable[[asyncio.Event], Awaitable[Any]]) -> Any:
     """Run a daemon on uvloop until SIGINT/SIGTERM sets its stop event."""
     try:
@@ -95,6 +114,7 @@ def run(main: Callable[[asyncio.Event], Awaitable[Any]]) -> Any:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
         return await main(stop)
 
     return runner(wrapper())

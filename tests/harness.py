@@ -61,6 +61,23 @@ class Cluster(LocalCluster):
     def resume(self, proc: Process) -> None:
         os.kill(proc.popen.pid, signal.SIGCONT)
 
+    def dump_workers(self, timeout: float = 10.0) -> list[str]:
+        """Have every live worker log what it waits on (SIGUSR1: its asyncio tasks and threads,
+        runtime/serving.py), for a failing test's report; returns the logs that got a dump."""
+        def dumps(path: str) -> int:
+            with open(path, errors="replace") as f:
+                return f.read().count("SIGUSR1: ")
+
+        live = [w for w in self.workers if w.alive()]
+        before = {w.log_path: dumps(w.log_path) for w in live}
+        for w in live:
+            os.kill(w.popen.pid, signal.SIGUSR1)
+        try:
+            wait_until(lambda: all(dumps(p) > n for p, n in before.items()), timeout, "the workers' task dumps")
+        except TimeoutError:
+            pass
+        return [p for p, n in before.items() if dumps(p) > n]
+
     def wait_assigned(self, timeout: float = 30.0, live_only: bool = True) -> None:
         """Wait until every tablet is owned by a registered worker."""
         def assigned() -> bool:

@@ -69,14 +69,27 @@ class Sender:
         if unread:
             _drop(unread, owner, "sent")
             shipments = [s for s in shipments if _reads(routing, s.computation)]
+        # Shipments made before a split or merge (a batch computed under the old routing, or
+        # checkpoints re-sent at open) are re-routed together, per computation: one commit's
+        # shipments to two merged ranges interleave their sequences, and the merged range
+        # must get them as one ascending run (its dedup reads a lower sequence after a higher
+        # one of the same producer as a duplicate).
+        # Checkpoints of several commits may mix old and current ranges: then all of that
+        # computation's shipments go through the re-route, which orders them by sequence.
+        by_computation: dict[str, list[tuple[Shipment, Tablet]]] = {}
         for s in shipments:
-            if s.computation in routing.computations and not routing.has_range(s.computation, s.key_range):
-                parts = _reroute([(s, owner)], routing)  # made before a split or merge
-            else:
-                parts = {(s.computation, s.key_range): [(s, owner)]}
-            for dest, items in parts.items():
-                self._queue(dest).extend(items)
-                self._wakeups[dest].set()
+            by_computation.setdefault(s.computation, []).append((s, owner))
+        parts: dict[tuple[str, int], list[tuple[Shipment, Tablet]]] = {}
+        for comp, items in by_computation.items():
+            if comp in routing.computations and any(not routing.has_range(comp, s.key_range) for s, _ in items):
+                for dest, moved in _reroute(items, routing).items():
+                    parts.setdefault(dest, []).extend(moved)
+                continue
+            for item in items:
+                parts.setdefault((comp, item[0].key_range), []).append(item)
+        for dest, items in parts.items():
+            self._queue(dest).extend(items)
+            self._wakeups[dest].set()
 
     def _queue(self, dest: tuple[str, int]) -> deque[tuple[Shipment, Tablet]]:
         q = self._queues.get(dest)

@@ -208,7 +208,8 @@ def _run_chaos(c: Cluster, seed: int, *, productions: str = "strong", counter: s
         wait_until(lambda: len(list(read_file_sink(out))) >= total, 120, f"{total} counts")
         got = wordcount.final_counts(list(read_file_sink(out)))
     except (AssertionError, TimeoutError) as e:
-        raise AssertionError(f"seed {seed}, after: {history}: {e}") from None
+        dumped = c.dump_workers()  # what each worker still waits on, in its log
+        raise AssertionError(f"seed {seed}, after: {history}: {e} (task dumps in {dumped})") from None
     assert got == expected, f"seed {seed}, after: {history}"
     rows = list(read_file_sink(out))
     assert len(rows) == total, f"seed {seed}, after: {history}"
