@@ -36,7 +36,7 @@ from runtime.errors import InjectionError, UsageError
 from runtime.imports import CodePolicy
 from runtime.keyspace import key_hashes
 from runtime.record import Record, derived_id
-from runtime.routing import KeyExtractor, RoutingTable
+from runtime.routing import SKIP, KeyExtractor, RoutingTable
 from runtime.security import Security
 from runtime.streams import FRAME_TIMEOUT_S, StreamError
 from runtime.topology import dead_letter_stream
@@ -116,6 +116,8 @@ class Tablets:
         takes the columns as they are. A record a reader's key extractor fails on goes to
         that reader's dead letters (``<reader>.dead_letter``) instead, and to every other
         reader as usual: one reader's bug does not stop the stream (review N5)."""
+        if records.streams is None:
+            records = replace(records, streams=self.stream)  # each reader's Record.stream
         hashes: list[int] | None = None
         # Destination -> what goes there: (the indexes in ``records`` of what the reader keyed,
         # None for all; which of those go there, None for all; those records).
@@ -146,7 +148,8 @@ class Tablets:
             letter = self._dead_letter(reader, records.record(i), error)
             for comp, kr, key in routing.route_fields(dead_letter_stream(reader), letter.key, letter.value,
                                                       letter.timestamp, None, self._lost_dead_letter):
-                letters.setdefault((comp, kr), []).append((i, Record(key, letter.value, letter.timestamp, letter.id)))
+                letters.setdefault((comp, kr), []).append(
+                    (i, Record(key, letter.value, letter.timestamp, letter.id, dead_letter_stream(reader))))
         out: dict[tuple[str, int], Columns] = {}
         for dest in [*pieces, *(d for d in letters if d not in pieces)]:
             parts = pieces.get(dest, [])
@@ -439,7 +442,8 @@ def pick(columns: Columns, indexes: list[int]) -> Columns:
     get = itemgetter(*indexes)
     return Columns(list(get(c.keys)), list(get(c.values)), list(get(c.timestamps)), c.producer,
                    list(get(c.seqs)) if c.seqs is not None else None,
-                   list(get(c.ids)) if c.ids is not None else None)
+                   list(get(c.ids)) if c.ids is not None else None,
+                   c.streams if type(c.streams) is not list else list(get(c.streams)))
 
 
 def _extracted(reader: str, extractor: KeyExtractor, records: Columns,
@@ -453,6 +457,8 @@ def _extracted(reader: str, extractor: KeyExtractor, records: Columns,
     for i, rid in enumerate(records.all_ids()):
         try:
             key = extractor(Record(keys[i], values[i], timestamps[i], rid))
+            if key is SKIP:  # a flow's filter before the reader's key_by dropped it
+                continue
             if not isinstance(key, bytes):
                 raise UsageError(f"the key extractor of {reader!r} returned {type(key).__name__}, not bytes; "
                                  "return the key as bytes (encode it)")

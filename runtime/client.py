@@ -14,7 +14,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
@@ -25,6 +25,9 @@ from runtime.security import Security
 from runtime.topology import Topology
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
+
+if TYPE_CHECKING:
+    from runtime.dataflow import Dataflow
 
 log = logging.getLogger(__name__)
 
@@ -120,13 +123,16 @@ class Client:
             time.sleep(delay)  # retry pacing against an unreachable master, not a test wait
             delay = min(delay * 2, 1.0)
 
-    def submit(self, topology: Topology) -> int:
-        """Validate ``topology`` (importing its code here, to catch bad paths early) and run it.
+    def submit(self, topology: Topology | Dataflow) -> int:
+        """Validate ``topology`` (a :class:`Topology`, or a :class:`Dataflow`, which compiles
+        to one) importing its code here to catch bad paths early, and run it.
 
         Returns the number of tablets created.
         """
+        topology = as_topology(topology)
         topology.validate()
         check_importable(topology)
+        check_not_main(topology)
         warn_unsynced(topology)
         doc = topology.to_json()
         check_topology_size(topology.name, doc)
@@ -171,14 +177,17 @@ class Client:
         ranges and low watermarks."""
         return list(self.status()["jobs"])
 
-    def update(self, topology: Topology, *, drop_state: bool = False,
+    def update(self, topology: Topology | Dataflow, *, drop_state: bool = False,
                reset_state: Iterable[str] = ()) -> dict[str, Any]:
         """Change a running job in place. Unchanged and changed computations keep their state
         (changed ones reopen with the new code and options); ``reset_state`` names computations
         to start over empty; removing a computation deletes its state and needs ``drop_state``.
-        Returns the computations ``added``, ``removed``, ``changed``, ``reset`` and ``same``."""
+        Returns the computations ``added``, ``removed``, ``changed``, ``reset`` and ``same``.
+        A :class:`Dataflow`'s steps keep their state across an update by their names."""
+        topology = as_topology(topology)
         topology.validate()
         check_importable(topology)
+        check_not_main(topology)
         warn_unsynced(topology)
         doc = topology.to_json()
         check_topology_size(topology.name, doc)
@@ -297,9 +306,35 @@ def warn_unsynced(topology: Topology) -> list[str]:
     return names
 
 
+def as_topology(job: Topology | Dataflow) -> Topology:
+    """A topology, or the one a dataflow compiles to."""
+    from runtime.dataflow import Dataflow
+
+    if isinstance(job, Dataflow):
+        return job.topology()
+    if not isinstance(job, Topology):
+        raise TopologyError(f"submit() takes a Topology or a Dataflow, not {type(job).__name__}")
+    return job
+
+
+def check_not_main(topology: Topology) -> None:
+    """Refuse code of ``__main__``: the workers would import their own main module, not the
+    script that submitted the job."""
+    for spec in topology.computations.values():
+        for path in [spec.code, *(p for p in spec.inputs.values() if p), *spec.params.values()]:
+            if "__main__:" in path:
+                name = path[path.index("__main__:"):].split('"')[0]
+                raise TopologyError(
+                    f"computation {spec.name!r} uses {name}, defined in the script you are running; the workers "
+                    "import code by module path: move it into a module they can import (e.g. jobs.py beside the "
+                    "script, on their PYTHONPATH)")
+
+
 def check_importable(topology: Topology) -> None:
-    """Import every computation and key extractor path, as workers will."""
+    """Import every computation and key extractor path, as workers will (a dataflow stage
+    loads the code its plan names)."""
     from runtime.computation import Computation
+    from runtime.flows import FLOW_CODE
 
     for spec in topology.computations.values():
         cls = load(spec.code, f"computation {spec.name!r}: code")
@@ -312,6 +347,8 @@ def check_importable(topology: Topology) -> None:
             raise TopologyError(
                 f"computation {spec.name!r}: {spec.code!r} overrides neither process_record nor "
                 "process_timer, so it would do nothing; define process_record(self, ctx, record)")
+        if spec.code == FLOW_CODE:
+            cls().setup(spec.params)  # every function, class and codec of the stage's plan
         for stream, path in spec.inputs.items():
             if path is not None and not callable(load(path, f"key extractor for {stream!r}")):
                 raise TopologyError(f"key extractor {path!r} for {stream!r} is not callable")

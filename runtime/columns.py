@@ -28,7 +28,9 @@ class MalformedColumns(ValueError):
 @dataclass(slots=True)
 class Columns:
     """Records as columns. Sequenced form: ``producer`` and ``seqs`` (record i's id is
-    ``producer + seqs[i]``); otherwise ``ids`` holds every record's 16-byte id."""
+    ``producer + seqs[i]``); otherwise ``ids`` holds every record's 16-byte id. ``streams``:
+    the stream every record arrived on (one name), or each record's (a list), or None (not
+    known)."""
 
     keys: list[bytes]
     values: list[bytes]
@@ -36,6 +38,24 @@ class Columns:
     producer: bytes | None = None
     seqs: list[int] | None = None
     ids: list[bytes] | None = None
+    streams: str | list[str] | None = None
+
+    def stream(self, i: int) -> str:
+        s = self.streams
+        return s if type(s) is str else s[i] if s else ""  # type: ignore[index]
+
+    def stream_column(self) -> list[str]:
+        """Every record's stream, as a list."""
+        s = self.streams
+        if s is None or type(s) is str:
+            return [s or ""] * len(self.keys)
+        return s  # type: ignore[return-value]
+
+    def _streams_of(self, indexes: Sequence[int]) -> str | list[str] | None:
+        s = self.streams
+        if s is None or type(s) is str:
+            return s
+        return [s[i] for i in indexes]
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -55,10 +75,10 @@ class Columns:
         return [p + s.to_bytes(8, "big") for s in self.seqs]
 
     def record(self, i: int) -> Record:
-        return Record(self.keys[i], self.values[i], self.timestamps[i], self.id(i))
+        return Record(self.keys[i], self.values[i], self.timestamps[i], self.id(i), self.stream(i))
 
     def records(self) -> list[Record]:
-        return list(map(Record, self.keys, self.values, self.timestamps, self.all_ids()))
+        return list(map(Record, self.keys, self.values, self.timestamps, self.all_ids(), self.stream_column()))
 
     def nbytes(self, start: int = 0) -> int:
         """About what records ``start:`` cost in a message (payload plus framing)."""
@@ -80,11 +100,11 @@ class Columns:
             assert self.seqs is not None
             s = self.seqs
             return Columns([k[i] for i in indexes], [v[i] for i in indexes], [t[i] for i in indexes],
-                           self.producer, [s[i] for i in indexes])
+                           self.producer, [s[i] for i in indexes], streams=self._streams_of(indexes))
         assert self.ids is not None
         ids = self.ids
         return Columns([k[i] for i in indexes], [v[i] for i in indexes], [t[i] for i in indexes],
-                       ids=[ids[i] for i in indexes])
+                       ids=[ids[i] for i in indexes], streams=self._streams_of(indexes))
 
     # ------------------------------------------------------------------ building
 
@@ -96,9 +116,11 @@ class Columns:
         values = [r.value for r in records]
         timestamps = [r.timestamp for r in records]
         ids = [r.id for r in records]
+        streams = compact_streams([r.stream for r in records])
         if producer is not None and all(len(i) == ID_BYTES and i.startswith(producer) for i in ids):
-            return cls(keys, values, timestamps, producer, [int.from_bytes(i[PREFIX_BYTES:], "big") for i in ids])
-        return cls(keys, values, timestamps, ids=ids)
+            return cls(keys, values, timestamps, producer, [int.from_bytes(i[PREFIX_BYTES:], "big") for i in ids],
+                       streams=streams)
+        return cls(keys, values, timestamps, ids=ids, streams=streams)
 
     @classmethod
     def concat(cls, parts: Sequence[Columns]) -> Columns:
@@ -112,27 +134,46 @@ class Columns:
             keys += p.keys
             values += p.values
             timestamps += p.timestamps
+        first = parts[0].streams
+        if all(p.streams == first and type(p.streams) is not list for p in parts):
+            streams: str | list[str] | None = first
+        else:
+            column: list[str] = []
+            for p in parts:
+                column += p.stream_column()
+            streams = compact_streams(column)
         producer = parts[0].producer
         if producer is not None and all(p.producer == producer for p in parts):
             seqs: list[int] = []
             for p in parts:
                 assert p.seqs is not None
                 seqs += p.seqs
-            return cls(keys, values, timestamps, producer, seqs)
+            return cls(keys, values, timestamps, producer, seqs, streams=streams)
         ids: list[bytes] = []
         for p in parts:
             ids += p.all_ids()
-        return cls(keys, values, timestamps, ids=ids)
+        return cls(keys, values, timestamps, ids=ids, streams=streams)
 
     # ---------------------------------------------------------------------- wire
 
     def to_proto(self, producers: Sequence[bytes] = ()) -> pb.Columns:
+        s = self.streams
+        names: list[str] = []
+        index: list[int] = []
+        if type(s) is str:
+            names = [s]
+        elif s:
+            at = {name: i for i, name in enumerate(dict.fromkeys(s))}  # type: ignore[arg-type]
+            names = list(at)
+            if len(names) > 1:
+                index = [at[name] for name in s]  # type: ignore[union-attr]
         if self.producer is not None:
             return pb.Columns(keys=self.keys, values=self.values, timestamps=self.timestamps,
-                              producer=self.producer, seqs=self.seqs, producers=producers)
+                              producer=self.producer, seqs=self.seqs, producers=producers,
+                              stream_names=names, stream_index=index)
         assert self.ids is not None
         return pb.Columns(keys=self.keys, values=self.values, timestamps=self.timestamps,
-                          ids=b"".join(self.ids), producers=producers)
+                          ids=b"".join(self.ids), producers=producers, stream_names=names, stream_index=index)
 
     @classmethod
     def from_proto(cls, c: pb.Columns) -> Columns:
@@ -142,6 +183,16 @@ class Columns:
         if len(values) != n or len(timestamps) != n:
             raise MalformedColumns(f"columns of different lengths: {n} keys, {len(values)} values, "
                                    f"{len(timestamps)} timestamps")
+        streams: str | list[str] | None = None
+        if c.stream_names:
+            names = list(c.stream_names)
+            if c.stream_index:
+                if len(c.stream_index) != n or max(c.stream_index) >= len(names):
+                    raise MalformedColumns(f"{len(c.stream_index)} stream indexes into {len(names)} names for "
+                                           f"{n} records")
+                streams = [names[i] for i in c.stream_index]
+            else:
+                streams = names[0]
         if c.producer:
             if len(c.producer) != PREFIX_BYTES:
                 raise MalformedColumns(f"producer {c.producer.hex()[:40]} is {len(c.producer)} bytes long; "
@@ -149,11 +200,22 @@ class Columns:
             seqs = list(c.seqs)
             if len(seqs) != n:
                 raise MalformedColumns(f"{len(seqs)} sequence numbers for {n} records")
-            return cls(keys, values, timestamps, c.producer, seqs)
+            return cls(keys, values, timestamps, c.producer, seqs, streams=streams)
         raw = c.ids
         if len(raw) != ID_BYTES * n:
             raise MalformedColumns(f"{len(raw)} bytes of ids for {n} records; record ids are {ID_BYTES} bytes")
-        return cls(keys, values, timestamps, ids=[raw[i:i + ID_BYTES] for i in range(0, len(raw), ID_BYTES)])
+        return cls(keys, values, timestamps, ids=[raw[i:i + ID_BYTES] for i in range(0, len(raw), ID_BYTES)],
+                   streams=streams)
+
+
+def compact_streams(column: list[str]) -> str | list[str] | None:
+    """A stream column as one name when every record has it (None when none is known)."""
+    if not column:
+        return None
+    first = column[0]
+    if column.count(first) == len(column):
+        return first or None
+    return column
 
 
 def of_request(request: pb.DeliverRequest) -> Columns:

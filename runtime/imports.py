@@ -20,6 +20,7 @@ import importlib
 import importlib.util
 import os
 import re
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import ModuleType
@@ -42,7 +43,7 @@ def check_syntax(path: str, what: str) -> None:
 # What every worker may load without being told: millstream's own sinks and examples. Only
 # millstream's own copies: a package of the same name elsewhere on the path (any project's
 # ``examples``) is not built in (review N10).
-BUILT_IN_CODE = ("runtime.sinks", "spark_bridge.parquet_sink", "examples")
+BUILT_IN_CODE = ("runtime.sinks", "runtime.flows", "spark_bridge.parquet_sink", "examples")
 _OWN_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -141,3 +142,41 @@ def load(path: str, what: str = "import path", policy: CodePolicy | None = None)
                 f"{what} {path!r} is {found}, not code of an allowed module ({', '.join(policy.allowed)}); "
                 "name the code where it is defined, in a module allowed here")
     return obj
+
+
+def path_of(obj: Any, what: str) -> str:
+    """The ``module:name`` path of a module-level function or class (a clear error otherwise;
+    a path given as a string is checked and returned)."""
+    if isinstance(obj, str):
+        check_syntax(obj, what)
+        return obj
+    name = getattr(obj, "__qualname__", None)
+    module = getattr(obj, "__module__", None)
+    if not callable(obj) or not isinstance(name, str) or not isinstance(module, str):
+        raise ImportPathError(f"{what}: {obj!r} is not a function or class; pass one defined at module level")
+    if name == "<lambda>":
+        raise ImportPathError(f"{what}: a lambda cannot be loaded by the workers; define it with def at module "
+                              "level (e.g. `def page_of(v): return v['page']`) and pass that")
+    if "<locals>" in name:
+        raise ImportPathError(f"{what}: {name} is defined inside a function; define it at module level so the "
+                              "workers can import it (they load it by its module path)")
+    if not _reachable(module, name, obj):
+        raise ImportPathError(f"{what}: {module}:{name} cannot be imported back (a bound method, a decorated or "
+                              f"renamed function is not {name!r} of module {module!r}); pass a function or class "
+                              "defined at module level under its own name")
+    return f"{module}:{name}"
+
+
+def _reachable(module: str, name: str, obj: Any) -> bool:
+    mod = sys.modules.get(module)
+    if mod is None:
+        try:
+            mod = importlib.import_module(module)
+        except Exception:
+            return False
+    found: Any = mod
+    for part in name.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            return False
+    return found is obj

@@ -14,13 +14,17 @@ class Record:
 
     ``key`` and ``value`` are opaque bytes; ``timestamp`` is event time in
     microseconds since the Unix epoch; ``id`` is 16 unique bytes, stable across
-    retries, which receivers use to drop duplicates.
+    retries, which receivers use to drop duplicates. ``stream`` is the stream the record
+    arrived on, so a computation with several inputs can tell them apart ("" where it is not
+    known: a record made by hand). Inside a :class:`~runtime.Dataflow`, ``value`` is the
+    step's Python value.
     """
 
     key: bytes
     value: bytes
     timestamp: int
     id: bytes
+    stream: str = ""
 
 
 # Bounds on one record (key, value): it must fit one delivery (gRPC messages are capped at

@@ -9,14 +9,28 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from runtime.errors import ImportPathError, UsageError
+from runtime.flows import FLOW_KEY, PLAN_PARAM
 from runtime.imports import CodePolicy, load
 from runtime.keyspace import from_wire_end, key_hash
 from runtime.record import Record
 from runtime.wire import millstream_pb2 as pb
 
 KeyExtractor = Callable[[Record], bytes]
+
+
+class _Skip:
+    """What a flow's key extractor returns for a record its reader does not want (a filter
+    before the reader's key_by dropped it): the record is not sent to that reader."""
+
+    def __repr__(self) -> str:
+        return "SKIP"
+
+
+SKIP = _Skip()
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,18 +107,33 @@ class RoutingTable:
         """
         errors = []
         for (comp, stream), path in self._extractor_paths.items():
-            fn = cache.get(path)
+            cache_key = path
+            if path == FLOW_KEY:  # a Dataflow stage's: made from its plan, per reader and stream
+                plan = self.computations[comp].params.get(PLAN_PARAM, "")
+                cache_key = f"{path}|{comp}|{stream}|{hash(plan)}"
+            fn = cache.get(cache_key)
             if fn is None:
                 what = f"key extractor of {comp!r} on {stream!r}"
                 try:
-                    obj = load(path, what, policy)
+                    if path == FLOW_KEY:
+                        from runtime.flows.keys import build
+
+                        def loader(p: str, w: str, what: str = what) -> Any:
+                            return load(p, f"{what}: {w}", policy)
+
+                        obj = build(self.computations[comp].params, stream, loader)
+                    else:
+                        obj = load(path, what, policy)
                     if not callable(obj) or isinstance(obj, type):
                         raise ImportPathError(f"{what} {path!r} is a {type(obj).__name__}, not a function "
                                               "of a Record; name a function")
-                    fn = cache[path] = obj
+                    fn = cache[cache_key] = obj
                 except ImportPathError as e:
                     errors.append(str(e))
                     fn = _Unloadable(e)
+                except Exception as e:  # a plan a worker cannot read: its reader's records fail, not routing
+                    errors.append(f"{what}: {type(e).__name__}: {e}")
+                    fn = _Unloadable(ImportPathError(f"{what}: {type(e).__name__}: {e}"))
             for sub in self._subs[stream]:
                 if sub.computation == comp:
                     sub.extractor = fn
@@ -152,6 +181,8 @@ class RoutingTable:
                 record = Record(key, value, timestamp, b"")
             try:
                 extracted = sub.extractor(record)
+                if extracted is SKIP:
+                    continue
                 if not isinstance(extracted, bytes):
                     raise UsageError(
                         f"the key extractor of {sub.computation!r} returned {type(extracted).__name__}, "

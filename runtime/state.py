@@ -43,6 +43,7 @@ NEVER = (1 << 63) - 1
 TTL_TAG = "millstream.ttl/"  # internal timers: "millstream.ttl/<state name>"
 _EXPIRY = struct.Struct(">q")
 _INDEX = struct.Struct(">Q")
+_NEVER_EXPIRES = _EXPIRY.pack(NEVER)
 
 
 
@@ -67,6 +68,11 @@ def expiry_of(stored: bytes) -> int:
 
 def payload(stored: bytes) -> bytes:
     return stored[_EXPIRY.size:]
+
+
+def kept(data: bytes) -> bytes:
+    """``data`` as a stored value that never expires (what built-in operators store)."""
+    return _NEVER_EXPIRES + data
 
 
 def _ttl_us(ttl: int | float | datetime.timedelta | None, name: str) -> int | None:

@@ -30,13 +30,16 @@ import itertools
 import os
 import shutil
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.computation import Computation, Context
 from runtime.errors import MillstreamError
 from runtime.keyspace import first_cut, wire_end
 from runtime.record import Record, producer_prefix, sequence_id
 from runtime.topology import Topology
+
+if TYPE_CHECKING:
+    from runtime.dataflow import Dataflow
 
 MIN, END = -(1 << 63), (1 << 63) - 1
 _COLLECTED: dict[str, dict[str, list[Record]]] = {}  # run id -> stream -> records
@@ -55,12 +58,13 @@ class TestRun:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, topology: Topology, *, start_us: int = 1_700_000_000_000_000) -> None:
-        from runtime.client import check_importable
+    def __init__(self, topology: Topology | Dataflow, *, start_us: int = 1_700_000_000_000_000) -> None:
+        from runtime.client import as_topology, check_importable
         from runtime.imports import CodePolicy
         from runtime.wire import millstream_pb2 as pb
         from worker.core import WorkerCore, WorkerLimits
 
+        topology = as_topology(topology)
         topology.validate()
         check_importable(topology)
         self.topology = topology
@@ -150,7 +154,7 @@ class TestRun:
                 orders = {self._prefix: (self._sent.get((comp, r), 0), 0)} if id is None else None
                 while True:
                     status = await self._core.deliver(comp, r, self._tokens.get(comp, 1),
-                                                      [Record(k, value, timestamp, rid)], orders)
+                                                      [Record(k, value, timestamp, rid, stream)], orders)
                     if status == 0:
                         break
                     await asyncio.sleep(0.001)  # BUSY or a tablet reopening: yield and retry

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from runtime.errors import TopologyError
-from runtime.imports import check_syntax
+from runtime.imports import check_syntax, path_of
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 DEAD_LETTER_SUFFIX = ".dead_letter"
@@ -223,7 +223,7 @@ class Topology:
     def add_computation(
         self,
         name: str,
-        code: str,
+        code: str | type,
         *,
         inputs: Mapping[str, str | None],
         outputs: Iterable[str] = (),
@@ -239,8 +239,9 @@ class Topology:
     ) -> Topology:
         """Add a computation; returns the topology so calls can be chained.
 
-        ``code`` and key extractors are ``module:attr`` import paths, imported
-        by the workers (and, for key extractors, by producers and injectors).
+        ``code`` is the computation's class, or its ``module:Class`` import path; key
+        extractors are ``module:attr`` paths (or module-level functions). Workers import both
+        by path (and producers and injectors the key extractors): define them at module level.
         ``inputs`` maps each input stream to a key extractor path, or ``None``
         to key by ``record.key``. ``params`` are strings handed to
         :meth:`Computation.setup`. ``fsync`` defaults to ``exactly_once``.
@@ -267,6 +268,9 @@ class Topology:
                 f"computation {name!r}: inputs={inputs!r} must be a dict of stream name -> "
                 "key extractor path or None"
             )
+        code = path_of(code, f"computation {name!r}: code")
+        inputs = {stream: (ex if ex is None else path_of(ex, f"computation {name!r}: key extractor for {stream!r}"))
+                  for stream, ex in inputs.items()}
         spec = ComputationSpec(
             name=name, code=code, inputs=dict(inputs), outputs=list(outputs),
             key_ranges=key_ranges, exactly_once=exactly_once, productions=productions,

@@ -26,7 +26,7 @@ Accumulators must be JSON values (numbers, strings, lists, dicts).
 from __future__ import annotations
 
 import datetime
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from runtime import codecs
 from runtime.computation import Computation, Context, TimeDomain
@@ -97,9 +97,22 @@ class Session(_Windows):
         return [(ts, ts + self.gap)]
 
 
+class WindowResult(NamedTuple):
+    """What a flow's ``window`` step emits for one key and window (DESIGN.md §3b): the window's
+    ``[start, end)`` in microseconds of event time and the aggregator's ``value``."""
+
+    start: int
+    end: int
+    value: Any
+
+
 class Aggregator(Protocol):
     """How a window's records become its result: ``create() -> acc``, ``add(acc, value) -> acc``,
-    ``merge(a, b) -> acc`` (sessions that merge), ``emit(acc) -> bytes``."""
+    ``merge(a, b) -> acc`` (sessions that merge), ``result(acc)`` (what a flow's
+    :class:`WindowResult` carries; the accumulator itself if absent) and ``emit(acc) -> bytes``
+    (what a :class:`WindowedComputation` produces). Accumulators are stored between batches: in
+    a flow they may be any value a flow carries (runtime/flows/values.py), in a
+    :class:`WindowedComputation` JSON values."""
 
     def create(self) -> Any: ...
 
@@ -110,7 +123,26 @@ class Aggregator(Protocol):
     def emit(self, acc: Any) -> bytes: ...
 
 
-class Count:
+class _Builtin:
+    """What the built-in aggregators share: ``result`` is the accumulator, ``emit`` its text."""
+
+    def result(self, acc: Any) -> Any:
+        return acc
+
+    def emit(self, acc: Any) -> bytes:
+        return str(self.result(acc)).encode()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and vars(other) == vars(self)
+
+    def __hash__(self) -> int:
+        return hash(type(self))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class Count(_Builtin):
     """How many records a window holds."""
 
     def create(self) -> int:
@@ -122,11 +154,8 @@ class Count:
     def merge(self, a: int, b: int) -> int:
         return a + b
 
-    def emit(self, acc: int) -> bytes:
-        return str(acc).encode()
 
-
-class Sum:
+class Sum(_Builtin):
     """The sum of the values (:meth:`WindowedComputation.value` must return numbers)."""
 
     def create(self) -> float:
@@ -138,8 +167,61 @@ class Sum:
     def merge(self, a: float, b: float) -> float:
         return a + b
 
-    def emit(self, acc: float) -> bytes:
-        return str(acc).encode()
+
+class Min(_Builtin):
+    """The smallest value (None for an empty window, which never fires)."""
+
+    def create(self) -> Any:
+        return None
+
+    def add(self, acc: Any, value: Any) -> Any:
+        return value if acc is None or value < acc else acc
+
+    def merge(self, a: Any, b: Any) -> Any:
+        return b if a is None else a if b is None else min(a, b)
+
+
+class Max(_Builtin):
+    """The largest value."""
+
+    def create(self) -> Any:
+        return None
+
+    def add(self, acc: Any, value: Any) -> Any:
+        return value if acc is None or value > acc else acc
+
+    def merge(self, a: Any, b: Any) -> Any:
+        return b if a is None else a if b is None else max(a, b)
+
+
+class Mean(_Builtin):
+    """The mean of the values: the accumulator is ``[sum, count]``."""
+
+    def create(self) -> list[float]:
+        return [0, 0]
+
+    def add(self, acc: list[float], value: Any) -> list[float]:
+        return [acc[0] + value, acc[1] + 1]
+
+    def merge(self, a: list[float], b: list[float]) -> list[float]:
+        return [a[0] + b[0], a[1] + b[1]]
+
+    def result(self, acc: list[float]) -> float:
+        return acc[0] / acc[1] if acc[1] else 0.0
+
+
+class Collect(_Builtin):
+    """Every value, in arrival order (keep windows small: the list is stored whole)."""
+
+    def create(self) -> list[Any]:
+        return []
+
+    def add(self, acc: list[Any], value: Any) -> list[Any]:
+        acc.append(value)
+        return acc
+
+    def merge(self, a: list[Any], b: list[Any]) -> list[Any]:
+        return a + b
 
 
 class WindowedComputation(Computation):

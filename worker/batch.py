@@ -21,7 +21,7 @@ from hashlib import blake2b
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from runtime import metrics
-from runtime.columns import Columns
+from runtime.columns import Columns, compact_streams
 from runtime.computation import Computation, TimeDomain
 from runtime.delivery import Status, cut_columns
 from runtime.errors import MillstreamError
@@ -226,6 +226,9 @@ class BatchProcessor:
         n = len(cols) if stop is None else stop
         keys, values, tss = cols.keys, cols.values, cols.timestamps
         seqs, ids, prefix = cols.seqs, cols.ids, cols.producer
+        streams = cols.streams
+        stream = streams if type(streams) is str else ""  # one stream for all (or not known)
+        per_record = streams if type(streams) is list else None
         commit = batch.commit
         ctx = self.ctx
         out = ctx.out
@@ -245,6 +248,8 @@ class BatchProcessor:
                 self._stop = True
                 break
             key, value, ts = keys[i], values[i], tss[i]
+            if per_record is not None:
+                stream = per_record[i]
             if seqs is not None:
                 seq = seqs[i]
                 rid = prefix + seq.to_bytes(8, "big")  # type: ignore[operator]
@@ -269,12 +274,12 @@ class BatchProcessor:
             t0 = clock()
             calls.running_call = (key, t0)
             try:
-                fn(ctx, Record(key, value, ts, rid))
+                fn(ctx, Record(key, value, ts, rid, stream))
             except BaseException as e:  # user code: anything may happen, sys.exit() included
                 ctx.undo(mark)
                 calls.ended(clock())
-                self._run_user(commit, key, ts, value, rid, self._record_fn, Record(key, value, ts, rid), source,
-                               failed=e)
+                self._run_user(commit, key, ts, value, rid, self._record_fn, Record(key, value, ts, rid, stream),
+                               source, failed=e)
                 continue
             t1 = clock()
             calls.running_call = None
@@ -547,7 +552,7 @@ class BatchProcessor:
                     rows = outgoing.get(dest)
                     if rows is None:
                         rows = outgoing[dest] = []
-                    rows.append((key, value, pts, seq))
+                    rows.append((key, value, pts, seq, stream))
             commit.seq = seq
         if n > mark:
             routed = self._route(out, mark)
@@ -656,9 +661,9 @@ class BatchProcessor:
             if rows is None:
                 rows = outgoing[(comp, r)] = []
             if not weak:
-                rows.append((rkey, produced[2], produced[3], commit.seq))
+                rows.append((rkey, produced[2], produced[3], commit.seq, produced[0]))
             else:
-                rows.append((rkey, produced[2], produced[3], rid, self._produced))
+                rows.append((rkey, produced[2], produced[3], rid, produced[0], self._produced))
                 if producer is not None:
                     self._weak_producers.setdefault((comp, r), {})[producer] = None
             self._produced += 1
@@ -671,12 +676,12 @@ class BatchProcessor:
             columns = [list(c) for c in zip(*rows, strict=True)]  # rows to columns, in C
             order = None
             if self.weak:
-                keys, values, stamps, ids, order = columns
-                cols = Columns(keys, values, stamps, ids=ids)
+                keys, values, stamps, ids, streams, order = columns
+                cols = Columns(keys, values, stamps, ids=ids, streams=compact_streams(streams))
                 producers = tuple(self._weak_producers.get((comp, r), ()))
             else:
-                keys, values, stamps, seqs = columns
-                cols = Columns(keys, values, stamps, self.prefix, seqs)
+                keys, values, stamps, seqs, streams = columns
+                cols = Columns(keys, values, stamps, self.prefix, seqs, streams=compact_streams(streams))
                 producers = (self.prefix,)
             start = 0
             for part in cut_columns(cols):

@@ -134,6 +134,12 @@ class KeyContext(Context):
         self.eff = None
         self._saved = _UNSAVED
 
+    def rebind(self, key: bytes, timestamp: int) -> None:
+        """Work on ``key`` at ``timestamp`` from here on, within the same call: what the call
+        did so far stays (built-in operators of a flow touch several keys in one call)."""
+        self._key = key
+        self._timestamp = timestamp
+
     def undo(self, produced: int) -> None:
         """Take back what the call did (it raised): its state write, its productions from
         index ``produced`` of ``out`` on, its timers and typed state."""

@@ -42,7 +42,7 @@ from worker.replication import ReplicationError, Replicator, Sending
 from worker.reshard import Origin
 from worker.runner import TabletThread
 from worker.slowcalls import CallWatch
-from worker.storage import Commit, Share, Shipment, TabletStore, production_key
+from worker.storage import Commit, Share, Shipment, TabletStore, Timer, production_key
 from worker.timers import TimerIndex
 
 log = logging.getLogger(__name__)
@@ -231,7 +231,17 @@ class Tablet:
             if not (isinstance(cls, type) and issubclass(cls, Computation)):
                 raise MillstreamError(f"{self.route.code!r} is not a Computation subclass")
             comp = cls()
+            if getattr(cls, "load_code", None) is not None:  # a flow's stage loads the code its plan names
+                policy = self.host.code_policy
+                comp.load_code = lambda path, what: load(path, what, policy)  # type: ignore[attr-defined]
             comp.setup({k: v for k, v in self.route.params.items() if not k.startswith("millstream.")})
+            recover = getattr(comp, "recover_timers", None)
+            if recover is not None:
+                # A flow's event-time operators keep one timer per due time, on one of its keys;
+                # a range split off from the one holding that key gets its own here.
+                for key, tag, due in recover(store.scan):
+                    if self.timers.get((key, tag)) is None:
+                        self.timers.remember(Timer(key, tag, TimeDomain.EVENT_TIME, due))
             if is_sink(comp, self.route.code):
                 restore = getattr(comp, "restore", None)
                 if restore is not None:

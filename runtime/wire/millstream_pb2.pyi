@@ -48,7 +48,7 @@ class DeliverRequest(_message.Message):
     def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., sender: _Optional[str] = ..., orders: _Optional[_Iterable[_Union[ProducerOrder, _Mapping]]] = ..., columns: _Optional[_Union[Columns, _Mapping]] = ...) -> None: ...
 
 class Columns(_message.Message):
-    __slots__ = ("keys", "values", "timestamps", "producer", "seqs", "ids", "producers")
+    __slots__ = ("keys", "values", "timestamps", "producer", "seqs", "ids", "producers", "stream_names", "stream_index")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMPS_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,8 @@ class Columns(_message.Message):
     SEQS_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     PRODUCERS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_NAMES_FIELD_NUMBER: _ClassVar[int]
+    STREAM_INDEX_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     values: _containers.RepeatedScalarFieldContainer[bytes]
     timestamps: _containers.RepeatedScalarFieldContainer[int]
@@ -63,7 +65,9 @@ class Columns(_message.Message):
     seqs: _containers.RepeatedScalarFieldContainer[int]
     ids: bytes
     producers: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., values: _Optional[_Iterable[bytes]] = ..., timestamps: _Optional[_Iterable[int]] = ..., producer: _Optional[bytes] = ..., seqs: _Optional[_Iterable[int]] = ..., ids: _Optional[bytes] = ..., producers: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    stream_names: _containers.RepeatedScalarFieldContainer[str]
+    stream_index: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., values: _Optional[_Iterable[bytes]] = ..., timestamps: _Optional[_Iterable[int]] = ..., producer: _Optional[bytes] = ..., seqs: _Optional[_Iterable[int]] = ..., ids: _Optional[bytes] = ..., producers: _Optional[_Iterable[bytes]] = ..., stream_names: _Optional[_Iterable[str]] = ..., stream_index: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DeliverResponse(_message.Message):
     __slots__ = ("status", "detail", "worker_id", "report_seq", "routing_version", "duplicates")

@@ -86,12 +86,13 @@ def _rows(tablets: Tablets, records: list[Record], sequenced: dict[bytes, int]) 
         errors: list[tuple[str, BaseException]] = []
         for comp, kr, key in routing.route_fields("s", r.key, r.value, r.timestamp, r,
                                                   lambda c, e, errors=errors: errors.append((c, e))):
-            by_tablet.setdefault((comp, kr), []).append(Record(key, r.value, r.timestamp, r.id))
+            by_tablet.setdefault((comp, kr), []).append(Record(key, r.value, r.timestamp, r.id, "s"))
         for reader, error in errors:
             letter = tablets._dead_letter(reader, r, error)
             for comp, kr, key in routing.route_fields(dead_letter_stream(reader), letter.key, letter.value,
                                                       letter.timestamp):
-                by_tablet.setdefault((comp, kr), []).append(Record(key, letter.value, letter.timestamp, letter.id))
+                by_tablet.setdefault((comp, kr), []).append(
+                    Record(key, letter.value, letter.timestamp, letter.id, dead_letter_stream(reader)))
     out: dict[Any, Any] = {}
     for (comp, kr), recs in sorted(by_tablet.items()):
         after: dict[bytes, int] = {}

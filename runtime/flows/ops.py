@@ -1,0 +1,293 @@
+"""The operators of a flow's stage (runtime/flows/stage.py): stateless steps, ``reduce``,
+``process`` and the emitters (``output``, ``sink``, ``key_by`` to the next stage).
+
+Operators work on lists of items ``(key, value, timestamp)``: a batch of records, or one,
+flows through the stage step by step (``push``), each step handing its results to the steps
+after it (``emit``). State is per key, in the tablet's typed-state cells
+(runtime/state.py), read at most once and written at most once per key per call of the stage
+(``finish`` writes what a call changed; ``abort`` forgets it when the call raised: the
+worker undoes the call and runs it again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from runtime.codecs import Codec
+from runtime.computation import Computation, Context, State, TimeDomain
+from runtime.errors import UsageError
+from runtime.flows.values import VALUES
+from runtime.record import Record
+from runtime.state import VALUE, ValueState, cell, kept, payload
+
+Item = tuple[bytes, Any, int]  # key, value, event time
+TIMER_PREFIX = "flow/"         # the tags of a flow's timers: flow/<step>/<what>
+
+
+def as_key(key: Any, step: str) -> bytes:
+    """What a ``key_by`` function returned, as a record key."""
+    if type(key) is bytes:
+        return key
+    if isinstance(key, str):
+        return key.encode("utf-8", "surrogatepass")
+    if isinstance(key, (bytearray, memoryview)):
+        return bytes(key)
+    raise UsageError(f"the key function of step {step!r} returned {type(key).__name__} ({key!r:.40}); "
+                     "return the key as str or bytes")
+
+
+class Op:
+    """One step of a stage."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.nexts: list[tuple[Op, int]] = []
+
+    def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
+        raise NotImplementedError
+
+    def emit(self, ctx: Context, items: list[Item]) -> None:
+        if items:
+            for op, side in self.nexts:
+                op.push(ctx, items, side)
+
+    def on_timer(self, ctx: Context, what: str, time: int) -> None:
+        """A timer this step set (tag ``flow/<step>/<what>``) fires."""
+
+    def finish(self, ctx: Context) -> None:
+        """The stage's call ends: write what it changed."""
+
+    def abort(self) -> None:
+        """The stage's call raised (the worker undoes it): forget what it changed."""
+
+    def recover(self, cells: Iterator[tuple[bytes, bytes, bytes]]) -> list[tuple[bytes, str, int]]:
+        """At open, from this step's stored cells ``(key, rest of the storage key, stored)``:
+        rebuild what it keeps in memory; returns the timers ``(key, tag, time)`` it needs."""
+        return []
+
+    def timer_tag(self, what: str) -> str:
+        return f"{TIMER_PREFIX}{self.name}/{what}"
+
+    @property
+    def state_name(self) -> str:
+        return f"{TIMER_PREFIX}{self.name}"
+
+
+class Map(Op):
+    def __init__(self, name: str, fn: Callable[[Any], Any]) -> None:
+        super().__init__(name)
+        self.fn = fn
+
+    def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
+        fn = self.fn
+        self.emit(ctx, [(k, fn(v), t) for k, v, t in items])
+
+
+class FlatMap(Op):
+    def __init__(self, name: str, fn: Callable[[Any], Any]) -> None:
+        super().__init__(name)
+        self.fn = fn
+
+    def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
+        fn = self.fn
+        self.emit(ctx, [(k, out, t) for k, v, t in items for out in fn(v)])
+
+
+class Filter(Op):
+    def __init__(self, name: str, fn: Callable[[Any], Any]) -> None:
+        super().__init__(name)
+        self.fn = fn
+
+    def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
+        fn = self.fn
+        self.emit(ctx, [item for item in items if fn(item[1])])
+
+
+class Emit(Op):
+    """Writes items out of the stage: to a named stream encoded by ``codec`` (an ``output``,
+    a sink's input), or, with ``key``, re-keyed for the next stage."""
+
+    def __init__(self, name: str, stream: str, codec: Codec, key: Callable[[Any], Any] | None = None) -> None:
+        super().__init__(name)
+        self.stream = stream
+        self.codec = codec
+        self.key = key
+
+    def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
+        produce, encode, stream = ctx.produce, self.codec.encode, self.stream
+        if self.key is None:
+            for k, v, t in items:
+                produce(stream, encode(v), key=k, timestamp=t)
+        else:
+            fn, name = self.key, self.name
+            for _, v, t in items:
+                produce(stream, encode(v), key=as_key(fn(v), name), timestamp=t)
+
+
+class Reduce(Op):
+    """A running value per key: ``fn(acc, value)``; emits it for every item."""
+
+    def __init__(self, name: str, fn: Callable[[Any, Any], Any]) -> None:
+        super().__init__(name)
+        self.fn = fn
+        self._changed: dict[bytes, Any] = {}   # key -> its running value, this call
+
+    def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
+        fn, changed, out = self.fn, self._changed, []
+        missing = object()
+        for k, v, t in items:
+            acc = changed.get(k, missing)
+            if acc is missing:
+                stored = ctx.cell_get(cell(k, self.state_name) + VALUE)  # type: ignore[attr-defined]
+                acc = missing if stored is None else VALUES.decode(payload(stored))
+            acc = v if acc is missing else fn(acc, v)
+            changed[k] = acc
+            out.append((k, acc, t))
+        self.emit(ctx, out)
+
+    def finish(self, ctx: Context) -> None:
+        for k, acc in self._changed.items():
+            ctx.cell_put(cell(k, self.state_name) + VALUE, kept(VALUES.encode(acc)))  # type: ignore[attr-defined]
+        self._changed.clear()
+
+    def abort(self) -> None:
+        self._changed.clear()
+
+
+# ------------------------------------------------------------------------ process
+
+class _StepState(State):
+    """``ctx.state`` of a computation run as a flow step: bytes in a state of its own."""
+
+    def __init__(self, step: StepContext) -> None:
+        self._step = step
+
+    def get(self) -> bytes | None:
+        value: bytes | None = self._step.state_of(self._step.op.raw).get()
+        return value
+
+    def set(self, value: bytes) -> None:
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise UsageError(f"state must be bytes, not {type(value).__name__}; encode it first (or use ValueState)")
+        self._step.state_of(self._step.op.raw).set(bytes(value))
+
+    def clear(self) -> None:
+        self._step.state_of(self._step.op.raw).clear()
+
+
+class StepContext(Context):
+    """What a :class:`~runtime.Computation` run as a ``process`` step sees: its own state and
+    timers (named apart from every other step's), and ``produce`` handing values on."""
+
+    def __init__(self, op: Process) -> None:
+        self.op = op
+        self.ctx: Context = None  # type: ignore[assignment]  # the stage's, bound per call
+        self.timestamp = 0
+        self._state = _StepState(self)
+
+    @property
+    def key(self) -> bytes:
+        return self.ctx.key
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def low_watermark(self) -> int:
+        return self.ctx.low_watermark
+
+    @property
+    def tablet(self) -> str:
+        return self.ctx.tablet
+
+    @property
+    def sequencer_token(self) -> int:
+        return self.ctx.sequencer_token
+
+    def produce(self, stream: str, value: Any, *, key: bytes | None = None, timestamp: int | None = None) -> None:
+        here = self.ctx.key
+        if key is not None and key != here:
+            raise UsageError(f"step {self.op.name!r}: produce(key={key!r:.40}) in a flow must keep the current key "
+                             f"({here!r:.40}); re-key with key_by after the step")
+        if timestamp is not None and (isinstance(timestamp, bool) or not isinstance(timestamp, int)):
+            raise UsageError(f"produce() timestamp {timestamp!r} must be an int of microseconds")
+        self.op.out.append((here, value, self.timestamp if timestamp is None else timestamp))
+
+    def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
+        self.ctx.set_timer(self.op.timer_tag(":" + tag), time, domain)
+
+    def delete_timer(self, tag: str) -> None:
+        self.ctx.delete_timer(self.op.timer_tag(":" + tag))
+
+    def now(self) -> int:
+        return self.ctx.now()
+
+    def state_of(self, spec: Any) -> Any:
+        return self.ctx.state_of(self.op.renamed(spec))
+
+
+class Process(Op):
+    """A user :class:`~runtime.Computation` per key: each item is a record for its
+    ``process_record``; what it produces goes on."""
+
+    def __init__(self, name: str, comp: Computation) -> None:
+        super().__init__(name)
+        self.comp = comp
+        self.out: list[Item] = []
+        self.step_ctx = StepContext(self)
+        self.raw = ValueState(f"{self.state_name}/state", _RAW)
+        self._renamed: dict[int, Any] = {}
+
+    def renamed(self, spec: Any) -> Any:
+        """The step's own copy of a typed state ``spec`` (its name prefixed by the step's)."""
+        copy = self._renamed.get(id(spec))
+        if copy is None:
+            if not hasattr(spec, "name") or not hasattr(spec, "kind"):
+                return spec  # not a state spec: ctx.state_of says what is wrong with it
+            copy = object.__new__(type(spec))
+            copy.__dict__.update(vars(spec))
+            copy.name = f"{self.state_name}/{spec.name}"
+            self._renamed[id(spec)] = copy
+        return copy
+
+    def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
+        sc = self.step_ctx
+        sc.ctx = ctx
+        fn = self.comp.process_record
+        rebind = ctx.rebind  # type: ignore[attr-defined]
+        self.out = []
+        for k, v, t in items:
+            rebind(k, t)
+            sc.timestamp = t
+            fn(sc, Record(k, v, t, b""))
+        out, self.out = self.out, []
+        self.emit(ctx, out)
+
+    def on_timer(self, ctx: Context, what: str, time: int) -> None:
+        if not what.startswith(":"):
+            return
+        sc = self.step_ctx
+        sc.ctx = ctx
+        sc.timestamp = time
+        self.out = []
+        self.comp.process_timer(sc, what[1:], time)
+        out, self.out = self.out, []
+        self.emit(ctx, out)
+
+    def abort(self) -> None:
+        self.out = []
+
+
+class _Raw:
+    name = "bytes"
+
+    def encode(self, obj: Any) -> bytes:
+        return bytes(obj)
+
+    def decode(self, data: bytes) -> bytes:
+        return data
+
+
+_RAW = _Raw()

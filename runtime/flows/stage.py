@@ -1,0 +1,195 @@
+"""One stage of a :class:`~runtime.Dataflow`, run by the workers as one computation
+(``runtime.flows.stage:FlowStage``): its plan (made by runtime/dataflow.py, in the
+computation's params) names the stage's entries (input streams, with the codec and the
+stateless steps a record goes through on arrival) and its steps; the operators of
+runtime/flows/ops.py and runtime/flows/windowing.py run them.
+
+The worker calls it as any computation: ``process_record`` per record (or
+``process_batch`` with a batch of them, worker/batch.py), ``process_timer`` for the timers
+its operators set. A call either returns, and its operators' changes are written into the
+batch, or raises, and they are forgotten (the worker undoes the call's effects and retries,
+then dead-letters, as for any user code).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from runtime.codecs import Codec
+from runtime.computation import Computation, Context
+from runtime.errors import TopologyError
+from runtime.flows import PLAN_PARAM, refs
+from runtime.flows.ops import TIMER_PREFIX, Emit, Filter, FlatMap, Item, Map, Op, Process, Reduce
+from runtime.flows.windowing import IntervalJoin, Join, Window
+from runtime.imports import load
+from runtime.record import Record
+from runtime.state import TYPED, split_cell
+
+
+class _Entry:
+    """How records of one input stream enter the stage."""
+
+    def __init__(self, codec: Codec, prefix: list[tuple[str, Callable[[Any], Any]]], nexts: list[tuple[Op, int]]):
+        self.decode = codec.decode
+        self.prefix = prefix
+        self.nexts = nexts
+
+    def values(self, record: Record) -> Any:
+        """The record's value after the stateless steps it went through on the producing
+        side (``_SKIP`` if one of them filtered it: a record sent before a job update)."""
+        value = self.decode(record.value)
+        for kind, fn in self.prefix:
+            if kind == "map":
+                value = fn(value)
+            elif not fn(value):
+                return _SKIP
+        return value
+
+
+_SKIP = object()
+
+
+class FlowStage(Computation):
+    """The computation of one stage of a flow (module doc)."""
+
+    #: How the stage loads the code its plan names. The worker sets one that checks its code
+    #: policy (``--allow-code``) before the stage is set up; in process (TestRun) anything loads.
+    load_code: Callable[[str, str], Any] = staticmethod(lambda path, what: load(path, what))
+
+    def setup(self, params: Mapping[str, str]) -> None:
+        super().setup(params)
+        if PLAN_PARAM not in params:
+            raise TopologyError("FlowStage runs a stage of a Dataflow; submit the flow (it writes the plan), "
+                                "not this class")
+        plan = json.loads(params[PLAN_PARAM])
+        self.stage = plan["stage"]
+        self.ops: dict[str, Op] = {}
+        for name, doc in plan["steps"].items():
+            self.ops[name] = self._op(name, doc)
+        for name, doc in plan["steps"].items():
+            self.ops[name].nexts = [(self.ops[n], side) for n, side in doc["next"]]
+        self.entries: dict[str, _Entry] = {}
+        for stream, e in plan["entries"].items():
+            prefix = [(kind, self._fn(path, f"{kind} of stream {stream!r}")) for kind, path in e["prefix"]]
+            self.entries[stream] = _Entry(refs.load_codec(e["codec"], self.load_code), prefix,
+                                          [(self.ops[n], side) for n, side in e["next"]])
+        self._only = next(iter(self.entries.values())) if len(self.entries) == 1 else None
+        self._stateful = [op for op in self.ops.values() if type(op).finish is not Op.finish
+                          or type(op).abort is not Op.abort]
+
+    def _fn(self, path: str, what: str) -> Any:
+        fn = self.load_code(path, what)
+        if not callable(fn):
+            raise TopologyError(f"{what}: {path!r} is not callable")
+        return fn
+
+    def _op(self, name: str, doc: dict[str, Any]) -> Op:
+        kind = doc["kind"]
+        what = f"step {name!r} ({kind})"
+        if kind == "map":
+            return Map(name, self._fn(doc["fn"], what))
+        if kind == "flat_map":
+            return FlatMap(name, self._fn(doc["fn"], what))
+        if kind == "filter":
+            return Filter(name, self._fn(doc["fn"], what))
+        if kind == "reduce":
+            return Reduce(name, self._fn(doc["fn"], what))
+        if kind == "emit":
+            key = self._fn(doc["key"], what) if doc.get("key") else None
+            return Emit(name, doc["stream"], refs.load_codec(doc["codec"], self.load_code), key)
+        if kind == "window":
+            return Window(name, refs.windows_of(doc["windows"]), refs.aggregator_of(doc["agg"], self.load_code),
+                          doc["late"])
+        if kind == "join":
+            return Join(name, refs.windows_of(doc["windows"]), doc["late"])
+        if kind == "interval_join":
+            return IntervalJoin(name, doc["lower"], doc["upper"])
+        if kind == "process":
+            cls = self.load_code(doc["cls"], what)
+            if not (isinstance(cls, type) and issubclass(cls, Computation)):
+                raise TopologyError(f"{what}: {doc['cls']!r} is not a Computation subclass")
+            comp = cls()
+            comp.setup(doc.get("params", {}))
+            return Process(name, comp)
+        raise TopologyError(f"{what}: unknown kind of step in the plan of stage {self.stage!r}")
+
+    # ------------------------------------------------------------------ calls
+
+    def _entry(self, record: Record) -> _Entry:
+        entry = self._only or self.entries.get(record.stream)
+        if entry is None:
+            raise TopologyError(f"stage {self.stage!r} got a record of stream {record.stream!r}, which it does "
+                                f"not read (it reads {sorted(self.entries)})")
+        return entry
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        entry = self._entry(record)
+        try:
+            value = entry.values(record)
+            if value is not _SKIP:
+                items = [(record.key, value, record.timestamp)]
+                for op, side in entry.nexts:
+                    op.push(ctx, items, side)
+        except BaseException:
+            self._abort()
+            raise
+        self._finish(ctx)
+
+    def process_batch(self, ctx: Context, records: Sequence[Record]) -> None:
+        """Every record of a batch at once: each step runs over all of them (per key in
+        arrival order), and stateful steps read and write each key's state once."""
+        try:
+            by_entry: dict[int, tuple[_Entry, list[Item]]] = {}
+            for record in records:
+                entry = self._entry(record)
+                value = entry.values(record)
+                if value is not _SKIP:
+                    by_entry.setdefault(id(entry), (entry, []))[1].append((record.key, value, record.timestamp))
+            for entry, items in by_entry.values():
+                for op, side in entry.nexts:
+                    op.push(ctx, items, side)
+        except BaseException:
+            self._abort()
+            raise
+        self._finish(ctx)
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        if not tag.startswith(TIMER_PREFIX):
+            return
+        step, _, what = tag[len(TIMER_PREFIX):].rpartition("/")
+        op = self.ops.get(step)
+        if op is None:
+            return  # a step an update removed: its timers find nothing to do
+        try:
+            op.on_timer(ctx, what, time)
+        except BaseException:
+            self._abort()
+            raise
+        self._finish(ctx)
+
+    def _finish(self, ctx: Context) -> None:
+        for op in self._stateful:
+            op.finish(ctx)
+
+    def _abort(self) -> None:
+        for op in self._stateful:
+            op.abort()
+
+    # ------------------------------------------------------------------ opening
+
+    def recover_timers(self, scan: Callable[[bytes], Iterator[tuple[bytes, bytes]]]) -> list[tuple[bytes, str, int]]:
+        """At open (worker/tablet.py), from the tablet's stored cells: the operators rebuild
+        what they keep in memory, and name the timers they need; the tablet adds those it
+        does not have (a split's half whose timers went with the other half's keys)."""
+        names = {op.state_name: op for op in self.ops.values()}
+        by_op: dict[str, list[tuple[bytes, bytes, bytes]]] = {}
+        for skey, stored in scan(TYPED):
+            key, name, rest = split_cell(skey)
+            if name in names:
+                by_op.setdefault(name, []).append((key, rest, stored))
+        timers = []
+        for name, cells in by_op.items():
+            timers += names[name].recover(iter(cells))
+        return timers

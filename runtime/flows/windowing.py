@@ -1,0 +1,418 @@
+"""Event-time operators of a flow's stage: ``window``, ``join`` (per window) and
+``interval_join``.
+
+**No timer per key.** Each operator keeps, in memory, which keys have state due at which
+event time (:class:`DueIndex`), and one timer per distinct due time per tablet (on the first
+key that needed it). When the watermark reaches that time the timer fires once, and the
+operator emits every key's result due by then in one pass: a second boundary of tumbling
+windows over 3,000 keys is one user-code call, not 3,000. The timer also holds the
+tablet's watermark there, as any pending event-time timer does. The index is rebuilt from
+the stored cells when a tablet opens (after a split, the half without the timer's key gets
+a timer of its own then).
+
+**State** is the key's typed-state cells under ``flow/<step>`` (runtime/state.py), so it
+commits with the batch, replicates, and splits and merges with its key. Within one call of
+the stage a (key, window) is read once and written once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+from runtime.computation import Context, TimeDomain
+from runtime.errors import UsageError
+from runtime.flows.ops import Item, Op
+from runtime.flows.values import AUTO, VALUES
+from runtime.state import COUNT, ENTRY, cell, kept, payload
+from runtime.windows import Session, Sliding, Tumbling, WindowResult, _Windows
+
+_I64 = struct.Struct(">q")
+_U64 = struct.Struct(">Q")
+_OFFSET = 1 << 63
+
+
+def _time(t: int) -> bytes:
+    """Event time as 8 bytes that sort as the times do."""
+    return _U64.pack(t + _OFFSET)
+
+
+def _untime(b: bytes) -> int:
+    return int(_U64.unpack(b)[0]) - _OFFSET
+
+
+class DueIndex:
+    """What a step has due when: due time -> {(key, sub): None}, and the times with a timer
+    in this tablet. Changes a call makes are kept apart until it ends (``commit``), so a call
+    the worker undoes leaves no trace (``rollback``)."""
+
+    def __init__(self) -> None:
+        self.due: dict[int, dict[tuple[bytes, int], None]] = {}
+        self._heap: list[int] = []
+        self.timed: set[int] = set()
+        self._undo: list[tuple[str, Any]] = []
+
+    def add(self, time: int, key: bytes, sub: int) -> None:
+        entries = self.due.get(time)
+        if entries is None:
+            entries = self.due[time] = {}
+            heapq.heappush(self._heap, time)
+        if (key, sub) not in entries:
+            entries[(key, sub)] = None
+            self._undo.append(("add", (time, key, sub)))
+
+    def discard(self, time: int, key: bytes, sub: int) -> None:
+        entries = self.due.get(time)
+        if entries is not None and (key, sub) in entries:
+            del entries[(key, sub)]
+            self._undo.append(("discard", (time, key, sub)))
+
+    def needs_timer(self, time: int) -> bool:
+        if time in self.timed:
+            return False
+        self.timed.add(time)
+        self._undo.append(("timed", time))
+        return True
+
+    def take(self, upto: int) -> list[tuple[int, bytes, int]]:
+        """Everything due by ``upto``, in due-time order (then by key, then sub)."""
+        out = []
+        heap = self._heap
+        while heap and heap[0] <= upto:
+            time = heapq.heappop(heap)
+            entries = self.due.pop(time, None)
+            self.timed.discard(time)
+            self._undo.append(("took", (time, entries or {})))
+            if entries:
+                out += sorted((time, k, s) for k, s in entries)
+        return out
+
+    def commit(self) -> None:
+        self._undo.clear()
+
+    def rollback(self) -> None:
+        for what, arg in reversed(self._undo):
+            if what == "add":
+                time, key, sub = arg
+                self.due.get(time, {}).pop((key, sub), None)
+            elif what == "discard":
+                time, key, sub = arg
+                self.due.setdefault(time, {})[(key, sub)] = None
+                heapq.heappush(self._heap, time)
+            elif what == "timed":
+                self.timed.discard(arg)
+            elif what == "took":
+                time, entries = arg
+                self.due.setdefault(time, {}).update(entries)
+                heapq.heappush(self._heap, time)
+                self.timed.add(time)
+        self._undo.clear()
+
+    def timers(self) -> list[tuple[bytes, int]]:
+        """One (key, time) per due time: the timers a tablet that just opened needs."""
+        out = []
+        for time, entries in self.due.items():
+            if entries:
+                out.append((next(iter(entries))[0], time))
+                self.timed.add(time)
+        return out
+
+
+class _EventTimeOp(Op):
+    """What the event-time operators share: a due index and one timer per due time."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.index = DueIndex()
+
+    def due_at(self, ctx: Context, time: int, key: bytes, sub: int) -> None:
+        self.index.add(time, key, sub)
+        if self.index.needs_timer(time):
+            ctx.rebind(key, time)  # type: ignore[attr-defined]
+            ctx.set_timer(self.timer_tag(f"@{time}"), time, TimeDomain.EVENT_TIME)
+
+    def on_timer(self, ctx: Context, what: str, time: int) -> None:
+        if what.startswith("@"):
+            self.fire(ctx, self.index.take(time))
+
+    def fire(self, ctx: Context, due: list[tuple[int, bytes, int]]) -> None:
+        raise NotImplementedError
+
+    def finish(self, ctx: Context) -> None:
+        self.index.commit()
+
+    def abort(self) -> None:
+        self.index.rollback()
+
+    def recover_timers(self) -> list[tuple[bytes, str, int]]:
+        return [(key, self.timer_tag(f"@{time}"), time) for key, time in self.index.timers()]
+
+
+# ------------------------------------------------------------------------- windows
+
+class Window(_EventTimeOp):
+    """Aggregates each key's values per window; emits ``WindowResult`` when the watermark
+    passes the window's end plus the allowed lateness. State: one cell per (key, window)
+    ``<start>`` -> ``[end, acc]``."""
+
+    def __init__(self, name: str, windows: _Windows, agg: Any, late: str) -> None:
+        super().__init__(name)
+        self.windows = windows
+        self.agg = agg
+        self.late = late
+        self.lateness = windows.lateness
+        self.session = isinstance(windows, Session)
+        self._result = getattr(agg, "result", None)
+        self._open: dict[tuple[bytes, int], list[Any] | None] = {}  # (key, start) -> [end, acc] (None: gone)
+        self._sessions: dict[bytes, dict[int, list[Any]]] = {}       # key -> its sessions, this call
+
+    def _skey(self, key: bytes, start: int) -> bytes:
+        return cell(key, self.state_name) + ENTRY + _time(start)
+
+    def _read(self, ctx: Context, key: bytes, start: int) -> list[Any] | None:
+        k = (key, start)
+        if k in self._open:
+            return self._open[k]
+        stored = ctx.cell_get(self._skey(key, start))  # type: ignore[attr-defined]
+        w = None if stored is None else VALUES.decode(payload(stored))
+        self._open[k] = w
+        return w
+
+    def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
+        wm = ctx.low_watermark
+        lateness, agg, late = self.lateness, self.agg, []
+        assign = self.windows.assign
+        for key, value, ts in items:
+            live = [(s, e) for s, e in assign(ts) if e + lateness > wm]
+            if not live:
+                late.append((key, value, ts))
+                continue
+            if self.session:
+                self._add_session(ctx, key, live[0][0], live[0][1], agg.add(agg.create(), value))
+                continue
+            for s, e in live:
+                w = self._read(ctx, key, s)
+                if w is None:
+                    self._open[(key, s)] = [e, agg.add(agg.create(), value)]
+                    self.due_at(ctx, e + lateness, key, s)
+                else:
+                    w[1] = agg.add(w[1], value)
+        for key, value, ts in late:
+            ctx.produce(self.late, AUTO.encode(value), key=key, timestamp=ts)
+
+    def _add_session(self, ctx: Context, key: bytes, s: int, e: int, acc: Any) -> None:
+        """A record's session ``[s, e)`` joins every stored session it overlaps (a record can
+        bridge two), out of order too."""
+        sessions = self._sessions.get(key)
+        if sessions is None:
+            prefix = cell(key, self.state_name) + ENTRY
+            sessions = self._sessions[key] = {
+                _untime(k[len(prefix):]): VALUES.decode(payload(v))
+                for k, v in ctx.cell_scan(prefix)}  # type: ignore[attr-defined]
+            for start, w in sessions.items():
+                self._open.setdefault((key, start), w)
+        merged = True
+        while merged:
+            merged = False
+            for start, w in list(sessions.items()):
+                end = w[0]
+                if start < e and s < end and (start, end) != (s, e):
+                    s, e = min(s, start), max(e, end)
+                    acc = self.agg.merge(w[1], acc)
+                    del sessions[start]
+                    self._open[(key, start)] = None
+                    self.index.discard(end + self.lateness, key, start)
+                    merged = True
+                elif (start, end) == (s, e):
+                    acc = self.agg.merge(w[1], acc)
+                    del sessions[start]
+                    self.index.discard(end + self.lateness, key, start)
+                    merged = True
+        sessions[s] = self._open[(key, s)] = [e, acc]
+        self.due_at(ctx, e + self.lateness, key, s)
+
+    def fire(self, ctx: Context, due: list[tuple[int, bytes, int]]) -> None:
+        result, out = self._result, []
+        for time, key, start in due:
+            w = self._read(ctx, key, start)
+            if w is None:
+                continue  # merged into another session since
+            self._open[(key, start)] = None
+            sessions = self._sessions.get(key)
+            if sessions is not None:
+                sessions.pop(start, None)
+            acc = w[1]
+            out.append((key, WindowResult(start, w[0], result(acc) if result is not None else acc), time))
+        self.emit(ctx, out)
+
+    def finish(self, ctx: Context) -> None:
+        put, delete = ctx.cell_put, ctx.cell_delete  # type: ignore[attr-defined]
+        for (key, start), w in self._open.items():
+            if w is None:
+                delete(self._skey(key, start))
+            else:
+                put(self._skey(key, start), kept(VALUES.encode(w)))
+        self._open.clear()
+        self._sessions.clear()
+        super().finish(ctx)
+
+    def abort(self) -> None:
+        self._open.clear()
+        self._sessions.clear()
+        super().abort()
+
+    def recover(self, cells: Iterator[tuple[bytes, bytes, bytes]]) -> list[tuple[bytes, str, int]]:
+        for key, rest, stored in cells:
+            if rest[:1] == ENTRY:
+                start = _untime(rest[1:9])
+                end = VALUES.decode(payload(stored))[0]
+                self.index.add(end + self.lateness, key, start)
+        self.index.commit()
+        return self.recover_timers()
+
+
+# --------------------------------------------------------------------------- joins
+
+class Join(_EventTimeOp):
+    """Pairs of a left and a right value of one key in one window, emitted when it fires.
+    State per (key, window, side): a list of values (one cell each, appended in O(1))."""
+
+    def __init__(self, name: str, windows: _Windows, late: str) -> None:
+        super().__init__(name)
+        if not isinstance(windows, (Tumbling, Sliding)):
+            raise UsageError(f"join {name!r}: joins take Tumbling or Sliding windows (a session join is not "
+                             "supported); for pairs within a time distance use interval_join")
+        self.windows = windows
+        self.late = late
+        self.lateness = windows.lateness
+        self._counts: dict[tuple[bytes, int, int], int] = {}  # (key, start, side) -> next index
+
+    def _base(self, key: bytes, start: int, side: int) -> bytes:
+        return cell(key, self.state_name) + ENTRY + _time(start) + bytes((side,))
+
+    def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
+        wm = ctx.low_watermark
+        lateness, late = self.lateness, []
+        for key, value, ts in items:
+            live = [(s, e) for s, e in self.windows.assign(ts) if e + lateness > wm]
+            if not live:
+                late.append((key, value, ts))
+                continue
+            for s, e in live:
+                base = self._base(key, s, side)
+                k = (key, s, side)
+                n = self._counts.get(k)
+                if n is None:
+                    stored = ctx.cell_get(base + COUNT)  # type: ignore[attr-defined]
+                    n = _U64.unpack(payload(stored))[0] if stored is not None else 0
+                ctx.cell_put(base + ENTRY + _U64.pack(n), kept(VALUES.encode(value)))  # type: ignore[attr-defined]
+                self._counts[k] = n + 1
+                self.due_at(ctx, e + lateness, key, s)
+        for key, value, ts in late:
+            ctx.produce(self.late, AUTO.encode(value), key=key, timestamp=ts)
+
+    def fire(self, ctx: Context, due: list[tuple[int, bytes, int]]) -> None:
+        out = []
+        for time, key, start in due:
+            sides: list[list[Any]] = [[], []]
+            for side in (0, 1):
+                base = self._base(key, start, side)
+                for _, stored in ctx.cell_scan(base + ENTRY):  # type: ignore[attr-defined]
+                    sides[side].append(VALUES.decode(payload(stored)))
+                ctx.cell_clear(base)  # type: ignore[attr-defined]
+                self._counts.pop((key, start, side), None)
+            out += [(key, (left, right), time) for left in sides[0] for right in sides[1]]
+        self.emit(ctx, out)
+
+    def finish(self, ctx: Context) -> None:
+        for (key, start, side), n in self._counts.items():
+            ctx.cell_put(self._base(key, start, side) + COUNT, kept(_U64.pack(n)))  # type: ignore[attr-defined]
+        self._counts.clear()
+        super().finish(ctx)
+
+    def abort(self) -> None:
+        self._counts.clear()
+        super().abort()
+
+    def recover(self, cells: Iterator[tuple[bytes, bytes, bytes]]) -> list[tuple[bytes, str, int]]:
+        size = self.windows.size
+        for key, rest, _ in cells:
+            if rest[:1] == ENTRY:
+                start = _untime(rest[1:9])
+                self.index.add(start + size + self.lateness, key, start)
+        self.index.commit()
+        return self.recover_timers()
+
+
+class IntervalJoin(_EventTimeOp):
+    """Pairs ``(left, right)`` of one key with ``right.ts - left.ts`` in ``[lower, upper]``,
+    emitted as soon as both are in, stamped at the later one. Each side's values are kept
+    until no value of the other side can still pair with them (the watermark passed), then
+    dropped by a timer per second of event time (not per value)."""
+
+    GRAIN = 1_000_000  # expiry is checked per second of event time
+
+    def __init__(self, name: str, lower: int, upper: int) -> None:
+        super().__init__(name)
+        self.lower, self.upper = lower, upper
+        self._counts: dict[tuple[bytes, int], int] = {}
+
+    def _base(self, key: bytes, side: int) -> bytes:
+        return cell(key, self.state_name) + ENTRY + bytes((side,))
+
+    def _expiry(self, side: int, ts: int) -> int:
+        # A left at t pairs with rights up to t + upper; a right at t with lefts from t - upper ...
+        last = ts + self.upper if side == 0 else ts - self.lower
+        return -(-last // self.GRAIN) * self.GRAIN + self.GRAIN  # past it, on the grain
+
+    def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
+        wm = ctx.low_watermark
+        lower, upper, out = self.lower, self.upper, []
+        other = 1 - side
+        for key, value, ts in items:
+            lo, hi = (ts + lower, ts + upper) if side == 0 else (ts - upper, ts - lower)
+            for skey, stored in ctx.cell_scan(self._base(key, other) + ENTRY):  # type: ignore[attr-defined]
+                t = _untime(skey[-16:-8])
+                if lo <= t <= hi:
+                    partner = VALUES.decode(payload(stored))
+                    pair = (value, partner) if side == 0 else (partner, value)
+                    out.append((key, pair, max(ts, t)))
+            expiry = self._expiry(side, ts)
+            if expiry > wm:  # something of the other side may still come for it
+                k = (key, side)
+                n = self._counts.get(k)
+                if n is None:
+                    stored = ctx.cell_get(self._base(key, side) + COUNT)  # type: ignore[attr-defined]
+                    n = _U64.unpack(payload(stored))[0] if stored is not None else 0
+                ctx.cell_put(self._base(key, side) + ENTRY + _time(ts) + _U64.pack(n),  # type: ignore[attr-defined]
+                             kept(VALUES.encode(value)))
+                self._counts[k] = n + 1
+                self.due_at(ctx, expiry, key, 0)
+        self.emit(ctx, out)
+
+    def fire(self, ctx: Context, due: list[tuple[int, bytes, int]]) -> None:
+        for time, key, _ in due:
+            for side in (0, 1):  # values whose expiry is still ahead stay (their own time comes)
+                for skey, _ in list(ctx.cell_scan(self._base(key, side) + ENTRY)):  # type: ignore[attr-defined]
+                    if self._expiry(side, _untime(skey[-16:-8])) <= time:
+                        ctx.cell_delete(skey)  # type: ignore[attr-defined]
+
+    def finish(self, ctx: Context) -> None:
+        for (key, side), n in self._counts.items():
+            ctx.cell_put(self._base(key, side) + COUNT, kept(_U64.pack(n)))  # type: ignore[attr-defined]
+        self._counts.clear()
+        super().finish(ctx)
+
+    def abort(self) -> None:
+        self._counts.clear()
+        super().abort()
+
+    def recover(self, cells: Iterator[tuple[bytes, bytes, bytes]]) -> list[tuple[bytes, str, int]]:
+        for key, rest, _ in cells:
+            if rest[:1] == ENTRY and len(rest) == 3 + 16 and rest[2:3] == ENTRY:
+                side, ts = rest[1], _untime(rest[3:11])
+                self.index.add(self._expiry(side, ts), key, 0)
+        self.index.commit()
+        return self.recover_timers()
