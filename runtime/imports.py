@@ -154,7 +154,7 @@ def path_of(obj: Any, what: str) -> str:
     module = getattr(obj, "__module__", None)
     if not callable(obj) or not isinstance(name, str) or not isinstance(module, str):
         raise ImportPathError(f"{what}: {obj!r} is not a function or class; pass one defined at module level")
-    if name == "<lambda>":
+    if getattr(obj, "__name__", None) == "<lambda>":
         raise ImportPathError(f"{what}: a lambda cannot be loaded by the workers; define it with def at module "
                               "level (e.g. `def page_of(v): return v['page']`) and pass that")
     if "<locals>" in name:

@@ -86,6 +86,12 @@ class BatchProcessor:
         self.store = store
         self.comp = comp
         self.sink = is_sink(comp, tablet.route.code)
+        # A computation that takes a batch of records in one call (a Dataflow's stage): not for
+        # weak productions, whose ids derive from the record that made them.
+        self.batch_fn: Callable[[KeyContext, list[Record]], None] | None = (
+            None if tablet.weak else getattr(comp, "process_batch", None))
+        self._collected: list[tuple[Record, tuple[bytes, int] | None]] = []
+        self._run = self._run_records  # or _collect_records (batch_fn): chosen per batch
         self.marks = marks      # producer -> committed mark (this thread's, after each commit)
         self.lower = store.lower_marks()  # producer -> lower marks a merge left (worker/dedup.py)
         self.opaque = opaque
@@ -151,6 +157,7 @@ class BatchProcessor:
         self._wm = self.host.watermark(self.computation)
         now = self.now_us()
         view = MarkView(self.marks, self.lower)
+        run = self._run = self._collect_records if self.batch_fn is not None else self._run_records
         if self.exactly_once:
             self._plan_dedup(commit, now)
         seen: set[bytes] = set()
@@ -167,14 +174,14 @@ class BatchProcessor:
             producer = cols.producer
             order = orders.get(producer) if orders and producer is not None else None
             if not self.exactly_once:
-                end = self._run_records(batch, cols, start, None)
+                end = run(batch, cols, start, None)
                 dups = 0
             elif (order is not None and producer is not None and cols.seqs is not None
                   and not view.has_lower(producer) and ascending(cols.seqs)):
                 # One producer's records in order: one range check against its mark.
                 fresh = first_new(cols.seqs, start, view.top(producer))
                 dups = fresh - start
-                end = self._run_records(batch, cols, fresh, producer)
+                end = run(batch, cols, fresh, producer)
                 if end > fresh:
                     view.advance(producer, cols.seqs[end - 1], order[1], now)
             else:
@@ -185,6 +192,8 @@ class BatchProcessor:
                 batch.duplicates[index] = dups
             if self._stop:
                 break
+        if self._collected:
+            self._run_batch(commit)
         for t in batch.due:
             k = (t.key, t.tag)
             if self._stop or self._full():
@@ -291,6 +300,70 @@ class BatchProcessor:
                 self._after_call(commit, ctx.eff, mark, ts, rid, source, made)
         return i
 
+    def _collect_records(self, batch: Batch, cols: Columns, i: int, producer: bytes | None,
+                         stop: int | None = None, source: tuple[bytes, int] | None = None) -> int:
+        """:meth:`_run_records` for a computation that takes the batch in one call: the new
+        records are collected (late ones counted, or dropped), and run by :meth:`_run_batch`
+        once every delivery of the batch is deduplicated."""
+        n = len(cols) if stop is None else stop
+        keys, values, tss = cols.keys, cols.values, cols.timestamps
+        seqs, ids, prefix = cols.seqs, cols.ids, cols.producer
+        streams = cols.streams
+        stream = streams if type(streams) is str else ""
+        per_record = streams if type(streams) is list else None
+        collected = self._collected
+        wm = self._wm
+        drop_late = self.late_records == "drop"
+        while i < n:
+            if stop is None and self._work >= self._limit:
+                self._stop = True
+                break
+            ts = tss[i]
+            rid = prefix + seqs[i].to_bytes(8, "big") if seqs is not None else ids[i]  # type: ignore[operator,index]
+            record = Record(keys[i], values[i], ts, rid, per_record[i] if per_record is not None else stream)
+            i += 1
+            self._taken += 1
+            if ts < wm:
+                self.late += 1
+                self.metrics.late.inc()
+                if drop_late:
+                    continue
+            batch.new += 1
+            self._work += 1
+            collected.append((record, source))
+        return i
+
+    def _run_batch(self, commit: Commit) -> None:
+        """The collected records in one call of ``process_batch``; if it raises, one call per
+        record instead (each retried, then dead-lettered, as any call of user code)."""
+        items, self._collected = self._collected, []
+        records = [r for r, _ in items]
+        assert self.batch_fn is not None
+        ctx = self.ctx
+        calls = self.calls
+        mark = len(ctx.out)
+        low = min(r.timestamp for r in records)
+        ctx.begin(b"", low)
+        t0 = calls.clock()
+        calls.running_call = (records[0].key, t0)
+        try:
+            self.batch_fn(ctx, records)
+        except BaseException as e:  # user code: anything may happen, sys.exit() included
+            ctx.undo(mark)
+            calls.ended(calls.clock())
+            log.info("tablet %s: a batch of %d records failed in one call (%s: %s); running them one by one",
+                     self.name, len(records), type(e).__name__, e)
+            for record, source in items:
+                self._run_user(commit, record.key, record.timestamp, record.value, record.id, self._record_fn,
+                               record, source)
+            return
+        t1 = calls.clock()
+        calls.running_call = None
+        self._durations.append(t1 - t0)
+        if t1 - t0 >= calls.record_above:
+            calls.slow(records[0].key, t1 - t0, t1)
+        self._after_call(commit, ctx.eff, mark, low, records[0].id, None)
+
     def _dedup_each(self, batch: Batch, cols: Columns, i: int, orders: dict[bytes, tuple[int, int]] | None,
                     view: MarkView, seen: set[bytes], now: int) -> tuple[int, int]:
         """Records ``i:`` of ``cols`` deduplicated one by one (opaque ids, several producers in
@@ -335,7 +408,7 @@ class BatchProcessor:
                     continue
                 seen.add(rid)
                 self._commit.opaque_ids.append(rid)
-            self._run_records(batch, cols, i, None, i + 1, source)
+            self._run(batch, cols, i, None, i + 1, source)
             i += 1
         for producer, (seq, token) in tops.items():
             view.advance(producer, seq, token, now)

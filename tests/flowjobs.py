@@ -1,0 +1,109 @@
+"""Functions and classes the dataflow tests pass to their flows (flows load them by module
+path, like any user code: so they live here, at module level)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime import Computation, Context, Record, ValueState, codecs
+
+
+def words(line: str) -> list[str]:
+    return line.split()
+
+
+def word_key(word: str) -> str:
+    return word
+
+
+def one(_: Any) -> int:
+    return 1
+
+
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+def is_long(word: str) -> bool:
+    return len(word) > 2
+
+
+def key_of(event: dict[str, Any]) -> str:
+    return str(event["k"])
+
+
+def value_of(event: dict[str, Any]) -> Any:
+    return event["v"]
+
+
+def is_even(event: dict[str, Any]) -> bool:
+    return int(event["v"]) % 2 == 0
+
+
+def fragile(word: str) -> str:
+    if word == "boom":
+        raise ValueError("boom is not a word")
+    return word
+
+
+def int_key(word: str) -> int:
+    return 7
+
+
+def to_list(value: Any) -> list[Any]:
+    return [value]
+
+
+class Rising(Computation):
+    """Per key: passes on a window's result when its value is above the key's last one, with
+    a wall... event-time timer of its own to show timers work inside a flow step."""
+
+    last = ValueState("last", codecs.INT, default=0)
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        state = ctx.state_of(self.last)
+        value = record.value.value
+        if value > state.get():
+            ctx.produce("up", {"start": record.value.start, "value": value})
+        state.set(value)
+        ctx.set_timer("seen", record.timestamp + 1)
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        ctx.produce("up", {"timer": tag, "at": time})
+
+
+class RawCounter(Computation):
+    """Counts per key in ``ctx.state`` (bytes), as a classic computation would."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        n = int(ctx.state.get() or b"0") + 1
+        ctx.state.set(b"%d" % n)
+        ctx.produce("n", n)
+
+
+class Rekeys(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.produce("x", record.value, key=b"another")
+
+
+class BySource(Computation):
+    """A classic computation with two inputs: says which stream each record came from."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.produce("out", f"{record.stream}:{record.value.decode()}".encode())
+
+
+class SumAgg:
+    """A user aggregator with a field (rebuilt on workers from its class and fields)."""
+
+    def __init__(self, scale: int) -> None:
+        self.scale = scale
+
+    def create(self) -> int:
+        return 0
+
+    def add(self, acc: int, value: Any) -> int:
+        return acc + self.scale * int(value)
+
+    def merge(self, a: int, b: int) -> int:
+        return a + b
