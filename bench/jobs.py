@@ -11,6 +11,10 @@ Values are short ASCII so that encoding costs stay out of the measurement:
   emits ``b"<window start> <count>"`` on the window's event-time timer;
   :class:`SpikeDetector` feeds each key's windows, in window order, through
   :func:`bench.generator.spike_step` and emits the spikes to :class:`ArrivalSink`.
+- W2 as a user writes it on a flow (:func:`w2_flow`): the injector's keyed records, one-second
+  tumbling windows counting them, :class:`SpikeStep` per key (a window's results reach it in
+  window order: they fire in that order, in the same tablet), the spikes to
+  :class:`ArrivalSink`. One computation for windows and spikes, one commit per batch.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import time
 from collections.abc import Mapping, Sequence
 
 from bench.generator import SECOND_US, spike_step, window_of
-from runtime import Computation, Context, Record, Sink, TimeDomain
+from runtime import Computation, Context, Dataflow, Record, Sink, TimeDomain, ValueState, codecs
+from runtime.windows import Count, Tumbling
 from runtime.errors import TopologyError
 from runtime.sinks import CommittedFile
 
@@ -145,3 +150,29 @@ def _decode_spike(raw: bytes | None) -> tuple[float | None, dict[int, int]]:
 
 def _encode_spike(ewma: float | None, pending: dict[int, int]) -> bytes:
     return (b"-" if ewma is None else repr(ewma).encode()) + b"|" + _encode(pending)
+
+
+class SpikeStep(Computation):
+    """W2's spike detection as a flow step: each window's count against the key's EWMA of
+    the earlier ones (:func:`bench.generator.spike_step`); a spike goes on as
+    ``b"<window start> <count>"``."""
+
+    ewma = ValueState("ewma", codecs.FLOAT)
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        window = record.value  # a WindowResult: (start, end, count)
+        state = ctx.state_of(self.ewma)
+        spike, ewma = spike_step(state.get(), window.value)
+        state.set(ewma)
+        if spike:
+            ctx.produce("spikes", b"%d %d" % (window.start, window.value))
+
+
+def w2_flow(sink_dir: str, *, name: str = "w2", key_ranges: int = 4, replication: int | None = None) -> Dataflow:
+    """W2 on a flow, as a user writes it (module doc)."""
+    flow = Dataflow(name, key_ranges=key_ranges, replication=replication)
+    (flow.input("events", keyed=True)
+     .window(Tumbling(SECOND_US), Count(), name=f"{name}.windows")
+     .process(SpikeStep, name=f"{name}.spikes")
+     .sink(ArrivalSink, name=f"{name}.sink", path=sink_dir))
+    return flow
