@@ -24,9 +24,9 @@ from collections.abc import Mapping, Sequence
 
 from bench.generator import SECOND_US, spike_step, window_of
 from runtime import Computation, Context, Dataflow, Record, Sink, TimeDomain, ValueState, codecs
-from runtime.windows import Count, Tumbling
 from runtime.errors import TopologyError
 from runtime.sinks import CommittedFile
+from runtime.windows import Count, Tumbling
 
 
 class ChainedCounter(Computation):

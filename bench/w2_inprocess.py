@@ -141,7 +141,7 @@ class Host:
         if self.inflight:
             return False
         for t in self.tablets.values():
-            if t.inbox or t.outbox.unacked or t._due_event_timers():
+            if t.running or t.inbox or t.outbox.unacked or t._due_event_timers():
                 return False
         return True
 

@@ -368,3 +368,18 @@ def test_a_stage_fed_a_record_of_a_stream_it_does_not_read_says_so() -> None:
     stage.setup(flow.topology().computations["jx"].params)
     with pytest.raises(MillstreamError, match="got a record of stream 'c', which it does not read"):
         stage.process_record(None, Record(b"k", b"v", T0, b"", "c"))  # type: ignore[arg-type]
+
+
+def test_windows_of_thousands_of_keys_fire_in_one_pass_and_all_come_out() -> None:
+    """Regression: a batch firing many windows runs longer than TestRun's idle check looked,
+    and run_until_idle returned with its results still in flight (it now waits for a batch
+    running on a tablet's thread)."""
+    flow = Dataflow("many", key_ranges=1)
+    flow.input("ev", keyed=True).window(Tumbling(SECOND), Count(), name="counts").output("out", codec=codecs.JSON)
+    with TestRun(flow) as run:
+        for i in range(3000):
+            run.inject("ev", b"k%d" % (i % 1500), b"", T0 + i)
+        run.finish("ev")
+        run.run_until_idle()
+        got = [(r.key, _j(r)[2]) for r in run.output("out")]
+    assert len(got) == 1500 and {c for _, c in got} == {2}
