@@ -26,7 +26,7 @@ from bench.generator import SECOND_US, spike_step, window_of
 from runtime import Computation, Context, Dataflow, Record, Sink, TimeDomain, ValueState, codecs
 from runtime.errors import TopologyError
 from runtime.sinks import CommittedFile
-from runtime.windows import Count, Tumbling
+from runtime.windows import Count, Tumbling, WindowResult
 
 
 class ChainedCounter(Computation):
@@ -160,7 +160,7 @@ class SpikeStep(Computation):
     ewma = ValueState("ewma", codecs.FLOAT)
 
     def process_record(self, ctx: Context, record: Record) -> None:
-        window = record.value  # a WindowResult: (start, end, count)
+        window: WindowResult = record.value  # type: ignore[assignment]  # in a flow, a WindowResult
         state = ctx.state_of(self.ewma)
         spike, ewma = spike_step(state.get(), window.value)
         state.set(ewma)

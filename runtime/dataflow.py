@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
 from runtime import codecs
 from runtime.codecs import Codec
@@ -81,7 +81,7 @@ class Stream:
         """``fn(value) -> iterable``: each of its items goes on as a value of its own."""
         return self._wrap(self._then("flat_map", name, {"fn": code_path(fn, "flat_map")}, self._step.keyed))
 
-    def filter(self, fn: Callable[[Any], bool], *, name: str | None = None) -> Stream:
+    def filter(self, fn: Callable[[Any], object], *, name: str | None = None) -> Stream:
         """Keep the values for which ``fn(value)`` is true."""
         return self._wrap(self._then("filter", name, {"fn": code_path(fn, "filter")}, self._step.keyed))
 
@@ -129,7 +129,7 @@ class KeyedStream(Stream):
     def flat_map(self, fn: Callable[[Any], Iterable[Any]], *, name: str | None = None) -> KeyedStream:
         return super().flat_map(fn, name=name)  # type: ignore[return-value]
 
-    def filter(self, fn: Callable[[Any], bool], *, name: str | None = None) -> KeyedStream:
+    def filter(self, fn: Callable[[Any], object], *, name: str | None = None) -> KeyedStream:
         return super().filter(fn, name=name)  # type: ignore[return-value]
 
     def reduce(self, fn: Callable[[Any, Any], Any], *, name: str | None = None) -> KeyedStream:
@@ -205,6 +205,14 @@ class Dataflow:
         self.exactly_once = exactly_once
         self._steps: dict[str, _Step] = {}
         self._counts: dict[str, int] = {}
+
+    @overload
+    def input(self, stream: str, *, codec: Codec = ..., name: str | None = ...,
+              keyed: Literal[False] = ...) -> Stream: ...
+
+    @overload
+    def input(self, stream: str, *, codec: Codec = ..., name: str | None = ...,
+              keyed: Literal[True]) -> KeyedStream: ...
 
     def input(self, stream: str, *, codec: Codec = codecs.BYTES, name: str | None = None,
               keyed: bool = False) -> Stream:
