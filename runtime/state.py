@@ -28,6 +28,7 @@ read again, and the runtime deletes it with an internal timer of the key.
 from __future__ import annotations
 
 import datetime
+import functools
 import heapq
 import struct
 from collections.abc import Iterable, Iterator
@@ -47,8 +48,10 @@ _NEVER_EXPIRES = _EXPIRY.pack(NEVER)
 
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def cell(key: bytes, name: str) -> bytes:
-    """The storage prefix of one key's state ``name``."""
+    """The storage prefix of one key's state ``name`` (memoized: a hot key's state is touched
+    by every batch, and its prefix costs a BLAKE2b)."""
     n = name.encode()
     return TYPED + hash_prefix(key) + struct.pack(">I", len(key)) + key + bytes([len(n)]) + n
 

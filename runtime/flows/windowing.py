@@ -44,29 +44,36 @@ def _untime(b: bytes) -> int:
 
 
 class DueIndex:
-    """What a step has due when: due time -> {(key, sub): None}, and the times with a timer
-    in this tablet. Changes a call makes are kept apart until it ends (``commit``), so a call
-    the worker undoes leaves no trace (``rollback``)."""
+    """What a step has due when: due time -> {(key, sub): None}, where each (key, sub) is due
+    (``where``: so the index also says which windows exist, without a read), and the times
+    with a timer in this tablet. Changes a call makes are kept apart until it ends
+    (``commit``), so a call the worker undoes leaves no trace (``rollback``)."""
 
     def __init__(self) -> None:
         self.due: dict[int, dict[tuple[bytes, int], None]] = {}
+        self.where: dict[tuple[bytes, int], int] = {}
         self._heap: list[int] = []
         self.timed: set[int] = set()
         self._undo: list[tuple[str, Any]] = []
 
     def add(self, time: int, key: bytes, sub: int) -> None:
+        k = (key, sub)
+        if self.where.get(k) == time:
+            return
         entries = self.due.get(time)
         if entries is None:
             entries = self.due[time] = {}
             heapq.heappush(self._heap, time)
-        if (key, sub) not in entries:
-            entries[(key, sub)] = None
-            self._undo.append(("add", (time, key, sub)))
+        entries[k] = None
+        self.where[k] = time
+        self._undo.append(("add", (time, key, sub)))
 
     def discard(self, time: int, key: bytes, sub: int) -> None:
         entries = self.due.get(time)
-        if entries is not None and (key, sub) in entries:
-            del entries[(key, sub)]
+        k = (key, sub)
+        if entries is not None and k in entries:
+            del entries[k]
+            del self.where[k]
             self._undo.append(("discard", (time, key, sub)))
 
     def needs_timer(self, time: int) -> bool:
@@ -80,12 +87,15 @@ class DueIndex:
         """Everything due by ``upto``, in due-time order (then by key, then sub)."""
         out = []
         heap = self._heap
+        where = self.where
         while heap and heap[0] <= upto:
             time = heapq.heappop(heap)
             entries = self.due.pop(time, None)
             self.timed.discard(time)
             self._undo.append(("took", (time, entries or {})))
             if entries:
+                for k in entries:
+                    del where[k]
                 out += sorted((time, k, s) for k, s in entries)
         return out
 
@@ -97,15 +107,19 @@ class DueIndex:
             if what == "add":
                 time, key, sub = arg
                 self.due.get(time, {}).pop((key, sub), None)
+                self.where.pop((key, sub), None)
             elif what == "discard":
                 time, key, sub = arg
                 self.due.setdefault(time, {})[(key, sub)] = None
+                self.where[(key, sub)] = time
                 heapq.heappush(self._heap, time)
             elif what == "timed":
                 self.timed.discard(arg)
             elif what == "took":
                 time, entries = arg
                 self.due.setdefault(time, {}).update(entries)
+                for k in entries:
+                    self.where[k] = time
                 heapq.heappush(self._heap, time)
                 self.timed.add(time)
         self._undo.clear()
@@ -155,7 +169,15 @@ class _EventTimeOp(Op):
 class Window(_EventTimeOp):
     """Aggregates each key's values per window; emits ``WindowResult`` when the watermark
     passes the window's end plus the allowed lateness. State: one cell per (key, window)
-    ``<start>`` -> ``[end, acc]``."""
+    ``<start>`` -> ``[end, acc]``.
+
+    The open windows' accumulators are also kept in memory (at most :attr:`CACHED` of them;
+    Flink's heap window buffer, with RocksDB underneath): a batch reads none of them back, and
+    writes each it changed once. The due index says which windows exist, so a new window is
+    never looked for in storage either. A call the worker undoes drops the cache (an
+    aggregator may change its accumulator in place); it fills again from storage."""
+
+    CACHED = 1_000_000
 
     def __init__(self, name: str, windows: _Windows, agg: Any, late: str) -> None:
         super().__init__(name)
@@ -164,41 +186,66 @@ class Window(_EventTimeOp):
         self.late = late
         self.lateness = windows.lateness
         self.session = isinstance(windows, Session)
+        self.size = windows.size if isinstance(windows, Tumbling) else 0
         self._result = getattr(agg, "result", None)
-        self._open: dict[tuple[bytes, int], list[Any] | None] = {}  # (key, start) -> [end, acc] (None: gone)
-        self._sessions: dict[bytes, dict[int, list[Any]]] = {}       # key -> its sessions, this call
+        self._accs: dict[tuple[bytes, int], list[Any]] = {}          # (key, start) -> [end, acc], open windows
+        self._dirty: dict[tuple[bytes, int], list[Any] | None] = {}  # changed this call (None: gone)
+        self._sessions: dict[bytes, dict[int, list[Any]]] = {}        # key -> its sessions, this call
 
     def _skey(self, key: bytes, start: int) -> bytes:
         return cell(key, self.state_name) + ENTRY + _time(start)
 
-    def _read(self, ctx: Context, key: bytes, start: int) -> list[Any] | None:
+    def _window(self, ctx: Context, key: bytes, start: int) -> list[Any] | None:
+        """The open window ``(key, start)``: ``[end, acc]``, or None if there is none."""
         k = (key, start)
-        if k in self._open:
-            return self._open[k]
-        stored = ctx.cell_get(self._skey(key, start))  # type: ignore[attr-defined]
-        w = None if stored is None else VALUES.decode(payload(stored))
-        self._open[k] = w
+        w = self._dirty.get(k, _MISSING)
+        if w is not _MISSING:
+            return w  # type: ignore[return-value]
+        w = self._accs.get(k)
+        if w is None and k in self.index.where:  # open, not cached: read it
+            stored = ctx.cell_get(self._skey(key, start))  # type: ignore[attr-defined]
+            if stored is not None:
+                w = VALUES.decode(payload(stored))
+                if len(self._accs) < self.CACHED:
+                    self._accs[k] = w
         return w
 
     def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
         wm = ctx.low_watermark
-        lateness, agg, late = self.lateness, self.agg, []
-        assign = self.windows.assign
-        for key, value, ts in items:
-            live = [(s, e) for s, e in assign(ts) if e + lateness > wm]
-            if not live:
-                late.append((key, value, ts))
-                continue
-            if self.session:
-                self._add_session(ctx, key, live[0][0], live[0][1], agg.add(agg.create(), value))
-                continue
-            for s, e in live:
-                w = self._read(ctx, key, s)
-                if w is None:
-                    self._open[(key, s)] = [e, agg.add(agg.create(), value)]
-                    self.due_at(ctx, e + lateness, key, s)
+        lateness, agg = self.lateness, self.agg
+        add, create = agg.add, agg.create
+        late = []
+        if self.session:
+            for key, value, ts in items:
+                e = ts + self.windows.gap  # type: ignore[attr-defined]
+                if e + lateness > wm:
+                    self._add_session(ctx, key, ts, e, add(create(), value))
                 else:
-                    w[1] = agg.add(w[1], value)
+                    late.append((key, value, ts))
+        else:
+            size, assign = self.size, self.windows.assign
+            dirty, accs, where = self._dirty, self._accs, self.index.where
+            for key, value, ts in items:
+                if size:  # tumbling: one window, inline
+                    s = ts - ts % size
+                    spans: tuple[tuple[int, int], ...] = ((s, s + size),) if s + size + lateness > wm else ()
+                else:
+                    spans = tuple((s, e) for s, e in assign(ts) if e + lateness > wm)
+                if not spans:
+                    late.append((key, value, ts))
+                    continue
+                for s, e in spans:
+                    k = (key, s)
+                    w = dirty.get(k) or accs.get(k)
+                    if w is None:
+                        w = self._window(ctx, key, s) if k in where else None
+                        if w is None:
+                            w = [e, create()]
+                            self.due_at(ctx, e + lateness, key, s)
+                            if len(accs) < self.CACHED:
+                                accs[k] = w
+                    w[1] = add(w[1], value)
+                    dirty[k] = w
         for key, value, ts in late:
             ctx.produce(self.late, AUTO.encode(value), key=key, timestamp=ts)
 
@@ -208,38 +255,47 @@ class Window(_EventTimeOp):
         sessions = self._sessions.get(key)
         if sessions is None:
             prefix = cell(key, self.state_name) + ENTRY
-            sessions = self._sessions[key] = {
-                _untime(k[len(prefix):]): VALUES.decode(payload(v))
-                for k, v in ctx.cell_scan(prefix)}  # type: ignore[attr-defined]
-            for start, w in sessions.items():
-                self._open.setdefault((key, start), w)
+            sessions = self._sessions[key] = {}
+            for k, v in ctx.cell_scan(prefix):  # type: ignore[attr-defined]
+                start = _untime(k[len(prefix):])
+                w = self._window(ctx, key, start)  # this call's or the cache's, if newer
+                if w is None and (key, start) not in self._dirty:
+                    w = VALUES.decode(payload(v))
+                if w is not None:
+                    sessions[start] = w
         merged = True
         while merged:
             merged = False
             for start, w in list(sessions.items()):
                 end = w[0]
-                if start < e and s < end and (start, end) != (s, e):
+                if start < e and s < end:
                     s, e = min(s, start), max(e, end)
                     acc = self.agg.merge(w[1], acc)
                     del sessions[start]
-                    self._open[(key, start)] = None
+                    self._gone(key, start)
                     self.index.discard(end + self.lateness, key, start)
                     merged = True
-                elif (start, end) == (s, e):
-                    acc = self.agg.merge(w[1], acc)
-                    del sessions[start]
-                    self.index.discard(end + self.lateness, key, start)
-                    merged = True
-        sessions[s] = self._open[(key, s)] = [e, acc]
+        w = [e, acc]
+        sessions[s] = self._dirty[(key, s)] = w
+        if len(self._accs) < self.CACHED:
+            self._accs[(key, s)] = w
         self.due_at(ctx, e + self.lateness, key, s)
+
+    def _gone(self, key: bytes, start: int) -> None:
+        self._dirty[(key, start)] = None
+        self._accs.pop((key, start), None)
 
     def fire(self, ctx: Context, due: list[tuple[int, bytes, int]]) -> None:
         result, out = self._result, []
         for time, key, start in due:
-            w = self._read(ctx, key, start)
+            k = (key, start)
+            w = self._dirty.get(k) or self._accs.get(k)
             if w is None:
-                continue  # merged into another session since
-            self._open[(key, start)] = None
+                stored = ctx.cell_get(self._skey(key, start))  # type: ignore[attr-defined]
+                if stored is None:
+                    continue
+                w = VALUES.decode(payload(stored))
+            self._gone(key, start)
             sessions = self._sessions.get(key)
             if sessions is not None:
                 sessions.pop(start, None)
@@ -249,28 +305,35 @@ class Window(_EventTimeOp):
 
     def finish(self, ctx: Context) -> None:
         put, delete = ctx.cell_put, ctx.cell_delete  # type: ignore[attr-defined]
-        for (key, start), w in self._open.items():
+        encode, skey = VALUES.encode, self._skey
+        for (key, start), w in self._dirty.items():
             if w is None:
-                delete(self._skey(key, start))
+                delete(skey(key, start))
             else:
-                put(self._skey(key, start), kept(VALUES.encode(w)))
-        self._open.clear()
+                put(skey(key, start), kept(encode(w)))
+        self._dirty.clear()
         self._sessions.clear()
         super().finish(ctx)
 
     def abort(self) -> None:
-        self._open.clear()
+        self._dirty.clear()
         self._sessions.clear()
+        self._accs.clear()  # an aggregator may have changed an accumulator in place
         super().abort()
 
     def recover(self, cells: Iterator[tuple[bytes, bytes, bytes]]) -> list[tuple[bytes, str, int]]:
         for key, rest, stored in cells:
             if rest[:1] == ENTRY:
                 start = _untime(rest[1:9])
-                end = VALUES.decode(payload(stored))[0]
-                self.index.add(end + self.lateness, key, start)
+                w = VALUES.decode(payload(stored))
+                self.index.add(w[0] + self.lateness, key, start)
+                if len(self._accs) < self.CACHED:
+                    self._accs[(key, start)] = w
         self.index.commit()
         return self.recover_timers()
+
+
+_MISSING = object()
 
 
 # --------------------------------------------------------------------------- joins
