@@ -90,7 +90,13 @@ class BatchProcessor:
         # weak productions, whose ids derive from the record that made them.
         self.batch_fn: Callable[[KeyContext, list[Record]], None] | None = (
             None if tablet.weak else getattr(comp, "process_batch", None))
-        self._collected: list[tuple[Record, tuple[bytes, int] | None]] = []
+        # ... or in columns (keys, values, timestamps, streams), with no Record per record.
+        self.columns_fn: Callable[..., None] | None = None if tablet.weak else getattr(comp, "process_columns", None)
+        if self.columns_fn is not None and self.batch_fn is None:
+            self.batch_fn = comp.process_batch  # type: ignore[attr-defined]  # the fallback's shape
+        # What the batch collected for that call: (columns, start, stop, indexes taken or None
+        # for all of start:stop, the one record's place in its producer's order or None).
+        self._collected: list[tuple[Columns, int, int, list[int] | None, tuple[bytes, int] | None]] = []
         self._run = self._run_records  # or _collect_records (batch_fn): chosen per batch
         self.marks = marks      # producer -> committed mark (this thread's, after each commit)
         self.lower = store.lower_marks()  # producer -> lower marks a merge left (worker/dedup.py)
@@ -303,57 +309,78 @@ class BatchProcessor:
     def _collect_records(self, batch: Batch, cols: Columns, i: int, producer: bytes | None,
                          stop: int | None = None, source: tuple[bytes, int] | None = None) -> int:
         """:meth:`_run_records` for a computation that takes the batch in one call: the new
-        records are collected (late ones counted, or dropped), and run by :meth:`_run_batch`
+        records ``i:`` (up to the batch's limit; ``i:stop`` whatever it holds) are collected as
+        a slice of the columns (late ones counted, or dropped), and run by :meth:`_run_batch`
         once every delivery of the batch is deduplicated."""
-        n = len(cols) if stop is None else stop
-        keys, values, tss = cols.keys, cols.values, cols.timestamps
-        seqs, ids, prefix = cols.seqs, cols.ids, cols.producer
-        streams = cols.streams
-        stream = streams if type(streams) is str else ""
-        per_record = streams if type(streams) is list else None
-        collected = self._collected
+        n = len(cols)
+        if stop is not None:
+            n = stop
+        elif n - i > self._limit - self._work:
+            n = i + max(0, self._limit - self._work)
+            self._stop = True
+        if i >= n:
+            return i
+        tss = cols.timestamps
+        taken: list[int] | None = None  # None: all of i:n
         wm = self._wm
-        drop_late = self.late_records == "drop"
-        while i < n:
-            if stop is None and self._work >= self._limit:
-                self._stop = True
-                break
-            ts = tss[i]
-            rid = prefix + seqs[i].to_bytes(8, "big") if seqs is not None else ids[i]  # type: ignore[operator,index]
-            record = Record(keys[i], values[i], ts, rid, per_record[i] if per_record is not None else stream)
-            i += 1
-            self._taken += 1
-            if ts < wm:
-                self.late += 1
-                self.metrics.late.inc()
-                if drop_late:
-                    continue
-            batch.new += 1
-            self._work += 1
-            collected.append((record, source))
-        return i
+        if min(tss[i:n]) < wm:  # some are late: counted (and dropped, with late_records="drop")
+            late = [j for j in range(i, n) if tss[j] < wm]
+            self.late += len(late)
+            self.metrics.late.inc(len(late))
+            if self.late_records == "drop":
+                taken = [j for j in range(i, n) if tss[j] >= wm]
+        count = n - i if taken is None else len(taken)
+        self._taken += n - i
+        batch.new += count
+        self._work += count
+        if count:
+            self._collected.append((cols, i, n, taken, source))
+        return n
 
     def _run_batch(self, commit: Commit) -> None:
-        """The collected records in one call of ``process_batch``; if it raises, one call per
-        record instead (each retried, then dead-lettered, as any call of user code)."""
-        items, self._collected = self._collected, []
-        records = [r for r, _ in items]
-        assert self.batch_fn is not None
+        """The collected records in one call (``process_columns`` with the columns, else
+        ``process_batch`` with Records); if it raises, one call per record instead (each
+        retried, then dead-lettered, as any call of user code)."""
+        parts, self._collected = self._collected, []
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        stamps: list[int] = []
+        streams: list[str] = []
+        one_stream: str | None = parts[0][0].streams if type(parts[0][0].streams) is str else None
+        for cols, i, n, taken, _ in parts:
+            if taken is None:
+                keys += cols.keys[i:n]
+                values += cols.values[i:n]
+                stamps += cols.timestamps[i:n]
+            else:
+                keys += [cols.keys[j] for j in taken]
+                values += [cols.values[j] for j in taken]
+                stamps += [cols.timestamps[j] for j in taken]
+            if one_stream is not None and cols.streams != one_stream:
+                one_stream = None
+        if one_stream is None:
+            for cols, i, n, taken, _ in parts:
+                column = cols.stream_column()
+                streams += column[i:n] if taken is None else [column[j] for j in taken]
         ctx = self.ctx
         calls = self.calls
         mark = len(ctx.out)
-        low = min(r.timestamp for r in records)
+        low = min(stamps)
         ctx.begin(b"", low)
         t0 = calls.clock()
-        calls.running_call = (records[0].key, t0)
+        calls.running_call = (keys[0], t0)
         try:
-            self.batch_fn(ctx, records)
+            if self.columns_fn is not None:
+                self.columns_fn(ctx, keys, values, stamps, one_stream if one_stream is not None else streams)
+            else:
+                assert self.batch_fn is not None
+                self.batch_fn(ctx, self._records(parts))
         except BaseException as e:  # user code: anything may happen, sys.exit() included
             ctx.undo(mark)
             calls.ended(calls.clock())
             log.info("tablet %s: a batch of %d records failed in one call (%s: %s); running them one by one",
-                     self.name, len(records), type(e).__name__, e)
-            for record, source in items:
+                     self.name, len(keys), type(e).__name__, e)
+            for (_, _, _, _, source), record in zip(self._sources(parts), self._records(parts), strict=True):
                 self._run_user(commit, record.key, record.timestamp, record.value, record.id, self._record_fn,
                                record, source)
             return
@@ -361,8 +388,18 @@ class BatchProcessor:
         calls.running_call = None
         self._durations.append(t1 - t0)
         if t1 - t0 >= calls.record_above:
-            calls.slow(records[0].key, t1 - t0, t1)
-        self._after_call(commit, ctx.eff, mark, low, records[0].id, None)
+            calls.slow(keys[0], t1 - t0, t1)
+        first = parts[0]
+        self._after_call(commit, ctx.eff, mark, low, first[0].id(first[1] if first[3] is None else first[3][0]), None)
+
+    @staticmethod
+    def _records(parts: list[tuple[Columns, int, int, list[int] | None, tuple[bytes, int] | None]]) -> list[Record]:
+        return [cols.record(j) for cols, i, n, taken, _ in parts for j in (range(i, n) if taken is None else taken)]
+
+    @staticmethod
+    def _sources(parts: list[tuple[Columns, int, int, list[int] | None, tuple[bytes, int] | None]]
+                 ) -> list[tuple[Columns, int, int, list[int] | None, tuple[bytes, int] | None]]:
+        return [part for part in parts for _ in (range(part[1], part[2]) if part[3] is None else part[3])]
 
     def _dedup_each(self, batch: Batch, cols: Columns, i: int, orders: dict[bytes, tuple[int, int]] | None,
                     view: MarkView, seen: set[bytes], now: int) -> tuple[int, int]:

@@ -49,6 +49,7 @@ class _Entry:
 
 
 _SKIP = object()
+_IDENTITY = refs.load_codec("bytes", load).decode
 
 
 class FlowStage(Computation):
@@ -118,11 +119,7 @@ class FlowStage(Computation):
     # ------------------------------------------------------------------ calls
 
     def _entry(self, record: Record) -> _Entry:
-        entry = self._only or self.entries.get(record.stream)
-        if entry is None:
-            raise TopologyError(f"stage {self.stage!r} got a record of stream {record.stream!r}, which it does "
-                                f"not read (it reads {sorted(self.entries)})")
-        return entry
+        return self._only or self._entry_of(record.stream)
 
     def process_record(self, ctx: Context, record: Record) -> None:
         entry = self._entry(record)
@@ -154,6 +151,50 @@ class FlowStage(Computation):
             self._abort()
             raise
         self._finish(ctx)
+
+    def process_columns(self, ctx: Context, keys: list[bytes], values: list[bytes], timestamps: list[int],
+                        streams: str | list[str]) -> None:
+        """:meth:`process_batch` of records given as columns (worker/batch.py): each entry's
+        values decoded and taken through its stateless steps list by list."""
+        try:
+            if isinstance(streams, str) or self._only is not None:
+                entry = self._only if self._only is not None else self._entry_of(streams)  # type: ignore[arg-type]
+                self._enter(ctx, entry, keys, values, timestamps)
+            else:
+                by: dict[str, list[int]] = {}
+                for i, stream in enumerate(streams):
+                    by.setdefault(stream, []).append(i)
+                for stream, ix in by.items():
+                    self._enter(ctx, self._entry_of(stream), [keys[i] for i in ix], [values[i] for i in ix],
+                                [timestamps[i] for i in ix])
+        except BaseException:
+            self._abort()
+            raise
+        self._finish(ctx)
+
+    def _entry_of(self, stream: str) -> _Entry:
+        entry = self.entries.get(stream)
+        if entry is None:
+            raise TopologyError(f"stage {self.stage!r} got a record of stream {stream!r}, which it does "
+                                f"not read (it reads {sorted(self.entries)})")
+        return entry
+
+    @staticmethod
+    def _enter(ctx: Context, entry: _Entry, keys: list[bytes], values: list[Any], timestamps: list[int]) -> None:
+        if entry.decode is not _IDENTITY:
+            values = list(map(entry.decode, values))
+        for kind, fn in entry.prefix:
+            if kind == "map":
+                values = list(map(fn, values))
+            else:
+                keep = [i for i, v in enumerate(values) if fn(v)]
+                if len(keep) < len(values):
+                    keys, values, timestamps = ([keys[i] for i in keep], [values[i] for i in keep],
+                                                [timestamps[i] for i in keep])
+        items = list(zip(keys, values, timestamps, strict=True))
+        if items:
+            for op, side in entry.nexts:
+                op.push(ctx, items, side)
 
     def process_timer(self, ctx: Context, tag: str, time: int) -> None:
         if not tag.startswith(TIMER_PREFIX):
