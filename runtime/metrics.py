@@ -30,6 +30,11 @@ USER_BUCKETS = (0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1,
 BATCH_SECONDS = Histogram("millstream_batch_seconds", "Time of one batch, user code to durable commit",
                           ["computation"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                     0.25, 0.5, 1, 5))
+WINDOW_FIRE_SECONDS = Histogram("millstream_window_fire_seconds", "Time a flow's event-time step (window, join) "
+                                "spent firing what one watermark advance made due, per tablet: how long "
+                                "it stalled its tablet", ["step"],
+                                buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1))
+WINDOWS_FIRED = Counter("millstream_windows_fired", "Windows (per key) a flow's event-time steps fired", ["step"])
 DELIVERIES_PER_CALL = Histogram("millstream_deliveries_per_call", "Tablets' deliveries carried by one Deliver "
                                 "or DeliverMany call this worker received, by sender (injector, worker)",
                                 ["sender"], buckets=(1, 2, 4, 8, 16, 32, 64))

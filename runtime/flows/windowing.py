@@ -20,8 +20,10 @@ from __future__ import annotations
 import heapq
 import struct
 from collections.abc import Iterator
+from time import perf_counter
 from typing import Any
 
+from runtime import metrics
 from runtime.computation import Context, TimeDomain
 from runtime.errors import UsageError
 from runtime.flows.ops import Item, Op
@@ -149,7 +151,11 @@ class _EventTimeOp(Op):
 
     def on_timer(self, ctx: Context, what: str, time: int) -> None:
         if what.startswith("@"):
-            self.fire(ctx, self.index.take(time))
+            t0 = perf_counter()
+            due = self.index.take(time)
+            self.fire(ctx, due)
+            metrics.WINDOW_FIRE_SECONDS.labels(self.name).observe(perf_counter() - t0)
+            metrics.WINDOWS_FIRED.labels(self.name).inc(len(due))
 
     def fire(self, ctx: Context, due: list[tuple[int, bytes, int]]) -> None:
         raise NotImplementedError
