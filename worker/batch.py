@@ -365,6 +365,7 @@ class BatchProcessor:
         ctx = self.ctx
         calls = self.calls
         mark = len(ctx.out)
+        written = dict(ctx.writes)  # ctx.state of any key: an undone call leaves them as they were
         low = min(stamps)
         ctx.begin(b"", low)
         t0 = calls.clock()
@@ -377,6 +378,8 @@ class BatchProcessor:
                 self.batch_fn(ctx, self._records(parts))
         except BaseException as e:  # user code: anything may happen, sys.exit() included
             ctx.undo(mark)
+            ctx.writes.clear()
+            ctx.writes.update(written)
             calls.ended(calls.clock())
             log.info("tablet %s: a batch of %d records failed in one call (%s: %s); running them one by one",
                      self.name, len(keys), type(e).__name__, e)

@@ -198,3 +198,26 @@ def test_code_the_worker_may_not_load_is_reported_from_the_first_failure(tmp_pat
         await core.close_all()
 
     asyncio.run(main())
+
+
+def test_a_batch_call_that_raises_leaves_no_state_of_any_key_and_runs_its_records_one_by_one(
+        tmp_path: object) -> None:
+    """A computation taking whole batches (process_batch) writes ctx.state for several keys,
+    then raises on one record: the call is undone for every key it touched (not only the
+    last), then each record runs alone and only the bad one is dead-lettered."""
+    async def main() -> None:
+        core = await _core(str(tmp_path), ("counter", "tests.core.jobs:BatchCounter", ["in"], ["out"], {}),
+                           ("collect", "tests.core.jobs:Collector", ["out"], [], {"name": "out"}),
+                           ("dead", "tests.core.jobs:Collector", ["counter.dead_letter"], [], {"name": "dead"}))
+        values = [(b"a", b"1"), (b"b", b"1"), (b"a", b"1"), (b"c", b"boom"), (b"b", b"1")]
+        recs = [Record(k, v, BASE + i, i.to_bytes(16, "big")) for i, (k, v) in enumerate(values)]
+        assert await core.deliver("counter", 0, 1, recs) == OK
+        await _until(lambda: len(Collector.seen) == 5, "four counts and one dead letter")
+        assert sorted((k, v) for n, k, v in Collector.seen if n == "out") == [
+            (b"a", b"1"), (b"a", b"2"), (b"b", b"1"), (b"b", b"2")]
+        tablet = core.tablets[("counter", 0)]
+        assert tablet.store.get_state(b"a") == b"2" and tablet.store.get_state(b"b") == b"2"
+        assert len([v for n, _, v in Collector.seen if n == "dead"]) == 1
+        await core.close_all()
+
+    asyncio.run(main())
