@@ -18,9 +18,11 @@ has already fired is *late*: it goes to the stream ``<computation>.late`` instea
 counted there). Session windows merge as records arrive, out of order included: a record
 within ``gap`` of a session joins it, and one that bridges two sessions merges them.
 
-Windows live in typed state (a ``MapState`` per key, one entry per open window) and event-time
-timers, so they commit with the batch, survive failover and follow their keys through splits.
-Accumulators must be JSON values (numbers, strings, lists, dicts).
+It runs on the machinery of a :class:`~runtime.Dataflow`'s ``window`` step
+(runtime/flows/windowing.py, docs/dataflows.md): windows live in typed state (one cell per key
+and window), read and written once per batch, with one event-time timer per due time per
+tablet, so they commit with the batch, survive failover and follow their keys through splits.
+Accumulators are values a flow carries (numbers, strings, bytes, lists, tuples, dicts).
 """
 
 from __future__ import annotations
