@@ -176,6 +176,12 @@ def _security(args: argparse.Namespace) -> Security:
                     client_ca=getattr(args, "tls_client_ca", None))
 
 
+def _version() -> str:
+    from millstream import __version__
+
+    return __version__
+
+
 def _need(value: str | None, flag: str, env: str) -> str:
     if not value:
         raise ConfigError(f"{flag} is required (or set {env})")
@@ -184,6 +190,7 @@ def _need(value: str | None, flag: str, env: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="millstream", description="MillWheel-style stream processing.")
+    parser.add_argument("--version", action="version", version=f"millstream {_version()}")
     parser.add_argument("--log-level", default=_env("MILLSTREAM_LOG_LEVEL", "INFO"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"],
                         help="DEBUG, INFO (default), WARNING or ERROR (env MILLSTREAM_LOG_LEVEL)")
@@ -306,10 +313,14 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("job", metavar="TOPOLOGY")
     ca.add_argument("--keep-state", action="store_true",
                     help="keep its state on the workers; submitting the job again resumes it")
-    sg = sub.add_parser("state", help="read state from a running job: state get COMPUTATION KEY")
+    sg = sub.add_parser("state", help="read one key's state from a running job: state get COMPUTATION KEY "
+                                      "[--state NAME]")
     sg.add_argument("action", choices=["get"])
     sg.add_argument("computation")
     sg.add_argument("key", help="the key (UTF-8 text; 0x... for hex bytes)")
+    sg.add_argument("--state", default=None, metavar="NAME",
+                    help="a typed state (ValueState, ListState, MapState) declared on the computation's class, by "
+                         "its name; printed as JSON. Without it: ctx.state's bytes")
     sg.add_argument("--json", action="store_true")
     sv = sub.add_parser("savepoint", help="write a consistent copy of a running job into a new directory")
     sv.add_argument("job", metavar="TOPOLOGY")
@@ -449,15 +460,28 @@ def _run(args: argparse.Namespace) -> int:
         print(f"injected {n} lines into {args.stream!r}")
         return 0
     if cmd == "bench":
+        if args.peer and "spark" in args.peer:
+            _need_spark("millstream bench --peer spark")
         from bench.cli import run_bench
 
         return run_bench(args)
     if cmd == "demo":
+        _need_spark("millstream demo")
         from cli.demo import run_demo
 
         data_dir = args.data_dir or tempfile.mkdtemp(prefix="millstream-demo-")
         return run_demo(data_dir, workers=args.workers, etcd_binary=args.etcd_binary)
     raise ConfigError(f"unknown command {cmd!r}")  # pragma: no cover - argparse checks
+
+
+def _need_spark(what: str) -> None:
+    """PySpark (the spark extra) and Java 17+, or one line saying what to install."""
+    from cli.java import check_java
+    from runtime.extras import require
+
+    require("pyspark", "spark", what)
+    require("pyarrow", "spark", what)
+    check_java(what, _env("JAVA_HOME"))
 
 
 def _topology(path: str) -> Any:
@@ -506,6 +530,8 @@ def _lifecycle(args: argparse.Namespace) -> int:
         elif cmd == "cancel":
             state = c.cancel(args.job, keep_state=args.keep_state)
             print(f"job {args.job!r} is {state}; its state is {'kept' if args.keep_state else 'deleted'}")
+        elif args.state:
+            return _typed_state(c, args)
         else:
             key = _key(args.key)
             value = c.state(args.computation, key)
@@ -518,6 +544,22 @@ def _lifecycle(args: argparse.Namespace) -> int:
             else:
                 print(value.decode("utf-8", "backslashreplace"))
     return 0
+
+
+def _typed_state(c: Any, args: argparse.Namespace) -> int:
+    """``state get COMPUTATION KEY --state NAME``: one typed state as JSON; exit 1 when unset."""
+    from runtime.status import show_key
+
+    key = _key(args.key)
+    value = c.typed_state(args.computation, key, args.state)
+    if args.json:
+        print(json.dumps({"computation": args.computation, "key": show_key(key), "state": args.state,
+                          "found": value is not None, "value": value}))
+    elif value is None:
+        print(f"{args.computation}: no state {args.state!r} for key {show_key(key)!r}")
+    else:
+        print(json.dumps(value, indent=2 if isinstance(value, dict | list) and len(value) > 3 else None))
+    return 0 if value is not None or args.json else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
