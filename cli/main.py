@@ -6,7 +6,6 @@ Every address flag also reads a ``MILLSTREAM_*`` environment variable.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -276,6 +275,11 @@ def build_parser() -> argparse.ArgumentParser:
     _masters_flag(st)
     _security_flags(st, server=False)
     st.add_argument("--json", action="store_true")
+    st.add_argument("--watch", nargs="?", const=2.0, default=None, metavar="SECONDS",
+                    type=_float_in(0.1, 3600, "--watch, seconds between reports"),
+                    help="report again every SECONDS (default 2) until Ctrl-C")
+    st.add_argument("--computation", default=None, metavar="NAME",
+                    help="show only this computation: its watermark, counts, slow keys, tablets and injectors")
 
     mv = sub.add_parser("move", help="move one tablet (COMPUTATION/RANGE) to a worker (id or address)")
     mv.add_argument("tablet")
@@ -409,25 +413,29 @@ def _run(args: argparse.Namespace) -> int:
         return run_up(args.data_dir, masters=args.masters, workers=args.workers, lease_ms=args.lease_ms,
                       port=args.port, etcd_binary=args.etcd_binary)
     if cmd == "submit":
+        from cli.lifecycle import topology_at
         from runtime.client import connect
 
-        topo = _topology(args.topology)
+        topo = topology_at(args.topology)
         with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
                      security=_security(args)) as c:
             n = c.submit(topo)
         print(f"submitted topology {topo.name!r}: {n} tablets")
         return 0
     if cmd in ("jobs", "update", "drain", "cancel", "state", "savepoint", "restore"):
-        return _lifecycle(args)
-    if cmd == "status":
+        from cli.lifecycle import run_lifecycle
         from runtime.client import connect
-        from runtime.status import render
 
         with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
                      security=_security(args)) as c:
-            doc = c.status()
-        print(json.dumps(doc, indent=2) if args.json else render(doc))
-        return 0
+            return run_lifecycle(c, args)
+    if cmd == "status":
+        from cli.status import run_status
+        from runtime.client import connect
+
+        with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
+                     security=_security(args)) as c:
+            return run_status(c, args)
     if cmd in ("move", "split", "merge"):
         from runtime.client import connect
 
@@ -482,84 +490,6 @@ def _need_spark(what: str) -> None:
     require("pyspark", "spark", what)
     require("pyarrow", "spark", what)
     check_java(what, _env("JAVA_HOME"))
-
-
-def _topology(path: str) -> Any:
-    from runtime.imports import load
-    from runtime.topology import Topology
-
-    topo = load(path, "topology")
-    if not isinstance(topo, Topology):
-        raise ConfigError(f"{path!r} is {type(topo).__name__}, not a Topology")
-    return topo
-
-
-def _key(text: str) -> bytes:
-    if text.startswith("0x"):
-        try:
-            return bytes.fromhex(text[2:])
-        except ValueError:
-            raise ConfigError(f"key {text!r} starts with 0x but is not hex; write the text key as is") from None
-    return text.encode()
-
-
-def _lifecycle(args: argparse.Namespace) -> int:
-    """jobs, update, drain, cancel, state get (docs/lifecycle.md)."""
-    from runtime.client import connect
-    from runtime.status import render_jobs, show_key
-
-    cmd = args.command
-    with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
-                 security=_security(args)) as c:
-        if cmd == "jobs":
-            jobs = c.jobs()
-            print(json.dumps(jobs, indent=2) if args.json else render_jobs(jobs))
-        elif cmd == "update":
-            topo = _topology(args.topology)
-            d = c.update(topo, drop_state=args.drop_state, reset_state=args.reset_state)
-            what = "; ".join(f"{k} {', '.join(v)}" for k, v in d.items() if v and k not in ("same", "resumed"))
-            print(f"{'resumed' if d['resumed'] else 'updated'} job {topo.name!r}: {what or 'nothing changed'}")
-        elif cmd == "drain":
-            print(f"job {args.job!r} is {c.drain(args.job, wait=not args.no_wait, timeout=args.wait_s)}")
-        elif cmd == "savepoint":
-            m = c.savepoint(args.job, os.path.abspath(args.directory), timeout=args.timeout_s)
-            print(f"savepoint of job {args.job!r} in {args.directory}: {len(m['tablets'])} tablets")
-        elif cmd == "restore":
-            name = c.restore(os.path.abspath(args.directory), name=args.as_name)
-            print(f"restored job {name!r} from {args.directory}")
-        elif cmd == "cancel":
-            state = c.cancel(args.job, keep_state=args.keep_state)
-            print(f"job {args.job!r} is {state}; its state is {'kept' if args.keep_state else 'deleted'}")
-        elif args.state:
-            return _typed_state(c, args)
-        else:
-            key = _key(args.key)
-            value = c.state(args.computation, key)
-            if args.json:
-                print(json.dumps({"computation": args.computation, "key": show_key(key), "found": value is not None,
-                                  "value": None if value is None else value.decode("utf-8", "backslashreplace")}))
-            elif value is None:
-                print(f"{args.computation}: no state for key {show_key(key)!r}")
-                return 1
-            else:
-                print(value.decode("utf-8", "backslashreplace"))
-    return 0
-
-
-def _typed_state(c: Any, args: argparse.Namespace) -> int:
-    """``state get COMPUTATION KEY --state NAME``: one typed state as JSON; exit 1 when unset."""
-    from runtime.status import show_key
-
-    key = _key(args.key)
-    value = c.typed_state(args.computation, key, args.state)
-    if args.json:
-        print(json.dumps({"computation": args.computation, "key": show_key(key), "state": args.state,
-                          "found": value is not None, "value": value}))
-    elif value is None:
-        print(f"{args.computation}: no state {args.state!r} for key {show_key(key)!r}")
-    else:
-        print(json.dumps(value, indent=2 if isinstance(value, dict | list) and len(value) > 3 else None))
-    return 0 if value is not None or args.json else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
