@@ -6,7 +6,18 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 
-from runtime import Computation, Context, ListState, MapState, Record, Sink, TimeDomain, Topology, ValueState, codecs
+from runtime import (
+    Computation,
+    Context,
+    ListState,
+    MapState,
+    Record,
+    Sink,
+    TimeDomain,
+    Topology,
+    ValueState,
+    codecs,
+)
 
 
 class Poison(Computation):
