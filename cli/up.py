@@ -35,7 +35,7 @@ def console_of(cluster: LocalCluster) -> str:
 
 
 def run_up(data_dir: str, *, masters: int, workers: int, lease_ms: int, port: int = 7070,
-           etcd_binary: str | None = None) -> int:
+           etcd_binary: str | None = None, log_format: str = "text") -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -47,7 +47,7 @@ def run_up(data_dir: str, *, masters: int, workers: int, lease_ms: int, port: in
         print(f"port {port} is taken; the first master takes a port chosen by the OS", file=sys.stderr)
         port = 0
     cluster = LocalCluster(data_dir, masters=masters, workers=workers, lease_ms=lease_ms, master_port=port,
-                           etcd_binary=etcd_binary)
+                           etcd_binary=etcd_binary, daemon_args=["--log-format", log_format])
     try:
         cluster.start()
         cluster.wait_ready(60)
