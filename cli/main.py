@@ -184,9 +184,14 @@ def _security(args: argparse.Namespace) -> Security:
 
 
 def _version() -> str:
-    from millstream import __version__
+    """millstream's version from its package metadata (as ``millstream.__version__``, without
+    importing the user API into every daemon)."""
+    from importlib import metadata
 
-    return __version__
+    try:
+        return metadata.version("millstream")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
 
 
 def _need(value: str | None, flag: str, env: str) -> str:
