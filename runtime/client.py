@@ -235,6 +235,17 @@ class Client:
 
     def state(self, computation: str, key: bytes) -> bytes | None:
         """One key's committed state (``ctx.state``) in a running computation; None if unset."""
+        return self._read_state(computation, key, "")
+
+    def typed_state(self, computation: str, key: bytes, name: str) -> Any:
+        """One key's committed typed state ``name`` (a ``ValueState``, ``ListState`` or
+        ``MapState`` declared on the computation's class) in a running computation, as JSON
+        values: the value, a list, or a dict (keys as text); None if nothing is stored. The
+        worker decodes it with the state's codec (bytes come back as text, or ``0x…`` hex)."""
+        data = self._read_state(computation, key, name)
+        return None if data is None else json.loads(data)
+
+    def _read_state(self, computation: str, key: bytes, name: str) -> bytes | None:
         from runtime.routing import RoutingTable
 
         deadline = time.monotonic() + self.timeout
@@ -246,12 +257,13 @@ class Client:
             last = f"tablet {computation}/{dest.key_range} has no primary now"
             if dest.address:
                 req = pb.ReadStateRequest(computation=computation, key_range=dest.key_range,
-                                          token=dest.token, key=key)
+                                          token=dest.token, key=key, state=name)
                 try:
                     resp = rpc.WorkerStub(self.worker_channel(dest.address)).ReadState(req, timeout=self.timeout)
                     return resp.value if resp.found else None
                 except grpc.RpcError as e:
-                    if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+                                    grpc.StatusCode.INVALID_ARGUMENT):
                         raise MillstreamError(e.details() or "refused") from None
                     last = f"{dest.address}: {e.code().name} {e.details()}"
             if time.monotonic() > deadline:

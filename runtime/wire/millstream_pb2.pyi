@@ -218,16 +218,18 @@ class FileDigest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class ReadStateRequest(_message.Message):
-    __slots__ = ("computation", "key_range", "token", "key")
+    __slots__ = ("computation", "key_range", "token", "key", "state")
     COMPUTATION_FIELD_NUMBER: _ClassVar[int]
     KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     computation: str
     key_range: int
     token: int
     key: bytes
-    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., key: _Optional[bytes] = ...) -> None: ...
+    state: str
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., key: _Optional[bytes] = ..., state: _Optional[str] = ...) -> None: ...
 
 class ReadStateResponse(_message.Message):
     __slots__ = ("found", "value", "token")
