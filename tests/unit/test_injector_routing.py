@@ -4,6 +4,7 @@ fails on a record gets it in its dead letters; every other reader gets it as usu
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 
 from injectors.tablets import Tablets
@@ -43,9 +44,11 @@ def test_a_reader_s_failing_key_extractor_sends_the_record_to_its_dead_letters_o
                Record(b"k2", b"not json", 11, sequence_id(P, 2))]
     round_ = Columns.of_records(records, P)
     out = tablets.route_with(round_, routing)
-    assert out[("good", 0)].records() == records
-    assert out[("buggy", 0)].records() == [Record(b"ann", b'{"user": "ann"}', 10, sequence_id(P, 1))]
+    # Each reader learns the stream its records came on (Record.stream).
+    assert out[("good", 0)].records() == [dataclasses.replace(r, stream="s") for r in records]
+    assert out[("buggy", 0)].records() == [Record(b"ann", b'{"user": "ann"}', 10, sequence_id(P, 1), "s")]
     [letter] = out[("buggy_dead", 0)].records()
+    assert letter.stream == "buggy.dead_letter"
     doc = json.loads(letter.value)
     assert doc["error"].startswith("JSONDecodeError") and doc["computation"] == "buggy", doc
     assert (doc["stream"], doc["producer"], base64.b64decode(doc["value"])) == ("s", "injector/src", b"not json")
