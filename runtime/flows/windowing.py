@@ -295,6 +295,8 @@ class Window(_EventTimeOp):
         result, out = self._result, []
         for time, key, start in due:
             k = (key, start)
+            if k in self._dirty and self._dirty[k] is None:
+                continue  # fired or merged away earlier in this call: its stored cell is stale
             w = self._dirty.get(k) or self._accs.get(k)
             if w is None:
                 stored = ctx.cell_get(self._skey(key, start))  # type: ignore[attr-defined]
