@@ -149,11 +149,6 @@ def keep_secret(state_dir: str, secret: str) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _injected(request: pb.DeliverRequest, worker: bool) -> bool:
-    """Whether a delivery comes from outside (an injector's, or any not sent as a worker)."""
-    return request.sender.startswith("injector/") or not worker
-
-
 class WorkerServicer(rpc.WorkerServicer):
     def __init__(self, core: WorkerCore, stream_credit: int = streams.STREAM_CREDIT_BYTES) -> None:
         self.core = core
@@ -167,7 +162,8 @@ class WorkerServicer(rpc.WorkerServicer):
             await context.abort(e.code(), e.details())
             raise
         metrics.DELIVER_CALLS.labels("unary").inc()
-        metrics.DELIVERIES_PER_CALL.labels("injector" if _injected(request, worker) else "worker").observe(1)
+        outside = delivery.from_outside(request, worker)
+        metrics.DELIVERIES_PER_CALL.labels("injector" if outside else "worker").observe(1)
         return await self._deliver(*admitted[0], worker)
 
     async def DeliverMany(self, request: pb.DeliverManyRequest, context: Any) -> pb.DeliverManyResponse:
@@ -203,8 +199,8 @@ class WorkerServicer(rpc.WorkerServicer):
         admitted = await self._admit(request.deliveries, worker)
         metrics.DELIVER_CALLS.labels(carrier).inc()
         if admitted:
-            metrics.DELIVERIES_PER_CALL.labels("injector" if _injected(admitted[0][0], worker) else "worker"
-                                               ).observe(len(admitted))
+            outside = delivery.from_outside(admitted[0][0], worker)
+            metrics.DELIVERIES_PER_CALL.labels("injector" if outside else "worker").observe(len(admitted))
         answers = await asyncio.gather(*(self._deliver(*a, worker) for a in admitted))
         return pb.DeliverManyResponse(answers=answers)
 
@@ -233,7 +229,7 @@ class WorkerServicer(rpc.WorkerServicer):
             if problem is not None:
                 raise streams.StreamError(grpc.StatusCode.PERMISSION_DENIED, f"delivery to {request.computation}/"
                                           f"{request.key_range} refused: {problem}")
-            if _injected(request, worker):
+            if delivery.from_outside(request, worker):
                 injected = True
                 closed = self.core.routing.closed_to_input(request.computation)
                 if closed:
@@ -246,7 +242,7 @@ class WorkerServicer(rpc.WorkerServicer):
 
     async def _deliver(self, request: pb.DeliverRequest, records: Columns, orders: Any,
                        worker: bool) -> pb.DeliverResponse:
-        if _injected(request, worker):
+        if delivery.from_outside(request, worker):
             route = self.core.routing.computations.get(request.computation)
             if route is not None and route.input_paused:  # a savepoint is being taken: retry soon
                 return pb.DeliverResponse(status=cast(Any, delivery.Status.BUSY),
