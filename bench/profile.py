@@ -73,13 +73,14 @@ class _Host:
 
 def _routing() -> pb.Routing:
     r = pb.Routing(version=1)
+    options = pb.EngineOptions(fsync=True, dedup_retention_s=600, replication=1)
     c = r.computations.add(name="count1", topology="p", code="bench.jobs:ChainedCounter",
-                           outputs=["s1"], key_ranges=1, exactly_once=True, productions="strong")
+                           outputs=["s1"], key_ranges=1, exactly_once=True, productions="strong", options=options)
     c.params["out"] = "s1"
     c.inputs.add(stream="in", key_extractor="")
     c.assignments.add(key_range=0, worker_id="w", address="local", token=1)
     s = r.computations.add(name="sink", topology="p", code="bench.jobs:ArrivalSink", outputs=[],
-                           key_ranges=1, exactly_once=True, productions="strong")
+                           key_ranges=1, exactly_once=True, productions="strong", options=options)
     s.inputs.add(stream="s1", key_extractor="")
     s.assignments.add(key_range=0, worker_id="w", address="local", token=1)
     return r

@@ -54,11 +54,10 @@ def routing(sink_dir: str) -> pb.Routing:
             ("spike", "bench.jobs:SpikeDetector", "windows", "spikes", {"out": "spikes"}),
             ("sink", "bench.jobs:ArrivalSink", "spikes", None, {"path": sink_dir})):
         c = r.computations.add(name=name, topology="w2", code=code, outputs=[out] if out else [],
-                               key_ranges=1, exactly_once=True, productions="strong")
+                               key_ranges=1, exactly_once=True, productions="strong",
+                               options=pb.EngineOptions(fsync=name != "sink", dedup_retention_s=600, replication=1))
         for k, v in params.items():
             c.params[k] = v
-        if name == "sink":
-            c.params["millstream.fsync"] = "0"
         c.inputs.add(stream=inp, key_extractor="")
         c.assignments.add(key_range=0, worker_id="w", address="local", token=1)
     return r

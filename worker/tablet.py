@@ -205,7 +205,7 @@ class Tablet:
             if not (isinstance(cls, type) and issubclass(cls, Computation)):
                 raise MillstreamError(f"{self.route.code!r} is not a Computation subclass")
             comp = cls()
-            comp.setup({k: v for k, v in self.route.params.items() if not k.startswith("millstream.")})
+            comp.setup(dict(self.route.params))
             if is_sink(comp, self.route.code):
                 restore = getattr(comp, "restore", None)
                 if restore is not None:
