@@ -261,7 +261,7 @@ class MasterCore:
         except Exception:
             log.exception("etcd upkeep failed")
             return
-        self.image.etcd_db_bytes = size
+        self.image.note_etcd_size(size)
         metrics.ETCD_DB_BYTES.set(size)
 
     # --------------------------------------------------------------- routing

@@ -346,6 +346,9 @@ class ClusterImage:
     def note_reshard(self, now: float, what: str) -> None:
         self.reshards = [*self.reshards[-19:], (now, what)]
 
+    def note_etcd_size(self, size: int) -> None:
+        self.etcd_db_bytes = size
+
     def add_injector(self, name: str, stream: str, watermark: int) -> InjectorEntry:
         """A name reported for the first time (written to etcd by the next tick)."""
         inj = self.injectors[name] = InjectorEntry(stream, watermark, dirty=True)

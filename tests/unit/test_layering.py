@@ -24,8 +24,10 @@ ALLOWED = {
     "bench": {"runtime", "master", "worker", "injectors", "spark_bridge", "examples"},
     "cli": {"runtime", "master", "worker", "injectors", "spark_bridge", "examples", "bench"},
 }
-# The one deliberate exception: the test kit runs the real worker in-process, with the
-# master's watermark math, so that a unit test exercises what production runs.
+# The one deliberate exception: the test kit runs the real worker in-process, and the real
+# leader (its image, routing view and watermark tick: master/core.py with nothing to store), so
+# that a unit test exercises what production runs. The views stay in master/: they read the
+# leader's image, which is the master's.
 EXCEPTIONS = {"runtime/testing.py": {"worker", "master"}}
 
 
