@@ -20,7 +20,7 @@ from master.core import MasterCore
 from master.image import UnknownWorkerError
 from master.store import EtcdConfig, EtcdStore, NotLeaderError
 from master.views import StatusDocument
-from runtime import metrics, serving
+from runtime import health, metrics, serving
 from runtime.client import NOT_LEADER_METADATA
 from runtime.errors import EtcdUnavailableError, WorkerIdentityError
 from runtime.keyspace import wire_end
@@ -41,6 +41,7 @@ class MasterOptions:
     advertise: str | None = None
     http_listen: str | None = None
     security: Security = Security()
+    health_listen: str | None = None  # the health service alone, in plaintext (runtime/health.py)
 
 
 async def _async(fn: Any, *args: Any) -> Any:
@@ -225,14 +226,22 @@ class Master:
         await asyncio.to_thread(self.store.check)
         server = serving.make_server(self.options.security)
         rpc.add_MasterServicer_to_server(MasterServicer(self), server)
+        ready = health.Health(health.MASTER)
+        ready.add_to(server)
         self.address = serving.bind(server, self.options.listen, self.options.advertise,
                                     self.options.security)
+        await ready.start()
         await server.start()
+        plain = None
+        if self.options.health_listen:
+            plain, health_address = await ready.serve_plain(self.options.health_listen)
+            print(f"millstream master health service on {health_address}", flush=True)
         http = None
         if self.options.http_listen:
             http, http_address = await web.serve(self.options.http_listen, self._status_json)
             print(f"millstream master web page and /metrics on http://{http_address}/", flush=True)
-        print(f"millstream master listening on {self.address}", flush=True)
+        await ready.set(health.MASTER, True)  # it serves: leading, or sending clients to the leader
+        print(health.listening_line("master", self.address), flush=True)
         tasks = [asyncio.create_task(self._lead()), asyncio.create_task(stop.wait())]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -241,7 +250,10 @@ class Master:
         finally:
             for t in tasks:
                 t.cancel()
+            await ready.stop()
             await server.stop(grace=0.5)
+            if plain is not None:
+                await plain.stop(grace=None)
             if http is not None:
                 http.close()
             await asyncio.to_thread(self.store.resign)

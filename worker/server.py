@@ -20,7 +20,7 @@ from typing import IO, Any, cast
 
 import grpc
 
-from runtime import delivery, metrics, serving, streams
+from runtime import delivery, health, metrics, serving, streams
 from runtime.client import AsyncMasterClient
 from runtime.columns import Columns, MalformedColumns, of_request
 from runtime.errors import ConfigError
@@ -51,6 +51,7 @@ class WorkerOptions:
     security: Security = Security()
     code_policy: CodePolicy = CodePolicy()
     zone: str = ""
+    health_listen: str | None = None  # the health service alone, in plaintext (runtime/health.py)
 
 
 def claim_state_dir(state_dir: str) -> tuple[str, IO[str]]:
@@ -355,8 +356,9 @@ class MasterSession:
     """Registers with the leader, heartbeats, and applies the routing it streams."""
 
     def __init__(self, core: WorkerCore, masters: AsyncMasterClient, identity: str = "", zone: str = "",
-                 state_dir: str | None = None) -> None:
+                 state_dir: str | None = None, ready: health.Health | None = None) -> None:
         self.core = core
+        self.ready = ready  # its WORKER service is SERVING while the worker holds a lease
         self.masters = masters
         self.identity = identity
         self.state_dir = state_dir  # where the issued secret is kept (None: in memory only)
@@ -390,13 +392,16 @@ class MasterSession:
             self.lease_ms = resp.lease_ms
             self.core.renewed(sent_at, self.lease_ms)
             log.info("registered as worker %s (lease %d ms)", resp.worker_id, resp.lease_ms)
-            print(f"millstream worker {resp.worker_id} registered", flush=True)
+            if self.ready is not None:
+                await self.ready.set(health.WORKER, True)
             self._watcher = asyncio.create_task(self._watch())
             try:
                 await self._heartbeat()
             finally:
                 self._watcher.cancel()
                 await asyncio.gather(self._watcher, return_exceptions=True)
+                if self.ready is not None:
+                    await self.ready.set(health.WORKER, False)
             self.core.lost_lease()
             await self.core.reconcile()  # closes every tablet: self-fencing
 
@@ -443,6 +448,8 @@ class MasterSession:
                     self._behind = 0
                     self._watcher.cancel()
                     self._watcher = asyncio.create_task(self._watch())
+            if self.ready is not None:  # ready while the lease holds (it lapses when no leader answers)
+                await self.ready.set(health.WORKER, self.core.lease_held())
             await asyncio.sleep(interval)
 
     async def _watch(self) -> None:
@@ -508,13 +515,20 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
                       await_watermarks=True)
     links.secret = lambda: core.secret
     rpc.add_WorkerServicer_to_server(WorkerServicer(core), server)
+    ready = health.Health(health.WORKER)
+    ready.add_to(server)
+    await ready.start()
     await server.start()
-    print(f"millstream worker listening on {address}", flush=True)
+    plain = None
+    if options.health_listen:
+        plain, health_address = await ready.serve_plain(options.health_listen)
+        print(f"millstream worker health service on {health_address}", flush=True)
+    print(health.listening_line("worker", address), flush=True)
     if options.metrics_listen:
         host, _, port = options.metrics_listen.rpartition(":")
         print(f"millstream worker metrics on {host}:{metrics.serve(host, int(port))}", flush=True)
-    tasks = [asyncio.create_task(MasterSession(core, masters, identity, options.zone, options.state_dir).run()),
-             asyncio.create_task(_reconcile_loop(core))]
+    session = MasterSession(core, masters, identity, options.zone, options.state_dir, ready)
+    tasks = [asyncio.create_task(session.run()), asyncio.create_task(_reconcile_loop(core))]
     try:
         await stop.wait()
         await _drain(core, masters, options.limits.drain_timeout_s)
@@ -528,7 +542,10 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
                 await masters.stub().LeaveWorker(pb.LeaveRequest(worker_id=core.worker_id, secret=core.secret), timeout=2)
             except grpc.RpcError as e:
                 log.info("could not tell the master we leave (%s); the lease will expire", e.code().name)
+        await ready.stop()
         await server.stop(grace=0.5)
+        if plain is not None:
+            await plain.stop(grace=None)
         await peers.close()
         await masters.close()
         lock.close()
