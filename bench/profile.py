@@ -22,7 +22,7 @@ from typing import Any
 
 from bench.generator import w1_keys
 from runtime.imports import CodePolicy
-from runtime.record import Record, producer_prefix, sequence_id
+from runtime.record import MIN_TIME, Record, producer_prefix, sequence_id
 from runtime.routing import RoutingTable
 from runtime.wire import from_proto, to_proto
 from runtime.wire import millstream_pb2 as pb
@@ -52,7 +52,7 @@ class _Host:
         return True
 
     def watermark(self, computation: str) -> int:
-        return -(1 << 63)
+        return MIN_TIME
 
     def send(self, productions: list[Any], owner: Any) -> None:
         if _COLUMNS:  # shipments, as worker/sender.py and worker/peers.py encode them

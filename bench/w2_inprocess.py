@@ -33,7 +33,7 @@ import uvloop
 
 from bench import generator
 from runtime.imports import CodePolicy
-from runtime.record import Record, producer_prefix, sequence_id
+from runtime.record import END_OF_TIME, MIN_TIME, Record, producer_prefix, sequence_id
 from runtime.routing import RoutingTable
 from runtime.wire import millstream_pb2 as pb
 from worker.core import WorkerLimits
@@ -44,7 +44,7 @@ except ImportError:
     Columns = None  # type: ignore[assignment,misc]
 
 LIMITS = WorkerLimits(max_queued_records=1 << 30, max_unacked=1 << 30)
-END = (1 << 63) - 1
+END = END_OF_TIME
 
 
 def routing(sink_dir: str) -> pb.Routing:
@@ -71,7 +71,7 @@ class Host:
         self.code_policy = CodePolicy(("bench",))
         self.worker_id = "w"
         self.watermarks_known = True
-        self.wm = -(1 << 63)
+        self.wm = MIN_TIME
         self.tablets: dict[str, Any] = {}
         self.inflight: set[asyncio.Task[None]] = set()
         self.delivered: Counter[str] = Counter()
