@@ -555,7 +555,7 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
 # Session 8 chose 0.5 ms (a tablet's thread won the GIL back sooner after its fsync); since
 # the loop waits for one turn's short calls together, several tablet threads run side by
 # side, and forcing the GIL between them every 0.5 ms measured worse under load (W1 three
-# stages and one stage at 10,000 rec/s; neutral at one stage 1,000: docs/performance.md,
+# stages and one stage at 10,000 rec/s; neutral at one stage 1,000: docs/performance-history.md,
 # "Session 12").
 SWITCH_INTERVAL_S = 0.005
 
