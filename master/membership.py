@@ -4,7 +4,7 @@ A worker's identity is the id its state directory keeps (``worker.id``): a worke
 disk is the same worker, and its copies count again. Its first registration issues it a
 secret, which it shows on every later call as that id (only the SHA-256 is stored): a worker
 token alone cannot pose as another worker. Each change goes through
-:meth:`MasterCore.commit <master.core.MasterCore.commit>`; a lease expiry is the leader's tick.
+the leader's ``commit`` (master/core.py); a lease expiry is the leader's tick.
 """
 
 from __future__ import annotations
@@ -16,15 +16,12 @@ import re
 import secrets
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from master.change import Change, WorkerInfo
+from master.image import ClusterImage
+from master.leader import Leader
 from master.scheduler import Ownership
 from runtime.errors import ConfigError, WorkerIdentityError
-
-if TYPE_CHECKING:
-    from master.core import MasterCore
-    from master.image import ClusterImage
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +53,7 @@ def authenticate(image: ClusterImage, worker_id: str, secret: str) -> None:
             "delete worker.id too to join as a new worker")
 
 
-async def register(core: MasterCore, address: str, worker_id: str = "", zone: str = "", secret: str = "",
+async def register(core: Leader, address: str, worker_id: str = "", zone: str = "", secret: str = "",
                    allowed_code: Sequence[str] = ()) -> tuple[str, str]:
     """A worker joins; returns its id and its secret (issued on its first registration)."""
     if worker_id and not WORKER_ID.fullmatch(worker_id):
@@ -91,7 +88,7 @@ async def register(core: MasterCore, address: str, worker_id: str = "", zone: st
     return worker_id, secret
 
 
-async def drain(core: MasterCore, worker_id: str) -> int:
+async def drain(core: Leader, worker_id: str) -> int:
     """A worker is stopping but still runs: move its primaries away, each to a target that
     catches up first (DESIGN.md §5). Returns how many it still holds that can move (0:
     none left, or no other worker to take them)."""
@@ -109,7 +106,7 @@ async def drain(core: MasterCore, worker_id: str) -> int:
         return sum(1 for t in image.tablets.values() if t.own.worker == worker_id)
 
 
-async def leave(core: MasterCore, worker_id: str) -> None:
+async def leave(core: Leader, worker_id: str) -> None:
     """A worker left cleanly (its tablets are closed): move what it still had at once."""
     async with core.lock:
         w = core.image.workers.get(worker_id)

@@ -12,19 +12,16 @@ heartbeat.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from master import injectors
 from master.change import Change
+from master.leader import Leader
 from master.watermarks import TabletReport, compute, inputs, publish, with_idleness
 from runtime import metrics
 from runtime.record import END_OF_TIME, MIN_TIME
 
-if TYPE_CHECKING:
-    from master.core import MasterCore
 
-
-async def advance(core: MasterCore) -> None:
+async def advance(core: Leader) -> None:
     """Recompute every low watermark; persist and publish those that advanced.
 
     Under the leader's lock: the watermarks are computed for the jobs as they are, then
