@@ -30,6 +30,7 @@ from examples import zeitgeist
 from examples.zeitgeist_spark import LogSpec, batch_alerts, batch_windows, generate_log, planted_found
 from runtime.client import Client
 from runtime.cluster import LocalCluster, wait_until
+from runtime.record import END_OF_TIME
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -48,7 +49,6 @@ def oracle(lines: list[str]) -> dict[str, int]:
     return dict(collections.Counter(w.lower() for line in lines for w in line.split()))
 
 
-END_OF_TIME = (1 << 63) - 1
 STREAM = "queries"
 
 

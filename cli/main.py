@@ -95,6 +95,13 @@ def _log_format_flag(p: argparse.ArgumentParser) -> None:
                                         "MILLSTREAM_LOG_FORMAT)")
 
 
+def _health_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--health-listen", default=_env("MILLSTREAM_HEALTH_LISTEN", ""),
+                   type=_address("--health-listen or MILLSTREAM_HEALTH_LISTEN", optional=True),
+                   help="HOST:PORT of the gRPC health service alone, in plaintext, for probes that speak no "
+                        "TLS (Kubernetes); it is on the gRPC port too ('' = only there; runtime/health.py)")
+
+
 def _masters_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--masters", default=_env("MILLSTREAM_MASTERS"),
                    help="master addresses HOST:PORT[,HOST:PORT...] (env MILLSTREAM_MASTERS)")
@@ -231,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="HOST:PORT of the web page and /metrics (port 0: chosen by the OS and "
                         "printed; '' = off)")
     _log_format_flag(m)
+    _health_flag(m)
     m.add_argument("--etcd-ca", default=_env("MILLSTREAM_ETCD_CA"), help="CA certificate for https etcd")
     m.add_argument("--lease-ms", type=_int_in(500, 3_600_000, "--lease-ms or MILLSTREAM_LEASE_MS, milliseconds"),
                    default=_env("MILLSTREAM_LEASE_MS", "3000"))
@@ -276,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--metrics-listen", default=_env("MILLSTREAM_METRICS_LISTEN", "127.0.0.1:0"),
                    type=_address("--metrics-listen or MILLSTREAM_METRICS_LISTEN", optional=True),
                    help="HOST:PORT for Prometheus /metrics (port 0: chosen by the OS; '' = off)")
+    _health_flag(w)
     w.add_argument("--allow-code", default=_env("MILLSTREAM_ALLOW_CODE"),
                    help="comma-separated module prefixes topologies may load code from, e.g. my_jobs,"
                         "acme.pipelines (env MILLSTREAM_ALLOW_CODE); millstream's own sinks and "
@@ -409,7 +418,8 @@ def _run(args: argparse.Namespace) -> int:
         config = MasterConfig(lease_ms=args.lease_ms, replication=args.replication, rebalance=args.rebalance,
                               policy=policy, injector_expiry_s=args.injector_expiry_s)
         main(MasterOptions(etcd, args.listen, config,
-                           advertise=args.advertise, http_listen=args.http_listen, security=_security(args)))
+                           advertise=args.advertise, http_listen=args.http_listen, security=_security(args),
+                           health_listen=args.health_listen or None))
         return 0
     if cmd == "worker":
         from runtime.client import parse_addresses
@@ -421,7 +431,8 @@ def _run(args: argparse.Namespace) -> int:
         state = os.path.abspath(_need(args.state_dir, "--state-dir", "MILLSTREAM_STATE_DIR"))
         worker_main(WorkerOptions(tuple(masters), args.listen, state, args.metrics_listen,
                                   advertise=args.advertise, security=_security(args),
-                                  code_policy=CodePolicy.parse(args.allow_code), zone=args.zone))
+                                  code_policy=CodePolicy.parse(args.allow_code), zone=args.zone,
+                                  health_listen=args.health_listen or None))
         return 0
     if cmd == "up":
         from cli.up import run_up

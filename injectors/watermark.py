@@ -33,12 +33,12 @@ from collections.abc import Callable
 
 from runtime.client import Client
 from runtime.errors import MillstreamError
+from runtime.record import END_OF_TIME, MIN_TIME
 from runtime.wire import millstream_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-MIN = -(1 << 63)
-END = (1 << 63) - 1
+MIN, END = MIN_TIME, END_OF_TIME
 CONFIRM_EVERY_S = 0.02  # how often the confirmer asks while receipts are held
 # A live injector reports at least this often, idle or not: the leader counts a registration
 # silent for long as gone (MasterConfig.injector_expiry_s), and a new leader learns its idleness.

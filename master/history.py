@@ -17,9 +17,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.record import END_OF_TIME, MIN_TIME
+
 log = logging.getLogger(__name__)
 
-MIN, END_OF_TIME = -(1 << 63), (1 << 63) - 1
+MIN = MIN_TIME
 StatusFn = Callable[[], Awaitable[dict[str, Any] | None]]
 
 

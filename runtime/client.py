@@ -21,6 +21,7 @@ import grpc
 from runtime.errors import ConfigError, MasterUnavailableError, MillstreamError, TopologyError
 from runtime.imports import load
 from runtime.keyspace import from_wire_end
+from runtime.record import END_OF_TIME
 from runtime.security import Security
 from runtime.topology import Topology
 from runtime.wire import millstream_pb2 as pb
@@ -164,7 +165,7 @@ class Client:
     def release_injector(self, name: str, stream: str) -> None:
         """Stop every injector registered as ``name`` holding ``stream`` (one that crashed or
         went silent, flagged stale in status). Records sent under that name later may be late."""
-        req = pb.InjectorReport(name=name, stream=stream, watermark=(1 << 63) - 1, release=True)
+        req = pb.InjectorReport(name=name, stream=stream, watermark=END_OF_TIME, release=True)
         self.call(lambda s: s.ReportInjector(req, timeout=self.timeout))
 
     def routing(self) -> pb.Routing:

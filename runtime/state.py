@@ -38,10 +38,11 @@ from typing import Any, Protocol
 from runtime.codecs import Codec, check_codec
 from runtime.errors import ConfigError, MillstreamError, UsageError
 from runtime.keyspace import hash_prefix
+from runtime.record import END_OF_TIME
 
 TYPED = b"Y"
 VALUE, COUNT, ELEMENT, ENTRY = b"v", b"n", b"e", b"m"
-NEVER = (1 << 63) - 1
+NEVER = END_OF_TIME
 TTL_TAG = "millstream.ttl/"  # internal timers: "millstream.ttl/<state name>"
 _EXPIRY = struct.Struct(">q")
 _INDEX = struct.Struct(">Q")

@@ -3,7 +3,7 @@ stream count, shared by the worker's sender (worker/peers.py), the injector's
 (injectors/stream.py) and the receiver (worker/deliverstream.py).
 
 A sender keeps one long-lived stream per worker instead of one unary call per delivery
-(a bidi stream costs about half the CPU per round trip: docs/performance.md, "Issue 29:
+(a bidi stream costs about half the CPU per round trip: docs/performance-history.md, "Issue 29:
 streams"). Each frame carries what one ``DeliverMany`` would; the receiver handles frames
 side by side and answers each when its deliveries are done, in any order, by id.
 

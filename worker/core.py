@@ -18,7 +18,7 @@ from runtime.errors import ConfigError, NotOwnerError, StaleTokenError, Topology
 from runtime.faults import Faults
 from runtime.imports import CodePolicy
 from runtime.keyspace import from_wire_end
-from runtime.record import Record
+from runtime.record import MIN_TIME, Record
 from runtime.routing import KeyExtractor, RoutingTable
 from runtime.state import read_as_json
 from runtime.wire import millstream_pb2 as pb
@@ -31,7 +31,7 @@ from worker.storage import Shipment
 from worker.tablet import BUSY, NOT_OWNER, Tablet
 
 log = logging.getLogger(__name__)
-WATERMARK_MIN = -(1 << 63)
+WATERMARK_MIN = MIN_TIME
 RemoteDeliver = Callable[[str, str, int, int, Columns, Orders | None], Awaitable[tuple[int, Receipt | None]]]
 
 

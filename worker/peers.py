@@ -134,7 +134,8 @@ class Peers:
                       cols: Columns, orders: delivery.Orders | None
                       ) -> tuple[int, delivery.Receipt | None]:
         req = pb.DeliverRequest(computation=computation, key_range=key_range, token=token,
-                                columns=cols.to_proto(), orders=delivery.to_orders(orders))
+                                columns=cols.to_proto(), orders=delivery.to_orders(orders),
+                                sender_kind=pb.SENDER_WORKER)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[delivery.Outcome] = loop.create_future()
         bundle = self._bundles.setdefault(address, [])

@@ -28,12 +28,13 @@ from runtime.computation import Context, TimeDomain
 from runtime.errors import UsageError
 from runtime.flows.ops import Item, Op
 from runtime.flows.values import AUTO, VALUES
+from runtime.record import MIN_TIME
 from runtime.state import COUNT, ENTRY, cell, kept, payload
 from runtime.windows import Session, Sliding, Tumbling, WindowResult, _Windows
 
 _I64 = struct.Struct(">q")
 _U64 = struct.Struct(">Q")
-_OFFSET = 1 << 63
+_OFFSET = -MIN_TIME  # signed event time onto unsigned, order kept
 
 
 def _time(t: int) -> bytes:
