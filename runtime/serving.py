@@ -95,9 +95,9 @@ def dump_tasks() -> None:
             lines.append(f"    {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
     frames = sys._current_frames()
     for thread in threading.enumerate():
-        frame = frames.get(thread.ident or -1)
+        top = frames.get(thread.ident or -1)
         lines.append(f"thread {thread.name}")
-        lines += ["    " + line.strip() for line in traceback.format_stack(frame, limit=12)] if frame else []
+        lines += ["    " + line.strip() for line in traceback.format_stack(top, limit=12)] if top else []
     log.warning("%s", "\n".join(lines))
 
 

@@ -183,7 +183,7 @@ def test_credit_holds_a_sender_to_its_grant() -> None:
                     sends.append(_deliver(peers, address, f"c{i}", b"x" * 1000))
                     await asyncio.sleep(0)  # the next turn of the loop (Peers bundles per turn)
                 await _until(lambda: len(held.arrived) == 2, "two frames")
-                stream = peers._streams[address]
+                stream = peers.links._streams[address]
                 await _until(lambda: len(stream._waiting) == 2, "the sender to hold its credit")
                 assert len(stream.window.in_flight) == 2 and not any(s.done() for s in sends)
                 for i in range(5):
