@@ -316,6 +316,15 @@ class Courier(Generic[ParcelT, OwnerT]):
             self._pump(lane, now)
         return self._done()
 
+    def withdraw(self, owner: OwnerT) -> None:
+        """Let go of ``owner``'s queued and staged parcels (it is ``closing`` now: its
+        successor sends their records again); its deliveries in flight end as they end."""
+        for lane in self._lanes.values():
+            if any(o is owner for _, o in lane.queue):
+                lane.queue = deque(item for item in lane.queue if item[1] is not owner)
+        for comp, staged in self._staged.items():
+            self._staged[comp] = [item for item in staged if item[1] is not owner]
+
     # ------------------------------------------------------------ the lanes
 
     def _lane(self, dest: Dest) -> _Lane[ParcelT, OwnerT]:

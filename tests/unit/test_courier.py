@@ -368,3 +368,27 @@ def test_a_permanent_refusal_is_reported_and_waits_as_an_unreachable_one() -> No
 
 def test_in_order_reads_unknown_keys_first() -> None:
     assert in_order([-1, -1, 3, 3, 7]) and not in_order([3, -1]) and not in_order([4, 2])
+
+
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=20), min_size=1, max_size=8))
+def test_every_chained_delivery_follows_exactly_the_previous_records_of_its_tablet(rounds: list[list[int]]) -> None:
+    """Rounds of records (each a tablet number) sent in order while nothing is answered: a
+    delivery's ``after`` is the last sequence of the same producer sent to its tablet by any
+    earlier round, or 0 (was injectors/rounds.py's ``chained_orders``)."""
+    ranges = [(t, t * (HASH_SPACE // 4), (t + 1) * (HASH_SPACE // 4)) for t in range(4)]
+    c: Courier[Parcel, _O] = Courier(_routing(1, ranges), piece, window=64)
+    inj = _O(0)
+    seq = 0
+    last_on: dict[int, int] = {}
+    for n, tablets in enumerate(rounds):
+        by_tablet: dict[int, list[int]] = {}
+        expect: dict[int, int] = {}
+        for t in tablets:
+            seq += 1
+            expect.setdefault(t, last_on.get(t, 0))
+            by_tablet.setdefault(t, []).append(seq)
+            last_on[t] = seq
+        parcels = [Parcel(COMP, t, Columns([b"k"] * len(s), [b""] * len(s), [1] * len(s), P, s), (P,), s)
+                   for t, s in by_tablet.items()]
+        out = _deliveries(c.send(parcels, inj, n))
+        assert {d.key_range: d.orders[P][0] for d in out} == expect
