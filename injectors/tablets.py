@@ -31,7 +31,7 @@ from runtime import delivery
 from runtime.client import Client
 from runtime.columns import Columns
 from runtime.courier import Acked, Action, Courier, Deliver, Dropped, FetchRouting, Refused
-from runtime.delivery import Outcome, Status
+from runtime.delivery import Outcome, Receipt, Status
 from runtime.errors import InjectionError, MillstreamError, UsageError
 from runtime.imports import CodePolicy
 from runtime.keyspace import key_hashes
@@ -45,7 +45,6 @@ from runtime.topology import dead_letter_stream
 from runtime.wire import millstream_pb2 as pb
 
 log = logging.getLogger(__name__)
-Receipt = tuple[str, int]  # (worker id, report sequence) of a commit
 # Destination -> (its records, each one's index in the round's records).
 Routed = dict[tuple[str, int], tuple[Columns, Sequence[int]]]
 
