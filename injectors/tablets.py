@@ -1,6 +1,5 @@
 """An injector's side of the delivery protocol: the shell around the delivery core
-(runtime/courier.py) its rounds go through, and the routing of its records (the readers of
-its stream, their key extractors, dead letters).
+(runtime/courier.py) its rounds go through (their records routed by injectors/routes.py).
 
 The core decides: a queue per tablet, chains of deliveries in flight to one tablet (up to
 ``max_in_flight``), retries, re-routing through splits and merges, dropping what goes to
@@ -16,37 +15,30 @@ leader holds their receivers' reports (``committed``: injectors/watermark.py).
 from __future__ import annotations
 
 import asyncio
-import base64
 import functools
-import json
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
-from itertools import repeat
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from injectors.rounds import Round
+from injectors.routes import Routes
 from runtime import delivery
 from runtime.client import Client
 from runtime.columns import Columns
 from runtime.courier import Acked, Action, Courier, Deliver, Dropped, FetchRouting, Refused
 from runtime.delivery import Outcome, Receipt, Status
-from runtime.errors import InjectionError, MillstreamError, UsageError
+from runtime.errors import InjectionError, MillstreamError
 from runtime.imports import CodePolicy
-from runtime.keyspace import key_hashes
 from runtime.links import Channels, DeliveryLinks
 from runtime.parcels import Rerouted
-from runtime.record import Record, derived_id
-from runtime.routing import KeyExtractor, RoutingTable
+from runtime.routing import RoutingTable
 from runtime.security import Security
 from runtime.streams import FRAME_TIMEOUT_S
-from runtime.topology import dead_letter_stream
 from runtime.wire import millstream_pb2 as pb
 
 log = logging.getLogger(__name__)
-# Destination -> (its records, each one's index in the round's records).
-Routed = dict[tuple[str, int], tuple[Columns, Sequence[int]]]
 
 
 @dataclass(eq=False, slots=True)
@@ -95,16 +87,13 @@ class Tablets:
         self._committed = committed    # (oldest timestamp, receipt) of each committed delivery
         self._window = window
         self._make_links = links or (lambda: DeliveryLinks(Channels(security)))
-        self._extractors: dict[str, KeyExtractor] = {}
-        self._code_policy = code_policy  # where key extractors may come from
-        self._extractor_failures: dict[str, int] = {}  # reader -> records its key extractor failed on
+        self.routes = Routes(name, stream, code_policy)
         self.routing = self.fetch()
         # Records the receivers committed (accepted) and dropped as already committed under
         # their ids (duplicates), one count per reader a record reached; see Injector.
         self.accepted = self.duplicates = 0
         self._counts_lock = threading.Lock()
         self._judged = False  # whether the first committed deliveries were looked at
-        self._reach: tuple[RoutingTable | None, set[str]] = (None, set())
         # The loop and what only it touches.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -123,9 +112,7 @@ class Tablets:
         self._timer_at: float | None = None
 
     def fetch(self) -> RoutingTable:
-        table = RoutingTable(self._client.routing())
-        table.load_extractors(self._extractors, self._code_policy)
-        return table
+        return self.routes.table(self._client.routing())
 
     # ------------------------------------------------------------ the caller's side
 
@@ -203,7 +190,7 @@ class Tablets:
     def _core(self) -> Courier[Chunk, Sending]:
         if self._courier is None:
             self._courier = Courier(self.routing, _chunk, max_records=1 << 30, window=self._window,
-                                    reads=self.reads)
+                                    reads=self.routes.reads)
             self._linked = self._make_links()
         return self._courier
 
@@ -282,10 +269,10 @@ class Tablets:
 
     def _chunks(self, rnd: Round, routing: RoutingTable, only: set[str] | None) -> list[Chunk]:
         """A round's records by tablet, cut into deliveries, each record with its place."""
-        reach = None if only is None else self._reached(routing, only)
+        reach = None if only is None else self.routes.reached(routing, only)
         out = []
         first = rnd.first
-        for (comp, r), (cols, where) in self.route_indexed(rnd.records, routing).items():
+        for (comp, r), (cols, where) in self.routes.route_indexed(rnd.records, routing).items():
             if reach is not None and comp not in reach:
                 continue
             start = 0
@@ -406,15 +393,6 @@ class Tablets:
 
     # ------------------------------------------------------------- the routing
 
-    def reads(self, routing: RoutingTable, computation: str) -> bool:
-        """Whether ``computation`` still takes this stream's records (a reader, or a reader of
-        a reader's dead letters) under ``routing``."""
-        cached, reach = self._reach
-        if cached is not routing:
-            reach = self._reached(routing, routing.readers(self.stream))
-            self._reach = (routing, reach)
-        return computation in reach
-
     def _refresh(self) -> None:
         """Fetch the routing from the master (one fetch at a time; again after it if asked)."""
         if self._fetching:
@@ -450,7 +428,7 @@ class Tablets:
         self._apply(core.routing_changed(routing, self._now()))
         readers = routing.readers(self.stream)
         for rnd in list(self._rounds):
-            gone = rnd.readers - self._reached(routing, readers)
+            gone = rnd.readers - self.routes.reached(routing, readers)
             rnd.readers -= gone
             added = readers - rnd.readers
             if added and not rnd.finished.is_set():
@@ -488,94 +466,6 @@ class Tablets:
             await self._linked.close()
         self._courier = None
 
-    # ----------------------------------------------------------- routing records
-
-    def route_with(self, records: Columns, routing: RoutingTable) -> dict[tuple[str, int], Columns]:
-        """``records`` by destination tablet, each destination's in their order
-        (:meth:`route_indexed` without the indexes)."""
-        return {dest: cols for dest, (cols, _) in self.route_indexed(records, routing).items()}
-
-    def route_indexed(self, records: Columns, routing: RoutingTable) -> Routed:
-        """``records`` by destination tablet, each destination's in their order, as columns,
-        with each one's index in ``records``: every key is hashed once whatever the number of
-        readers, and a reader with one range takes the columns as they are. A record a
-        reader's key extractor fails on goes to that reader's dead letters
-        (``<reader>.dead_letter``) instead, right after it, and to every other reader as
-        usual: one reader's bug does not stop the stream (review N5)."""
-        hashes: list[int] | None = None
-        # Destination -> what goes there: (the indexes in ``records`` of what the reader keyed,
-        # None for all; which of those go there, None for all; those records).
-        pieces: dict[tuple[str, int], list[tuple[list[int] | None, list[int] | None, Columns]]] = {}
-        failures: list[tuple[int, str, BaseException]] = []  # (record index, reader, error)
-        for comp, extractor in routing.subscriptions(self.stream):
-            taken: list[int] | None = None  # the records this reader takes (None: all)
-            routed = records
-            if extractor is not None:
-                taken, routed = _extracted(comp, extractor, records, failures)
-            sole = routing.sole_range(comp)
-            if sole is not None:
-                pieces.setdefault((comp, sole), []).append((taken, None, routed))
-                continue
-            if extractor is None:
-                hashes = key_hashes(records.keys) if hashes is None else hashes
-                ranges = routing.ranges_of(comp, hashes)
-            else:
-                ranges = routing.ranges_of(comp, key_hashes(routed.keys))
-            groups = group(ranges)
-            for r, ix in groups.items():
-                if len(groups) == 1:
-                    pieces.setdefault((comp, r), []).append((taken, None, routed))
-                else:
-                    pieces.setdefault((comp, r), []).append((taken, ix, routed.select(ix)))
-        letters: dict[tuple[str, int], list[tuple[int, Record]]] = {}
-        for i, reader, error in sorted(failures, key=lambda f: f[0]):  # (stable: readers in order)
-            letter = self._dead_letter(reader, records.record(i), error)
-            for comp, kr, key in routing.route_fields(dead_letter_stream(reader), letter.key, letter.value,
-                                                      letter.timestamp, None, self._lost_dead_letter):
-                letters.setdefault((comp, kr), []).append((i, Record(key, letter.value, letter.timestamp, letter.id)))
-        out: Routed = {}
-        for dest in [*pieces, *(d for d in letters if d not in pieces)]:
-            parts = pieces.get(dest, [])
-            if len(parts) == 1 and dest not in letters:
-                keyed, chosen, cols = parts[0]
-                where: Sequence[int] = range(len(cols)) if chosen is None else chosen
-                out[dest] = (cols, where if keyed is None else [keyed[i] for i in where])
-                continue
-            # Several readings of the stream to one tablet, or dead letters among them: in the
-            # order of the records they come from, each record's dead letters after it.
-            merged: list[tuple[int, int, Record]] = []
-            for keyed, chosen, cols in parts:
-                where = range(len(cols)) if chosen is None else chosen
-                if keyed is not None:
-                    where = [keyed[i] for i in where]
-                merged += zip(where, repeat(0), cols.records())
-            merged += ((i, 1, letter) for i, letter in letters.get(dest, ()))
-            merged.sort(key=lambda m: m[:2])
-            out[dest] = (Columns.of_records([m[2] for m in merged]), [m[0] for m in merged])
-        return out
-
-    def _dead_letter(self, reader: str, r: Record, error: BaseException) -> Record:
-        """What goes to ``<reader>.dead_letter`` for a record ``reader``'s key extractor failed on."""
-        text = f"{type(error).__name__}: {error}"
-        n = self._extractor_failures[reader] = self._extractor_failures.get(reader, 0) + 1
-        log.log(logging.WARNING if str(n).rstrip("0") == "1" else logging.DEBUG,
-                "injector %s: the key extractor of %r on %r failed (%d times): %s; the record goes to %s",
-                self.name, reader, self.stream, n, text, dead_letter_stream(reader))
-        doc = {"error": text, "computation": reader, "stream": self.stream, "producer": "injector/" + self.name,
-               "value": base64.b64encode(r.value).decode()}
-        # An opaque id (no producer's order): derived, so a retried round sends the same one.
-        return Record(r.key, json.dumps(doc).encode(), r.timestamp, derived_id(b"dead-letter", reader.encode(), r.id))
-
-    def _lost_dead_letter(self, reader: str, error: BaseException) -> None:
-        log.error("injector %s: a dead letter is lost: the key extractor of %r, a reader of dead letters, "
-                  "failed: %s: %s", self.name, reader, type(error).__name__, error)
-
-    @staticmethod
-    def _reached(routing: RoutingTable, readers: set[str]) -> set[str]:
-        """The computations records of ``readers`` may go to: them, and the readers of their
-        dead letters."""
-        return readers.union(*(routing.readers(dead_letter_stream(c)) for c in readers))
-
     def _count(self, accepted: int, duplicates: int) -> None:
         """Add a committed delivery to the counts; the first to commit any decides whether to
         warn that they were all duplicates (E3 of review 3: a new injector under a name
@@ -597,39 +487,3 @@ class Tablets:
 def _chunk(sources: list[Chunk], computation: str, key_range: int, cols: Columns, producers: tuple[bytes, ...],
            order: list[int] | None) -> Chunk:
     return Chunk(computation, key_range, cols, producers, order)
-
-
-def group(ranges: list[int]) -> dict[int, list[int]]:
-    """The indexes of ``ranges`` by value, each list rising: which records go to which range
-    (ranges in the order they first occur)."""
-    groups: dict[int, list[int]] = {r: [] for r in dict.fromkeys(ranges)}
-    adds = {r: ix.append for r, ix in groups.items()}
-    for i, r in enumerate(ranges):
-        adds[r](i)
-    return groups
-
-
-def _extracted(reader: str, extractor: KeyExtractor, records: Columns,
-               failures: list[tuple[int, str, BaseException]]) -> tuple[list[int] | None, Columns]:
-    """``records`` keyed by ``reader``'s key extractor: the indexes of those it keyed (None:
-    all) and them with their new keys. Each record it fails on (raises, or returns no
-    bytes) is added to ``failures``; anything it raises is caught, as for any user code."""
-    keys, values, timestamps = records.keys, records.values, records.timestamps
-    taken: list[int] = []
-    extracted: list[bytes] = []
-    for i, rid in enumerate(records.all_ids()):
-        try:
-            key = extractor(Record(keys[i], values[i], timestamps[i], rid))
-            if not isinstance(key, bytes):
-                raise UsageError(f"the key extractor of {reader!r} returned {type(key).__name__}, not bytes; "
-                                 "return the key as bytes (encode it)")
-        except BaseException as e:
-            failures.append((i, reader, e))
-            continue
-        taken.append(i)
-        extracted.append(key)
-    if len(taken) == len(records):
-        return None, replace(records, keys=extracted)
-    out = records.select(taken)
-    out.keys = extracted
-    return taken, out

@@ -13,7 +13,7 @@ and feeds back what happened:
   (a newer routing is needed), :class:`Refused` (a receiver refused a delivery for good);
   and :attr:`Courier.wake_at`, when to :meth:`~Courier.tick` next.
 
-What it keeps (per destination tablet, a *lane*):
+What it keeps (per destination tablet, a *lane*: runtime/lanes.py):
 
 - a queue of parcels, each owner's in its order (runtime/parcels.py). Every parcel enters a
   lane through one door that checks the owner's order there and, if a parcel would follow
@@ -51,32 +51,18 @@ import heapq
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic
 
 from runtime.columns import Columns
 from runtime.delivery import MAX_DELIVERY_BYTES, Orders, Outcome, Status
 from runtime.keyspace import key_hashes
-from runtime.parcels import (
-    UNKNOWN,
-    OwnerT,
-    ParcelT,
-    PieceMaker,
-    Rerouted,
-    arrange,
-    first_key,
-    in_order,
-    last_key,
-    order_keys,
-    unknown_sequences,
-)
+from runtime.lanes import MIN_BACKOFF_S, Dest, Flight, Lane
+from runtime.parcels import UNKNOWN, OwnerT, ParcelT, PieceMaker, Rerouted, arrange, last_key, order_keys
 from runtime.routing import RoutingTable
 
 log = logging.getLogger(__name__)
 
-Dest = tuple[str, int]  # (computation, key range)
-
-MIN_BACKOFF_S = 0.005
 BUSY_BACKOFF_MAX_S = 0.5     # BUSY, OUT_OF_ORDER
 ROUTING_BACKOFF_MAX_S = 1.0  # NOT_OWNER, UNREACHABLE, no owner: the longest wait for a newer routing
 
@@ -138,38 +124,6 @@ class Refused:
 Action = Deliver | Acked[ParcelT, OwnerT] | Dropped[ParcelT, OwnerT] | Rerouted[ParcelT, OwnerT] | FetchRouting | Refused
 
 
-# --------------------------------------------------------------------- state
-
-
-@dataclass(eq=False, slots=True)
-class _Flight(Generic[ParcelT, OwnerT]):
-    id: int
-    items: list[tuple[ParcelT, OwnerT]]
-    producers: frozenset[bytes]
-    outcome: Outcome | None = None  # a failure, kept until the lane's other flights are answered
-
-
-@dataclass(eq=False, slots=True)
-class _Lane(Generic[ParcelT, OwnerT]):
-    dest: Dest
-    queue: deque[tuple[ParcelT, OwnerT]] = field(default_factory=deque)
-    flights: dict[int, _Flight[ParcelT, OwnerT]] = field(default_factory=dict)  # in the order sent (the chain)
-    tail: dict[bytes, int] = field(default_factory=dict)  # producer -> last sequence in flight
-    tops: dict[int, tuple[OwnerT, int]] = field(default_factory=dict)  # id(owner) -> (it, its last order key queued here)
-    # (id(owner), producer) -> (it, the last sequence of that producer among its records of
-    # unknown order queued here)
-    seq_tops: dict[tuple[int, bytes], tuple[OwnerT, int]] = field(default_factory=dict)
-    ready_at: float = 0.0          # backing off until then
-    after_version: int | None = None  # waiting for a routing newer than this (or ``ready_at``)
-    backoff: float = MIN_BACKOFF_S
-    retired: bool = False          # its range is gone: staged once nothing is in flight
-    dropping: bool = False         # its computation is gone: dropped once nothing is in flight
-
-    @property
-    def broken(self) -> bool:
-        return any(f.outcome is not None for f in self.flights.values())
-
-
 def worker_reads(routing: RoutingTable, computation: str) -> bool:
     """Whether ``computation`` may still commit what is sent to it: the routing has it (a
     sender with no routing yet knows of no computation, and drops nothing)."""
@@ -194,8 +148,8 @@ class Courier(Generic[ParcelT, OwnerT]):
         self.window = window
         self._piece = piece
         self._reads = reads
-        self._lanes: dict[Dest, _Lane[ParcelT, OwnerT]] = {}
-        self._flights: dict[int, _Lane[ParcelT, OwnerT]] = {}
+        self._lanes: dict[Dest, Lane[ParcelT, OwnerT]] = {}
+        self._flights: dict[int, Lane[ParcelT, OwnerT]] = {}
         self._retiring: dict[str, set[Dest]] = {}          # computation -> its retired lanes
         self._staged: dict[str, list[tuple[ParcelT, OwnerT, int]]] = {}  # ... and what they held (with their lane's number)
         self._stages = 0
@@ -237,7 +191,7 @@ class Courier(Generic[ParcelT, OwnerT]):
         by_computation: dict[str, list[ParcelT]] = {}
         for p in parcels:
             by_computation.setdefault(p.computation, []).append(p)
-        touched: list[_Lane[ParcelT, OwnerT]] = []
+        touched: list[Lane[ParcelT, OwnerT]] = []
         for comp, ps in by_computation.items():
             if not self._reads(routing, comp):
                 self._out.append(Dropped(owner, ps, comp, False))
@@ -300,7 +254,7 @@ class Courier(Generic[ParcelT, OwnerT]):
             self._chain_ended(lane, now)
         if not lane.flights:
             self._settle(lane, now)
-        if lane.dest in self._lanes:
+        if self._lanes.get(lane.dest) is lane:
             self._pump(lane, now)
         return self._done()
 
@@ -327,82 +281,21 @@ class Courier(Generic[ParcelT, OwnerT]):
 
     # ------------------------------------------------------------ the lanes
 
-    def _lane(self, dest: Dest) -> _Lane[ParcelT, OwnerT]:
+    def _lane(self, dest: Dest) -> Lane[ParcelT, OwnerT]:
         lane = self._lanes.get(dest)
         if lane is None:
-            lane = self._lanes[dest] = _Lane(dest)
+            lane = self._lanes[dest] = Lane(dest)
         return lane
 
-    def _enter(self, lane: _Lane[ParcelT, OwnerT], items: list[tuple[ParcelT, OwnerT]], front: bool = False) -> _Lane[ParcelT, OwnerT]:
-        """The one door into a lane's queue: ``items`` at its end (or its front), then each
-        owner's records there in that owner's order, re-arranged if they were not (a record
-        of known order after a later one; one of unknown order after a known one, or after
-        a higher sequence of its producer among the unknown)."""
-        bad: dict[int, OwnerT] = {}
-        if front:
-            lane.queue.extendleft(reversed(items))
-            for key, o in {id(o): o for _, o in items}.items():
-                if not self._owner_in_order(lane, o):
-                    bad[key] = o
-        else:
-            tops = lane.tops
-            queue = lane.queue
-            for item in items:
-                p, o = item
-                key = id(o)
-                entry = tops.get(key)
-                lo, hi = first_key(p), last_key(p)
-                if entry is None or entry[0] is not o:
-                    tops[key] = (o, hi)
-                else:
-                    top = entry[1]
-                    if lo < top:
-                        bad[key] = o
-                    if hi > top:
-                        tops[key] = (o, hi)
-                if lo == UNKNOWN and self._unknown_falls(lane, p, o):
-                    bad[key] = o
-                queue.append(item)
-        for o in bad.values():
+    def _enter(self, lane: Lane[ParcelT, OwnerT], items: list[tuple[ParcelT, OwnerT]], front: bool = False
+               ) -> Lane[ParcelT, OwnerT]:
+        """``items`` through ``lane``'s door (runtime/lanes.py); owners found out of their order
+        there are re-arranged."""
+        for o in lane.enter(items, front):
             self._rearrange(lane, o)
         return lane
 
-    @staticmethod
-    def _unknown_falls(lane: _Lane[ParcelT, OwnerT], p: ParcelT, o: OwnerT) -> bool:
-        """Count ``p``'s records of unknown order in; whether a producer's sequence among them
-        falls below one already queued for ``o``."""
-        falls = False
-        seq_tops = lane.seq_tops
-        for producer, (first, last) in unknown_sequences(p).items():
-            key = (id(o), producer)
-            entry = seq_tops.get(key)
-            if entry is None or entry[0] is not o:
-                seq_tops[key] = (o, last)
-                continue
-            falls = falls or first < entry[1]
-            if last > entry[1]:
-                seq_tops[key] = (o, last)
-        return falls
-
-    def _owner_in_order(self, lane: _Lane[ParcelT, OwnerT], o: OwnerT) -> bool:
-        """Whether ``o``'s parcels queued in ``lane`` are in its order (and count them in)."""
-        keys: list[int] = []
-        last: dict[bytes, int] = {}
-        ok = True
-        for p, q in lane.queue:
-            if q is not o:
-                continue
-            keys += (first_key(p), last_key(p))
-            for producer, (first, high) in unknown_sequences(p).items():
-                prev = last.get(producer)
-                ok = ok and (prev is None or first > prev)
-                last[producer] = high if prev is None else max(high, prev)
-        lane.tops[id(o)] = (o, max(keys, default=UNKNOWN))
-        for producer, high in last.items():
-            lane.seq_tops[(id(o), producer)] = (o, high)
-        return ok and in_order(keys)
-
-    def _rearrange(self, lane: _Lane[ParcelT, OwnerT], owner: OwnerT) -> None:
+    def _rearrange(self, lane: Lane[ParcelT, OwnerT], owner: OwnerT) -> None:
         """``owner``'s queued parcels in ``lane`` in its order, where its first one was."""
         queue = list(lane.queue)
         at = next(i for i, (_, o) in enumerate(queue) if o is owner)
@@ -430,7 +323,7 @@ class Courier(Generic[ParcelT, OwnerT]):
         self._out.extend(moves)
         return placed
 
-    def _settle(self, lane: _Lane[ParcelT, OwnerT], now: float) -> None:
+    def _settle(self, lane: Lane[ParcelT, OwnerT], now: float) -> None:
         """A lane with nothing in flight: dropped (its computation is gone) or staged (its
         range is gone); the last retired lane of a computation re-routes what they held."""
         dest = lane.dest
@@ -467,8 +360,7 @@ class Courier(Generic[ParcelT, OwnerT]):
                 if d[0] == comp:
                     self._pump(other, now)
         elif not lane.queue:
-            lane.tops.clear()  # nothing of anyone queued: forget the owners
-            lane.seq_tops.clear()
+            lane.forget_owners()
 
     def _drop(self, items: list[tuple[ParcelT, OwnerT]], comp: str) -> None:
         by_owner: dict[int, tuple[OwnerT, list[ParcelT]]] = {}
@@ -477,7 +369,7 @@ class Courier(Generic[ParcelT, OwnerT]):
         for o, ps in by_owner.values():
             self._out.append(Dropped(o, ps, comp, True))
 
-    def _chain_ended(self, lane: _Lane[ParcelT, OwnerT], now: float) -> None:
+    def _chain_ended(self, lane: Lane[ParcelT, OwnerT], now: float) -> None:
         """Every delivery in flight to ``lane`` is answered: failed ones go back to the front
         of its queue, in the order they were sent, and the lane backs off."""
         failed = list(lane.flights.values())
@@ -492,12 +384,12 @@ class Courier(Generic[ParcelT, OwnerT]):
         else:
             self._hold(lane, now, BUSY_BACKOFF_MAX_S)
 
-    def _hold(self, lane: _Lane[ParcelT, OwnerT], now: float, cap: float) -> None:
+    def _hold(self, lane: Lane[ParcelT, OwnerT], now: float, cap: float) -> None:
         lane.ready_at = now + lane.backoff
         lane.backoff = min(lane.backoff * 2, cap)
         heapq.heappush(self._timers, (lane.ready_at, lane.dest))
 
-    def _hold_for_routing(self, lane: _Lane[ParcelT, OwnerT], now: float) -> None:
+    def _hold_for_routing(self, lane: Lane[ParcelT, OwnerT], now: float) -> None:
         lane.after_version = self.routing.version
         self._hold(lane, now, ROUTING_BACKOFF_MAX_S)
         self._want_routing(self.routing.version)
@@ -505,13 +397,13 @@ class Courier(Generic[ParcelT, OwnerT]):
     def _want_routing(self, newer_than: int) -> None:
         self._fetch = newer_than if self._fetch is None else max(self._fetch, newer_than)
 
-    def _ready(self, lane: _Lane[ParcelT, OwnerT], now: float) -> bool:
+    def _ready(self, lane: Lane[ParcelT, OwnerT], now: float) -> bool:
         if lane.ready_at <= now:
             lane.after_version = None
             return True
         return lane.after_version is not None and self.routing.version > lane.after_version
 
-    def _pump(self, lane: _Lane[ParcelT, OwnerT], now: float) -> None:
+    def _pump(self, lane: Lane[ParcelT, OwnerT], now: float) -> None:
         """Put deliveries of ``lane`` on the wire while it may."""
         comp, r = lane.dest
         if (lane.dropping or lane.retired or comp in self._retiring or lane.broken or not lane.queue
@@ -519,7 +411,7 @@ class Courier(Generic[ParcelT, OwnerT]):
             return
         queue = lane.queue
         while queue and len(lane.flights) < self.window:
-            taken, items = self._batch(queue)
+            taken, items = lane.batch(self.max_bytes, self.max_records)
             if not items:
                 for _ in range(taken):
                     queue.popleft()  # only closing owners': their successors re-send them
@@ -529,55 +421,18 @@ class Courier(Generic[ParcelT, OwnerT]):
                 self._hold_for_routing(lane, now)
                 return
             producers = frozenset(p for item in items for p in item[0].producers)
-            if lane.flights and not self._chains(lane, producers):
-                return
+            if lane.flights:
+                route = self.routing.computations.get(comp)
+                if not lane.chains(producers, route is not None and route.exactly_once):
+                    return
             for _ in range(taken):
                 queue.popleft()
             self._last_id += 1
-            flight = _Flight(self._last_id, items, producers)
+            flight = Flight(self._last_id, items, producers)
             lane.flights[flight.id] = flight
             self._flights[flight.id] = lane
             self._out.append(Deliver(flight.id, comp, r, target.address, target.token,
-                                     Columns.concat([p.cols for p, _ in items]), self._orders(lane, items)))
-
-    def _batch(self, queue: deque[tuple[ParcelT, OwnerT]]) -> tuple[int, list[tuple[ParcelT, OwnerT]]]:
-        """The next delivery's parcels from the front of ``queue`` (skipping closing owners'),
-        and how many queue entries that takes."""
-        items: list[tuple[ParcelT, OwnerT]] = []
-        size = count = taken = 0
-        for item in queue:
-            p, o = item
-            if not o.closing:
-                size += p.cols.nbytes()
-                count += len(p.cols)
-                if items and (size > self.max_bytes or count > self.max_records):
-                    break  # bounded in bytes too: large values never exceed a message
-                items.append(item)
-            taken += 1
-        return taken, items
-
-    def _chains(self, lane: _Lane[ParcelT, OwnerT], producers: frozenset[bytes]) -> bool:
-        """Whether a delivery of ``producers`` may go behind those in flight to ``lane``: the
-        tablet holds it behind the last of them (each holds behind the one before)."""
-        route = self.routing.computations.get(lane.dest[0])
-        last = next(reversed(lane.flights.values()))
-        return route is not None and route.exactly_once and not producers.isdisjoint(last.producers)
-
-    def _orders(self, lane: _Lane[ParcelT, OwnerT], items: list[tuple[ParcelT, OwnerT]]) -> Orders:
-        """Each producer's place: after the last of its sequences in flight to the tablet (0:
-        nothing is), under its owner's token."""
-        orders: Orders = {}
-        chained = self.window > 1
-        tail = lane.tail
-        for p, o in items:
-            for producer in p.producers:
-                token = o.token
-                old = orders.get(producer)
-                orders[producer] = (tail.get(producer, 0) if chained else 0, token if old is None else max(old[1], token))
-        if chained:
-            for p, _ in items:
-                tail.update(last_sequences(p.cols, p.producers))
-        return orders
+                                     Columns.concat([p.cols for p, _ in items]), lane.orders(items, self.window > 1)))
 
     def _done(self) -> list[Action[ParcelT, OwnerT]]:
         out, self._out = self._out, []
@@ -585,22 +440,3 @@ class Courier(Generic[ParcelT, OwnerT]):
             out.append(FetchRouting(self._fetch))
             self._fetch = None
         return out
-
-
-def last_sequences(cols: Columns, producers: Sequence[bytes]) -> dict[bytes, int]:
-    """The last sequence of each of ``producers`` among ``cols``' records: one look in the
-    sequenced form, a scan from the end of the ids otherwise."""
-    if not producers:
-        return {}
-    seqs = cols.seqs
-    if cols.producer is not None and seqs is not None:
-        return {cols.producer: seqs[-1]} if seqs and cols.producer in producers else {}
-    wanted = set(producers)
-    here: dict[bytes, int] = {}
-    for rid in reversed(cols.all_ids()):
-        prefix = rid[:8]
-        if prefix in wanted and prefix not in here:
-            here[prefix] = int.from_bytes(rid[8:], "big")
-            if len(here) == len(wanted):
-                break
-    return here

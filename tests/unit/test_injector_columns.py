@@ -99,7 +99,7 @@ def _rows(tablets: Tablets, records: list[Record], sequenced: dict[bytes, int]) 
                                                   lambda c, e, errors=errors: errors.append((c, e))):
             by_tablet.setdefault((comp, kr), []).append(Record(key, r.value, r.timestamp, r.id))
         for reader, error in errors:
-            letter = tablets._dead_letter(reader, r, error)
+            letter = tablets.routes.dead_letter(reader, r, error)
             for comp, kr, key in routing.route_fields(dead_letter_stream(reader), letter.key, letter.value,
                                                       letter.timestamp):
                 by_tablet.setdefault((comp, kr), []).append(Record(key, letter.value, letter.timestamp, letter.id))

@@ -1,4 +1,4 @@
-"""How an injector routes its records (injectors/tablets.py): a reader whose key extractor
+"""How an injector routes its records (injectors/routes.py): a reader whose key extractor
 fails on a record gets it in its dead letters; every other reader gets it as usual."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import json
 
-from injectors.tablets import Tablets
+from injectors.routes import Routes
 from runtime.columns import Columns
 from runtime.record import Record, producer_prefix, sequence_id
 from runtime.routing import RoutingTable
@@ -27,11 +27,9 @@ def _routing() -> RoutingTable:
     return table
 
 
-def _tablets(routing: RoutingTable) -> Tablets:
-    """A Tablets of stream "s" without its master (routing only: nothing is sent)."""
-    t = Tablets.__new__(Tablets)
-    t.name, t.stream, t.routing, t._extractor_failures, t._reach = "src", "s", routing, {}, (None, set())
-    return t
+def _tablets(routing: RoutingTable) -> Routes:
+    """The routing of injector "src"'s stream "s"."""
+    return Routes("src", "s")
 
 
 def test_a_reader_s_failing_key_extractor_sends_the_record_to_its_dead_letters_only() -> None:
