@@ -38,5 +38,8 @@ class Round:
     finished: threading.Event = field(default_factory=threading.Event)  # committed, or ``error``
     error: MillstreamError | None = None
     released: bool = False       # its thread handed it over (it may be sent)
+    # A receiver answered it under a routing this newer: it is done once the injector has
+    # that routing (and has sent it to every reader that one adds).
+    needs_version: int = 0
     readers: set[str] = field(default_factory=set)  # the computations it went to
     outstanding: dict[int, Any] = field(default_factory=dict)  # id -> its parcels not committed yet

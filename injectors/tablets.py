@@ -265,7 +265,7 @@ class Tablets:
         if chunks:
             self._apply(self._core().send(chunks, self._owner, self._now()))
         if not rnd.outstanding:
-            self._finish(rnd)
+            self._complete(rnd)
 
     def _chunks(self, rnd: Round, routing: RoutingTable, only: set[str] | None) -> list[Chunk]:
         """A round's records by tablet, cut into deliveries, each record with its place."""
@@ -325,6 +325,12 @@ class Tablets:
 
     def _acked(self, a: Acked[Chunk, Sending]) -> None:
         out = a.outcome
+        if out.routing_version > self._core().routing.version:
+            # The receiver has a newer routing (the core asks for it): an update may have added
+            # a reader of the stream, which these rounds must reach too before they are done.
+            for p in a.parcels:
+                for rnd in self._parcels.get(id(p), (p, []))[1]:
+                    rnd.needs_version = max(rnd.needs_version, out.routing_version)
         records = sum(len(p.cols) for p in a.parcels)
         self._count(records - out.duplicates, out.duplicates)
         if out.receipt is not None and out.receipt[0]:
@@ -341,7 +347,13 @@ class Tablets:
         for rnd in rounds:
             rnd.outstanding.pop(id(p), None)
             if not rnd.outstanding:
-                self._finish(rnd)
+                self._complete(rnd)
+
+    def _complete(self, rnd: Round) -> None:
+        """Everything of ``rnd`` is committed: it is done, unless a receiver's newer routing
+        is still to be fetched (it may add a reader of the stream)."""
+        if rnd.needs_version <= self._core().routing.version:
+            self._finish(rnd)
 
     def _rerouted(self, a: Rerouted[Chunk, Sending]) -> None:
         for old in a.old:
@@ -413,7 +425,12 @@ class Tablets:
                     await asyncio.sleep(0.1)  # the master moving: the core asks again after its back-off
                     continue
                 self._install(routing)
-                if not self._fetch_again:
+                behind = any(r.needs_version > self._core().routing.version for r in self._rounds)
+                if behind:
+                    # A receiver knows a newer routing than the master gave us (a new leader
+                    # catching up): ask again soon; the rounds waiting for it time out if not.
+                    await asyncio.sleep(0.02)
+                elif not self._fetch_again:
                     return
         finally:
             self._fetching = False
@@ -435,6 +452,8 @@ class Tablets:
                 log.info("injector %s: stream %r has new readers %s; this round goes to them too", self.name,
                          self.stream, sorted(added))
                 self._send(rnd, routing, added)
+            elif not rnd.outstanding:
+                self._complete(rnd)
 
     def _arm(self) -> None:
         core = self._courier

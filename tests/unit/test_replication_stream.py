@@ -31,6 +31,7 @@ class _Follower(rpc.WorkerServicer):
 
     def __init__(self, stream: bool = True) -> None:
         self.stream = stream
+        self.streams = 0
         self.frames: list[list[str]] = []
         self.unary: list[list[str]] = []
         self.hold: dict[str, asyncio.Event] = {}
@@ -43,6 +44,7 @@ class _Follower(rpc.WorkerServicer):
     async def ReplicateStream(self, requests: Any, context: Any) -> AsyncIterator[pb.ReplicateAnswerFrame]:
         if not self.stream:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
+        self.streams += 1
 
         async def handle(frame: pb.ReplicateFrame, size: int) -> pb.ReplicateAnswerFrame:
             self.frames.append([r.computation for r in frame.requests.requests])
@@ -130,8 +132,12 @@ def test_a_follower_gone_is_unreachable_and_the_stream_reconnects() -> None:
             server.add_insecure_port(address)
             await server.start()
             try:
-                assert (await peers.replicate(address, _req("a", 2))) is not None
-                assert again.frames == [["a"]]
+                # Its channel backs off after the failed attempt: retried, as the replicator does.
+                deadline = asyncio.get_running_loop().time() + 20
+                while (await peers.replicate(address, _req("a", 2))) is None:
+                    assert asyncio.get_running_loop().time() < deadline, "never reconnected"
+                    await asyncio.sleep(0.05)  # the retry's back-off
+                assert again.frames == [["a"]] and again.streams == 1
             finally:
                 await server.stop(None)
         finally:
