@@ -41,11 +41,13 @@ class FrameStream(Generic[Req, Ans]):
     stream's error and takes no more (the caller opens a new one).
 
     ``open()`` starts the call; ``frame(id, payload)`` makes a frame; ``answers(answer)`` is
-    what :meth:`send` returns of an answer frame."""
+    what :meth:`send` returns of an answer frame; ``timeout``: a frame's deadline, credit
+    wait included."""
 
     def __init__(self, open: Callable[[], _Call], frame: Callable[[int, Req], Any],
-                 answers: Callable[[Any], Ans], what: str) -> None:
+                 answers: Callable[[Any], Ans], what: str, timeout: float = FRAME_TIMEOUT_S) -> None:
         self.window = SenderWindow()
+        self.timeout = timeout  # a frame not answered by then fails
         self.broken: grpc.RpcError | None = None
         self.what = what
         self._frame = frame
@@ -62,7 +64,7 @@ class FrameStream(Generic[Req, Ans]):
         """The answers to ``payload`` as one frame; raises :class:`grpc.RpcError` where the
         unary call would: refused, the stream broken, no answer in time."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + FRAME_TIMEOUT_S
+        deadline = loop.time() + self.timeout
         frame, size = self.window.next(lambda i: self._frame(i, payload))
         while self.broken is None and not self.window.fits(size):
             self._credit.clear()
@@ -70,7 +72,7 @@ class FrameStream(Generic[Req, Ans]):
                 await asyncio.wait_for(self._credit.wait(), deadline - loop.time())
             except TimeoutError:
                 raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no credit on the {self.what} stream "
-                                  f"within {FRAME_TIMEOUT_S:.0f} s") from None
+                                  f"within {self.timeout:.0f} s") from None
         if self.broken is not None:
             raise self.broken
         self.window.sent(frame.id, size)
@@ -84,7 +86,7 @@ class FrameStream(Generic[Req, Ans]):
             done = await asyncio.wait_for(asyncio.shield(answer), deadline - loop.time())
         except TimeoutError:
             self._waiting.pop(frame.id, None)
-            raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {FRAME_TIMEOUT_S:.0f} s"
+            raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout:.0f} s"
                               ) from None
         if isinstance(done, grpc.RpcError):
             raise done

@@ -24,13 +24,14 @@ from runtime.wire import millstream_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
 
+REPLICATE_TIMEOUT_S = 10.0  # a replication frame (or call) not answered by then fails: unreachable
 _Replicating = tuple[pb.ReplicateRequest, int, "asyncio.Future[pb.ReplicateResponse | None]"]
 
 
 def replication_stream(stub: rpc.WorkerStub) -> FrameStream[pb.ReplicateManyRequest, pb.ReplicateManyResponse]:
     """A ``ReplicateStream`` to the follower worker of ``stub``."""
     return FrameStream(stub.ReplicateStream, lambda i, r: pb.ReplicateFrame(id=i, requests=r),
-                       lambda a: a.answers, "replication")
+                       lambda a: a.answers, "replication", REPLICATE_TIMEOUT_S)
 
 
 class Peers:
@@ -112,8 +113,9 @@ class Peers:
     async def _replicate_unary(self, address: str, bundle: list[_Replicating]) -> list[pb.ReplicateResponse]:
         stub = self._stub(address)
         if len(bundle) == 1:
-            return [await stub.Replicate(bundle[0][0], timeout=10)]
-        resp = await stub.ReplicateMany(pb.ReplicateManyRequest(requests=[b[0] for b in bundle]), timeout=10)
+            return [await stub.Replicate(bundle[0][0], timeout=REPLICATE_TIMEOUT_S)]
+        resp = await stub.ReplicateMany(pb.ReplicateManyRequest(requests=[b[0] for b in bundle]),
+                                        timeout=REPLICATE_TIMEOUT_S)
         return list(resp.answers)
 
     def _replication_stream(self, address: str) -> FrameStream[pb.ReplicateManyRequest, pb.ReplicateManyResponse]:
