@@ -53,6 +53,8 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
     "/millstream.v1.Worker/DeliverMany": frozenset({"worker", "injector", "operator"}),
     "/millstream.v1.Worker/DeliverStream": frozenset({"worker", "injector", "operator"}),
     "/millstream.v1.Worker/Replicate": frozenset({"worker"}),
+    "/millstream.v1.Worker/ReplicateMany": frozenset({"worker"}),
+    "/millstream.v1.Worker/ReplicateStream": frozenset({"worker"}),
     "/millstream.v1.Worker/InstallSnapshot": frozenset({"worker"}),
     "/millstream.v1.Worker/ReadState": frozenset({"operator"}),
     "/millstream.v1.Worker/Checkpoint": frozenset({"operator"}),

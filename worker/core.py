@@ -110,7 +110,7 @@ class WorkerCore:
         self._opened_at: dict[tuple[str, int], float] = {}  # when an opening began
         self._wanted: dict[tuple[str, int], int] = {}       # as of the last reconcile
         self._refused_logged: tuple[str, int, int] | None = None
-        self.sender = Sender(lambda: self.routing, self.deliver_to, self.routing_changed)
+        self.sender = Sender(lambda: self.routing, self.deliver_to)
         self.channel = channel  # None: no replication (a worker of the in-process test kit)
         self.faults = faults
         self.seen = SeenTablets(state_dir)  # the tablets this worker was ever given a role in

@@ -303,14 +303,32 @@ class WorkerServicer(rpc.WorkerServicer):
 
     async def Replicate(self, request: pb.ReplicateRequest, context: Any) -> pb.ReplicateResponse:
         metrics.REPLICAS_PER_CALL.observe(1)
+        metrics.REPLICATE_CALLS.labels("unary").inc()
         return await self.core.replicas.replicate(request)
 
     async def ReplicateMany(self, request: pb.ReplicateManyRequest, context: Any) -> pb.ReplicateManyResponse:
         """Several tablets' commits from one primary worker, applied side by side (each on its
         copy's thread); one that raises fails the call, and the sender sends each alone."""
         metrics.REPLICAS_PER_CALL.observe(len(request.requests))
+        metrics.REPLICATE_CALLS.labels("unary").inc()
         answers = await asyncio.gather(*(self.core.replicas.replicate(r) for r in request.requests))
         return pb.ReplicateManyResponse(answers=answers)
+
+    async def ReplicateStream(self, request_iterator: AsyncIterator[pb.ReplicateFrame],
+                              context: Any) -> AsyncIterator[pb.ReplicateAnswerFrame]:
+        """Replication on one long-lived stream (runtime/streams.py): each frame is handled as
+        a ReplicateMany call would be, side by side with the others, and answered when done."""
+
+        async def handle(frame: pb.ReplicateFrame, size: int) -> pb.ReplicateAnswerFrame:
+            metrics.REPLICAS_PER_CALL.observe(len(frame.requests.requests))
+            metrics.REPLICATE_CALLS.labels("frame").inc()
+            answers = await asyncio.gather(*(self.core.replicas.replicate(r) for r in frame.requests.requests))
+            return pb.ReplicateAnswerFrame(id=frame.id, answers=pb.ReplicateManyResponse(answers=answers),
+                                           credit=size)
+
+        async for answer in serve_frames(request_iterator, context, handle, self.stream_credit,
+                                         pb.ReplicateAnswerFrame):
+            yield answer
 
     async def InstallSnapshot(self, request: pb.SnapshotChunk, context: Any) -> pb.ReplicateResponse:
         return await self.core.replicas.install(request)

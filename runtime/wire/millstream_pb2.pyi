@@ -783,3 +783,25 @@ class DeliverAnswerFrame(_message.Message):
     code: int
     details: str
     def __init__(self, id: _Optional[int] = ..., answers: _Optional[_Union[DeliverManyResponse, _Mapping]] = ..., credit: _Optional[int] = ..., code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...
+
+class ReplicateFrame(_message.Message):
+    __slots__ = ("id", "requests")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    requests: ReplicateManyRequest
+    def __init__(self, id: _Optional[int] = ..., requests: _Optional[_Union[ReplicateManyRequest, _Mapping]] = ...) -> None: ...
+
+class ReplicateAnswerFrame(_message.Message):
+    __slots__ = ("id", "answers", "credit", "code", "details")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    answers: ReplicateManyResponse
+    credit: int
+    code: int
+    details: str
+    def __init__(self, id: _Optional[int] = ..., answers: _Optional[_Union[ReplicateManyResponse, _Mapping]] = ..., credit: _Optional[int] = ..., code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...
