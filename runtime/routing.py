@@ -12,25 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import ImportPathError, UsageError
-from runtime.flows import FLOW_KEY, PLAN_PARAM
+from runtime.flows import FLOW_KEY, PLAN_PARAM, SKIP
 from runtime.imports import CodePolicy, load
 from runtime.keyspace import from_wire_end, key_hash
 from runtime.record import Record
 from runtime.wire import millstream_pb2 as pb
 
 KeyExtractor = Callable[[Record], bytes]
-
-
-class _Skip:
-    """What a flow's key extractor returns for a record its reader does not want (a filter
-    before the reader's key_by dropped it): the record is not sent to that reader."""
-
-    def __repr__(self) -> str:
-        return "SKIP"
-
-
-SKIP = _Skip()
-
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,10 +11,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from runtime.errors import TopologyError
-from runtime.flows import PLAN_PARAM, refs
+from runtime.flows import PLAN_PARAM, SKIP, refs
 from runtime.flows.ops import as_key
 from runtime.record import Record
-from runtime.routing import SKIP
 
 
 def key_of(record: Record) -> bytes:

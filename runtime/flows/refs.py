@@ -14,8 +14,8 @@ from typing import Any
 
 from runtime import codecs
 from runtime.errors import UsageError
+from runtime.flows.assigners import Collect, Count, Max, Mean, Min, Session, Sliding, Sum, Tumbling, _Windows
 from runtime.imports import path_of as code_path
-from runtime.windows import Count, Max, Mean, Min, Session, Sliding, Sum, Tumbling, _Windows
 
 Loader = Callable[[str, str], Any]  # (import path, what it is for) -> the object
 
@@ -84,7 +84,7 @@ def windows_of(doc: dict[str, Any]) -> _Windows:
     raise UsageError(f"unknown windows {kind!r} in a flow's plan")
 
 
-_BUILTIN_AGGREGATORS = {"count": Count, "sum": Sum, "min": Min, "max": Max, "mean": Mean}
+_BUILTIN_AGGREGATORS = {"count": Count, "sum": Sum, "min": Min, "max": Max, "mean": Mean, "collect": Collect}
 
 
 def aggregator_doc(agg: Any, what: str) -> dict[str, Any]:
@@ -112,9 +112,7 @@ def aggregator_of(doc: dict[str, Any], load: Loader) -> Any:
     builtin = doc.get("builtin")
     if builtin is not None:
         return _BUILTIN_AGGREGATORS[builtin]()
-    from runtime.windows import Collect
-
-    if doc.get("class") == "runtime.windows:Collect":
+    if doc.get("class") == "runtime.windows:Collect":  # a plan written before Collect was a builtin
         return Collect()
     cls = load(doc["class"], "aggregator")
     agg = cls.__new__(cls)

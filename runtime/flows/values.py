@@ -21,7 +21,7 @@ import msgpack
 
 from runtime.codecs import JSON
 from runtime.errors import UsageError
-from runtime.windows import WindowResult
+from runtime.flows.assigners import WindowResult
 
 _TUPLE, _WINDOW = 1, 2
 _TAG_PLAIN, _TAG_TUPLE, _TAG_WINDOW = 0x4D, 0x54, 0x57  # "M", "T", "W": the value's outer shape

@@ -26,11 +26,11 @@ from typing import Any
 from runtime import metrics
 from runtime.computation import Context, TimeDomain
 from runtime.errors import UsageError
+from runtime.flows.assigners import Session, Sliding, Tumbling, WindowResult, _Windows
 from runtime.flows.ops import Item, Op
 from runtime.flows.values import AUTO, VALUES
 from runtime.record import MIN_TIME
 from runtime.state import COUNT, ENTRY, cell, kept, payload
-from runtime.windows import Session, Sliding, Tumbling, WindowResult, _Windows
 
 _I64 = struct.Struct(">q")
 _U64 = struct.Struct(">Q")

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from cli.main import _read_secrets, build_parser
+from cli.flags import read_secrets
+from cli.main import build_parser
 from runtime.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -19,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def parsed(argv: list[str]) -> object:
     args = build_parser().parse_args(argv)
-    _read_secrets(args)
+    read_secrets(args)
     return args
 
 

@@ -70,3 +70,78 @@ def test_the_check_sees_a_lazy_import(tmp_path: object) -> None:
     with open(path, "w") as f:
         f.write("def f():\n    from worker.core import WorkerCore\n    import cli.main\n")
     assert _imports(path) == {"worker", "cli"}
+
+
+# ----------------------------------------------------------------- cycles between modules
+
+# Cycles that exist only for the type checker (imports under ``if TYPE_CHECKING:``), stated
+# (issue 31): the batch processor and the replicator annotate the tablet they serve, which
+# owns them; at run time the tablet imports them and they never import it.
+TYPE_ONLY_CYCLES = [["worker.batch", "worker.replication", "worker.tablet"]]
+
+
+def _module_graph(with_type_only: bool) -> dict[str, set[str]]:
+    """Module -> the project's modules it imports (lazy imports count; imports under ``if
+    TYPE_CHECKING:`` only when ``with_type_only``)."""
+    names = {m[:-3].replace(os.sep, ".").removesuffix(".__init__"): m for p in ALLOWED for m in _modules(p)}
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        with open(os.path.join(ROOT, path)) as f:
+            tree = ast.parse(f.read(), path)
+        if not with_type_only:
+            for node in ast.walk(tree):
+                if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                    node.body = []
+        out: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                out.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in names else node.module
+                           for a in node.names)
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names)
+        graph[name] = (out & set(names)) - {name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_no_module_imports_one_that_imports_it() -> None:
+    assert _cycles(_module_graph(with_type_only=False)) == []
+
+
+def test_the_only_cycles_are_the_stated_type_only_ones() -> None:
+    assert _cycles(_module_graph(with_type_only=True)) == TYPE_ONLY_CYCLES
+
+
+def test_the_cycle_check_sees_a_lazy_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -1,5 +1,5 @@
 """A worker's state directory: one process at a time, locks that hold, and the secret the
-leader issued its id (worker/server.py)."""
+leader issued its id (worker/statedir.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from runtime.errors import ConfigError
-from worker import server
+from worker import statedir
 from worker.seen import SeenTablets
-from worker.server import claim_state_dir, keep_secret, locks_work, read_secret
+from worker.statedir import claim_state_dir, keep_secret, locks_work, read_secret
 from worker.storage import TabletStore
 
 
@@ -36,7 +36,7 @@ def test_the_probe_sees_a_lock_nobody_holds(tmp_path: Path) -> None:
 
 
 def test_a_filesystem_whose_locks_do_not_hold_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server, "locks_work", lambda path: False)
+    monkeypatch.setattr(statedir, "locks_work", lambda path: False)
     with pytest.raises(ConfigError, match="file locks do not hold"):
         claim_state_dir(str(tmp_path))
 
