@@ -57,6 +57,7 @@ class Process:
     http: str = ""  # a master's web page, if it serves one
     log_path: str = ""
     state_dir: str = ""  # a worker's own state directory
+    listen: str = ""  # the address it was told to listen on, when its port was chosen for it
     _ready: threading.Event = field(default_factory=threading.Event)
 
     def alive(self) -> bool:
@@ -188,21 +189,26 @@ class LocalCluster:
         assert popen.stdout is not None
         threading.Thread(target=_pump, args=(proc, popen.stdout, self.echo), daemon=True).start()
         if wait_address:
-            deadline = time.monotonic() + timeout
-            while not proc._ready.wait(0.05):
-                if time.monotonic() > deadline:
-                    self._stop(proc)
-                    raise MillstreamError(f"{name} did not start within {timeout:.0f}s; see {log_path}")
-            if not proc.address:
-                popen.wait(5)
-                raise MillstreamError(f"{name} exited during start-up: {_last_line(log_path)} (log: {log_path})")
-            try:
-                health.wait_serving(proc.address, max(1.0, deadline - time.monotonic()), self.security)
-            except MillstreamError:
-                self._stop(proc)
-                raise MillstreamError(f"{name} at {proc.address} did not serve within {timeout:.0f}s; "
-                                      f"see {log_path}") from None
+            self._await_serving(proc, timeout)
         return proc
+
+    def _await_serving(self, proc: Process, timeout: float) -> None:
+        """Wait until ``proc`` printed where it listens and its health service says it serves."""
+        deadline = time.monotonic() + timeout
+        while not proc._ready.wait(0.05):
+            if time.monotonic() > deadline:
+                self._stop(proc)
+                raise MillstreamError(f"{proc.name} did not start within {timeout:.0f}s; see {proc.log_path}")
+        if not proc.address:
+            proc.popen.wait(5)
+            raise MillstreamError(f"{proc.name} exited during start-up: {_last_line(proc.log_path)} "
+                                  f"(log: {proc.log_path})")
+        try:
+            health.wait_serving(proc.address, max(1.0, deadline - time.monotonic()), self.security)
+        except MillstreamError:
+            self._stop(proc)
+            raise MillstreamError(f"{proc.name} at {proc.address} did not serve within {timeout:.0f}s; "
+                                  f"see {proc.log_path}") from None
 
     def _name(self, kind: str) -> str:
         n = self._started[kind] = self._started.get(kind, 0) + 1
@@ -250,7 +256,8 @@ class LocalCluster:
         except OSError:
             return False
 
-    def add_master(self, port: int | None = None) -> Process:
+    def add_master(self, port: int | None = None, *, wait: bool = True) -> Process:
+        """A master on ``port`` (0: one the OS picks); started and serving, unless not ``wait``."""
         if port is None:
             port = self.master_port if not self.masters else 0
         p = self._spawn(self._name("master"), self._daemon(
@@ -258,7 +265,9 @@ class LocalCluster:
             "--lease-ms", str(self.lease_ms), "--http-listen", "127.0.0.1:0",
             *(["--replication", str(self.replication)] if self.replication else []), *self.daemon_args,
             *self.master_args),
-            wait_address=True)
+            wait_address=wait)
+        if port:
+            p.listen = f"127.0.0.1:{port}"
         self.masters.append(p)
         return p
 
@@ -269,15 +278,15 @@ class LocalCluster:
         return self.add_master(port=int(old.address.rpartition(":")[2]))
 
     def add_worker(self, state_dir: str | None = None, listen: str = "127.0.0.1:0", zone: str = "",
-                   env: dict[str, str] | None = None) -> Process:
+                   env: dict[str, str] | None = None, *, wait: bool = True) -> Process:
         """A worker with its own state directory (``state/worker-N`` unless given: workers
-        share no disk, as on separate machines)."""
+        share no disk, as on separate machines); started and serving, unless not ``wait``."""
         name = self._name("worker")
         state_dir = state_dir or os.path.join(self.state_dir, name)
         p = self._spawn(name, self._daemon(
             "worker", "--masters", self.masters_arg, "--listen", listen,
             "--state-dir", state_dir, "--allow-code", self.allow_code,
-            *(["--zone", zone] if zone else []), *self.daemon_args), wait_address=True, env=env)
+            *(["--zone", zone] if zone else []), *self.daemon_args), wait_address=wait, env=env)
         p.state_dir = state_dir
         self.workers.append(p)
         return p
@@ -293,15 +302,23 @@ class LocalCluster:
 
     @property
     def masters_arg(self) -> str:
-        return ",".join(m.address for m in self.masters if m.address)
+        return ",".join(m.address or m.listen for m in self.masters if m.address or m.listen)
 
     def start(self) -> LocalCluster:
         try:
             self.start_etcd()
-            for _ in range(self.n_masters):
-                self.add_master()
-            for _ in range(self.n_workers):
-                self.add_worker()
+            # Masters and workers start side by side (each spends its first second importing):
+            # the masters on ports chosen here, so that the workers know where to register
+            # (they retry until a leader answers).
+            ports: list[int] = [self.master_port] if self.master_port and self.n_masters else []
+            while len(ports) < self.n_masters:
+                port = free_port()
+                if port not in ports:
+                    ports.append(port)
+            started = [self.add_master(port, wait=False) for port in ports]
+            started += [self.add_worker(wait=False) for _ in range(self.n_workers)]
+            for p in started:
+                self._await_serving(p, 30.0)
         except BaseException:
             self.close()
             raise
