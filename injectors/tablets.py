@@ -31,7 +31,7 @@ from runtime.courier import Acked, Action, Courier, Deliver, Dropped, FetchRouti
 from runtime.delivery import Outcome, Receipt, Status
 from runtime.errors import InjectionError, MillstreamError
 from runtime.imports import CodePolicy
-from runtime.links import Channels, DeliveryLinks
+from runtime.links import Alarm, Channels, DeliveryLinks
 from runtime.parcels import Rerouted
 from runtime.routing import RoutingTable
 from runtime.security import Security
@@ -108,8 +108,7 @@ class Tablets:
         self._fetching = False
         self._fetch_again = False
         self._blocked = False  # the first round waiting is waiting for a routing fetch
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
+        self._alarm = Alarm(self._tick)
 
     def fetch(self) -> RoutingTable:
         return self.routes.table(self._client.routing())
@@ -456,17 +455,9 @@ class Tablets:
                 self._complete(rnd)
 
     def _arm(self) -> None:
-        core = self._courier
-        at = core.wake_at if core is not None else None
-        if at == self._timer_at:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = at
-        self._timer = None if at is None else asyncio.get_running_loop().call_at(at, self._tick)
+        self._alarm.arm(self._courier.wake_at if self._courier is not None else None)
 
     def _tick(self) -> None:
-        self._timer = self._timer_at = None
         if self._courier is not None:
             self._apply(self._courier.tick(self._now()))
 
@@ -479,8 +470,7 @@ class Tablets:
         for handle in self._deadlines.values():
             handle.cancel()
         self._deadlines.clear()
-        if self._timer is not None:
-            self._timer.cancel()
+        self._alarm.cancel()
         if self._linked is not None:
             await self._linked.close()
         self._courier = None

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from runtime.columns import Columns
 from runtime.courier import Acked, Action, Courier, Deliver, Dropped
 from runtime.delivery import Orders, Outcome, Receipt, Status
+from runtime.links import Alarm
 from runtime.parcels import Rerouted
 from runtime.routing import RoutingTable
 from worker.storage import Share, Shipment
@@ -65,8 +66,7 @@ class Sender:
         self.max_batch = max_batch
         self._courier: Courier[Shipment, Tablet] = Courier(routing(), piece, max_records=max_batch)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
+        self._alarm = Alarm(lambda: self._apply(self._courier.tick(self._sync())))
         self._closed = False
 
     def send(self, shipments: list[Shipment], owner: Tablet) -> None:
@@ -83,8 +83,7 @@ class Sender:
 
     async def close(self) -> None:
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
+        self._alarm.cancel()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -135,17 +134,8 @@ class Sender:
 
     def _arm(self) -> None:
         """Wake the core when it waits on time."""
-        at = self._courier.wake_at
-        if at == self._timer_at or self._closed:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = at
-        self._timer = None if at is None else asyncio.get_running_loop().call_at(at, self._tick)
-
-    def _tick(self) -> None:
-        self._timer = self._timer_at = None
-        self._apply(self._courier.tick(self._sync()))
+        if not self._closed:
+            self._alarm.arm(self._courier.wake_at)
 
 
 def _drop(shipments: list[Shipment], owner: Tablet, how: str) -> None:
