@@ -17,7 +17,7 @@ demo: $(STAMP)
 
 # --against: issue 29's A/B (bench/ab.py); a shallow clone skips it with a line in the report.
 bench: $(STAMP)
-	$(BIN)/millstream bench --peer spark --peer flink --against 3a1b1da
+	$(BIN)/millstream bench --peer spark --peer flink --peer bytewax --against 3a1b1da
 
 PACKAGES := cli runtime master worker injectors spark_bridge examples bench
 
