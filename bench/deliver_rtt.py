@@ -1,33 +1,35 @@
 """CPU per delivery round trip, unary ``DeliverMany`` against one ``DeliverStream`` frame, as
-each sender makes them: an injector's blocking gRPC (``injectors/stream.py``) and a worker's
-``grpc.aio`` (``worker/peers.py``). The receiver is a server in a child process that answers
-at once (the real frame loop, ``worker/deliverstream.py``, without tablets), so the figures
-are the transport's alone, each end's CPU apart::
+each sender makes them: blocking gRPC, a worker's ``grpc.aio`` (runtime/links.py), and an
+injector's blocking caller handing the frame to its delivery loop's stream (a thread of its
+own, injectors/tablets.py). The receiver is a server in a child process that answers at once
+(the real frame loop, ``worker/deliverstream.py``, without tablets), so the figures are the
+transport's alone, each end's CPU apart::
 
     python -m bench.deliver_rtt [ROUND_TRIPS]      # 3,000 by default, a few seconds
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import resource
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import uvloop
 
-from injectors.stream import DeliveryStream as BlockingStream
 from runtime import delivery, serving
+from runtime.links import delivery_stream
 from runtime.record import Record
 from runtime.security import Security
 from runtime.streams import STREAM_CREDIT_BYTES
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 from worker.deliverstream import serve_frames
-from worker.peers import DeliveryStream as AioStream
 
 
 def _answers(req: pb.DeliverManyRequest) -> pb.DeliverManyResponse:
@@ -88,16 +90,34 @@ def main(n: int) -> None:
               f"({req.ByteSize()} B) each")
         channel = Security().channel(address)
         stub = rpc.WorkerStub(channel)
-        stream = BlockingStream(stub, "bench")
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, daemon=True)
+        thread.start()
+
+        async def open_stream() -> Any:
+            ch = Security().aio_channel(address)
+            return ch, delivery_stream(rpc.WorkerStub(ch))
+
+        ch, stream = asyncio.run_coroutine_threadsafe(open_stream(), loop).result(30)
+        def handed() -> None:
+            """As an injector's round: handed to the loop, the caller woken by an event."""
+            done = threading.Event()
+            loop.call_soon_threadsafe(lambda: loop.create_task(stream.send(req)).add_done_callback(
+                lambda _: done.set()))
+            done.wait(30)
+
         for name, once in (("blocking unary", lambda: stub.DeliverMany(req, timeout=30)),
-                           ("blocking stream", lambda: stream.send(req).result(30))):
+                           ("injector's loop", handed)):
             for _ in range(200):
                 once()
             before = _sample(child.pid)
             for _ in range(n):
                 once()
             _line(name, n, before, _sample(child.pid))
-        stream.close()
+        asyncio.run_coroutine_threadsafe(stream.close(), loop).result(30)
+        asyncio.run_coroutine_threadsafe(ch.close(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
         channel.close()
         uvloop.run(_aio(address, req, n, child.pid))
     finally:
@@ -108,7 +128,7 @@ def main(n: int) -> None:
 async def _aio(address: str, req: pb.DeliverManyRequest, n: int, server: int) -> None:
     channel = Security().aio_channel(address)
     stub = rpc.WorkerStub(channel)
-    stream = AioStream(stub)
+    stream = delivery_stream(stub)
     for name, once in (("asyncio unary", lambda: stub.DeliverMany(req, timeout=30)),
                        ("asyncio stream", lambda: stream.send(req))):
         await _times(once, 200)

@@ -42,8 +42,8 @@ class Rewriter(Computation):
 def _routing(code: str) -> pb.Routing:
     r = pb.Routing(version=1)
     c = r.computations.add(name="c", code=code, key_ranges=1, exactly_once=False, productions="strong",
-                           late_records="process")
-    c.params["millstream.fsync"] = "0"
+                           late_records="process",
+                           options=pb.EngineOptions(fsync=False, dedup_retention_s=600, replication=1))
     c.inputs.add(stream="in")
     c.assignments.add(key_range=0, worker_id="w", address="self:1", token=1)
     return r

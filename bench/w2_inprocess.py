@@ -34,7 +34,7 @@ import uvloop
 
 from bench import generator
 from runtime.imports import CodePolicy
-from runtime.record import Record, producer_prefix, sequence_id
+from runtime.record import END_OF_TIME, MIN_TIME, Record, producer_prefix, sequence_id
 from runtime.routing import RoutingTable
 from runtime.wire import millstream_pb2 as pb
 from worker.core import WorkerLimits
@@ -45,7 +45,7 @@ except ImportError:
     Columns = None  # type: ignore[assignment,misc]
 
 LIMITS = WorkerLimits(max_queued_records=1 << 30, max_unacked=1 << 30)
-END = (1 << 63) - 1
+END = END_OF_TIME
 
 
 def flow_routing(sink_dir: str) -> tuple[pb.Routing, str, str]:
@@ -75,11 +75,10 @@ def routing(sink_dir: str) -> pb.Routing:
             ("spike", "bench.jobs:SpikeDetector", "windows", "spikes", {"out": "spikes"}),
             ("sink", "bench.jobs:ArrivalSink", "spikes", None, {"path": sink_dir})):
         c = r.computations.add(name=name, topology="w2", code=code, outputs=[out] if out else [],
-                               key_ranges=1, exactly_once=True, productions="strong")
+                               key_ranges=1, exactly_once=True, productions="strong",
+                               options=pb.EngineOptions(fsync=name != "sink", dedup_retention_s=600, replication=1))
         for k, v in params.items():
             c.params[k] = v
-        if name == "sink":
-            c.params["millstream.fsync"] = "0"
         c.inputs.add(stream=inp, key_extractor="")
         c.assignments.add(key_range=0, worker_id="w", address="local", token=1)
     return r
@@ -93,7 +92,7 @@ class Host:
         self.code_policy = CodePolicy(("bench", "runtime.flows"))
         self.worker_id = "w"
         self.watermarks_known = True
-        self.wm = -(1 << 63)
+        self.wm = MIN_TIME
         self.tablets: dict[str, Any] = {}
         self.inflight: set[asyncio.Task[None]] = set()
         self.delivered: Counter[str] = Counter()

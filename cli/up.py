@@ -8,7 +8,9 @@ import sys
 import threading
 from types import FrameType
 
+from runtime.client import Client
 from runtime.cluster import LocalCluster
+from runtime.errors import MillstreamError
 from runtime.etcd_binary import show
 
 
@@ -21,8 +23,19 @@ def _free(port: int) -> bool:
     return True
 
 
+def console_of(cluster: LocalCluster) -> str:
+    """The leader's web page (a follower's says only that it is not the leader)."""
+    pages = {m.address: m.http for m in cluster.masters if m.http}
+    try:
+        with Client(cluster.masters_arg, timeout=10, security=cluster.security) as c:
+            leader = c.status()["masters"]["leader"]
+    except MillstreamError:
+        leader = ""
+    return pages.get(leader) or next(iter(pages.values()), "")
+
+
 def run_up(data_dir: str, *, masters: int, workers: int, lease_ms: int, port: int = 7070,
-           etcd_binary: str | None = None) -> int:
+           etcd_binary: str | None = None, log_format: str = "text") -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -34,7 +47,7 @@ def run_up(data_dir: str, *, masters: int, workers: int, lease_ms: int, port: in
         print(f"port {port} is taken; the first master takes a port chosen by the OS", file=sys.stderr)
         port = 0
     cluster = LocalCluster(data_dir, masters=masters, workers=workers, lease_ms=lease_ms, master_port=port,
-                           etcd_binary=etcd_binary)
+                           etcd_binary=etcd_binary, daemon_args=["--log-format", log_format])
     try:
         cluster.start()
         cluster.wait_ready(60)
@@ -46,6 +59,10 @@ def run_up(data_dir: str, *, masters: int, workers: int, lease_ms: int, port: in
         for w in cluster.workers:
             print(f"worker   {w.address}")
         print(f"data     {cluster.data_dir}")
+        console = console_of(cluster)
+        if console:
+            print(f"console  {console}   (throughput, lag and watermarks over time, the graph, tablets; "
+                  f"/metrics for Prometheus)")
         print(f"\nready: export MILLSTREAM_MASTERS={cluster.masters_arg}   (Ctrl-C stops everything)",
               flush=True)
         while not stop.wait(0.5):

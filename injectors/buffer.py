@@ -18,9 +18,8 @@ from collections import deque
 from collections.abc import Iterator
 
 from runtime.columns import Columns
-from runtime.record import Record
+from runtime.record import END_OF_TIME, Record
 
-END_OF_TIME = (1 << 63) - 1
 BLOCK = 1024  # records per block: what a round re-reads of the block it cuts
 
 

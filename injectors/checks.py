@@ -5,10 +5,9 @@ Each message says what was wrong and how to put it right (``where``: which recor
 from __future__ import annotations
 
 from runtime.errors import InvalidRecordError
-from runtime.record import MAX_KEY_BYTES, MAX_VALUE_BYTES
+from runtime.record import END_OF_TIME, MAX_KEY_BYTES, MAX_VALUE_BYTES, MIN_TIME
 
-MIN = -(1 << 63)
-MAX = (1 << 63) - 1
+MIN, MAX = MIN_TIME, END_OF_TIME
 
 
 def check_time(t: object, what: str) -> None:

@@ -42,8 +42,8 @@ from typing import Any
 
 from injectors.buffer import END_OF_TIME, Buffer
 from injectors.checks import MAX, MIN, check_record, check_time, plain
-from injectors.rounds import Pending, Round, Tails, chained_orders, ordered
-from injectors.tablets import Tablets, chunk
+from injectors.rounds import Round
+from injectors.tablets import Tablets
 from injectors.watermark import Watermark
 from runtime.client import Client
 from runtime.columns import Columns
@@ -125,8 +125,8 @@ class Injector:
         # The queue, shared with the round threads under _cond: records waiting (_buffer, the
         # oldest queued at _first_at), the rounds in flight in take order (_flight) and those
         # that failed for good, kept until the others are done (_returned), how many records
-        # were ever queued and committed (flush waits on those), a round's error not yet
-        # raised, and the chain of sequences sent to each tablet by the rounds in flight.
+        # were ever queued, taken and committed (flush waits on those), a round's error not
+        # yet raised.
         self._mutex = threading.RLock()
         self._cond = threading.Condition(self._mutex)
         self._buffer = Buffer()
@@ -134,7 +134,7 @@ class Injector:
         self._flight: deque[Round] = deque()
         self._returned: list[Round] = []
         self._rounds_taken = 0
-        self._tails: Tails = {}
+        self._places = 0  # records ever taken: the place of the next one in the send order
         self.peak_in_flight = 0  # the most rounds ever in flight at once
         self._queued = self._committed = 0
         self._flushing = 0
@@ -146,7 +146,7 @@ class Injector:
         self._marks = Watermark(name, stream, self.incarnation, self.client, self._queued_min, self._closed,
                                 idle_after=idle_after)
         self._tablets = Tablets(name, stream, self.client, security, self._sequenced, self._closed,
-                                committed=self._marks.hold, code_policy=code_policy)
+                                committed=self._marks.hold, code_policy=code_policy, window=max_in_flight)
         self._marks.report()  # registers: from now on this injector holds its stream's watermark
 
     @property
@@ -287,9 +287,9 @@ class Injector:
 
     def _may_take(self) -> bool:
         """Under ``_cond``: whether a round may start now. Something is queued, no error waits
-        to be raised, and either nothing is in flight or fewer than ``max_in_flight`` rounds
-        are, all routed (the newest is ordered after them) under the current routing, none of
-        them failed (injectors/rounds.py)."""
+        to be raised, nothing failed waits to be queued again, and either nothing is in flight
+        or fewer than ``max_in_flight`` rounds are (the delivery core keeps them in order at
+        every tablet: injectors/rounds.py)."""
         if not self._buffer or self._error is not None or self._returned:
             return False
         flight = self._flight
@@ -299,25 +299,23 @@ class Injector:
         # time carry more records each and cost the receivers fewer deliveries, and that
         # measured faster on two cores shared with them (docs/performance.md); a bulk load
         # keeps the receivers busy while it routes the next round.
-        return (len(flight) < self.max_in_flight and len(self._buffer) >= self.batch_size
-                and flight[-1].prepared
-                and flight[-1].routing.version == self._tablets.routing.version
-                and not any(r.slow for r in flight))
+        return len(flight) < self.max_in_flight and len(self._buffer) >= self.batch_size
 
     def _take_round(self) -> Round | None:
-        """Under ``_cond``: the next round, if one may start now."""
+        """Under ``_cond``: the next round, if one may start now (handed to the delivery
+        shell here, so rounds reach it in take order)."""
         if not self._may_take():
             return None
         before = self._buffer.min_timestamp
         records = self._buffer.take(self.batch_size)
         # The rest waited as long: it goes in the next round at once.
         min_ts = min(records.timestamps) if self._buffer else before
-        if not self._flight:
-            self._tails = {}  # every earlier round is committed: nothing to follow
-        rnd = Round(self._rounds_taken, records, min_ts, self._tablets.routing)
+        rnd = Round(self._rounds_taken, records, min_ts, self._places)
         self._rounds_taken += 1
+        self._places += len(records)
         self._flight.append(rnd)
         self.peak_in_flight = max(self.peak_in_flight, len(self._flight))
+        self._tablets.enqueue(rnd)
         return rnd
 
     def _next_round(self) -> Round | None:
@@ -358,13 +356,12 @@ class Injector:
             error = e if isinstance(e, MillstreamError) else InjectionError(
                 f"injector {self.name!r}: delivering failed: {e!r} (the records are still queued)")
             with self._cond:
-                rnd.slow = True  # no round joins the ones in flight now
                 # Failures finish in take order too: the caller hears of this one once every
                 # round before it is committed (or failed), as with one round in flight.
                 while self._flight[0] is not rnd and not self._closed.is_set():
                     self._cond.wait(0.1)
         with self._cond:
-            rnd.prepared = rnd.done = True
+            rnd.done = True
             if error is not None:
                 rnd.returned = True
                 self._returned.append(rnd)
@@ -471,68 +468,15 @@ class Injector:
 
     def _deliver(self, rnd: Round) -> None:
         """One round: deliver its records to their tablets, retried until each is committed
-        (or raise once ``timeout`` passes; :meth:`_run_round` queues them again).
-
-        The first attempt goes out at once, under the routing the round was taken with, each
-        delivery chained after those of the rounds in flight before it (injectors/rounds.py).
-        Then the round waits for those rounds; whatever its first attempt did not get
-        committed (and any reader a newer routing added) it retries as the only round in
-        flight would."""
-        deadline = time.monotonic() + self.timeout
-        pending: Pending | None = None
-        refresh = False
+        (or raise once ``timeout`` passes; :meth:`_run_round` queues them again). The delivery
+        shell (injectors/tablets.py) sends it as soon as the rounds taken before it are sent,
+        and keeps it in order behind them at every tablet."""
         try:
             self._marks.resume()  # an idle injector tells the leader it is active before it sends
-            sent = self._prepare(rnd)
-        finally:
-            with self._cond:
-                if not rnd.ordered:
-                    rnd.slow = True  # no round joins one its receivers cannot order
-                rnd.prepared = True
-                self._cond.notify_all()
-        tablets = self._tablets
-        if sent and not rnd.ordered:
-            # Records with the caller's ids, or a reader that is not exactly once: nothing at
-            # the tablets would hold this round behind those before it (rounds.py), so it
-            # goes once they are done, as the only round in flight.
-            self._wait_oldest(rnd)
-        if sent:
-            pending, refresh = tablets.attempt(rnd.pending, rnd.orders, rnd.routing)
-        if pending is None or pending or tablets.newest_seen > rnd.routing.version:
-            with self._cond:
-                rnd.slow = True  # no round starts until this one is done
-        self._wait_oldest(rnd)
-        if pending == {} and max(tablets.newest_seen, tablets.routing.version) <= rnd.routing.version:
-            return
-        with self._cond:
-            if self._returned:
-                raise InjectionError(f"injector {self.name!r}: an earlier round failed, so this one waits "
-                                     "for it (its records are queued again, in order)")
-        # Every round before it is done: what is left goes as a lone round's would.
-        tablets.retry(rnd.records, pending, {dest[0] for dest in rnd.pending}, rnd.routing.version,
-                      refresh, deadline, self.timeout)
-
-    def _prepare(self, rnd: Round) -> bool:
-        """Route the round under its routing and chain its orders after the rounds before
-        it; False if that routing cannot take it (the retry fetches a new one, or raises)."""
-        routing = rnd.routing
-        if not routing.has_subscribers(self.stream) or routing.proto.closed_streams.get(self.stream):
-            return False
-        for (comp, r), routed in self._tablets.route_with(rnd.records, routing).items():
-            chunk(rnd.pending, comp, r, routed)
-        # Only this thread changes the chain now: the next round is taken once this one is prepared.
-        rnd.orders, tails = chained_orders(rnd.pending, self._sequenced, self._tails)
-        rnd.ordered = ordered(rnd.pending, rnd.orders, routing)
-        self._tails.update(tails)
-        return True
-
-    def _wait_oldest(self, rnd: Round) -> None:
-        """Block until every round taken before ``rnd`` is done."""
-        with self._cond:
-            while self._flight[0] is not rnd:
-                if self._closed.is_set():
-                    raise InjectionError(f"injector {self.name!r} closed with records unsent")
-                self._cond.wait(0.1)
+        except MillstreamError as e:
+            self._tablets.abandon(rnd, e)
+            raise
+        self._tablets.deliver(rnd, self.timeout)
 
     def finish(self) -> None:
         """Send everything, then move the watermark to the end of time; returns once the

@@ -1,94 +1,45 @@
-"""An injector's rounds in flight, and the order that lets several be in flight at once.
+"""An injector's rounds: records taken from its queue together, delivered together.
 
-Receivers deduplicate an injector's records by one number per producer: the highest
-sequence each tablet committed (worker/dedup.py). So a tablet must commit a producer's
-records in sequence order, or a later record committed first would make the earlier ones
-look like duplicates. With one round in flight that holds by itself. With several, each
-delivery names the last sequence of the delivery before it to the same tablet (``after``
-in its order), and the tablet answers OUT_OF_ORDER until that one is committed there: a
-round may overtake another on the wire, never in a tablet.
+Several rounds may be in flight at once (``max_in_flight``). What keeps a producer's records
+in order at each tablet however they travel is the delivery core's (runtime/courier.py):
+rounds enter it in the order they were taken, each record with its *place* in the injector's
+send order (``Round.first`` plus its index), so the core keeps each key's records in send order
+through re-routing, and chains the deliveries in flight to one tablet (each names the last
+sequence before it, ``after``; the tablet holds it until that one is committed). Rounds
+finish in the injector in take order, so "committed" always means a prefix of its sequence.
 
-The chain holds only while every round in flight was routed with one routing version (a
-split or merge renames destinations). So a round starts while others are in flight only
-if it is routed with theirs and none of them has failed; a round whose first attempt did
-not succeed everywhere retries only once every round before it is done, which is the
-situation of a single round in flight (``after`` 0 is then true). Rounds also finish in
-order, so "committed" always means a prefix of the injector's sequence.
-
-The chain is also what keeps each key's records in send order (DESIGN.md §2): a round that
-overtakes another on the wire waits at the tablet. It binds only deliveries that list a
-producer (records with the caller's own ids list none) at exactly-once readers (the others
-keep no marks to check ``after`` against). A round with any other delivery is not
-``ordered``: it goes only once every round before it is done, and no round joins it, as a
-single round in flight; its retries then overtake nothing.
+A round that fails for good (not committed within the injector's ``timeout``, refused, the
+injector closed) fails every round in flight with it: their records go back to the front of
+the queue, in order, and are sent again under the same ids once the caller retries.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
+from typing import Any
 
-from runtime import delivery
 from runtime.columns import Columns
-from runtime.routing import RoutingTable
-from runtime.wire import millstream_pb2 as pb
-
-Pending = dict[tuple[str, int, int], Columns]  # (computation, range, chunk) -> its records
-Orders = dict[tuple[str, int, int], list[pb.ProducerOrder]]
-Tails = dict[tuple[str, int], dict[bytes, int]]  # tablet -> producer -> last sequence sent to it
+from runtime.errors import MillstreamError
 
 
 @dataclass(eq=False)
 class Round:
-    """Records taken from the queue together, in queue order; ``index`` is the take order."""
+    """Records taken from the queue together, in queue order; ``index`` is the take order,
+    ``first`` the place of its first record in the injector's send order."""
 
     index: int
     records: Columns
     min_ts: int
-    routing: RoutingTable        # the version it was taken under (first attempt)
-    prepared: bool = False       # routed and ordered (the next round may be taken)
-    slow: bool = False           # its first attempt did not succeed everywhere
-    ordered: bool = True         # every delivery ordered by the chain at an exactly-once reader
+    first: int = 0
     done: bool = False           # finished: committed, or given back (``returned``)
     returned: bool = False       # failed for good: its records go back to the queue
-    pending: Pending = field(default_factory=dict)
-    orders: Orders = field(default_factory=dict)
-
-
-def chained_orders(pending: Pending, sequenced: dict[bytes, int], tails: Tails) -> tuple[Orders, Tails]:
-    """Each delivery's place in its producers' orders: the first chunk to a tablet follows the
-    last sequence ``tails`` says was sent there (0: nothing in flight), a later chunk follows
-    the one before it. Returns the orders and the tails after these deliveries (``tails`` is
-    not changed: a round that fails before sending leaves no mark on the chain)."""
-    out: Orders = {}
-    after: Tails = {}
-    for dest in sorted(pending):
-        tablet = dest[:2]
-        before = after.setdefault(tablet, dict(tails.get(tablet, {})))
-        here = _last_sequences(pending[dest], sequenced)
-        out[dest] = delivery.to_orders({p: (before.get(p, 0), 0) for p in here})
-        before.update(here)
-    return out, after
-
-
-def _last_sequences(columns: Columns, sequenced: dict[bytes, int]) -> dict[bytes, int]:
-    """The last sequence of each of ``sequenced``'s producers among ``columns``' records: one
-    look in the sequenced form, a scan from the end of the ids otherwise."""
-    if columns.producer is not None:
-        seqs = columns.seqs
-        return {columns.producer: seqs[-1]} if seqs and columns.producer in sequenced else {}
-    here: dict[bytes, int] = {}
-    for rid in reversed(columns.all_ids()):  # each producer's last record here, from the end
-        prefix = rid[:8]
-        if prefix in sequenced and prefix not in here:
-            here[prefix] = int.from_bytes(rid[8:], "big")
-            if len(here) == len(sequenced):
-                break
-    return here
-
-
-def ordered(pending: Pending, orders: Orders, routing: RoutingTable) -> bool:
-    """Whether the chain keeps every delivery of a round in order at its tablet: each lists a
-    producer and goes to an exactly-once reader (worker/batch.py checks ``after`` there)."""
-    computations = routing.computations
-    return all(orders.get(dest) and dest[0] in computations and computations[dest[0]].exactly_once
-               for dest in pending)
+    # The delivery shell's (injectors/tablets.py), on its loop:
+    finished: threading.Event = field(default_factory=threading.Event)  # committed, or ``error``
+    error: MillstreamError | None = None
+    released: bool = False       # its thread handed it over (it may be sent)
+    # A receiver answered it under a routing this newer: it is done once the injector has
+    # that routing (and has sent it to every reader that one adds).
+    needs_version: int = 0
+    readers: set[str] = field(default_factory=set)  # the computations it went to
+    outstanding: dict[int, Any] = field(default_factory=dict)  # id -> its parcels not committed yet

@@ -32,19 +32,20 @@ import time
 from collections.abc import Callable
 
 from runtime.client import Client
+from runtime.delivery import Receipt
 from runtime.errors import MillstreamError
+from runtime.receipts import HeldReceipts
+from runtime.record import END_OF_TIME, MIN_TIME
 from runtime.wire import millstream_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-MIN = -(1 << 63)
-END = (1 << 63) - 1
+MIN, END = MIN_TIME, END_OF_TIME
 CONFIRM_EVERY_S = 0.02  # how often the confirmer asks while receipts are held
 # A live injector reports at least this often, idle or not: the leader counts a registration
 # silent for long as gone (MasterConfig.injector_expiry_s), and a new leader learns its idleness.
 KEEPALIVE_S = 10.0
 RETRY_MAX_S = 1.0       # the longest wait between two attempts while the leader cannot be reached
-Receipt = tuple[str, int]  # (worker id, its report sequence) that reflects a commit
 
 
 class Watermark:
@@ -68,7 +69,7 @@ class Watermark:
         self._going_idle = False    # an idle report is being made (a round starting waits for it)
         self._active_at = time.monotonic()
         self._sent_at = time.monotonic()
-        self._held: list[tuple[int, Receipt]] = []  # (oldest timestamp, receipt) of committed deliveries
+        self._held: HeldReceipts[None] = HeldReceipts()  # the oldest timestamp of each committed delivery
         self._held_lock = threading.Lock()
         # Under _held_lock: how often something woke the confirmer, and whether it sleeps.
         self._nudges = 0
@@ -88,7 +89,7 @@ class Watermark:
         the receiver's report named by ``receipt``. (Under its own lock, never behind a report
         in flight: a round calls this before it finishes.) Wakes a sleeping confirmer."""
         with self._held_lock:
-            self._held.append((oldest, receipt))
+            self._held.hold(receipt, oldest, None)
             self._nudge()
 
     def _nudge(self) -> None:
@@ -112,7 +113,8 @@ class Watermark:
         is seen in the second. (Read the other way round, it was in neither.)"""
         queued = self._queued_min()
         with self._held_lock:
-            held = min((ts for ts, _ in self._held), default=END)
+            oldest = self._held.oldest()
+            held = END if oldest is None else oldest
         return min(self.promised, queued, held), queued == END and held == END
 
     # ------------------------------------------------------------------ idleness
@@ -264,7 +266,7 @@ class Watermark:
             if reported is not None:
                 # Receipts whose report the leader holds (or whose worker it does not know).
                 with self._held_lock:
-                    self._held = [(ts, r) for ts, r in self._held if reported.get(r[0], r[1]) < r[1]]
+                    self._held.release(reported)
                 ask = False
                 after, nothing_pending = self._state()
                 if after > wm or self._idle(nothing_pending) != idle:

@@ -115,9 +115,9 @@ class Rebalancer:
     """Applies the policy over time: a candidate must hold for ``hold_s`` (and its computation
     be out of its cooldown) before it is returned."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, load: LoadMeter | None = None) -> None:
         self.policy = policy
-        self.load = LoadMeter(policy.window_s)
+        self.load = load if load is not None else LoadMeter(policy.window_s)
         self._since: dict[tuple[str, str, tuple[int, ...]], float] = {}
         self._cooldown: dict[str, float] = {}
         self.stuck: dict[TabletKey, float] = {}      # ranges a split could not divide -> until

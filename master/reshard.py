@@ -20,7 +20,8 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from master.core import MasterCore, forget_tablet
+from master.change import Change
+from master.core import MasterCore
 from master.ranges import Ranges
 from master.rebalance import Decision
 from master.scheduler import Ownership, TabletKey
@@ -47,17 +48,19 @@ def _settled(core: MasterCore, key: TabletKey) -> Ownership:
     """The tablet's ownership, if it can be resharded now: a live primary the leader has
     heard from, not stopping, and no move under way."""
     c, r = key
-    if not any(c in t.computations for t in core.live_topologies()):
+    image = core.image
+    if not any(c in t.computations for t in image.live_topologies()):
         raise MillstreamError(f"no computation {c!r} is running; `millstream jobs` lists the jobs")
-    own = core.tablets.get(key)
-    if own is None or core.bounds(c, r) is None:
+    t = image.tablets.get(key)
+    if t is None or image.bounds(c, r) is None:
         raise MillstreamError(f"computation {c!r} has no range {r}; `millstream status` lists its ranges")
-    if not own.worker or own.worker not in core.workers:
+    own, w = t.own, image.workers.get(t.own.worker)
+    if not own.worker or w is None:
         raise MillstreamError(f"tablet {c}/{r} has no live primary now; try again once it is assigned")
-    if own.worker not in core.heard or own.worker in core.draining:
+    if not w.heard or w.draining:
         raise MillstreamError(f"tablet {c}/{r}: its primary {own.worker} is joining or stopping; try again")
-    if key in core.pinned:
-        raise MillstreamError(f"tablet {c}/{r} is moving to {core.pinned[key]}; try again once it has moved")
+    if key in image.pinned:
+        raise MillstreamError(f"tablet {c}/{r} is moving to {image.pinned[key]}; try again once it has moved")
     return own
 
 
@@ -66,22 +69,23 @@ def _heard_since(core: MasterCore, worker: str, asked_ms: float) -> bool:
     moment ago is still in the worker list until its lease runs out; new tablets built on it
     would have their only copy there (docs/rescaling.md): a heartbeat that arrives after the
     request shows the process was alive when the reshard commits."""
-    return core.last_seen.get(worker, float("-inf")) > asked_ms
+    w = core.image.workers.get(worker)
+    return w is not None and w.last_seen > asked_ms
 
 
 def _open(core: MasterCore, key: TabletKey, own: Ownership) -> bool:
     """Whether the primary has the tablet open under its current token (it reported it so):
     only then is its storage there to build new ranges from. A range just made by a split
     or merge may not be built yet, and one just moved may still be a follower's copy."""
-    rep = core.reports.get(key)
-    return rep is not None and rep.token == own.token
+    t = core.image.tablets.get(key)
+    return t is not None and t.report is not None and t.report.token == own.token
 
 
 def _views(core: MasterCore, computation: str, ids: list[int]) -> list[RangeView]:
     out = []
     for i in ids:
-        kr = core.ranges[computation].ranges[i]
-        own = core.tablets[(computation, i)]
+        kr = core.image.ranges[computation].ranges[i]
+        own = core.image.tablets[(computation, i)].own
         out.append(RangeView(i, kr.start, kr.end, own.worker, own.token))
     return out
 
@@ -92,17 +96,13 @@ async def _commit(core: MasterCore, computation: str, gone: list[TabletKey], new
     # up from it (replication's snapshot), it holds their only copy (docs/rescaling.md). Their
     # token is above their parents': they re-send the parents' checkpointed productions, and
     # receivers refuse a producer older than one they heard from.
-    token = max(core.tablets[k].token for k in gone) + 1
+    token = max(core.image.tablets[k].own.token for k in gone) + 1
     tablets = {(computation, i): Ownership(owner.worker, token, owner.followers, (owner.worker,))
                for i in new_ids}
-    await core._io(core.store.put_reshard, computation, ranges, gone, tablets)
-    core.ranges[computation] = ranges
-    for key in gone:
-        forget_tablet(core, key)
-    core.tablets.update(tablets)
-    core.reshards.append((core.now_ms(), f"{what}: {why}"))
-    del core.reshards[:-20]
-    await core._rebalance(what)
+    # One etcd transaction: the new ranges, the tablets that replace ``gone``.
+    await core.commit(Change(ranges={computation: ranges}, gone=gone, tablets=tablets))
+    core.image.note_reshard(core.now_ms(), f"{what}: {why}")
+    await core.rebalance(what)
     views = _views(core, computation, new_ids)
     log.info("%s (%s): %s", what, why, ", ".join(f"{computation}/{v.key_range} [{v.start}, {v.end})"
                                                 for v in views))
@@ -119,16 +119,16 @@ async def split(core: MasterCore, computation: str, key_range: int, at: int | No
     deadline = loop.time() + OPEN_TIMEOUT_S
     asked = core.now_ms()
     while True:
-        async with core._lock:
+        async with core.lock:
             own = _settled(core, key)
-            core.ranges[computation].split(computation, key_range, at)  # refuses a bad cut at once
+            core.image.ranges[computation].split(computation, key_range, at)  # refuses a bad cut at once
             if _open(core, key, own) and _heard_since(core, own.worker, asked):
-                kr = core.bounds(computation, key_range)
-                median = core.load_medians.get(key, 0)
+                kr = core.image.bounds(computation, key_range)
+                median = core.image.tablets[key].load_median
                 if at is None and kr is not None and kr.start < median < kr.end:
                     at = median
                     why += f"; cut where its load divides evenly, {median:#018x}"
-                ranges = core.ranges[computation].split(computation, key_range, at)
+                ranges = core.image.ranges[computation].split(computation, key_range, at)
                 ids = [ranges.next_id - 2, ranges.next_id - 1]
                 return await _commit(core, computation, [key], ids, own, ranges,
                                      f"split {computation}/{key_range} into {ids[0]} and {ids[1]}", why)
@@ -147,26 +147,27 @@ async def merge(core: MasterCore, computation: str, left: int, right: int,
     """Join two adjacent ranges while records flow; returns the merged range."""
     lk, rk = (computation, left), (computation, right)
     asked = core.now_ms()
-    async with core._lock:
+    async with core.lock:
         lo, ro = _settled(core, lk), _settled(core, rk)
-        core.ranges[computation].merge(computation, left, right)  # refuses non-adjacent ranges now
+        core.image.ranges[computation].merge(computation, left, right)  # refuses non-adjacent ranges now
         # Both stay on the left's primary until the merge commits: count balancing would
         # otherwise move one away again as soon as the move is done.
-        core.holding[lk] = core.holding[rk] = lo.worker
+        core.image.hold([lk, rk], lo.worker)
         if ro.worker != lo.worker:
             log.info("merge %s/%d + %d: moving %s/%d to %s first", computation, left, right,
                      computation, right, lo.worker)
-            core.pinned[rk] = lo.worker
-            await core._rebalance("merge")
+            core.image.pin(rk, lo.worker)
+            await core.rebalance("merge")
     try:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + MERGE_MOVE_TIMEOUT_S
         while True:
-            async with core._lock:
-                lo, now = _settled(core, lk), core.tablets.get(rk)
-                if (now is not None and now.worker == lo.worker and rk not in core.pinned
+            async with core.lock:
+                lo, t = _settled(core, lk), core.image.tablets.get(rk)
+                now = t.own if t is not None else None
+                if (now is not None and now.worker == lo.worker and rk not in core.image.pinned
                         and _open(core, lk, lo) and _open(core, rk, now) and _heard_since(core, lo.worker, asked)):
-                    ranges = core.ranges[computation].merge(computation, left, right)
+                    ranges = core.image.ranges[computation].merge(computation, left, right)
                     return await _commit(core, computation, [lk, rk], [ranges.next_id - 1], lo, ranges,
                                          f"merge {computation}/{left} and {right} into {ranges.next_id - 1}", why)
             if loop.time() > deadline:
@@ -176,18 +177,17 @@ async def merge(core: MasterCore, computation: str, left: int, right: int,
                     f"since the merge was asked) within {MERGE_MOVE_TIMEOUT_S:.0f} s; try again")
             await core.changed(0.2)
     finally:
-        core.holding.pop(lk, None)
-        core.holding.pop(rk, None)
+        core.image.hold([lk, rk], None)
 
 
 def autoscale(core: MasterCore) -> None:
     """Start carrying out the policy's next decision, unless one is under way."""
     if core.autoscaling is not None and not core.autoscaling.done():
         return
-    ranges = core.rebalanced()
+    ranges = core.image.rebalanced()
     if not ranges:
         return
-    workers = len([w for w in core.workers if w in core.heard and w not in core.draining])
+    workers = len(core.image.eligible_workers())
     decisions = core.rebalancer.decide(ranges, workers, core.now_ms())
     if decisions:
         core.autoscaling = asyncio.create_task(_carry_out(core, decisions[0]), name="autoscale")
@@ -211,10 +211,10 @@ async def _carry_out(core: MasterCore, d: Decision) -> None:
 def _worker_loads(core: MasterCore) -> dict[str, float]:
     """Records/s of the primaries of every live worker the leader has heard from."""
     now = core.now_ms()
-    load = {w: 0.0 for w in core.workers if w not in core.draining and w in core.heard}
-    for k, o in core.tablets.items():
-        if o.worker in load:
-            load[o.worker] += core.rebalancer.load.rate(k, now) or 0.0
+    load = dict.fromkeys(core.image.eligible_workers(), 0.0)
+    for k, t in core.image.tablets.items():
+        if t.own.worker in load:
+            load[t.own.worker] += core.rebalancer.load.rate(k, now) or 0.0
     return load
 
 
@@ -222,15 +222,17 @@ async def _spread(core: MasterCore, computation: str, key_range: int, load: dict
                   rate: float) -> None:
     """Move a new half (about ``rate`` records/s) to the least loaded worker, if that evens
     the load out."""
-    async with core._lock:
+    async with core.lock:
         key = (computation, key_range)
-        own = core.tablets.get(key)
-        live = [w for w in load if w in core.workers and w not in core.draining]
-        if own is None or not live:
+        t = core.image.tablets.get(key)
+        workers = core.image.workers
+        live = [w for w in load if w in workers and not workers[w].draining]
+        if t is None or not live:
             return
-        coolest = min(live, key=lambda w: (load[w], sum(o.worker == w for o in core.tablets.values()), w))
+        own = t.own
+        coolest = min(live, key=lambda w: (load[w], sum(x.own.worker == w for x in core.image.tablets.values()), w))
         if coolest != own.worker and load[coolest] + rate < load.get(own.worker, 0.0):
-            core.pinned[key] = coolest
+            core.image.pin(key, coolest)
             log.info("moving %s/%d (about %.0f rec/s) to %s, the least loaded worker (%.0f rec/s)",
                      computation, key_range, rate, coolest, load[coolest])
-            await core._rebalance("rebalance")
+            await core.rebalance("rebalance")

@@ -10,15 +10,17 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
-from master import lifecycle, reshard, web
-from master.core import MasterConfig, MasterCore, UnknownWorkerError
-from master.status import status_document
+from master import lifecycle, membership, reshard, savepoints, web
+from master.config import MasterConfig
+from master.core import MasterCore
+from master.image import UnknownWorkerError
 from master.store import EtcdConfig, EtcdStore, NotLeaderError
-from runtime import metrics, serving
+from master.views import StatusDocument
+from runtime import health, metrics, serving
 from runtime.client import NOT_LEADER_METADATA
 from runtime.errors import EtcdUnavailableError, WorkerIdentityError
 from runtime.keyspace import wire_end
@@ -39,6 +41,7 @@ class MasterOptions:
     advertise: str | None = None
     http_listen: str | None = None
     security: Security = Security()
+    health_listen: str | None = None  # the health service alone, in plaintext (runtime/health.py)
 
 
 async def _async(fn: Any, *args: Any) -> Any:
@@ -86,26 +89,26 @@ class MasterServicer(rpc.MasterServicer):
     async def Savepoint(self, request: pb.SavepointRequest, context: Any) -> pb.SavepointResponse:
         core = await self._leader(context)
         if request.renew:
-            await serving.call_core(context, lambda: lifecycle.savepoint_renew(
+            await serving.call_core(context, lambda: savepoints.savepoint_renew(
                 core, request.topology, request.savepoint_id))
             return pb.SavepointResponse(savepoint_id=request.savepoint_id)
         if request.end:
-            await serving.call_core(context, lambda: lifecycle.savepoint_end(
+            await serving.call_core(context, lambda: savepoints.savepoint_end(
                 core, request.topology, request.savepoint_id, request.verify))
             return pb.SavepointResponse(savepoint_id=request.savepoint_id)
-        return await serving.call_core(context, lambda: lifecycle.savepoint_begin(
+        return await serving.call_core(context, lambda: savepoints.savepoint_begin(
             core, request.topology, request.timeout_s or 60.0))
 
     async def Restore(self, request: pb.RestoreRequest, context: Any) -> pb.RestoreResponse:
         core = await self._leader(context)
         if request.commit:
-            await serving.call_core(context, lambda: lifecycle.restore_commit(core, request.name))
+            await serving.call_core(context, lambda: savepoints.restore_commit(core, request.name))
             return pb.RestoreResponse(name=request.name)
         try:
             manifest = json.loads(request.manifest_json)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the savepoint manifest is not JSON ({e})")
-        return await serving.call_core(context, lambda: lifecycle.restore_begin(
+        return await serving.call_core(context, lambda: savepoints.restore_begin(
             core, manifest, request.name or str(manifest.get("job", ""))))
 
     async def Cancel(self, request: pb.JobRequest, context: Any) -> pb.JobResponse:
@@ -116,14 +119,14 @@ class MasterServicer(rpc.MasterServicer):
 
     async def RegisterWorker(self, request: pb.RegisterWorkerRequest, context: Any) -> pb.RegisterWorkerResponse:
         core = await self._leader(context)
-        wid, secret = await serving.call_core(context, lambda: core.register_worker(
-            request.address, request.worker_id, request.zone, request.secret, list(request.allowed_code)))
+        wid, secret = await serving.call_core(context, lambda: membership.register(
+            core, request.address, request.worker_id, request.zone, request.secret, list(request.allowed_code)))
         return pb.RegisterWorkerResponse(worker_id=wid, lease_ms=core.config.lease_ms, secret=secret)
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         core = await self._leader(context)
         try:
-            core.authenticate(request.worker_id, request.secret)
+            membership.authenticate(core.image, request.worker_id, request.secret)
         except WorkerIdentityError as e:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
         try:
@@ -137,11 +140,12 @@ class MasterServicer(rpc.MasterServicer):
 
     async def LeaveWorker(self, request: pb.LeaveRequest, context: Any) -> pb.LeaveResponse:
         core = await self._leader(context)
-        await serving.call_core(context, lambda: _async(core.authenticate, request.worker_id, request.secret))
+        await serving.call_core(context, lambda: _async(membership.authenticate, core.image, request.worker_id,
+                                                        request.secret))
         if request.drain:
-            left = await serving.call_core(context, lambda: core.drain(request.worker_id))
+            left = await serving.call_core(context, lambda: membership.drain(core, request.worker_id))
             return pb.LeaveResponse(primaries=left)
-        await serving.call_core(context, lambda: core.leave(request.worker_id))
+        await serving.call_core(context, lambda: membership.leave(core, request.worker_id))
         return pb.LeaveResponse()
 
     async def ReportInjector(self, request: pb.InjectorReport, context: Any) -> pb.InjectorResponse:
@@ -171,7 +175,8 @@ class MasterServicer(rpc.MasterServicer):
 
     async def UpdateInSync(self, request: pb.InSyncRequest, context: Any) -> pb.InSyncResponse:
         core = await self._leader(context)
-        await serving.call_core(context, lambda: _async(core.authenticate, request.primary, request.secret))
+        await serving.call_core(context, lambda: _async(membership.authenticate, core.image, request.primary,
+                                                        request.secret))
         in_sync = await serving.call_core(context, lambda: core.update_in_sync(
             request.computation, request.key_range, request.token, request.follower, request.add,
             request.primary))
@@ -221,14 +226,22 @@ class Master:
         await asyncio.to_thread(self.store.check)
         server = serving.make_server(self.options.security)
         rpc.add_MasterServicer_to_server(MasterServicer(self), server)
+        ready = health.Health(health.MASTER)
+        ready.add_to(server)
         self.address = serving.bind(server, self.options.listen, self.options.advertise,
                                     self.options.security)
+        await ready.start()
         await server.start()
+        plain = None
+        if self.options.health_listen:
+            plain, health_address = await ready.serve_plain(self.options.health_listen)
+            print(f"millstream master health service on {health_address}", flush=True)
         http = None
         if self.options.http_listen:
-            http, http_address = await web.serve(self.options.http_listen, self._status_doc)
+            http, http_address = await web.serve(self.options.http_listen, self._status_json)
             print(f"millstream master web page and /metrics on http://{http_address}/", flush=True)
-        print(f"millstream master listening on {self.address}", flush=True)
+        await ready.set(health.MASTER, True)  # it serves: leading, or sending clients to the leader
+        print(health.listening_line("master", self.address), flush=True)
         tasks = [asyncio.create_task(self._lead()), asyncio.create_task(stop.wait())]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -237,21 +250,28 @@ class Master:
         finally:
             for t in tasks:
                 t.cancel()
+            await ready.stop()
             await server.stop(grace=0.5)
+            if plain is not None:
+                await plain.stop(grace=None)
             if http is not None:
                 http.close()
             await asyncio.to_thread(self.store.resign)
 
-    async def _status_doc(self) -> dict[str, Any] | None:
+    async def _status_doc(self) -> StatusDocument | None:
         core = self.core
         if core is None:
             return None
-        doc = status_document(core)
+        doc = core.status()
         # From the cache the leader loop refreshes: a flood of /status.json requests must
         # not queue etcd reads ahead of the lease keep-alive on the shared executor (S7).
         doc["masters"] = {"leader": self.address, "leader_id": self.identity,
                           "all": sorted({*self._masters_cache, self.address})}
         return doc
+
+    async def _status_json(self) -> dict[str, Any] | None:
+        """The status document as /status.json serves it (plain JSON objects)."""
+        return cast("dict[str, Any] | None", await self._status_doc())
 
     def leadership_confirmed(self) -> bool:
         return time.monotonic() * 1000 < self.sure_until

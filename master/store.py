@@ -12,15 +12,18 @@ Layout under ``/millstream/``::
     identities/<worker id>      SHA-256 of the secret issued to that worker id (kept when it leaves:
                                 the id stays its disk's)
     watermarks/<computation>    published low watermark (never decreases)
-    injectors/<name>            {"stream", "watermark"}
+    injectors/<name>            {"stream", "watermark", "incarnations"}
+    finished/<stream>           "1" once every injector of that stream finished (it counts as fed,
+                                at the end of time) until a new job reads it
     jobs/<topology>             {"state", "since", ...} once a job left "running" (master/lifecycle.py)
     dropped/<computation>       the id below which its ranges' state was deleted (a cancel, a
                                 removal or reset by an update); a name used again starts above it
     savepoints/<topology>       {"id", "cut"} while a savepoint pauses that job (master/lifecycle.py)
 
-Every write the leader makes is one etcd transaction guarded by the leader key
-still holding this master's identity, so a deposed leader can change nothing.
-All calls here are blocking; the master runs them off its event loop.
+Every write the leader makes is a :class:`~master.change.Change` (:meth:`EtcdStore.apply`), in
+etcd transactions guarded by the leader key still holding this master's identity, so a deposed
+leader can change nothing. :func:`as_change` turns what etcd holds into the one Change a new
+leader applies. All calls here are blocking; the master runs them off its event loop.
 """
 
 from __future__ import annotations
@@ -36,9 +39,12 @@ import grpc
 import pyetcd
 import pyetcd.exceptions
 
+from master.change import Change, InjectorPromise, WorkerInfo
+from master.jobs import Job, Pause
 from master.ranges import Ranges
 from master.scheduler import Ownership, TabletKey
 from runtime.errors import ConfigError, EtcdUnavailableError, MillstreamError
+from runtime.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +61,7 @@ RANGES = PREFIX + "ranges/"
 JOBS = PREFIX + "jobs/"
 DROPPED = PREFIX + "dropped/"
 SAVEPOINTS = PREFIX + "savepoints/"
+FINISHED = PREFIX + "finished/"
 _TXN_OPS = 100  # etcd's default --max-txn-ops is 128
 
 
@@ -102,22 +109,24 @@ class Snapshot:
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # topology -> lifecycle document
     dropped: dict[str, int] = field(default_factory=dict)  # computation -> ids below this are gone
     pauses: dict[str, dict[str, Any]] = field(default_factory=dict)  # topology -> savepoint pause
+    finished: set[str] = field(default_factory=set)  # streams every injector of which finished
 
 
-@dataclass
-class Change:
-    """One lifecycle change of the master's keys (master/lifecycle.py); ``None`` deletes."""
-
-    topologies: dict[str, str | None] = field(default_factory=dict)
-    jobs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
-    tablets: dict[TabletKey, Ownership] = field(default_factory=dict)
-    gone: list[TabletKey] = field(default_factory=list)
-    ranges: dict[str, Ranges | None] = field(default_factory=dict)
-    dropped: dict[str, int] = field(default_factory=dict)
-    watermarks_gone: list[str] = field(default_factory=list)
-    injectors_gone: list[str] = field(default_factory=list)
-    watermarks: dict[str, int] = field(default_factory=dict)
-    pauses: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # savepoint pauses
+def as_change(snap: Snapshot, pause_until: float) -> Change:
+    """Everything ``snap`` holds as one :class:`Change` (a new leader applies it to an empty
+    image). A savepoint being taken stays paused until ``pause_until`` (its client renews or
+    ends it with this leader); an injector stored before incarnations holds as one."""
+    return Change(
+        topologies={n: Topology.from_json(doc, stored=True) for n, doc in snap.topologies.items()},
+        jobs={n: Job.from_doc(doc) for n, doc in snap.jobs.items()},
+        pauses={n: Pause.from_doc(doc, pause_until) for n, doc in snap.pauses.items() if n in snap.topologies},
+        tablets=dict(snap.tablets), ranges=dict(snap.ranges), dropped=dict(snap.dropped),
+        watermarks=dict(snap.watermarks),
+        injectors={n: InjectorPromise(s, wm, dict(snap.injector_incarnations.get(n) or {"": wm}))
+                   for n, (s, wm) in snap.injectors.items()},
+        finished_streams=dict.fromkeys(snap.finished, True),
+        workers={w: WorkerInfo(a, snap.zones.get(w, ""), snap.code.get(w, ())) for w, a in snap.workers.items()},
+        identities=dict(snap.identities))
 
 
 class EtcdStore:
@@ -266,6 +275,8 @@ class EtcdStore:
                 snap.jobs[key[len(JOBS):]] = json.loads(value)
             elif key.startswith(SAVEPOINTS):
                 snap.pauses[key[len(SAVEPOINTS):]] = json.loads(value)
+            elif key.startswith(FINISHED):
+                snap.finished.add(key[len(FINISHED):])
             elif key.startswith(DROPPED):
                 snap.dropped[key[len(DROPPED):]] = int(value)
             elif key.startswith(RANGES):
@@ -279,47 +290,22 @@ class EtcdStore:
                                                          tuple(doc.get("in_sync", [doc["worker"]] if doc["worker"] else [])))
         return snap
 
-    def put_topology(self, name: str, doc: str, tablets: Mapping[TabletKey, Ownership]) -> None:
-        t = self._client.transactions
-        self._guarded([t.put(TOPOLOGIES + name, doc), *self._tablet_ops(tablets)])
-
-    def put_worker(self, worker_id: str, address: str, zone: str = "", identity: str | None = None,
-                   code: tuple[str, ...] = ()) -> None:
-        """A worker, with the module prefixes it loads code from (and, when it is new, the
-        digest of the secret it was issued)."""
-        t = self._client.transactions
-        ops = [t.put(WORKERS + worker_id, json.dumps({"address": address, "zone": zone, "code": list(code)}))]
-        if identity is not None:
-            ops.append(t.put(IDENTITIES + worker_id, identity))
-        self._guarded(ops)
-
-    def delete_worker(self, worker_id: str) -> None:
-        self._guarded([self._client.transactions.delete(WORKERS + worker_id)])
-
     def put_tablets(self, tablets: Mapping[TabletKey, Ownership]) -> None:
         self._guarded(self._tablet_ops(tablets))
 
-    def put_reshard(self, computation: str, ranges: Ranges, gone: list[TabletKey],
-                    tablets: Mapping[TabletKey, Ownership]) -> None:
-        """A split or merge, in one transaction: the new ranges, the tablets that replace
-        ``gone``."""
-        t = self._client.transactions
-        ops = [t.put(RANGES + computation, json.dumps(ranges.to_doc())),
-               *(t.delete(f"{TABLETS}{c}/{r}") for c, r in gone), *self._tablet_ops(tablets)]
-        assert len(ops) <= _TXN_OPS, "a reshard is one transaction"
-        self._guarded(ops)
-
     def apply(self, change: Change) -> None:
-        """A lifecycle change: one transaction when it fits (100 operations); else three steps,
+        """Write ``change``: one transaction when it fits (100 operations); else three steps,
         ordered so that a leader failing between any two transactions leaves etcd in a state
         the next leader repairs (:meth:`MasterCore.become_leader`, review N13):
 
         1. what only adds or raises (tablets written, ``dropped`` floors, new ranges and
-           watermarks): until the topology points at them they are orphans, collected;
+           watermarks, workers, injectors): until the topology points at them they are
+           orphans, collected;
         2. the topology, job and savepoint-pause documents, in one transaction: the change
            takes effect;
         3. what it leaves behind (tablets, ranges and watermarks deleted, finished injector
-           markers): orphans of the new topology if the leader fails before them, collected.
+           names, workers gone): orphans of the new topology if the leader fails before them,
+           collected.
 
         A tablet with state is so never deleted while its topology still wants it (the next
         leader would re-create it empty under token 1), and a restored tablet never wanted
@@ -329,16 +315,27 @@ class EtcdStore:
         first += [t.put(DROPPED + c, str(below)) for c, below in sorted(change.dropped.items())]
         first += [t.put(RANGES + c, json.dumps(r.to_doc())) for c, r in sorted(change.ranges.items()) if r is not None]
         first += [t.put(WATERMARKS + c, str(v)) for c, v in sorted(change.watermarks.items())]
-        docs: list[Any] = [t.delete(TOPOLOGIES + n) if doc is None else t.put(TOPOLOGIES + n, doc)
-                           for n, doc in sorted(change.topologies.items())]
-        docs += [t.delete(JOBS + n) if job is None else t.put(JOBS + n, json.dumps(job))
+        first += [t.put(INJECTORS + n, json.dumps({"stream": p.stream, "watermark": p.watermark,
+                                                   "incarnations": dict(p.incarnations)}))
+                  for n, p in sorted(change.injectors.items())]
+        first += [t.put(FINISHED + s, "1") for s, done in sorted(change.finished_streams.items()) if done]
+        for w, info in sorted(change.workers.items()):
+            if info is not None:
+                first.append(t.put(WORKERS + w, json.dumps({"address": info.address, "zone": info.zone,
+                                                            "code": list(info.code)})))
+        first += [t.put(IDENTITIES + w, digest) for w, digest in sorted(change.identities.items())]
+        docs: list[Any] = [t.delete(TOPOLOGIES + n) if topo is None else t.put(TOPOLOGIES + n, topo.to_json())
+                           for n, topo in sorted(change.topologies.items())]
+        docs += [t.delete(JOBS + n) if job is None else t.put(JOBS + n, json.dumps(job.to_doc()))
                  for n, job in sorted(change.jobs.items())]
-        docs += [t.delete(SAVEPOINTS + n) if pause is None else t.put(SAVEPOINTS + n, json.dumps(pause))
+        docs += [t.delete(SAVEPOINTS + n) if pause is None else t.put(SAVEPOINTS + n, json.dumps(pause.to_doc()))
                  for n, pause in sorted(change.pauses.items())]
         last: list[Any] = [t.delete(f"{TABLETS}{c}/{r}") for c, r in change.gone]
         last += [t.delete(RANGES + c) for c, r in sorted(change.ranges.items()) if r is None]
         last += [t.delete(WATERMARKS + c) for c in change.watermarks_gone]
         last += [t.delete(INJECTORS + n) for n in change.injectors_gone]
+        last += [t.delete(FINISHED + s) for s, done in sorted(change.finished_streams.items()) if not done]
+        last += [t.delete(WORKERS + w) for w, info in sorted(change.workers.items()) if info is None]
         if len(first) + len(docs) + len(last) <= _TXN_OPS:
             self._guarded([*first, *docs, *last])
             return
@@ -346,35 +343,6 @@ class EtcdStore:
         for ops in (first, docs, last):
             if ops:
                 self._guarded(ops)
-
-    def collect(self, tablets: list[TabletKey], computations: list[str]) -> None:
-        """Delete what a lifecycle change interrupted by a failover left behind: tablets no
-        topology wants, and the ranges and watermarks of computations no topology has."""
-        t = self._client.transactions
-        ops = [*(t.delete(f"{TABLETS}{c}/{r}") for c, r in sorted(tablets)),
-               *(op for c in sorted(computations) for op in (t.delete(RANGES + c), t.delete(WATERMARKS + c)))]
-        if ops:
-            self._guarded(ops)
-
-    def put_progress(self, watermarks: Mapping[str, int],
-                     injectors: Mapping[str, tuple[str, int]],
-                     incarnations: Mapping[str, Mapping[str, int]] | None = None) -> None:
-        """Persist published watermarks and injector watermarks (with the watermark of each
-        live incarnation of a name, so a new leader keeps every hold) in one guarded
-        transaction."""
-        t = self._client.transactions
-        ops = [t.put(WATERMARKS + c, str(v)) for c, v in sorted(watermarks.items())]
-        for n, (s, w) in sorted(injectors.items()):
-            doc: dict[str, Any] = {"stream": s, "watermark": w}
-            if incarnations and n in incarnations:
-                doc["incarnations"] = dict(incarnations[n])
-            ops.append(t.put(INJECTORS + n, json.dumps(doc)))
-        if ops:
-            self._guarded(ops)
-
-    def delete_injectors(self, names: list[str]) -> None:
-        t = self._client.transactions
-        self._guarded([t.delete(INJECTORS + n) for n in names])
 
     def _tablet_ops(self, tablets: Mapping[TabletKey, Ownership]) -> list[Any]:
         t = self._client.transactions

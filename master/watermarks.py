@@ -20,10 +20,13 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from master.scheduler import Ownership, TabletKey
+from runtime.record import END_OF_TIME, MIN_TIME
 from runtime.topology import ComputationSpec
 
-MIN = -(1 << 63)
-END_OF_TIME = (1 << 63) - 1
+MIN = MIN_TIME  # the start of time, under its name in this module's math
+
+__all__ = ["END_OF_TIME", "MIN", "Settler", "TabletReport", "Watermark", "compute", "inputs", "publish",
+           "with_idleness"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +55,11 @@ def compute(
     reports: Mapping[TabletKey, TabletReport],
     injectors: Mapping[str, tuple[str, int]],
     published: Mapping[str, int],
+    finished: Collection[str] = (),
 ) -> dict[str, Watermark]:
-    """The low watermark of every computation (before the never-decrease rule)."""
+    """The low watermark of every computation (before the never-decrease rule). ``injectors``:
+    name -> (stream, watermark); ``finished``: streams every injector of which finished (they
+    count as fed, at the end of time)."""
     by_name = {s.name: s for s in specs}
     producers: dict[str, list[str]] = {}
     for s in by_name.values():
@@ -84,7 +90,7 @@ def compute(
         for stream in by_name[name].inputs:
             feeders = [p for p in producers.get(stream, []) if p in by_name]
             sources = by_stream.get(stream, [])
-            if not feeders and not sources:
+            if not feeders and not sources and stream not in finished:
                 wm = _lower(wm, MIN, f"stream {stream!r} (no injector or computation feeds it yet)")
             for p in feeders:
                 up = lwm(p)
@@ -128,7 +134,7 @@ def publish(computed: Mapping[str, Watermark], published: Mapping[str, int]) -> 
 
 
 def inputs(specs: Iterable[ComputationSpec], published: Mapping[str, int],
-           injectors: Mapping[str, tuple[str, int]]) -> dict[str, int]:
+           injectors: Mapping[str, tuple[str, int]], finished: Collection[str] = ()) -> dict[str, int]:
     """Each computation's input watermark: the lowest of the published watermarks of the
     computations producing its input streams and of the injectors on them (a stream nobody
     feeds yet holds it at the start of time). Event-time timers fire, and records count as
@@ -142,6 +148,8 @@ def inputs(specs: Iterable[ComputationSpec], published: Mapping[str, int],
     by_stream: dict[str, list[int]] = {}
     for stream, wm in injectors.values():
         by_stream.setdefault(stream, []).append(wm)
+    for stream in finished:
+        by_stream.setdefault(stream, []).append(END_OF_TIME)
     out_: dict[str, int] = {}
     for name, spec in by_name.items():
         wm = END_OF_TIME

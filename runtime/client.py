@@ -21,6 +21,7 @@ import grpc
 from runtime.errors import ConfigError, MasterUnavailableError, MillstreamError, TopologyError
 from runtime.imports import load
 from runtime.keyspace import from_wire_end
+from runtime.record import END_OF_TIME
 from runtime.security import Security
 from runtime.topology import Topology
 from runtime.wire import millstream_pb2 as pb
@@ -164,7 +165,7 @@ class Client:
     def release_injector(self, name: str, stream: str) -> None:
         """Stop every injector registered as ``name`` holding ``stream`` (one that crashed or
         went silent, flagged stale in status). Records sent under that name later may be late."""
-        req = pb.InjectorReport(name=name, stream=stream, watermark=(1 << 63) - 1, release=True)
+        req = pb.InjectorReport(name=name, stream=stream, watermark=END_OF_TIME, release=True)
         self.call(lambda s: s.ReportInjector(req, timeout=self.timeout))
 
     def routing(self) -> pb.Routing:
@@ -235,6 +236,17 @@ class Client:
 
     def state(self, computation: str, key: bytes) -> bytes | None:
         """One key's committed state (``ctx.state``) in a running computation; None if unset."""
+        return self._read_state(computation, key, "")
+
+    def typed_state(self, computation: str, key: bytes, name: str) -> Any:
+        """One key's committed typed state ``name`` (a ``ValueState``, ``ListState`` or
+        ``MapState`` declared on the computation's class) in a running computation, as JSON
+        values: the value, a list, or a dict (keys as text); None if nothing is stored. The
+        worker decodes it with the state's codec (bytes come back as text, or ``0x…`` hex)."""
+        data = self._read_state(computation, key, name)
+        return None if data is None else json.loads(data)
+
+    def _read_state(self, computation: str, key: bytes, name: str) -> bytes | None:
         from runtime.routing import RoutingTable
 
         deadline = time.monotonic() + self.timeout
@@ -246,12 +258,13 @@ class Client:
             last = f"tablet {computation}/{dest.key_range} has no primary now"
             if dest.address:
                 req = pb.ReadStateRequest(computation=computation, key_range=dest.key_range,
-                                          token=dest.token, key=key)
+                                          token=dest.token, key=key, state=name)
                 try:
                     resp = rpc.WorkerStub(self.worker_channel(dest.address)).ReadState(req, timeout=self.timeout)
                     return resp.value if resp.found else None
                 except grpc.RpcError as e:
-                    if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+                                    grpc.StatusCode.INVALID_ARGUMENT):
                         raise MillstreamError(e.details() or "refused") from None
                     last = f"{dest.address}: {e.code().name} {e.details()}"
             if time.monotonic() > deadline:

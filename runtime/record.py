@@ -7,6 +7,12 @@ from dataclasses import dataclass
 
 ID_BYTES = 16
 
+# The start and end of event time, in microseconds: a watermark at MIN_TIME holds everything
+# back (nothing is known yet), one at END_OF_TIME promises nothing more will come (a finished
+# input). Every timestamp lies between them (signed 64 bits). Defined here only.
+MIN_TIME = -(1 << 63)
+END_OF_TIME = (1 << 63) - 1
+
 
 @dataclass(frozen=True, slots=True)
 class Record:

@@ -53,11 +53,16 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
     "/millstream.v1.Worker/DeliverMany": frozenset({"worker", "injector", "operator"}),
     "/millstream.v1.Worker/DeliverStream": frozenset({"worker", "injector", "operator"}),
     "/millstream.v1.Worker/Replicate": frozenset({"worker"}),
+    "/millstream.v1.Worker/ReplicateMany": frozenset({"worker"}),
+    "/millstream.v1.Worker/ReplicateStream": frozenset({"worker"}),
     "/millstream.v1.Worker/InstallSnapshot": frozenset({"worker"}),
     "/millstream.v1.Worker/ReadState": frozenset({"operator"}),
     "/millstream.v1.Worker/Checkpoint": frozenset({"operator"}),
     "/millstream.v1.Worker/LoadTablet": frozenset({"operator"}),
 }
+# Methods any caller may call without a token: the standard gRPC health service (runtime/health.py),
+# which Kubernetes probes call with none. It tells whether a process serves, nothing more.
+OPEN_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
 _ALL = frozenset(ROLES)
 _caller: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("millstream_caller_roles", default=_ALL)
 
@@ -229,7 +234,7 @@ class _TokenCheck(grpc.aio.ServerInterceptor):
 
     async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]], details: Any) -> Any:
         handler = await continuation(details)
-        if handler is None:
+        if handler is None or details.method in OPEN_METHODS:
             return handler
         roles = self._roles(dict(details.invocation_metadata or ()).get(_HEADER))
         allowed = METHOD_ROLES.get(details.method, _ALL)

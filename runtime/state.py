@@ -30,17 +30,19 @@ from __future__ import annotations
 import datetime
 import functools
 import heapq
+import json
 import struct
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 from runtime.codecs import Codec, check_codec
-from runtime.errors import MillstreamError, UsageError
+from runtime.errors import ConfigError, MillstreamError, UsageError
 from runtime.keyspace import hash_prefix
+from runtime.record import END_OF_TIME
 
 TYPED = b"Y"
 VALUE, COUNT, ELEMENT, ENTRY = b"v", b"n", b"e", b"m"
-NEVER = (1 << 63) - 1
+NEVER = END_OF_TIME
 TTL_TAG = "millstream.ttl/"  # internal timers: "millstream.ttl/<state name>"
 _EXPIRY = struct.Struct(">q")
 _INDEX = struct.Struct(">Q")
@@ -323,3 +325,93 @@ def expired(prefix: bytes, entries: Iterable[tuple[bytes, bytes]], time: int) ->
     if counter and not kept:
         gone.append(prefix + COUNT)
     return gone, nxt
+
+
+def declared(cls: type) -> dict[str, StateSpec]:
+    """The typed state a computation class declares, by state name (its base classes' too)."""
+    found: dict[str, StateSpec] = {}
+    for klass in reversed(cls.__mro__):
+        for attr in vars(klass).values():
+            if isinstance(attr, ValueState | ListState | MapState):
+                found[attr.name] = attr
+    return found
+
+
+class _Committed:
+    """:class:`Cells` over a tablet's committed storage, read only: reading one key's typed
+    state outside any call of user code (``millstream state get --state``). TTL is judged at
+    the computation's low watermark, as a call at that time would."""
+
+    def __init__(self, key: bytes, get: Any, scan: Any, watermark: int) -> None:
+        self._key, self._get, self._scan, self._watermark = key, get, scan, watermark
+
+    @property
+    def key(self) -> bytes:
+        return self._key
+
+    @property
+    def low_watermark(self) -> int:
+        return self._watermark
+
+    def call_id(self) -> object:
+        return self
+
+    def write_time(self) -> int:
+        return self._watermark
+
+    def cell_get(self, skey: bytes) -> bytes | None:
+        return self._get(skey)  # type: ignore[no-any-return]
+
+    def cell_scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return self._scan(prefix)  # type: ignore[no-any-return]
+
+    def _read_only(self, *args: Any) -> None:
+        raise MillstreamError("committed state is read here, never written")
+
+    cell_put = cell_delete = cell_clear = expire_at = _read_only
+
+
+def read_committed(spec: StateSpec, key: bytes, get: Any, scan: Any, watermark: int) -> tuple[bool, Any]:
+    """``(found, value)`` of ``spec`` for ``key`` from committed storage (``get(storage key)``,
+    ``scan(prefix)``): the value of a ``ValueState`` (its default when unset), a list for a
+    ``ListState``, a dict for a ``MapState``; ``found`` is whether anything live is stored."""
+    handle = bind(spec, _Committed(key, get, scan, watermark))
+    if isinstance(handle, ListHandle):
+        items = list(handle)
+        return bool(items), items
+    if isinstance(handle, MapHandle):
+        entries = dict(handle.items())
+        return bool(entries), entries
+    stored = handle._live(get(cell(key, spec.name) + VALUE))
+    return stored is not None, handle.get()
+
+
+def _plain(value: Any) -> Any:
+    """A decoded state value as JSON can hold it: bytes as text (``0x…`` hex when not UTF-8), map
+    keys as strings, anything else JSON does not know by its ``repr``."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return "0x" + value.hex()
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else json.dumps(_plain(k)): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return repr(value)
+
+
+def read_as_json(cls: type, name: str, key: bytes, get: Any, scan: Any, watermark: int) -> bytes | None:
+    """The typed state ``name`` declared on computation class ``cls``, of ``key``, as JSON text;
+    None when nothing live is stored. :class:`ConfigError` names the declared states when
+    ``cls`` declares none called ``name``."""
+    specs = declared(cls)
+    spec = specs.get(name)
+    if spec is None:
+        have = ", ".join(f"{s.name!r} ({type(s).__name__})" for s in specs.values()) or "none"
+        raise ConfigError(f"computation class {cls.__name__} declares no typed state {name!r} (it declares: "
+                         f"{have}); name one of them, or leave out --state to read ctx.state")
+    found, value = read_committed(spec, key, get, scan, watermark)
+    return json.dumps(_plain(value)).encode() if found else None

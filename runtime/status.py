@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-_MIN, _END = -(1 << 63), (1 << 63) - 1
+from runtime.record import END_OF_TIME, MIN_TIME
+
+_MIN, _END = MIN_TIME, END_OF_TIME
 
 
 def show_key(key: bytes, limit: int = 64) -> str:

@@ -1,11 +1,12 @@
-"""Delivery streams (``Worker.DeliverStream``, issue 29), without I/O: what both ends of a
-stream count, shared by the worker's sender (worker/peers.py), the injector's
-(injectors/stream.py) and the receiver (worker/deliverstream.py).
+"""Frame streams (``Worker.DeliverStream``, ``Worker.ReplicateStream``; issue 29), without I/O:
+what both ends of a stream count, shared by the senders (runtime/links.py) and the receiver
+(worker/deliverstream.py).
 
 A sender keeps one long-lived stream per worker instead of one unary call per delivery
-(a bidi stream costs about half the CPU per round trip: docs/performance.md, "Issue 29:
-streams"). Each frame carries what one ``DeliverMany`` would; the receiver handles frames
-side by side and answers each when its deliveries are done, in any order, by id.
+(a bidi stream costs about half the CPU per round trip: docs/performance-history.md, "Issue 29:
+streams"). Each frame carries what one ``DeliverMany`` (or ``ReplicateMany``) would; the
+receiver handles frames side by side and answers each when its work is done, in any order,
+by id.
 
 Flow control is by credit, in bytes of encoded frames: the receiver's first message grants
 the stream :data:`STREAM_CREDIT_BYTES`, each answer gives its frame's size back, and a
@@ -20,6 +21,9 @@ that breaks fails every frame in flight on it, as a failed call would
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, Protocol
+
 import grpc
 
 from runtime.wire import millstream_pb2 as pb
@@ -28,6 +32,20 @@ STREAM_CREDIT_BYTES = 32 * 1024 * 1024  # a stream's grant: BUNDLE_BYTES, a full
 FRAME_TIMEOUT_S = 30.0  # a frame not answered by then fails, as a DeliverMany call's deadline
 
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class AnswerFrame(Protocol):
+    """What an answer frame of either stream carries (``DeliverAnswerFrame``,
+    ``ReplicateAnswerFrame``)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def credit(self) -> int: ...
+    @property
+    def code(self) -> int: ...
+    @property
+    def details(self) -> str: ...
 
 
 class StreamError(grpc.RpcError):
@@ -46,16 +64,18 @@ class StreamError(grpc.RpcError):
         return self._details
 
 
-def refusal(answer: pb.DeliverAnswerFrame) -> StreamError | None:
+def refusal(answer: AnswerFrame) -> StreamError | None:
     """The refusal an answer carries, if any."""
     if not answer.code:
         return None
     return StreamError(_CODES.get(answer.code, grpc.StatusCode.UNKNOWN), answer.details)
 
 
-def refused(frame_id: int, size: int, code: grpc.StatusCode, details: str) -> pb.DeliverAnswerFrame:
-    """The answer refusing frame ``frame_id`` (of ``size`` bytes, given back) with ``code``."""
-    return pb.DeliverAnswerFrame(id=frame_id, credit=size, code=code.value[0], details=details)
+def refused(frame_id: int, size: int, code: grpc.StatusCode, details: str,
+            kind: Callable[..., Any] = pb.DeliverAnswerFrame) -> Any:
+    """The answer (a ``kind``, ``DeliverAnswerFrame`` by default) refusing frame ``frame_id``
+    (of ``size`` bytes, given back) with ``code``."""
+    return kind(id=frame_id, credit=size, code=code.value[0], details=details)
 
 
 class SenderWindow:
@@ -69,8 +89,14 @@ class SenderWindow:
 
     def frame(self, deliveries: pb.DeliverManyRequest) -> tuple[pb.DeliverFrame, int]:
         """The next frame carrying ``deliveries``, and its size in bytes (what it costs)."""
+        frame: pb.DeliverFrame
+        frame, size = self.next(lambda i: pb.DeliverFrame(id=i, deliveries=deliveries))
+        return frame, size
+
+    def next(self, make: Callable[[int], Any]) -> tuple[Any, int]:
+        """The next frame, ``make(its id)``, and its size in bytes (what it costs)."""
         self._last_id += 1
-        frame = pb.DeliverFrame(id=self._last_id, deliveries=deliveries)
+        frame = make(self._last_id)
         return frame, frame.ByteSize()
 
     def fits(self, size: int) -> bool:
@@ -82,7 +108,7 @@ class SenderWindow:
         self.credit -= size
         self.in_flight[frame_id] = size
 
-    def answered(self, answer: pb.DeliverAnswerFrame) -> None:
+    def answered(self, answer: AnswerFrame) -> None:
         """Count an answer in: its credit back, its frame no longer in flight."""
         if answer.id == 0:
             self.granted += answer.credit

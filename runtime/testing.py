@@ -20,12 +20,16 @@ them as on a cluster. Every stream any computation produces (dead letters includ
 collected for :meth:`output`. :meth:`restart` closes a computation's tablets and opens them
 again from what they committed, as a crash and failover would.
 
-(The test kit is the one part of ``runtime`` that runs the worker, so it imports it.)
+(The test kit is the one part of ``runtime`` that runs the worker and the master, so it
+imports them: tests/unit/test_layering.py states the exception. Its routing and watermarks
+are the real leader's: a :class:`~master.core.MasterCore` in this process, with nothing to
+store, gets the worker's progress reports as heartbeats and runs its watermark tick.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
 import shutil
@@ -34,16 +38,22 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.computation import Computation, Context
 from runtime.errors import MillstreamError
-from runtime.keyspace import first_cut, wire_end
-from runtime.record import Record, producer_prefix, sequence_id
+from runtime.record import END_OF_TIME, MIN_TIME, Record, producer_prefix, sequence_id
 from runtime.topology import Topology
 
 if TYPE_CHECKING:
     from runtime.dataflow import Dataflow
 
-MIN, END = -(1 << 63), (1 << 63) - 1
+MIN, END = MIN_TIME, END_OF_TIME
 _COLLECTED: dict[str, dict[str, list[Record]]] = {}  # run id -> stream -> records
 _RUNS = itertools.count()
+
+
+class _NoEtcd:
+    """The store of a TestRun's leader: nothing to keep, the run lives in this process."""
+
+    def apply(self, change: object) -> None:
+        pass
 
 
 class _Collect(Computation):
@@ -59,9 +69,10 @@ class TestRun:
     __test__ = False  # not a pytest test class
 
     def __init__(self, topology: Topology | Dataflow, *, start_us: int = 1_700_000_000_000_000) -> None:
+        from master.config import MasterConfig
+        from master.core import MasterCore
         from runtime.client import as_topology, check_importable
         from runtime.imports import CodePolicy
-        from runtime.wire import millstream_pb2 as pb
         from worker.core import WorkerCore, WorkerLimits
 
         topology = as_topology(topology)
@@ -74,11 +85,10 @@ class TestRun:
         self._dir = tempfile.mkdtemp(prefix="millstream-testrun-")
         self._loop = asyncio.new_event_loop()
         self._injected: dict[str, int] = {}    # stream -> its watermark (MIN until advanced)
+        self._reported: dict[str, int] = {}    # stream -> the watermark its injector last reported
         self._position = 0
         self._sent: dict[tuple[str, int], int] = {}  # tablet -> last sequence delivered to it
         self._prefix = producer_prefix("testrun/" + self.run_id)
-        self._published: dict[str, int] = {}
-        self._tokens: dict[str, int] = {}
 
         async def nowhere(*args: object) -> tuple[int, None]:
             raise AssertionError("a TestRun has one worker: every delivery is local")
@@ -86,49 +96,41 @@ class TestRun:
         self._specs = dict(topology.computations)
         produced = sorted({o for s in self._specs.values() for o in s.all_outputs})
         self._collectors = {f"__collect.{n}": s for n, s in enumerate(produced)}
-        self._routing = pb.Routing(version=1)
-        self._tokens = {s.name: 1 for s in self._specs.values()}
+        # The leader: one copy per tablet, no injector expires, one clock tick for everything.
+        self._master = MasterCore(_NoEtcd(), MasterConfig(replication=1, injector_expiry_s=0),  # type: ignore[arg-type]
+                                  lambda: 0.0)
         self._core = WorkerCore(self._dir, "local", nowhere, WorkerLimits(), wall_us=lambda: self.now_us,
                                 code_policy=CodePolicy(("*",)))
-        self._core.worker_id = "testrun"
-        self._run(self._apply())
+        self._run(self._start())
 
     # ------------------------------------------------------------------ setup
 
-    def _route(self) -> Any:
-        from runtime.wire import millstream_pb2 as pb
+    async def _start(self) -> None:
+        """Register the worker with the leader and submit the topology (a test's tmp dir: no
+        fsync, durability buys nothing here), and every produced stream's collector."""
+        from master import lifecycle, membership
 
-        r = pb.Routing(version=self._routing.version + 1)
-        for s in self._specs.values():
-            c = r.computations.add(name=s.name, topology=self.topology.name, code=s.code, outputs=s.outputs,
-                                   key_ranges=s.key_ranges, exactly_once=s.exactly_once,
-                                   productions=s.productions, late_records=s.late_records, job_state="running")
-            c.params.update(s.params)
-            if s.dedup_retention is not None:
-                c.params["millstream.dedup_retention"] = repr(float(s.dedup_retention))
-            c.params["millstream.fsync"] = "0"  # a test's tmp dir: durability buys nothing here
-            for stream, ex in s.inputs.items():
-                c.inputs.add(stream=stream, key_extractor=ex or "")
-            for i, (lo, hi) in first_cut(s.key_ranges).items():
-                c.assignments.add(key_range=i, worker_id="testrun", address="local", token=self._tokens[s.name],
-                                  in_sync=["testrun"], start=lo, end=wire_end(hi))
+        self._core.worker_id, _ = await membership.register(self._master, "local", allowed_code=("*",))
+        run = Topology(self.topology.name)
+        run.computations = {n: dataclasses.replace(s, fsync=False) for n, s in self._specs.items()}
+        collect = Topology("__testrun")
         for name, stream in self._collectors.items():
-            c = r.computations.add(name=name, topology="__testrun", code="runtime.testing:_Collect",
-                                   key_ranges=1, exactly_once=True, productions="strong", late_records="process",
-                                   job_state="running")
-            c.params.update({"run": self.run_id, "stream": stream, "millstream.fsync": "0"})
-            c.inputs.add(stream=stream)
-            c.assignments.add(key_range=0, worker_id="testrun", address="local", token=1, in_sync=["testrun"],
-                              start=0, end=0)
-        return r
+            collect.add_computation(name, "runtime.testing:_Collect", inputs={stream: None}, key_ranges=1,
+                                    params={"run": self.run_id, "stream": stream}, fsync=False)
+        for topo in (run, collect):
+            await lifecycle.submit(self._master, topo.to_json())
+        await self._apply()
 
     async def _apply(self) -> None:
-        self._routing = self._route()
         self._core.renewed(self._core.now_ms(), 10 ** 12)  # a lease that never runs out
-        await self._core.apply_routing(self._routing)
+        await self._core.apply_routing(self._master.routing())
         failures = {f"{k[0]}/{k[1]}": e for k, (e, _, _) in self._core._failures.items()}
         if failures:
             raise MillstreamError(f"TestRun: tablets cannot open: {failures}")
+
+    def _token(self, computation: str, key_range: int) -> int:
+        t = self._master.image.tablets.get((computation, key_range))
+        return t.own.token if t is not None else 0
 
     def _run(self, coro: Any) -> Any:
         return self._loop.run_until_complete(coro)
@@ -153,7 +155,7 @@ class TestRun:
                 # Sequenced ids: each tablet learns where this record stands in what it got.
                 orders = {self._prefix: (self._sent.get((comp, r), 0), 0)} if id is None else None
                 while True:
-                    status = await self._core.deliver(comp, r, self._tokens.get(comp, 1),
+                    status = await self._core.deliver(comp, r, self._token(comp, r),
                                                       [Record(k, value, timestamp, rid, stream)], orders)
                     if status == 0:
                         break
@@ -188,14 +190,14 @@ class TestRun:
     async def _settle(self, max_rounds: int) -> None:
         idle_rounds = 0
         for _ in range(max_rounds):
-            before = dict(self._published)
-            self._publish()
+            before = dict(self._master.image.published)
+            await self._publish()
             for tablet in self._core.tablets.values():
                 tablet._wake.set()  # wall-clock timers: the virtual clock may have moved
             await asyncio.sleep(0.001)
             # Idle: nothing to do, and publishing the watermarks again moved none of them (a
             # fired timer lets its computation's watermark rise to the next one).
-            idle_rounds = idle_rounds + 1 if self._idle() and self._published == before else 0
+            idle_rounds = idle_rounds + 1 if self._idle() and self._master.image.published == before else 0
             if idle_rounds >= 2:
                 return
         raise MillstreamError(f"TestRun: still busy after {max_rounds} rounds (a timer that sets itself "
@@ -212,29 +214,24 @@ class TestRun:
                 return False
         return True
 
-    def _publish(self) -> None:
-        from master.scheduler import Ownership
-        from master.watermarks import TabletReport, compute, inputs, publish
-        from runtime.topology import ComputationSpec
+    async def _publish(self) -> None:
+        """One round of the leader's loop: the worker's heartbeat with its tablets' progress,
+        each stream's injector watermark, the watermark tick, and its answer to the worker."""
+        from master import progress
 
-        specs = [*self._specs.values(),
-                 *(ComputationSpec(name, "runtime.testing:_Collect", {stream: None}, [], key_ranges=1)
-                   for name, stream in self._collectors.items())]
-        tablets, reports = {}, {}
-        for t in self._core.tablets.values():
-            # On a cluster a sender's report holds what it sent until the leader has the
-            # receiver's report reflecting it; here every report is read in this same step.
-            t.release({"testrun": 1 << 62})
-        for key, t in self._core.tablets.items():
-            tablets[key] = Ownership("testrun", t.token, (), ("testrun",))
-            reports[key] = TabletReport(t.token, t.oldest_work())
-        injectors = {f"testrun/{s}": (s, wm) for s, wm in self._injected.items()}
-        for s in self.topology.computations.values():
-            for stream in s.inputs:
-                if stream not in {o for x in specs for o in x.all_outputs}:
-                    injectors.setdefault(f"testrun/{stream}", (stream, self._injected.get(stream, MIN)))
-        self._published = publish(compute(specs, tablets, reports, injectors, self._published), self._published)
-        self._core.set_watermarks(inputs(specs, self._published, injectors))
+        # On a cluster a sender's report holds what it sent until the leader has the receiver's
+        # report reflecting it: here both are this step's report, which reflects every commit
+        # acknowledged so far (each receipt names this report or an earlier one).
+        self._core.release({self._core.worker_id: self._core.report_seq})
+        seq, held = self._core.next_report()
+        self._master.heartbeat(self._core.worker_id, held, seq, self._core.problems(), self._core.routing.version)
+        for stream, wm in self._injected.items():
+            # A stream never advanced holds its readers at the start of time.
+            if wm != MIN and self._reported.get(stream) != wm:
+                self._master.report_injector(f"testrun/{stream}", stream, wm)
+                self._reported[stream] = wm
+        await progress.advance(self._master)
+        self._core.set_watermarks(self._master.image.inputs)
 
     # ------------------------------------------------------------------ reading
 
@@ -251,7 +248,7 @@ class TestRun:
         return sorted(set(self._collectors.values()))
 
     def low_watermark(self, computation: str) -> int:
-        return self._published.get(computation, MIN)
+        return self._master.image.published.get(computation, MIN)
 
     def late(self, computation: str | None = None) -> int:
         """How many records arrived behind the watermark at ``computation`` (every
@@ -295,8 +292,18 @@ class TestRun:
         crash and a failover would: user code's objects are new, uncommitted work is redone)."""
         if computation not in self._specs:
             raise MillstreamError(f"TestRun: no computation {computation!r}")
-        self._tokens[computation] += 1
-        self._run(self._apply())
+        self._run(self._reopen(computation))
+
+    async def _reopen(self, computation: str) -> None:
+        from master.change import Change
+        from master.scheduler import Ownership
+
+        image = self._master.image
+        await self._master.commit(Change(tablets={
+            k: Ownership(t.own.worker, t.own.token + 1, t.own.followers, t.own.in_sync)
+            for k, t in image.tablets.items() if k[0] == computation}))
+        await self._master.bump()
+        await self._apply()
 
     def close(self) -> None:
         """Stop everything and delete the temporary storage."""

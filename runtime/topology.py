@@ -38,8 +38,9 @@ def late_stream(computation: str) -> str:
 
 MAX_REPLICATION = 7
 
-# Params under this prefix are the runtime's own (the master sets them from the computation's
-# fields: fsync, dedup_retention, replication); a user's params may not use it (review N7).
+# Params under this prefix are reserved: the runtime's own options (fsync, dedup_retention,
+# replication) are typed fields of the computation, sent to workers as such (runtime/engine.py),
+# and a user's params named like them would only mislead (review N7).
 RESERVED_PARAM_PREFIX = "millstream."
 
 

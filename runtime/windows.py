@@ -18,18 +18,20 @@ has already fired is *late*: it goes to the stream ``<computation>.late`` instea
 counted there). Session windows merge as records arrive, out of order included: a record
 within ``gap`` of a session joins it, and one that bridges two sessions merges them.
 
-Windows live in typed state (a ``MapState`` per key, one entry per open window) and event-time
-timers, so they commit with the batch, survive failover and follow their keys through splits.
-Accumulators must be JSON values (numbers, strings, lists, dicts).
+It runs on the machinery of a :class:`~runtime.Dataflow`'s ``window`` step
+(runtime/flows/windowing.py, docs/dataflows.md): windows live in typed state (one cell per key
+and window), read and written once per batch, with one event-time timer per due time per
+tablet, so they commit with the batch, survive failover and follow their keys through splits.
+Accumulators are values a flow carries (numbers, strings, bytes, lists, tuples, dicts).
 """
 
 from __future__ import annotations
 
 import datetime
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, cast
 
 from runtime import codecs
-from runtime.computation import Computation, Context, TimeDomain
+from runtime.computation import Computation, Context
 from runtime.errors import MillstreamError
 from runtime.record import Record
 from runtime.state import MapState
@@ -229,12 +231,18 @@ class WindowedComputation(Computation):
 
     Set ``windows``, ``aggregator`` and ``output`` on the subclass (and list ``output`` in
     ``outputs=``; ``<name>.late`` is every computation's); override :meth:`value` to pick what is aggregated
-    (default: the record's value) and :meth:`on_window` to emit something else."""
+    (default: the record's value) and :meth:`on_window` to emit something else.
+
+    It is a thin layer over the window step of a :class:`~runtime.Dataflow`
+    (runtime/flows/windowing.py): batches of records in one call, one state write per key and
+    window per batch, one timer per due time per tablet. Windows a job stored before that
+    (a map per key and a timer per window, ``window/<start>``) still fire as they were."""
 
     windows: _Windows
     aggregator: Aggregator
     output: str = ""
-    _open = MapState("millstream.windows", codecs.INT, codecs.JSON)  # start -> [end, acc]
+    _open = MapState("millstream.windows", codecs.INT, codecs.JSON)  # the layout before flows: start -> [end, acc]
+    _STEP = "millstream.windows"   # its window step's name: its state and timers are flow/<this>/...
 
     def value(self, record: Record) -> Any:
         """What the aggregator adds for ``record`` (default: its value, bytes)."""
@@ -249,46 +257,65 @@ class WindowedComputation(Computation):
         """When the window ending at ``end`` fires: its end plus the allowed lateness."""
         return end + self.windows.lateness
 
-    def process_record(self, ctx: Context, record: Record) -> None:
-        w = self.windows
-        wm = ctx.low_watermark
-        live = [(s, e) for s, e in w.assign(record.timestamp) if e + w.lateness > wm]
-        if not live:
-            ctx.produce(late_stream(self._name(ctx)), record.value)
-            return
-        state = ctx.state_of(self._open)
-        value = self.value(record)
-        for s, e in live:
-            acc = self.aggregator.add(self.aggregator.create(), value)
-            if isinstance(w, Session):
-                s, e, acc = self._merge_sessions(ctx, state, s, e, acc)
-            else:
-                have = state.get(s)
-                if have is not None:
-                    acc = self.aggregator.merge(have[1], acc)
-            state.put(s, [e, acc])
-            ctx.set_timer(f"{_TAG}{s}", e + w.lateness, TimeDomain.EVENT_TIME)
+    def _step(self, ctx: Context | None = None) -> Any:
+        step = self.__dict__.get("_window_step")
+        if step is None:
+            from runtime.flows.windowing import Window
 
-    def _merge_sessions(self, ctx: Context, state: Any, s: int, e: int, acc: Any) -> tuple[int, int, Any]:
-        absorbed: set[int] = set()
-        changed = True
-        while changed:  # a record can bridge sessions: merge until nothing more overlaps
-            changed = False
-            for start, (end, other) in list(state.items()):
-                if start not in absorbed and start < e and s < end:
-                    s, e = min(s, start), max(e, end)
-                    acc = self.aggregator.merge(other, acc)
-                    absorbed.add(start)
-                    changed = True
-        for start in absorbed - {s}:
-            state.remove(start)
-            ctx.delete_timer(f"{_TAG}{start}")
-        return s, e, acc
+            step = self.__dict__["_window_step"] = Window(self._STEP, self.windows, self.aggregator, "")
+            step.nexts = [(cast(Any, _Fired(self)), 0)]
+        if ctx is not None and not step.late:
+            step.late = late_stream(self._name(ctx))
+        return step
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        self._add(ctx, [record])
+
+    def process_batch(self, ctx: Context, records: list[Record]) -> None:
+        if type(self).process_record is not WindowedComputation.process_record:
+            for r in records:  # a subclass's own process_record (a filter, say) sees each record
+                ctx.rebind(r.key, r.timestamp)  # type: ignore[attr-defined]
+                self.process_record(ctx, r)
+            return
+        self._add(ctx, records)
+
+    def _add(self, ctx: Context, records: list[Record]) -> None:
+        step = self._step(ctx)
+        try:
+            step.push(ctx, [(r.key, self.value(r), r.timestamp) for r in records])
+        except BaseException:
+            step.abort()
+            raise
+        step.finish(ctx)
 
     def process_timer(self, ctx: Context, tag: str, time: int) -> None:
-        if not tag.startswith(_TAG):
+        if tag.startswith(_TAG):
+            self._fire_stored_before_flows(ctx, int(tag[len(_TAG):]))
             return
-        start = int(tag[len(_TAG):])
+        prefix = f"flow/{self._STEP}/"
+        if tag.startswith(prefix):
+            step = self._step(ctx)
+            try:
+                step.on_timer(ctx, tag[len(prefix):], time)
+            except BaseException:
+                step.abort()
+                raise
+            step.finish(ctx)
+
+    def recover_timers(self, scan: Any) -> list[tuple[bytes, str, int]]:
+        """At open: the window step's index from the stored windows (worker/tablet.py)."""
+        from runtime.state import TYPED, split_cell
+
+        name = f"flow/{self._STEP}"
+        cells = []
+        for skey, stored in scan(TYPED):
+            key, cell_name, rest = split_cell(skey)
+            if cell_name == name:
+                cells.append((key, rest, stored))
+        timers: list[tuple[bytes, str, int]] = self._step().recover(iter(cells))
+        return timers
+
+    def _fire_stored_before_flows(self, ctx: Context, start: int) -> None:
         state = ctx.state_of(self._open)
         window = state.get(start)
         if window is None:
@@ -299,3 +326,15 @@ class WindowedComputation(Computation):
     @staticmethod
     def _name(ctx: Context) -> str:
         return ctx.tablet.rpartition("/")[0]
+
+
+class _Fired:
+    """What a :class:`WindowedComputation`'s window step emits goes to its ``on_window``."""
+
+    def __init__(self, comp: WindowedComputation) -> None:
+        self.comp = comp
+
+    def push(self, ctx: Context, items: list[tuple[bytes, WindowResult, int]], side: int = 0) -> None:
+        for key, result, ts in items:
+            ctx.rebind(key, ts)  # type: ignore[attr-defined]
+            self.comp.on_window(ctx, result.start, result.end, result.value)

@@ -8,8 +8,12 @@
   to Parquet files exactly once, and :func:`read_stream` reads them back;
 - :func:`read_state` returns a computation's per-key state in a savepoint.
 
-See ``docs/spark.md``.
+See ``docs/spark.md``. Needs the ``spark`` extra: ``pip install 'millstream[spark]'``.
 """
+
+from runtime.extras import require
+
+require("pyarrow", "spark", "the Spark bridge (spark_bridge)")
 
 from spark_bridge.codecs import ValueDecodeError
 from spark_bridge.inject import InjectionResult, InvalidInputError, inject, release

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from runtime.errors import MillstreamError
+from runtime.record import MIN_TIME
 from runtime.savepoint import read_manifest, tablet_dir
 
 SCHEMA = "key string, key_bytes binary, value binary, value_text string, key_range int"
@@ -42,7 +43,7 @@ def read_state(spark: Any, savepoint_dir: str, computation: str, state: str | No
     code = json.loads(manifest["topology"])
     spec_path = next(c["code"] for c in code["computations"] if c["name"] == computation)
     _spec(spec_path, state)  # a clear error here, not in a task
-    wm = int(manifest.get("watermarks", {}).get(computation, -(1 << 63)))
+    wm = int(manifest.get("watermarks", {}).get(computation, MIN_TIME))
     items = [(r, p, spec_path, state, wm) for r, p in paths]
     rdd = spark.sparkContext.parallelize(items, len(items)).flatMap(_typed_rows)
     return spark.createDataFrame(rdd, TYPED_SCHEMA)

@@ -6,7 +6,18 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 
-from runtime import Computation, Context, ListState, Record, Sink, TimeDomain, Topology, ValueState, codecs
+from runtime import (
+    Computation,
+    Context,
+    ListState,
+    MapState,
+    Record,
+    Sink,
+    TimeDomain,
+    Topology,
+    ValueState,
+    codecs,
+)
 
 
 class Poison(Computation):
@@ -181,3 +192,23 @@ class InOrder(Computation):
         ctx.state.set(b"%d" % i)
         if "out" in self.params:
             ctx.produce(self.params["out"], record.value)
+
+
+class Profile(Computation):
+    """Per key, every kind of typed state (`millstream state get --state`): a ValueState count,
+    a ListState of the values seen, a MapState of how often each value came, a BYTES value."""
+
+    count = ValueState("count", codecs.INT, default=0)
+    values = ListState("values", codecs.STR)
+    tally = MapState("tally", codecs.STR, codecs.JSON)
+    last = ValueState("last", codecs.BYTES)
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        count = ctx.state_of(self.count)
+        count.set(count.get() + 1)
+        text = record.value.decode(errors="replace")
+        ctx.state_of(self.values).append(text)
+        tally = ctx.state_of(self.tally)
+        tally.put(text, {"n": tally.get(text, {"n": 0})["n"] + 1})
+        ctx.state_of(self.last).set(record.value)
+        ctx.produce("profiled", str(count.get()).encode())

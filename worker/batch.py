@@ -1,6 +1,7 @@
 """One batch of a tablet, on the tablet's thread (worker/runner.py): dedup, user code for
 each record and due timer (retried, then dead-lettered), every call's effects merged into
-the batch's one :class:`~worker.storage.Commit`, and the commit written.
+the batch's one :class:`~worker.storage.Commit` (its productions through
+:class:`~worker.outgoing.Outgoing`), and the commit written.
 
 A batch is bounded twice: it does at most ``limit`` records and timers, and it stops
 taking more once its user code has used the time budget (``WorkerLimits.batch_budget_ms``).
@@ -14,36 +15,30 @@ import base64
 import json
 import logging
 import time
-from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from hashlib import blake2b
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from runtime import metrics
-from runtime.columns import Columns, compact_streams
+from runtime.columns import Columns
 from runtime.computation import Computation, TimeDomain
-from runtime.delivery import Status, cut_columns
+from runtime.delivery import Status
 from runtime.errors import MillstreamError
-from runtime.record import Record, derived_id, is_worker_producer, sequence_id, worker_producer
+from runtime.record import Record, derived_id, is_worker_producer
 from runtime.sinks import is_sink
 from runtime.state import TTL_TAG, cell, expired, merged
 from runtime.status import show_key
 from runtime.topology import dead_letter_stream
-from worker.context import _UNSAVED, Effects, KeyContext, Produced
+from worker.context import _UNSAVED, Effects, KeyContext
 from worker.dedup import SEQUENCED_ID_PREFIX, Mark, MarkView, OpaqueIds, ascending, first_new
 from worker.inbox import Delivery
-from worker.storage import Commit, Shipment, TabletStore, Timer, production_key
+from worker.outgoing import Outgoing
+from worker.storage import Commit, TabletStore, Timer
 
 if TYPE_CHECKING:
     from worker.tablet import Tablet
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-# A weak output's place in its producer's order: the input's sequence times this, plus the
-# output's index (so at most 2**20 - 1 sequenced outputs per input, inputs below 2**44).
-WEAK_MAX_OUTPUTS = 1 << 20
-WEAK_MAX_SOURCE_SEQ = 1 << 44
 OK, NOT_OWNER, OUT_OF_ORDER = Status.OK, Status.NOT_OWNER, Status.OUT_OF_ORDER
 
 
@@ -112,13 +107,6 @@ class BatchProcessor:
         self._commit = Commit()
         self._due_now: dict[tuple[bytes, str], Timer] = {}   # timers the current batch fires
         self._cancelled: set[tuple[bytes, str]] = set()     # ... that its records deleted or moved
-        self._extractor_failures: dict[str, int] = {}      # reader -> records its key extractor failed on
-        # The batch's productions, per destination tablet: rows of (key, value, timestamp,
-        # seq) (strong) or (key, value, timestamp, id, production order) (weak), made columns
-        # at the end of the batch; and a weak tablet's sequenced producers among them.
-        self._outgoing: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
-        self._weak_producers: dict[tuple[str, int], dict[bytes, None]] = {}
-        self._produced = 0      # weak: productions made so far, for their order (worker/sender.py)
         self._limit = 0         # the batch's bound on records and timers
         self._budget = 0.0      # ... and on its user code's time (seconds)
         self._started = 0.0
@@ -127,9 +115,7 @@ class BatchProcessor:
         self._stop = False      # the batch is full
         self._wm = 0            # the input watermark the batch judges lateness by
         self._durations: list[float] = []  # of its calls of user code (one histogram update per batch)
-        self._routing = self.host.routing  # the routing of the batch running now
-        # stream -> plain_readers(stream) of that routing (None: a reader has a key extractor)
-        self._plain: dict[str, list[tuple[str, list[int], list[int]]] | None] = {}
+        self.outgoing = Outgoing(tablet.name, tablet.computation, tablet.prefix, tablet.weak, self.host.routing)
         # The oldest event-time timer or production this batch made earlier than the record
         # (or timer) it came from, which holds the watermark there: read by the event loop
         # for progress reports until the batch's effects are in the timer index and the
@@ -147,13 +133,8 @@ class BatchProcessor:
         self._commit = commit
         self._due_now = {(t.key, t.tag): t for t in batch.due}
         self._cancelled = set()
-        self._outgoing = {}
-        self._weak_producers = {}
         self.ctx.start_batch(commit.state)
-        routing = self.host.routing
-        if routing is not self._routing:  # a new routing: what is known of its streams goes
-            self._routing = routing
-            self._plain = {}
+        self.outgoing.start(self.host.routing)
         self._limit = batch.limit
         self._budget = self.host.limits.batch_budget_ms / 1000
         self._started = time.perf_counter()
@@ -216,7 +197,7 @@ class BatchProcessor:
             parts = [b"timer", t.key, t.tag.encode(), t.time.to_bytes(8, "big", signed=True)]
             timer_id = derived_id(*parts, t.nonce) if t.nonce else derived_id(*parts)
             self._run_user(commit, t.key, t.time, b"", timer_id, self._timer_fn, t)
-        commit.productions = self._shipments()
+        commit.productions = self.outgoing.shipments()
         self.metrics.user_seconds.observe_many(self._durations)
         self._durations.clear()
         if self.exactly_once:
@@ -365,6 +346,7 @@ class BatchProcessor:
         ctx = self.ctx
         calls = self.calls
         mark = len(ctx.out)
+        written = dict(ctx.writes)  # ctx.state of any key: an undone call leaves them as they were
         low = min(stamps)
         ctx.begin(b"", low)
         t0 = calls.clock()
@@ -377,6 +359,8 @@ class BatchProcessor:
                 self.batch_fn(ctx, self._records(parts))
         except BaseException as e:  # user code: anything may happen, sys.exit() included
             ctx.undo(mark)
+            ctx.writes.clear()
+            ctx.writes.update(written)
             calls.ended(calls.clock())
             log.info("tablet %s: a batch of %d records failed in one call (%s: %s); running them one by one",
                      self.name, len(keys), type(e).__name__, e)
@@ -636,83 +620,10 @@ class BatchProcessor:
         out = self.ctx.out
         if n is None:
             n = len(out)
-        if n > mark and not self.weak:
-            # Strong productions to readers that take the record's own key (no key extractor):
-            # straight onto the outgoing columns, one hash each. The general path below takes
-            # the rest from the first one that is not so (a key extractor may fail: dead letters).
-            plain = self._plain
-            outgoing = self._outgoing
-            seq = commit.seq
-            assert seq is not None
-            while mark < n:
-                stream, key, value, pts = out[mark]
-                if stream in plain:
-                    dests = plain[stream]
-                else:
-                    dests = plain[stream] = self._routing.plain_readers(stream)
-                if dests is None:
-                    break
-                mark += 1
-                seq += 1
-                if pts < low:
-                    low = pts
-                h = int.from_bytes(blake2b(key, digest_size=8).digest(), "big")  # runtime.keyspace.key_hash
-                for comp, starts, ids in dests:
-                    dest = (comp, ids[bisect_right(starts, h) - 1])
-                    rows = outgoing.get(dest)
-                    if rows is None:
-                        rows = outgoing[dest] = []
-                    rows.append((key, value, pts, seq, stream))
-            commit.seq = seq
         if n > mark:
-            routed = self._route(out, mark)
-            for *_, produced in routed:
-                if produced[3] < low:
-                    low = produced[3]
-            self._merge_productions(commit, routed, source_id, source)
+            low = self.outgoing.add(commit, out, mark, n, low, source_id, source)
         if low < ts and (self.hold is None or low < self.hold):
             self.hold = low
-
-    def _route(self, out: list[Produced], mark: int) -> list[tuple[str, int, bytes, Produced]]:
-        """``(computation, range, key, production)`` for each reader of each production of
-        ``out[mark:]``; ids are given by _merge_productions. A production a reader's key
-        extractor fails on goes to that reader's dead letters instead (``<reader>.dead_letter``)."""
-        route = self._routing.route_fields  # the batch's routing: one version for all its productions
-        routed = []
-        errors: list[tuple[str, BaseException]] = []
-
-        def fail(reader: str, error: BaseException) -> None:
-            errors.append((reader, error))
-
-        letters: list[Produced] = []
-        for i in range(mark, len(out)):
-            produced = out[i]
-            stream, key, value, ts = produced
-            for comp, r, k in route(stream, key, value, ts, None, fail):
-                routed.append((comp, r, k, produced))
-            if errors:
-                letters += [self._reader_dead_letter(reader, produced, error) for reader, error in errors]
-                errors.clear()
-        for letter in letters:
-            for comp, r, k in route(*letter, None, self._unroutable_dead_letter):
-                routed.append((comp, r, k, letter))
-        return routed
-
-    def _reader_dead_letter(self, reader: str, produced: Produced, error: BaseException) -> Produced:
-        stream, key, value, ts = produced
-        text = f"{type(error).__name__}: {error}"
-        n = self._extractor_failures[reader] = self._extractor_failures.get(reader, 0) + 1
-        log.log(logging.WARNING if str(n).rstrip("0") == "1" else logging.DEBUG,
-                "tablet %s: the key extractor of %r on %r failed (%d times): %s; the record goes to %s",
-                self.name, reader, stream, n, text, dead_letter_stream(reader))
-        metrics.tablet(reader).dead_lettered.inc()
-        doc = {"error": text, "computation": reader, "stream": stream, "producer": self.computation,
-               "value": base64.b64encode(value).decode()}
-        return dead_letter_stream(reader), key, json.dumps(doc).encode(), ts
-
-    def _unroutable_dead_letter(self, reader: str, error: BaseException) -> None:
-        log.error("tablet %s: a dead letter is lost: the key extractor of %r, a reader of dead letters, "
-                  "failed: %s: %s", self.name, reader, type(error).__name__, error)
 
     def _merge_timers(self, commit: Commit, eff: Effects, source_id: bytes) -> None:
         for k in eff.timers_deleted:
@@ -736,73 +647,3 @@ class BatchProcessor:
                     self._cancelled.add(k)
                 else:
                     self._cancelled.discard(k)
-
-    def _merge_productions(self, commit: Commit, routed: list[tuple[str, int, bytes, Produced]],
-                           source_id: bytes, source: tuple[bytes, int] | None) -> None:
-        """Give each production its id and append it, for each of its readers, to the batch's
-        outgoing delivery to that reader's tablet."""
-        assert commit.seq is not None
-        last: Produced | None = None
-        index = 0
-        rid = b""
-        producer: bytes | None = None
-        weak_producer = None
-        weak = self.weak
-        if weak and source is not None and source[1] < WEAK_MAX_SOURCE_SEQ:
-            weak_producer = worker_producer(derived_id(self.prefix, source[0]))
-        outgoing = self._outgoing
-        for comp, r, rkey, produced in routed:
-            if produced is not last:  # one id per produced record, shared by its readers
-                last = produced
-                index += 1
-                if not weak:
-                    commit.seq += 1
-                # Weak: sent before the commit, so a retry must mint the same ids. An output of
-                # a sequenced input (P, s) is sequenced too: producer (this tablet, P), place
-                # s * 2**20 + index, in the order this tablet commits P's records. Others (of
-                # timers, of opaque inputs, the 2**20-th output of one record) are opaque.
-                elif weak_producer is not None and source is not None and index < WEAK_MAX_OUTPUTS:
-                    producer = weak_producer
-                    rid = sequence_id(producer, source[1] * WEAK_MAX_OUTPUTS + index)
-                else:
-                    producer = None
-                    rid = derived_id(self.prefix, source_id, index.to_bytes(4, "big"))
-            rows = outgoing.get((comp, r))
-            if rows is None:
-                rows = outgoing[(comp, r)] = []
-            if not weak:
-                rows.append((rkey, produced[2], produced[3], commit.seq, produced[0]))
-            else:
-                rows.append((rkey, produced[2], produced[3], rid, produced[0], self._produced))
-                if producer is not None:
-                    self._weak_producers.setdefault((comp, r), {})[producer] = None
-            self._produced += 1
-
-    def _shipments(self) -> list[Shipment]:
-        """The batch's outgoing deliveries, one per destination tablet (cut where one would
-        pass :data:`~runtime.delivery.MAX_DELIVERY_BYTES`); strong ones with their checkpoint."""
-        out = []
-        for (comp, r), rows in self._outgoing.items():
-            columns = [list(c) for c in zip(*rows, strict=True)]  # rows to columns, in C
-            order = None
-            if self.weak:
-                keys, values, stamps, ids, streams, order = columns
-                cols = Columns(keys, values, stamps, ids=ids, streams=compact_streams(streams))
-                producers = tuple(self._weak_producers.get((comp, r), ()))
-            else:
-                keys, values, stamps, seqs, streams = columns
-                cols = Columns(keys, values, stamps, self.prefix, seqs, streams=compact_streams(streams))
-                producers = (self.prefix,)
-            start = 0
-            for part in cut_columns(cols):
-                s = Shipment(comp, r, part, producers)
-                if order is not None:
-                    s.order = order[start:start + len(part)]
-                else:
-                    assert part.seqs is not None
-                    s.ckey = production_key(part.seqs[0], comp, r)
-                start += len(part)
-                out.append(s)
-        self._outgoing = {}
-        self._weak_producers = {}
-        return out

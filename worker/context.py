@@ -8,7 +8,7 @@ from typing import Any
 
 from runtime.computation import Context, State, TimeDomain
 from runtime.errors import MillstreamError, UsageError
-from runtime.record import MAX_KEY_BYTES, MAX_VALUE_BYTES
+from runtime.record import END_OF_TIME, MAX_KEY_BYTES, MAX_VALUE_BYTES, MIN_TIME
 from runtime.state import TTL_TAG, bind, merged
 from worker.storage import Timer
 
@@ -35,7 +35,7 @@ def _check_tag(tag: str) -> None:
 
 
 def _check_time(t: int, what: str) -> int:
-    if isinstance(t, bool) or not isinstance(t, int) or not -(1 << 63) <= t < (1 << 63):
+    if isinstance(t, bool) or not isinstance(t, int) or not MIN_TIME <= t <= END_OF_TIME:
         raise UsageError(f"{what} {t!r} must be an int of microseconds within 64 bits")
     return t
 

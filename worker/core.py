@@ -18,8 +18,9 @@ from runtime.errors import ConfigError, NotOwnerError, StaleTokenError, Topology
 from runtime.faults import Faults
 from runtime.imports import CodePolicy
 from runtime.keyspace import from_wire_end
-from runtime.record import Record
+from runtime.record import MIN_TIME, Record
 from runtime.routing import KeyExtractor, RoutingTable
+from runtime.state import read_as_json
 from runtime.wire import millstream_pb2 as pb
 from worker.replica import Replicas
 from worker.replication import ReplicaChannel, Replicator
@@ -30,7 +31,7 @@ from worker.storage import Shipment
 from worker.tablet import BUSY, NOT_OWNER, Tablet
 
 log = logging.getLogger(__name__)
-WATERMARK_MIN = -(1 << 63)
+WATERMARK_MIN = MIN_TIME
 RemoteDeliver = Callable[[str, str, int, int, Columns, Orders | None], Awaitable[tuple[int, Receipt | None]]]
 
 
@@ -109,7 +110,7 @@ class WorkerCore:
         self._opened_at: dict[tuple[str, int], float] = {}  # when an opening began
         self._wanted: dict[tuple[str, int], int] = {}       # as of the last reconcile
         self._refused_logged: tuple[str, int, int] | None = None
-        self.sender = Sender(lambda: self.routing, self.deliver_to, self.routing_changed)
+        self.sender = Sender(lambda: self.routing, self.deliver_to)
         self.channel = channel  # None: no replication (a worker of the in-process test kit)
         self.faults = faults
         self.seen = SeenTablets(state_dir)  # the tablets this worker was ever given a role in
@@ -450,12 +451,17 @@ class WorkerCore:
                                "this worker")
             await self.routing_changed(self.routing.version, left)
 
-    async def read_state(self, computation: str, key_range: int, token: int, key: bytes) -> bytes | None:
-        """One key's committed state, from the tablet open here (`millstream state get`)."""
+    async def read_state(self, computation: str, key_range: int, token: int, key: bytes,
+                         state: str = "") -> bytes | None:
+        """One key's committed state, from the tablet open here (`millstream state get`):
+        ``ctx.state``, or with ``state`` the typed state of that name as JSON."""
         tablet = self.tablets.get((computation, key_range))
         if tablet is None or (token and tablet.token != token) or tablet.closing:
             raise NotOwnerError(f"tablet {computation}/{key_range} is not open on this worker under token {token}; "
                            "it is moving or reopening: try again")
+        if state:
+            return await asyncio.to_thread(read_as_json, type(tablet.proc.comp), state, key, tablet.store.get_cell,
+                                           tablet.store.scan, self.watermark(computation))
         return await asyncio.to_thread(tablet.store.get_state, key)
 
     def _collect(self) -> None:

@@ -1,7 +1,7 @@
-"""The receiving end of a delivery stream (``Worker.DeliverStream``; the protocol is
-runtime/streams.py's): the stream's grant first, then its frames handled side by side (one
-may wait for a commit or for room in a full tablet while later ones go on), each answered
-as soon as it is done, within the grant."""
+"""The receiving end of a frame stream (``Worker.DeliverStream``, ``Worker.ReplicateStream``;
+the protocol is runtime/streams.py's): the stream's grant first, then its frames handled side
+by side (one may wait for a commit or for room in a full tablet while later ones go on), each
+answered as soon as it is done, within the grant."""
 
 from __future__ import annotations
 
@@ -17,27 +17,29 @@ from runtime.wire import millstream_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-# What answers one frame (of the given size in bytes): the servicer's DeliverMany.
-FrameHandler = Callable[[pb.DeliverFrame, int], Awaitable[pb.DeliverAnswerFrame]]
-_Item = pb.DeliverAnswerFrame | StreamError | None  # an answer, the stream's failure, its end
+# What answers one frame (of the given size in bytes): the servicer's DeliverMany (or
+# ReplicateMany), as an answer frame.
+FrameHandler = Callable[[Any, int], Awaitable[Any]]
 
 
-async def serve_frames(frames: AsyncIterator[pb.DeliverFrame], context: grpc.aio.ServicerContext[Any, Any],
-                       handle: FrameHandler, grant: int) -> AsyncIterator[pb.DeliverAnswerFrame]:
-    """The answers of one stream, as they are ready. Ends once the sender has closed its side
-    and every frame is answered; ends the stream with RESOURCE_EXHAUSTED if the sender
-    overdraws its credit. Frames still in flight when the stream ends are cancelled, as the
-    calls of a sender that went away are."""
+async def serve_frames(frames: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any],
+                       handle: FrameHandler, grant: int,
+                       kind: Callable[..., Any] = pb.DeliverAnswerFrame) -> AsyncIterator[Any]:
+    """The answers (``kind``: ``DeliverAnswerFrame``, ``ReplicateAnswerFrame``) of one
+    stream, as they are ready. Ends once the sender has closed its side and every frame is
+    answered; ends the stream with RESOURCE_EXHAUSTED if the sender overdraws its credit.
+    Frames still in flight when the stream ends are cancelled, as the calls of a sender that
+    went away are."""
     window = ReceiverWindow(grant)
-    answers: asyncio.Queue[_Item] = asyncio.Queue()
+    answers: asyncio.Queue[Any] = asyncio.Queue()  # an answer, the stream's failure, or None: its end
     tasks: set[asyncio.Task[None]] = set()
 
-    async def answer(frame: pb.DeliverFrame, size: int) -> None:
+    async def answer(frame: Any, size: int) -> None:
         try:
             out = await handle(frame, size)
         except Exception as e:  # a bug: the frame fails (UNKNOWN, as the call would), not the stream
-            log.exception("delivery frame %d failed", frame.id)
-            out = refused(frame.id, size, grpc.StatusCode.UNKNOWN, f"{type(e).__name__}: {e}")
+            log.exception("frame %d failed", frame.id)
+            out = refused(frame.id, size, grpc.StatusCode.UNKNOWN, f"{type(e).__name__}: {e}", kind)
         window.answered(size)
         answers.put_nowait(out)
 
@@ -61,7 +63,7 @@ async def serve_frames(frames: AsyncIterator[pb.DeliverFrame], context: grpc.aio
             await asyncio.wait(set(tasks))
         answers.put_nowait(None)
 
-    yield pb.DeliverAnswerFrame(credit=grant)
+    yield kind(credit=grant)
     reader = asyncio.get_running_loop().create_task(read())
     try:
         while True:

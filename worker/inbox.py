@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from runtime.columns import Columns
 from runtime.delivery import Status
-from worker.progress import TimestampBag
+from runtime.receipts import TimestampBag
 
 OK, NOT_OWNER = Status.OK, Status.NOT_OWNER
 

@@ -13,7 +13,7 @@ holds them again (the receiver drops them as duplicates) instead of forgetting t
 from __future__ import annotations
 
 from runtime.delivery import Receipt
-from worker.progress import TimestampBag
+from runtime.receipts import HeldReceipts, TimestampBag
 from worker.storage import Shipment
 
 
@@ -24,8 +24,7 @@ class Outbox:
     def __init__(self) -> None:
         self.unacked = 0  # records
         self._unacked_ts = TimestampBag()
-        self._held_ts = TimestampBag()
-        self._held: dict[Receipt, list[Shipment]] = {}
+        self._held: HeldReceipts[Shipment] = HeldReceipts()
 
     def sent(self, shipments: list[Shipment]) -> None:
         for s in shipments:
@@ -33,7 +32,7 @@ class Outbox:
             self._unacked_ts.add(s.oldest)
 
     def replaced(self, old: list[Shipment], new: list[Shipment]) -> None:
-        """Re-routing cut unacknowledged shipments ``old`` into ``new`` (worker/sender.py)."""
+        """Re-routing cut unacknowledged shipments ``old`` into ``new`` (runtime/courier.py)."""
         for s in old:
             self.unacked -= len(s.cols)
             self._unacked_ts.remove(s.oldest)
@@ -47,28 +46,21 @@ class Outbox:
             self._unacked_ts.remove(s.oldest)
         if receipt is None:
             return shipments
-        self._held.setdefault(receipt, []).extend(shipments)
         for s in shipments:
-            self._held_ts.add(s.oldest)
+            self._held.hold(receipt, s.oldest, s)
         return []
 
     def release(self, reported: dict[str, int]) -> list[Shipment]:
         """Let go of shipments whose receiver's covering report the leader holds (or whose
         receiver the leader does not know: its reports count for nothing then); returns them."""
-        out: list[Shipment] = []
-        for receipt in [r for r in self._held if reported.get(r[0], r[1]) >= r[1]]:
-            held = self._held.pop(receipt)
-            for s in held:
-                self._held_ts.remove(s.oldest)
-            out += held
-        return out
+        return self._held.release(reported)
 
     @property
     def held(self) -> int:
         """Records acknowledged whose receipt is not confirmed yet."""
-        return sum(len(s.cols) for ss in self._held.values() for s in ss)
+        return sum(len(s.cols) for s in self._held.items())
 
     def oldest(self) -> int | None:
         """The oldest timestamp still in hand-over."""
-        values = [t for t in (self._unacked_ts.min(), self._held_ts.min()) if t is not None]
+        values = [t for t in (self._unacked_ts.min(), self._held.oldest()) if t is not None]
         return min(values) if values else None

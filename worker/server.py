@@ -20,7 +20,7 @@ from typing import IO, Any, cast
 
 import grpc
 
-from runtime import delivery, metrics, serving, streams
+from runtime import delivery, health, metrics, serving, streams
 from runtime.client import AsyncMasterClient
 from runtime.columns import Columns, MalformedColumns, of_request
 from runtime.errors import ConfigError
@@ -51,6 +51,7 @@ class WorkerOptions:
     security: Security = Security()
     code_policy: CodePolicy = CodePolicy()
     zone: str = ""
+    health_listen: str | None = None  # the health service alone, in plaintext (runtime/health.py)
 
 
 def claim_state_dir(state_dir: str) -> tuple[str, IO[str]]:
@@ -149,11 +150,6 @@ def keep_secret(state_dir: str, secret: str) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _injected(request: pb.DeliverRequest, worker: bool) -> bool:
-    """Whether a delivery comes from outside (an injector's, or any not sent as a worker)."""
-    return request.sender.startswith("injector/") or not worker
-
-
 class WorkerServicer(rpc.WorkerServicer):
     def __init__(self, core: WorkerCore, stream_credit: int = streams.STREAM_CREDIT_BYTES) -> None:
         self.core = core
@@ -167,7 +163,8 @@ class WorkerServicer(rpc.WorkerServicer):
             await context.abort(e.code(), e.details())
             raise
         metrics.DELIVER_CALLS.labels("unary").inc()
-        metrics.DELIVERIES_PER_CALL.labels("injector" if _injected(request, worker) else "worker").observe(1)
+        outside = delivery.from_outside(request, worker)
+        metrics.DELIVERIES_PER_CALL.labels("injector" if outside else "worker").observe(1)
         return await self._deliver(*admitted[0], worker)
 
     async def DeliverMany(self, request: pb.DeliverManyRequest, context: Any) -> pb.DeliverManyResponse:
@@ -203,8 +200,8 @@ class WorkerServicer(rpc.WorkerServicer):
         admitted = await self._admit(request.deliveries, worker)
         metrics.DELIVER_CALLS.labels(carrier).inc()
         if admitted:
-            metrics.DELIVERIES_PER_CALL.labels("injector" if _injected(admitted[0][0], worker) else "worker"
-                                               ).observe(len(admitted))
+            outside = delivery.from_outside(admitted[0][0], worker)
+            metrics.DELIVERIES_PER_CALL.labels("injector" if outside else "worker").observe(len(admitted))
         answers = await asyncio.gather(*(self._deliver(*a, worker) for a in admitted))
         return pb.DeliverManyResponse(answers=answers)
 
@@ -233,7 +230,7 @@ class WorkerServicer(rpc.WorkerServicer):
             if problem is not None:
                 raise streams.StreamError(grpc.StatusCode.PERMISSION_DENIED, f"delivery to {request.computation}/"
                                           f"{request.key_range} refused: {problem}")
-            if _injected(request, worker):
+            if delivery.from_outside(request, worker):
                 injected = True
                 closed = self.core.routing.closed_to_input(request.computation)
                 if closed:
@@ -246,7 +243,7 @@ class WorkerServicer(rpc.WorkerServicer):
 
     async def _deliver(self, request: pb.DeliverRequest, records: Columns, orders: Any,
                        worker: bool) -> pb.DeliverResponse:
-        if _injected(request, worker):
+        if delivery.from_outside(request, worker):
             route = self.core.routing.computations.get(request.computation)
             if route is not None and route.input_paused:  # a savepoint is being taken: retry soon
                 return pb.DeliverResponse(status=cast(Any, delivery.Status.BUSY),
@@ -260,7 +257,7 @@ class WorkerServicer(rpc.WorkerServicer):
 
     async def ReadState(self, request: pb.ReadStateRequest, context: Any) -> pb.ReadStateResponse:
         found = await serving.call_core(context, lambda: self.core.read_state(
-            request.computation, request.key_range, request.token, request.key))
+            request.computation, request.key_range, request.token, request.key, request.state))
         return pb.ReadStateResponse(found=found is not None, value=found or b"", token=request.token)
 
     async def Checkpoint(self, request: pb.CheckpointRequest, context: Any) -> AsyncIterator[pb.SnapshotChunk]:
@@ -306,14 +303,32 @@ class WorkerServicer(rpc.WorkerServicer):
 
     async def Replicate(self, request: pb.ReplicateRequest, context: Any) -> pb.ReplicateResponse:
         metrics.REPLICAS_PER_CALL.observe(1)
+        metrics.REPLICATE_CALLS.labels("unary").inc()
         return await self.core.replicas.replicate(request)
 
     async def ReplicateMany(self, request: pb.ReplicateManyRequest, context: Any) -> pb.ReplicateManyResponse:
         """Several tablets' commits from one primary worker, applied side by side (each on its
         copy's thread); one that raises fails the call, and the sender sends each alone."""
         metrics.REPLICAS_PER_CALL.observe(len(request.requests))
+        metrics.REPLICATE_CALLS.labels("unary").inc()
         answers = await asyncio.gather(*(self.core.replicas.replicate(r) for r in request.requests))
         return pb.ReplicateManyResponse(answers=answers)
+
+    async def ReplicateStream(self, request_iterator: AsyncIterator[pb.ReplicateFrame],
+                              context: Any) -> AsyncIterator[pb.ReplicateAnswerFrame]:
+        """Replication on one long-lived stream (runtime/streams.py): each frame is handled as
+        a ReplicateMany call would be, side by side with the others, and answered when done."""
+
+        async def handle(frame: pb.ReplicateFrame, size: int) -> pb.ReplicateAnswerFrame:
+            metrics.REPLICAS_PER_CALL.observe(len(frame.requests.requests))
+            metrics.REPLICATE_CALLS.labels("frame").inc()
+            answers = await asyncio.gather(*(self.core.replicas.replicate(r) for r in frame.requests.requests))
+            return pb.ReplicateAnswerFrame(id=frame.id, answers=pb.ReplicateManyResponse(answers=answers),
+                                           credit=size)
+
+        async for answer in serve_frames(request_iterator, context, handle, self.stream_credit,
+                                         pb.ReplicateAnswerFrame):
+            yield answer
 
     async def InstallSnapshot(self, request: pb.SnapshotChunk, context: Any) -> pb.ReplicateResponse:
         return await self.core.replicas.install(request)
@@ -359,8 +374,9 @@ class MasterSession:
     """Registers with the leader, heartbeats, and applies the routing it streams."""
 
     def __init__(self, core: WorkerCore, masters: AsyncMasterClient, identity: str = "", zone: str = "",
-                 state_dir: str | None = None) -> None:
+                 state_dir: str | None = None, ready: health.Health | None = None) -> None:
         self.core = core
+        self.ready = ready  # its WORKER service is SERVING while the worker holds a lease
         self.masters = masters
         self.identity = identity
         self.state_dir = state_dir  # where the issued secret is kept (None: in memory only)
@@ -394,13 +410,16 @@ class MasterSession:
             self.lease_ms = resp.lease_ms
             self.core.renewed(sent_at, self.lease_ms)
             log.info("registered as worker %s (lease %d ms)", resp.worker_id, resp.lease_ms)
-            print(f"millstream worker {resp.worker_id} registered", flush=True)
+            if self.ready is not None:
+                await self.ready.set(health.WORKER, True)
             self._watcher = asyncio.create_task(self._watch())
             try:
                 await self._heartbeat()
             finally:
                 self._watcher.cancel()
                 await asyncio.gather(self._watcher, return_exceptions=True)
+                if self.ready is not None:
+                    await self.ready.set(health.WORKER, False)
             self.core.lost_lease()
             await self.core.reconcile()  # closes every tablet: self-fencing
 
@@ -447,6 +466,8 @@ class MasterSession:
                     self._behind = 0
                     self._watcher.cancel()
                     self._watcher = asyncio.create_task(self._watch())
+            if self.ready is not None:  # ready while the lease holds (it lapses when no leader answers)
+                await self.ready.set(health.WORKER, self.core.lease_held())
             await asyncio.sleep(interval)
 
     async def _watch(self) -> None:
@@ -512,13 +533,20 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
                       await_watermarks=True)
     links.secret = lambda: core.secret
     rpc.add_WorkerServicer_to_server(WorkerServicer(core), server)
+    ready = health.Health(health.WORKER)
+    ready.add_to(server)
+    await ready.start()
     await server.start()
-    print(f"millstream worker listening on {address}", flush=True)
+    plain = None
+    if options.health_listen:
+        plain, health_address = await ready.serve_plain(options.health_listen)
+        print(f"millstream worker health service on {health_address}", flush=True)
+    print(health.listening_line("worker", address), flush=True)
     if options.metrics_listen:
         host, _, port = options.metrics_listen.rpartition(":")
         print(f"millstream worker metrics on {host}:{metrics.serve(host, int(port))}", flush=True)
-    tasks = [asyncio.create_task(MasterSession(core, masters, identity, options.zone, options.state_dir).run()),
-             asyncio.create_task(_reconcile_loop(core))]
+    session = MasterSession(core, masters, identity, options.zone, options.state_dir, ready)
+    tasks = [asyncio.create_task(session.run()), asyncio.create_task(_reconcile_loop(core))]
     try:
         await stop.wait()
         await _drain(core, masters, options.limits.drain_timeout_s)
@@ -532,7 +560,10 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
                 await masters.stub().LeaveWorker(pb.LeaveRequest(worker_id=core.worker_id, secret=core.secret), timeout=2)
             except grpc.RpcError as e:
                 log.info("could not tell the master we leave (%s); the lease will expire", e.code().name)
+        await ready.stop()
         await server.stop(grace=0.5)
+        if plain is not None:
+            await plain.stop(grace=None)
         await peers.close()
         await masters.close()
         lock.close()
@@ -542,7 +573,7 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
 # Session 8 chose 0.5 ms (a tablet's thread won the GIL back sooner after its fsync); since
 # the loop waits for one turn's short calls together, several tablet threads run side by
 # side, and forcing the GIL between them every 0.5 ms measured worse under load (W1 three
-# stages and one stage at 10,000 rec/s; neutral at one stage 1,000: docs/performance.md,
+# stages and one stage at 10,000 rec/s; neutral at one stage 1,000: docs/performance-history.md,
 # "Session 12").
 SWITCH_INTERVAL_S = 0.005
 

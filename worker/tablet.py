@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
 import os
 import time
 from collections.abc import Callable
@@ -26,7 +25,8 @@ from runtime import metrics
 from runtime.columns import Columns
 from runtime.computation import Computation, TimeDomain
 from runtime.delivery import Orders, Status
-from runtime.errors import ConfigError, MillstreamError
+from runtime.engine import EngineOptions
+from runtime.errors import MillstreamError
 from runtime.imports import CodePolicy, load
 from runtime.record import producer_prefix, worker_producer
 from runtime.routing import RoutingTable
@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 
 OK, NOT_OWNER, BUSY = Status.OK, Status.NOT_OWNER, Status.BUSY
 
-DEFAULT_DEDUP_RETENTION_S = 600.0  # docs/exactly-once.md: why ten minutes
 # A delivery to a full tablet waits this long for room (holding its sender's stream credit)
 # before it is answered BUSY; it looks again at least every ROOM_CHECK_S (acknowledgements
 # free room without a commit).
@@ -76,33 +75,6 @@ def _decade(n: int) -> bool:
     return str(n).rstrip("0") == "1"
 
 
-def route_options(route: pb.ComputationRoute) -> tuple[float, bool, int]:
-    """The runtime's own options of a computation (dedup retention in seconds, fsync, copies), as the
-    master wrote them into its route. A value that does not parse is refused with
-    :class:`ConfigError` (the tablet does not open and reports why), never guessed: a
-    mistyped fsync must not turn durability off (review N7)."""
-    text = route.params.get("millstream.dedup_retention")
-    retention = DEFAULT_DEDUP_RETENTION_S
-    if text is not None:
-        try:
-            retention = float(text)
-        except ValueError:
-            retention = math.nan
-        if not math.isfinite(retention) or retention <= 0:
-            raise ConfigError(f"computation {route.name!r}: millstream.dedup_retention={text[:40]!r} is not a "
-                              "positive number of seconds; set dedup_retention= on the computation and "
-                              "submit it again (`millstream update`)")
-    fsync = route.params.get("millstream.fsync")
-    if fsync not in (None, "0", "1"):
-        raise ConfigError(f"computation {route.name!r}: millstream.fsync={fsync[:40]!r} is neither '0' nor '1'; "
-                          "set fsync= on the computation and submit it again (`millstream update`)")
-    copies = route.params.get("millstream.replication", "1")
-    if not copies.isdigit() or not 1 <= int(copies) <= 64:
-        raise ConfigError(f"computation {route.name!r}: millstream.replication={copies[:40]!r} is not a number "
-                          "of copies; set replication= on the computation and submit it again")
-    return retention, route.exactly_once if fsync is None else fsync == "1", int(copies)
-
-
 class Tablet:
     """Processes batches for one (computation, key range) under one token."""
 
@@ -120,7 +92,9 @@ class Tablet:
         self.now_us = now_us
         self.name = f"{route.name}/{key_range}"
         self.exactly_once = route.exactly_once
-        self.dedup_retention_s, self.sync, self.replication = route_options(route)
+        options = EngineOptions.of_route(route)  # ConfigError: the tablet does not open and reports why
+        self.dedup_retention_s, self.sync, self.replication = (options.dedup_retention_s, options.fsync,
+                                                               options.replication)
         self.outputs = frozenset([*route.outputs, dead_letter_stream(route.name), late_stream(route.name)])
         # Domain-separated from injectors' "injector/<name>" (a computation named "injector"
         # must not share ids with an injector named after its range: review E9).
@@ -234,7 +208,7 @@ class Tablet:
             if getattr(cls, "load_code", None) is not None:  # a flow's stage loads the code its plan names
                 policy = self.host.code_policy
                 comp.load_code = lambda path, what: load(path, what, policy)  # type: ignore[attr-defined]
-            comp.setup({k: v for k, v in self.route.params.items() if not k.startswith("millstream.")})
+            comp.setup(dict(self.route.params))
             recover = getattr(comp, "recover_timers", None)
             if recover is not None:
                 # A flow's event-time operators keep one timer per due time, on one of its keys;

@@ -28,12 +28,13 @@ from runtime.computation import Context, TimeDomain
 from runtime.errors import UsageError
 from runtime.flows.ops import Item, Op
 from runtime.flows.values import AUTO, VALUES
+from runtime.record import MIN_TIME
 from runtime.state import COUNT, ENTRY, cell, kept, payload
 from runtime.windows import Session, Sliding, Tumbling, WindowResult, _Windows
 
 _I64 = struct.Struct(">q")
 _U64 = struct.Struct(">Q")
-_OFFSET = 1 << 63
+_OFFSET = -MIN_TIME  # signed event time onto unsigned, order kept
 
 
 def _time(t: int) -> bytes:
@@ -295,6 +296,8 @@ class Window(_EventTimeOp):
         result, out = self._result, []
         for time, key, start in due:
             k = (key, start)
+            if k in self._dirty and self._dirty[k] is None:
+                continue  # fired or merged away earlier in this call: its stored cell is stale
             w = self._dirty.get(k) or self._accs.get(k)
             if w is None:
                 stored = ctx.cell_get(self._skey(key, start))  # type: ignore[attr-defined]

@@ -7,6 +7,15 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SenderKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SENDER_UNSPECIFIED: _ClassVar[SenderKind]
+    SENDER_INJECTOR: _ClassVar[SenderKind]
+    SENDER_WORKER: _ClassVar[SenderKind]
+SENDER_UNSPECIFIED: SenderKind
+SENDER_INJECTOR: SenderKind
+SENDER_WORKER: SenderKind
+
 class Record(_message.Message):
     __slots__ = ("key", "value", "timestamp", "id")
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -30,7 +39,7 @@ class ProducerOrder(_message.Message):
     def __init__(self, producer: _Optional[bytes] = ..., after: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
 
 class DeliverRequest(_message.Message):
-    __slots__ = ("computation", "key_range", "token", "records", "sender", "orders", "columns")
+    __slots__ = ("computation", "key_range", "token", "records", "sender", "orders", "columns", "sender_kind")
     COMPUTATION_FIELD_NUMBER: _ClassVar[int]
     KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +47,7 @@ class DeliverRequest(_message.Message):
     SENDER_FIELD_NUMBER: _ClassVar[int]
     ORDERS_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    SENDER_KIND_FIELD_NUMBER: _ClassVar[int]
     computation: str
     key_range: int
     token: int
@@ -45,7 +55,8 @@ class DeliverRequest(_message.Message):
     sender: str
     orders: _containers.RepeatedCompositeFieldContainer[ProducerOrder]
     columns: Columns
-    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., sender: _Optional[str] = ..., orders: _Optional[_Iterable[_Union[ProducerOrder, _Mapping]]] = ..., columns: _Optional[_Union[Columns, _Mapping]] = ...) -> None: ...
+    sender_kind: SenderKind
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., sender: _Optional[str] = ..., orders: _Optional[_Iterable[_Union[ProducerOrder, _Mapping]]] = ..., columns: _Optional[_Union[Columns, _Mapping]] = ..., sender_kind: _Optional[_Union[SenderKind, str]] = ...) -> None: ...
 
 class Columns(_message.Message):
     __slots__ = ("keys", "values", "timestamps", "producer", "seqs", "ids", "producers", "stream_names", "stream_index")
@@ -218,16 +229,18 @@ class FileDigest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class ReadStateRequest(_message.Message):
-    __slots__ = ("computation", "key_range", "token", "key")
+    __slots__ = ("computation", "key_range", "token", "key", "state")
     COMPUTATION_FIELD_NUMBER: _ClassVar[int]
     KEY_RANGE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     computation: str
     key_range: int
     token: int
     key: bytes
-    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., key: _Optional[bytes] = ...) -> None: ...
+    state: str
+    def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., key: _Optional[bytes] = ..., state: _Optional[str] = ...) -> None: ...
 
 class ReadStateResponse(_message.Message):
     __slots__ = ("found", "value", "token")
@@ -472,8 +485,18 @@ class Assignment(_message.Message):
     cut: int
     def __init__(self, key_range: _Optional[int] = ..., worker_id: _Optional[str] = ..., address: _Optional[str] = ..., token: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[Follower, _Mapping]]] = ..., in_sync: _Optional[_Iterable[str]] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., parents: _Optional[_Iterable[int]] = ..., cut: _Optional[int] = ...) -> None: ...
 
+class EngineOptions(_message.Message):
+    __slots__ = ("fsync", "dedup_retention_s", "replication")
+    FSYNC_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_RETENTION_S_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FIELD_NUMBER: _ClassVar[int]
+    fsync: bool
+    dedup_retention_s: float
+    replication: int
+    def __init__(self, fsync: _Optional[bool] = ..., dedup_retention_s: _Optional[float] = ..., replication: _Optional[int] = ...) -> None: ...
+
 class ComputationRoute(_message.Message):
-    __slots__ = ("name", "topology", "code", "inputs", "outputs", "key_ranges", "exactly_once", "productions", "late_records", "params", "assignments", "job_state", "input_paused")
+    __slots__ = ("name", "topology", "code", "inputs", "outputs", "key_ranges", "exactly_once", "productions", "late_records", "params", "assignments", "job_state", "input_paused", "options")
     class ParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -494,6 +517,7 @@ class ComputationRoute(_message.Message):
     ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
     JOB_STATE_FIELD_NUMBER: _ClassVar[int]
     INPUT_PAUSED_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
     name: str
     topology: str
     code: str
@@ -507,7 +531,8 @@ class ComputationRoute(_message.Message):
     assignments: _containers.RepeatedCompositeFieldContainer[Assignment]
     job_state: str
     input_paused: bool
-    def __init__(self, name: _Optional[str] = ..., topology: _Optional[str] = ..., code: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., key_ranges: _Optional[int] = ..., exactly_once: _Optional[bool] = ..., productions: _Optional[str] = ..., late_records: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., job_state: _Optional[str] = ..., input_paused: _Optional[bool] = ...) -> None: ...
+    options: EngineOptions
+    def __init__(self, name: _Optional[str] = ..., topology: _Optional[str] = ..., code: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., outputs: _Optional[_Iterable[str]] = ..., key_ranges: _Optional[int] = ..., exactly_once: _Optional[bool] = ..., productions: _Optional[str] = ..., late_records: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., job_state: _Optional[str] = ..., input_paused: _Optional[bool] = ..., options: _Optional[_Union[EngineOptions, _Mapping]] = ...) -> None: ...
 
 class Dropped(_message.Message):
     __slots__ = ("computation", "below")
@@ -758,3 +783,25 @@ class DeliverAnswerFrame(_message.Message):
     code: int
     details: str
     def __init__(self, id: _Optional[int] = ..., answers: _Optional[_Union[DeliverManyResponse, _Mapping]] = ..., credit: _Optional[int] = ..., code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...
+
+class ReplicateFrame(_message.Message):
+    __slots__ = ("id", "requests")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    requests: ReplicateManyRequest
+    def __init__(self, id: _Optional[int] = ..., requests: _Optional[_Union[ReplicateManyRequest, _Mapping]] = ...) -> None: ...
+
+class ReplicateAnswerFrame(_message.Message):
+    __slots__ = ("id", "answers", "credit", "code", "details")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    answers: ReplicateManyResponse
+    credit: int
+    code: int
+    details: str
+    def __init__(self, id: _Optional[int] = ..., answers: _Optional[_Union[ReplicateManyResponse, _Mapping]] = ..., credit: _Optional[int] = ..., code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...

@@ -84,6 +84,11 @@ class WorkerStub:
                 request_serializer=runtime_dot_wire_dot_millstream__pb2.DeliverFrame.SerializeToString,
                 response_deserializer=runtime_dot_wire_dot_millstream__pb2.DeliverAnswerFrame.FromString,
                 _registered_method=True)
+        self.ReplicateStream = channel.stream_stream(
+                '/millstream.v1.Worker/ReplicateStream',
+                request_serializer=runtime_dot_wire_dot_millstream__pb2.ReplicateFrame.SerializeToString,
+                response_deserializer=runtime_dot_wire_dot_millstream__pb2.ReplicateAnswerFrame.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -158,6 +163,15 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReplicateStream(self, request_iterator, context):
+        """One long-lived stream per primary worker for its replication to this follower worker:
+        each frame is a ReplicateMany, answered as one, out of order, matched by id, within the
+        stream's credit as on a DeliverStream. Replicate and ReplicateMany stay for older peers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -210,6 +224,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.DeliverStream,
                     request_deserializer=runtime_dot_wire_dot_millstream__pb2.DeliverFrame.FromString,
                     response_serializer=runtime_dot_wire_dot_millstream__pb2.DeliverAnswerFrame.SerializeToString,
+            ),
+            'ReplicateStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ReplicateStream,
+                    request_deserializer=runtime_dot_wire_dot_millstream__pb2.ReplicateFrame.FromString,
+                    response_serializer=runtime_dot_wire_dot_millstream__pb2.ReplicateAnswerFrame.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -482,6 +501,33 @@ class Worker:
             '/millstream.v1.Worker/DeliverStream',
             runtime_dot_wire_dot_millstream__pb2.DeliverFrame.SerializeToString,
             runtime_dot_wire_dot_millstream__pb2.DeliverAnswerFrame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicateStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/millstream.v1.Worker/ReplicateStream',
+            runtime_dot_wire_dot_millstream__pb2.ReplicateFrame.SerializeToString,
+            runtime_dot_wire_dot_millstream__pb2.ReplicateAnswerFrame.FromString,
             options,
             channel_credentials,
             insecure,

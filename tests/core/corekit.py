@@ -26,3 +26,11 @@ async def make_core(tmp: str, routing: pb.Routing, limits: WorkerLimits = Worker
     Collector.seen = []
     await core.apply_routing(routing)
     return core
+
+
+def engine_options(exactly_once: bool = True, fsync: bool | None = None, dedup_retention_s: float = 600.0,
+                   replication: int = 1) -> pb.EngineOptions:
+    """A route's engine options as a leader resolves them (runtime/engine.py): fsync as
+    ``exactly_once`` unless said, ten minutes of dedup retention, one copy."""
+    return pb.EngineOptions(fsync=exactly_once if fsync is None else fsync, dedup_retention_s=dedup_retention_s,
+                            replication=replication)

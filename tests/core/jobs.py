@@ -259,3 +259,19 @@ class IdLog(Computation):
 
     def process_record(self, ctx: Context, record: Record) -> None:
         IdLog.ids.append(record.id)
+
+
+class BatchCounter(Computation):
+    """Counts per key in ctx.state, a batch at a time (process_batch); b"boom" raises."""
+
+    def process_batch(self, ctx: Context, records: list[Record]) -> None:
+        for r in records:
+            ctx.rebind(r.key, r.timestamp)  # type: ignore[attr-defined]
+            self.process_record(ctx, r)
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        if record.value == b"boom":
+            raise RuntimeError("boom")
+        n = int(ctx.state.get() or b"0") + 1
+        ctx.state.set(b"%d" % n)
+        ctx.produce("out", b"%d" % n)

@@ -12,7 +12,7 @@ import os
 from runtime import Record
 from runtime.record import producer_prefix, sequence_id
 from runtime.wire import millstream_pb2 as pb
-from tests.core.corekit import make_core
+from tests.core.corekit import engine_options, make_core
 from tests.core.jobs import Count
 from worker.core import WorkerCore, WorkerLimits
 from worker.sender import OK, OUT_OF_ORDER
@@ -24,9 +24,8 @@ P = producer_prefix("injector/src")
 def routing(retention_s: float | None = None) -> pb.Routing:
     r = pb.Routing(version=1)
     c = r.computations.add(name="count", code="tests.core.jobs:Count", key_ranges=1, exactly_once=True,
-                           productions="strong", late_records="process")
-    if retention_s is not None:
-        c.params["millstream.dedup_retention"] = str(retention_s)
+                           productions="strong", late_records="process",
+                           options=engine_options(dedup_retention_s=retention_s or 600.0))
     c.inputs.add(stream="in")
     c.assignments.add(key_range=0, worker_id="w", address="self:1", token=1)
     return r
@@ -125,7 +124,7 @@ def test_outputs_of_a_weak_tablet_are_sequenced_by_their_input(tmp_path: object)
             ("echo", "tests.core.jobs:Echo", ["in"], ["out"], "weak"),
             ("collect", "tests.core.jobs:Collector", ["out"], [], "strong")):
         c = r.computations.add(name=name, code=code, outputs=outputs, key_ranges=1, exactly_once=True,
-                               productions=productions, late_records="process")
+                               productions=productions, late_records="process", options=engine_options())
         c.inputs.add(stream=inputs[0])
         c.assignments.add(key_range=0, worker_id="w", address="self:1", token=1)
 

@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 
 from runtime import metrics
 from runtime.wire import millstream_pb2 as pb
-from tests.core.corekit import make_core
+from tests.core.corekit import engine_options, make_core
 from tests.core.test_worker_core import _until, routing
 from worker import seen
 from worker.seen import SeenTablets
@@ -26,9 +26,8 @@ def _split_routing(version: int, halves: dict[int, tuple[str, list[str]]]) -> pb
     and followers (worker ids; this core is "w")."""
     r = pb.Routing(version=version)
     c = r.computations.add(name="c", code="tests.core.jobs:Echo", outputs=[], key_ranges=2, exactly_once=True,
-                           productions="strong", late_records="process")
+                           productions="strong", late_records="process", options=engine_options(replication=2))
     c.inputs.add(stream="in")
-    c.params["millstream.replication"] = "2"
     for rid, (primary, followers) in halves.items():
         a = c.assignments.add(key_range=rid, worker_id=primary, address=f"{primary}:1", token=2,
                               start=0 if rid == 1 else HALF, end=HALF if rid == 1 else 0, parents=[0], cut=HALF)

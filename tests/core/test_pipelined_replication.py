@@ -15,7 +15,7 @@ from typing import Any
 
 from runtime import Record
 from runtime.wire import millstream_pb2 as pb
-from tests.core.corekit import nowhere
+from tests.core.corekit import engine_options, nowhere
 from worker.core import WorkerCore
 from worker.sender import OK
 from worker.storage import state_key
@@ -26,9 +26,8 @@ KEY = ("tally", 0)
 def _routing(version: int, token: int, primary: str, followers: list[str]) -> pb.Routing:
     r = pb.Routing(version=version)
     c = r.computations.add(name="tally", code="tests.core.jobs:Tally", outputs=[], key_ranges=1, exactly_once=True,
-                           productions="strong", late_records="process")
+                           productions="strong", late_records="process", options=engine_options(replication=2))
     c.inputs.add(stream="in")
-    c.params["millstream.replication"] = "2"
     a = c.assignments.add(key_range=0, worker_id=primary, address=f"{primary}:1", token=token)
     for f in followers:
         a.followers.add(worker_id=f, address=f"{f}:1")

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from runtime.columns import Columns
 from runtime.record import producer_prefix
 from runtime.wire import millstream_pb2 as pb
-from tests.core.corekit import make_core
+from tests.core.corekit import engine_options, make_core
 from tests.core.jobs import IdLog
 from worker.core import WorkerLimits
 from worker.sender import OK
@@ -28,7 +28,7 @@ BASE = 1_700_000_000_000_000
 def _routing(exactly_once: bool = True) -> pb.Routing:
     r = pb.Routing(version=1)
     c = r.computations.add(name="log", code="tests.core.jobs:IdLog", key_ranges=1, exactly_once=exactly_once,
-                           productions="strong", late_records="process")
+                           productions="strong", late_records="process", options=engine_options(exactly_once))
     c.inputs.add(stream="in")
     c.assignments.add(key_range=0, worker_id="w", address="self:1", token=1)
     return r

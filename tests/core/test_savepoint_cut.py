@@ -9,7 +9,7 @@ import asyncio
 
 from runtime import Record
 from runtime.wire import millstream_pb2 as pb
-from tests.core.corekit import make_core
+from tests.core.corekit import engine_options, make_core
 from tests.core.jobs import Blocking, Collector
 from tests.core.test_worker_core import _until
 from worker.core import WorkerCore
@@ -25,11 +25,12 @@ def routing(version: int, paused: bool) -> pb.Routing:
     for name, code in JOB:
         c = r.computations.add(name=name, topology="job", code=code, outputs=["out"], key_ranges=1,
                                exactly_once=True, productions="strong", late_records="process",
-                               input_paused=paused)
+                               input_paused=paused, options=engine_options())
         c.inputs.add(stream=f"in.{name}")
         c.assignments.add(key_range=0, worker_id="w", address="self:1", token=1)
     c = r.computations.add(name="collect", topology="job", code="tests.core.jobs:Collector", key_ranges=1,
-                           exactly_once=True, productions="strong", late_records="process", input_paused=paused)
+                           exactly_once=True, productions="strong", late_records="process", input_paused=paused,
+                           options=engine_options())
     c.inputs.add(stream="out")
     c.assignments.add(key_range=0, worker_id="w", address="self:1", token=1)
     return r

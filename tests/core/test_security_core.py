@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import grpc
 import pytest
@@ -117,9 +118,9 @@ def test_n4_holds_on_a_delivery_stream_for_every_frame_of_an_injectors_stream(tm
     and applied to each frame as to a call: an injector's frame naming a tablet producer is
     refused (PERMISSION_DENIED) and the stream goes on; the same frame from a worker is taken."""
     from runtime.delivery import Status, answered
+    from runtime.links import delivery_stream
     from runtime.record import worker_producer
     from runtime.streams import StreamError
-    from worker.peers import DeliveryStream
 
     async def main() -> None:
         core = await make_core(str(tmp_path), routing(
@@ -132,7 +133,7 @@ def test_n4_holds_on_a_delivery_stream_for_every_frame_of_an_injectors_stream(tm
         real = request("echo", 0, 1, [Record(b"k", b"real", BASE, sequence_id(me, 1))], {me: (0, 0)},
                        "injector/src")
         async with _served(core) as stub:
-            injector = DeliveryStream(stub("injector"))
+            injector = delivery_stream(stub("injector"))
             with pytest.raises(StreamError, match="only the worker role sends its records") as refused:
                 await injector.send(pb.DeliverManyRequest(deliveries=[forged]))
             assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -140,7 +141,7 @@ def test_n4_holds_on_a_delivery_stream_for_every_frame_of_an_injectors_stream(tm
             assert [answered(a).status for a in both.answers] == [Status.OK]
             assert injector.broken is None
             await injector.close()
-            worker = DeliveryStream(stub("worker"))
+            worker = delivery_stream(stub("worker"))
             up = worker_producer(producer_prefix("tablet\x00up/0"))  # another producer's tablet
             own = request("collect", 0, 1, [Record(b"k", b"own", BASE, sequence_id(up, 1))], {up: (0, 1)},
                           sender="up")
@@ -151,6 +152,35 @@ def test_n4_holds_on_a_delivery_stream_for_every_frame_of_an_injectors_stream(tm
             while len(_outputs()) < 2 and asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(0.01)  # poll interval of this deadline-bounded wait
         assert sorted(_outputs()) == [b"own", b"real"]
+        await core.close_all()
+
+    asyncio.run(main())
+
+
+def test_replication_streams_and_bundles_are_the_worker_roles_only(tmp_path: object) -> None:
+    """``ReplicateStream`` (issue 29) and ``ReplicateMany`` carry commits to followers: another
+    role's token is refused (``ReplicateMany`` was missing from the role table, so any token
+    could call it); a worker's stream is answered, frame by frame."""
+    from runtime.links import FrameStream
+    from worker.peers import replication_stream
+
+    async def main() -> None:
+        core = await make_core(str(tmp_path), routing(("echo", "tests.core.jobs:Echo", ["in"], ["out"], {})))
+        req = pb.ReplicateRequest(computation="echo", key_range=0, token=1, follower="nobody")
+        async with _served(core) as stub:
+            for role in ("injector", "operator"):
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub(role).ReplicateMany(pb.ReplicateManyRequest(requests=[req]))
+                assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                stream: FrameStream[Any, Any] = replication_stream(stub(role))
+                with pytest.raises(grpc.RpcError) as broken:
+                    await stream.send(pb.ReplicateManyRequest(requests=[req]))
+                assert broken.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                await stream.close()
+            worker = replication_stream(stub("worker"))
+            answers = await worker.send(pb.ReplicateManyRequest(requests=[req, req]))
+            assert [a.status for a in answers.answers] == [pb.ReplicateResponse.WRONG_WORKER] * 2
+            await worker.close()
         await core.close_all()
 
     asyncio.run(main())

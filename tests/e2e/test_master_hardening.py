@@ -128,7 +128,7 @@ def test_n13_a_leader_dying_inside_a_large_change_loses_no_tablet(tmp_path: obje
     the first, second and third of the change's four transactions."""
     import asyncio
 
-    from master import lifecycle
+    from master import lifecycle, membership
     from master.core import MasterConfig, MasterCore
     from master.scheduler import Ownership
     from runtime import Topology
@@ -168,11 +168,11 @@ def test_n13_a_leader_dying_inside_a_large_change_loses_no_tablet(tmp_path: obje
     async def main(store: EtcdStore, crash_after: int) -> None:
         core = await leader(store)
         for i in range(2):
-            await core.register_worker(f"127.0.0.1:{i + 2}")
+            await membership.register(core, f"127.0.0.1:{i + 2}")
         await lifecycle.submit(core, big.to_json())
         await lifecycle.submit(core, other.to_json())
         # Tablets that have moved and hold state: a token well above 1.
-        held = {k: Ownership(o.worker, 5, o.followers, o.in_sync) for k, o in core.tablets.items()}
+        held = {k: Ownership(t.own.worker, 5, t.own.followers, t.own.in_sync) for k, t in core.image.tablets.items()}
         store.put_tablets(held)
         core = await leader(store)  # reads them back
         real, calls = store._client.transaction, [0]

@@ -1,6 +1,6 @@
 """Delivery streams (``Worker.DeliverStream``, runtime/streams.py): the credit both ends
 count, and both senders (a worker's :class:`~worker.peers.Peers`, an injector's
-:class:`~injectors.tablets.Tablets`) against a real gRPC server in this process whose
+:class:`~injectors.tablets.Tablets`, both on runtime/links.py) against a real gRPC server in this process whose
 servicer holds each frame until the test lets it go."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
+from injectors.rounds import Round
 from injectors.tablets import Tablets
 from runtime import delivery
 from runtime.columns import Columns
@@ -183,7 +184,7 @@ def test_credit_holds_a_sender_to_its_grant() -> None:
                     sends.append(_deliver(peers, address, f"c{i}", b"x" * 1000))
                     await asyncio.sleep(0)  # the next turn of the loop (Peers bundles per turn)
                 await _until(lambda: len(held.arrived) == 2, "two frames")
-                stream = peers._streams[address]
+                stream = peers.links._streams[address]
                 await _until(lambda: len(stream._waiting) == 2, "the sender to hold its credit")
                 assert len(stream.window.in_flight) == 2 and not any(s.done() for s in sends)
                 for i in range(5):
@@ -223,9 +224,10 @@ class _OneRouting:
             assignments=[pb.Assignment(key_range=0, address=self.address, token=1)]) for c in ("a", "b")])
 
 
-def test_an_injectors_stream_answers_out_of_order_and_a_broken_one_is_replaced() -> None:
-    """``Tablets._call_all`` keeps its contract (each call's answer or RpcError, in order) over
-    one stream per worker: frames answered out of order, a broken stream's frames failed."""
+def test_an_injectors_round_goes_in_one_frame_per_worker_and_outlives_a_broken_stream() -> None:
+    """The injector's shell (injectors/tablets.py) over real streams (runtime/links.py): a
+    round's deliveries to two tablets of one worker travel in one frame; when the worker goes
+    away with it in flight, the round is delivered again, on a new stream, once it is back."""
 
     async def main() -> None:
         held = _Held()
@@ -233,37 +235,18 @@ def test_an_injectors_stream_answers_out_of_order_and_a_broken_one_is_replaced()
             tablets = Tablets("src", "s", _OneRouting(address), Security(), {}, threading.Event(),  # type: ignore[arg-type]
                               committed=lambda *a: None)
             try:
-                stream = tablets._stream(address)
-                first = await asyncio.to_thread(stream.send, _deliveries("a"))
-                second = await asyncio.to_thread(stream.send, _deliveries("b"))
-                await _until(lambda: len(held.arrived) == 2, "both frames")
-                held.release["b"].set()
-                answer_b = await asyncio.wrap_future(second)
-                assert not first.done()
-                assert [a.status for a in answer_b.answers] == [pb.DeliverResponse.OK]  # type: ignore[union-attr]
-                held.release["a"].set()
-                await asyncio.wrap_future(first)
-                # A round of two tablets on one worker: one frame, answered in order.
-                req = [(address, delivery.request(c, 0, 1, [Record(b"k", b"v", 1, bytes(16))]), 100) for c in "ab"]
-                out = await asyncio.to_thread(tablets._call_all, req)
-                assert [a.worker_id for a in out] == ["w", "w"] and held.arrived[-1] == ["a", "b"]
-                held.release.clear()
-                pending = asyncio.create_task(asyncio.to_thread(tablets._call_all, req))
-                await _until(lambda: len(held.arrived) == 4, "the third frame")
-                await server.stop(None)
-                failed = await pending
-                assert all(isinstance(f, grpc.RpcError) for f in failed)
-                assert delivery.failed(failed[0]).status == delivery.Status.UNREACHABLE
-                assert tablets._streams[address].broken is not None
+                rnd = Round(0, Columns.of_records([Record(b"k", b"v", 1, bytes(16))]), 1)
+                tablets.enqueue(rnd)
+                done = asyncio.ensure_future(asyncio.to_thread(tablets.deliver, rnd, 60))
+                await _until(lambda: held.arrived == [["a", "b"]], "one frame for both tablets")
+                await server.stop(None)  # the receiver goes away with it in flight
+                again = _Held()
+                again.release["a"].set()
+                again.release["b"].set()
+                async with _server(again, int(address.rsplit(":", 1)[1])):  # back at the same address
+                    await done
+                    assert again.streams == 1 and again.arrived[-1] == ["a", "b"]
             finally:
-                tablets.close()
-        again = _Held()
-        again.release["a"].set()
-        async with _server(again, int(address.rsplit(":", 1)[1])):
-            try:
-                out = await asyncio.to_thread(tablets._call_all, req[:1])
-                assert out[0].status == pb.DeliverResponse.OK and again.streams == 1
-            finally:
-                tablets.close()
+                await asyncio.to_thread(tablets.close)
 
     asyncio.run(main())

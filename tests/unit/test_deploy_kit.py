@@ -112,3 +112,18 @@ def test_the_image_and_the_systemd_unit_run_a_maintained_etcd_over_tls() -> None
     assert all(u.startswith("https://") for u in example["MILLSTREAM_ETCD"].split(","))
     assert example["ETCD_LISTEN_CLIENT_URLS"].startswith("https://") and example["ETCD_CERT_FILE"]
     assert example["ETCD_PEER_CLIENT_CERT_AUTH"] == "true" and "ETCD_TRUSTED_CA_FILE" not in example
+
+
+def test_probes_ask_the_grpc_health_service_on_its_plaintext_port() -> None:
+    """Readiness is the standard gRPC health service (runtime/health.py), which the kubelet's gRPC
+    probe speaks; in plaintext on MILLSTREAM_HEALTH_LISTEN, as that probe speaks no TLS."""
+    from runtime import health
+
+    listen = one("ConfigMap", "millstream-config")["data"]["MILLSTREAM_HEALTH_LISTEN"]
+    port = int(listen.rpartition(":")[2])
+    for kind, name, service in (("Deployment", "millstream-master", health.MASTER),
+                                ("StatefulSet", "millstream-worker", health.WORKER)):
+        c = container(kind, name)
+        assert port in {p["containerPort"] for p in c["ports"]}
+        assert c["readinessProbe"]["grpc"] == {"port": port, "service": service}
+        assert c["livenessProbe"]["grpc"] == {"port": port}  # the server itself

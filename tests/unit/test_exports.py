@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+import millstream
 import runtime
 
 
@@ -61,3 +66,82 @@ def test_millstream_error_is_the_errors_module_base() -> None:
     from runtime.errors import MillstreamError
 
     assert runtime.MillstreamError is MillstreamError
+
+
+MILLSTREAM_ALL = [
+    "Client",
+    "Computation",
+    "Context",
+    "Dataflow",
+    "Injector",
+    "KeyedStream",
+    "ListState",
+    "MapState",
+    "MillstreamError",
+    "Record",
+    "Sink",
+    "State",
+    "Stream",
+    "TimeDomain",
+    "Topology",
+    "ValueState",
+    "__version__",
+    "codecs",
+    "connect",
+    "testing",
+    "windows",
+]
+
+
+def test_millstream_all_is_pinned() -> None:
+    assert millstream.__all__ == MILLSTREAM_ALL
+
+
+def test_millstream_exports_everything_runtime_does_as_the_same_objects() -> None:
+    # A name added to runtime.__all__ (the lead's Dataflow) must be added to millstream too.
+    missing = set(runtime.__all__) - set(millstream.__all__)
+    assert not missing, f"runtime exports {sorted(missing)} but millstream does not: add them to millstream/__init__.py"
+    for name in runtime.__all__:
+        if name != "codecs":  # millstream.codecs is a module of its own, holding the same codecs
+            assert getattr(millstream, name) is getattr(runtime, name), name
+
+
+def test_the_submodules_hold_the_runtime_objects() -> None:
+    from injectors import Injector
+    from millstream import codecs, testing, windows
+    from runtime import codecs as rcodecs
+    from runtime import testing as rtesting
+    from runtime import windows as rwindows
+
+    assert millstream.Injector is Injector
+    for facade, impl in ((codecs, rcodecs), (windows, rwindows), (testing, rtesting)):
+        assert facade.__all__, facade
+        for name in facade.__all__:
+            assert getattr(facade, name) is getattr(impl, name), (facade.__name__, name)
+    assert {"BYTES", "STR", "INT", "FLOAT", "JSON"} <= set(codecs.__all__)
+    assert {"Tumbling", "Sliding", "Session", "Count", "Sum", "WindowedComputation", "SECOND"} <= set(windows.__all__)
+    assert testing.__all__ == ["TestRun"]
+
+
+def test_version_comes_from_the_package_metadata() -> None:
+    from importlib.metadata import version
+
+    assert millstream.__version__ == version("millstream")
+    assert millstream.__version__[0].isdigit()
+
+
+def test_the_package_is_marked_typed() -> None:
+    # PEP 561: without py.typed, mypy ignores an installed package's annotations. The
+    # re-exported names live in runtime/ and injectors/, so those carry the marker too.
+    root = os.path.dirname(os.path.dirname(millstream.__file__))
+    for package in ("millstream", "runtime", "injectors"):
+        assert os.path.isfile(os.path.join(root, package, "py.typed")), package
+
+
+def test_importing_millstream_pulls_in_neither_spark_nor_arrow_nor_pandas() -> None:
+    # The core install has none of them (pyproject.toml: they are the [spark] extra).
+    code = ("import sys, millstream, millstream.testing\n"
+            "heavy = sorted(m for m in ('pyspark', 'pyarrow', 'pandas') if m in sys.modules)\n"
+            "assert not heavy, heavy\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]

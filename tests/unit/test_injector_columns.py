@@ -5,6 +5,7 @@ records given as columns as a loop of ``send`` would, after checking every one."
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import deque
 from typing import Any
@@ -51,30 +52,40 @@ def _routing() -> pb.Routing:
     return r
 
 
+class _Answering:
+    """A transport (runtime/links.py's) that answers every delivery OK and keeps it."""
+
+    def __init__(self) -> None:
+        self.sent: list[pb.DeliverRequest] = []
+
+    def post(self, address: str, request: pb.DeliverRequest) -> asyncio.Future[delivery.Outcome]:
+        self.sent.append(request)
+        fut: asyncio.Future[delivery.Outcome] = asyncio.get_running_loop().create_future()
+        fut.set_result(delivery.Outcome(delivery.Status.OK, ("w", 1)))
+        return fut
+
+    async def close(self) -> None:
+        pass
+
+
 def _injector() -> tuple[Injector, list[pb.DeliverRequest]]:
     """An injector with no master and no network: its rounds' requests land in the list."""
     inj = Injector.__new__(Injector)
-    inj.name, inj.stream, inj.batch_size, inj.finished = "src", "s", 100_000, False
+    inj.name, inj.stream, inj.batch_size, inj.finished, inj.timeout = "src", "s", 100_000, False, 30.0
     inj.position, inj._buffer, inj._queued, inj._first_at = 0, Buffer(), 0, 0.0
     inj._mutex = threading.RLock()
     inj._cond = threading.Condition(inj._mutex)
     inj.max_queued, inj._error, inj._flight, inj._returned = 1 << 40, None, deque(), []
-    inj._rounds_taken, inj._tails, inj.peak_in_flight = 0, {}, 0
+    inj._rounds_taken, inj._places, inj.peak_in_flight, inj.max_in_flight = 0, 0, 0, 4
     inj._start_rounds = lambda: None  # type: ignore[method-assign]
     inj._prefix = producer_prefix("injector/src")
     inj._sequenced = {inj._prefix: 0}
     inj._last_producer = (None, b"")
-    tablets = Tablets("src", "s", _Client(_routing()), None, inj._sequenced, threading.Event(),  # type: ignore[arg-type]
-                      committed=lambda *a: None, code_policy=CodePolicy.parse("tests", where="test"))
-    sent: list[pb.DeliverRequest] = []
-
-    def answer(calls: list[Any]) -> list[pb.DeliverResponse]:
-        sent.extend(req for _, req, _ in calls)
-        return [pb.DeliverResponse(status=pb.DeliverResponse.OK, worker_id="w", report_seq=1) for _ in calls]
-
-    tablets._call_all = answer  # type: ignore[method-assign]
-    inj._tablets = tablets
-    return inj, sent
+    links = _Answering()
+    inj._tablets = Tablets("src", "s", _Client(_routing()), None, inj._sequenced, threading.Event(),  # type: ignore[arg-type]
+                           committed=lambda *a: None, code_policy=CodePolicy.parse("tests", where="test"),
+                           links=lambda: links)
+    return inj, links.sent
 
 
 def _rows(tablets: Tablets, records: list[Record], sequenced: dict[bytes, int]) -> dict[Any, Any]:
@@ -88,7 +99,7 @@ def _rows(tablets: Tablets, records: list[Record], sequenced: dict[bytes, int]) 
                                                   lambda c, e, errors=errors: errors.append((c, e))):
             by_tablet.setdefault((comp, kr), []).append(Record(key, r.value, r.timestamp, r.id, "s"))
         for reader, error in errors:
-            letter = tablets._dead_letter(reader, r, error)
+            letter = tablets.routes.dead_letter(reader, r, error)
             for comp, kr, key in routing.route_fields(dead_letter_stream(reader), letter.key, letter.value,
                                                       letter.timestamp):
                 by_tablet.setdefault((comp, kr), []).append(
@@ -110,13 +121,10 @@ def _round(inj: Injector, sent: list[pb.DeliverRequest]) -> dict[Any, Any]:
     """Take and deliver one round; what each tablet got, as the row form reads."""
     rnd = inj._take_round()
     assert rnd is not None
-    assert inj._prepare(rnd)
-    left, _ = inj._tablets.attempt(rnd.pending, rnd.orders, rnd.routing)
-    for _ in range(10):  # later chunks of unchained deliveries (dead letters) go one by one
-        if not left:
-            break
-        left, _ = inj._tablets.attempt(left, inj._tablets.orders(left), rnd.routing)
-    assert left == {}
+    try:
+        inj._tablets.deliver(rnd, 30)
+    finally:
+        inj._tablets.close()
     got: dict[Any, Any] = {}
     chunks: dict[tuple[str, int], int] = {}
     for req in sent:
@@ -179,6 +187,8 @@ def test_send_many_queues_what_a_loop_of_send_would() -> None:
     assert a._queued == 2502 and a._buffer.min_timestamp == 0
     rnd = a._take_round()
     assert rnd is not None and rnd.records.producer == a._prefix, "one producer's records: sequenced"
+    a._tablets.close()
+    b._tablets.close()
 
 
 @pytest.mark.parametrize(("keys", "values", "stamps", "match"), [

@@ -1,12 +1,13 @@
-"""How an injector routes its records (injectors/tablets.py): a reader whose key extractor
+"""How an injector routes its records (injectors/routes.py): a reader whose key extractor
 fails on a record gets it in its dead letters; every other reader gets it as usual."""
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 
-from injectors.tablets import Tablets
+from injectors.routes import Routes
 from runtime.columns import Columns
 from runtime.record import Record, producer_prefix, sequence_id
 from runtime.routing import RoutingTable
@@ -27,11 +28,9 @@ def _routing() -> RoutingTable:
     return table
 
 
-def _tablets(routing: RoutingTable) -> Tablets:
-    """A Tablets of stream "s" without its master (routing only: nothing is sent)."""
-    t = Tablets.__new__(Tablets)
-    t.name, t.stream, t.routing, t._extractor_failures = "src", "s", routing, {}
-    return t
+def _tablets(routing: RoutingTable) -> Routes:
+    """The routing of injector "src"'s stream "s"."""
+    return Routes("src", "s")
 
 
 def test_a_reader_s_failing_key_extractor_sends_the_record_to_its_dead_letters_only() -> None:
@@ -43,9 +42,11 @@ def test_a_reader_s_failing_key_extractor_sends_the_record_to_its_dead_letters_o
                Record(b"k2", b"not json", 11, sequence_id(P, 2))]
     round_ = Columns.of_records(records, P)
     out = tablets.route_with(round_, routing)
-    assert out[("good", 0)].records() == records
-    assert out[("buggy", 0)].records() == [Record(b"ann", b'{"user": "ann"}', 10, sequence_id(P, 1))]
+    # Each reader learns the stream its records came on (Record.stream).
+    assert out[("good", 0)].records() == [dataclasses.replace(r, stream="s") for r in records]
+    assert out[("buggy", 0)].records() == [Record(b"ann", b'{"user": "ann"}', 10, sequence_id(P, 1), "s")]
     [letter] = out[("buggy_dead", 0)].records()
+    assert letter.stream == "buggy.dead_letter"
     doc = json.loads(letter.value)
     assert doc["error"].startswith("JSONDecodeError") and doc["computation"] == "buggy", doc
     assert (doc["stream"], doc["producer"], base64.b64decode(doc["value"])) == ("s", "injector/src", b"not json")
@@ -53,7 +54,7 @@ def test_a_reader_s_failing_key_extractor_sends_the_record_to_its_dead_letters_o
     assert letter.id[:8] != P, "an opaque id: it is in no producer's order"
     assert tablets.route_with(round_, routing)[("buggy_dead", 0)].records() == [letter], \
         "a retried round sends the same"
-    # A new routing does not take the dead letters' reader for a reader gone from the stream.
-    pending = {(d[0], d[1], 0): recs for d, recs in out.items()}
-    tablets._follow_readers(pending, round_, {d[0] for d in pending})
-    assert set(pending) == {("good", 0, 0), ("buggy", 0, 0), ("buggy_dead", 0, 0)}
+    # The dead letters' reader is not taken for a reader gone from the stream (what goes to a
+    # computation that no longer takes the stream's records is dropped: runtime/courier.py).
+    assert all(tablets.reads(routing, c) for c in ("good", "buggy", "buggy_dead"))
+    assert not tablets.reads(routing, "elsewhere")

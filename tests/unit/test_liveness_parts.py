@@ -135,7 +135,7 @@ def test_calls_handed_over_in_one_turn_are_waited_for_together_and_never_hold_th
 
 
 def test_a_timestamp_bag_stays_small_while_one_old_timestamp_is_pinned() -> None:
-    from worker.progress import TimestampBag
+    from runtime.receipts import TimestampBag
 
     bag = TimestampBag()
     bag.add(1)  # pinned: never removed

@@ -10,60 +10,28 @@ from typing import Any
 
 import pytest
 
-from master import web
+from master import lifecycle, membership, progress, web
 from master.core import MasterConfig, MasterCore
-from master.scheduler import Ownership
 from master.server import Master, MasterOptions
-from master.status import status_document
-from master.store import Snapshot
 from runtime import Topology
 from runtime.client import MAX_TOPOLOGY_BYTES, check_topology_size
 from runtime.errors import ConfigError, MillstreamError, RoleError, TopologyError
 from runtime.imports import CodeNotAllowedError
 from runtime.status import render, render_jobs
 from runtime.wire import millstream_pb2 as pb
-
-END = (1 << 63) - 1
-
-
-class MemoryStore:
-    """The EtcdStore calls MasterCore makes, kept in memory (pure logic under test)."""
-
-    def __init__(self) -> None:
-        self.injectors: dict[str, dict[str, Any]] = {}
-
-    def put_progress(self, watermarks: Any, injectors: Any, incarnations: Any = None) -> None:
-        for n, (s, w) in injectors.items():
-            self.injectors[n] = {"stream": s, "watermark": w, "incarnations": (incarnations or {}).get(n)}
-
-    def delete_injectors(self, names: list[str]) -> None:
-        for n in names:
-            self.injectors.pop(n, None)
-
-    def load(self) -> Snapshot:
-        return Snapshot({}, {}, {}, {}, {n: (d["stream"], d["watermark"]) for n, d in self.injectors.items()},
-                        {n: d["incarnations"] for n, d in self.injectors.items() if d["incarnations"]})
-
-    def db_size(self) -> int:
-        return 0
-
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kw: None
+from tests.masterkit import END, MemoryStore, hold, idle_report, leader, seed
 
 
 def _core(store: MemoryStore | None = None) -> MasterCore:
-    core = MasterCore(store or MemoryStore(), MasterConfig(), lambda: 0.0)  # type: ignore[arg-type]
+    core = leader(store)
     topo = Topology("one")
     topo.add_computation("a", "x:A", inputs={"in": None}, key_ranges=1)
-    core.topologies["one"] = topo
-    core.workers["w"] = "127.0.0.1:1"
-    core.last_seen["w"] = 0.0
-    core.tablets = {("a", 0): Ownership("w", 1)}
+    seed(core, topo)
     return core
 
 
 def _idle(core: MasterCore, seq: int) -> None:
-    core.heartbeat("w", [pb.HeldTablet(computation="a", key_range=0, token=1, has_work=False)], seq)
+    core.heartbeat("w", [idle_report("a")], seq)
 
 
 # ------------------------------------------------------------------ W4: incarnations
@@ -78,18 +46,18 @@ def test_w4_two_live_injectors_under_one_name_each_hold_the_stream() -> None:
         core.report_injector("loader", "in", 40, "second")  # a second, slower incarnation
         core.report_injector("loader", "in", 200, "first")  # the first moves on: min still 40
         _idle(core, 1)
-        await core.advance_watermarks()
-        assert core.published["a"] == 40
+        await progress.advance(core)
+        assert core.image.published["a"] == 40
         core.report_injector("loader", "in", END, "first")  # the first finishes
         _idle(core, 2)
-        await core.advance_watermarks()
-        assert core.injectors["loader"] == ("in", 40)
-        assert core.published["a"] == 40  # not at the end of time: "second" still holds
+        await progress.advance(core)
+        assert hold(core, "loader") == ("in", 40)
+        assert core.image.published["a"] == 40  # not at the end of time: "second" still holds
         core.report_injector("loader", "in", END, "second")
         _idle(core, 3)
-        await core.advance_watermarks()
-        assert "loader" not in core.injectors and "loader" not in core.injector_incarnations
-        assert core.published["a"] == END
+        await progress.advance(core)
+        assert hold(core, "loader") is None
+        assert core.image.published["a"] == END
 
     asyncio.run(main())
 
@@ -101,12 +69,12 @@ def test_w4_a_new_leader_keeps_the_hold_of_every_incarnation() -> None:
     async def main() -> None:
         core.report_injector("loader", "in", 100, "first")
         core.report_injector("loader", "in", 40, "second")
-        await core.advance_watermarks()
-        assert store.injectors["loader"]["incarnations"] == {"first": 100, "second": 40}
-        successor = _core(store)
+        await progress.advance(core)
+        assert store.load().injector_incarnations["loader"] == {"first": 100, "second": 40}
+        successor = leader(store)
         await successor.become_leader()
         successor.report_injector("loader", "in", END, "second")
-        assert successor.injectors["loader"] == ("in", 100)  # "first" still holds
+        assert hold(successor, "loader") == ("in", 100)  # "first" still holds
 
     asyncio.run(main())
 
@@ -121,9 +89,9 @@ def test_w4_an_operator_release_drops_every_incarnation_and_unknown_names_are_re
             core.report_injector("typo", "in", END, release=True, operator=True)
         core.report_injector("loader", "in", END, release=True, operator=True)
         _idle(core, 1)
-        await core.advance_watermarks()
-        assert "loader" not in core.injectors
-        assert core.published["a"] == END
+        await progress.advance(core)
+        assert hold(core, "loader") is None
+        assert core.image.published["a"] == END
 
     asyncio.run(main())
 
@@ -131,8 +99,11 @@ def test_w4_an_operator_release_drops_every_incarnation_and_unknown_names_are_re
 def test_n9_only_an_operator_may_release_and_a_live_name_cannot_be_moved_to_another_stream() -> None:
     """Review N9: an injector's token could release every hold under any name, or drop them
     by reporting the name on another stream: either jumped that stream to the end of time."""
-    core = _core()
-    core.topologies["one"].add_computation("b", "x:B", inputs={"other": None}, key_ranges=1)
+    core = leader()
+    topo = Topology("one")
+    topo.add_computation("a", "x:A", inputs={"in": None}, key_ranges=1)
+    topo.add_computation("b", "x:B", inputs={"other": None}, key_ranges=1)
+    seed(core, topo)
 
     async def main() -> None:
         core.report_injector("loader", "in", 10, "theirs")
@@ -140,12 +111,10 @@ def test_n9_only_an_operator_may_release_and_a_live_name_cannot_be_moved_to_anot
             core.report_injector("loader", "in", END, release=True)
         with pytest.raises(MillstreamError, match="injector 'loader' still holds stream 'in' .* release"):
             core.report_injector("loader", "other", END, "mine")
-        with pytest.raises(ConfigError, match="starts with 'finished injectors of '"):
-            core.report_injector("finished injectors of in", "in", 5, "mine")
-        assert core.injector_incarnations["loader"] == {"theirs": 10}
+        assert core.image.injectors["loader"].incarnations == {"theirs": 10}
         core.report_injector("loader", "in", END, "theirs")  # finished: the name is free again
         core.report_injector("loader", "other", 20, "next")
-        assert core.injectors["loader"] == ("other", 20)
+        assert hold(core, "loader") == ("other", 20)
 
     asyncio.run(main())
 
@@ -176,10 +145,10 @@ def test_n9_the_servicer_takes_release_from_the_operator_token_only() -> None:
                 with pytest.raises(grpc.aio.AioRpcError) as refused:
                     await rpc.MasterStub(ch).ReportInjector(release)
                 assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
-                assert core.injectors["loader"] == ("in", 10)
+                assert hold(core, "loader") == ("in", 10)
             async with Security(token=tokens["operator"]).aio_channel(f"127.0.0.1:{port}") as ch:
                 await rpc.MasterStub(ch).ReportInjector(release)
-            assert core.injectors["loader"] == ("in", END)
+            assert hold(core, "loader") == ("in", END)
         finally:
             await server.stop(None)
 
@@ -192,7 +161,7 @@ def test_w4_an_incarnation_that_is_not_a_short_printable_id_is_refused() -> None
         core.report_injector("loader", "in", 0, "x" * 65)
     with pytest.raises(ConfigError, match="printable"):
         core.report_injector("loader", "in", 0, "a\nb")
-    assert "loader" not in core.injectors
+    assert hold(core, "loader") is None
 
 
 # ------------------------------------------------------------------ B31: topology size
@@ -207,8 +176,8 @@ def _huge_topology() -> Topology:
 def test_b31_a_topology_too_large_for_etcd_is_refused_by_the_master_with_its_size() -> None:
     core = _core()
     with pytest.raises(TopologyError, match=r"topology 'huge' is \d+ bytes of JSON, over the limit of 1000000"):
-        asyncio.run(core.submit(_huge_topology().to_json()))
-    assert "huge" not in core.topologies
+        asyncio.run(lifecycle.submit(core, _huge_topology().to_json()))
+    assert "huge" not in core.image.topologies
 
 
 def test_b31_the_client_refuses_it_before_sending() -> None:
@@ -319,7 +288,7 @@ def test_n12_a_long_defragment_does_not_hold_up_the_leaders_tick() -> None:
         store.done.set()
         assert upkeep is not None
         await asyncio.wait_for(upkeep, 10)
-        assert core.etcd_db_bytes == 1 << 20  # measured again after the defragment
+        assert core.image.etcd_db_bytes == 1 << 20  # measured again after the defragment
 
     try:
         asyncio.run(main())
@@ -368,28 +337,26 @@ async def wait_until_async(cond: Any, timeout: float, what: str) -> None:
 
 
 def test_n17_a_worker_that_leaves_or_expires_leaves_nothing_behind() -> None:
+    """Everything the leader keeps of a worker is its one image entry: gone when it leaves or
+    its lease expires (review N17: one entry per worker ever, in seven dicts, before)."""
     clock = [0.0]
-    core = MasterCore(MemoryStore(), MasterConfig(), lambda: clock[0])  # type: ignore[arg-type]
-
-    def kept(w: str) -> list[str]:
-        return [name for name in ("workers", "zones", "routing_seen", "heard", "last_seen", "reported_seq",
-                                  "problems", "draining") if w in getattr(core, name)]
+    core = leader(clock=lambda: clock[0])
 
     async def main() -> None:
         for i in range(3):
-            wid, _ = await core.register_worker(f"127.0.0.1:{i + 1}", zone=f"z{i}")
+            wid, _ = await membership.register(core, f"127.0.0.1:{i + 1}", zone=f"z{i}")
             core.heartbeat(wid, report_seq=1, routing_version=core.version)
-        leaving, expiring, staying = sorted(core.workers, key=core.workers.__getitem__)
-        await core.drain(leaving)
-        assert kept(leaving) == ["workers", "zones", "routing_seen", "heard", "last_seen", "reported_seq",
-                                 "problems", "draining"]
-        await core.leave(leaving)
+        workers = core.image.workers
+        leaving, expiring, staying = sorted(workers, key=lambda w: workers[w].address)
+        await membership.drain(core, leaving)
+        assert workers[leaving].draining and workers[leaving].heard and workers[leaving].zone == "z0"
+        await membership.leave(core, leaving)
         clock[0] += core.config.lease_ms / 2
         core.heartbeat(staying, report_seq=2, routing_version=core.version)
         clock[0] += core.config.lease_ms / 2 + 1
         await core.tick()  # `expiring` missed its lease
-        assert kept(leaving) == [] and kept(expiring) == []
-        assert set(core.routing_seen) == set(core.zones) == core.heard == set(core.workers) == {staying}
+        assert set(workers) == set(core.reported()) == {staying}
+        assert set(core.image.identities) == {leaving, expiring, staying}  # they may come back on their disks
 
     asyncio.run(main())
 
@@ -398,25 +365,25 @@ def test_n17_a_worker_that_leaves_or_expires_leaves_nothing_behind() -> None:
 
 
 def test_a_submit_of_code_a_worker_may_not_load_is_refused_naming_the_fix() -> None:
-    core = MasterCore(MemoryStore(), MasterConfig(), lambda: 0.0)  # type: ignore[arg-type]
+    core = leader()
     topo = Topology("wc")
     topo.add_computation("count", "tests.jobs:Counter", inputs={"words": "tests.jobs:first_byte"})
 
     async def main() -> None:
-        wide, _ = await core.register_worker("127.0.0.1:1", allowed_code=["runtime.sinks", "tests"])
-        old, _ = await core.register_worker("127.0.0.1:3")  # reports no policy (an older worker)
-        narrow, _ = await core.register_worker("127.0.0.1:2", allowed_code=["runtime.sinks", "examples"])
+        wide, _ = await membership.register(core, "127.0.0.1:1", allowed_code=["runtime.sinks", "tests"])
+        old, _ = await membership.register(core, "127.0.0.1:3")  # reports no policy (an older worker)
+        narrow, _ = await membership.register(core, "127.0.0.1:2", allowed_code=["runtime.sinks", "examples"])
         with pytest.raises(CodeNotAllowedError, match=(
                 rf"computation 'count': code 'tests.jobs:Counter' is from module 'tests.jobs', which worker "
                 rf"{narrow} \(127.0.0.1:2\) does not allow; start it with --allow-code tests .*"
                 r"computation 'count': key extractor of 'words' 'tests.jobs:first_byte'.*Nothing was changed")):
-            await core.submit(topo.to_json())
-        assert "wc" not in core.topologies and not core.tablets
-        await core.leave(narrow)
-        assert (await core.submit(topo.to_json()))[0] == "wc"
+            await lifecycle.submit(core, topo.to_json())
+        assert "wc" not in core.image.topologies and not core.image.tablets
+        await membership.leave(core, narrow)
+        assert (await lifecycle.submit(core, topo.to_json()))[0] == "wc"
         # A worker joining later that may not load it: named in status and jobs at once.
-        narrow, _ = await core.register_worker("127.0.0.1:4", allowed_code=["runtime.sinks"])
-        doc = status_document(core)
+        narrow, _ = await membership.register(core, "127.0.0.1:4", allowed_code=["runtime.sinks"])
+        doc = core.status()
         [code, extractor] = doc["computations"]["count"]["code_refused"]
         assert narrow in code and "--allow-code tests" in code and wide not in code and old not in code
         assert doc["jobs"][0]["computations"][0]["code_refused"] == [code, extractor]
@@ -427,6 +394,6 @@ def test_a_submit_of_code_a_worker_may_not_load_is_refused_naming_the_fix() -> N
 
 
 def test_a_worker_policy_that_is_not_module_prefixes_is_refused() -> None:
-    core = MasterCore(MemoryStore(), MasterConfig(), lambda: 0.0)  # type: ignore[arg-type]
+    core = leader()
     with pytest.raises(ConfigError, match="is not a list of at most 256 module prefixes"):
-        asyncio.run(core.register_worker("127.0.0.1:1", allowed_code=["os; rm"]))
+        asyncio.run(membership.register(core, "127.0.0.1:1", allowed_code=["os; rm"]))

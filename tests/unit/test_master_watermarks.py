@@ -1,35 +1,25 @@
-"""The leader's watermark bookkeeping in MasterCore, without etcd (an in-memory store)."""
+"""The leader's watermark bookkeeping (its image and tick), without etcd (an in-memory store)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from master.core import MasterConfig, MasterCore
-from master.scheduler import Ownership
-from master.status import status_document
+from master import lifecycle, progress
+from master.core import MasterCore
 from runtime import Topology
 from runtime.wire import millstream_pb2 as pb
+from tests.masterkit import END, MemoryStore, hold, leader, seed
 
 
-class MemoryStore:
-    """The EtcdStore calls MasterCore makes, kept in memory (pure logic under test)."""
-
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kw: None
-
-
-def _core() -> tuple[MasterCore, list[float]]:
+def _core(store: MemoryStore | None = None) -> tuple[MasterCore, list[float]]:
     clock = [0.0]
-    core = MasterCore(MemoryStore(), MasterConfig(), lambda: clock[0])  # type: ignore[arg-type]
+    core = leader(store, clock=lambda: clock[0])
     topo = Topology("chain")
     topo.add_computation("a", "x:A", inputs={"in": None}, outputs=["ab"], key_ranges=1)
     topo.add_computation("b", "x:B", inputs={"ab": None}, outputs=["bc"], key_ranges=1)
     topo.add_computation("c", "x:C", inputs={"bc": None}, key_ranges=1)
-    core.topologies["chain"] = topo
-    core.workers["w"] = "127.0.0.1:1"
-    core.last_seen["w"] = 0.0
-    core.tablets = {(n, 0): Ownership("w", 1) for n in "abc"}
+    seed(core, topo)
     core.report_injector("inj", "in", 10_000)
     return core, clock
 
@@ -47,18 +37,18 @@ def test_w1_a_tablet_left_out_of_a_report_holds_the_watermark_until_it_reports_a
 
     async def main() -> None:
         core.heartbeat("w", [_held("a", 50), _held("b", None), _held("c", None)], 1)
-        await core.advance_watermarks()
-        assert core.published["b"] == 50
+        await progress.advance(core)
+        assert core.image.published["b"] == 50
         core.heartbeat("w", [_held("a", None), _held("c", None)], 2)  # b omitted: reopening
         clock[0] += 10
-        await core.advance_watermarks()
-        assert core.published["b"] == 50 and core.published["c"] == 50  # held, not 10,000
+        await progress.advance(core)
+        assert core.image.published["b"] == 50 and core.image.published["c"] == 50  # held, not 10,000
         core.heartbeat("w", [_held("a", None), _held("b", 50), _held("c", None)], 3)
-        await core.advance_watermarks()
-        assert core.published["c"] == 50
+        await progress.advance(core)
+        assert core.image.published["c"] == 50
         core.heartbeat("w", [_held("a", None), _held("b", None), _held("c", None)], 4)
-        await core.advance_watermarks()
-        assert core.published["c"] == 10_000
+        await progress.advance(core)
+        assert core.image.published["c"] == 10_000
 
     asyncio.run(main())
 
@@ -70,19 +60,21 @@ def test_w2_an_injector_registering_again_while_its_finished_namesake_is_cleaned
     core, clock = _core()
 
     class Racing(MemoryStore):
-        def delete_injectors(self, names: list[str]) -> None:
-            core.report_injector("inj", "in", 5)  # the new registration arrives mid-cleanup
+        def apply(self, change: Any) -> None:
+            if change.injectors_gone:
+                core.report_injector("inj", "in", 5)  # the new registration arrives mid-cleanup
+            super().apply(change)
 
     core.store = Racing()  # type: ignore[assignment]
 
     async def main() -> None:
         core.heartbeat("w", [_held("a", 1), _held("b", None), _held("c", None)], 1)  # a still works
-        core.report_injector("inj", "in", (1 << 63) - 1)  # the first injection finished
-        await core.advance_watermarks()
-        assert core.injectors["inj"] == ("in", 5)
+        core.report_injector("inj", "in", END)  # the first injection finished
+        await progress.advance(core)
+        assert hold(core, "inj") == ("in", 5)
         core.heartbeat("w", [_held(n, None) for n in "abc"], 2)  # a is done
-        await core.advance_watermarks()
-        assert core.published["a"] == 5  # held by the new injector, not at the end of time
+        await progress.advance(core)
+        assert core.image.published["a"] == 5  # held by the new injector, not at the end of time
 
     asyncio.run(main())
 
@@ -91,10 +83,10 @@ def test_g4_a_silent_injector_is_flagged_stale_in_status_and_still_holds_its_str
     core, clock = _core()
     clock[0] += core.config.injector_stale_s * 1000 + 1
     core.heartbeat("w", [_held(n, None) for n in "abc"], 1)
-    (inj,) = status_document(core)["injectors"]
+    (inj,) = core.status()["injectors"]
     assert inj["stale"] and inj["last_report_ms_ago"] > core.config.injector_stale_s * 1000
-    asyncio.run(core.advance_watermarks())
-    assert core.published["a"] == 10_000  # held at its promise, not released by silence
+    asyncio.run(progress.advance(core))
+    assert core.image.published["a"] == 10_000  # held at its promise, not released by silence
 
 
 def test_a_job_cancelled_while_its_watermarks_are_written_stays_forgotten() -> None:
@@ -104,35 +96,27 @@ def test_a_job_cancelled_while_its_watermarks_are_written_stays_forgotten() -> N
     the same computation names would have started with its predecessor's input watermark
     and fired timers, or judged records late, against it."""
     core, clock = _core()
-    from master.lifecycle import _forget_computations
     loop_box: list[asyncio.AbstractEventLoop] = []
-    cancels: list[asyncio.Future[None]] = []
-
-    async def cancel() -> None:
-        async with core._lock:
-            topo = core.topologies.pop("chain")
-            _forget_computations(core, topo.computations.values(), [])
+    cancels: list[Any] = []
 
     class Racing(MemoryStore):
-        def put_progress(self, *args: Any) -> None:  # runs on a thread: the cancel arrives now
-            if not cancels:
-                cancels.append(asyncio.run_coroutine_threadsafe(cancel(), loop_box[0]))  # type: ignore[arg-type]
+        def apply(self, change: Any) -> None:  # runs on a thread: the cancel arrives now
+            if change.watermarks and not cancels:
+                cancels.append(asyncio.run_coroutine_threadsafe(lifecycle.cancel(core, "chain"), loop_box[0]))
+            super().apply(change)
 
     core.store = Racing()  # type: ignore[assignment]
 
     async def main() -> None:
         loop_box.append(asyncio.get_running_loop())
         core.heartbeat("w", [_held(n, None) for n in "abc"], 1)
-        await core.advance_watermarks()
-        await asyncio.wrap_future(cancels[0])  # type: ignore[arg-type]
-        assert "chain" not in core.topologies
-        assert not core.input_published, core.input_published
-        assert not core.published, core.published
+        await progress.advance(core)
+        await asyncio.wrap_future(cancels[0])
+        assert "chain" not in core.image.topologies
+        assert not core.image.inputs, core.image.inputs
+        assert not core.image.published, core.image.published
 
     asyncio.run(main())
-
-
-END = (1 << 63) - 1
 
 
 def test_with_idleness_an_idle_injector_holds_nothing_while_another_on_its_stream_is_active() -> None:
@@ -153,20 +137,20 @@ def test_an_idle_partition_does_not_hold_the_stream_and_holds_it_again_once_acti
 
     async def main() -> None:
         core.report_injector("quiet-partition", "in", 2_000, "i1")
-        await core.advance_watermarks()
-        assert core.published["a"] == 2_000
+        await progress.advance(core)
+        assert core.image.published["a"] == 2_000
         core.report_injector("quiet-partition", "in", 2_000, "i1", idle=True)
-        await core.advance_watermarks()
-        assert core.published["a"] == 10_000 and core.input_published["a"] == 10_000
-        doc = {i["name"]: i for i in status_document(core)["injectors"]}
+        await progress.advance(core)
+        assert core.image.published["a"] == 10_000 and core.image.inputs["a"] == 10_000
+        doc = {i["name"]: i for i in core.status()["injectors"]}
         assert doc["quiet-partition"]["idle"] and not doc["inj"]["idle"]
         core.report_injector("quiet-partition", "in", 2_500, "i1")  # active again, below the stream
         core.report_injector("inj", "in", 20_000)
-        await core.advance_watermarks()
-        assert core.published["a"] == 10_000  # never back; held until the partition advances
+        await progress.advance(core)
+        assert core.image.published["a"] == 10_000  # never back; held until the partition advances
         core.report_injector("quiet-partition", "in", 30_000, "i1")
-        await core.advance_watermarks()
-        assert core.published["a"] == 20_000
+        await progress.advance(core)
+        assert core.image.published["a"] == 20_000
 
     asyncio.run(main())
 
@@ -178,19 +162,19 @@ def test_g4_an_injector_silent_past_the_expiry_is_released_with_a_log_line_and_a
     core.report_injector("alive", "in", 5_000, "a1")
 
     async def main() -> None:
-        await core.advance_watermarks()
-        assert core.published["a"] == 5_000
+        await progress.advance(core)
+        assert core.image.published["a"] == 5_000
         for _ in range(3):  # "alive" keeps reporting (an Injector's keep-alive); "inj" is silent
             clock[0] += core.config.injector_expiry_s * 1000 / 2
             core.report_injector("alive", "in", 5_000, "a1")
             core.heartbeat("w", [_held(n, None) for n in "abc"], 2 + _)
-            await core.advance_watermarks()
-        assert "inj" not in core.injectors and "alive" in core.injectors
-        assert core.published["a"] == 5_000
+            await progress.advance(core)
+        assert hold(core, "inj") is None and hold(core, "alive") is not None
+        assert core.image.published["a"] == 5_000
 
     asyncio.run(main())
     assert any("injector inj on in expired" in r.getMessage() for r in caplog.records)
-    (entry,) = status_document(core)["expired_injectors"]
+    (entry,) = core.status()["expired_injectors"]
     assert entry["name"] == "inj" and entry["watermark"] == 10_000
 
 
@@ -200,19 +184,19 @@ def test_a_keepalive_that_changes_nothing_writes_nothing_to_etcd() -> None:
     writes: list[Any] = []
 
     class Counting(MemoryStore):
-        def put_progress(self, *args: Any) -> None:
-            writes.append(args)
+        def apply(self, change: Any) -> None:
+            writes.append(change)
 
     core.store = Counting()  # type: ignore[assignment]
 
     async def main() -> None:
-        await core.advance_watermarks()
+        await progress.advance(core)
         n = len(writes)
         core.report_injector("inj", "in", 10_000)
-        await core.advance_watermarks()
+        await progress.advance(core)
         assert len(writes) == n
         core.report_injector("inj", "in", 11_000)
-        await core.advance_watermarks()
+        await progress.advance(core)
         assert len(writes) == n + 1
 
     asyncio.run(main())

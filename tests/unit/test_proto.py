@@ -38,3 +38,15 @@ def test_proto_package_is_millstream_v1() -> None:
     text = (ROOT / "proto" / "millstream.proto").read_text()
     assert "package millstream.v1;" in text
     assert os.path.exists(ROOT / "runtime" / "wire" / "millstream_pb2.py")
+
+
+def test_every_rpc_is_named_in_the_architecture_page() -> None:
+    """docs/architecture.md, "RPCs": a reader finds every call of the protocol there."""
+    import re
+
+    rpcs = re.findall(r"^\s*rpc (\w+)\(", (ROOT / "proto" / "millstream.proto").read_text(), re.M)
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    section = page[page.index("\n## RPCs\n"):]
+    section = section[:section.index("\n## ", 1)]
+    assert len(rpcs) >= 27
+    assert [r for r in rpcs if f"| `{r}` |" not in section] == []

@@ -54,3 +54,23 @@ def test_derived_id_separates_part_boundaries() -> None:
     assert derived_id(b"ab", b"c") != derived_id(b"a", b"bc")
     assert derived_id(b"ab") != derived_id(b"a", b"b")
     assert derived_id(b"") != derived_id()
+
+
+def test_the_start_and_end_of_time_are_defined_once() -> None:
+    """runtime/record.py's MIN_TIME and END_OF_TIME; other modules import them. Left: the
+    storage's order-preserving offset, Spark's signed 64-bit column checks (not time bounds),
+    and the profile driver, which also runs an older commit's runtime (bench/ab.py)."""
+    import os
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    allowed = {"runtime/record.py", "worker/storage.py", "spark_bridge/codecs.py", "bench/profile.py"}
+    found = []
+    for package in ("runtime", "master", "worker", "injectors", "spark_bridge", "cli", "bench", "examples"):
+        for d, _, files in os.walk(os.path.join(root, package)):
+            for f in files:
+                path = os.path.relpath(os.path.join(d, f), root)
+                if f.endswith(".py") and "_pb2" not in f and path not in allowed:
+                    with open(os.path.join(d, f)) as text:
+                        found += [f"{path}: {line.strip()}" for line in text if re.search(r"1\s*<<\s*63", line)]
+    assert found == []

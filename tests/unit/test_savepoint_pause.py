@@ -11,36 +11,28 @@ from typing import Any
 
 import pytest
 
-from master import lifecycle
+from master import lifecycle, progress, savepoints
+from master.change import Change, WorkerInfo
 from master.core import MasterConfig, MasterCore
 from master.jobs import PAUSE_LIMIT_S
 from master.scheduler import Ownership
-from master.store import Change, Snapshot
 from runtime import Topology
 from runtime.errors import MillstreamError
 from runtime.wire import millstream_pb2 as pb
+from tests.masterkit import MemoryStore
 
 
-class PauseStore:
-    """The keys of the job and its savepoint pause, in memory (what a new leader loads)."""
+class PauseStore(MemoryStore):
+    """The job, its worker and tablet, and its savepoint pause, in memory (what a new leader loads)."""
 
     def __init__(self, topo: Topology) -> None:
-        self.topologies = {topo.name: topo.to_json()}
-        self.pauses: dict[str, dict[str, Any]] = {}
+        super().__init__()
+        self.apply(Change(topologies={topo.name: topo}, workers={"w": WorkerInfo("127.0.0.1:1")},
+                          tablets={("a", 0): Ownership("w", 1)}))
 
-    def apply(self, change: Change) -> None:
-        for name, doc in change.pauses.items():
-            if doc is None:
-                self.pauses.pop(name, None)
-            else:
-                self.pauses[name] = doc
-
-    def load(self) -> Snapshot:
-        return Snapshot(dict(self.topologies), {"w": "127.0.0.1:1"}, {("a", 0): Ownership("w", 1)}, {}, {},
-                        pauses=dict(self.pauses))
-
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kw: None
+    @property
+    def pauses(self) -> dict[str, dict[str, Any]]:
+        return self.snap.pauses
 
 
 def _topology() -> Topology:
@@ -81,11 +73,11 @@ def test_at_rest_needs_two_rounds_of_reports_with_nothing_committed_between() ->
     async def main() -> None:
         store, clock = PauseStore(_topology()), [0.0]
         core = await _leader(store, clock)
-        plan, reports = await _while_reporting(core, lambda n: min(n, 10), lifecycle.savepoint_begin(core, "one", 10))
+        plan, reports = await _while_reporting(core, lambda n: min(n, 10), savepoints.savepoint_begin(core, "one", 10))
         assert reports > 10
         assert store.pauses["one"] == {"id": plan.savepoint_id, "cut": {"a/0": 10}}
-        await lifecycle.savepoint_end(core, "one", plan.savepoint_id)
-        assert store.pauses == {} and "one" not in core.paused
+        await savepoints.savepoint_end(core, "one", plan.savepoint_id)
+        assert store.pauses == {} and "one" not in core.image.pauses
 
     asyncio.run(main())
 
@@ -94,18 +86,18 @@ def test_a_new_leader_keeps_the_pause_and_the_end_checks_it() -> None:
     async def main() -> None:
         store, clock = PauseStore(_topology()), [0.0]
         old = await _leader(store, clock)
-        plan, _ = await _while_reporting(old, lambda n: 7, lifecycle.savepoint_begin(old, "one", 10))
+        plan, _ = await _while_reporting(old, lambda n: 7, savepoints.savepoint_begin(old, "one", 10))
         old.shutdown()
         new = await _leader(store, clock)  # a failover while the client copies
         assert [c.input_paused for c in new.routing().computations] == [True]
         # Its inputs' watermarks are known (as published), not left out of the heartbeat answer
         # (review N20: a worker started now would run the paused job's tablets at the start of time).
-        await new.advance_watermarks()
-        assert "a" in new.input_published
-        await lifecycle.savepoint_renew(new, "one", plan.savepoint_id)
+        await progress.advance(new)
+        assert "a" in new.image.inputs
+        await savepoints.savepoint_renew(new, "one", plan.savepoint_id)
         with pytest.raises(MillstreamError, match="pause is no longer in force"):
-            await lifecycle.savepoint_renew(new, "one", "another")
-        await _while_reporting(new, lambda n: 7, lifecycle.savepoint_end(new, "one", plan.savepoint_id, verify=True))
+            await savepoints.savepoint_renew(new, "one", "another")
+        await _while_reporting(new, lambda n: 7, savepoints.savepoint_end(new, "one", plan.savepoint_id, verify=True))
         assert store.pauses == {} and [c.input_paused for c in new.routing().computations] == [False]
 
     asyncio.run(main())
@@ -115,21 +107,21 @@ def test_the_end_fails_loudly_when_the_pause_was_lost_or_the_job_moved() -> None
     async def main() -> None:
         store, clock = PauseStore(_topology()), [0.0]
         core = await _leader(store, clock)
-        plan, _ = await _while_reporting(core, lambda n: 7, lifecycle.savepoint_begin(core, "one", 10))
+        plan, _ = await _while_reporting(core, lambda n: 7, savepoints.savepoint_begin(core, "one", 10))
         # Something committed while the tablets were copied: no manifest.
         with pytest.raises(MillstreamError, match=r"did not stay at rest while they were copied \(a/0: 7 commits then, 8 now\).*take "
                                                   "the savepoint again"):
             await _while_reporting(core, lambda n: 8,
-                                   lifecycle.savepoint_end(core, "one", plan.savepoint_id, verify=True))
-        assert store.pauses == {} and "one" not in core.paused  # ended all the same
+                                   savepoints.savepoint_end(core, "one", plan.savepoint_id, verify=True))
+        assert store.pauses == {} and "one" not in core.image.pauses  # ended all the same
         # A copy that outlived an unrenewed pause: no manifest either.
-        plan, _ = await _while_reporting(core, lambda n: 8, lifecycle.savepoint_begin(core, "one", 10))
+        plan, _ = await _while_reporting(core, lambda n: 8, savepoints.savepoint_begin(core, "one", 10))
         clock[0] += PAUSE_LIMIT_S * 1000 + 1
         await lifecycle.advance(core)
-        assert "one" not in core.paused and store.pauses == {}
+        assert "one" not in core.image.pauses and store.pauses == {}
         with pytest.raises(MillstreamError, match="pause is no longer in force"):
-            await lifecycle.savepoint_renew(core, "one", plan.savepoint_id)
+            await savepoints.savepoint_renew(core, "one", plan.savepoint_id)
         with pytest.raises(MillstreamError, match="its pause ended before the copy did"):
-            await lifecycle.savepoint_end(core, "one", plan.savepoint_id, verify=True)
+            await savepoints.savepoint_end(core, "one", plan.savepoint_id, verify=True)
 
     asyncio.run(main())

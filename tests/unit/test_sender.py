@@ -76,10 +76,7 @@ def test_a_split_range_s_queue_goes_to_the_halves_in_order_before_newer_records(
                 all_in.set()
             return OK, None
 
-        async def changed(version: int, timeout: float) -> None:
-            await asyncio.sleep(0)  # the fake routing wait: yield, no time passes
-
-        sender = Sender(lambda: table["now"], deliver, changed, max_batch=7)
+        sender = Sender(lambda: table["now"], deliver, max_batch=7)
         owner = Owner()
         keys = _keys(40)
 
@@ -125,10 +122,7 @@ def test_two_merged_ranges_queues_are_interleaved_by_sequence() -> None:
                 all_in.set()
             return OK, None
 
-        async def changed(version: int, timeout: float) -> None:
-            await asyncio.sleep(0)  # the fake routing wait: yield, no time passes
-
-        sender = Sender(lambda: table["now"], deliver, changed)
+        sender = Sender(lambda: table["now"], deliver)
         owner = Owner()
         keys = _keys(40)
         sender.send([Production("c", 0 if key_hash(keys[s]) < HALF else 1,
@@ -164,10 +158,7 @@ def test_shipments_made_for_merged_ranges_and_sent_together_arrive_in_sequence()
                 all_in.set()
             return OK, None
 
-        async def changed(version: int, timeout: float) -> None:
-            await asyncio.sleep(0)
-
-        sender = Sender(lambda: table["now"], deliver, changed)
+        sender = Sender(lambda: table["now"], deliver)
         keys = _keys(40)
         by_range: dict[int, list[Record]] = {0: [], 1: []}
         for s in range(40):
@@ -200,10 +191,7 @@ def test_merged_ranges_queues_keep_the_order_they_were_given_in() -> None:
                 all_in.set()
             return OK, None
 
-        async def changed(version: int, timeout: float) -> None:
-            await asyncio.sleep(0)  # the fake routing wait: yield, no time passes
-
-        sender = Sender(lambda: table["now"], deliver, changed)
+        sender = Sender(lambda: table["now"], deliver)
         owner = Owner()
         keys = _keys(4)
 
@@ -281,10 +269,7 @@ def test_productions_for_a_computation_the_routing_no_longer_has_are_dropped() -
             calls.append(comp)
             return OK, None
 
-        async def changed(version: int, timeout: float) -> None:
-            await asyncio.sleep(0)
-
-        sender = Sender(lambda: table["now"], deliver, changed)
+        sender = Sender(lambda: table["now"], deliver)
         owner = Producer()
         owner.send(sender, _prods("gone", range(1, 4)))
         assert sender.pending() == 0 and owner.dropped_ids == [1, 2, 3]
@@ -315,10 +300,7 @@ def test_a_queue_whose_computation_leaves_the_routing_is_dropped_after_its_deliv
                 return OK, None
             return NOT_OWNER, None  # never reached: the routing no longer has "c"
 
-        async def changed(version: int, timeout: float) -> None:
-            await asyncio.sleep(0)
-
-        sender = Sender(lambda: table["now"], deliver, changed, max_batch=3)
+        sender = Sender(lambda: table["now"], deliver, max_batch=3)
         owner = Producer()
         owner.send(sender, _prods("c", range(1, 11)))
         await asyncio.wait_for(in_flight.wait(), 10)
@@ -342,10 +324,7 @@ def test_a_computation_removed_while_a_range_of_it_is_being_re_routed_is_dropped
                           orders: Any) -> tuple[int, Any]:
             return NOT_OWNER, None
 
-        async def changed(version: int, timeout: float) -> None:
-            await asyncio.sleep(0)
-
-        sender = Sender(lambda: table["now"], deliver, changed)
+        sender = Sender(lambda: table["now"], deliver)
         owner = Producer()
         owner.send(sender, [Production("c", 0 if key_hash(p.cols.keys[0]) < HALF else 1, p.cols.record(0),
                                        producer=PRODUCER) for p in _prods("c", range(1, 21))])
@@ -382,10 +361,7 @@ def test_records_re_sent_from_checkpoints_go_first_and_a_re_routed_shipment_keep
                 all_in.set()
             return OK, None
 
-        async def changed(version: int, timeout: float) -> None:
-            await asyncio.sleep(0)
-
-        sender = Sender(lambda: table["now"], deliver, changed)
+        sender = Sender(lambda: table["now"], deliver)
         owner = Owner()
         keys = _keys(12)
         weak = b"weak-001"

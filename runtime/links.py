@@ -1,0 +1,236 @@
+"""A process's gRPC links to workers, on asyncio: the sending end of a frame stream
+(``DeliverStream``, ``ReplicateStream``; the protocol is runtime/streams.py's), and the
+delivery links both delivery shells use (a worker's, worker/sender.py through
+worker/peers.py; an injector's, injectors/tablets.py).
+
+A turn of the event loop's deliveries to one worker leave together in one frame (up to
+``delivery.BUNDLE_BYTES``) of the stream to that worker: one frame instead of a call per
+tablet, and the receiver runs their batches side by side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar
+
+import grpc
+
+from runtime import delivery
+from runtime.security import Security
+from runtime.streams import FRAME_TIMEOUT_S, AnswerFrame, SenderWindow, StreamError, refusal
+from runtime.wire import millstream_pb2 as pb
+from runtime.wire import millstream_pb2_grpc as rpc
+
+log = logging.getLogger(__name__)
+
+Req = TypeVar("Req")
+Ans = TypeVar("Ans")
+
+
+class _Call(Protocol):
+    async def write(self, message: Any) -> None: ...
+    async def read(self) -> Any: ...
+    def cancel(self) -> bool: ...
+
+
+class FrameStream(Generic[Req, Ans]):
+    """One long-lived stream to a worker: frames go within the credit it grants, answers come
+    back in any order, matched by id. Once broken, it fails every frame in flight with the
+    stream's error and takes no more (the caller opens a new one).
+
+    ``open()`` starts the call; ``frame(id, payload)`` makes a frame; ``answers(answer)`` is
+    what :meth:`send` returns of an answer frame; ``timeout``: a frame's deadline, credit
+    wait included."""
+
+    def __init__(self, open: Callable[[], _Call], frame: Callable[[int, Req], Any],
+                 answers: Callable[[Any], Ans], what: str, timeout: float = FRAME_TIMEOUT_S) -> None:
+        self.window = SenderWindow()
+        self.timeout = timeout  # a frame not answered by then fails
+        self.broken: grpc.RpcError | None = None
+        self.what = what
+        self._frame = frame
+        self._answers = answers
+        self._call = open()
+        # Each frame's answer, or the stream's error (a result, never raised into a future
+        # whose sender may have stopped waiting).
+        self._waiting: dict[int, asyncio.Future[AnswerFrame | grpc.RpcError]] = {}
+        self._credit = asyncio.Event()  # set when credit comes back (or the stream breaks)
+        self._writing = asyncio.Lock()
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def send(self, payload: Req) -> Ans:
+        """The answers to ``payload`` as one frame; raises :class:`grpc.RpcError` where the
+        unary call would: refused, the stream broken, no answer in time."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        frame, size = self.window.next(lambda i: self._frame(i, payload))
+        while self.broken is None and not self.window.fits(size):
+            self._credit.clear()
+            try:
+                await asyncio.wait_for(self._credit.wait(), deadline - loop.time())
+            except TimeoutError:
+                raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no credit on the {self.what} stream "
+                                  f"within {self.timeout:.0f} s") from None
+        if self.broken is not None:
+            raise self.broken
+        self.window.sent(frame.id, size)
+        answer = self._waiting[frame.id] = loop.create_future()
+        try:
+            async with self._writing:
+                await self._call.write(frame)
+        except (grpc.RpcError, asyncio.InvalidStateError) as e:
+            self._break(e if isinstance(e, grpc.RpcError) else StreamError(grpc.StatusCode.UNAVAILABLE, str(e)))
+        try:
+            done = await asyncio.wait_for(asyncio.shield(answer), deadline - loop.time())
+        except TimeoutError:
+            self._waiting.pop(frame.id, None)
+            raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout:.0f} s"
+                              ) from None
+        if isinstance(done, grpc.RpcError):
+            raise done
+        refused = refusal(done)
+        if refused is not None:
+            raise refused
+        return self._answers(done)
+
+    async def _read(self) -> None:
+        error: grpc.RpcError
+        try:
+            while True:
+                answer = await self._call.read()
+                if answer is grpc.aio.EOF:
+                    error = StreamError(grpc.StatusCode.UNAVAILABLE, f"the worker ended the {self.what} stream")
+                    break
+                self.window.answered(answer)
+                self._credit.set()
+                waiter = self._waiting.pop(answer.id, None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(answer)
+        except grpc.RpcError as e:
+            error = e
+        except ValueError as e:  # an answer to no frame of ours: this stream cannot be trusted
+            error = StreamError(grpc.StatusCode.INTERNAL, str(e))
+        self._break(error)
+
+    def _break(self, error: grpc.RpcError) -> None:
+        if self.broken is None:
+            self.broken = error
+        self._call.cancel()
+        self._credit.set()
+        waiting, self._waiting = self._waiting, {}
+        for waiter in waiting.values():
+            if not waiter.done():
+                waiter.set_result(self.broken)
+
+    async def close(self) -> None:
+        self._break(StreamError(grpc.StatusCode.CANCELLED, f"the {self.what} stream was closed"))
+        self._reader.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)
+
+
+def delivery_stream(stub: rpc.WorkerStub) -> FrameStream[pb.DeliverManyRequest, pb.DeliverManyResponse]:
+    """A ``DeliverStream`` to the worker of ``stub``."""
+    return FrameStream(stub.DeliverStream, lambda i, d: pb.DeliverFrame(id=i, deliveries=d),
+                       lambda a: a.answers, "delivery")
+
+
+class Channels:
+    """One asyncio channel (and stub) per worker address."""
+
+    def __init__(self, security: Security) -> None:
+        self.security = security
+        self._stubs: dict[str, rpc.WorkerStub] = {}
+        self._channels: list[grpc.aio.Channel] = []
+
+    def stub(self, address: str) -> rpc.WorkerStub:
+        stub = self._stubs.get(address)
+        if stub is None:
+            ch = self.security.aio_channel(address)
+            self._channels.append(ch)
+            stub = self._stubs[address] = rpc.WorkerStub(ch)
+        return stub
+
+    async def close(self) -> None:
+        for ch in self._channels:
+            await ch.close()
+        self._channels.clear()
+        self._stubs.clear()
+
+
+_Waiting = tuple[pb.DeliverRequest, int, "asyncio.Future[delivery.Outcome]"]
+
+
+class DeliveryLinks:
+    """Deliveries to workers, one :func:`delivery_stream` per worker; what one turn of the
+    loop gives a worker leaves in one frame (up to ``delivery.BUNDLE_BYTES``)."""
+
+    def __init__(self, channels: Channels) -> None:
+        self.channels = channels
+        self._streams: dict[str, FrameStream[pb.DeliverManyRequest, pb.DeliverManyResponse]] = {}
+        self._warned: set[tuple[str, grpc.StatusCode]] = set()
+        self._bundles: dict[str, list[_Waiting]] = {}
+        self._calls: set[asyncio.Task[None]] = set()
+
+    def post(self, address: str, request: pb.DeliverRequest) -> asyncio.Future[delivery.Outcome]:
+        """Send ``request`` to the worker at ``address`` (in this turn's frame to it); the
+        future of what became of it (never an exception: a failure is an outcome)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[delivery.Outcome] = loop.create_future()
+        bundle = self._bundles.setdefault(address, [])
+        if not bundle:
+            loop.call_soon(self._send, address)
+        bundle.append((request, request.ByteSize(), fut))
+        return fut
+
+    def _send(self, address: str) -> None:
+        """Send what this turn gave ``address``."""
+        waiting = [b for b in self._bundles.pop(address, []) if not b[2].done()]
+        for part in delivery.bundles([b[1] for b in waiting]):
+            task = asyncio.get_running_loop().create_task(self._call(address, waiting[part.start:part.stop]))
+            self._calls.add(task)
+            task.add_done_callback(self._calls.discard)
+
+    async def _call(self, address: str, bundle: list[_Waiting]) -> None:
+        try:
+            resp = await self.stream(address).send(pb.DeliverManyRequest(deliveries=[b[0] for b in bundle]))
+            outs = [delivery.answered(a) for a in resp.answers]
+        except grpc.RpcError as e:
+            out = self._failed(address, e)
+            if out.refused is not None and len(bundle) > 1:
+                # One delivery the receiver refuses for good refuses the frame: the others go
+                # alone, so only that one waits (it is retried, as any failed delivery).
+                for b in bundle:
+                    await self._call(address, [b])
+                return
+            outs = [out] * len(bundle)
+        for (_, _, fut), out in zip(bundle, outs, strict=True):
+            if not fut.done():
+                fut.set_result(out)
+
+    def _failed(self, address: str, e: grpc.RpcError) -> delivery.Outcome:
+        code = e.code()
+        # Unavailable / deadline: a worker restarting or busy, retried quietly. Anything
+        # else (too large, unauthenticated, ...) will not heal by itself: say so, once.
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            log.debug("delivery to %s failed: %s", address, code)
+        elif (address, code) not in self._warned:
+            self._warned.add((address, code))
+            log.warning("delivery to %s failed: %s (%s); retrying", address, code.name, e.details())
+        return delivery.failed(e)
+
+    def stream(self, address: str) -> FrameStream[pb.DeliverManyRequest, pb.DeliverManyResponse]:
+        """The stream to ``address``: a new one if there is none or it broke."""
+        stream = self._streams.get(address)
+        if stream is None or stream.broken is not None:
+            stream = self._streams[address] = delivery_stream(self.channels.stub(address))
+        return stream
+
+    async def close(self) -> None:
+        for t in list(self._calls):
+            t.cancel()
+        await asyncio.gather(*self._calls, return_exceptions=True)
+        for stream in self._streams.values():
+            await stream.close()
+        self._streams.clear()
