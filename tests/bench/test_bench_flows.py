@@ -3,10 +3,15 @@ window-fire histogram read from /metrics is summarised as the report quotes it."
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 
-from bench import flows
-from bench.workloads import W1_VARIANTS, w1_topology
+import pytest
+
+from bench import flows, generator, workloads
+from bench.cli import ROOT
+from bench.workloads import W1_VARIANTS, BenchConfig, w1_topology
 
 METRICS = """\
 # HELP millstream_window_fire_seconds Time a flow's event-time step ...
@@ -61,3 +66,38 @@ def test_w1_on_a_flow_fuses_its_stages_and_its_sink_skips_fsync() -> None:
         assert sink.fsync is False and stage.fsync is None  # the stage keeps fsync (exactly once)
     classic = w1_topology(variants["eo-3-stages"], "/tmp/arrivals", 4)
     assert list(classic.computations) == ["count1", "count2", "count3", "sink"]
+
+
+# ------------------------------------------------------------ on a real local cluster
+
+
+@pytest.mark.timeout(240)
+def test_w2_on_a_flow_is_exact_and_its_window_firings_are_read(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """W2 on a flow (bench.jobs.w2_flow) through run_w2 on a real cluster: one injector's send()
+    loop, the spikes equal to the oracle's, the window step's firing histogram read from the
+    workers' /metrics before they stop."""
+    cfg = dataclasses.replace(BenchConfig.make(True), w2_timeout_s=120.0)
+    data = generator.w2_data(20_000, events_per_second=2_000, spikes=10, n_keys=200)
+    oracle = generator.w2_oracle(data)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    res = workloads.run_w2(str(tmp_path), cfg, data, oracle, flow=True)
+    assert res["variant"] == "flow" and "error" not in res, res.get("error")
+    assert res["oracle_equal"] is True and res["spikes_observed"] == len(oracle.spikes) > 0
+    fire = res["window_fire"]
+    assert fire["errors"] == [] and len(fire["per_worker"]) == cfg.workers
+    # Windows fired (once per watermark advance and tablet, on either worker): counted, summarised.
+    assert fire["steps"]["w2.windows"]["firings"] > 0
+    assert fire["steps"]["w2.windows"]["p99_le_ms"] is not None or fire["steps"]["w2.windows"]["over_limit"] > 0
+
+
+@pytest.mark.timeout(240)
+def test_w1_on_flows_is_exact_one_and_three_fused_stages(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = BenchConfig.make(True)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    variants = {v.name: v for v in W1_VARIANTS}
+    for name, stages in (("flow-1-stage", 1), ("flow-3-stages", 3)):
+        res = workloads.run_w1(str(tmp_path), cfg, variants[name], 1_000, seconds=2.0)
+        assert "error" not in res, res.get("error")
+        assert res["exactness"]["exact"] is True, res["exactness"]
+        # Each fused ChainedCounter step stamped the record: one hop per stage, then the sink.
+        assert len(res["hops_ms"]) == stages + 1, res["hops_ms"]
