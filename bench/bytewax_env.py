@@ -33,13 +33,26 @@ class BytewaxUnavailableError(Exception):
     """The Bytewax virtualenv could not be made (reported in the bench output, not raised out)."""
 
 
+def _wanted(requirements: str) -> str:
+    with open(requirements, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def venv_ready(venv: str = VENV, requirements: str = REQUIREMENTS) -> bool:
+    """Is the Bytewax virtualenv made, from these requirements (nothing to install)?"""
+    stamp = os.path.join(venv, ".installed")
+    if not os.path.exists(stamp):
+        return False
+    with open(stamp) as f:
+        return f.read().strip() == _wanted(requirements)
+
+
 def ensure_venv(venv: str = VENV, requirements: str = REQUIREMENTS) -> str:
     """The Bytewax virtualenv's python, made (or remade after a change of the requirements)."""
-    with open(requirements, "rb") as f:
-        want = hashlib.sha256(f.read()).hexdigest()
+    want = _wanted(requirements)
     stamp = os.path.join(venv, ".installed")
     python = os.path.join(venv, "bin", "python")
-    if os.path.exists(stamp) and open(stamp).read().strip() == want:
+    if venv_ready(venv, requirements):
         return python
     print(f"  making the Bytewax virtualenv ({os.path.basename(venv)}, once)", flush=True)
     shutil.rmtree(venv, ignore_errors=True)
