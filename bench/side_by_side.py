@@ -16,6 +16,7 @@ W2_FLOW_OVER_BYTEWAX = 2.0     # W2 on flows ≥ 2× Bytewax with recovery off
 W1_FUSED_P50_OVER_ONE = 1.5    # W1 three fused stages p50 within 1.5× of one stage's, at 10,000 rec/s
 STALL_MS = 20.0                # no tablet stalled more than 20 ms by window firings
 W1_RATE = 10_000
+FLOW_ROW = "millstream, W2 on a flow"
 
 
 def _load(x: Any) -> float | None:
@@ -39,12 +40,15 @@ def w2_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
                      "error": run.get("error") or (None if run.get("available", True) else run.get("why"))})
 
     flow, classic = r.get("w2_flow"), r.get("w2")
-    add("millstream, W2 on a flow", (flow or {}).get("sender", ""), flow)
+    add(FLOW_ROW, (flow or {}).get("sender", ""), flow)
     add("millstream, classic W2", "three computations, " + (classic or {}).get("sender", ""), classic)
     sp = r.get("spark") or {}
-    add("Spark Structured Streaming", (sp.get("config") or {}).get("w2", ""), sp.get("w2"), sp.get("loadavg_start"))
+    # A peer that could not start gets a row with its error (not silently no row).
+    add("Spark Structured Streaming", (sp.get("config") or {}).get("w2", ""),
+        sp.get("w2") or ({"error": sp["error"]} if sp.get("error") else None), sp.get("loadavg_start"))
     fl = r.get("flink") or {}
-    add("Flink", "Flink SQL, rec/s over the job's net runtime", fl.get("w2"), fl.get("loadavg_start"))
+    add("Flink", "Flink SQL, rec/s over the job's net runtime",
+        fl.get("w2") or ({"error": fl["error"]} if fl.get("error") else None), fl.get("loadavg_start"))
     bw = r.get("bytewax") or {}
     for run in bw.get("runs", []):
         add(f"Bytewax, recovery {run.get('recovery')}", (bw.get("config") or {}).get("w2", ""), run)
@@ -136,7 +140,7 @@ def markdown_lines(r: dict[str, Any]) -> list[str]:
     for x in rows:
         rps = _num(x["rps"]) if not x["error"] or x["rps"] else f"error: {x['error'][:120]}"
         exact = "–" if x["exact"] is None else ("yes" if x["exact"] else "NO")
-        rat = ratio(mine, x["rps"])
+        rat = None if x["system"] == FLOW_ROW else ratio(mine, x["rps"])
         load = "–" if x["load"] is None else f"{x['load']:.2f}"
         lines.append(f"| {x['system']} | {x['how']} | {rps} | {_num(x['per_cpu_s'])} | {exact} | {load} | "
                      f"{'–' if rat is None else f'{rat}×'} |")

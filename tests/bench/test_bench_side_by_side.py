@@ -47,6 +47,17 @@ def test_side_by_side_rows_ratios_and_loads() -> None:
     assert "| Bytewax, recovery off | one worker | 60,000 | 55,000 | yes | 0.75 | 2.5× |" in md
     assert "| Spark Structured Streaming | parquet | 120,000 | – | yes | 1.50 | 1.25× |" in md
     assert "| w2.windows | 100 | 1.0 ms | 10.0 ms | 50.0 ms | 1 |" in md
+    assert "| millstream, W2 on a flow | one injector | 150,000 | 70,000 | yes | 0.25 | – |" in md  # no ratio to itself
+
+
+def test_a_peer_that_did_not_start_has_a_row_with_its_error() -> None:
+    r = _report()
+    r["spark"] = {"config": {"w2": "parquet"}, "error": "cannot start Spark: no Java", "loadavg_start": [1.0]}
+    row = next(x for x in side_by_side.w2_rows(r) if x["system"] == "Spark Structured Streaming")
+    assert row["rps"] is None and row["error"] == "cannot start Spark: no Java"
+    md = "\n".join(side_by_side.markdown_lines(r))
+    assert "| Spark Structured Streaming | parquet | error: cannot start Spark: no Java | – | – | 1.00 | – |" in md
+    assert [met for _, met, _ in side_by_side.targets(r)][0] is None  # the ratio is not claimed
 
 
 def test_issue_30_verdicts() -> None:
