@@ -28,7 +28,7 @@ demo: $(STAMP) java
 
 # --against: issue 29's A/B (bench/ab.py); a shallow clone skips it with a line in the report.
 bench: $(STAMP) java
-	$(BIN)/millstream bench --peer spark --peer flink --against 3a1b1da
+	$(BIN)/millstream bench --peer spark --peer flink --peer bytewax --against 3a1b1da
 
 PACKAGES := millstream cli runtime master worker injectors spark_bridge examples bench
 

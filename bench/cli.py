@@ -4,8 +4,9 @@
 not for citing); ``--only w1,recovery,w2,replication,rescale,memory,profile,nexmark,soak`` picks workloads
 (``soak`` sends ``--soak-records`` through two stages at 10,000 rec/s: 3 million by default,
 five minutes; 20 million for the figures docs/performance.md quotes);
-``--peer spark`` and ``--peer flink`` add the Spark Structured Streaming and Flink runs and
-the ratios; ``--against COMMIT`` adds the A/B of the headline figures against an older
+``--peer spark``, ``--peer flink`` and ``--peer bytewax`` add the Spark Structured Streaming,
+Flink and Bytewax runs and the ratios (``w2`` runs W2 twice: the classic computations, and on a
+flow as a user writes it, which the issue-30 ratios compare); ``--against COMMIT`` adds the A/B of the headline figures against an older
 commit, ``--ab-rounds`` rounds of each (bench/ab.py; ``--only ab`` runs nothing else).
 """
 
@@ -130,6 +131,12 @@ def run_bench(args: argparse.Namespace) -> int:
             if res.get("available"):
                 ok &= bool(res.get("oracle_equal"))
             _progress(f"  {res.get('throughput_rps') or res.get('why')}")
+            _progress(f"W2 on a flow (bench.jobs.w2_flow): {cfg.w2_records:,} records from one injector's send() loop")
+            r["w2_flow"] = res = workloads.run_w2(root, cfg, w2_data, w2_oracle, flow=True)
+            ok &= bool(res.get("oracle_equal"))
+            stall = (res.get("window_fire") or {}).get("steps", {})
+            _progress(f"  {res.get('throughput_rps') or res.get('error')} rec/s, exact: {res.get('oracle_equal')}, "
+                      f"window firing stall (max bucket, ms): {({s: x.get('max_le_ms') for s, x in stall.items()})}")
         if "replication" in chosen:
             r["replication"] = []
             for copies in (1, 2):
@@ -192,12 +199,27 @@ def run_bench(args: argparse.Namespace) -> int:
             from bench import spark_peer
 
             _progress("peer: Spark Structured Streaming (local[2])")
+            load = _load()
             r["spark"] = spark_peer.run(root, cfg, r, w2_data, w2_oracle)
+            r["spark"]["loadavg_start"] = load
         if "flink" in peers:
             from bench import flink_peer
 
             _progress("peer: Flink (PyFlink SQL, local MiniCluster, parallelism 2)")
+            load = _load()
             r["flink"] = flink_peer.run(root, cfg, r, w2_data, w2_oracle)
+            r["flink"]["loadavg_start"] = load
+        if "bytewax" in peers:
+            from bench import bytewax_peer
+
+            _progress("peer: Bytewax (W2, one worker, recovery off and on)")
+            r["bytewax"] = bytewax_peer.run(root, cfg, w2_data, w2_oracle)
+            for run in r["bytewax"].get("runs", []):
+                ok &= "error" in run or bool(run.get("oracle_equal"))
+                _progress(f"  recovery {run.get('recovery')}: {run.get('throughput_rps') or run.get('error')} rec/s, "
+                          f"exact: {run.get('oracle_equal')}")
+            if r["bytewax"].get("error"):
+                _progress(f"  {r['bytewax']['error']}")
     finally:
         r["elapsed_s"] = round(time.monotonic() - t0)
         js, md = report.write(r, out_dir)
@@ -207,10 +229,15 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _load() -> list[float]:
+    """The 1-, 5- and 15-minute load averages now (recorded with every peer's figures)."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def _rss_by_role(r: dict[str, Any]) -> dict[str, int]:
     """Max peak RSS per role (etcd, master, worker) over every cluster run."""
     runs = [*(r.get("w1") or []), *([r["recovery"]] if r.get("recovery") else []),
-            *([r["w2"]] if r.get("w2") else [])]
+            *([r["w2"]] if r.get("w2") else []), *([r["w2_flow"]] if r.get("w2_flow") else [])]
     out: dict[str, int] = {}
     for run in runs:
         for name, b in (run.get("peak_rss_bytes") or {}).items():

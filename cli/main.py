@@ -204,9 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     security_flags(inj, server=False)
 
     b = sub.add_parser("bench", help="run the benchmarks on a local cluster; writes bench/results/")
-    b.add_argument("--peer", choices=["spark", "flink"], action="append", default=None,
-                   help="also run the workloads on a peer (repeat for both); Flink gets a virtualenv of its "
-                        "own, .venv-flink, made on first use")
+    b.add_argument("--peer", choices=["spark", "flink", "bytewax"], action="append", default=None,
+                   help="also run the workloads on a peer (repeat for several); Flink and Bytewax get a "
+                        "virtualenv of their own, .venv-flink and .venv-bytewax, made on first use")
     b.add_argument("--quick", action="store_true", help="short runs, for smoke tests")
     b.add_argument("--nexmark", action="store_true", help="run only the Nexmark queries (same as --only nexmark)")
     b.add_argument("--only", default=None, help="comma-separated workloads to run (default: all); \"ab\": none but the "

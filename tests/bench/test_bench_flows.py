@@ -1,0 +1,103 @@
+"""bench/flows.py: W1 on a flow compiles to one fused computation and a sink without fsync; the
+window-fire histogram read from /metrics is summarised as the report quotes it."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import pytest
+
+from bench import flows, generator, workloads
+from bench.cli import ROOT
+from bench.workloads import W1_VARIANTS, BenchConfig, w1_topology
+
+METRICS = """\
+# HELP millstream_window_fire_seconds Time a flow's event-time step ...
+# TYPE millstream_window_fire_seconds histogram
+millstream_window_fire_seconds_bucket{le="0.0005",step="w2.windows"} 10.0
+millstream_window_fire_seconds_bucket{le="0.001",step="w2.windows"} 50.0
+millstream_window_fire_seconds_bucket{le="0.0025",step="w2.windows"} 90.0
+millstream_window_fire_seconds_bucket{le="0.005",step="w2.windows"} 98.0
+millstream_window_fire_seconds_bucket{le="0.01",step="w2.windows"} 99.0
+millstream_window_fire_seconds_bucket{le="0.02",step="w2.windows"} 99.0
+millstream_window_fire_seconds_bucket{le="0.05",step="w2.windows"} 100.0
+millstream_window_fire_seconds_bucket{le="0.1",step="w2.windows"} 100.0
+millstream_window_fire_seconds_bucket{le="0.25",step="w2.windows"} 100.0
+millstream_window_fire_seconds_bucket{le="1.0",step="w2.windows"} 100.0
+millstream_window_fire_seconds_bucket{le="+Inf",step="w2.windows"} 100.0
+millstream_window_fire_seconds_count{step="w2.windows"} 100.0
+millstream_window_fire_seconds_sum{step="w2.windows"} 0.2
+millstream_commit_seconds_bucket{computation="w2.windows",le="0.0001"} 7.0
+"""
+
+
+def test_window_fire_buckets_are_parsed_and_summarised() -> None:
+    buckets = flows.parse_buckets(METRICS)
+    assert list(buckets) == ["w2.windows"]  # other histograms are not read
+    assert buckets["w2.windows"][math.inf] == 100 and buckets["w2.windows"][0.02] == 99
+    s = flows.summarise_histogram(buckets["w2.windows"])
+    # 50 of 100 at or below 1 ms, 99 at or below 10 ms, the last one in (20, 50] ms.
+    assert (s["firings"], s["p50_le_ms"], s["p99_le_ms"], s["max_le_ms"]) == (100, 1.0, 10.0, 50.0)
+    assert (s["over_limit"], s["limit_ms"], s["last_bound_ms"]) == (1, 20.0, 1000.0)
+
+
+def test_two_workers_add_up_and_a_firing_past_the_last_bound_is_not_hidden() -> None:
+    total: dict[str, dict[float, float]] = {}
+    flows.add_buckets(total, flows.parse_buckets(METRICS))
+    beyond = {"w2.windows": {0.02: 0.0, 1.0: 0.0, math.inf: 2.0}}
+    flows.add_buckets(total, beyond)
+    s = flows.summarise_histogram(total["w2.windows"])
+    assert s["firings"] == 102 and s["over_limit"] == 3
+    assert s["max_le_ms"] is None  # slower than every finite bound: reported as "> 1000 ms"
+    assert flows.summarise_histogram({})["firings"] == 0
+
+
+def test_w1_on_a_flow_fuses_its_stages_and_its_sink_skips_fsync() -> None:
+    variants = {v.name: v for v in W1_VARIANTS}
+    for name, steps in (("flow-1-stage", 1), ("flow-3-stages", 3)):
+        topo = w1_topology(variants[name], "/tmp/arrivals", 4)
+        assert list(topo.computations) == ["count1", "sink"]  # three process steps: one computation
+        stage, sink = topo.computations["count1"], topo.computations["sink"]
+        assert stage.inputs == {"in": None} and stage.key_ranges == 4
+        assert stage.params["flow.plan"].count("bench.jobs:ChainedCounter") == steps
+        assert sink.code == "bench.jobs:ArrivalSink" and sink.params["path"] == "/tmp/arrivals"
+        assert sink.fsync is False and stage.fsync is None  # the stage keeps fsync (exactly once)
+    classic = w1_topology(variants["eo-3-stages"], "/tmp/arrivals", 4)
+    assert list(classic.computations) == ["count1", "count2", "count3", "sink"]
+
+
+# ------------------------------------------------------------ on a real local cluster
+
+
+@pytest.mark.timeout(240)
+def test_w2_on_a_flow_is_exact_and_its_window_firings_are_read(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """W2 on a flow (bench.jobs.w2_flow) through run_w2 on a real cluster: one injector's send()
+    loop, the spikes equal to the oracle's, the window step's firing histogram read from the
+    workers' /metrics before they stop."""
+    cfg = dataclasses.replace(BenchConfig.make(True), w2_timeout_s=120.0)
+    data = generator.w2_data(20_000, events_per_second=2_000, spikes=10, n_keys=200)
+    oracle = generator.w2_oracle(data)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    res = workloads.run_w2(str(tmp_path), cfg, data, oracle, flow=True)
+    assert res["variant"] == "flow" and "error" not in res, res.get("error")
+    assert res["oracle_equal"] is True and res["spikes_observed"] == len(oracle.spikes) > 0
+    fire = res["window_fire"]
+    assert fire["errors"] == [] and len(fire["per_worker"]) == cfg.workers
+    # Windows fired (once per watermark advance and tablet, on either worker): counted, summarised.
+    assert fire["steps"]["w2.windows"]["firings"] > 0
+    assert fire["steps"]["w2.windows"]["p99_le_ms"] is not None or fire["steps"]["w2.windows"]["over_limit"] > 0
+
+
+@pytest.mark.timeout(240)
+def test_w1_on_flows_is_exact_one_and_three_fused_stages(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = BenchConfig.make(True)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    variants = {v.name: v for v in W1_VARIANTS}
+    for name, stages in (("flow-1-stage", 1), ("flow-3-stages", 3)):
+        res = workloads.run_w1(str(tmp_path), cfg, variants[name], 1_000, seconds=2.0)
+        assert "error" not in res, res.get("error")
+        assert res["exactness"]["exact"] is True, res["exactness"]
+        # Each fused ChainedCounter step stamped the record: one hop per stage, then the sink.
+        assert len(res["hops_ms"]) == stages + 1, res["hops_ms"]
