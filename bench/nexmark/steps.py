@@ -366,7 +366,7 @@ class WinningBid(_Output):
         if bid is not None and a is not None:
             seller, category, _, _, expires = a
             winner = (int(ctx.key), seller, category, expires, bid[0], bid[3].encode())
-            ctx.produce(self.output, winner, timestamp=time)
+            ctx.produce(self.output, winner, timestamp=time)  # type: ignore[arg-type]  # a flow step: values are objects
         best.clear()
         ctx.state_of(self.auction).clear()
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.nexmark import flows, oracle, queries
+from bench.nexmark import run as run_nexmark
 from bench.nexmark.generator import (
     FIRST_AUCTION_ID,
     FIRST_PERSON_ID,
@@ -28,6 +30,7 @@ from bench.nexmark.generator import (
     timestamp,
     watermark_after,
 )
+from runtime.errors import MillstreamError
 from runtime.testing import TestRun
 
 DEFAULT = NexmarkConfig()
@@ -284,3 +287,25 @@ def test_q12_counts_add_up_to_the_bids_of_each_bidder(flow: bool) -> None:
         totals[r.key] += int(r.value)
     assert 0 < first < len(out)
     assert totals == oracle.q12_totals(SMALL, _records(SMALL, N))
+
+
+def test_the_runner_runs_the_flows_by_default_and_the_classic_queries_on_a_flag(tmp_path: Path) -> None:
+    """bench/nexmark/run.py: what ``millstream bench --nexmark`` submits (the flow's stages and
+    the sink), what ``--nexmark-classic`` submits instead, and the oracle each is checked against."""
+    assert run_nexmark.queries_of() == list(flows.FLOWS)
+    assert run_nexmark.queries_of(classic=True) == list(queries.QUERIES)
+    sink = f"t-{run_nexmark.OUT}"
+    flow = run_nexmark._topology("q5", "t-", SMALL, str(tmp_path), 3)
+    classic = run_nexmark._topology("q5", "t-", SMALL, str(tmp_path), 3, classic=True)
+    want_flow = flows.q5("t-", f"t-{run_nexmark.STREAM}", sink, key_ranges=3, config=SMALL).topology()
+    want_classic = queries.q5("t-", f"t-{run_nexmark.STREAM}", sink, key_ranges=3, config=SMALL)
+    assert set(flow.computations) == set(want_flow.computations) | {"t-sink"}
+    assert set(classic.computations) == set(want_classic.computations) | {"t-sink"}
+    assert set(flow.computations) != set(classic.computations)
+    # q8's flow is checked at its window's end, the classic one as soon as both sides are in.
+    recs = _records(SMALL, N)
+    got = [(k, v, ts, 0) for (k, v, ts), n in oracle.q8_at_window_end(SMALL, recs).items() for _ in range(n)]
+    assert run_nexmark._check("q8", SMALL, recs, got)["exact"]
+    assert not run_nexmark._check("q8", SMALL, recs, got, classic=True)["exact"]
+    with pytest.raises(MillstreamError, match="no classic Nexmark query q4; there are q0, q1"):
+        run_nexmark.run(str(tmp_path), None, only=["q4"], classic=True)  # type: ignore[arg-type]
