@@ -30,6 +30,7 @@ from bench.nexmark.generator import (
     timestamp,
     watermark_after,
 )
+from cli.main import build_parser
 from runtime.errors import MillstreamError
 from runtime.testing import TestRun
 
@@ -292,6 +293,8 @@ def test_q12_counts_add_up_to_the_bids_of_each_bidder(flow: bool) -> None:
 def test_the_runner_runs_the_flows_by_default_and_the_classic_queries_on_a_flag(tmp_path: Path) -> None:
     """bench/nexmark/run.py: what ``millstream bench --nexmark`` submits (the flow's stages and
     the sink), what ``--nexmark-classic`` submits instead, and the oracle each is checked against."""
+    assert not build_parser().parse_args(["bench", "--nexmark"]).nexmark_classic
+    assert build_parser().parse_args(["bench", "--nexmark", "--nexmark-classic"]).nexmark_classic
     assert run_nexmark.queries_of() == list(flows.FLOWS)
     assert run_nexmark.queries_of(classic=True) == list(queries.QUERIES)
     sink = f"t-{run_nexmark.OUT}"
