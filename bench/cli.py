@@ -172,8 +172,10 @@ def run_bench(args: argparse.Namespace) -> int:
         if "nexmark" in chosen:
             from bench.nexmark import run as nexmark
 
-            _progress("Nexmark: q0, q1, q2, q3, q5, q7, q8, q11, q12, each on a fresh cluster")
-            r["nexmark"] = nx = nexmark.run(root, cfg)
+            classic = bool(getattr(args, "nexmark_classic", False))
+            _progress(f"Nexmark ({'classic computations' if classic else 'Dataflows'}): "
+                      f"{', '.join(nexmark.queries_of(classic))}, each on a fresh cluster")
+            r["nexmark"] = nx = nexmark.run(root, cfg, classic=classic)
             for q in nx["queries"]:
                 exact = all(q.get(k, {}).get("exactness", {}).get("exact") for k in ("throughput", "latency"))
                 ok &= exact

@@ -229,7 +229,10 @@ def markdown(r: dict[str, Any]) -> str:
     nx = r.get("nexmark")
     if nx:
         c = nx["config"]
-        lines += [f"## Nexmark — each query on a fresh cluster ({c['workers']} workers, {c['key_ranges']} key ranges, "
+        version = "Dataflows, bench/nexmark/flows.py" if c.get("version", "flow") == "flow" else \
+            "classic computations, bench/nexmark/queries.py"
+        lines += [f"## Nexmark ({version}) — each query on a fresh cluster ({c['workers']} workers, "
+                  f"{c['key_ranges']} key ranges, "
                   f"replication {c['replication']}, exactly-once + fsync)", "",
                   f"Throughput: {c['throughput_events']:,} events injected as fast as one injector goes. Latency: "
                   f"{c['latency_seconds']:g} s at {c['latency_rate']:,} events/s, each event sent at its event time "

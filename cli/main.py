@@ -209,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "virtualenv of their own, .venv-flink and .venv-bytewax, made on first use")
     b.add_argument("--quick", action="store_true", help="short runs, for smoke tests")
     b.add_argument("--nexmark", action="store_true", help="run only the Nexmark queries (same as --only nexmark)")
+    b.add_argument("--nexmark-classic", action="store_true",
+                   help="run Nexmark's classic computations (bench/nexmark/queries.py) instead of its Dataflows")
     b.add_argument("--only", default=None, help="comma-separated workloads to run (default: all); \"ab\": none but the "
                         "A/B of --against")
     b.add_argument("--soak-records", type=int_in(1_000, 10**10, "records"), default=None, metavar="N",

@@ -1,4 +1,6 @@
-"""The expected output of each query of :mod:`bench.nexmark.queries`, in plain Python.
+"""The expected output of each Nexmark query, in plain Python: of the classic versions
+(:mod:`bench.nexmark.queries`, :data:`ORACLES`) and of the flows (:mod:`bench.nexmark.flows`,
+:data:`FLOW_ORACLES`: the same, plus q4, q6, q9 and q10, with q8 stamped at its window's end).
 
 Each function takes the configuration and the ``(key, value, timestamp)`` records that went
 into the input stream (any order: every query's output is a function of the set of events)
@@ -143,6 +145,88 @@ def q12_totals(config: NexmarkConfig, records: Records) -> Counter[bytes]:
     return Counter(b"%d" % b.bidder for _, b in _bids(records))
 
 
+def q8_at_window_end(config: NexmarkConfig, records: Records) -> Output:
+    """q8 as a window join emits it: the same matches, stamped at their window's end."""
+    size = config.window_size_sec * SECOND_US
+    out: Output = Counter()
+    for (key, value, ts), n in q8(config, records).items():
+        out[(key, value, ts - ts % size + size)] += n
+    return out
+
+
+def _rank(b: Bid) -> tuple[int, int, int, bytes]:
+    """The order of an auction's bids: the highest price first, then the earliest, then (so
+    that exactly one wins) the lowest bidder, the smallest encoding."""
+    return (-b.price, b.date_time, b.bidder, encode(b))
+
+
+def winners(config: NexmarkConfig, records: Records) -> list[tuple[Auction, Bid]]:
+    """Each auction with a bid made while it ran (``date_time <= bid < expires``) at or above
+    its reserve, with the first such bid in :func:`_rank` order."""
+    events = [e for _, e in _events(records)]
+    auctions = {a.id: a for a in events if isinstance(a, Auction)}
+    best: dict[int, Bid] = {}
+    for b in events:
+        if isinstance(b, Bid) and b.auction in auctions:
+            a = auctions[b.auction]
+            if a.date_time <= b.date_time < a.expires and b.price >= a.reserve:
+                if b.auction not in best or _rank(b) < _rank(best[b.auction]):
+                    best[b.auction] = b
+    return [(auctions[i], b) for i, b in best.items()]
+
+
+def q9(config: NexmarkConfig, records: Records) -> Output:
+    """Each auction's winning bid (:func:`winners`), encoded, keyed by the auction, stamped at
+    its ``expires``."""
+    return Counter((b"%d" % a.id, encode(b), a.expires) for a, b in winners(config, records))
+
+
+def q4(config: NexmarkConfig, records: Records) -> Output:
+    """Per category and sliding window (by the auctions' ``expires``), the mean price of the
+    winning bids, rounded: ``<window start>|<mean>``, stamped at the window's end."""
+    size, period = config.window_size_sec * SECOND_US, config.window_period_sec * SECOND_US
+    prices: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for a, b in winners(config, records):
+        for start in _sliding_starts(a.expires, size, period):
+            prices[(a.category, start)].append(b.price)
+    return Counter((b"%d" % category, b"%d|%d" % (start, round(sum(p) / len(p))), start + size)
+                   for (category, start), p in prices.items())
+
+
+def q6(config: NexmarkConfig, records: Records) -> Output:
+    """Per seller, for each winning bid in the order of its auction's ``expires`` (then id),
+    the mean price of the seller's last 10 (rounded down), stamped a µs after ``expires``."""
+    by_seller: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    for a, b in winners(config, records):
+        by_seller[a.seller].append((a.expires, a.id, b.price))
+    out: Output = Counter()
+    for seller, sold in by_seller.items():
+        last: list[int] = []
+        for expires, _, price in sorted(sold):
+            last = (last + [price])[-10:]
+            out[(b"%d" % seller, b"%d" % (sum(last) // len(last)), expires + 1)] += 1
+    return out
+
+
+SHARDS = 4
+
+
+def q10(config: NexmarkConfig, records: Records) -> Output:
+    """Every event as a line of its log file: ``<window start>/<shard>|<event>``, keyed by
+    its shard (a hash of its numbers, :data:`SHARDS` of them), at its own time."""
+    size = config.window_size_sec * SECOND_US
+    out: Output = Counter()
+    for _, e in _events(records):
+        numbers = (e.auction, e.bidder, e.price, e.date_time) if isinstance(e, Bid) else (e.id, e.date_time)
+        shard = b"%d" % (hash(numbers) % SHARDS)
+        ts = e.date_time
+        out[(shard, b"%d/%s|%s" % (ts - ts % size, shard, encode(e)), ts)] += 1
+    return out
+
+
 ORACLES: dict[str, Callable[[NexmarkConfig, Records], Output]] = {
     "q0": q0, "q1": q1, "q2": q2, "q3": q3, "q5": q5, "q7": q7, "q8": q8, "q11": q11,
+}
+FLOW_ORACLES: dict[str, Callable[[NexmarkConfig, Records], Output]] = ORACLES | {
+    "q4": q4, "q6": q6, "q8": q8_at_window_end, "q9": q9, "q10": q10,
 }

@@ -2,6 +2,10 @@
 cluster (etcd, a master, two workers, exactly-once, fsync, replication as configured),
 checked against the exact oracle.
 
+By default the queries are the :class:`~runtime.Dataflow` versions (:mod:`bench.nexmark.flows`,
+q0–q12, checked against :data:`oracle.FLOW_ORACLES`); ``millstream bench --nexmark-classic``
+runs the classic computations instead (:mod:`bench.nexmark.queries`, :data:`oracle.ORACLES`).
+
 Two runs per query:
 
 - **Throughput**: the events, generated beforehand, are injected as fast as one injector
@@ -30,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 from bench import latency
 from bench.cpu import CpuMeter
-from bench.nexmark import oracle, queries
+from bench.nexmark import flows, oracle, queries
 from bench.nexmark.generator import SECOND_US, NexmarkConfig, records, watermark_after
 from injectors import Injector
 from runtime import Context, Record, Sink, Topology
 from runtime.client import Client
 from runtime.cluster import wait_until
-from runtime.errors import TopologyError
+from runtime.errors import TopologyError, UsageError
 from runtime.sinks import CommittedFile
 
 if TYPE_CHECKING:
@@ -84,16 +88,25 @@ def read_outputs(path: str) -> list[tuple[bytes, bytes, int, int]]:
     return out
 
 
-def _topology(query: str, prefix: str, config: NexmarkConfig, sink_dir: str, key_ranges: int) -> Topology:
-    topo = queries.QUERIES[query](prefix, f"{prefix}{STREAM}", f"{prefix}{OUT}", key_ranges=key_ranges,
-                                  config=config)
+def _topology(query: str, prefix: str, config: NexmarkConfig, sink_dir: str, key_ranges: int,
+              classic: bool = False) -> Topology:
+    """The query (its flow version, or the classic one) and the sink of its output."""
+    args = (prefix, f"{prefix}{STREAM}", f"{prefix}{OUT}")
+    if classic:
+        topo = queries.QUERIES[query](*args, key_ranges=key_ranges, config=config)
+    else:
+        topo = flows.FLOWS[query](*args, key_ranges=key_ranges, config=config).topology()
     topo.add_computation(f"{prefix}sink", "bench.nexmark.run:OutputSink", inputs={f"{prefix}{OUT}": None},
                          key_ranges=2, fsync=False, params={"path": sink_dir})
     return topo
 
 
+def _oracles(classic: bool) -> Mapping[str, Any]:
+    return oracle.ORACLES if classic else oracle.FLOW_ORACLES
+
+
 def _check(query: str, config: NexmarkConfig, events: list[tuple[bytes, bytes, int]],
-           got: list[tuple[bytes, bytes, int, int]]) -> dict[str, Any]:
+           got: list[tuple[bytes, bytes, int, int]], classic: bool = False) -> dict[str, Any]:
     if query == "q12":
         want: Counter[bytes] = oracle.q12_totals(config, events)
         have: Counter[bytes] = Counter()
@@ -102,7 +115,7 @@ def _check(query: str, config: NexmarkConfig, events: list[tuple[bytes, bytes, i
         lost, doubled = sum((want - have).values()), sum((have - want).values())
         return {"expected": sum(want.values()), "observed": sum(have.values()), "lost": lost, "doubled": doubled,
                 "exact": lost == doubled == 0, "checked": "bids per bidder (processing-time panes)"}
-    expected: Output = oracle.ORACLES[query](config, events)
+    expected: Output = _oracles(classic)[query](config, events)
     observed: Output = Counter((k, v, ts) for k, v, ts, _ in got)
     lost, doubled = sum((expected - observed).values()), sum((observed - expected).values())
     return {"expected": sum(expected.values()), "observed": sum(observed.values()), "lost": lost,
@@ -117,7 +130,7 @@ def _wait_open(client: Client, prefix: str, timeout: float = 60.0) -> None:
 
 
 def _wait_outputs(query: str, config: NexmarkConfig, events: list[tuple[bytes, bytes, int]], sink: str,
-                  timeout_s: float) -> None:
+                  timeout_s: float, classic: bool = False) -> None:
     """Until every output the oracle expects has arrived (for q12, until the panes hold every
     bid: they close on the wall clock, ``window_size_sec`` after their first bid)."""
     if query == "q12":
@@ -125,7 +138,7 @@ def _wait_outputs(query: str, config: NexmarkConfig, events: list[tuple[bytes, b
         wait_until(lambda: sum(int(v) for _, v, _, _ in read_outputs(sink)) >= bids, timeout_s,
                    f"q12's panes to hold all {bids:,} bids")
     else:
-        want = sum(oracle.ORACLES[query](config, events).values())
+        want = sum(_oracles(classic)[query](config, events).values())
         wait_until(lambda: latency.count_lines(sink) >= want, timeout_s, f"{query}'s {want:,} outputs")
 
 
@@ -135,7 +148,8 @@ def _inject(masters: str, name: str, config: NexmarkConfig, events: list[tuple[b
     injector goes), the watermark following the generator's promise; then finish."""
     # A watermark report is a call to the master: every 500 events, or every 50 ms when paced.
     every = 500 if paced_from_ns is None else max(1, config.events_per_second // 20)
-    # The queries' key extractors (bench.nexmark.queries) route the events in the injector.
+    # The queries' key extractors (bench.nexmark.queries; a flow's runs bench.nexmark.steps)
+    # route the events in the injector.
     with Injector(masters, f"{name}{STREAM}", f"{name}injector", timeout=120, allow_code=["bench"]) as inj:
         for i, (key, value, ts) in enumerate(events):
             if paced_from_ns is not None:
@@ -148,20 +162,20 @@ def _inject(masters: str, name: str, config: NexmarkConfig, events: list[tuple[b
 
 
 def run_query(c: Any, query: str, config: NexmarkConfig, n_throughput: int, latency_s: float,
-              latency_rate: int, key_ranges: int, timeout_s: float) -> dict[str, Any]:
-    """Both runs of one query on the cluster ``c``."""
-    out: dict[str, Any] = {"query": query}
+              latency_rate: int, key_ranges: int, timeout_s: float, classic: bool = False) -> dict[str, Any]:
+    """Both runs of one query (its flow version, or the classic one) on the cluster ``c``."""
+    out: dict[str, Any] = {"query": query, "version": "classic" if classic else "flow"}
     with Client(c.masters_arg, timeout=30) as client:
         # Throughput.
         prefix = "t-"
         sink = os.path.join(c.data_dir, "nexmark-t")
-        client.submit(_topology(query, prefix, config, sink, key_ranges))
+        client.submit(_topology(query, prefix, config, sink, key_ranges, classic))
         _wait_open(client, prefix)
         events = list(records(config, 0, n_throughput))
         with CpuMeter() as meter:
             t0 = time.time_ns()
             _inject(c.masters_arg, prefix, config, events, None)
-            _wait_outputs(query, config, events, sink, timeout_s)
+            _wait_outputs(query, config, events, sink, timeout_s, classic)
             got = read_outputs(sink)
             t_end = max((a for *_, a in got), default=time.time_ns())
         assert meter.figures is not None
@@ -170,28 +184,39 @@ def run_query(c: Any, query: str, config: NexmarkConfig, n_throughput: int, late
                              "events_per_s": round(n_throughput / wall),
                              "events_per_cpu_s": round(n_throughput / max(1e-9, meter.figures.ours_s)),
                              "cpu": meter.figures.as_dict(), "outputs": len(got),
-                             "exactness": _check(query, config, events, got)}
+                             "exactness": _check(query, config, events, got, classic)}
         # Latency: event times on the wall clock, paced.
         prefix = "l-"
         sink = os.path.join(c.data_dir, "nexmark-l")
         start_ns = time.time_ns() + 2_000_000_000
         paced = dataclasses.replace(config, base_time_us=start_ns // 1000, events_per_second=latency_rate)
-        client.submit(_topology(query, prefix, paced, sink, key_ranges))
+        client.submit(_topology(query, prefix, paced, sink, key_ranges, classic))
         _wait_open(client, prefix)
         events = list(records(paced, 0, int(latency_s * latency_rate)))
         _inject(c.masters_arg, prefix, paced, events, start_ns)
-        _wait_outputs(query, paced, events, sink, timeout_s)
+        _wait_outputs(query, paced, events, sink, timeout_s, classic)
         got = read_outputs(sink)
         # Outputs of the end of the input (windows closed by finish()) fire early: left out.
         closed_by_end = paced.base_time_us + int(latency_s * SECOND_US)
         lat = [(arrival / 1000 - ts) / 1000 for _, _, ts, arrival in got if ts <= closed_by_end]
         out["latency"] = {"events": len(events), "rate": latency_rate, "ms": latency.percentiles(lat),
-                          "samples": len(lat), "exactness": _check(query, paced, events, got)}
+                          "samples": len(lat), "exactness": _check(query, paced, events, got, classic)}
     return out
 
 
-def run(root: str, cfg: BenchConfig, only: Sequence[str] | None = None) -> dict[str, Any]:
-    """Every query (or ``only``), each on a fresh cluster."""
+def queries_of(classic: bool = False) -> list[str]:
+    """The queries a run covers: every flow version (q0–q12), or the classic ones."""
+    return list(queries.QUERIES if classic else flows.FLOWS)
+
+
+def run(root: str, cfg: BenchConfig, only: Sequence[str] | None = None, *, classic: bool = False) -> dict[str, Any]:
+    """Every query (or ``only``), each on a fresh cluster: the flow versions, or the classic
+    ones if ``classic``."""
+    known = queries_of(classic)
+    unknown = [q for q in only or () if q not in known]
+    if unknown:
+        raise UsageError(f"no {'classic ' if classic else ''}Nexmark query {', '.join(unknown)}; "
+                         f"there are {', '.join(known)}")
     from bench.workloads import cluster
 
     n = 20_000 if cfg.quick else 200_000
@@ -199,13 +224,14 @@ def run(root: str, cfg: BenchConfig, only: Sequence[str] | None = None) -> dict[
     config = NexmarkConfig()
     result: dict[str, Any] = {"config": dataclasses.asdict(config) | {
         "throughput_events": n, "latency_seconds": latency_s, "latency_rate": rate,
-        "replication": cfg.replication, "workers": cfg.workers, "key_ranges": cfg.key_ranges}, "queries": []}
-    for query in only or queries.QUERIES:
-        print(f"  Nexmark {query}", flush=True)
+        "replication": cfg.replication, "workers": cfg.workers, "key_ranges": cfg.key_ranges,
+        "version": "classic" if classic else "flow"}, "queries": []}
+    for query in only or known:
+        print(f"  Nexmark {query} ({'classic' if classic else 'flow'})", flush=True)
         with cluster(root, f"nexmark-{query}", cfg) as c:
             try:
                 result["queries"].append(run_query(c, query, config, n, latency_s, rate, cfg.key_ranges,
-                                                   cfg.w2_timeout_s))
+                                                   cfg.w2_timeout_s, classic))
             except TimeoutError as e:
                 result["queries"].append({"query": query, "error": str(e)})
     return result

@@ -1,16 +1,19 @@
 """The Nexmark benchmark (bench/nexmark): the generator against its specification, and every
-query run through the test kit (the real worker, virtual time) against the plain-Python oracle."""
+query, classic (bench/nexmark/queries.py) and on flows (bench/nexmark/flows.py), run through
+the test kit (the real worker, virtual time) against the plain-Python oracle."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.nexmark import oracle, queries
+from bench.nexmark import flows, oracle, queries
+from bench.nexmark import run as run_nexmark
 from bench.nexmark.generator import (
     FIRST_AUCTION_ID,
     FIRST_PERSON_ID,
@@ -27,6 +30,8 @@ from bench.nexmark.generator import (
     timestamp,
     watermark_after,
 )
+from cli.main import build_parser
+from runtime.errors import MillstreamError
 from runtime.testing import TestRun
 
 DEFAULT = NexmarkConfig()
@@ -155,16 +160,22 @@ def test_any_event_round_trips_through_the_wire_encoding(e: Person | Auction | B
 # ------------------------------------------------------------------ the queries against the oracle
 
 
-def _run(query: str, config: NexmarkConfig, n: int, chunk: int = 100) -> TestRun:
+def _run(query: str, config: NexmarkConfig, n: int, chunk: int = 100, *, flow: bool = False,
+         restart_at: int | None = None) -> TestRun:
     """Inject ``n`` events as an injector would: in chunks, each followed by the watermark the
-    generator promises after it."""
-    run = TestRun(queries.QUERIES[query]("t-", "events", "out", key_ranges=3, config=config))
+    generator promises after it; at event ``restart_at``, every computation restarts from what
+    it committed (as after a crash)."""
+    build = flows.FLOWS[query] if flow else queries.QUERIES[query]
+    run = TestRun(build("t-", "events", "out", key_ranges=3, config=config))
     recs = _records(config, n)
     for lo in range(0, n, chunk):
         for key, value, ts in recs[lo:lo + chunk]:
             run.inject("events", key, value, ts)
         run.advance_watermark("events", watermark_after(config, lo + chunk - 1))
         run.run_until_idle()
+        if restart_at is not None and lo <= restart_at < lo + chunk:
+            for computation in run.topology.computations:
+                run.restart(computation)
     return run
 
 
@@ -189,6 +200,66 @@ def test_query_output_equals_the_oracle(query: str, config: NexmarkConfig, n: in
     assert got == expected
 
 
+_FLOW_CASES = [("q0", SMALL, N), ("q1", SMALL, N), ("q2", SMALL, N), ("q3", Q3, 4000), ("q4", SMALL, N),
+               ("q5", SMALL, N), ("q6", SMALL, N), ("q7", SMALL, N), ("q8", SMALL, N), ("q9", SMALL, N),
+               ("q10", SMALL, N), ("q11", SMALL, N)]
+
+
+@pytest.mark.parametrize(("query", "config", "n"), _FLOW_CASES)
+def test_flow_output_equals_the_oracle_through_a_restart(query: str, config: NexmarkConfig, n: int) -> None:
+    """Each query on flows, every computation restarted halfway (windows, joins, process
+    steps' state and timers recover from what they committed)."""
+    expected = oracle.FLOW_ORACLES[query](config, _records(config, n))
+    assert len(expected) >= 10  # the check means something
+    with _run(query, config, n, flow=True, restart_at=n // 2) as run:
+        run.finish("events")
+        run.run_until_idle()
+        got = Counter((r.key, r.value, r.timestamp) for r in run.output("out"))
+        assert _late(run) == 0
+    assert got == expected
+
+
+def test_every_query_has_a_flow_and_each_flow_an_oracle() -> None:
+    assert set(flows.FLOWS) == {f"q{i}" for i in range(13)} == set(oracle.FLOW_ORACLES) | {"q12"}
+    assert {q for q, _, _ in _FLOW_CASES} == set(oracle.FLOW_ORACLES)
+    assert set(queries.QUERIES) < set(flows.FLOWS)
+
+
+def test_flows_fuse_into_the_stages_their_docs_name() -> None:
+    """One computation per stage: stateless queries and single-key queries are one, the
+    two-level maxima and the queries on q9's winners two (bench/nexmark/flows.py)."""
+    topologies = {q: build("t-", "in", "out").topology() for q, build in flows.FLOWS.items()}
+    two = {"q4", "q5", "q6", "q7"}
+    assert {q for q, t in topologies.items() if len(t.computations) == 2} == two
+    assert all(len(t.computations) == 1 for q, t in topologies.items() if q not in two)
+    # Joins: people and auctions keyed once, so one key extractor reads the input, on the
+    # producing side (no hop through a stateless stage).
+    for q in ("q3", "q8"):
+        [spec] = topologies[q].computations.values()
+        assert spec.inputs == {"in": "runtime.flows.keys:key_of"}
+
+
+def test_q9_and_q6_checks_are_not_trivial() -> None:
+    """The q9 check means something: some winning auctions got valid bids before their own
+    record arrived (they waited), bids below the reserve and after the end exist, and a
+    seller has more than 10 winners (q6 averages the last 10)."""
+    recs = _records(SMALL, N)
+    events = [(i, decode(v)) for i, (_, v, _) in enumerate(recs)]
+    auctions = {e.id: (i, e) for i, e in events if isinstance(e, Auction)}
+    won = oracle.winners(SMALL, recs)
+    assert 10 < len(won) < len(auctions)
+    early = low = after = 0
+    for i, b in events:
+        if isinstance(b, Bid) and b.auction in auctions:
+            j, a = auctions[b.auction]
+            valid_time = a.date_time <= b.date_time < a.expires
+            early += valid_time and b.price >= a.reserve and i < j
+            low += valid_time and b.price < a.reserve
+            after += b.date_time >= a.expires
+    assert early and low and after
+    assert max(Counter(a.seller for a, _ in won).values()) > 10
+
+
 def test_q3_horizon_leaves_some_matches_out() -> None:
     """The q3 configuration really exercises the horizon (else its check above is weaker)."""
     recs = _records(Q3, 4000)
@@ -196,11 +267,12 @@ def test_q3_horizon_leaves_some_matches_out() -> None:
     assert 0 < sum(oracle.q3(Q3, recs).values()) < sum(oracle.q3(wide, recs).values())
 
 
-def test_q12_counts_add_up_to_the_bids_of_each_bidder() -> None:
+@pytest.mark.parametrize("flow", [False, True])
+def test_q12_counts_add_up_to_the_bids_of_each_bidder(flow: bool) -> None:
     """Processing-time panes: which bids share a pane depends on the wall clock, so only the
     totals are fixed. The clock moves past a pane halfway, so bidders get several panes; the
     last panes fire after the input has finished, at the end of time."""
-    with _run("q12", SMALL, N // 2) as run:
+    with _run("q12", SMALL, N // 2, flow=flow) as run:
         run.advance_wall_time(SMALL.window_size_sec * SECOND_US)
         run.run_until_idle()
         first = len(run.output("out"))
@@ -216,3 +288,27 @@ def test_q12_counts_add_up_to_the_bids_of_each_bidder() -> None:
         totals[r.key] += int(r.value)
     assert 0 < first < len(out)
     assert totals == oracle.q12_totals(SMALL, _records(SMALL, N))
+
+
+def test_the_runner_runs_the_flows_by_default_and_the_classic_queries_on_a_flag(tmp_path: Path) -> None:
+    """bench/nexmark/run.py: what ``millstream bench --nexmark`` submits (the flow's stages and
+    the sink), what ``--nexmark-classic`` submits instead, and the oracle each is checked against."""
+    assert not build_parser().parse_args(["bench", "--nexmark"]).nexmark_classic
+    assert build_parser().parse_args(["bench", "--nexmark", "--nexmark-classic"]).nexmark_classic
+    assert run_nexmark.queries_of() == list(flows.FLOWS)
+    assert run_nexmark.queries_of(classic=True) == list(queries.QUERIES)
+    sink = f"t-{run_nexmark.OUT}"
+    flow = run_nexmark._topology("q5", "t-", SMALL, str(tmp_path), 3)
+    classic = run_nexmark._topology("q5", "t-", SMALL, str(tmp_path), 3, classic=True)
+    want_flow = flows.q5("t-", f"t-{run_nexmark.STREAM}", sink, key_ranges=3, config=SMALL).topology()
+    want_classic = queries.q5("t-", f"t-{run_nexmark.STREAM}", sink, key_ranges=3, config=SMALL)
+    assert set(flow.computations) == set(want_flow.computations) | {"t-sink"}
+    assert set(classic.computations) == set(want_classic.computations) | {"t-sink"}
+    assert set(flow.computations) != set(classic.computations)
+    # q8's flow is checked at its window's end, the classic one as soon as both sides are in.
+    recs = _records(SMALL, N)
+    got = [(k, v, ts, 0) for (k, v, ts), n in oracle.q8_at_window_end(SMALL, recs).items() for _ in range(n)]
+    assert run_nexmark._check("q8", SMALL, recs, got)["exact"]
+    assert not run_nexmark._check("q8", SMALL, recs, got, classic=True)["exact"]
+    with pytest.raises(MillstreamError, match="no classic Nexmark query q4; there are q0, q1"):
+        run_nexmark.run(str(tmp_path), None, only=["q4"], classic=True)  # type: ignore[arg-type]
