@@ -94,6 +94,22 @@ def run_bench(args: argparse.Namespace) -> int:
     }
     ok = True
     try:
+        w2_data = w2_oracle = None
+        if "w2" in chosen or "replication" in chosen or peers:
+            from bench import generator
+
+            w2_data = generator.w2_data(cfg.w2_records)
+            w2_oracle = generator.w2_oracle(w2_data)
+        if "spark" in peers:
+            # Spark first, before this process has used gRPC: PySpark starts its JVM with a
+            # fork whose pre-exec hook runs Python, and gRPC's threads do not survive a fork
+            # (a later start failed with "Java gateway process exited" in 20261128T095145Z).
+            from bench import spark_peer
+
+            _progress("peer: Spark Structured Streaming (local[2])")
+            load = _load()
+            r["spark"] = spark_peer.run(root, cfg, {}, w2_data, w2_oracle)
+            r["spark"]["loadavg_start"] = load
         if "w1" in chosen:
             r["w1"] = []
             for v in workloads.W1_VARIANTS:
@@ -118,12 +134,6 @@ def run_bench(args: argparse.Namespace) -> int:
             ok &= bool(res["exactness"]["exact"])
             _progress(f"  {res.get('recovery', {}).get('serving_again_after_s')} s to serve again, "
                       f"exact: {res['exactness']['exact']}")
-        w2_data = w2_oracle = None
-        if "w2" in chosen or "replication" in chosen or peers:
-            from bench import generator
-
-            w2_data = generator.w2_data(cfg.w2_records)
-            w2_oracle = generator.w2_oracle(w2_data)
         if "w2" in chosen:
             _progress(f"W2: {cfg.w2_records:,} records, 1 s event-time windows + spikes")
             res = workloads.run_w2(root, cfg, w2_data, w2_oracle)
@@ -197,13 +207,8 @@ def run_bench(args: argparse.Namespace) -> int:
             _progress(f"A/B against {against}: {', '.join(figures)}, {rounds} rounds, alternating")
             r["ab"] = ab.run(ROOT, against, rounds=rounds, quick=cfg.quick, figures=figures, progress=_progress)
             ok &= ab.current_exact(r["ab"])
-        if "spark" in peers:
-            from bench import spark_peer
-
-            _progress("peer: Spark Structured Streaming (local[2])")
-            load = _load()
-            r["spark"] = spark_peer.run(root, cfg, r, w2_data, w2_oracle)
-            r["spark"]["loadavg_start"] = load
+        if "spark" in peers:  # its figures were measured first (above); compared now
+            r["spark"]["comparison"] = spark_peer.compare(r, r["spark"])
         if "flink" in peers:
             from bench import flink_peer
 

@@ -25,8 +25,6 @@ OVERSIZE: dict[str, tuple[int, str]] = {
                                "table at the top is what every reader of a tablet checks"),
     "injectors/injector.py": (560, "the public Injector class: its docstrings are the user's reference "
                                    "(routing is injectors/routes.py, delivery injectors/tablets.py)"),
-    "injectors/tablets.py": (535, "the injector's shell around the delivery core (runtime/courier.py): its event "
-                                  "loop, links and routing fetches"),
 }
 
 
