@@ -253,6 +253,7 @@ class WorkerCore:
                         self._batch_failures[key] = tablet.failures
                     else:
                         self._batch_failures.pop(key, None)
+                    self._closing_tablets[key] = tablet  # in use until closed (_primary_token)
                     self._closing[key] = asyncio.create_task(self._close(key, tablet), name=f"close {key}")
             for key, (tablet, task) in list(self._opening.items()):
                 if wanted.get(key) != tablet.token:
@@ -512,6 +513,7 @@ class WorkerCore:
         self._closing_tablets[key] = tablet
         try:
             await tablet.close()
+            self.replicas.demoted(key)  # its next primary may continue its files as a copy here
         finally:
             if self._closing_tablets.get(key) is tablet:
                 del self._closing_tablets[key]

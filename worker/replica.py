@@ -11,6 +11,14 @@ under a higher term. So a copy never mixes the commits of two primaries or of tw
 openings of one, and a deposed primary can make nothing durable here once its successor
 exists (DESIGN.md §5, docs/replication.md). No gRPC here.
 
+A new primary's commits continue a copy built from its predecessor's when the commit
+before them is the copy's last one, by number and term (terms name the token they were
+made under: worker/storage.py :func:`next_term`). So the followers of a primary that moves
+stay in sync without a snapshot, and so does the old primary itself: its files, closed as
+primary (:meth:`Replicas.demoted`), become its follower copy. A primary handed to its only
+in-sync follower (a rebalance) used to leave that follower as the one in-sync copy until the
+old primary had taken a snapshot of it; a host lost then made the tablet unavailable.
+
 Peers authenticate with the shared worker token only, so a primary's token is believed
 only as far as this worker's routing confirms it: commits and snapshots come in only for
 a tablet the routing says this worker follows, under a token no newer than the routing's
@@ -32,7 +40,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from runtime import metrics
 from runtime.wire import millstream_pb2 as pb
 from worker.runner import TabletThread
-from worker.storage import ReplicaStore
+from worker.storage import TERM_TOKEN_BITS, ReplicaStore
 
 log = logging.getLogger(__name__)
 R = pb.ReplicateResponse
@@ -62,6 +70,7 @@ class Replicas:
         self._incoming: dict[Key, tuple[str, str]] = {}  # key -> (session, directory)
         self._locks: dict[Key, tuple[asyncio.Lock, list[int]]] = {}  # with how many hold or wait
         self._threads: dict[Key, TabletThread] = {}
+        self._demoted: set[Key] = set()  # closed here as primary: its files may continue as a copy
 
     @contextlib.asynccontextmanager
     async def _lock(self, key: Key) -> AsyncIterator[None]:
@@ -93,6 +102,26 @@ class Replicas:
         merge's parents, a deleted job's ranges): nothing replicates to them any more."""
         for key in [k for k in self.fence if k not in self.copies and k not in self._incoming and gone(k)]:
             del self.fence[key]
+        self._demoted = {k for k in self._demoted if not gone(k)}
+
+    def demoted(self, key: Key) -> None:
+        """This worker closed ``key`` as primary: if its successor's commits continue the
+        files it left, they become this worker's follower copy (:meth:`replicate`)."""
+        self._demoted.add(key)
+
+    async def _adopt(self, key: Key) -> ReplicaStore | None:
+        """The follower copy made of the files ``key``'s primary left here, or None."""
+        self._demoted.discard(key)
+        path = self.path_of(key)
+        if not os.path.exists(os.path.join(path, "CURRENT")):
+            return None
+        try:
+            copy = await self._thread(key).run(functools.partial(ReplicaStore, path))
+        except Exception as e:  # its RocksDB still locked, say: it catches up from a snapshot
+            log.warning("tablet %s/%d: the files it left as primary do not open as a copy: %s", key[0], key[1], e)
+            return None
+        self.copies[key] = copy
+        return copy
 
     def raise_fence(self, key: Key, token: int) -> None:
         if token > self.fence.get(key, 0):
@@ -117,8 +146,9 @@ class Replicas:
             return _refuse(R.NOT_YET, "not routed", f"{key[0]}/{key[1]}: this worker's routing has no copy "
                            f"of it here under token {token} (its token here: {routed or 'none'}); "
                            "retry once the routing has reached this worker")
-        if mine is not None:
-            return _refuse(R.NEED_SNAPSHOT, "busy", "this worker's copy is opening or closing")
+        if mine is not None:  # closing as primary: its files may continue as a copy once closed
+            return _refuse(R.NOT_YET, "busy", f"{key[0]}/{key[1]} is still open here as primary under "
+                           f"token {mine}; retry once it has closed")
         return None
 
     async def replicate(self, req: pb.ReplicateRequest) -> pb.ReplicateResponse:
@@ -129,7 +159,9 @@ class Replicas:
                 return refused
             self.raise_fence(key, req.token)
             copy = self.copies.get(key)
-            if copy is None or copy.token != req.token:
+            if copy is None and key in self._demoted:
+                copy = await self._adopt(key)
+            if copy is None or (copy.token != req.token and not _succeeds(copy, req)):
                 return _refuse(R.NEED_SNAPSHOT, "new primary", "no copy of this primary's commits here",
                                copy.index if copy else 0)
             refused = _continues(copy, req)
@@ -197,6 +229,7 @@ class Replicas:
         longer follows it; ``delete`` also removes its files)."""
         async with self._lock(key):
             self._discard_incoming(key)
+            self._demoted.discard(key)
             copy = self.copies.pop(key, None)
             if copy is not None:
                 await self._thread(key).run(copy.close)
@@ -210,6 +243,14 @@ class Replicas:
     async def close_all(self) -> None:
         for key in list(self.copies):
             await self.close(key)
+
+
+def _succeeds(copy: ReplicaStore, req: pb.ReplicateRequest) -> bool:
+    """Whether a new primary's commits ``req`` continue ``copy``, built from an older
+    primary's: they follow its last commit, of the same term. A term made before terms named
+    their token (high bits 0) may be another primary's too: such a copy takes a snapshot."""
+    return (bool(req.entries) and req.entries[0].index == copy.index + 1 and req.prev_term == copy.term
+            and copy.term >> TERM_TOKEN_BITS > 0)
 
 
 def _continues(copy: ReplicaStore, req: pb.ReplicateRequest) -> pb.ReplicateResponse | None:

@@ -24,7 +24,12 @@ its followers apply exactly those writes to their :class:`ReplicaStore`
 (docs/replication.md). Every opening of a :class:`TabletStore` has its own ``term``, higher
 than any before it in that copy, and every commit records its term: so a commit is named by
 (index, term), and a reopened primary's commit N is never taken for the commit N of the
-opening before it (one whose local write failed after its followers had it).
+opening before it (one whose local write failed after its followers had it). A term's low
+bits are the token the opening is under (:func:`next_term`): one primary holds a token, so
+no two primaries' openings share a term, and a copy that holds commit N of term t holds
+the same commits up to N as every copy that does (Raft's log matching). That is what lets
+a demoted primary continue as its successor's follower without a snapshot
+(worker/replica.py).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ _WRITE_BUFFERS = WriteBufferManager(WORKER_MEMTABLE_BYTES, False)
 _TIME_OFFSET = 1 << 63  # maps signed microseconds onto unsigned, order-preserving
 M_TOKEN, M_SEQ, M_SINK, M_INDEX = b"Mtoken", b"Mseq", b"Msink", b"Mindex"
 M_OPENED, M_TERM = b"Mopened", b"Mterm"  # the term of the last opening; of the last commit
+TERM_TOKEN_BITS = 24  # a term: (openings << 24) | (token mod 2**24)
 # Msink+<range id>: the sink meta of a range merged into this one (its output may need settling)
 M_SINK_ABSORBED = b"Msink+"
 PUT, DELETE, DELETE_RANGE = 0, 1, 2
@@ -346,7 +352,7 @@ class TabletStore:
         # commit of it, in the same log: a commit that survives a crash implies it did).
         self.opened_at = self.index
         self.base_term = int(self.db.get(M_TERM) or b"0")  # the term of commit ``opened_at``
-        self.term = max(self.base_term, int(self.db.get(M_OPENED) or b"0")) + 1
+        self.term = next_term(max(self.base_term, int(self.db.get(M_OPENED) or b"0")), token)
         # Called on the tablet's thread with (index, writes) of each replicated commit
         # before it is written here, so its followers get it while it is (worker/tablet.py).
         self.ship: Callable[[int, bytes], None] | None = None
@@ -532,6 +538,13 @@ class TabletStore:
 
     def close(self) -> None:
         self.db.close()
+
+
+def next_term(seen: int, token: int) -> int:
+    """The term of an opening under ``token`` of a copy whose highest term so far is ``seen``:
+    higher than it (the high bits count openings), and naming the token (the low bits), so
+    that the openings of two primaries never share a term."""
+    return (((seen >> TERM_TOKEN_BITS) + 1) << TERM_TOKEN_BITS) | (token & ((1 << TERM_TOKEN_BITS) - 1))
 
 
 class ReplicaStore:

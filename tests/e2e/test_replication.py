@@ -233,3 +233,37 @@ def test_idle_tablets_replicate_again_after_a_follower_restarts_on_its_disk(trio
                "the worker to come back")
     assert _worker_id(c, back) == wid  # the same disk: the same worker
     wait_until(lambda: _healthy(c), 60, "the idle tablets to replicate again")
+
+
+def test_a_primary_handed_to_its_only_in_sync_follower_stays_in_its_in_sync_set(tmp_path: Any) -> None:
+    """A rebalance hands a primary to its in-sync follower. The old primary's files continue
+    as the new primary's follower copy (worker/replica.py): it never leaves the in-sync set
+    and takes no snapshot, so the tablet keeps two copies through the handover. (It used to
+    be dropped at the new primary's first commit and fed a snapshot, leaving one in-sync
+    copy meanwhile; the chaos suite once lost that host then, and the tablet was unavailable.)"""
+    with Cluster(str(tmp_path), workers=2).running() as c:
+        moved: dict[str, Any] = {}
+
+        def hand_over() -> None:
+            wait_until(lambda: _healthy(c), 30, "every tablet to have an in-sync follower")
+            t = next(t for t in _tablets(c) if t["computation"] == "counter")
+            new = next(w for w in c.workers if _worker_id(c, w) == t["followers"][0])
+            moved.update(tablet=t, new=new, snapshots=metric(new, "millstream_snapshots_sent"),
+                         leaves=metric(new, "millstream_in_sync_changes", 'change="leave"'))
+            assert c.client.move("counter", t["key_range"], new.address) == t["token"] + 1
+            wait_until(lambda: _tablet(c, t)["primary"] == t["followers"][0], 30, "the handover")
+
+        run_wordcount(c, n_lines=4000, midway=hand_over, name="handover")
+        t, new = moved["tablet"], moved["new"]
+        after = _tablet(c, t)
+        assert (after["primary"], after["token"]) == (t["followers"][0], t["token"] + 1)
+        assert set(after["in_sync"]) == {t["primary"], t["followers"][0]}, after
+        assert metric(new, "millstream_snapshots_sent") == moved["snapshots"]
+        assert metric(new, "millstream_in_sync_changes", 'change="leave"') == moved["leaves"]
+        # The new primary's host is lost: the old primary takes the tablet back.
+        _lose_host(c, new)
+        assert _tablet(c, t)["primary"] == t["primary"]
+
+
+def _tablet(c: Cluster, t: dict[str, Any]) -> dict[str, Any]:
+    return next(x for x in _tablets(c) if (x["computation"], x["key_range"]) == (t["computation"], t["key_range"]))

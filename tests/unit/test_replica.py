@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from typing import Any
 
 from runtime.wire import millstream_pb2 as pb
 from worker.replica import Replicas
-from worker.storage import PUT, Commit, ReplicaStore, TabletStore, encode_ops, state_key
+from worker.storage import PUT, Commit, ReplicaStore, TabletStore, encode_ops, next_term, state_key
 
 R = pb.ReplicateResponse
 KEY = ("c", 0)
@@ -199,17 +200,94 @@ def test_a_commit_held_under_an_older_term_is_never_taken_for_the_primarys(tmp_p
 
 def test_every_opening_of_a_tablet_store_has_a_higher_term_and_its_commits_carry_it(tmp_path: Any) -> None:
     path = os.path.join(str(tmp_path), "t")
+    t1 = next_term(0, 1)
+    t2, t3 = next_term(t1, 1), next_term(next_term(t1, 1), 1)
+    assert 0 < t1 < t2 < t3
     store = TabletStore(path, 1, sync=False, replicated=True)
-    assert (store.term, store.term_of(0)) == (1, 0)
+    assert (store.term, store.term_of(0)) == (t1, 0)
     store.commit(Commit(state={b"a": b"1"}))
     store.close()
     store = TabletStore(path, 1, sync=False, replicated=True)  # reopened under the same token
-    assert store.term == 2 and store.term_of(1) == 1 and store.term_of(2) == 2
+    assert store.term == t2 and store.term_of(1) == t1 and store.term_of(2) == t2
     store.close()
     store = TabletStore(path, 1, sync=False, replicated=True)  # an opening that committed nothing counts
-    assert store.term == 3 and store.term_of(1) == 1
+    assert store.term == t3 and store.term_of(1) == t1
     shipped: list[tuple[int, bytes]] = []
     store.ship = lambda index, ops: shipped.append((index, ops))
     ops = store.commit(Commit(state={b"a": b"2"}))
     assert shipped == [(2, ops)]
     store.close()
+
+
+def test_the_openings_of_two_primaries_never_share_a_term(tmp_path: Any) -> None:
+    """A zombie primary reopened under its old token and a follower promoted under the next
+    one both open above the same commit: their terms differ (the low bits name the token),
+    so neither's commit N is taken for the other's."""
+    base = os.path.join(str(tmp_path), "old")
+    old = TabletStore(base, 1, sync=False, replicated=True)
+    old.commit(Commit(state={b"a": b"1"}))
+    old.close()
+    shutil.copytree(base, os.path.join(str(tmp_path), "new"))  # the follower's copy of commit 1
+    zombie = TabletStore(base, 1, sync=False, replicated=True)
+    promoted = TabletStore(os.path.join(str(tmp_path), "new"), 2, sync=False, replicated=True)
+    assert zombie.term != promoted.term and zombie.term_of(1) == promoted.term_of(1)
+    assert promoted.term > promoted.term_of(1)
+    zombie.close()
+    promoted.close()
+
+
+def _demoted_and_successor(tmp_path: Any, extra: int) -> tuple[Replicas, TabletStore]:
+    """A primary (token 4) that made 3 commits and closed, its files demoted to a copy on a
+    worker whose routing now follows the tablet under token 5; and its successor, opened
+    under token 5 on a copy of its first 3 commits. ``extra``: commits the old primary
+    wrote after its successor's copy was taken (never acknowledged)."""
+    old_path = os.path.join(str(tmp_path), "old", "c", "0")
+    old = TabletStore(old_path, 4, sync=False, replicated=True)
+    for i in range(3):
+        old.commit(Commit(state={b"k%d" % i: b"v"}))
+    new_path = os.path.join(str(tmp_path), "new")
+    shutil.copytree(old_path, new_path)
+    for i in range(extra):
+        old.commit(Commit(state={b"unacknowledged%d" % i: b"x"}))
+    old.close()
+    reps = _replicas(os.path.join(str(tmp_path), "old"))
+    reps.demoted(KEY)
+    return reps, TabletStore(new_path, 5, sync=False, replicated=True)
+
+
+def test_a_demoted_primary_continues_as_its_successors_follower_without_a_snapshot(tmp_path: Any) -> None:
+    async def run() -> None:
+        reps, new = _demoted_and_successor(tmp_path, extra=0)
+        ops = new.commit(Commit(state={b"k9": b"w"}))
+        assert ops is not None
+        req = _req(5, pb.ReplicaEntry(index=new.index, ops=ops), term=new.term, prev_term=new.term_of(3))
+        ok = await reps.replicate(req)
+        assert ok.status == R.OK and (ok.index, ok.term) == (4, new.term)
+        await reps.close_all()
+        copy = ReplicaStore(os.path.join(str(tmp_path), "old", "c", "0"))
+        assert copy.db.get(state_key(b"k9")) == b"w" and copy.db.get(state_key(b"k0")) == b"v"
+        assert (copy.token, copy.index) == (5, 4)
+        copy.close()
+        new.close()
+    asyncio.run(run())
+
+
+def test_a_demoted_primary_with_a_commit_its_successor_lacks_takes_a_snapshot(tmp_path: Any) -> None:
+    async def run() -> None:
+        reps, new = _demoted_and_successor(tmp_path, extra=1)
+        ops = new.commit(Commit(state={b"k9": b"w"}))
+        assert ops is not None
+        req = _req(5, pb.ReplicaEntry(index=new.index, ops=ops), term=new.term, prev_term=new.term_of(3))
+        refused = await reps.replicate(req)
+        assert refused.status == R.NEED_SNAPSHOT and refused.index == 4
+        await reps.close_all()
+        new.close()
+    asyncio.run(run())
+
+
+def test_a_tablet_still_closing_here_as_primary_asks_its_successor_to_retry(tmp_path: Any) -> None:
+    async def run() -> None:
+        reps = _replicas(tmp_path, primary={KEY: 4})  # routed under token 5, closing under 4
+        busy = await reps.replicate(_req(5, _entry(1, b"k", b"v")))
+        assert busy.status == R.NOT_YET and "still open here as primary" in busy.detail
+    asyncio.run(run())
