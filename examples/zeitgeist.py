@@ -4,11 +4,13 @@
                                       |                    |
                                       +--> windows_sink    +--> alerts_sink   (Parquet)
 
-- :class:`WindowCounter`, keyed by query, counts the queries of each second of
-  event time in a one-second tumbling window (``runtime.windows``) and emits the
-  count at the end of the second, once the low watermark says no more records of
-  that second can come.
-- :class:`ModelCalculator`, keyed by query, keeps a model of the query's
+- The window stage is a :class:`~runtime.Dataflow` (:func:`window_counts`): keyed by
+  query, a ``window`` step counts the queries of each second of event time in a
+  one-second tumbling window and emits the count at the end of the second, once the
+  low watermark says no more records of that second can come; a ``process`` step
+  (:class:`WindowRow`, fused with it) writes it as a row with its query.
+- :class:`ModelCalculator`, a classic computation (the escape hatch: its own typed
+  state and timer), keyed by query, keeps a model of the query's
   expected traffic in state -- the median count of the previous
   :data:`HISTORY_SECONDS` seconds -- and, on an event-time timer that fires
   once every count of a second has arrived, classifies the second (see
@@ -29,8 +31,18 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from runtime import Computation, Context, Record, TimeDomain, Topology, ValueState, codecs
-from runtime.windows import Count, Tumbling, WindowedComputation
+from runtime import (
+    Computation,
+    Context,
+    Dataflow,
+    KeyedStream,
+    Record,
+    TimeDomain,
+    Topology,
+    ValueState,
+    codecs,
+)
+from runtime.windows import Count, Tumbling, WindowResult
 from spark_bridge import add_parquet_sink
 
 SECOND = 1_000_000
@@ -116,24 +128,22 @@ def reference_counts(records: Iterable[tuple[str, int]]) -> dict[str, dict[int, 
 # ----------------------------------------------------------------- computations
 
 
-class WindowCounter(WindowedComputation):
-    """Counts a query's records per second of event time; emits each count when its second closes.
+def window_counts(flow: Dataflow, stream: str, name: str) -> KeyedStream:
+    """The window stage, as a flow: each query's records per second of event time, counted in a
+    one-second tumbling window that fires once the low watermark passes the second's end,
+    then written as ``{"query", "second", "count"}`` (stamped at that end)."""
+    return (flow.input(stream, keyed=True)
+            .window(Tumbling(SECOND), Count(), name=f"{name}.window_counter")
+            .process(WindowRow, name=f"{name}.window_rows"))
 
-    A one-second tumbling window (``runtime.windows``): it fires once, when the low watermark
-    passes the second's end, with ``{"query", "second", "count"}`` stamped at that end.
-    """
 
-    windows = Tumbling(SECOND)
-    aggregator = Count()
+class WindowRow(Computation):
+    """A fired window as the row the model and the Parquet sink read: the query is the key."""
 
-    def setup(self, params: Mapping[str, str]) -> None:
-        super().setup(params)
-        self.output = params.get("windows", "windows")
-
-    def on_window(self, ctx: Context, start: int, end: int, acc: int) -> None:
-        query = ctx.key.decode("utf-8", "backslashreplace")
-        ctx.produce(self.output, json.dumps({"query": query, "second": second_of(start), "count": acc}).encode(),
-                    timestamp=self.fired_at(end))
+    def process_record(self, ctx: Context, record: Record) -> None:
+        w: WindowResult = record.value  # type: ignore[assignment]  # in a flow, values are objects
+        row = {"query": ctx.key.decode("utf-8", "backslashreplace"), "second": second_of(w.start), "count": w.value}
+        ctx.produce("windows", row)  # type: ignore[arg-type]
 
 
 class ModelCalculator(Computation):
@@ -238,10 +248,9 @@ def topology(output_dir: str, *, name: str = "zeitgeist", stream: str = "queries
     import os
 
     windows, alerts = f"{name}.windows", f"{name}.alerts"
-    topo = Topology(name)
-    topo.add_computation(f"{name}.window_counter", "examples.zeitgeist:WindowCounter",
-                         inputs={stream: None}, outputs=[windows], key_ranges=key_ranges,
-                         late_records="drop", params={"windows": windows})
+    flow = Dataflow(name, key_ranges=key_ranges)
+    window_counts(flow, stream, name).output(windows, codec=codecs.JSON)
+    topo = flow.topology()  # the flow's steps, then the classic model and the sinks on its output
     topo.add_computation(f"{name}.model", "examples.zeitgeist:ModelCalculator",
                          inputs={windows: None}, outputs=[alerts], key_ranges=key_ranges,
                          params={"alerts": alerts})

@@ -164,6 +164,9 @@ class Replicas:
             if copy is None or (copy.token != req.token and not _succeeds(copy, req)):
                 return _refuse(R.NEED_SNAPSHOT, "new primary", "no copy of this primary's commits here",
                                copy.index if copy else 0)
+            if copy.token != req.token:
+                log.info("follower copy of %s/%d (commit %d, token %d) continues under the primary of token %d",
+                         key[0], key[1], copy.index, copy.token, req.token)
             refused = _continues(copy, req)
             if refused is not None:
                 return refused

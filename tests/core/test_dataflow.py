@@ -10,10 +10,12 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from runtime import Dataflow, KeyedStream, Topology, codecs
 from runtime.client import check_not_main
 from runtime.errors import ImportPathError, MillstreamError, TopologyError, UsageError
+from runtime.flows import windowing
 from runtime.flows.values import VALUES
 from runtime.sinks import FileSink, read_file_sink
 from runtime.testing import TestRun
@@ -370,7 +372,7 @@ def test_a_stage_fed_a_record_of_a_stream_it_does_not_read_says_so() -> None:
         stage.process_record(None, Record(b"k", b"v", T0, b"", "c"))  # type: ignore[arg-type]
 
 
-def test_windows_of_thousands_of_keys_fire_in_one_pass_and_all_come_out() -> None:
+def test_windows_of_thousands_of_keys_all_come_out() -> None:
     """Regression: a batch firing many windows runs longer than TestRun's idle check looked,
     and run_until_idle returned with its results still in flight (it now waits for a batch
     running on a tablet's thread)."""
@@ -383,3 +385,30 @@ def test_windows_of_thousands_of_keys_fire_in_one_pass_and_all_come_out() -> Non
         run.run_until_idle()
         got = [(r.key, _j(r)[2]) for r in run.output("out")]
     assert len(got) == 1500 and {c for _, c in got} == {2}
+
+
+def test_a_second_boundary_over_thousands_of_keys_fires_in_slices_between_batches(monkeypatch: Any) -> None:
+    """Issue 30: a timer's firing stops after FIRE_SLICE_S (here: after one chunk) and sets
+    its timer again; the rest fires in the next batches. Every window still comes out once,
+    and a window downstream of them sees the whole count (the watermark waited for the last
+    slice)."""
+    monkeypatch.setattr(windowing, "FIRE_SLICE_S", 0.0)
+    flow = Dataflow("sliced", key_ranges=1)
+    counts = flow.input("ev", keyed=True).window(Tumbling(SECOND), Count(), name="sliced_counts")
+    counts.output("out", codec=codecs.JSON)
+    counts.key_by(j.one_key).window(Tumbling(SECOND), Count(), name="sliced_total").output("total", codec=codecs.JSON)
+    calls = _fire_calls("sliced_counts")
+    with TestRun(flow) as run:
+        for i in range(3000):
+            run.inject("ev", b"k%d" % (i % 1500), b"", T0 + i)
+        run.finish("ev")
+        run.run_until_idle()
+        got = Counter((r.key, _j(r)[2]) for r in run.output("out"))
+        totals = [_j(r)[2] for r in run.output("total")]
+    assert len(got) == 1500 and set(got.values()) == {1} and {c for _, c in got} == {2}
+    assert _fire_calls("sliced_counts") - calls == -(-1500 // windowing.FIRE_CHUNK)
+    assert totals == [1500]
+
+
+def _fire_calls(step: str) -> float:
+    return REGISTRY.get_sample_value("millstream_window_fire_seconds_count", {"step": step}) or 0.0
