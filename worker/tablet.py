@@ -14,6 +14,7 @@ reach stays queued for the next one.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import os
@@ -107,6 +108,7 @@ class Tablet:
         self.weak = route.productions == "weak"
         # a weak batch's wait: shipments unacknowledged, set when none is, where each went
         self._weak_wait: tuple[set[int], asyncio.Event, dict[int, list[Shipment]]] | None = None
+        self._restore_sink: Callable[[], None] | None = None  # a sink's restore, once its history won
         # Weak productions checkpointed by the commit being written, and those of them
         # acknowledged before it was: their checkpoints are deleted once it is written.
         self._unwritten: set[int] = set()
@@ -173,6 +175,17 @@ class Tablet:
         self._loop = asyncio.get_running_loop()
         if self._make_replicator is not None and self.replication > 1:
             self._start_replicator()  # its followers catch up from here
+        restore, self._restore_sink = self._restore_sink, None
+        if restore is not None:
+            try:
+                if self.replicator is not None and self.must_exist:
+                    await self._confirm_history()
+                await self.thread.run(restore)
+            except BaseException:
+                if self.replicator is not None:
+                    await self.replicator.close()
+                self._stop_thread()
+                raise
         self.open = True
         if pending:
             log.info("tablet %s re-sends %d checkpointed productions", self.name, len(pending))
@@ -226,7 +239,7 @@ class Tablet:
                         extra["token"] = self.token
                     if "absorbed" in accepts:
                         extra["absorbed"] = store.absorbed_sink_metas()
-                    restore(self.name, store.sink_meta(), **extra)
+                    self._restore_sink = functools.partial(restore, self.name, store.sink_meta(), **extra)
             self.proc = BatchProcessor(self, store, comp, marks, opaque)
             self.proc.ctx.bind_tablet(self.name, self.token)
             pending = store.productions()
@@ -312,6 +325,24 @@ class Tablet:
         self._wake.set()
         status = await fut
         return status, d.duplicates
+
+    async def _confirm_history(self) -> None:
+        """An empty commit, acknowledged by the in-sync set, before a sink claims its output.
+
+        A sink's restore cuts its output back to the length this copy committed. Until this
+        primary has a commit acknowledged, the copy it took over from may still be promoted
+        back, holding one commit more, whose output the cut would destroy (a fenced batch:
+        written there, acknowledged nowhere). Once this commit is acknowledged, every copy in
+        the in-sync set holds this copy's history (one that did not has been removed from
+        it), so the cut is this history's (docs/replication.md)."""
+        assert self.thread is not None and self.replicator is not None
+        ops = await self.thread.run(self.store.commit, Commit(seq=self.store.seq))
+        self._start_sending()
+        sending, self._sending = self._sending, None
+        if sending is None and ops is not None:
+            sending = self.replicator.send(self.store.index, ops)
+        if sending is not None:
+            await self.replicator.wait(sending)
 
     def follow(self, assignment: pb.Assignment) -> None:
         """The routing changed: tell the replicator; a tablet without one (replication=1)

@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
+from cli.demo import oracle, sample_lines
 from runtime.cluster import Process
+from runtime.sinks import read_file_sink
 from tests.e2e.wordcount_run import run_wordcount
 from tests.harness import Cluster, metric, wait_until
 
@@ -236,7 +238,7 @@ def test_idle_tablets_replicate_again_after_a_follower_restarts_on_its_disk(trio
 
 
 def test_a_primary_handed_to_its_only_in_sync_follower_stays_in_its_in_sync_set(tmp_path: Any) -> None:
-    """A rebalance hands a primary to its in-sync follower. The old primary's files continue
+    """A rebalance hands a primary to its in-sync follower between batches. The old primary's files continue
     as the new primary's follower copy (worker/replica.py): it never leaves the in-sync set
     and takes no snapshot, so the tablet keeps two copies through the handover. (It used to
     be dropped at the new primary's first commit and fed a snapshot, leaving one in-sync
@@ -244,7 +246,15 @@ def test_a_primary_handed_to_its_only_in_sync_follower_stays_in_its_in_sync_set(
     with Cluster(str(tmp_path), workers=2).running() as c:
         moved: dict[str, Any] = {}
 
+        out = os.path.join(c.data_dir, "out-handover")
+        done = sum(oracle(sample_lines(4000, seed=11)[:2001]).values())  # what midway has sent
+
         def hand_over() -> None:
+            # Once what was sent is counted, the tablet is between batches: the old primary
+            # holds no commit the follower lacks. (A move in the middle of a batch fences
+            # it: its commit is written there and acknowledged nowhere, and that copy takes
+            # a snapshot, as it must: the chaos suite covers that.)
+            wait_until(lambda: len(list(read_file_sink(out))) >= done, 60, "the first half to be counted")
             wait_until(lambda: _healthy(c), 30, "every tablet to have an in-sync follower")
             t = next(t for t in _tablets(c) if t["computation"] == "counter")
             new = next(w for w in c.workers if _worker_id(c, w) == t["followers"][0])
