@@ -67,27 +67,35 @@ class DueIndex:
             entries = self.due.get(time) or {}
             room = None if limit is None else limit - len(out)
             if room is None or len(entries) <= room:
-                heapq.heappop(heap)
-                self.due.pop(time, None)
-                self.timed.discard(time)
+                self._pop_first()
                 taken = entries
             else:
                 taken = dict.fromkeys(itertools.islice(entries, room))
                 for k in taken:
                     del entries[k]
-            self._undo.append(("took", (time, taken)))
+                self._undo.append(("took", (time, taken)))
             for k in taken:
                 del where[k]
             out += sorted((time, k, s) for k, s in taken)
         return out
 
     def pending(self, upto: int) -> tuple[bytes, int] | None:
-        """A (key, due time) still due by ``upto``, or None."""
-        for time in self._heap:  # one entry per due time: few
-            entries = self.due.get(time) if time <= upto else None
+        """A (key, due time) still due by ``upto``, or None. (Due times whose entries all went
+        elsewhere are dropped on the way: O(log n) each, never a scan of every due time.)"""
+        heap = self._heap
+        while heap and heap[0] <= upto:
+            entries = self.due.get(heap[0])
             if entries:
-                return next(iter(entries))[0], time
+                return next(iter(entries))[0], heap[0]
+            self._pop_first()
         return None
+
+    def _pop_first(self) -> None:
+        """Take the earliest due time out, with what is left of it, undoably."""
+        time = heapq.heappop(self._heap)
+        entries = self.due.pop(time, None)
+        self.timed.discard(time)
+        self._undo.append(("took", (time, entries or {})))
 
     def commit(self) -> None:
         self._undo.clear()
