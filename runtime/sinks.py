@@ -83,9 +83,10 @@ class Sink(Computation):
     def restore(self, tablet: str, meta: bytes | None, token: int, absorbed: Sequence[bytes]) -> None:
         """The tablet opened under ``token``; ``meta`` is the last committed one (see the class).
 
-        On a replicated tablet taken over from another copy, called only once an empty commit
-        of this copy has been acknowledged by the in-sync set: no copy with a different last
-        commit (and output) can be promoted back after this cuts the output."""
+        On a replicated tablet taken over from another copy, called only once every in-sync
+        copy holds this copy's last commit (one that does not has been removed from the set):
+        no copy with a different last commit (and output) can be promoted back after this
+        cuts the output."""
 
     def prepare_commit(self) -> bytes | None:
         """Make the batch's output durable; returns the meta to commit with it, or ``None``."""

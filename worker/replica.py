@@ -161,6 +161,9 @@ class Replicas:
             copy = self.copies.get(key)
             if copy is None and key in self._demoted:
                 copy = await self._adopt(key)
+            if copy is not None and copy.token != req.token and not req.entries:
+                # A new primary asks which commit is here (Replicator.confirm): say, change nothing.
+                return pb.ReplicateResponse(status=R.OK, index=copy.index, term=copy.term)
             if copy is None or (copy.token != req.token and not _succeeds(copy, req)):
                 return _refuse(R.NEED_SNAPSHOT, "new primary", "no copy of this primary's commits here",
                                copy.index if copy else 0)

@@ -388,6 +388,34 @@ class Replicator:
                         f"and the lease ran out ({e})") from None
                 await asyncio.sleep(0.1)
 
+    async def confirm(self) -> None:
+        """Return once every follower this primary must wait for holds its last commit, or has
+        been removed from the in-sync set through the leader; commits nothing.
+
+        Each is asked which commit it holds (an empty Replicate, which changes nothing there;
+        a copy built under an older token answers too, worker/replica.py). Before this, a copy
+        with a commit this one lacks may still be promoted back; after it, none can. A sink
+        calls this before it cuts its output back to its commit (worker/tablet.py)."""
+        store = self.tablet.store
+        want = (store.index, store.term_of(store.index))
+        for w in sorted(self.required()):
+            link = self.links.get(w)
+            deadline = time.monotonic() + self.timeout_s
+            while link is not None:
+                resp = None if self.blocked(link.address) else await self.channel.replicate(link.address,
+                                                                                            link._request())
+                if resp is not None and resp.status == R.STALE_TOKEN:
+                    self.stale = True
+                    raise ReplicationError(f"tablet {self.tablet.name}: follower {w} has seen a newer primary")
+                if resp is not None and resp.status == R.OK and (resp.index, resp.term) == want:
+                    break
+                if (resp is not None and resp.status not in (R.NOT_YET, R.WRONG_WORKER)) or time.monotonic() > deadline:
+                    link = None  # another commit there, or silent too long
+                else:
+                    await asyncio.sleep(0.05)  # its routing lags, or it is still closing as primary: ask again
+            else:
+                await self._shrink(w)
+
     async def caught_up(self, link: _Link) -> None:
         """``link``'s follower acknowledged every commit: await it from now on, and ask the
         leader to add it to the in-sync set (added first on our side: if the answer is lost,

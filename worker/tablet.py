@@ -327,22 +327,16 @@ class Tablet:
         return status, d.duplicates
 
     async def _confirm_history(self) -> None:
-        """An empty commit, acknowledged by the in-sync set, before a sink claims its output.
+        """Before a sink claims its output: every in-sync copy holds this copy's last commit.
 
-        A sink's restore cuts its output back to the length this copy committed. Until this
-        primary has a commit acknowledged, the copy it took over from may still be promoted
-        back, holding one commit more, whose output the cut would destroy (a fenced batch:
-        written there, acknowledged nowhere). Once this commit is acknowledged, every copy in
-        the in-sync set holds this copy's history (one that did not has been removed from
-        it), so the cut is this history's (docs/replication.md)."""
-        assert self.thread is not None and self.replicator is not None
-        ops = await self.thread.run(self.store.commit, Commit(seq=self.store.seq))
-        self._start_sending()
-        sending, self._sending = self._sending, None
-        if sending is None and ops is not None:
-            sending = self.replicator.send(self.store.index, ops)
-        if sending is not None:
-            await self.replicator.wait(sending)
+        A sink's restore cuts its output back to the length this copy committed. Until then
+        the copy this primary took over from may still be promoted back holding one commit
+        more (a fenced batch: written there, acknowledged nowhere), whose output the cut would
+        destroy. So each in-sync follower is asked which commit it holds, and one that holds
+        another is removed from the in-sync set first (Replicator.confirm; no commit is made,
+        so a savepoint's cut sees the tablet at rest; docs/replication.md)."""
+        assert self.replicator is not None
+        await self.replicator.confirm()
 
     def follow(self, assignment: pb.Assignment) -> None:
         """The routing changed: tell the replicator; a tablet without one (replication=1)

@@ -258,6 +258,8 @@ def _demoted_and_successor(tmp_path: Any, extra: int) -> tuple[Replicas, TabletS
 def test_a_demoted_primary_continues_as_its_successors_follower_without_a_snapshot(tmp_path: Any) -> None:
     async def run() -> None:
         reps, new = _demoted_and_successor(tmp_path, extra=0)
+        asked = await reps.replicate(_req(5, term=new.term))  # which commit is here? (changes nothing)
+        assert asked.status == R.OK and (asked.index, asked.term) == (3, new.term_of(3))
         ops = new.commit(Commit(state={b"k9": b"w"}))
         assert ops is not None
         req = _req(5, pb.ReplicaEntry(index=new.index, ops=ops), term=new.term, prev_term=new.term_of(3))
@@ -275,6 +277,8 @@ def test_a_demoted_primary_continues_as_its_successors_follower_without_a_snapsh
 def test_a_demoted_primary_with_a_commit_its_successor_lacks_takes_a_snapshot(tmp_path: Any) -> None:
     async def run() -> None:
         reps, new = _demoted_and_successor(tmp_path, extra=1)
+        asked = await reps.replicate(_req(5, term=new.term))
+        assert asked.status == R.OK and asked.index == 4  # not the successor's last commit (3)
         ops = new.commit(Commit(state={b"k9": b"w"}))
         assert ops is not None
         req = _req(5, pb.ReplicaEntry(index=new.index, ops=ops), term=new.term, prev_term=new.term_of(3))
