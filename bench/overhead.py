@@ -229,10 +229,12 @@ def rounds_in_flight(records: int, delay_ms: float, repeats: int = 2) -> dict[st
     return out
 
 
-def record_path(batches: list[int], records: int = 10_000) -> dict[str, Any]:
+def record_path(batches: list[int], records: int = 10_000, flow_steps: int = 0) -> dict[str, Any]:
+    """CPU per record of W1's stage and its sink in one process (bench/profile.py), by batch
+    size; with ``flow_steps``, the stage is a flow of that many fused ``process`` steps."""
     import uvloop
 
-    from bench.profile import _drive
+    from bench.profile import _drive, flow_routing
 
     wall: dict[str, float] = {}
     cpu: dict[str, float] = {}
@@ -240,12 +242,13 @@ def record_path(batches: list[int], records: int = 10_000) -> dict[str, Any]:
         for batch in batches:
             path = os.path.join(tmp, f"b{batch}")
             started = time.process_time()
-            wall[str(batch)] = round(uvloop.run(_drive(path, records, batch, None)), 1)
+            routing = flow_routing(flow_steps) if flow_steps else None
+            wall[str(batch)] = round(uvloop.run(_drive(path, records, batch, None, routing=routing)), 1)
             # CPU of every thread of this process (the fsyncs' waits are not in it): the
             # figure to compare on a machine whose disk latency moves from run to run.
             cpu[str(batch)] = round((time.process_time() - started) / records * 1e6, 1)
             shutil.rmtree(path, ignore_errors=True)
-    return {"us_per_record": wall, "cpu_us_per_record": cpu, "loadavg": os.getloadavg()}
+    return {"us_per_record": wall, "cpu_us_per_record": cpu, "flow_steps": flow_steps, "loadavg": os.getloadavg()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=int, default=None,
                    help="inflight: records per injection (default 50,000); recordpath: records (default 10,000)")
     p.add_argument("--delay-ms", type=float, default=5.0, help="inflight: the injector's round trip to add")
+    p.add_argument("--flow-steps", type=int, default=0,
+                   help="recordpath: W1's stage as a flow of this many fused process steps (default: classic)")
     args = p.parse_args(argv)
     if args.what == "_serve":
         _serve()
@@ -263,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "fsync":
         print(json.dumps(fsync_cost()))
     elif args.what == "recordpath":
-        print(json.dumps(record_path(args.rates or [100], args.records or 10_000)))
+        print(json.dumps(record_path(args.rates or [100], args.records or 10_000, args.flow_steps)))
     elif args.what == "inflight":
         print(json.dumps(rounds_in_flight(args.records or 50_000, args.delay_ms)))
     else:

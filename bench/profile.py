@@ -43,7 +43,7 @@ class _Host:
     def __init__(self, routing: pb.Routing) -> None:
         self.routing = RoutingTable(routing)
         self.limits = _LIMITS
-        self.code_policy = CodePolicy(("bench",))
+        self.code_policy = CodePolicy(("bench", "runtime"))  # runtime: a flow's stage
         self.watermarks_known = True
         self.encoded_bytes = 0
         self._ack_productions: bool | None = None
@@ -98,15 +98,33 @@ def _routing() -> pb.Routing:
     return r
 
 
+def flow_routing(steps: int) -> pb.Routing:
+    """:func:`_routing` with W1's stage written as a flow (bench/flows.py): ``steps``
+    ChainedCounter ``process`` steps fused into one computation, then the sink."""
+    from bench.flows import w1_flow_topology
+
+    spec = w1_flow_topology("p", steps, "unused", 1).computations["count1"]
+    r = _routing()
+    stage, sink = r.computations
+    stage.code = spec.code
+    stage.params.clear()
+    stage.params.update(spec.params)
+    del stage.outputs[:]
+    stage.outputs.extend(spec.outputs)
+    del sink.inputs[:]
+    sink.inputs.add(stream=spec.outputs[0], key_extractor="")
+    return r
+
+
 # Where a thread of the record path blocks for the other: time, not work.
 _BLOCKING = ("<method 'acquire' of '_thread.lock' objects>", "<method 'get' of '_queue.SimpleQueue' objects>")
 
 
 async def _drive(path: str, records: int, batch: int, prof: cProfile.Profile | None,
-                 thread_prof: cProfile.Profile | None = None) -> float:
+                 thread_prof: cProfile.Profile | None = None, routing: pb.Routing | None = None) -> float:
     from worker.tablet import Tablet
 
-    routing = _routing()
+    routing = routing or _routing()
     host = _Host(routing)
     tablet = Tablet(host, routing.computations[0], 0, 1, path)  # type: ignore[arg-type]
     await tablet.start()

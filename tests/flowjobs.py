@@ -81,6 +81,21 @@ class RawCounter(Computation):
         ctx.produce("n", n)
 
 
+class RawState(Computation):
+    """Keeps whatever the record says in ``ctx.state``: ``b"clear"`` clears it, ``b"int"``
+    stores an int (refused), anything else is stored as a bytearray; passes on what it held."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        held = ctx.state.get()
+        if record.value == b"clear":
+            ctx.state.clear()
+        elif record.value == b"int":
+            ctx.state.set(7)  # type: ignore[arg-type]
+        else:
+            ctx.state.set(bytearray(record.value))
+        ctx.produce("held", None if held is None else held.decode())
+
+
 class Rekeys(Computation):
     def process_record(self, ctx: Context, record: Record) -> None:
         ctx.produce("x", record.value, key=b"another")

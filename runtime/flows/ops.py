@@ -158,22 +158,31 @@ class Reduce(Op):
 # ------------------------------------------------------------------------ process
 
 class _StepState(State):
-    """``ctx.state`` of a computation run as a flow step: bytes in a state of its own."""
+    """``ctx.state`` of a computation run as a flow step: bytes in a state of its own (the
+    cells of ``ValueState("flow/<step>/state")``, read and written straight, without a typed
+    handle per call: the state never expires and its codec is the identity)."""
 
     def __init__(self, step: StepContext) -> None:
         self._step = step
+        self._name = step.op.raw.name
+
+    def _cell(self) -> bytes:
+        return cell(self._step.ctx.key, self._name) + VALUE
 
     def get(self) -> bytes | None:
-        value: bytes | None = self._step.state_of(self._step.op.raw).get()
-        return value
+        stored = self._step.ctx.cell_get(self._cell())  # type: ignore[attr-defined]
+        return None if stored is None else payload(stored)
 
     def set(self, value: bytes) -> None:
-        if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise UsageError(f"state must be bytes, not {type(value).__name__}; encode it first (or use ValueState)")
-        self._step.state_of(self._step.op.raw).set(bytes(value))
+        if type(value) is not bytes:
+            if not isinstance(value, (bytearray, memoryview)):
+                raise UsageError(f"state must be bytes, not {type(value).__name__}; encode it first "
+                                 "(or use ValueState)")
+            value = bytes(value)
+        self._step.ctx.cell_put(self._cell(), kept(value))  # type: ignore[attr-defined]
 
     def clear(self) -> None:
-        self._step.state_of(self._step.op.raw).clear()
+        self._step.ctx.cell_delete(self._cell())  # type: ignore[attr-defined]
 
 
 class StepContext(Context):
@@ -236,8 +245,8 @@ class Process(Op):
         super().__init__(name)
         self.comp = comp
         self.out: list[Item] = []
-        self.step_ctx = StepContext(self)
         self.raw = ValueState(f"{self.state_name}/state", _RAW)
+        self.step_ctx = StepContext(self)
         self._renamed: dict[int, Any] = {}
 
     def renamed(self, spec: Any) -> Any:

@@ -304,6 +304,41 @@ def test_a_process_step_keeps_its_own_state_and_timers_inside_a_fused_stage() ->
     assert [u["at"] - T0 for u in ups if "timer" in u] == [4 * SECOND + 1]
 
 
+def test_fused_process_steps_each_keep_their_own_bytes_state_through_a_restart() -> None:
+    """Two RawCounter steps in one stage: each counts 1..n per key in its own ``ctx.state``
+    (shared state would make the second count twice as fast), and a restart keeps both."""
+    flow = Dataflow("raw")
+    flow.input("ev", keyed=True).process(j.RawCounter, name="first").map(j.to_list) \
+        .process(j.RawCounter, name="second").output("n", codec=codecs.INT)
+    assert list(flow.topology().computations) == ["first"]
+    keys = [b"a", b"b", b"a", b"c", b"a", b"b"] * 5
+    with TestRun(flow) as run:
+        for i, k in enumerate(keys):
+            run.inject("ev", k, b"x", T0 + i)
+            if i == 13:
+                run.run_until_idle()
+                run.restart("first")
+        run.run_until_idle()
+        got: dict[bytes, list[int]] = defaultdict(list)
+        for r in run.output("n"):
+            got[r.key].append(int(r.value))
+    assert got == {k: list(range(1, n + 1)) for k, n in Counter(keys).items()}
+
+
+def test_a_process_steps_bytes_state_takes_bytes_like_values_and_refuses_others() -> None:
+    flow = Dataflow("raw")
+    flow.input("ev", keyed=True).process(j.RawState, name="keep").output("held", codec=codecs.JSON)
+    with TestRun(flow) as run:
+        for i, v in enumerate([b"one", b"two", b"int", b"clear", b"three"]):
+            run.inject("ev", b"k", v, T0 + i)
+            run.run_until_idle()
+        held = [_j(r) for r in run.output("held")]
+        [letter] = run.output("keep.dead_letter")
+    assert "state must be bytes, not int" in _j(letter)["error"]
+    # "int" was dead-lettered whole, so its state write never happened.
+    assert held == [None, "one", "two", None]
+
+
 def test_a_process_step_may_not_move_records_to_another_key() -> None:
     flow = Dataflow("p")
     flow.input("ev", keyed=True).process(j.Rekeys).output("x")
