@@ -57,10 +57,10 @@ def flow_routing(sink_dir: str) -> tuple[pb.Routing, str, str]:
     r = pb.Routing(version=1)
     for spec in topo.computations.values():
         c = r.computations.add(name=spec.name, topology="w2", code=spec.code, outputs=spec.outputs,
-                               key_ranges=1, exactly_once=True, productions="strong")
+                               key_ranges=1, exactly_once=True, productions="strong",
+                               options=pb.EngineOptions(fsync=not spec.name.endswith(".sink"),
+                                                        dedup_retention_s=600, replication=1))
         c.params.update(spec.params)
-        if spec.name.endswith(".sink"):
-            c.params["millstream.fsync"] = "0"
         for stream, ex in spec.inputs.items():
             c.inputs.add(stream=stream, key_extractor=ex or "")
         c.assignments.add(key_range=0, worker_id="w", address="local", token=1)

@@ -32,7 +32,7 @@ from worker.context import _UNSAVED, Effects, KeyContext
 from worker.dedup import SEQUENCED_ID_PREFIX, Mark, MarkView, OpaqueIds, ascending, first_new
 from worker.inbox import Delivery
 from worker.outgoing import Outgoing
-from worker.storage import Commit, TabletStore, Timer
+from worker.storage import Commit, TabletStore, Timer, state_key
 
 if TYPE_CHECKING:
     from worker.tablet import Tablet
@@ -551,7 +551,7 @@ class BatchProcessor:
             return c.cells[skey]
         if c.cleared and skey.startswith(tuple(c.cleared)):
             return None
-        return self.store.get_cell(skey)
+        return self.store.cache.get(skey)
 
     def scan_cells(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         c = self._commit
@@ -561,7 +561,7 @@ class BatchProcessor:
         return merged(self.store.scan(prefix), pending, [p for p in c.cleared if p.startswith(prefix)])
 
     def read_state(self, key: bytes) -> bytes | None:
-        return self.store.get_state(key)
+        return self.store.cache.get(state_key(key))
 
     def _run_user(self, commit: Commit, key: bytes, ts: int, value: bytes, source_id: bytes,
                   fn: Callable[[KeyContext, _T], None], arg: _T,

@@ -50,6 +50,7 @@ from runtime.errors import MillstreamError, StaleTokenError
 from runtime.keyspace import from_wire_end, hash_prefix, wire_end
 from runtime.wire import millstream_pb2 as pb
 from worker.dedup import Lower, Mark
+from worker.readcache import ReadCache
 
 MEMTABLE_BYTES = 16 << 20           # one tablet's memtable before it is flushed
 WORKER_MEMTABLE_BYTES = 128 << 20   # all the tablets of one worker process together
@@ -356,6 +357,8 @@ class TabletStore:
         # Called on the tablet's thread with (index, writes) of each replicated commit
         # before it is written here, so its followers get it while it is (worker/tablet.py).
         self.ship: Callable[[int, bytes], None] | None = None
+        # Committed state and cells, for the tablet's thread only (worker/readcache.py).
+        self.cache = ReadCache(self.db.get)
         wb = WriteBatch(raw_mode=True)
         wb.put(M_TOKEN, str(token).encode())
         wb.put(M_OPENED, str(self.term).encode())
@@ -506,7 +509,10 @@ class TabletStore:
             write_durably(self.db, wb.wb, self.sync)
         except BaseException:
             c.status = CommitState.FAILED
+            self.cache.forget()
             raise
+        self.cache.committed([(state_key(k), v) for k, v in c.state.items()], bool(c.cleared))
+        self.cache.committed(c.cells)
         self.index += 1
         if c.seq is not None:
             self.seq = c.seq

@@ -397,3 +397,44 @@ def test_a_synced_commit_lets_other_threads_run_during_its_fsync(db_path: str) -
         assert reopened.get_state(b"k99") == b"v" * 100
     finally:
         reopened.close()
+
+
+_CELLS = [b"Y" + bytes([i]) * 9 + bytes([j]) for i in range(3) for j in range(3)]
+_STATE = [b"k%d" % i for i in range(4)]
+_write = st.one_of(st.none(), st.binary(min_size=0, max_size=3))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([3, 8, 1 << 14]), st.lists(st.tuples(
+    st.dictionaries(st.sampled_from(_STATE), _write, max_size=3),
+    st.dictionaries(st.sampled_from(_CELLS), _write, max_size=4),
+    st.lists(st.sampled_from([c[:10] for c in _CELLS]), max_size=1),
+    st.booleans(),  # the commit fails (its sequence moves backwards)
+    st.lists(st.sampled_from(_CELLS + [b"S" + k for k in _STATE]), max_size=4),  # read between commits
+), max_size=12))
+def test_the_read_cache_always_holds_what_is_committed(entries: int, batches: list) -> None:  # type: ignore[type-arg]
+    """What the tablet thread's read cache holds (worker/readcache.py) equals RocksDB after
+    every commit: puts, deletes, cleared prefixes, a failed commit, a cache that starts over."""
+    from worker.readcache import ReadCache
+    from worker.storage import state_key
+
+    with tempfile.TemporaryDirectory() as d:
+        store = TabletStore(os.path.join(d, "t"), 1, sync=False)
+        store.cache = ReadCache(store.db.get, entries=entries)
+        every = [state_key(k) for k in _STATE] + _CELLS
+        try:
+            for state, cells, cleared, fails, reads in batches:
+                for skey in reads:
+                    store.cache.get(state_key(skey[1:]) if skey.startswith(b"S") else skey)
+                c = Commit(state=dict(state), cells=dict(cells), cleared=list(cleared),
+                           seq=store.seq - 1 if fails and store.seq > 0 else store.seq + 1)
+                if fails and store.seq > 0:
+                    with pytest.raises(AssertionError):
+                        store.commit(c)
+                else:
+                    store.commit(c)
+                held = dict(store.cache._values)
+                assert held == {k: store.db.get(k) for k in held}
+            assert {k: store.cache.get(k) for k in every} == {k: store.db.get(k) for k in every}
+        finally:
+            store.close()
