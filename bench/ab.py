@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from bench.ab_figures import FIGURES
+from bench.ab_figures import DEFAULT_FIGURES, FIGURES
 
 DRIVERS = ("bench/ab_figures.py", "bench/profile.py", "bench/overhead.py", "bench/cpu.py")
 ROUNDS = 3
@@ -55,6 +55,9 @@ TITLES = {
     "w1-3stages": "W1, three stages, 10,000 rec/s, replication 2 (eo-3-stages)",
     "w2": "W2 throughput, every window exact",
     "nexmark-q0": "Nexmark q0",
+    "recordpath-flow3": "in-process record path, W1's stage as a flow of three fused process steps, batches of 1,000",
+    "w1-flow-1stage": "W1 on a flow, one process step, 10,000 rec/s, replication 2 (flow-1-stage)",
+    "w1-flow-3stages": "W1 on a flow, three fused process steps, 10,000 rec/s, replication 2 (flow-3-stages)",
 }
 METRICS: dict[str, tuple[Metric, ...]] = {
     "recordpath": (Metric("cpu_us_per_record", "CPU µs per record", "lower"),
@@ -63,6 +66,10 @@ METRICS: dict[str, tuple[Metric, ...]] = {
     "w1-3stages": (Metric("p50_ms", "p50 ms", "lower"),),
     "w2": (Metric("records_per_s", "rec/s", "higher"),),
     "nexmark-q0": (Metric("events_per_cpu_s", "events per CPU-second", "higher"),),
+    "recordpath-flow3": (Metric("cpu_us_per_record", "CPU µs per record", "lower"),
+                         Metric("calls_per_record", "calls per record", "lower")),
+    "w1-flow-1stage": (Metric("p50_ms", "p50 ms", "lower"), Metric("p99_ms", "p99 ms", "lower")),
+    "w1-flow-3stages": (Metric("p50_ms", "p50 ms", "lower"), Metric("p99_ms", "p99 ms", "lower")),
 }
 assert set(METRICS) == set(TITLES) == set(FIGURES)
 
@@ -138,7 +145,7 @@ def summarise(figure: str, runs: Sequence[dict[str, Any]]) -> list[dict[str, Any
 
 
 def run(repo: str, against: str, *, rounds: int = ROUNDS, quick: bool = False,
-        figures: Sequence[str] = FIGURES, progress: Progress = print) -> dict[str, Any]:
+        figures: Sequence[str] = DEFAULT_FIGURES, progress: Progress = print) -> dict[str, Any]:
     """The A/B of ``figures`` between ``repo`` as it is and ``against``; never raises for a
     missing commit or a failed run (the report says so)."""
     out: dict[str, Any] = {"against": against, "rounds": rounds, "quick": quick, "figures": []}

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib.util
 import inspect
 import json
 import os
@@ -37,24 +38,30 @@ import tempfile
 from typing import Any
 
 PACKAGES = ("bench", "cli", "examples", "injectors", "master", "runtime", "spark_bridge", "worker")
-FIGURES = ("recordpath", "w1-1stage", "w1-3stages", "w2", "nexmark-q0")
+DEFAULT_FIGURES = ("recordpath", "w1-1stage", "w1-3stages", "w2", "nexmark-q0")
+# On flows (issue 30): only against a commit that has runtime.flows (from c81c71b on), chosen
+# with --ab-figures; a tree without flows yields no values and says so.
+FLOW_FIGURES = ("recordpath-flow3", "w1-flow-1stage", "w1-flow-3stages")
+FIGURES = DEFAULT_FIGURES + FLOW_FIGURES
 RECORDPATH_BATCH = 1_000  # `python -m bench.overhead recordpath 1000`
 W1_RATE = 10_000
 
 
-def _recordpath(quick: bool) -> tuple[dict[str, float], bool | None]:
+def _recordpath(quick: bool, flow_steps: int = 0) -> tuple[dict[str, float], bool | None]:
     """CPU µs per record (as ``bench.overhead recordpath 1000``), then the interpreter-level
-    calls per record of both threads under cProfile (as the performance study's callcount.py)."""
+    calls per record of both threads under cProfile (as the performance study's callcount.py).
+    With ``flow_steps``, W1's stage is a flow of that many fused ``process`` steps."""
     import uvloop
 
     from bench.overhead import record_path
-    from bench.profile import _drive
+    from bench.profile import _drive, flow_routing
 
     records = 2_000 if quick else 10_000
-    cpu = record_path([RECORDPATH_BATCH], records)["cpu_us_per_record"][str(RECORDPATH_BATCH)]
+    cpu = record_path([RECORDPATH_BATCH], records, flow_steps)["cpu_us_per_record"][str(RECORDPATH_BATCH)]
+    routing = flow_routing(flow_steps) if flow_steps else None
     with tempfile.TemporaryDirectory(prefix="millstream-ab-calls-") as tmp:
         prof, thread_prof = cProfile.Profile(), cProfile.Profile()
-        uvloop.run(_drive(os.path.join(tmp, "t"), records, RECORDPATH_BATCH, prof, thread_prof))
+        uvloop.run(_drive(os.path.join(tmp, "t"), records, RECORDPATH_BATCH, prof, thread_prof, routing=routing))
     stats = pstats.Stats(prof)
     stats.add(thread_prof)
     calls = sum(v[1] for v in stats.stats.values())  # type: ignore[attr-defined]
@@ -118,8 +125,17 @@ def measure(figure: str, quick: bool) -> dict[str, Any]:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
     root = tempfile.mkdtemp(prefix="millstream-ab-run-")
     try:
+        if figure in FLOW_FIGURES and importlib.util.find_spec("runtime.flows") is None:
+            return {"figure": figure, "values": {}, "exact": None, "error": "this tree has no runtime.flows",
+                    "runtime": os.path.dirname(os.path.abspath(runtime.__file__)), "foreign": _foreign(here)}
         if figure == "recordpath":
             values, exact = _recordpath(quick)
+        elif figure == "recordpath-flow3":
+            values, exact = _recordpath(quick, flow_steps=3)
+        elif figure == "w1-flow-1stage":
+            values, exact = _w1(root, quick, "flow-1-stage")
+        elif figure == "w1-flow-3stages":
+            values, exact = _w1(root, quick, "flow-3-stages")
         elif figure == "w1-1stage":
             values, exact = _w1(root, quick, "eo-strong-fsync")
         elif figure == "w1-3stages":

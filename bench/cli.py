@@ -47,7 +47,7 @@ def _selected(only: str | None) -> list[str]:
 def _ab_plan(args: argparse.Namespace) -> tuple[str, int, list[str]] | None:
     """(commit, rounds, figures) of the A/B that ``--against`` asks for, or None."""
     from bench.ab import ROUNDS
-    from bench.ab_figures import FIGURES
+    from bench.ab_figures import DEFAULT_FIGURES, FIGURES
     from runtime.errors import ConfigError
 
     against = getattr(args, "against", None)
@@ -56,7 +56,7 @@ def _ab_plan(args: argparse.Namespace) -> tuple[str, int, list[str]] | None:
         if "ab" in [n.strip() for n in only.split(",")]:
             raise ConfigError("--only ab: the A/B needs a commit to compare with; add --against COMMIT")
         return None
-    figures = [f.strip() for f in (getattr(args, "ab_figures", None) or ",".join(FIGURES)).split(",") if f.strip()]
+    figures = [f.strip() for f in (getattr(args, "ab_figures", None) or ",".join(DEFAULT_FIGURES)).split(",") if f.strip()]
     bad = [f for f in figures if f not in FIGURES]
     if bad:
         raise ConfigError(f"--ab-figures {','.join(bad)}: unknown figure; choose from {', '.join(FIGURES)}")

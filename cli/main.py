@@ -224,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rounds of the A/B: each runs every figure on both sides (default 3)")
     b.add_argument("--ab-figures", default=None, metavar="LIST",
                    help="comma-separated A/B figures: recordpath, w1-1stage, w1-3stages, w2, nexmark-q0 "
-                        "(default: all)")
+                        "(the default), and on flows, against a commit that has them: recordpath-flow3, "
+                        "w1-flow-1stage, w1-flow-3stages")
 
     d = sub.add_parser("demo", help="run the main example end to end on an embedded cluster")
     d.add_argument("--data-dir", default=None)

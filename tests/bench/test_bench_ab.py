@@ -98,3 +98,17 @@ def test_the_driver_drops_editable_finders_and_names_foreign_modules(monkeypatch
 
 def test_a_run_past_its_time_is_an_error_not_a_hang() -> None:
     assert ab.run_once(ROOT, "recordpath", True, timeout_s=0.05) == {"error": "no result within 0.05 s"}
+
+
+@pytest.mark.timeout(180)
+def test_a_flow_figure_against_a_tree_without_flows_says_so_and_runs_this_side(tmp_path: object) -> None:
+    if ab.resolve(ROOT, BASELINE) is None:
+        pytest.skip(f"this checkout has no {BASELINE} (a shallow clone)")
+    out = os.path.join(str(tmp_path), "results")
+    assert run_bench(_ab_args(out, BASELINE, ab_figures="recordpath-flow3")) == 0
+    report, _ = _report(out)
+    [fig] = report["ab"]["figures"]  # type: ignore[index]
+    baseline, current = fig["runs"]
+    assert baseline["error"] == "this tree has no runtime.flows" and baseline["values"] == {}
+    assert "error" not in current and current["values"]["cpu_us_per_record"] > 0
+    assert current["values"]["calls_per_record"] > 0
