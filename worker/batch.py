@@ -79,6 +79,9 @@ class BatchProcessor:
         self.calls = tablet.calls
         self.metrics = tablet.metrics
         self.store = store
+        # Committed state and cells this thread read or wrote lately (worker/readcache.py):
+        # a hit is a subscript, no call; a miss reads RocksDB through the cache.
+        self._cached, self._read = store.cache.values, store.cache.get
         self.comp = comp
         self.sink = is_sink(comp, tablet.route.code)
         # A computation that takes a batch of records in one call (a Dataflow's stage): not for
@@ -551,7 +554,10 @@ class BatchProcessor:
             return c.cells[skey]
         if c.cleared and skey.startswith(tuple(c.cleared)):
             return None
-        return self.store.cache.get(skey)
+        try:
+            return self._cached[skey]
+        except KeyError:
+            return self._read(skey)
 
     def scan_cells(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         c = self._commit
@@ -561,7 +567,11 @@ class BatchProcessor:
         return merged(self.store.scan(prefix), pending, [p for p in c.cleared if p.startswith(prefix)])
 
     def read_state(self, key: bytes) -> bytes | None:
-        return self.store.cache.get(state_key(key))
+        skey = state_key(key)
+        try:
+            return self._cached[skey]
+        except KeyError:
+            return self._read(skey)
 
     def _run_user(self, commit: Commit, key: bytes, ts: int, value: bytes, source_id: bytes,
                   fn: Callable[[KeyContext, _T], None], arg: _T,

@@ -21,10 +21,10 @@ class ReadCache:
     def __init__(self, read: Callable[[bytes], bytes | None], entries: int = ENTRIES) -> None:
         self._read = read
         self._entries = entries
-        self._values: dict[bytes, bytes | None] = {}
+        self.values: dict[bytes, bytes | None] = {}  # read it, never write it (the tablet's hot path)
 
     def get(self, skey: bytes) -> bytes | None:
-        values = self._values
+        values = self.values
         try:
             return values[skey]
         except KeyError:
@@ -36,7 +36,7 @@ class ReadCache:
     def committed(self, writes: Iterable[tuple[bytes, bytes | None]] | Mapping[bytes, bytes | None],
                   cleared: bool = False) -> None:
         """A commit wrote ``writes`` (None deletes); ``cleared``: it also deleted ranges."""
-        values = self._values
+        values = self.values
         if cleared:
             values.clear()
         values.update(writes)
@@ -45,4 +45,4 @@ class ReadCache:
 
     def forget(self) -> None:
         """A commit failed: what it wrote is unknown, so nothing held is trusted."""
-        self._values.clear()
+        self.values.clear()

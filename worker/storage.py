@@ -460,11 +460,12 @@ class TabletStore:
         assert c.status is CommitState.STARTED, f"commit is {c.status.value}"
         try:
             wb = _Writes(self.replicated)
-            for key, value in c.state.items():
+            state = [(state_key(key), value) for key, value in c.state.items()]
+            for skey, value in state:
                 if value is None:
-                    wb.delete(state_key(key))
+                    wb.delete(skey)
                 else:
-                    wb.put(state_key(key), value)
+                    wb.put(skey, value)
             for prefix in c.cleared:
                 wb.delete_range(prefix, _after(prefix))
             for skey, stored in c.cells.items():
@@ -511,7 +512,7 @@ class TabletStore:
             c.status = CommitState.FAILED
             self.cache.forget()
             raise
-        self.cache.committed([(state_key(k), v) for k, v in c.state.items()], bool(c.cleared))
+        self.cache.committed(state, bool(c.cleared))
         self.cache.committed(c.cells)
         self.index += 1
         if c.seq is not None:

@@ -433,7 +433,7 @@ def test_the_read_cache_always_holds_what_is_committed(entries: int, batches: li
                         store.commit(c)
                 else:
                     store.commit(c)
-                held = dict(store.cache._values)
+                held = dict(store.cache.values)
                 assert held == {k: store.db.get(k) for k in held}
             assert {k: store.cache.get(k) for k in every} == {k: store.db.get(k) for k in every}
         finally:
