@@ -58,6 +58,7 @@ TITLES = {
     "recordpath-flow3": "in-process record path, W1's stage as a flow of three fused process steps, batches of 1,000",
     "w1-flow-1stage": "W1 on a flow, one process step, 10,000 rec/s, replication 2 (flow-1-stage)",
     "w1-flow-3stages": "W1 on a flow, three fused process steps, 10,000 rec/s, replication 2 (flow-3-stages)",
+    "w2-flow": "W2 on a flow (bench.jobs.w2_flow, one injector's send() loop), every window exact",
 }
 METRICS: dict[str, tuple[Metric, ...]] = {
     "recordpath": (Metric("cpu_us_per_record", "CPU µs per record", "lower"),
@@ -70,6 +71,7 @@ METRICS: dict[str, tuple[Metric, ...]] = {
                          Metric("calls_per_record", "calls per record", "lower")),
     "w1-flow-1stage": (Metric("p50_ms", "p50 ms", "lower"), Metric("p99_ms", "p99 ms", "lower")),
     "w1-flow-3stages": (Metric("p50_ms", "p50 ms", "lower"), Metric("p99_ms", "p99 ms", "lower")),
+    "w2-flow": (Metric("records_per_s", "rec/s", "higher"),),
 }
 assert set(METRICS) == set(TITLES) == set(FIGURES)
 

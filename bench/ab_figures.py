@@ -41,7 +41,7 @@ PACKAGES = ("bench", "cli", "examples", "injectors", "master", "runtime", "spark
 DEFAULT_FIGURES = ("recordpath", "w1-1stage", "w1-3stages", "w2", "nexmark-q0")
 # On flows (issue 30): only against a commit that has runtime.flows (from c81c71b on), chosen
 # with --ab-figures; a tree without flows yields no values and says so.
-FLOW_FIGURES = ("recordpath-flow3", "w1-flow-1stage", "w1-flow-3stages")
+FLOW_FIGURES = ("recordpath-flow3", "w1-flow-1stage", "w1-flow-3stages", "w2-flow")
 FIGURES = DEFAULT_FIGURES + FLOW_FIGURES
 RECORDPATH_BATCH = 1_000  # `python -m bench.overhead recordpath 1000`
 W1_RATE = 10_000
@@ -79,10 +79,10 @@ def _w1(root: str, quick: bool, variant: str) -> tuple[dict[str, float], bool | 
     return {f"{p}_ms": lat[p] for p in ("p50", "p99") if lat.get(p) is not None}, bool(r["exactness"]["exact"])
 
 
-def _w2(root: str, quick: bool) -> tuple[dict[str, float], bool | None]:
+def _w2(root: str, quick: bool, flow: bool = False) -> tuple[dict[str, float], bool | None]:
     from bench import workloads
 
-    r = workloads.run_w2(root, workloads.BenchConfig.make(quick))
+    r = workloads.run_w2(root, workloads.BenchConfig.make(quick), **({"flow": True} if flow else {}))
     if not r.get("available") or not r.get("throughput_rps"):
         return {}, False
     return {"records_per_s": r["throughput_rps"]}, bool(r.get("oracle_equal"))
@@ -142,6 +142,8 @@ def measure(figure: str, quick: bool) -> dict[str, Any]:
             values, exact = _w1(root, quick, "eo-3-stages")
         elif figure == "w2":
             values, exact = _w2(root, quick)
+        elif figure == "w2-flow":
+            values, exact = _w2(root, quick, flow=True)
         else:
             values, exact = _nexmark_q0(root, quick)
     finally:

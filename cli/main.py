@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--ab-figures", default=None, metavar="LIST",
                    help="comma-separated A/B figures: recordpath, w1-1stage, w1-3stages, w2, nexmark-q0 "
                         "(the default), and on flows, against a commit that has them: recordpath-flow3, "
-                        "w1-flow-1stage, w1-flow-3stages")
+                        "w1-flow-1stage, w1-flow-3stages, w2-flow")
 
     d = sub.add_parser("demo", help="run the main example end to end on an embedded cluster")
     d.add_argument("--data-dir", default=None)
