@@ -82,7 +82,9 @@ def _w1(root: str, quick: bool, variant: str) -> tuple[dict[str, float], bool | 
 def _w2(root: str, quick: bool, flow: bool = False) -> tuple[dict[str, float], bool | None]:
     from bench import workloads
 
-    r = workloads.run_w2(root, workloads.BenchConfig.make(quick), **({"flow": True} if flow else {}))
+    cfg = workloads.BenchConfig.make(quick)
+    # (an older tree's run_w2 may have no flow switch: only flow figures pass it)
+    r = workloads.run_w2(root, cfg, flow=True) if flow else workloads.run_w2(root, cfg)
     if not r.get("available") or not r.get("throughput_rps"):
         return {}, False
     return {"records_per_s": r["throughput_rps"]}, bool(r.get("oracle_equal"))
