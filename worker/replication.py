@@ -188,7 +188,7 @@ class _Link:
             resp = None
         else:
             t0 = time.perf_counter()
-            req = self._request()
+            req = self.request()
             req.entries.extend(entries)
             req.prev_term = rep.tablet.store.term_of(entries[0].index - 1)
             resp = await rep.channel.replicate(self.address, req)
@@ -214,7 +214,7 @@ class _Link:
         """Ask the follower which commit it holds (an empty Replicate): if not the last one
         sent, it catches up from a snapshot. False: not reachable."""
         rep = self.rep
-        resp = None if rep.blocked(self.address) else await rep.channel.replicate(self.address, self._request())
+        resp = None if rep.blocked(self.address) else await rep.channel.replicate(self.address, self.request())
         if resp is None or resp.status in (R.WRONG_WORKER, R.NOT_YET):
             return False
         if resp.status == R.STALE_TOKEN:
@@ -225,7 +225,7 @@ class _Link:
             self.base = None
         return True
 
-    def _request(self) -> pb.ReplicateRequest:
+    def request(self) -> pb.ReplicateRequest:
         """A Replicate to this follower, without entries."""
         tablet = self.rep.tablet
         return pb.ReplicateRequest(computation=tablet.computation, key_range=tablet.key_range, token=tablet.token,
@@ -403,7 +403,7 @@ class Replicator:
             deadline = time.monotonic() + self.timeout_s
             while link is not None:
                 resp = None if self.blocked(link.address) else await self.channel.replicate(link.address,
-                                                                                            link._request())
+                                                                                            link.request())
                 if resp is not None and resp.status == R.STALE_TOKEN:
                     self.stale = True
                     raise ReplicationError(f"tablet {self.tablet.name}: follower {w} has seen a newer primary")

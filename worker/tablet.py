@@ -179,7 +179,13 @@ class Tablet:
         if restore is not None:
             try:
                 if self.replicator is not None and self.must_exist:
-                    await self._confirm_history()
+                    # Before a sink claims its output, which cuts it back to what this copy
+                    # committed: the copy this primary took over from may be promoted back
+                    # holding one commit more (a fenced batch), whose output the cut would
+                    # destroy. Each in-sync follower is asked which commit it holds, and one
+                    # holding another leaves the in-sync set first (no commit is made, so a
+                    # savepoint's cut sees the tablet at rest; docs/replication.md).
+                    await self.replicator.confirm()
                 await self.thread.run(restore)
             except BaseException:
                 if self.replicator is not None:
@@ -325,18 +331,6 @@ class Tablet:
         self._wake.set()
         status = await fut
         return status, d.duplicates
-
-    async def _confirm_history(self) -> None:
-        """Before a sink claims its output: every in-sync copy holds this copy's last commit.
-
-        A sink's restore cuts its output back to the length this copy committed. Until then
-        the copy this primary took over from may still be promoted back holding one commit
-        more (a fenced batch: written there, acknowledged nowhere), whose output the cut would
-        destroy. So each in-sync follower is asked which commit it holds, and one that holds
-        another is removed from the in-sync set first (Replicator.confirm; no commit is made,
-        so a savepoint's cut sees the tablet at rest; docs/replication.md)."""
-        assert self.replicator is not None
-        await self.replicator.confirm()
 
     def follow(self, assignment: pb.Assignment) -> None:
         """The routing changed: tell the replicator; a tablet without one (replication=1)

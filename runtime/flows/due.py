@@ -44,11 +44,10 @@ class DueIndex:
 
     def timed_again(self, time: int) -> None:
         """A timer for ``time`` is set (again): what is left due by then fires on it."""
-        if time not in self.timed:
-            self.timed.add(time)
-            self._undo.append(("timed", time))
+        self.needs_timer(time)
 
     def needs_timer(self, time: int) -> bool:
+        """Whether a timer for ``time`` must be set (none is yet); it is taken as set."""
         if time in self.timed:
             return False
         self.timed.add(time)
