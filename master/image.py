@@ -404,7 +404,7 @@ class ClusterImage:
     def health_counts(self) -> tuple[int, int]:
         """Tablets under-replicated, and unavailable (no live in-sync copy), now."""
         factors = self.replication_factors()
-        health = [replication_health(t.own, factors.get(k, 1)) for k, t in self.tablets.items()]
+        health = [replication_health(t.own, factors.get(k, 1), self.workers) for k, t in self.tablets.items()]
         return health.count("under-replicated"), health.count("unavailable")
 
     def rebalanced(self) -> dict[str, list[tuple[int, int, int]]]:

@@ -15,7 +15,7 @@ leaves the new primary alone in the in-sync set: the other copies catch up again
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 TabletKey = tuple[str, int]  # (computation, key range)
@@ -94,13 +94,19 @@ def place(
     return result
 
 
-def replication_health(o: Ownership, wanted: int) -> str:
-    """``ok``; ``under-replicated`` (fewer in-sync copies than wanted: a follower catching
-    up, or fewer live workers than copies); ``unavailable`` (no live in-sync copy: it
-    waits for one to come back, never opened empty); ``unassigned`` (new, no worker yet)."""
+def replication_health(o: Ownership, wanted: int, live: Container[str]) -> str:
+    """``ok``; ``under-replicated`` (fewer live in-sync copies than wanted: a follower
+    catching up, fewer live workers than copies, or a primary that just expired and whose
+    failover is not written yet); ``unavailable`` (no live in-sync copy: it waits for one to
+    come back, never opened empty); ``unassigned`` (new, no worker yet). Only copies on
+    ``live`` workers count: an expired worker is removed before its tablets are moved (two
+    writes), and in between its copies must not make a tablet look whole."""
     if not o.worker:
         return "unavailable" if o.existed else "unassigned"
-    return "ok" if len(o.in_sync) >= wanted else "under-replicated"
+    copies = sum(1 for w in o.in_sync if w in live)
+    if o.worker not in live and not copies:
+        return "unavailable"
+    return "ok" if o.worker in live and copies >= wanted else "under-replicated"
 
 
 def _pick(candidates: Sequence[str], load: Mapping[str, int], avoid_zones: set[str],

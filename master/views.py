@@ -333,4 +333,4 @@ def _tablet(image: ClusterImage, c: str, r: int, o: Ownership, load_median: int,
     return {"computation": c, "key_range": r, "start": start, "end": end,
             "primary": o.worker, "worker": o.worker, "address": _address(image, o.worker),
             "followers": list(o.followers), "in_sync": list(o.in_sync), "token": o.token,
-            "load_median": load_median, "replication": wanted, "health": replication_health(o, wanted)}
+            "load_median": load_median, "replication": wanted, "health": replication_health(o, wanted, image.workers)}

@@ -144,3 +144,16 @@ def test_a_failover_onto_a_pinned_copy_is_one_promotion() -> None:
     old = Ownership("w4", 1, ("w0", "w2", "w3"), ("w4", "w2", "w3"))
     out = replan([("a", 0), t], {t: old}, ["w0", "w2", "w3"], {("a", 0): 1, t: 1}, pinned={t: "w3"})
     assert out[t].worker == "w3" and out[t].token == 2 and set(out[t].in_sync) <= set(old.in_sync)
+
+
+def test_health_counts_only_copies_on_live_workers() -> None:
+    """An expired worker is removed before its tablets move (two writes): in between, its
+    copies must not make a tablet look whole (the chaos suite then lost its last copy)."""
+    from master.scheduler import replication_health
+
+    own = Ownership("a", 5, ("b",), ("a", "b"))
+    assert replication_health(own, 2, {"a", "b"}) == "ok"
+    assert replication_health(own, 2, {"b", "c"}) == "under-replicated"  # "a" expired, not moved yet
+    assert replication_health(own, 2, {"a", "c"}) == "under-replicated"  # its follower expired
+    assert replication_health(own, 2, {"c"}) == "unavailable"
+    assert replication_health(Ownership("a", 5, (), ("a",)), 1, {"a"}) == "ok"
