@@ -3,8 +3,8 @@ of a flow's window firings.
 
 - W1 on a flow: ``input("in", keyed=True)`` then one or three :class:`bench.jobs.ChainedCounter`
   ``process`` steps (three in a row fuse into one computation: one commit, fsync and
-  replication per batch for all of them), then :class:`bench.jobs.ArrivalSink`, whose
-  computation runs without fsync as the classic variants' sink does.
+  replication per batch for all of them), then :class:`bench.jobs.ArrivalSink`, fused into
+  the same stage (its output commits with the stage's batch: no hop to a sink computation).
 - W2 on a flow (:func:`bench.jobs.w2_flow`) is fed as a user's loop feeds it: one
   :class:`~injectors.Injector` with its default batching, ``send()`` per record and
   ``advance_watermark`` every few thousand records (:func:`inject_as_user`).
@@ -16,7 +16,6 @@ of a flow's window firings.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 import urllib.request
@@ -32,20 +31,21 @@ FIRE_METRIC = "millstream_window_fire_seconds"
 STALL_LIMIT_S = 0.02  # issue 30: no tablet stalled more than 20 ms by window firings
 
 
-def w1_flow_topology(name: str, stages: int, sink_dir: str, key_ranges: int) -> Topology:
-    """W1 as a flow of ``stages`` fused ChainedCounter steps and the ArrivalSink (no fsync)."""
+def w1_flow_topology(name: str, stages: int, sink_dir: str, key_ranges: int, *, output: str | None = None) -> Topology:
+    """W1 as a flow of ``stages`` fused ChainedCounter steps and the ArrivalSink, all one stage
+    (the sink commits with the stage's batch); ``output``: the counts go to that stream instead
+    (bench/profile.py measures the stage alone)."""
     from bench.jobs import ArrivalSink, ChainedCounter
 
     flow = Dataflow(name, key_ranges=key_ranges)
     stream = flow.input("in", keyed=True)
     for i in range(1, stages + 1):
         stream = stream.process(ChainedCounter, name=f"count{i}", out=f"s{i}")
-    stream.sink(ArrivalSink, name="sink", path=sink_dir)
-    topo = flow.topology()
-    # The observer is exactly once (its counts are checked) but, as in the classic variants,
-    # without fsync: the figure is the pipeline's, not the observer's disk.
-    topo.computations["sink"] = dataclasses.replace(topo.computations["sink"], fsync=False)
-    return topo
+    if output is None:
+        stream.sink(ArrivalSink, name="sink", path=sink_dir)
+    else:
+        stream.output(output)
+    return flow.topology()
 
 
 def inject_as_user(masters: str, data: generator.W2Data, stream: str = "events",

@@ -48,8 +48,11 @@ class ChainedCounter(Computation):
 class ArrivalSink(Sink):
     """Appends ``key value arrival_ns`` lines to ``<path>/<tablet>.txt``, exactly once.
 
-    The arrival time is read when the record reaches user code, before the sink's
-    own commit: that is when the output is *observed*. The file's committed length
+    The arrival time is read when the sink writes the batch's lines (``prepare_commit``),
+    right before the commit that makes them final: that is when the output is *observed*
+    (as Flink's and Bytewax's sinks are timed when they write). In a flow the sink runs in
+    the stage before it (runtime/dataflow.py), so that commit is the stage's own: its fsync
+    and replication come after the stamp. The file's committed length
     is stored in the tablet's atomic commit (like :class:`runtime.sinks.FileSink`),
     and a reopened tablet cuts the file back to it, so a redelivered batch is not
     written twice. Lines are not fsynced: a SIGKILLed process keeps its page cache.
@@ -66,10 +69,11 @@ class ArrivalSink(Sink):
         self.file = CommittedFile(self.dir, tablet, ".txt", meta, token=token)
 
     def process_record(self, ctx: Context, record: Record) -> None:
-        self._pending.append(b"%s %s %d\n" % (record.key, record.value, time.time_ns()))
+        self._pending.append(b"%s %s " % (record.key, record.value))
 
     def prepare_commit(self) -> bytes:
-        data = b"".join(self._pending)
+        stamp = b"%d\n" % time.time_ns()
+        data = stamp.join(self._pending) + stamp if self._pending else b""
         self._pending.clear()
         return self.file.append(data, fsync=False)
 

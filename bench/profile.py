@@ -100,10 +100,10 @@ def _routing() -> pb.Routing:
 
 def flow_routing(steps: int) -> pb.Routing:
     """:func:`_routing` with W1's stage written as a flow (bench/flows.py): ``steps``
-    ChainedCounter ``process`` steps fused into one computation, then the sink."""
+    ChainedCounter ``process`` steps fused into one computation, writing to the sink's stream."""
     from bench.flows import w1_flow_topology
 
-    spec = w1_flow_topology("p", steps, "unused", 1).computations["count1"]
+    spec = w1_flow_topology("p", steps, "unused", 1, output="counts").computations["count1"]
     r = _routing()
     stage, sink = r.computations
     stage.code = spec.code

@@ -347,7 +347,7 @@ def check_importable(topology: Topology) -> None:
     """Import every computation and key extractor path, as workers will (a dataflow stage
     loads the code its plan names)."""
     from runtime.computation import Computation
-    from runtime.flows import FLOW_CODE
+    from runtime.flows import FLOW_CODE, SINK_FLOW_CODE
 
     for spec in topology.computations.values():
         cls = load(spec.code, f"computation {spec.name!r}: code")
@@ -360,7 +360,7 @@ def check_importable(topology: Topology) -> None:
             raise TopologyError(
                 f"computation {spec.name!r}: {spec.code!r} overrides neither process_record nor "
                 "process_timer, so it would do nothing; define process_record(self, ctx, record)")
-        if spec.code == FLOW_CODE:
+        if spec.code in (FLOW_CODE, SINK_FLOW_CODE):
             cls().setup(spec.params)  # every function, class and codec of the stage's plan
         for stream, path in spec.inputs.items():
             if path is not None and not callable(load(path, f"key extractor for {stream!r}")):

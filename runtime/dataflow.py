@@ -41,7 +41,7 @@ from typing import Any, Literal, overload
 from runtime import codecs
 from runtime.codecs import Codec
 from runtime.errors import TopologyError, UsageError
-from runtime.flows import FLOW_CODE, FLOW_KEY, PLAN_PARAM
+from runtime.flows import FLOW_CODE, FLOW_KEY, PLAN_PARAM, SINK_FLOW_CODE
 from runtime.flows.refs import aggregator_doc, code_path, codec_ref, windows_doc
 from runtime.topology import DEFAULT_KEY_RANGES, Topology, _check_name, late_stream
 
@@ -289,6 +289,7 @@ class _Compiler:
         self.stage_of: dict[str, _Stage] = {}
         self.input_stages: dict[str, _Stage] = {}
         self.order = {s.name: i for i, s in enumerate(self.steps)}
+        self.fused: set[str] = set()    # sink steps that run in the stage before them
 
     def topology(self) -> Topology:
         if not any(s.kind == "input" for s in self.steps):
@@ -406,16 +407,28 @@ class _Compiler:
                 if m.kind in ("window", "join") and late_stream(m.name) != late_stream(name):
                     outputs.append(late_stream(m.name))
             inputs = {e.stream: (FLOW_KEY if e.extractor else None) for e in stage.entries.values()}
+            fused = self._fused_sink(stage)
+            if fused is not None:
+                outputs.remove(fused.name)
+                self.fused.add(fused.name)
             plan = self._plan(stage, name)
-            topo.add_computation(name, FLOW_CODE, inputs=inputs, outputs=list(dict.fromkeys(outputs)),
-                                 key_ranges=flow.key_ranges, exactly_once=flow.exactly_once,
-                                 replication=flow.replication,
+            topo.add_computation(name, FLOW_CODE if fused is None else SINK_FLOW_CODE, inputs=inputs,
+                                 outputs=list(dict.fromkeys(outputs)), key_ranges=flow.key_ranges,
+                                 exactly_once=flow.exactly_once, replication=flow.replication,
                                  params={PLAN_PARAM: json.dumps(plan, sort_keys=True, separators=(",", ":"))})
-        for sink in (s for s in self.steps if s.kind == "sink"):
+        for sink in (s for s in self.steps if s.kind == "sink" and s.name not in self.fused):
             topo.add_computation(sink.name, sink.args["cls"], inputs={sink.name: None}, outputs=[],
                                  key_ranges=flow.key_ranges, exactly_once=flow.exactly_once,
                                  replication=flow.replication, params=dict(sink.args["params"]))
         return topo
+
+    @staticmethod
+    def _fused_sink(stage: _Stage) -> _Step | None:
+        """The sink that runs inside ``stage`` (Flink's chaining of a sink): its only sink.
+        A stage writing to two sinks keeps each in a computation of its own (a tablet
+        commits one sink meta per batch)."""
+        sinks = [e for e in stage.emitters if e.kind == "sink"]
+        return sinks[0] if len(sinks) == 1 else None
 
     @staticmethod
     def _stage_name(stage: _Stage) -> str:
@@ -443,6 +456,9 @@ class _Compiler:
         for e in stage.emitters:
             if e.kind == "output":
                 steps[e.name] = {"kind": "emit", "stream": e.args["stream"], "codec": e.args["codec"], "next": []}
+            elif e.kind == "sink" and e.name in self.fused:
+                steps[e.name] = {"kind": "sink", "cls": e.args["cls"], "params": e.args["params"],
+                                 "codec": e.args["codec"], "next": []}
             elif e.kind == "sink":
                 steps[e.name] = {"kind": "emit", "stream": e.name, "codec": e.args["codec"], "next": []}
             else:  # key_by: the next stage's key, computed here

@@ -15,10 +15,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import glob
+import inspect
 import json
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from runtime.computation import Computation, Context
 from runtime.errors import StaleTokenError, TopologyError
@@ -91,6 +92,19 @@ class Sink(Computation):
     def prepare_commit(self) -> bytes | None:
         """Make the batch's output durable; returns the meta to commit with it, or ``None``."""
         return None
+
+
+def call_restore(restore: Callable[..., None], tablet: str, meta: bytes | None, token: int,
+                 absorbed: Sequence[bytes]) -> None:
+    """Call a sink's ``restore`` with what its signature takes (a sink written before
+    :class:`Sink` may take neither ``token`` nor ``absorbed``)."""
+    accepts = inspect.signature(restore).parameters
+    extra: dict[str, object] = {}
+    if "token" in accepts:
+        extra["token"] = token
+    if "absorbed" in accepts:
+        extra["absorbed"] = absorbed
+    restore(tablet, meta, **extra)
 
 
 _WARNED: set[str] = set()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime import Computation, Context, Record, ValueState, codecs
+from runtime.sinks import FileSink
 
 
 def words(line: str) -> list[str]:
@@ -126,3 +127,12 @@ class SumAgg:
 
 def one_key(_: Any) -> str:
     return "all"
+
+
+class PickySink(FileSink):
+    """A FileSink that refuses any value containing ``bad``."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        if b"bad" in record.value:
+            raise ValueError("the sink refuses bad values")
+        super().process_record(ctx, record)

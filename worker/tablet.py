@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import logging
 import os
 import time
@@ -31,7 +30,7 @@ from runtime.errors import MillstreamError
 from runtime.imports import CodePolicy, load
 from runtime.record import producer_prefix, worker_producer
 from runtime.routing import RoutingTable
-from runtime.sinks import is_sink
+from runtime.sinks import call_restore, is_sink
 from runtime.topology import dead_letter_stream, late_stream
 from runtime.wire import millstream_pb2 as pb
 from worker.batch import Batch, BatchProcessor, LeaseExpiredError
@@ -238,14 +237,8 @@ class Tablet:
             if is_sink(comp, self.route.code):
                 restore = getattr(comp, "restore", None)
                 if restore is not None:
-                    # A sink written before runtime.Sink may take fewer arguments.
-                    accepts = inspect.signature(restore).parameters
-                    extra: dict[str, object] = {}
-                    if "token" in accepts:
-                        extra["token"] = self.token
-                    if "absorbed" in accepts:
-                        extra["absorbed"] = store.absorbed_sink_metas()
-                    self._restore_sink = functools.partial(restore, self.name, store.sink_meta(), **extra)
+                    self._restore_sink = functools.partial(call_restore, restore, self.name, store.sink_meta(),
+                                                           self.token, store.absorbed_sink_metas())
             self.proc = BatchProcessor(self, store, comp, marks, opaque)
             self.proc.ctx.bind_tablet(self.name, self.token)
             pending = store.productions()

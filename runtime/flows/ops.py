@@ -11,6 +11,8 @@ worker undoes the call and runs it again).
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -286,6 +288,63 @@ class Process(Op):
         self.emit(ctx, out)
 
     def abort(self) -> None:
+        self.out = []
+
+
+class SinkStep(Process):
+    """A ``sink`` fused into the stage before it (Flink chains its sinks the same way): the
+    user's :class:`~runtime.Sink` runs in the stage's tablet, so its output commits with the
+    stage's batch, with no hop, delivery or commit of its own.
+
+    The stage's call only collects the items, encoded by ``codec`` (an item whose value the
+    codec refuses fails the call: the worker retries it, then dead-letters it, as for any
+    step). The sink gets them in :meth:`finish`, once the rest of the call succeeded, so a
+    call the worker undoes and runs again never hands the sink a record twice. A record the
+    sink's ``process_record`` raises on is tried :data:`ATTEMPTS` times, then goes to the
+    stage's ``<stage>.dead_letter`` stream, and the others go on."""
+
+    ATTEMPTS = 3
+
+    def __init__(self, name: str, comp: Computation, codec: Codec, dead_letters: str) -> None:
+        super().__init__(name, comp)
+        self.encode = codec.encode
+        self.dead_letters = dead_letters
+        self._pending: list[Item] = []
+
+    def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
+        encode = self.encode
+        self._pending += [(k, encode(v), t) for k, v, t in items]
+
+    def finish(self, ctx: Context) -> None:
+        pending, self._pending = self._pending, []
+        sc = self.step_ctx
+        sc.ctx = ctx
+        fn = self.comp.process_record
+        rebind = ctx.rebind  # type: ignore[attr-defined]
+        for k, v, t in pending:
+            rebind(k, t)
+            sc.timestamp = t
+            error: BaseException | None = None
+            for _ in range(self.ATTEMPTS):
+                self.out = []
+                try:
+                    fn(sc, Record(k, v, t, b""))
+                    if self.out:
+                        raise UsageError(f"sink step {self.name!r} produced records; a sink writes out of "
+                                         "millstream, it cannot produce (use a process step before it)")
+                except BaseException as e:  # user code: anything may happen, sys.exit() included
+                    error = e
+                    continue
+                error = None
+                break
+            if error is not None:
+                doc = {"error": f"{type(error).__name__}: {error}", "computation": self.name,
+                       "value": base64.b64encode(v).decode()}
+                ctx.produce(self.dead_letters, json.dumps(doc).encode(), key=k, timestamp=t)
+        self.out = []
+
+    def abort(self) -> None:
+        self._pending = []
         self.out = []
 
 

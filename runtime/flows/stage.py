@@ -21,11 +21,13 @@ from runtime.codecs import Codec
 from runtime.computation import Computation, Context
 from runtime.errors import TopologyError
 from runtime.flows import PLAN_PARAM, refs
-from runtime.flows.ops import TIMER_PREFIX, Emit, Filter, FlatMap, Item, Map, Op, Process, Reduce
+from runtime.flows.ops import TIMER_PREFIX, Emit, Filter, FlatMap, Item, Map, Op, Process, Reduce, SinkStep
 from runtime.flows.windowing import IntervalJoin, Join, Window
 from runtime.imports import load
 from runtime.record import Record
+from runtime.sinks import Sink, call_restore
 from runtime.state import TYPED, split_cell
+from runtime.topology import dead_letter_stream
 
 
 class _Entry:
@@ -77,8 +79,9 @@ class FlowStage(Computation):
             self.entries[stream] = _Entry(refs.load_codec(e["codec"], self.load_code), prefix,
                                           [(self.ops[n], side) for n, side in e["next"]])
         self._only = next(iter(self.entries.values())) if len(self.entries) == 1 else None
-        self._stateful = [op for op in self.ops.values() if type(op).finish is not Op.finish
-                          or type(op).abort is not Op.abort]
+        # A fused sink's finish hands it the call's records: last, once nothing else can fail.
+        self._stateful = sorted((op for op in self.ops.values() if type(op).finish is not Op.finish
+                                 or type(op).abort is not Op.abort), key=lambda op: isinstance(op, SinkStep))
 
     def _fn(self, path: str, what: str) -> Any:
         fn = self.load_code(path, what)
@@ -107,12 +110,16 @@ class FlowStage(Computation):
             return Join(name, refs.windows_of(doc["windows"]), doc["late"])
         if kind == "interval_join":
             return IntervalJoin(name, doc["lower"], doc["upper"])
-        if kind == "process":
+        if kind in ("process", "sink"):
+            base = Sink if kind == "sink" else Computation
             cls = self.load_code(doc["cls"], what)
-            if not (isinstance(cls, type) and issubclass(cls, Computation)):
-                raise TopologyError(f"{what}: {doc['cls']!r} is not a Computation subclass")
+            if not (isinstance(cls, type) and issubclass(cls, base)):
+                raise TopologyError(f"{what}: {doc['cls']!r} is not a {base.__name__} subclass")
             comp = cls()
             comp.setup(doc.get("params", {}))
+            if kind == "sink":
+                return SinkStep(name, comp, refs.load_codec(doc["codec"], self.load_code),
+                                dead_letter_stream(self.stage))
             return Process(name, comp)
         raise TopologyError(f"{what}: unknown kind of step in the plan of stage {self.stage!r}")
 
@@ -234,3 +241,24 @@ class FlowStage(Computation):
         for name, cells in by_op.items():
             timers += names[name].recover(iter(cells))
         return timers
+
+
+class SinkStage(FlowStage, Sink):
+    """A stage that ends in its flow's ``sink``, fused (``runtime.flows.stage:SinkStage``;
+    runtime/dataflow.py says when): the worker treats it as the sink it holds, calling the
+    user's sink's :meth:`~runtime.Sink.restore` when the tablet opens and its
+    :meth:`~runtime.Sink.prepare_commit` before each commit, so the sink's meta commits in
+    the stage's batch."""
+
+    def setup(self, params: Mapping[str, str]) -> None:
+        super().setup(params)
+        sinks = [op for op in self.ops.values() if isinstance(op, SinkStep)]
+        if len(sinks) != 1:
+            raise TopologyError(f"stage {self.stage!r} runs as a sink but its plan has {len(sinks)} sink steps")
+        self._sink = sinks[0].comp
+
+    def restore(self, tablet: str, meta: bytes | None, token: int, absorbed: Sequence[bytes]) -> None:
+        call_restore(self._sink.restore, tablet, meta, token, absorbed)  # type: ignore[attr-defined]
+
+    def prepare_commit(self) -> bytes | None:
+        return self._sink.prepare_commit()  # type: ignore[attr-defined,no-any-return]

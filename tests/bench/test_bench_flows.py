@@ -4,6 +4,7 @@ window-fire histogram read from /metrics is summarised as the report quotes it."
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 
@@ -54,16 +55,18 @@ def test_two_workers_add_up_and_a_firing_past_the_last_bound_is_not_hidden() -> 
     assert flows.summarise_histogram({})["firings"] == 0
 
 
-def test_w1_on_a_flow_fuses_its_stages_and_its_sink_skips_fsync() -> None:
+def test_w1_on_a_flow_fuses_its_stages_and_its_sink() -> None:
     variants = {v.name: v for v in W1_VARIANTS}
     for name, steps in (("flow-1-stage", 1), ("flow-3-stages", 3)):
         topo = w1_topology(variants[name], "/tmp/arrivals", 4)
-        assert list(topo.computations) == ["count1", "sink"]  # three process steps: one computation
-        stage, sink = topo.computations["count1"], topo.computations["sink"]
+        assert list(topo.computations) == ["count1"]  # three process steps and the sink: one computation
+        stage = topo.computations["count1"]
         assert stage.inputs == {"in": None} and stage.key_ranges == 4
-        assert stage.params["flow.plan"].count("bench.jobs:ChainedCounter") == steps
-        assert sink.code == "bench.jobs:ArrivalSink" and sink.params["path"] == "/tmp/arrivals"
-        assert sink.fsync is False and stage.fsync is None  # the stage keeps fsync (exactly once)
+        assert stage.code == "runtime.flows.stage:SinkStage" and stage.fsync is None  # exactly once, fsync
+        plan = json.loads(stage.params["flow.plan"])
+        assert json.dumps(plan).count("bench.jobs:ChainedCounter") == steps
+        assert plan["steps"]["sink"]["cls"] == "bench.jobs:ArrivalSink"
+        assert plan["steps"]["sink"]["params"] == {"path": "/tmp/arrivals"}
     classic = w1_topology(variants["eo-3-stages"], "/tmp/arrivals", 4)
     assert list(classic.computations) == ["count1", "count2", "count3", "sink"]
 

@@ -109,15 +109,27 @@ def test_stateless_steps_fuse_with_the_stateful_step_after_them() -> None:
     assert set(spec.outputs) == {"rising", "counts"}
 
 
-def test_a_flat_map_before_key_by_and_a_sink_each_take_a_hop() -> None:
+def test_a_flat_map_before_key_by_takes_a_hop_and_a_sink_runs_in_the_stage_before_it() -> None:
     flow = Dataflow("wc")
     counts = flow.input("lines", codec=codecs.STR).flat_map(j.words).key_by(j.word_key).map(j.one).reduce(j.add)
     counts.sink(FileSink, name="wc_out", path="/tmp/unused")
     topo = flow.topology()
-    assert list(topo.computations) == ["wc.input", "wc.reduce", "wc_out"]
+    assert list(topo.computations) == ["wc.input", "wc.reduce"]
     assert topo.computations["wc.input"].outputs == ["wc.key_by"]
     assert topo.computations["wc.reduce"].inputs == {"wc.key_by": None}
-    assert topo.computations["wc_out"].code == "runtime.sinks:FileSink"
+    assert topo.computations["wc.reduce"].code == "runtime.flows.stage:SinkStage"
+    assert topo.computations["wc.reduce"].outputs == []
+
+
+def test_a_stage_writing_to_two_sinks_keeps_each_in_a_computation_of_its_own() -> None:
+    flow = Dataflow("two")
+    counts = flow.input("ev", keyed=True).map(j.one).reduce(j.add)
+    counts.sink(FileSink, name="a_out", path="/tmp/unused")
+    counts.sink(FileSink, name="b_out", path="/tmp/unused")
+    topo = flow.topology()
+    assert list(topo.computations) == ["two.reduce", "a_out", "b_out"]
+    assert topo.computations["two.reduce"].code == "runtime.flows.stage:FlowStage"
+    assert sorted(topo.computations["two.reduce"].outputs) == ["a_out", "b_out"]
 
 
 def test_a_join_puts_both_sides_in_one_computation() -> None:
@@ -380,6 +392,44 @@ def test_a_sink_step_gets_the_values_encoded(tmp_path: Any) -> None:
         run.inject("w", b"k", b"hello", T0)
         run.run_until_idle()
     assert [(r["key"], r["value"]) for r in read_file_sink(str(tmp_path))] == [("k", '["hello"]')]
+
+
+def test_a_fused_sink_gets_each_record_once_when_its_batch_runs_again_one_by_one(tmp_path: Any) -> None:
+    """The sink is handed a call's records only once the call succeeded: here a branch after
+    the sink raises on "boom", the worker undoes the batch's call and runs its records one by
+    one, and the sink must not have kept the records of the undone call."""
+    flow = Dataflow("b", key_ranges=1)
+    words = flow.input("w", codec=codecs.STR, keyed=True)
+    words.sink(FileSink, name="b_out", path=str(tmp_path))
+    words.map(j.fragile).output("checked", codec=codecs.STR)
+    assert flow.topology().computations["b.input"].code == "runtime.flows.stage:SinkStage"
+    sent = ["a", "b", "boom", "c", "d"]
+    with TestRun(flow) as run:
+        for i, w in enumerate(sent):
+            run.inject("w", b"k%d" % i, w.encode(), T0 + i)
+        run.run_until_idle()
+        [letter] = run.output("b.input.dead_letter")
+        assert "boom is not a word" in _j(letter)["error"]
+        assert sorted(r.value for r in run.output("checked")) == [b"a", b"b", b"c", b"d"]
+    # "boom" was dead-lettered whole, so the sink never wrote it; the others once each.
+    assert sorted(str(r["value"]) for r in read_file_sink(str(tmp_path))) == ["a", "b", "c", "d"]
+
+
+def test_a_record_a_fused_sink_raises_on_goes_to_the_stages_dead_letters(tmp_path: Any) -> None:
+    flow = Dataflow("p", key_ranges=1)
+    flow.input("w", codec=codecs.STR, keyed=True).map(j.fragile).sink(j.PickySink, name="p_out", path=str(tmp_path))
+    with TestRun(flow) as run:
+        for i, w in enumerate(["good", "bad", "boom", "fine"]):
+            run.inject("w", b"k%d" % i, w.encode(), T0 + i)
+        run.run_until_idle()
+        letters = sorted((_j(r)["error"], _j(r)["computation"]) for r in run.output("p.input.dead_letter"))
+        run.restart("p.input")
+        run.inject("w", b"k9", b"after", T0 + 9)
+        run.run_until_idle()
+    assert letters == [("ValueError: boom is not a word", "p.input"),
+                       ("ValueError: the sink refuses bad values", "p_out")]
+    # The sink's output survives the restart once (its meta commits with the stage's batch).
+    assert sorted(str(r["value"]) for r in read_file_sink(str(tmp_path))) == ["after", "fine", "good"]
 
 
 def test_a_computation_with_two_inputs_knows_where_each_record_came_from() -> None:

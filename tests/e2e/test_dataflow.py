@@ -25,7 +25,7 @@ T0 = 1_700_000_000_000_000
 def test_a_flow_word_count_is_exact_through_a_worker_sigkill(cluster: Cluster) -> None:
     out = os.path.join(cluster.data_dir, "out-flow")
     flow = wordcount.flow(out, name="wcflow")
-    assert list(flow.topology().computations) == ["wcflow.input", "wcflow.counts", "wcflow.sink"]
+    assert list(flow.topology().computations) == ["wcflow.input", "wcflow.counts"]  # the sink runs in counts
     cluster.client.submit(flow)
     cluster.wait_assigned()
     lines = sample_lines(3000, seed=5)
