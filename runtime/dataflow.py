@@ -17,7 +17,9 @@
 ``keyed=True``) and holds every step on that key after it, stateful ones included (a
 ``window`` then a ``process`` run in the same tablet, one commit for both), until the next
 ``key_by`` (whose key function runs at the end of this stage: the records go to the next
-stage already keyed) or a ``sink`` (its own computation). Stateless steps before the first
+stage already keyed). A ``sink`` runs in the stage before it (Flink chains sinks so): its
+meta commits with that stage's batch; a stage with two sinks feeds each its own computation.
+Stateless steps before the first
 ``key_by`` of an input run in the input's key extractor, on the producing side, so a
 filtered record never crosses the network, and again in the stage (functions must be
 deterministic); a ``flat_map`` there, or an input read twice by one stage, takes one hop
@@ -101,9 +103,10 @@ class Stream:
 
     def sink(self, cls: type, *, name: str | None = None, codec: Codec | None = None, **params: str) -> Stream:
         """Write the values out through a :class:`~runtime.Sink` subclass (e.g.
-        ``runtime.sinks.FileSink``, ``path="/data/out"``): its own computation, reading what
-        this step sends it, values encoded by ``codec`` (default: bytes as they are, text as
-        UTF-8, anything else as JSON). ``params`` go to the sink's ``setup`` as strings."""
+        ``runtime.sinks.FileSink``, ``path="/data/out"``), run in the stage before it (its
+        output commits with that stage's batch: docs/dataflows.md, "What a flow compiles
+        to"), values encoded by ``codec`` (default: bytes as they are, text as UTF-8,
+        anything else as JSON). ``params`` go to the sink's ``setup`` as strings."""
         from runtime.sinks import Sink
 
         if not (isinstance(cls, type) and issubclass(cls, Sink)):
