@@ -3,7 +3,7 @@ them: decode the events, ``filter``, ``map``, ``key_by``, ``window`` with an agg
 ``join`` / ``interval_join``, and ``process`` where a query needs a computation of its own.
 
 Each query is a function ``qN(name_prefix, input_stream, output_stream, *, key_ranges=4,
-config=NexmarkConfig()) -> Dataflow`` (:data:`FLOWS`), with the signature of the classic
+config=NexmarkConfig(), sink_dir=None) -> Dataflow`` (:data:`FLOWS`), with the signature of the classic
 versions in :mod:`bench.nexmark.queries` (which show the escape hatch: computations and key
 extractors by hand). The input stream carries :func:`bench.nexmark.generator.records`; the
 output is what :mod:`bench.nexmark.oracle` expects of the query (:data:`oracle.FLOW_ORACLES`).
@@ -12,9 +12,10 @@ The steps' code is in :mod:`bench.nexmark.steps`.
 **What each compiles to** (runtime/dataflow.py): the steps up to an input's first ``key_by``
 run in the input's key extractor, on the injector (a record they filter out is never sent),
 and again in the stage; a ``window`` then a ``process`` or another stateless step run in one
-computation; a ``key_by`` after a stateful step is one hop to the next. So q0, q1 are one
-stateless stage; q2, q3, q8, q9 (its winners), q10, q11, q12 one keyed stage; q4, q5, q6 and
-q7 two.
+computation; a ``key_by`` after a stateful step is one hop to the next; the sink the bench
+gives (``sink_dir``) runs in the last stage. So q0, q1 are one stateless stage; q2, q3, q8,
+q9 (its winners), q10, q11, q12 one keyed stage; q4, q5, q6 and q7 two. Without
+``sink_dir`` the results go to ``output_stream`` (the tests read it in process).
 
 **Deviations from Beam's queries**, besides those of the classic versions (the module doc
 of :mod:`bench.nexmark.queries`):
@@ -43,7 +44,9 @@ from collections.abc import Callable
 
 from bench.nexmark import steps as s
 from bench.nexmark.generator import SECOND_US, NexmarkConfig
+from bench.nexmark.sink import OutputSink
 from runtime import Dataflow, KeyedStream, Stream, codecs
+from runtime.codecs import Codec
 from runtime.windows import Count, Mean, Session, Sliding, Tumbling
 
 DEFAULT = NexmarkConfig()
@@ -57,30 +60,40 @@ def _events(flow: Dataflow, stream: str) -> Stream:
     return flow.input(stream, codec=s.EVENTS, name=f"{flow.name}.events")
 
 
+def _out(stream: Stream, output_stream: str, sink_dir: str | None, codec: Codec = codecs.BYTES) -> None:
+    """The query's results: to ``output_stream``, or (``sink_dir``, as the bench runs it) to
+    :class:`~bench.nexmark.sink.OutputSink` writing under ``sink_dir``, fused into the
+    query's last stage as a user's ``sink`` is (runtime/dataflow.py)."""
+    if sink_dir is None:
+        stream.output(output_stream, codec=codec)
+    else:
+        stream.sink(OutputSink, name=f"{output_stream}.sink", codec=codec, path=sink_dir)
+
+
 def q0(name_prefix: str, input_stream: str, output_stream: str, *, key_ranges: int = 4,
-       config: NexmarkConfig = DEFAULT) -> Dataflow:
+       config: NexmarkConfig = DEFAULT, sink_dir: str | None = None) -> Dataflow:
     """Passthrough: every event decoded and encoded again (Beam's q0 measures the codec)."""
     flow = _flow(name_prefix, "q0", key_ranges)
-    _events(flow, input_stream).output(output_stream, codec=s.EVENTS)
+    _out(_events(flow, input_stream), output_stream, sink_dir, s.EVENTS)
     return flow
 
 
 def q1(name_prefix: str, input_stream: str, output_stream: str, *, key_ranges: int = 4,
-       config: NexmarkConfig = DEFAULT) -> Dataflow:
+       config: NexmarkConfig = DEFAULT, sink_dir: str | None = None) -> Dataflow:
     """Currency conversion: every bid, its price × 89 // 100."""
     flow = _flow(name_prefix, "q1", key_ranges)
-    _events(flow, input_stream).filter(s.is_bid).map(s.in_euros).output(output_stream, codec=s.EVENTS)
+    _out(_events(flow, input_stream).filter(s.is_bid).map(s.in_euros), output_stream, sink_dir, s.EVENTS)
     return flow
 
 
 def q2(name_prefix: str, input_stream: str, output_stream: str, *, key_ranges: int = 4,
-       config: NexmarkConfig = DEFAULT) -> Dataflow:
+       config: NexmarkConfig = DEFAULT, sink_dir: str | None = None) -> Dataflow:
     """Selection: bids on every ``auction_skip``-th auction, keyed by auction,
     ``auction|price`` (the skip is a parameter: a ``process`` step's)."""
     flow = _flow(name_prefix, "q2", key_ranges)
-    (_events(flow, input_stream).filter(s.is_bid).key_by(s.auction_key)
-     .process(s.EveryNthAuction, name=f"{name_prefix}q2.select", skip=str(config.auction_skip))
-     .output(output_stream))
+    results = (_events(flow, input_stream).filter(s.is_bid).key_by(s.auction_key)
+               .process(s.EveryNthAuction, name=f"{name_prefix}q2.select", skip=str(config.auction_skip)))
+    _out(results, output_stream, sink_dir)
     return flow
 
 
@@ -91,16 +104,17 @@ def _people_and_auctions(flow: Dataflow, stream: str, which: Callable[..., bool]
 
 
 def q3(name_prefix: str, input_stream: str, output_stream: str, *, key_ranges: int = 4,
-       config: NexmarkConfig = DEFAULT) -> Dataflow:
+       config: NexmarkConfig = DEFAULT, sink_dir: str | None = None) -> Dataflow:
     """Local item suggestion: people in OR, ID or CA with their auctions in category 10, an
     interval join (a person and an auction less than ``max_auctions_waiting_sec`` apart),
     keyed by person: ``name|city|state|auction id``, stamped at the later of the two."""
     flow = _flow(name_prefix, "q3", key_ranges)
     people, auctions = _people_and_auctions(flow, input_stream, s.q3_relevant)
     wait = config.max_auctions_waiting_sec * SECOND_US
-    (people.map(s.person_fields)
-     .interval_join(auctions.map(s.auction_id), -(wait - 1), wait - 1, name=f"{name_prefix}q3.join")
-     .map(s.suggestion).output(output_stream, codec=codecs.STR))
+    results = (people.map(s.person_fields)
+               .interval_join(auctions.map(s.auction_id), -(wait - 1), wait - 1, name=f"{name_prefix}q3.join")
+               .map(s.suggestion))
+    _out(results, output_stream, sink_dir, codecs.STR)
     return flow
 
 
@@ -111,18 +125,19 @@ def _winners(flow: Dataflow, stream: str, prefix: str, query: str) -> KeyedStrea
 
 
 def q4(name_prefix: str, input_stream: str, output_stream: str, *, key_ranges: int = 4,
-       config: NexmarkConfig = DEFAULT) -> Dataflow:
+       config: NexmarkConfig = DEFAULT, sink_dir: str | None = None) -> Dataflow:
     """Average price per category: the winning bids (q9) by their auction's category, the mean
     price per sliding window: ``<window start>|<mean>`` keyed by category."""
     flow = _flow(name_prefix, "q4", key_ranges)
     windows = Sliding(config.window_size_sec * SECOND_US, config.window_period_sec * SECOND_US)
-    (_winners(flow, input_stream, name_prefix, "q4").key_by(s.category_key).map(s.winning_price)
-     .window(windows, Mean(), name=f"{name_prefix}q4.means").map(s.category_average).output(output_stream))
+    results = (_winners(flow, input_stream, name_prefix, "q4").key_by(s.category_key).map(s.winning_price)
+               .window(windows, Mean(), name=f"{name_prefix}q4.means").map(s.category_average))
+    _out(results, output_stream, sink_dir)
     return flow
 
 
 def q5(name_prefix: str, input_stream: str, output_stream: str, *, key_ranges: int = 4,
-       config: NexmarkConfig = DEFAULT) -> Dataflow:
+       config: NexmarkConfig = DEFAULT, sink_dir: str | None = None) -> Dataflow:
     """Hot items: bids per auction per sliding window of ``window_size_sec`` every
     ``window_period_sec``, then per window (keyed by its start) the auctions with the most:
     ``auction|count``, stamped a µs after the window's end."""
@@ -130,89 +145,92 @@ def q5(name_prefix: str, input_stream: str, output_stream: str, *, key_ranges: i
     windows = Sliding(config.window_size_sec * SECOND_US, config.window_period_sec * SECOND_US)
     counts = (_events(flow, input_stream).filter(s.is_bid).map(s.auction_of).key_by(s.decimal)
               .window(windows, s.Tally(), name=f"{name_prefix}q5.counts"))
-    (counts.key_by(s.window_start, name=f"{name_prefix}q5.by_window").map(s.window_value)
-     .window(Tumbling(1), s.Leaders(), name=f"{name_prefix}q5.hottest").flat_map(s.hot_items)
-     .output(output_stream))
+    results = (counts.key_by(s.window_start, name=f"{name_prefix}q5.by_window").map(s.window_value)
+               .window(Tumbling(1), s.Leaders(), name=f"{name_prefix}q5.hottest").flat_map(s.hot_items))
+    _out(results, output_stream, sink_dir)
     return flow
 
 
 def q6(name_prefix: str, input_stream: str, output_stream: str, *, key_ranges: int = 4,
-       config: NexmarkConfig = DEFAULT) -> Dataflow:
+       config: NexmarkConfig = DEFAULT, sink_dir: str | None = None) -> Dataflow:
     """Average selling price by seller: the winning bids (q9) by seller; for each, the mean
     of the seller's last 10 (rounded down), stamped a µs after its auction expired."""
     flow = _flow(name_prefix, "q6", key_ranges)
-    (_winners(flow, input_stream, name_prefix, "q6").key_by(s.seller_key)
-     .process(s.SellerAverage, name=f"{name_prefix}q6.averages").output(output_stream))
+    results = (_winners(flow, input_stream, name_prefix, "q6").key_by(s.seller_key)
+               .process(s.SellerAverage, name=f"{name_prefix}q6.averages"))
+    _out(results, output_stream, sink_dir)
     return flow
 
 
 def q7(name_prefix: str, input_stream: str, output_stream: str, *, key_ranges: int = 4,
-       config: NexmarkConfig = DEFAULT) -> Dataflow:
+       config: NexmarkConfig = DEFAULT, sink_dir: str | None = None) -> Dataflow:
     """Highest bid: per tumbling window of ``window_size_sec``, partial maxima over
     :data:`~bench.nexmark.steps.FANOUT` buckets, then the maximum per window (keyed by its
     start): every bid at the highest price, encoded, stamped a µs after the window's end."""
     flow = _flow(name_prefix, "q7", key_ranges)
     partial = (_events(flow, input_stream).filter(s.is_bid).key_by(s.bucket).map(s.price_and_bid)
                .window(Tumbling(config.window_size_sec * SECOND_US), s.Leaders(), name=f"{name_prefix}q7.partial"))
-    (partial.key_by(s.window_start, name=f"{name_prefix}q7.by_window").map(s.window_value)
-     .window(Tumbling(1), s.Leaders(), name=f"{name_prefix}q7.highest").flat_map(s.top_bids)
-     .output(output_stream))
+    results = (partial.key_by(s.window_start, name=f"{name_prefix}q7.by_window").map(s.window_value)
+               .window(Tumbling(1), s.Leaders(), name=f"{name_prefix}q7.highest").flat_map(s.top_bids))
+    _out(results, output_stream, sink_dir)
     return flow
 
 
 def q8(name_prefix: str, input_stream: str, output_stream: str, *, key_ranges: int = 4,
-       config: NexmarkConfig = DEFAULT) -> Dataflow:
+       config: NexmarkConfig = DEFAULT, sink_dir: str | None = None) -> Dataflow:
     """Monitor new users: a window join of people and the auctions they opened in the
     tumbling window of ``window_size_sec`` they registered in, keyed by person:
     ``id|name|reserve``, stamped at the window's end."""
     flow = _flow(name_prefix, "q8", key_ranges)
     people, auctions = _people_and_auctions(flow, input_stream, s.is_person_or_auction)
-    (people.map(s.person_fields)
-     .join(auctions.map(s.auction_reserve), Tumbling(config.window_size_sec * SECOND_US),
-           name=f"{name_prefix}q8.join")
-     .map(s.new_user).output(output_stream, codec=codecs.STR))
+    results = (people.map(s.person_fields)
+               .join(auctions.map(s.auction_reserve), Tumbling(config.window_size_sec * SECOND_US),
+                     name=f"{name_prefix}q8.join")
+               .map(s.new_user))
+    _out(results, output_stream, sink_dir, codecs.STR)
     return flow
 
 
 def q9(name_prefix: str, input_stream: str, output_stream: str, *, key_ranges: int = 4,
-       config: NexmarkConfig = DEFAULT) -> Dataflow:
+       config: NexmarkConfig = DEFAULT, sink_dir: str | None = None) -> Dataflow:
     """Winning bids: per auction, the highest valid bid (:class:`~bench.nexmark.steps.WinningBid`),
     encoded, keyed by auction, stamped when the auction expires."""
     flow = _flow(name_prefix, "q9", key_ranges)
-    _winners(flow, input_stream, name_prefix, "q9").map(s.winning_bid).output(output_stream)
+    _out(_winners(flow, input_stream, name_prefix, "q9").map(s.winning_bid), output_stream, sink_dir)
     return flow
 
 
 def q10(name_prefix: str, input_stream: str, output_stream: str, *, key_ranges: int = 4,
-        config: NexmarkConfig = DEFAULT) -> Dataflow:
+        config: NexmarkConfig = DEFAULT, sink_dir: str | None = None) -> Dataflow:
     """Log to sharded files: every event, keyed by one of :data:`~bench.nexmark.steps.SHARDS`
     shards, as ``<window start>/<shard>|<event>`` (windows of ``window_size_sec``)."""
     flow = _flow(name_prefix, "q10", key_ranges)
-    (_events(flow, input_stream).key_by(s.shard)
-     .process(s.LogLines, name=f"{name_prefix}q10.log", window_us=str(config.window_size_sec * SECOND_US))
-     .output(output_stream))
+    results = (_events(flow, input_stream).key_by(s.shard)
+               .process(s.LogLines, name=f"{name_prefix}q10.log", window_us=str(config.window_size_sec * SECOND_US)))
+    _out(results, output_stream, sink_dir)
     return flow
 
 
 def q11(name_prefix: str, input_stream: str, output_stream: str, *, key_ranges: int = 4,
-        config: NexmarkConfig = DEFAULT) -> Dataflow:
+        config: NexmarkConfig = DEFAULT, sink_dir: str | None = None) -> Dataflow:
     """User sessions: bids per bidder per session with a gap of ``window_size_sec``: the count,
     stamped at the session's end (no early firings, no allowed lateness, as the classic q11)."""
     flow = _flow(name_prefix, "q11", key_ranges)
-    (_events(flow, input_stream).filter(s.is_bid).key_by(s.bidder_key)
-     .window(Session(config.window_size_sec * SECOND_US), Count(), name=f"{name_prefix}q11.sessions")
-     .map(s.count_text).output(output_stream, codec=codecs.STR))
+    results = (_events(flow, input_stream).filter(s.is_bid).key_by(s.bidder_key)
+               .window(Session(config.window_size_sec * SECOND_US), Count(), name=f"{name_prefix}q11.sessions")
+               .map(s.count_text))
+    _out(results, output_stream, sink_dir, codecs.STR)
     return flow
 
 
 def q12(name_prefix: str, input_stream: str, output_stream: str, *, key_ranges: int = 4,
-        config: NexmarkConfig = DEFAULT) -> Dataflow:
+        config: NexmarkConfig = DEFAULT, sink_dir: str | None = None) -> Dataflow:
     """Processing-time windows: bids per bidder in panes of ``window_size_sec`` of wall time
     (:class:`~bench.nexmark.steps.BidsPerPane`); only each bidder's total is fixed."""
     flow = _flow(name_prefix, "q12", key_ranges)
-    (_events(flow, input_stream).filter(s.is_bid).key_by(s.bidder_key)
-     .process(s.BidsPerPane, name=f"{name_prefix}q12.panes", window_us=str(config.window_size_sec * SECOND_US))
-     .output(output_stream))
+    results = (_events(flow, input_stream).filter(s.is_bid).key_by(s.bidder_key)
+               .process(s.BidsPerPane, name=f"{name_prefix}q12.panes", window_us=str(config.window_size_sec * SECOND_US)))
+    _out(results, output_stream, sink_dir)
     return flow
 
 

@@ -36,12 +36,12 @@ from bench import latency
 from bench.cpu import CpuMeter
 from bench.nexmark import flows, oracle, queries
 from bench.nexmark.generator import SECOND_US, NexmarkConfig, records, watermark_after
+from bench.nexmark.sink import read_outputs
 from injectors import Injector
-from runtime import Context, Record, Sink, Topology
+from runtime import Topology
 from runtime.client import Client
 from runtime.cluster import wait_until
-from runtime.errors import TopologyError, UsageError
-from runtime.sinks import CommittedFile
+from runtime.errors import UsageError
 
 if TYPE_CHECKING:
     from bench.workloads import BenchConfig
@@ -50,55 +50,17 @@ STREAM, OUT = "nx-events", "nx-out"
 Output = Counter[tuple[bytes, bytes, int]]
 
 
-class OutputSink(Sink):
-    """Appends ``key value timestamp arrival_ns`` lines (key and value in hex) to
-    ``<path>/<tablet>.txt``, exactly once (the committed length is in the tablet's commit)."""
-
-    def setup(self, params: Mapping[str, str]) -> None:
-        super().setup(params)
-        if "path" not in params:
-            raise TopologyError("OutputSink needs params={'path': DIRECTORY}")
-        self.dir = params["path"]
-        self._pending: list[bytes] = []
-
-    def restore(self, tablet: str, meta: bytes | None, token: int = 0, absorbed: Sequence[bytes] = ()) -> None:
-        self.file = CommittedFile(self.dir, tablet, ".txt", meta, token=token)
-
-    def process_record(self, ctx: Context, record: Record) -> None:
-        self._pending.append(b"%s %s %d %d\n" % (record.key.hex().encode(), record.value.hex().encode(),
-                                                  record.timestamp, time.time_ns()))
-
-    def prepare_commit(self) -> bytes:
-        data = b"".join(self._pending)
-        self._pending.clear()
-        return self.file.append(data, fsync=False)
-
-
-def read_outputs(path: str) -> list[tuple[bytes, bytes, int, int]]:
-    """(key, value, timestamp, arrival_ns) of every committed output line under ``path``."""
-    out: list[tuple[bytes, bytes, int, int]] = []
-    if not os.path.isdir(path):
-        return out
-    for name in sorted(os.listdir(path)):
-        with open(os.path.join(path, name), "rb") as f:
-            for line in f:
-                if line.endswith(b"\n"):
-                    k, v, ts, arrival = line.split()
-                    out.append((bytes.fromhex(k.decode()), bytes.fromhex(v.decode()), int(ts), int(arrival)))
-    return out
-
-
 def _topology(query: str, prefix: str, config: NexmarkConfig, sink_dir: str, key_ranges: int,
               classic: bool = False) -> Topology:
     """The query (its flow version, or the classic one) and the sink of its output."""
     args = (prefix, f"{prefix}{STREAM}", f"{prefix}{OUT}")
     if classic:
         topo = queries.QUERIES[query](*args, key_ranges=key_ranges, config=config)
-    else:
-        topo = flows.FLOWS[query](*args, key_ranges=key_ranges, config=config).topology()
-    topo.add_computation(f"{prefix}sink", "bench.nexmark.run:OutputSink", inputs={f"{prefix}{OUT}": None},
-                         key_ranges=2, fsync=False, params={"path": sink_dir})
-    return topo
+        topo.add_computation(f"{prefix}sink", "bench.nexmark.sink:OutputSink", inputs={f"{prefix}{OUT}": None},
+                             key_ranges=2, fsync=False, params={"path": sink_dir})
+        return topo
+    # As a user writes it: the sink at the end of the flow, fused into its last stage.
+    return flows.FLOWS[query](*args, key_ranges=key_ranges, config=config, sink_dir=sink_dir).topology()
 
 
 def _oracles(classic: bool) -> Mapping[str, Any]:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from bench.nexmark import flows, oracle, queries
 from bench.nexmark import run as run_nexmark
+from bench.nexmark.sink import read_outputs
 from bench.nexmark.generator import (
     FIRST_AUCTION_ID,
     FIRST_PERSON_ID,
@@ -161,12 +162,15 @@ def test_any_event_round_trips_through_the_wire_encoding(e: Person | Auction | B
 
 
 def _run(query: str, config: NexmarkConfig, n: int, chunk: int = 100, *, flow: bool = False,
-         restart_at: int | None = None) -> TestRun:
+         restart_at: int | None = None, sink_dir: str | None = None) -> TestRun:
     """Inject ``n`` events as an injector would: in chunks, each followed by the watermark the
     generator promises after it; at event ``restart_at``, every computation restarts from what
-    it committed (as after a crash)."""
-    build = flows.FLOWS[query] if flow else queries.QUERIES[query]
-    run = TestRun(build("t-", "events", "out", key_ranges=3, config=config))
+    it committed (as after a crash). ``sink_dir``: the flow writes there (the bench's sink)."""
+    if flow:
+        built = flows.FLOWS[query]("t-", "events", "out", key_ranges=3, config=config, sink_dir=sink_dir)
+    else:
+        built = queries.QUERIES[query]("t-", "events", "out", key_ranges=3, config=config)
+    run = TestRun(built)
     recs = _records(config, n)
     for lo in range(0, n, chunk):
         for key, value, ts in recs[lo:lo + chunk]:
@@ -216,6 +220,21 @@ def test_flow_output_equals_the_oracle_through_a_restart(query: str, config: Nex
         run.run_until_idle()
         got = Counter((r.key, r.value, r.timestamp) for r in run.output("out"))
         assert _late(run) == 0
+    assert got == expected
+
+
+@pytest.mark.parametrize(("query", "config", "n"), [("q0", SMALL, N), ("q5", SMALL, N), ("q8", SMALL, N)])
+def test_a_flow_writing_through_its_fused_sink_equals_the_oracle_through_a_restart(
+        query: str, config: NexmarkConfig, n: int, tmp_path: Path) -> None:
+    """As the bench runs them: the OutputSink at the end of the flow runs in its last stage,
+    and what it committed, read back from its files, is the oracle's, once each."""
+    expected = oracle.FLOW_ORACLES[query](config, _records(config, n))
+    with _run(query, config, n, flow=True, restart_at=n // 2, sink_dir=str(tmp_path)) as run:
+        assert "out" not in run.streams or not run.output("out")
+        run.finish("events")
+        run.run_until_idle()
+        assert _late(run) == 0
+    got = Counter((k, v, ts) for k, v, ts, _ in read_outputs(str(tmp_path)))
     assert got == expected
 
 
@@ -302,7 +321,9 @@ def test_the_runner_runs_the_flows_by_default_and_the_classic_queries_on_a_flag(
     classic = run_nexmark._topology("q5", "t-", SMALL, str(tmp_path), 3, classic=True)
     want_flow = flows.q5("t-", f"t-{run_nexmark.STREAM}", sink, key_ranges=3, config=SMALL).topology()
     want_classic = queries.q5("t-", f"t-{run_nexmark.STREAM}", sink, key_ranges=3, config=SMALL)
-    assert set(flow.computations) == set(want_flow.computations) | {"t-sink"}
+    assert set(flow.computations) == set(want_flow.computations)  # the sink runs in the last stage
+    last = flow.computations["t-q5.hottest"]
+    assert last.code == "runtime.flows.stage:SinkStage" and "bench.nexmark.sink:OutputSink" in last.params["flow.plan"]
     assert set(classic.computations) == set(want_classic.computations) | {"t-sink"}
     assert set(flow.computations) != set(classic.computations)
     # q8's flow is checked at its window's end, the classic one as soon as both sides are in.
