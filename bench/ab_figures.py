@@ -41,7 +41,7 @@ PACKAGES = ("bench", "cli", "examples", "injectors", "master", "runtime", "spark
 DEFAULT_FIGURES = ("recordpath", "w1-1stage", "w1-3stages", "w2", "nexmark-q0")
 # On flows (issue 30): only against a commit that has runtime.flows (from c81c71b on), chosen
 # with --ab-figures; a tree without flows yields no values and says so.
-FLOW_FIGURES = ("recordpath-flow3", "w1-flow-1stage", "w1-flow-3stages", "w2-flow")
+FLOW_FIGURES = ("recordpath-flow3", "w1-flow-1stage", "w1-flow-3stages", "w2-flow", "nexmark-q0-flow")
 FIGURES = DEFAULT_FIGURES + FLOW_FIGURES
 RECORDPATH_BATCH = 1_000  # `python -m bench.overhead recordpath 1000`
 W1_RATE = 10_000
@@ -90,18 +90,24 @@ def _w2(root: str, quick: bool, flow: bool = False) -> tuple[dict[str, float], b
     return {"records_per_s": r["throughput_rps"]}, bool(r.get("oracle_equal"))
 
 
-def _nexmark_q0(root: str, quick: bool) -> tuple[dict[str, float], bool | None]:
+def _nexmark_q0(root: str, quick: bool, flow: bool = False) -> tuple[dict[str, float], bool | None]:
     from bench import workloads
     from bench.nexmark import run as nexmark
 
     # The same job on both sides: the classic q0 (a checkout's runner defaults to the flow
-    # versions; an older tree's has only the classic ones and no such switch).
-    switch = {"classic": True} if "classic" in inspect.signature(nexmark.run).parameters else {}
+    # versions; an older tree's has only the classic ones and no such switch), or, for
+    # ``flow``, each side's flow version as its bench runs it.
+    switch = {"classic": True} if not flow and "classic" in inspect.signature(nexmark.run).parameters else {}
     q = nexmark.run(root, workloads.BenchConfig.make(quick), only=["q0"], **switch)["queries"][0]
     t = q.get("throughput") or {}
     if t.get("events_per_cpu_s") is None:
         return {}, False
-    return {"events_per_cpu_s": t["events_per_cpu_s"]}, bool((t.get("exactness") or {}).get("exact"))
+    values = {"events_per_cpu_s": t["events_per_cpu_s"]}
+    p50 = ((q.get("latency") or {}).get("ms") or {}).get("p50")
+    if flow and p50 is not None:
+        values["p50_ms"] = p50
+    exact = all(((q.get(k) or {}).get("exactness") or {}).get("exact") for k in ("throughput", "latency"))
+    return values, exact
 
 
 def _isolate() -> None:
@@ -146,6 +152,8 @@ def measure(figure: str, quick: bool) -> dict[str, Any]:
             values, exact = _w2(root, quick)
         elif figure == "w2-flow":
             values, exact = _w2(root, quick, flow=True)
+        elif figure == "nexmark-q0-flow":
+            values, exact = _nexmark_q0(root, quick, flow=True)
         else:
             values, exact = _nexmark_q0(root, quick)
     finally:
