@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from bench.nexmark import flows, oracle, queries
 from bench.nexmark import run as run_nexmark
-from bench.nexmark.sink import read_outputs
 from bench.nexmark.generator import (
     FIRST_AUCTION_ID,
     FIRST_PERSON_ID,
@@ -31,6 +30,7 @@ from bench.nexmark.generator import (
     timestamp,
     watermark_after,
 )
+from bench.nexmark.sink import read_outputs
 from cli.main import build_parser
 from runtime.errors import MillstreamError
 from runtime.testing import TestRun
