@@ -37,10 +37,11 @@ def _send(c: Cluster, lines: list[str], name: str, midway: threading.Thread | No
 
 def test_rounds_in_flight_stay_exact_through_a_split_a_killed_worker_and_a_rerun(tmp_path: object) -> None:
     with Cluster(str(tmp_path), workers=0).running() as c:
-        # An injector's delivery waits 5 ms at the worker (a network's round trip), so the
-        # next rounds fill and join it in flight however fast the machine is right now
-        # (under the whole suite's load a round could finish before 25 more records came).
-        c.add_faulty_workers(3, "delay-injector 5")
+        # An injector's delivery waits 30 ms at the worker (a slow network's round trip), so
+        # the next rounds fill and join it in flight however fast the machine is right now:
+        # under the whole suite's load, 5 ms let one CI run's rounds each finish before 25
+        # more records came (the sender descheduled), and nothing overlapped.
+        c.add_faulty_workers(3, "delay-injector 30")
         out = os.path.join(c.data_dir, "out")
         c.client.submit(wordcount.topology(out, name="pipelined"))
         c.wait_assigned()
