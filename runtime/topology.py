@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import datetime
 import json
 import re
@@ -25,6 +26,18 @@ LATE_RECORDS: tuple[LateRecords, ...] = ("process", "drop")
 def dead_letter_stream(computation: str) -> str:
     """The stream that receives ``computation``'s poison records."""
     return computation + DEAD_LETTER_SUFFIX
+
+
+def dead_letter(error: BaseException, computation: str, value: bytes) -> bytes:
+    """The value of the dead letter of a record ``value`` that ``computation`` failed on with
+    ``error``: JSON ``{"error", "computation", "value"}`` (the value base64). Never raises,
+    even for an exception whose ``str()`` does."""
+    try:
+        said = f"{type(error).__name__}: {error}"
+    except BaseException:  # user code's exception: its __str__ may raise too
+        said = f"{type(error).__name__} (its message could not be shown)"
+    return json.dumps({"error": said, "computation": computation,
+                       "value": base64.b64encode(value).decode()}).encode()
 
 
 LATE_SUFFIX = ".late"

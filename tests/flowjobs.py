@@ -129,10 +129,57 @@ def one_key(_: Any) -> str:
     return "all"
 
 
+def poison(word: str) -> Any:
+    """``refuse`` becomes a value no state can hold: a reduce's running value of it fails
+    when the stage writes it, at the end of the call."""
+    return object() if word == "refuse" else word
+
+
+def last(_: Any, b: Any) -> Any:
+    return b
+
+
+def type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("this exception cannot say what it is")
+
+
 class PickySink(FileSink):
-    """A FileSink that refuses any value containing ``bad``."""
+    """A FileSink that refuses any value containing ``bad``, raises an exception that cannot
+    be shown on ``odd``, and fails its first try of each ``flaky`` value after counting it in
+    its state; it writes each value with how many times its key's state counted it."""
+
+    seen = ValueState("seen", codecs.INT, default=0)
+    failed: set[bytes] = set()  # the flaky values that failed once (TestRun: one process)
 
     def process_record(self, ctx: Context, record: Record) -> None:
         if b"bad" in record.value:
             raise ValueError("the sink refuses bad values")
+        if b"odd" in record.value:
+            raise Unprintable()
+        seen = ctx.state_of(self.seen)
+        seen.set(seen.get() + 1)
+        if b"flaky" in record.value and record.value not in self.failed:
+            self.failed.add(record.value)
+            ctx.set_timer("never", 2**62)
+            raise ValueError("a flaky first try")
+        super().process_record(ctx, Record(record.key, b"%s:%d" % (record.value, seen.get()), record.timestamp,
+                                           record.id))
+
+
+class FlushingSink(FileSink):
+    """A FileSink that sets a timer per record and, on it, tries to produce (refused: a sink
+    writes out of millstream) or, for ``quiet``, writes a line."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.set_timer(record.value.decode(), record.timestamp + 1)
         super().process_record(ctx, record)
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        if tag != "quiet":
+            ctx.produce("anything", b"x")
+        super().process_record(ctx, Record(ctx.key, b"flushed " + tag.encode(), time, b""))

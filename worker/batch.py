@@ -11,8 +11,6 @@ event loop side of this is in worker/tablet.py.
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +25,7 @@ from runtime.record import Record, derived_id, is_worker_producer
 from runtime.sinks import is_sink
 from runtime.state import TTL_TAG, cell, expired, merged
 from runtime.status import show_key
-from runtime.topology import dead_letter_stream
+from runtime.topology import dead_letter, dead_letter_stream
 from worker.context import _UNSAVED, Effects, KeyContext
 from worker.dedup import SEQUENCED_ID_PREFIX, Mark, MarkView, OpaqueIds, ascending, first_new
 from worker.inbox import Delivery
@@ -598,15 +596,18 @@ class BatchProcessor:
             self._after_call(commit, ctx.eff, mark, ts, source_id, source)
             return
         assert error is not None
+        self.note_dead_letter(key, error, self.host.limits.max_attempts)
+        ctx.begin(key, ts)
+        ctx.out.append((dead_letter_stream(self.computation), key, dead_letter(error, self.computation, value), ts))
+        self._after_call(commit, None, mark, ts, source_id + b"dead-letter", None)
+
+    def note_dead_letter(self, key: bytes, error: BaseException, failures: int) -> None:
+        """Count and log a record dead-lettered after ``failures`` failures (here, or by a
+        flow's fused sink: runtime/flows/ops.py)."""
         self.dead_lettered += 1
         self.metrics.dead_lettered.inc()
         log.warning("tablet %s: dead-lettering a record of key %r after %d failures: %r",
-                    self.name, show_key(key), self.host.limits.max_attempts, error)
-        doc = {"error": f"{type(error).__name__}: {error}", "computation": self.computation,
-               "value": base64.b64encode(value).decode()}
-        ctx.begin(key, ts)
-        ctx.out.append((dead_letter_stream(self.computation), key, json.dumps(doc).encode(), ts))
-        self._after_call(commit, None, mark, ts, source_id + b"dead-letter", None)
+                    self.name, show_key(key), failures, error)
 
     def _after_call(self, commit: Commit, eff: Effects | None, mark: int, ts: int, source_id: bytes,
                     source: tuple[bytes, int] | None, n: int | None = None) -> None:

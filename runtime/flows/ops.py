@@ -11,8 +11,6 @@ worker undoes the call and runs it again).
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,7 +19,8 @@ from runtime.computation import Computation, Context, State, TimeDomain
 from runtime.errors import UsageError
 from runtime.flows.values import VALUES
 from runtime.record import Record
-from runtime.state import VALUE, ValueState, cell, kept, payload
+from runtime.state import TTL_TAG, VALUE, ValueState, bind, cell, kept, payload
+from runtime.topology import dead_letter
 
 Item = tuple[bytes, Any, int]  # key, value, event time
 TIMER_PREFIX = "flow/"         # the tags of a flow's timers: flow/<step>/<what>
@@ -291,6 +290,88 @@ class Process(Op):
         self.out = []
 
 
+class _Attempt:
+    """The stage's context as one attempt of a fused sink's call sees it: it forwards
+    everything, noting what each change to typed state and timers replaced, so
+    :meth:`undo` takes back an attempt that raised. (The worker undoes a whole call of the
+    stage; a sink's attempts are per record, inside one.)"""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+        self._undo: list[Callable[[], None]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+    def state_of(self, spec: Any) -> Any:
+        return bind(spec, self)  # type: ignore[arg-type]
+
+    def _keep_cells(self, skeys: list[bytes], prefix: bytes | None = None) -> None:
+        eff = self._ctx.effects  # type: ignore[attr-defined]
+        cells, cleared = eff.cells, eff.cleared
+        saved, n = [(s, s in cells, cells.get(s)) for s in skeys], len(cleared)
+
+        def undo() -> None:
+            for s in [s for s in cells if prefix is not None and s.startswith(prefix)]:
+                del cells[s]
+            del cleared[n:]
+            for s, had, old in saved:
+                if had:
+                    cells[s] = old
+                else:
+                    cells.pop(s, None)
+        self._undo.append(undo)
+
+    def _keep_timer(self, tag: str) -> None:
+        eff = self._ctx.effects  # type: ignore[attr-defined]
+        tk = (self._ctx.key, tag)
+        was_set, was_deleted = eff.timers_set.get(tk), tk in eff.timers_deleted
+
+        def undo() -> None:
+            eff.timers_set.pop(tk, None)
+            if was_set is not None:
+                eff.timers_set[tk] = was_set
+            (eff.timers_deleted.add if was_deleted else eff.timers_deleted.discard)(tk)
+        self._undo.append(undo)
+
+    def cell_put(self, skey: bytes, stored: bytes) -> None:
+        self._keep_cells([skey])
+        self._ctx.cell_put(skey, stored)  # type: ignore[attr-defined]
+
+    def cell_delete(self, skey: bytes) -> None:
+        self._keep_cells([skey])
+        self._ctx.cell_delete(skey)  # type: ignore[attr-defined]
+
+    def cell_clear(self, prefix: bytes) -> None:
+        self._keep_cells([s for s in self._ctx.effects.cells if s.startswith(prefix)], prefix)  # type: ignore[attr-defined]
+        self._ctx.cell_clear(prefix)  # type: ignore[attr-defined]
+
+    def expire_at(self, name: str, time: int) -> None:
+        self._keep_timer(TTL_TAG + name)
+        self._ctx.expire_at(name, time)  # type: ignore[attr-defined]
+
+    def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
+        self._keep_timer(tag)
+        self._ctx.set_timer(tag, time, domain)
+
+    def delete_timer(self, tag: str) -> None:
+        self._keep_timer(tag)
+        self._ctx.delete_timer(tag)
+
+    def undo(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def keep(self) -> None:
+        self._undo.clear()
+
+
+class _SinkContext(StepContext):
+    def produce(self, stream: str, value: Any, *, key: bytes | None = None, timestamp: int | None = None) -> None:
+        raise UsageError(f"sink step {self.op.name!r} produced to {stream!r}; a sink writes out of millstream, "
+                         "it cannot produce (use a process step before it)")
+
+
 class SinkStep(Process):
     """A ``sink`` fused into the stage before it (Flink chains its sinks the same way): the
     user's :class:`~runtime.Sink` runs in the stage's tablet, so its output commits with the
@@ -299,49 +380,60 @@ class SinkStep(Process):
     The stage's call only collects the items, encoded by ``codec`` (an item whose value the
     codec refuses fails the call: the worker retries it, then dead-letters it, as for any
     step). The sink gets them in :meth:`finish`, once the rest of the call succeeded, so a
-    call the worker undoes and runs again never hands the sink a record twice. A record the
-    sink's ``process_record`` raises on is tried :data:`ATTEMPTS` times, then goes to the
-    stage's ``<stage>.dead_letter`` stream, and the others go on."""
+    call the worker undoes and runs again never hands the sink a record twice; and
+    :meth:`finish` never raises. A record the sink's ``process_record`` raises on is tried
+    ``attempts`` times (the worker's ``max_attempts``), each failed attempt's state and
+    timers taken back, then goes to the stage's ``<stage>.dead_letter`` stream (counted and
+    logged by ``on_dead_letter``), and the others go on."""
 
-    ATTEMPTS = 3
-
-    def __init__(self, name: str, comp: Computation, codec: Codec, dead_letters: str) -> None:
+    def __init__(self, name: str, comp: Computation, codec: Codec, dead_letters: str, attempts: int = 3,
+                 on_dead_letter: Callable[[bytes, BaseException, int], None] | None = None) -> None:
         super().__init__(name, comp)
+        self.step_ctx = _SinkContext(self)
         self.encode = codec.encode
         self.dead_letters = dead_letters
+        self.attempts = attempts
+        self.on_dead_letter = on_dead_letter
         self._pending: list[Item] = []
 
     def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
         encode = self.encode
         self._pending += [(k, encode(v), t) for k, v, t in items]
 
+
     def finish(self, ctx: Context) -> None:
         pending, self._pending = self._pending, []
+        if not pending:
+            return
         sc = self.step_ctx
-        sc.ctx = ctx
+        sc.ctx = attempt = _Attempt(ctx)  # type: ignore[assignment]
         fn = self.comp.process_record
         rebind = ctx.rebind  # type: ignore[attr-defined]
         for k, v, t in pending:
             rebind(k, t)
             sc.timestamp = t
             error: BaseException | None = None
-            for _ in range(self.ATTEMPTS):
+            for _ in range(self.attempts):
                 self.out = []
                 try:
                     fn(sc, Record(k, v, t, b""))
-                    if self.out:
-                        raise UsageError(f"sink step {self.name!r} produced records; a sink writes out of "
-                                         "millstream, it cannot produce (use a process step before it)")
                 except BaseException as e:  # user code: anything may happen, sys.exit() included
                     error = e
+                    attempt.undo()
                     continue
+                attempt.keep()
                 error = None
                 break
             if error is not None:
-                doc = {"error": f"{type(error).__name__}: {error}", "computation": self.name,
-                       "value": base64.b64encode(v).decode()}
-                ctx.produce(self.dead_letters, json.dumps(doc).encode(), key=k, timestamp=t)
+                self._dead_letter(ctx, k, v, t, error)
         self.out = []
+
+    def _dead_letter(self, ctx: Context, key: bytes, value: bytes, t: int, error: BaseException) -> None:
+        # Straight onto the batch's productions, as the worker writes its own dead letters
+        # (worker/batch.py): produce() could refuse it (a value near the size limit).
+        ctx.out.append((self.dead_letters, key, dead_letter(error, self.name, value), t))  # type: ignore[attr-defined]
+        if self.on_dead_letter is not None:
+            self.on_dead_letter(key, error, self.attempts)
 
     def abort(self) -> None:
         self._pending = []

@@ -60,6 +60,10 @@ class FlowStage(Computation):
     #: How the stage loads the code its plan names. The worker sets one that checks its code
     #: policy (``--allow-code``) before the stage is set up; in process (TestRun) anything loads.
     load_code: Callable[[str, str], Any] = staticmethod(lambda path, what: load(path, what))
+    #: How often a fused sink tries a record, and who counts and logs its dead letters: the
+    #: worker sets its own (its ``max_attempts``, its tablet's metric and log).
+    max_attempts = 3
+    on_dead_letter: Callable[[bytes, BaseException, int], None] | None = None
 
     def setup(self, params: Mapping[str, str]) -> None:
         super().setup(params)
@@ -119,7 +123,7 @@ class FlowStage(Computation):
             comp.setup(doc.get("params", {}))
             if kind == "sink":
                 return SinkStep(name, comp, refs.load_codec(doc["codec"], self.load_code),
-                                dead_letter_stream(self.stage))
+                                dead_letter_stream(self.stage), self.max_attempts, self.on_dead_letter)
             return Process(name, comp)
         raise TopologyError(f"{what}: unknown kind of step in the plan of stage {self.stage!r}")
 
@@ -218,8 +222,12 @@ class FlowStage(Computation):
         self._finish(ctx)
 
     def _finish(self, ctx: Context) -> None:
-        for op in self._stateful:
-            op.finish(ctx)
+        try:
+            for op in self._stateful:
+                op.finish(ctx)
+        except BaseException:  # one refused what it wrote: the worker undoes the whole call
+            self._abort()
+            raise
 
     def _abort(self) -> None:
         for op in self._stateful:

@@ -416,20 +416,61 @@ def test_a_fused_sink_gets_each_record_once_when_its_batch_runs_again_one_by_one
 
 
 def test_a_record_a_fused_sink_raises_on_goes_to_the_stages_dead_letters(tmp_path: Any) -> None:
+    """Each record the sink fails on is tried, then dead-lettered, counted and the others go
+    on; a failed try's state and timers are taken back (a flaky value's count is 1, not 2);
+    an exception that cannot say what it is still makes a dead letter."""
     flow = Dataflow("p", key_ranges=1)
     flow.input("w", codec=codecs.STR, keyed=True).map(j.fragile).sink(j.PickySink, name="p_out", path=str(tmp_path))
+    dead_before = _dead_lettered("p.input")
     with TestRun(flow) as run:
-        for i, w in enumerate(["good", "bad", "boom", "fine"]):
+        for i, w in enumerate(["good", "bad", "boom", "fine", "odd", "flaky"]):
             run.inject("w", b"k%d" % i, w.encode(), T0 + i)
         run.run_until_idle()
         letters = sorted((_j(r)["error"], _j(r)["computation"]) for r in run.output("p.input.dead_letter"))
         run.restart("p.input")
         run.inject("w", b"k9", b"after", T0 + 9)
         run.run_until_idle()
-    assert letters == [("ValueError: boom is not a word", "p.input"),
+    assert letters == [("Unprintable (its message could not be shown)", "p_out"),
+                       ("ValueError: boom is not a word", "p.input"),
                        ("ValueError: the sink refuses bad values", "p_out")]
+    assert _dead_lettered("p.input") - dead_before == 3
     # The sink's output survives the restart once (its meta commits with the stage's batch).
-    assert sorted(str(r["value"]) for r in read_file_sink(str(tmp_path))) == ["after", "fine", "good"]
+    assert sorted(str(r["value"]) for r in read_file_sink(str(tmp_path))) == ["after:1", "fine:1", "flaky:1",
+                                                                             "good:1"]
+
+
+def test_a_step_that_fails_writing_its_state_does_not_hand_the_sink_its_call_twice(tmp_path: Any) -> None:
+    """A reduce refuses its running value when the stage writes it (at the end of the call,
+    before the sink's turn): the worker undoes the call and runs its records one by one; the
+    sink, beside the reduce, gets each other record once."""
+    flow = Dataflow("r", key_ranges=1)
+    words = flow.input("w", codec=codecs.STR, keyed=True)
+    words.sink(FileSink, name="r_out", path=str(tmp_path))
+    words.map(j.poison).reduce(j.last).map(j.type_name).output("types", codec=codecs.STR)
+    assert flow.topology().computations["r.reduce"].code == "runtime.flows.stage:SinkStage"
+    sent = ["a", "bb", "refuse", "c", "dd"]
+    with TestRun(flow) as run:
+        for i, w in enumerate(sent):
+            run.inject("w", b"k%d" % i, w.encode(), T0 + i)
+        run.run_until_idle()
+        [letter] = run.output("r.reduce.dead_letter")
+        assert _j(letter)["computation"] == "r.reduce" and "object" in _j(letter)["error"]
+        run.inject("w", b"k1", b"eee", T0 + 9)
+        run.run_until_idle()
+    assert sorted(str(r["value"]) for r in read_file_sink(str(tmp_path))) == ["a", "bb", "c", "dd", "eee"]
+
+
+def test_a_fused_sink_producing_from_its_timer_is_refused_and_its_timer_dead_lettered(tmp_path: Any) -> None:
+    flow = Dataflow("t", key_ranges=1)
+    flow.input("w", codec=codecs.STR, keyed=True).sink(j.FlushingSink, name="t_out", path=str(tmp_path))
+    with TestRun(flow) as run:
+        run.inject("w", b"k1", b"loud", T0)
+        run.inject("w", b"k2", b"quiet", T0 + 1)
+        run.finish("w")
+        run.run_until_idle()
+        [letter] = run.output("t.input.dead_letter")
+    assert "a sink writes out of millstream" in _j(letter)["error"]
+    assert sorted(str(r["value"]) for r in read_file_sink(str(tmp_path))) == ["flushed quiet", "loud", "quiet"]
 
 
 def test_a_computation_with_two_inputs_knows_where_each_record_came_from() -> None:
@@ -493,6 +534,10 @@ def test_a_second_boundary_over_thousands_of_keys_fires_in_slices_between_batche
     assert len(got) == 1500 and set(got.values()) == {1} and {c for _, c in got} == {2}
     assert _fire_calls("sliced_counts") - calls == -(-1500 // windowing.FIRE_CHUNK)
     assert totals == [1500]
+
+
+def _dead_lettered(computation: str) -> float:
+    return REGISTRY.get_sample_value("millstream_dead_lettered_total", {"computation": computation}) or 0.0
 
 
 def _fire_calls(step: str) -> float:
