@@ -82,6 +82,19 @@ class RawCounter(Computation):
         ctx.produce("n", n)
 
 
+class Tally(Computation):
+    """Counts per key in ``ctx.state`` and passes each value on as ``value:count``."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        n = int(ctx.state.get() or b"0") + 1
+        ctx.state.set(b"%d" % n)
+        ctx.produce("tallied", f"{record.value}:{n}")
+
+
+def fragile_tally(tallied: str) -> str:
+    return fragile(tallied.split(":")[0]) and tallied
+
+
 class RawState(Computation):
     """Keeps whatever the record says in ``ctx.state``: ``b"clear"`` clears it, ``b"int"``
     stores an int (refused), anything else is stored as a bytearray; passes on what it held."""

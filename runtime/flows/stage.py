@@ -2,7 +2,7 @@
 (``runtime.flows.stage:FlowStage``): its plan (made by runtime/dataflow.py, in the
 computation's params) names the stage's entries (input streams, with the codec and the
 stateless steps a record goes through on arrival) and its steps; the operators of
-runtime/flows/ops.py and runtime/flows/windowing.py run them.
+runtime/flows/ops.py, runtime/flows/steps.py and runtime/flows/windowing.py run them.
 
 The worker calls it as any computation: ``process_record`` per record (or
 ``process_batch`` with a batch of them, worker/batch.py), ``process_timer`` for the timers
@@ -21,7 +21,8 @@ from runtime.codecs import Codec
 from runtime.computation import Computation, Context
 from runtime.errors import TopologyError
 from runtime.flows import PLAN_PARAM, refs
-from runtime.flows.ops import TIMER_PREFIX, Emit, Filter, FlatMap, Item, Map, Op, Process, Reduce, SinkStep
+from runtime.flows.ops import TIMER_PREFIX, Emit, Filter, FlatMap, Item, Map, Op, Reduce
+from runtime.flows.steps import Process, SinkStep
 from runtime.flows.windowing import IntervalJoin, Join, Window
 from runtime.imports import load
 from runtime.record import Record

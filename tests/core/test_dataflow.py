@@ -337,6 +337,24 @@ def test_fused_process_steps_each_keep_their_own_bytes_state_through_a_restart()
     assert got == {k: list(range(1, n + 1)) for k, n in Counter(keys).items()}
 
 
+def test_a_process_steps_state_held_for_a_call_is_forgotten_when_the_call_is_undone() -> None:
+    """A step's ``ctx.state`` is held per key for the stage's call and written when it ends:
+    when a later step raises, the worker undoes the call and runs its records one by one, and
+    the counts of the undone call must not leak into the reruns."""
+    flow = Dataflow("tally", key_ranges=1)
+    flow.input("w", codec=codecs.STR, keyed=True).process(j.Tally, name="tally").map(j.fragile_tally) \
+        .output("out", codec=codecs.STR)
+    with TestRun(flow) as run:
+        for i, w in enumerate(["a", "b", "boom", "c", "d"]):
+            run.inject("w", b"k", w.encode(), T0 + i)
+        run.run_until_idle()
+        run.restart("tally")
+        run.inject("w", b"k", b"e", T0 + 9)
+        run.run_until_idle()
+        assert [r.value for r in run.output("out")] == [b"a:1", b"b:2", b"c:3", b"d:4", b"e:5"]
+        assert len(run.output("tally.dead_letter")) == 1
+
+
 def test_a_process_steps_bytes_state_takes_bytes_like_values_and_refuses_others() -> None:
     flow = Dataflow("raw")
     flow.input("ev", keyed=True).process(j.RawState, name="keep").output("held", codec=codecs.JSON)

@@ -1,0 +1,380 @@
+"""User code as steps of a flow's stage (runtime/flows/stage.py): ``process`` runs a
+:class:`~runtime.Computation` per key, with its own state and timers inside the stage;
+``sink`` runs a :class:`~runtime.Sink` fused into the stage before it.
+
+A ``process`` step's ``ctx.state`` is held per key for the length of the stage's call and
+written once when it ends (``finish``), as ``reduce`` holds its running values
+(runtime/flows/ops.py). A sink gets the call's records only in ``finish``, once everything
+else in the call succeeded, and never raises from there: a record it fails on is tried,
+then dead-lettered, each failed try's state and timers taken back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from runtime.codecs import Codec
+from runtime.computation import Computation, Context, State, TimeDomain
+from runtime.errors import UsageError
+from runtime.flows.ops import Item, Op
+from runtime.record import Record
+from runtime.state import TTL_TAG, VALUE, ValueState, bind, cell, kept, payload
+from runtime.topology import dead_letter
+
+
+class _StepState(State):
+    """``ctx.state`` of a computation run as a flow step: bytes in a state of its own (the
+    cells of ``ValueState("flow/<step>/state")``, read and written straight, without a typed
+    handle per call: the state never expires and its codec is the identity)."""
+
+    def __init__(self, step: StepContext) -> None:
+        self._step = step
+        self._name = step.op.raw.name
+
+    def _cell(self) -> bytes:
+        return cell(self._step.key, self._name) + VALUE
+
+    def get(self) -> bytes | None:
+        stored = self._step.ctx.cell_get(self._cell())  # type: ignore[attr-defined]
+        return None if stored is None else payload(stored)
+
+    def set(self, value: bytes) -> None:
+        self._step.ctx.cell_put(self._cell(), kept(_as_bytes(value)))  # type: ignore[attr-defined]
+
+    def clear(self) -> None:
+        self._step.ctx.cell_delete(self._cell())  # type: ignore[attr-defined]
+
+    def flush(self, ctx: Context) -> None:
+        """The call ends: write what it held back (nothing: it writes straight)."""
+
+    def forget(self) -> None:
+        """The call raised: forget what it held back."""
+
+
+def _as_bytes(value: Any) -> bytes:
+    if type(value) is not bytes:
+        if not isinstance(value, (bytearray, memoryview)):
+            raise UsageError(f"state must be bytes, not {type(value).__name__}; encode it first (or use ValueState)")
+        value = bytes(value)
+    return value  # type: ignore[no-any-return]
+
+
+class _HeldState(_StepState):
+    """A ``process`` step's ``ctx.state``, held per key for the length of the stage's call:
+    read from its cell the first time the call asks for a key, written to it once, when the
+    call ends (:meth:`flush`, from the step's ``finish``), as ``reduce`` does. A step called
+    for many records of a key in one batch reads and writes its cell once, not per record."""
+
+    def __init__(self, step: StepContext) -> None:
+        super().__init__(step)
+        self._held: dict[bytes, bytes | None] = {}  # this call: key -> its value (None: none)
+        self._dirty: set[bytes] = set()
+
+    def get(self) -> bytes | None:
+        key = self._step.key
+        held = self._held
+        if key in held:
+            return held[key]
+        stored = self._step.ctx.cell_get(cell(key, self._name) + VALUE)  # type: ignore[attr-defined]
+        value = held[key] = None if stored is None else payload(stored)
+        return value
+
+    def set(self, value: bytes) -> None:
+        key = self._step.key
+        self._held[key] = value if type(value) is bytes else _as_bytes(value)
+        self._dirty.add(key)
+
+    def clear(self) -> None:
+        key = self._step.key
+        self._held[key] = None
+        self._dirty.add(key)
+
+    def flush(self, ctx: Context) -> None:
+        held, name = self._held, self._name
+        for key in self._dirty:
+            value = held[key]
+            if value is None:
+                ctx.cell_delete(cell(key, name) + VALUE)  # type: ignore[attr-defined]
+            else:
+                ctx.cell_put(cell(key, name) + VALUE, kept(value))  # type: ignore[attr-defined]
+        self.forget()
+
+    def forget(self) -> None:
+        self._held.clear()
+        self._dirty.clear()
+
+
+class StepContext(Context):
+    """What a :class:`~runtime.Computation` run as a ``process`` step sees: its own state and
+    timers (named apart from every other step's), and ``produce`` handing values on."""
+
+    key: bytes = b""  # the item's, set with ``timestamp`` per item (a plain attribute: read per state call)
+
+    def __init__(self, op: Process) -> None:
+        self.op = op
+        self.ctx: Context = None  # type: ignore[assignment]  # the stage's, bound per call
+        self.timestamp = 0
+        self._state: _StepState = (_StepState if isinstance(op, SinkStep) else _HeldState)(self)
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def low_watermark(self) -> int:
+        return self.ctx.low_watermark
+
+    @property
+    def tablet(self) -> str:
+        return self.ctx.tablet
+
+    @property
+    def sequencer_token(self) -> int:
+        return self.ctx.sequencer_token
+
+    def produce(self, stream: str, value: Any, *, key: bytes | None = None, timestamp: int | None = None) -> None:
+        here = self.key
+        if key is None and timestamp is None:  # the common call: no checks
+            self.op.out.append((here, value, self.timestamp))
+            return
+        if key is not None and key != here:
+            raise UsageError(f"step {self.op.name!r}: produce(key={key!r:.40}) in a flow must keep the current key "
+                             f"({here!r:.40}); re-key with key_by after the step")
+        if timestamp is not None and (isinstance(timestamp, bool) or not isinstance(timestamp, int)):
+            raise UsageError(f"produce() timestamp {timestamp!r} must be an int of microseconds")
+        self.op.out.append((here, value, self.timestamp if timestamp is None else timestamp))
+
+    def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
+        self.ctx.set_timer(self.op.timer_tag(":" + tag), time, domain)
+
+    def delete_timer(self, tag: str) -> None:
+        self.ctx.delete_timer(self.op.timer_tag(":" + tag))
+
+    def now(self) -> int:
+        return self.ctx.now()
+
+    def state_of(self, spec: Any) -> Any:
+        return self.ctx.state_of(self.op.renamed(spec))
+
+
+class Process(Op):
+    """A user :class:`~runtime.Computation` per key: each item is a record for its
+    ``process_record``; what it produces goes on."""
+
+    def __init__(self, name: str, comp: Computation) -> None:
+        super().__init__(name)
+        self.comp = comp
+        self.out: list[Item] = []
+        self.raw = ValueState(f"{self.state_name}/state", _RAW)
+        self.step_ctx = StepContext(self)
+        self._renamed: dict[int, Any] = {}
+
+    def renamed(self, spec: Any) -> Any:
+        """The step's own copy of a typed state ``spec`` (its name prefixed by the step's)."""
+        copy = self._renamed.get(id(spec))
+        if copy is None:
+            if not hasattr(spec, "name") or not hasattr(spec, "kind"):
+                return spec  # not a state spec: ctx.state_of says what is wrong with it
+            copy = object.__new__(type(spec))
+            copy.__dict__.update(vars(spec))
+            copy.name = f"{self.state_name}/{spec.name}"
+            self._renamed[id(spec)] = copy
+        return copy
+
+    def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
+        sc = self.step_ctx
+        sc.ctx = ctx
+        fn = self.comp.process_record
+        rebind = ctx.rebind  # type: ignore[attr-defined]
+        self.out = []
+        for k, v, t in items:
+            rebind(k, t)
+            sc.key = k
+            sc.timestamp = t
+            fn(sc, Record(k, v, t, b""))
+        out, self.out = self.out, []
+        self.emit(ctx, out)
+
+    def on_timer(self, ctx: Context, what: str, time: int) -> None:
+        if not what.startswith(":"):
+            return
+        sc = self.step_ctx
+        sc.ctx = ctx
+        sc.key = ctx.key
+        sc.timestamp = time
+        self.out = []
+        self.comp.process_timer(sc, what[1:], time)
+        out, self.out = self.out, []
+        self.emit(ctx, out)
+
+    def finish(self, ctx: Context) -> None:
+        self.step_ctx._state.flush(ctx)
+
+    def abort(self) -> None:
+        self.out = []
+        self.step_ctx._state.forget()
+
+
+class _Attempt:
+    """The stage's context as one attempt of a fused sink's call sees it: it forwards
+    everything, noting what each change to typed state and timers replaced, so
+    :meth:`undo` takes back an attempt that raised. (The worker undoes a whole call of the
+    stage; a sink's attempts are per record, inside one.)"""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+        self._undo: list[Callable[[], None]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+    def state_of(self, spec: Any) -> Any:
+        return bind(spec, self)  # type: ignore[arg-type]
+
+    def _keep_cells(self, skeys: list[bytes], prefix: bytes | None = None) -> None:
+        eff = self._ctx.effects  # type: ignore[attr-defined]
+        cells, cleared = eff.cells, eff.cleared
+        saved, n = [(s, s in cells, cells.get(s)) for s in skeys], len(cleared)
+
+        def undo() -> None:
+            for s in [s for s in cells if prefix is not None and s.startswith(prefix)]:
+                del cells[s]
+            del cleared[n:]
+            for s, had, old in saved:
+                if had:
+                    cells[s] = old
+                else:
+                    cells.pop(s, None)
+        self._undo.append(undo)
+
+    def _keep_timer(self, tag: str) -> None:
+        eff = self._ctx.effects  # type: ignore[attr-defined]
+        tk = (self._ctx.key, tag)
+        was_set, was_deleted = eff.timers_set.get(tk), tk in eff.timers_deleted
+
+        def undo() -> None:
+            eff.timers_set.pop(tk, None)
+            if was_set is not None:
+                eff.timers_set[tk] = was_set
+            (eff.timers_deleted.add if was_deleted else eff.timers_deleted.discard)(tk)
+        self._undo.append(undo)
+
+    def cell_put(self, skey: bytes, stored: bytes) -> None:
+        self._keep_cells([skey])
+        self._ctx.cell_put(skey, stored)  # type: ignore[attr-defined]
+
+    def cell_delete(self, skey: bytes) -> None:
+        self._keep_cells([skey])
+        self._ctx.cell_delete(skey)  # type: ignore[attr-defined]
+
+    def cell_clear(self, prefix: bytes) -> None:
+        self._keep_cells([s for s in self._ctx.effects.cells if s.startswith(prefix)], prefix)  # type: ignore[attr-defined]
+        self._ctx.cell_clear(prefix)  # type: ignore[attr-defined]
+
+    def expire_at(self, name: str, time: int) -> None:
+        self._keep_timer(TTL_TAG + name)
+        self._ctx.expire_at(name, time)  # type: ignore[attr-defined]
+
+    def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
+        self._keep_timer(tag)
+        self._ctx.set_timer(tag, time, domain)
+
+    def delete_timer(self, tag: str) -> None:
+        self._keep_timer(tag)
+        self._ctx.delete_timer(tag)
+
+    def undo(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def keep(self) -> None:
+        self._undo.clear()
+
+
+class _SinkContext(StepContext):
+    def produce(self, stream: str, value: Any, *, key: bytes | None = None, timestamp: int | None = None) -> None:
+        raise UsageError(f"sink step {self.op.name!r} produced to {stream!r}; a sink writes out of millstream, "
+                         "it cannot produce (use a process step before it)")
+
+
+class SinkStep(Process):
+    """A ``sink`` fused into the stage before it (Flink chains its sinks the same way): the
+    user's :class:`~runtime.Sink` runs in the stage's tablet, so its output commits with the
+    stage's batch, with no hop, delivery or commit of its own.
+
+    The stage's call only collects the items, encoded by ``codec`` (an item whose value the
+    codec refuses fails the call: the worker retries it, then dead-letters it, as for any
+    step). The sink gets them in :meth:`finish`, once the rest of the call succeeded, so a
+    call the worker undoes and runs again never hands the sink a record twice; and
+    :meth:`finish` never raises. A record the sink's ``process_record`` raises on is tried
+    ``attempts`` times (the worker's ``max_attempts``), each failed attempt's state and
+    timers taken back, then goes to the stage's ``<stage>.dead_letter`` stream (counted and
+    logged by ``on_dead_letter``), and the others go on."""
+
+    def __init__(self, name: str, comp: Computation, codec: Codec, dead_letters: str, attempts: int = 3,
+                 on_dead_letter: Callable[[bytes, BaseException, int], None] | None = None) -> None:
+        super().__init__(name, comp)
+        self.step_ctx = _SinkContext(self)
+        self.encode = codec.encode
+        self.dead_letters = dead_letters
+        self.attempts = attempts
+        self.on_dead_letter = on_dead_letter
+        self._pending: list[Item] = []
+
+    def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
+        encode = self.encode
+        self._pending += [(k, encode(v), t) for k, v, t in items]
+
+
+    def finish(self, ctx: Context) -> None:
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        sc = self.step_ctx
+        sc.ctx = attempt = _Attempt(ctx)  # type: ignore[assignment]
+        fn = self.comp.process_record
+        rebind = ctx.rebind  # type: ignore[attr-defined]
+        for k, v, t in pending:
+            rebind(k, t)
+            sc.key = k
+            sc.timestamp = t
+            error: BaseException | None = None
+            for _ in range(self.attempts):
+                self.out = []
+                try:
+                    fn(sc, Record(k, v, t, b""))
+                except BaseException as e:  # user code: anything may happen, sys.exit() included
+                    error = e
+                    attempt.undo()
+                    continue
+                attempt.keep()
+                error = None
+                break
+            if error is not None:
+                self._dead_letter(ctx, k, v, t, error)
+        self.out = []
+
+    def _dead_letter(self, ctx: Context, key: bytes, value: bytes, t: int, error: BaseException) -> None:
+        # Straight onto the batch's productions, as the worker writes its own dead letters
+        # (worker/batch.py): produce() could refuse it (a value near the size limit).
+        ctx.out.append((self.dead_letters, key, dead_letter(error, self.name, value), t))  # type: ignore[attr-defined]
+        if self.on_dead_letter is not None:
+            self.on_dead_letter(key, error, self.attempts)
+
+    def abort(self) -> None:
+        self._pending = []
+        self.out = []
+
+
+class _Raw:
+    name = "bytes"
+
+    def encode(self, obj: Any) -> bytes:
+        return bytes(obj)
+
+    def decode(self, data: bytes) -> bytes:
+        return data
+
+
+_RAW = _Raw()
