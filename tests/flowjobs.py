@@ -91,6 +91,15 @@ class Tally(Computation):
         ctx.produce("tallied", f"{record.value}:{n}")
 
 
+class Doubler(Computation):
+    """Keeps each value twice over in ``ctx.state``; passes on the length it held before."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        held = ctx.state.get()
+        ctx.state.set(record.value * 2)
+        ctx.produce("held", 0 if held is None else len(held))
+
+
 def fragile_tally(tallied: str) -> str:
     return fragile(tallied.split(":")[0]) and tallied
 

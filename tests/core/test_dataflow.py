@@ -355,6 +355,21 @@ def test_a_process_steps_state_held_for_a_call_is_forgotten_when_the_call_is_und
         assert len(run.output("tally.dead_letter")) == 1
 
 
+def test_a_process_steps_state_over_the_limit_dead_letters_the_record_that_wrote_it() -> None:
+    """The held state is written when the stage's call ends: a value over 16 MiB is refused
+    there, the call is undone and run one record at a time, and only its record is lost."""
+    flow = Dataflow("dbl", key_ranges=1)
+    flow.input("w", keyed=True).process(j.Doubler, name="dbl").output("held", codec=codecs.INT)
+    big = b"x" * (9 << 20)
+    with TestRun(flow) as run:
+        for i, v in enumerate([b"ab", big, b"cde", b"f"]):
+            run.inject("w", b"k", v, T0 + i)
+        run.run_until_idle()
+        assert [int(r.value) for r in run.output("held")] == [0, 4, 6]
+        [letter] = run.output("dbl.dead_letter")
+        assert "state value" in _j(letter)["error"]
+
+
 def test_a_process_steps_bytes_state_takes_bytes_like_values_and_refuses_others() -> None:
     flow = Dataflow("raw")
     flow.input("ev", keyed=True).process(j.RawState, name="keep").output("held", codec=codecs.JSON)
