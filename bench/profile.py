@@ -169,19 +169,21 @@ async def _drive(path: str, records: int, batch: int, prof: cProfile.Profile | N
 
 
 def profile_record_path(root: str, records: int = 20_000, batches: tuple[int, ...] = (10, 1000),
-                        top: int = 12) -> dict[str, Any]:
-    """Per-record cost with and without cProfile, and the functions that dominate."""
+                        top: int = 12, flow_steps: int = 0) -> dict[str, Any]:
+    """Per-record cost with and without cProfile, and the functions that dominate; with
+    ``flow_steps``, of W1's stage as a flow of that many fused ``process`` steps."""
     import uvloop
 
+    routing = flow_routing(flow_steps) if flow_steps else None
     runs = []
     for batch in batches:
         n = records if batch >= 100 else records // 4
         path = os.path.join(root, f"profile-{batch}")
         shutil.rmtree(path, ignore_errors=True)
-        wall = uvloop.run(_drive(path, n, batch, None))
+        wall = uvloop.run(_drive(path, n, batch, None, routing=routing))
         shutil.rmtree(path, ignore_errors=True)
         prof, thread_prof = cProfile.Profile(), cProfile.Profile()
-        profiled = uvloop.run(_drive(path, n, batch, prof, thread_prof))
+        profiled = uvloop.run(_drive(path, n, batch, prof, thread_prof, routing=routing))
         shutil.rmtree(path, ignore_errors=True)
         stats = pstats.Stats(prof)
         stats.add(thread_prof)  # both threads' functions, one table
@@ -209,3 +211,18 @@ def _name(fn: tuple[str, int, str]) -> str:
     parts = file.split(os.sep)
     short = "/".join(parts[-2:]) if len(parts) > 1 else file
     return f"{short}:{line}({func})"
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+    import tempfile
+
+    p = argparse.ArgumentParser(description="cProfile of the in-process record path (one tablet, real RocksDB)")
+    p.add_argument("--flow-steps", type=int, default=0, help="W1's stage as a flow of this many process steps")
+    p.add_argument("--batch", type=int, action="append", help="batch size (repeat; default 10 and 1000)")
+    p.add_argument("--top", type=int, default=15)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        print(json.dumps(profile_record_path(tmp, batches=tuple(args.batch or (10, 1000)), top=args.top,
+                                             flow_steps=args.flow_steps), indent=1))
