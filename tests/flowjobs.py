@@ -205,3 +205,23 @@ class FlushingSink(FileSink):
         if tag != "quiet":
             ctx.produce("anything", b"x")
         super().process_record(ctx, Record(ctx.key, b"flushed " + tag.encode(), time, b""))
+
+
+class Ticking:
+    """A clock the test moves by hand (it stands in for ``perf_counter``)."""
+
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+CLOCK = Ticking()
+
+
+class TickingSink(FileSink):
+    """A FileSink that takes one second of :data:`CLOCK` per record."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        CLOCK.now += 1.0
+        super().process_record(ctx, record)

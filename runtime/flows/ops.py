@@ -56,6 +56,9 @@ class Op:
     def on_timer(self, ctx: Context, what: str, time: int) -> None:
         """A timer this step set (tag ``flow/<step>/<what>``) fires."""
 
+    def timer_done(self) -> None:
+        """The stage's call that ran :meth:`on_timer` ended, its ``finish`` included."""
+
     def finish(self, ctx: Context) -> None:
         """The stage's call ends: write what it changed."""
 

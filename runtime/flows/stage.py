@@ -221,6 +221,7 @@ class FlowStage(Computation):
             self._abort()
             raise
         self._finish(ctx)
+        op.timer_done()
 
     def _finish(self, ctx: Context) -> None:
         try:

@@ -569,6 +569,24 @@ def test_a_second_boundary_over_thousands_of_keys_fires_in_slices_between_batche
     assert totals == [1500]
 
 
+def test_a_firings_stall_includes_the_fused_sink_writing_what_fired(monkeypatch: Any, tmp_path: Any) -> None:
+    """millstream_window_fire_seconds is how long a firing held its tablet: the fused sink
+    writes the fired windows at the end of the same call, so its time counts."""
+    monkeypatch.setattr(windowing, "perf_counter", j.CLOCK)
+    flow = Dataflow("tick", key_ranges=1)
+    flow.input("ev", keyed=True).window(Tumbling(SECOND), Count(), name="tick_counts") \
+        .sink(j.TickingSink, name="tick_out", path=str(tmp_path))
+    before = REGISTRY.get_sample_value("millstream_window_fire_seconds_sum", {"step": "tick_counts"}) or 0.0
+    with TestRun(flow) as run:
+        for i in range(3):
+            run.inject("ev", b"k%d" % i, b"", T0 + i)
+        run.finish("ev")
+        run.run_until_idle()
+    assert len(list(read_file_sink(str(tmp_path)))) == 3
+    after = REGISTRY.get_sample_value("millstream_window_fire_seconds_sum", {"step": "tick_counts"})
+    assert after - before == 3.0
+
+
 def _dead_lettered(computation: str) -> float:
     return REGISTRY.get_sample_value("millstream_dead_lettered_total", {"computation": computation}) or 0.0
 
