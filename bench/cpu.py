@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -27,12 +27,14 @@ class CpuFigures:
     foreign_s: float   # machine - ours: other work during the run
     loadavg_start: tuple[float, float, float]
     loadavg_end: tuple[float, float, float]
+    by_role: dict[str, float] = field(default_factory=dict)  # ours_s split: "bench" (this process), etcd, ...
 
     def as_dict(self) -> dict[str, object]:
         return {"wall_s": round(self.wall_s, 2), "cpu_s": round(self.ours_s, 2),
                 "machine_cpu_s": round(self.machine_s, 2), "foreign_cpu_s": round(self.foreign_s, 2),
                 "loadavg_start": [round(x, 2) for x in self.loadavg_start],
-                "loadavg_end": [round(x, 2) for x in self.loadavg_end]}
+                "loadavg_end": [round(x, 2) for x in self.loadavg_end],
+                "cpu_s_by_role": {k: round(v, 2) for k, v in sorted(self.by_role.items())}}
 
 
 def _stat(pid: str) -> tuple[int, int, int] | None:
@@ -44,6 +46,25 @@ def _stat(pid: str) -> tuple[int, int, int] | None:
         return None
     fields = raw[raw.rfind(")") + 2:].split()
     return int(fields[1]), int(fields[3]), int(fields[11]) + int(fields[12])
+
+
+def role(pid: int, root: int) -> str:
+    """What a process of the tree is: ``bench`` (the meter's root: the benchmark itself, its
+    injectors included), ``etcd``, ``master``, ``worker``, or ``other`` (a peer's JVM...)."""
+    if pid == root:
+        return "bench"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return "other"
+    if os.path.basename(argv[0]) == b"etcd":
+        return "etcd"
+    if b"-m" in argv:  # runtime/cluster.py starts them as python -m cli master|worker ...
+        i = argv.index(b"-m")
+        if argv[i + 1:i + 2] == [b"cli"] and argv[i + 2:i + 3] in ([b"master"], [b"worker"]):
+            return argv[i + 2].decode()
+    return "other"
 
 
 def _machine_ticks() -> int:
@@ -98,6 +119,7 @@ class CpuMeter:
         self._base: dict[int, int] = {}
         self._last: dict[int, int] = {}
         self._leaders: set[int] = set()
+        self._roles: dict[int, str] = {}
         self._started = False
         self.figures: CpuFigures | None = None
 
@@ -105,6 +127,8 @@ class CpuMeter:
         for pid, ticks in tree_ticks(self.root, self._leaders).items():
             self._base.setdefault(pid, 0 if self._started else ticks)
             self._last[pid] = ticks
+            if pid not in self._roles:
+                self._roles[pid] = role(pid, self.root)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -125,7 +149,11 @@ class CpuMeter:
         self._stop.set()
         self._thread.join()
         self._sample()
-        ours = sum(t - self._base[pid] for pid, t in self._last.items()) / TICK
+        by_role: dict[str, float] = {}
+        for pid, t in self._last.items():
+            r = self._roles.get(pid, "other")
+            by_role[r] = by_role.get(r, 0.0) + (t - self._base[pid]) / TICK
+        ours = sum(by_role.values())
         machine = (_machine_ticks() - self._machine0) / TICK
         self.figures = CpuFigures(time.monotonic() - self._t0, ours, machine, max(0.0, machine - ours),
-                                  self._load0, os.getloadavg())
+                                  self._load0, os.getloadavg(), by_role)

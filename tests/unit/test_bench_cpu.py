@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from bench.cpu import CpuMeter
 
@@ -25,3 +27,20 @@ def test_a_child_and_a_process_in_a_session_it_started_both_count() -> None:
     assert figures is not None
     assert figures.ours_s >= 0.6, figures  # two burns of 0.4 s, sampled
     assert figures.machine_s >= figures.ours_s * 0.9
+
+
+
+def test_a_workers_cpu_is_told_apart_from_the_rest(tmp_path: Path) -> None:
+    # A process started as the cluster starts a worker (python -m cli worker ...) counts as
+    # "worker", whatever its cli module does (here: it burns CPU); any other as "other".
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "cli" / "__main__.py").write_text(BURN)
+    with CpuMeter(interval_s=0.05) as meter:
+        # -S and PYTHONPATH: no site, so the project's own cli (installed editable) does not shadow this one.
+        subprocess.run([sys.executable, "-S", "-m", "cli", "worker", "--listen", "x"], check=True, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+        subprocess.run([sys.executable, "-c", BURN], check=True)
+    figures = meter.figures
+    assert figures is not None
+    assert figures.by_role["worker"] >= 0.2 and figures.by_role["other"] >= 0.2, figures.by_role
+    assert abs(sum(figures.by_role.values()) - figures.ours_s) < 1e-6
