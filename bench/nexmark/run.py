@@ -197,3 +197,18 @@ def run(root: str, cfg: BenchConfig, only: Sequence[str] | None = None, *, class
             except TimeoutError as e:
                 result["queries"].append({"query": query, "error": str(e)})
     return result
+
+
+if __name__ == "__main__":
+    # python -m bench.nexmark.run q0,q5 [--classic]: those queries alone, as the bench runs
+    # them, their figures (CPU by process included) as JSON.
+    import json
+    import sys
+    import tempfile
+
+    from bench.workloads import BenchConfig
+
+    chosen = [a for a in sys.argv[1:] if not a.startswith("--")]
+    with tempfile.TemporaryDirectory() as tmp:
+        print(json.dumps(run(tmp, BenchConfig.make(False), chosen[0].split(",") if chosen else None,
+                             classic="--classic" in sys.argv), indent=1))
