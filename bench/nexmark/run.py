@@ -136,7 +136,9 @@ def run_query(c: Any, query: str, config: NexmarkConfig, n_throughput: int, late
         events = list(records(config, 0, n_throughput))
         with CpuMeter() as meter:
             t0 = time.time_ns()
+            sender0 = time.thread_time()
             _inject(c.masters_arg, prefix, config, events, None)
+            sender_s = time.thread_time() - sender0  # the caller's send() loop, without the injector's threads
             _wait_outputs(query, config, events, sink, timeout_s, classic)
             got = read_outputs(sink)
             t_end = max((a for *_, a in got), default=time.time_ns())
@@ -145,7 +147,8 @@ def run_query(c: Any, query: str, config: NexmarkConfig, n_throughput: int, late
         out["throughput"] = {"events": n_throughput, "wall_s": round(wall, 2),
                              "events_per_s": round(n_throughput / wall),
                              "events_per_cpu_s": round(n_throughput / max(1e-9, meter.figures.ours_s)),
-                             "cpu": meter.figures.as_dict(), "outputs": len(got),
+                             "cpu": meter.figures.as_dict(), "send_loop_cpu_s": round(sender_s, 2),
+                             "outputs": len(got),
                              "exactness": _check(query, config, events, got, classic)}
         # Latency: event times on the wall clock, paced.
         prefix = "l-"
