@@ -141,28 +141,40 @@ class TestRun:
         """Deliver one record on ``stream`` to every computation that reads it (committed when
         this returns). ``id`` (16 bytes) makes a re-injection of the same record a duplicate;
         without it each call is a new record."""
+        self._deliver(stream, [(key, value, timestamp)], id)
+
+    def inject_batch(self, stream: str, records: list[tuple[bytes, bytes, int]]) -> None:
+        """Deliver ``(key, value, timestamp)`` records on ``stream`` together: each tablet that
+        reads them gets its share as one delivery, taken in one batch (as an injector's round
+        arrives), so user code sees them in one call. Committed when this returns."""
+        self._deliver(stream, records, None)
+
+    def _deliver(self, stream: str, records: list[tuple[bytes, bytes, int]], id: bytes | None) -> None:
         if not self._core.routing.has_subscribers(stream):
             raise MillstreamError(f"TestRun: no computation reads stream {stream!r}")
-        if id is None:
-            self._position += 1
-            rid = sequence_id(self._prefix, self._position)
-        else:
-            rid = id
-        rec = Record(key, value, timestamp, rid)
+        shares: dict[tuple[str, int], list[Record]] = {}
+        for key, value, timestamp in records:
+            if id is None:
+                self._position += 1
+                rid = sequence_id(self._prefix, self._position)
+            else:
+                rid = id
+            for comp, r, k in self._core.routing.route(stream, Record(key, value, timestamp, rid)):
+                shares.setdefault((comp, r), []).append(Record(k, value, timestamp, rid, stream))
 
         async def deliver() -> None:
-            for comp, r, k in self._core.routing.route(stream, rec):
-                # Sequenced ids: each tablet learns where this record stands in what it got.
+            for (comp, r), share in shares.items():
+                # Sequenced ids: each tablet learns where these records stand in what it got.
                 orders = {self._prefix: (self._sent.get((comp, r), 0), 0)} if id is None else None
                 while True:
-                    status = await self._core.deliver(comp, r, self._token(comp, r),
-                                                      [Record(k, value, timestamp, rid, stream)], orders)
+                    status = await self._core.deliver(comp, r, self._token(comp, r), share, orders)
                     if status == 0:
                         break
                     await asyncio.sleep(0.001)  # BUSY or a tablet reopening: yield and retry
                 if id is None:
                     self._sent[(comp, r)] = self._position
-        self._run(deliver())
+        if records:
+            self._run(deliver())
         self._injected.setdefault(stream, MIN)
 
     def advance_watermark(self, stream: str, timestamp: int) -> None:
@@ -209,7 +221,7 @@ class TestRun:
         for t in self._core.tablets.values():
             delay = t._next_wall_timer_delay()
             # (a batch in flight on the tablet's thread: its timers are out of the index already)
-            if (t.running or t.inbox or t.outbox.unacked or t._due_event_timers()
+            if (t.running or t.acking or t.inbox or t.outbox.unacked or t._due_event_timers()
                     or (delay is not None and delay <= 0)):
                 return False
         return True

@@ -158,3 +158,70 @@ def test_a_primary_reopened_after_a_failed_write_does_not_leave_its_follower_a_d
         await primary.close_all()
         await follower.close_all()
     asyncio.run(run())
+
+
+class _Gated(_Wire):
+    """A wire whose commits wait at a gate before they reach the follower; ``refuse``: then
+    the follower answers that a newer primary exists."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.refuse = False
+
+    async def replicate(self, address: str, req: pb.ReplicateRequest) -> pb.ReplicateResponse | None:
+        await self.gate.wait()
+        if self.refuse:
+            return pb.ReplicateResponse(status=pb.ReplicateResponse.STALE_TOKEN, detail="token 2 (injected)")
+        return await super().replicate(address, req)
+
+
+async def _two_waiting(primary: WorkerCore, wire: _Gated) -> tuple[asyncio.Future[int], asyncio.Future[int]]:
+    """Commits 2 and 3 written by the primary while the follower has neither: the second
+    batch ran while the first waited for its follower."""
+    assert await primary.deliver("tally", 0, 1, [_rec(1, b"a")]) == OK
+    wire.gate.clear()
+    tablet = primary.tablets[KEY]
+    first = asyncio.ensure_future(primary.deliver("tally", 0, 1, [_rec(2, b"b")]))
+    await _until(lambda: tablet.store.index == 2, "commit 2 written here")
+    second = asyncio.ensure_future(primary.deliver("tally", 0, 1, [_rec(3, b"c")]))
+    await _until(lambda: tablet.store.index == 3, "commit 3 written while commit 2 waits for the follower")
+    assert not first.done() and not second.done(), "a commit was acknowledged before its follower had it"
+    assert tablet.oldest_work() == _rec(2, b"").timestamp, "unacknowledged records stopped holding the watermark"
+    assert tablet.progress().in_flight == 2
+    return first, second
+
+
+def test_the_next_batch_runs_while_the_one_before_waits_for_its_follower(tmp_path: Any) -> None:
+    """Replication is pipelined with the next batch: commit 3 is computed and written while
+    commit 2 waits for the follower; neither is acknowledged before the follower holds it,
+    and both are once it does."""
+    async def run() -> None:
+        wire = _Gated()
+        primary, follower = await _pair(str(tmp_path), wire)
+        first, second = await _two_waiting(primary, wire)
+        wire.gate.set()
+        assert await first == OK and await second == OK
+        assert _copy(follower) == (3, b"a;b;c;")
+        assert primary.tablets[KEY].progress().in_flight == 0
+        await primary.close_all()
+        await follower.close_all()
+    asyncio.run(run())
+
+
+def test_a_commit_the_follower_refuses_leaves_it_and_the_batch_after_it_unacknowledged(tmp_path: Any) -> None:
+    """The follower refuses commit 2 (a newer primary exists) while commit 3 was written
+    behind it: neither sender hears OK, and the tablet closes (its copy is stale)."""
+    async def run() -> None:
+        wire = _Gated()
+        primary, follower = await _pair(str(tmp_path), wire)
+        tablet = primary.tablets[KEY]
+        first, second = await _two_waiting(primary, wire)
+        wire.refuse = True
+        wire.gate.set()
+        assert await first != OK and await second != OK
+        await _until(lambda: tablet.closing, "the stale primary to close its tablet")
+        await primary.close_all()
+        await follower.close_all()
+    asyncio.run(run())
