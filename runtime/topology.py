@@ -36,8 +36,11 @@ def dead_letter(error: BaseException, computation: str, value: bytes) -> bytes:
         said = f"{type(error).__name__}: {error}"
     except BaseException:  # user code's exception: its __str__ may raise too
         said = f"{type(error).__name__} (its message could not be shown)"
-    return json.dumps({"error": said, "computation": computation,
-                       "value": base64.b64encode(value).decode()}).encode()
+    try:
+        shown = base64.b64encode(value).decode()
+    except BaseException:  # not bytes (a user codec's encode returned something else): its repr
+        shown = base64.b64encode(repr(value).encode(errors="replace")).decode()
+    return json.dumps({"error": said, "computation": computation, "value": shown}).encode()
 
 
 LATE_SUFFIX = ".late"

@@ -225,3 +225,37 @@ class TickingSink(FileSink):
     def process_record(self, ctx: Context, record: Record) -> None:
         CLOCK.now += 1.0
         super().process_record(ctx, record)
+
+
+class Shrinker(Computation):
+    """Sets its state to 17 MiB for ``big`` and clears it for anything else; passes the value on."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        if record.value == b"big":
+            ctx.state.set(b"x" * (17 << 20))
+        else:
+            ctx.state.clear()
+        ctx.produce("out", record.value)
+
+
+class _Stringy:
+    """A codec whose encode returns ``str`` for the word ``str`` (not bytes: refused)."""
+
+    def encode(self, value: str) -> Any:
+        return value if value == "str" else value.encode()
+
+    def decode(self, data: bytes) -> str:
+        return data.decode()
+
+
+STRINGY = _Stringy()
+
+
+class NamedState(Computation):
+    """A typed state named ``state``: ctx.state's own name in a flow (refused)."""
+
+    spec = ValueState("state", codecs.STR)
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.state_of(self.spec).set("x")
+        ctx.produce("out", record.value)

@@ -60,7 +60,12 @@ class Op:
         """The stage's call that ran :meth:`on_timer` ended, its ``finish`` included."""
 
     def finish(self, ctx: Context) -> None:
-        """The stage's call ends: write what it changed."""
+        """The stage's call ends: write what it changed (may raise: the call is undone)."""
+
+    def commit(self) -> None:
+        """Every step's :meth:`finish` of the call succeeded: what the step keeps in memory
+        beyond the call follows it. Never raises (a later step's ``finish`` may still fail
+        after this one's: nothing that call changes may be kept before all succeeded)."""
 
     def abort(self) -> None:
         """The stage's call raised (the worker undoes it): forget what it changed."""

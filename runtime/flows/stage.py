@@ -86,7 +86,7 @@ class FlowStage(Computation):
         self._only = next(iter(self.entries.values())) if len(self.entries) == 1 else None
         # A fused sink's finish hands it the call's records: last, once nothing else can fail.
         self._stateful = sorted((op for op in self.ops.values() if type(op).finish is not Op.finish
-                                 or type(op).abort is not Op.abort), key=lambda op: isinstance(op, SinkStep))
+                                 or type(op).abort is not Op.abort or type(op).commit is not Op.commit), key=lambda op: isinstance(op, SinkStep))
 
     def _fn(self, path: str, what: str) -> Any:
         fn = self.load_code(path, what)
@@ -230,6 +230,8 @@ class FlowStage(Computation):
         except BaseException:  # one refused what it wrote: the worker undoes the whole call
             self._abort()
             raise
+        for op in self._stateful:  # all wrote: memory follows (a window's index of what is due)
+            op.commit()
 
     def _abort(self) -> None:
         for op in self._stateful:

@@ -18,7 +18,7 @@ from runtime.codecs import Codec
 from runtime.computation import Computation, Context, State, TimeDomain
 from runtime.errors import UsageError
 from runtime.flows.ops import Item, Op
-from runtime.record import Record
+from runtime.record import MAX_VALUE_BYTES, Record
 from runtime.state import TTL_TAG, VALUE, ValueState, bind, cell, kept, payload
 from runtime.topology import dead_letter
 
@@ -60,6 +60,9 @@ def _as_bytes(value: Any) -> bytes:
     return value  # type: ignore[no-any-return]
 
 
+MAX_HELD_BYTES = MAX_VALUE_BYTES - len(kept(b""))  # a held value, stored with its expiry
+
+
 class _HeldState(_StepState):
     """A ``process`` step's ``ctx.state``, held per key for the length of the stage's call:
     read from its cell the first time the call asks for a key, written to it once, when the
@@ -82,7 +85,11 @@ class _HeldState(_StepState):
 
     def set(self, value: bytes) -> None:
         key = self._step.key
-        self._held[key] = value if type(value) is bytes else _as_bytes(value)
+        value = value if type(value) is bytes else _as_bytes(value)
+        if len(value) > MAX_HELD_BYTES:  # refused at the set, as ctx.state refuses it (worker/context.py)
+            raise UsageError(f"state value of {len(value):,} bytes is over the limit of {MAX_HELD_BYTES:,} "
+                             "bytes; store large objects elsewhere and pass a reference")
+        self._held[key] = value
         self._dirty.add(key)
 
     def clear(self) -> None:
@@ -176,6 +183,9 @@ class Process(Op):
         if copy is None:
             if not hasattr(spec, "name") or not hasattr(spec, "kind"):
                 return spec  # not a state spec: ctx.state_of says what is wrong with it
+            if spec.name == "state":
+                raise UsageError(f"step {self.name!r}: a typed state may not be named 'state' in a flow's "
+                                 "process step (that is its ctx.state); give it another name")
             copy = object.__new__(type(spec))
             copy.__dict__.update(vars(spec))
             copy.name = f"{self.state_name}/{spec.name}"
@@ -324,7 +334,12 @@ class SinkStep(Process):
 
     def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
         encode = self.encode
-        self._pending += [(k, encode(v), t) for k, v, t in items]
+        encoded = [(k, encode(v), t) for k, v, t in items]
+        for _, v, _ in encoded:
+            if type(v) is not bytes:  # refused here, where it dead-letters its record, not in finish
+                raise UsageError(f"sink step {self.name!r}: its codec's encode returned {type(v).__name__}, "
+                                 "not bytes; give the sink a codec whose encode returns bytes")
+        self._pending += encoded
 
 
     def finish(self, ctx: Context) -> None:

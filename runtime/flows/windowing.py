@@ -98,7 +98,7 @@ class _EventTimeOp(Op):
     def fire(self, ctx: Context, due: list[tuple[int, bytes, int]]) -> None:
         raise NotImplementedError
 
-    def finish(self, ctx: Context) -> None:
+    def commit(self) -> None:
         self.index.commit()
 
     def abort(self) -> None:
@@ -260,7 +260,6 @@ class Window(_EventTimeOp):
                 put(skey(key, start), kept(encode(w)))
         self._dirty.clear()
         self._sessions.clear()
-        super().finish(ctx)
 
     def abort(self) -> None:
         self._dirty.clear()
@@ -340,7 +339,6 @@ class Join(_EventTimeOp):
         for (key, start, side), n in self._counts.items():
             ctx.cell_put(self._base(key, start, side) + COUNT, kept(_U64.pack(n)))  # type: ignore[attr-defined]
         self._counts.clear()
-        super().finish(ctx)
 
     def abort(self) -> None:
         self._counts.clear()
@@ -413,7 +411,6 @@ class IntervalJoin(_EventTimeOp):
         for (key, side), n in self._counts.items():
             ctx.cell_put(self._base(key, side) + COUNT, kept(_U64.pack(n)))  # type: ignore[attr-defined]
         self._counts.clear()
-        super().finish(ctx)
 
     def abort(self) -> None:
         self._counts.clear()

@@ -356,8 +356,8 @@ def test_a_process_steps_state_held_for_a_call_is_forgotten_when_the_call_is_und
 
 
 def test_a_process_steps_state_over_the_limit_dead_letters_the_record_that_wrote_it() -> None:
-    """The held state is written when the stage's call ends: a value over 16 MiB is refused
-    there, the call is undone and run one record at a time, and only its record is lost."""
+    """A held state value over 16 MiB is refused at its ``set`` (as ``ctx.state`` refuses it
+    outside a flow), and only its record is lost."""
     flow = Dataflow("dbl", key_ranges=1)
     flow.input("w", keyed=True).process(j.Doubler, name="dbl").output("held", codec=codecs.INT)
     big = b"x" * (9 << 20)
@@ -368,6 +368,62 @@ def test_a_process_steps_state_over_the_limit_dead_letters_the_record_that_wrote
         assert [int(r.value) for r in run.output("held")] == [0, 4, 6]
         [letter] = run.output("dbl.dead_letter")
         assert "state value" in _j(letter)["error"]
+
+
+def test_a_state_value_over_the_limit_is_refused_however_the_records_are_batched() -> None:
+    """``big`` sets 17 MiB, the next record of its key clears it: in one call the value is
+    never written, but ``big`` is refused all the same (as it is when run alone)."""
+    flow = Dataflow("shr", key_ranges=1)
+    flow.input("w", keyed=True).process(j.Shrinker, name="shr").output("out")
+    with TestRun(flow) as run:
+        run.inject_batch("w", [(b"k", v, T0 + i) for i, v in enumerate([b"a", b"big", b"b"])])
+        run.run_until_idle()
+        assert [r.value for r in run.output("out")] == [b"a", b"b"]
+        [letter] = run.output("shr.dead_letter")
+        assert "over the limit" in _j(letter)["error"]
+
+
+def test_a_typed_state_named_like_ctx_state_is_refused_in_a_process_step() -> None:
+    flow = Dataflow("ns", key_ranges=1)
+    flow.input("w", keyed=True).process(j.NamedState, name="ns").output("out")
+    with TestRun(flow) as run:
+        run.inject("w", b"k", b"a", T0)
+        run.run_until_idle()
+        assert run.output("out") == []
+        [letter] = run.output("ns.dead_letter")
+        assert "may not be named 'state'" in _j(letter)["error"]
+
+
+def test_a_window_beside_a_step_that_fails_its_finish_still_fires_every_other_record() -> None:
+    """A window ("a_w", whose finish runs first) and a reduce whose running value of
+    ``refuse`` cannot be stored, in one stage: the call fails in the reduce's finish after the
+    window's. The window must not keep what it noted of the undone call: ``refuse`` came first
+    in its window, and the window's one timer for that window's end, set in the undone call,
+    would be thought set, and the window would never fire."""
+    flow = Dataflow("wr", key_ranges=1)
+    words = flow.input("w", codec=codecs.STR, keyed=True)
+    words.map(j.poison).reduce(j.last).map(j.type_name).output("types", codec=codecs.STR)
+    words.window(Tumbling(SECOND), Count(), name="a_w").output("counts", codec=codecs.JSON)
+    assert len({c.code for c in flow.topology().computations.values()}) == 1  # one stage
+    with TestRun(flow) as run:
+        for i, w in enumerate(["refuse", "a", "bb", "c"]):
+            run.inject("w", b"k%d" % i, w.encode(), T0 + i)
+        run.finish("w")
+        run.run_until_idle()
+        assert len(run.output("wr.reduce.dead_letter")) == 1
+        assert sorted((r.key, _j(r)[2]) for r in run.output("counts")) == [(b"k1", 1), (b"k2", 1), (b"k3", 1)]
+
+
+def test_a_sink_codec_that_does_not_make_bytes_dead_letters_only_its_record(tmp_path: Any) -> None:
+    flow = Dataflow("sc", key_ranges=1)
+    flow.input("w", codec=codecs.STR, keyed=True).sink(FileSink, name="sc_out", codec=j.STRINGY, path=str(tmp_path))
+    with TestRun(flow) as run:
+        for i, w in enumerate(["a", "str", "b"]):
+            run.inject("w", b"k%d" % i, w.encode(), T0 + i)
+        run.run_until_idle()
+        [letter] = [r for c in run.topology.computations for r in run.output(c + ".dead_letter")]
+        assert "not bytes" in _j(letter)["error"]
+    assert sorted(str(r["value"]) for r in read_file_sink(str(tmp_path))) == ["a", "b"]
 
 
 def test_a_process_steps_bytes_state_takes_bytes_like_values_and_refuses_others() -> None:
