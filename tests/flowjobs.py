@@ -259,3 +259,12 @@ class NamedState(Computation):
     def process_record(self, ctx: Context, record: Record) -> None:
         ctx.state_of(self.spec).set("x")
         ctx.produce("out", record.value)
+
+
+class RaiseOnZero(Computation):
+    """Fed WindowResults: raises on a window whose value is 0; passes ``[start, value]`` on."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        if record.value.value == 0:
+            raise ValueError("a window of zero")
+        ctx.produce("out", [record.value.start, record.value.value])

@@ -44,12 +44,16 @@ class Op:
     def __init__(self, name: str) -> None:
         self.name = name
         self.nexts: list[tuple[Op, int]] = []
+        self.muted: list[Item] | None = None  # set: what it emits is kept here, not passed on
 
     def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
         raise NotImplementedError
 
     def emit(self, ctx: Context, items: list[Item]) -> None:
         if items:
+            if self.muted is not None:  # kept from the steps after (runtime/flows/windowing.py)
+                self.muted += items
+                return
             for op, side in self.nexts:
                 op.push(ctx, items, side)
 
@@ -58,6 +62,9 @@ class Op:
 
     def timer_done(self) -> None:
         """The stage's call that ran :meth:`on_timer` ended, its ``finish`` included."""
+
+    def timer_failed(self, error: BaseException) -> None:
+        """The stage's call that ran :meth:`on_timer` raised ``error`` (it is undone)."""
 
     def finish(self, ctx: Context) -> None:
         """The stage's call ends: write what it changed (may raise: the call is undone)."""

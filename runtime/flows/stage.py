@@ -75,7 +75,10 @@ class FlowStage(Computation):
         self.stage = plan["stage"]
         self.ops: dict[str, Op] = {}
         for name, doc in plan["steps"].items():
-            self.ops[name] = self._op(name, doc)
+            op = self.ops[name] = self._op(name, doc)
+            if isinstance(op, (Window, Join, IntervalJoin)):  # a firing that raises: retried, dead-lettered one window at a time
+                op.attempts, op.dead_letters, op.on_dead_letter = (self.max_attempts, dead_letter_stream(self.stage),
+                                                                   self.on_dead_letter)
         for name, doc in plan["steps"].items():
             self.ops[name].nexts = [(self.ops[n], side) for n, side in doc["next"]]
         self.entries: dict[str, _Entry] = {}
@@ -86,7 +89,8 @@ class FlowStage(Computation):
         self._only = next(iter(self.entries.values())) if len(self.entries) == 1 else None
         # A fused sink's finish hands it the call's records: last, once nothing else can fail.
         self._stateful = sorted((op for op in self.ops.values() if type(op).finish is not Op.finish
-                                 or type(op).abort is not Op.abort or type(op).commit is not Op.commit), key=lambda op: isinstance(op, SinkStep))
+                                 or type(op).abort is not Op.abort or type(op).commit is not Op.commit),
+                                key=lambda op: isinstance(op, SinkStep))
 
     def _fn(self, path: str, what: str) -> Any:
         fn = self.load_code(path, what)
@@ -217,10 +221,11 @@ class FlowStage(Computation):
             return  # a step an update removed: its timers find nothing to do
         try:
             op.on_timer(ctx, what, time)
-        except BaseException:
+            self._finish(ctx)
+        except BaseException as e:
             self._abort()
+            op.timer_failed(e)
             raise
-        self._finish(ctx)
         op.timer_done()
 
     def _finish(self, ctx: Context) -> None:

@@ -18,19 +18,20 @@ the stage a (key, window) is read once and written once.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from time import perf_counter
 from typing import Any
 
 from runtime import metrics
 from runtime.computation import Context, TimeDomain
-from runtime.errors import UsageError
+from runtime.errors import MillstreamError, UsageError
 from runtime.flows.assigners import Session, Sliding, Tumbling, WindowResult, _Windows
 from runtime.flows.due import DueIndex
 from runtime.flows.ops import Item, Op
 from runtime.flows.values import AUTO, VALUES
 from runtime.record import MIN_TIME
 from runtime.state import COUNT, ENTRY, cell, kept, payload
+from runtime.topology import dead_letter
 
 _I64 = struct.Struct(">q")
 _U64 = struct.Struct(">Q")
@@ -55,6 +56,16 @@ class _EventTimeOp(Op):
         super().__init__(name)
         self.index = DueIndex()
         self.firing: tuple[float, int] | None = None  # this timer call's: its start, windows fired
+        # A firing that raised (a step after this one failed on some key's result): the
+        # firings after it take one window per call, so the worker's retries and dead letter
+        # reach that window alone (see on_timer). Set by the stage (runtime/flows/stage.py).
+        self.attempts = 3
+        self.dead_letters = ""
+        self.on_dead_letter: Callable[[bytes, BaseException, int], None] | None = None
+        self._failed = 0          # timer calls of this step that raised in a row
+        self._error: BaseException | None = None
+        self._isolating = False
+        self._left = False        # the call's firing left windows due (its timer set again)
 
     def due_at(self, ctx: Context, time: int, key: bytes, sub: int) -> None:
         self.index.add(time, key, sub)
@@ -66,29 +77,69 @@ class _EventTimeOp(Op):
         """Fire what is due by ``time``, for at most :data:`FIRE_SLICE_S`: what is left is
         due again at once, on a timer set again, and fires in the tablet's next batch, after
         the records that came meanwhile (a second boundary over thousands of keys no longer
-        stalls the tablet for the whole of it)."""
+        stalls the tablet for the whole of it).
+
+        After a firing raised, one window per call (the worker retries a call that raises,
+        then dead-letters it: a firing of every key's window would lose them all for one).
+        A window whose firing raised on every try but the last is, on the last, fired with
+        its results kept from the steps after it: they go to ``<stage>.dead_letter``, and
+        the window's state is cleaned up as after any firing."""
         if not what.startswith("@"):
             return
         t0 = perf_counter()
         fired = 0
+        isolating = self._isolating and self.attempts > 1
+        last_try = isolating and self._failed % self.attempts == self.attempts - 1
         while True:
-            due = self.index.take(time, FIRE_CHUNK)
+            due = self.index.take(time, 1 if isolating else FIRE_CHUNK)
             if not due:
                 break
-            self.fire(ctx, due)
+            if last_try:
+                self._fire_to_dead_letters(ctx, due)
+            else:
+                self.fire(ctx, due)
             fired += len(due)
-            if perf_counter() - t0 >= FIRE_SLICE_S:
+            if isolating or perf_counter() - t0 >= FIRE_SLICE_S:
                 break
         left = self.index.pending(time)
+        self._left = left is not None
         if left is not None:
             ctx.rebind(left[0], time)  # type: ignore[attr-defined]
             ctx.set_timer(self.timer_tag(f"@{time}"), time, TimeDomain.EVENT_TIME)
             self.index.timed_again(time)
         self.firing = (t0, fired)
 
+    def _fire_to_dead_letters(self, ctx: Context, due: list[tuple[int, bytes, int]]) -> None:
+        kept: list[Item] = []
+        self.muted = kept
+        try:
+            self.fire(ctx, due)
+        finally:
+            self.muted = None
+        error = self._error if self._error is not None else MillstreamError("a firing failed")
+        for key, value, t in kept:
+            try:
+                shown = VALUES.encode(value)
+            except Exception:  # what could not travel on: its repr
+                shown = repr(value).encode(errors="replace")
+            ctx.out.append((self.dead_letters, key, dead_letter(error, self.name, shown), t))  # type: ignore[attr-defined]
+            if self.on_dead_letter is not None:
+                self.on_dead_letter(key, error, self.attempts)
+
+    def timer_failed(self, error: BaseException) -> None:
+        """The stage's timer call that ran :meth:`on_timer` raised (the worker undoes it and
+        tries again, or dead-letters it after its last try)."""
+        self._failed += 1
+        self._error = error
+        self._isolating = True
+
     def timer_done(self) -> None:
         """The stage's timer call that fired (:meth:`on_timer`) ended, its ``finish`` included
         (state writes, and a fused sink writing what fired): how long it held the tablet."""
+        self._failed = 0
+        self._error = None
+        if not self._left:
+            self._isolating = False
         if self.firing is not None:
             t0, fired = self.firing
             self.firing = None

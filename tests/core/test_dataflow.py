@@ -414,6 +414,31 @@ def test_a_window_beside_a_step_that_fails_its_finish_still_fires_every_other_re
         assert sorted((r.key, _j(r)[2]) for r in run.output("counts")) == [(b"k1", 1), (b"k2", 1), (b"k3", 1)]
 
 
+def test_a_step_failing_on_one_keys_window_loses_that_window_alone() -> None:
+    """A firing is one call for every key's window due. When a step after the window raises on
+    one key's result, the firing goes on one window per call: that window's result goes to the
+    dead letters, once, the other keys' results go on, and later firings are not held up;
+    nothing fires again after a restart."""
+    flow = Dataflow("fz", key_ranges=1)
+    flow.input("ev", codec=codecs.JSON, keyed=True).map(j.value_of).window(Tumbling(SECOND), Sum(), name="sums") \
+        .process(j.RaiseOnZero, name="check").output("o", codec=codecs.JSON)
+    want = [(b"a", [T0, 5]), (b"a", [T0 + SECOND, 2]), (b"c", [T0, 7]), (b"d", [T0, 1])]
+    with TestRun(flow) as run:
+        for k, v, dt in [("a", 5, 0), ("b", 0, 1), ("c", 7, 2), ("d", 1, 3), ("a", 2, SECOND + 5)]:
+            run.inject("ev", k.encode(), json.dumps({"k": k, "v": v}).encode(), T0 + dt)
+        run.advance_watermark("ev", T0 + SECOND + 1)  # the first second's windows fire
+        run.run_until_idle()
+        run.finish("ev")
+        run.run_until_idle()
+        assert sorted((r.key, _j(r)) for r in run.output("o")) == want
+        [letter] = run.output("sums.dead_letter")
+        assert letter.key == b"b" and _j(letter)["computation"] == "sums"
+        assert "a window of zero" in _j(letter)["error"]
+        run.restart("sums")
+        run.run_until_idle()
+        assert len(run.output("o")) == len(want) and len(run.output("sums.dead_letter")) == 1
+
+
 def test_a_sink_codec_that_does_not_make_bytes_dead_letters_only_its_record(tmp_path: Any) -> None:
     flow = Dataflow("sc", key_ranges=1)
     flow.input("w", codec=codecs.STR, keyed=True).sink(FileSink, name="sc_out", codec=j.STRINGY, path=str(tmp_path))
