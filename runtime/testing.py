@@ -221,7 +221,7 @@ class TestRun:
         for t in self._core.tablets.values():
             delay = t._next_wall_timer_delay()
             # (a batch in flight on the tablet's thread: its timers are out of the index already)
-            if (t.running or t.acking or t.inbox or t.outbox.unacked or t._due_event_timers()
+            if (t.running or t.inbox or t.outbox.unacked or t._due_event_timers()
                     or (delay is not None and delay <= 0)):
                 return False
         return True

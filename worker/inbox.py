@@ -1,8 +1,7 @@
 """A tablet's queued input: deliveries waiting for a batch, bounded, in arrival order.
 
-A delivery's sender waits on its future: OK once every one of its records is committed (and
-that commit is durable on the tablet's in-sync followers), NOT_OWNER if the tablet lets go of
-it first. A batch may stop part-way through a delivery
+A delivery's sender waits on its future: OK once every one of its records is committed,
+NOT_OWNER if the tablet lets go of it first. A batch may stop part-way through a delivery
 (its time budget ran out, or it was cut smaller after a failure); the rest of that
 delivery, and every delivery after it, goes back to the front of the queue in order.
 Every record not yet committed holds the tablet's oldest work (hence the watermark).
@@ -83,15 +82,12 @@ class Inbox:
         return out
 
     def committed(self, taken: list[Delivery], consumed: list[int],
-                  refused: dict[int, int] | None = None, duplicates: dict[int, int] | None = None) -> list[Delivery]:
-        """A batch committed ``consumed[i]`` more records of ``taken[i]`` here: the rest goes
-        back in front, in order, for the next batch. Returns the deliveries it finished, which
-        stay taken (holding their timestamps) until :meth:`answer` once the commit is durable
-        on the followers too (worker/tablet.py). ``refused`` deliveries (index -> status)
-        are answered with that status now; ``duplicates`` (index -> count) are how many of
-        the consumed ones were duplicates."""
+                  refused: dict[int, int] | None = None, duplicates: dict[int, int] | None = None) -> None:
+        """A batch committed ``consumed[i]`` more records of ``taken[i]``: release their
+        timestamps, answer the finished deliveries, put the rest back in front in order.
+        ``refused`` deliveries (index -> status) are answered with that status instead;
+        ``duplicates`` (index -> count) are how many of the consumed ones were duplicates."""
         back: list[Delivery] = []
-        finished: list[Delivery] = []
         for i, d in enumerate(taken):
             if refused and i in refused:
                 self._release(d, refused[i])
@@ -100,25 +96,18 @@ class Inbox:
             d.done += n
             if duplicates:
                 d.duplicates += duplicates.get(i, 0)
-            if d.done == len(d.cols):
-                finished.append(d)
-                continue
             self._taken.pop(id(d), None)
-            if n:
-                d.measure()
-            back.append(d)
+            if d.done == len(d.cols):
+                if not d.fut.done():
+                    d.fut.set_result(OK)
+            else:
+                if n:
+                    d.measure()
+                back.append(d)
         for d in reversed(back):
             self._queue.appendleft(d)
             self.records += d.remaining
             self.bytes += d.nbytes
-        return finished
-
-    def answer(self, finished: list[Delivery]) -> None:
-        """The commit that finished these deliveries is durable: their senders hear OK."""
-        for d in finished:
-            self._taken.pop(id(d), None)
-            if not d.fut.done():
-                d.fut.set_result(OK)
 
     def failed(self, taken: list[Delivery]) -> None:
         """Nothing of a batch committed: its senders retry (here or elsewhere)."""

@@ -35,7 +35,7 @@ from runtime.topology import dead_letter_stream, late_stream
 from runtime.wire import millstream_pb2 as pb
 from worker.batch import Batch, BatchProcessor, LeaseExpiredError
 from worker.dedup import OpaqueIds
-from worker.inbox import Delivery, Inbox
+from worker.inbox import Inbox
 from worker.outbox import Outbox
 from worker.progress import KeySample
 from worker.replication import ReplicationError, Replicator, Sending
@@ -140,10 +140,6 @@ class Tablet:
         # and its replication once started on the loop: see _ship.
         self._to_ship: tuple[int, bytes] | None = None
         self._sending: Sending | None = None
-        # The last batch written here and not yet acknowledged: its wait for the followers,
-        # which the next batch does not wait for (see _process_once), and its records.
-        self._acking: asyncio.Task[None] | None = None
-        self.acking = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self.must_exist = token > 1
         self.origin = origin  # a range a split or merge made: built from its parents' storage
@@ -367,10 +363,9 @@ class Tablet:
     def release(self, reported: dict[str, int]) -> None:
         self._forget(self.outbox.release(reported))
 
-    def _after_commit(self, batch: Batch) -> list[Delivery]:
-        """On the loop, once the batch is written here: memory follows the commit, what the
-        batch did not reach goes back in the queue. Returns the deliveries it finished, whose
-        senders hear OK once the commit is durable on the followers too (:meth:`_answer`)."""
+    def _after_commit(self, batch: Batch) -> None:
+        """On the loop, once the batch is durable: memory follows the commit, senders of the
+        finished deliveries hear OK, what the batch did not reach goes back in the queue."""
         commit = batch.commit
         self.failures = 0
         self._unwritten = set()
@@ -385,7 +380,7 @@ class Tablet:
             self.timers.remember(t)
         for t in batch.deferred:
             self.timers.remember(t)
-        finished = self.inbox.committed(batch.deliveries, batch.consumed, batch.refused, batch.duplicates)
+        self.inbox.committed(batch.deliveries, batch.consumed, batch.refused, batch.duplicates)
         self._room.set()
         if batch.deferred or (batch.deliveries and self.inbox):
             self._wake.set()
@@ -394,7 +389,6 @@ class Tablet:
             if self._good_batches >= 4:
                 self._good_batches = 0
                 self.batch_limit = min(self.max_batch, self.batch_limit * 2)
-        return finished
 
     def acked(self, shipments: list[Shipment], receipt: tuple[str, int] | None = None) -> None:
         """The receiver committed these shipments.
@@ -507,24 +501,10 @@ class Tablet:
                 break
             else:
                 await asyncio.sleep(0)  # let deliveries and acks in between batches
-        if self._acking is not None:  # the last batch written: acknowledged, or refused, before closing
-            await asyncio.gather(self._acking, return_exceptions=True)
         self.inbox.refuse_all()
 
     async def _process_once(self) -> None:
-        """One batch: user code and the local commit on the tablet's thread, then memory
-        follows the commit; its acknowledgements wait for the followers (:meth:`_acknowledge`).
-
-        Replication is pipelined with the next batch: the batch after this one is computed
-        and written here while this one's followers take it (as Kafka's leader goes on
-        appending while its followers fetch). Nothing is acknowledged before it is durable
-        on every in-sync follower, and batches are acknowledged in commit order; a commit
-        that cannot be replicated closes the tablet (ReplicationError), and every batch
-        written after it goes unacknowledged with it. Until acknowledged, a batch's finished
-        deliveries and its productions (in the outbox, not sent yet) hold the watermark."""
         assert self.thread is not None
-        if self._acking is not None and self._acking.done():
-            self._acking.result()  # a batch's replication failed: raise it here (_run closes)
         limit = self.batch_limit
         items = self.inbox.take(limit)
         due = [] if self.timers_held() else self.timers.pop_due(self.now_us(), self.host.watermark(self.computation),
@@ -552,11 +532,10 @@ class Tablet:
             sending, self._sending = self._sending, None
             if sending is None and self.replicator is not None and batch.ops is not None:
                 sending = self.replicator.send(batch.index, batch.ops)  # its replicator started meanwhile
-            if self.weak and sending is not None:
-                # A weak batch's productions went out before its commit: no pipelining (its
-                # checkpoints of the slow ones are written with it, _send_weak).
-                await self._replicated(sending)
-                sending = None
+            if self.replicator is not None and sending is not None:
+                t0 = time.perf_counter()
+                await self.replicator.wait(sending)
+                metrics.REPLICATION_SECONDS.labels(self.computation).observe(time.perf_counter() - t0)
         except BaseException:
             # Nothing of it acknowledged: its senders retry. If its write failed here, its
             # followers may hold it: the tablet reopens under a new term, and they give it
@@ -570,49 +549,11 @@ class Tablet:
             self.running = 0
             for t in due:
                 self.inbox.unhold(t.time)
-        finished = self._after_commit(batch)
-        productions = commit.productions if not weak_sent else []
-        self.outbox.sent(productions)  # they hold the watermark from now, sent once acknowledged
-        self.proc.hold = None  # its timers are in the index, its productions in the outbox
-        if sending is None and self._acking is None:
-            self._answer(finished, productions, started)
-            return
-        records = sum(batch.consumed)
-        self.acking += records
-        self._acking = asyncio.create_task(
-            self._acknowledge(self._acking, sending, finished, productions, started, records),
-            name=f"acknowledge {self.name} commit {batch.index}")
-
-    async def _replicated(self, sending: Sending) -> None:
-        assert self.replicator is not None
-        t0 = time.perf_counter()
-        await self.replicator.wait(sending)
-        metrics.REPLICATION_SECONDS.labels(self.computation).observe(time.perf_counter() - t0)
-
-    async def _acknowledge(self, before: asyncio.Task[None] | None, sending: Sending | None,
-                           finished: list[Delivery], productions: list[Shipment], started: float,
-                           records: int) -> None:
-        """Once the batch before is acknowledged and this one is durable on the in-sync
-        followers: answer its senders, send its productions. On failure its senders hear
-        NOT_OWNER (they retry; the tablet closes, _process_once)."""
-        try:
-            if before is not None:
-                await before
-            if sending is not None:
-                await self._replicated(sending)
-        except BaseException:
-            self.inbox.failed(finished)
-            self._wake.set()  # the run loop raises it and closes the tablet
-            raise
-        finally:
-            self.acking -= records
-        self._answer(finished, productions, started)
-
-    def _answer(self, finished: list[Delivery], productions: list[Shipment], started: float) -> None:
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
-        self.inbox.answer(finished)
-        if productions:
-            self.host.send(productions, self)
+        self._after_commit(batch)
+        if commit.productions and not weak_sent:
+            self._sent(commit.productions)
+        self.proc.hold = None  # its timers are in the index, its productions in the outbox
 
     # ------------------------------------------------ on the tablet's thread
 
@@ -692,7 +633,7 @@ class Tablet:
             computation=self.computation, key_range=self.key_range, token=self.token,
             has_work=oldest is not None, oldest_work=oldest or 0, processed=self.processed,
             late=self.late, dead_lettered=self.dead_lettered, backlog=self.inbox.records,
-            in_flight=self.inbox.records + self.running + self.acking + self.outbox.unacked + self.outbox.held,
+            in_flight=self.inbox.records + self.running + self.outbox.unacked + self.outbox.held,
             commits=self.store.index,
             watermark=self.host.watermark(self.computation),
             slow=[pb.SlowCall(key=k, seconds=sec, running=run) for k, sec, run in self.calls.snapshot()],
