@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime import Computation, Context, Record, ValueState, codecs
+from runtime import Computation, Context, ListState, Record, ValueState, codecs
 from runtime.sinks import FileSink
 
 
@@ -268,3 +268,27 @@ class RaiseOnZero(Computation):
         if record.value.value == 0:
             raise ValueError("a window of zero")
         ctx.produce("out", [record.value.start, record.value.value])
+
+
+class UndoneTrySink(FileSink):
+    """The first try of each value sets a timer, clears and appends to its list, writes its raw
+    state, then raises; later tries only append. Its timer writes a line if it ever fires."""
+
+    items = ListState("items", codecs.STR)
+    failed: set[str] = set()
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        items = ctx.state_of(self.items)
+        if record.value not in self.failed:
+            self.failed.add(record.value)
+            ctx.set_timer("boom", record.timestamp + 1)
+            items.clear()
+            items.append("ghost")
+            ctx.state.set(b"ghost")
+            raise ValueError("first try")
+        items.append(record.value.decode())
+        line = b"%s:%s:%s" % (record.value, ",".join(items).encode(), ctx.state.get() or b"-")
+        super().process_record(ctx, Record(record.key, line, record.timestamp, record.id))
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        super().process_record(ctx, Record(ctx.key, b"fired " + tag.encode(), time, b""))

@@ -414,6 +414,20 @@ def test_a_window_beside_a_step_that_fails_its_finish_still_fires_every_other_re
         assert sorted((r.key, _j(r)[2]) for r in run.output("counts")) == [(b"k1", 1), (b"k2", 1), (b"k3", 1)]
 
 
+def test_a_failed_try_of_a_fused_sink_takes_back_its_timer_list_and_state(tmp_path: Any) -> None:
+    """A sink's first try of each record sets a timer, rewrites its list and its ``ctx.state``,
+    then raises: the retry sees none of it, and the timer never fires."""
+    flow = Dataflow("h", key_ranges=1)
+    flow.input("w", codec=codecs.STR, keyed=True).sink(j.UndoneTrySink, name="h_out", path=str(tmp_path))
+    with TestRun(flow) as run:
+        run.inject("w", b"k", b"a", T0)
+        run.run_until_idle()
+        run.inject("w", b"k", b"b", T0 + 5)
+        run.finish("w")
+        run.run_until_idle()
+    assert sorted(str(r["value"]) for r in read_file_sink(str(tmp_path))) == ["a:a:-", "b:a,b:-"]
+
+
 def test_a_step_failing_on_one_keys_window_loses_that_window_alone() -> None:
     """A firing is one call for every key's window due. When a step after the window raises on
     one key's result, the firing goes on one window per call: that window's result goes to the
