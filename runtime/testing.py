@@ -124,7 +124,7 @@ class TestRun:
     async def _apply(self) -> None:
         self._core.renewed(self._core.now_ms(), 10 ** 12)  # a lease that never runs out
         await self._core.apply_routing(self._master.routing())
-        failures = {f"{k[0]}/{k[1]}": e for k, (e, _, _) in self._core._failures.items()}
+        failures = self._core.open_failures()
         if failures:
             raise MillstreamError(f"TestRun: tablets cannot open: {failures}")
 
@@ -204,8 +204,7 @@ class TestRun:
         for _ in range(max_rounds):
             before = dict(self._master.image.published)
             await self._publish()
-            for tablet in self._core.tablets.values():
-                tablet._wake.set()  # wall-clock timers: the virtual clock may have moved
+            self._core.clock_moved()  # wall-clock timers: the virtual clock may have moved
             await asyncio.sleep(0.001)
             # Idle: nothing to do, and publishing the watermarks again moved none of them (a
             # fired timer lets its computation's watermark rise to the next one).
@@ -216,15 +215,7 @@ class TestRun:
                               "again at its own time forever?)")
 
     def _idle(self) -> bool:
-        if self._core.sender.pending() or self._core._opening or any(not t.done() for t in self._core._closing.values()):
-            return False
-        for t in self._core.tablets.values():
-            delay = t._next_wall_timer_delay()
-            # (a batch in flight on the tablet's thread: its timers are out of the index already)
-            if (t.running or t.inbox or t.outbox.unacked or t._due_event_timers()
-                    or (delay is not None and delay <= 0)):
-                return False
-        return True
+        return self._core.quiet()
 
     async def _publish(self) -> None:
         """One round of the leader's loop: the worker's heartbeat with its tablets' progress,

@@ -564,6 +564,23 @@ class WorkerCore:
         await self.replicas.close_all()
         await self.sender.close()
 
+    def open_failures(self) -> dict[str, str]:
+        """Tablets that failed to open, by ``computation/range``: the last error."""
+        return {f"{c}/{r}": failure[0] for (c, r), failure in self._failures.items()}
+
+    def quiet(self) -> bool:
+        """Nothing to do now: no tablet opening or closing, nothing waiting to be sent, and
+        every tablet :meth:`~worker.tablet.Tablet.quiet` (``TestRun.run_until_idle``)."""
+        if self.sender.pending() or self._opening or any(not t.done() for t in self._closing.values()):
+            return False
+        return all(t.quiet() for t in self.tablets.values())
+
+    def clock_moved(self) -> None:
+        """The wall clock jumped (a test's virtual clock): every tablet looks at its
+        wall-clock timers again."""
+        for t in self.tablets.values():
+            t.wake()
+
     def problems(self) -> list[pb.TabletProblem]:
         """Tablets assigned here that do not run: failing to open, or waiting on user code."""
         now = time.monotonic()

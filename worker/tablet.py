@@ -639,6 +639,14 @@ class Tablet:
             slow=[pb.SlowCall(key=k, seconds=sec, running=run) for k, sec, run in self.calls.snapshot()],
             load_median=self.keys.median())
 
+    def quiet(self) -> bool:
+        """Nothing queued, in a batch (whose timers are out of the index already),
+        unacknowledged, or due now by the watermark or the wall clock."""
+        if self.running or self.inbox or self.outbox.unacked or self._due_event_timers():
+            return False
+        delay = self._next_wall_timer_delay()
+        return delay is None or delay > 0
+
     def watermark_advanced(self) -> None:
         """Wake the run loop if an event-time timer may now be due."""
         if self._due_event_timers():
