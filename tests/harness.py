@@ -20,6 +20,7 @@ from typing import Any
 from runtime.client import Client
 from runtime.cluster import LocalCluster, Process, wait_until
 from runtime.etcd_binary import bundled_etcd
+from runtime.sinks import read_file_sink
 
 __all__ = ["ETCD_BINARY", "Cluster", "etcd_history", "metric", "wait_until"]
 
@@ -101,6 +102,34 @@ class Cluster(LocalCluster):
         super().close()
         left = [p.name for p in self.processes() if p.alive()]
         assert not left, f"processes left behind: {left}"
+
+
+def settled_word_counts(out: str, expected: dict[str, int], timeout: float) -> dict[str, int]:
+    """The word counts a FileSink under ``out`` holds once they are ``expected``; if they are
+    not within ``timeout``, what it holds then (the caller compares, and shows the diff).
+
+    A batch is in the sink's files shortly before its commit (``read_file_sink``); a tablet
+    reopened after that commit failed cuts its file back, and the redelivery writes the batch
+    again. So a read may see rows that will not stay (a worker killed right after writing
+    them), and the count of rows is no sign the counts are final: they are read until they
+    are complete. A count twice, or a gap, that is still there at the end fails here."""
+    from examples import wordcount
+
+    got: dict[str, int] = {}
+
+    def complete() -> bool:
+        nonlocal got
+        try:
+            got = wordcount.final_counts(list(read_file_sink(out)))
+        except AssertionError:  # mid-cut: a batch being cut back and written again
+            return False
+        return got == expected
+
+    try:
+        wait_until(complete, timeout, "the final counts")
+    except TimeoutError:
+        got = wordcount.final_counts(list(read_file_sink(out)))  # a count twice or a gap that stayed
+    return got
 
 
 def metric(proc: Process, name: str, labels: str = "") -> float:

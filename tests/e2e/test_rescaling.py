@@ -26,7 +26,7 @@ from runtime.keyspace import HASH_SPACE, key_hash
 from runtime.sinks import read_file_sink
 from tests.e2e.test_watermarks import _events, _oracle, _send, _windows
 from tests.e2e.wordcount_run import run_wordcount
-from tests.harness import Cluster, etcd_history, wait_until
+from tests.harness import Cluster, etcd_history, settled_word_counts, wait_until
 
 
 def _ranges(cluster: Cluster, computation: str) -> list[dict[str, int]]:
@@ -277,9 +277,6 @@ def test_the_policy_splits_a_hot_range_and_moves_a_half_to_a_new_worker(tmp_path
         doc = c.client.status()
         assert any("policy:" in r["what"] and "split counter/" in r["what"] for r in doc["reshards"]), doc["reshards"]
         expected = oracle(sent)
-        total = sum(expected.values())
-        wait_until(lambda: len(list(read_file_sink(out))) >= total, 120, f"{total} counts")
-        got = wordcount.final_counts(list(read_file_sink(out)))
-        assert got == expected
+        assert settled_word_counts(out, expected, 120) == expected
     finally:
         c.close()

@@ -25,7 +25,7 @@ from injectors import Injector
 from runtime.errors import MillstreamError
 from runtime.record import derived_id
 from runtime.sinks import read_file_sink
-from tests.harness import Cluster, wait_until
+from tests.harness import Cluster, settled_word_counts, wait_until
 
 BASE_TS = 1_700_000_000_000_000  # line i has timestamp BASE_TS + i
 SEEDS = [int(s) for s in os.environ.get("MILLSTREAM_CHAOS_SEEDS", "7").split(",")]
@@ -205,12 +205,13 @@ def _run_chaos(c: Cluster, seed: int, *, productions: str = "strong", counter: s
         inj.close()
     total = sum(expected.values())
     try:
-        wait_until(lambda: len(list(read_file_sink(out))) >= total, 120, f"{total} counts")
-        got = wordcount.final_counts(list(read_file_sink(out)))
-    except (AssertionError, TimeoutError) as e:
+        got = settled_word_counts(out, expected, 120)
+    except AssertionError as e:
         dumped = c.dump_workers()  # what each worker still waits on, in its log
         raise AssertionError(f"seed {seed}, after: {history}: {e} (task dumps in {dumped})") from None
-    assert got == expected, f"seed {seed}, after: {history}"
+    if got != expected:
+        dumped = c.dump_workers()
+        assert got == expected, f"seed {seed}, after: {history} (task dumps in {dumped})"
     rows = list(read_file_sink(out))
     assert len(rows) == total, f"seed {seed}, after: {history}"
     if faults is not RESHARD_FAULTS:  # a split or merge changes a key's producer: no order across
@@ -291,8 +292,6 @@ def test_busy_workers_are_never_taken_for_dead(tmp_path: object) -> None:
                     inj.send(b"", line.encode(), BASE_TS + i)
                 inj.flush()
                 history.append(rng.choice([_move, _move, _add_worker])(c, rng))
-        total = sum(expected.values())
-        wait_until(lambda: len(list(read_file_sink(out))) >= total, 180, f"{total} counts")
-        assert wordcount.final_counts(list(read_file_sink(out))) == expected, history
+        assert settled_word_counts(out, expected, 180) == expected, history
         live = c.client.status()["liveness"]
         assert live["lease_expiries"] == 0 and live["registrations"] == len(c.workers), (live, history)
