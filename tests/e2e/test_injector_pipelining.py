@@ -29,7 +29,10 @@ def _send(c: Cluster, lines: list[str], name: str, midway: threading.Thread | No
             inj.send(str(i % 97).encode(), line.encode(), BASE_TS + i)
             if midway is not None and i == len(lines) // 3:
                 midway.start()
-        peak = inj.peak_in_flight
+    # Read once the injector has finished (flushed every round): under CI's load the loop
+    # above once queued all 3,000 records while the first round was still connecting, and a
+    # peak read there said 1 although the rounds then went four at a time.
+    peak = inj.peak_in_flight
     if midway is not None:
         midway.join(120)
     return peak
