@@ -1,0 +1,256 @@
+"""Dataflow windows and joins in process, against oracles: tumbling, sliding and session
+windows with late records, window and interval joins, firings in slices over thousands of
+keys, and what a firing that fails loses (its one window alone)."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter, defaultdict
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from runtime import Dataflow, codecs
+from runtime.flows import windowing
+from runtime.sinks import read_file_sink
+from runtime.testing import TestRun
+from runtime.windows import SECOND, Count, Session, Sliding, Sum, Tumbling
+from tests import flowjobs as j
+
+T0 = 1_700_000_000_000_000
+
+
+def _j(record: Any) -> Any:
+    return json.loads(record.value)
+
+
+def _events(rng: random.Random, n: int, keys: int, spread_us: int, disorder_us: int) -> list[tuple[str, int, int]]:
+    out = []
+    for i in range(n):
+        base = T0 + i * spread_us // n
+        out.append((f"k{rng.randrange(keys)}", rng.randrange(100), base + rng.randrange(disorder_us + 1)))
+    return out
+
+
+@pytest.mark.parametrize("windows", [Tumbling(SECOND), Sliding(2 * SECOND, SECOND),
+                                     Tumbling(SECOND, allowed_lateness=SECOND // 2)])
+def test_windows_match_an_oracle_with_late_records_on_their_stream(windows: Any) -> None:
+    """Records out of order by up to 2.5 s, the watermark 0.2 s behind the newest: some are
+    late. A record is late when every window it falls in fired (the watermark passed its end
+    plus the lateness); late records go to <step>.late, every other one is counted once."""
+    rng = random.Random(7)
+    events = _events(rng, 600, 5, 6 * SECOND, 2_500_000)
+    flow = Dataflow("w", key_ranges=2)
+    flow.input("ev", codec=codecs.JSON, keyed=True).map(j.value_of).window(windows, Sum(), name="sums") \
+        .output("sums", codec=codecs.JSON)
+    expected: dict[tuple[str, int, int], int] = defaultdict(int)
+    late = []
+    wm = T0 - 1
+    with TestRun(flow) as run:
+        for i, (k, v, ts) in enumerate(events):
+            live = [(s, e) for s, e in windows.assign(ts) if e + windows.lateness > wm]
+            if live:
+                for s, e in live:
+                    expected[(k, s, e)] += v
+            else:
+                late.append((k, v))
+            run.inject("ev", k.encode(), json.dumps({"k": k, "v": v}).encode(), ts)
+            if i % 50 == 49:
+                wm = max(wm, max(t for _, _, t in events[:i + 1]) - 200_000)
+                run.advance_watermark("ev", wm)
+                run.run_until_idle()
+        run.finish("ev")
+        run.run_until_idle()
+        got = {(r.key.decode(), *_j(r)[:2]): _j(r)[2] for r in run.output("sums")}
+        assert len(got) == len(run.output("sums"))  # each window fired once
+        assert got == dict(expected)
+        assert all(r.timestamp == _j(r)[1] + windows.lateness for r in run.output("sums"))  # stamped when fired
+        # Late records go on as the window step got them (after the map).
+        assert sorted((r.key.decode(), _j(r)) for r in run.output("sums.late")) == sorted(late)
+        assert late  # the schedule has late records
+
+
+def test_session_windows_merge_out_of_order_and_send_late_records_on() -> None:
+    gap = 300_000
+    flow = Dataflow("s")
+    flow.input("ev", codec=codecs.JSON, keyed=True).map(j.value_of) \
+        .window(Session(gap, allowed_lateness=100_000), Sum(), name="sessions").output("out", codec=codecs.JSON)
+    with TestRun(flow) as run:
+        def send(k: str, v: int, dt: int) -> None:
+            run.inject("ev", k.encode(), json.dumps({"k": k, "v": v}).encode(), T0 + dt)
+
+        send("a", 1, 0)
+        send("a", 2, 500_000)      # its own session for now
+        send("a", 4, 250_000)      # bridges the two: one session [0, 800 000)
+        send("b", 8, 100_000)
+        run.advance_watermark("ev", T0 + 850_000)
+        run.run_until_idle()
+        # b's [100k, 400k) fired at 500k; a's [0, 800k) + lateness 100k fires at 900k
+        assert [(r.key, r.timestamp - T0) for r in run.output("out")] == [(b"b", 500_000)]
+        run.advance_watermark("ev", T0 + 2_000_000)
+        run.run_until_idle()
+        send("a", 16, 10_000)  # late: its session fired
+        send("a", 32, 1_900_000)  # on time: a new session
+        run.finish("ev")
+        run.run_until_idle()
+        got = sorted((r.key.decode(), _j(r)[0] - T0, _j(r)[1] - T0, _j(r)[2]) for r in run.output("out"))
+        assert got == [("a", 0, 800_000, 7), ("a", 1_900_000, 2_200_000, 32), ("b", 100_000, 400_000, 8)]
+        assert [_j(r) for r in run.output("sessions.late")] == [16]
+
+
+def test_a_window_join_pairs_every_left_with_every_right_of_its_key_and_window() -> None:
+    rng = random.Random(11)
+    lefts = _events(rng, 120, 4, 4 * SECOND, 0)
+    rights = _events(rng, 120, 4, 4 * SECOND, 0)
+    windows = Tumbling(SECOND)
+    flow = Dataflow("wj", key_ranges=2)
+    left = flow.input("l", codec=codecs.JSON).key_by(j.key_of).map(j.value_of)
+    right = flow.input("r", codec=codecs.JSON).key_by(j.key_of).map(j.value_of)
+    left.join(right, windows, name="pairs").output("pairs", codec=codecs.JSON)
+    with TestRun(flow) as run:
+        for (k1, v1, t1), (k2, v2, t2) in zip(lefts, rights, strict=True):
+            run.inject("l", b"", json.dumps({"k": k1, "v": v1}).encode(), t1)
+            run.inject("r", b"", json.dumps({"k": k2, "v": v2}).encode(), t2)
+        run.finish("l")
+        run.finish("r")
+        run.run_until_idle()
+        got = Counter((r.key.decode(), tuple(_j(r))) for r in run.output("pairs"))
+    expected = Counter((k1, (v1, v2)) for k1, v1, t1 in lefts for k2, v2, t2 in rights
+                       if k1 == k2 and windows.assign(t1) == windows.assign(t2))
+    assert got == expected and expected
+
+
+def test_an_interval_join_pairs_within_the_bounds_as_soon_as_both_are_in() -> None:
+    rng = random.Random(5)
+    lower, upper = -200_000, 300_000
+    lefts = _events(rng, 150, 3, 3 * SECOND, 0)
+    rights = _events(rng, 150, 3, 3 * SECOND, 0)
+    flow = Dataflow("ij", key_ranges=2)
+    left = flow.input("l", codec=codecs.JSON).key_by(j.key_of).map(j.value_of)
+    right = flow.input("r", codec=codecs.JSON).key_by(j.key_of).map(j.value_of)
+    left.interval_join(right, lower, upper, name="near").output("near", codec=codecs.JSON)
+    with TestRun(flow) as run:
+        for i, ((k1, v1, t1), (k2, v2, t2)) in enumerate(zip(lefts, rights, strict=True)):
+            run.inject("l", b"", json.dumps({"k": k1, "v": v1}).encode(), t1)
+            run.inject("r", b"", json.dumps({"k": k2, "v": v2}).encode(), t2)
+            if i % 30 == 29:  # the watermark follows, so buffered records expire on the way
+                now = min(t1, t2) - upper
+                run.advance_watermark("l", now)
+                run.advance_watermark("r", now)
+                run.run_until_idle()
+                if i == 89:
+                    run.restart("near")
+        run.finish("l")
+        run.finish("r")
+        run.run_until_idle()
+        got = Counter((r.key.decode(), tuple(_j(r)), r.timestamp) for r in run.output("near"))
+    expected = Counter((k1, (v1, v2), max(t1, t2)) for k1, v1, t1 in lefts for k2, v2, t2 in rights
+                       if k1 == k2 and lower <= t2 - t1 <= upper)
+    assert got == expected and expected
+
+
+def test_a_window_beside_a_step_that_fails_its_finish_still_fires_every_other_record() -> None:
+    """A window ("a_w", whose finish runs first) and a reduce whose running value of
+    ``refuse`` cannot be stored, in one stage: the call fails in the reduce's finish after the
+    window's. The window must not keep what it noted of the undone call: ``refuse`` came first
+    in its window, and the window's one timer for that window's end, set in the undone call,
+    would be thought set, and the window would never fire."""
+    flow = Dataflow("wr", key_ranges=1)
+    words = flow.input("w", codec=codecs.STR, keyed=True)
+    words.map(j.poison).reduce(j.last).map(j.type_name).output("types", codec=codecs.STR)
+    words.window(Tumbling(SECOND), Count(), name="a_w").output("counts", codec=codecs.JSON)
+    assert len({c.code for c in flow.topology().computations.values()}) == 1  # one stage
+    with TestRun(flow) as run:
+        for i, w in enumerate(["refuse", "a", "bb", "c"]):
+            run.inject("w", b"k%d" % i, w.encode(), T0 + i)
+        run.finish("w")
+        run.run_until_idle()
+        assert len(run.output("wr.reduce.dead_letter")) == 1
+        assert sorted((r.key, _j(r)[2]) for r in run.output("counts")) == [(b"k1", 1), (b"k2", 1), (b"k3", 1)]
+
+
+def test_a_step_failing_on_one_keys_window_loses_that_window_alone() -> None:
+    """A firing is one call for every key's window due. When a step after the window raises on
+    one key's result, the firing goes on one window per call: that window's result goes to the
+    dead letters, once, the other keys' results go on, and later firings are not held up;
+    nothing fires again after a restart."""
+    flow = Dataflow("fz", key_ranges=1)
+    flow.input("ev", codec=codecs.JSON, keyed=True).map(j.value_of).window(Tumbling(SECOND), Sum(), name="sums") \
+        .process(j.RaiseOnZero, name="check").output("o", codec=codecs.JSON)
+    want = [(b"a", [T0, 5]), (b"a", [T0 + SECOND, 2]), (b"c", [T0, 7]), (b"d", [T0, 1])]
+    with TestRun(flow) as run:
+        for k, v, dt in [("a", 5, 0), ("b", 0, 1), ("c", 7, 2), ("d", 1, 3), ("a", 2, SECOND + 5)]:
+            run.inject("ev", k.encode(), json.dumps({"k": k, "v": v}).encode(), T0 + dt)
+        run.advance_watermark("ev", T0 + SECOND + 1)  # the first second's windows fire
+        run.run_until_idle()
+        run.finish("ev")
+        run.run_until_idle()
+        assert sorted((r.key, _j(r)) for r in run.output("o")) == want
+        [letter] = run.output("sums.dead_letter")
+        assert letter.key == b"b" and _j(letter)["computation"] == "sums"
+        assert "a window of zero" in _j(letter)["error"]
+        run.restart("sums")
+        run.run_until_idle()
+        assert len(run.output("o")) == len(want) and len(run.output("sums.dead_letter")) == 1
+
+
+def test_windows_of_thousands_of_keys_all_come_out() -> None:
+    """Regression: a batch firing many windows runs longer than TestRun's idle check looked,
+    and run_until_idle returned with its results still in flight (it now waits for a batch
+    running on a tablet's thread)."""
+    flow = Dataflow("many", key_ranges=1)
+    flow.input("ev", keyed=True).window(Tumbling(SECOND), Count(), name="counts").output("out", codec=codecs.JSON)
+    with TestRun(flow) as run:
+        for i in range(3000):
+            run.inject("ev", b"k%d" % (i % 1500), b"", T0 + i)
+        run.finish("ev")
+        run.run_until_idle()
+        got = [(r.key, _j(r)[2]) for r in run.output("out")]
+    assert len(got) == 1500 and {c for _, c in got} == {2}
+
+
+def test_a_second_boundary_over_thousands_of_keys_fires_in_slices_between_batches(monkeypatch: Any) -> None:
+    """Issue 30: a timer's firing stops after FIRE_SLICE_S (here: after one chunk) and sets
+    its timer again; the rest fires in the next batches. Every window still comes out once,
+    and a window downstream of them sees the whole count (the watermark waited for the last
+    slice)."""
+    monkeypatch.setattr(windowing, "FIRE_SLICE_S", 0.0)
+    flow = Dataflow("sliced", key_ranges=1)
+    counts = flow.input("ev", keyed=True).window(Tumbling(SECOND), Count(), name="sliced_counts")
+    counts.output("out", codec=codecs.JSON)
+    counts.key_by(j.one_key).window(Tumbling(SECOND), Count(), name="sliced_total").output("total", codec=codecs.JSON)
+    calls = _fire_calls("sliced_counts")
+    with TestRun(flow) as run:
+        for i in range(3000):
+            run.inject("ev", b"k%d" % (i % 1500), b"", T0 + i)
+        run.finish("ev")
+        run.run_until_idle()
+        got = Counter((r.key, _j(r)[2]) for r in run.output("out"))
+        totals = [_j(r)[2] for r in run.output("total")]
+    assert len(got) == 1500 and set(got.values()) == {1} and {c for _, c in got} == {2}
+    assert _fire_calls("sliced_counts") - calls == -(-1500 // windowing.FIRE_CHUNK)
+    assert totals == [1500]
+
+
+def test_a_firings_stall_includes_the_fused_sink_writing_what_fired(monkeypatch: Any, tmp_path: Any) -> None:
+    """millstream_window_fire_seconds is how long a firing held its tablet: the fused sink
+    writes the fired windows at the end of the same call, so its time counts."""
+    monkeypatch.setattr(windowing, "perf_counter", j.CLOCK)
+    flow = Dataflow("tick", key_ranges=1)
+    flow.input("ev", keyed=True).window(Tumbling(SECOND), Count(), name="tick_counts") \
+        .sink(j.TickingSink, name="tick_out", path=str(tmp_path))
+    before = REGISTRY.get_sample_value("millstream_window_fire_seconds_sum", {"step": "tick_counts"}) or 0.0
+    with TestRun(flow) as run:
+        for i in range(3):
+            run.inject("ev", b"k%d" % i, b"", T0 + i)
+        run.finish("ev")
+        run.run_until_idle()
+    assert len(list(read_file_sink(str(tmp_path)))) == 3
+    after = REGISTRY.get_sample_value("millstream_window_fire_seconds_sum", {"step": "tick_counts"})
+    assert after - before == 3.0
+
+
+def _fire_calls(step: str) -> float:
+    return REGISTRY.get_sample_value("millstream_window_fire_seconds_count", {"step": step}) or 0.0
