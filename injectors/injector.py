@@ -53,6 +53,11 @@ from runtime.record import ID_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, producer_pr
 from runtime.security import Security
 
 log = logging.getLogger(__name__)
+# Records a round takes at most. Each tablet's share of a round is one delivery, one batch and
+# commit, one copy to its follower: per batch, not per record. 4,000 (1,000 per tablet of a
+# 4-range stream) measured 1.2-1.9x the events per CPU-second of 1,000 on Nexmark q0
+# (docs/performance.md); a paced sender's rounds leave after linger_ms, far below either.
+DEFAULT_BATCH_SIZE = 4000
 
 
 class Injector:
@@ -85,7 +90,7 @@ class Injector:
     """
 
     def __init__(self, masters: str | Iterable[str], stream: str, name: str, *,
-                 batch_size: int = 1000, linger_ms: float = 5.0, max_queued: int | None = None,
+                 batch_size: int = DEFAULT_BATCH_SIZE, linger_ms: float = 5.0, max_queued: int | None = None,
                  max_in_flight: int = 4, timeout: float = 60.0, security: Security = Security(),
                  incarnation: str | None = None, allow_code: str | Sequence[str] = (),
                  idle_after: float | None = None) -> None:

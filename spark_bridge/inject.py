@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from injectors.injector import END_OF_TIME, Injector
+from injectors.injector import DEFAULT_BATCH_SIZE, END_OF_TIME, Injector
 from runtime.client import Client, parse_addresses
 from runtime.errors import InjectionError, MillstreamError
 from runtime.imports import CodePolicy
@@ -342,7 +342,7 @@ def _summary(name: str, parts: list[tuple[int, int, int | None, int | None]], wa
 
 def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] | None,
            timestamp: str, name: str, masters: str | Iterable[str], id: str | None = None,
-           watermark: int | str = "finish", batch_size: int = 1000,
+           watermark: int | str = "finish", batch_size: int = DEFAULT_BATCH_SIZE,
            timeout: float = 60.0, incarnation: str | None = None,
            allow_code: str | Sequence[str] = ()) -> InjectionResult:
     """Send every row of ``df`` to ``stream`` as one record, exactly once.

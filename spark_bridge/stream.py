@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from injectors.injector import Injector
+from injectors.injector import DEFAULT_BATCH_SIZE, Injector
 from runtime.client import parse_addresses
 from spark_bridge.inject import (
     WATERMARK_DELAY_KEY,
@@ -61,7 +61,7 @@ class StreamInjection:
 
     def __init__(self, *, stream: str, key: str, value: str | Sequence[str] | None, timestamp: str,
                  name: str, masters: str | Iterable[str], id: str | None = None,
-                 batch_size: int = 1000, timeout: float = 60.0, incarnation: str | None = None,
+                 batch_size: int = DEFAULT_BATCH_SIZE, timeout: float = 60.0, incarnation: str | None = None,
                  allow_code: str | Sequence[str] = ()) -> None:
         self.stream = stream
         self.allow_code = code_prefixes(allow_code)
@@ -143,7 +143,7 @@ class StreamInjection:
 
 def inject_stream(*, stream: str, key: str, value: str | Sequence[str] | None, timestamp: str,
                   name: str, masters: str | Iterable[str], id: str | None = None,
-                  batch_size: int = 1000, timeout: float = 60.0,
+                  batch_size: int = DEFAULT_BATCH_SIZE, timeout: float = 60.0,
                   incarnation: str | None = None, allow_code: str | Sequence[str] = ()) -> StreamInjection:
     """A ``foreachBatch`` function injecting a streaming query into ``stream`` exactly once.
 
