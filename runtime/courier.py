@@ -1,7 +1,7 @@
-"""The sending side of the Deliver protocol, without I/OwnerT: one core for every sender.
+"""The sending side of the Deliver protocol, without I/O: one core for every sender.
 
 A :class:`Courier` takes events and returns actions; it has no sockets, threads, clocks or
-tasks (the sans-I/OwnerT style of h11 and h2). A worker's sender (worker/sender.py) and an
+tasks (the sans-I/O style of h11 and h2). A worker's sender (worker/sender.py) and an
 injector (injectors/tablets.py) each drive one from a thin shell that performs the actions
 and feeds back what happened:
 

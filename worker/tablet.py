@@ -555,7 +555,7 @@ class Tablet:
             self._sent(commit.productions)
         self.proc.hold = None  # its timers are in the index, its productions in the outbox
 
-    # ------------------------------------------------ on the tablet's thread
+    # ------------------------------------------- weak productions, before the commit
 
     async def _send_weak(self, commit: Commit) -> None:
         """Weak productions: send before the commit; checkpoint only those not acknowledged
