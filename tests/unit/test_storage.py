@@ -414,7 +414,8 @@ _write = st.one_of(st.none(), st.binary(min_size=0, max_size=3))
 ), max_size=12))
 def test_the_read_cache_always_holds_what_is_committed(entries: int, batches: list) -> None:  # type: ignore[type-arg]
     """What the tablet thread's read cache holds (worker/readcache.py) equals RocksDB after
-    every commit: puts, deletes, cleared prefixes, a failed commit, a cache that starts over."""
+    every commit: puts, deletes, cleared prefixes, a failed commit, a young generation that
+    turns old."""
     from worker.readcache import ReadCache
     from worker.storage import state_key
 
@@ -433,7 +434,7 @@ def test_the_read_cache_always_holds_what_is_committed(entries: int, batches: li
                         store.commit(c)
                 else:
                     store.commit(c)
-                held = dict(store.cache.values)
+                held = store.cache.held()
                 assert held == {k: store.db.get(k) for k in held}
             assert {k: store.cache.get(k) for k in every} == {k: store.db.get(k) for k in every}
         finally:
