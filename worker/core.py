@@ -41,6 +41,7 @@ class WorkerLimits:
 
     max_queued_records: int = 20_000
     max_queued_bytes: int = 256 << 20  # also BUSY past this much queued input (S8)
+    max_worker_queued_bytes: int = 1 << 30  # ... or past this much in all the worker's tablets together
     max_unacked: int = 100_000
     max_batch_records: int = 2_000
     batch_budget_ms: int = 100  # a batch stops taking records and timers once user code used this
@@ -147,6 +148,12 @@ class WorkerCore:
         if assignment is not None:
             rep.configure(assignment)
         return rep
+
+    def queued_bytes(self) -> int:
+        """Input queued in all this worker's tablets, not yet committed (bounded by
+        ``limits.max_worker_queued_bytes``: a worker given many tablets does not hold many
+        times one tablet's bound in memory, review S8)."""
+        return sum(t.inbox.bytes for t in self.tablets.values())
 
     # ----------------------------------------------------------------- lease
 

@@ -66,6 +66,7 @@ class TabletHost(Protocol):
     watermarks_known: bool  # false: no batch may run yet (the input watermarks are not known)
 
     def lease_valid(self) -> bool: ...
+    def queued_bytes(self) -> int: ...
     def send(self, shipments: list[Shipment], owner: Tablet) -> None: ...
     def watermark(self, computation: str) -> int: ...
 
@@ -306,7 +307,8 @@ class Tablet:
         limits = self.host.limits
         deadline = None
         while (self.inbox.records >= limits.max_queued_records or self.inbox.bytes >= limits.max_queued_bytes
-               or self.outbox.unacked >= limits.max_unacked):
+               or self.outbox.unacked >= limits.max_unacked
+               or self.host.queued_bytes() >= limits.max_worker_queued_bytes):
             # Full: wait here for room, bounded, rather than send the sender into its back-off.
             now = asyncio.get_running_loop().time()
             deadline = now + ROOM_WAIT_S if deadline is None else deadline

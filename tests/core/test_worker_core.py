@@ -120,6 +120,31 @@ def test_a_full_queue_answers_busy_once_the_wait_is_over_and_nothing_is_lost(
     asyncio.run(main())
 
 
+def test_input_queued_in_one_tablet_counts_against_the_whole_workers_bound(
+        tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review S8: each tablet's queue is bounded, and so is the worker's total, or a worker
+    given many tablets holds many times one tablet's bound. A delivery to an empty tablet is
+    answered BUSY while another tablet's queue holds the worker's bound; once that queue is
+    committed, the retry is taken, and nothing is lost."""
+    monkeypatch.setattr(tablet_module, "ROOM_WAIT_S", 0.0)  # no wait: the answer at once
+
+    async def main() -> None:
+        one = Columns.of_records([rec(0, b"v0")]).nbytes()
+        core = await _core(str(tmp_path), WorkerLimits(max_worker_queued_bytes=3 * one), lambda: BASE)
+        first = [_queue(core, ("echo", 0), rec(i, b"v%d" % i)) for i in range(3)]
+        assert core.queued_bytes() >= 3 * one
+        assert core.tablets[("collect", 0)].queued_records == 0  # its own queue is empty
+        assert await core.deliver("collect", 0, 1, [rec(99, b"over")]) == BUSY
+        assert await asyncio.gather(*first) == [OK] * 3
+        await _until(lambda: core.queued_bytes() == 0, "the queues to be committed")
+        assert await core.deliver("collect", 0, 1, [rec(99, b"over")]) == OK  # the retry is taken
+        await _until(lambda: len(Collector.seen) == 4, "4 outputs")
+        assert sorted(v for _, _, v in Collector.seen) == [b"over", b"v0", b"v1", b"v2"]
+        await core.close_all()
+
+    asyncio.run(main())
+
+
 def test_a_poison_record_is_dead_lettered_and_the_range_moves_on(tmp_path: object) -> None:
     async def main() -> None:
         core = await _core(str(tmp_path), WorkerLimits(max_attempts=3), lambda: BASE)
