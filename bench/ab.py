@@ -143,7 +143,8 @@ def summarise(figure: str, runs: Sequence[dict[str, Any]]) -> list[dict[str, Any
             got = [(r["values"][m.name], r["loadavg"][0]) for r in runs  # an inexact run's figure is none
                    if r["side"] == side and r.get("exact") is not False and m.name in r.get("values", {})]
             row[side] = [{"value": v, "load": load} for v, load in got]
-            row[f"{side}_median"] = statistics.median(v for v, _ in got) if got else None
+            # (the mean of the middle two for an even count: rounded, as the runs' figures are)
+            row[f"{side}_median"] = round(statistics.median(v for v, _ in got), 3) if got else None
         row["ratio"] = _ratio(row["baseline_median"], row["current_median"], m.better)
         rows.append(row)
     return rows
