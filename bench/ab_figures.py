@@ -38,11 +38,17 @@ import tempfile
 from typing import Any
 
 PACKAGES = ("bench", "cli", "examples", "injectors", "master", "runtime", "spark_bridge", "worker")
-DEFAULT_FIGURES = ("recordpath", "w1-1stage", "w1-3stages", "w2", "nexmark-q0")
+# Issue 29's figures. W2 and q0 "as a user writes them" (issue 29's wording): each tree's
+# own way, a flow where the tree has runtime.flows and its classic computations where not
+# (3a1b1da), both fed by a user's loop (see _w2_user).
+DEFAULT_FIGURES = ("recordpath", "w1-1stage", "w1-3stages", "w2-user", "nexmark-q0-user")
+# The classic computations on both sides (as the bench writes W2: two closed-loop injectors).
+CLASSIC_FIGURES = ("w2", "nexmark-q0")
 # On flows (issue 30): only against a commit that has runtime.flows (from c81c71b on), chosen
 # with --ab-figures; a tree without flows yields no values and says so.
 FLOW_FIGURES = ("recordpath-flow3", "w1-flow-1stage", "w1-flow-3stages", "w2-flow", "nexmark-q0-flow")
-FIGURES = DEFAULT_FIGURES + FLOW_FIGURES
+FIGURES = DEFAULT_FIGURES + CLASSIC_FIGURES + FLOW_FIGURES
+USER_WATERMARK_EVERY = 4000  # records between a user loop's advance_watermark calls (bench/flows.py's)
 RECORDPATH_BATCH = 1_000  # `python -m bench.overhead recordpath 1000`
 W1_RATE = 10_000
 
@@ -90,6 +96,33 @@ def _w2(root: str, quick: bool, flow: bool = False) -> tuple[dict[str, float], b
     return {"records_per_s": r["throughput_rps"]}, bool(r.get("oracle_equal"))
 
 
+def _has_flows() -> bool:
+    return importlib.util.find_spec("runtime.flows") is not None
+
+
+def _w2_user(root: str, quick: bool) -> tuple[dict[str, float], bool | None]:
+    """W2 as a user writes it: one ``Injector`` with its defaults, ``send()`` per record and
+    ``advance_watermark`` every :data:`USER_WATERMARK_EVERY` records. On a tree with flows,
+    its W2 on a flow (``run_w2(flow=True)`` sends exactly so); on an older one, its classic
+    W2 computations fed by that same loop in place of the bench's two closed-loop injectors
+    (``workloads._inject_fast``, which every tree back to 3a1b1da calls that way)."""
+    if _has_flows():
+        return _w2(root, quick, flow=True)
+    from bench import workloads
+    from injectors import Injector
+
+    def as_user(masters: str, data: Any, threads: int) -> int:
+        with Injector(masters, "events", "w2-user", timeout=300) as inj:
+            for i, (key, ts) in enumerate(zip(data.keys, data.timestamps, strict=True)):
+                inj.send(key, b"", ts)
+                if i % USER_WATERMARK_EVERY == USER_WATERMARK_EVERY - 1:
+                    inj.advance_watermark(data.watermark_after(i))
+        return len(data.keys)
+
+    workloads._inject_fast = as_user  # type: ignore[assignment]
+    return _w2(root, quick)
+
+
 def _nexmark_q0(root: str, quick: bool, flow: bool = False) -> tuple[dict[str, float], bool | None]:
     from bench import workloads
     from bench.nexmark import run as nexmark
@@ -133,7 +166,7 @@ def measure(figure: str, quick: bool) -> dict[str, Any]:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
     root = tempfile.mkdtemp(prefix="millstream-ab-run-")
     try:
-        if figure in FLOW_FIGURES and importlib.util.find_spec("runtime.flows") is None:
+        if figure in FLOW_FIGURES and not _has_flows():
             return {"figure": figure, "values": {}, "exact": None, "error": "this tree has no runtime.flows",
                     "runtime": os.path.dirname(os.path.abspath(runtime.__file__)), "foreign": _foreign(here)}
         if figure == "recordpath":
@@ -152,6 +185,10 @@ def measure(figure: str, quick: bool) -> dict[str, Any]:
             values, exact = _w2(root, quick)
         elif figure == "w2-flow":
             values, exact = _w2(root, quick, flow=True)
+        elif figure == "w2-user":
+            values, exact = _w2_user(root, quick)
+        elif figure == "nexmark-q0-user":  # as `millstream bench --nexmark` runs it in each tree
+            values, exact = _nexmark_q0(root, quick, flow=_has_flows())
         elif figure == "nexmark-q0-flow":
             values, exact = _nexmark_q0(root, quick, flow=True)
         else:
