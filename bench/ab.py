@@ -63,6 +63,7 @@ TITLES = {
     "w2-user": ("W2 as a user writes it (one Injector, send() per record, a watermark every 4,000): "
                 "on a flow where the tree has flows, else its classic computations; every window exact"),
     "nexmark-q0-user": "Nexmark q0 as `millstream bench --nexmark` runs it: on a flow where the tree has flows",
+    "replica-writes": "a replicated commit's 870 writes (W2's window step's shape), in process (bench.overhead writes)",
 }
 METRICS: dict[str, tuple[Metric, ...]] = {
     "recordpath": (Metric("cpu_us_per_record", "CPU µs per record", "lower"),
@@ -80,6 +81,8 @@ METRICS: dict[str, tuple[Metric, ...]] = {
                         Metric("p50_ms", "latency p50 ms (5,000 events/s)", "lower")),
     "w2-user": (Metric("records_per_s", "rec/s", "higher"),),
     "nexmark-q0-user": (Metric("events_per_cpu_s", "events per CPU-second", "higher"),),
+    "replica-writes": (Metric("encode_cpu_us_per_write", "primary's encode, CPU µs per write", "lower"),
+                       Metric("apply_cpu_us_per_write", "follower's decode and WriteBatch, CPU µs per write", "lower")),
 }
 assert set(METRICS) == set(TITLES) == set(FIGURES)
 

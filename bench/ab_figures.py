@@ -47,7 +47,9 @@ CLASSIC_FIGURES = ("w2", "nexmark-q0")
 # On flows (issue 30): only against a commit that has runtime.flows (from c81c71b on), chosen
 # with --ab-figures; a tree without flows yields no values and says so.
 FLOW_FIGURES = ("recordpath-flow3", "w1-flow-1stage", "w1-flow-3stages", "w2-flow", "nexmark-q0-flow")
-FIGURES = DEFAULT_FIGURES + CLASSIC_FIGURES + FLOW_FIGURES
+# A replicated commit's writes, encoded at the primary and applied at a follower (bench.overhead writes).
+PART_FIGURES = ("replica-writes",)
+FIGURES = DEFAULT_FIGURES + CLASSIC_FIGURES + FLOW_FIGURES + PART_FIGURES
 USER_WATERMARK_EVERY = 4000  # records between a user loop's advance_watermark calls (bench/flows.py's)
 RECORDPATH_BATCH = 1_000  # `python -m bench.overhead recordpath 1000`
 W1_RATE = 10_000
@@ -169,7 +171,12 @@ def measure(figure: str, quick: bool) -> dict[str, Any]:
         if figure in FLOW_FIGURES and not _has_flows():
             return {"figure": figure, "values": {}, "exact": None, "error": "this tree has no runtime.flows",
                     "runtime": os.path.dirname(os.path.abspath(runtime.__file__)), "foreign": _foreign(here)}
-        if figure == "recordpath":
+        if figure == "replica-writes":
+            from bench.overhead import replica_writes
+
+            w = replica_writes()
+            values, exact = {k: w[k] for k in ("encode_cpu_us_per_write", "apply_cpu_us_per_write")}, None
+        elif figure == "recordpath":
             values, exact = _recordpath(quick)
         elif figure == "recordpath-flow3":
             values, exact = _recordpath(quick, flow_steps=3)

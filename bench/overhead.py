@@ -6,6 +6,7 @@
     python -m bench.overhead inflight       # an injector's rounds: 1 vs 4 in flight, with and
                                             # without a network round trip to the workers
     python -m bench.overhead recordpath [BATCH...]  # us per record of one stage, in process
+    python -m bench.overhead writes         # a replicated commit's writes: encode, and apply at a follower
 
 ``rpc``: a grpc.aio server on uvloop with an empty handler (the worker's Ping) in its own
 process, and a blocking client: the round trip back to back, and with 2 ms between calls
@@ -21,6 +22,12 @@ docs/performance.md quotes both.
 state goes), each followed by ``fdatasync``: what one fsynced RocksDB commit of a small batch
 pays the disk, and so the most that group commit (one sync for several tablets' batches)
 could save per batch on this machine.
+
+``writes``: a replicated commit shaped like one of W2's window step (690 puts of ~30-byte
+keys and ~35-byte values, then 180 deletes): CPU µs per write of the primary's
+``encode_ops`` and of the follower's ``apply_ops`` into a ``WriteBatch`` (its RocksDB write
+is not in it). It uses only those two functions, so the A/B (``--ab-figures
+replica-writes``) runs it against older commits too.
 
 ``inflight``: W1's topology (one copy) takes a bulk injection (``--records`` records in full
 rounds of 1,000, ``finish()`` at the end) from an injector with ``max_in_flight`` 1 and 4,
@@ -251,9 +258,33 @@ def record_path(batches: list[int], records: int = 10_000, flow_steps: int = 0) 
     return {"us_per_record": wall, "cpu_us_per_record": cpu, "flow_steps": flow_steps, "loadavg": os.getloadavg()}
 
 
+def replica_writes(commits: int = 300) -> dict[str, Any]:
+    """CPU µs per write of encoding a W2-shaped commit's writes and of applying them at a
+    follower (see the module docstring)."""
+    import random
+
+    from rocksdict import WriteBatch
+
+    from worker.storage import DELETE, PUT, apply_ops, encode_ops
+
+    rnd = random.Random(7)
+    ops = ([(PUT, rnd.randbytes(30), rnd.randbytes(35)) for _ in range(690)]
+           + [(DELETE, rnd.randbytes(30), b"") for _ in range(180)])
+    started = time.process_time()
+    for _ in range(commits):
+        data = encode_ops(ops)
+    encoded = time.process_time()
+    for _ in range(commits):
+        apply_ops(WriteBatch(raw_mode=True), data)
+    applied = time.process_time()
+    n = commits * len(ops)
+    return {"writes_per_commit": len(ops), "encode_cpu_us_per_write": round((encoded - started) / n * 1e6, 3),
+            "apply_cpu_us_per_write": round((applied - encoded) / n * 1e6, 3), "loadavg": os.getloadavg()}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.overhead")
-    p.add_argument("what", choices=["rpc", "cpu", "fsync", "inflight", "recordpath", "_serve"])
+    p.add_argument("what", choices=["rpc", "cpu", "fsync", "inflight", "recordpath", "writes", "_serve"])
     p.add_argument("rates", nargs="*", type=int, default=None,
                    help="cpu: rates (default 1000 10000); recordpath: batch sizes (default 100)")
     p.add_argument("--records", type=int, default=None,
@@ -269,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(fsync_cost()))
     elif args.what == "recordpath":
         print(json.dumps(record_path(args.rates or [100], args.records or 10_000, args.flow_steps)))
+    elif args.what == "writes":
+        print(json.dumps(replica_writes()))
     elif args.what == "inflight":
         print(json.dumps(rounds_in_flight(args.records or 50_000, args.delay_ms)))
     else:

@@ -42,6 +42,7 @@ import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from google.protobuf.message import DecodeError
 from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteBufferManager, WriteOptions
 
 from runtime.columns import Columns
@@ -62,25 +63,34 @@ TERM_TOKEN_BITS = 24  # a term: (openings << 24) | (token mod 2**24)
 # Msink+<range id>: the sink meta of a range merged into this one (its output may need settling)
 M_SINK_ABSORBED = b"Msink+"
 PUT, DELETE, DELETE_RANGE = 0, 1, 2
-_OP = struct.Struct(">BII")
+_PUT_BYTE = bytes([PUT])
 
 
 def encode_ops(ops: list[tuple[int, bytes, bytes]]) -> bytes:
-    """A commit's writes as bytes: (kind, key, value or range end) each."""
-    return b"".join(_OP.pack(kind, len(k), len(v)) + k + v for kind, k, v in ops)
+    """A commit's writes ``(kind, key, value or range end)`` as a serialized ``pb.Writes``:
+    three columns, so that a follower decodes them in protobuf's C code."""
+    if not ops:
+        return b""
+    kinds, keys, values = zip(*ops, strict=True)
+    return pb.Writes(kinds=bytes(kinds), keys=keys, values=values).SerializeToString()
 
 
 def apply_ops(wb: WriteBatch, data: bytes) -> None:
     """Add the writes :func:`encode_ops` encoded to ``wb``."""
-    view = memoryview(data)
-    i, n = 0, len(data)
-    size = _OP.size
-    while i < n:
-        kind, kl, vl = _OP.unpack_from(view, i)
-        i += size
-        k = bytes(view[i:i + kl])
-        v = bytes(view[i + kl:i + kl + vl])
-        i += kl + vl
+    try:
+        w = pb.Writes.FromString(data)
+    except DecodeError as e:
+        raise MillstreamError(f"replicated commit's writes do not decode: {e}") from None
+    kinds, keys, values = w.kinds, w.keys, w.values
+    if not len(kinds) == len(keys) == len(values):
+        raise MillstreamError(f"replicated commit has {len(kinds)} write kinds, {len(keys)} keys and "
+                              f"{len(values)} values: they must line up")
+    if not kinds.strip(_PUT_BYTE):  # a batch of puts only (most): no test per write
+        put = wb.put
+        for k, v in zip(keys, values, strict=True):
+            put(k, v)
+        return
+    for kind, k, v in zip(kinds, keys, values, strict=True):
         if kind == PUT:
             wb.put(k, v)
         elif kind == DELETE:

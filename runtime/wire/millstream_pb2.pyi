@@ -136,6 +136,16 @@ class ReplicaEntry(_message.Message):
     ops: bytes
     def __init__(self, index: _Optional[int] = ..., ops: _Optional[bytes] = ...) -> None: ...
 
+class Writes(_message.Message):
+    __slots__ = ("kinds", "keys", "values")
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    kinds: bytes
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    values: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, kinds: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., values: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
 class ReplicateRequest(_message.Message):
     __slots__ = ("computation", "key_range", "token", "entries", "sync", "follower", "term", "prev_term")
     COMPUTATION_FIELD_NUMBER: _ClassVar[int]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rocksdict import DbClosedError, Rdict
+from rocksdict import DbClosedError, Rdict, WriteBatch
 
 from runtime.columns import Columns
 from runtime.computation import TimeDomain
@@ -21,12 +21,19 @@ from runtime.record import Record
 from runtime.wire import millstream_pb2 as pb
 from worker.storage import (
     CK_SEQUENCED_ROW,
+    DELETE,
+    DELETE_RANGE,
+    PUT,
     Commit,
     CommitState,
     ReplicaStore,
     Shipment,
     TabletStore,
     Timer,
+    _open,
+    _Writes,
+    apply_ops,
+    encode_ops,
     production_key,
 )
 
@@ -439,3 +446,46 @@ def test_the_read_cache_always_holds_what_is_committed(entries: int, batches: li
             assert {k: store.cache.get(k) for k in every} == {k: store.db.get(k) for k in every}
         finally:
             store.close()
+
+
+# ------------------------------------------------------------- a commit's writes, shipped
+
+_WRITE_KEYS = st.binary(min_size=1, max_size=3)
+_WRITES = st.lists(st.one_of(
+    st.tuples(st.just(PUT), _WRITE_KEYS, st.binary(max_size=4)),
+    st.tuples(st.just(DELETE), _WRITE_KEYS, st.just(b"")),
+    st.tuples(st.just(DELETE_RANGE), _WRITE_KEYS, _WRITE_KEYS).filter(lambda w: w[1] < w[2])), max_size=30)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(_WRITE_KEYS, st.binary(max_size=4), max_size=10), _WRITES)
+def test_a_commits_writes_apply_at_a_follower_as_they_did_at_the_primary(
+        before: dict[bytes, bytes], writes: list[tuple[int, bytes, bytes]]) -> None:
+    """What a follower applies (``apply_ops`` of ``encode_ops``) leaves its RocksDB as the
+    primary's writes, in their order, left the primary's: puts, deletes and range deletes."""
+    with tempfile.TemporaryDirectory() as d:
+        dbs = [_open(os.path.join(d, side)) for side in ("primary", "follower")]
+        try:
+            for db in dbs:
+                for k, v in before.items():
+                    db[k] = v
+            primary, follower = (_Writes(record=True), WriteBatch(raw_mode=True))
+            for kind, k, v in writes:
+                (primary.put if kind == PUT else primary.delete_range if kind == DELETE_RANGE
+                 else lambda k, _v: primary.delete(k))(k, v)
+            apply_ops(follower, encode_ops(primary.ops or []))
+            dbs[0].write(primary.wb)
+            dbs[1].write(follower)
+            assert [dict(db.items()) for db in dbs][1] == dict(dbs[0].items())
+        finally:
+            for db in dbs:
+                db.close()
+
+
+def test_writes_a_follower_cannot_decode_are_refused_with_what_was_wrong() -> None:
+    with pytest.raises(MillstreamError, match="do not decode"):
+        apply_ops(WriteBatch(raw_mode=True), b"\xff\xff\xff")
+    with pytest.raises(MillstreamError, match="must line up"):
+        apply_ops(WriteBatch(raw_mode=True), pb.Writes(kinds=b"\x00\x00", keys=[b"k"], values=[b"v"]).SerializeToString())
+    with pytest.raises(MillstreamError, match="unknown write kind 7"):
+        apply_ops(WriteBatch(raw_mode=True), pb.Writes(kinds=b"\x07", keys=[b"k"], values=[b""]).SerializeToString())
