@@ -5,6 +5,9 @@ while a run lasts and reports the CPU time the benchmark's processes used (this 
 every descendant — etcd, masters, workers, a Spark or Flink JVM — and every process in a
 session one of them started, so a JVM re-parented to init still counts) and the CPU time the
 whole machine used; the difference is *foreign* CPU: other work that competed with the run.
+Apart from both, *stolen* CPU: the time the hypervisor ran other guests while this machine's
+CPUs wanted to run (``steal`` in ``/proc/stat``). This machine is a VM on a shared host; a
+run with stolen seconds had less CPU than its wall time says, whatever its load average.
 Processes are sampled every ``interval_s``; CPU a process spends after its last sample and
 before it exits is missed (a slight under-count of ours, never an over-count).
 """
@@ -28,10 +31,12 @@ class CpuFigures:
     loadavg_start: tuple[float, float, float]
     loadavg_end: tuple[float, float, float]
     by_role: dict[str, float] = field(default_factory=dict)  # ours_s split: "bench" (this process), etcd, ...
+    stolen_s: float = 0.0  # CPU the hypervisor gave other guests meanwhile (not in machine_s)
 
     def as_dict(self) -> dict[str, object]:
         return {"wall_s": round(self.wall_s, 2), "cpu_s": round(self.ours_s, 2),
                 "machine_cpu_s": round(self.machine_s, 2), "foreign_cpu_s": round(self.foreign_s, 2),
+                "stolen_cpu_s": round(self.stolen_s, 2),
                 "loadavg_start": [round(x, 2) for x in self.loadavg_start],
                 "loadavg_end": [round(x, 2) for x in self.loadavg_end],
                 "cpu_s_by_role": {k: round(v, 2) for k, v in sorted(self.by_role.items())}}
@@ -67,11 +72,16 @@ def role(pid: int, root: int) -> str:
     return "other"
 
 
-def _machine_ticks() -> int:
+def _machine_ticks() -> tuple[int, int]:
     with open("/proc/stat") as f:
-        parts = f.readline().split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in parts[:8])
-    return user + nice + system + irq + softirq + steal
+        return cpu_ticks(f.readline())
+
+
+def cpu_ticks(line: str) -> tuple[int, int]:
+    """(CPU ticks the machine ran anything, ticks the hypervisor stole from it) of the ``cpu``
+    line of ``/proc/stat``: user nice system idle iowait irq softirq steal ..."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in line.split()[1:9])
+    return user + nice + system + irq + softirq, steal
 
 
 def _processes() -> dict[int, tuple[int, int, int]]:
@@ -154,6 +164,7 @@ class CpuMeter:
             r = self._roles.get(pid, "other")
             by_role[r] = by_role.get(r, 0.0) + (t - self._base[pid]) / TICK
         ours = sum(by_role.values())
-        machine = (_machine_ticks() - self._machine0) / TICK
+        busy, steal = _machine_ticks()
+        machine, stolen = (busy - self._machine0[0]) / TICK, (steal - self._machine0[1]) / TICK
         self.figures = CpuFigures(time.monotonic() - self._t0, ours, machine, max(0.0, machine - ours),
-                                  self._load0, os.getloadavg(), by_role)
+                                  self._load0, os.getloadavg(), by_role, stolen)

@@ -25,8 +25,9 @@ could save per batch on this machine.
 
 ``writes``: a replicated commit shaped like one of W2's window step (690 puts of ~30-byte
 keys and ~35-byte values, then 180 deletes): CPU µs per write of the primary's
-``encode_ops`` and of the follower's ``apply_ops`` into a ``WriteBatch`` (its RocksDB write
-is not in it). It uses only those two functions, so the A/B (``--ab-figures
+``encode_ops`` and of the follower's ``apply_ops`` into a ``WriteBatch``; then, apart, what
+RocksDB's write of such commits costs per put, for keys in hash order (as window
+accumulators' are) and in ascending order. It uses only those two functions, so the A/B (``--ab-figures
 replica-writes``) runs it against older commits too.
 
 ``inflight``: W1's topology (one copy) takes a bulk injection (``--records`` records in full
@@ -279,7 +280,42 @@ def replica_writes(commits: int = 300) -> dict[str, Any]:
     applied = time.process_time()
     n = commits * len(ops)
     return {"writes_per_commit": len(ops), "encode_cpu_us_per_write": round((encoded - started) / n * 1e6, 3),
-            "apply_cpu_us_per_write": round((applied - encoded) / n * 1e6, 3), "loadavg": os.getloadavg()}
+            "apply_cpu_us_per_write": round((applied - encoded) / n * 1e6, 3),
+            "rocksdb_write_us_per_put": _rocksdb_puts(commits), "loadavg": os.getloadavg()}
+
+
+def _rocksdb_puts(commits: int, per_commit: int = 690, keys: int = 50_000) -> dict[str, float]:
+    """µs of ``Rdict.write`` per put (the memtable insert and the WAL append; rocksdict holds
+    the GIL through it), for commits of ``per_commit`` puts into a fresh RocksDB: keys drawn
+    from ``keys`` hashed keys (as window accumulators' are: they start with their key's hash),
+    against keys in ascending order."""
+    import hashlib
+    import random
+
+    from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+    rnd = random.Random(7)
+    hashed = [hashlib.blake2b(b"%d" % i, digest_size=8).digest() + b"window-state" for i in range(keys)]
+    value = rnd.randbytes(35)
+    out = {}
+    for order in ("hashed", "ascending"):
+        with tempfile.TemporaryDirectory(prefix="millstream-writes-") as d:
+            opts = Options(raw_mode=True)
+            opts.create_if_missing(True)
+            db = Rdict(os.path.join(d, "db"), options=opts)
+            spent = 0.0
+            for c in range(commits):
+                wb = WriteBatch(raw_mode=True)
+                for j in range(per_commit):
+                    key = (rnd.choice(hashed) + c.to_bytes(4, "big") if order == "hashed"
+                           else (c * per_commit + j).to_bytes(8, "big") + b"window-state")
+                    wb.put(key, value)
+                t = time.perf_counter()
+                db.write(wb, WriteOptions())
+                spent += time.perf_counter() - t
+            db.close()
+        out[order] = round(spent / (commits * per_commit) * 1e6, 3)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

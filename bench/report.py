@@ -121,8 +121,8 @@ def markdown(r: dict[str, Any]) -> str:
     if w1:
         lines += ["## W1 — per-record latency (ms, scheduled send → output observed)", "",
                   "| variant | rate (rec/s) | achieved | p50 | p95 | p99 | max | mean batch | exact "
-                  "| CPU-s | foreign CPU-s | load at start |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---:|---:|"]
+                  "| CPU-s | foreign CPU-s | stolen CPU-s | load at start |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---:|---:|---:|"]
         for x in w1:
             lat = x.get("latency_ms")
             ok = x.get("exactness", {}).get("exact")
@@ -131,10 +131,11 @@ def markdown(r: dict[str, Any]) -> str:
                          f"{_ms(lat, 'p50')} | {_ms(lat, 'p95')} | {_ms(lat, 'p99')} | {_ms(lat, 'max')} | "
                          f"{x.get('sender', {}).get('mean_batch', '–')} | {'yes' if ok else 'NO'} | "
                          f"{cpu.get('cpu_s', '–')} | {cpu.get('foreign_cpu_s', '–')} | "
-                         f"{(cpu.get('loadavg_start') or ['–'])[0]} |")
+                         f"{cpu.get('stolen_cpu_s', '–')} | {(cpu.get('loadavg_start') or ['–'])[0]} |")
         lines += ["", "CPU-s: the run's process tree (this process, etcd, master, workers) from the first "
-                  "record sent to the last output; foreign CPU-s: the rest of the machine meanwhile. A run "
-                  "with foreign CPU or a high load at its start shared the machine: its latency is not a "
+                  "record sent to the last output; foreign CPU-s: the rest of the machine meanwhile; stolen "
+                  "CPU-s: what the hypervisor gave other guests meanwhile (bench/cpu.py). A run with foreign "
+                  "or stolen CPU or a high load at its start shared the machine: its latency is not a "
                   "result.", ""]
         hopped = [x for x in w1 if x.get("hops_ms")]
         if hopped:
@@ -237,18 +238,20 @@ def markdown(r: dict[str, Any]) -> str:
                   f"Throughput: {c['throughput_events']:,} events injected as fast as one injector goes. Latency: "
                   f"{c['latency_seconds']:g} s at {c['latency_rate']:,} events/s, each event sent at its event time "
                   "(output arrival − output timestamp).", "",
-                  "| query | events/s | events per CPU-s | foreign CPU-s | p50 / p99 latency (ms) | lost / doubled | exact |",
-                  "|---|---:|---:|---:|---:|---:|:---:|"]
+                  "| query | events/s | events per CPU-s | foreign CPU-s | stolen CPU-s | p50 / p99 latency (ms) "
+                  "| lost / doubled | exact |",
+                  "|---|---:|---:|---:|---:|---:|---:|:---:|"]
         for q in nx["queries"]:
             if "error" in q:
-                lines.append(f"| {q['query']} | error: {q['error']} | | | | | NO |")
+                lines.append(f"| {q['query']} | error: {q['error']} | | | | | | NO |")
                 continue
             t, la = q["throughput"], q["latency"]
             lost = t["exactness"]["lost"] + la["exactness"]["lost"]
             doubled = t["exactness"]["doubled"] + la["exactness"]["doubled"]
             exact = t["exactness"]["exact"] and la["exactness"]["exact"]
             lines.append(f"| {q['query']} | {t['events_per_s']:,} | {t['events_per_cpu_s']:,} | "
-                         f"{t['cpu']['foreign_cpu_s']} | {_ms(la['ms'], 'p50')} / {_ms(la['ms'], 'p99')} | "
+                         f"{t['cpu']['foreign_cpu_s']} | {t['cpu'].get('stolen_cpu_s', '–')} | "
+                         f"{_ms(la['ms'], 'p50')} / {_ms(la['ms'], 'p99')} | "
                          f"{lost} / {doubled} | {'yes' if exact else 'NO'} |")
         lines.append("")
     fl = r.get("flink")

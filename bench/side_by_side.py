@@ -8,6 +8,7 @@ Pure functions of the report document (:mod:`bench.report` renders them).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 # Issue 30's targets: ratios within one run on this machine.
@@ -37,6 +38,7 @@ def w2_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({"system": system, "how": how, "rps": run.get("throughput_rps"),
                      "per_cpu_s": run.get("records_per_cpu_s"), "exact": run.get("oracle_equal"),
                      "load": _load(load if load is not None else cpu.get("loadavg_start")),
+                     "stolen": cpu.get("stolen_cpu_s"), "wall": cpu.get("wall_s"),
                      "error": run.get("error") or (None if run.get("available", True) else run.get("why"))})
 
     flow, classic = r.get("w2_flow"), r.get("w2")
@@ -123,6 +125,15 @@ def targets(r: dict[str, Any]) -> list[tuple[str, bool | None, str]]:
     return out
 
 
+def _stolen(row: dict[str, Any]) -> str:
+    """``"3.1 s (4 %)"``: stolen CPU-seconds and their share of the run's cores (– if unknown)."""
+    stolen, wall = row.get("stolen"), row.get("wall")
+    if stolen is None:
+        return "–"
+    share = f" ({stolen / (wall * (os.cpu_count() or 1)) * 100:.0f} %)" if wall else ""
+    return f"{stolen:g} s{share}"
+
+
 def _num(v: Any) -> str:
     return "–" if v is None else f"{v:,}"
 
@@ -135,15 +146,19 @@ def markdown_lines(r: dict[str, Any]) -> list[str]:
         return []
     mine = (r.get("w2_flow") or {}).get("throughput_rps")
     lines = ["## W2 on flows, side by side (issue 30: same data and oracle, one run)", "",
-             "| system | how | rec/s | records per CPU-s | exact | load (1 min) at start | W2 on a flow better by (×) |",
-             "|---|---|---:|---:|:---:|---:|---:|"]
+             "| system | how | rec/s | records per CPU-s | exact | load (1 min) at start | CPU stolen by the host "
+             "| W2 on a flow better by (×) |",
+             "|---|---|---:|---:|:---:|---:|---:|---:|"]
     for x in rows:
         rps = _num(x["rps"]) if not x["error"] or x["rps"] else f"error: {x['error'][:120]}"
         exact = "–" if x["exact"] is None else ("yes" if x["exact"] else "NO")
         rat = None if x["system"] == FLOW_ROW else ratio(mine, x["rps"])
         load = "–" if x["load"] is None else f"{x['load']:.2f}"
         lines.append(f"| {x['system']} | {x['how']} | {rps} | {_num(x['per_cpu_s'])} | {exact} | {load} | "
-                     f"{'–' if rat is None else f'{rat}×'} |")
+                     f"{_stolen(x)} | {'–' if rat is None else f'{rat}×'} |")
+    lines += ["", "CPU stolen by the host: CPU-seconds the hypervisor ran other guests while this "
+              "machine's CPUs wanted to run (`steal` in /proc/stat), and their share of the run's two "
+              "cores; a run that lost much had less machine than its neighbours in the table."]
     bw = r.get("bytewax") or {}
     if bw.get("error"):
         lines += ["", f"Bytewax: {bw['error']}"]

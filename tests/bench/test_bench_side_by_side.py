@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from bench import flows, report, side_by_side
@@ -30,7 +31,7 @@ def _report() -> dict[str, Any]:
                   "config": {"w2": "parquet"}},
         "bytewax": {"config": {"w2": "one worker"}, "runs": [
             {"recovery": "off", "throughput_rps": 60_000, "records_per_cpu_s": 55_000, "oracle_equal": True,
-             "cpu": {"loadavg_start": [0.75, 0.5, 0.5]}},
+             "cpu": {"loadavg_start": [0.75, 0.5, 0.5], "stolen_cpu_s": 3.0, "wall_s": 50.0}},
             {"recovery": "1 s snapshots", "throughput_rps": 30_000, "oracle_equal": True,
              "cpu": {"loadavg_start": [0.8, 0.5, 0.5]}}]},
     }
@@ -44,10 +45,11 @@ def test_side_by_side_rows_ratios_and_loads() -> None:
                                           "Bytewax, recovery 1 s snapshots"]  # no Flink run: no row
     assert [x["load"] for x in rows] == [0.25, 0.5, 1.5, 0.75, 0.8]
     md = "\n".join(side_by_side.markdown_lines(r))
-    assert "| Bytewax, recovery off | one worker | 60,000 | 55,000 | yes | 0.75 | 2.5× |" in md
-    assert "| Spark Structured Streaming | parquet | 120,000 | – | yes | 1.50 | 1.25× |" in md
+    share = f"{3.0 / (50.0 * (os.cpu_count() or 1)) * 100:.0f} %"  # of the run's cores
+    assert f"| Bytewax, recovery off | one worker | 60,000 | 55,000 | yes | 0.75 | 3 s ({share}) | 2.5× |" in md
+    assert "| Spark Structured Streaming | parquet | 120,000 | – | yes | 1.50 | – | 1.25× |" in md
     assert "| w2.windows | 100 | 1.0 ms | 10.0 ms | 50.0 ms | 1 |" in md
-    assert "| millstream, W2 on a flow | one injector | 150,000 | 70,000 | yes | 0.25 | – |" in md  # no ratio to itself
+    assert "| millstream, W2 on a flow | one injector | 150,000 | 70,000 | yes | 0.25 | – | – |" in md  # no ratio to itself
 
 
 def test_a_peer_that_did_not_start_has_a_row_with_its_error() -> None:
@@ -56,7 +58,7 @@ def test_a_peer_that_did_not_start_has_a_row_with_its_error() -> None:
     row = next(x for x in side_by_side.w2_rows(r) if x["system"] == "Spark Structured Streaming")
     assert row["rps"] is None and row["error"] == "cannot start Spark: no Java"
     md = "\n".join(side_by_side.markdown_lines(r))
-    assert "| Spark Structured Streaming | parquet | error: cannot start Spark: no Java | – | – | 1.00 | – |" in md
+    assert "| Spark Structured Streaming | parquet | error: cannot start Spark: no Java | – | – | 1.00 | – | – |" in md
     assert [met for _, met, _ in side_by_side.targets(r)][0] is None  # the ratio is not claimed
 
 

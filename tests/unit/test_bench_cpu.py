@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.cpu import CpuMeter
+from bench.cpu import CpuMeter, cpu_ticks
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
 
@@ -44,3 +44,8 @@ def test_a_workers_cpu_is_told_apart_from_the_rest(tmp_path: Path) -> None:
     assert figures is not None
     assert figures.by_role["worker"] >= 0.2 and figures.by_role["other"] >= 0.2, figures.by_role
     assert abs(sum(figures.by_role.values()) - figures.ours_s) < 1e-6
+
+
+def test_time_the_hypervisor_stole_is_told_apart_from_the_machines_work() -> None:
+    # /proc/stat's cpu line: user nice system idle iowait irq softirq steal guest guest_nice
+    assert cpu_ticks("cpu  1000 5 200 9000 30 0 10 80 0 0\n") == (1215, 80)
