@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from bench.cpu import CpuMeter, cpu_ticks
@@ -49,3 +50,14 @@ def test_a_workers_cpu_is_told_apart_from_the_rest(tmp_path: Path) -> None:
 def test_time_the_hypervisor_stole_is_told_apart_from_the_machines_work() -> None:
     # /proc/stat's cpu line: user nice system idle iowait irq softirq steal guest guest_nice
     assert cpu_ticks("cpu  1000 5 200 9000 30 0 10 80 0 0\n") == (1215, 80)
+
+
+def test_the_meters_own_sampling_is_not_counted_as_the_benchmarks() -> None:
+    # Sampling every millisecond, the meter's thread is the only CPU this process spends over
+    # the window (a fixed measurement window, not a wait for a condition).
+    with CpuMeter(interval_s=0.001) as meter:
+        threading.Event().wait(0.5)
+    figures = meter.figures
+    assert figures is not None
+    assert figures.meter_s > 0.02, figures
+    assert figures.by_role.get("bench", 0.0) < figures.meter_s / 2, figures
