@@ -157,6 +157,14 @@ class _Link:
                 elif not self.queue:
                     if not self.synced:
                         await self.rep.caught_up(self)
+                        if not self.synced:
+                            # The leader could not be told (it was moving): ask again, not only
+                            # at the next commit, which an idle tablet may not make for a long time
+                            # (chaos seed 7: under-replicated for 60 s after the leader's restart).
+                            await asyncio.sleep(backoff)
+                            backoff = min(2.0, backoff * 2)
+                            continue
+                        backoff = 0.05
                     await self.wake.wait()
                     self.wake.clear()
                     continue
