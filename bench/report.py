@@ -14,6 +14,7 @@ from importlib import metadata
 from typing import Any
 
 from bench import side_by_side
+from runtime import kernels
 
 TARGETS = {
     "w1_1stage_10k_p50_ms": 2.0,
@@ -58,7 +59,7 @@ def environment() -> dict[str, Any]:
     load = os.getloadavg() if hasattr(os, "getloadavg") else ()
     return {"python": sys.version.split()[0], "platform": platform.platform(), "cpu": cpu,
             "cpus": os.cpu_count(), "memory_bytes": mem, "loadavg_at_start": [round(x, 2) for x in load],
-            "hostname": platform.node()}
+            "hostname": platform.node(), "compiled_kernels": kernels.COMPILED}
 
 
 def versions() -> dict[str, str]:
@@ -110,11 +111,18 @@ def _verdict(ok: bool | None, text: str) -> str:
     return f"met ({text})" if ok else f"**missed** ({text})"
 
 
+def _kernels(env: dict[str, Any]) -> str:
+    if "compiled_kernels" not in env:
+        return ""  # a report of a commit before runtime/kernels.py
+    return "compiled kernels; " if env["compiled_kernels"] else "**pure-Python kernels** (runtime/kernels.py); "
+
+
 def markdown(r: dict[str, Any]) -> str:
     lines = [f"# millstream bench — {r['started_at']}", "",
              f"Commit `{r['git']['short']}`{' (dirty tree)' if r['git']['dirty'] else ''}, "
              f"{r['environment']['cpus']} CPUs ({r['environment']['cpu']}), Python {r['environment']['python']}, "
              f"load average at start {r['environment']['loadavg_at_start']}; "
+             f"{_kernels(r['environment'])}"
              f"{'**quick** run (short, not for citing)' if r['config']['quick'] else 'full run'}; "
              f"took {r.get('elapsed_s', '?')} s. JSON: `{os.path.basename(r['report_file'])}`.", ""]
     w1 = r.get("w1") or []

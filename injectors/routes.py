@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from itertools import repeat
 
+from runtime import kernels
 from runtime.columns import Columns
 from runtime.errors import UsageError
 from runtime.imports import CodePolicy
@@ -88,7 +89,7 @@ class Routes:
                 ranges = routing.ranges_of(comp, hashes)
             else:
                 ranges = routing.ranges_of(comp, key_hashes(routed.keys))
-            groups = group(ranges)
+            groups = kernels.group(ranges)
             for r, ix in groups.items():
                 if len(groups) == 1:
                     pieces.setdefault((comp, r), []).append((taken, None, routed))
@@ -143,16 +144,6 @@ class Routes:
         """The computations records of ``readers`` may go to: them, and the readers of their
         dead letters."""
         return readers.union(*(routing.readers(dead_letter_stream(c)) for c in readers))
-
-def group(ranges: list[int]) -> dict[int, list[int]]:
-    """The indexes of ``ranges`` by value, each list rising: which records go to which range
-    (ranges in the order they first occur)."""
-    groups: dict[int, list[int]] = {r: [] for r in dict.fromkeys(ranges)}
-    adds = {r: ix.append for r, ix in groups.items()}
-    for i, r in enumerate(ranges):
-        adds[r](i)
-    return groups
-
 
 def _extracted(reader: str, extractor: KeyExtractor, records: Columns,
                failures: list[tuple[int, str, BaseException]]) -> tuple[list[int] | None, Columns]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from runtime.kernels import take
 from runtime.record import ID_BYTES, Record
 from runtime.wire import millstream_pb2 as pb
 
@@ -55,7 +56,7 @@ class Columns:
         s = self.streams
         if s is None or type(s) is str:
             return s
-        return [s[i] for i in indexes]
+        return take(s, indexes)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -95,16 +96,12 @@ class Columns:
 
     def select(self, indexes: Sequence[int]) -> Columns:
         """The records at ``indexes``, in that order."""
-        k, v, t = self.keys, self.values, self.timestamps
+        k, v, t = take(self.keys, indexes), take(self.values, indexes), take(self.timestamps, indexes)
         if self.producer is not None:
             assert self.seqs is not None
-            s = self.seqs
-            return Columns([k[i] for i in indexes], [v[i] for i in indexes], [t[i] for i in indexes],
-                           self.producer, [s[i] for i in indexes], streams=self._streams_of(indexes))
+            return Columns(k, v, t, self.producer, take(self.seqs, indexes), streams=self._streams_of(indexes))
         assert self.ids is not None
-        ids = self.ids
-        return Columns([k[i] for i in indexes], [v[i] for i in indexes], [t[i] for i in indexes],
-                       ids=[ids[i] for i in indexes], streams=self._streams_of(indexes))
+        return Columns(k, v, t, ids=take(self.ids, indexes), streams=self._streams_of(indexes))
 
     # ------------------------------------------------------------------ building
 

@@ -1,28 +1,23 @@
 """Stable key hashing and key ranges.
 
 Keys hash to 64 bits with BLAKE2b (stable across processes and machines, unlike
-Python's salted ``hash``). A computation's hash space ``[0, 2**64)`` is cut into
-``n`` equal ranges; range ``i`` covers ``[ceil(i * 2**64 / n), ceil((i + 1) * 2**64 / n))``,
+Python's salted ``hash``; compiled where it could be built: runtime/kernels.py). A
+computation's hash space ``[0, 2**64)`` is cut into ``n`` equal ranges; range ``i`` covers ``[ceil(i * 2**64 / n), ceil((i + 1) * 2**64 / n))``,
 exactly the hashes :func:`range_of` maps to ``i``.
 """
 
 from __future__ import annotations
 
-import hashlib
+from runtime.kernels import hash_prefix, key_hash, key_hashes
+
+__all__ = ["HASH_SPACE", "first_cut", "from_wire_end", "hash_prefix", "key_hash", "key_hashes", "range_bounds",
+           "range_of", "wire_end"]
 
 HASH_SPACE = 1 << 64
-
-
-def key_hash(key: bytes) -> int:
-    """The stable 64-bit hash of a key."""
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
-
-
-def key_hashes(keys: list[bytes]) -> list[int]:
-    """:func:`key_hash` of every key, in order, without a call of ours per key (a column of
-    keys is hashed once, whatever number of readers then route it)."""
-    blake2b, from_bytes = hashlib.blake2b, int.from_bytes
-    return [from_bytes(blake2b(k, digest_size=8).digest(), "big") for k in keys]
+# key_hash(key): the stable 64-bit hash of a key. key_hashes(keys): that of every key of a
+# column, in order, without a call of ours per key (a column is hashed once, whatever number
+# of readers then route it). hash_prefix(key): key_hash as 8 big-endian bytes, a key's place
+# in hash order (storage keys start with it, so a range of hashes is a range of storage keys).
 
 
 def range_of(key: bytes, n_ranges: int) -> int:
@@ -37,12 +32,6 @@ def range_bounds(index: int, n_ranges: int) -> tuple[int, int]:
     lo = -(-index * HASH_SPACE // n_ranges)
     hi = -(-(index + 1) * HASH_SPACE // n_ranges)
     return lo, hi
-
-
-def hash_prefix(key: bytes) -> bytes:
-    """The 8 bytes of :func:`key_hash`, big-endian: a key's place in hash order (storage
-    keys start with it, so a range of hashes is a range of storage keys)."""
-    return hashlib.blake2b(key, digest_size=8).digest()
 
 
 def wire_end(end: int) -> int:

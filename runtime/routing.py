@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from runtime import kernels
 from runtime.errors import ImportPathError, UsageError
 from runtime.flows import FLOW_KEY, PLAN_PARAM, SKIP
 from runtime.imports import CodePolicy, load
@@ -211,11 +212,7 @@ class RoutingTable:
         """The range of ``computation`` holding each key hash (runtime/keyspace.py
         ``key_hashes``), in order: :meth:`range_for` of a column of keys."""
         ranges = self._ranges[computation]
-        starts, ids = ranges.starts, ranges.ids
-        if hashes and (not starts or min(hashes) < starts[0]):
-            raise LookupError("the routing has no range at the start of the hash space")
-        right = bisect.bisect_right
-        return [ids[right(starts, h) - 1] for h in hashes]
+        return kernels.ranges_of(hashes, ranges.starts, ranges.ids)
 
     def range_for(self, computation: str, key: bytes) -> int:
         """The range of ``computation`` that holds ``key`` now."""

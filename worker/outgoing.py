@@ -13,12 +13,12 @@ import base64
 import json
 import logging
 from bisect import bisect_right
-from hashlib import blake2b
 from typing import Any
 
 from runtime import metrics
 from runtime.columns import Columns, compact_streams
 from runtime.delivery import cut_columns
+from runtime.keyspace import key_hash
 from runtime.record import derived_id, sequence_id, worker_producer
 from runtime.routing import RoutingTable
 from runtime.topology import dead_letter_stream
@@ -82,7 +82,7 @@ class Outgoing:
                 seq += 1
                 if pts < low:
                     low = pts
-                h = int.from_bytes(blake2b(key, digest_size=8).digest(), "big")  # runtime.keyspace.key_hash
+                h = key_hash(key)
                 for comp, starts, ids in dests:
                     dest = (comp, ids[bisect_right(starts, h) - 1])
                     rows = outgoing.get(dest)

@@ -1,0 +1,373 @@
+/* Compiled kernels for the per-record steps the profiles still show in Python: a key's
+ * stable hash, and routing a column of keys to key ranges (issue 29, item 5).
+ *
+ * runtime/kernels.py holds the pure-Python reference of every function here, and the one
+ * that is used when this module is not built (no compiler, or MILLSTREAM_PURE_PYTHON=1);
+ * tests/unit/test_kernels.py checks that both give the same answers on random inputs.
+ *
+ * The hash is BLAKE2b with an 8-byte digest and no key, salt or personalisation, written
+ * from RFC 7693 (its section 3 and appendix C): the same bytes as Python's
+ * hashlib.blake2b(key, digest_size=8).digest(). A key's hash is that digest read as a
+ * big-endian integer, so key_hash = byte-swap of the first state word.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ BLAKE2b, RFC 7693 */
+
+static const uint64_t IV[8] = {
+    0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL, 0xa54ff53a5f1d36f1ULL,
+    0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL, 0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL,
+};
+
+static const uint8_t SIGMA[10][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+    {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
+    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4},
+    {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
+    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13},
+    {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
+    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11},
+    {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
+    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5},
+    {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
+};
+
+#define ROTR64(x, n) (((x) >> (n)) | ((x) << (64 - (n))))
+
+#define G(a, b, c, d, x, y)            \
+    do {                               \
+        a = a + b + (x);               \
+        d = ROTR64(d ^ a, 32);         \
+        c = c + d;                     \
+        b = ROTR64(b ^ c, 24);         \
+        a = a + b + (y);               \
+        d = ROTR64(d ^ a, 16);         \
+        c = c + d;                     \
+        b = ROTR64(b ^ c, 63);         \
+    } while (0)
+
+static inline uint64_t load64_le(const uint8_t *p)
+{
+    uint64_t w;
+    memcpy(&w, p, 8);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    w = __builtin_bswap64(w);
+#endif
+    return w;
+}
+
+/* The compression function F: one 128-byte block into the state h; t is the number of
+ * bytes hashed so far, this block included (below 2**64: a key is never that long). */
+static void compress(uint64_t h[8], const uint8_t block[128], uint64_t t, int last)
+{
+    uint64_t m[16], v[16];
+    for (int i = 0; i < 16; i++)
+        m[i] = load64_le(block + 8 * i);
+    for (int i = 0; i < 8; i++) {
+        v[i] = h[i];
+        v[i + 8] = IV[i];
+    }
+    v[12] ^= t;
+    if (last)
+        v[14] = ~v[14];
+    /* The twelve rounds unrolled, so that every message index is a constant. */
+#define ROUND(r)                                                           \
+    do {                                                                   \
+        G(v[0], v[4], v[8], v[12], m[SIGMA[r][0]], m[SIGMA[r][1]]);        \
+        G(v[1], v[5], v[9], v[13], m[SIGMA[r][2]], m[SIGMA[r][3]]);        \
+        G(v[2], v[6], v[10], v[14], m[SIGMA[r][4]], m[SIGMA[r][5]]);       \
+        G(v[3], v[7], v[11], v[15], m[SIGMA[r][6]], m[SIGMA[r][7]]);       \
+        G(v[0], v[5], v[10], v[15], m[SIGMA[r][8]], m[SIGMA[r][9]]);       \
+        G(v[1], v[6], v[11], v[12], m[SIGMA[r][10]], m[SIGMA[r][11]]);     \
+        G(v[2], v[7], v[8], v[13], m[SIGMA[r][12]], m[SIGMA[r][13]]);      \
+        G(v[3], v[4], v[9], v[14], m[SIGMA[r][14]], m[SIGMA[r][15]]);      \
+    } while (0)
+    ROUND(0); ROUND(1); ROUND(2); ROUND(3); ROUND(4); ROUND(5);
+    ROUND(6); ROUND(7); ROUND(8); ROUND(9); ROUND(0); ROUND(1);
+#undef ROUND
+    for (int i = 0; i < 8; i++)
+        h[i] ^= v[i] ^ v[i + 8];
+}
+
+/* The first state word after hashing data[0:n] with an 8-byte digest: the digest is its
+ * 8 bytes, little-endian. */
+static uint64_t blake2b_8(const uint8_t *data, size_t n)
+{
+    uint64_t h[8];
+    uint8_t block[128];
+    memcpy(h, IV, sizeof h);
+    h[0] ^= 0x01010000ULL ^ 8; /* depth 1, fanout 1, no key, digest length 8 */
+    uint64_t t = 0;
+    while (n > 128) {
+        t += 128;
+        compress(h, data, t, 0);
+        data += 128;
+        n -= 128;
+    }
+    memset(block, 0, sizeof block);
+    memcpy(block, data, n);
+    t += n;
+    compress(h, block, t, 1);
+    return h[0];
+}
+
+static inline uint64_t bswap_64(uint64_t x)
+{
+    return __builtin_bswap64(x);
+}
+
+/* The hash of a bytes-like object (bytes without a buffer request, the common case). */
+static int hash_of(PyObject *key, uint64_t *out)
+{
+    if (PyBytes_CheckExact(key)) {
+        *out = bswap_64(blake2b_8((const uint8_t *)PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key)));
+        return 0;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(key, &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Format(PyExc_TypeError, "a key must be bytes, not %.100s", Py_TYPE(key)->tp_name);
+        return -1;
+    }
+    *out = bswap_64(blake2b_8((const uint8_t *)view.buf, (size_t)view.len));
+    PyBuffer_Release(&view);
+    return 0;
+}
+
+static PyObject *k_key_hash(PyObject *self, PyObject *key)
+{
+    uint64_t h;
+    if (hash_of(key, &h) < 0)
+        return NULL;
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+static PyObject *k_hash_prefix(PyObject *self, PyObject *key)
+{
+    uint64_t h;
+    if (hash_of(key, &h) < 0)
+        return NULL;
+    uint8_t be[8];
+    for (int i = 0; i < 8; i++)
+        be[i] = (uint8_t)(h >> (56 - 8 * i));
+    return PyBytes_FromStringAndSize((const char *)be, 8);
+}
+
+static PyObject *k_key_hashes(PyObject *self, PyObject *keys)
+{
+    PyObject *seq = PySequence_Fast(keys, "key_hashes takes a sequence of keys");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t h;
+        if (hash_of(items[i], &h) < 0)
+            goto fail;
+        PyObject *v = PyLong_FromUnsignedLongLong(h);
+        if (v == NULL)
+            goto fail;
+        PyList_SET_ITEM(out, i, v);
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ routing */
+
+/* ranges_of(hashes, starts, ids): ids[bisect_right(starts, h) - 1] for each hash h, where
+ * starts rise (the first range's start is the lowest; a hash below it has no range). */
+static PyObject *k_ranges_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "ranges_of(hashes, starts, ids) takes three arguments");
+        return NULL;
+    }
+    PyObject *hseq = NULL, *sseq = NULL, *iseq = NULL, *out = NULL;
+    uint64_t *starts = NULL;
+    hseq = PySequence_Fast(args[0], "ranges_of: hashes must be a sequence");
+    if (hseq == NULL)
+        goto done;
+    sseq = PySequence_Fast(args[1], "ranges_of: starts must be a sequence");
+    if (sseq == NULL)
+        goto done;
+    iseq = PySequence_Fast(args[2], "ranges_of: ids must be a sequence");
+    if (iseq == NULL)
+        goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(hseq), k = PySequence_Fast_GET_SIZE(sseq);
+    if (PySequence_Fast_GET_SIZE(iseq) != k) {
+        PyErr_SetString(PyExc_ValueError, "ranges_of: starts and ids must have one entry per range");
+        goto done;
+    }
+    if (n > 0 && k == 0) {
+        PyErr_SetString(PyExc_LookupError, "the routing has no range at the start of the hash space");
+        goto done;
+    }
+    starts = PyMem_New(uint64_t, k > 0 ? k : 1);
+    if (starts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < k; j++) {
+        starts[j] = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(sseq, j));
+        if (starts[j] == (uint64_t)-1 && PyErr_Occurred())
+            goto done;
+    }
+    out = PyList_New(n);
+    if (out == NULL)
+        goto done;
+    PyObject **hs = PySequence_Fast_ITEMS(hseq);
+    PyObject **ids = PySequence_Fast_ITEMS(iseq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t h = PyLong_AsUnsignedLongLong(hs[i]);
+        if (h == (uint64_t)-1 && PyErr_Occurred())
+            goto fail;
+        if (h < starts[0]) {
+            PyErr_SetString(PyExc_LookupError, "the routing has no range at the start of the hash space");
+            goto fail;
+        }
+        Py_ssize_t lo = 0, hi = k; /* the first start above h, as bisect_right */
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            if (h < starts[mid])
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        PyObject *id = ids[lo - 1];
+        Py_INCREF(id);
+        PyList_SET_ITEM(out, i, id);
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    PyMem_Free(starts);
+    Py_XDECREF(hseq);
+    Py_XDECREF(sseq);
+    Py_XDECREF(iseq);
+    return out;
+}
+
+/* group(ranges): {r: [the indexes i with ranges[i] == r, rising]}, in first-seen order. */
+static PyObject *k_group(PyObject *self, PyObject *ranges)
+{
+    PyObject *seq = PySequence_Fast(ranges, "group takes a sequence");
+    if (seq == NULL)
+        return NULL;
+    PyObject *out = PyDict_New();
+    if (out == NULL)
+        goto fail;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *last_key = NULL, *last_list = NULL; /* runs of one range skip the lookup */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = items[i], *ix;
+        if (r != last_key) {
+            ix = PyDict_GetItemWithError(out, r);
+            if (ix == NULL) {
+                if (PyErr_Occurred())
+                    goto fail;
+                ix = PyList_New(0);
+                if (ix == NULL)
+                    goto fail;
+                int err = PyDict_SetItem(out, r, ix);
+                Py_DECREF(ix); /* the dict holds it */
+                if (err < 0)
+                    goto fail;
+            }
+            last_key = r;
+            last_list = ix;
+        }
+        PyObject *v = PyLong_FromSsize_t(i);
+        if (v == NULL)
+            goto fail;
+        int err = PyList_Append(last_list, v);
+        Py_DECREF(v);
+        if (err < 0)
+            goto fail;
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* take(column, indexes): [column[i] for i in indexes] (an index out of range raises
+ * IndexError; a negative one counts from the end, as in Python). */
+static PyObject *k_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "take(column, indexes) takes two arguments");
+        return NULL;
+    }
+    PyObject *col = PySequence_Fast(args[0], "take: the column must be a sequence");
+    if (col == NULL)
+        return NULL;
+    PyObject *ix = PySequence_Fast(args[1], "take: the indexes must be a sequence");
+    if (ix == NULL) {
+        Py_DECREF(col);
+        return NULL;
+    }
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(col), n = PySequence_Fast_GET_SIZE(ix);
+    PyObject **items = PySequence_Fast_ITEMS(col);
+    PyObject **where = PySequence_Fast_ITEMS(ix);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        goto fail;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        Py_ssize_t i = PyNumber_AsSsize_t(where[j], PyExc_IndexError);
+        if (i == -1 && PyErr_Occurred())
+            goto fail;
+        if (i < 0)
+            i += size;
+        if (i < 0 || i >= size) {
+            PyErr_SetString(PyExc_IndexError, "take: index out of range");
+            goto fail;
+        }
+        Py_INCREF(items[i]);
+        PyList_SET_ITEM(out, j, items[i]);
+    }
+    Py_DECREF(col);
+    Py_DECREF(ix);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(col);
+    Py_DECREF(ix);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"key_hash", k_key_hash, METH_O, "The stable 64-bit hash of a key (runtime.kernels.key_hash)."},
+    {"hash_prefix", k_hash_prefix, METH_O, "key_hash as 8 big-endian bytes (runtime.kernels.hash_prefix)."},
+    {"key_hashes", k_key_hashes, METH_O, "key_hash of every key, in order (runtime.kernels.key_hashes)."},
+    {"ranges_of", (PyCFunction)(void (*)(void))k_ranges_of, METH_FASTCALL,
+     "The range id of each hash (runtime.kernels.ranges_of)."},
+    {"group", k_group, METH_O, "The indexes of each value, in first-seen order (runtime.kernels.group)."},
+    {"take", (PyCFunction)(void (*)(void))k_take, METH_FASTCALL,
+     "The items of a column at the indexes, in order (runtime.kernels.take)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "runtime._kernels",
+    "Compiled versions of runtime.kernels' functions (same answers; see that module).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__kernels(void)
+{
+    return PyModule_Create(&module);
+}
