@@ -356,7 +356,8 @@ def check_importable(topology: Topology) -> None:
                 f"computation {spec.name!r}: {spec.code!r} is {cls!r}, not a Computation "
                 "subclass; point it at a class deriving from runtime.Computation"
             )
-        if cls.process_record is Computation.process_record and cls.process_timer is Computation.process_timer:
+        if (cls.process_record is Computation.process_record and cls.process_timer is Computation.process_timer
+                and not hasattr(cls, "process_batch")):
             raise TopologyError(
                 f"computation {spec.name!r}: {spec.code!r} overrides neither process_record nor "
                 "process_timer, so it would do nothing; define process_record(self, ctx, record)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from runtime.errors import MillstreamError
@@ -116,3 +116,14 @@ class Computation:
 
     def process_timer(self, ctx: Context, tag: str, time: int) -> None:
         """Handle the timer ``tag`` of ``ctx.key``, set for ``time``, firing."""
+
+
+def record_fn(comp: Computation) -> Callable[[Context, Record], None]:
+    """What runs one record of ``comp``: its ``process_record``, or, for a class that defines
+    only ``process_batch`` (a sink that writes whole batches), ``process_batch`` with a batch
+    of one. A batch that failed in one call runs record by record (each tried, then
+    dead-lettered); it must not meet the base class's ``process_record``, which does nothing."""
+    batch = getattr(comp, "process_batch", None)
+    if batch is None or getattr(type(comp), "process_record", None) is not Computation.process_record:
+        return comp.process_record
+    return lambda ctx, record: batch(ctx, [record])

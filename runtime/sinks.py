@@ -79,6 +79,16 @@ class Sink(Computation):
     Both hooks default to doing nothing (``prepare_commit`` returns ``None``). User code
     that writes outside millstream from ``process_record`` can fence it the same way with
     ``ctx.sequencer_token`` and ``ctx.tablet`` (docs/guide.md, "Writing a sink").
+
+    ``process_batch(ctx, records)``, optional: a sink that defines it gets a batch's records
+    in one call, in their order, in place of a ``process_record`` call per record (Bytewax's
+    ``write_batch``, Kafka Connect's ``put``); ``ctx.key`` is ``b""``, as the batch holds many
+    keys. If it raises, what it did through ``ctx`` is taken back and the records go one by
+    one: to ``process_record``, or, for a class without one, to ``process_batch`` with one
+    record each, so a bad record is retried and dead-lettered alone. Its own attributes are
+    not taken back: add to them only once nothing can raise (build the lines, then append).
+    A subclass that overrides ``process_record`` of a sink with ``process_batch`` (of
+    :class:`FileSink`, say, to check each record) has its records go one by one.
     """
 
     def restore(self, tablet: str, meta: bytes | None, token: int, absorbed: Sequence[bytes]) -> None:
@@ -122,6 +132,21 @@ def is_sink(comp: Computation, code: str = "") -> bool:
         log.warning("%s defines sink hooks but does not derive from runtime.Sink; they are called, but "
                     "derive it from runtime.Sink (docs/guide.md, 'Writing a sink')", code or type(comp).__name__)
     return legacy
+
+
+def sink_batch_fn(comp: Computation) -> Callable[[Context, list[Record]], None] | None:
+    """A sink's ``process_batch``, or None where its records must go one by one: it has
+    none, or a subclass overrides ``process_record`` below the class that defines it (a
+    :class:`FileSink` that checks each record): that ``process_record`` must see each one."""
+    fn = getattr(comp, "process_batch", None)
+    if fn is None:
+        return None
+    mro = type(comp).__mro__
+    batch = next((c for c in mro if "process_batch" in c.__dict__), None)
+    one = next((c for c in mro if "process_record" in c.__dict__), None)
+    if batch is not None and one is not None and one is not batch and issubclass(one, batch):
+        return None
+    return fn  # type: ignore[no-any-return]
 
 
 class OutputFence:
@@ -311,17 +336,24 @@ class FileSink(Sink):
             CommittedFile.settle(self.dir, other, token)
 
     def process_record(self, ctx: Context, record: Record) -> None:
-        self._pending.append(json.dumps({
-            "key": record.key.decode("utf-8", "backslashreplace"),
-            "value": record.value.decode("utf-8", "backslashreplace"),
-            "timestamp": record.timestamp,
-        }) + "\n")
+        self._pending.append(_json_line(record))
+
+    def process_batch(self, ctx: Context, records: Sequence[Record]) -> None:
+        self._pending += [_json_line(r) for r in records]  # (built first: all of them or none)
 
     def prepare_commit(self) -> bytes:
         """Make the batch's lines durable; returns the length to commit."""
         data = "".join(self._pending).encode()
         self._pending.clear()
         return self.file.append(data)
+
+
+def _json_line(record: Record) -> str:
+    return json.dumps({
+        "key": record.key.decode("utf-8", "backslashreplace"),
+        "value": record.value.decode("utf-8", "backslashreplace"),
+        "timestamp": record.timestamp,
+    }) + "\n"
 
 
 def read_file_sink(path: str) -> Iterator[dict[str, object]]:

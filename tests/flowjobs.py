@@ -3,10 +3,11 @@ path, like any user code: so they live here, at module level)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from runtime import Computation, Context, ListState, Record, ValueState, codecs
-from runtime.sinks import FileSink
+from runtime.sinks import CommittedFile, FileSink, Sink
 
 
 def words(line: str) -> list[str]:
@@ -191,6 +192,31 @@ class PickySink(FileSink):
             raise ValueError("a flaky first try")
         super().process_record(ctx, Record(record.key, b"%s:%d" % (record.value, seen.get()), record.timestamp,
                                            record.id))
+
+
+class BatchSink(Sink):
+    """A sink with ``process_batch`` only (no ``process_record``), as a sink writing batches
+    is written: it refuses a batch holding a ``bad`` value, and writes ``<value>\\n`` lines
+    through a CommittedFile. ``calls`` holds each call's size (TestRun: one process)."""
+
+    calls: list[int] = []
+
+    def setup(self, params: Mapping[str, str]) -> None:
+        super().setup(params)
+        self._pending: list[bytes] = []
+
+    def restore(self, tablet: str, meta: bytes | None, token: int = 0, absorbed: Sequence[bytes] = ()) -> None:
+        self.file = CommittedFile(self.params["path"], tablet, ".txt", meta, token=token)
+
+    def process_batch(self, ctx: Context, records: Sequence[Record]) -> None:
+        BatchSink.calls.append(len(records))
+        if any(b"bad" in r.value for r in records):
+            raise ValueError("the sink refuses bad values")
+        self._pending += [r.value + b"\n" for r in records]
+
+    def prepare_commit(self) -> bytes:
+        data, self._pending = b"".join(self._pending), []
+        return self.file.append(data)
 
 
 class FlushingSink(FileSink):

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from runtime.columns import Columns
-from runtime.computation import Computation, TimeDomain
+from runtime.computation import Computation, TimeDomain, record_fn
 from runtime.delivery import Status
 from runtime.errors import MillstreamError
 from runtime.record import Record, derived_id, is_worker_producer
-from runtime.sinks import is_sink
+from runtime.sinks import is_sink, sink_batch_fn
 from runtime.state import TTL_TAG, cell, expired, merged
 from runtime.status import show_key
 from runtime.topology import dead_letter, dead_letter_stream
@@ -81,11 +81,12 @@ class BatchProcessor:
         # a hit is a subscript, no call; a miss reads RocksDB through the cache.
         self._cached, self._read = store.cache.values, store.cache.get
         self.comp = comp
+        self._one = record_fn(comp)  # a record on its own (a batch whose one call raised)
         self.sink = is_sink(comp, tablet.route.code)
         # A computation that takes a batch of records in one call (a Dataflow's stage): not for
         # weak productions, whose ids derive from the record that made them.
         self.batch_fn: Callable[[KeyContext, list[Record]], None] | None = (
-            None if tablet.weak else getattr(comp, "process_batch", None))
+            None if tablet.weak else sink_batch_fn(comp) if self.sink else getattr(comp, "process_batch", None))
         # ... or in columns (keys, values, timestamps, streams), with no Record per record.
         self.columns_fn: Callable[..., None] | None = None if tablet.weak else getattr(comp, "process_columns", None)
         if self.columns_fn is not None and self.batch_fn is None:
@@ -526,7 +527,7 @@ class BatchProcessor:
             self.opaque.add(commit.opaque_bucket, commit.opaque_ids)
 
     def _record_fn(self, ctx: KeyContext, record: Record) -> None:
-        self.comp.process_record(ctx, record)
+        self._one(ctx, record)
 
     def _timer_fn(self, ctx: KeyContext, timer: Timer) -> None:
         if timer.tag.startswith(TTL_TAG):

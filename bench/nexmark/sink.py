@@ -30,8 +30,12 @@ class OutputSink(Sink):
         self.file = CommittedFile(self.dir, tablet, ".txt", meta, token=token)
 
     def process_record(self, ctx: Context, record: Record) -> None:
-        self._pending.append(b"%s %s %d " % (record.key.hex().encode(), record.value.hex().encode(),
-                                              record.timestamp))
+        self.process_batch(ctx, (record,))
+
+    def process_batch(self, ctx: Context, records: Sequence[Record]) -> None:
+        """A batch's lines in one call (runtime.Sink: what a sink writing batches defines)."""
+        self._pending += [b"%s %s %d " % (r.key.hex().encode(), r.value.hex().encode(), r.timestamp)
+                          for r in records]
 
     def prepare_commit(self) -> bytes:
         stamp = b"%d\n" % time.time_ns()

@@ -11,16 +11,20 @@ then dead-lettered, each failed try's state and timers taken back.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from runtime.codecs import Codec
-from runtime.computation import Computation, Context, State, TimeDomain
+from runtime.computation import Computation, Context, State, TimeDomain, record_fn
 from runtime.errors import UsageError
 from runtime.flows.ops import Item, Op
 from runtime.record import MAX_VALUE_BYTES, Record
+from runtime.sinks import sink_batch_fn
 from runtime.state import TTL_TAG, VALUE, ValueState, bind, cell, kept, payload
 from runtime.topology import dead_letter
+
+log = logging.getLogger(__name__)
 
 
 class _StepState(State):
@@ -317,7 +321,9 @@ class SinkStep(Process):
     codec refuses fails the call: the worker retries it, then dead-letters it, as for any
     step). The sink gets them in :meth:`finish`, once the rest of the call succeeded, so a
     call the worker undoes and runs again never hands the sink a record twice; and
-    :meth:`finish` never raises. A record the sink's ``process_record`` raises on is tried
+    :meth:`finish` never raises. A sink that defines ``process_batch`` gets them in one call;
+    if that raises, what it did is taken back and they go one by one. A record the sink's
+    ``process_record`` (or ``process_batch`` of that one record) raises on is tried
     ``attempts`` times (the worker's ``max_attempts``), each failed attempt's state and
     timers taken back, then goes to the stage's ``<stage>.dead_letter`` stream (counted and
     logged by ``on_dead_letter``), and the others go on."""
@@ -330,6 +336,8 @@ class SinkStep(Process):
         self.dead_letters = dead_letters
         self.attempts = attempts
         self.on_dead_letter = on_dead_letter
+        self._batch_fn = sink_batch_fn(comp)
+        self._one = record_fn(comp)
         self._pending: list[Item] = []
 
     def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
@@ -347,8 +355,10 @@ class SinkStep(Process):
         if not pending:
             return
         sc = self.step_ctx
+        if self._batch_fn is not None and len(pending) > 1 and self._in_one_call(ctx, pending):
+            return
         sc.ctx = attempt = _Attempt(ctx)  # type: ignore[assignment]
-        fn = self.comp.process_record
+        fn = self._one
         rebind = ctx.rebind  # type: ignore[attr-defined]
         for k, v, t in pending:
             rebind(k, t)
@@ -369,6 +379,30 @@ class SinkStep(Process):
             if error is not None:
                 self._dead_letter(ctx, k, v, t, error)
         self.out = []
+
+    def _in_one_call(self, ctx: Context, pending: list[Item]) -> bool:
+        """The call's records in one ``process_batch`` (``ctx.key`` is ``b""`` and the
+        timestamp the lowest: the batch has many keys). False if it raised: what it did is
+        taken back, and the records go one by one."""
+        assert self._batch_fn is not None
+        sc = self.step_ctx
+        sc.ctx = attempt = _Attempt(ctx)  # type: ignore[assignment]
+        low = min(t for _, _, t in pending)
+        ctx.rebind(b"", low)  # type: ignore[attr-defined]
+        sc.key = b""
+        sc.timestamp = low
+        self.out = []
+        try:
+            self._batch_fn(sc, [Record(k, v, t, b"") for k, v, t in pending])
+        except BaseException as e:  # user code: anything may happen, sys.exit() included
+            attempt.undo()
+            self.out = []
+            log.info("sink step %r: a batch of %d records failed in one call (%s: %s); running them one by one",
+                     self.name, len(pending), type(e).__name__, e)
+            return False
+        attempt.keep()
+        self.out = []
+        return True
 
     def _dead_letter(self, ctx: Context, key: bytes, value: bytes, t: int, error: BaseException) -> None:
         # Straight onto the batch's productions, as the worker writes its own dead letters

@@ -5,12 +5,13 @@ sink's failed try takes back."""
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter, defaultdict
 from typing import Any
 
 from prometheus_client import REGISTRY
 
-from runtime import Dataflow, codecs
+from runtime import Dataflow, Topology, codecs
 from runtime.sinks import FileSink, read_file_sink
 from runtime.testing import TestRun
 from runtime.windows import SECOND, Sum, Tumbling
@@ -259,3 +260,61 @@ def test_a_fused_sink_producing_from_its_timer_is_refused_and_its_timer_dead_let
 
 def _dead_lettered(computation: str) -> float:
     return REGISTRY.get_sample_value("millstream_dead_lettered_total", {"computation": computation}) or 0.0
+
+
+def _lines(path: Any) -> list[bytes]:
+    out = []
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".txt"):
+            with open(os.path.join(path, name), "rb") as f:
+                out += f.read().splitlines()
+    return out
+
+
+def test_a_sink_that_writes_batches_gets_one_call_and_a_bad_record_is_dead_lettered_alone(tmp_path: Any) -> None:
+    """``process_batch`` takes the stage's call in one call; when it raises, the records go one
+    by one to ``process_batch`` (the class has no ``process_record``: the base class's does
+    nothing, and would lose them), and only the bad one is dead-lettered."""
+    flow = Dataflow("b", key_ranges=1)
+    flow.input("w", codec=codecs.STR, keyed=True).sink(j.BatchSink, name="b_out", path=str(tmp_path / "ok"))
+    j.BatchSink.calls.clear()
+    with TestRun(flow) as run:
+        run.inject_batch("w", [(b"k%d" % i, w.encode(), T0 + i) for i, w in enumerate(["a", "b", "c", "d"])])
+        run.run_until_idle()
+        assert sorted(_lines(tmp_path / "ok")) == [b"a", b"b", b"c", b"d"]
+        assert j.BatchSink.calls == [4]
+        j.BatchSink.calls.clear()
+        run.inject_batch("w", [(b"k%d" % i, w.encode(), T0 + 10 + i) for i, w in enumerate(["e", "bad", "f"])])
+        run.run_until_idle()
+        [letter] = run.output("b.input.dead_letter")
+    assert _j(letter)["computation"] == "b_out" and "refuses bad values" in _j(letter)["error"]
+    assert sorted(_lines(tmp_path / "ok")) == [b"a", b"b", b"c", b"d", b"e", b"f"]
+    assert j.BatchSink.calls[0] == 3 and set(j.BatchSink.calls[1:]) == {1}
+
+
+def test_a_classic_sink_that_writes_batches_loses_nothing_when_a_batch_fails(tmp_path: Any) -> None:
+    """The same sink as a classic computation (worker/batch.py's batch call and its one-by-one
+    fallback)."""
+    topo = Topology("c").add_computation("c_out", j.BatchSink, inputs={"w": None}, key_ranges=1,
+                                         params={"path": str(tmp_path)})
+    j.BatchSink.calls.clear()
+    with TestRun(topo) as run:
+        run.inject_batch("w", [(b"k%d" % i, w.encode(), T0 + i) for i, w in enumerate(["e", "bad", "f", "g"])])
+        run.run_until_idle()
+        [letter] = run.output("c_out.dead_letter")
+    assert "refuses bad values" in _j(letter)["error"]
+    assert sorted(_lines(tmp_path)) == [b"e", b"f", b"g"]
+    assert j.BatchSink.calls[0] == 4
+
+
+def test_a_subclass_that_checks_each_record_of_a_sink_that_writes_batches_still_sees_each(tmp_path: Any) -> None:
+    """FileSink writes batches; PickySink overrides its process_record to check and rewrite
+    each record: that must run for every record of a batch, not FileSink's process_batch."""
+    flow = Dataflow("s", key_ranges=1)
+    flow.input("w", codec=codecs.STR, keyed=True).sink(j.PickySink, name="s_out", path=str(tmp_path))
+    with TestRun(flow) as run:
+        run.inject_batch("w", [(b"k%d" % i, w.encode(), T0 + i) for i, w in enumerate(["good", "bad", "fine"])])
+        run.run_until_idle()
+        [letter] = run.output("s.input.dead_letter")
+    assert "refuses bad values" in _j(letter)["error"]
+    assert sorted(str(r["value"]) for r in read_file_sink(str(tmp_path))) == ["fine:1", "good:1"]
