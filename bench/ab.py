@@ -103,6 +103,11 @@ def export(repo: str, sha: str, dest: str) -> None:
         t.extractall(dest, filter="data")
     for path in DRIVERS:
         shutil.copyfile(os.path.join(repo, path), os.path.join(dest, path))
+    if os.path.exists(os.path.join(dest, "runtime", "_kernels.c")):
+        # Its compiled kernels, as installing it builds them; where they cannot be built, it
+        # runs their pure-Python reference, as such an install would (runtime/kernels.py).
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=dest,
+                       capture_output=True, check=False)
 
 
 def run_once(tree: str, figure: str, quick: bool, timeout_s: float) -> dict[str, Any]:
