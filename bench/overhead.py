@@ -7,6 +7,7 @@
                                             # without a network round trip to the workers
     python -m bench.overhead recordpath [BATCH...]  # us per record of one stage, in process
     python -m bench.overhead writes         # a replicated commit's writes: encode, and apply at a follower
+    python -m bench.overhead kernels        # routing's per-record kernels: compiled against their reference
 
 ``rpc``: a grpc.aio server on uvloop with an empty handler (the worker's Ping) in its own
 process, and a blocking client: the round trip back to back, and with 2 ms between calls
@@ -30,6 +31,10 @@ RocksDB's write of such commits costs per put, for keys in hash order (as window
 accumulators' are) and in ascending order. It uses only those two functions, so the A/B (``--ab-figures
 replica-writes``) runs it against older commits too.
 
+``kernels``: each function of ``runtime/kernels.py`` on an injector round's worth of
+records (4,000 keys of 12 bytes, 4 key ranges), its pure-Python reference and its compiled
+version (``runtime/_kernels.c``) alternately, best of 5 runs of 50 calls: nanoseconds per key.
+
 ``inflight``: W1's topology (one copy) takes a bulk injection (``--records`` records in full
 rounds of 1,000, ``finish()`` at the end) from an injector with ``max_in_flight`` 1 and 4,
 alternately, with no added delay and with the fault hook making each injector delivery wait
@@ -52,12 +57,14 @@ import asyncio
 import dataclasses
 import json
 import os
+import random
 import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -318,9 +325,40 @@ def _rocksdb_puts(commits: int, per_commit: int = 690, keys: int = 50_000) -> di
     return out
 
 
+def kernel_costs(n: int = 4_000, calls: int = 50, repeats: int = 5) -> dict[str, Any]:
+    """ns per key of each routing kernel, reference against compiled (None where not built)."""
+    from runtime import kernels
+
+    rng = random.Random(7)
+    keys = [rng.randbytes(12) for _ in range(n)]
+    hashes = kernels.key_hashes_py(keys)
+    starts, ids = [0, 1 << 62, 1 << 63, 3 << 62], [0, 1, 2, 3]
+    ranges = kernels.ranges_of_py(hashes, starts, ids)
+    taken = kernels.group_py(ranges)[0]
+    cases: dict[str, tuple[Callable[[], object], Callable[[], object], int]] = {
+        "key_hashes": (lambda: kernels.key_hashes_py(keys), lambda: kernels.key_hashes(keys), n),
+        "ranges_of": (lambda: kernels.ranges_of_py(hashes, starts, ids), lambda: kernels.ranges_of(hashes, starts, ids), n),
+        "group": (lambda: kernels.group_py(ranges), lambda: kernels.group(ranges), n),
+        "take": (lambda: kernels.take_py(keys, taken), lambda: kernels.take(keys, taken), len(taken)),
+    }
+    out: dict[str, Any] = {"compiled": kernels.COMPILED, "keys": n}
+    for name, (reference, compiled, per_call) in cases.items():
+        best = {"reference": float("inf"), "compiled": float("inf")}
+        for _ in range(repeats):
+            for side, fn in (("reference", reference), ("compiled", compiled)):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                best[side] = min(best[side], (time.perf_counter() - t0) / calls / per_call * 1e9)
+        out[name] = {"reference_ns": round(best["reference"], 1),
+                     "compiled_ns": round(best["compiled"], 1) if kernels.COMPILED else None}
+    out["loadavg"] = os.getloadavg()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.overhead")
-    p.add_argument("what", choices=["rpc", "cpu", "fsync", "inflight", "recordpath", "writes", "_serve"])
+    p.add_argument("what", choices=["rpc", "cpu", "fsync", "inflight", "recordpath", "writes", "kernels", "_serve"])
     p.add_argument("rates", nargs="*", type=int, default=None,
                    help="cpu: rates (default 1000 10000); recordpath: batch sizes (default 100)")
     p.add_argument("--records", type=int, default=None,
@@ -338,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(record_path(args.rates or [100], args.records or 10_000, args.flow_steps)))
     elif args.what == "writes":
         print(json.dumps(replica_writes()))
+    elif args.what == "kernels":
+        print(json.dumps(kernel_costs()))
     elif args.what == "inflight":
         print(json.dumps(rounds_in_flight(args.records or 50_000, args.delay_ms)))
     else:

@@ -128,3 +128,13 @@ def test_compiled_take_equals_the_reference(column: list[bytes], data: st.DataOb
     assert compiled.take(tuple(column), range(n)) == column
     with pytest.raises(IndexError):
         compiled.take(column, [n])
+
+
+def test_the_kernels_benchmark_times_both_versions() -> None:
+    from bench.overhead import kernel_costs
+
+    out = kernel_costs(n=200, calls=2, repeats=1)
+    assert out["compiled"] == kernels.COMPILED
+    for name in ("key_hashes", "ranges_of", "group", "take"):
+        assert out[name]["reference_ns"] > 0
+        assert (out[name]["compiled_ns"] is not None) == kernels.COMPILED
