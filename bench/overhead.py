@@ -328,11 +328,14 @@ def _rocksdb_puts(commits: int, per_commit: int = 690, keys: int = 50_000) -> di
 def kernel_costs(n: int = 4_000, calls: int = 50, repeats: int = 5) -> dict[str, Any]:
     """ns per key of each routing kernel, reference against compiled (None where not built)."""
     from runtime import kernels
+    from runtime.keyspace import first_cut
 
     rng = random.Random(7)
     keys = [rng.randbytes(12) for _ in range(n)]
     hashes = kernels.key_hashes_py(keys)
-    starts, ids = [0, 1 << 62, 1 << 63, 3 << 62], [0, 1, 2, 3]
+    cut = first_cut(4)  # a computation's first 4 key ranges
+    ids = sorted(cut)
+    starts = [cut[i][0] for i in ids]
     ranges = kernels.ranges_of_py(hashes, starts, ids)
     taken = kernels.group_py(ranges)[0]
     cases: dict[str, tuple[Callable[[], object], Callable[[], object], int]] = {
