@@ -230,7 +230,7 @@ class BatchProcessor:
         commit = batch.commit
         ctx = self.ctx
         out = ctx.out
-        fn = self.comp.process_record
+        fn = self._one  # (process_batch with one record, for a class with only that)
         calls = self.calls
         clock = calls.clock
         slow = calls.record_above

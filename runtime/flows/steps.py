@@ -176,6 +176,7 @@ class Process(Op):
     def __init__(self, name: str, comp: Computation) -> None:
         super().__init__(name)
         self.comp = comp
+        self._one = record_fn(comp)  # its process_record (or process_batch of one record)
         self.out: list[Item] = []
         self.raw = ValueState(f"{self.state_name}/state", _RAW)
         self.step_ctx = StepContext(self)
@@ -199,7 +200,7 @@ class Process(Op):
     def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
         sc = self.step_ctx
         sc.ctx = ctx
-        fn = self.comp.process_record
+        fn = self._one
         rebind = ctx.rebind  # type: ignore[attr-defined]
         self.out = []
         for k, v, t in items:
@@ -337,7 +338,6 @@ class SinkStep(Process):
         self.attempts = attempts
         self.on_dead_letter = on_dead_letter
         self._batch_fn = sink_batch_fn(comp)
-        self._one = record_fn(comp)
         self._pending: list[Item] = []
 
     def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:

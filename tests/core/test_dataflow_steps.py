@@ -318,3 +318,16 @@ def test_a_subclass_that_checks_each_record_of_a_sink_that_writes_batches_still_
         [letter] = run.output("s.input.dead_letter")
     assert "refuses bad values" in _j(letter)["error"]
     assert sorted(str(r["value"]) for r in read_file_sink(str(tmp_path))) == ["fine:1", "good:1"]
+
+
+def test_a_sink_that_writes_batches_on_weak_productions_gets_each_record(tmp_path: Any) -> None:
+    """Weak productions take no batch call (their ids derive from the record that made them):
+    a class with process_batch only gets each record through it, not the base class's no-op."""
+    topo = Topology("w").add_computation("w_out", j.BatchSink, inputs={"w": None}, key_ranges=1,
+                                         productions="weak", params={"path": str(tmp_path)})
+    j.BatchSink.calls.clear()
+    with TestRun(topo) as run:
+        run.inject_batch("w", [(b"k%d" % i, w.encode(), T0 + i) for i, w in enumerate(["e", "f", "g"])])
+        run.run_until_idle()
+    assert sorted(_lines(tmp_path)) == [b"e", b"f", b"g"]
+    assert j.BatchSink.calls == [1, 1, 1]
