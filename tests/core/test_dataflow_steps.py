@@ -331,3 +331,23 @@ def test_a_sink_that_writes_batches_on_weak_productions_gets_each_record(tmp_pat
         run.run_until_idle()
     assert sorted(_lines(tmp_path)) == [b"e", b"f", b"g"]
     assert j.BatchSink.calls == [1, 1, 1]
+
+
+def test_a_flows_stage_takes_larger_batches_than_a_classic_computation(tmp_path: Any) -> None:
+    """A flow's operators work per batch (one state write per key and window), so its stage's
+    tablet takes batches of flow_batch_records; a classic computation keeps
+    max_batch_records (its per-record state gains nothing, and its watermark would lag)."""
+    from worker.core import WorkerLimits
+
+    limits = WorkerLimits()
+    assert limits.flow_batch_records > limits.max_batch_records
+    flow = Dataflow("f", key_ranges=1)
+    flow.input("w", codec=codecs.STR, keyed=True).sink(j.BatchSink, name="f_out", path=str(tmp_path / "f"))
+    topo = Topology("c").add_computation("c_out", j.BatchSink, inputs={"v": None}, key_ranges=1,
+                                         params={"path": str(tmp_path / "c")})
+    for job, stream, computation, want in ((flow, "w", "f.input", limits.flow_batch_records),
+                                           (topo, "v", "c_out", limits.max_batch_records)):
+        with TestRun(job) as run:
+            run.inject(stream, b"k", b"x", T0)
+            run.run_until_idle()
+            assert run._tablet(computation, b"k").max_batch == want
