@@ -8,11 +8,13 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from runtime import delivery
 from runtime.client import Client, leader_redirect
 from runtime.cluster import Process
+from runtime.record import Record
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
-from tests.e2e.wordcount_run import run_wordcount
+from tests.e2e.wordcount_run import BASE_TS, run_wordcount
 from tests.harness import Cluster, metric, wait_until
 
 
@@ -71,10 +73,13 @@ def test_zombie_worker_changes_nothing(big_cluster: Cluster) -> None:
     c = big_cluster
     zombie = c.workers[0]
     resumed = threading.Event()
+    held: list[tuple[str, int, int]] = []  # (computation, range, token) the zombie owned
 
     def stop_zombie() -> None:
         wid = _worker_id(c, zombie)
         assert _tablets_of(c, wid) > 0
+        held.extend((comp.name, a.key_range, a.token) for comp in Client(c.masters_arg).routing().computations
+                    for a in comp.assignments if a.address == zombie.address)
         c.pause(zombie)
 
         def wake_after_move() -> None:
@@ -93,7 +98,15 @@ def test_zombie_worker_changes_nothing(big_cluster: Cluster) -> None:
                "the zombie to learn it lost its lease")
     log = open(zombie.log_path).read()
     assert "self-fencing" in log or "refusing to commit" in log, log[-2000:]
-    # What was sent to it while it slept was refused, never committed (the results are exact).
+    # What was sent to it while it slept was refused or abandoned, never committed (the results
+    # are exact; its senders re-route what it held, and may cancel their streams to it before
+    # it reads them). A delivery under a token it held, sent once it is awake, is refused.
+    comp, key_range, token = held[0]
+    stale = delivery.request(comp, key_range, token, [Record(b"zombie", b"late", BASE_TS, bytes(16))],
+                             sender="injector/test")
+    with grpc.insecure_channel(zombie.address) as ch:
+        resp = rpc.WorkerStub(ch).Deliver(stale, timeout=30)
+    assert resp.status == pb.DeliverResponse.NOT_OWNER, resp
     refused = metric(zombie, "millstream_fenced_commits") + metric(zombie, "millstream_stale_refusals")
     assert refused > 0
     # Refused by its own lease check, by the token fence on deliveries, or (a batch that was
