@@ -1,9 +1,11 @@
 """Workers joining, proving who they are, draining and leaving, as the leader handles them.
 
 A worker's identity is the id its state directory keeps (``worker.id``): a worker back on its
-disk is the same worker, and its copies count again. Its first registration issues it a
-secret, which it shows on every later call as that id (only the SHA-256 is stored): a worker
-token alone cannot pose as another worker. Each change goes through
+disk is the same worker, and its copies count again. The secret it shows on its first
+registration becomes that id's (only the SHA-256 is stored; a worker that shows none is issued
+one), and it shows it on every later call as that id: a worker token alone cannot pose as
+another worker. The worker makes its secret before it first registers, so a registration
+whose answer was lost (the leader killed after writing it) is repeated with the same secret. Each change goes through
 the leader's ``commit`` (master/core.py); a lease expiry is the leader's tick.
 """
 
@@ -26,6 +28,7 @@ from runtime.errors import ConfigError, WorkerIdentityError
 log = logging.getLogger(__name__)
 
 WORKER_ID = re.compile(r"^[0-9a-f]{12}$")
+SECRET = re.compile(r"^[0-9a-f]{32,128}$")
 ZONE = re.compile(r"^[A-Za-z0-9_.\-]{0,63}$")
 MODULE_PREFIX = re.compile(r"[A-Za-z_]\w{0,127}(\.[A-Za-z_]\w{0,127}){0,15}")
 MAX_POLICY_ENTRIES = 256
@@ -55,7 +58,8 @@ def authenticate(image: ClusterImage, worker_id: str, secret: str) -> None:
 
 async def register(core: Leader, address: str, worker_id: str = "", zone: str = "", secret: str = "",
                    allowed_code: Sequence[str] = ()) -> tuple[str, str]:
-    """A worker joins; returns its id and its secret (issued on its first registration)."""
+    """A worker joins; returns its id and its secret (the one it showed on its first
+    registration, or one issued then if it showed none)."""
     if worker_id and not WORKER_ID.fullmatch(worker_id):
         raise ConfigError(f"worker id {worker_id[:40]!r} is not 12 hex digits; remove the worker.id file "
                           "of its state directory to start it as a new worker")
@@ -69,7 +73,10 @@ async def register(core: Leader, address: str, worker_id: str = "", zone: str = 
         if worker_id in image.identities:
             authenticate(image, worker_id, secret)
         else:
-            secret = secrets.token_hex(16)
+            if secret and not SECRET.fullmatch(secret):
+                raise ConfigError("the secret this worker shows for its new id is not 32 to 128 hex digits; "
+                                  "delete the worker.secret file of its state directory and it makes one")
+            secret = secret or secrets.token_hex(16)
             change.identities[worker_id] = _digest(secret)
         restarted = worker_id in image.workers
         if restarted:

@@ -31,7 +31,7 @@ from worker.deliverstream import serve_frames
 from worker.peers import Peers, ReplicaLinks
 from worker.replica import write_at
 from worker.replication import checkpoint_chunks
-from worker.statedir import claim_state_dir, keep_secret, read_secret
+from worker.statedir import claim_state_dir, keep_secret, new_secret, read_secret
 
 log = logging.getLogger(__name__)
 
@@ -279,8 +279,15 @@ class MasterSession:
         self.ready = ready  # its WORKER service is SERVING while the worker holds a lease
         self.masters = masters
         self.identity = identity
-        self.state_dir = state_dir  # where the issued secret is kept (None: in memory only)
+        self.state_dir = state_dir  # where the secret is kept (None: in memory only)
+        # Made and kept before the first registration, and shown on it (claim_state_dir makes
+        # a new disk's): the leader adopts it, so a registration whose answer was lost (the
+        # leader killed after writing it) can be repeated.
         core.secret = read_secret(state_dir) if state_dir else ""
+        if not core.secret:
+            core.secret = new_secret()
+            if state_dir:
+                keep_secret(state_dir, core.secret)
         self.zone = zone
         self.lease_ms = 3000
         self._behind = 0
@@ -296,8 +303,8 @@ class MasterSession:
                                              allowed_code=self.core.code_policy.allowed),
                     timeout=self.masters.timeout)
             except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.PERMISSION_DENIED:
-                    log.error("the leader refuses this worker's identity: %s", e.details())
+                if e.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT):
+                    log.error("the leader refuses this worker's registration: %s", e.details())
                 log.info("cannot register with master %s: %s", self.masters.leader, e.details())
                 self.masters.follow(e)
                 await asyncio.sleep(0.2)

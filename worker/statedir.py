@@ -1,6 +1,6 @@
 """A worker's state directory (one per worker: machines share nothing): claimed under a file
-lock that must really hold, the worker identity and the secret the leader issued it kept in it,
-and what an interrupted process left half-done swept away on start."""
+lock that must really hold, the worker identity and its secret kept in it, and what an
+interrupted process left half-done swept away on start."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import fcntl
 import logging
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -95,9 +96,15 @@ def locks_work(path: str) -> bool:
     return done.returncode == 3
 
 
+def new_secret() -> str:
+    """A worker's secret, made by the worker before its id first registers (the leader keeps
+    its SHA-256; master/membership.py)."""
+    return secrets.token_hex(16)
+
+
 def read_secret(state_dir: str) -> str:
-    """The secret the leader issued this worker id (kept beside worker.id; "" before the first
-    registration)."""
+    """The secret of this worker id (kept beside worker.id; "" in a state directory made before
+    workers made their own, until the leader issues one)."""
     try:
         with open(os.path.join(state_dir, "worker.secret")) as f:
             return f.read().strip()
@@ -106,7 +113,7 @@ def read_secret(state_dir: str) -> str:
 
 
 def keep_secret(state_dir: str, secret: str) -> None:
-    """Store the issued secret (readable by this user only), durably, before it is used."""
+    """Store the worker's secret (readable by this user only), durably, before it is used."""
     path = os.path.join(state_dir, "worker.secret")
     fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

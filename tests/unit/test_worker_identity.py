@@ -1,16 +1,22 @@
-"""A worker's state directory: one process at a time, locks that hold, and the secret the
-leader issued its id (worker/statedir.py)."""
+"""A worker's state directory: one process at a time, locks that hold, and the secret of its
+id (worker/statedir.py, master/membership.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from runtime.errors import ConfigError
+from master import membership
+from runtime.errors import ConfigError, WorkerIdentityError
+from tests.masterkit import MemoryStore, leader
 from worker import statedir
 from worker.seen import SeenTablets
+from worker.server import MasterSession
 from worker.statedir import claim_state_dir, keep_secret, locks_work, read_secret
 from worker.storage import TabletStore
 
@@ -77,3 +83,38 @@ def test_only_a_new_worker_id_starts_a_trusted_record_of_the_tablets_seen(tmp_pa
     wid, lock = claim_state_dir(str(tmp_path / "old"))
     lock.close()
     assert wid == "0123456789ab" and not SeenTablets(str(tmp_path / "old")).trusted
+
+
+def test_a_registration_whose_answer_was_lost_is_repeated_with_the_secret_the_worker_made(tmp_path: Path) -> None:
+    """CI, chaos seed 107: a new worker registered, the leader wrote its id and then was
+    killed before answering. The worker had no secret, so it could never show the one issued
+    it: every later registration was refused and it never joined. Now the worker makes its
+    secret, keeps it, and only then registers with it; the leader adopts it."""
+    wid, lock = claim_state_dir(str(tmp_path))
+    lock.close()
+    core = SimpleNamespace(secret="")
+
+    async def main() -> None:
+        MasterSession(core, None, wid, state_dir=str(tmp_path))  # type: ignore[arg-type]
+        assert re.fullmatch(r"[0-9a-f]{32}", core.secret) and read_secret(str(tmp_path)) == core.secret
+        store = MemoryStore()
+        old = leader(store)
+        await old.become_leader()
+        assert await membership.register(old, "127.0.0.1:1", wid, secret=core.secret) == (wid, core.secret)
+        new = leader(store)  # the old leader died before its answer reached the worker
+        await new.become_leader()
+        assert await membership.register(new, "127.0.0.1:1", wid, secret=core.secret) == (wid, core.secret)
+        assert set(new.image.workers) == {wid}
+        for other in ("", "0" * 32):  # the id is still this worker's alone
+            with pytest.raises(WorkerIdentityError, match="was issued another secret"):
+                await membership.register(new, "127.0.0.1:1", wid, secret=other)
+        with pytest.raises(ConfigError, match="not 32 to 128 hex digits"):
+            await membership.register(new, "127.0.0.1:2", "0123456789ab", secret="guess")
+        # A worker that shows no secret (made before workers made their own) is issued one.
+        _, issued = await membership.register(new, "127.0.0.1:3", "ba9876543210")
+        assert re.fullmatch(r"[0-9a-f]{32}", issued)
+        again = SimpleNamespace(secret="")
+        MasterSession(again, None, wid, state_dir=str(tmp_path))  # type: ignore[arg-type]
+        assert again.secret == core.secret  # back on its disk: the kept secret, not a new one
+
+    asyncio.run(main())
