@@ -28,6 +28,7 @@ from runtime.cluster import LocalCluster
 
 WATERMARK_EVERY = 4000  # records between two advance_watermark calls of the W2-on-flow sender
 FIRE_METRIC = "millstream_window_fire_seconds"
+GC_METRIC = "millstream_gc_pause_seconds"  # the workers' collector pauses, beside the firings
 STALL_LIMIT_S = 0.02  # issue 30: no tablet stalled more than 20 ms by window firings
 
 
@@ -62,20 +63,19 @@ def inject_as_user(masters: str, data: generator.W2Data, stream: str = "events",
 
 # ------------------------------------------------------------- window-fire metrics
 
-_BUCKET = re.compile(rf'^{FIRE_METRIC}_bucket{{(?P<labels>[^}}]*)}} (?P<value>\S+)$', re.M)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
-def parse_buckets(text: str) -> dict[str, dict[float, float]]:
-    """The cumulative buckets of ``millstream_window_fire_seconds`` in one ``/metrics`` page,
-    by step: ``{step: {upper bound s: observations at or below it}}`` (``+Inf`` as ``math.inf``)."""
+def parse_buckets(text: str, metric: str = FIRE_METRIC, label: str = "step") -> dict[str, dict[float, float]]:
+    """The cumulative buckets of histogram ``metric`` in one ``/metrics`` page, by the value of
+    ``label``: ``{step: {upper bound s: observations at or below it}}`` (``+Inf`` as ``math.inf``)."""
     out: dict[str, dict[float, float]] = {}
-    for m in _BUCKET.finditer(text):
+    for m in re.finditer(rf'^{metric}_bucket{{(?P<labels>[^}}]*)}} (?P<value>\S+)$', text, re.M):
         labels = dict(_LABEL.findall(m["labels"]))
         le = labels.get("le")
         if le is None:
             continue
-        out.setdefault(labels.get("step", ""), {})[float(le)] = float(m["value"])
+        out.setdefault(labels.get(label, ""), {})[float(le)] = float(m["value"])
     return out
 
 
@@ -117,6 +117,7 @@ def window_fire_stalls(c: LocalCluster) -> dict[str, Any]:
     """``millstream_window_fire_seconds`` of every live worker, per step (summed over workers),
     summarised; read before the cluster stops (the histogram lives in the worker processes)."""
     total: dict[str, dict[float, float]] = {}
+    pauses: dict[str, dict[float, float]] = {}
     per_worker: dict[str, dict[str, Any]] = {}
     errors = []
     for w in c.workers:
@@ -133,5 +134,7 @@ def window_fire_stalls(c: LocalCluster) -> dict[str, Any]:
         mine = parse_buckets(text)
         per_worker[w.name] = {step: summarise_histogram(b) for step, b in mine.items()}
         add_buckets(total, mine)
+        add_buckets(pauses, parse_buckets(text, GC_METRIC, "generation"))
     return {"steps": {step: summarise_histogram(b) for step, b in total.items()},
-            "per_worker": per_worker, "errors": errors}
+            "per_worker": per_worker, "errors": errors,
+            "gc_pauses": {f"generation {g}": summarise_histogram(b) for g, b in sorted(pauses.items())}}

@@ -173,6 +173,12 @@ def markdown_lines(r: dict[str, Any]) -> list[str]:
             slowest = f"{mx} ms" if mx is not None else f"> {s.get('last_bound_ms')} ms"
             lines.append(f"| {step} | {s['firings']:,} | {s.get('p50_le_ms')} ms | {s.get('p99_le_ms')} ms | "
                          f"{slowest} | {s.get('over_limit', 0):,} |")
+        pauses = ((r.get("w2_flow") or {}).get("window_fire") or {}).get("gc_pauses") or {}
+        for gen, s in sorted(pauses.items()):  # every thread waits for them, a firing included
+            mx = s.get("max_le_ms")
+            slowest = f"{mx} ms" if mx is not None else f"> {s.get('last_bound_ms')} ms"
+            lines.append(f"| garbage collector, {gen} (`millstream_gc_pause_seconds`) | {s['firings']:,} | "
+                         f"{s.get('p50_le_ms')} ms | {s.get('p99_le_ms')} ms | {slowest} | {s.get('over_limit', 0):,} |")
     for err in ((r.get("w2_flow") or {}).get("window_fire") or {}).get("errors", []):
         lines.append(f"\nmetrics not read: {err}")
     lines.append("")

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import bisect
+import gc
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from time import perf_counter
+from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import HistogramMetricFamily
@@ -181,6 +184,30 @@ def tablet(computation: str) -> TabletMetrics:
         BATCH_SECONDS.labels(computation), SLOW_CALLS.labels(computation),
         OUT_OF_ORDER.labels(computation), STALE.labels("producer"),
     )
+
+
+GC_PAUSE_SECONDS = Histogram("millstream_gc_pause_seconds", "Time of one collection of Python's cyclic "
+                             "garbage collector of generation 1 or 2 (the oldest): every thread of the "
+                             "process waits for it", ["generation"],
+                             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1))
+
+
+def watch_gc() -> None:
+    """Observe the pauses of the collector's older generations (a worker's, a master's)
+    into :data:`GC_PAUSE_SECONDS`. Generation 0's many short collections are only counted
+    (``python_gc_collections_total``, prometheus_client's own)."""
+    children = {1: GC_PAUSE_SECONDS.labels("1"), 2: GC_PAUSE_SECONDS.labels("2")}
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if info["generation"]:
+            if phase == "start":
+                started[0] = perf_counter()
+            else:
+                children[info["generation"]].observe(perf_counter() - started[0])
+
+    if on_gc not in gc.callbacks:
+        gc.callbacks.append(on_gc)
 
 
 def serve(host: str, port: int) -> int:

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from runtime import errors
+from runtime import collector, errors
 from runtime.security import Security
 from runtime.wire import SERVER_OPTIONS
 
@@ -102,7 +102,9 @@ def dump_tasks() -> None:
 
 
 def run(main: Callable[[asyncio.Event], Awaitable[Any]]) -> Any:
-    """Run a daemon on uvloop until SIGINT/SIGTERM sets its stop event."""
+    """Run a daemon on uvloop until SIGINT/SIGTERM sets its stop event (its start-up objects
+    frozen out of the garbage collector's way first: runtime/collector.py)."""
+    collector.settle()
     try:
         import uvloop
         runner: Any = uvloop.run

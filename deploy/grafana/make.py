@@ -53,6 +53,9 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
         ("Commit (p99)", "s", [(p99("millstream_commit_seconds"), "{{computation}}")]),
         ("Replication to every in-sync follower (p99)", "s",
          [(p99("millstream_replication_seconds"), "{{computation}}")]),
+        ("Garbage collector pauses of the older generations (p99): every thread waits", "s",
+         [("histogram_quantile(0.99, sum by (instance, generation, le) "
+           "(rate(millstream_gc_pause_seconds_bucket[$__rate_interval])))", "{{instance}} generation {{generation}}")]),
     ]),
     ("Backpressure and exactly-once", [
         ("BUSY refusals per second (backpressure)", "ops", [(per_computation("millstream_busy_refusals"), "{{computation}}")]),

@@ -31,6 +31,10 @@ millstream_window_fire_seconds_bucket{le="+Inf",step="w2.windows"} 100.0
 millstream_window_fire_seconds_count{step="w2.windows"} 100.0
 millstream_window_fire_seconds_sum{step="w2.windows"} 0.2
 millstream_commit_seconds_bucket{computation="w2.windows",le="0.0001"} 7.0
+millstream_gc_pause_seconds_bucket{generation="2",le="0.005"} 3.0
+millstream_gc_pause_seconds_bucket{generation="2",le="0.02"} 4.0
+millstream_gc_pause_seconds_bucket{generation="2",le="0.05"} 5.0
+millstream_gc_pause_seconds_bucket{generation="2",le="+Inf"} 5.0
 """
 
 
@@ -42,6 +46,11 @@ def test_window_fire_buckets_are_parsed_and_summarised() -> None:
     # 50 of 100 at or below 1 ms, 99 at or below 10 ms, the last one in (20, 50] ms.
     assert (s["firings"], s["p50_le_ms"], s["p99_le_ms"], s["max_le_ms"]) == (100, 1.0, 10.0, 50.0)
     assert (s["over_limit"], s["limit_ms"], s["last_bound_ms"]) == (1, 20.0, 1000.0)
+    # The collector's pauses, read the same way beside the firings.
+    gc = flows.parse_buckets(METRICS, flows.GC_METRIC, "generation")
+    assert list(gc) == ["2"]
+    g = flows.summarise_histogram(gc["2"])
+    assert (g["firings"], g["p50_le_ms"], g["max_le_ms"], g["over_limit"]) == (5, 5.0, 50.0, 1)
 
 
 def test_two_workers_add_up_and_a_firing_past_the_last_bound_is_not_hidden() -> None:

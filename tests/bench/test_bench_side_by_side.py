@@ -26,7 +26,8 @@ def _report() -> dict[str, Any]:
                "sender": "two threads", "cpu": {"loadavg_start": [0.5, 0.4, 0.3]}},
         "w2_flow": {**W2, "available": True, "throughput_rps": 150_000, "records_per_cpu_s": 70_000,
                     "oracle_equal": True, "sender": "one injector", "cpu": {"loadavg_start": [0.25, 0.4, 0.3]},
-                    "window_fire": {"steps": {"w2.windows": stall}, "errors": []}},
+                    "window_fire": {"steps": {"w2.windows": stall}, "errors": [],
+                                    "gc_pauses": {"generation 2": stall}}},
         "spark": {"w2": {"throughput_rps": 120_000, "oracle_equal": True}, "loadavg_start": [1.5, 1.0, 1.0],
                   "config": {"w2": "parquet"}},
         "bytewax": {"config": {"w2": "one worker"}, "runs": [
@@ -49,6 +50,7 @@ def test_side_by_side_rows_ratios_and_loads() -> None:
     assert f"| Bytewax, recovery off | one worker | 60,000 | 55,000 | yes | 0.75 | 3 s ({share}) | 2.5× |" in md
     assert "| Spark Structured Streaming | parquet | 120,000 | – | yes | 1.50 | – | 1.25× |" in md
     assert "| w2.windows | 100 | 1.0 ms | 10.0 ms | 50.0 ms | 1 |" in md
+    assert "| garbage collector, generation 2 (`millstream_gc_pause_seconds`) | 100 | 1.0 ms |" in md
     assert "| millstream, W2 on a flow | one injector | 150,000 | 70,000 | yes | 0.25 | – | – |" in md  # no ratio to itself
 
 

@@ -1,0 +1,59 @@
+"""The garbage collector's pauses with and without runtime/collector.py's freeze, interleaved::
+
+    python -m bench.gc_pauses [ROUNDS]
+
+Each round runs W2 on a flow (the bench's 2,000,000 records) and W1 one stage (10,000 rec/s,
+20 s) twice, once with the collector as CPython has it (``MILLSTREAM_GC_FREEZE=0``) and once
+as millstream settles it, and prints one row per run: the load before it, W2's throughput,
+records per CPU-second and window firings over 20 ms, the workers' full collections (how
+many, bucket bounds of their median and slowest pause), and W1's p50 and p99. Figures for
+docs/performance.md, "Garbage collector pauses"; never a test.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from typing import Any
+
+from bench import workloads
+
+SETTINGS = (("CPython's", "0"), ("frozen", "1"))
+
+
+def _one(setting: str) -> dict[str, Any]:
+    os.environ["MILLSTREAM_GC_FREEZE"] = setting  # the cluster's processes inherit it
+    cfg = workloads.BenchConfig.make(False)
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="millstream-gc-") as root:
+        w2 = workloads.run_w2(root, cfg, flow=True)
+    fire = w2.get("window_fire") or {}
+    full = (fire.get("gc_pauses") or {}).get("generation 2") or {}
+    firings = (fire.get("steps") or {}).get("w2.windows") or {}
+    w1_variant = workloads.W1_VARIANTS[0]
+    with tempfile.TemporaryDirectory(prefix="millstream-gc-") as root:
+        w1 = workloads.run_w1(root, cfg, w1_variant, 10_000, seconds=20)
+    return {"load": load, "w2_rps": w2.get("throughput_rps"), "w2_per_cpu_s": w2.get("records_per_cpu_s"),
+            "w2_exact": w2.get("oracle_equal"), "firings_over_20ms": firings.get("over_limit"),
+            "firings": firings.get("firings"), "full": full.get("firings"), "full_p50_le_ms": full.get("p50_le_ms"),
+            "full_max_le_ms": full.get("max_le_ms"), "w1_p50": w1["latency_ms"]["p50"],
+            "w1_p99": w1["latency_ms"]["p99"], "w1_exact": w1["exactness"]["exact"]}
+
+
+def main(argv: list[str]) -> int:
+    rounds = int(argv[0]) if argv else 3
+    print("| collector | load | W2 rec/s | W2 rec per CPU-s | firings over 20 ms | full collections | "
+          "their p50 ≤ | slowest ≤ | W1 p50 ms | W1 p99 ms | exact |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for _ in range(rounds):
+        for name, setting in SETTINGS:
+            r = _one(setting)
+            print(f"| {name} | {r['load']:.1f} | {r['w2_rps']:,} | {r['w2_per_cpu_s']:,} | {r['firings_over_20ms']} of "
+                  f"{r['firings']} | {r['full']} | {r['full_p50_le_ms']} ms | {r['full_max_le_ms']} ms | "
+                  f"{r['w1_p50']} | {r['w1_p99']} | {r['w2_exact'] and r['w1_exact']} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
