@@ -6,18 +6,21 @@ Each round runs W2 on a flow (the bench's 2,000,000 records) and W1 one stage (1
 20 s) twice, once with the collector as CPython has it (``MILLSTREAM_GC_FREEZE=0``) and once
 as millstream settles it, and prints one row per run: the load before it, W2's throughput,
 records per CPU-second and window firings over 20 ms, the workers' full collections (how
-many, bucket bounds of their median and slowest pause), and W1's p50 and p99. Figures for
+many, bucket bounds of their median and slowest pause), and W1's p50 and p99; the table is
+also written to ``bench/results/<UTC stamp>-<commit>-gc-pauses.md``. Figures for
 docs/performance.md, "Garbage collector pauses"; never a test.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 import tempfile
 from typing import Any
 
-from bench import workloads
+from bench import report, workloads
+from bench.cli import ROOT
 
 SETTINGS = (("CPython's", "0"), ("frozen", "1"))
 
@@ -43,15 +46,27 @@ def _one(setting: str) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     rounds = int(argv[0]) if argv else 3
-    print("| collector | load | W2 rec/s | W2 rec per CPU-s | firings over 20 ms | full collections | "
-          "their p50 ≤ | slowest ≤ | W1 p50 ms | W1 p99 ms | exact |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    git, env = report.git_commit(ROOT), report.environment()
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = os.path.join(ROOT, "bench", "results", f"{stamp}-{git['short']}-gc-pauses.md")
+    lines = [f"# Garbage collector pauses, frozen or not: `python -m bench.gc_pauses {rounds}`", "",
+             f"Commit `{git['short']}`{' (uncommitted changes)' if git['dirty'] else ''}, {env['cpus']} CPUs "
+             f"({env['cpu']}), Python {env['python']}, load average at start {env['loadavg_at_start']}; "
+             "rounds interleaved, each run on a fresh cluster.", "",
+             "| collector | load | W2 rec/s | W2 rec per CPU-s | firings over 20 ms | full collections | "
+             "their p50 ≤ | slowest ≤ | W1 p50 ms | W1 p99 ms | exact |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    print("\n".join(lines), flush=True)
     for _ in range(rounds):
         for name, setting in SETTINGS:
             r = _one(setting)
-            print(f"| {name} | {r['load']:.1f} | {r['w2_rps']:,} | {r['w2_per_cpu_s']:,} | {r['firings_over_20ms']} of "
-                  f"{r['firings']} | {r['full']} | {r['full_p50_le_ms']} ms | {r['full_max_le_ms']} ms | "
-                  f"{r['w1_p50']} | {r['w1_p99']} | {r['w2_exact'] and r['w1_exact']} |", flush=True)
+            lines.append(f"| {name} | {r['load']:.1f} | {r['w2_rps']:,} | {r['w2_per_cpu_s']:,} | "
+                         f"{r['firings_over_20ms']} of {r['firings']} | {r['full']} | {r['full_p50_le_ms']} ms | "
+                         f"{r['full_max_le_ms']} ms | {r['w1_p50']} | {r['w1_p99']} | {r['w2_exact'] and r['w1_exact']} |")
+            print(lines[-1], flush=True)
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {path}")
     return 0
 
 
