@@ -394,13 +394,16 @@ class Injector:
     def advance_watermark(self, timestamp: int) -> None:
         """Promise to send nothing older than ``timestamp`` (never moves backwards).
 
-        Reported to the master at once; the effective watermark is never later than the
-        oldest record not yet confirmed (see :attr:`effective_watermark`), and rises as
-        confirmations arrive (a background thread asks for them). :meth:`finish` waits.
+        Reported to the master at once, or, while earlier deliveries wait to be confirmed,
+        by the background thread that asks for their confirmation every 20 ms (one master
+        call per 20 ms however often a fast source promises, like Flink's periodic
+        watermarks). The effective watermark is never later than the oldest record not yet
+        confirmed (see :attr:`effective_watermark`), and rises as confirmations arrive.
+        :meth:`finish` waits.
         """
         check_time(timestamp, "watermark")
         self._marks.promise(timestamp)
-        self._marks.report()
+        self._marks.report_promise()
 
     def mark_idle(self) -> None:
         """Flush, then mark this injector idle (Flink's ``withIdleness``): until it sends or

@@ -8,7 +8,9 @@ tablet may not reflect the records, and the stream's watermark must not pass the
 
 Reports go to the leader from the caller's thread when the caller asks (registration,
 ``advance_watermark``, ``finish``) and otherwise from one background thread per injector
-(the *confirmer*). While receipts are held it asks the leader every 20 ms which of them it
+(the *confirmer*). A promise made while the confirmer is asking anyway (receipts held) is
+left to its next ask, within ``CONFIRM_EVERY_S``: one master call per 20 ms, however often
+the source promises. While receipts are held it asks the leader every 20 ms which of them it
 holds now, and reports each rise. With none held it sleeps (a keep-alive report every
 ``KEEPALIVE_S``), and the first receipt held, or a round's rise, wakes it. Whether it
 sleeps is decided under the lock that adds receipts, and it does not sleep if anything
@@ -79,6 +81,7 @@ class Watermark:
         self._confirmer: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._stopped = False  # released: nothing more goes to the leader from here
+        self._failing = False  # the confirmer's last report failed (it backs off, then retries)
 
     def promise(self, timestamp: int) -> None:
         self.promised = max(self.promised, timestamp)
@@ -157,6 +160,20 @@ class Watermark:
             # neither a paced sender waits for it nor a quiet injector holds its stream back.
             self.report_later()
 
+    def report_promise(self) -> None:
+        """The promise rose (``advance_watermark``): report it now, unless the confirmer
+        will within ``CONFIRM_EVERY_S`` anyway (receipts are held, so it is asking the leader
+        at that pace, and each ask reports the effective watermark, the promise included).
+        A source promising every few hundred records would otherwise make a master call of
+        its own for each promise, on its own thread, beside the confirmer's. Raises what the
+        master call raised when it is made here."""
+        with self._held_lock:
+            asking = bool(self._held) and not self._sleeping
+        confirmer = self._confirmer
+        if asking and not self._failing and confirmer is not None and confirmer.is_alive():
+            return
+        self.report()
+
     def report_later(self) -> None:
         """Have the confirmer report what the last round let rise; never blocks. While
         receipts are held it asks within ``CONFIRM_EVERY_S`` anyway, and reports any rise
@@ -228,12 +245,14 @@ class Watermark:
                 with self._lock:
                     self._report_locked(wait=False, ask=ask)
                 failing = 0.0
+                self._failing = False
                 if ask:
                     next_ask = time.monotonic() + CONFIRM_EVERY_S
             except MillstreamError as e:  # the next user call reports (and raises) again
                 log.log(logging.DEBUG if failing else logging.INFO,
                         "injector %s: could not confirm its watermark: %s", self.name, e)
                 failing = min(RETRY_MAX_S, 2 * failing or CONFIRM_EVERY_S)
+                self._failing = True
 
     def _send(self, wm: int, idle: bool) -> dict[str, int]:
         report = pb.InjectorReport(name=self.name, stream=self.stream, watermark=wm,

@@ -291,3 +291,44 @@ def test_a_round_starting_while_the_idle_report_is_in_flight_says_it_is_active_b
         leader.release.set()
         closed.set()
         marks.close()
+
+
+def test_promises_made_while_the_confirmer_asks_anyway_make_no_call_of_their_own() -> None:
+    """A fast source promising every few hundred records made one master call per promise, on
+    its own thread, beside the confirmer's asks every 20 ms (Nexmark's injector: hundreds a
+    second). While receipts are held the confirmer's next ask reports the promise."""
+    leader, closed = Leader(), threading.Event()
+    marks = Watermark("src", "in", "x", leader, lambda: MAX, closed)  # type: ignore[arg-type]
+    try:
+        leader.holds = {"w1": 0}
+        marks.promise(10)
+        marks.report_promise()  # nothing held: at once, from this thread
+        assert leader.watermarks == [10]
+        marks.hold(500, ("w1", 1))
+        marks.report_later()
+        wait_until(lambda: len(leader.watermarks) >= 2, 10, "the confirmer to ask", interval=0.005)
+        calls = threading.local()
+        calls.n = 0
+        real = leader.ReportInjector
+
+        def counting(report: pb.InjectorReport, timeout: float) -> pb.InjectorResponse:
+            if threading.current_thread() is threading.main_thread():
+                calls.n += 1
+            return real(report, timeout)
+
+        leader.ReportInjector = counting  # type: ignore[method-assign]
+        for t in range(20, 420, 20):
+            marks.promise(t)
+            marks.report_promise()
+        assert calls.n == 0  # none from the caller's thread
+        assert marks.effective == 400  # the promise, below the held receipt's 500
+        wait_until(lambda: marks.reported == 400, 10, "the confirmer to report the promise", interval=0.005)
+        leader.holds = {"w1": 1}
+        wait_until(lambda: marks.reported == 400 and not marks._held, 10, "the receipt to be released",
+                   interval=0.005)
+        marks.promise(1_000)
+        marks.report_promise()  # nothing held any more: at once again
+        assert calls.n == 1 and leader.watermarks[-1] == 1_000
+    finally:
+        closed.set()
+        marks.close()
