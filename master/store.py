@@ -9,7 +9,7 @@ Layout under ``/millstream/``::
     ranges/<computation>        {"next", "ranges": {id: [start, end, parents]}}
                                 (absent: the first cut of key_ranges, never split or merged)
     masters/<id>                {"id", "address"}          (held by that master's lease)
-    identities/<worker id>      SHA-256 of the secret issued to that worker id (kept when it leaves:
+    identities/<worker id>      SHA-256 of that worker id's secret (kept when it leaves:
                                 the id stays its disk's)
     watermarks/<computation>    published low watermark (never decreases)
     injectors/<name>            {"stream", "watermark", "incarnations"}

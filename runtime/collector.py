@@ -7,9 +7,10 @@ full collection every second or two, and its median pause was in the (20, 50] ms
 ``millstream_gc_pause_seconds``: a stall of a tablet, of a window firing, of every record
 then in flight.
 
-:func:`settle` freezes what exists once start-up is done (``gc.freeze``: it moves to a
-permanent generation the collector never visits; reference counting still frees it), so a
-full collection visits only what the process made since: the median pause fell to the
+:func:`settle` freezes what exists once the daemon's modules are imported, before it
+serves (``gc.freeze``: it moves to a permanent generation the collector never visits;
+reference counting still frees it), so a full collection visits only what the process made
+since: the median pause fell to the
 (5, 10] or (10, 20] ms bucket in the same runs (``python -m bench.gc_pauses``;
 docs/performance.md, "Garbage collector pauses"). A cycle of garbage among frozen objects
 would never be collected; start-up objects do not become garbage while the process runs.

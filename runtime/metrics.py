@@ -192,12 +192,19 @@ GC_PAUSE_SECONDS = Histogram("millstream_gc_pause_seconds", "Time of one collect
                              buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1))
 
 
+_GC_WATCHED = False
+
+
 def watch_gc() -> None:
     """Observe the pauses of the collector's older generations (a worker's, a master's)
     into :data:`GC_PAUSE_SECONDS`. Generation 0's many short collections are only counted
     (``python_gc_collections_total``, prometheus_client's own)."""
+    global _GC_WATCHED
+    if _GC_WATCHED:
+        return
+    _GC_WATCHED = True
     children = {1: GC_PAUSE_SECONDS.labels("1"), 2: GC_PAUSE_SECONDS.labels("2")}
-    started = [0.0]
+    started = [0.0]  # collections never overlap (one at a time, under the GIL)
 
     def on_gc(phase: str, info: dict[str, Any]) -> None:
         if info["generation"]:
@@ -206,8 +213,7 @@ def watch_gc() -> None:
             else:
                 children[info["generation"]].observe(perf_counter() - started[0])
 
-    if on_gc not in gc.callbacks:
-        gc.callbacks.append(on_gc)
+    gc.callbacks.append(on_gc)
 
 
 def serve(host: str, port: int) -> int:

@@ -31,7 +31,7 @@ from worker.deliverstream import serve_frames
 from worker.peers import Peers, ReplicaLinks
 from worker.replica import write_at
 from worker.replication import checkpoint_chunks
-from worker.statedir import claim_state_dir, keep_secret, new_secret, read_secret
+from worker.statedir import claim_state_dir, keep_secret, new_secret, read_secret, sync_dir
 
 log = logging.getLogger(__name__)
 
@@ -263,11 +263,7 @@ def _install(incoming: str, target: str) -> None:
     if os.path.exists(target):
         shutil.rmtree(target)  # an earlier, interrupted load of the same restore
     os.rename(incoming, target)
-    fd = os.open(os.path.dirname(target), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    sync_dir(os.path.dirname(target))
 
 
 class MasterSession:
@@ -280,9 +276,9 @@ class MasterSession:
         self.masters = masters
         self.identity = identity
         self.state_dir = state_dir  # where the secret is kept (None: in memory only)
-        # Made and kept before the first registration, and shown on it (claim_state_dir makes
-        # a new disk's): the leader adopts it, so a registration whose answer was lost (the
-        # leader killed after writing it) can be repeated.
+        # Made and kept (durably) before the first registration, and shown on it: the leader
+        # adopts it, so a registration whose answer was lost (the leader killed after writing
+        # it) can be repeated.
         core.secret = read_secret(state_dir) if state_dir else ""
         if not core.secret:
             core.secret = new_secret()

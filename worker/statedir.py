@@ -51,6 +51,7 @@ def claim_state_dir(state_dir: str) -> tuple[str, IO[str]]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(path + ".tmp", path)
+        sync_dir(state_dir)
     if not re.fullmatch(r"[0-9a-f]{12}", worker_id):
         lock.close()
         raise ConfigError(f"{path} holds {worker_id[:40]!r}, not a worker id (12 hex digits); delete it to "
@@ -103,8 +104,8 @@ def new_secret() -> str:
 
 
 def read_secret(state_dir: str) -> str:
-    """The secret of this worker id (kept beside worker.id; "" in a state directory made before
-    workers made their own, until the leader issues one)."""
+    """The secret of this worker id (kept beside worker.id; "" before the worker first made
+    one)."""
     try:
         with open(os.path.join(state_dir, "worker.secret")) as f:
             return f.read().strip()
@@ -121,3 +122,13 @@ def keep_secret(state_dir: str, secret: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
+    sync_dir(state_dir)  # the rename too: a worker registered under a secret it lost is locked out
+
+
+def sync_dir(path: str) -> None:
+    """Make the renames in directory ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

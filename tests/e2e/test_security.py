@@ -109,8 +109,8 @@ def test_a_cluster_set_up_like_the_systemd_example_refuses_strangers_and_forged_
         assert call(tokens["injector"], "Submit", pb.SubmitRequest(topology_json="{}")) == \
             grpc.StatusCode.PERMISSION_DENIED
         assert call(tokens["operator"], "Heartbeat", forged) == grpc.StatusCode.PERMISSION_DENIED
-        # Even the worker token cannot pose as another worker: each worker id has a secret the
-        # leader issued it at its first registration.
+        # Even the worker token cannot pose as another worker: each worker id has a secret, the
+        # one it showed at its first registration.
         assert call(tokens["worker"], "Heartbeat", forged) == grpc.StatusCode.PERMISSION_DENIED
         assert call(tokens["worker"], "RegisterWorker", pb.RegisterWorkerRequest(
             address="127.0.0.1:1", worker_id=wid, secret="guess")) == grpc.StatusCode.PERMISSION_DENIED
