@@ -7,18 +7,16 @@ full collection every second or two, and its median pause was in the (20, 50] ms
 ``millstream_gc_pause_seconds``: a stall of a tablet, of a window firing, of every record
 then in flight.
 
-:func:`settle` freezes what exists once the daemon's modules are imported, before it
-serves (``gc.freeze``: it moves to a permanent generation the collector never visits;
-reference counting still frees it), so a full collection visits only what the process made
-since: the median pause fell to the
-(5, 10] or (10, 20] ms bucket in the same runs (``python -m bench.gc_pauses``;
-docs/performance.md, "Garbage collector pauses"). A cycle of garbage among frozen objects
+:func:`settle` observes the pauses of generations 1 and 2 (``millstream_gc_pause_seconds``),
+and with ``MILLSTREAM_GC_FREEZE=1`` freezes what exists once the daemon's modules are
+imported, before it serves (``gc.freeze``: it moves to a permanent generation the collector
+never visits; reference counting still frees it), so a full collection visits only what the
+process made since. Measured (docs/performance.md, "Garbage collector pauses"): the median
+full-collection pause under W2 fell from the (20, 50] ms bucket to (5, 10] or (10, 20] ms,
+W2's throughput did not move beyond its noise, and Nexmark q0 (classic) made about 6 % fewer
+events per CPU-second (behind in six of seven interleaved pairs). So it is off by default: a job that cares more
+for its tail latency than for its CPU turns it on. A cycle of garbage among frozen objects
 would never be collected; start-up objects do not become garbage while the process runs.
-The young generations keep CPython's thresholds: a larger first threshold (50,000) made
-fewer, longer young collections and a worse W1 median in scratch runs.
-
-``MILLSTREAM_GC_FREEZE=0`` leaves the collector as CPython has it (the pauses are still
-observed): for measuring the difference.
 """
 
 from __future__ import annotations
@@ -30,9 +28,10 @@ from runtime import metrics
 
 
 def settle() -> None:
-    """Collect once, freeze what is left out of every later collection, and observe the
-    pauses of the older generations (``millstream_gc_pause_seconds``)."""
-    if os.environ.get("MILLSTREAM_GC_FREEZE", "1") != "0":
+    """Observe the pauses of the older generations (``millstream_gc_pause_seconds``); with
+    ``MILLSTREAM_GC_FREEZE=1``, first collect once and freeze what is left out of every
+    later collection."""
+    if os.environ.get("MILLSTREAM_GC_FREEZE", "0") == "1":
         gc.collect()
         gc.freeze()
     metrics.watch_gc()

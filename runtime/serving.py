@@ -102,8 +102,8 @@ def dump_tasks() -> None:
 
 
 def run(main: Callable[[asyncio.Event], Awaitable[Any]]) -> Any:
-    """Run a daemon on uvloop until SIGINT/SIGTERM sets its stop event (its start-up objects
-    frozen out of the garbage collector's way first: runtime/collector.py)."""
+    """Run a daemon on uvloop until SIGINT/SIGTERM sets its stop event (the garbage
+    collector's pauses observed first: runtime/collector.py)."""
     collector.settle()
     try:
         import uvloop
