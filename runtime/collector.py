@@ -13,10 +13,13 @@ imported, before it serves (``gc.freeze``: it moves to a permanent generation th
 never visits; reference counting still frees it), so a full collection visits only what the
 process made since. Measured (docs/performance.md, "Garbage collector pauses"): the median
 full-collection pause under W2 fell from the (20, 50] ms bucket to (5, 10] or (10, 20] ms,
-W2's throughput did not move beyond its noise, and Nexmark q0 (classic) made about 6 % fewer
-events per CPU-second (behind in six of seven interleaved pairs). So it is off by default: a job that cares more
-for its tail latency than for its CPU turns it on. A cycle of garbage among frozen objects
-would never be collected; start-up objects do not become garbage while the process runs.
+W2's throughput did not move beyond its noise, and Nexmark q0 (classic) made 6 % fewer
+events per CPU-second at the medians of seven interleaved pairs: more than the collector's
+own time in q0 (a few percent of its CPU, which the freeze can only shorten) can explain, so
+most likely the machine, but not settled. Until a longer run decides, it is off by default:
+a knob for a job that cares more for its tail latency than for its CPU. A cycle of garbage
+among frozen objects would never be collected; start-up objects do not become garbage while
+the process runs.
 """
 
 from __future__ import annotations

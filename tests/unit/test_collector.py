@@ -48,7 +48,7 @@ def test_asked_to_settle_freezes_what_start_up_made_and_observes_older_collectio
 
 
 def test_by_default_nothing_is_frozen_and_the_pauses_are_observed() -> None:
-    """The freeze cost q0 about 6 % of its events per CPU-second (docs/performance.md): opt-in."""
+    """The freeze is opt-in while its effect on q0's CPU is not settled (docs/performance.md)."""
     env = {k: v for k, v in os.environ.items() if k != "MILLSTREAM_GC_FREEZE"}
     out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60, check=True, env=env)
     r = json.loads(out.stdout)
