@@ -49,6 +49,7 @@ import pyarrow.parquet as pq
 
 from injectors import END_OF_TIME
 from runtime.computation import Context, TimeDomain
+from runtime.durable import sync_dir
 from runtime.errors import MillstreamError, TopologyError
 from runtime.record import Record
 from runtime.sinks import OutputFence, Sink
@@ -87,14 +88,6 @@ def roll_policy(roll_rows: object, roll_s: object) -> tuple[int, float]:
         raise TopologyError(f"parquet sink: roll_s={roll_s!r} is not a number of seconds > 0; pass e.g. "
                             f"roll_s={DEFAULT_ROLL_S:g} (rows become visible at most about that long after they come)")
     return rows, seconds
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:
@@ -243,7 +236,7 @@ class ParquetSink(Sink):
                 os.unlink(os.path.join(self.dir, name))
                 removed.append(name)
         if removed:
-            _fsync_dir(self.dir)
+            sync_dir(self.dir)
             log.info("parquet sink %s: removed %d uncommitted files: %s", tablet, len(removed), removed[:5])
 
     def _cut_staging(self, tablet: str) -> None:
@@ -275,7 +268,7 @@ class ParquetSink(Sink):
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, rolled)
-                _fsync_dir(self.dir)
+                sync_dir(self.dir)
             log.warning("parquet sink %s: rows staged at the committed meta were rolled since; kept "
                         "them as %s", tablet, rolled)
             self._next += self._staged_rows
@@ -363,7 +356,7 @@ class ParquetSink(Sink):
                 f.flush()
                 os.fsync(f.fileno())
         if new:
-            _fsync_dir(self.dir)
+            sync_dir(self.dir)
         self._staged += _LEN + len(data)
         self._staged_rows += table.num_rows
 
@@ -406,7 +399,7 @@ class ParquetSink(Sink):
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-        _fsync_dir(self.dir)
+        sync_dir(self.dir)
         if os.path.exists(self._staging()):
             self._stale = self._staging()  # still needed if this commit fails: goes after it
         self._next += rows

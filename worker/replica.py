@@ -38,6 +38,7 @@ import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from runtime import metrics
+from runtime.durable import sync_dir
 from runtime.wire import millstream_pb2 as pb
 from worker.runner import TabletThread
 from worker.storage import TERM_TOKEN_BITS, ReplicaStore
@@ -296,10 +297,6 @@ def write_at(path: str, offset: int, data: bytes) -> None:
 def _install(old: ReplicaStore | None, path: str, directory: str) -> ReplicaStore:
     if old is not None:
         old.close()
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    sync_dir(directory)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     return ReplicaStore.install(path, directory)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from rocksdict import Checkpoint, Rdict, WriteBatch
 
+from runtime.durable import sync_dir
 from runtime.errors import MillstreamError
 from runtime.keyspace import HASH_SPACE
 from worker.dedup import Lower, Mark
@@ -104,15 +105,7 @@ def _build(path: str, parents: list[Parent], start: int, end: int, first: bool) 
     finally:
         db.close()
     os.rename(building, path)
-    _fsync_dir(os.path.dirname(path))
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    sync_dir(os.path.dirname(path))
 
 
 def _delete_outside(db: Rdict, wb: WriteBatch, kind: bytes, start: int, end: int) -> None:

@@ -27,6 +27,8 @@ import json
 import os
 from collections.abc import Callable, Iterable
 
+from runtime.durable import sync_dir
+
 Key = tuple[str, int]
 FILE = "tablets.seen"
 HEADER = "millstream tablets seen here, since this worker id was made\n"
@@ -43,11 +45,7 @@ def _write(path: str, keys: Iterable[Key]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
-    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    sync_dir(os.path.dirname(path))
 
 
 class SeenTablets:

@@ -20,6 +20,7 @@ import grpc
 from runtime import delivery, health, metrics, serving, streams
 from runtime.client import AsyncMasterClient
 from runtime.columns import Columns, MalformedColumns, of_request
+from runtime.durable import sync_dir
 from runtime.faults import Faults
 from runtime.imports import CodePolicy
 from runtime.security import Security, caller_roles
@@ -31,7 +32,7 @@ from worker.deliverstream import serve_frames
 from worker.peers import Peers, ReplicaLinks
 from worker.replica import write_at
 from worker.replication import checkpoint_chunks
-from worker.statedir import claim_state_dir, keep_secret, new_secret, read_secret, sync_dir
+from worker.statedir import claim_state_dir, keep_secret, new_secret, read_secret
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ import sys
 import uuid
 from typing import IO
 
+from runtime.durable import sync_dir
 from runtime.errors import ConfigError
 from worker import seen
 
@@ -123,12 +124,3 @@ def keep_secret(state_dir: str, secret: str) -> None:
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
     sync_dir(state_dir)  # the rename too: a worker registered under a secret it lost is locked out
-
-
-def sync_dir(path: str) -> None:
-    """Make the renames in directory ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
