@@ -142,7 +142,7 @@ class CpuMeter:
         for pid, ticks in tree_ticks(self.root, self._leaders).items():
             self._base.setdefault(pid, 0 if self._started else ticks)
             self._last[pid] = ticks
-            if pid not in self._roles:
+            if self._roles.get(pid, "other") == "other":  # a launcher may exec a daemon later
                 self._roles[pid] = role(pid, self.root)
 
     def _run(self) -> None:

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import math
 import re
-import urllib.request
 from typing import Any
 
-from bench import generator
+from bench import generator, worker_metrics
 from injectors import Injector
 from runtime import Dataflow, Topology
 from runtime.cluster import LocalCluster
@@ -119,20 +118,10 @@ def window_fire_stalls(c: LocalCluster) -> dict[str, Any]:
     total: dict[str, dict[float, float]] = {}
     pauses: dict[str, dict[float, float]] = {}
     per_worker: dict[str, dict[str, Any]] = {}
-    errors = []
-    for w in c.workers:
-        port = next((line.rsplit(":", 1)[1] for line in w.lines if " metrics on " in line), None)
-        if port is None or not w.alive():
-            errors.append(f"{w.name}: no metrics endpoint (not running)")
-            continue
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                text = r.read().decode()
-        except OSError as e:
-            errors.append(f"{w.name}: {e}")
-            continue
+    pages, errors = worker_metrics.scrape(c)
+    for name, text in pages.items():
         mine = parse_buckets(text)
-        per_worker[w.name] = {step: summarise_histogram(b) for step, b in mine.items()}
+        per_worker[name] = {step: summarise_histogram(b) for step, b in mine.items()}
         add_buckets(total, mine)
         add_buckets(pauses, parse_buckets(text, GC_METRIC, "generation"))
     return {"steps": {step: summarise_histogram(b) for step, b in total.items()},

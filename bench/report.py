@@ -95,6 +95,26 @@ def write(report: dict[str, Any], out_dir: str) -> tuple[str, str]:
 # ------------------------------------------------------------------- Markdown
 
 
+def _w1_batches(w1: list[dict[str, Any]]) -> list[str]:
+    """Each W1 run's batches, per computation, as the workers' histograms saw them (means, ms):
+    the parts of a round (bench/worker_metrics.py)."""
+    runs = [x for x in w1 if x.get("batches")]
+    if not runs:
+        return []
+    lines = ["Where a round's time goes, per batch (means over the run, ms, from the workers' `/metrics`: "
+             "user code to acknowledged; the local commit with its fsync; the wait for the followers "
+             "after it; one Replicate call):", "",
+             "| variant | rate | computation | batches | batch | commit | wait for followers | Replicate call |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for x in runs:
+        for comp, b in x["batches"].items():
+            cells = [f"{b[k]:.2f}" if k in b else "–" for k in ("batch_ms", "commit_ms", "replication_wait_ms",
+                                                                 "replicate_call_ms")]
+            lines.append(f"| {x['variant']} | {x['rate']:,} | {comp} | {b.get('batches', 0):,} | "
+                         + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def _ms(d: dict[str, Any] | None, k: str) -> str:
     if not d or d.get(k) is None:
         return "–"
@@ -159,6 +179,7 @@ def markdown(r: dict[str, Any]) -> str:
                 lines.append(f"| {x['variant']} | {x['rate']:,} | "
                              + " | ".join(cells + [""] * (width - len(cells))) + " |")
             lines.append("")
+        lines += _w1_batches(w1)
     rec = r.get("recovery")
     if rec:
         rv = rec.get("recovery", {})

@@ -3,9 +3,10 @@ takes minutes per variant)::
 
     python -m bench.w1_single eo-3-stages 10000 15
 
-prints the variant, rate, latency percentiles (ms), whether the output was exact, and the
-CPU seconds of the whole process tree (etcd, master, workers, this process: bench/cpu.py)
-with the foreign CPU the machine spent meanwhile.
+prints the variant, rate, latency percentiles (ms) and their hops, the sender's flushes, the
+batches' parts per computation (bench/worker_metrics.py), whether the output was exact, and
+the CPU seconds of the whole process tree (etcd, master, workers, this process, each by
+role: bench/cpu.py) with the foreign CPU the machine spent meanwhile.
 Run it alternately from two checkouts (each with its own PYTHONPATH) to compare them on
 the same machine at the same time; docs/performance.md cites such interleaved runs.
 """
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"variant": args.variant, "rate": args.rate, "seconds": args.seconds,
                       "replication": getattr(cfg, "replication", 1),
                       "latency_ms": r["latency_ms"], "hops_ms": r.get("hops_ms"),
+                      "sender": r.get("sender"), "batches": r.get("batches"),
                       "exact": r["exactness"]["exact"],
                       "cpu": meter.figures.as_dict(),
                       "loadavg": os.getloadavg()}))

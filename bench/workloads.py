@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from bench import flows, generator, latency
+from bench import flows, generator, latency, worker_metrics
 from bench.cpu import CpuMeter
 from bench.jobs import ArrivalSink  # noqa: F401  (workers import it by path)
 from injectors import END_OF_TIME, Injector
@@ -251,6 +251,8 @@ def run_w1(root: str, cfg: BenchConfig, v: W1Variant, rate: int, *,
         # A busy machine is recognisable: the CPU of everything else next to the run's own.
         result["cpu"] = meter.figures.as_dict()
         result["peak_rss_bytes"] = peak_rss(c)
+        pages, _ = worker_metrics.scrape(c)
+        result["batches"] = worker_metrics.batch_breakdown(list(pages.values()))  # where a round's time goes
         arrivals = [a for a in latency.read_arrivals(sink_dir) if not a.key.startswith(WARMUP_PREFIX)]
     check = latency.check_exact(arrivals, stats.per_key)
     warm_end = stats.start_ns + int(cfg.warmup_s * 1e9)

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from bench import flows, generator, workloads
+from bench import flows, generator, worker_metrics, workloads
 from bench.cli import ROOT
 from bench.workloads import W1_VARIANTS, BenchConfig, w1_topology
 
@@ -113,3 +113,24 @@ def test_w1_on_flows_is_exact_one_and_three_fused_stages(tmp_path: object, monke
         assert res["exactness"]["exact"] is True, res["exactness"]
         # Each fused ChainedCounter step stamped the record: one hop per stage, then the sink.
         assert len(res["hops_ms"]) == stages + 1, res["hops_ms"]
+
+
+BATCH_METRICS = """\
+millstream_batch_seconds_count{computation="count1"} 100.0
+millstream_batch_seconds_sum{computation="count1"} 0.7
+millstream_commit_seconds_count{computation="count1"} 100.0
+millstream_commit_seconds_sum{computation="count1"} 0.2
+millstream_replication_seconds_count{computation="count1"} 100.0
+millstream_replication_seconds_sum{computation="count1"} 0.3
+millstream_batch_seconds_count{computation="sink"} 50.0
+millstream_batch_seconds_sum{computation="sink"} 0.1
+millstream_batch_seconds_bucket{computation="sink",le="0.005"} 50.0
+"""
+
+
+def test_a_w1_rounds_parts_are_the_means_of_every_workers_histograms() -> None:
+    other = BATCH_METRICS.replace("100.0", "300.0").replace("0.7", "2.1").replace("0.2", "0.6").replace("0.3", "0.3")
+    got = worker_metrics.batch_breakdown([BATCH_METRICS, other])
+    assert got["count1"] == {"batches": 400, "batch_ms": 7.0, "commit_ms": 2.0, "replication_wait_ms": 1.5}
+    assert got["sink"] == {"batches": 100, "batch_ms": 2.0}  # no followers: no replication figures
+    assert worker_metrics.batch_breakdown([]) == {}

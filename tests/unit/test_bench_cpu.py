@@ -47,6 +47,22 @@ def test_a_workers_cpu_is_told_apart_from_the_rest(tmp_path: Path) -> None:
     assert abs(sum(figures.by_role.values()) - figures.ours_s) < 1e-6
 
 
+def test_a_worker_a_launcher_execs_counts_as_a_worker(tmp_path: Path) -> None:
+    # The cluster starts its daemons through runtime/die_with_parent.py, which execs them: the
+    # meter first sees the launcher's command line (here for 0.3 s), then the worker's.
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "cli" / "__main__.py").write_text(BURN)
+    launcher = ("import os, sys, time\n"
+                "time.sleep(0.3)\n"  # the launcher's own work before it execs
+                "os.execv(sys.executable, [sys.executable, '-S', '-m', 'cli', 'worker', '--listen', 'x'])\n")
+    with CpuMeter(interval_s=0.05) as meter:
+        subprocess.run([sys.executable, "-S", "-c", launcher], check=True, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    figures = meter.figures
+    assert figures is not None
+    assert figures.by_role.get("worker", 0.0) >= 0.2, figures.by_role
+
+
 def test_time_the_hypervisor_stole_is_told_apart_from_the_machines_work() -> None:
     # /proc/stat's cpu line: user nice system idle iowait irq softirq steal guest guest_nice
     assert cpu_ticks("cpu  1000 5 200 9000 30 0 10 80 0 0\n") == (1215, 80)
