@@ -6,20 +6,33 @@ own, injectors/tablets.py). The receiver is a server in a child process that ans
 transport's alone, each end's CPU apart::
 
     python -m bench.deliver_rtt [ROUND_TRIPS]      # 3,000 by default, a few seconds
+
+Beside the gRPC stream it measures the alternative issue 29 names for the data plane: the same
+``DeliverFrame`` and ``DeliverAnswerFrame`` as length-prefixed messages (4 bytes of length, then
+the encoded message) on one asyncio TCP connection, without and with TLS (the gRPC stream is
+measured with TLS too). Its receiver decodes each frame and encodes its answer, as the gRPC
+one does; what it leaves out is gRPC's framing, HTTP/2 and its threads. TLS needs ``openssl``
+(a throwaway CA and certificate for 127.0.0.1); without it those lines are skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import os
 import resource
+import shutil
+import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
+import grpc
 import uvloop
 
 from runtime import delivery, serving
@@ -49,12 +62,56 @@ class _Echo(rpc.WorkerServicer):
             yield answer
 
 
-async def _serve() -> None:
+async def _frames(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """The receiving end of length-prefixed frames: decode each, answer it at once."""
+    try:
+        while True:
+            size = int.from_bytes(await reader.readexactly(4), "big")
+            frame = pb.DeliverFrame.FromString(await reader.readexactly(size))
+            answer = pb.DeliverAnswerFrame(id=frame.id, credit=size, answers=_answers(frame.deliveries))
+            data = answer.SerializeToString()
+            writer.write(len(data).to_bytes(4, "big") + data)
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+
+
+async def _serve(certs: str | None) -> None:
+    """gRPC and frame servers, plain and (with ``certs``) TLS; prints their ports as JSON."""
     server = serving.make_server()
     rpc.add_WorkerServicer_to_server(_Echo(), server)
-    print(server.add_insecure_port("127.0.0.1:0"), flush=True)
+    ports: dict[str, int] = {"grpc": server.add_insecure_port("127.0.0.1:0")}
+    tls = None
+    if certs is not None:
+        key, cert = (open(os.path.join(certs, n), "rb").read() for n in ("srv.key", "srv.pem"))
+        ports["grpc_tls"] = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([(key, cert)]))
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(os.path.join(certs, "srv.pem"), os.path.join(certs, "srv.key"))
     await server.start()
+    plain = await asyncio.start_server(_frames, "127.0.0.1", 0)
+    ports["frames"] = plain.sockets[0].getsockname()[1]
+    if tls is not None:
+        secure = await asyncio.start_server(_frames, "127.0.0.1", 0, ssl=tls)
+        ports["frames_tls"] = secure.sockets[0].getsockname()[1]
+    print(json.dumps(ports), flush=True)
     await server.wait_for_termination()
+
+
+def _certs(d: str) -> str | None:
+    """A throwaway CA (``ca.pem``) and a certificate for 127.0.0.1 it signed (``srv.pem``,
+    ``srv.key``) in ``d``; None without ``openssl``."""
+    if shutil.which("openssl") is None:
+        return None
+    with open(os.path.join(d, "ext.cnf"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1\n")
+    for args in (["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+                  "-days", "1", "-subj", "/CN=deliver_rtt CA"],
+                 ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "srv.key", "-out", "srv.csr", "-subj",
+                  "/CN=127.0.0.1"],
+                 ["x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                  "-out", "srv.pem", "-days", "1", "-extfile", "ext.cnf"]):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
+    return d
 
 
 def _cpu_s(pid: int | None = None) -> float:
@@ -78,11 +135,14 @@ def _line(name: str, n: int, before: tuple[float, float, float], after: tuple[fl
 
 
 def main(n: int) -> None:
-    child = subprocess.Popen([sys.executable, "-m", "bench.deliver_rtt", "--serve"], stdout=subprocess.PIPE,
-                             text=True)
+    tmp = tempfile.mkdtemp(prefix="deliver-rtt-")
+    certs = _certs(tmp)
+    child = subprocess.Popen([sys.executable, "-m", "bench.deliver_rtt", "--serve", *([certs] if certs else [])],
+                             stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None
-        address = f"127.0.0.1:{int(child.stdout.readline())}"
+        ports = json.loads(child.stdout.readline())
+        address = f"127.0.0.1:{ports['grpc']}"
         # One round of W1: two tablets' deliveries of 50 small records to one worker.
         records = [Record(b"k%d" % i, b"v" * 20, 1, bytes(16)) for i in range(50)]
         req = pb.DeliverManyRequest(deliveries=[delivery.request("c", r, 1, records) for r in range(2)])
@@ -120,9 +180,13 @@ def main(n: int) -> None:
         thread.join(5)
         channel.close()
         uvloop.run(_aio(address, req, n, child.pid))
+        uvloop.run(_aio_frames(ports, certs, req, n, child.pid))
+        if certs is None:
+            print("TLS lines skipped: no openssl to make a certificate with")
     finally:
         child.kill()
         child.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 async def _aio(address: str, req: pb.DeliverManyRequest, n: int, server: int) -> None:
@@ -139,13 +203,53 @@ async def _aio(address: str, req: pb.DeliverManyRequest, n: int, server: int) ->
     await channel.close()
 
 
+async def _aio_frames(ports: dict[str, int], certs: str | None, req: pb.DeliverManyRequest, n: int,
+                      server: int) -> None:
+    """The gRPC stream over TLS, then length-prefixed frames on one connection, plain and TLS."""
+    if certs is not None:
+        channel = Security(ca=os.path.join(certs, "ca.pem")).aio_channel(f"127.0.0.1:{ports['grpc_tls']}")
+        stream = delivery_stream(rpc.WorkerStub(channel))
+        await _times(lambda: stream.send(req), 200)
+        before = _sample(server)
+        await _times(lambda: stream.send(req), n)
+        _line("stream, TLS", n, before, _sample(server))
+        await stream.close()
+        await channel.close()
+    for name, port, tls in (("frames", ports["frames"], None),
+                            ("frames, TLS", ports.get("frames_tls"), certs)):
+        if port is None:
+            continue
+        context = None
+        if tls is not None:
+            context = ssl.create_default_context(cafile=os.path.join(tls, "ca.pem"))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+        once = functools.partial(_frame_round_trip, reader, writer, req, iter(range(1, 1 << 62)))
+        await _times(once, 200)
+        before = _sample(server)
+        await _times(once, n)
+        _line(name, n, before, _sample(server))
+        writer.close()
+        await writer.wait_closed()
+
+
+async def _frame_round_trip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                            req: pb.DeliverManyRequest, ids: Iterator[int]) -> pb.DeliverAnswerFrame:
+    """One frame and its answer, as the gRPC stream's sender does it: make it, encode it, send
+    it, read and decode its answer."""
+    data = pb.DeliverFrame(id=next(ids), deliveries=req).SerializeToString()
+    writer.write(len(data).to_bytes(4, "big") + data)
+    await writer.drain()
+    size = int.from_bytes(await reader.readexactly(4), "big")
+    return pb.DeliverAnswerFrame.FromString(await reader.readexactly(size))
+
+
 async def _times(once: Callable[[], Awaitable[Any]], n: int) -> None:
     for _ in range(n):
         await once()
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--serve"]:
-        uvloop.run(_serve())
+    if sys.argv[1:2] == ["--serve"]:
+        uvloop.run(_serve(sys.argv[2] if len(sys.argv) > 2 else None))
     else:
         main(int(sys.argv[1]) if len(sys.argv) > 1 else 3000)
