@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                       "replication": getattr(cfg, "replication", 1),
                       "latency_ms": r["latency_ms"], "hops_ms": r.get("hops_ms"),
                       "sender": r.get("sender"), "batches": r.get("batches"),
+                      "received": r.get("received"),
                       "exact": r["exactness"]["exact"],
                       "cpu": meter.figures.as_dict(),
                       "loadavg": os.getloadavg()}))

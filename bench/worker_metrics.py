@@ -7,6 +7,8 @@ stops (the figures live in the worker processes).
   was the local commit and how much the wait for the followers, and what one Replicate call
   to a follower took. W1 reports it (``bench/w1_single.py``, ``millstream bench``) so the
   latency of a round can be read as its parts.
+- :func:`received` counts the deliveries and replications the workers received, by carrier
+  (unary calls, stream frames): what a round costs in messages.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ BATCH_PARTS = {
     "replication_wait": "millstream_replication_seconds",  # from the local write to the followers' answer
     "replicate_call": "millstream_replication_rpc_seconds",  # one Replicate call, as its sender timed it
 }
+_RECEIVED = re.compile(r'^millstream_(?P<what>deliver|replicate)_calls_total\{carrier="(?P<carrier>[^"]*)"\} '
+                       r'(?P<value>\S+)$', re.M)
 _SERIES = re.compile(r'^(?P<name>\w+)_(?P<kind>sum|count)\{computation="(?P<comp>[^"]*)"\} (?P<value>\S+)$', re.M)
 
 
@@ -64,4 +68,15 @@ def batch_breakdown(pages: list[str]) -> dict[str, dict[str, Any]]:
         if part == "batch":
             mine["batches"] = int(count)
         mine[f"{part}_ms"] = round(1000 * sums.get((comp, part, "sum"), 0.0) / count, 3)
+    return out
+
+
+def received(pages: list[str]) -> dict[str, int]:
+    """``{"deliver frame": n, "replicate frame": n, ...}``: the deliveries and replications every
+    page's worker received (``millstream_deliver_calls``, ``millstream_replicate_calls``)."""
+    out: dict[str, int] = {}
+    for text in pages:
+        for m in _RECEIVED.finditer(text):
+            key = f"{m['what']} {m['carrier']}"
+            out[key] = out.get(key, 0) + int(float(m["value"]))
     return out

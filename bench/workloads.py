@@ -253,6 +253,7 @@ def run_w1(root: str, cfg: BenchConfig, v: W1Variant, rate: int, *,
         result["peak_rss_bytes"] = peak_rss(c)
         pages, _ = worker_metrics.scrape(c)
         result["batches"] = worker_metrics.batch_breakdown(list(pages.values()))  # where a round's time goes
+        result["received"] = worker_metrics.received(list(pages.values()))  # and its messages
         arrivals = [a for a in latency.read_arrivals(sink_dir) if not a.key.startswith(WARMUP_PREFIX)]
     check = latency.check_exact(arrivals, stats.per_key)
     warm_end = stats.start_ns + int(cfg.warmup_s * 1e9)

@@ -134,3 +134,12 @@ def test_a_w1_rounds_parts_are_the_means_of_every_workers_histograms() -> None:
     assert got["count1"] == {"batches": 400, "batch_ms": 7.0, "commit_ms": 2.0, "replication_wait_ms": 1.5}
     assert got["sink"] == {"batches": 100, "batch_ms": 2.0}  # no followers: no replication figures
     assert worker_metrics.batch_breakdown([]) == {}
+
+
+def test_the_messages_a_round_cost_are_counted_by_carrier_over_every_worker() -> None:
+    page = ('millstream_deliver_calls_total{carrier="frame"} 1055.0\n'
+            'millstream_deliver_calls_created{carrier="frame"} 1.79e+09\n'
+            'millstream_replicate_calls_total{carrier="frame"} 2156.0\n'
+            'millstream_replicate_calls_total{carrier="unary"} 3.0\n')
+    assert worker_metrics.received([page, page]) == {"deliver frame": 2110, "replicate frame": 4312,
+                                                     "replicate unary": 6}
