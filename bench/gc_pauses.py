@@ -3,8 +3,8 @@
     python -m bench.gc_pauses [ROUNDS]
 
 Each round runs W2 on a flow (the bench's 2,000,000 records) and W1 one stage (10,000 rec/s,
-20 s) twice, once with the collector as CPython has it (``MILLSTREAM_GC_FREEZE=0``, the
-default) and once with start-up objects frozen (``=1``), and prints one row per run: the load before it, W2's throughput,
+20 s) twice, once with the collector as CPython has it (``MILLSTREAM_GC_FREEZE=0``) and
+once with start-up objects frozen (``=1``, the default), and prints one row per run: the load before it, W2's throughput,
 records per CPU-second and window firings over 20 ms, the workers' full collections (how
 many, bucket bounds of their median and slowest pause), and W1's p50 and p99; the table is
 also written to ``bench/results/<UTC stamp>-<commit>-gc-pauses.md``. Figures for

@@ -8,18 +8,15 @@ full collection every second or two, and its median pause was in the (20, 50] ms
 then in flight.
 
 :func:`settle` observes the pauses of generations 1 and 2 (``millstream_gc_pause_seconds``),
-and with ``MILLSTREAM_GC_FREEZE=1`` freezes what exists once the daemon's modules are
-imported, before it serves (``gc.freeze``: it moves to a permanent generation the collector
-never visits; reference counting still frees it), so a full collection visits only what the
-process made since. Measured (docs/performance.md, "Garbage collector pauses"): the median
-full-collection pause under W2 fell from the (20, 50] ms bucket to (5, 10] or (10, 20] ms,
-W2's throughput did not move beyond its noise, and Nexmark q0 (classic) made 6 % fewer
-events per CPU-second at the medians of seven interleaved pairs: more than the collector's
-own time in q0 (a few percent of its CPU, which the freeze can only shorten) can explain, so
-most likely the machine, but not settled. Until a longer run decides, it is off by default:
-a knob for a job that cares more for its tail latency than for its CPU. A cycle of garbage
-among frozen objects would never be collected; start-up objects do not become garbage while
-the process runs.
+and freezes what exists once the daemon's modules are imported, before it serves
+(``gc.freeze``: it moves to a permanent generation the collector never visits; reference
+counting still frees it), so a full collection visits only what the process made since.
+``MILLSTREAM_GC_FREEZE=0`` leaves CPython's collector as it is. Measured (docs/performance.md,
+"Garbage collector pauses"): under W2 the full collections' median pause fell from the
+(20, 50] ms bucket to (5, 10] ms and nearly none passed 20 ms any more, with W2's throughput
+level or ahead; Nexmark q0's CPU per event did not move beyond the machine's noise (ahead in
+one set of interleaved pairs, behind in another). A cycle of garbage among frozen objects
+would never be collected; start-up objects do not become garbage while the process runs.
 """
 
 from __future__ import annotations
@@ -31,10 +28,10 @@ from runtime import metrics
 
 
 def settle() -> None:
-    """Observe the pauses of the older generations (``millstream_gc_pause_seconds``); with
-    ``MILLSTREAM_GC_FREEZE=1``, first collect once and freeze what is left out of every
-    later collection."""
-    if os.environ.get("MILLSTREAM_GC_FREEZE", "0") == "1":
+    """Collect once and freeze what is left out of every later collection (unless
+    ``MILLSTREAM_GC_FREEZE=0``); observe the pauses of the older generations
+    (``millstream_gc_pause_seconds``)."""
+    if os.environ.get("MILLSTREAM_GC_FREEZE", "1") != "0":
         gc.collect()
         gc.freeze()
     metrics.watch_gc()

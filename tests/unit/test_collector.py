@@ -1,5 +1,5 @@
-"""runtime/collector.py: a server process observes the older generations' pauses and, asked
-to, freezes its start-up objects out of the garbage collector's way. That workers and masters do
+"""runtime/collector.py: a server process observes the older generations' pauses and, unless
+asked not to, freezes its start-up objects out of the garbage collector's way. That workers and masters do
 it (runtime/serving.run) is checked by tests/e2e/test_dashboards.py: the dashboard's panel of
 these pauses must find them on a real /metrics page."""
 
@@ -39,17 +39,16 @@ def _probe(**env: str) -> dict[str, Any]:
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
-def test_asked_to_settle_freezes_what_start_up_made_and_observes_older_collections() -> None:
-    r = _probe(MILLSTREAM_GC_FREEZE="1")
+def test_settling_freezes_what_start_up_made_and_observes_older_collections() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "MILLSTREAM_GC_FREEZE"}  # the default
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60, check=True, env=env)
+    r = json.loads(out.stdout)
     assert r["before"] == 0 and r["frozen"] > 50_000  # the start-up objects and the 50,000 lists
     assert r["young"] == [0.0, 0.0]  # a young collection is not observed (too many, too short)
     assert r["after"] == [1.0, 1.0]  # one full and one generation-1 collection after settle
 
 
 
-def test_by_default_nothing_is_frozen_and_the_pauses_are_observed() -> None:
-    """The freeze is opt-in while its effect on q0's CPU is not settled (docs/performance.md)."""
-    env = {k: v for k, v in os.environ.items() if k != "MILLSTREAM_GC_FREEZE"}
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60, check=True, env=env)
-    r = json.loads(out.stdout)
+def test_asked_not_to_nothing_is_frozen_and_the_pauses_are_still_observed() -> None:
+    r = _probe(MILLSTREAM_GC_FREEZE="0")
     assert r["frozen"] == 0 and r["after"] == [1.0, 1.0]  # CPython's collector, still observed
