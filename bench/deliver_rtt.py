@@ -11,7 +11,9 @@ Beside the gRPC stream it measures the alternative issue 29 names for the data p
 ``DeliverFrame`` and ``DeliverAnswerFrame`` as length-prefixed messages (4 bytes of length, then
 the encoded message) on one asyncio TCP connection, without and with TLS (the gRPC stream is
 measured with TLS too). Its receiver decodes each frame and encodes its answer, as the gRPC
-one does; what it leaves out is gRPC's framing, HTTP/2 and its threads. TLS needs ``openssl``
+one does; what it leaves out is gRPC's framing, HTTP/2 and its threads, and the runtime
+stream's own per-frame bookkeeping (a future per frame, the credit window, the receiver's
+task per frame), part of which a frames transport would need too: an upper bound of the saving. TLS needs ``openssl``
 (a throwaway CA and certificate for 127.0.0.1); without it those lines are skipped.
 """
 
@@ -83,7 +85,7 @@ async def _serve(certs: str | None) -> None:
     ports: dict[str, int] = {"grpc": server.add_insecure_port("127.0.0.1:0")}
     tls = None
     if certs is not None:
-        key, cert = (open(os.path.join(certs, n), "rb").read() for n in ("srv.key", "srv.pem"))
+        key, cert = (_read(os.path.join(certs, n)) for n in ("srv.key", "srv.pem"))
         ports["grpc_tls"] = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([(key, cert)]))
         tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         tls.load_cert_chain(os.path.join(certs, "srv.pem"), os.path.join(certs, "srv.key"))
@@ -95,6 +97,11 @@ async def _serve(certs: str | None) -> None:
         ports["frames_tls"] = secure.sockets[0].getsockname()[1]
     print(json.dumps(ports), flush=True)
     await server.wait_for_termination()
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def _certs(d: str) -> str | None:
@@ -136,10 +143,11 @@ def _line(name: str, n: int, before: tuple[float, float, float], after: tuple[fl
 
 def main(n: int) -> None:
     tmp = tempfile.mkdtemp(prefix="deliver-rtt-")
-    certs = _certs(tmp)
-    child = subprocess.Popen([sys.executable, "-m", "bench.deliver_rtt", "--serve", *([certs] if certs else [])],
-                             stdout=subprocess.PIPE, text=True)
+    child = None
     try:
+        certs = _certs(tmp)
+        child = subprocess.Popen([sys.executable, "-m", "bench.deliver_rtt", "--serve", *([certs] if certs else [])],
+                                 stdout=subprocess.PIPE, text=True)
         assert child.stdout is not None
         ports = json.loads(child.stdout.readline())
         address = f"127.0.0.1:{ports['grpc']}"
@@ -184,8 +192,9 @@ def main(n: int) -> None:
         if certs is None:
             print("TLS lines skipped: no openssl to make a certificate with")
     finally:
-        child.kill()
-        child.wait()
+        if child is not None:
+            child.kill()
+            child.wait()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -223,13 +232,15 @@ async def _aio_frames(ports: dict[str, int], certs: str | None, req: pb.DeliverM
         if tls is not None:
             context = ssl.create_default_context(cafile=os.path.join(tls, "ca.pem"))
         reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
-        once = functools.partial(_frame_round_trip, reader, writer, req, iter(range(1, 1 << 62)))
-        await _times(once, 200)
-        before = _sample(server)
-        await _times(once, n)
-        _line(name, n, before, _sample(server))
-        writer.close()
-        await writer.wait_closed()
+        try:
+            once = functools.partial(_frame_round_trip, reader, writer, req, iter(range(1, 1 << 62)))
+            await _times(once, 200)
+            before = _sample(server)
+            await _times(once, n)
+            _line(name, n, before, _sample(server))
+        finally:
+            writer.close()
+            await writer.wait_closed()
 
 
 async def _frame_round_trip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,

@@ -112,6 +112,11 @@ def _w1_batches(w1: list[dict[str, Any]]) -> list[str]:
                                                                  "replicate_call_ms")]
             lines.append(f"| {x['variant']} | {x['rate']:,} | {comp} | {b.get('batches', 0):,} | "
                          + " | ".join(cells) + " |")
+    lines.append("")
+    for x in runs:
+        if x.get("received"):
+            got = ", ".join(f"{n:,} {what}s" for what, n in sorted(x["received"].items()))
+            lines.append(f"- {x['variant']} at {x['rate']:,} rec/s: the workers received {got}.")
     return lines + [""]
 
 

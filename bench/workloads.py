@@ -251,7 +251,9 @@ def run_w1(root: str, cfg: BenchConfig, v: W1Variant, rate: int, *,
         # A busy machine is recognisable: the CPU of everything else next to the run's own.
         result["cpu"] = meter.figures.as_dict()
         result["peak_rss_bytes"] = peak_rss(c)
-        pages, _ = worker_metrics.scrape(c)
+        pages, unread = worker_metrics.scrape(c)
+        if unread:  # a worker killed by the run (recovery): the figures are the survivors'
+            result["metrics_unread"] = unread
         result["batches"] = worker_metrics.batch_breakdown(list(pages.values()))  # where a round's time goes
         result["received"] = worker_metrics.received(list(pages.values()))  # and its messages
         arrivals = [a for a in latency.read_arrivals(sink_dir) if not a.key.startswith(WARMUP_PREFIX)]

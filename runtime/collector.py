@@ -13,9 +13,9 @@ and freezes what exists once the daemon's modules are imported, before it serves
 counting still frees it), so a full collection visits only what the process made since.
 ``MILLSTREAM_GC_FREEZE=0`` leaves CPython's collector as it is. Measured (docs/performance.md,
 "Garbage collector pauses"): under W2 the full collections' median pause fell from the
-(20, 50] ms bucket to (5, 10] ms and nearly none passed 20 ms any more, with W2's throughput
-level or ahead; Nexmark q0's CPU per event did not move beyond the machine's noise (ahead in
-one set of interleaved pairs, behind in another). A cycle of garbage among frozen objects
+(20, 50] ms bucket to (5, 10] or (10, 20] ms, and W2's throughput did not suffer (ahead in
+three rounds of five, level in one, behind in one); Nexmark q0's CPU per event did not move
+beyond the machine's noise (ahead in one set of interleaved pairs, behind in another). A cycle of garbage among frozen objects
 would never be collected; start-up objects do not become garbage while the process runs.
 """
 

@@ -129,7 +129,7 @@ millstream_batch_seconds_bucket{computation="sink",le="0.005"} 50.0
 
 
 def test_a_w1_rounds_parts_are_the_means_of_every_workers_histograms() -> None:
-    other = BATCH_METRICS.replace("100.0", "300.0").replace("0.7", "2.1").replace("0.2", "0.6").replace("0.3", "0.3")
+    other = BATCH_METRICS.replace("100.0", "300.0").replace("0.7", "2.1").replace("0.2", "0.6")
     got = worker_metrics.batch_breakdown([BATCH_METRICS, other])
     assert got["count1"] == {"batches": 400, "batch_ms": 7.0, "commit_ms": 2.0, "replication_wait_ms": 1.5}
     assert got["sink"] == {"batches": 100, "batch_ms": 2.0}  # no followers: no replication figures
@@ -143,3 +143,15 @@ def test_the_messages_a_round_cost_are_counted_by_carrier_over_every_worker() ->
             'millstream_replicate_calls_total{carrier="unary"} 3.0\n')
     assert worker_metrics.received([page, page]) == {"deliver frame": 2110, "replicate frame": 4312,
                                                      "replicate unary": 6}
+
+
+def test_the_w1_report_shows_each_rounds_parts_and_messages() -> None:
+    from bench import report
+
+    run = {"variant": "eo-strong-fsync", "rate": 10_000,
+           "batches": {"count1": {"batches": 400, "batch_ms": 7.0, "commit_ms": 2.0, "replication_wait_ms": 1.5}},
+           "received": {"deliver frame": 2110, "replicate frame": 4312}}
+    text = "\n".join(report._w1_batches([run, {"variant": "at-least-once", "rate": 1_000}]))
+    assert "| eo-strong-fsync | 10,000 | count1 | 400 | 7.00 | 2.00 | 1.50 | – |" in text
+    assert "the workers received 2,110 deliver frames, 4,312 replicate frames" in text
+    assert "at-least-once" not in text  # a run without the figures (an older tree's) gets no row
