@@ -121,8 +121,20 @@ def targets(r: dict[str, Any]) -> list[tuple[str, bool | None, str]]:
         text = (f"{step}: {s.get('firings', 0):,} firings, p99 ≤ {s.get('p99_le_ms')} ms, slowest "
                 + (f"≤ {mx} ms" if mx is not None else f"> {s.get('last_bound_ms')} ms")
                 + f", {s.get('over_limit', 0):,} over {STALL_MS:g} ms")
+        c = ((((r.get("w2_flow") or {}).get("window_fire") or {}).get("cpu_steps") or {}).get(step)) or {}
+        if c:  # the firings' own work: how much of the wall time was the firing
+            cmx = c.get("max_le_ms")
+            text += (" (their CPU: slowest " + (f"≤ {cmx} ms" if cmx is not None else f"> {c.get('last_bound_ms')} ms")
+                     + f", {c.get('over_limit', 0):,} over {STALL_MS:g} ms)")
         out.append((name, mx is not None and mx <= STALL_MS, text))
     return out
+
+
+def _stall_row(what: str, s: dict[str, Any]) -> str:
+    mx = s.get("max_le_ms")
+    slowest = f"{mx} ms" if mx is not None else f"> {s.get('last_bound_ms')} ms"
+    return (f"| {what} | {s['firings']:,} | {s.get('p50_le_ms')} ms | {s.get('p99_le_ms')} ms | "
+            f"{slowest} | {s.get('over_limit', 0):,} |")
 
 
 def _stolen(row: dict[str, Any]) -> str:
@@ -168,17 +180,14 @@ def markdown_lines(r: dict[str, Any]) -> list[str]:
                   "/metrics at the end of the run; a firing is one watermark advance's due windows on one "
                   "tablet; figures are the histogram's bucket bounds):", "",
                   "| step | firings | p50 ≤ | p99 ≤ | slowest ≤ | over 20 ms |", "|---|---:|---:|---:|---:|---:|"]
+        cpu = ((r.get("w2_flow") or {}).get("window_fire") or {}).get("cpu_steps") or {}
         for step, s in sorted(steps.items()):
-            mx = s.get("max_le_ms")
-            slowest = f"{mx} ms" if mx is not None else f"> {s.get('last_bound_ms')} ms"
-            lines.append(f"| {step} | {s['firings']:,} | {s.get('p50_le_ms')} ms | {s.get('p99_le_ms')} ms | "
-                         f"{slowest} | {s.get('over_limit', 0):,} |")
+            lines.append(_stall_row(step, s))
+            if step in cpu:  # the same firings' own work: the wall time over it was waiting
+                lines.append(_stall_row(f"{step}, its CPU (`millstream_window_fire_cpu_seconds`)", cpu[step]))
         pauses = ((r.get("w2_flow") or {}).get("window_fire") or {}).get("gc_pauses") or {}
         for gen, s in sorted(pauses.items()):  # every thread waits for them, a firing included
-            mx = s.get("max_le_ms")
-            slowest = f"{mx} ms" if mx is not None else f"> {s.get('last_bound_ms')} ms"
-            lines.append(f"| garbage collector, {gen} (`millstream_gc_pause_seconds`) | {s['firings']:,} | "
-                         f"{s.get('p50_le_ms')} ms | {s.get('p99_le_ms')} ms | {slowest} | {s.get('over_limit', 0):,} |")
+            lines.append(_stall_row(f"garbage collector, {gen} (`millstream_gc_pause_seconds`)", s))
     for err in ((r.get("w2_flow") or {}).get("window_fire") or {}).get("errors", []):
         lines.append(f"\nmetrics not read: {err}")
     lines.append("")

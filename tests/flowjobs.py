@@ -3,6 +3,7 @@ path, like any user code: so they live here, at module level)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -250,6 +251,14 @@ class TickingSink(FileSink):
 
     def process_record(self, ctx: Context, record: Record) -> None:
         CLOCK.now += 1.0
+        super().process_record(ctx, record)
+
+
+class WaitingSink(FileSink):
+    """A FileSink that waits 0.1 s per record (a slow system downstream): time, not CPU."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        time.sleep(0.1)  # the simulated system's answer, not a test waiting for a condition
         super().process_record(ctx, record)
 
 

@@ -10,6 +10,8 @@ from bench import flows, report, side_by_side
 
 # A window step's firings: 50 of 100 at or below 1 ms, 99 at or below 10 ms, one in (20, 50] ms.
 BUCKETS = {0.001: 50.0, 0.01: 99.0, 0.02: 99.0, 0.05: 100.0, 1.0: 100.0, float("inf"): 100.0}
+# The same firings' CPU: every one at or below 10 ms (the slow one waited).
+CPU_BUCKETS = {0.001: 80.0, 0.01: 100.0, 0.02: 100.0, 0.05: 100.0, 1.0: 100.0, float("inf"): 100.0}
 
 W2 = {"records": 2_000_000, "windows": 500_000, "spikes_expected": 40, "spikes_observed": 40}
 
@@ -27,6 +29,7 @@ def _report() -> dict[str, Any]:
         "w2_flow": {**W2, "available": True, "throughput_rps": 150_000, "records_per_cpu_s": 70_000,
                     "oracle_equal": True, "sender": "one injector", "cpu": {"loadavg_start": [0.25, 0.4, 0.3]},
                     "window_fire": {"steps": {"w2.windows": stall}, "errors": [],
+                                    "cpu_steps": {"w2.windows": flows.summarise_histogram(CPU_BUCKETS)},
                                     "gc_pauses": {"generation 2": stall}}},
         "spark": {"w2": {"throughput_rps": 120_000, "oracle_equal": True}, "loadavg_start": [1.5, 1.0, 1.0],
                   "config": {"w2": "parquet"}},
@@ -50,6 +53,7 @@ def test_side_by_side_rows_ratios_and_loads() -> None:
     assert f"| Bytewax, recovery off | one worker | 60,000 | 55,000 | yes | 0.75 | 3 s ({share}) | 2.5× |" in md
     assert "| Spark Structured Streaming | parquet | 120,000 | – | yes | 1.50 | – | 1.25× |" in md
     assert "| w2.windows | 100 | 1.0 ms | 10.0 ms | 50.0 ms | 1 |" in md
+    assert "| w2.windows, its CPU (`millstream_window_fire_cpu_seconds`) | 100 | 1.0 ms | 10.0 ms | 10.0 ms | 0 |" in md
     assert "| garbage collector, generation 2 (`millstream_gc_pause_seconds`) | 100 | 1.0 ms |" in md
     assert "| millstream, W2 on a flow | one injector | 150,000 | 70,000 | yes | 0.25 | – | – |" in md  # no ratio to itself
 
@@ -85,4 +89,5 @@ def test_report_markdown_carries_the_section_and_the_targets() -> None:
     assert "## W2 on flows, side by side" in md
     assert "| on a flow | 2,000,000 | 500,000 | 40 (40) |" in md
     assert "| W2 on a flow ≥ 2× Bytewax's (recovery off), same run | met (150,000 against 60,000 rec/s: 2.50×) |" in md
-    assert "**missed** (w2.windows: 100 firings, p99 ≤ 10.0 ms, slowest ≤ 50.0 ms, 1 over 20 ms)" in md
+    assert ("**missed** (w2.windows: 100 firings, p99 ≤ 10.0 ms, slowest ≤ 50.0 ms, 1 over 20 ms "
+            "(their CPU: slowest ≤ 10.0 ms, 0 over 20 ms))") in md

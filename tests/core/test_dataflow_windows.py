@@ -252,5 +252,28 @@ def test_a_firings_stall_includes_the_fused_sink_writing_what_fired(monkeypatch:
     assert after - before == 3.0
 
 
+def test_a_firings_cpu_is_its_threads_work_not_its_waits(tmp_path: Any) -> None:
+    """millstream_window_fire_cpu_seconds counts the tablet thread's CPU in the same firings:
+    a fused sink that waits 0.1 s per window fired holds the tablet that long (wall), but
+    waiting is not work, so the CPU histogram stays far below it."""
+    flow = Dataflow("waits", key_ranges=1)
+    flow.input("ev", keyed=True).window(Tumbling(SECOND), Count(), name="wait_counts") \
+        .sink(j.WaitingSink, name="wait_out", path=str(tmp_path))
+    labels = {"step": "wait_counts"}
+    wall0 = REGISTRY.get_sample_value("millstream_window_fire_seconds_sum", labels) or 0.0
+    cpu0 = REGISTRY.get_sample_value("millstream_window_fire_cpu_seconds_sum", labels) or 0.0
+    with TestRun(flow) as run:
+        for i in range(3):
+            run.inject("ev", b"k%d" % i, b"", T0 + i)
+        run.finish("ev")
+        run.run_until_idle()
+    assert len(list(read_file_sink(str(tmp_path)))) == 3
+    wall = REGISTRY.get_sample_value("millstream_window_fire_seconds_sum", labels) - wall0
+    cpu = REGISTRY.get_sample_value("millstream_window_fire_cpu_seconds_sum", labels) - cpu0
+    calls = REGISTRY.get_sample_value("millstream_window_fire_cpu_seconds_count", labels)
+    assert calls == REGISTRY.get_sample_value("millstream_window_fire_seconds_count", labels) >= 1
+    assert wall >= 0.3 and 0 < cpu < 0.15
+
+
 def _fire_calls(step: str) -> float:
     return REGISTRY.get_sample_value("millstream_window_fire_seconds_count", {"step": step}) or 0.0
