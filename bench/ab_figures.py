@@ -126,23 +126,40 @@ def _w2_user(root: str, quick: bool) -> tuple[dict[str, float], bool | None]:
 
 
 def _nexmark_q0(root: str, quick: bool, flow: bool = False) -> tuple[dict[str, float], bool | None]:
-    from bench import workloads
-    from bench.nexmark import run as nexmark
+    """q0's throughput phase as ``bench.nexmark.run`` measures it (200,000 events from one
+    injector's loop; the CPU of the whole process tree), driven from here so that both sides
+    of an A/B have the same harness: the CPU meter (bench/cpu.py, copied) spans the injection
+    and the wait for the last output, which polls only the bytes appended since its last look;
+    the outputs are read and checked after it. (Until 2026-11-29 each tree ran its own
+    runner, whose wait re-read every output file 20 times a second and whose check parsed
+    them all inside the meter: ~1 CPU-s of q0's ~4.6 was the benchmark's own work.)
 
-    # The same job on both sides: the classic q0 (a checkout's runner defaults to the flow
-    # versions; an older tree's has only the classic ones and no such switch), or, for
-    # ``flow``, each side's flow version as its bench runs it.
-    switch = {"classic": True} if not flow and "classic" in inspect.signature(nexmark.run).parameters else {}
-    q = nexmark.run(root, workloads.BenchConfig.make(quick), only=["q0"], **switch)["queries"][0]
-    t = q.get("throughput") or {}
-    if t.get("events_per_cpu_s") is None:
-        return {}, False
-    values = {"events_per_cpu_s": t["events_per_cpu_s"]}
-    p50 = ((q.get("latency") or {}).get("ms") or {}).get("p50")
-    if flow and p50 is not None:
-        values["p50_ms"] = p50
-    exact = all(((q.get(k) or {}).get("exactness") or {}).get("exact") for k in ("throughput", "latency"))
-    return values, exact
+    The job is the classic q0 on both sides (an older tree has only the classic queries), or,
+    for ``flow``, each side's flow version."""
+    from bench import workloads
+    from bench.cpu import CpuMeter
+    from bench.linecount import LineCounter
+    from bench.nexmark import run as nexmark
+    from bench.nexmark.generator import NexmarkConfig, records
+    from runtime.client import Client
+    from runtime.cluster import wait_until
+
+    cfg = workloads.BenchConfig.make(quick)
+    n, config, prefix = (20_000 if quick else 200_000), NexmarkConfig(), "t-"
+    switch = {"classic": not flow} if "classic" in inspect.signature(nexmark._topology).parameters else {}
+    with workloads.cluster(root, "nexmark-q0", cfg) as c, Client(c.masters_arg, timeout=30) as client:
+        sink = os.path.join(c.data_dir, "nexmark-t")
+        client.submit(nexmark._topology("q0", prefix, config, sink, cfg.key_ranges, **switch))
+        nexmark._wait_open(client, prefix)
+        events = list(records(config, 0, n))
+        outputs = LineCounter(sink)
+        with CpuMeter() as meter:
+            nexmark._inject(c.masters_arg, prefix, config, events, None)
+            wait_until(lambda: outputs() >= n, cfg.w2_timeout_s, f"q0's {n:,} outputs")  # one per event
+        got = nexmark.read_outputs(sink)
+        check = nexmark._check("q0", config, events, got, **switch)
+    assert meter.figures is not None
+    return {"events_per_cpu_s": round(n / max(1e-9, meter.figures.ours_s))}, bool(check["exact"])
 
 
 def _isolate() -> None:

@@ -14,7 +14,8 @@ import pytest
 
 from bench import generator, jobs
 from bench.cli import run_bench
-from bench.latency import Arrival, check_exact, hops, percentiles, read_arrivals
+from bench.latency import Arrival, check_exact, count_lines, hops, percentiles, read_arrivals
+from bench.linecount import LineCounter
 from runtime.computation import TimeDomain
 
 
@@ -58,6 +59,29 @@ def test_exactness_check_names_losses_and_doubles() -> None:
     check = check_exact(arr, sent)
     assert (check.lost, check.doubled, check.exact) == (1, 1, False)
     assert percentiles([1.0, 2.0, 3.0, 4.0])["p50"] == 2.0
+
+
+def test_the_incremental_line_counter_agrees_with_a_full_count(tmp_path: object) -> None:
+    """bench.linecount.LineCounter reads only what was appended since its last call; a partial
+    last line is not a line yet; a file that shrank (a sink cut back) is counted again."""
+    d = str(tmp_path)
+    a, b = os.path.join(d, "0.txt"), os.path.join(d, "1.txt")
+    count = LineCounter(d)
+    assert count() == 0
+    with open(a, "wb") as f:
+        f.write(b"x 1\ny 2\nz")  # two lines and the start of a third
+    assert count() == 2
+    with open(a, "ab") as f:
+        f.write(b" 3\n")
+    with open(b, "wb") as f:
+        f.write(b"w 4\n" * 1000)
+    assert count() == 1003 == count_lines(d)
+    with open(b, "r+b") as f:
+        f.truncate(40)  # cut back to its first ten lines
+    assert count() == 13 == count_lines(d)
+    with open(os.path.join(d, "note.log"), "wb") as f:
+        f.write(b"not an output\n")
+    assert count() == 13
 
 
 def test_hops_split_a_records_latency_by_stage(tmp_path: object) -> None:
