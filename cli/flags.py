@@ -123,7 +123,7 @@ def secret_flag(g: argparse._ArgumentGroup, flag: str, env: str, what: str) -> N
                    help=f"read the {flag.replace('-', ' ')} from FILE (env {env}_FILE)")
 
 
-SECRETS = ("token", "worker_token", "injector_token", "operator_token", "etcd_password")
+SECRETS = ("token", "worker_token", "injector_token", "operator_token", "etcd_password", "injector_credential")
 
 
 def read_secrets(args: argparse.Namespace) -> None:
@@ -166,6 +166,10 @@ def security_flags(p: argparse.ArgumentParser, server: bool) -> None:
     secret_flag(g, "token", "MILLSTREAM_TOKEN",
                  "token this process presents on every call; on a server without role tokens, also "
                  "the one token it accepts, for every role")
+    if not server:
+        secret_flag(g, "injector-credential", "MILLSTREAM_INJECTOR_CREDENTIAL",
+                    "the credential (`millstream credential NAME`) this process's injectors present: the "
+                    "cluster keeps their records' producers apart from any other caller's")
     if server:
         g.add_argument("--tls-client-ca", default=from_env("MILLSTREAM_TLS_CLIENT_CA"),
                        help="require client certificates signed by this CA (mutual TLS)")
@@ -182,7 +186,8 @@ def security(args: argparse.Namespace) -> Security:
     token = (roles.get("worker") or args.token) if args.command == "worker" else args.token
     return Security(cert=getattr(args, "tls_cert", None), key=getattr(args, "tls_key", None),
                     ca=args.tls_ca, token=token, role_tokens=roles,
-                    client_ca=getattr(args, "tls_client_ca", None))
+                    client_ca=getattr(args, "tls_client_ca", None),
+                    injector_credential=getattr(args, "injector_credential", None))
 
 
 def version() -> str:

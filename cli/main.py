@@ -119,7 +119,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated module prefixes topologies may load code from, e.g. my_jobs,"
                         "acme.pipelines (env MILLSTREAM_ALLOW_CODE); millstream's own sinks and "
                         "examples are always allowed; '*' allows any module (trusted setups only)")
+    w.add_argument("--require-injector-credentials", action="store_true",
+                   default=from_env("MILLSTREAM_REQUIRE_INJECTOR_CREDENTIALS", "") in ("1", "true", "yes"),
+                   help="take records from callers outside the worker role only with an injector credential "
+                        "(`millstream credential NAME`); needs --worker-token "
+                        "(env MILLSTREAM_REQUIRE_INJECTOR_CREDENTIALS=1)")
     security_flags(w, server=True)
+
+    cr = sub.add_parser("credential", help="print the credential of the injectors named NAME or NAME/..., "
+                                            "made with the cluster's worker token")
+    cr.add_argument("name", help="the injector's name (a credential for NAME also covers NAME/anything)")
+    secret_flag(cr.add_argument_group("worker token"), "worker-token", "MILLSTREAM_WORKER_TOKEN",
+                "the cluster's worker token")
 
     s = sub.add_parser("submit", help="submit a Topology named by MODULE:ATTR")
     s.add_argument("topology")
@@ -265,7 +276,14 @@ def _run(args: argparse.Namespace) -> int:
         worker_main(WorkerOptions(tuple(masters), args.listen, state, args.metrics_listen,
                                   advertise=args.advertise, security=security(args),
                                   code_policy=CodePolicy.parse(args.allow_code), zone=args.zone,
-                                  health_listen=args.health_listen or None))
+                                  health_listen=args.health_listen or None,
+                                  require_injector_credentials=args.require_injector_credentials))
+        return 0
+    if cmd == "credential":
+        from runtime.security import injector_credential
+
+        print(injector_credential(need(args.worker_token, "--worker-token-file", "MILLSTREAM_WORKER_TOKEN_FILE"),
+                                  args.name))
         return 0
     if cmd == "up":
         from cli.up import run_up

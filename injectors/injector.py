@@ -50,7 +50,7 @@ from runtime.columns import Columns
 from runtime.errors import InjectionError, InvalidRecordError, MillstreamError
 from runtime.imports import CodePolicy
 from runtime.record import ID_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, producer_prefix
-from runtime.security import Security
+from runtime.security import Security, covers, credential_owner
 
 log = logging.getLogger(__name__)
 # Records a round takes at most. Each tablet's share of a round is one delivery, one batch and
@@ -120,6 +120,12 @@ class Injector:
         self.linger_s = linger_ms / 1000
         self.max_queued = max_queued
         self.timeout = timeout
+        if security.injector_credential is not None:
+            owner = credential_owner(security.injector_credential)
+            if not covers(owner, name):
+                raise InjectionError(f"injector {name!r} is not covered by its credential, which is for {owner!r}: "
+                                     f"name it {owner!r} or {owner + '/...'!r}, or get a credential for its name "
+                                     f"(`millstream credential {name}`)")
         self.security = security
         self.client = Client(masters, timeout=min(timeout, 10.0), security=security)
         self._prefix = producer_prefix("injector/" + name)

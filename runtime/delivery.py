@@ -68,8 +68,11 @@ class Outcome:
         return self.status in (Status.NOT_OWNER, Status.UNREACHABLE)
 
 
-# Status codes a retry cannot cure: a record the receiver rejects, a stream closed by a drain.
-_PERMANENT = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+# Status codes a retry cannot cure: a record the receiver rejects, a stream closed by a drain,
+# a caller the receiver does not let deliver (its token's role, a tablet producer's records
+# from outside the worker role, no or a wrong injector credential: review N4).
+_PERMANENT = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
+              grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
 
 
 RECORD_OVERHEAD_BYTES = 48  # a record's id, timestamp and framing in a message, about

@@ -14,11 +14,21 @@ injector (or a Spark job holding its token) cannot pose as a worker or an operat
 with no or an unknown token is UNAUTHENTICATED; a known token outside its role is
 PERMISSION_DENIED. The role of the caller is visible to servicers (:func:`caller_roles`),
 so a worker takes resend floors only from other workers.
+
+**Injector credentials** (review N4). One injector token serves every loader, so a token alone
+does not say which producer a caller is. An operator issues each injector (or a family of
+them: ``NAME`` covers ``NAME`` and ``NAME/...``) a credential, ``NAME:<hex>``, an HMAC of
+the name under the cluster's worker token (:func:`injector_credential`; ``millstream
+credential NAME``). A process presents it with its token (``injector_credential``); a server
+that knows the worker token checks it and gives the name to its servicers
+(:func:`caller_owner`). Workers keep the producers of a caller with a credential apart from
+everyone else's (worker/owners.py), so no other token holder can move their marks.
 """
 
 from __future__ import annotations
 
 import contextvars
+import hashlib
 import hmac
 import os
 from collections.abc import Awaitable, Callable, Mapping
@@ -31,6 +41,8 @@ from runtime.errors import ConfigError
 from runtime.wire import CHANNEL_OPTIONS
 
 _HEADER = "authorization"
+CREDENTIAL_HEADER = "x-millstream-injector-credential"
+_CREDENTIAL_DOMAIN = b"millstream injector credential\x00"
 
 ROLES = ("worker", "injector", "operator")
 # Which roles may call each method (methods not listed: every role).
@@ -67,9 +79,47 @@ _ALL = frozenset(ROLES)
 _caller: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("millstream_caller_roles", default=_ALL)
 
 
+_owner: contextvars.ContextVar[str | None] = contextvars.ContextVar("millstream_caller_owner", default=None)
+
+
 def caller_roles() -> frozenset[str]:
     """The roles of the caller of the RPC being served (every role when tokens are off)."""
     return _caller.get()
+
+
+def caller_owner() -> str | None:
+    """The name the caller's injector credential proved (None: it showed none, or this server
+    cannot check one: it has no worker token)."""
+    return _owner.get()
+
+
+def injector_credential(worker_token: str, name: str) -> str:
+    """The credential of injectors named ``name`` or ``name/...``: ``name:<hex>``, an HMAC-SHA256
+    of the name under the cluster's worker token (which injectors never hold)."""
+    check_owner_name(name)
+    mac = hmac.new(worker_token.encode(), _CREDENTIAL_DOMAIN + name.encode(), hashlib.sha256).hexdigest()
+    return f"{name}:{mac}"
+
+
+def check_owner_name(name: str) -> None:
+    if not name or len(name) > 200 or not name.isprintable() or name != name.strip():
+        raise ConfigError(f"injector credential name {name!r}: give a printable name of 1-200 characters "
+                          "without surrounding spaces (the injector's name, or the part before its '/')")
+
+
+def credential_owner(credential: str) -> str:
+    """The name a credential (``name:<hex>``) is for; ConfigError if it is not one."""
+    name, sep, mac = credential.strip().rpartition(":")
+    if not sep or len(mac) != 64 or any(c not in "0123456789abcdef" for c in mac):
+        raise ConfigError("an injector credential looks like NAME:<64 hex digits>, as `millstream credential "
+                          f"NAME` prints it; got {credential[:40]!r}")
+    check_owner_name(name)
+    return name
+
+
+def covers(owner: str, injector_name: str) -> bool:
+    """Whether a credential for ``owner`` covers an injector named ``injector_name``."""
+    return injector_name == owner or injector_name.startswith(owner + "/")
 
 
 @dataclass(frozen=True)
@@ -83,8 +133,12 @@ class Security:
     # role -> token servers accept for it; empty: ``token`` (if any) holds every role
     role_tokens: Mapping[str, str] = field(default_factory=dict)
     client_ca: str | None = None  # servers require client certificates signed by this CA
+    # ``NAME:<hex>`` (injector_credential): what this process's injectors present as theirs
+    injector_credential: str | None = None
 
     def __post_init__(self) -> None:
+        if self.injector_credential is not None:
+            credential_owner(self.injector_credential)
         for what, path in (("--tls-cert", self.cert), ("--tls-key", self.key), ("--tls-ca", self.ca)):
             if path is not None and not os.path.isfile(path):
                 raise ConfigError(f"{what} {path!r} is not a readable file")
@@ -133,7 +187,9 @@ class Security:
 
     def server_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
         accepted = self.accepted()
-        return [_TokenCheck(accepted)] if accepted else []
+        # Injector credentials are made with the worker token: a server that knows it checks them.
+        key = self.role_tokens.get("worker") or (None if self.role_tokens else self.token)
+        return [_TokenCheck(accepted, key)] if accepted else []
 
     # --------------------------------------------------------------- clients
 
@@ -151,20 +207,29 @@ class Security:
             ch = grpc.secure_channel(address, self._client_credentials(), options=CHANNEL_OPTIONS)
         else:
             ch = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-        return grpc.intercept_channel(ch, _SyncToken(self.token)) if self.token else ch
+        headers = self._headers()
+        return grpc.intercept_channel(ch, _SyncToken(headers)) if headers else ch
+
+    def _headers(self) -> list[tuple[str, str]]:
+        """What every call of this process carries: its token, and its injector credential."""
+        out = [(_HEADER, f"Bearer {self.token}")] if self.token else []
+        if self.injector_credential:
+            out.append((CREDENTIAL_HEADER, self.injector_credential.strip()))
+        return out
 
     def aio_channel(self, address: str) -> grpc.aio.Channel:
         """An asyncio channel to ``address`` carrying the token, over TLS if configured."""
-        interceptors: Any = ([_AioUnaryToken(self.token), _AioStreamToken(self.token),
-                              _AioStreamStreamToken(self.token)] if self.token else None)
+        headers = self._headers()
+        interceptors: Any = ([_AioUnaryToken(headers), _AioStreamToken(headers),
+                              _AioStreamStreamToken(headers)] if headers else None)
         if self.tls:
             return grpc.aio.secure_channel(address, self._client_credentials(), options=CHANNEL_OPTIONS,
                                            interceptors=interceptors)
         return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)
 
 
-def _with_token(details: Any, token: str) -> Any:
-    metadata = list(details.metadata or []) + [(_HEADER, f"Bearer {token}")]
+def _with_token(details: Any, headers: list[tuple[str, str]]) -> Any:
+    metadata = list(details.metadata or []) + headers
     return details._replace(metadata=metadata) if hasattr(details, "_replace") else _Details(details, metadata)
 
 
@@ -182,46 +247,60 @@ class _Details:
 
 class _SyncToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
                  grpc.StreamStreamClientInterceptor):
-    def __init__(self, token: str | None) -> None:
-        self.token = token or ""
+    def __init__(self, headers: list[tuple[str, str]]) -> None:
+        self.headers = headers
 
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(_with_token(details, self.token), request)
+        return continuation(_with_token(details, self.headers), request)
 
     def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(_with_token(details, self.token), request)
+        return continuation(_with_token(details, self.headers), request)
 
     def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return continuation(_with_token(details, self.token), requests)
+        return continuation(_with_token(details, self.headers), requests)
 
 
 class _AioUnaryToken(grpc.aio.UnaryUnaryClientInterceptor):
-    def __init__(self, token: str) -> None:
-        self.token = token
+    def __init__(self, headers: list[tuple[str, str]]) -> None:
+        self.headers = headers
 
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(_with_token(details, self.token), request)
+        return await continuation(_with_token(details, self.headers), request)
 
 
 class _AioStreamToken(grpc.aio.UnaryStreamClientInterceptor):
-    def __init__(self, token: str) -> None:
-        self.token = token
+    def __init__(self, headers: list[tuple[str, str]]) -> None:
+        self.headers = headers
 
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(_with_token(details, self.token), request)
+        return await continuation(_with_token(details, self.headers), request)
 
 
 class _AioStreamStreamToken(grpc.aio.StreamStreamClientInterceptor):
-    def __init__(self, token: str) -> None:
-        self.token = token
+    def __init__(self, headers: list[tuple[str, str]]) -> None:
+        self.headers = headers
 
     async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(_with_token(details, self.token), requests)
+        return await continuation(_with_token(details, self.headers), requests)
 
 
 class _TokenCheck(grpc.aio.ServerInterceptor):
-    def __init__(self, accepted: dict[str, frozenset[str]]) -> None:
+    def __init__(self, accepted: dict[str, frozenset[str]], credential_key: str | None = None) -> None:
         self.accepted = {f"Bearer {t}".encode(): roles for t, roles in accepted.items()}
+        self.credential_key = credential_key
+
+    def _owner(self, presented: str | None) -> tuple[str | None, str | None]:
+        """(the name a presented credential proves, or None; the refusal if it proves nothing)."""
+        if presented is None or self.credential_key is None:
+            return None, None
+        try:
+            name = credential_owner(presented)
+        except ConfigError as e:
+            return None, str(e)
+        if hmac.compare_digest(presented.strip().encode(), injector_credential(self.credential_key, name).encode()):
+            return name, None
+        return None, (f"the injector credential for {name!r} is not this cluster's: issue one with `millstream "
+                      f"credential {name}` (it is made with the cluster's worker token)")
 
     def _roles(self, presented: str | None) -> frozenset[str] | None:
         if presented is None:
@@ -236,14 +315,18 @@ class _TokenCheck(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or details.method in OPEN_METHODS:
             return handler
-        roles = self._roles(dict(details.invocation_metadata or ()).get(_HEADER))
+        metadata = dict(details.invocation_metadata or ())
+        roles = self._roles(metadata.get(_HEADER))
         allowed = METHOD_ROLES.get(details.method, _ALL)
+        owner, refused = self._owner(metadata.get(CREDENTIAL_HEADER))
         if roles is None:
             code = grpc.StatusCode.UNAUTHENTICATED
             message = ("missing or wrong token: this cluster requires a token; pass --token "
                        "(or set MILLSTREAM_TOKEN, or Security(token=...) in code)")
+        elif refused is not None:
+            code, message = grpc.StatusCode.UNAUTHENTICATED, refused
         elif roles & allowed:
-            return _with_roles(handler, roles & allowed)
+            return _with_roles(handler, roles & allowed, owner)
         else:
             code = grpc.StatusCode.PERMISSION_DENIED
             message = (f"this token's role ({', '.join(sorted(roles))}) may not call "
@@ -252,13 +335,14 @@ class _TokenCheck(grpc.aio.ServerInterceptor):
         return _deny(handler, code, message)
 
 
-def _with_roles(handler: Any, roles: frozenset[str]) -> Any:
-    """The same handler, with ``caller_roles()`` set while it runs."""
+def _with_roles(handler: Any, roles: frozenset[str], owner: str | None = None) -> Any:
+    """The same handler, with ``caller_roles()`` and ``caller_owner()`` set while it runs."""
     if handler.unary_unary is not None:
         inner = handler.unary_unary
 
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
             _caller.set(roles)
+            _owner.set(owner)
             return await inner(request, context)
 
         return grpc.unary_unary_rpc_method_handler(unary, handler.request_deserializer,
@@ -268,6 +352,7 @@ def _with_roles(handler: Any, roles: frozenset[str]) -> Any:
 
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
             _caller.set(roles)
+            _owner.set(owner)
             async for item in inner_stream(request, context):
                 yield item
 
@@ -278,6 +363,7 @@ def _with_roles(handler: Any, roles: frozenset[str]) -> Any:
 
         async def bidi(requests: Any, context: grpc.aio.ServicerContext) -> Any:
             _caller.set(roles)
+            _owner.set(owner)
             async for item in inner_bidi(requests, context):
                 yield item
 

@@ -21,18 +21,21 @@ from runtime import delivery, health, metrics, serving, streams
 from runtime.client import AsyncMasterClient
 from runtime.columns import Columns, MalformedColumns, of_request
 from runtime.durable import sync_dir
+from runtime.errors import ConfigError
 from runtime.faults import Faults
 from runtime.imports import CodePolicy
-from runtime.security import Security, caller_roles
+from runtime.security import Security, caller_owner, caller_roles
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 from worker.core import WorkerCore, WorkerLimits
 from worker.dedup import delivery_problem, outside_problem
 from worker.deliverstream import serve_frames
+from worker.owners import owned
 from worker.peers import Peers, ReplicaLinks
 from worker.replica import write_at
 from worker.replication import checkpoint_chunks
-from worker.statedir import claim_state_dir, keep_secret, new_secret, read_secret
+from worker.session import MasterSession, drain
+from worker.statedir import claim_state_dir
 
 log = logging.getLogger(__name__)
 
@@ -49,17 +52,38 @@ class WorkerOptions:
     code_policy: CodePolicy = CodePolicy()
     zone: str = ""
     health_listen: str | None = None  # the health service alone, in plaintext (runtime/health.py)
+    require_injector_credentials: bool = False  # refuse records from callers without one (review N4)
+
+    def __post_init__(self) -> None:
+        if self.require_injector_credentials and self.security.role_tokens.get("worker") is None:
+            raise ConfigError("--require-injector-credentials needs --worker-token: credentials are checked "
+                              "with it (with one --token for every role, an injector could make its own)")
+
+
+REQUIRE_CREDENTIAL = ("this worker takes records from injectors only with a credential "
+                      "(--require-injector-credentials): give the injector the one `millstream credential NAME` "
+                      "prints for its name, as Security(injector_credential=...) (`millstream inject-files`: "
+                      "--injector-credential-file or MILLSTREAM_INJECTOR_CREDENTIAL)")
+
+
+def _caller() -> tuple[bool, str | None]:
+    """Whether the caller holds the worker role, and the name its injector credential proved."""
+    worker = "worker" in caller_roles()
+    return worker, None if worker else caller_owner()
 
 
 class WorkerServicer(rpc.WorkerServicer):
-    def __init__(self, core: WorkerCore, stream_credit: int = streams.STREAM_CREDIT_BYTES) -> None:
+    def __init__(self, core: WorkerCore, stream_credit: int = streams.STREAM_CREDIT_BYTES,
+                 require_credentials: bool = False) -> None:
         self.core = core
         self.stream_credit = stream_credit  # each delivery stream's grant, in bytes of frames
+        # Refuse records from callers outside the worker role that showed no injector credential.
+        self.require_credentials = require_credentials
 
     async def Deliver(self, request: pb.DeliverRequest, context: Any) -> pb.DeliverResponse:
-        worker = "worker" in caller_roles()
+        worker, owner = _caller()
         try:
-            admitted = await self._admit([request], worker)
+            admitted = await self._admit([request], worker, owner)
         except streams.StreamError as e:
             await context.abort(e.code(), e.details())
             raise
@@ -72,9 +96,9 @@ class WorkerServicer(rpc.WorkerServicer):
         """Every delivery is checked before any is handed over (one refused refuses the call,
         so none of it is committed), then all go to their tablets at once: their batches run
         side by side on the tablets' threads (worker/runner.py)."""
-        worker = "worker" in caller_roles()
+        worker, owner = _caller()
         try:
-            return await self._deliver_many(request, worker)
+            return await self._deliver_many(request, worker, owner)
         except streams.StreamError as e:
             await context.abort(e.code(), e.details())
             raise
@@ -84,11 +108,11 @@ class WorkerServicer(rpc.WorkerServicer):
         """Deliveries on one long-lived stream (runtime/streams.py): each frame is handled as
         a DeliverMany call by the same caller would be, side by side with the others, and
         answered when done; a refused frame is answered with its status code."""
-        worker = "worker" in caller_roles()  # the stream's credentials, checked once, hold for every frame
+        worker, owner = _caller()  # the stream's credentials, checked once, hold for every frame
 
         async def handle(frame: pb.DeliverFrame, size: int) -> pb.DeliverAnswerFrame:
             try:
-                answers = await self._deliver_many(frame.deliveries, worker, "frame")
+                answers = await self._deliver_many(frame.deliveries, worker, owner, "frame")
             except streams.StreamError as e:
                 return streams.refused(frame.id, size, e.code(), e.details())
             return pb.DeliverAnswerFrame(id=frame.id, answers=answers, credit=size)
@@ -96,9 +120,9 @@ class WorkerServicer(rpc.WorkerServicer):
         async for answer in serve_frames(request_iterator, context, handle, self.stream_credit):
             yield answer
 
-    async def _deliver_many(self, request: pb.DeliverManyRequest, worker: bool,
+    async def _deliver_many(self, request: pb.DeliverManyRequest, worker: bool, owner: str | None,
                             carrier: str = "unary") -> pb.DeliverManyResponse:
-        admitted = await self._admit(request.deliveries, worker)
+        admitted = await self._admit(request.deliveries, worker, owner)
         metrics.DELIVER_CALLS.labels(carrier).inc()
         if admitted:
             outside = delivery.from_outside(admitted[0][0], worker)
@@ -106,14 +130,18 @@ class WorkerServicer(rpc.WorkerServicer):
         answers = await asyncio.gather(*(self._deliver(*a, worker) for a in admitted))
         return pb.DeliverManyResponse(answers=answers)
 
-    async def _admit(self, requests: Any, worker: bool) -> list[tuple[pb.DeliverRequest, Columns, Any]]:
+    async def _admit(self, requests: Any, worker: bool,
+                     owner: str | None = None) -> list[tuple[pb.DeliverRequest, Columns, Any]]:
         """Each request with its records (as columns: rows from older senders are turned into
         columns) and producer orders, once all are valid; raises
         :class:`~runtime.streams.StreamError` with what is wrong otherwise (the call is
         aborted with it, a stream's frame refused). ``worker``: whether the caller holds the
         worker role. A producer token fences older owners of a producing tablet: only a
         worker may name one, never an injector's credentials (review S3); nor send a
-        tablet's records (N4)."""
+        tablet's records (N4). ``owner``: the name the caller's injector credential proved;
+        its producers are kept apart from everyone else's (worker/owners.py, N4)."""
+        if not worker and owner is None and self.require_credentials and requests:
+            raise streams.StreamError(grpc.StatusCode.PERMISSION_DENIED, REQUIRE_CREDENTIAL)
         out = []
         injected = False
         for request in requests:
@@ -136,6 +164,8 @@ class WorkerServicer(rpc.WorkerServicer):
                 closed = self.core.routing.closed_to_input(request.computation)
                 if closed:
                     raise streams.StreamError(grpc.StatusCode.FAILED_PRECONDITION, closed)
+            if owner is not None:
+                records, orders = owned(owner, records, orders)
             out.append((request, records, orders))
         delay = self.core.faults.injector_delay_s() if injected else 0
         if delay:
@@ -267,130 +297,6 @@ def _install(incoming: str, target: str) -> None:
     sync_dir(os.path.dirname(target))
 
 
-class MasterSession:
-    """Registers with the leader, heartbeats, and applies the routing it streams."""
-
-    def __init__(self, core: WorkerCore, masters: AsyncMasterClient, identity: str = "", zone: str = "",
-                 state_dir: str | None = None, ready: health.Health | None = None) -> None:
-        self.core = core
-        self.ready = ready  # its WORKER service is SERVING while the worker holds a lease
-        self.masters = masters
-        self.identity = identity
-        self.state_dir = state_dir  # where the secret is kept (None: in memory only)
-        # Made and kept (durably) before the first registration, and shown on it: the leader
-        # adopts it, so a registration whose answer was lost (the leader killed after writing
-        # it) can be repeated.
-        core.secret = read_secret(state_dir) if state_dir else ""
-        if not core.secret:
-            core.secret = new_secret()
-            if state_dir:
-                keep_secret(state_dir, core.secret)
-        self.zone = zone
-        self.lease_ms = 3000
-        self._behind = 0
-        self._watcher: asyncio.Task[None] = asyncio.Future()  # type: ignore[assignment]
-
-    async def run(self) -> None:
-        while True:
-            sent_at = self.core.now_ms()
-            try:
-                resp = await self.masters.stub().RegisterWorker(
-                    pb.RegisterWorkerRequest(address=self.core.address, worker_id=self.identity,
-                                             zone=self.zone, secret=self.core.secret,
-                                             allowed_code=self.core.code_policy.allowed),
-                    timeout=self.masters.timeout)
-            except grpc.RpcError as e:
-                if e.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT):
-                    log.error("the leader refuses this worker's registration: %s", e.details())
-                log.info("cannot register with master %s: %s", self.masters.leader, e.details())
-                self.masters.follow(e)
-                await asyncio.sleep(0.2)
-                continue
-            if resp.secret != self.core.secret:
-                if self.state_dir:
-                    keep_secret(self.state_dir, resp.secret)
-                self.core.secret = resp.secret
-            self.core.worker_id = resp.worker_id
-            self.lease_ms = resp.lease_ms
-            self.core.renewed(sent_at, self.lease_ms)
-            log.info("registered as worker %s (lease %d ms)", resp.worker_id, resp.lease_ms)
-            if self.ready is not None:
-                await self.ready.set(health.WORKER, True)
-            self._watcher = asyncio.create_task(self._watch())
-            try:
-                await self._heartbeat()
-            finally:
-                self._watcher.cancel()
-                await asyncio.gather(self._watcher, return_exceptions=True)
-                if self.ready is not None:
-                    await self.ready.set(health.WORKER, False)
-            self.core.lost_lease()
-            await self.core.reconcile()  # closes every tablet: self-fencing
-
-    async def _heartbeat(self) -> None:
-        """Returns when the lease is lost for good (the master forgot us)."""
-        interval = min(self.lease_ms / 4, self.core.limits.progress_ms) / 1000
-        while True:
-            sent_at = self.core.now_ms()
-            version = self.core.routing.version  # applied before the report is taken (a drain waits on it)
-            seq, held = self.core.next_report()
-            try:
-                resp = await self.masters.stub().Heartbeat(
-                    pb.HeartbeatRequest(worker_id=self.core.worker_id, tablets=held, report_seq=seq,
-                                        problems=self.core.problems(), secret=self.core.secret,
-                                        routing_version=version),
-                    timeout=self.lease_ms / 2000)
-            except grpc.RpcError as e:
-                # No reconcile here: nothing may hold up the next heartbeat. Commits check the
-                # lease themselves, and the reconcile loop closes the tablets (self-fencing).
-                self.masters.follow(e)
-                log.info("heartbeat failed (%s)", e.code().name)
-            else:
-                if not resp.known:
-                    metrics.REREGISTERED.inc()
-                    log.warning("the master no longer knows worker %s; re-registering",
-                                self.core.worker_id)
-                    return
-                if resp.lease_ms and resp.lease_ms < self.lease_ms:
-                    # A new leader with a shorter lease (masters configured differently) would
-                    # move our tablets sooner than we stop trusting our lease (review E7).
-                    log.warning("the leader's lease is %d ms, shorter than the %d ms we registered "
-                                "with; trusting the shorter one", resp.lease_ms, self.lease_ms)
-                    self.lease_ms = resp.lease_ms
-                self.core.renewed(sent_at, self.lease_ms)
-                self.core.release(dict(resp.reported))
-                self.core.set_watermarks(dict(resp.input_watermarks))
-                # A routing stream can outlive its master's leadership (a deposed leader that
-                # did not die): if the leader's version stays ahead of ours, watch anew.
-                behind = resp.routing_version > self.core.routing.version
-                self._behind = self._behind + 1 if behind else 0
-                if self._behind >= 10:
-                    log.warning("routing version %d behind the leader's %d; re-watching",
-                                self.core.routing.version, resp.routing_version)
-                    self._behind = 0
-                    self._watcher.cancel()
-                    self._watcher = asyncio.create_task(self._watch())
-            if self.ready is not None:  # ready while the lease holds (it lapses when no leader answers)
-                await self.ready.set(health.WORKER, self.core.lease_held())
-            await asyncio.sleep(interval)
-
-    async def _watch(self) -> None:
-        known = 0
-        while True:
-            try:
-                async for routing in self.masters.watch(known):
-                    known = routing.version
-                    await self.core.apply_routing(routing)
-            except grpc.RpcError as e:
-                self.masters.follow(e)
-            except Exception:
-                # A bug applying one routing must not end the watch for good (review N7):
-                # log it, and watch anew from the leader's current routing.
-                log.exception("applying the routing failed; watching it anew")
-            known = 0
-            await asyncio.sleep(0.1)
-
-
 async def _reconcile_loop(core: WorkerCore) -> None:
     while True:
         await asyncio.sleep(0.2)
@@ -398,31 +304,6 @@ async def _reconcile_loop(core: WorkerCore) -> None:
             await core.reconcile()
         except Exception:  # never the end of the loop: every later pass may open what is assigned
             log.exception("reconcile failed; trying again")
-
-
-async def _drain(core: WorkerCore, masters: AsyncMasterClient, timeout_s: float) -> None:
-    """Before closing: have the leader move our primaries to workers that catch up first,
-    while we still serve them (a short pause per key range, nothing to wait out). Bounded:
-    after ``timeout_s`` we leave anyway (the rest goes to in-sync followers, if any)."""
-    if not core.worker_id or not core.lease_valid():
-        return
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    left = -1
-    while asyncio.get_running_loop().time() < deadline:
-        try:
-            resp = await masters.stub().LeaveWorker(pb.LeaveRequest(worker_id=core.worker_id, drain=True, secret=core.secret),
-                                                    timeout=2)
-        except grpc.RpcError as e:
-            masters.follow(e)
-            log.info("drain: the leader did not answer (%s)", e.code().name)
-        else:
-            if resp.primaries != left:
-                left = resp.primaries
-                log.info("draining: %d primaries left to move", left)
-            if left == 0:
-                return
-        await asyncio.sleep(0.2)
-    log.warning("drain did not finish within %.0f s (%d primaries left); leaving anyway", timeout_s, left)
 
 
 async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
@@ -436,7 +317,8 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
                       code_policy=options.code_policy, channel=links, faults=Faults.from_env(),
                       await_watermarks=True)
     links.secret = lambda: core.secret
-    rpc.add_WorkerServicer_to_server(WorkerServicer(core), server)
+    rpc.add_WorkerServicer_to_server(WorkerServicer(core, require_credentials=options.require_injector_credentials),
+                                     server)
     ready = health.Health(health.WORKER)
     ready.add_to(server)
     await ready.start()
@@ -453,7 +335,7 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
     tasks = [asyncio.create_task(session.run()), asyncio.create_task(_reconcile_loop(core))]
     try:
         await stop.wait()
-        await _drain(core, masters, options.limits.drain_timeout_s)
+        await drain(core, masters, options.limits.drain_timeout_s)
     finally:
         for t in tasks:
             t.cancel()

@@ -14,7 +14,7 @@ import pytest
 from runtime import Record
 from runtime.delivery import request
 from runtime.record import producer_prefix, sequence_id
-from runtime.security import Security
+from runtime.security import Security, injector_credential
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 from tests.core.corekit import make_core
@@ -29,16 +29,19 @@ LAST_SEQ = (1 << 64) - 1
 
 
 @asynccontextmanager
-async def _served(core: WorkerCore) -> AsyncIterator[Callable[[str], rpc.WorkerStub]]:
-    """The core behind a real server that checks role tokens; yields a stub maker per role."""
+async def _served(core: WorkerCore, require_credentials: bool = False
+                  ) -> AsyncIterator[Callable[..., rpc.WorkerStub]]:
+    """The core behind a real server that checks role tokens; yields a stub maker per role
+    (and injector credential)."""
     server = grpc.aio.server(interceptors=Security(role_tokens=TOKENS).server_interceptors())
-    rpc.add_WorkerServicer_to_server(WorkerServicer(core), server)
+    rpc.add_WorkerServicer_to_server(WorkerServicer(core, require_credentials=require_credentials), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channels: list[grpc.aio.Channel] = []
 
-    def stub(role: str) -> rpc.WorkerStub:
-        channels.append(Security(token=TOKENS[role]).aio_channel(f"127.0.0.1:{port}"))
+    def stub(role: str, credential: str | None = None) -> rpc.WorkerStub:
+        security = Security(token=TOKENS[role], injector_credential=credential)
+        channels.append(security.aio_channel(f"127.0.0.1:{port}"))
         return rpc.WorkerStub(channels[-1])
 
     try:
@@ -181,6 +184,126 @@ def test_replication_streams_and_bundles_are_the_worker_roles_only(tmp_path: obj
             answers = await worker.send(pb.ReplicateManyRequest(requests=[req, req]))
             assert [a.status for a in answers.answers] == [pb.ReplicateResponse.WRONG_WORKER] * 2
             await worker.close()
+        await core.close_all()
+
+    asyncio.run(main())
+
+
+async def _outputs_reach(n: int) -> None:
+    deadline = asyncio.get_running_loop().time() + 10
+    while len(_outputs()) < n and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)  # poll interval of this deadline-bounded wait
+
+
+def test_n4_an_injector_with_a_credential_is_not_silenced_by_another_holder_of_the_token(tmp_path: object) -> None:
+    """Review N4's residual: an injector's prefix is a digest of its name, so any holder of the
+    injector token who knows the name could send ``P||2**64-1`` first and every real record of
+    that injector then read as a duplicate. It still can to an injector without a credential
+    (shown first). An injector that shows one (``millstream credential team-a``) has its
+    producers kept apart: its records all arrive, and its own re-send is still a duplicate."""
+    from worker.owners import owned_prefix
+
+    victim = producer_prefix("injector/team-a")
+    credential = injector_credential(TOKENS["worker"], "team-a")
+
+    def rec(seq: int, text: bytes) -> Record:
+        return Record(b"k%d" % (seq % 10), text, BASE + seq % 10, sequence_id(victim, seq))
+
+    async def main() -> None:
+        core = await make_core(str(tmp_path), routing(
+            ("echo", "tests.core.jobs:Echo", ["in"], ["out"], {}),
+            ("collect", "tests.core.jobs:Collector", ["out"], [], {"name": "out"})))
+        async with _served(core) as stub:
+            mallory, team_a = stub("injector"), stub("injector", credential)
+            hole = await mallory.Deliver(request("echo", 0, 1, [rec(LAST_SEQ, b"forged")], {victim: (0, 0)}))
+            assert hole.status == OK
+            # Without a credential, the real injector is silenced: its record is a "duplicate".
+            plain = await mallory.Deliver(request("echo", 0, 1, [rec(1, b"lost")], {victim: (0, 0)}))
+            assert plain.status == OK and plain.duplicates == 1
+            # With one, each of its records arrives.
+            real = [rec(i, b"real %d" % i) for i in (1, 2, 3)]
+            answer = await team_a.Deliver(request("echo", 0, 1, real, {victim: (0, 0)}, "injector/team-a"))
+            assert answer.status == OK and answer.duplicates == 0
+            await _outputs_reach(4)
+            # Its own re-send (a re-run) lands on the same marks: a duplicate, not a second copy.
+            again = await team_a.Deliver(request("echo", 0, 1, real[:1], {victim: (0, 0)}, "injector/team-a"))
+            assert again.duplicates == 1
+        assert sorted(_outputs()) == [b"forged", b"real 1", b"real 2", b"real 3"]
+        marks = core.tablets[("echo", 0)].store.marks()
+        assert marks[owned_prefix("team-a", victim)].seq == 3 and marks[victim].seq == LAST_SEQ
+        await core.close_all()
+
+    asyncio.run(main())
+
+
+def test_n4_a_credential_the_cluster_did_not_issue_is_refused(tmp_path: object) -> None:
+    """A credential made with another worker token, or malformed, is UNAUTHENTICATED with what
+    to do; nothing of its call is taken."""
+    import dataclasses
+
+    from runtime.errors import ConfigError
+
+    me = producer_prefix("injector/team-a")
+
+    async def main() -> None:
+        core = await make_core(str(tmp_path), routing(("collect", "tests.core.jobs:Collector", ["in"], [], {"name": "out"})))
+        delivery = request("collect", 0, 1, [Record(b"k", b"v", BASE, sequence_id(me, 1))], {me: (0, 0)})
+        async with _served(core) as stub:
+            forged = injector_credential("not the worker token", "team-a")
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub("injector", forged).Deliver(delivery)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "millstream credential team-a" in (refused.value.details() or "")
+        assert _outputs() == []
+        await core.close_all()
+
+    asyncio.run(main())
+    with pytest.raises(ConfigError, match="NAME:<64 hex digits>"):
+        Security(injector_credential="team-a:123")
+    with pytest.raises(ConfigError, match="NAME:<64 hex digits>"):
+        dataclasses.replace(Security(), injector_credential="no colon")
+
+
+def test_n4_a_worker_that_requires_credentials_refuses_records_without_one(tmp_path: object) -> None:
+    """``--require-injector-credentials``: a caller outside the worker role that shows no
+    credential is refused (PERMISSION_DENIED, saying how to get one), on a call and on a
+    stream's frame alike; with one it is taken; workers need none."""
+    from runtime.delivery import Status, answered
+    from runtime.links import delivery_stream
+    from runtime.record import worker_producer
+    from runtime.streams import StreamError
+
+    me = producer_prefix("injector/team-a")
+    credential = injector_credential(TOKENS["worker"], "team-a")
+
+    async def main() -> None:
+        core = await make_core(str(tmp_path), routing(("collect", "tests.core.jobs:Collector", ["in"], [], {"name": "out"})))
+
+        def mine(seq: int) -> pb.DeliverRequest:
+            return request("collect", 0, 1, [Record(b"k", b"v%d" % seq, BASE + seq, sequence_id(me, seq))],
+                           {me: (0, 0)}, "injector/team-a")
+
+        async with _served(core, require_credentials=True) as stub:
+            for role in ("injector", "operator"):
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub(role).Deliver(mine(1))
+                assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                assert "millstream credential NAME" in (refused.value.details() or "")
+            plain = delivery_stream(stub("injector"))
+            with pytest.raises(StreamError, match="--require-injector-credentials"):
+                await plain.send(pb.DeliverManyRequest(deliveries=[mine(1)]))
+            await plain.close()
+            assert (await stub("injector", credential).Deliver(mine(1))).status == OK
+            stream = delivery_stream(stub("injector", credential))
+            both = await stream.send(pb.DeliverManyRequest(deliveries=[mine(2)]))
+            assert [answered(a).status for a in both.answers] == [Status.OK]
+            await stream.close()
+            up = worker_producer(producer_prefix("tablet\x00up/0"))
+            own = request("collect", 0, 1, [Record(b"k", b"from a tablet", BASE, sequence_id(up, 1))],
+                          {up: (0, 1)}, sender="up")
+            assert (await stub("worker").Deliver(own)).status == OK
+            await _outputs_reach(3)
+        assert sorted(_outputs()) == [b"from a tablet", b"v1", b"v2"]
         await core.close_all()
 
     asyncio.run(main())

@@ -45,6 +45,11 @@ CLI = [
     (["status", "--masters", "127.0.0.1:1", "--token", "t", "--token-file", "/dev/null"], {},
      "--token and --token-file are both given"),                                # S9
     (["up", "--etcd-binary", "/nonexistent/etcd"], {}, "does not exist or is not executable"),
+    (["worker", "--masters", "127.0.0.1:1", "--state-dir", "/tmp/x", "--require-injector-credentials"], {},
+     "--require-injector-credentials needs --worker-token"),                    # B64
+    (["credential", "team-a"], {"MILLSTREAM_WORKER_TOKEN": ""}, "--worker-token-file is required"),   # B64
+    (["inject-files", "/tmp", "--stream", "s", "--masters", "127.0.0.1:1", "--injector-credential-file",
+      "/dev/null"], {}, "--injector-credential-file '/dev/null' is empty"),     # B64
 ]
 
 

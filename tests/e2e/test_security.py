@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -136,3 +137,34 @@ def test_a_cluster_set_up_like_the_systemd_example_refuses_strangers_and_forged_
 
             Client(c.masters_arg, timeout=2, security=Security(ca=ca, token=tokens["operator"])).status()
         assert len(c.client.status()["workers"]) == 2  # no forged worker joined
+
+
+def test_a_cluster_that_requires_injector_credentials(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review N4: workers started with MILLSTREAM_REQUIRE_INJECTOR_CREDENTIALS=1 and one token
+    per role. An injector with only the injector token is refused with one line that says how
+    to get a credential, and nothing of it reaches the job; the word count's injector, with
+    the credential `millstream credential test-creds` printed, is counted exactly once."""
+    tokens = {"worker": "w-token", "injector": "i-token", "operator": "o-token"}
+    for role, token in tokens.items():
+        monkeypatch.setenv(f"MILLSTREAM_{role.upper()}_TOKEN", token)
+    monkeypatch.setenv("MILLSTREAM_REQUIRE_INJECTOR_CREDENTIALS", "1")
+    made = subprocess.run([sys.executable, "-m", "cli", "credential", "test-creds"], capture_output=True,
+                          text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    credential = made.stdout.strip()
+    assert credential.startswith("test-creds:")
+    with Cluster(str(tmp_path), workers=2, security=Security(token=tokens["operator"])).running() as c:
+        got = run_wordcount(c, n_lines=300, name="creds",
+                            injector_security=Security(token=tokens["injector"], injector_credential=credential))
+        with pytest.raises(MillstreamError, match="millstream credential NAME"):
+            with Injector(c.masters_arg, "lines", "test-nocreds", timeout=20,
+                          security=Security(token=tokens["injector"])) as inj:
+                inj.send(b"", b"refused words", 1_700_000_000_000_000)
+        with pytest.raises(MillstreamError, match="not covered by its credential"):
+            Injector(c.masters_arg, "lines", "someone-else", security=Security(
+                token=tokens["injector"], injector_credential=credential))
+        from examples import wordcount
+        from runtime.sinks import read_file_sink
+
+        counts = wordcount.final_counts(list(read_file_sink(os.path.join(c.data_dir, "out-creds"))))
+        assert counts == got and "refused" not in counts

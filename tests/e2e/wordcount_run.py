@@ -36,8 +36,10 @@ def inject_lines(masters: str, source: str, lines: list[str], repeat_every: int,
 def run_wordcount(cluster: Cluster, n_lines: int = 3000, *, repeat_every: int = 7,
                   midway: Callable[[], None] | None = None, name: str = "wc",
                   productions: Productions = "strong", counter: str | None = None,
-                  counter_params: dict[str, str] | None = None) -> dict[str, int]:
-    """Inject ``n_lines`` lines (some ids sent twice, timestamps out of order); return final counts
+                  counter_params: dict[str, str] | None = None,
+                  injector_security: Security | None = None) -> dict[str, int]:
+    """Inject ``n_lines`` lines (some ids sent twice, timestamps out of order) as the injector
+    ``test-<name>`` (with ``injector_security``, else the cluster's); return final counts
     once the sink holds the oracle's counts, or fail with what differs."""
     out = os.path.join(cluster.data_dir, "out-" + name)
     topo = wordcount.topology(out, name=name, productions=productions)
@@ -48,7 +50,8 @@ def run_wordcount(cluster: Cluster, n_lines: int = 3000, *, repeat_every: int = 
     cluster.wait_assigned()
     lines = sample_lines(n_lines, seed=11)
     expected = oracle(lines)
-    inject_lines(cluster.masters_arg, "test-" + name, lines, repeat_every, midway, cluster.security)
+    inject_lines(cluster.masters_arg, "test-" + name, lines, repeat_every, midway,
+                 injector_security or cluster.security)
     total = sum(expected.values())
 
     def done() -> bool:

@@ -60,7 +60,8 @@ def _command_table() -> dict[str, str]:
 # section's preamble and in the guide's Security section, not in every row.
 COMMON = {"--masters", "--timeout", "--tls-ca", "--token", "--token-file", "--tls-cert", "--tls-key",
           "--tls-client-ca", "--worker-token", "--worker-token-file", "--injector-token",
-          "--injector-token-file", "--operator-token", "--operator-token-file"}
+          "--injector-token-file", "--operator-token", "--operator-token-file", "--injector-credential",
+          "--injector-credential-file"}
 
 
 def test_every_command_has_a_row_in_the_guides_command_table() -> None:

@@ -16,7 +16,7 @@ from runtime.errors import ConfigError, WorkerIdentityError
 from tests.masterkit import MemoryStore, leader
 from worker import statedir
 from worker.seen import SeenTablets
-from worker.server import MasterSession
+from worker.session import MasterSession
 from worker.statedir import claim_state_dir, keep_secret, locks_work, read_secret
 from worker.storage import TabletStore
 
