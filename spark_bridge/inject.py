@@ -38,6 +38,7 @@ from runtime.errors import InjectionError, MillstreamError
 from runtime.imports import CodePolicy
 from runtime.record import derived_id
 from runtime.routing import RoutingTable
+from runtime.security import Security
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -218,9 +219,9 @@ def check_nulls(df: DataFrame, checked: dict[str, str], extra: Iterable[Column] 
     return [row[len(checked) + i] for i in range(len(extra))]
 
 
-def check_stream(masters: str | Iterable[str], stream: str, timeout: float) -> None:
+def check_stream(masters: str | Iterable[str], stream: str, timeout: float, security: Security = Security()) -> None:
     """Raise unless a master answers and some running computation reads ``stream``."""
-    with Client(masters, timeout=timeout) as client:
+    with Client(masters, timeout=timeout, security=security) as client:
         table = RoutingTable(client.routing())
     if not table.has_subscribers(stream):
         raise InjectionError(
@@ -247,13 +248,15 @@ class PartitionInjection:
     timeout: float
     incarnation: str  # the run's (run_incarnation): a retried task replaces its failed attempt
     allow_code: tuple[str, ...] = ()  # where the stream's key extractors may come from
+    # TLS, token and injector credential, as the driver's (its file paths must hold on executors)
+    security: Security = Security()
 
     def __call__(self, index: int, rows: Iterable[Any]) -> Iterator[tuple[int, int, int | None, int | None]]:
         # One incarnation per partition and run: a retried task replaces the failed attempt's
         # hold (it sends the same ids), rather than leaving it behind for ever.
         inj = Injector(self.masters, self.stream, f"{self.name}/p{index}",
                        batch_size=self.batch_size, timeout=self.timeout, incarnation=self.incarnation,
-                       allow_code=self.allow_code)
+                       allow_code=self.allow_code, security=self.security)
         n, lo, hi = 0, None, None
         try:
             if self.has_id:
@@ -344,7 +347,7 @@ def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] |
            timestamp: str, name: str, masters: str | Iterable[str], id: str | None = None,
            watermark: int | str = "finish", batch_size: int = DEFAULT_BATCH_SIZE,
            timeout: float = 60.0, incarnation: str | None = None,
-           allow_code: str | Sequence[str] = ()) -> InjectionResult:
+           allow_code: str | Sequence[str] = (), security: Security = Security()) -> InjectionResult:
     """Send every row of ``df`` to ``stream`` as one record, exactly once.
 
     - ``key``: a string, binary or integer column; ``timestamp``: a timestamp
@@ -366,6 +369,10 @@ def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] |
       run's holds instead.
     - ``allow_code``: module prefixes the stream's key extractors may be loaded
       from on the executors besides millstream's own (as ``Injector``).
+    - ``security``: TLS, the injector token and the injector credential, as for
+      an ``Injector`` (a credential for ``name`` covers the partitions'
+      injectors, ``name/p<i>``); the executors use the same, so certificate
+      paths must be readable on them.
 
     Raises :class:`InvalidInputError` (before sending anything) for a missing
     column, an unusable type or nulls; :class:`~runtime.errors.MasterUnavailableError`
@@ -379,16 +386,17 @@ def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] |
     p = plan(df, key=key, value=value, timestamp=timestamp, id=id)
     if not (watermark in ("finish", "max") or (isinstance(watermark, int) and not isinstance(watermark, bool))):
         raise InvalidInputError(f"watermark={watermark!r}: use 'finish', 'max' or an int of microseconds")
-    check_stream(addresses, stream, min(timeout, 10.0))
+    check_stream(addresses, stream, min(timeout, 10.0), security)
     check_nulls(df, p.null_checked)
     if p.integer_time is not None:
         check_time_unit(df, p.integer_time)
     # From here on this injection holds the stream's watermark (until finished below).
     run = run_incarnation(incarnation)
-    holder = Injector(addresses, stream, name, timeout=timeout, incarnation=run, allow_code=allow_code)
+    holder = Injector(addresses, stream, name, timeout=timeout, incarnation=run, allow_code=allow_code,
+                      security=security)
     try:
         task = PartitionInjection(addresses, stream, name, name, p.has_id, batch_size, timeout, run,
-                                  code_prefixes(allow_code))
+                                  code_prefixes(allow_code), security)
         parts = run_partitions(df, p, task)
         result = _summary(name, parts, 0, t0)
         if watermark == "finish":
@@ -407,13 +415,14 @@ def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] |
         holder.close()
 
 
-def release(*, stream: str, name: str, masters: str | Iterable[str], timeout: float = 10.0) -> list[str]:
+def release(*, stream: str, name: str, masters: str | Iterable[str], timeout: float = 10.0,
+            security: Security = Security()) -> list[str]:
     """Give up on an injection that failed: stop it (and its partitions) holding ``stream``.
 
     Records it sent stay; records it did not send, and any sent later under the
     same name, may then arrive late. Returns the injector names released.
     """
-    with Client(masters, timeout=timeout) as client:
+    with Client(masters, timeout=timeout, security=security) as client:
         known = [i["name"] for i in client.status().get("injectors", [])
                  if i.get("stream") == stream and (i["name"] == name or i["name"].startswith(name + "/p"))]
         released = []

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from injectors.injector import DEFAULT_BATCH_SIZE, Injector
 from runtime.client import parse_addresses
+from runtime.security import Security
 from spark_bridge.inject import (
     WATERMARK_DELAY_KEY,
     InjectionResult,
@@ -62,8 +63,9 @@ class StreamInjection:
     def __init__(self, *, stream: str, key: str, value: str | Sequence[str] | None, timestamp: str,
                  name: str, masters: str | Iterable[str], id: str | None = None,
                  batch_size: int = DEFAULT_BATCH_SIZE, timeout: float = 60.0, incarnation: str | None = None,
-                 allow_code: str | Sequence[str] = ()) -> None:
+                 allow_code: str | Sequence[str] = (), security: Security = Security()) -> None:
         self.stream = stream
+        self.security = security
         self.allow_code = code_prefixes(allow_code)
         self.key = key
         self.value = value
@@ -73,11 +75,11 @@ class StreamInjection:
         self.addresses = parse_addresses(masters)
         self.batch_size = batch_size
         self.timeout = timeout
-        check_stream(self.addresses, stream, min(timeout, 10.0))
+        check_stream(self.addresses, stream, min(timeout, 10.0), security)
         # Created now, before the query starts: from here on the stream's watermark waits for us.
         self.incarnation = run_incarnation(incarnation)
         self.holder = Injector(self.addresses, stream, name, timeout=timeout, incarnation=self.incarnation,
-                               allow_code=self.allow_code)
+                               allow_code=self.allow_code, security=security)
         self.event_time_max: int | None = None  # of Spark's watermark column, over all batches
         self.results: list[InjectionResult] = []
         self._warned_no_watermark = False
@@ -110,7 +112,8 @@ class StreamInjection:
             (batch_max, *_) = check_nulls(df, p.null_checked, extra) or [None]
             id_name = f"{self.name}/b{batch_id}"
             task = PartitionInjection(self.addresses, self.stream, self.name, id_name, p.has_id,
-                                      self.batch_size, self.timeout, self.incarnation, self.allow_code)
+                                      self.batch_size, self.timeout, self.incarnation, self.allow_code,
+                                      self.security)
             parts = run_partitions(df, p, task)
             n = sum(x[1] for x in parts)
             his = [x[3] for x in parts if x[3] is not None]
@@ -144,14 +147,15 @@ class StreamInjection:
 def inject_stream(*, stream: str, key: str, value: str | Sequence[str] | None, timestamp: str,
                   name: str, masters: str | Iterable[str], id: str | None = None,
                   batch_size: int = DEFAULT_BATCH_SIZE, timeout: float = 60.0,
-                  incarnation: str | None = None, allow_code: str | Sequence[str] = ()) -> StreamInjection:
+                  incarnation: str | None = None, allow_code: str | Sequence[str] = (),
+                  security: Security = Security()) -> StreamInjection:
     """A ``foreachBatch`` function injecting a streaming query into ``stream`` exactly once.
 
-    Arguments as for :func:`~spark_bridge.inject`. Create it before starting
+    Arguments (``security`` included) as for :func:`~spark_bridge.inject`. Create it before starting
     the query (it checks the masters and the stream, and starts holding the
     stream's watermark); call :meth:`StreamInjection.finish` when the query
     ends for good, so the stream's readers can flush their last timers.
     """
     return StreamInjection(stream=stream, key=key, value=value, timestamp=timestamp, name=name,
                            masters=masters, id=id, batch_size=batch_size, timeout=timeout,
-                           incarnation=incarnation, allow_code=allow_code)
+                           incarnation=incarnation, allow_code=allow_code, security=security)

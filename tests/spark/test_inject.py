@@ -301,3 +301,43 @@ def test_timestamps_in_seconds_or_milliseconds_are_refused_before_sending(spark:
             spark_bridge.inject(df, stream=stream, key="k", value="v", timestamp="ts", name=f"u-{unit}",
                                 masters=m)
     _only_marker_arrives(shared_cluster, stream, out)
+
+
+def test_a_dataframe_reaches_a_cluster_with_role_tokens_and_required_credentials(
+        spark: Any, tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``security=`` goes from the driver to every task's injector: on a cluster with one token
+    per role whose workers require injector credentials, a DataFrame sent with no token is
+    refused at the driver's first call, one sent with the injector token but no credential
+    is refused by the workers (the job fails with their reason, nothing reaches the sink), and
+    one sent with the credential of its name (which covers the partitions' ``name/p<i>``)
+    arrives exactly once."""
+    from pyspark.sql import functions as F
+
+    from runtime.errors import MillstreamError
+    from runtime.security import Security, injector_credential
+
+    tokens = {"worker": "w-token", "injector": "i-token", "operator": "o-token"}
+    for role, token in tokens.items():
+        monkeypatch.setenv(f"MILLSTREAM_{role.upper()}_TOKEN", token)
+    monkeypatch.setenv("MILLSTREAM_REQUIRE_INJECTOR_CREDENTIALS", "1")
+    n = 500
+    df = (spark.range(n, numPartitions=2)
+          .select(F.col("id").cast("string").alias("k"), F.concat(F.lit("v"), F.col("id")).alias("v"),
+                  (F.lit(BASE) + F.col("id")).alias("ts")))
+    with Cluster(str(tmp_path), workers=2, security=Security(token=tokens["operator"])).running() as c:
+        stream, out = _sink(c, "secured")
+
+        def send(security: Security) -> spark_bridge.InjectionResult:
+            return spark_bridge.inject(df, stream=stream, key="k", value="v", timestamp="ts", name="secured",
+                                       masters=c.masters_arg, timeout=20, security=security)
+
+        with pytest.raises(MillstreamError, match="missing or wrong token"):
+            send(Security())
+        with pytest.raises(InjectionError, match="credential"):
+            send(Security(token=tokens["injector"]))
+        credential = injector_credential(tokens["worker"], "secured")
+        result = send(Security(token=tokens["injector"], injector_credential=credential))
+        assert result.records == n
+        wait_until(lambda: os.path.isdir(out) and spark_bridge.count_rows(out) >= n, 60, f"{n} rows in the sink")
+        rows = read_rows(out)
+        assert sorted(r["key"] for r in rows) == sorted(str(i) for i in range(n))
