@@ -156,6 +156,13 @@ def read_secrets(args: argparse.Namespace) -> None:
                     ", ".join(f"{f}-file FILE" for f in shown))
 
 
+def require_credentials_flag(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--require-injector-credentials", action="store_true",
+                   default=from_env("MILLSTREAM_REQUIRE_INJECTOR_CREDENTIALS", "") in ("1", "true", "yes"),
+                   help=f"take {what} only with an injector credential (`millstream credential NAME`); "
+                        "needs --worker-token (env MILLSTREAM_REQUIRE_INJECTOR_CREDENTIALS=1)")
+
+
 def security_flags(p: argparse.ArgumentParser, server: bool) -> None:
     g = p.add_argument_group("security (optional)")
     if server:

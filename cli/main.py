@@ -24,6 +24,7 @@ from cli.flags import (
     masters_flag,
     need,
     read_secrets,
+    require_credentials_flag,
     secret_flag,
     security,
     security_flags,
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                    default=from_env("MILLSTREAM_INJECTOR_EXPIRY_S", "86400"),
                    help="release an injector's hold on its stream after this long without a report "
                         "(a live one reports every 10 s; 0 = never; default a day); docs/time.md")
+    require_credentials_flag(m, "injectors' watermark reports")
     security_flags(m, server=True)
     m.add_argument("--etcd-user", default=from_env("MILLSTREAM_ETCD_USER"), help="etcd user (env MILLSTREAM_ETCD_USER)")
     secret_flag(m.add_argument_group("etcd password"), "etcd-password", "MILLSTREAM_ETCD_PASSWORD",
@@ -119,11 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated module prefixes topologies may load code from, e.g. my_jobs,"
                         "acme.pipelines (env MILLSTREAM_ALLOW_CODE); millstream's own sinks and "
                         "examples are always allowed; '*' allows any module (trusted setups only)")
-    w.add_argument("--require-injector-credentials", action="store_true",
-                   default=from_env("MILLSTREAM_REQUIRE_INJECTOR_CREDENTIALS", "") in ("1", "true", "yes"),
-                   help="take records from callers outside the worker role only with an injector credential "
-                        "(`millstream credential NAME`); needs --worker-token "
-                        "(env MILLSTREAM_REQUIRE_INJECTOR_CREDENTIALS=1)")
+    require_credentials_flag(w, "records from callers outside the worker role")
     security_flags(w, server=True)
 
     cr = sub.add_parser("credential", help="print the credential of the injectors named NAME or NAME/..., "
@@ -263,7 +261,8 @@ def _run(args: argparse.Namespace) -> int:
                               policy=policy, injector_expiry_s=args.injector_expiry_s)
         main(MasterOptions(etcd, args.listen, config,
                            advertise=args.advertise, http_listen=args.http_listen, security=security(args),
-                           health_listen=args.health_listen or None))
+                           health_listen=args.health_listen or None,
+                           require_injector_credentials=args.require_injector_credentials))
         return 0
     if cmd == "worker":
         from runtime.client import parse_addresses

@@ -24,7 +24,7 @@ from runtime import health, metrics, serving
 from runtime.client import NOT_LEADER_METADATA
 from runtime.errors import EtcdUnavailableError, WorkerIdentityError
 from runtime.keyspace import wire_end
-from runtime.security import Security, caller_roles
+from runtime.security import Security, caller_owner, caller_roles, report_problem, require_worker_token
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 
@@ -42,6 +42,10 @@ class MasterOptions:
     http_listen: str | None = None
     security: Security = Security()
     health_listen: str | None = None  # the health service alone, in plaintext (runtime/health.py)
+    require_injector_credentials: bool = False  # reports from injectors only with one (review N4)
+
+    def __post_init__(self) -> None:
+        require_worker_token(self.require_injector_credentials, self.security)
 
 
 async def _async(fn: Any, *args: Any) -> Any:
@@ -49,8 +53,9 @@ async def _async(fn: Any, *args: Any) -> Any:
 
 
 class MasterServicer(rpc.MasterServicer):
-    def __init__(self, master: Master) -> None:
+    def __init__(self, master: Master, require_credentials: bool = False) -> None:
         self.m = master
+        self.require_credentials = require_credentials  # injectors' reports only with a credential
 
     async def _leader(self, context: grpc.aio.ServicerContext) -> MasterCore:
         core = self.m.core
@@ -149,6 +154,10 @@ class MasterServicer(rpc.MasterServicer):
         return pb.LeaveResponse()
 
     async def ReportInjector(self, request: pb.InjectorReport, context: Any) -> pb.InjectorResponse:
+        problem = report_problem(caller_owner(), request.name, self.require_credentials,
+                                 "operator" in caller_roles())
+        if problem is not None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
         core = await self._leader(context)
         await serving.call_core(context, lambda: _async(
             core.report_injector, request.name, request.stream, request.watermark, request.incarnation,
@@ -225,7 +234,7 @@ class Master:
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.to_thread(self.store.check)
         server = serving.make_server(self.options.security)
-        rpc.add_MasterServicer_to_server(MasterServicer(self), server)
+        rpc.add_MasterServicer_to_server(MasterServicer(self, self.options.require_injector_credentials), server)
         ready = health.Health(health.MASTER)
         ready.add_to(server)
         self.address = serving.bind(server, self.options.listen, self.options.advertise,

@@ -198,7 +198,8 @@ class DeliveryLinks:
             outs = [delivery.answered(a) for a in resp.answers]
         except grpc.RpcError as e:
             out = self._failed(address, e)
-            if out.refused is not None and len(bundle) > 1:
+            # (UNAUTHENTICATED is the caller's token or credential, never one delivery's.)
+            if out.refused is not None and len(bundle) > 1 and e.code() != grpc.StatusCode.UNAUTHENTICATED:
                 # One delivery the receiver refuses for good refuses the frame: the others go
                 # alone, so only that one waits (it is retried, as any failed delivery).
                 for b in bundle:

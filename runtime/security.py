@@ -21,8 +21,9 @@ them: ``NAME`` covers ``NAME`` and ``NAME/...``) a credential, ``NAME:<hex>``, a
 the name under the cluster's worker token (:func:`injector_credential`; ``millstream
 credential NAME``). A process presents it with its token (``injector_credential``); a server
 that knows the worker token checks it and gives the name to its servicers
-(:func:`caller_owner`). Workers keep the producers of a caller with a credential apart from
-everyone else's (worker/owners.py), so no other token holder can move their marks.
+(:func:`caller_owner`, with the credential's MAC as a key). Workers keep the producers of a
+caller with a credential apart from everyone else's under digests keyed with it
+(worker/owners.py), so no other token holder can even name them, let alone move their marks.
 """
 
 from __future__ import annotations
@@ -79,7 +80,19 @@ _ALL = frozenset(ROLES)
 _caller: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("millstream_caller_roles", default=_ALL)
 
 
-_owner: contextvars.ContextVar[str | None] = contextvars.ContextVar("millstream_caller_owner", default=None)
+
+
+@dataclass(frozen=True)
+class Owner:
+    """What a caller's injector credential proved: the name it is for, and its MAC, which only
+    the credential's holder and the operator who issued it know (workers key the digests of
+    the owner's producers with it: worker/owners.py)."""
+
+    name: str
+    key: bytes = field(repr=False)
+
+
+_owner: contextvars.ContextVar[Owner | None] = contextvars.ContextVar("millstream_caller_owner", default=None)
 
 
 def caller_roles() -> frozenset[str]:
@@ -87,8 +100,8 @@ def caller_roles() -> frozenset[str]:
     return _caller.get()
 
 
-def caller_owner() -> str | None:
-    """The name the caller's injector credential proved (None: it showed none, or this server
+def caller_owner() -> Owner | None:
+    """What the caller's injector credential proved (None: it showed none, or this server
     cannot check one: it has no worker token)."""
     return _owner.get()
 
@@ -122,6 +135,31 @@ def covers(owner: str, injector_name: str) -> bool:
     return injector_name == owner or injector_name.startswith(owner + "/")
 
 
+REQUIRED = ("this cluster takes records and watermark reports from injectors only with a credential "
+            "(--require-injector-credentials): give the injector the one `millstream credential NAME` "
+            "prints for its name, as Security(injector_credential=...) (`millstream inject-files`: "
+            "--injector-credential-file or MILLSTREAM_INJECTOR_CREDENTIAL)")
+
+
+def require_worker_token(required: bool, security: Security) -> None:
+    """``--require-injector-credentials`` needs the worker token the credentials are made with."""
+    if required and security.role_tokens.get("worker") is None:
+        raise ConfigError("--require-injector-credentials needs --worker-token: credentials are checked "
+                          "with it (with one --token for every role, an injector could make its own)")
+
+
+def report_problem(owner: Owner | None, name: str, required: bool, operator: bool) -> str | None:
+    """Why a master refuses an injector's report under ``name`` (None: it does not): a caller
+    with a credential reports only under names it covers; without one, only where credentials
+    are not required (an operator's release is an operator's, whatever it shows)."""
+    if owner is not None and not covers(owner.name, name):
+        return (f"this caller's injector credential is for {owner.name!r}, which does not cover the injector "
+                f"{name!r}: report under {owner.name!r} or {owner.name + '/...'!r}")
+    if owner is None and required and not operator:
+        return REQUIRED
+    return None
+
+
 @dataclass(frozen=True)
 class Security:
     """Transport security settings. The default is plaintext and no token (loopback use)."""
@@ -129,12 +167,12 @@ class Security:
     cert: str | None = None   # server certificate chain (PEM), for daemons
     key: str | None = None    # its private key (PEM)
     ca: str | None = None     # CA bundle clients verify servers with (PEM)
-    token: str | None = None  # what this process presents on every call
+    token: str | None = field(default=None, repr=False)  # what this process presents on every call
     # role -> token servers accept for it; empty: ``token`` (if any) holds every role
-    role_tokens: Mapping[str, str] = field(default_factory=dict)
+    role_tokens: Mapping[str, str] = field(default_factory=dict, repr=False)
     client_ca: str | None = None  # servers require client certificates signed by this CA
     # ``NAME:<hex>`` (injector_credential): what this process's injectors present as theirs
-    injector_credential: str | None = None
+    injector_credential: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.injector_credential is not None:
@@ -289,16 +327,17 @@ class _TokenCheck(grpc.aio.ServerInterceptor):
         self.accepted = {f"Bearer {t}".encode(): roles for t, roles in accepted.items()}
         self.credential_key = credential_key
 
-    def _owner(self, presented: str | None) -> tuple[str | None, str | None]:
-        """(the name a presented credential proves, or None; the refusal if it proves nothing)."""
+    def _owner(self, presented: str | None) -> tuple[Owner | None, str | None]:
+        """(what a presented credential proves, or None; the refusal if it proves nothing)."""
         if presented is None or self.credential_key is None:
             return None, None
         try:
             name = credential_owner(presented)
         except ConfigError as e:
             return None, str(e)
-        if hmac.compare_digest(presented.strip().encode(), injector_credential(self.credential_key, name).encode()):
-            return name, None
+        expected = injector_credential(self.credential_key, name)
+        if hmac.compare_digest(presented.strip().encode(), expected.encode()):
+            return Owner(name, bytes.fromhex(expected.rpartition(":")[2])), None
         return None, (f"the injector credential for {name!r} is not this cluster's: issue one with `millstream "
                       f"credential {name}` (it is made with the cluster's worker token)")
 
@@ -335,7 +374,7 @@ class _TokenCheck(grpc.aio.ServerInterceptor):
         return _deny(handler, code, message)
 
 
-def _with_roles(handler: Any, roles: frozenset[str], owner: str | None = None) -> Any:
+def _with_roles(handler: Any, roles: frozenset[str], owner: Owner | None = None) -> Any:
     """The same handler, with ``caller_roles()`` and ``caller_owner()`` set while it runs."""
     if handler.unary_unary is not None:
         inner = handler.unary_unary

@@ -1,5 +1,5 @@
-"""The worker daemon: a thin gRPC layer over :class:`~worker.core.WorkerCore`,
-and its session with the master (registration, heartbeats, routing)."""
+"""The worker daemon: a thin gRPC layer over :class:`~worker.core.WorkerCore` (its session
+with the master is worker/session.py)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,9 @@ from runtime import delivery, health, metrics, serving, streams
 from runtime.client import AsyncMasterClient
 from runtime.columns import Columns, MalformedColumns, of_request
 from runtime.durable import sync_dir
-from runtime.errors import ConfigError
 from runtime.faults import Faults
 from runtime.imports import CodePolicy
-from runtime.security import Security, caller_owner, caller_roles
+from runtime.security import REQUIRED, Owner, Security, caller_owner, caller_roles, require_worker_token
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 from worker.core import WorkerCore, WorkerLimits
@@ -55,19 +54,11 @@ class WorkerOptions:
     require_injector_credentials: bool = False  # refuse records from callers without one (review N4)
 
     def __post_init__(self) -> None:
-        if self.require_injector_credentials and self.security.role_tokens.get("worker") is None:
-            raise ConfigError("--require-injector-credentials needs --worker-token: credentials are checked "
-                              "with it (with one --token for every role, an injector could make its own)")
+        require_worker_token(self.require_injector_credentials, self.security)
 
 
-REQUIRE_CREDENTIAL = ("this worker takes records from injectors only with a credential "
-                      "(--require-injector-credentials): give the injector the one `millstream credential NAME` "
-                      "prints for its name, as Security(injector_credential=...) (`millstream inject-files`: "
-                      "--injector-credential-file or MILLSTREAM_INJECTOR_CREDENTIAL)")
-
-
-def _caller() -> tuple[bool, str | None]:
-    """Whether the caller holds the worker role, and the name its injector credential proved."""
+def _caller() -> tuple[bool, Owner | None]:
+    """Whether the caller holds the worker role, and what its injector credential proved."""
     worker = "worker" in caller_roles()
     return worker, None if worker else caller_owner()
 
@@ -120,7 +111,7 @@ class WorkerServicer(rpc.WorkerServicer):
         async for answer in serve_frames(request_iterator, context, handle, self.stream_credit):
             yield answer
 
-    async def _deliver_many(self, request: pb.DeliverManyRequest, worker: bool, owner: str | None,
+    async def _deliver_many(self, request: pb.DeliverManyRequest, worker: bool, owner: Owner | None,
                             carrier: str = "unary") -> pb.DeliverManyResponse:
         admitted = await self._admit(request.deliveries, worker, owner)
         metrics.DELIVER_CALLS.labels(carrier).inc()
@@ -131,7 +122,7 @@ class WorkerServicer(rpc.WorkerServicer):
         return pb.DeliverManyResponse(answers=answers)
 
     async def _admit(self, requests: Any, worker: bool,
-                     owner: str | None = None) -> list[tuple[pb.DeliverRequest, Columns, Any]]:
+                     owner: Owner | None = None) -> list[tuple[pb.DeliverRequest, Columns, Any]]:
         """Each request with its records (as columns: rows from older senders are turned into
         columns) and producer orders, once all are valid; raises
         :class:`~runtime.streams.StreamError` with what is wrong otherwise (the call is
@@ -141,7 +132,7 @@ class WorkerServicer(rpc.WorkerServicer):
         tablet's records (N4). ``owner``: the name the caller's injector credential proved;
         its producers are kept apart from everyone else's (worker/owners.py, N4)."""
         if not worker and owner is None and self.require_credentials and requests:
-            raise streams.StreamError(grpc.StatusCode.PERMISSION_DENIED, REQUIRE_CREDENTIAL)
+            raise streams.StreamError(grpc.StatusCode.PERMISSION_DENIED, REQUIRED)
         out = []
         injected = False
         for request in requests:

@@ -4,6 +4,7 @@ and the worker's servicer, on an in-process core (real RocksDB)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 from runtime import Record
 from runtime.delivery import request
 from runtime.record import producer_prefix, sequence_id
-from runtime.security import Security, injector_credential
+from runtime.security import Owner, Security, injector_credential
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 from tests.core.corekit import make_core
@@ -228,9 +229,19 @@ def test_n4_an_injector_with_a_credential_is_not_silenced_by_another_holder_of_t
             # Its own re-send (a re-run) lands on the same marks: a duplicate, not a second copy.
             again = await team_a.Deliver(request("echo", 0, 1, real[:1], {victim: (0, 0)}, "injector/team-a"))
             assert again.duplicates == 1
-        assert sorted(_outputs()) == [b"forged", b"real 1", b"real 2", b"real 3"]
+            # What mallory can compute from public data (the name, the prefix) is not where the
+            # marks are: a digest of them, sent as it is, moves a mark of its own.
+            guess = hashlib.blake2b(victim, digest_size=8, person=b"millstream-owner").digest()
+            guess = bytes((guess[0] & 0x7F,)) + guess[1:]
+            rec_guess = Record(b"k", b"guessed", BASE, sequence_id(guess, LAST_SEQ))
+            assert (await mallory.Deliver(request("echo", 0, 1, [rec_guess], {guess: (0, 0)}))).status == OK
+            later = Record(b"k4", b"real 4", BASE + 4, sequence_id(victim, 4))
+            assert (await team_a.Deliver(request("echo", 0, 1, [later], {victim: (0, 3)}))).duplicates == 0
+            await _outputs_reach(6)
+        assert sorted(_outputs()) == [b"forged", b"guessed", b"real 1", b"real 2", b"real 3", b"real 4"]
         marks = core.tablets[("echo", 0)].store.marks()
-        assert marks[owned_prefix("team-a", victim)].seq == 3 and marks[victim].seq == LAST_SEQ
+        owner = Owner("team-a", bytes.fromhex(credential.rpartition(":")[2]))
+        assert marks[owned_prefix(owner, victim)].seq == 4 and marks[victim].seq == LAST_SEQ
         await core.close_all()
 
     asyncio.run(main())

@@ -140,10 +140,16 @@ def test_a_cluster_set_up_like_the_systemd_example_refuses_strangers_and_forged_
 
 
 def test_a_cluster_that_requires_injector_credentials(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Review N4: workers started with MILLSTREAM_REQUIRE_INJECTOR_CREDENTIALS=1 and one token
-    per role. An injector with only the injector token is refused with one line that says how
-    to get a credential, and nothing of it reaches the job; the word count's injector, with
-    the credential `millstream credential test-creds` printed, is counted exactly once."""
+    """Review N4: masters and workers started with MILLSTREAM_REQUIRE_INJECTOR_CREDENTIALS=1 and
+    one token per role. An injector with only the injector token is refused with one line that
+    says how to get a credential, and nothing of it reaches the job; the word count's injector,
+    with the credential `millstream credential test-creds` printed, is counted exactly once; a
+    credential lets its holder report watermarks under the names it covers only."""
+    import grpc
+
+    from runtime.wire import millstream_pb2 as pb
+    from runtime.wire import millstream_pb2_grpc as rpc
+
     tokens = {"worker": "w-token", "injector": "i-token", "operator": "o-token"}
     for role, token in tokens.items():
         monkeypatch.setenv(f"MILLSTREAM_{role.upper()}_TOKEN", token)
@@ -168,3 +174,18 @@ def test_a_cluster_that_requires_injector_credentials(tmp_path: object, monkeypa
 
         counts = wordcount.final_counts(list(read_file_sink(os.path.join(c.data_dir, "out-creds"))))
         assert counts == got and "refused" not in counts
+
+        def report(security: Security, name: str) -> grpc.StatusCode:
+            with security.channel(c.masters_arg.split(",")[0]) as ch:
+                try:
+                    rpc.MasterStub(ch).ReportInjector(pb.InjectorReport(
+                        name=name, stream="lines", watermark=0, incarnation="x"), timeout=10)
+                except grpc.RpcError as e:
+                    return e.code()
+            return grpc.StatusCode.OK
+
+        holder = Security(token=tokens["injector"], injector_credential=credential)
+        assert report(holder, "test-creds/p0") == grpc.StatusCode.OK
+        # Holding back another injector's stream under its name: refused, with or without one.
+        assert report(holder, "test-other") == grpc.StatusCode.PERMISSION_DENIED
+        assert report(Security(token=tokens["injector"]), "test-other") == grpc.StatusCode.PERMISSION_DENIED

@@ -333,7 +333,7 @@ def test_a_dataframe_reaches_a_cluster_with_role_tokens_and_required_credentials
 
         with pytest.raises(MillstreamError, match="missing or wrong token"):
             send(Security())
-        with pytest.raises(InjectionError, match="credential"):
+        with pytest.raises(MillstreamError, match="millstream credential NAME"):
             send(Security(token=tokens["injector"]))
         credential = injector_credential(tokens["worker"], "secured")
         result = send(Security(token=tokens["injector"], injector_credential=credential))
