@@ -234,20 +234,26 @@ def test_a_second_boundary_over_thousands_of_keys_fires_in_slices_between_batche
     assert totals == [1500]
 
 
-def test_a_firings_stall_includes_the_fused_sink_writing_what_fired(monkeypatch: Any, tmp_path: Any) -> None:
-    """millstream_window_fire_seconds is how long a firing held its tablet: the fused sink
-    writes the fired windows at the end of the same call, so its time counts."""
-    monkeypatch.setattr(windowing, "perf_counter", j.CLOCK)
-    flow = Dataflow("tick", key_ranges=1)
-    flow.input("ev", keyed=True).window(Tumbling(SECOND), Count(), name="tick_counts") \
-        .sink(j.TickingSink, name="tick_out", path=str(tmp_path))
-    before = REGISTRY.get_sample_value("millstream_window_fire_seconds_sum", {"step": "tick_counts"}) or 0.0
+def _three_windows_through(sink: type, name: str, path: str) -> None:
+    """A flow ``<name>``: one-second counts (step ``<name>_counts``) into a fused ``sink``; three
+    keys' windows fire at the end of the input, and all three reach the sink's files."""
+    flow = Dataflow(name, key_ranges=1)
+    flow.input("ev", keyed=True).window(Tumbling(SECOND), Count(), name=f"{name}_counts") \
+        .sink(sink, name=f"{name}_out", path=path)
     with TestRun(flow) as run:
         for i in range(3):
             run.inject("ev", b"k%d" % i, b"", T0 + i)
         run.finish("ev")
         run.run_until_idle()
-    assert len(list(read_file_sink(str(tmp_path)))) == 3
+    assert len(list(read_file_sink(path))) == 3
+
+
+def test_a_firings_stall_includes_the_fused_sink_writing_what_fired(monkeypatch: Any, tmp_path: Any) -> None:
+    """millstream_window_fire_seconds is how long a firing held its tablet: the fused sink
+    writes the fired windows at the end of the same call, so its time counts."""
+    monkeypatch.setattr(windowing, "perf_counter", j.CLOCK)
+    before = REGISTRY.get_sample_value("millstream_window_fire_seconds_sum", {"step": "tick_counts"}) or 0.0
+    _three_windows_through(j.TickingSink, "tick", str(tmp_path))
     after = REGISTRY.get_sample_value("millstream_window_fire_seconds_sum", {"step": "tick_counts"})
     assert after - before == 3.0
 
@@ -256,18 +262,10 @@ def test_a_firings_cpu_is_its_threads_work_not_its_waits(tmp_path: Any) -> None:
     """millstream_window_fire_cpu_seconds counts the tablet thread's CPU in the same firings:
     a fused sink that waits 0.1 s per window fired holds the tablet that long (wall), but
     waiting is not work, so the CPU histogram stays far below it."""
-    flow = Dataflow("waits", key_ranges=1)
-    flow.input("ev", keyed=True).window(Tumbling(SECOND), Count(), name="wait_counts") \
-        .sink(j.WaitingSink, name="wait_out", path=str(tmp_path))
     labels = {"step": "wait_counts"}
     wall0 = REGISTRY.get_sample_value("millstream_window_fire_seconds_sum", labels) or 0.0
     cpu0 = REGISTRY.get_sample_value("millstream_window_fire_cpu_seconds_sum", labels) or 0.0
-    with TestRun(flow) as run:
-        for i in range(3):
-            run.inject("ev", b"k%d" % i, b"", T0 + i)
-        run.finish("ev")
-        run.run_until_idle()
-    assert len(list(read_file_sink(str(tmp_path)))) == 3
+    _three_windows_through(j.WaitingSink, "wait", str(tmp_path))
     wall = REGISTRY.get_sample_value("millstream_window_fire_seconds_sum", labels) - wall0
     cpu = REGISTRY.get_sample_value("millstream_window_fire_cpu_seconds_sum", labels) - cpu0
     calls = REGISTRY.get_sample_value("millstream_window_fire_cpu_seconds_count", labels)
