@@ -6,6 +6,7 @@
     python -m bench.overhead inflight       # an injector's rounds: 1 vs 4 in flight, with and
                                             # without a network round trip to the workers
     python -m bench.overhead recordpath [BATCH...]  # us per record of one stage, in process
+    python -m bench.overhead recordfloor    # ... of a stage that does nothing, and of W1's user code alone
     python -m bench.overhead writes         # a replicated commit's writes: encode, and apply at a follower
     python -m bench.overhead kernels        # routing's per-record kernels: compiled against their reference
 
@@ -45,9 +46,15 @@ cluster; loopback has none, and this kernel has no netem). Records per second un
 ``recordpath``: ``bench.profile``'s record path (one exactly-once stage on a real RocksDB,
 fsync per commit, fed and producing serialized deliveries; no network, no other process),
 10,000 records in batches of each BATCH (default 100): microseconds per record without a
-profiler, wall and CPU (every thread of the process; the wall figure also holds the fsyncs,
-which move with the disk from run to run). It exists in checkouts back to before issue 9, so this file copied into an older
+profiler, wall and CPU (every thread of the process), both over the deliveries alone (not the
+imports, the tablet's opening, nor the making of the requests); the wall figure also holds
+the fsyncs, which move with the disk from run to run. It exists in checkouts back to before issue 9, so this file copied into an older
 one (as bench/ab_commits.sh does with w1_single.py) compares the record path's own cost.
+
+``recordfloor``: what bounds that record path from below, CPU µs per record (best of 3): the
+same driver with a stage that does nothing (the runtime's own work per record: dedup, a
+``Record``, the call, the commit), and W1's ``ChainedCounter.process_record`` called alone
+on a bare context (state in a dict, productions in a list): the user code's own cost.
 """
 
 from __future__ import annotations
@@ -66,6 +73,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
+
+from runtime import Computation, Context, Record
 
 
 def _serve() -> None:
@@ -249,21 +258,88 @@ def record_path(batches: list[int], records: int = 10_000, flow_steps: int = 0) 
     size; with ``flow_steps``, the stage is a flow of that many fused ``process`` steps."""
     import uvloop
 
-    from bench.profile import _drive, flow_routing
+    from bench.profile import Timing, _drive, flow_routing
 
     wall: dict[str, float] = {}
     cpu: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="millstream-recordpath-") as tmp:
         for batch in batches:
             path = os.path.join(tmp, f"b{batch}")
-            started = time.process_time()
             routing = flow_routing(flow_steps) if flow_steps else None
-            wall[str(batch)] = round(uvloop.run(_drive(path, records, batch, None, routing=routing)), 1)
-            # CPU of every thread of this process (the fsyncs' waits are not in it): the
-            # figure to compare on a machine whose disk latency moves from run to run.
-            cpu[str(batch)] = round((time.process_time() - started) / records * 1e6, 1)
+            timing = Timing()
+            uvloop.run(_drive(path, records, batch, None, routing=routing, timing=timing))
+            wall[str(batch)] = round(timing.wall_us, 1)
+            # CPU of every thread of this process over the deliveries (the fsyncs' waits are
+            # not in it): the figure to compare on a machine whose disk latency moves from run
+            # to run. It once also held the first run's imports, the requests' making and the
+            # tablet's opening and closing, which weigh the same on both sides of an A/B.
+            cpu[str(batch)] = round(timing.cpu_us, 1)
             shutil.rmtree(path, ignore_errors=True)
     return {"us_per_record": wall, "cpu_us_per_record": cpu, "flow_steps": flow_steps, "loadavg": os.getloadavg()}
+
+
+class Nothing(Computation):
+    """A stage that does nothing with its records: what is left is the runtime's own work."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        pass
+
+
+class _BareContext:
+    """The least a context can be for ChainedCounter: state in a dict, productions in a list
+    (no checks, no undo, no routing): what its own code costs, without the runtime's."""
+
+    def __init__(self) -> None:
+        self.state = self
+        self.key = b""
+        self.values: dict[bytes, bytes] = {}
+        self.out: list[tuple[str, bytes, bytes]] = []
+
+    def get(self) -> bytes | None:
+        return self.values.get(self.key)
+
+    def set(self, value: bytes) -> None:
+        self.values[self.key] = value
+
+    def produce(self, stream: str, value: bytes) -> None:
+        self.out.append((stream, self.key, value))
+
+
+def record_floor(batch: int = 1_000, records: int = 20_000, runs: int = 3) -> dict[str, Any]:
+    """What bounds the record path from below (best of ``runs``, CPU µs per record): the same
+    driver as :func:`record_path` with a stage that does nothing (``runtime_only``: dedup, a
+    ``Record``, the call, the commit), and ChainedCounter's ``process_record`` called alone
+    on a bare context (``user_code_only``)."""
+    import uvloop
+
+    from bench.generator import w1_keys
+    from bench.jobs import ChainedCounter
+    from bench.profile import Timing, _drive, _routing
+
+    routing = _routing()
+    routing.computations[0].code = "bench.overhead:Nothing"
+    nothing = []
+    with tempfile.TemporaryDirectory(prefix="millstream-recordfloor-") as tmp:
+        for i in range(runs):
+            timing = Timing()
+            uvloop.run(_drive(os.path.join(tmp, str(i)), records, batch, None, routing=routing, timing=timing))
+            nothing.append(timing.cpu_us)
+    counter = ChainedCounter()
+    counter.setup({"out": "s1"})
+    made = [Record(k, b"%d" % time.time_ns(), 1, b"%016d" % i) for i, k in enumerate(w1_keys(10_000, records / 10_000, seed=3))]
+    alone = []
+    for _ in range(runs):
+        ctx = _BareContext()
+        fn = counter.process_record
+        started = time.process_time()
+        for r in made:
+            ctx.key = r.key
+            fn(ctx, r)  # type: ignore[arg-type]
+        alone.append((time.process_time() - started) / len(made) * 1e6)
+    return {"runtime_only_cpu_us_per_record": round(min(nothing), 2),
+            "user_code_only_cpu_us_per_record": round(min(alone), 2), "user_code_productions": len(ctx.out),
+            "batch": batch, "records": records,
+            "loadavg": os.getloadavg()}
 
 
 def replica_writes(commits: int = 300) -> dict[str, Any]:
@@ -361,7 +437,8 @@ def kernel_costs(n: int = 4_000, calls: int = 50, repeats: int = 5) -> dict[str,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.overhead")
-    p.add_argument("what", choices=["rpc", "cpu", "fsync", "inflight", "recordpath", "writes", "kernels", "_serve"])
+    p.add_argument("what", choices=["rpc", "cpu", "fsync", "inflight", "recordpath", "recordfloor", "writes",
+                                    "kernels", "_serve"])
     p.add_argument("rates", nargs="*", type=int, default=None,
                    help="cpu: rates (default 1000 10000); recordpath: batch sizes (default 100)")
     p.add_argument("--records", type=int, default=None,
@@ -377,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(fsync_cost()))
     elif args.what == "recordpath":
         print(json.dumps(record_path(args.rates or [100], args.records or 10_000, args.flow_steps)))
+    elif args.what == "recordfloor":
+        print(json.dumps(record_floor((args.rates or [1_000])[0], args.records or 20_000)))
     elif args.what == "writes":
         print(json.dumps(replica_writes()))
     elif args.what == "kernels":

@@ -155,3 +155,17 @@ def test_w2_computations_match_the_oracle() -> None:
     got_spikes = {(k, int(v.split()[0])) for _, k, v, _ in c2.out}
     assert got_windows == oracle.windows
     assert got_spikes == oracle.spikes and oracle.spikes
+
+
+def test_the_record_path_and_its_floor_measure_the_deliveries() -> None:
+    """``bench.overhead recordpath`` and ``recordfloor`` run one tablet on a real RocksDB
+    (every delivery must be accepted) and time the deliveries alone; the user code alone
+    made one production per record."""
+    from bench.overhead import record_floor, record_path
+
+    path = record_path([100], records=400)
+    assert path["cpu_us_per_record"]["100"] > 0 and path["us_per_record"]["100"] > 0
+    floor = record_floor(batch=100, records=400, runs=1)
+    assert floor["runtime_only_cpu_us_per_record"] > 0
+    assert floor["user_code_only_cpu_us_per_record"] > 0
+    assert floor["user_code_productions"] == 400
