@@ -51,10 +51,11 @@ imports, the tablet's opening, nor the making of the requests); the wall figure 
 the fsyncs, which move with the disk from run to run. It exists in checkouts back to before issue 9, so this file copied into an older
 one (as bench/ab_commits.sh does with w1_single.py) compares the record path's own cost.
 
-``recordfloor``: what bounds that record path from below, CPU µs per record (best of 3): the
-same driver with a stage that does nothing (the runtime's own work per record: dedup, a
-``Record``, the call, the commit), and W1's ``ChainedCounter.process_record`` called alone
-on a bare context (state in a dict, productions in a list): the user code's own cost.
+``recordfloor``: what bounds that record path from below, CPU µs per record and as shares of
+the whole path measured in the same rounds (three, interleaved): the same driver with a stage
+that does nothing (the runtime's own work per record: dedup, a ``Record``, the call, the
+commit), and W1's ``ChainedCounter.process_record`` called alone on a bare context (state in
+a dict, productions in a list): the user code's own cost.
 """
 
 from __future__ import annotations
@@ -306,39 +307,50 @@ class _BareContext:
 
 
 def record_floor(batch: int = 1_000, records: int = 20_000, runs: int = 3) -> dict[str, Any]:
-    """What bounds the record path from below (best of ``runs``, CPU µs per record): the same
-    driver as :func:`record_path` with a stage that does nothing (``runtime_only``: dedup, a
-    ``Record``, the call, the commit), and ChainedCounter's ``process_record`` called alone
-    on a bare context (``user_code_only``)."""
+    """What bounds the record path from below, CPU µs per record, each the median of ``runs``
+    rounds of three, interleaved (this machine's speed moves by 2x from one minute to the
+    next, so the shares of the whole path, per round, are the figures to read): the record
+    path of :func:`record_path` (``whole_path``); the same driver with a stage that does
+    nothing (``runtime_only``: dedup, a ``Record``, the call, the commit); and ChainedCounter's
+    ``process_record`` called alone on a bare context (``user_code_only``)."""
+    import statistics
+
     import uvloop
 
     from bench.generator import w1_keys
     from bench.jobs import ChainedCounter
     from bench.profile import Timing, _drive, _routing
 
-    routing = _routing()
-    routing.computations[0].code = "bench.overhead:Nothing"
-    nothing = []
-    with tempfile.TemporaryDirectory(prefix="millstream-recordfloor-") as tmp:
-        for i in range(runs):
-            timing = Timing()
-            uvloop.run(_drive(os.path.join(tmp, str(i)), records, batch, None, routing=routing, timing=timing))
-            nothing.append(timing.cpu_us)
+    nothing_routing = _routing()
+    nothing_routing.computations[0].code = "bench.overhead:Nothing"
     counter = ChainedCounter()
     counter.setup({"out": "s1"})
-    made = [Record(k, b"%d" % time.time_ns(), 1, b"%016d" % i) for i, k in enumerate(w1_keys(10_000, records / 10_000, seed=3))]
-    alone = []
-    for _ in range(runs):
-        ctx = _BareContext()
-        fn = counter.process_record
-        started = time.process_time()
-        for r in made:
-            ctx.key = r.key
-            fn(ctx, r)  # type: ignore[arg-type]
-        alone.append((time.process_time() - started) / len(made) * 1e6)
-    return {"runtime_only_cpu_us_per_record": round(min(nothing), 2),
-            "user_code_only_cpu_us_per_record": round(min(alone), 2), "user_code_productions": len(ctx.out),
-            "batch": batch, "records": records,
+    made = [Record(k, b"%d" % time.time_ns(), 1, b"%016d" % i)
+            for i, k in enumerate(w1_keys(10_000, records / 10_000, seed=3))]
+    whole: list[float] = []
+    nothing: list[float] = []
+    alone: list[float] = []
+    ctx = _BareContext()
+    with tempfile.TemporaryDirectory(prefix="millstream-recordfloor-") as tmp:
+        for i in range(runs):
+            for routing, into in ((_routing(), whole), (nothing_routing, nothing)):
+                timing = Timing()
+                path = os.path.join(tmp, f"{i}-{len(into)}-{id(into)}")
+                uvloop.run(_drive(path, records, batch, None, routing=routing, timing=timing))
+                into.append(timing.cpu_us)
+            ctx = _BareContext()
+            fn = counter.process_record
+            started = time.process_time()
+            for r in made:
+                ctx.key = r.key
+                fn(ctx, r)  # type: ignore[arg-type]
+            alone.append((time.process_time() - started) / len(made) * 1e6)
+    return {"whole_path_cpu_us_per_record": round(statistics.median(whole), 2),
+            "runtime_only_cpu_us_per_record": round(statistics.median(nothing), 2),
+            "user_code_only_cpu_us_per_record": round(statistics.median(alone), 2),
+            "runtime_only_share": round(statistics.median(n / w for n, w in zip(nothing, whole, strict=True)), 3),
+            "user_code_only_share": round(statistics.median(a / w for a, w in zip(alone, whole, strict=True)), 3),
+            "user_code_productions": len(ctx.out), "batch": batch, "records": records, "runs": runs,
             "loadavg": os.getloadavg()}
 
 

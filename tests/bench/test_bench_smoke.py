@@ -166,6 +166,6 @@ def test_the_record_path_and_its_floor_measure_the_deliveries() -> None:
     path = record_path([100], records=400)
     assert path["cpu_us_per_record"]["100"] > 0 and path["us_per_record"]["100"] > 0
     floor = record_floor(batch=100, records=400, runs=1)
-    assert floor["runtime_only_cpu_us_per_record"] > 0
-    assert floor["user_code_only_cpu_us_per_record"] > 0
+    assert floor["whole_path_cpu_us_per_record"] > 0 and floor["runtime_only_cpu_us_per_record"] > 0
+    assert floor["user_code_only_cpu_us_per_record"] > 0 and floor["runtime_only_share"] > 0
     assert floor["user_code_productions"] == 400
