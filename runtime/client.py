@@ -88,8 +88,8 @@ class Client:
         self.timeout = timeout
         self.security = security
         self._channels: dict[str, grpc.Channel] = {}
-        # One stub per master: a stub registers a callable for each of its 17 methods, which
-        # cost more than the call itself when made per call (an injector reports every 20 ms).
+        # One stub per master: a stub registers a callable for each of its 17 methods; made per
+        # call, that was ~40 % of a master call's Python time (an injector reports every 20 ms).
         self._stubs: dict[str, rpc.MasterStub] = {}
         self._preferred = self.addresses[0]
 
