@@ -53,6 +53,10 @@ TITLES = {
     "recordpath": "in-process record path, batches of 1,000 (bench.overhead recordpath 1000)",
     "w1-1stage": "W1, one exactly-once stage, 10,000 rec/s, replication 2 (eo-strong-fsync)",
     "w1-3stages": "W1, three stages, 10,000 rec/s, replication 2 (eo-3-stages)",
+    "w1-user-1stage": ("W1, one exactly-once stage as a user writes it, 10,000 rec/s, replication 2: on a flow "
+                       "(its sink fused into the stage) where the tree has flows, else eo-strong-fsync"),
+    "w1-user-3stages": ("W1, three stages as a user writes them, 10,000 rec/s, replication 2: a flow of three "
+                        "fused steps where the tree has flows, else eo-3-stages"),
     "w2": "W2 throughput, every window exact",
     "nexmark-q0": "Nexmark q0",
     "recordpath-flow3": "in-process record path, W1's stage as a flow of three fused process steps, batches of 1,000",
@@ -70,6 +74,8 @@ METRICS: dict[str, tuple[Metric, ...]] = {
                    Metric("calls_per_record", "calls per record", "lower")),
     "w1-1stage": (Metric("p50_ms", "p50 ms", "lower"), Metric("p99_ms", "p99 ms", "lower")),
     "w1-3stages": (Metric("p50_ms", "p50 ms", "lower"),),
+    "w1-user-1stage": (Metric("p50_ms", "p50 ms", "lower"), Metric("p99_ms", "p99 ms", "lower")),
+    "w1-user-3stages": (Metric("p50_ms", "p50 ms", "lower"), Metric("p99_ms", "p99 ms", "lower")),
     "w2": (Metric("records_per_s", "rec/s", "higher"),),
     "nexmark-q0": (Metric("events_per_cpu_s", "events per CPU-second", "higher"),),
     "recordpath-flow3": (Metric("cpu_us_per_record", "CPU µs per record", "lower"),
