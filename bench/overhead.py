@@ -7,6 +7,7 @@
                                             # without a network round trip to the workers
     python -m bench.overhead recordpath [BATCH...]  # us per record of one stage, in process
     python -m bench.overhead recordfloor    # ... of a stage that does nothing, and of W1's user code alone
+    python -m bench.overhead recordparts    # ... of stages that do one thing each: read, write, produce
     python -m bench.overhead writes         # a replicated commit's writes: encode, and apply at a follower
     python -m bench.overhead kernels        # routing's per-record kernels: compiled against their reference
 
@@ -56,6 +57,11 @@ the whole path measured in the same rounds (three, interleaved): the same driver
 that does nothing (the runtime's own work per record: dedup, a ``Record``, the call, the
 commit), and W1's ``ChainedCounter.process_record`` called alone on a bare context (state in
 a dict, productions in a list): the user code's own cost.
+
+``recordparts``: the record path's driver with stages that each do one thing per record (read
+the key's state; write it; both, as W1 counts; produce one record, which the sink stage then
+takes), beside a stage that does nothing and W1's own: what each part of a per-record stage
+costs, CPU µs per record, medians of three interleaved rounds.
 """
 
 from __future__ import annotations
@@ -286,6 +292,54 @@ class Nothing(Computation):
         pass
 
 
+class StateRead(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.state.get()
+
+
+class StateWrite(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.state.set(b"1")
+
+
+class StateCount(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        state = ctx.state
+        state.set(b"%d" % (int(state.get() or b"0") + 1))
+
+
+class ProduceOne(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.produce("s1", record.value)
+
+
+def record_parts(batch: int = 1_000, records: int = 20_000, runs: int = 3) -> dict[str, Any]:
+    """CPU µs per record of the record path's driver with a stage of each of this module's
+    one-part computations, and with W1's (see the module docstring)."""
+    import statistics
+
+    import uvloop
+
+    from bench.profile import Timing, _drive, _routing
+
+    stages = {"nothing": "Nothing", "state_read": "StateRead", "state_write": "StateWrite",
+              "state_read_and_write": "StateCount", "one_production": "ProduceOne", "w1_counter": None}
+    cpu: dict[str, list[float]] = {name: [] for name in stages}
+    with tempfile.TemporaryDirectory(prefix="millstream-recordparts-") as tmp:
+        for i in range(runs):
+            for name, cls in stages.items():
+                routing = _routing()
+                if cls is not None:
+                    routing.computations[0].code = f"bench.overhead:{cls}"
+                timing = Timing()
+                uvloop.run(_drive(os.path.join(tmp, f"{name}-{i}"), records, batch, None, routing=routing,
+                                  timing=timing))
+                cpu[name].append(timing.cpu_us)
+    return {"cpu_us_per_record": {name: round(statistics.median(xs), 2) for name, xs in cpu.items()},
+            "runs": {name: [round(x, 2) for x in xs] for name, xs in cpu.items()},
+            "batch": batch, "records": records, "loadavg": os.getloadavg()}
+
+
 class _BareContext:
     """The least a context can be for ChainedCounter: state in a dict, productions in a list
     (no checks, no undo, no routing): what its own code costs, without the runtime's."""
@@ -449,7 +503,8 @@ def kernel_costs(n: int = 4_000, calls: int = 50, repeats: int = 5) -> dict[str,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.overhead")
-    p.add_argument("what", choices=["rpc", "cpu", "fsync", "inflight", "recordpath", "recordfloor", "writes",
+    p.add_argument("what", choices=["rpc", "cpu", "fsync", "inflight", "recordpath", "recordfloor", "recordparts",
+                                    "writes",
                                     "kernels", "_serve"])
     p.add_argument("rates", nargs="*", type=int, default=None,
                    help="cpu: rates (default 1000 10000); recordpath: batch sizes (default 100)")
@@ -468,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(record_path(args.rates or [100], args.records or 10_000, args.flow_steps)))
     elif args.what == "recordfloor":
         print(json.dumps(record_floor((args.rates or [1_000])[0], args.records or 20_000)))
+    elif args.what == "recordparts":
+        print(json.dumps(record_parts((args.rates or [1_000])[0], args.records or 20_000)))
     elif args.what == "writes":
         print(json.dumps(replica_writes()))
     elif args.what == "kernels":

@@ -158,10 +158,10 @@ def test_w2_computations_match_the_oracle() -> None:
 
 
 def test_the_record_path_and_its_floor_measure_the_deliveries() -> None:
-    """``bench.overhead recordpath`` and ``recordfloor`` run one tablet on a real RocksDB
-    (every delivery must be accepted) and time the deliveries alone; the user code alone
-    made one production per record."""
-    from bench.overhead import record_floor, record_path
+    """``bench.overhead recordpath``, ``recordfloor`` and ``recordparts`` run one tablet on a
+    real RocksDB (every delivery must be accepted) and time the deliveries alone; the user
+    code alone made one production per record."""
+    from bench.overhead import record_floor, record_parts, record_path
 
     path = record_path([100], records=400)
     assert path["cpu_us_per_record"]["100"] > 0 and path["us_per_record"]["100"] > 0
@@ -169,3 +169,7 @@ def test_the_record_path_and_its_floor_measure_the_deliveries() -> None:
     assert floor["whole_path_cpu_us_per_record"] > 0 and floor["runtime_only_cpu_us_per_record"] > 0
     assert floor["user_code_only_cpu_us_per_record"] > 0 and floor["runtime_only_share"] > 0
     assert floor["user_code_productions"] == 400
+    parts = record_parts(batch=100, records=400, runs=1)["cpu_us_per_record"]
+    assert set(parts) == {"nothing", "state_read", "state_write", "state_read_and_write", "one_production",
+                          "w1_counter"}
+    assert all(v > 0 for v in parts.values()), parts
