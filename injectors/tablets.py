@@ -86,7 +86,11 @@ class Tablets:
         self._closed = closed
         self._committed = committed    # (oldest timestamp, receipt) of each committed delivery
         self._window = window
-        self._make_links = links or (lambda: DeliveryLinks(Channels(security)))
+        # Its channels are its own: closed with it (left open, they kept their connections
+        # until collected, and gRPC, sharing one completion queue among the process's loops,
+        # handed their later events to a loop that had closed: "Event loop is closed" tracebacks
+        # printed by the loop of another injector of the process).
+        self._make_links = links or (lambda: DeliveryLinks(Channels(security), owns_channels=True))
         self.routes = Routes(name, stream, code_policy)
         self.routing = self.fetch()
         # Records the receivers committed (accepted) and dropped as already committed under

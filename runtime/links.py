@@ -166,8 +166,9 @@ class DeliveryLinks:
     """Deliveries to workers, one :func:`delivery_stream` per worker; what one turn of the
     loop gives a worker leaves in one frame (up to ``delivery.BUNDLE_BYTES``)."""
 
-    def __init__(self, channels: Channels) -> None:
+    def __init__(self, channels: Channels, *, owns_channels: bool = False) -> None:
         self.channels = channels
+        self._owns_channels = owns_channels  # close() closes them too (an injector's own)
         self._streams: dict[str, FrameStream[pb.DeliverManyRequest, pb.DeliverManyResponse]] = {}
         self._warned: set[tuple[str, grpc.StatusCode]] = set()
         self._bundles: dict[str, list[_Waiting]] = {}
@@ -235,6 +236,8 @@ class DeliveryLinks:
         for stream in self._streams.values():
             await stream.close()
         self._streams.clear()
+        if self._owns_channels:
+            await self.channels.close()
 
 
 class Alarm:

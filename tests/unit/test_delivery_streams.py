@@ -250,3 +250,38 @@ def test_an_injectors_round_goes_in_one_frame_per_worker_and_outlives_a_broken_s
                 await asyncio.to_thread(tablets.close)
 
     asyncio.run(main())
+
+
+def test_a_closed_injector_closes_the_channels_it_opened() -> None:
+    """An injector's delivery channels are its own and close with it (they stayed open until
+    collected, and gRPC handed their later events to the loop that had closed, which the loop
+    of another injector of the process printed as "Event loop is closed" tracebacks). A
+    worker's links share their channels with its peers and leave them open."""
+
+    async def main() -> None:
+        held = _Held()
+        held.release["a"].set()
+        held.release["b"].set()
+        async with _server(held) as (_, address):
+            tablets = Tablets("src", "s", _OneRouting(address), Security(), {}, threading.Event(),  # type: ignore[arg-type]
+                              committed=lambda *a: None)
+            try:
+                rnd = Round(0, Columns.of_records([Record(b"k", b"v", 1, bytes(16))]), 1)
+                tablets.enqueue(rnd)
+                await asyncio.to_thread(tablets.deliver, rnd, 60)
+                links = tablets._linked
+                assert links is not None
+                opened = list(links.channels._channels)  # type: ignore[attr-defined]
+                assert opened
+            finally:
+                await asyncio.to_thread(tablets.close)
+            assert [ch.get_state(False) for ch in opened] == [grpc.ChannelConnectivity.SHUTDOWN] * len(opened)
+
+            peers = Peers(Security())
+            peers.channels.stub(address)
+            shared = list(peers.channels._channels)
+            await peers.links.close()
+            assert all(ch.get_state(False) != grpc.ChannelConnectivity.SHUTDOWN for ch in shared)
+            await peers.close()
+
+    asyncio.run(main())
