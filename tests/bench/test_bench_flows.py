@@ -155,3 +155,16 @@ def test_the_w1_report_shows_each_rounds_parts_and_messages() -> None:
     assert "| eo-strong-fsync | 10,000 | count1 | 400 | 7.00 | 2.00 | 1.50 | – |" in text
     assert "the workers received 2,110 deliver frames, 4,312 replicate frames" in text
     assert "at-least-once" not in text  # a run without the figures (an older tree's) gets no row
+
+
+def test_the_targets_judge_w2_on_a_flow_beside_the_classic_w2() -> None:
+    from bench import report
+
+    run = {"w2": {"available": True, "throughput_rps": 59_913, "oracle_equal": True},
+           "w2_flow": {"available": True, "throughput_rps": 173_052, "oracle_equal": True}}
+    rows = dict(report.targets(run))
+    assert rows["W2 ≥ 150,000 rec/s exactly once (classic computations)"].startswith("**missed**")
+    assert rows["W2 ≥ 150,000 rec/s exactly once (on a flow, as a user writes it)"].startswith("met")
+    run["w2_flow"]["oracle_equal"] = False  # fast and wrong is not met
+    assert dict(report.targets(run))["W2 ≥ 150,000 rec/s exactly once (on a flow, as a user writes it)"] \
+        .startswith("**missed**")
