@@ -59,8 +59,9 @@ commit), and W1's ``ChainedCounter.process_record`` called alone on a bare conte
 a dict, productions in a list): the user code's own cost.
 
 ``recordparts``: the record path's driver with stages that each do one thing per record (read
-the key's state; write it; both, as W1 counts; produce one record, which the sink stage then
-takes), beside a stage that does nothing and W1's own: what each part of a per-record stage
+the key's state; write it; both, as W1 counts; produce one record, routed, checkpointed and
+encoded as a delivery to the sink, which the driver's host acknowledges at once: no sink stage
+runs), beside a stage that does nothing and W1's own: what each part of a per-record stage
 costs, CPU µs per record, medians of three interleaved rounds.
 """
 

@@ -235,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated A/B figures: recordpath, w1-1stage, w1-3stages, w1-user-1stage, "
                         "w1-user-3stages, w2-user, nexmark-q0-user (the default); w2, nexmark-q0 (classic "
                         "computations on both sides); and on flows, against a commit that has them: "
-                        "recordpath-flow3, w1-flow-1stage, w1-flow-3stages, w2-flow, nexmark-q0-flow")
+                        "recordpath-flow3, w1-flow-1stage, w1-flow-3stages, w2-flow, nexmark-q0-flow; replica-writes")
 
     d = sub.add_parser("demo", help="run the main example end to end on an embedded cluster")
     d.add_argument("--data-dir", default=None)

@@ -37,7 +37,8 @@ _I64 = struct.Struct(">q")
 _U64 = struct.Struct(">Q")
 _OFFSET = -MIN_TIME  # signed event time onto unsigned, order kept
 FIRE_SLICE_S = 0.001  # a timer's firing stops taking more after this long (issue 30: <= 20 ms per tablet;
-# 5 ms left 2-7 firings per W2 run over 20 ms of wall time, 1 ms none: docs/performance.md)
+# 5 ms left 2-7 firings per W2 run over 20 ms of wall time, 1 ms none in six runs of seven:
+# docs/performance.md)
 FIRE_CHUNK = 16       # entries taken at a time within it
 
 

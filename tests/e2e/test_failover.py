@@ -114,8 +114,11 @@ def test_zombie_worker_changes_nothing(big_cluster: Cluster) -> None:
     # stopped) by the leader's fence on its in-sync set or by a follower that has seen the new
     # primary's token.
     fenced = ("refused a delivery", "refusing to commit", "this primary is stale", "has seen a newer primary")
-    wait_until(lambda: any(phrase in open(zombie.log_path).read() for phrase in fenced), 30,
-               "the zombie to log why it refused")
+    try:
+        wait_until(lambda: any(phrase in open(zombie.log_path).read() for phrase in fenced), 30,
+                   "the zombie to log why it refused")
+    except TimeoutError:
+        raise AssertionError(open(zombie.log_path).read()[-2000:]) from None
 
 
 def test_worker_added_mid_run_receives_tablets(cluster: Cluster) -> None:
