@@ -293,54 +293,6 @@ class Nothing(Computation):
         pass
 
 
-class StateRead(Computation):
-    def process_record(self, ctx: Context, record: Record) -> None:
-        ctx.state.get()
-
-
-class StateWrite(Computation):
-    def process_record(self, ctx: Context, record: Record) -> None:
-        ctx.state.set(b"1")
-
-
-class StateCount(Computation):
-    def process_record(self, ctx: Context, record: Record) -> None:
-        state = ctx.state
-        state.set(b"%d" % (int(state.get() or b"0") + 1))
-
-
-class ProduceOne(Computation):
-    def process_record(self, ctx: Context, record: Record) -> None:
-        ctx.produce("s1", record.value)
-
-
-def record_parts(batch: int = 1_000, records: int = 20_000, runs: int = 3) -> dict[str, Any]:
-    """CPU µs per record of the record path's driver with a stage of each of this module's
-    one-part computations, and with W1's (see the module docstring)."""
-    import statistics
-
-    import uvloop
-
-    from bench.profile import Timing, _drive, _routing
-
-    stages = {"nothing": "Nothing", "state_read": "StateRead", "state_write": "StateWrite",
-              "state_read_and_write": "StateCount", "one_production": "ProduceOne", "w1_counter": None}
-    cpu: dict[str, list[float]] = {name: [] for name in stages}
-    with tempfile.TemporaryDirectory(prefix="millstream-recordparts-") as tmp:
-        for i in range(runs):
-            for name, cls in stages.items():
-                routing = _routing()
-                if cls is not None:
-                    routing.computations[0].code = f"bench.overhead:{cls}"
-                timing = Timing()
-                uvloop.run(_drive(os.path.join(tmp, f"{name}-{i}"), records, batch, None, routing=routing,
-                                  timing=timing))
-                cpu[name].append(timing.cpu_us)
-    return {"cpu_us_per_record": {name: round(statistics.median(xs), 2) for name, xs in cpu.items()},
-            "runs": {name: [round(x, 2) for x in xs] for name, xs in cpu.items()},
-            "batch": batch, "records": records, "loadavg": os.getloadavg()}
-
-
 class _BareContext:
     """The least a context can be for ChainedCounter: state in a dict, productions in a list
     (no checks, no undo, no routing): what its own code costs, without the runtime's."""
@@ -525,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.what == "recordfloor":
         print(json.dumps(record_floor((args.rates or [1_000])[0], args.records or 20_000)))
     elif args.what == "recordparts":
+        from bench.recordparts import record_parts
+
         print(json.dumps(record_parts((args.rates or [1_000])[0], args.records or 20_000)))
     elif args.what == "writes":
         print(json.dumps(replica_writes()))

@@ -86,10 +86,8 @@ class Tablets:
         self._closed = closed
         self._committed = committed    # (oldest timestamp, receipt) of each committed delivery
         self._window = window
-        # Its channels are its own: closed with it (left open, they kept their connections
-        # until collected, and gRPC, sharing one completion queue among the process's loops,
-        # handed their later events to a loop that had closed: "Event loop is closed" tracebacks
-        # printed by the loop of another injector of the process).
+        # Its channels are its own, closed with it (left open, gRPC handed their later events to
+        # its closed loop: "Event loop is closed" tracebacks printed by another injector's loop).
         self._make_links = links or (lambda: DeliveryLinks(Channels(security), owns_channels=True))
         self.routes = Routes(name, stream, code_policy)
         self.routing = self.fetch()

@@ -161,7 +161,8 @@ def test_the_record_path_and_its_floor_measure_the_deliveries() -> None:
     """``bench.overhead recordpath``, ``recordfloor`` and ``recordparts`` run one tablet on a
     real RocksDB (every delivery must be accepted) and time the deliveries alone; the user
     code alone made one production per record."""
-    from bench.overhead import record_floor, record_parts, record_path
+    from bench.overhead import record_floor, record_path
+    from bench.recordparts import record_parts
 
     path = record_path([100], records=400)
     assert path["cpu_us_per_record"]["100"] > 0 and path["us_per_record"]["100"] > 0
