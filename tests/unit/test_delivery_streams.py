@@ -224,6 +224,15 @@ class _OneRouting:
             assignments=[pb.Assignment(key_range=0, address=self.address, token=1)]) for c in ("a", "b")])
 
 
+def _injector_round(address: str) -> tuple[Tablets, Round]:
+    """An injector's shell sending to the worker at ``address``, and one round handed to it."""
+    tablets = Tablets("src", "s", _OneRouting(address), Security(), {}, threading.Event(),  # type: ignore[arg-type]
+                      committed=lambda *a: None)
+    rnd = Round(0, Columns.of_records([Record(b"k", b"v", 1, bytes(16))]), 1)
+    tablets.enqueue(rnd)
+    return tablets, rnd
+
+
 def test_an_injectors_round_goes_in_one_frame_per_worker_and_outlives_a_broken_stream() -> None:
     """The injector's shell (injectors/tablets.py) over real streams (runtime/links.py): a
     round's deliveries to two tablets of one worker travel in one frame; when the worker goes
@@ -232,11 +241,8 @@ def test_an_injectors_round_goes_in_one_frame_per_worker_and_outlives_a_broken_s
     async def main() -> None:
         held = _Held()
         async with _server(held) as (server, address):
-            tablets = Tablets("src", "s", _OneRouting(address), Security(), {}, threading.Event(),  # type: ignore[arg-type]
-                              committed=lambda *a: None)
+            tablets, rnd = _injector_round(address)
             try:
-                rnd = Round(0, Columns.of_records([Record(b"k", b"v", 1, bytes(16))]), 1)
-                tablets.enqueue(rnd)
                 done = asyncio.ensure_future(asyncio.to_thread(tablets.deliver, rnd, 60))
                 await _until(lambda: held.arrived == [["a", "b"]], "one frame for both tablets")
                 await server.stop(None)  # the receiver goes away with it in flight
@@ -263,11 +269,8 @@ def test_a_closed_injector_closes_the_channels_it_opened() -> None:
         held.release["a"].set()
         held.release["b"].set()
         async with _server(held) as (_, address):
-            tablets = Tablets("src", "s", _OneRouting(address), Security(), {}, threading.Event(),  # type: ignore[arg-type]
-                              committed=lambda *a: None)
+            tablets, rnd = _injector_round(address)
             try:
-                rnd = Round(0, Columns.of_records([Record(b"k", b"v", 1, bytes(16))]), 1)
-                tablets.enqueue(rnd)
                 await asyncio.to_thread(tablets.deliver, rnd, 60)
                 links = tablets._linked
                 assert links is not None
