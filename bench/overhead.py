@@ -9,6 +9,7 @@
     python -m bench.overhead recordfloor    # ... of a stage that does nothing, and of W1's user code alone
     python -m bench.overhead recordparts    # ... of stages that do one thing each: read, write, produce
     python -m bench.overhead writes         # a replicated commit's writes: encode, and apply at a follower
+    python -m bench.overhead follower       # a follower's copy: W2's commits one by one, or logged (bench/followerwrites.py)
     python -m bench.overhead kernels        # routing's per-record kernels: compiled against their reference
 
 ``rpc``: a grpc.aio server on uvloop with an empty handler (the worker's Ping) in its own
@@ -457,7 +458,7 @@ def kernel_costs(n: int = 4_000, calls: int = 50, repeats: int = 5) -> dict[str,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.overhead")
     p.add_argument("what", choices=["rpc", "cpu", "fsync", "inflight", "recordpath", "recordfloor", "recordparts",
-                                    "writes",
+                                    "writes", "follower",
                                     "kernels", "_serve"])
     p.add_argument("rates", nargs="*", type=int, default=None,
                    help="cpu: rates (default 1000 10000); recordpath: batch sizes (default 100)")
@@ -480,6 +481,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.recordparts import record_parts
 
         print(json.dumps(record_parts((args.rates or [1_000])[0], args.records or 20_000)))
+    elif args.what == "follower":
+        from bench.followerwrites import follower_writes
+
+        print(json.dumps(follower_writes()))
     elif args.what == "writes":
         print(json.dumps(replica_writes()))
     elif args.what == "kernels":

@@ -33,6 +33,7 @@ from runtime.errors import MillstreamError
 from runtime.keyspace import HASH_SPACE
 from worker.dedup import Lower, Mark
 from worker.storage import M_SEQ, M_SINK, M_SINK_ABSORBED, _options, lower_key, production_key
+from worker.writes import replay_log
 
 _BATCH = 10_000  # entries per write while copying
 _BUILDING = threading.Lock()  # a split's halves build from one parent: one at a time (its lock)
@@ -69,9 +70,11 @@ def _open(path: str, create: bool = False) -> Rdict:
     opts = _options()
     opts.create_if_missing(create)  # a parent that is not there is an error, never an empty store
     try:
-        return Rdict(path, options=opts)
+        db = Rdict(path, options=opts)
     except Exception as e:
         raise MillstreamError(f"cannot open the storage {path!r} a new key range is built from: {e}") from None
+    replay_log(db)  # a follower's logged commits, should these files have been one's
+    return db
 
 
 def build(path: str, parents: list[Parent], start: int, end: int, first: bool) -> None:

@@ -12,6 +12,8 @@ Keys are prefixed by one byte per kind of data::
     K <hash:8> <keylen:4> <key> <tag>     timer by key -> <domain:1> <time:8> <nonce>
     T <domain:1> <time:8> <hash:8> <keylen:4> <key> <tag>   timer index by due time
     M token | seq | sink | index | opened | term   metadata
+    L <index:8>                           a follower's commit, logged whole, not yet applied
+                                          (worker/writes.py; every opening applies them)
 
 ``hash`` is the key's 64-bit hash (runtime/keyspace.py): state and timers are in hash
 order, so a key range's share of them is a range of storage keys (a split deletes the other
@@ -42,7 +44,6 @@ import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from google.protobuf.message import DecodeError
 from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteBufferManager, WriteOptions
 
 from runtime.columns import Columns
@@ -52,6 +53,20 @@ from runtime.keyspace import from_wire_end, hash_prefix, wire_end
 from runtime.wire import millstream_pb2 as pb
 from worker.dedup import Lower, Mark
 from worker.readcache import ReadCache
+from worker.writes import (
+    APPLY_EVERY_BYTES,
+    APPLY_EVERY_COMMITS,
+    DELETE,
+    DELETE_RANGE,
+    LOG,
+    PUT,
+    Coalesced,
+    apply_log,
+    decode_ops,
+    encode_ops,
+    replay_log,
+)
+from worker.writes import apply_ops as apply_ops  # noqa: I001 (re-exported: bench/overhead.py runs in older checkouts too)
 
 MEMTABLE_BYTES = 16 << 20           # one tablet's memtable before it is flushed
 WORKER_MEMTABLE_BYTES = 128 << 20   # all the tablets of one worker process together
@@ -62,45 +77,6 @@ M_OPENED, M_TERM = b"Mopened", b"Mterm"  # the term of the last opening; of the 
 TERM_TOKEN_BITS = 24  # a term: (openings << 24) | (token mod 2**24)
 # Msink+<range id>: the sink meta of a range merged into this one (its output may need settling)
 M_SINK_ABSORBED = b"Msink+"
-PUT, DELETE, DELETE_RANGE = 0, 1, 2
-_PUT_BYTE = bytes([PUT])
-
-
-def encode_ops(ops: list[tuple[int, bytes, bytes]]) -> bytes:
-    """A commit's writes ``(kind, key, value or range end)`` as a serialized ``pb.Writes``:
-    three columns, so that a follower decodes them in protobuf's C code."""
-    if not ops:
-        return b""
-    kinds, keys, values = zip(*ops, strict=True)
-    return pb.Writes(kinds=bytes(kinds), keys=keys, values=values).SerializeToString()
-
-
-def apply_ops(wb: WriteBatch, data: bytes) -> None:
-    """Add the writes :func:`encode_ops` encoded to ``wb``."""
-    try:
-        w = pb.Writes.FromString(data)
-    except DecodeError as e:
-        raise MillstreamError(f"replicated commit's writes do not decode: {e}") from None
-    kinds, keys, values = w.kinds, w.keys, w.values
-    if not len(kinds) == len(keys) == len(values):
-        raise MillstreamError(f"replicated commit has {len(kinds)} write kinds, {len(keys)} keys and "
-                              f"{len(values)} values: they must line up")
-    if not kinds.strip(_PUT_BYTE):  # a batch of puts only (most): no test per write
-        put = wb.put
-        for k, v in zip(keys, values, strict=True):
-            put(k, v)
-        return
-    for kind, k, v in zip(kinds, keys, values, strict=True):
-        if kind == PUT:
-            wb.put(k, v)
-        elif kind == DELETE:
-            wb.delete(k)
-        elif kind == DELETE_RANGE:
-            wb.delete_range(k, v)
-        else:
-            raise MillstreamError(f"replicated commit has an unknown write kind {kind}")
-
-
 class _Writes:
     """A WriteBatch that also records its writes when they are to be replicated."""
 
@@ -159,9 +135,11 @@ def _open(path: str, create: bool = True) -> Rdict:
     opts = _options()
     opts.create_if_missing(create)
     try:
-        return Rdict(path, options=opts)
+        db = Rdict(path, options=opts)
     except Exception as e:
         raise MillstreamError(f"cannot open tablet storage {path!r}: {e}") from None
+    replay_log(db)
+    return db
 
 
 def _refuse_empty(path: str, token: int, what: str) -> MillstreamError:
@@ -566,7 +544,11 @@ def next_term(seen: int, token: int) -> int:
 
 class ReplicaStore:
     """A follower's copy of a tablet: it applies its primary's commits, in order, and
-    refuses a primary older than one it has seen (DESIGN.md §5)."""
+    refuses a primary older than one it has seen (DESIGN.md §5).
+
+    A commit is held durably once its writes are logged (``L<index>``, one put); the log is
+    applied coalesced (worker/writes.py) every :data:`APPLY_EVERY_COMMITS` commits, when the
+    copy closes, and by whoever opens it after a crash (:func:`replay_log`)."""
 
     def __init__(self, path: str, token: int | None = None) -> None:
         """Open the copy in ``path``; with ``token``, a new tablet's empty copy is made there,
@@ -581,13 +563,18 @@ class ReplicaStore:
         self.token = int(self.db.get(M_TOKEN) or b"0")
         self.index = int(self.db.get(M_INDEX) or b"0")
         self.term = int(self.db.get(M_TERM) or b"0")  # the term of commit ``index``
+        self._pending = Coalesced()  # the logged commits' writes (the log on disk, coalesced)
+        self._logged = 0  # bytes of writes in the log
 
     def apply(self, token: int, term: int, entries: list[tuple[int, bytes]], *, sync: bool) -> None:
-        """Apply consecutive commits ``(index, writes)`` of a primary's ``term`` (the caller
-        checked that they continue this copy) in one write."""
+        """Hold consecutive commits ``(index, writes)`` of a primary's ``term`` (the caller
+        checked that they continue this copy): logged in one write, applied with the next
+        commits (a commit whose writes do not decode is refused before anything is written)."""
+        decoded = [decode_ops(data) for _, data in entries]
         wb = WriteBatch(raw_mode=True)
-        for _, data in entries:
-            apply_ops(wb, data)
+        for index, data in entries:
+            wb.put(LOG + index.to_bytes(8, "big"), data)
+            self._logged += len(data)
         if token != self.token:
             wb.put(M_TOKEN, str(token).encode())
         wb.put(M_INDEX, str(entries[-1][0]).encode())
@@ -596,8 +583,19 @@ class ReplicaStore:
         self.token = token
         self.term = term
         self.index = entries[-1][0]
+        for cols in decoded:
+            self._pending.take(*cols)
+        if self._pending.commits >= APPLY_EVERY_COMMITS or self._logged >= APPLY_EVERY_BYTES:
+            self.apply_log()
+
+    def apply_log(self) -> None:
+        """Apply the logged commits now (coalesced, in one write)."""
+        if self._pending.commits:
+            apply_log(self.db, self._pending)
+        self._logged = 0
 
     def close(self) -> None:
+        self.apply_log()
         self.db.close()
 
     @staticmethod

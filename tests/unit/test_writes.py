@@ -1,0 +1,174 @@
+"""A follower's log of its primary's commits, applied coalesced (worker/writes.py), on a real
+RocksDB: it leaves the copy as the commits applied one by one would, whether it is applied
+as it fills, when the copy closes, or by whoever opens the copy after a crash."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rocksdict import Rdict, WriteBatch
+
+from runtime.errors import MillstreamError
+from worker.storage import M_INDEX, ReplicaStore, TabletStore, _open, _Writes, state_key
+from worker.writes import (
+    APPLY_EVERY_COMMITS,
+    DELETE,
+    DELETE_RANGE,
+    LOG,
+    PUT,
+    Coalesced,
+    decode_ops,
+    encode_ops,
+)
+
+_KEYS = st.binary(min_size=1, max_size=2)
+_WRITE = st.one_of(
+    st.tuples(st.just(PUT), _KEYS, st.binary(max_size=3)),
+    st.tuples(st.just(DELETE), _KEYS, st.just(b"")),
+    st.tuples(st.just(DELETE_RANGE), _KEYS, _KEYS).filter(lambda w: w[1] < w[2]))
+_COMMITS = st.lists(st.lists(_WRITE, max_size=12), min_size=1, max_size=8)
+
+
+def _primary_writes(writes: list[tuple[int, bytes, bytes]]) -> _Writes:
+    """``writes`` as a primary's commit makes them (recorded for its followers)."""
+    out = _Writes(record=True)
+    for kind, k, v in writes:
+        if kind == PUT:
+            out.put(k, v)
+        elif kind == DELETE:
+            out.delete(k)
+        else:
+            out.delete_range(k, v)
+    return out
+
+
+def _contents(db: Rdict) -> dict[bytes, bytes]:
+    return dict(db.items())
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.dictionaries(_KEYS, st.binary(max_size=3), max_size=12), _COMMITS)
+def test_commits_coalesced_leave_a_copy_as_the_commits_one_by_one_do(
+        before: dict[bytes, bytes], commits: list[list[tuple[int, bytes, bytes]]]) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        dbs = [_open(os.path.join(d, side)) for side in ("one-by-one", "coalesced")]
+        try:
+            for db in dbs:
+                for k, v in before.items():
+                    db[k] = v
+            pending = Coalesced()
+            for writes in commits:
+                primary = _primary_writes(writes)
+                dbs[0].write(primary.wb)  # the primary's own write, commit by commit
+                pending.take(*decode_ops(encode_ops(primary.ops or [])))
+            wb = WriteBatch(raw_mode=True)
+            pending.write_to(wb)
+            dbs[1].write(wb)
+            assert _contents(dbs[1]) == _contents(dbs[0])
+        finally:
+            for db in dbs:
+                db.close()
+
+
+def _commit(index: int, writes: list[tuple[int, bytes, bytes]]) -> tuple[int, bytes]:
+    return index, encode_ops(writes)
+
+
+def _puts(i: int) -> list[tuple[int, bytes, bytes]]:
+    """Commit ``i``'s writes: it rewrites two keys every commit, writes one of its own, and
+    deletes the one of the commit before it."""
+    return [(PUT, state_key(b"hot"), b"%d" % i), (PUT, state_key(b"warm"), b"%d" % (i * 2)),
+            (PUT, state_key(b"own%d" % i), b"x"), (DELETE, state_key(b"own%d" % (i - 1)), b"")]
+
+
+def _expected(n: int) -> dict[bytes, bytes]:
+    return {state_key(b"hot"): b"%d" % n, state_key(b"warm"): b"%d" % (n * 2), state_key(b"own%d" % n): b"x"}
+
+
+def _state(db: Rdict) -> dict[bytes, bytes]:
+    return {k: v for k, v in db.items() if k.startswith(b"S")}
+
+
+def test_a_copy_logs_each_commit_whole_and_applies_the_log_as_it_fills(tmp_path: Any) -> None:
+    path = str(tmp_path / "copy")
+    copy = ReplicaStore(path, token=1)
+    n = APPLY_EVERY_COMMITS + 3
+    try:
+        for i in range(1, n + 1):
+            copy.apply(1, 7, [_commit(i, _puts(i))], sync=False)
+            logged = [k for k, _ in copy.db.items() if k.startswith(LOG)]
+            # Each commit is held as soon as apply returns: its index recorded, its writes logged
+            # (or, once the log filled, applied with the others).
+            assert copy.db.get(M_INDEX) == b"%d" % i and copy.index == i
+            assert len(logged) == i % APPLY_EVERY_COMMITS
+            if not logged:
+                assert _state(copy.db) == _expected(i)
+        assert _state(copy.db) == _expected(APPLY_EVERY_COMMITS)  # the last 3 are only logged
+    finally:
+        copy.close()
+    reopened = ReplicaStore(path)  # a close applies the log
+    try:
+        assert _state(reopened.db) == _expected(n) and reopened.index == n and reopened.term == 7
+        assert not [k for k, _ in reopened.db.items() if k.startswith(LOG)]
+    finally:
+        reopened.close()
+
+
+def _crashed_copy(path: str, commits: int) -> None:
+    """A copy that logged ``commits`` commits and stopped without applying them (a crash:
+    its RocksDB is closed, its memory lost)."""
+    copy = ReplicaStore(path, token=1)
+    copy.apply(1, 7, [_commit(i, _puts(i)) for i in range(1, commits + 1)], sync=True)
+    copy._pending.clear()  # what a crash loses: the log is all there is
+    copy.db.close()
+
+
+def test_a_copy_that_crashed_with_a_log_opens_with_it_applied_as_a_follower(tmp_path: Any) -> None:
+    path = str(tmp_path / "copy")
+    _crashed_copy(path, 5)
+    raw = Rdict(path)  # what is on disk: the commits logged, not applied
+    try:
+        assert not _state(raw) and len([k for k, _ in raw.items() if k.startswith(LOG)]) == 5
+    finally:
+        raw.close()
+    copy = ReplicaStore(path)
+    try:
+        assert _state(copy.db) == _expected(5) and copy.index == 5
+        assert not [k for k, _ in copy.db.items() if k.startswith(LOG)]
+    finally:
+        copy.close()
+
+
+def test_a_copy_that_crashed_with_a_log_is_promoted_with_it_applied(tmp_path: Any) -> None:
+    path = str(tmp_path / "copy")
+    _crashed_copy(path, 4)
+    store = TabletStore(path, 2, sync=False, must_exist=True)
+    try:
+        assert store.index == 4
+        assert store.get_state(b"hot") == b"4" and store.get_state(b"own4") == b"x"
+        assert store.get_state(b"own3") is None
+        assert not [k for k, _ in store.db.items() if k.startswith(LOG)]
+    finally:
+        store.close()
+
+
+def test_a_commit_whose_writes_do_not_decode_is_refused_and_nothing_is_written(tmp_path: Any) -> None:
+    copy = ReplicaStore(str(tmp_path / "copy"), token=1)
+    try:
+        copy.apply(1, 7, [_commit(1, _puts(1))], sync=False)
+        with pytest.raises(MillstreamError, match="do not decode"):
+            copy.apply(1, 7, [_commit(2, _puts(2)), (3, b"\xff\xff\xff")], sync=False)
+        assert copy.index == 1 and copy.db.get(LOG + (2).to_bytes(8, "big")) is None
+        copy.apply(1, 7, [_commit(2, _puts(2))], sync=False)
+    finally:
+        copy.close()
+    reopened = ReplicaStore(str(tmp_path / "copy"))
+    try:
+        assert _state(reopened.db) == _expected(2)
+    finally:
+        reopened.close()

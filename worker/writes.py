@@ -1,0 +1,144 @@
+"""A commit's writes as they are replicated: encoded by the primary, decoded by a follower,
+and there coalesced over several commits before they reach its RocksDB.
+
+A primary's commit is one ``WriteBatch`` of puts, deletes and range deletes, in order
+(worker/storage.py). Its followers get exactly those writes, encoded (:func:`encode_ops`).
+A follower logs each commit whole (one put of the encoded writes) and applies the log
+every few commits as :class:`Coalesced` writes: the last write of each key, after the range
+deletes. A window accumulator or a producer's mark that every commit rewrites is then written
+to the follower's memtable once per few commits, not once per commit. Inserting a key into
+a memtable of hash-ordered keys costs more than a microsecond here (``python -m
+bench.overhead writes``), and on W2 a follower's applies were half of the writes that
+held a worker's interpreter lock (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from google.protobuf.message import DecodeError
+from rocksdict import Rdict, WriteBatch
+
+from runtime.errors import MillstreamError
+from runtime.wire import millstream_pb2 as pb
+
+PUT, DELETE, DELETE_RANGE = 0, 1, 2
+_PUT_BYTE = bytes([PUT])
+LOG, _LOG_END = b"L", b"M"  # L<index:8>: a follower's logged commit (worker/storage.py's layout)
+# A follower applies its log once it holds this many commits or bytes of writes (what a
+# copy keeps in memory: the last write of each key they touched).
+APPLY_EVERY_COMMITS, APPLY_EVERY_BYTES = 16, 4 << 20
+
+
+def encode_ops(ops: list[tuple[int, bytes, bytes]]) -> bytes:
+    """A commit's writes ``(kind, key, value or range end)`` as a serialized ``pb.Writes``:
+    three columns, so that a follower decodes them in protobuf's C code."""
+    if not ops:
+        return b""
+    kinds, keys, values = zip(*ops, strict=True)
+    return pb.Writes(kinds=bytes(kinds), keys=keys, values=values).SerializeToString()
+
+
+def decode_ops(data: bytes) -> tuple[bytes, Sequence[bytes], Sequence[bytes]]:
+    """The columns :func:`encode_ops` made: kinds, keys, values (or range ends); checked."""
+    try:
+        w = pb.Writes.FromString(data)
+    except DecodeError as e:
+        raise MillstreamError(f"replicated commit's writes do not decode: {e}") from None
+    kinds, keys, values = w.kinds, w.keys, w.values
+    if not len(kinds) == len(keys) == len(values):
+        raise MillstreamError(f"replicated commit has {len(kinds)} write kinds, {len(keys)} keys and "
+                              f"{len(values)} values: they must line up")
+    unknown = kinds.translate(None, bytes([PUT, DELETE, DELETE_RANGE]))
+    if unknown:
+        raise MillstreamError(f"replicated commit has an unknown write kind {unknown[0]}")
+    return kinds, keys, values
+
+
+def apply_ops(wb: WriteBatch, data: bytes) -> None:
+    """Add the writes :func:`encode_ops` encoded to ``wb``, in their order."""
+    kinds, keys, values = decode_ops(data)
+    if not kinds.strip(_PUT_BYTE):  # a batch of puts only (most): no test per write
+        put = wb.put
+        for k, v in zip(keys, values, strict=True):
+            put(k, v)
+        return
+    for kind, k, v in zip(kinds, keys, values, strict=True):
+        if kind == PUT:
+            wb.put(k, v)
+        elif kind == DELETE:
+            wb.delete(k)
+        else:
+            wb.delete_range(k, v)
+
+
+class Coalesced:
+    """The writes of consecutive commits, reduced to what they leave behind: the range
+    deletes, in order, and then the last put or delete of each key (a key's earlier writes,
+    and those a later range delete covers, are dropped). Applied in that order in one
+    ``WriteBatch``, they leave a RocksDB as the commits applied one by one would have.
+
+    Why that holds, for each key: if its last write is a put or a delete, no later range
+    covers it, so it is in :attr:`last` and is applied after every range; if its last write
+    is a range delete, :attr:`last` lost it then, so a range deletes it; untouched, it stays."""
+
+    def __init__(self) -> None:
+        self.ranges: list[tuple[bytes, bytes]] = []
+        self.last: dict[bytes, bytes | None] = {}  # key -> its last value (None: deleted)
+        self.commits = 0
+
+    def take(self, kinds: bytes, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        """Take the next commit's writes, as :func:`decode_ops` gives them."""
+        last = self.last
+        if not kinds.strip(_PUT_BYTE):
+            last.update(zip(keys, values, strict=True))
+        else:
+            for kind, k, v in zip(kinds, keys, values, strict=True):
+                if kind == PUT:
+                    last[k] = v
+                elif kind == DELETE:
+                    last[k] = None
+                else:
+                    for gone in [key for key in last if k <= key < v]:
+                        del last[gone]
+                    self.ranges.append((k, v))
+        self.commits += 1
+
+    def write_to(self, wb: WriteBatch) -> None:
+        for start, end in self.ranges:
+            wb.delete_range(start, end)
+        for k, v in self.last.items():
+            if v is None:
+                wb.delete(k)
+            else:
+                wb.put(k, v)
+
+    def clear(self) -> None:
+        self.ranges = []
+        self.last = {}
+        self.commits = 0
+
+
+def replay_log(db: Rdict) -> None:
+    """Apply the commits a follower logged and had not yet applied when it stopped (a crash):
+    whoever opens the copy next, as a follower, a primary or a split's parent, finds them
+    applied. A no-op (one seek) when there are none."""
+    pending = Coalesced()
+    it = db.iter()
+    it.seek(LOG)
+    while it.valid() and it.key().startswith(LOG):
+        pending.take(*decode_ops(it.value()))
+        it.next()
+    del it
+    if pending.commits:
+        apply_log(db, pending)
+
+
+def apply_log(db: Rdict, pending: Coalesced) -> None:
+    """Write ``pending`` (the whole log, coalesced) and delete the log, in one write; then
+    clear it. Not synced: if the write is lost, the log it deletes is there to apply again."""
+    wb = WriteBatch(raw_mode=True)
+    pending.write_to(wb)
+    wb.delete_range(LOG, _LOG_END)
+    db.write(wb)
+    pending.clear()
