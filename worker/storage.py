@@ -22,8 +22,8 @@ half with two range deletes, worker/reshard.py).
 A :class:`Commit` collects one batch's effects and is written as one
 ``WriteBatch``: nothing the batch did is visible, or all of it is. A replicated tablet
 also gets the commit's writes back, encoded (:func:`encode_ops`), numbered by ``index``:
-its followers apply exactly those writes to their :class:`ReplicaStore`
-(docs/replication.md). Every opening of a :class:`TabletStore` has its own ``term``, higher
+its followers log exactly those writes in their :class:`ReplicaStore` and apply them
+coalesced, a few commits at a time (worker/writes.py, docs/replication.md). Every opening of a :class:`TabletStore` has its own ``term``, higher
 than any before it in that copy, and every commit records its term: so a commit is named by
 (index, term), and a reopened primary's commit N is never taken for the commit N of the
 opening before it (one whose local write failed after its followers had it). A term's low
