@@ -18,7 +18,8 @@ from typing import Any
 
 from rocksdict import WriteBatch
 
-from worker.storage import ReplicaStore, apply_ops, write_durably
+from worker.replicastore import ReplicaStore
+from worker.storage import apply_ops, write_durably
 from worker.writes import DELETE, PUT, encode_ops
 
 PER_WINDOW, PUTS, DELETES, COMMITS_PER_WINDOW = 850, 690, 180, 20

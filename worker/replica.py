@@ -40,8 +40,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from runtime import metrics
 from runtime.durable import sync_dir
 from runtime.wire import millstream_pb2 as pb
+from worker.replicastore import ReplicaStore
 from worker.runner import TabletThread
-from worker.storage import TERM_TOKEN_BITS, ReplicaStore
+from worker.storage import TERM_TOKEN_BITS
 
 log = logging.getLogger(__name__)
 R = pb.ReplicateResponse

@@ -73,7 +73,12 @@ def _open(path: str, create: bool = False) -> Rdict:
         db = Rdict(path, options=opts)
     except Exception as e:
         raise MillstreamError(f"cannot open the storage {path!r} a new key range is built from: {e}") from None
-    replay_log(db)  # a follower's logged commits, should these files have been one's
+    try:
+        replay_log(db)  # a follower's logged commits, should these files have been one's
+    except BaseException as e:
+        db.close()
+        raise MillstreamError(f"cannot apply the follower log of {path!r}, which a new key range is built "
+                              f"from: {e}") from None
     return db
 
 

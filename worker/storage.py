@@ -22,7 +22,7 @@ half with two range deletes, worker/reshard.py).
 A :class:`Commit` collects one batch's effects and is written as one
 ``WriteBatch``: nothing the batch did is visible, or all of it is. A replicated tablet
 also gets the commit's writes back, encoded (:func:`encode_ops`), numbered by ``index``:
-its followers log exactly those writes in their :class:`ReplicaStore` and apply them
+its followers log exactly those writes in their copy (worker/replicastore.py) and apply them
 coalesced, a few commits at a time (worker/writes.py, docs/replication.md). Every opening of a :class:`TabletStore` has its own ``term``, higher
 than any before it in that copy, and every commit records its term: so a commit is named by
 (index, term), and a reopened primary's commit N is never taken for the commit N of the
@@ -39,7 +39,6 @@ from __future__ import annotations
 import collections
 import enum
 import os
-import shutil
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -54,15 +53,9 @@ from runtime.wire import millstream_pb2 as pb
 from worker.dedup import Lower, Mark
 from worker.readcache import ReadCache
 from worker.writes import (
-    APPLY_EVERY_BYTES,
-    APPLY_EVERY_COMMITS,
     DELETE,
     DELETE_RANGE,
-    LOG,
     PUT,
-    Coalesced,
-    apply_log,
-    decode_ops,
     encode_ops,
     replay_log,
 )
@@ -138,7 +131,11 @@ def _open(path: str, create: bool = True) -> Rdict:
         db = Rdict(path, options=opts)
     except Exception as e:
         raise MillstreamError(f"cannot open tablet storage {path!r}: {e}") from None
-    replay_log(db)
+    try:
+        replay_log(db)
+    except BaseException as e:
+        db.close()
+        raise MillstreamError(f"cannot apply the follower log of tablet storage {path!r}: {e}") from None
     return db
 
 
@@ -540,69 +537,3 @@ def next_term(seen: int, token: int) -> int:
     higher than it (the high bits count openings), and naming the token (the low bits), so
     that the openings of two primaries never share a term."""
     return (((seen >> TERM_TOKEN_BITS) + 1) << TERM_TOKEN_BITS) | (token & ((1 << TERM_TOKEN_BITS) - 1))
-
-
-class ReplicaStore:
-    """A follower's copy of a tablet: it applies its primary's commits, in order, and
-    refuses a primary older than one it has seen (DESIGN.md §5).
-
-    A commit is held durably once its writes are logged (``L<index>``, one put); the log is
-    applied coalesced (worker/writes.py) every :data:`APPLY_EVERY_COMMITS` commits, when the
-    copy closes, and by whoever opens it after a crash (:func:`replay_log`)."""
-
-    def __init__(self, path: str, token: int | None = None) -> None:
-        """Open the copy in ``path``; with ``token``, a new tablet's empty copy is made there,
-        its token recorded (durably: promoted, it must open as the copy it is, not be taken
-        for a lost one)."""
-        self.path = path
-        self.db = _open(path)
-        if token is not None and self.db.get(M_TOKEN) is None:
-            wb = WriteBatch(raw_mode=True)
-            wb.put(M_TOKEN, str(token).encode())
-            write_durably(self.db, wb, True)
-        self.token = int(self.db.get(M_TOKEN) or b"0")
-        self.index = int(self.db.get(M_INDEX) or b"0")
-        self.term = int(self.db.get(M_TERM) or b"0")  # the term of commit ``index``
-        self._pending = Coalesced()  # the logged commits' writes (the log on disk, coalesced)
-        self._logged = 0  # bytes of writes in the log
-
-    def apply(self, token: int, term: int, entries: list[tuple[int, bytes]], *, sync: bool) -> None:
-        """Hold consecutive commits ``(index, writes)`` of a primary's ``term`` (the caller
-        checked that they continue this copy): logged in one write, applied with the next
-        commits (a commit whose writes do not decode is refused before anything is written)."""
-        decoded = [decode_ops(data) for _, data in entries]
-        wb = WriteBatch(raw_mode=True)
-        for index, data in entries:
-            wb.put(LOG + index.to_bytes(8, "big"), data)
-            self._logged += len(data)
-        if token != self.token:
-            wb.put(M_TOKEN, str(token).encode())
-        wb.put(M_INDEX, str(entries[-1][0]).encode())
-        wb.put(M_TERM, str(term).encode())
-        write_durably(self.db, wb, sync)
-        self.token = token
-        self.term = term
-        self.index = entries[-1][0]
-        for cols in decoded:
-            self._pending.take(*cols)
-        if self._pending.commits >= APPLY_EVERY_COMMITS or self._logged >= APPLY_EVERY_BYTES:
-            self.apply_log()
-
-    def apply_log(self) -> None:
-        """Apply the logged commits now (coalesced, in one write)."""
-        if self._pending.commits:
-            apply_log(self.db, self._pending)
-        self._logged = 0
-
-    def close(self) -> None:
-        self.apply_log()
-        self.db.close()
-
-    @staticmethod
-    def install(path: str, incoming: str) -> ReplicaStore:
-        """Replace the copy at ``path`` (closed by the caller) with the checkpoint received in
-        ``incoming``."""
-        if os.path.exists(path):
-            shutil.rmtree(path)
-        os.rename(incoming, path)
-        return ReplicaStore(path)

@@ -23,8 +23,8 @@ from runtime.errors import MillstreamError
 from runtime.wire import millstream_pb2 as pb
 
 PUT, DELETE, DELETE_RANGE = 0, 1, 2
-_PUT_BYTE = bytes([PUT])
-LOG, _LOG_END = b"L", b"M"  # L<index:8>: a follower's logged commit (worker/storage.py's layout)
+_PUT_BYTE, _RANGE_BYTE = bytes([PUT]), bytes([DELETE_RANGE])
+LOG, LOG_END = b"L", b"M"  # L<index:8>: a follower's logged commit (worker/storage.py's layout)
 # A follower applies its log once it holds this many commits or bytes of writes (what a
 # copy keeps in memory: the last write of each key they touched).
 APPLY_EVERY_COMMITS, APPLY_EVERY_BYTES = 16, 4 << 20
@@ -52,12 +52,25 @@ def decode_ops(data: bytes) -> tuple[bytes, Sequence[bytes], Sequence[bytes]]:
     unknown = kinds.translate(None, bytes([PUT, DELETE, DELETE_RANGE]))
     if unknown:
         raise MillstreamError(f"replicated commit has an unknown write kind {unknown[0]}")
+    if has_ranges(kinds):
+        for kind, k, v in zip(kinds, keys, values, strict=True):
+            if kind == DELETE_RANGE and v < k:
+                raise MillstreamError(f"replicated commit deletes a range whose end {v!r} comes before its "
+                                      f"start {k!r}")
     return kinds, keys, values
+
+
+def has_ranges(kinds: bytes) -> bool:
+    return _RANGE_BYTE in kinds
 
 
 def apply_ops(wb: WriteBatch, data: bytes) -> None:
     """Add the writes :func:`encode_ops` encoded to ``wb``, in their order."""
-    kinds, keys, values = decode_ops(data)
+    write_ops(wb, *decode_ops(data))
+
+
+def write_ops(wb: WriteBatch, kinds: bytes, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+    """Add decoded writes (:func:`decode_ops`) to ``wb``, in their order."""
     if not kinds.strip(_PUT_BYTE):  # a batch of puts only (most): no test per write
         put = wb.put
         for k, v in zip(keys, values, strict=True):
@@ -77,6 +90,8 @@ class Coalesced:
     deletes, in order, and then the last put or delete of each key (a key's earlier writes,
     and those a later range delete covers, are dropped). Applied in that order in one
     ``WriteBatch``, they leave a RocksDB as the commits applied one by one would have.
+    A range delete scans the writes held so far: a follower logs only commits without
+    range deletes, and applies those with them at once (:class:`~worker.storage.ReplicaStore`).
 
     Why that holds, for each key: if its last write is a put or a delete, no later range
     covers it, so it is in :attr:`last` and is applied after every range; if its last write
@@ -123,15 +138,23 @@ def replay_log(db: Rdict) -> None:
     """Apply the commits a follower logged and had not yet applied when it stopped (a crash):
     whoever opens the copy next, as a follower, a primary or a split's parent, finds them
     applied. A no-op (one seek) when there are none."""
-    pending = Coalesced()
+    pending, _ = read_log(db)
+    if pending.commits:
+        apply_log(db, pending)
+
+
+def read_log(db: Rdict) -> tuple[Coalesced, int]:
+    """The log on disk, coalesced, and its size in bytes."""
+    pending, size = Coalesced(), 0
     it = db.iter()
     it.seek(LOG)
     while it.valid() and it.key().startswith(LOG):
-        pending.take(*decode_ops(it.value()))
+        data = it.value()
+        pending.take(*decode_ops(data))
+        size += len(data)
         it.next()
     del it
-    if pending.commits:
-        apply_log(db, pending)
+    return pending, size
 
 
 def apply_log(db: Rdict, pending: Coalesced) -> None:
@@ -139,6 +162,6 @@ def apply_log(db: Rdict, pending: Coalesced) -> None:
     clear it. Not synced: if the write is lost, the log it deletes is there to apply again."""
     wb = WriteBatch(raw_mode=True)
     pending.write_to(wb)
-    wb.delete_range(LOG, _LOG_END)
+    wb.delete_range(LOG, LOG_END)
     db.write(wb)
     pending.clear()

@@ -19,6 +19,7 @@ from tests.core.corekit import engine_options, nowhere
 from worker.core import WorkerCore
 from worker.sender import OK
 from worker.storage import state_key
+from worker.writes import read_log
 
 KEY = ("tally", 0)
 
@@ -103,9 +104,14 @@ async def _pair(tmp: str, wire: _Wire) -> tuple[WorkerCore, WorkerCore]:
 
 
 def _copy(follower: WorkerCore) -> tuple[int, bytes | None]:
-    """The follower copy's last commit and its state of key k."""
+    """The follower copy's last commit and its state of key k (as its log, not yet applied,
+    leaves it: worker/replicastore.py)."""
     copy = follower.replicas.copies.get(KEY)
-    return (0, None) if copy is None else (copy.index, copy.db.get(state_key(b"k")))
+    if copy is None:
+        return 0, None
+    held, _ = read_log(copy.db)
+    skey = state_key(b"k")
+    return copy.index, held.last[skey] if skey in held.last else copy.db.get(skey)
 
 
 async def _fail_next_write(primary: WorkerCore, follower: WorkerCore, value: bytes) -> None:

@@ -9,7 +9,8 @@ from typing import Any
 
 from runtime.wire import millstream_pb2 as pb
 from worker.replica import Replicas
-from worker.storage import PUT, Commit, ReplicaStore, TabletStore, encode_ops, next_term, state_key
+from worker.replicastore import ReplicaStore
+from worker.storage import PUT, Commit, TabletStore, encode_ops, next_term, state_key
 
 R = pb.ReplicateResponse
 KEY = ("c", 0)

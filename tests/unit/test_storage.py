@@ -19,6 +19,7 @@ from runtime.computation import TimeDomain
 from runtime.errors import MillstreamError, StaleTokenError
 from runtime.record import Record
 from runtime.wire import millstream_pb2 as pb
+from worker.replicastore import ReplicaStore
 from worker.storage import (
     CK_SEQUENCED_ROW,
     DELETE,
@@ -26,7 +27,6 @@ from worker.storage import (
     PUT,
     Commit,
     CommitState,
-    ReplicaStore,
     Shipment,
     TabletStore,
     Timer,

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from rocksdict import Rdict, WriteBatch
 
 from runtime.errors import MillstreamError
-from worker.storage import M_INDEX, ReplicaStore, TabletStore, _open, _Writes, state_key
+from worker.replicastore import ReplicaStore
+from worker.storage import M_INDEX, TabletStore, _open, _Writes, state_key
 from worker.writes import (
     APPLY_EVERY_COMMITS,
     DELETE,
@@ -111,10 +112,14 @@ def test_a_copy_logs_each_commit_whole_and_applies_the_log_as_it_fills(tmp_path:
         assert _state(copy.db) == _expected(APPLY_EVERY_COMMITS)  # the last 3 are only logged
     finally:
         copy.close()
-    reopened = ReplicaStore(path)  # a close applies the log
+    raw = Rdict(path)  # opened without applying a log: the close applied it
     try:
-        assert _state(reopened.db) == _expected(n) and reopened.index == n and reopened.term == 7
-        assert not [k for k, _ in reopened.db.items() if k.startswith(LOG)]
+        assert _state(raw) == _expected(n) and not [k for k, _ in raw.items() if k.startswith(LOG)]
+    finally:
+        raw.close()
+    reopened = ReplicaStore(path)
+    try:
+        assert reopened.index == n and reopened.term == 7
     finally:
         reopened.close()
 
@@ -155,6 +160,65 @@ def test_a_copy_that_crashed_with_a_log_is_promoted_with_it_applied(tmp_path: An
         assert not [k for k, _ in store.db.items() if k.startswith(LOG)]
     finally:
         store.close()
+
+
+def test_a_split_built_from_a_copy_with_a_log_builds_from_it_applied(tmp_path: Any) -> None:
+    from worker.reshard import _open as open_parent
+
+    path = str(tmp_path / "copy")
+    _crashed_copy(path, 3)
+    db = open_parent(path)
+    try:
+        assert _state(db) == _expected(3) and not [k for k, _ in db.items() if k.startswith(LOG)]
+    finally:
+        db.close()
+
+
+_SKEYS = st.binary(min_size=0, max_size=2).map(lambda k: b"S" + k)  # user state: never L or M
+_COPY_WRITE = st.one_of(
+    st.tuples(st.just(PUT), _SKEYS, st.binary(max_size=3)),
+    st.tuples(st.just(DELETE), _SKEYS, st.just(b"")),
+    st.tuples(st.just(DELETE_RANGE), _SKEYS, _SKEYS).filter(lambda w: w[1] <= w[2]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.lists(_COPY_WRITE, max_size=8), st.integers(1, 3)), min_size=1, max_size=12))
+def test_a_copy_holds_what_the_commits_one_by_one_leave_with_range_deletes_among_them(
+        requests: list[tuple[list[tuple[int, bytes, bytes]], int]]) -> None:
+    """Requests of 1-3 commits, some deleting ranges (applied at once, after the log before
+    them), the rest logged: what a copy leaves once closed is what the commits left on a
+    RocksDB that wrote them one by one."""
+    with tempfile.TemporaryDirectory() as d:
+        reference = _open(os.path.join(d, "one-by-one"))
+        copy = ReplicaStore(os.path.join(d, "copy"), token=1)
+        index = 0
+        try:
+            for writes, commits in requests:
+                entries = []
+                for part in range(commits):
+                    primary = _primary_writes(writes[part::commits])
+                    reference.write(primary.wb)
+                    index += 1
+                    entries.append((index, encode_ops(primary.ops or [])))
+                copy.apply(1, 1, entries, sync=False)
+        finally:
+            copy.close()
+        raw = Rdict(os.path.join(d, "copy"))
+        try:
+            assert _state(raw) == _state(reference) and not [k for k, _ in raw.items() if k.startswith(LOG)]
+        finally:
+            raw.close()
+            reference.close()
+
+
+def test_a_range_whose_end_comes_before_its_start_is_refused_before_it_is_held(tmp_path: Any) -> None:
+    copy = ReplicaStore(str(tmp_path / "copy"), token=1)
+    try:
+        with pytest.raises(MillstreamError, match="end b'Sa' comes before its start b'Sb'"):
+            copy.apply(1, 7, [_commit(1, [(DELETE_RANGE, b"Sb", b"Sa")])], sync=False)
+        assert copy.index == 0
+    finally:
+        copy.close()
 
 
 def test_a_commit_whose_writes_do_not_decode_is_refused_and_nothing_is_written(tmp_path: Any) -> None:

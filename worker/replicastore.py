@@ -1,0 +1,112 @@
+"""A follower's copy of a tablet (docs/replication.md): its primary's commits, logged whole
+and applied coalesced (worker/writes.py), on the tablet's RocksDB (worker/storage.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from rocksdict import WriteBatch
+
+from worker.storage import M_INDEX, M_TERM, M_TOKEN, _open, write_durably
+from worker.writes import (
+    APPLY_EVERY_BYTES,
+    APPLY_EVERY_COMMITS,
+    LOG,
+    LOG_END,
+    Coalesced,
+    apply_log,
+    decode_ops,
+    has_ranges,
+    read_log,
+    write_ops,
+)
+
+
+class ReplicaStore:
+    """A follower's copy of a tablet: it applies its primary's commits, in order, and
+    refuses a primary older than one it has seen (DESIGN.md §5).
+
+    A commit is held durably once its writes are logged (``L<index>``, one put); the log is
+    applied coalesced (worker/writes.py) every :data:`APPLY_EVERY_COMMITS` commits, when the
+    copy closes, and by whoever opens it after a crash (:func:`replay_log`)."""
+
+    def __init__(self, path: str, token: int | None = None) -> None:
+        """Open the copy in ``path``; with ``token``, a new tablet's empty copy is made there,
+        its token recorded (durably: promoted, it must open as the copy it is, not be taken
+        for a lost one)."""
+        self.path = path
+        self.db = _open(path)
+        if token is not None and self.db.get(M_TOKEN) is None:
+            wb = WriteBatch(raw_mode=True)
+            wb.put(M_TOKEN, str(token).encode())
+            write_durably(self.db, wb, True)
+        self.token = int(self.db.get(M_TOKEN) or b"0")
+        self.index = int(self.db.get(M_INDEX) or b"0")
+        self.term = int(self.db.get(M_TERM) or b"0")  # the term of commit ``index``
+        self._pending = Coalesced()  # the logged commits' writes (the log on disk, coalesced)
+        self._logged = 0  # bytes of writes in the log
+        self._stale = False  # a write failed: the log in memory is read from disk again first
+
+    def apply(self, token: int, term: int, entries: list[tuple[int, bytes]], *, sync: bool) -> None:
+        """Hold consecutive commits ``(index, writes)`` of a primary's ``term`` (the caller
+        checked that they continue this copy), in one write: each logged, to be applied with
+        the next ones; but one that deletes ranges applied at once, after the log before it
+        (coalescing it would scan the writes held for each range). A commit whose writes do not
+        decode is refused before anything is written."""
+        decoded = [decode_ops(data) for _, data in entries]
+        pending = self._held()
+        wb = WriteBatch(raw_mode=True)
+        try:
+            for (index, data), cols in zip(entries, decoded, strict=True):
+                if has_ranges(cols[0]):
+                    pending.write_to(wb)
+                    wb.delete_range(LOG, LOG_END)
+                    write_ops(wb, *cols)
+                    pending.clear()
+                    self._logged = 0
+                else:
+                    wb.put(LOG + index.to_bytes(8, "big"), data)
+                    pending.take(*cols)
+                    self._logged += len(data)
+            if token != self.token:
+                wb.put(M_TOKEN, str(token).encode())
+            wb.put(M_INDEX, str(entries[-1][0]).encode())
+            wb.put(M_TERM, str(term).encode())
+            write_durably(self.db, wb, sync)
+        except BaseException:
+            self._stale = True  # the log in memory may differ from the disk's: read again
+            raise
+        self.token = token
+        self.term = term
+        self.index = entries[-1][0]
+        if pending.commits >= APPLY_EVERY_COMMITS or self._logged >= APPLY_EVERY_BYTES:
+            self.apply_log()
+
+    def _held(self) -> Coalesced:
+        if self._stale:
+            self._pending, self._logged = read_log(self.db)
+            self._stale = False
+        return self._pending
+
+    def apply_log(self) -> None:
+        """Apply the logged commits now (coalesced, in one write)."""
+        pending = self._held()
+        if pending.commits:
+            apply_log(self.db, pending)
+        self._logged = 0
+
+    def close(self) -> None:
+        try:
+            self.apply_log()
+        finally:
+            self.db.close()
+
+    @staticmethod
+    def install(path: str, incoming: str) -> ReplicaStore:
+        """Replace the copy at ``path`` (closed by the caller) with the checkpoint received in
+        ``incoming``."""
+        if os.path.exists(path):
+            shutil.rmtree(path)
+        os.rename(incoming, path)
+        return ReplicaStore(path)
