@@ -2,7 +2,7 @@
 follower``): a stream of W2-shaped commits (each rewrites 690 of its window's 850 window
 accumulators, whose keys start with their key's hash, and deletes 180 of the window before;
 a new window every 20 commits), applied one by one in one ``WriteBatch`` each, as followers
-did before worker/writes.py, against :class:`~worker.storage.ReplicaStore`'s log applied
+did before worker/writes.py, against :class:`~worker.replicastore.ReplicaStore`'s log applied
 coalesced. CPU µs per write of every thread of the process (RocksDB's too), the median of
 ``runs`` interleaved rounds."""
 

@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 # Records a round takes at most. Each tablet's share of a round is one delivery, one batch and
 # commit, one copy to its follower: per batch, not per record. 4,000 (1,000 per tablet of a
 # 4-range stream) measured 1.2-1.9x the events per CPU-second of 1,000 on Nexmark q0, and
-# 8,000 (a flow stage's batch bound) 1.24x the rec/s of 4,000 on W2 on a flow
+# 8,000 (a flow stage's batch bound) 1.22x the rec/s of 4,000 on W2 on a flow
 # (docs/performance.md); a paced sender's rounds leave after linger_ms, far below either.
 DEFAULT_BATCH_SIZE = 8000
 

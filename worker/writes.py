@@ -91,7 +91,7 @@ class Coalesced:
     and those a later range delete covers, are dropped). Applied in that order in one
     ``WriteBatch``, they leave a RocksDB as the commits applied one by one would have.
     A range delete scans the writes held so far: a follower logs only commits without
-    range deletes, and applies those with them at once (:class:`~worker.storage.ReplicaStore`).
+    range deletes, and applies those with them at once (:class:`~worker.replicastore.ReplicaStore`).
 
     Why that holds, for each key: if its last write is a put or a delete, no later range
     covers it, so it is in :attr:`last` and is applied after every range; if its last write
