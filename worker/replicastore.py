@@ -13,7 +13,6 @@ from worker.writes import (
     APPLY_EVERY_BYTES,
     APPLY_EVERY_COMMITS,
     LOG,
-    LOG_END,
     Coalesced,
     apply_log,
     decode_ops,
@@ -51,20 +50,19 @@ class ReplicaStore:
     def apply(self, token: int, term: int, entries: list[tuple[int, bytes]], *, sync: bool) -> None:
         """Hold consecutive commits ``(index, writes)`` of a primary's ``term`` (the caller
         checked that they continue this copy), in one write: each logged, to be applied with
-        the next ones; but one that deletes ranges applied at once, after the log before it
-        (coalescing it would scan the writes held for each range). A commit whose writes do not
-        decode is refused before anything is written."""
+        the next ones. A request with a commit that deletes ranges is applied at once, after
+        the log (coalescing it would scan the writes held for each range). A commit whose
+        writes do not decode is refused before anything is written."""
         decoded = [decode_ops(data) for _, data in entries]
-        pending = self._held()
+        at_once = any(has_ranges(kinds) for kinds, _, _ in decoded)
         wb = WriteBatch(raw_mode=True)
         try:
+            pending = self._held()
+            if at_once:
+                self.apply_log()  # held already: its writes come first
             for (index, data), cols in zip(entries, decoded, strict=True):
-                if has_ranges(cols[0]):
-                    pending.write_to(wb)
-                    wb.delete_range(LOG, LOG_END)
+                if at_once:
                     write_ops(wb, *cols)
-                    pending.clear()
-                    self._logged = 0
                 else:
                     wb.put(LOG + index.to_bytes(8, "big"), data)
                     pending.take(*cols)
@@ -90,7 +88,7 @@ class ReplicaStore:
         return self._pending
 
     def apply_log(self) -> None:
-        """Apply the logged commits now (coalesced, in one write)."""
+        """Apply the logged commits now (coalesced: :func:`~worker.writes.apply_log`)."""
         pending = self._held()
         if pending.commits:
             apply_log(self.db, pending)

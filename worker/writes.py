@@ -14,7 +14,7 @@ held a worker's interpreter lock (docs/performance.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from google.protobuf.message import DecodeError
 from rocksdict import Rdict, WriteBatch
@@ -28,6 +28,11 @@ LOG, LOG_END = b"L", b"M"  # L<index:8>: a follower's logged commit (worker/stor
 # A follower applies its log once it holds this many commits or bytes of writes (what a
 # copy keeps in memory: the last write of each key they touched).
 APPLY_EVERY_COMMITS, APPLY_EVERY_BYTES = 16, 4 << 20
+# A log is applied in writes of at most this many keys. rocksdict holds the interpreter lock
+# through a write, about 1.2 µs per hash-ordered key here: one write of a W2 follower's whole
+# log (~15,000 keys) held it 15-23 ms, stalling every thread of its worker (a window firing
+# too); 2,000 keys hold it ~2-3 ms (docs/performance.md, "A log applied in pieces").
+APPLY_CHUNK = 2_000
 
 
 def encode_ops(ops: list[tuple[int, bytes, bytes]]) -> bytes:
@@ -119,14 +124,21 @@ class Coalesced:
                     self.ranges.append((k, v))
         self.commits += 1
 
-    def write_to(self, wb: WriteBatch) -> None:
-        for start, end in self.ranges:
-            wb.delete_range(start, end)
-        for k, v in self.last.items():
-            if v is None:
-                wb.delete(k)
-            else:
-                wb.put(k, v)
+    def batches(self, size: int) -> Iterator[WriteBatch]:
+        """The writes, in order, in batches of at most ``size`` keys (the range deletes in
+        the first); at least one batch, empty if there is nothing to write."""
+        items = list(self.last.items())
+        for i in range(0, max(len(items), 1), size):
+            wb = WriteBatch(raw_mode=True)
+            if i == 0:
+                for start, end in self.ranges:
+                    wb.delete_range(start, end)
+            for k, v in items[i:i + size]:
+                if v is None:
+                    wb.delete(k)
+                else:
+                    wb.put(k, v)
+            yield wb
 
     def clear(self) -> None:
         self.ranges = []
@@ -158,10 +170,13 @@ def read_log(db: Rdict) -> tuple[Coalesced, int]:
 
 
 def apply_log(db: Rdict, pending: Coalesced) -> None:
-    """Write ``pending`` (the whole log, coalesced) and delete the log, in one write; then
-    clear it. Not synced: if the write is lost, the log it deletes is there to apply again."""
-    wb = WriteBatch(raw_mode=True)
-    pending.write_to(wb)
-    wb.delete_range(LOG, LOG_END)
-    db.write(wb)
+    """Write ``pending`` (the whole log, coalesced) in writes of at most :data:`APPLY_CHUNK`
+    keys, the last of which deletes the log; then clear it. Neither atomic nor synced, and
+    neither need be: until the log's deletion is on disk, the log is there to apply again,
+    and applying it again writes each key the same last value."""
+    *filled, last = pending.batches(APPLY_CHUNK)
+    for wb in filled:  # the interpreter lock is free between writes
+        db.write(wb)
+    last.delete_range(LOG, LOG_END)
+    db.write(last)
     pending.clear()

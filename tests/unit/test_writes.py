@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rocksdict import Rdict, WriteBatch
+from rocksdict import Rdict
 
 from runtime.errors import MillstreamError
 from worker.replicastore import ReplicaStore
@@ -25,6 +25,7 @@ from worker.writes import (
     Coalesced,
     decode_ops,
     encode_ops,
+    read_log,
 )
 
 _KEYS = st.binary(min_size=1, max_size=2)
@@ -53,9 +54,9 @@ def _contents(db: Rdict) -> dict[bytes, bytes]:
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.dictionaries(_KEYS, st.binary(max_size=3), max_size=12), _COMMITS)
+@given(st.dictionaries(_KEYS, st.binary(max_size=3), max_size=12), _COMMITS, st.integers(1, 5))
 def test_commits_coalesced_leave_a_copy_as_the_commits_one_by_one_do(
-        before: dict[bytes, bytes], commits: list[list[tuple[int, bytes, bytes]]]) -> None:
+        before: dict[bytes, bytes], commits: list[list[tuple[int, bytes, bytes]]], size: int) -> None:
     with tempfile.TemporaryDirectory() as d:
         dbs = [_open(os.path.join(d, side)) for side in ("one-by-one", "coalesced")]
         try:
@@ -67,9 +68,10 @@ def test_commits_coalesced_leave_a_copy_as_the_commits_one_by_one_do(
                 primary = _primary_writes(writes)
                 dbs[0].write(primary.wb)  # the primary's own write, commit by commit
                 pending.take(*decode_ops(encode_ops(primary.ops or [])))
-            wb = WriteBatch(raw_mode=True)
-            pending.write_to(wb)
-            dbs[1].write(wb)
+            batches = list(pending.batches(size))  # in pieces of at most ``size`` keys, in order
+            assert len(batches) == max(1, -(-len(pending.last) // size))
+            for wb in batches:
+                dbs[1].write(wb)
             assert _contents(dbs[1]) == _contents(dbs[0])
         finally:
             for db in dbs:
@@ -144,6 +146,28 @@ def test_a_copy_that_crashed_with_a_log_opens_with_it_applied_as_a_follower(tmp_
     copy = ReplicaStore(path)
     try:
         assert _state(copy.db) == _expected(5) and copy.index == 5
+        assert not [k for k, _ in copy.db.items() if k.startswith(LOG)]
+    finally:
+        copy.close()
+
+
+def test_a_copy_that_crashed_part_way_through_applying_its_log_opens_with_it_applied(tmp_path: Any) -> None:
+    """The log is applied in several writes (``APPLY_CHUNK`` keys each) and deleted by the
+    last: a crash between them leaves part applied and the whole log there, applied again."""
+    path = str(tmp_path / "copy")
+    _crashed_copy(path, 6)  # 6 commits: 3 keys each applied last
+    raw = Rdict(path)
+    try:
+        pending, _ = read_log(raw)
+        first, *rest = pending.batches(2)
+        assert rest
+        raw.write(first)  # the first piece, and then the crash
+        assert _state(raw) and _state(raw) != _expected(6)
+    finally:
+        raw.close()
+    copy = ReplicaStore(path)
+    try:
+        assert _state(copy.db) == _expected(6) and copy.index == 6
         assert not [k for k, _ in copy.db.items() if k.startswith(LOG)]
     finally:
         copy.close()
