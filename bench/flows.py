@@ -28,6 +28,7 @@ from runtime.cluster import LocalCluster
 WATERMARK_EVERY = 4000  # records between two advance_watermark calls of the W2-on-flow sender
 FIRE_METRIC = "millstream_window_fire_seconds"
 FIRE_CPU_METRIC = "millstream_window_fire_cpu_seconds"  # the same firings' own CPU time
+FIRE_QUEUED_METRIC = "millstream_window_fire_queued_seconds"  # ... and their wait for a core
 GC_METRIC = "millstream_gc_pause_seconds"  # the workers' collector pauses, beside the firings
 STALL_LIMIT_S = 0.02  # issue 30: no tablet stalled more than 20 ms by window firings
 
@@ -117,10 +118,11 @@ def window_fire_stalls(c: LocalCluster) -> dict[str, Any]:
     """``millstream_window_fire_seconds`` of every live worker, per step (summed over workers),
     summarised, and beside it (``cpu_steps``) the same firings' CPU time on the tablet's thread
     (``millstream_window_fire_cpu_seconds``: wall time over it is time waited for the
-    interpreter lock or a core); read before the cluster stops (the histograms live in the
-    worker processes)."""
+    interpreter lock or a core) and (``queued_steps``) their wait for a core; read before
+    the cluster stops (the histograms live in the worker processes)."""
     total: dict[str, dict[float, float]] = {}
     cpu: dict[str, dict[float, float]] = {}
+    queued: dict[str, dict[float, float]] = {}
     pauses: dict[str, dict[float, float]] = {}
     per_worker: dict[str, dict[str, Any]] = {}
     pages, errors = worker_metrics.scrape(c)
@@ -129,8 +131,10 @@ def window_fire_stalls(c: LocalCluster) -> dict[str, Any]:
         per_worker[name] = {step: summarise_histogram(b) for step, b in mine.items()}
         add_buckets(total, mine)
         add_buckets(cpu, parse_buckets(text, FIRE_CPU_METRIC))
+        add_buckets(queued, parse_buckets(text, FIRE_QUEUED_METRIC))
         add_buckets(pauses, parse_buckets(text, GC_METRIC, "generation"))
     return {"steps": {step: summarise_histogram(b) for step, b in total.items()},
             "cpu_steps": {step: summarise_histogram(b) for step, b in cpu.items()},
+            "queued_steps": {step: summarise_histogram(b) for step, b in queued.items()},
             "per_worker": per_worker, "errors": errors,
             "gc_pauses": {f"generation {g}": summarise_histogram(b) for g, b in sorted(pauses.items())}}

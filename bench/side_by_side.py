@@ -180,11 +180,16 @@ def markdown_lines(r: dict[str, Any]) -> list[str]:
                   "/metrics at the end of the run; a firing is one watermark advance's due windows on one "
                   "tablet; figures are the histogram's bucket bounds):", "",
                   "| step | firings | p50 ≤ | p99 ≤ | slowest ≤ | over 20 ms |", "|---|---:|---:|---:|---:|---:|"]
-        cpu = ((r.get("w2_flow") or {}).get("window_fire") or {}).get("cpu_steps") or {}
+        fire = (r.get("w2_flow") or {}).get("window_fire") or {}
+        cpu, queued = fire.get("cpu_steps") or {}, fire.get("queued_steps") or {}
         for step, s in sorted(steps.items()):
             lines.append(_stall_row(step, s))
             if step in cpu:  # the same firings' own work: the wall time over it was waiting
                 lines.append(_stall_row(f"{step}, its CPU (`millstream_window_fire_cpu_seconds`)", cpu[step]))
+            if step in queued:  # ... for a core; the rest of the wait, for the interpreter lock
+                lines.append(_stall_row(f"{step}, its wait for a core (`millstream_window_fire_queued_seconds`; "
+                                        "the rest of its wall time over its CPU, blocked: on the interpreter "
+                                        "lock, mostly)", queued[step]))
         pauses = ((r.get("w2_flow") or {}).get("window_fire") or {}).get("gc_pauses") or {}
         for gen, s in sorted(pauses.items()):  # every thread waits for them, a firing included
             lines.append(_stall_row(f"garbage collector, {gen} (`millstream_gc_pause_seconds`)", s))

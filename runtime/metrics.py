@@ -41,6 +41,11 @@ WINDOW_FIRE_CPU_SECONDS = Histogram("millstream_window_fire_cpu_seconds", "CPU t
                                     "in the firings of millstream_window_fire_seconds: the firing's own work; "
                                     "the rest of that time the thread waited for the interpreter lock or a core",
                                     ["step"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1))
+WINDOW_FIRE_QUEUED_SECONDS = Histogram("millstream_window_fire_queued_seconds", "Time the tablet's thread "
+                                       "waited for a core (the kernel's run queue) in the firings of "
+                                       "millstream_window_fire_seconds; wall time over this and their CPU "
+                                       "it was blocked: on the interpreter lock, mostly (Linux only)", ["step"],
+                                       buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1))
 WINDOWS_FIRED = Counter("millstream_windows_fired", "Windows (per key) a flow's event-time steps fired", ["step"])
 DELIVERIES_PER_CALL = Histogram("millstream_deliveries_per_call", "Tablets' deliveries carried by one Deliver "
                                 "or DeliverMany call this worker received, by sender (injector, worker)",
@@ -197,6 +202,16 @@ GC_PAUSE_SECONDS = Histogram("millstream_gc_pause_seconds", "Time of one collect
 
 
 _GC_WATCHED = False
+
+
+def queued_seconds() -> float | None:
+    """How long the calling thread has waited for a core, in all (the kernel's run queue:
+    ``/proc/thread-self/schedstat``); None where the kernel does not say."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def watch_gc() -> None:

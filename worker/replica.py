@@ -204,8 +204,10 @@ class Replicas:
                 return pb.ReplicateResponse(status=R.OK)
             del self._incoming[key]
             old = self.copies.pop(key, None)
+            if old is not None:  # on its own thread: after a write still running there (its caller cancelled)
+                await self._thread(key).run(old.close)
             path = self.path_of(key)
-            copy = await asyncio.to_thread(_install, old, path, directory)
+            copy = await asyncio.to_thread(_install, path, directory)
             if copy.index != chunk.index:
                 copy.close()
                 return _refuse(R.NEED_SNAPSHOT, "bad snapshot", f"snapshot holds commit {copy.index}, "
@@ -295,9 +297,7 @@ def write_at(path: str, offset: int, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _install(old: ReplicaStore | None, path: str, directory: str) -> ReplicaStore:
-    if old is not None:
-        old.close()
+def _install(path: str, directory: str) -> ReplicaStore:
     sync_dir(directory)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     return ReplicaStore.install(path, directory)

@@ -49,37 +49,47 @@ class ReplicaStore:
 
     def apply(self, token: int, term: int, entries: list[tuple[int, bytes]], *, sync: bool) -> None:
         """Hold consecutive commits ``(index, writes)`` of a primary's ``term`` (the caller
-        checked that they continue this copy), in one write: each logged, to be applied with
-        the next ones. A request with a commit that deletes ranges is applied at once, after
-        the log (coalescing it would scan the writes held for each range). A commit whose
+        checked that they continue this copy): each logged, to be applied with the next ones,
+        in one write with the copy's index and term. A commit that deletes ranges is not
+        logged (coalescing it would scan the writes held for each range): the commits before
+        it are held, the log is applied, and then it is, in a write of its own. A commit whose
         writes do not decode is refused before anything is written."""
         decoded = [decode_ops(data) for _, data in entries]
-        at_once = any(has_ranges(kinds) for kinds, _, _ in decoded)
-        wb = WriteBatch(raw_mode=True)
+        final = entries[-1][0]
         try:
             pending = self._held()
-            if at_once:
-                self.apply_log()  # held already: its writes come first
+            wb, held = WriteBatch(raw_mode=True), None  # held: the last commit in ``wb``
             for (index, data), cols in zip(entries, decoded, strict=True):
-                if at_once:
+                if has_ranges(cols[0]):
+                    if held:
+                        self._hold(wb, token, term, held, sync=False)
+                        wb, held = WriteBatch(raw_mode=True), None  # held: the last commit in ``wb``
+                    self.apply_log()  # what the log holds comes first
                     write_ops(wb, *cols)
+                    self._hold(wb, token, term, index, sync=sync and index == final)
+                    wb = WriteBatch(raw_mode=True)
                 else:
                     wb.put(LOG + index.to_bytes(8, "big"), data)
                     pending.take(*cols)
                     self._logged += len(data)
-            if token != self.token:
-                wb.put(M_TOKEN, str(token).encode())
-            wb.put(M_INDEX, str(entries[-1][0]).encode())
-            wb.put(M_TERM, str(term).encode())
-            write_durably(self.db, wb, sync)
+                    held = index
+            if held is not None:
+                self._hold(wb, token, term, held, sync=sync)
         except BaseException:
             self._stale = True  # the log in memory may differ from the disk's: read again
             raise
-        self.token = token
-        self.term = term
-        self.index = entries[-1][0]
         if pending.commits >= APPLY_EVERY_COMMITS or self._logged >= APPLY_EVERY_BYTES:
             self.apply_log()
+
+    def _hold(self, wb: WriteBatch, token: int, term: int, index: int, *, sync: bool) -> None:
+        """Write ``wb`` with the copy's index (``index``), term and token: the commits up to
+        ``index`` are held (on disk once a synced write follows)."""
+        if token != self.token:
+            wb.put(M_TOKEN, str(token).encode())
+        wb.put(M_INDEX, str(index).encode())
+        wb.put(M_TERM, str(term).encode())
+        write_durably(self.db, wb, sync)
+        self.token, self.term, self.index = token, term, index
 
     def _held(self) -> Coalesced:
         if self._stale:

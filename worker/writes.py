@@ -30,8 +30,8 @@ LOG, LOG_END = b"L", b"M"  # L<index:8>: a follower's logged commit (worker/stor
 APPLY_EVERY_COMMITS, APPLY_EVERY_BYTES = 16, 4 << 20
 # A log is applied in writes of at most this many keys. rocksdict holds the interpreter lock
 # through a write, about 1.2 µs per hash-ordered key here: one write of a W2 follower's whole
-# log (~15,000 keys) held it 15-23 ms, stalling every thread of its worker (a window firing
-# too); 2,000 keys hold it ~2-3 ms (docs/performance.md, "A log applied in pieces").
+# log (~15,000 keys) held it 15-23 ms of CPU, and every other thread of its worker waited;
+# a piece of 2,000 holds it 1-4 ms (docs/performance.md, "A follower's log applied in pieces").
 APPLY_CHUNK = 2_000
 
 
@@ -93,8 +93,9 @@ def write_ops(wb: WriteBatch, kinds: bytes, keys: Sequence[bytes], values: Seque
 class Coalesced:
     """The writes of consecutive commits, reduced to what they leave behind: the range
     deletes, in order, and then the last put or delete of each key (a key's earlier writes,
-    and those a later range delete covers, are dropped). Applied in that order in one
-    ``WriteBatch``, they leave a RocksDB as the commits applied one by one would have.
+    and those a later range delete covers, are dropped). Applied in that order (in one
+    ``WriteBatch`` or in several, :meth:`batches`), they leave a RocksDB as the commits
+    applied one by one would have; applied again over part of themselves, too.
     A range delete scans the writes held so far: a follower logs only commits without
     range deletes, and applies those with them at once (:class:`~worker.replicastore.ReplicaStore`).
 

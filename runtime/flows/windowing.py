@@ -58,7 +58,7 @@ class _EventTimeOp(Op):
         super().__init__(name)
         self.index = DueIndex()
         # This timer call's: its start (wall, and the tablet thread's CPU), windows fired.
-        self.firing: tuple[float, float, int] | None = None
+        self.firing: tuple[float, float, float | None, int] | None = None
         # A firing that raised (a step after this one failed on some key's result): the
         # firings after it take one window per call, so the worker's retries and dead letter
         # reach that window alone (see on_timer). Set by the stage (runtime/flows/stage.py).
@@ -89,7 +89,7 @@ class _EventTimeOp(Op):
         the window's state is cleaned up as after any firing."""
         if not what.startswith("@"):
             return
-        t0, cpu0 = perf_counter(), thread_time()
+        t0, cpu0, queued0 = perf_counter(), thread_time(), metrics.queued_seconds()
         fired = 0
         isolating = self._isolating and self.attempts > 1
         last_try = isolating and self._failed % self.attempts == self.attempts - 1
@@ -110,7 +110,7 @@ class _EventTimeOp(Op):
             ctx.rebind(left[0], time)  # type: ignore[attr-defined]
             ctx.set_timer(self.timer_tag(f"@{time}"), time, TimeDomain.EVENT_TIME)
             self.index.timed_again(time)
-        self.firing = (t0, cpu0, fired)
+        self.firing = (t0, cpu0, queued0, fired)
 
     def _fire_to_dead_letters(self, ctx: Context, due: list[tuple[int, bytes, int]]) -> None:
         kept: list[Item] = []
@@ -144,10 +144,13 @@ class _EventTimeOp(Op):
         if not self._left:
             self._isolating = False
         if self.firing is not None:
-            t0, cpu0, fired = self.firing
+            t0, cpu0, queued0, fired = self.firing
             self.firing = None
             metrics.WINDOW_FIRE_SECONDS.labels(self.name).observe(perf_counter() - t0)
             metrics.WINDOW_FIRE_CPU_SECONDS.labels(self.name).observe(thread_time() - cpu0)
+            queued = metrics.queued_seconds()
+            if queued is not None and queued0 is not None:
+                metrics.WINDOW_FIRE_QUEUED_SECONDS.labels(self.name).observe(queued - queued0)
             metrics.WINDOWS_FIRED.labels(self.name).inc(fired)
 
     def fire(self, ctx: Context, due: list[tuple[int, bytes, int]]) -> None:

@@ -30,6 +30,7 @@ def _report() -> dict[str, Any]:
                     "oracle_equal": True, "sender": "one injector", "cpu": {"loadavg_start": [0.25, 0.4, 0.3]},
                     "window_fire": {"steps": {"w2.windows": stall}, "errors": [],
                                     "cpu_steps": {"w2.windows": flows.summarise_histogram(CPU_BUCKETS)},
+                                    "queued_steps": {"w2.windows": flows.summarise_histogram(CPU_BUCKETS)},
                                     "gc_pauses": {"generation 2": stall}}},
         "spark": {"w2": {"throughput_rps": 120_000, "oracle_equal": True}, "loadavg_start": [1.5, 1.0, 1.0],
                   "config": {"w2": "parquet"}},
@@ -54,6 +55,7 @@ def test_side_by_side_rows_ratios_and_loads() -> None:
     assert "| Spark Structured Streaming | parquet | 120,000 | – | yes | 1.50 | – | 1.25× |" in md
     assert "| w2.windows | 100 | 1.0 ms | 10.0 ms | 50.0 ms | 1 |" in md
     assert "| w2.windows, its CPU (`millstream_window_fire_cpu_seconds`) | 100 | 1.0 ms | 10.0 ms | 10.0 ms | 0 |" in md
+    assert "| w2.windows, its wait for a core (`millstream_window_fire_queued_seconds`; the rest of its wall " in md
     assert "| garbage collector, generation 2 (`millstream_gc_pause_seconds`) | 100 | 1.0 ms |" in md
     assert "| millstream, W2 on a flow | one injector | 150,000 | 70,000 | yes | 0.25 | – | – |" in md  # no ratio to itself
 

@@ -261,16 +261,21 @@ def test_a_firings_stall_includes_the_fused_sink_writing_what_fired(monkeypatch:
 def test_a_firings_cpu_is_its_threads_work_not_its_waits(tmp_path: Any) -> None:
     """millstream_window_fire_cpu_seconds counts the tablet thread's CPU in the same firings:
     a fused sink that waits 0.1 s per window fired holds the tablet that long (wall), but
-    waiting is not work, so the CPU histogram stays far below it."""
+    waiting is not work, so the CPU histogram stays far below it; nor is it waiting for a
+    core (millstream_window_fire_queued_seconds)."""
     labels = {"step": "wait_counts"}
     wall0 = REGISTRY.get_sample_value("millstream_window_fire_seconds_sum", labels) or 0.0
     cpu0 = REGISTRY.get_sample_value("millstream_window_fire_cpu_seconds_sum", labels) or 0.0
+    queued0 = REGISTRY.get_sample_value("millstream_window_fire_queued_seconds_sum", labels) or 0.0
     _three_windows_through(j.WaitingSink, "wait", str(tmp_path))
     wall = REGISTRY.get_sample_value("millstream_window_fire_seconds_sum", labels) - wall0
     cpu = REGISTRY.get_sample_value("millstream_window_fire_cpu_seconds_sum", labels) - cpu0
     calls = REGISTRY.get_sample_value("millstream_window_fire_cpu_seconds_count", labels)
     assert calls == REGISTRY.get_sample_value("millstream_window_fire_seconds_count", labels) >= 1
     assert wall >= 0.3 and 0 < cpu < 0.15
+    # Nor is it waiting for a core: a sleeping thread is not in the kernel's run queue.
+    assert REGISTRY.get_sample_value("millstream_window_fire_queued_seconds_count", labels) == calls
+    assert (REGISTRY.get_sample_value("millstream_window_fire_queued_seconds_sum", labels) - queued0) < 0.15
 
 
 def _fire_calls(step: str) -> float:

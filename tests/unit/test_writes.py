@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from rocksdict import Rdict
 
 from runtime.errors import MillstreamError
+from worker import writes as writes_module
 from worker.replicastore import ReplicaStore
 from worker.storage import M_INDEX, TabletStore, _open, _Writes, state_key
 from worker.writes import (
@@ -54,9 +55,10 @@ def _contents(db: Rdict) -> dict[bytes, bytes]:
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.dictionaries(_KEYS, st.binary(max_size=3), max_size=12), _COMMITS, st.integers(1, 5))
+@given(st.dictionaries(_KEYS, st.binary(max_size=3), max_size=12), _COMMITS, st.integers(1, 5), st.data())
 def test_commits_coalesced_leave_a_copy_as_the_commits_one_by_one_do(
-        before: dict[bytes, bytes], commits: list[list[tuple[int, bytes, bytes]]], size: int) -> None:
+        before: dict[bytes, bytes], commits: list[list[tuple[int, bytes, bytes]]], size: int,
+        data: st.DataObject) -> None:
     with tempfile.TemporaryDirectory() as d:
         dbs = [_open(os.path.join(d, side)) for side in ("one-by-one", "coalesced")]
         try:
@@ -68,9 +70,11 @@ def test_commits_coalesced_leave_a_copy_as_the_commits_one_by_one_do(
                 primary = _primary_writes(writes)
                 dbs[0].write(primary.wb)  # the primary's own write, commit by commit
                 pending.take(*decode_ops(encode_ops(primary.ops or [])))
-            batches = list(pending.batches(size))  # in pieces of at most ``size`` keys, in order
-            assert len(batches) == max(1, -(-len(pending.last) // size))
-            for wb in batches:
+            # In pieces of at most ``size`` keys, in order; a crash after the first ``crashed``
+            # pieces, and the whole again (as a replayed log is): the same copy.
+            crashed = data.draw(st.integers(0, max(1, -(-len(pending.last) // size))))
+            assert len(list(pending.batches(size))) == max(1, -(-len(pending.last) // size))
+            for wb in [*list(pending.batches(size))[:crashed], *pending.batches(size)]:
                 dbs[1].write(wb)
             assert _contents(dbs[1]) == _contents(dbs[0])
         finally:
@@ -155,7 +159,7 @@ def test_a_copy_that_crashed_part_way_through_applying_its_log_opens_with_it_app
     """The log is applied in several writes (``APPLY_CHUNK`` keys each) and deleted by the
     last: a crash between them leaves part applied and the whole log there, applied again."""
     path = str(tmp_path / "copy")
-    _crashed_copy(path, 6)  # 6 commits: 3 keys each applied last
+    _crashed_copy(path, 6)  # its log coalesced: 9 keys (hot, warm, own0-own6), in 5 pieces of 2
     raw = Rdict(path)
     try:
         pending, _ = read_log(raw)
@@ -206,13 +210,16 @@ _COPY_WRITE = st.one_of(
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.lists(_COPY_WRITE, max_size=8), st.integers(1, 3)), min_size=1, max_size=12))
+@given(st.lists(st.tuples(st.lists(_COPY_WRITE, max_size=10), st.integers(1, 5)), min_size=1, max_size=12),
+       st.integers(1, 3))
 def test_a_copy_holds_what_the_commits_one_by_one_leave_with_range_deletes_among_them(
-        requests: list[tuple[list[tuple[int, bytes, bytes]], int]]) -> None:
-    """Requests of 1-3 commits, some deleting ranges (applied at once, after the log before
-    them), the rest logged: what a copy leaves once closed is what the commits left on a
-    RocksDB that wrote them one by one."""
-    with tempfile.TemporaryDirectory() as d:
+        requests: list[tuple[list[tuple[int, bytes, bytes]], int]], chunk: int) -> None:
+    """Requests of 1-5 commits, some deleting ranges (not logged: the commits before them
+    held, the log applied, then they), the rest logged, the log applied in pieces of
+    ``chunk`` keys: after each request the copy holds its last commit, and what it leaves
+    once closed is what the commits left on a RocksDB that wrote them one by one."""
+    with tempfile.TemporaryDirectory() as d, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(writes_module, "APPLY_CHUNK", chunk)
         reference = _open(os.path.join(d, "one-by-one"))
         copy = ReplicaStore(os.path.join(d, "copy"), token=1)
         index = 0
@@ -225,6 +232,7 @@ def test_a_copy_holds_what_the_commits_one_by_one_leave_with_range_deletes_among
                     index += 1
                     entries.append((index, encode_ops(primary.ops or [])))
                 copy.apply(1, 1, entries, sync=False)
+                assert copy.index == index and copy.db.get(M_INDEX) == b"%d" % index
         finally:
             copy.close()
         raw = Rdict(os.path.join(d, "copy"))
