@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import bisect
+import ctypes
 import gc
+import os
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -204,14 +206,56 @@ GC_PAUSE_SECONDS = Histogram("millstream_gc_pause_seconds", "Time of one collect
 _GC_WATCHED = False
 
 
+class _Fd:
+    """A file descriptor, closed with its last reference (a thread's, when it ends)."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            self.fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            self.fd = -1
+
+    def __del__(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+
+
+class _Schedstat(threading.local):
+    """The calling thread's ``/proc/thread-self/schedstat``, opened once per thread and closed
+    when it ends, read with ``pread`` through :class:`ctypes.PyDLL`: a call that keeps the
+    interpreter lock. A read through Python's files releases it, and on a busy worker the
+    thread may then wait for it again, in the very firing it measures."""
+
+    def __init__(self) -> None:
+        self.file = _Fd("/proc/thread-self/schedstat")
+        self.buf = ctypes.create_string_buffer(128)
+
+    def queued(self) -> float | None:
+        if self.file.fd < 0 or _PREAD is None:
+            return None
+        n = _PREAD(self.file.fd, self.buf, 127, 0)
+        fields = self.buf.raw[:max(n, 0)].split()
+        return int(fields[1]) / 1e9 if len(fields) > 1 else None
+
+
+def _pread() -> Any:
+    try:
+        f = ctypes.PyDLL(None).pread
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_long)
+    f.restype = ctypes.c_ssize_t
+    return f
+
+
+_PREAD = _pread()
+_SCHEDSTAT = _Schedstat()
+
+
 def queued_seconds() -> float | None:
     """How long the calling thread has waited for a core, in all (the kernel's run queue:
     ``/proc/thread-self/schedstat``); None where the kernel does not say."""
-    try:
-        with open("/proc/thread-self/schedstat", "rb") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return None
+    return _SCHEDSTAT.queued()
 
 
 def watch_gc() -> None:

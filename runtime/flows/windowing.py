@@ -89,7 +89,8 @@ class _EventTimeOp(Op):
         the window's state is cleaned up as after any firing."""
         if not what.startswith("@"):
             return
-        t0, cpu0, queued0 = perf_counter(), thread_time(), metrics.queued_seconds()
+        queued0 = metrics.queued_seconds()
+        t0, cpu0 = perf_counter(), thread_time()
         fired = 0
         isolating = self._isolating and self.attempts > 1
         last_try = isolating and self._failed % self.attempts == self.attempts - 1
