@@ -61,9 +61,9 @@ class ReplicaStore:
             wb, held = WriteBatch(raw_mode=True), None  # held: the last commit in ``wb``
             for (index, data), cols in zip(entries, decoded, strict=True):
                 if has_ranges(cols[0]):
-                    if held:
+                    if held is not None:  # the commits before it, held first
                         self._hold(wb, token, term, held, sync=False)
-                        wb, held = WriteBatch(raw_mode=True), None  # held: the last commit in ``wb``
+                        wb, held = WriteBatch(raw_mode=True), None
                     self.apply_log()  # what the log holds comes first
                     write_ops(wb, *cols)
                     self._hold(wb, token, term, index, sync=sync and index == final)

@@ -243,6 +243,32 @@ def test_a_copy_holds_what_the_commits_one_by_one_leave_with_range_deletes_among
             reference.close()
 
 
+def test_commits_before_a_range_delete_are_held_before_the_log_they_are_in_is_applied(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request of two logged commits and then one that deletes a range: the log is applied
+    (not atomically) only once the two are held, their index on disk; else a crash between
+    its pieces would leave writes of commits the copy never held."""
+    import worker.replicastore as replicastore
+
+    seen: list[tuple[bytes | None, int]] = []
+    real = replicastore.apply_log
+
+    def spy(db: Rdict, pending: Coalesced) -> None:
+        seen.append((db.get(M_INDEX), pending.commits))
+        real(db, pending)
+
+    monkeypatch.setattr(replicastore, "apply_log", spy)
+    copy = ReplicaStore(str(tmp_path / "copy"), token=1)
+    try:
+        copy.apply(1, 7, [_commit(1, _puts(1)), _commit(2, _puts(2)), _commit(3, [(DELETE_RANGE, b"Z0", b"Z1")])],
+                   sync=True)
+        assert seen == [(b"2", 2)]
+        assert copy.index == 3 and copy.db.get(M_INDEX) == b"3" and _state(copy.db) == _expected(2)
+        assert not [k for k, _ in copy.db.items() if k.startswith(LOG)]
+    finally:
+        copy.close()
+
+
 def test_a_range_whose_end_comes_before_its_start_is_refused_before_it_is_held(tmp_path: Any) -> None:
     copy = ReplicaStore(str(tmp_path / "copy"), token=1)
     try:
