@@ -30,7 +30,7 @@ LOG, LOG_END = b"L", b"M"  # L<index:8>: a follower's logged commit (worker/stor
 APPLY_EVERY_COMMITS, APPLY_EVERY_BYTES = 16, 4 << 20
 # A log is applied in writes of at most this many keys. rocksdict holds the interpreter lock
 # through a write, about 1.2 µs per hash-ordered key here: one write of a W2 follower's whole
-# log (~15,000 keys) held it 15-23 ms of CPU, and every other thread of its worker waited;
+# log (~15,000 keys) held it 12.6-23.4 ms of CPU, and every other thread of its worker waited;
 # a piece of 2,000 holds it 1-4 ms (docs/performance.md, "A follower's log applied in pieces").
 APPLY_CHUNK = 2_000
 
