@@ -60,7 +60,9 @@ def test_it_never_goes_back_and_keeps_the_interpreter_lock() -> None:
         count = len(switched)
         for _ in range(2000):
             metrics.queued_seconds()
-        assert len(switched) == count
+        # A thread that was already waiting when the interval changed may still force a switch
+        # or two; reads that release the lock gave the spinner hundreds of turns (348).
+        assert len(switched) - count <= 5
     finally:
         stop.set()
         sys.setswitchinterval(old)
