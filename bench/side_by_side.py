@@ -174,13 +174,13 @@ def markdown_lines(r: dict[str, Any]) -> list[str]:
     bw = r.get("bytewax") or {}
     if bw.get("error"):
         lines += ["", f"Bytewax: {bw['error']}"]
-    steps = ((r.get("w2_flow") or {}).get("window_fire") or {}).get("steps") or {}
+    fire = (r.get("w2_flow") or {}).get("window_fire") or {}
+    steps = fire.get("steps") or {}
     if steps:
         lines += ["", "Window firing stalls of W2 on a flow (`millstream_window_fire_seconds`, every worker's "
                   "/metrics at the end of the run; a firing is one watermark advance's due windows on one "
                   "tablet; figures are the histogram's bucket bounds):", "",
                   "| step | firings | p50 ≤ | p99 ≤ | slowest ≤ | over 20 ms |", "|---|---:|---:|---:|---:|---:|"]
-        fire = (r.get("w2_flow") or {}).get("window_fire") or {}
         cpu, queued = fire.get("cpu_steps") or {}, fire.get("queued_steps") or {}
         for step, s in sorted(steps.items()):
             lines.append(_stall_row(step, s))
@@ -190,10 +190,10 @@ def markdown_lines(r: dict[str, Any]) -> list[str]:
                 lines.append(_stall_row(f"{step}, its wait for a core (`millstream_window_fire_queued_seconds`; "
                                         "the rest of its wall time over its CPU, blocked: on the interpreter "
                                         "lock, mostly)", queued[step]))
-        pauses = ((r.get("w2_flow") or {}).get("window_fire") or {}).get("gc_pauses") or {}
+        pauses = fire.get("gc_pauses") or {}
         for gen, s in sorted(pauses.items()):  # every thread waits for them, a firing included
             lines.append(_stall_row(f"garbage collector, {gen} (`millstream_gc_pause_seconds`)", s))
-    for err in ((r.get("w2_flow") or {}).get("window_fire") or {}).get("errors", []):
+    for err in fire.get("errors", []):
         lines.append(f"\nmetrics not read: {err}")
     lines.append("")
     return lines

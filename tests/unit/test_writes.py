@@ -97,6 +97,11 @@ def _expected(n: int) -> dict[bytes, bytes]:
     return {state_key(b"hot"): b"%d" % n, state_key(b"warm"): b"%d" % (n * 2), state_key(b"own%d" % n): b"x"}
 
 
+def _logged(db: Rdict) -> list[bytes]:
+    """The keys of the commits logged and not yet applied."""
+    return [k for k, _ in db.items() if k.startswith(LOG)]
+
+
 def _state(db: Rdict) -> dict[bytes, bytes]:
     return {k: v for k, v in db.items() if k.startswith(b"S")}
 
@@ -108,7 +113,7 @@ def test_a_copy_logs_each_commit_whole_and_applies_the_log_as_it_fills(tmp_path:
     try:
         for i in range(1, n + 1):
             copy.apply(1, 7, [_commit(i, _puts(i))], sync=False)
-            logged = [k for k, _ in copy.db.items() if k.startswith(LOG)]
+            logged = _logged(copy.db)
             # Each commit is held as soon as apply returns: its index recorded, its writes logged
             # (or, once the log filled, applied with the others).
             assert copy.db.get(M_INDEX) == b"%d" % i and copy.index == i
@@ -120,7 +125,7 @@ def test_a_copy_logs_each_commit_whole_and_applies_the_log_as_it_fills(tmp_path:
         copy.close()
     raw = Rdict(path)  # opened without applying a log: the close applied it
     try:
-        assert _state(raw) == _expected(n) and not [k for k, _ in raw.items() if k.startswith(LOG)]
+        assert _state(raw) == _expected(n) and not _logged(raw)
     finally:
         raw.close()
     reopened = ReplicaStore(path)
@@ -144,13 +149,13 @@ def test_a_copy_that_crashed_with_a_log_opens_with_it_applied_as_a_follower(tmp_
     _crashed_copy(path, 5)
     raw = Rdict(path)  # what is on disk: the commits logged, not applied
     try:
-        assert not _state(raw) and len([k for k, _ in raw.items() if k.startswith(LOG)]) == 5
+        assert not _state(raw) and len(_logged(raw)) == 5
     finally:
         raw.close()
     copy = ReplicaStore(path)
     try:
         assert _state(copy.db) == _expected(5) and copy.index == 5
-        assert not [k for k, _ in copy.db.items() if k.startswith(LOG)]
+        assert not _logged(copy.db)
     finally:
         copy.close()
 
@@ -172,7 +177,7 @@ def test_a_copy_that_crashed_part_way_through_applying_its_log_opens_with_it_app
     copy = ReplicaStore(path)
     try:
         assert _state(copy.db) == _expected(6) and copy.index == 6
-        assert not [k for k, _ in copy.db.items() if k.startswith(LOG)]
+        assert not _logged(copy.db)
     finally:
         copy.close()
 
@@ -185,7 +190,7 @@ def test_a_copy_that_crashed_with_a_log_is_promoted_with_it_applied(tmp_path: An
         assert store.index == 4
         assert store.get_state(b"hot") == b"4" and store.get_state(b"own4") == b"x"
         assert store.get_state(b"own3") is None
-        assert not [k for k, _ in store.db.items() if k.startswith(LOG)]
+        assert not _logged(store.db)
     finally:
         store.close()
 
@@ -197,7 +202,7 @@ def test_a_split_built_from_a_copy_with_a_log_builds_from_it_applied(tmp_path: A
     _crashed_copy(path, 3)
     db = open_parent(path)
     try:
-        assert _state(db) == _expected(3) and not [k for k, _ in db.items() if k.startswith(LOG)]
+        assert _state(db) == _expected(3) and not _logged(db)
     finally:
         db.close()
 
@@ -237,7 +242,7 @@ def test_a_copy_holds_what_the_commits_one_by_one_leave_with_range_deletes_among
             copy.close()
         raw = Rdict(os.path.join(d, "copy"))
         try:
-            assert _state(raw) == _state(reference) and not [k for k, _ in raw.items() if k.startswith(LOG)]
+            assert _state(raw) == _state(reference) and not _logged(raw)
         finally:
             raw.close()
             reference.close()
@@ -264,7 +269,7 @@ def test_commits_before_a_range_delete_are_held_before_the_log_they_are_in_is_ap
                    sync=True)
         assert seen == [(b"2", 2)]
         assert copy.index == 3 and copy.db.get(M_INDEX) == b"3" and _state(copy.db) == _expected(2)
-        assert not [k for k, _ in copy.db.items() if k.startswith(LOG)]
+        assert not _logged(copy.db)
     finally:
         copy.close()
 
