@@ -199,6 +199,8 @@ class BatchProcessor:
             parts = [b"timer", t.key, t.tag.encode(), t.time.to_bytes(8, "big", signed=True)]
             timer_id = derived_id(*parts, t.nonce) if t.nonce else derived_id(*parts)
             self._run_user(commit, t.key, t.time, b"", timer_id, self._timer_fn, t)
+        if not self.weak:
+            self.outgoing.add_batch(commit, self.ctx.out)  # routed once, as columns
         commit.productions = self.outgoing.shipments()
         self.metrics.user_seconds.observe_many(self._durations)
         self._durations.clear()
@@ -236,6 +238,7 @@ class BatchProcessor:
         slow = calls.record_above
         durations = self._durations
         weak = self.weak
+        route_each = weak  # strong productions are routed once the batch is done
         wm = self._wm
         drop_late = self.late_records == "drop"
         perf = time.perf_counter
@@ -284,9 +287,10 @@ class BatchProcessor:
             durations.append(t1 - t0)
             if t1 - t0 >= slow:
                 calls.slow(key, t1 - t0, t1)
-            made = len(out)
-            if ctx.eff is not None or made > mark:
-                self._after_call(commit, ctx.eff, mark, ts, rid, source, made)
+            # A production earlier than the call holds the watermark (KeyContext.produce makes
+            # the call's Effects for one); strong ones are routed when the batch is done.
+            if ctx.eff is not None or (route_each and len(out) > mark):
+                self._after_call(commit, ctx.eff, mark, ts, rid, source, len(out))
         return i
 
     def _collect_records(self, batch: Batch, cols: Columns, i: int, producer: bytes | None,
@@ -633,7 +637,12 @@ class BatchProcessor:
         if n is None:
             n = len(out)
         if n > mark:
-            low = self.outgoing.add(commit, out, mark, n, low, source_id, source)
+            if self.weak:
+                low = self.outgoing.add(commit, out, mark, n, low, source_id, source)
+            else:  # routed when the batch is done (Outgoing.add_batch); the hold is now
+                for i in range(mark, n):
+                    if out[i][3] < low:
+                        low = out[i][3]
         if low < ts and (self.hold is None or low < self.hold):
             self.hold = low
 

@@ -214,7 +214,12 @@ class KeyContext(Context):
                 raise UsageError(f"produce() key must be bytes, not {type(key).__name__}")
             _check_size(key, MAX_KEY_BYTES, "produce() key")
             key = bytes(key)
-        ts = self._timestamp if timestamp is None else _check_time(timestamp, "produce() timestamp")
+        if timestamp is None:
+            ts = self._timestamp
+        else:
+            ts = _check_time(timestamp, "produce() timestamp")
+            if ts < self._timestamp and self.eff is None:
+                self.eff = Effects()  # so the batch looks at this call's productions: the hold
         if len(value) > MAX_VALUE_BYTES:
             _check_size(value, MAX_VALUE_BYTES, "produce() value")
         self.out.append((stream, key, value, ts))

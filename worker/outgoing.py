@@ -1,7 +1,14 @@
 """A batch's productions on their way out (worker/batch.py): each routed to its readers'
-tablets (one hash per production when no reader has a key extractor), given its id (the
-tablet's next sequence, or for weak productions an id a retry repeats), and gathered per
-destination tablet into the batch's shipments (worker/storage.py), cut at the delivery bound.
+tablets, given its id (the tablet's next sequence, or for weak productions an id a retry
+repeats), and gathered per destination tablet into the batch's shipments (worker/storage.py),
+cut at the delivery bound.
+
+Strong productions are routed once per batch, when its user code is done (:meth:`Outgoing.
+add_batch`): a batch's productions to one stream whose readers take the record's own key go
+as columns (their keys hashed, their ranges found, and their columns cut per range by the
+compiled kernels of runtime/kernels.py), with no Python step per production. Weak
+productions are routed after each call (:meth:`Outgoing.add`): their ids derive from the
+record that made them.
 
 A production a reader's key extractor fails on goes to that reader's dead letters
 (``<reader>.dead_letter``), and to every other reader as usual (review N5).
@@ -18,7 +25,7 @@ from typing import Any
 from runtime import metrics
 from runtime.columns import Columns, compact_streams
 from runtime.delivery import cut_columns
-from runtime.keyspace import key_hash
+from runtime.kernels import group, key_hash, key_hashes, ranges_of, take
 from runtime.record import derived_id, sequence_id, worker_producer
 from runtime.routing import RoutingTable
 from runtime.topology import dead_letter_stream
@@ -46,6 +53,8 @@ class Outgoing:
         # stream -> plain_readers(stream) of that routing (None: a reader has a key extractor)
         self._plain: dict[str, list[tuple[str, list[int], list[int]]] | None] = {}
         self._rows: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
+        # strong, from add_batch's columnar path: (keys, values, timestamps, seqs, stream) per tablet
+        self._cols: dict[tuple[str, int], tuple[list[bytes], list[bytes], list[int], list[int], str]] = {}
         self._weak_producers: dict[tuple[str, int], dict[bytes, None]] = {}  # a weak tablet's sequenced producers
         self._produced = 0  # weak: productions made so far, for their order (worker/sender.py)
         self._extractor_failures: dict[str, int] = {}  # reader -> records its key extractor failed on
@@ -53,15 +62,55 @@ class Outgoing:
     def start(self, routing: RoutingTable) -> None:
         """A batch starts, under ``routing``."""
         self._rows = {}
+        self._cols = {}
         self._weak_producers = {}
         if routing is not self._routing:  # a new routing: what is known of its streams goes
             self._routing = routing
             self._plain = {}
 
+    def add_batch(self, commit: Commit, out: list[Produced]) -> None:
+        """Route a strong batch's productions, ``out`` (all of them, in the order they were
+        made), once its user code is done: each gets the tablet's next sequence. All to one
+        stream whose readers take the record's own key (the common case): as columns, cut per
+        destination tablet by the compiled kernels. Otherwise one by one (:meth:`add`)."""
+        assert not self.weak and commit.seq is not None
+        n = len(out)
+        if not n:
+            return
+        streams, *rest = zip(*out, strict=True)  # rows to columns, in C
+        stream: str = streams[0]
+        plain = self._plain
+        if stream in plain:
+            dests = plain[stream]
+        else:
+            dests = plain[stream] = self._routing.plain_readers(stream)
+        if dests is None or streams.count(stream) != n:
+            self.add(commit, out, 0, n, 0, b"", None)
+            return
+        seq = commit.seq
+        commit.seq = seq + n
+        seqs = list(range(seq + 1, seq + n + 1))
+        keys: list[bytes] = list(rest[0])
+        values: list[bytes] = list(rest[1])
+        stamps: list[int] = list(rest[2])
+        hashes: list[int] | None = None
+        for comp, starts, ids in dests:
+            if len(ids) == 1 and starts[0] == 0:  # one range: every production goes there
+                self._cols[(comp, ids[0])] = (keys, values, stamps, seqs, stream)
+                continue
+            if hashes is None:
+                hashes = key_hashes(keys)
+            for r, ix in group(ranges_of(hashes, starts, ids)).items():
+                if len(ix) == n:
+                    self._cols[(comp, r)] = (keys, values, stamps, seqs, stream)
+                else:
+                    self._cols[(comp, r)] = (take(keys, ix), take(values, ix), take(stamps, ix), take(seqs, ix), stream)
+
     def add(self, commit: Commit, out: list[Produced], mark: int, n: int, low: int, source_id: bytes,
             source: tuple[bytes, int] | None) -> int:
-        """Route ``out[mark:n]`` (what one call produced) into the batch; returns ``low`` lowered
-        to the oldest of them (the watermark holds there)."""
+        """Route ``out[mark:n]`` (what one call produced, or for a strong batch that
+        :meth:`add_batch` does not take as columns, all it produced) into the batch; returns
+        ``low`` lowered to the oldest of them (the watermark holds there)."""
         if not self.weak:
             # Strong productions to readers that take the record's own key (no key extractor):
             # straight onto the outgoing rows, one hash each. The general path below takes
@@ -184,6 +233,13 @@ class Outgoing:
         """The batch's outgoing deliveries, one per destination tablet (cut where one would
         pass :data:`~runtime.delivery.MAX_DELIVERY_BYTES`); strong ones with their checkpoint."""
         out = []
+        for (comp, r), (keys, values, stamps, seqs, stream) in self._cols.items():
+            cols = Columns(keys, values, stamps, self.prefix, seqs, streams=stream or None)
+            for part in cut_columns(cols):
+                s = Shipment(comp, r, part, (self.prefix,))
+                assert part.seqs is not None
+                s.ckey = production_key(part.seqs[0], comp, r)
+                out.append(s)
         for (comp, r), rows in self._rows.items():
             columns = [list(c) for c in zip(*rows, strict=True)]  # rows to columns, in C
             order = None
@@ -206,5 +262,6 @@ class Outgoing:
                 start += len(part)
                 out.append(s)
         self._rows = {}
+        self._cols = {}
         self._weak_producers = {}
         return out

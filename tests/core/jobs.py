@@ -119,6 +119,17 @@ class EarlyThenBlock(Blocking):
         super().process_record(ctx, record)
 
 
+class EarlyOutputThenBlock(Blocking):
+    """b"early" produces an output 1 ms before its record's time, and nothing else; the rest
+    as :class:`Blocking`."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        if record.value == b"early":
+            ctx.produce("out", b"early", timestamp=record.timestamp - 1000)
+            return
+        super().process_record(ctx, record)
+
+
 class UndeclaredSink(Computation):
     """Sink hooks on a plain Computation, as written before runtime.Sink: still called."""
 
