@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from itertools import repeat
 from typing import Any
 
 from runtime.computation import Context, State, TimeDomain
@@ -14,7 +13,6 @@ from runtime.state import TTL_TAG, bind, merged
 from worker.storage import Timer
 
 MAX_TAG_BYTES = 1024
-_BYTES, _INT = {bytes}, {int}  # the one type of every key and value, and of every timestamp
 
 
 def _check_size(data: bytes, limit: int, what: str) -> None:
@@ -225,23 +223,6 @@ class KeyContext(Context):
         if len(value) > MAX_VALUE_BYTES:
             _check_size(value, MAX_VALUE_BYTES, "produce() value")
         self.out.append((stream, key, value, ts))
-
-    def produce_items(self, stream: str, items: list[tuple[bytes, bytes, int]]) -> None:
-        """:meth:`produce` of every ``(key, value, timestamp)`` of ``items`` to ``stream``, the
-        checks made on the columns at once (a flow's emitters: runtime/flows/ops.py). Where
-        one fails, the items go one by one through :meth:`produce`, which says which and why."""
-        if not items:
-            return
-        keys, values, stamps = zip(*items, strict=True)  # rows to columns, in C
-        if (stream not in self.outputs or set(map(type, keys)) != _BYTES or set(map(type, values)) != _BYTES
-                or set(map(type, stamps)) != _INT or min(stamps) < MIN_TIME or max(stamps) > END_OF_TIME
-                or max(map(len, keys)) > MAX_KEY_BYTES or max(map(len, values)) > MAX_VALUE_BYTES):
-            for key, value, ts in items:
-                self.produce(stream, value, key=key, timestamp=ts)
-            return
-        if min(stamps) < self._timestamp and self.eff is None:
-            self.eff = Effects()  # so the batch looks at this call's productions: the hold
-        self.out.extend(zip(repeat(stream), keys, values, stamps))
 
     def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
         _check_tag(tag)

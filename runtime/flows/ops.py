@@ -131,19 +131,14 @@ class Emit(Op):
         self.key = key
 
     def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
-        encode = self.codec.encode
+        produce, encode, stream = ctx.produce, self.codec.encode, self.stream
         if self.key is None:
-            made = [(k, encode(v), t) for k, v, t in items]
+            for k, v, t in items:
+                produce(stream, encode(v), key=k, timestamp=t)
         else:
             fn, name = self.key, self.name
-            made = [(as_key(fn(v), name), encode(v), t) for _, v, t in items]
-        produce_items = getattr(ctx, "produce_items", None)  # the worker's: checked as columns
-        if produce_items is not None:
-            produce_items(self.stream, made)
-            return
-        produce, stream = ctx.produce, self.stream
-        for k, v, t in made:
-            produce(stream, v, key=k, timestamp=t)
+            for _, v, t in items:
+                produce(stream, encode(v), key=as_key(fn(v), name), timestamp=t)
 
 
 class Reduce(Op):

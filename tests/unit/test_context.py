@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from runtime.computation import Context, TimeDomain
 from runtime.errors import MillstreamError
-from runtime.record import END_OF_TIME, MAX_KEY_BYTES, MIN_TIME
 from worker.context import KeyContext
 from worker.storage import Timer
 
@@ -141,32 +135,3 @@ def test_set_timer_rejects_times_outside_int64(time: int) -> None:
 def test_produce_rejects_timestamps_outside_int64(ts: int) -> None:
     with pytest.raises((ValueError, MillstreamError)):
         make_ctx().produce("counts", b"1", timestamp=ts)
-
-
-_items = st.lists(st.tuples(
-    st.one_of(st.binary(max_size=4), st.binary(min_size=MAX_KEY_BYTES + 1, max_size=MAX_KEY_BYTES + 1), st.text(max_size=2)),
-    st.one_of(st.binary(max_size=4), st.integers(), st.none()),
-    st.one_of(st.integers(MIN_TIME - 1, END_OF_TIME + 1), st.booleans(), st.sampled_from([MIN_TIME, END_OF_TIME]))),
-    max_size=8)
-
-
-def _outcome(ctx: KeyContext, call: Callable[[], None]) -> tuple[object, ...]:
-    try:
-        call()
-    except Exception as e:  # the same refusal, with the same words
-        return type(e), str(e)
-    return tuple(ctx.out), ctx.eff is not None
-
-
-@given(items=_items, stream=st.sampled_from(["counts", "cuonts"]))
-def test_produce_items_is_produce_of_each_item(items: list[tuple[Any, Any, Any]], stream: str) -> None:
-    """A flow's emitters check their items as columns (KeyContext.produce_items): the same
-    productions as produce() of each, the same hold (an item stamped before the call makes
-    the call's effects), the same refusal of the first bad item."""
-    one, each = make_ctx(ts=0), make_ctx(ts=0)
-
-    def one_by_one() -> None:
-        for key, value, ts in items:
-            each.produce(stream, value, key=key, timestamp=ts)
-
-    assert _outcome(one, lambda: one.produce_items(stream, items)) == _outcome(each, one_by_one)
