@@ -616,10 +616,11 @@ class BatchProcessor:
 
     def _after_call(self, commit: Commit, eff: Effects | None, mark: int, ts: int, source_id: bytes,
                     source: tuple[bytes, int] | None, n: int | None = None) -> None:
-        """Merge what a call that returned did (its timers and typed state; its productions
-        ``ctx.out[mark:n]``, routed; ``n`` None: to its end) into the batch, and hold the
-        watermark at any of it earlier than the call's timestamp ``ts`` (which the inbox holds
-        already) from now on, not only once committed (review N22)."""
+        """Merge what a call that returned did (its timers and typed state; a weak tablet's
+        productions ``ctx.out[mark:n]``, routed; ``n`` None: to its end; a strong tablet's are
+        routed when the batch is done) into the batch, and hold the watermark at any of it
+        earlier than the call's timestamp ``ts`` (which the inbox holds already) from now on,
+        not only once committed (review N22)."""
         low = ts
         if eff is not None:
             for prefix in eff.cleared:

@@ -136,7 +136,11 @@ class KeyContext(Context):
 
     def rebind(self, key: bytes, timestamp: int) -> None:
         """Work on ``key`` at ``timestamp`` from here on, within the same call: what the call
-        did so far stays (built-in operators of a flow touch several keys in one call)."""
+        did so far stays (built-in operators of a flow touch several keys in one call). Moved
+        back in time, it makes the call's Effects, so the batch looks at what the call
+        produced for a watermark hold (as :meth:`produce` does for an earlier timestamp)."""
+        if timestamp < self._timestamp and self.eff is None:
+            self.eff = Effects()
         self._key = key
         self._timestamp = timestamp
 

@@ -40,9 +40,10 @@ WEAK_MAX_SOURCE_SEQ = 1 << 44
 
 
 class Outgoing:
-    """The productions of the batch running now, per destination tablet: rows of (key, value,
-    timestamp, seq, stream) (strong) or (key, value, timestamp, id, stream, production order)
-    (weak), made columns at the end of the batch (:meth:`shipments`)."""
+    """The productions of the batch running now, per destination tablet: columns of (keys,
+    values, timestamps, seqs, one stream) from :meth:`add_batch`'s columnar path, or rows of
+    (key, value, timestamp, seq, stream) (strong, one by one) or (key, value, timestamp, id,
+    stream, production order) (weak), made columns at the end of the batch (:meth:`shipments`)."""
 
     def __init__(self, name: str, computation: str, prefix: bytes, weak: bool, routing: RoutingTable) -> None:
         self.name = name
@@ -94,6 +95,8 @@ class Outgoing:
         values: list[bytes] = list(rest[1])
         stamps: list[int] = list(rest[2])
         hashes: list[int] | None = None
+        # Destinations that take every production share these lists (nothing changes a
+        # shipment's columns in place: re-routing and acknowledgement select copies).
         for comp, starts, ids in dests:
             if len(ids) == 1 and starts[0] == 0:  # one range: every production goes there
                 self._cols[(comp, ids[0])] = (keys, values, stamps, seqs, stream)

@@ -135,3 +135,20 @@ def test_set_timer_rejects_times_outside_int64(time: int) -> None:
 def test_produce_rejects_timestamps_outside_int64(ts: int) -> None:
     with pytest.raises((ValueError, MillstreamError)):
         make_ctx().produce("counts", b"1", timestamp=ts)
+
+
+def test_a_call_moved_back_in_time_makes_its_effects_so_the_batch_holds_the_watermark() -> None:
+    """A strong tablet routes its productions when the batch is done; the batch looks at a
+    call's productions for a watermark hold only when the call has Effects. produce() with an
+    earlier timestamp makes them, and so must a rebind to an earlier time (a flow's operators
+    rebind per item: what they produce then defaults to the earlier time)."""
+    ctx = make_ctx(ts=1000)
+    ctx.rebind(b"j", 2000)
+    assert ctx.eff is None, "later: nothing to hold"
+    ctx.rebind(b"j", 500)
+    assert ctx.eff is not None, "earlier than the call"
+    ctx = make_ctx(ts=1000)
+    ctx.produce("counts", b"1", timestamp=1000)
+    assert ctx.eff is None
+    ctx.produce("counts", b"1", timestamp=999)
+    assert ctx.eff is not None

@@ -6,9 +6,12 @@ failed key extractor's dead letter aside)."""
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from runtime.delivery import MAX_DELIVERY_BYTES
 from runtime.keyspace import range_bounds, wire_end
 from runtime.routing import RoutingTable
 from runtime.wire import millstream_pb2 as pb
@@ -44,10 +47,13 @@ productions = st.lists(st.tuples(st.sampled_from(["s1", "s2", "s3"]), st.binary(
                                   st.binary(max_size=4), st.integers(0, 1 << 40)), max_size=60)
 
 
-@given(out=productions, one_stream=st.booleans(), first_seq=st.integers(0, 1 << 30))
+@given(out=productions, one_stream=st.booleans(), first_seq=st.integers(0, 1 << 30),
+       bound=st.sampled_from([None, 40, 120]))
 @settings(max_examples=300, deadline=None)
 def test_a_batch_routed_as_columns_ships_what_routing_each_call_ships(
-        out: list[tuple[str, bytes, bytes, int]], one_stream: bool, first_seq: int) -> None:
+        out: list[tuple[str, bytes, bytes, int]], one_stream: bool, first_seq: int, bound: int | None) -> None:
+    """``bound``: deliveries cut at that many bytes (runtime/delivery.py), so that one tablet's
+    productions make several shipments, each with its own checkpoint key."""
     if one_stream:
         out = [("s1", *rest) for _, *rest in out]  # type: ignore[misc]
     routing = _routing()
@@ -57,7 +63,8 @@ def test_a_batch_routed_as_columns_ships_what_routing_each_call_ships(
         each.add(c_each, out, i, i + 1, out[i][3], b"", None)
     batched.add_batch(c_batched, list(out))
     assert c_batched.seq == c_each.seq
-    got, want = (sorted(_shipped(o.shipments()), key=repr) for o in (batched, each))
+    with patch("runtime.delivery.MAX_DELIVERY_BYTES", bound or MAX_DELIVERY_BYTES):
+        got, want = (sorted(_shipped(o.shipments()), key=repr) for o in (batched, each))
     if any(stream == "s3" for stream, *_ in out):
         # A dead letter of a failed key extractor takes its sequence after the rest of what it
         # was routed with (a call's productions, or the batch's): its number may differ, never
