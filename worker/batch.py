@@ -238,7 +238,6 @@ class BatchProcessor:
         slow = calls.record_above
         durations = self._durations
         weak = self.weak
-        route_each = weak  # strong productions are routed once the batch is done
         wm = self._wm
         drop_late = self.late_records == "drop"
         perf = time.perf_counter
@@ -289,7 +288,7 @@ class BatchProcessor:
                 calls.slow(key, t1 - t0, t1)
             # A production earlier than the call holds the watermark (KeyContext.produce makes
             # the call's Effects for one); strong ones are routed when the batch is done.
-            if ctx.eff is not None or (route_each and len(out) > mark):
+            if ctx.eff is not None or (weak and len(out) > mark):
                 self._after_call(commit, ctx.eff, mark, ts, rid, source, len(out))
         return i
 

@@ -235,25 +235,21 @@ class Outgoing:
     def shipments(self) -> list[Shipment]:
         """The batch's outgoing deliveries, one per destination tablet (cut where one would
         pass :data:`~runtime.delivery.MAX_DELIVERY_BYTES`); strong ones with their checkpoint."""
-        out = []
-        for (comp, r), (keys, values, stamps, seqs, stream) in self._cols.items():
-            cols = Columns(keys, values, stamps, self.prefix, seqs, streams=stream or None)
-            for part in cut_columns(cols):
-                s = Shipment(comp, r, part, (self.prefix,))
-                assert part.seqs is not None
-                s.ckey = production_key(part.seqs[0], comp, r)
-                out.append(s)
+        made: list[tuple[str, int, Columns, tuple[bytes, ...], list[int] | None]] = [
+            (comp, r, Columns(keys, values, stamps, self.prefix, seqs, streams=stream or None), (self.prefix,), None)
+            for (comp, r), (keys, values, stamps, seqs, stream) in self._cols.items()]
         for (comp, r), rows in self._rows.items():
             columns = [list(c) for c in zip(*rows, strict=True)]  # rows to columns, in C
-            order = None
             if self.weak:
-                keys, values, stamps, ids, streams, order = columns
-                cols = Columns(keys, values, stamps, ids=ids, streams=compact_streams(streams))
-                producers = tuple(self._weak_producers.get((comp, r), ()))
+                keys, values, stamps, ids, streams, made_order = columns
+                made.append((comp, r, Columns(keys, values, stamps, ids=ids, streams=compact_streams(streams)),
+                             tuple(self._weak_producers.get((comp, r), ())), made_order))
             else:
                 keys, values, stamps, seqs, streams = columns
-                cols = Columns(keys, values, stamps, self.prefix, seqs, streams=compact_streams(streams))
-                producers = (self.prefix,)
+                made.append((comp, r, Columns(keys, values, stamps, self.prefix, seqs, streams=compact_streams(streams)),
+                             (self.prefix,), None))
+        out = []
+        for comp, r, cols, producers, order in made:
             start = 0
             for part in cut_columns(cols):
                 s = Shipment(comp, r, part, producers)
