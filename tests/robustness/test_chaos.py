@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -22,6 +23,7 @@ import pytest
 from cli.demo import oracle, sample_lines
 from examples import wordcount
 from injectors import Injector
+from runtime.cluster import Process
 from runtime.errors import MillstreamError
 from runtime.record import derived_id
 from runtime.sinks import read_file_sink
@@ -56,6 +58,24 @@ def _running_ids(c: Cluster) -> set[str] | None:
 
 def _registered(doc: dict) -> set[str]:  # type: ignore[type-arg]
     return {w["id"] for w in doc["workers"]}
+
+
+# A primary that failed to replicate to a follower while it was down asks the leader to drop it
+# from the in-sync set within the replica timeout (1 s: it waits that long for a silent one).
+QUIET_S = 1.5
+_seen_registered: dict[str, float] = {}  # a worker process's log -> when it was first seen registered
+
+
+def _quiet_since_registration(w: Process) -> bool:
+    """This worker *process* (not an earlier one on its disk, which had the same id) has
+    registered, at least :data:`QUIET_S` ago as far as this test has seen."""
+    at = _seen_registered.get(w.log_path)
+    if at is None:
+        with open(w.log_path) as f:
+            if "registered as worker" not in f.read():
+                return False
+        at = _seen_registered[w.log_path] = time.monotonic()
+    return time.monotonic() - at >= QUIET_S
 
 
 def _worker_id(c: Cluster, address: str) -> str | None:
