@@ -1,7 +1,9 @@
-"""The Bytewax peer: W2 on Bytewax (bench/bytewax/w2_job.py: one worker, ``run_main``), with
-recovery off and with recovery on (Bytewax's SQLite recovery, a snapshot every 1 s epoch), on
-the same records as millstream, checked against the same oracle, for issue 30's ratio (W2 on
-flows ≥ 2× Bytewax with recovery off).
+"""The Bytewax peer: W2 on Bytewax (bench/bytewax/w2_job.py) with recovery off, on one worker
+(``run_main``) and on one worker per core (``cluster_main``, a process each: Bytewax's
+workers run Python, so one process uses one core), and with recovery on (Bytewax's SQLite
+recovery, a snapshot every 1 s epoch, one worker), on the same records as millstream, checked
+against the same oracle, for issue 30's ratio (W2 on flows ≥ 2× Bytewax with recovery off: the
+faster of its two recovery-off runs).
 
 The records are written as ``key,ts_us`` lines (untimed); the job reads them into memory
 before its dataflow starts. Throughput is records over the dataflow's run time (from
@@ -27,10 +29,11 @@ if TYPE_CHECKING:
 JOB = os.path.join(ROOT, "bench", "bytewax", "w2_job.py")
 SNAPSHOT_S = 1.0
 BATCH = 1000  # lines per next_batch of the job's source (Bytewax's own file source reads 1,000)
+PROCESSES = sorted({1, os.cpu_count() or 1})  # recovery off: one worker, and one per core
 CONFIG = {
-    "w2": (f"one worker (run_main); source batches of {BATCH:,} lines; key_on, fold_window count "
-           "(1 s TumblingWindower, EventClock with 2 s wait on event time only), stateful_map spike "
-           "stage, filter_map, output"),
+    "w2": (f"one worker (run_main), or one per process (cluster_main; one input partition, exchanged by key); source "
+           f"batches of {BATCH:,} lines; key_on, fold_window count (1 s TumblingWindower, EventClock with "
+           "2 s wait on event time only), stateful_map spike stage, filter_map, output"),
     "recovery on": f"SQLite recovery, one partition, a snapshot every {SNAPSHOT_S:g} s epoch",
 }
 
@@ -59,11 +62,12 @@ def check(spikes: Counter[tuple[bytes, int, int]], oracle: generator.W2Oracle) -
 
 
 def run_w2(python: str, root: str, data_path: str, oracle: generator.W2Oracle, records: int,
-           recovery: bool, timeout_s: float) -> dict[str, Any]:
-    name = "recovery" if recovery else "plain"
+           recovery: bool, timeout_s: float, processes: int = 1) -> dict[str, Any]:
+    name = f"{'recovery' if recovery else 'plain'}-p{processes}"
     out = os.path.join(root, f"bytewax-w2-{name}.txt")
-    argv = [JOB, data_path, out, "--batch", str(BATCH)]
-    result: dict[str, Any] = {"recovery": f"{SNAPSHOT_S:g} s snapshots" if recovery else "off", "records": records}
+    argv = [JOB, data_path, out, "--batch", str(BATCH), "--processes", str(processes)]
+    result: dict[str, Any] = {"recovery": f"{SNAPSHOT_S:g} s snapshots" if recovery else "off", "records": records,
+                              "processes": processes}
     if recovery:
         db = os.path.join(root, "bytewax-recovery")
         shutil.rmtree(db, ignore_errors=True)
@@ -85,7 +89,8 @@ def run_w2(python: str, root: str, data_path: str, oracle: generator.W2Oracle, r
 
 def run(root: str, cfg: BenchConfig, w2_data: generator.W2Data | None,
         w2_oracle: generator.W2Oracle | None) -> dict[str, Any]:
-    """W2 on Bytewax, recovery off then on; ``error`` says why not if Bytewax cannot run here."""
+    """W2 on Bytewax, recovery off on each of :data:`PROCESSES`, then on (one process); ``error``
+    says why not if Bytewax cannot run here."""
     out: dict[str, Any] = {"config": dict(CONFIG), "runs": []}
     try:
         python = ensure_venv()
@@ -96,8 +101,10 @@ def run(root: str, cfg: BenchConfig, w2_data: generator.W2Data | None,
     oracle = w2_oracle or generator.w2_oracle(data)
     path = os.path.join(root, "bytewax-w2-in.csv")
     write_input(data, path)
-    for recovery in (False, True):
-        print(f"  Bytewax W2 over {len(data.keys):,} records, recovery {'on' if recovery else 'off'}", flush=True)
-        out["runs"].append(run_w2(python, root, path, oracle, len(data.keys), recovery, cfg.w2_timeout_s))
+    for recovery, processes in [(False, n) for n in PROCESSES] + [(True, 1)]:
+        print(f"  Bytewax W2 over {len(data.keys):,} records, recovery {'on' if recovery else 'off'}, "
+              f"{processes} process{'es' if processes > 1 else ''}", flush=True)
+        out["runs"].append(run_w2(python, root, path, oracle, len(data.keys), recovery, cfg.w2_timeout_s,
+                                  processes))
     out["version"] = next((r["bytewax_version"] for r in out["runs"] if r.get("bytewax_version")), None)
     return out

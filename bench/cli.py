@@ -219,7 +219,7 @@ def run_bench(args: argparse.Namespace) -> int:
         if "bytewax" in peers:
             from bench import bytewax_peer
 
-            _progress("peer: Bytewax (W2, one worker, recovery off and on)")
+            _progress("peer: Bytewax (W2: recovery off on one worker and one per core, recovery on)")
             r["bytewax"] = bytewax_peer.run(root, cfg, w2_data, w2_oracle)
             for run in r["bytewax"].get("runs", []):
                 ok &= "error" in run or bool(run.get("oracle_equal"))

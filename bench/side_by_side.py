@@ -13,7 +13,7 @@ from typing import Any
 
 # Issue 30's targets: ratios within one run on this machine.
 W2_FLOW_OVER_SPARK = 1.0       # W2 on flows ≥ Spark Structured Streaming's
-W2_FLOW_OVER_BYTEWAX = 2.0     # W2 on flows ≥ 2× Bytewax with recovery off
+W2_FLOW_OVER_BYTEWAX = 2.0     # W2 on flows ≥ 2× Bytewax with recovery off (its faster configuration)
 W1_FUSED_P50_OVER_ONE = 1.5    # W1 three fused stages p50 within 1.5× of one stage's, at 10,000 rec/s
 STALL_MS = 20.0                # no tablet stalled more than 20 ms by window firings
 W1_RATE = 10_000
@@ -53,8 +53,14 @@ def w2_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
         fl.get("w2") or ({"error": fl["error"]} if fl.get("error") else None), fl.get("loadavg_start"))
     bw = r.get("bytewax") or {}
     for run in bw.get("runs", []):
-        add(f"Bytewax, recovery {run.get('recovery')}", (bw.get("config") or {}).get("w2", ""), run)
+        add(bytewax_row(run), (bw.get("config") or {}).get("w2", ""), run)
     return rows
+
+
+def bytewax_row(run: dict[str, Any]) -> str:
+    """A Bytewax run's row: its recovery, and its processes when more than one."""
+    n = run.get("processes") or 1
+    return f"Bytewax, recovery {run.get('recovery')}" + (f", {n} processes" if n > 1 else "")
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -62,11 +68,13 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def _peer_rps(r: dict[str, Any], which: str) -> tuple[float | None, bool]:
-    """(rec/s, exact) of Spark's W2 or Bytewax's with recovery off, from this report."""
+    """(rec/s, exact) of Spark's W2, or of Bytewax's fastest with recovery off (of one worker
+    and one per core: an exact run before one that is not), from this report."""
     if which == "spark":
         run = (r.get("spark") or {}).get("w2") or {}
     else:
-        run = next((x for x in (r.get("bytewax") or {}).get("runs", []) if x.get("recovery") == "off"), {})
+        off = [x for x in (r.get("bytewax") or {}).get("runs", []) if x.get("recovery") == "off"]
+        run = max(off, key=lambda x: (bool(x.get("oracle_equal")), x.get("throughput_rps") or 0), default={})
     return run.get("throughput_rps"), bool(run.get("oracle_equal"))
 
 
@@ -94,7 +102,7 @@ def targets(r: dict[str, Any]) -> list[tuple[str, bool | None, str]]:
     flow = r.get("w2_flow") or {}
     mine, exact = flow.get("throughput_rps"), bool(flow.get("oracle_equal"))
     for which, label, factor in (("spark", "Spark's W2", W2_FLOW_OVER_SPARK),
-                                 ("bytewax", "Bytewax's (recovery off)", W2_FLOW_OVER_BYTEWAX)):
+                                 ("bytewax", "Bytewax's fastest (recovery off)", W2_FLOW_OVER_BYTEWAX)):
         name = f"W2 on a flow ≥ {'' if factor == 1 else f'{factor:g}× '}{label}, same run"
         theirs, their_exact = _peer_rps(r, which)
         if not mine or not theirs:

@@ -1,8 +1,8 @@
 """The Bytewax peer (bench/bytewax_peer.py): the input it writes, the check of its spikes
 against W2's oracle, and a clear line when Bytewax cannot be installed. The Bytewax job itself
 runs in ``millstream bench --peer bytewax`` (a virtualenv of its own, .venv-bytewax); the last
-test here runs it, recovery off and on, on a small W2 when that virtualenv is made (or, with
-``MILLSTREAM_BYTEWAX_TESTS=1``, makes it first)."""
+test here runs it (recovery off on one worker and on one per core, recovery on) on a small W2
+when that virtualenv is made (or, with ``MILLSTREAM_BYTEWAX_TESTS=1``, makes it first)."""
 
 from __future__ import annotations
 
@@ -72,7 +72,8 @@ def test_bytewax_that_cannot_be_installed_is_one_line_not_a_failure(tmp_path: ob
 def test_w2_on_bytewax_is_exact_with_recovery_off_and_on(tmp_path: object) -> None:
     out = bytewax_peer.run(str(tmp_path), BenchConfig.make(True), DATA, ORACLE)
     assert "error" not in out, out.get("error")
-    assert [r["recovery"] for r in out["runs"]] == ["off", "1 s snapshots"]
+    assert [(r["recovery"], r["processes"]) for r in out["runs"]] == (
+        [("off", n) for n in bytewax_peer.PROCESSES] + [("1 s snapshots", 1)])
     for run in out["runs"]:
         assert "error" not in run, run["error"]
         assert run["oracle_equal"] is True and run["spikes_observed"] == len(ORACLE.spikes)
