@@ -3,7 +3,7 @@
 workers run Python, so one process uses one core), and with recovery on (Bytewax's SQLite
 recovery, a snapshot every 1 s epoch, one worker), on the same records as millstream, checked
 against the same oracle, for issue 30's ratio (W2 on flows ≥ 2× Bytewax with recovery off: the
-faster of its two recovery-off runs).
+fastest of its exact recovery-off runs).
 
 The records are written as ``key,ts_us`` lines (untimed); the job reads them into memory
 before its dataflow starts. Throughput is records over the dataflow's run time (from
@@ -31,8 +31,8 @@ SNAPSHOT_S = 1.0
 BATCH = 1000  # lines per next_batch of the job's source (Bytewax's own file source reads 1,000)
 PROCESSES = sorted({1, os.cpu_count() or 1})  # recovery off: one worker, and one per core
 CONFIG = {
-    "w2": (f"one worker (run_main), or one per process (cluster_main; one input partition, exchanged by key); source "
-           f"batches of {BATCH:,} lines; key_on, fold_window count (1 s TumblingWindower, EventClock with "
+    "w2": (f"run_main (one worker), or cluster_main (one worker per process, as the row says; one input "
+           f"partition, exchanged by key); source batches of {BATCH:,} lines; key_on, fold_window count (1 s TumblingWindower, EventClock with "
            "2 s wait on event time only), stateful_map spike stage, filter_map, output"),
     "recovery on": f"SQLite recovery, one partition, a snapshot every {SNAPSHOT_S:g} s epoch",
 }

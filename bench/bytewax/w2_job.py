@@ -1,6 +1,6 @@
 """W2 on Bytewax, as a Bytewax user writes it: one dataflow on one worker (``run_main``), or on
-one worker in each of ``--processes`` processes (``cluster_main``, as ``python -m bytewax.run
--p N`` starts them), the operators of ``bytewax.operators`` and ``bytewax.operators.windowing``.
+one worker in each of ``--processes`` processes (``cluster_main``, as ``python -m
+bytewax.testing -p N`` starts them), the operators of ``bytewax.operators`` and ``bytewax.operators.windowing``.
 
 Runs in the Bytewax virtualenv (bench/bytewax_env.py makes it), not in the project's: it
 imports Bytewax, the standard library and, from this checkout, only bench/generator.py's
@@ -30,10 +30,13 @@ Recovery (``--recovery DIR``): Bytewax's SQLite recovery, one partition per proc
 DIR before the run, a snapshot at every epoch, epochs of ``--epoch-s`` seconds (1 s).
 
 With ``--processes N`` (N > 1) this script starts N copies of itself (``--proc-id``), one per
-process of the cluster, on ports the OS gave; each reads the input and builds the dataflow,
-says ``READY``, and starts ``cluster_main`` when told to, so that loading the input is no more
-in the run time than with one process. Each process's worker writes its own OUT.<i>; they are
-joined into OUT once all have ended.
+process of the cluster, on ports the OS gave (free when asked, taken by the processes a moment
+later); each reads the input and builds the dataflow, says ``READY``, and starts
+``cluster_main`` when told ``go``, so that loading the input is no more in the run time than
+with one process. The run time holds the cluster's connecting: a process that dials another
+before it listens retries after 1 s (Bytewax prints that on stdout; the processes' own output
+goes to stderr once ready), ~1 s of the ~40 s W2 takes on two processes here. Each process's worker writes its own OUT.<i>; they are joined into OUT once all have
+ended.
 
 Prints ``RUNNING`` just before the dataflow starts (the peer meters CPU from there), then one
 JSON line: the dataflow's run time, its processes and Bytewax's version.
@@ -186,7 +189,8 @@ def _cluster(a: argparse.Namespace) -> float:
     try:
         for proc in procs:
             assert proc.stdout is not None
-            if proc.stdout.readline().strip() != b"READY":
+            if proc.stdout.readline().strip() != b"READY":  # it says nothing else before
+                proc.kill()
                 raise SystemExit(f"a process of the cluster did not start (exit {proc.wait()})")
         print("RUNNING", flush=True)
         t0 = time.perf_counter()
@@ -225,12 +229,16 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     from importlib.metadata import version
 
-    with open(a.input, "rb") as f:
-        lines = f.read().splitlines()
     if a.processes > 1 and a.proc_id is None:
-        open(a.out, "w").close()
+        with open(a.input, "rb") as f:
+            records = f.read().count(b"\n")
+        for path in [a.out] + [f"{a.out}.{i}" for i in range(a.processes)]:
+            open(path, "w").close()
         run_s = _cluster(a)
     else:
+        with open(a.input, "rb") as f:
+            lines = f.read().splitlines()
+        records = len(lines)
         if a.proc_id is None:
             open(a.out, "w").close()
         flow = build(lines, a.out, a.batch)
@@ -239,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
             from bytewax.testing import cluster_main  # type: ignore[import-not-found]
 
             print("READY", flush=True)
-            sys.stdin.readline()
+            os.dup2(2, 1)  # from here on, what is printed goes to the job's log, not to a pipe no one reads
+            if sys.stdin.readline().strip() != "go":
+                return 1  # the parent is gone
             cluster_main(flow, a.addresses.split(","), a.proc_id, **kwargs)
             return 0
         from bytewax.testing import run_main  # type: ignore[import-not-found]
@@ -248,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         run_main(flow, **kwargs)
         run_s = time.perf_counter() - t0
-    print(json.dumps({"run_s": run_s, "bytewax_version": version("bytewax"), "records": len(lines),
+    print(json.dumps({"run_s": run_s, "bytewax_version": version("bytewax"), "records": records,
                       "batch": a.batch, "processes": a.processes}), flush=True)
     return 0
 
