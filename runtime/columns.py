@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from runtime.errors import MillstreamError
 from runtime.kernels import take
 from runtime.record import ID_BYTES, Record
 from runtime.wire import millstream_pb2 as pb
@@ -22,7 +23,7 @@ PREFIX_BYTES = 8
 RECORD_OVERHEAD_BYTES = 48  # a record's id, timestamp and framing in a message, about
 
 
-class MalformedColumns(ValueError):
+class MalformedColumns(MillstreamError, ValueError):
     """A ``Columns`` message whose columns do not line up (the sender's bug, or not ours)."""
 
 
