@@ -170,6 +170,14 @@ class MasterCore:
                     f"({own.token if own else 'no such tablet'}); this primary is stale")
             if add and follower not in own.followers:
                 raise MillstreamError(f"worker {follower} is not a follower of {computation}/{key_range}")
+            if not add and follower in own.in_sync and computation not in self.image.live_computations():
+                # Its job was cancelled with its state kept: the tablet is closing, and nothing
+                # can catch a dropped follower up until the job resumes. Its last batch fails
+                # instead, and the kept state stays on every in-sync copy (a host lost meanwhile
+                # leaves another).
+                raise StaleTokenError(
+                    f"tablet {computation}/{key_range}: its job is cancelled (its state kept); follower "
+                    f"{follower} stays in the in-sync set and this primary closes without committing")
             if add == (follower in own.in_sync):
                 return own.in_sync
             in_sync = (*own.in_sync, follower) if add else tuple(w for w in own.in_sync if w != follower)

@@ -376,6 +376,10 @@ class ClusterImage:
         their state: their tablets are planned and kept, but closed)."""
         return [t for n, t in self.topologies.items() if self.job_state(n) != CANCELLED]
 
+    def live_computations(self) -> set[str]:
+        """The computations whose tablets run: of every job but those cancelled with their state kept."""
+        return {s.name for s in self.specs(live=True)}
+
     def specs(self, live: bool = False) -> list[ComputationSpec]:
         """Every computation (``live``: of running, draining or drained jobs only)."""
         topologies = self.live_topologies() if live else list(self.topologies.values())

@@ -95,6 +95,31 @@ def test_every_command_is_one_change_written_before_it_is_applied() -> None:
     assert "job" not in core.image.topologies and not core.image.tablets
 
 
+def test_a_cancelled_jobs_closing_primary_cannot_drop_a_follower_from_its_kept_state() -> None:
+    """Cancelled with its state kept, a job's tablets close; a primary's last batch that its
+    follower (routed without the job) refuses used to drop that follower from the in-sync set,
+    leaving the kept state on one copy until the job resumed (lifecycle chaos seed 507). The
+    leader refuses the drop: the batch fails, and both copies keep the state. A running job's
+    primary still drops a follower that stopped answering."""
+    from runtime.errors import StaleTokenError
+
+    core = leader()
+
+    async def main() -> None:
+        await core.become_leader()
+        await core.commit(Change(topologies={"job": _topology(), "other": _topology("other", "in2")},
+                                 workers={"w": WorkerInfo("a:1"), "v": WorkerInfo("a:2")},
+                                 tablets={(c, r): Ownership("w", 1, ("v",), ("w", "v"))
+                                          for c in ("job-a", "other-a") for r in (0, 1)}))
+        await lifecycle.cancel(core, "job", keep_state=True)
+        with pytest.raises(StaleTokenError, match="job is cancelled"):
+            await core.update_in_sync("job-a", 0, 1, "v", add=False, primary="w")
+        assert core.image.tablets[("job-a", 0)].own.in_sync == ("w", "v")
+        assert await core.update_in_sync("other-a", 0, 1, "v", add=False, primary="w") == ("w",)
+
+    asyncio.run(main())
+
+
 def test_a_tablet_that_is_gone_leaves_nothing_behind() -> None:
     image = ClusterImage()
     image.apply(Change(topologies={"job": _topology()}, workers={"w": WorkerInfo("a:1")},
