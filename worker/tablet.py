@@ -178,22 +178,25 @@ class Tablet:
         if self._make_replicator is not None and self.replication > 1:
             self._start_replicator()  # its followers catch up from here
         restore, self._restore_sink = self._restore_sink, None
-        if restore is not None:
-            try:
-                if self.replicator is not None and self.must_exist:
-                    # Before a sink claims its output, which cuts it back to what this copy
-                    # committed: the copy this primary took over from may be promoted back
-                    # holding one commit more (a fenced batch), whose output the cut would
-                    # destroy. Each in-sync follower is asked which commit it holds, and one
-                    # holding another leaves the in-sync set first (no commit is made, so a
-                    # savepoint's cut sees the tablet at rest; docs/replication.md).
-                    await self.replicator.confirm()
+        try:
+            if self.replicator is not None and ((restore is not None and self.must_exist) or pending):
+                # Each in-sync follower is asked which commit it holds, and one holding another
+                # leaves the in-sync set first (no commit is made, so a savepoint's cut sees the
+                # tablet at rest; docs/replication.md). Before a sink claims its output, which
+                # cuts it back to what this copy committed: the copy this primary took over from
+                # may be promoted back holding one commit more (a fenced batch), whose output the
+                # cut would destroy. And before checkpointed productions go out again: the
+                # commit that made them may be on this copy only (written here, acknowledged
+                # nowhere), and a follower promoted without it would make others from the same
+                # input.
+                await self.replicator.confirm()
+            if restore is not None:
                 await self.thread.run(restore)
-            except BaseException:
-                if self.replicator is not None:
-                    await self.replicator.close()
-                self._stop_thread()
-                raise
+        except BaseException:
+            if self.replicator is not None:
+                await self.replicator.close()
+            self._stop_thread()
+            raise
         self.open = True
         if pending:
             log.info("tablet %s re-sends %d checkpointed productions", self.name, len(pending))

@@ -107,9 +107,9 @@ def _replicated(c: Cluster) -> None:
         # tablets, before the restarted worker had even registered).
         # So each running process must also have registered, long enough ago for such a
         # drop to show (see _quiet_since_registration for the window this leaves).
-        # A job cancelled with its state kept has its tablets closed: a follower that their
-        # last batch dropped from the in-sync set is caught up only once the job resumes
-        # (lifecycle seed 507, once the wait above made the check look after that drop).
+        # A job cancelled with its state kept has its tablets closed: a follower the leader
+        # drops meanwhile (its worker lost) is caught up only once the job resumes. (A closing
+        # primary can no longer drop one: lifecycle seed 507 found that, master/core.py.)
         closed = {comp["name"] for j in doc["jobs"] if j["state"] == "cancelled" for comp in j["computations"]}
         return (_registered(doc) == _running_ids(c)
                 and all(_quiet_since_registration(w) for w in _live_workers(c))
