@@ -11,7 +11,6 @@ them (and make others from the same input, under other ids)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from typing import Any
 
@@ -19,10 +18,9 @@ import pytest
 
 from runtime.errors import StaleTokenError
 from runtime.wire import millstream_pb2 as pb
-from tests.core.corekit import engine_options, nowhere
+from tests.core.corekit import engine_options
 from tests.core.jobs import Collector
-from tests.core.test_sink_handover import _rec, _until, _Wire
-from worker.core import WorkerCore
+from tests.core.test_sink_handover import _pair, _rec, _until
 from worker.sender import OK
 
 KEY = ("echo", 0)
@@ -54,16 +52,7 @@ def _seen() -> list[bytes]:
 def test_a_reopened_primary_resends_a_commits_productions_only_once_its_followers_hold_it(tmp_path: Any) -> None:
     async def run() -> None:
         Collector.seen.clear()
-        wires = {"w": _Wire(), "f": _Wire()}
-        cores = {}
-        for name in ("f", "w"):
-            core = WorkerCore(os.path.join(str(tmp_path), name), f"{name}:1", nowhere,  # type: ignore[arg-type]
-                              channel=wires[name])
-            core.worker_id = name
-            core.renewed(core.now_ms(), 600_000)
-            cores[name] = core
-        wires["w"].peer, wires["f"].peer = cores["f"], cores["w"]
-        w, f = cores["w"], cores["f"]
+        wires, w, f = _pair(str(tmp_path))
         for core in (f, w):
             await core.apply_routing(_routing(1))
         await _until(lambda: KEY in w.tablets and KEY in f.replicas.copies, "echo and its copy")

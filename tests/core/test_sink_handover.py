@@ -74,6 +74,20 @@ class _Wire:
         return (req.primary, req.follower) if req.add else (req.primary,)
 
 
+def _pair(tmp: str) -> tuple[dict[str, _Wire], WorkerCore, WorkerCore]:
+    """Workers "w" and "f" in process, each with a long lease, wired to each other."""
+    wires = {"w": _Wire(), "f": _Wire()}
+    cores = {}
+    for name in ("f", "w"):
+        core = WorkerCore(os.path.join(tmp, name), f"{name}:1", nowhere,  # type: ignore[arg-type]
+                          channel=wires[name])
+        core.worker_id = name
+        core.renewed(core.now_ms(), 600_000)
+        cores[name] = core
+    wires["w"].peer, wires["f"].peer = cores["f"], cores["w"]
+    return wires, cores["w"], cores["f"]
+
+
 async def _until(cond: Callable[[], bool], what: str, timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -88,16 +102,7 @@ def _values(path: str) -> list[str]:
 def test_a_new_primary_lost_before_its_first_commit_leaves_the_old_primarys_output_whole(tmp_path: Any) -> None:
     async def run() -> None:
         out = os.path.join(str(tmp_path), "out")
-        wires = {"w": _Wire(), "f": _Wire()}
-        cores = {}
-        for name in ("f", "w"):
-            core = WorkerCore(os.path.join(str(tmp_path), name), f"{name}:1", nowhere,  # type: ignore[arg-type]
-                              channel=wires[name])
-            core.worker_id = name
-            core.renewed(core.now_ms(), 600_000)
-            cores[name] = core
-        wires["w"].peer, wires["f"].peer = cores["f"], cores["w"]
-        w, f = cores["w"], cores["f"]
+        wires, w, f = _pair(str(tmp_path))
         for core in (f, w):
             await core.apply_routing(_routing(1, 1, "w", ["w", "f"], out))
         await _until(lambda: KEY in w.tablets and KEY in f.replicas.copies, "the sink and its copy")
