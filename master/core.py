@@ -130,10 +130,12 @@ class MasterCore:
         image = self.image
         image.unpin_done()
         workers = image.workers
+        paused = image.paused_computations()
         return replan([*image.tablets, *more], image.owners(), list(workers),
                       {**image.replication_factors(), **(extra or {})}, {w: e.zone for w, e in workers.items()},
                       {**image.holding, **image.pinned}, {w for w, e in workers.items() if e.draining},
-                      {w for w, e in workers.items() if not e.heard})
+                      {w for w, e in workers.items() if not e.heard},
+                      [k for k in image.tablets if k[0] in paused])
 
     async def rebalance(self, reason: str, more: Iterable[TabletKey] = ()) -> None:
         """Apply the plan: failovers, moves, followers; then a new routing version."""

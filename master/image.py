@@ -412,10 +412,14 @@ class ClusterImage:
         return health.count("under-replicated"), health.count("unavailable")
 
     def rebalanced(self) -> dict[str, list[tuple[int, int, int]]]:
-        """The ranges ``(id, start, end)`` of every computation the policy looks after."""
+        """The ranges ``(id, start, end)`` of every computation the policy looks after (not
+        while a savepoint of its job is taken: its tablets must stay where they are, and a
+        paused job's idle ranges are not cold)."""
+        paused = self.paused_computations()
         return {s.name: [(r, kr.start, kr.end) for r, kr in self.ranges[s.name].ranges.items()]
                 for s in self.specs(live=True)
-                if (self.rebalance if s.rebalance is None else s.rebalance) and s.name in self.ranges}
+                if (self.rebalance if s.rebalance is None else s.rebalance) and s.name in self.ranges
+                and s.name not in paused}
 
     def eligible_workers(self) -> list[str]:
         """Live workers this leader heard from that are not stopping: they may take tablets."""

@@ -59,6 +59,9 @@ def _settled(core: MasterCore, key: TabletKey) -> Ownership:
         raise MillstreamError(f"tablet {c}/{r} has no live primary now; try again once it is assigned")
     if not w.heard or w.draining:
         raise MillstreamError(f"tablet {c}/{r}: its primary {own.worker} is joining or stopping; try again")
+    if c in image.paused_computations():
+        raise MillstreamError(f"tablet {c}/{r}: a savepoint of its job is being taken, and its tablets stay "
+                              "where they are until it ends; try again then")
     if key in image.pinned:
         raise MillstreamError(f"tablet {c}/{r} is moving to {image.pinned[key]}; try again once it has moved")
     return own

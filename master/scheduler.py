@@ -119,7 +119,8 @@ def _pick(candidates: Sequence[str], load: Mapping[str, int], avoid_zones: set[s
 def replan(tablets: Iterable[TabletKey], current: Mapping[TabletKey, Ownership], live_workers: Iterable[str],
            replication: Mapping[TabletKey, int], zones: Mapping[str, str] | None = None,
            pinned: Mapping[TabletKey, str] | None = None,
-           draining: Iterable[str] = (), unheard: Iterable[str] = ()) -> dict[TabletKey, Ownership]:
+           draining: Iterable[str] = (), unheard: Iterable[str] = (),
+           frozen: Iterable[TabletKey] = ()) -> dict[TabletKey, Ownership]:
     """The next ownership of every tablet, with its followers and in-sync set.
 
     ``replication``: copies wanted per tablet (primary included; missing = 1).
@@ -129,6 +130,8 @@ def replan(tablets: Iterable[TabletKey], current: Mapping[TabletKey, Ownership],
     ``unheard``: live workers this leader has not heard from yet (after a failover every
     known worker counts as alive for a lease period, the dead too): they keep what they
     have, but no move, promotion or new copy goes to them while another worker can take it.
+    ``frozen``: tablets a savepoint is copying: their primary stays while it lives (a balance
+    move or an operator's pin waits, its target catching up meanwhile; a failover does not).
     """
     zones = zones or {}
     pinned = pinned or {}
@@ -137,6 +140,7 @@ def replan(tablets: Iterable[TabletKey], current: Mapping[TabletKey, Ownership],
     live = sorted(alive - leaving)
     eligible = set(live) - set(unheard)  # may take new copies
     tablets = sorted(set(tablets))
+    frozen = set(frozen)
     out: dict[TabletKey, Ownership] = {}
     assignable: dict[TabletKey, Ownership] = {}
     for t in tablets:
@@ -172,7 +176,7 @@ def replan(tablets: Iterable[TabletKey], current: Mapping[TabletKey, Ownership],
                 continue
             own = Ownership(want, 1, (), (want,))
         elif want and want != own.worker:
-            if want in own.in_sync and own.token == current[t].token:
+            if want in own.in_sync and own.token == current[t].token and t not in frozen:
                 own = own.promoted(want)  # (one promotion per replan: a failover above was one)
             elif want not in own.followers:  # catch it up first, then promote it
                 own = Ownership(own.worker, own.token, (*own.followers, want), own.in_sync)

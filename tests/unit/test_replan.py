@@ -157,3 +157,18 @@ def test_health_counts_only_copies_on_live_workers() -> None:
     assert replication_health(own, 2, {"a", "c"}) == "under-replicated"  # its follower expired
     assert replication_health(own, 2, {"c"}) == "unavailable"
     assert replication_health(Ownership("a", 5, (), ("a",)), 1, {"a"}) == "ok"
+
+
+def test_a_tablet_a_savepoint_copies_keeps_its_primary_unless_it_dies() -> None:
+    """Lifecycle chaos seed 403: a new leader moved a tablet while the client copied it, and
+    the savepoint failed ("it moved"). A move waits (its target catching up meanwhile); a
+    failover does not."""
+    t = ("c", 0)
+    cur = {t: Ownership("a", 3, ("b",), ("a", "b"))}
+    held = replan([t], cur, ["a", "b", "c"], {t: 2}, pinned={t: "b"}, frozen=[t])[t]
+    assert held == cur[t]
+    catching_up = replan([t], cur, ["a", "b", "c"], {t: 2}, pinned={t: "c"}, frozen=[t])[t]
+    assert catching_up.worker == "a" and catching_up.token == 3 and "c" in catching_up.followers
+    assert replan([t], cur, ["a", "b", "c"], {t: 2}, pinned={t: "b"})[t].worker == "b", "unfrozen, it moves"
+    failover = replan([t], cur, ["b", "c"], {t: 2}, frozen=[t])[t]
+    assert failover.worker == "b" and failover.token == 4

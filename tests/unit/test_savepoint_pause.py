@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from master import lifecycle, progress, savepoints
+from master import lifecycle, progress, reshard, savepoints
 from master.change import Change, WorkerInfo
 from master.core import MasterConfig, MasterCore
 from master.jobs import PAUSE_LIMIT_S
@@ -41,8 +41,8 @@ def _topology() -> Topology:
     return topo
 
 
-async def _leader(store: PauseStore, clock: list[float]) -> MasterCore:
-    core = MasterCore(store, MasterConfig(replication=1), lambda: clock[0])  # type: ignore[arg-type]
+async def _leader(store: PauseStore, clock: list[float], replication: int = 1) -> MasterCore:
+    core = MasterCore(store, MasterConfig(replication=replication), lambda: clock[0])  # type: ignore[arg-type]
     await core.become_leader()
     return core
 
@@ -123,5 +123,31 @@ def test_the_end_fails_loudly_when_the_pause_was_lost_or_the_job_moved() -> None
             await savepoints.savepoint_renew(core, "one", plan.savepoint_id)
         with pytest.raises(MillstreamError, match="its pause ended before the copy did"):
             await savepoints.savepoint_end(core, "one", plan.savepoint_id, verify=True)
+
+    asyncio.run(main())
+
+
+def test_the_tablets_stay_where_they_are_while_the_copy_runs() -> None:
+    """Lifecycle chaos seed 403: moving a tablet while the client copies it fails the
+    savepoint ("it moved"). The pause holds every move of the job's tablets (not a failover)
+    and its end lets them go ahead; a split or merge is refused, and the policy leaves the
+    job's ranges alone (idle while paused, they would look cold)."""
+    async def main() -> None:
+        store, clock = PauseStore(_topology()), [0.0]
+        store.apply(Change(workers={"v": WorkerInfo("127.0.0.1:2")},
+                           tablets={("a", 0): Ownership("w", 1, ("v",), ("w", "v"))}))
+        core = await _leader(store, clock, replication=2)
+        core.heartbeat("v", [], report_seq=1)
+        core.image.rebalance = True  # the policy looks after every computation
+        assert "a" in core.image.rebalanced()
+        plan, _ = await _while_reporting(core, lambda n: 7, savepoints.savepoint_begin(core, "one", 10))
+        assert await core.move("a", 0, "v") == 2
+        assert core.image.tablets[("a", 0)].own.worker == "w", "moved while the savepoint copies it"
+        with pytest.raises(MillstreamError, match="a savepoint of its job is being taken"):
+            await reshard.split(core, "a", 0, None)
+        assert core.image.rebalanced() == {}
+        await _while_reporting(core, lambda n: 7, savepoints.savepoint_end(core, "one", plan.savepoint_id, verify=True))
+        own = core.image.tablets[("a", 0)].own
+        assert (own.worker, own.token) == ("v", 2), "the move went ahead once the pause ended"
 
     asyncio.run(main())
