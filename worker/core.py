@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from runtime import metrics
 from runtime.columns import Columns
 from runtime.delivery import Orders, Receipt
-from runtime.errors import ConfigError, NotOwnerError, StaleTokenError, TopologyError
+from runtime.errors import NotOwnerError, StaleTokenError
 from runtime.faults import Faults
 from runtime.imports import CodePolicy
 from runtime.keyspace import from_wire_end
@@ -22,6 +22,7 @@ from runtime.record import MIN_TIME, Record
 from runtime.routing import KeyExtractor, RoutingTable
 from runtime.state import read_as_json
 from runtime.wire import millstream_pb2 as pb
+from worker.openings import OpenFailures
 from worker.replica import Replicas
 from worker.replication import ReplicaChannel, Replicator
 from worker.reshard import Origin, Parent
@@ -109,9 +110,7 @@ class WorkerCore:
         self._closing: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._batch_limits: dict[tuple[str, int], int] = {}  # smaller batches after a failure
         self._batch_failures: dict[tuple[str, int], int] = {}  # failed batches in a row
-        # Tablets that failed to open: (last error, attempts, first failure, monotonic s)
-        self._failures: dict[tuple[str, int], tuple[str, int, float]] = {}
-        self._lasting: set[tuple[str, int]] = set()  # of those, failing for a reason a retry cannot fix
+        self._failures = OpenFailures(now_ms)  # tablets that failed to open, and when to try again
         self._opened_at: dict[tuple[str, int], float] = {}  # when an opening began
         self._wanted: dict[tuple[str, int], int] = {}       # as of the last reconcile
         self._refused_logged: tuple[str, int, int] | None = None
@@ -247,9 +246,7 @@ class WorkerCore:
             valid = self.lease_held()
             wanted = self._assigned() if valid else {}
             self._wanted = wanted
-            for key in [k for k in self._failures if k not in wanted]:
-                del self._failures[key]
-                self._lasting.discard(key)
+            self._failures.keep(wanted)
             if not valid and self.worker_id and not self._fenced:
                 self._fenced = True
                 metrics.LEASE_LOST.inc()
@@ -302,6 +299,8 @@ class WorkerCore:
         for key, token in wanted.items():
             if key in self.tablets or key in self._opening:
                 continue
+            if not self._failures.may_try(key, token):
+                continue  # failed lately under this token: tried again once its backoff is over
             if any(self._in_use(p) for p in [key, *self._parents(key)]):
                 deferred = True  # the previous copy (or a range it is built from) still holds the storage
                 continue
@@ -315,7 +314,7 @@ class WorkerCore:
             except Exception as e:
                 # One tablet that cannot even be built (a route option that does not parse)
                 # must not stop the others opening, nor the reconcile loop (review N7).
-                self._open_failed(key, e)
+                self._failures.failed(key, token, e)
                 continue
             self._opening[key] = (tablet, asyncio.create_task(self._open(key, tablet), name=f"open {key}"))
             self._opened_at[key] = time.monotonic()
@@ -488,29 +487,16 @@ class WorkerCore:
             error = task.exception() if not task.cancelled() else StaleTokenError("opening cancelled")
             if error is None:
                 self.tablets[key] = tablet
-                self._failures.pop(key, None)
-                self._lasting.discard(key)
+                self._failures.opened(key)
+                a = self.routing.assignments.get(key)
+                if a is not None and a.token == tablet.token:
+                    tablet.follow(a)  # a routing applied while it opened passed it by (its followers)
                 metrics.TABLET_OPENS.labels(key[0]).inc()
                 log.info("tablet %s/%d open under token %d", key[0], key[1], tablet.token)
                 continue
             if isinstance(error, StaleTokenError):
                 metrics.STALE.labels("open").inc()
-            self._open_failed(key, error)
-
-    def _open_failed(self, key: tuple[str, int], error: BaseException) -> None:
-        text = " ".join(str(error).split()) or type(error).__name__
-        _, attempts, first = self._failures.get(key, ("", 0, time.monotonic()))
-        attempts += 1
-        self._failures[key] = (text, attempts, first)
-        if isinstance(error, (TopologyError, ConfigError)):
-            self._lasting.add(key)  # code that does not load, an option that does not parse
-        else:
-            self._lasting.discard(key)
-        # Typically the previous owner still holds the RocksDB lock for a moment; a failure
-        # that lasts (code that does not load, a full disk) is logged at 1, 10, 100, ...
-        # attempts (not every 200 ms) and reported to the leader for status.
-        level = logging.WARNING if str(attempts).rstrip("0") == "1" else logging.DEBUG
-        log.log(level, "tablet %s/%d cannot open (attempt %d): %s", key[0], key[1], attempts, text)
+            self._failures.failed(key, tablet.token, error)
 
     async def _open(self, key: tuple[str, int], tablet: Tablet) -> None:
         """A follower copy promoted here is closed first: the tablet opens the same files (and a
@@ -577,7 +563,7 @@ class WorkerCore:
 
     def open_failures(self) -> dict[str, str]:
         """Tablets that failed to open, by ``computation/range``: the last error."""
-        return {f"{c}/{r}": failure[0] for (c, r), failure in self._failures.items()}
+        return self._failures.errors()
 
     def quiet(self) -> bool:
         """Nothing to do now: no tablet opening or closing, nothing waiting to be sent, and
@@ -597,12 +583,9 @@ class WorkerCore:
         now = time.monotonic()
         out = []
         for key in self._wanted:
-            failure = self._failures.get(key)
-            # A first retry is routine (a lock); code or options that do not load are not
-            # going to: those are reported from the first failure.
-            if failure is not None and (failure[1] >= 3 or key in self._lasting):
-                out.append(pb.TabletProblem(computation=key[0], key_range=key[1], error=failure[0],
-                                            attempts=failure[1], seconds=now - failure[2]))
+            failed = self._failures.problem(key, now)
+            if failed is not None:
+                out.append(failed)
                 continue
             since = self._opened_at.get(key)
             if key in self._opening and since is not None and now - since > 5:

@@ -403,26 +403,39 @@ class Replicator:
         Each is asked which commit it holds (an empty Replicate, which changes nothing there;
         a copy built under an older token answers too, worker/replica.py). Before this, a copy
         with a commit this one lacks may still be promoted back; after it, none can. A sink
-        calls this before it cuts its output back to its commit (worker/tablet.py)."""
+        calls this before it cuts its output back to its commit (worker/tablet.py). The
+        followers are asked side by side, within the replica timeout as a commit's
+        acknowledgement is: one that hangs holds the opening up that long, no longer."""
         store = self.tablet.store
         want = (store.index, store.term_of(store.index))
-        for w in sorted(self.required()):
-            link = self.links.get(w)
-            deadline = time.monotonic() + self.timeout_s
-            while link is not None:
-                resp = None if self.blocked(link.address) else await self.channel.replicate(link.address,
-                                                                                            link.request())
-                if resp is not None and resp.status == R.STALE_TOKEN:
-                    self.stale = True
-                    raise ReplicationError(f"tablet {self.tablet.name}: follower {w} has seen a newer primary")
-                if resp is not None and resp.status == R.OK and (resp.index, resp.term) == want:
-                    break
-                if (resp is not None and resp.status not in (R.NOT_YET, R.WRONG_WORKER)) or time.monotonic() > deadline:
-                    link = None  # another commit there, or silent too long
-                else:
-                    await asyncio.sleep(0.05)  # its routing lags, or it is still closing as primary: ask again
-            else:
-                await self._shrink(w)
+        deadline = time.monotonic() + self.timeout_s
+        asks = [asyncio.ensure_future(self._confirm(w, want, deadline)) for w in sorted(self.required())]
+        try:
+            await asyncio.gather(*asks)
+        finally:  # one failed (a newer primary, the leader unreachable): the others stop too
+            for ask in asks:
+                ask.cancel()
+            await asyncio.gather(*asks, return_exceptions=True)
+
+    async def _confirm(self, w: str, want: tuple[int, int], deadline: float) -> None:
+        link = self.links.get(w)
+        while link is not None:
+            resp = None
+            left = deadline - time.monotonic()
+            if left > 0 and not self.blocked(link.address):
+                try:
+                    resp = await asyncio.wait_for(self.channel.replicate(link.address, link.request()), left)
+                except TimeoutError:
+                    pass
+            if resp is not None and resp.status == R.STALE_TOKEN:
+                self.stale = True
+                raise ReplicationError(f"tablet {self.tablet.name}: follower {w} has seen a newer primary")
+            if resp is not None and resp.status == R.OK and (resp.index, resp.term) == want:
+                return
+            if (resp is not None and resp.status not in (R.NOT_YET, R.WRONG_WORKER)) or time.monotonic() > deadline:
+                break  # another commit there, or silent too long
+            await asyncio.sleep(0.05)  # its routing lags, or it is still closing as primary: ask again
+        await self._shrink(w)
 
     async def caught_up(self, link: _Link) -> None:
         """``link``'s follower acknowledged every commit: await it from now on, and ask the

@@ -286,3 +286,22 @@ class BatchCounter(Computation):
         n = int(ctx.state.get() or b"0") + 1
         ctx.state.set(b"%d" % n)
         ctx.produce("out", b"%d" % n)
+
+
+class SlowSetup(Computation):
+    """Its ``setup`` waits until the test sets ``gate`` (30 s at most): a tablet still opening."""
+
+    gate = threading.Event()
+
+    def setup(self, params: Mapping[str, str]) -> None:
+        SlowSetup.gate.wait(30)
+
+
+class FailingSetup(Computation):
+    """Its ``setup`` raises, every time (user code that cannot start); ``tries`` counts them."""
+
+    tries = 0
+
+    def setup(self, params: Mapping[str, str]) -> None:
+        FailingSetup.tries += 1
+        raise RuntimeError("no connection to the lookup table")

@@ -205,8 +205,8 @@ def test_a_tablet_that_cannot_be_built_stops_neither_reconcile_nor_the_others(
 def test_code_the_worker_may_not_load_is_reported_from_the_first_failure(tmp_path: object) -> None:
     async def main() -> None:
         core = await _core(str(tmp_path), ("broken", "os:getcwd", ["in"], ["out"], {}), policy=CodePolicy())
-        assert core._failures[("broken", 0)][1] == 1  # one attempt so far
         [problem] = core.problems()
+        assert problem.attempts == 1  # reported from the first attempt
         assert "not allowed on this worker" in problem.error and "--allow-code os" in problem.error
         await core.close_all()
 

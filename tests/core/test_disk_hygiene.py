@@ -138,8 +138,8 @@ def test_a_follower_promoted_before_it_made_a_new_tablets_empty_copy_opens_it(tm
         # A tablet seen here before whose copy is gone was lost: never opened empty.
         shutil.rmtree(os.path.join(str(tmp_path), "echo", "0"))
         core = await make_core(str(tmp_path), _promoted(2, token=3))
-        await _until(lambda: ("echo", 0) in core._failures, "the opening to fail")
-        assert "is missing" in core._failures[("echo", 0)][0] and ("echo", 0) not in core.tablets
+        await _until(lambda: "echo/0" in core.open_failures(), "the opening to fail")
+        assert "is missing" in core.open_failures()["echo/0"] and ("echo", 0) not in core.tablets
         await core.close_all()
 
     asyncio.run(run())
@@ -149,14 +149,14 @@ def test_no_empty_copy_without_a_record_since_the_worker_id_or_for_a_built_range
     async def run() -> None:
         old = str(tmp_path / "old")  # a state directory from before the record: it may have lost copies
         core = await make_core(old, _promoted(1))
-        await _until(lambda: ("echo", 0) in core._failures, "the opening to fail")
-        assert "is missing" in core._failures[("echo", 0)][0]
+        await _until(lambda: "echo/0" in core.open_failures(), "the opening to fail")
+        assert "is missing" in core.open_failures()["echo/0"]
         await core.close_all()
         built = str(tmp_path / "built")  # a split's half is built from its parent, never made empty
         os.makedirs(built)
         seen.start(built)
         core = await make_core(built, _promoted(1, parents=(7,)))
-        await _until(lambda: ("echo", 0) in core._failures, "the opening to fail")
+        await _until(lambda: "echo/0" in core.open_failures(), "the opening to fail")
         assert not os.path.exists(os.path.join(built, "echo", "0"))
         await core.close_all()
 

@@ -64,3 +64,45 @@ def test_a_caught_up_follower_the_leader_could_not_add_is_offered_again_without_
             await rep.close()
 
     asyncio.run(main())
+
+
+class _OneHangs:
+    """Two in-sync followers: w3 neither answers nor dies; w2 holds the primary's last commit
+    but answers only once w3 has been asked too."""
+
+    def __init__(self) -> None:
+        self.w3_asked = asyncio.Event()
+        self.dropped: list[str] = []
+
+    async def replicate(self, address: str, req: pb.ReplicateRequest) -> pb.ReplicateResponse | None:
+        if req.follower == "w3":
+            self.w3_asked.set()
+            await asyncio.Event().wait()
+        await self.w3_asked.wait()
+        return R(status=R.OK, index=5, term=1)
+
+    async def update_in_sync(self, req: pb.InSyncRequest) -> tuple[str, ...]:
+        assert not req.add
+        self.dropped.append(req.follower)
+        return ("w1", "w2")
+
+
+def test_a_reopened_primary_asks_its_followers_side_by_side_and_gives_a_hung_one_the_replica_timeout() -> None:
+    """Review of 8b1813d: the confirmation before re-sending asked one follower after the
+    other, each call bounded by the replication call's own 10 s; one hung follower held the
+    opening that long before the next was even asked."""
+    async def main() -> None:
+        channel = _OneHangs()
+        tablet = _tablet()
+        tablet.store.index = 5
+        rep = Replicator(tablet, channel, checkpoints="/nonexistent", timeout_s=0.3)
+        rep.in_sync = {"w2", "w3"}
+        rep.links = {w: _Link(rep, w, f"127.0.0.1:{n}") for n, w in enumerate(["w2", "w3"], 1)}
+        try:
+            await asyncio.wait_for(rep.confirm(), 10)
+            assert channel.dropped == ["w3"], "only the follower that did not answer leaves the in-sync set"
+            assert rep.in_sync == {"w1", "w2"}
+        finally:
+            await rep.close()
+
+    asyncio.run(main())
