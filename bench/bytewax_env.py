@@ -23,13 +23,14 @@ from typing import Any
 
 from bench.cpu import CpuFigures, CpuMeter
 from bench.flink_env import stop_session
+from runtime.errors import MillstreamError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".venv-bytewax")
 REQUIREMENTS = os.path.join(ROOT, "bench", "bytewax", "requirements.txt")
 
 
-class BytewaxUnavailableError(Exception):
+class BytewaxUnavailableError(MillstreamError):
     """The Bytewax virtualenv could not be made (reported in the bench output, not raised out)."""
 
 

@@ -22,13 +22,14 @@ import time
 from typing import Any
 
 from bench.cpu import CpuFigures, CpuMeter, session
+from runtime.errors import MillstreamError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".venv-flink")
 REQUIREMENTS = os.path.join(ROOT, "bench", "flink", "requirements.txt")
 
 
-class FlinkUnavailableError(Exception):
+class FlinkUnavailableError(MillstreamError):
     """The Flink virtualenv could not be made, or Java is missing (reported, not raised out)."""
 
 

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-TabletKey = tuple[str, int]
+from runtime.routing import TabletKey
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-TabletKey = tuple[str, int]  # (computation, key range)
+from runtime.routing import TabletKey
 
 
 @dataclass(frozen=True, slots=True)

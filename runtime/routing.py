@@ -20,6 +20,7 @@ from runtime.record import Record
 from runtime.wire import millstream_pb2 as pb
 
 KeyExtractor = Callable[[Record], bytes]
+TabletKey = tuple[str, int]  # a tablet: (computation, key range id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +72,8 @@ class RoutingTable:
         self.version = routing.version
         self.proto = routing
         self.computations = {c.name: c for c in routing.computations}
-        self._owners: dict[tuple[str, int], Destination] = {}
-        self.assignments: dict[tuple[str, int], pb.Assignment] = {}
+        self._owners: dict[TabletKey, Destination] = {}
+        self.assignments: dict[TabletKey, pb.Assignment] = {}
         self._subs: dict[str, list[_Subscription]] = {}
         self._extractor_paths: dict[tuple[str, str], str] = {}
         self._ranges: dict[str, _Ranges] = {}
@@ -232,13 +233,13 @@ class RoutingTable:
         ranges = self._ranges.get(computation)
         return ranges.bounds.get(key_range) if ranges is not None else None
 
-    def copies_of(self, worker_id: str) -> set[tuple[str, int]]:
+    def copies_of(self, worker_id: str) -> set[TabletKey]:
         """Tablets ``worker_id`` holds a copy of: as primary, follower or in-sync member."""
         return {k for k, a in self.assignments.items()
                 if a.worker_id == worker_id or worker_id in a.in_sync
                 or any(f.worker_id == worker_id for f in a.followers)}
 
-    def tablets_of(self, worker_id: str) -> dict[tuple[str, int], int]:
+    def tablets_of(self, worker_id: str) -> dict[TabletKey, int]:
         """``{(computation, range): token}`` assigned to ``worker_id``."""
         return {
             (c.name, a.key_range): a.token

@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Mapping
 
 from runtime.columns import Columns
+from runtime.delivery import Orders
 from runtime.record import WORKER_PRODUCER_BIT
 from runtime.security import Owner
-
-Orders = Mapping[bytes, tuple[int, int]]
 
 
 def owned_prefix(owner: Owner, prefix: bytes) -> bytes:

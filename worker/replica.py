@@ -39,6 +39,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from runtime import metrics
 from runtime.durable import sync_dir
+from runtime.routing import TabletKey
 from runtime.wire import millstream_pb2 as pb
 from worker.replicastore import ReplicaStore
 from worker.runner import TabletThread
@@ -46,7 +47,6 @@ from worker.storage import TERM_TOKEN_BITS
 
 log = logging.getLogger(__name__)
 R = pb.ReplicateResponse
-Key = tuple[str, int]
 
 
 def _refuse(status: int, why: str, detail: str, index: int = 0) -> pb.ReplicateResponse:
@@ -57,25 +57,25 @@ def _refuse(status: int, why: str, detail: str, index: int = 0) -> pb.ReplicateR
 class Replicas:
     """The follower copies on one worker."""
 
-    def __init__(self, state_dir: str, path_of: Callable[[Key], str],
-                 primary_token: Callable[[Key], int | None], worker_id: Callable[[], str] = lambda: "",
-                 remember: Callable[[Key], Awaitable[None]] | None = None, *,
-                 routed_token: Callable[[Key], int]) -> None:
+    def __init__(self, state_dir: str, path_of: Callable[[TabletKey], str],
+                 primary_token: Callable[[TabletKey], int | None], worker_id: Callable[[], str] = lambda: "",
+                 remember: Callable[[TabletKey], Awaitable[None]] | None = None, *,
+                 routed_token: Callable[[TabletKey], int]) -> None:
         self.worker_id = worker_id
         self.remember = remember  # records a tablet held here before its copy is made (worker/seen.py)
         self.incoming_dir = os.path.join(state_dir, ".incoming")
         self.path_of = path_of
         self.primary_token = primary_token  # token of a tablet open (or opening) here as primary
         self.routed_token = routed_token    # the routing's token of a tablet followed here (else 0)
-        self.copies: dict[Key, ReplicaStore] = {}
-        self.fence: dict[Key, int] = {}      # newest token seen per tablet
-        self._incoming: dict[Key, tuple[str, str]] = {}  # key -> (session, directory)
-        self._locks: dict[Key, tuple[asyncio.Lock, list[int]]] = {}  # with how many hold or wait
-        self._threads: dict[Key, TabletThread] = {}
-        self._demoted: set[Key] = set()  # closed here as primary: its files may continue as a copy
+        self.copies: dict[TabletKey, ReplicaStore] = {}
+        self.fence: dict[TabletKey, int] = {}      # newest token seen per tablet
+        self._incoming: dict[TabletKey, tuple[str, str]] = {}  # key -> (session, directory)
+        self._locks: dict[TabletKey, tuple[asyncio.Lock, list[int]]] = {}  # with how many hold or wait
+        self._threads: dict[TabletKey, TabletThread] = {}
+        self._demoted: set[TabletKey] = set()  # closed here as primary: its files may continue as a copy
 
     @contextlib.asynccontextmanager
-    async def _lock(self, key: Key) -> AsyncIterator[None]:
+    async def _lock(self, key: TabletKey) -> AsyncIterator[None]:
         """Hold the copy's lock; it is forgotten once nobody holds or waits for it (one per
         range ever would stay otherwise)."""
         entry = self._locks.get(key)
@@ -91,7 +91,7 @@ class Replicas:
             if not users[0]:
                 del self._locks[key]
 
-    def _thread(self, key: Key) -> TabletThread:
+    def _thread(self, key: TabletKey) -> TabletThread:
         """The copy's own thread for its writes (a short write is awaited without a second
         hand-off back to a busy event loop: worker/runner.py)."""
         thread = self._threads.get(key)
@@ -99,19 +99,19 @@ class Replicas:
             thread = self._threads[key] = TabletThread(f"{key[0]}/{key[1]} follower")
         return thread
 
-    def forget(self, gone: Callable[[Key], bool]) -> None:
+    def forget(self, gone: Callable[[TabletKey], bool]) -> None:
         """Forget the fences of ranges ``gone`` for good that have no copy here (a split's or
         merge's parents, a deleted job's ranges): nothing replicates to them any more."""
         for key in [k for k in self.fence if k not in self.copies and k not in self._incoming and gone(k)]:
             del self.fence[key]
         self._demoted = {k for k in self._demoted if not gone(k)}
 
-    def demoted(self, key: Key) -> None:
+    def demoted(self, key: TabletKey) -> None:
         """This worker closed ``key`` as primary: if its successor's commits continue the
         files it left, they become this worker's follower copy (:meth:`replicate`)."""
         self._demoted.add(key)
 
-    async def _adopt(self, key: Key) -> ReplicaStore | None:
+    async def _adopt(self, key: TabletKey) -> ReplicaStore | None:
         """The follower copy made of the files ``key``'s primary left here, or None."""
         self._demoted.discard(key)
         path = self.path_of(key)
@@ -125,11 +125,11 @@ class Replicas:
         self.copies[key] = copy
         return copy
 
-    def raise_fence(self, key: Key, token: int) -> None:
+    def raise_fence(self, key: TabletKey, token: int) -> None:
         if token > self.fence.get(key, 0):
             self.fence[key] = token
 
-    def _check(self, key: Key, token: int, follower: str = "") -> pb.ReplicateResponse | None:
+    def _check(self, key: TabletKey, token: int, follower: str = "") -> pb.ReplicateResponse | None:
         """A refusal for a primary under ``token``, or None."""
         me = self.worker_id()
         if follower and me and follower != me:
@@ -218,7 +218,7 @@ class Replicas:
                      key[0], key[1], copy.index, chunk.token)
             return pb.ReplicateResponse(status=R.OK, index=copy.index)
 
-    async def create_empty(self, key: Key, token: int) -> None:
+    async def create_empty(self, key: TabletKey, token: int) -> None:
         """The copy of a new tablet, in its in-sync set from the start: empty, like the
         primary's (which then needs no snapshot to send its first commits)."""
         async with self._lock(key):
@@ -229,12 +229,12 @@ class Replicas:
             self.copies[key] = copy
             self.raise_fence(key, token)
 
-    def _discard_incoming(self, key: Key) -> None:
+    def _discard_incoming(self, key: TabletKey) -> None:
         _, directory = self._incoming.pop(key, ("", ""))
         if directory:
             shutil.rmtree(directory, ignore_errors=True)
 
-    async def close(self, key: Key, *, delete: bool = False) -> None:
+    async def close(self, key: TabletKey, *, delete: bool = False) -> None:
         """Close the copy of ``key`` (before this worker opens it as primary, or when it no
         longer follows it; ``delete`` also removes its files)."""
         async with self._lock(key):

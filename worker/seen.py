@@ -28,8 +28,8 @@ import os
 from collections.abc import Callable, Iterable
 
 from runtime.durable import sync_dir
+from runtime.routing import TabletKey
 
-Key = tuple[str, int]
 FILE = "tablets.seen"
 HEADER = "millstream tablets seen here, since this worker id was made\n"
 
@@ -39,7 +39,7 @@ def start(state_dir: str) -> None:
     _write(os.path.join(state_dir, FILE), [])
 
 
-def _write(path: str, keys: Iterable[Key]) -> None:
+def _write(path: str, keys: Iterable[TabletKey]) -> None:
     with open(path + ".tmp", "w") as f:
         f.write(HEADER + "".join(json.dumps(list(k)) + "\n" for k in sorted(keys)))
         f.flush()
@@ -54,7 +54,7 @@ class SeenTablets:
 
     def __init__(self, state_dir: str) -> None:
         self.path = os.path.join(state_dir, FILE)
-        self.keys: set[Key] = set()
+        self.keys: set[TabletKey] = set()
         self._stale = 0  # forgotten ranges still in the file
         self._lock = asyncio.Lock()  # one writer of the file at a time
         try:
@@ -70,11 +70,11 @@ class SeenTablets:
             except (ValueError, TypeError):
                 continue  # a line a crash cut short: its tablet's copy was not made yet
 
-    def first_seen(self, keys: Iterable[Key]) -> set[Key]:
+    def first_seen(self, keys: Iterable[TabletKey]) -> set[TabletKey]:
         """Of ``keys``, those never seen here (none if the record is not trusted)."""
         return {k for k in keys if k not in self.keys} if self.trusted else set()
 
-    async def remember(self, keys: Iterable[Key]) -> None:
+    async def remember(self, keys: Iterable[TabletKey]) -> None:
         """Record ``keys`` durably (written off the event loop)."""
         new = sorted({k for k in keys if k not in self.keys})
         if not new or not self.trusted:
@@ -83,13 +83,13 @@ class SeenTablets:
             await asyncio.to_thread(self._append, new)
             self.keys.update(new)
 
-    def _append(self, keys: list[Key]) -> None:
+    def _append(self, keys: list[TabletKey]) -> None:
         with open(self.path, "a") as f:
             f.write("".join(json.dumps(list(k)) + "\n" for k in keys))
             f.flush()
             os.fsync(f.fileno())
 
-    async def forget(self, gone: Callable[[Key], bool]) -> None:
+    async def forget(self, gone: Callable[[TabletKey], bool]) -> None:
         """Forget ranges ``gone`` for good; the file is rewritten once they are half of it."""
         dropped = {k for k in self.keys if gone(k)}
         self.keys -= dropped

@@ -31,7 +31,7 @@ def test_every_exception_class_of_the_project_is_a_millstream_error() -> None:
     import pkgutil
 
     found, wrong = 0, []
-    for pkg in ["runtime", "worker", "master", "injectors", "cli", "spark_bridge", "millstream"]:
+    for pkg in ["runtime", "worker", "master", "injectors", "cli", "spark_bridge", "millstream", "bench"]:
         root = importlib.import_module(pkg)
         for name in [pkg] + [m.name for m in pkgutil.walk_packages(root.__path__, pkg + ".")
                              if not m.name.endswith("__main__")]:
