@@ -49,7 +49,7 @@ class MasterCore:
         self._etcd_checked = -1e18
         self._defragged = -1e18
         self._gauged_at = -1e18
-        self._replan_soon = False  # a worker became eligible for copies: re-plan next tick
+        self._replan_soon = ""  # why to re-plan at the next tick (a worker became eligible for copies, ...)
         self._changed = asyncio.Condition()
         self._lock = asyncio.Lock()
 
@@ -103,7 +103,7 @@ class MasterCore:
                   problems: Sequence[pb.TabletProblem] = (), routing_version: int = 0) -> dict[str, int]:
         """Renew a worker's lease and take its tablets' progress; returns the input watermarks."""
         if self.image.heartbeat(worker_id, held, report_seq, problems, routing_version, self.now_ms()):
-            self._replan_soon = True  # the first report since this master leads
+            self._replan_soon = "heard"  # the first report since this master leads
         return self.image.inputs
 
     def reported(self) -> dict[str, int]:
@@ -152,6 +152,10 @@ class MasterCore:
                 log.error("tablet %s/%d has no live in-sync copy: it stays unassigned until one of %s "
                           "comes back (it is never opened empty)", c, r, ", ".join(changed[(c, r)].in_sync))
         await self.bump()
+
+    def replan_soon(self, reason: str) -> None:
+        """Re-plan at the next tick, under the lock: where a change must not fail for a plan."""
+        self._replan_soon = reason
 
     def count_moves(self, n: int, reason: str) -> None:
         self.image.count("tablet_moves", n)
@@ -232,9 +236,9 @@ class MasterCore:
             metrics.UNDER_REPLICATED.set(under)
             metrics.UNAVAILABLE.set(unavailable)
         if self._replan_soon:
-            self._replan_soon = False
+            reason, self._replan_soon = self._replan_soon, ""
             async with self._lock:
-                await self.rebalance("heard")
+                await self.rebalance(reason)
         dead = [w for w, e in self.image.workers.items() if now - e.last_seen > self.config.lease_ms]
         if not dead:
             return

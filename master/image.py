@@ -315,6 +315,10 @@ class ClusterImage:
         """Move ``key`` to ``worker`` (once it has caught up there)."""
         self.pinned[key] = worker
 
+    def unpin(self, key: TabletKey) -> None:
+        """Forget a move that is no longer wanted."""
+        self.pinned.pop(key, None)
+
     def hold(self, keys: Iterable[TabletKey], worker: str | None) -> None:
         """Keep ``keys`` on ``worker`` while a merge waits for them there (None: let go)."""
         for key in keys:

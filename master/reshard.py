@@ -156,11 +156,13 @@ async def merge(core: MasterCore, computation: str, left: int, right: int,
         # Both stay on the left's primary until the merge commits: count balancing would
         # otherwise move one away again as soon as the move is done.
         core.image.hold([lk, rk], lo.worker)
+        target = lo.worker
         if ro.worker != lo.worker:
             log.info("merge %s/%d + %d: moving %s/%d to %s first", computation, left, right,
                      computation, right, lo.worker)
             core.image.pin(rk, lo.worker)
             await core.rebalance("merge")
+    merged = False
     try:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + MERGE_MOVE_TIMEOUT_S
@@ -171,6 +173,7 @@ async def merge(core: MasterCore, computation: str, left: int, right: int,
                 if (now is not None and now.worker == lo.worker and rk not in core.image.pinned
                         and _open(core, lk, lo) and _open(core, rk, now) and _heard_since(core, lo.worker, asked)):
                     ranges = core.image.ranges[computation].merge(computation, left, right)
+                    merged = True
                     return await _commit(core, computation, [lk, rk], [ranges.next_id - 1], lo, ranges,
                                          f"merge {computation}/{left} and {right} into {ranges.next_id - 1}", why)
             if loop.time() > deadline:
@@ -181,6 +184,9 @@ async def merge(core: MasterCore, computation: str, left: int, right: int,
             await core.changed(0.2)
     finally:
         core.image.hold([lk, rk], None)
+        if not merged and core.image.pinned.get(rk) == target:
+            # Given up (a savepoint began, the timeout): the move was only for the merge.
+            core.image.unpin(rk)
 
 
 def autoscale(core: MasterCore) -> None:

@@ -195,7 +195,8 @@ async def savepoint_end(core: MasterCore, name: str, savepoint_id: str = "", ver
             pause = core.image.pauses.get(name)
             if pause is not None and (not savepoint_id or pause.id == savepoint_id):
                 await core.commit(Change(pauses={name: None}))
-                await core.rebalance("balance")  # a move the pause held back goes ahead now
+                await core.bump()
+                core.replan_soon("move")  # a move the pause held back goes ahead (at the next tick)
                 log.info("job %s: savepoint %s ended, input and timers resumed", name, pause.id)
 
 

@@ -131,7 +131,9 @@ def replan(tablets: Iterable[TabletKey], current: Mapping[TabletKey, Ownership],
     known worker counts as alive for a lease period, the dead too): they keep what they
     have, but no move, promotion or new copy goes to them while another worker can take it.
     ``frozen``: tablets a savepoint is copying: their primary stays while it lives (a balance
-    move or an operator's pin waits, its target catching up meanwhile; a failover does not).
+    move or an operator's pin waits, its target catching up meanwhile); not a failover, nor
+    a draining primary's move (its worker is leaving: the savepoint fails rather than the
+    drain waiting out its timeout).
     """
     zones = zones or {}
     pinned = pinned or {}
@@ -176,7 +178,7 @@ def replan(tablets: Iterable[TabletKey], current: Mapping[TabletKey, Ownership],
                 continue
             own = Ownership(want, 1, (), (want,))
         elif want and want != own.worker:
-            if want in own.in_sync and own.token == current[t].token and t not in frozen:
+            if want in own.in_sync and own.token == current[t].token and (t not in frozen or own.worker in leaving):
                 own = own.promoted(want)  # (one promotion per replan: a failover above was one)
             elif want not in own.followers:  # catch it up first, then promote it
                 own = Ownership(own.worker, own.token, (*own.followers, want), own.in_sync)

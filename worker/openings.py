@@ -1,8 +1,8 @@
 """Tablets that failed to open on a worker (worker/core.py): the last error, for status and
 the leader; and when to try again.
 
-A failed opening is tried again at the next two reconciles (every 200 ms: the previous owner
-typically still holds the storage for a moment), then after 0.2 s, 0.4 s, ... up to
+A failed opening is tried again at the next two reconciles (every 200 ms, and at every
+routing change: the previous owner typically still holds the storage for a moment), then after 0.2 s, 0.4 s, ... up to
 :data:`OPEN_RETRY_MAX_S`, counted from the start again under a new token (a move, a
 failover). Each try reopens the tablet's storage and runs its code's ``setup``.
 """

@@ -312,6 +312,9 @@ class Replicator:
         self.in_sync: set[str] = set()   # followers the leader lists in the in-sync set
         self.added: set[str] = set()     # followers we asked to add (the answer may be lost)
         self.stale = False
+        # One change of the in-sync set asked of the leader at a time: each answer is the whole
+        # set, so two asked at once could be applied in the other order than the leader's.
+        self._asking = asyncio.Lock()
 
     def configure(self, assignment: pb.Assignment) -> None:
         """Follow the routing: links to the tablet's followers, and its in-sync set."""
@@ -382,7 +385,8 @@ class Replicator:
                                follower=follower, add=False, primary=tablet.host.worker_id)
         while True:
             try:
-                self.in_sync = set(await self.channel.update_in_sync(req))
+                async with self._asking:
+                    self.in_sync = set(await self.channel.update_in_sync(req))
                 self.added.discard(follower)
                 metrics.IN_SYNC_CHANGES.labels("leave").inc()
                 return
@@ -449,7 +453,8 @@ class Replicator:
         req = pb.InSyncRequest(computation=tablet.computation, key_range=tablet.key_range, token=tablet.token,
                                follower=link.follower, add=True, primary=tablet.host.worker_id)
         try:
-            self.in_sync = set(await self.channel.update_in_sync(req))
+            async with self._asking:
+                self.in_sync = set(await self.channel.update_in_sync(req))
             metrics.IN_SYNC_CHANGES.labels("join").inc()
         except StaleTokenError:
             raise

@@ -172,3 +172,7 @@ def test_a_tablet_a_savepoint_copies_keeps_its_primary_unless_it_dies() -> None:
     assert replan([t], cur, ["a", "b", "c"], {t: 2}, pinned={t: "b"})[t].worker == "b", "unfrozen, it moves"
     failover = replan([t], cur, ["b", "c"], {t: 2}, frozen=[t])[t]
     assert failover.worker == "b" and failover.token == 4
+    # A draining primary's tablet moves all the same: its worker is leaving, and would only
+    # wait out its drain timeout before a failover.
+    drained = replan([t], cur, ["a", "b", "c"], {t: 2}, draining=["a"], frozen=[t])[t]
+    assert drained.worker == "b" and drained.token == 4

@@ -4,6 +4,7 @@ what a link does when the leader cannot be told, without a cluster's timing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -102,6 +103,53 @@ def test_a_reopened_primary_asks_its_followers_side_by_side_and_gives_a_hung_one
             await asyncio.wait_for(rep.confirm(), 10)
             assert channel.dropped == ["w3"], "only the follower that did not answer leaves the in-sync set"
             assert rep.in_sync == {"w1", "w2"}
+        finally:
+            await rep.close()
+
+    asyncio.run(main())
+
+
+class _BothSilent:
+    """Two in-sync followers that never answer, and a leader that applies each drop as it
+    arrives but holds the first answer back until a second request arrives (0.5 s at most):
+    answers that cross on the way back."""
+
+    def __init__(self) -> None:
+        self.in_sync = {"w1", "w2", "w3"}
+        self.second = asyncio.Event()
+        self.calls = 0
+
+    async def replicate(self, address: str, req: pb.ReplicateRequest) -> pb.ReplicateResponse | None:
+        return None  # unreachable
+
+    async def update_in_sync(self, req: pb.InSyncRequest) -> tuple[str, ...]:
+        self.calls += 1
+        self.in_sync.discard(req.follower)
+        answer = tuple(sorted(self.in_sync))
+        if self.calls == 1:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.second.wait(), 0.5)
+        else:
+            self.second.set()
+        return answer
+
+
+def test_the_in_sync_set_is_the_leaders_last_answer_when_two_followers_are_dropped_at_once() -> None:
+    """Review of the side-by-side confirmation: two drops asked at once, their answers crossing
+    on the way back, left the primary with the older set (a follower the leader had dropped
+    still required: the first commit stalled for the replica timeout)."""
+    async def main() -> None:
+        channel = _BothSilent()
+        tablet = _tablet()
+        tablet.store.index = 5
+        tablet.host.lease_valid = lambda: True
+        rep = Replicator(tablet, channel, checkpoints="/nonexistent", timeout_s=0.2)
+        rep.in_sync = {"w2", "w3"}
+        rep.links = {w: _Link(rep, w, f"127.0.0.1:{n}") for n, w in enumerate(["w2", "w3"], 1)}
+        try:
+            await asyncio.wait_for(rep.confirm(), 10)
+            assert channel.in_sync == {"w1"}
+            assert rep.in_sync == {"w1"}, "an older answer of the leader applied after a newer one"
         finally:
             await rep.close()
 

@@ -147,6 +147,7 @@ def test_the_tablets_stay_where_they_are_while_the_copy_runs() -> None:
             await reshard.split(core, "a", 0, None)
         assert core.image.rebalanced() == {}
         await _while_reporting(core, lambda n: 7, savepoints.savepoint_end(core, "one", plan.savepoint_id, verify=True))
+        await core.tick()
         own = core.image.tablets[("a", 0)].own
         assert (own.worker, own.token) == ("v", 2), "the move went ahead once the pause ended"
 
