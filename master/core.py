@@ -219,8 +219,10 @@ class MasterCore:
                 raise MillstreamError(f"tablet {computation}/{key_range} has no live in-sync copy to move")
             self.image.pin(key, target)
             await self.rebalance("move")
-            log.info("moving tablet %s/%d to %s (token %d)%s", computation, key_range, target, old.token + 1,
-                     "" if self.image.tablets[key].own.worker == target else " once it has caught up")
+            when = ("" if self.image.tablets[key].own.worker == target else
+                    " once the savepoint being taken of its job ends" if computation in self.image.paused_computations()
+                    else " once it has caught up")
+            log.info("moving tablet %s/%d to %s (token %d)%s", computation, key_range, target, old.token + 1, when)
             return old.token + 1
 
     # --------------------------------------------------------------- the tick
