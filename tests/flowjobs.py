@@ -327,3 +327,17 @@ class UndoneTrySink(FileSink):
 
     def process_timer(self, ctx: Context, tag: str, time: int) -> None:
         super().process_record(ctx, Record(ctx.key, b"fired " + tag.encode(), time, b""))
+
+
+class SumOrRaise(SumAgg):
+    """SumAgg whose result raises for a window that summed to zero (user code with a bug)."""
+
+    def result(self, acc: int) -> int:
+        if acc == 0:
+            raise ValueError("a sum of zero has no result")
+        return acc
+
+
+def result_of(result: Any) -> Any:
+    """A WindowResult's value."""
+    return result.value

@@ -188,7 +188,8 @@ class Mean(_Builtin):
 
 
 class Collect(_Builtin):
-    """Every value, in arrival order (keep windows small: the list is stored whole)."""
+    """Every value, in arrival order (a session's: the merged sessions' lists one after the
+    other, in event-time order). Keep windows small: the list is stored whole."""
 
     def create(self) -> list[Any]:
         return []

@@ -23,9 +23,13 @@ class DueIndex:
         self._undo: list[tuple[str, Any]] = []
 
     def add(self, time: int, key: bytes, sub: int) -> None:
+        """``(key, sub)`` is due at ``time`` (and no longer at any other time it was due at)."""
         k = (key, sub)
-        if self.where.get(k) == time:
+        was = self.where.get(k)
+        if was == time:
             return
+        if was is not None:
+            self.discard(was, key, sub)
         entries = self.due.get(time)
         if entries is None:
             entries = self.due[time] = {}

@@ -142,7 +142,8 @@ class Emit(Op):
 
 
 class Reduce(Op):
-    """A running value per key: ``fn(acc, value)``; emits it for every item."""
+    """A running value per key: ``fn(acc, value)``; emits it for every item (the object
+    itself: ``fn`` returns a new value rather than change ``acc`` in place, docs/dataflows.md)."""
 
     def __init__(self, name: str, fn: Callable[[Any, Any], Any]) -> None:
         super().__init__(name)

@@ -23,7 +23,7 @@ from runtime.errors import TopologyError
 from runtime.flows import PLAN_PARAM, refs
 from runtime.flows.ops import TIMER_PREFIX, Emit, Filter, FlatMap, Item, Map, Op, Reduce
 from runtime.flows.steps import Process, SinkStep
-from runtime.flows.windowing import IntervalJoin, Join, Window
+from runtime.flows.windowing import FiringClock, IntervalJoin, Join, Window
 from runtime.imports import load
 from runtime.record import Record
 from runtime.sinks import Sink, call_restore
@@ -79,8 +79,12 @@ class FlowStage(Computation):
             if isinstance(op, (Window, Join, IntervalJoin)):  # a firing that raises: retried, dead-lettered one window at a time
                 op.attempts, op.dead_letters, op.on_dead_letter = (self.max_attempts, dead_letter_stream(self.stage),
                                                                    self.on_dead_letter)
+        clock = FiringClock()  # one for the stage: a step after a firing one judges lateness by it
         for name, doc in plan["steps"].items():
             self.ops[name].nexts = [(self.ops[n], side) for n, side in doc["next"]]
+            op = self.ops[name]
+            if isinstance(op, (Window, Join, IntervalJoin)):
+                op.clock = clock
         self.entries: dict[str, _Entry] = {}
         for stream, e in plan["entries"].items():
             prefix = [(kind, self._fn(path, f"{kind} of stream {stream!r}")) for kind, path in e["prefix"]]

@@ -51,12 +51,25 @@ def _untime(b: bytes) -> int:
     return int(_U64.unpack(b)[0]) - _OFFSET
 
 
+class FiringClock:
+    """The due time an event-time step of a stage is firing (None: none is). What it fires
+    is stamped at that time: a window or join after it in the same stage judges those
+    results against it, not against the input's watermark, which may be far past it (a
+    jump, a backlog, ``finish``). Shared by a stage's event-time steps (runtime/flows/stage.py)."""
+
+    __slots__ = ("at",)
+
+    def __init__(self) -> None:
+        self.at: int | None = None
+
+
 class _EventTimeOp(Op):
     """What the event-time operators share: a due index and one timer per due time."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.index = DueIndex()
+        self.clock = FiringClock()
         # This timer call's: its start (wall, and the tablet thread's CPU), windows fired.
         self.firing: tuple[float, float, float | None, int] | None = None
         # A firing that raised (a step after this one failed on some key's result): the
@@ -69,6 +82,13 @@ class _EventTimeOp(Op):
         self._error: BaseException | None = None
         self._isolating = False
         self._left = False        # the call's firing left windows due (its timer set again)
+
+    def watermark(self, ctx: Context) -> int:
+        """Where this step's late check stands: the input's watermark, or while a step before
+        it in the stage fires, that firing's time."""
+        wm = ctx.low_watermark
+        at = self.clock.at
+        return wm if at is None or at > wm else at
 
     def due_at(self, ctx: Context, time: int, key: bytes, sub: int) -> None:
         self.index.add(time, key, sub)
@@ -94,17 +114,22 @@ class _EventTimeOp(Op):
         fired = 0
         isolating = self._isolating and self.attempts > 1
         last_try = isolating and self._failed % self.attempts == self.attempts - 1
-        while True:
-            due = self.index.take(time, 1 if isolating else FIRE_CHUNK)
-            if not due:
-                break
-            if last_try:
-                self._fire_to_dead_letters(ctx, due)
-            else:
-                self.fire(ctx, due)
-            fired += len(due)
-            if isolating or perf_counter() - t0 >= FIRE_SLICE_S:
-                break
+        clock, outer = self.clock, self.clock.at
+        clock.at = time if outer is None else min(outer, time)
+        try:
+            while True:
+                due = self.index.take(time, 1 if isolating else FIRE_CHUNK)
+                if not due:
+                    break
+                if last_try:
+                    self._fire_to_dead_letters(ctx, due)
+                else:
+                    self.fire(ctx, due)
+                fired += len(due)
+                if isolating or perf_counter() - t0 >= FIRE_SLICE_S:
+                    break
+        finally:
+            clock.at = outer
         left = self.index.pending(time)
         self._left = left is not None
         if left is not None:
@@ -116,11 +141,18 @@ class _EventTimeOp(Op):
     def _fire_to_dead_letters(self, ctx: Context, due: list[tuple[int, bytes, int]]) -> None:
         kept: list[Item] = []
         self.muted = kept
+        failed: Exception | None = None
         try:
             self.fire(ctx, due)
+        except Exception as e:  # noqa: BLE001 (this step's own firing raised: an aggregator's result(), say)
+            # The window (one: isolating) goes to the dead letters as what fell due, and its
+            # state is dropped as after any firing; raising again would leave its due time
+            # at the head of the index, with no timer, in front of every later window.
+            failed = e
+            kept = [(key, f"{self.name}: what fell due at {time} ({sub})", time) for time, key, sub in due]
         finally:
             self.muted = None
-        error = self._error if self._error is not None else MillstreamError("a firing failed")
+        error = failed or self._error or MillstreamError("a firing failed")
         for key, value, t in kept:
             try:
                 shown = VALUES.encode(value)
@@ -215,7 +247,7 @@ class Window(_EventTimeOp):
         return w
 
     def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
-        wm = ctx.low_watermark
+        wm = self.watermark(ctx)
         lateness, agg = self.lateness, self.agg
         add, create = agg.add, agg.create
         late = []
@@ -223,7 +255,7 @@ class Window(_EventTimeOp):
             for key, value, ts in items:
                 e = ts + self.windows.gap  # type: ignore[attr-defined]
                 if e + lateness > wm:
-                    self._add_session(ctx, key, ts, e, add(create(), value))
+                    self._add_session(ctx, key, ts, e, add(create(), value), wm)
                 else:
                     late.append((key, value, ts))
         else:
@@ -253,9 +285,11 @@ class Window(_EventTimeOp):
         for key, value, ts in late:
             ctx.produce(self.late, AUTO.encode(value), key=key, timestamp=ts)
 
-    def _add_session(self, ctx: Context, key: bytes, s: int, e: int, acc: Any) -> None:
-        """A record's session ``[s, e)`` joins every stored session it overlaps (a record can
-        bridge two), out of order too."""
+    def _add_session(self, ctx: Context, key: bytes, s: int, e: int, acc: Any, wm: int) -> None:
+        """A record's session ``[s, e)`` joins every open session it overlaps (a record can
+        bridge two), out of order too. A session the watermark closed (its end plus the
+        lateness passed) is final even before its timer fired: it fires as it is, and the
+        record starts a session of its own (the same whether or not that timer ran first)."""
         sessions = self._sessions.get(key)
         if sessions is None:
             prefix = cell(key, self.state_name) + ENTRY
@@ -270,11 +304,11 @@ class Window(_EventTimeOp):
         merged = True
         while merged:
             merged = False
-            for start, w in list(sessions.items()):
+            for start, w in sorted(sessions.items()):  # in event-time order, however they were batched
                 end = w[0]
-                if start < e and s < end:
+                if start < e and s < end and end + self.lateness > wm:
+                    acc = self.agg.merge(w[1], acc) if start < s else self.agg.merge(acc, w[1])
                     s, e = min(s, start), max(e, end)
-                    acc = self.agg.merge(w[1], acc)
                     del sessions[start]
                     self._gone(key, start)
                     self.index.discard(end + self.lateness, key, start)
@@ -361,7 +395,7 @@ class Join(_EventTimeOp):
         return cell(key, self.state_name) + ENTRY + _time(start) + bytes((side,))
 
     def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
-        wm = ctx.low_watermark
+        wm = self.watermark(ctx)
         lateness, late = self.lateness, []
         for key, value, ts in items:
             live = [(s, e) for s, e in self.windows.assign(ts) if e + lateness > wm]
@@ -435,7 +469,7 @@ class IntervalJoin(_EventTimeOp):
         return -(-last // self.GRAIN) * self.GRAIN + self.GRAIN  # past it, on the grain
 
     def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
-        wm = ctx.low_watermark
+        wm = self.watermark(ctx)
         lower, upper, out = self.lower, self.upper, []
         other = 1 - side
         for key, value, ts in items:
@@ -456,15 +490,20 @@ class IntervalJoin(_EventTimeOp):
                 ctx.cell_put(self._base(key, side) + ENTRY + _time(ts) + _U64.pack(n),  # type: ignore[attr-defined]
                              kept(VALUES.encode(value)))
                 self._counts[k] = n + 1
-                self.due_at(ctx, expiry, key, 0)
+                self.due_at(ctx, expiry, key, expiry)  # one entry per due time (a key's values expire at several)
         self.emit(ctx, out)
 
     def fire(self, ctx: Context, due: list[tuple[int, bytes, int]]) -> None:
         for time, key, _ in due:
             for side in (0, 1):  # values whose expiry is still ahead stay (their own time comes)
+                left = 0
                 for skey, _ in list(ctx.cell_scan(self._base(key, side) + ENTRY)):  # type: ignore[attr-defined]
                     if self._expiry(side, _untime(skey[-16:-8])) <= time:
                         ctx.cell_delete(skey)  # type: ignore[attr-defined]
+                    else:
+                        left += 1
+                if not left and (key, side) not in self._counts:  # nothing kept: nor is its counter
+                    ctx.cell_delete(self._base(key, side) + COUNT)  # type: ignore[attr-defined]
 
     def finish(self, ctx: Context) -> None:
         for (key, side), n in self._counts.items():
@@ -479,6 +518,7 @@ class IntervalJoin(_EventTimeOp):
         for key, rest, _ in cells:
             if rest[:1] == ENTRY and len(rest) == 3 + 16 and rest[2:3] == ENTRY:
                 side, ts = rest[1], _untime(rest[3:11])
-                self.index.add(self._expiry(side, ts), key, 0)
+                expiry = self._expiry(side, ts)
+                self.index.add(expiry, key, expiry)
         self.index.commit()
         return self.recover_timers()
