@@ -6,7 +6,9 @@ tablets, from their closed storage on its own disk, the first time it opens the 
 - **split**: a RocksDB checkpoint of the parent (hard links: no data copied), then two range
   deletes of state (``S``) and timers (``K``) outside the half, because both are stored in
   key-hash order (worker/storage.py); the timer index (``T``) is scanned. Dedup data (marks,
-  lower marks, opaque ids) is kept whole: whatever the parent committed, each half has too.
+  opaque ids) is kept whole: whatever the parent committed, each half has too; lower marks
+  are cut to the half (one outside it would, after a later merge, stand for keys of the
+  other half that it never saw advance).
   The parent's checkpointed productions go to the first half only, which re-sends them.
 - **merge**: a checkpoint of the left parent, then every entry of the right one written in.
   A producer's mark is the higher of the two; the lower one stays as a *lower mark* for
@@ -150,6 +152,12 @@ def _keep_half(db: Rdict, start: int, end: int, first: bool) -> None:
         if not start <= int.from_bytes(k[10:18], "big") < end:
             wb.delete(k)
         it.next()
+    del it
+    for producer, lows in _lows(db).items():  # G <producer:8> <start:8> -> <end:8> <seq:8>
+        for low in lows:
+            wb.delete(lower_key(producer, low.start))
+        for low in _clipped(lows, start, end):
+            wb.put(lower_key(producer, low.start), struct.pack(">QQ", 0 if low.end == HASH_SPACE else low.end, low.seq))
     if not first:
         wb.delete_range(b"P", b"Q")       # the first half re-sends the parent's productions
         wb.delete(M_SINK)                 # and goes on with its sink output
@@ -214,11 +222,18 @@ def _absorb(db: Rdict, left: Parent, right: Parent) -> None:
         src.close()
 
 
+def _clipped(lows: list[Lower], start: int, end: int) -> list[Lower]:
+    """The parts of ``lows`` inside ``[start, end)``."""
+    return [Lower(max(low.start, start), min(low.end, end), low.seq) for low in sorted(lows)
+            if max(low.start, start) < min(low.end, end)]
+
+
 def _side(side: Parent, seq: int, lows: list[Lower]) -> list[Lower]:
     """A parent's marks for one producer over its whole range: its lower marks where it has
-    them, its mark ``seq`` elsewhere."""
+    them (cut to its range: a half built by an older version kept its parent's whole), its
+    mark ``seq`` elsewhere."""
     out, at = [], side.start
-    for low in sorted(lows):
+    for low in _clipped(lows, side.start, side.end):
         if low.start > at:
             out.append(Lower(at, low.start, seq))
         out.append(low)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,3 +138,43 @@ def test_a_duplicate_raises_the_lower_marks_too() -> None:
 
 
 HALF = HASH_SPACE // 2
+
+
+def test_a_lower_mark_stays_with_its_keys_through_a_split_and_a_merge_back(tmp_path: Path) -> None:
+    """Review of the delivery core: a split half kept its parent's lower marks whole, over
+    keys of the other half. Merged back after the other half's mark rose (and dropped its
+    lower marks), the stale lower mark stood for those keys again: a record the other half
+    had committed was taken as new."""
+    def build(rid: int, parents: list[tuple[int, int, int]], kr: Any, first: bool = False) -> None:
+        Origin([Parent(str(tmp_path / "c" / str(p)), lo, hi) for p, lo, hi in parents], kr.start, kr.end,
+               first=first).build(str(tmp_path / "c" / str(rid)))
+
+    _parent(str(tmp_path / "c" / "0"))  # P's mark 50
+    ranges = Ranges.first(1).split("c", 0, None)
+    r1, r2 = ranges.ranges[1], ranges.ranges[2]
+    build(1, [(0, 0, HASH_SPACE)], r1, first=True)
+    build(2, [(0, 0, HASH_SPACE)], r2)
+    right = _open(str(tmp_path / "c" / "2"))
+    right.commit(Commit(marks={P: Mark(80, 2, 5)}))
+    right.close()
+    ranges = ranges.merge("c", 1, 2)  # 3: mark 80, a lower mark of 50 over 1's keys
+    build(3, [(1, r1.start, r1.end), (2, r2.start, r2.end)], ranges.ranges[3])
+    cut = r2.start + (HASH_SPACE - r2.start) // 2  # in what was 2: the lower mark goes with 4
+    ranges = ranges.split("c", 3, cut)
+    r4, r5 = ranges.ranges[4], ranges.ranges[5]
+    build(4, [(3, 0, HASH_SPACE)], r4, first=True)
+    build(5, [(3, 0, HASH_SPACE)], r5)
+    four = _open(str(tmp_path / "c" / "4"), 6)
+    view = MarkView(four.marks(), four.lower_marks())
+    view.advance(P, 90, 2, 7)  # 4 commits P's records up to 90: its lower marks go
+    four.commit(Commit(marks={P: Mark(90, 2, 7)}, lower=view.lower_changed))
+    four.close()
+    ranges = ranges.merge("c", 4, 5)
+    build(6, [(4, r4.start, r4.end), (5, r5.start, r5.end)], ranges.ranges[6])
+    merged = _open(str(tmp_path / "c" / "6"), 7)
+    view = MarkView(merged.marks(), merged.lower_marks())
+    key_of_1 = next(k for k in KEYS if key_hash(k) < r1.end)
+    key_of_5 = next(k for k in KEYS if key_hash(k) >= cut)
+    assert view.seen(P, 85, key_of_1), "a record range 4 committed taken as new after the merge"
+    assert not view.seen(P, 85, key_of_5)  # 5 never went past 80
+    merged.close()
