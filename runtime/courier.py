@@ -162,12 +162,14 @@ class Courier(Generic[ParcelT, OwnerT]):
 
     @property
     def wake_at(self) -> float | None:
-        """When :meth:`tick` has something to do (None: nothing waits on time)."""
+        """When :meth:`tick` has something to do, or may have (None: nothing waits on time).
+        A lane backing off keeps its time even while its queue is empty: a parcel sent to it
+        meanwhile waits for that time, and nothing else would wake it."""
         timers = self._timers
         while timers:
             t, dest = timers[0]
             lane = self._lanes.get(dest)
-            if lane is not None and lane.ready_at == t and lane.queue:
+            if lane is not None and lane.ready_at == t:
                 return t
             heapq.heappop(timers)
         return None

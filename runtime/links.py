@@ -207,6 +207,13 @@ class DeliveryLinks:
                     await self._call(address, [b])
                 return
             outs = [out] * len(bundle)
+        except Exception as e:  # noqa: BLE001 (an answer this version cannot read: no delivery may wait for ever)
+            log.warning("worker %s answered %d deliveries in a way this version cannot read: %r", address,
+                        len(bundle), e)
+            outs = [delivery.Outcome(delivery.Status.UNREACHABLE)] * len(bundle)
+        if len(outs) != len(bundle):  # not ours to trust: as unreachable (each is retried)
+            log.warning("worker %s answered %d of %d deliveries", address, len(outs), len(bundle))
+            outs = [delivery.Outcome(delivery.Status.UNREACHABLE)] * len(bundle)
         for (_, _, fut), out in zip(bundle, outs, strict=True):
             if not fut.done():
                 fut.set_result(out)

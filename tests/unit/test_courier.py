@@ -392,3 +392,19 @@ def test_every_chained_delivery_follows_exactly_the_previous_records_of_its_tabl
                    for t, s in by_tablet.items()]
         out = _deliveries(c.send(parcels, inj, n))
         assert {d.key_range: d.orders[P][0] for d in out} == expect
+
+
+def test_a_lane_backing_off_with_nothing_queued_still_wakes_for_what_is_sent_to_it_meanwhile() -> None:
+    """Review of the delivery core: a BUSY lane whose queue emptied while it backed off (its
+    owner closing, an injector's round withdrawn at its deadline) lost its timer to a look at
+    ``wake_at``; a parcel sent to it before the back-off ended then waited for some other
+    event (an idle worker tablet: for ever, holding its watermark)."""
+    c: Courier[Parcel, _O] = Courier(_routing(1, [(0, 0, HASH_SPACE)]), piece)
+    old = _O(1)
+    [d] = _deliveries(c.send([_seq_parcel(0, [1])], old, 0))
+    old.closing = True
+    assert _deliveries(c.answered(d.id, Outcome(Status.BUSY), 0.0)) == []  # nothing goes back: closing
+    assert c.wake_at == 0.005  # the caller arms its timer
+    assert _deliveries(c.send([_seq_parcel(0, [1])], _O(2), 0.001)) == []  # the successor, within the back-off
+    assert c.wake_at == 0.005, "nothing would wake the lane"
+    assert len(_deliveries(c.tick(0.005))) == 1

@@ -288,3 +288,24 @@ def test_a_closed_injector_closes_the_channels_it_opened() -> None:
             await peers.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("answers", [[], [pb.DeliverResponse(status=999)]], ids=["too-few", "unknown-status"])
+def test_an_answer_this_version_cannot_read_fails_the_deliveries_instead_of_leaving_them_unanswered(
+        answers: list[pb.DeliverResponse]) -> None:
+    """Review of the delivery core: a frame answered with fewer answers than deliveries, or
+    with a status this version does not know (a newer worker, mid-upgrade), raised in the
+    task that reads it; its futures were never set and the sender's lane waited for ever."""
+    from runtime.links import Channels, DeliveryLinks
+
+    class _Stream:
+        async def send(self, req: pb.DeliverManyRequest) -> pb.DeliverManyResponse:
+            return pb.DeliverManyResponse(answers=answers)
+
+    async def main() -> None:
+        links = DeliveryLinks(Channels(Security()))
+        links.stream = lambda address: _Stream()  # type: ignore[assignment,method-assign,return-value]
+        outcome = await asyncio.wait_for(links.post("w:1", pb.DeliverRequest(computation="c")), 5)
+        assert outcome.status == delivery.Status.UNREACHABLE
+
+    asyncio.run(main())
