@@ -177,7 +177,8 @@ class KeyedStream(Stream):
     def interval_join(self, other: KeyedStream, lower: int, upper: int, *, name: str | None = None) -> KeyedStream:
         """Values ``(left, right)`` for every pair of the same key where ``right.timestamp -
         left.timestamp`` is within ``[lower, upper]`` microseconds, emitted as soon as both are
-        in (stamped at the later of the two)."""
+        in (stamped at the later of the two). A record the watermark passed every time a
+        partner could have for goes to ``<step name>.late``, unpaired."""
         self._check_other(other, "interval_join")
         for what, v in (("lower", lower), ("upper", upper)):
             if isinstance(v, bool) or not isinstance(v, int):
@@ -407,7 +408,7 @@ class _Compiler:
             for e in stage.emitters:
                 outputs.append(e.args["stream"] if e.kind == "output" else e.name)
             for m in stage.members:
-                if m.kind in ("window", "join") and late_stream(m.name) != late_stream(name):
+                if m.kind in ("window", "join", "interval_join") and late_stream(m.name) != late_stream(name):
                     outputs.append(late_stream(m.name))
             inputs = {e.stream: (FLOW_KEY if e.extractor else None) for e in stage.entries.values()}
             fused = self._fused_sink(stage)
@@ -453,7 +454,7 @@ class _Compiler:
             if s.kind in ("key_by", "input"):
                 continue  # entries: their records arrive keyed (or raw, at the entry)
             doc = {"kind": s.kind, **s.args, "next": nexts(s.downs)}
-            if s.kind in ("window", "join"):
+            if s.kind in ("window", "join", "interval_join"):
                 doc["late"] = late_stream(s.name)
             steps[s.name] = doc
         for e in stage.emitters:

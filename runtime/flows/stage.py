@@ -122,7 +122,7 @@ class FlowStage(Computation):
         if kind == "join":
             return Join(name, refs.windows_of(doc["windows"]), doc["late"])
         if kind == "interval_join":
-            return IntervalJoin(name, doc["lower"], doc["upper"])
+            return IntervalJoin(name, doc["lower"], doc["upper"], doc.get("late", ""))  # (plans before it had none)
         if kind in ("process", "sink"):
             base = Sink if kind == "sink" else Computation
             cls = self.load_code(doc["cls"], what)

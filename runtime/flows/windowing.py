@@ -455,9 +455,10 @@ class IntervalJoin(_EventTimeOp):
 
     GRAIN = 1_000_000  # expiry is checked per second of event time
 
-    def __init__(self, name: str, lower: int, upper: int) -> None:
+    def __init__(self, name: str, lower: int, upper: int, late: str = "") -> None:
         super().__init__(name)
         self.lower, self.upper = lower, upper
+        self.late = late
         self._counts: dict[tuple[bytes, int], int] = {}
 
     def _base(self, key: bytes, side: int) -> bytes:
@@ -473,6 +474,12 @@ class IntervalJoin(_EventTimeOp):
         lower, upper, out = self.lower, self.upper, []
         other = 1 - side
         for key, value, ts in items:
+            expiry = self._expiry(side, ts)
+            if expiry <= wm and self.late:
+                # Late: whatever it could pair with may be cleaned up already or not, by the
+                # timing of a timer; it goes to the late stream, the same whatever the batching.
+                ctx.produce(self.late, AUTO.encode(value), key=key, timestamp=ts)
+                continue
             lo, hi = (ts + lower, ts + upper) if side == 0 else (ts - upper, ts - lower)
             for skey, stored in ctx.cell_scan(self._base(key, other) + ENTRY):  # type: ignore[attr-defined]
                 t = _untime(skey[-16:-8])
@@ -480,7 +487,6 @@ class IntervalJoin(_EventTimeOp):
                     partner = VALUES.decode(payload(stored))
                     pair = (value, partner) if side == 0 else (partner, value)
                     out.append((key, pair, max(ts, t)))
-            expiry = self._expiry(side, ts)
             if expiry > wm:  # something of the other side may still come for it
                 k = (key, side)
                 n = self._counts.get(k)

@@ -306,7 +306,8 @@ def test_an_aggregators_result_that_raises_loses_that_window_alone() -> None:
         assert len(run.output("o")) == 4, "fired again after a restart"
 
 
-def test_an_interval_join_drops_what_can_no_longer_pair_and_its_counters(monkeypatch: Any) -> None:
+def test_an_interval_join_drops_what_can_no_longer_pair_and_its_counters_and_sends_late_records_on(
+        monkeypatch: Any) -> None:
     """Review of the flows: a key whose values expire in two different seconds had both due
     times under one index entry; the second cleanup raised (KeyError), and was undone and tried
     again (or, after other calls, dead-lettered, and the tablet's buffers never cleaned again).
@@ -340,6 +341,11 @@ def test_an_interval_join_drops_what_can_no_longer_pair_and_its_counters(monkeyp
         assert not [s for s in run.streams if s.endswith("dead_letter") and run.output(s)]
         assert not failed, f"a cleanup raised: {failed}"
         assert list(store.scan(TYPED)) == [], "values or counters kept after nothing could pair with them"
+        # A record the watermark passed every time a partner could have for: late, unpaired
+        # (whether its partners' cleanup ran yet or not).
+        run.inject("l", b"", json.dumps({"k": "u", "v": 3}).encode(), T0 + 500_000)
+        run.run_until_idle()
+        assert [_j(r) for r in run.output("near.late")] == [3] and len(run.output("near")) == 2
 
 
 class _Cells:
