@@ -21,9 +21,10 @@ from runtime.codecs import Codec
 from runtime.computation import Computation, Context
 from runtime.errors import TopologyError
 from runtime.flows import PLAN_PARAM, refs
+from runtime.flows.joins import IntervalJoin, Join
 from runtime.flows.ops import TIMER_PREFIX, Emit, Filter, FlatMap, Item, Map, Op, Reduce
 from runtime.flows.steps import Process, SinkStep
-from runtime.flows.windowing import FiringClock, IntervalJoin, Join, Window
+from runtime.flows.windowing import FiringClock, Window
 from runtime.imports import load
 from runtime.record import Record
 from runtime.sinks import Sink, call_restore
@@ -85,6 +86,11 @@ class FlowStage(Computation):
             op = self.ops[name]
             if isinstance(op, (Window, Join, IntervalJoin)):
                 op.clock = clock
+        for op in self.ops.values():  # an event-time step fires once those before it fired what was due
+            if isinstance(op, (Window, Join, IntervalJoin)):
+                for after in _after(op):
+                    if isinstance(after, (Window, Join, IntervalJoin)):
+                        after.upstream.append(op)
         self.entries: dict[str, _Entry] = {}
         for stream, e in plan["entries"].items():
             prefix = [(kind, self._fn(path, f"{kind} of stream {stream!r}")) for kind, path in e["prefix"]]
@@ -283,3 +289,15 @@ class SinkStage(FlowStage, Sink):
 
     def prepare_commit(self) -> bytes | None:
         return self._sink.prepare_commit()  # type: ignore[attr-defined,no-any-return]
+
+
+def _after(op: Op) -> list[Op]:
+    """Every step after ``op`` in its stage."""
+    seen: dict[int, Op] = {}
+    todo = [n for n, _ in op.nexts]
+    while todo:
+        n = todo.pop()
+        if id(n) not in seen:
+            seen[id(n)] = n
+            todo += [m for m, _ in n.nexts]
+    return list(seen.values())

@@ -1,5 +1,5 @@
-"""Event-time operators of a flow's stage: ``window``, ``join`` (per window) and
-``interval_join``.
+"""Event-time operators of a flow's stage: what they share (a due index, one timer per due
+time, firing in slices) and ``window``; the joins are in runtime/flows/joins.py.
 
 **No timer per key.** Each operator keeps, in memory, which keys have state due at which
 event time (:class:`DueIndex`), and one timer per distinct due time per tablet (on the first
@@ -24,13 +24,13 @@ from typing import Any
 
 from runtime import metrics
 from runtime.computation import Context, TimeDomain
-from runtime.errors import MillstreamError, UsageError
-from runtime.flows.assigners import Session, Sliding, Tumbling, WindowResult, _Windows
+from runtime.errors import MillstreamError
+from runtime.flows.assigners import Session, Tumbling, WindowResult, _Windows
 from runtime.flows.due import DueIndex
 from runtime.flows.ops import Item, Op
 from runtime.flows.values import AUTO, VALUES
 from runtime.record import MIN_TIME
-from runtime.state import COUNT, ENTRY, cell, kept, payload
+from runtime.state import ENTRY, cell, kept, payload
 from runtime.topology import dead_letter
 
 _I64 = struct.Struct(">q")
@@ -42,12 +42,12 @@ FIRE_SLICE_S = 0.001  # a timer's firing stops taking more after this long (issu
 FIRE_CHUNK = 16       # entries taken at a time within it
 
 
-def _time(t: int) -> bytes:
+def encode_time(t: int) -> bytes:
     """Event time as 8 bytes that sort as the times do."""
     return _U64.pack(t + _OFFSET)
 
 
-def _untime(b: bytes) -> int:
+def decode_time(b: bytes) -> int:
     return int(_U64.unpack(b)[0]) - _OFFSET
 
 
@@ -63,13 +63,14 @@ class FiringClock:
         self.at: int | None = None
 
 
-class _EventTimeOp(Op):
+class EventTimeOp(Op):
     """What the event-time operators share: a due index and one timer per due time."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.index = DueIndex()
         self.clock = FiringClock()
+        self.upstream: list[EventTimeOp] = []  # event-time steps before it in its stage (runtime/flows/stage.py)
         # This timer call's: its start (wall, and the tablet thread's CPU), windows fired.
         self.firing: tuple[float, float, float | None, int] | None = None
         # A firing that raised (a step after this one failed on some key's result): the
@@ -82,6 +83,9 @@ class _EventTimeOp(Op):
         self._error: BaseException | None = None
         self._isolating = False
         self._left = False        # the call's firing left windows due (its timer set again)
+        # Set on a window's last try: a window whose aggregator's result() raises is noted
+        # here (and fired no further) instead of failing the call (_fire_to_dead_letters).
+        self.unfinished: list[tuple[bytes, int, str, Exception]] | None = None
 
     def watermark(self, ctx: Context) -> int:
         """Where this step's late check stands: the input's watermark, or while a step before
@@ -108,6 +112,17 @@ class _EventTimeOp(Op):
         its results kept from the steps after it: they go to ``<stage>.dead_letter``, and
         the window's state is cleaned up as after any firing."""
         if not what.startswith("@"):
+            return
+        if self.upstream and any(u.index.pending(time) is not None for u in self.upstream):
+            # A step before it in the stage has not fired all it has due by then (a firing in
+            # slices, or one window per call): what it still fires may fall in what is due
+            # here. Nothing fires now; its timer is set again, for the next batch.
+            left = self.index.pending(time)
+            self._left = left is not None
+            if left is not None:
+                ctx.rebind(left[0], time)  # type: ignore[attr-defined]
+                ctx.set_timer(self.timer_tag(f"@{time}"), time, TimeDomain.EVENT_TIME)
+                self.index.timed_again(time)
             return
         queued0 = metrics.queued_seconds()
         t0, cpu0 = perf_counter(), thread_time()
@@ -140,27 +155,26 @@ class _EventTimeOp(Op):
 
     def _fire_to_dead_letters(self, ctx: Context, due: list[tuple[int, bytes, int]]) -> None:
         kept: list[Item] = []
-        self.muted = kept
-        failed: Exception | None = None
+        unfinished: list[tuple[bytes, int, str, Exception]] = []
+        self.muted, self.unfinished = kept, unfinished
         try:
             self.fire(ctx, due)
-        except Exception as e:  # noqa: BLE001 (this step's own firing raised: an aggregator's result(), say)
-            # The window (one: isolating) goes to the dead letters as what fell due, and its
-            # state is dropped as after any firing; raising again would leave its due time
-            # at the head of the index, with no timer, in front of every later window.
-            failed = e
-            kept = [(key, f"{self.name}: what fell due at {time} ({sub})", time) for time, key, sub in due]
         finally:
-            self.muted = None
-        error = failed or self._error or MillstreamError("a firing failed")
+            self.muted = self.unfinished = None
+        for key, t, what, e in unfinished:  # its aggregator's result() raised: the window is gone all the same
+            self._dead_letter(ctx, key, f"{self.name}: {what}", t, e)
+        error = self._error if self._error is not None else MillstreamError("a firing failed")
         for key, value, t in kept:
-            try:
-                shown = VALUES.encode(value)
-            except Exception:  # what could not travel on: its repr
-                shown = repr(value).encode(errors="replace")
-            ctx.out.append((self.dead_letters, key, dead_letter(error, self.name, shown), t))  # type: ignore[attr-defined]
-            if self.on_dead_letter is not None:
-                self.on_dead_letter(key, error, self.attempts)
+            self._dead_letter(ctx, key, value, t, error)
+
+    def _dead_letter(self, ctx: Context, key: bytes, value: Any, t: int, error: BaseException) -> None:
+        try:
+            shown = VALUES.encode(value)
+        except Exception:  # what could not travel on: its repr
+            shown = repr(value).encode(errors="replace")
+        ctx.out.append((self.dead_letters, key, dead_letter(error, self.name, shown), t))  # type: ignore[attr-defined]
+        if self.on_dead_letter is not None:
+            self.on_dead_letter(key, error, self.attempts)
 
     def timer_failed(self, error: BaseException) -> None:
         """The stage's timer call that ran :meth:`on_timer` raised (the worker undoes it and
@@ -202,7 +216,7 @@ class _EventTimeOp(Op):
 
 # ------------------------------------------------------------------------- windows
 
-class Window(_EventTimeOp):
+class Window(EventTimeOp):
     """Aggregates each key's values per window; emits ``WindowResult`` when the watermark
     passes the window's end plus the allowed lateness. State: one cell per (key, window)
     ``<start>`` -> ``[end, acc]``.
@@ -229,7 +243,7 @@ class Window(_EventTimeOp):
         self._sessions: dict[bytes, dict[int, list[Any]]] = {}        # key -> its sessions, this call
 
     def _skey(self, key: bytes, start: int) -> bytes:
-        return cell(key, self.state_name) + ENTRY + _time(start)
+        return cell(key, self.state_name) + ENTRY + encode_time(start)
 
     def _window(self, ctx: Context, key: bytes, start: int) -> list[Any] | None:
         """The open window ``(key, start)``: ``[end, acc]``, or None if there is none."""
@@ -295,7 +309,7 @@ class Window(_EventTimeOp):
             prefix = cell(key, self.state_name) + ENTRY
             sessions = self._sessions[key] = {}
             for k, v in ctx.cell_scan(prefix):  # type: ignore[attr-defined]
-                start = _untime(k[len(prefix):])
+                start = decode_time(k[len(prefix):])
                 w = self._window(ctx, key, start)  # this call's or the cache's, if newer
                 if w is None and (key, start) not in self._dirty:
                     w = VALUES.decode(payload(v))
@@ -339,8 +353,16 @@ class Window(_EventTimeOp):
             sessions = self._sessions.get(key)
             if sessions is not None:
                 sessions.pop(start, None)
-            acc = w[1]
-            out.append((key, WindowResult(start, w[0], result(acc) if result is not None else acc), time))
+            value = w[1]
+            if result is not None:
+                try:
+                    value = result(value)
+                except Exception as e:
+                    if self.unfinished is None:
+                        raise  # retried: the worker undoes the call
+                    self.unfinished.append((key, time, f"window [{start}, {w[0]}): result() raised", e))
+                    continue
+            out.append((key, WindowResult(start, w[0], value), time))
         self.emit(ctx, out)
 
     def finish(self, ctx: Context) -> None:
@@ -363,7 +385,7 @@ class Window(_EventTimeOp):
     def recover(self, cells: Iterator[tuple[bytes, bytes, bytes]]) -> list[tuple[bytes, str, int]]:
         for key, rest, stored in cells:
             if rest[:1] == ENTRY:
-                start = _untime(rest[1:9])
+                start = decode_time(rest[1:9])
                 w = VALUES.decode(payload(stored))
                 self.index.add(w[0] + self.lateness, key, start)
                 if len(self._accs) < self.CACHED:
@@ -373,158 +395,3 @@ class Window(_EventTimeOp):
 
 
 _MISSING = object()
-
-
-# --------------------------------------------------------------------------- joins
-
-class Join(_EventTimeOp):
-    """Pairs of a left and a right value of one key in one window, emitted when it fires.
-    State per (key, window, side): a list of values (one cell each, appended in O(1))."""
-
-    def __init__(self, name: str, windows: _Windows, late: str) -> None:
-        super().__init__(name)
-        if not isinstance(windows, (Tumbling, Sliding)):
-            raise UsageError(f"join {name!r}: joins take Tumbling or Sliding windows (a session join is not "
-                             "supported); for pairs within a time distance use interval_join")
-        self.windows = windows
-        self.late = late
-        self.lateness = windows.lateness
-        self._counts: dict[tuple[bytes, int, int], int] = {}  # (key, start, side) -> next index
-
-    def _base(self, key: bytes, start: int, side: int) -> bytes:
-        return cell(key, self.state_name) + ENTRY + _time(start) + bytes((side,))
-
-    def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
-        wm = self.watermark(ctx)
-        lateness, late = self.lateness, []
-        for key, value, ts in items:
-            live = [(s, e) for s, e in self.windows.assign(ts) if e + lateness > wm]
-            if not live:
-                late.append((key, value, ts))
-                continue
-            for s, e in live:
-                base = self._base(key, s, side)
-                k = (key, s, side)
-                n = self._counts.get(k)
-                if n is None:
-                    stored = ctx.cell_get(base + COUNT)  # type: ignore[attr-defined]
-                    n = _U64.unpack(payload(stored))[0] if stored is not None else 0
-                ctx.cell_put(base + ENTRY + _U64.pack(n), kept(VALUES.encode(value)))  # type: ignore[attr-defined]
-                self._counts[k] = n + 1
-                self.due_at(ctx, e + lateness, key, s)
-        for key, value, ts in late:
-            ctx.produce(self.late, AUTO.encode(value), key=key, timestamp=ts)
-
-    def fire(self, ctx: Context, due: list[tuple[int, bytes, int]]) -> None:
-        out = []
-        for time, key, start in due:
-            sides: list[list[Any]] = [[], []]
-            for side in (0, 1):
-                base = self._base(key, start, side)
-                for _, stored in ctx.cell_scan(base + ENTRY):  # type: ignore[attr-defined]
-                    sides[side].append(VALUES.decode(payload(stored)))
-                ctx.cell_clear(base)  # type: ignore[attr-defined]
-                self._counts.pop((key, start, side), None)
-            out += [(key, (left, right), time) for left in sides[0] for right in sides[1]]
-        self.emit(ctx, out)
-
-    def finish(self, ctx: Context) -> None:
-        for (key, start, side), n in self._counts.items():
-            ctx.cell_put(self._base(key, start, side) + COUNT, kept(_U64.pack(n)))  # type: ignore[attr-defined]
-        self._counts.clear()
-
-    def abort(self) -> None:
-        self._counts.clear()
-        super().abort()
-
-    def recover(self, cells: Iterator[tuple[bytes, bytes, bytes]]) -> list[tuple[bytes, str, int]]:
-        size = self.windows.size
-        for key, rest, _ in cells:
-            if rest[:1] == ENTRY:
-                start = _untime(rest[1:9])
-                self.index.add(start + size + self.lateness, key, start)
-        self.index.commit()
-        return self.recover_timers()
-
-
-class IntervalJoin(_EventTimeOp):
-    """Pairs ``(left, right)`` of one key with ``right.ts - left.ts`` in ``[lower, upper]``,
-    emitted as soon as both are in, stamped at the later one. Each side's values are kept
-    until no value of the other side can still pair with them (the watermark passed), then
-    dropped by a timer per second of event time (not per value)."""
-
-    GRAIN = 1_000_000  # expiry is checked per second of event time
-
-    def __init__(self, name: str, lower: int, upper: int, late: str = "") -> None:
-        super().__init__(name)
-        self.lower, self.upper = lower, upper
-        self.late = late
-        self._counts: dict[tuple[bytes, int], int] = {}
-
-    def _base(self, key: bytes, side: int) -> bytes:
-        return cell(key, self.state_name) + ENTRY + bytes((side,))
-
-    def _expiry(self, side: int, ts: int) -> int:
-        # A left at t pairs with rights up to t + upper; a right at t with lefts from t - upper ...
-        last = ts + self.upper if side == 0 else ts - self.lower
-        return -(-last // self.GRAIN) * self.GRAIN + self.GRAIN  # past it, on the grain
-
-    def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
-        wm = self.watermark(ctx)
-        lower, upper, out = self.lower, self.upper, []
-        other = 1 - side
-        for key, value, ts in items:
-            expiry = self._expiry(side, ts)
-            if expiry <= wm and self.late:
-                # Late: whatever it could pair with may be cleaned up already or not, by the
-                # timing of a timer; it goes to the late stream, the same whatever the batching.
-                ctx.produce(self.late, AUTO.encode(value), key=key, timestamp=ts)
-                continue
-            lo, hi = (ts + lower, ts + upper) if side == 0 else (ts - upper, ts - lower)
-            for skey, stored in ctx.cell_scan(self._base(key, other) + ENTRY):  # type: ignore[attr-defined]
-                t = _untime(skey[-16:-8])
-                if lo <= t <= hi:
-                    partner = VALUES.decode(payload(stored))
-                    pair = (value, partner) if side == 0 else (partner, value)
-                    out.append((key, pair, max(ts, t)))
-            if expiry > wm:  # something of the other side may still come for it
-                k = (key, side)
-                n = self._counts.get(k)
-                if n is None:
-                    stored = ctx.cell_get(self._base(key, side) + COUNT)  # type: ignore[attr-defined]
-                    n = _U64.unpack(payload(stored))[0] if stored is not None else 0
-                ctx.cell_put(self._base(key, side) + ENTRY + _time(ts) + _U64.pack(n),  # type: ignore[attr-defined]
-                             kept(VALUES.encode(value)))
-                self._counts[k] = n + 1
-                self.due_at(ctx, expiry, key, expiry)  # one entry per due time (a key's values expire at several)
-        self.emit(ctx, out)
-
-    def fire(self, ctx: Context, due: list[tuple[int, bytes, int]]) -> None:
-        for time, key, _ in due:
-            for side in (0, 1):  # values whose expiry is still ahead stay (their own time comes)
-                left = 0
-                for skey, _ in list(ctx.cell_scan(self._base(key, side) + ENTRY)):  # type: ignore[attr-defined]
-                    if self._expiry(side, _untime(skey[-16:-8])) <= time:
-                        ctx.cell_delete(skey)  # type: ignore[attr-defined]
-                    else:
-                        left += 1
-                if not left and (key, side) not in self._counts:  # nothing kept: nor is its counter
-                    ctx.cell_delete(self._base(key, side) + COUNT)  # type: ignore[attr-defined]
-
-    def finish(self, ctx: Context) -> None:
-        for (key, side), n in self._counts.items():
-            ctx.cell_put(self._base(key, side) + COUNT, kept(_U64.pack(n)))  # type: ignore[attr-defined]
-        self._counts.clear()
-
-    def abort(self) -> None:
-        self._counts.clear()
-        super().abort()
-
-    def recover(self, cells: Iterator[tuple[bytes, bytes, bytes]]) -> list[tuple[bytes, str, int]]:
-        for key, rest, _ in cells:
-            if rest[:1] == ENTRY and len(rest) == 3 + 16 and rest[2:3] == ENTRY:
-                side, ts = rest[1], _untime(rest[3:11])
-                expiry = self._expiry(side, ts)
-                self.index.add(expiry, key, expiry)
-        self.index.commit()
-        return self.recover_timers()

@@ -313,13 +313,13 @@ def test_an_interval_join_drops_what_can_no_longer_pair_and_its_counters_and_sen
     again (or, after other calls, dead-lettered, and the tablet's buffers never cleaned again).
     Each side's counter cell is dropped with its last value too."""
     failed: list[BaseException] = []
-    timer_failed = windowing._EventTimeOp.timer_failed
+    timer_failed = windowing.EventTimeOp.timer_failed
 
     def noted(step: Any, error: BaseException) -> None:
         failed.append(error)
         timer_failed(step, error)
 
-    monkeypatch.setattr(windowing._EventTimeOp, "timer_failed", noted)
+    monkeypatch.setattr(windowing.EventTimeOp, "timer_failed", noted)
     flow = Dataflow("ic", key_ranges=1)
     left = flow.input("l", codec=codecs.JSON).key_by(j.key_of).map(j.value_of)
     right = flow.input("r", codec=codecs.JSON).key_by(j.key_of).map(j.value_of)
@@ -434,3 +434,43 @@ def test_a_window_of_window_results_in_one_stage_counts_them_all_after_a_jump_of
         run.run_until_idle()
         assert [_j(r) for r in run.output("o")] == [45]
         assert run.output("minutes.late") == []
+
+
+def test_a_window_after_another_in_one_stage_fires_once_the_first_fired_everything_due(monkeypatch: Any) -> None:
+    """Review of the stage's firing clock: the seconds' windows fired in slices, the minute's
+    window due in the same batch fired first with part of them, and the rest then opened it
+    again and fired it a second time. It now waits for the steps before it."""
+    monkeypatch.setattr(windowing, "FIRE_SLICE_S", 0.0)  # one chunk of windows per call
+    flow = Dataflow("ws", key_ranges=1)
+    flow.input("ev", keyed=True).window(Tumbling(SECOND), Count(), name="seconds").map(j.result_of) \
+        .window(Tumbling(60 * SECOND), Sum(), name="minutes").map(j.result_of).output("o", codec=codecs.JSON)
+    assert len(flow.topology().computations) == 1
+    with TestRun(flow) as run:
+        for second in range(5):
+            for k in range(100):
+                run.inject("ev", b"k%d" % k, b"", T0 + second * SECOND + k)
+        run.finish("ev")
+        run.run_until_idle()
+        got = Counter((r.key, _j(r)) for r in run.output("o"))
+        assert got == Counter({(b"k%d" % k, 5): 1 for k in range(100)})
+        assert run.output("minutes.late") == []
+
+
+def test_an_interval_join_with_a_positive_lower_bound_pairs_a_record_ahead_of_the_watermark() -> None:
+    """Review of the late rule: judged by the record's own expiry, a right at 101 s (its last
+    left partner at 96 s, behind a watermark at 100 s) went to the late stream, though it was
+    ahead of the watermark and its partner at 92 s was still kept."""
+    flow = Dataflow("ip", key_ranges=1)
+    left = flow.input("l", codec=codecs.JSON).key_by(j.key_of).map(j.value_of)
+    right = flow.input("r", codec=codecs.JSON).key_by(j.key_of).map(j.value_of)
+    left.interval_join(right, 5 * SECOND, 10 * SECOND, name="later").output("later", codec=codecs.JSON)
+    with TestRun(flow) as run:
+        run.inject("l", b"", json.dumps({"k": "u", "v": 92}).encode(), T0 + 92 * SECOND)
+        run.run_until_idle()
+        for stream in ("l", "r"):
+            run.advance_watermark(stream, T0 + 100 * SECOND)
+        run.run_until_idle()
+        run.inject("r", b"", json.dumps({"k": "u", "v": 101}).encode(), T0 + 101 * SECOND)
+        run.run_until_idle()
+        assert [_j(r) for r in run.output("later")] == [[92, 101]]
+        assert run.output("later.late") == []
