@@ -177,8 +177,9 @@ class KeyedStream(Stream):
     def interval_join(self, other: KeyedStream, lower: int, upper: int, *, name: str | None = None) -> KeyedStream:
         """Values ``(left, right)`` for every pair of the same key where ``right.timestamp -
         left.timestamp`` is within ``[lower, upper]`` microseconds, emitted as soon as both are
-        in (stamped at the later of the two). A record the watermark passed every time a
-        partner could have for goes to ``<step name>.late``, unpaired."""
+        in (stamped at the later of the two). A record behind the watermark by more than the
+        second its timestamp falls in (a partner of it may have been dropped) goes to
+        ``<step name>.late``, unpaired."""
         self._check_other(other, "interval_join")
         for what, v in (("lower", lower), ("upper", upper)):
             if isinstance(v, bool) or not isinstance(v, int):

@@ -117,6 +117,7 @@ class WindowedComputation(Computation):
             step.abort()
             raise
         step.finish(ctx)
+        step.commit()  # its due index keeps what this call added (an abort undoes the call's alone)
 
     def process_timer(self, ctx: Context, tag: str, time: int) -> None:
         if tag.startswith(_TAG):
@@ -131,6 +132,7 @@ class WindowedComputation(Computation):
                 step.abort()
                 raise
             step.finish(ctx)
+            step.commit()
 
     def recover_timers(self, scan: Any) -> list[tuple[bytes, str, int]]:
         """At open: the window step's index from the stored windows (worker/tablet.py)."""

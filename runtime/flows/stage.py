@@ -2,7 +2,8 @@
 (``runtime.flows.stage:FlowStage``): its plan (made by runtime/dataflow.py, in the
 computation's params) names the stage's entries (input streams, with the codec and the
 stateless steps a record goes through on arrival) and its steps; the operators of
-runtime/flows/ops.py, runtime/flows/steps.py and runtime/flows/windowing.py run them.
+runtime/flows/ops.py, runtime/flows/steps.py, runtime/flows/windowing.py and
+runtime/flows/joins.py run them.
 
 The worker calls it as any computation: ``process_record`` per record (or
 ``process_batch`` with a batch of them, worker/batch.py), ``process_timer`` for the timers
@@ -87,7 +88,7 @@ class FlowStage(Computation):
             if isinstance(op, (Window, Join, IntervalJoin)):
                 op.clock = clock
         for op in self.ops.values():  # an event-time step fires once those before it fired what was due
-            if isinstance(op, (Window, Join, IntervalJoin)):
+            if isinstance(op, (Window, Join)):  # (an interval join's firings only clean up)
                 for after in _after(op):
                     if isinstance(after, (Window, Join, IntervalJoin)):
                         after.upstream.append(op)

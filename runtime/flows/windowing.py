@@ -89,10 +89,18 @@ class EventTimeOp(Op):
 
     def watermark(self, ctx: Context) -> int:
         """Where this step's late check stands: the input's watermark, or while a step before
-        it in the stage fires, that firing's time."""
+        it in the stage fires, that firing's time; and never past what a step before it still
+        has due (its results, stamped then, are yet to come: a record of another input of
+        this step is judged as in a stage of its own, whose input watermark they would hold)."""
         wm = ctx.low_watermark
         at = self.clock.at
-        return wm if at is None or at > wm else at
+        if at is not None and at < wm:
+            wm = at
+        for u in self.upstream:
+            due = u.index.pending(wm)
+            if due is not None and due[1] < wm:
+                wm = due[1]
+        return wm
 
     def due_at(self, ctx: Context, time: int, key: bytes, sub: int) -> None:
         self.index.add(time, key, sub)
@@ -113,10 +121,15 @@ class EventTimeOp(Op):
         the window's state is cleaned up as after any firing."""
         if not what.startswith("@"):
             return
-        if self.upstream and any(u.index.pending(time) is not None for u in self.upstream):
+        before = [(u, pend) for u in self.upstream if (pend := u.index.pending(time)) is not None]
+        if before:
             # A step before it in the stage has not fired all it has due by then (a firing in
             # slices, or one window per call): what it still fires may fall in what is due
-            # here. Nothing fires now; its timer is set again, for the next batch.
+            # here. Nothing fires now; its timer is set again, for the next batch, and so is
+            # theirs (one they lost with a call dead-lettered whole would hold this one for ever).
+            for u, (key, due_time) in before:
+                ctx.rebind(key, due_time)  # type: ignore[attr-defined]
+                ctx.set_timer(u.timer_tag(f"@{due_time}"), due_time, TimeDomain.EVENT_TIME)
             left = self.index.pending(time)
             self._left = left is not None
             if left is not None:

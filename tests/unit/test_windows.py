@@ -199,3 +199,31 @@ def test_bad_window_options_are_refused() -> None:
         Sliding(SECOND, 2 * SECOND)
     with pytest.raises(MillstreamError, match="allowed_lateness=-1 must be a non-negative int"):
         Tumbling(SECOND, allowed_lateness=-1)
+
+
+class FragileCounts(WindowedComputation):
+    windows = Tumbling(SECOND)
+    aggregator = Count()
+    output = "counts"
+
+    def value(self, record: Record) -> bytes:
+        if record.value == b"boom":
+            raise ValueError("cannot count this one")
+        return record.value
+
+
+def test_a_record_whose_value_raises_leaves_the_windows_before_it_to_fire() -> None:
+    """Review of the flows: WindowedComputation never committed its window step's due index,
+    so undoing one failed call undid every window it had noted since the tablet opened: they
+    no longer fired until a reopen."""
+    topo = Topology("w").add_computation("win", "tests.unit.test_windows:FragileCounts", inputs={"in": None},
+                                          outputs=["counts"])
+    with TestRun(topo) as run:
+        run.inject("in", b"a", b"x", T0)
+        run.run_until_idle()
+        run.inject("in", b"a", b"boom", T0 + 1)  # the same tablet
+        run.run_until_idle()
+        run.finish("in")
+        run.run_until_idle()
+        assert [(r.key, r.value) for r in run.output("counts")] == [(b"a", b"1")]
+        assert len(run.output("win.dead_letter")) == 1
