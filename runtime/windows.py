@@ -27,7 +27,9 @@ Accumulators are values a flow carries (numbers, strings, bytes, lists, tuples, 
 
 from __future__ import annotations
 
-from typing import Any, cast
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 from runtime import codecs
 from runtime.computation import Computation, Context
@@ -98,6 +100,15 @@ class WindowedComputation(Computation):
             step.late = late_stream(self._name(ctx))
         return step
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's own ``process_record``, ``process_batch`` or ``process_timer`` is
+        one call of the worker's too: what the window step keeps in memory follows it."""
+        super().__init_subclass__(**kwargs)
+        for name in ("process_record", "process_batch", "process_timer"):
+            own = cls.__dict__.get(name)
+            if own is not None and not getattr(own, "_one_call", False):
+                setattr(cls, name, _one_call(own))
+
     def process_record(self, ctx: Context, record: Record) -> None:
         self._add(ctx, [record])
 
@@ -111,13 +122,8 @@ class WindowedComputation(Computation):
 
     def _add(self, ctx: Context, records: list[Record]) -> None:
         step = self._step(ctx)
-        try:
-            step.push(ctx, [(r.key, self.value(r), r.timestamp) for r in records])
-        except BaseException:
-            step.abort()
-            raise
+        step.push(ctx, [(r.key, self.value(r), r.timestamp) for r in records])
         step.finish(ctx)
-        step.commit()  # its due index keeps what this call added (an abort undoes the call's alone)
 
     def process_timer(self, ctx: Context, tag: str, time: int) -> None:
         if tag.startswith(_TAG):
@@ -126,13 +132,8 @@ class WindowedComputation(Computation):
         prefix = f"flow/{self._STEP}/"
         if tag.startswith(prefix):
             step = self._step(ctx)
-            try:
-                step.on_timer(ctx, tag[len(prefix):], time)
-            except BaseException:
-                step.abort()
-                raise
+            step.on_timer(ctx, tag[len(prefix):], time)
             step.finish(ctx)
-            step.commit()
 
     def recover_timers(self, scan: Any) -> list[tuple[bytes, str, int]]:
         """At open: the window step's index from the stored windows (worker/tablet.py)."""
@@ -158,6 +159,38 @@ class WindowedComputation(Computation):
     @staticmethod
     def _name(ctx: Context) -> str:
         return ctx.tablet.rpartition("/")[0]
+
+
+_F = TypeVar("_F", bound=Callable[..., None])
+
+
+def _one_call(method: _F) -> _F:
+    """``method`` as one call of the worker (the outermost of a subclass's method and the
+    base's it calls): when it raises, the worker undoes every state write of the call, and
+    the window step forgets what the call noted (its due index, its cached windows); when
+    it returns, the step keeps it. Inner calls (a subclass's ``process_record`` calling the
+    base's, or ``process_batch`` calling ``process_record`` per record) are part of it."""
+    @functools.wraps(method)
+    def call(self: WindowedComputation, ctx: Context, *args: Any) -> None:
+        if self.__dict__.get("_in_call"):
+            method(self, ctx, *args)
+            return
+        self.__dict__["_in_call"] = True
+        try:
+            method(self, ctx, *args)
+        except BaseException:
+            self._step(ctx).abort()
+            raise
+        else:
+            self._step(ctx).commit()
+        finally:
+            self.__dict__["_in_call"] = False
+    call._one_call = True  # type: ignore[attr-defined]
+    return cast(_F, call)
+
+
+for _name in ("process_record", "process_batch", "process_timer"):
+    setattr(WindowedComputation, _name, _one_call(getattr(WindowedComputation, _name)))
 
 
 class _Fired:

@@ -4,6 +4,7 @@ through the test kit (the real worker, virtual time)."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -226,4 +227,35 @@ def test_a_record_whose_value_raises_leaves_the_windows_before_it_to_fire() -> N
         run.finish("in")
         run.run_until_idle()
         assert [(r.key, r.value) for r in run.output("counts")] == [(b"a", b"1")]
+        assert len(run.output("win.dead_letter")) == 1
+
+
+class CheckedCounts(WindowedComputation):
+    """Its own process_record, which raises after the base class counted the record."""
+
+    windows = Tumbling(SECOND)
+    aggregator = Count()
+    output = "counts"
+
+    def process_record(self, ctx: Any, record: Record) -> None:
+        super().process_record(ctx, record)
+        if record.value == b"boom":
+            raise ValueError("checked after counting")
+
+
+def test_a_subclass_that_raises_after_counting_loses_no_window_and_counts_nothing_twice() -> None:
+    """Review of the index commit: committed per record inside one worker call, a later
+    record's failure undid the call's writes (the first record's window and its timer) while
+    the window step kept them in memory: the retried first record found its window noted,
+    set no timer, and the window never fired (or, raising in the subclass, counted twice)."""
+    topo = Topology("w").add_computation("win", "tests.unit.test_windows:CheckedCounts", inputs={"in": None},
+                                          outputs=["counts"])
+    with TestRun(topo) as run:
+        run.inject("in", b"a", b"x", T0)
+        run.inject("in", b"a", b"boom", T0 + 1)  # one batch with the first
+        run.inject("in", b"a", b"y", T0 + 2)
+        run.run_until_idle()
+        run.finish("in")
+        run.run_until_idle()
+        assert [(r.key, r.value) for r in run.output("counts")] == [(b"a", b"2")]
         assert len(run.output("win.dead_letter")) == 1
