@@ -189,8 +189,9 @@ def _one_call(method: _F) -> _F:
     return cast(_F, call)
 
 
-for _name in ("process_record", "process_batch", "process_timer"):
-    setattr(WindowedComputation, _name, _one_call(getattr(WindowedComputation, _name)))
+for _method in ("process_record", "process_batch", "process_timer"):
+    setattr(WindowedComputation, _method, _one_call(getattr(WindowedComputation, _method)))
+del _method
 
 
 class _Fired:
