@@ -130,12 +130,7 @@ class EventTimeOp(Op):
             for u, (key, due_time) in before:
                 ctx.rebind(key, due_time)  # type: ignore[attr-defined]
                 ctx.set_timer(u.timer_tag(f"@{due_time}"), due_time, TimeDomain.EVENT_TIME)
-            left = self.index.pending(time)
-            self._left = left is not None
-            if left is not None:
-                ctx.rebind(left[0], time)  # type: ignore[attr-defined]
-                ctx.set_timer(self.timer_tag(f"@{time}"), time, TimeDomain.EVENT_TIME)
-                self.index.timed_again(time)
+            self._again(ctx, time)
             return
         queued0 = metrics.queued_seconds()
         t0, cpu0 = perf_counter(), thread_time()
@@ -158,13 +153,17 @@ class EventTimeOp(Op):
                     break
         finally:
             clock.at = outer
+        self._again(ctx, time)
+        self.firing = (t0, cpu0, queued0, fired)
+
+    def _again(self, ctx: Context, time: int) -> None:
+        """What is still due by ``time`` fires on this step's timer, set again (the next batch)."""
         left = self.index.pending(time)
         self._left = left is not None
         if left is not None:
             ctx.rebind(left[0], time)  # type: ignore[attr-defined]
             ctx.set_timer(self.timer_tag(f"@{time}"), time, TimeDomain.EVENT_TIME)
             self.index.timed_again(time)
-        self.firing = (t0, cpu0, queued0, fired)
 
     def _fire_to_dead_letters(self, ctx: Context, due: list[tuple[int, bytes, int]]) -> None:
         kept: list[Item] = []
