@@ -1,133 +1,353 @@
-"""A flow's event-time steps (runtime/flows/windowing.py, joins.py) driven directly on a
-context of cells in a dict: the order of a record and a timer within one batch, and a lost
-timer, are the test's to choose. The steps through a stage and a worker are in
-tests/core/test_dataflow_windows.py."""
+"""Dataflow ``process`` steps and fused sinks in process: each step's own state and timers,
+state held for a call and forgotten when the call is undone, size limits, and what a fused
+sink's failed try takes back."""
 
 from __future__ import annotations
 
+import json
+import os
+from collections import Counter, defaultdict
 from typing import Any
 
-from runtime.flows import joins, windowing
-from runtime.windows import SECOND, Count, Session, Sum, Tumbling
+from prometheus_client import REGISTRY
+
+from runtime import Dataflow, Topology, codecs
+from runtime.sinks import FileSink, read_file_sink
+from runtime.testing import TestRun
+from runtime.windows import SECOND, Sum, Tumbling
+from tests import flowjobs as j
 
 T0 = 1_700_000_000_000_000
 
 
-class _Cells:
-    """A window step's context, as its stage gives it (cells in a dict, timers and late
-    records noted): the step driven directly, so the order of a record and a timer within
-    one batch is the test's to choose."""
-
-    def __init__(self) -> None:
-        self.cells: dict[bytes, bytes] = {}
-        self.low_watermark = T0 - 1
-        self.produced: list[tuple[str, bytes]] = []
-        self.timers: list[tuple[str, int]] = []
-
-    def cell_scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
-        return sorted((k, v) for k, v in self.cells.items() if k.startswith(prefix))
-
-    def cell_get(self, key: bytes) -> bytes | None:
-        return self.cells.get(key)
-
-    def cell_put(self, key: bytes, value: bytes) -> None:
-        self.cells[key] = value
-
-    def cell_delete(self, key: bytes) -> None:
-        self.cells.pop(key, None)
-
-    def produce(self, stream: str, value: bytes, key: bytes = b"", timestamp: int = 0) -> None:
-        self.produced.append((stream, value))
-
-    def rebind(self, key: bytes, time: int) -> None:
-        pass
-
-    def set_timer(self, tag: str, time: int, domain: Any) -> None:
-        self.timers.append((tag, time))
+def _j(record: Any) -> Any:
+    return json.loads(record.value)
 
 
-def _sessions(gap: int, timer_first: bool) -> list[tuple[int, int, int]]:
-    """A session of key a at T0, closed by the watermark; then a record at T0 + 0.5 s, after
-    the session's timer ran (``timer_first``) or before it in the same batch."""
-    ctx = _Cells()
-    step = windowing.Window("sessions", Session(gap), Sum(), late="sessions.late")
-    fired: list[Any] = []
-    step.muted = fired
-
-    def call(fn: Any, *args: Any) -> None:
-        fn(ctx, *args)
-        step.finish(ctx)  # type: ignore[arg-type]
-        step.commit()
-
-    call(step.push, [(b"a", 1, T0)])
-    ctx.low_watermark = T0 + gap + 200_000  # [T0, T0 + gap) is closed
-    record = [(b"a", 2, T0 + 500_000)]      # not late: its own session ends after the watermark
-    if timer_first:
-        call(step.on_timer, f"@{T0 + gap}", ctx.low_watermark)
-        call(step.push, record)
-    else:  # one batch: its records, then its timers
-        step.push(ctx, record)  # type: ignore[arg-type]
-        call(step.on_timer, f"@{T0 + gap}", ctx.low_watermark)
-    ctx.low_watermark = T0 + 10 * gap
-    call(step.on_timer, f"@{T0 + 500_000 + gap}", ctx.low_watermark)
-    return sorted((r.start - T0, r.end - T0, r.value) for _, r, _ in fired)
+def test_a_process_step_keeps_its_own_state_and_timers_inside_a_fused_stage() -> None:
+    flow = Dataflow("p")
+    windows = flow.input("ev", codec=codecs.JSON, keyed=True).map(j.value_of) \
+        .window(Tumbling(SECOND), Sum(), name="sums")
+    windows.process(j.Rising, name="rising").output("up", codec=codecs.JSON)
+    assert list(flow.topology().computations) == ["sums"]
+    with TestRun(flow) as run:
+        for dt, v in ((0, 5), (SECOND, 3), (2 * SECOND, 9), (3 * SECOND, 1)):
+            run.inject("ev", b"a", json.dumps({"k": "a", "v": v}).encode(), T0 + dt)
+        run.finish("ev")
+        run.run_until_idle()
+        ups = [_j(r) for r in run.output("up")]
+    assert [u["value"] for u in ups if "value" in u] == [5, 9]
+    # One timer per key and tag: set again by each window, it fires once, at its last time.
+    assert [u["at"] - T0 for u in ups if "timer" in u] == [4 * SECOND + 1]
 
 
-def test_a_session_the_watermark_closed_is_final_whether_or_not_its_timer_ran() -> None:
-    """Review of the flows: a record overlapping a session whose end the watermark passed
-    joined it when it came in the same batch as the session's timer (records run first) and
-    started a session of its own when the timer ran in an earlier batch: the result depended
-    on batching. A closed session is final (as in Flink, whose timers run as the watermark
-    passes them)."""
-    gap = SECOND
-    results = [_sessions(gap, timer_first) for timer_first in (True, False)]
-    assert results[0] == results[1] == [(0, gap, 1), (500_000, 500_000 + gap, 2)]
+def test_fused_process_steps_each_keep_their_own_bytes_state_through_a_restart() -> None:
+    """Two RawCounter steps in one stage: each counts 1..n per key in its own ``ctx.state``
+    (shared state would make the second count twice as fast), and a restart keeps both."""
+    flow = Dataflow("raw")
+    flow.input("ev", keyed=True).process(j.RawCounter, name="first").map(j.to_list) \
+        .process(j.RawCounter, name="second").output("n", codec=codecs.INT)
+    assert list(flow.topology().computations) == ["first"]
+    keys = [b"a", b"b", b"a", b"c", b"a", b"b"] * 5
+    with TestRun(flow) as run:
+        for i, k in enumerate(keys):
+            run.inject("ev", k, b"x", T0 + i)
+            if i == 13:
+                run.run_until_idle()
+                run.restart("first")
+        run.run_until_idle()
+        got: dict[bytes, list[int]] = defaultdict(list)
+        for r in run.output("n"):
+            got[r.key].append(int(r.value))
+    assert got == {k: list(range(1, n + 1)) for k, n in Counter(keys).items()}
 
 
-def _chained(first: Any, then: Any) -> tuple[_Cells, list[Any]]:
-    """Two event-time steps of one stage, ``first`` feeding ``then`` (side 0), wired as the
-    stage wires them; what ``then`` emits is kept in the list returned."""
-    ctx, out = _Cells(), []
-    first.nexts = [(then, 0)]
-    then.upstream = [first]
-    then.clock = first.clock
-    then.muted = out
-    return ctx, out
+def test_a_process_steps_state_held_for_a_call_is_forgotten_when_the_call_is_undone() -> None:
+    """A step's ``ctx.state`` is held per key for the stage's call and written when it ends:
+    when a later step raises, the worker undoes the call and runs its records one by one, and
+    the counts of the undone call must not leak into the reruns."""
+    flow = Dataflow("tally", key_ranges=1)
+    flow.input("w", codec=codecs.STR, keyed=True).process(j.Tally, name="tally").map(j.fragile_tally) \
+        .output("out", codec=codecs.STR)
+    with TestRun(flow) as run:
+        for i, w in enumerate(["a", "b", "boom", "c", "d"]):
+            run.inject("w", b"k", w.encode(), T0 + i)
+        run.run_until_idle()
+        run.restart("tally")
+        run.inject("w", b"k", b"e", T0 + 9)
+        run.run_until_idle()
+        assert [r.value for r in run.output("out")] == [b"a:1", b"b:2", b"c:3", b"d:4", b"e:5"]
+        assert len(run.output("tally.dead_letter")) == 1
 
 
-def _call(ctx: _Cells, steps: list[Any], fn: Any, *args: Any) -> None:
-    fn(ctx, *args)
-    for step in steps:
-        step.finish(ctx)
-        step.commit()
+def test_a_process_steps_state_over_the_limit_dead_letters_the_record_that_wrote_it() -> None:
+    """A held state value over 16 MiB is refused at its ``set`` (as ``ctx.state`` refuses it
+    outside a flow), and only its record is lost."""
+    flow = Dataflow("dbl", key_ranges=1)
+    flow.input("w", keyed=True).process(j.Doubler, name="dbl").output("held", codec=codecs.INT)
+    big = b"x" * (9 << 20)
+    with TestRun(flow) as run:
+        for i, v in enumerate([b"ab", big, b"cde", b"f"]):
+            run.inject("w", b"k", v, T0 + i)
+        run.run_until_idle()
+        assert [int(r.value) for r in run.output("held")] == [0, 4, 6]
+        [letter] = run.output("dbl.dead_letter")
+        assert "state value" in _j(letter)["error"]
 
 
-def test_a_step_waiting_for_the_one_before_it_sets_that_ones_timer_again() -> None:
-    """Review of the deferral: a step before it whose timer was lost (a call dead-lettered
-    whole consumes the timer, while its undo leaves the due time marked as timed) would hold
-    it back for ever; the waiting step sets that timer again."""
-    first = windowing.Window("seconds", Tumbling(SECOND), Count(), late="seconds.late")
-    then = windowing.Window("minutes", Tumbling(60 * SECOND), Sum(), late="minutes.late")
-    ctx, _ = _chained(first, then)
-    _call(ctx, [first, then], first.push, [(b"a", b"", T0)])
-    ctx.timers.clear()  # as if the worker had consumed first's timer in a call it dead-lettered
-    ctx.low_watermark = T0 + 120 * SECOND
-    _call(ctx, [first, then], then.on_timer, f"@{T0 + SECOND}", T0 + SECOND)
-    assert (f"flow/seconds/@{T0 - T0 % SECOND + SECOND}", T0 - T0 % SECOND + SECOND) in ctx.timers
+def test_a_state_value_over_the_limit_is_refused_however_the_records_are_batched() -> None:
+    """``big`` sets 17 MiB, the next record of its key clears it: in one call the value is
+    never written, but ``big`` is refused all the same (as it is when run alone)."""
+    flow = Dataflow("shr", key_ranges=1)
+    flow.input("w", keyed=True).process(j.Shrinker, name="shr").output("out")
+    with TestRun(flow) as run:
+        run.inject_batch("w", [(b"k", v, T0 + i) for i, v in enumerate([b"a", b"big", b"b"])])
+        run.run_until_idle()
+        assert [r.value for r in run.output("out")] == [b"a", b"b"]
+        [letter] = run.output("shr.dead_letter")
+        assert "over the limit" in _j(letter)["error"]
 
 
-def test_a_raw_input_of_a_join_after_a_window_is_judged_as_if_the_window_were_a_stage_before_it() -> None:
-    """Review of the deferral: in one batch the watermark jumped past a window's end, and a
-    record of the join's other input (records run before timers) was judged against it: not
-    kept, so the window's result, fired next, found no partner. In two stages the window's
-    pending timer would have held the join's watermark back; in one, it does too."""
-    first = windowing.Window("seconds", Tumbling(SECOND), Count(), late="seconds.late")
-    then = joins.IntervalJoin("near", 5 * SECOND, 10 * SECOND, late="near.late")
-    ctx, out = _chained(first, then)
-    base = T0 - T0 % SECOND + 100 * SECOND
-    ctx.low_watermark = base
-    _call(ctx, [first, then], first.push, [(b"a", b"", base + 500_000)])  # its window fires at base + 1 s
-    ctx.low_watermark = base + 7_500_000
-    then.push(ctx, [(b"a", "right", base + 6_200_000)], 1)  # records first ...
-    _call(ctx, [first, then], first.on_timer, f"@{base + SECOND}", base + SECOND)  # ... then the timer
-    assert [(k, v[1], t - base) for k, v, t in out] == [(b"a", "right", 6_200_000)]
+def test_a_typed_state_named_like_ctx_state_is_refused_in_a_process_step() -> None:
+    flow = Dataflow("ns", key_ranges=1)
+    flow.input("w", keyed=True).process(j.NamedState, name="ns").output("out")
+    with TestRun(flow) as run:
+        run.inject("w", b"k", b"a", T0)
+        run.run_until_idle()
+        assert run.output("out") == []
+        [letter] = run.output("ns.dead_letter")
+        assert "may not be named 'state'" in _j(letter)["error"]
+
+
+def test_a_failed_try_of_a_fused_sink_takes_back_its_timer_list_and_state(tmp_path: Any) -> None:
+    """A sink's first try of each record sets a timer, rewrites its list and its ``ctx.state``,
+    then raises: the retry sees none of it, and the timer never fires."""
+    flow = Dataflow("h", key_ranges=1)
+    flow.input("w", codec=codecs.STR, keyed=True).sink(j.UndoneTrySink, name="h_out", path=str(tmp_path))
+    with TestRun(flow) as run:
+        run.inject("w", b"k", b"a", T0)
+        run.run_until_idle()
+        run.inject("w", b"k", b"b", T0 + 5)
+        run.finish("w")
+        run.run_until_idle()
+    assert sorted(str(r["value"]) for r in read_file_sink(str(tmp_path))) == ["a:a:-", "b:a,b:-"]
+
+
+def test_a_sink_codec_that_does_not_make_bytes_dead_letters_only_its_record(tmp_path: Any) -> None:
+    flow = Dataflow("sc", key_ranges=1)
+    flow.input("w", codec=codecs.STR, keyed=True).sink(FileSink, name="sc_out", codec=j.STRINGY, path=str(tmp_path))
+    with TestRun(flow) as run:
+        for i, w in enumerate(["a", "str", "b"]):
+            run.inject("w", b"k%d" % i, w.encode(), T0 + i)
+        run.run_until_idle()
+        [letter] = [r for c in run.topology.computations for r in run.output(c + ".dead_letter")]
+        assert "not bytes" in _j(letter)["error"]
+    assert sorted(str(r["value"]) for r in read_file_sink(str(tmp_path))) == ["a", "b"]
+
+
+def test_a_process_steps_bytes_state_takes_bytes_like_values_and_refuses_others() -> None:
+    flow = Dataflow("raw")
+    flow.input("ev", keyed=True).process(j.RawState, name="keep").output("held", codec=codecs.JSON)
+    with TestRun(flow) as run:
+        for i, v in enumerate([b"one", b"two", b"int", b"clear", b"three"]):
+            run.inject("ev", b"k", v, T0 + i)
+            run.run_until_idle()
+        held = [_j(r) for r in run.output("held")]
+        [letter] = run.output("keep.dead_letter")
+    assert "state must be bytes, not int" in _j(letter)["error"]
+    # "int" was dead-lettered whole, so its state write never happened.
+    assert held == [None, "one", "two", None]
+
+
+def test_a_process_step_may_not_move_records_to_another_key() -> None:
+    flow = Dataflow("p")
+    flow.input("ev", keyed=True).process(j.Rekeys).output("x")
+    with TestRun(flow) as run:
+        run.inject("ev", b"k", b"v", T0)
+        run.run_until_idle()
+        [letter] = run.output("p.process.dead_letter")
+        assert "must keep the current key" in _j(letter)["error"]
+        assert run.output("x") == []
+
+
+def test_a_sink_step_gets_the_values_encoded(tmp_path: Any) -> None:
+    flow = Dataflow("s")
+    flow.input("w", codec=codecs.STR, keyed=True).map(j.to_list).sink(FileSink, name="s_out", path=str(tmp_path))
+    with TestRun(flow) as run:
+        run.inject("w", b"k", b"hello", T0)
+        run.run_until_idle()
+    assert [(r["key"], r["value"]) for r in read_file_sink(str(tmp_path))] == [("k", '["hello"]')]
+
+
+def test_a_fused_sink_gets_each_record_once_when_its_batch_runs_again_one_by_one(tmp_path: Any) -> None:
+    """The sink is handed a call's records only once the call succeeded: here a branch after
+    the sink raises on "boom", the worker undoes the batch's call and runs its records one by
+    one, and the sink must not have kept the records of the undone call."""
+    flow = Dataflow("b", key_ranges=1)
+    words = flow.input("w", codec=codecs.STR, keyed=True)
+    words.sink(FileSink, name="b_out", path=str(tmp_path))
+    words.map(j.fragile).output("checked", codec=codecs.STR)
+    assert flow.topology().computations["b.input"].code == "runtime.flows.stage:SinkStage"
+    sent = ["a", "b", "boom", "c", "d"]
+    with TestRun(flow) as run:
+        for i, w in enumerate(sent):
+            run.inject("w", b"k%d" % i, w.encode(), T0 + i)
+        run.run_until_idle()
+        [letter] = run.output("b.input.dead_letter")
+        assert "boom is not a word" in _j(letter)["error"]
+        assert sorted(r.value for r in run.output("checked")) == [b"a", b"b", b"c", b"d"]
+    # "boom" was dead-lettered whole, so the sink never wrote it; the others once each.
+    assert sorted(str(r["value"]) for r in read_file_sink(str(tmp_path))) == ["a", "b", "c", "d"]
+
+
+def test_a_record_a_fused_sink_raises_on_goes_to_the_stages_dead_letters(tmp_path: Any) -> None:
+    """Each record the sink fails on is tried, then dead-lettered, counted and the others go
+    on; a failed try's state and timers are taken back (a flaky value's count is 1, not 2);
+    an exception that cannot say what it is still makes a dead letter."""
+    flow = Dataflow("p", key_ranges=1)
+    flow.input("w", codec=codecs.STR, keyed=True).map(j.fragile).sink(j.PickySink, name="p_out", path=str(tmp_path))
+    dead_before = _dead_lettered("p.input")
+    with TestRun(flow) as run:
+        for i, w in enumerate(["good", "bad", "boom", "fine", "odd", "flaky"]):
+            run.inject("w", b"k%d" % i, w.encode(), T0 + i)
+        run.run_until_idle()
+        letters = sorted((_j(r)["error"], _j(r)["computation"]) for r in run.output("p.input.dead_letter"))
+        run.restart("p.input")
+        run.inject("w", b"k9", b"after", T0 + 9)
+        run.run_until_idle()
+    assert letters == [("Unprintable (its message could not be shown)", "p_out"),
+                       ("ValueError: boom is not a word", "p.input"),
+                       ("ValueError: the sink refuses bad values", "p_out")]
+    assert _dead_lettered("p.input") - dead_before == 3
+    # The sink's output survives the restart once (its meta commits with the stage's batch).
+    assert sorted(str(r["value"]) for r in read_file_sink(str(tmp_path))) == ["after:1", "fine:1", "flaky:1",
+                                                                             "good:1"]
+
+
+def test_a_step_that_fails_writing_its_state_does_not_hand_the_sink_its_call_twice(tmp_path: Any) -> None:
+    """A reduce refuses its running value when the stage writes it (at the end of the call,
+    before the sink's turn): the worker undoes the call and runs its records one by one; the
+    sink, beside the reduce, gets each other record once."""
+    flow = Dataflow("r", key_ranges=1)
+    words = flow.input("w", codec=codecs.STR, keyed=True)
+    words.sink(FileSink, name="r_out", path=str(tmp_path))
+    words.map(j.poison).reduce(j.last).map(j.type_name).output("types", codec=codecs.STR)
+    assert flow.topology().computations["r.reduce"].code == "runtime.flows.stage:SinkStage"
+    sent = ["a", "bb", "refuse", "c", "dd"]
+    with TestRun(flow) as run:
+        for i, w in enumerate(sent):
+            run.inject("w", b"k%d" % i, w.encode(), T0 + i)
+        run.run_until_idle()
+        [letter] = run.output("r.reduce.dead_letter")
+        assert _j(letter)["computation"] == "r.reduce" and "object" in _j(letter)["error"]
+        run.inject("w", b"k1", b"eee", T0 + 9)
+        run.run_until_idle()
+    assert sorted(str(r["value"]) for r in read_file_sink(str(tmp_path))) == ["a", "bb", "c", "dd", "eee"]
+
+
+def test_a_fused_sink_producing_from_its_timer_is_refused_and_its_timer_dead_lettered(tmp_path: Any) -> None:
+    flow = Dataflow("t", key_ranges=1)
+    flow.input("w", codec=codecs.STR, keyed=True).sink(j.FlushingSink, name="t_out", path=str(tmp_path))
+    with TestRun(flow) as run:
+        run.inject("w", b"k1", b"loud", T0)
+        run.inject("w", b"k2", b"quiet", T0 + 1)
+        run.finish("w")
+        run.run_until_idle()
+        [letter] = run.output("t.input.dead_letter")
+    assert "a sink writes out of millstream" in _j(letter)["error"]
+    assert sorted(str(r["value"]) for r in read_file_sink(str(tmp_path))) == ["flushed quiet", "loud", "quiet"]
+
+
+def _dead_lettered(computation: str) -> float:
+    return REGISTRY.get_sample_value("millstream_dead_lettered_total", {"computation": computation}) or 0.0
+
+
+def _lines(path: Any) -> list[bytes]:
+    out = []
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".txt"):
+            with open(os.path.join(path, name), "rb") as f:
+                out += f.read().splitlines()
+    return out
+
+
+def test_a_sink_that_writes_batches_gets_one_call_and_a_bad_record_is_dead_lettered_alone(tmp_path: Any) -> None:
+    """``process_batch`` takes the stage's call in one call; when it raises, the records go one
+    by one to ``process_batch`` (the class has no ``process_record``: the base class's does
+    nothing, and would lose them), and only the bad one is dead-lettered."""
+    flow = Dataflow("b", key_ranges=1)
+    flow.input("w", codec=codecs.STR, keyed=True).sink(j.BatchSink, name="b_out", path=str(tmp_path / "ok"))
+    j.BatchSink.calls.clear()
+    with TestRun(flow) as run:
+        run.inject_batch("w", [(b"k%d" % i, w.encode(), T0 + i) for i, w in enumerate(["a", "b", "c", "d"])])
+        run.run_until_idle()
+        assert sorted(_lines(tmp_path / "ok")) == [b"a", b"b", b"c", b"d"]
+        assert j.BatchSink.calls == [4]
+        j.BatchSink.calls.clear()
+        run.inject_batch("w", [(b"k%d" % i, w.encode(), T0 + 10 + i) for i, w in enumerate(["e", "bad", "f"])])
+        run.run_until_idle()
+        [letter] = run.output("b.input.dead_letter")
+    assert _j(letter)["computation"] == "b_out" and "refuses bad values" in _j(letter)["error"]
+    assert sorted(_lines(tmp_path / "ok")) == [b"a", b"b", b"c", b"d", b"e", b"f"]
+    assert j.BatchSink.calls[0] == 3 and set(j.BatchSink.calls[1:]) == {1}
+
+
+def test_a_classic_sink_that_writes_batches_loses_nothing_when_a_batch_fails(tmp_path: Any) -> None:
+    """The same sink as a classic computation (worker/batch.py's batch call and its one-by-one
+    fallback)."""
+    topo = Topology("c").add_computation("c_out", j.BatchSink, inputs={"w": None}, key_ranges=1,
+                                         params={"path": str(tmp_path)})
+    j.BatchSink.calls.clear()
+    with TestRun(topo) as run:
+        run.inject_batch("w", [(b"k%d" % i, w.encode(), T0 + i) for i, w in enumerate(["e", "bad", "f", "g"])])
+        run.run_until_idle()
+        [letter] = run.output("c_out.dead_letter")
+    assert "refuses bad values" in _j(letter)["error"]
+    assert sorted(_lines(tmp_path)) == [b"e", b"f", b"g"]
+    assert j.BatchSink.calls[0] == 4
+
+
+def test_a_subclass_that_checks_each_record_of_a_sink_that_writes_batches_still_sees_each(tmp_path: Any) -> None:
+    """FileSink writes batches; PickySink overrides its process_record to check and rewrite
+    each record: that must run for every record of a batch, not FileSink's process_batch."""
+    flow = Dataflow("s", key_ranges=1)
+    flow.input("w", codec=codecs.STR, keyed=True).sink(j.PickySink, name="s_out", path=str(tmp_path))
+    with TestRun(flow) as run:
+        run.inject_batch("w", [(b"k%d" % i, w.encode(), T0 + i) for i, w in enumerate(["good", "bad", "fine"])])
+        run.run_until_idle()
+        [letter] = run.output("s.input.dead_letter")
+    assert "refuses bad values" in _j(letter)["error"]
+    assert sorted(str(r["value"]) for r in read_file_sink(str(tmp_path))) == ["fine:1", "good:1"]
+
+
+def test_a_sink_that_writes_batches_on_weak_productions_gets_each_record(tmp_path: Any) -> None:
+    """Weak productions take no batch call (their ids derive from the record that made them):
+    a class with process_batch only gets each record through it, not the base class's no-op."""
+    topo = Topology("w").add_computation("w_out", j.BatchSink, inputs={"w": None}, key_ranges=1,
+                                         productions="weak", params={"path": str(tmp_path)})
+    j.BatchSink.calls.clear()
+    with TestRun(topo) as run:
+        run.inject_batch("w", [(b"k%d" % i, w.encode(), T0 + i) for i, w in enumerate(["e", "f", "g"])])
+        run.run_until_idle()
+    assert sorted(_lines(tmp_path)) == [b"e", b"f", b"g"]
+    assert j.BatchSink.calls == [1, 1, 1]
+
+
+def test_a_flows_stage_takes_larger_batches_than_a_classic_computation(tmp_path: Any) -> None:
+    """A flow's operators work per batch (one state write per key and window), so its stage's
+    tablet takes batches of flow_batch_records; a classic computation keeps
+    max_batch_records (its per-record state gains nothing, and its watermark would lag)."""
+    from worker.core import WorkerLimits
+
+    limits = WorkerLimits()
+    assert limits.flow_batch_records > limits.max_batch_records
+    flow = Dataflow("f", key_ranges=1)
+    flow.input("w", codec=codecs.STR, keyed=True).sink(j.BatchSink, name="f_out", path=str(tmp_path / "f"))
+    topo = Topology("c").add_computation("c_out", j.BatchSink, inputs={"v": None}, key_ranges=1,
+                                         params={"path": str(tmp_path / "c")})
+    for job, stream, computation, want in ((flow, "w", "f.input", limits.flow_batch_records),
+                                           (topo, "v", "c_out", limits.max_batch_records)):
+        with TestRun(job) as run:
+            run.inject(stream, b"k", b"x", T0)
+            run.run_until_idle()
+            assert run._tablet(computation, b"k").max_batch == want
