@@ -68,7 +68,10 @@ class TestRun:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, topology: Topology | Dataflow, *, start_us: int = 1_700_000_000_000_000) -> None:
+    def __init__(self, topology: Topology | Dataflow, *, start_us: int = 1_700_000_000_000_000,
+                 max_attempts: int = 3) -> None:
+        """``max_attempts``: how often the worker tries a call of user code that raises before
+        it dead-letters what the call held (a worker's ``WorkerLimits.max_attempts``)."""
         from master.config import MasterConfig
         from master.core import MasterCore
         from runtime.client import as_topology, check_importable
@@ -99,8 +102,8 @@ class TestRun:
         # The leader: one copy per tablet, no injector expires, one clock tick for everything.
         self._master = MasterCore(_NoEtcd(), MasterConfig(replication=1, injector_expiry_s=0),  # type: ignore[arg-type]
                                   lambda: 0.0)
-        self._core = WorkerCore(self._dir, "local", nowhere, WorkerLimits(), wall_us=lambda: self.now_us,
-                                code_policy=CodePolicy(("*",)))
+        self._core = WorkerCore(self._dir, "local", nowhere, WorkerLimits(max_attempts=max_attempts),
+                                wall_us=lambda: self.now_us, code_policy=CodePolicy(("*",)))
         self._run(self._start())
 
     # ------------------------------------------------------------------ setup

@@ -51,12 +51,13 @@ from runtime.flows.assigners import (
 from runtime.flows.windowing import Window
 from runtime.record import Record
 from runtime.state import MapState
-from runtime.topology import late_stream
+from runtime.topology import dead_letter_stream, late_stream
 
 __all__ = ["SECOND", "Aggregator", "Collect", "Count", "Max", "Mean", "Min", "Session", "Sliding", "Sum",
            "Tumbling", "WindowResult", "WindowedComputation"]
 
 _TAG = "window/"
+_CALLS = ("process_record", "process_batch", "process_timer", "dead_letter_timer")  # each one call of the worker
 
 
 class WindowedComputation(Computation):
@@ -76,6 +77,10 @@ class WindowedComputation(Computation):
     output: str = ""
     _open = MapState("millstream.windows", codecs.INT, codecs.JSON)  # the layout before flows: start -> [end, acc]
     _STEP = "millstream.windows"   # its window step's name: its state and timers are flow/<this>/...
+    #: How often the worker tries a firing, and who counts and logs its dead letters: the
+    #: worker sets its own (worker/tablet.py), as for a flow's stage.
+    max_attempts = 3
+    on_dead_letter: Callable[[bytes, BaseException, int], None] | None = None
 
     def value(self, record: Record) -> Any:
         """What the aggregator adds for ``record`` (default: its value, bytes)."""
@@ -97,14 +102,16 @@ class WindowedComputation(Computation):
             step = self.__dict__["_window_step"] = Window(self._STEP, self.windows, self.aggregator, "")
             step.nexts = [(cast(Any, _Fired(self)), 0)]
         if ctx is not None and not step.late:
-            step.late = late_stream(self._name(ctx))
+            name = self._name(ctx)
+            step.late, step.dead_letters, step.owner = late_stream(name), dead_letter_stream(name), name
+            step.attempts, step.on_dead_letter = self.max_attempts, self.on_dead_letter
         return step
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A subclass's own ``process_record``, ``process_batch`` or ``process_timer`` is
-        one call of the worker's too: what the window step keeps in memory follows it."""
+        """A subclass's own ``process_record``, ``process_batch``, ``process_timer`` or
+        ``dead_letter_timer`` is one call of the worker's too: what the window step keeps in memory follows it."""
         super().__init_subclass__(**kwargs)
-        for name in ("process_record", "process_batch", "process_timer"):
+        for name in _CALLS:
             own = cls.__dict__.get(name)
             if own is not None and not getattr(own, "_one_call", False):
                 setattr(cls, name, _one_call(own))
@@ -132,8 +139,30 @@ class WindowedComputation(Computation):
         prefix = f"flow/{self._STEP}/"
         if tag.startswith(prefix):
             step = self._step(ctx)
-            step.on_timer(ctx, tag[len(prefix):], time)
+            self._fire(ctx, step, step.on_timer, tag[len(prefix):], time)
+
+    def dead_letter_timer(self, ctx: Context, tag: str, time: int, error: BaseException) -> bool:
+        """The worker gave up on a firing (every try raised: :meth:`on_window`, say): the
+        windows it took go to ``<computation>.dead_letter``, each with its result, and their
+        state is cleaned up, so later windows fire (runtime/flows/windowing.py ``give_up``)."""
+        prefix = f"flow/{self._STEP}/"
+        if not tag.startswith(prefix):
+            return False
+        step = self._step(ctx)
+        self._fire(ctx, step, step.give_up, tag[len(prefix):], time)
+        return True
+
+    @staticmethod
+    def _fire(ctx: Context, step: Window, fire: Callable[[Context, str, int], None], what: str, time: int) -> None:
+        """One firing of the window step: after one that raised, the next take one window per
+        call, so the worker's tries and dead letter reach the failing window alone."""
+        try:
+            fire(ctx, what, time)
             step.finish(ctx)
+        except BaseException as e:
+            step.timer_failed(e)
+            raise
+        step.timer_done()
 
     def recover_timers(self, scan: Any) -> list[tuple[bytes, str, int]]:
         """At open: the window step's index from the stored windows (worker/tablet.py)."""
@@ -161,7 +190,7 @@ class WindowedComputation(Computation):
         return ctx.tablet.rpartition("/")[0]
 
 
-_F = TypeVar("_F", bound=Callable[..., None])
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _one_call(method: _F) -> _F:
@@ -171,13 +200,12 @@ def _one_call(method: _F) -> _F:
     it returns, the step keeps it. Inner calls (a subclass's ``process_record`` calling the
     base's, or ``process_batch`` calling ``process_record`` per record) are part of it."""
     @functools.wraps(method)
-    def call(self: WindowedComputation, ctx: Context, *args: Any) -> None:
+    def call(self: WindowedComputation, ctx: Context, *args: Any) -> Any:
         if self.__dict__.get("_in_call"):
-            method(self, ctx, *args)
-            return
+            return method(self, ctx, *args)
         self.__dict__["_in_call"] = True
         try:
-            method(self, ctx, *args)
+            result = method(self, ctx, *args)
         except BaseException:
             self._step(ctx).abort()
             raise
@@ -185,11 +213,12 @@ def _one_call(method: _F) -> _F:
             self._step(ctx).commit()
         finally:
             self.__dict__["_in_call"] = False
+        return result
     call._one_call = True  # type: ignore[attr-defined]
     return cast(_F, call)
 
 
-for _method in ("process_record", "process_batch", "process_timer"):
+for _method in _CALLS:
     setattr(WindowedComputation, _method, _one_call(getattr(WindowedComputation, _method)))
 del _method
 

@@ -21,7 +21,7 @@ from runtime.columns import Columns
 from runtime.computation import Computation, TimeDomain, record_fn
 from runtime.delivery import Status
 from runtime.errors import MillstreamError
-from runtime.record import Record, derived_id, is_worker_producer
+from runtime.record import Record, derived_id
 from runtime.sinks import is_sink, sink_batch_fn
 from runtime.state import TTL_TAG, cell, expired, merged
 from runtime.status import show_key
@@ -155,9 +155,16 @@ class BatchProcessor:
             cols = d.cols
             orders = d.orders
             if self.exactly_once and orders and start == 0:
-                refusal = self._check_order(view, orders, now)
-                if refusal is not None:
-                    batch.refused[index] = refusal
+                refused = view.admit(orders, now)
+                if refused is not None:
+                    _, token, marked = refused
+                    if token < marked:
+                        self.metrics.stale_producers.inc()
+                        log.warning("tablet %s refused a delivery from a stale producer (token %d < %d)",
+                                    self.name, token, marked)
+                    else:
+                        self.metrics.out_of_order.inc()
+                    batch.refused[index] = NOT_OWNER if token < marked else OUT_OF_ORDER
                     batch.consumed.append(0)
                     continue
             producer = cols.producer
@@ -440,35 +447,6 @@ class BatchProcessor:
             view.advance(producer, seq, token, now)
         return i, dups
 
-    def _check_order(self, view: MarkView, orders: dict[bytes, tuple[int, int]], now: int) -> int | None:
-        """Whether a delivery may be committed now (None), or the status to refuse it with:
-        NOT_OWNER for a producer tablet older than one already heard from (ids it sends may
-        collide with its successor's), OUT_OF_ORDER while an earlier delivery of one of its
-        producers is not committed here yet."""
-        for producer, (after, token) in orders.items():
-            mark = view.get(producer)
-            if mark is not None and token < mark.token:
-                self.metrics.stale_producers.inc()
-                log.warning("tablet %s refused a delivery from a stale producer (token %d < %d)",
-                            self.name, token, mark.token)
-                return NOT_OWNER
-            if after > view.floor(producer):
-                self.metrics.out_of_order.inc()
-                return OUT_OF_ORDER
-        for producer, (_, token) in orders.items():
-            mark = view.get(producer)
-            if mark is not None and token > mark.token:
-                if mark.token == 0 and is_worker_producer(producer):
-                    # A tablet's mark no owner of it set (every tablet token is at least 1):
-                    # written by a caller without the worker role before review N4's check
-                    # existed. Its sequence would make the real records read as duplicates.
-                    log.warning("tablet %s dropped a mark of producer %s set under no token "
-                                "(seq %d)", self.name, producer.hex(), mark.seq)
-                    view.restart(producer, token, now)
-                else:
-                    view.advance(producer, 0, token, now)  # the new owner: its predecessor is refused
-        return None
-
     def _opaque_seen(self, rid: bytes) -> bool:
         buckets = self.opaque.candidates(rid)
         return bool(buckets) and self.store.has_opaque(rid, buckets)
@@ -600,10 +578,34 @@ class BatchProcessor:
             self._after_call(commit, ctx.eff, mark, ts, source_id, source)
             return
         assert error is not None
+        if isinstance(arg, Timer) and self._given_up(commit, arg, error, mark, source_id):
+            return
         self.note_dead_letter(key, error, self.host.limits.max_attempts)
         ctx.begin(key, ts)
         ctx.out.append((dead_letter_stream(self.computation), key, dead_letter(error, self.computation, value), ts))
         self._after_call(commit, None, mark, ts, source_id + b"dead-letter", None)
+
+    def _given_up(self, commit: Commit, timer: Timer, error: BaseException, mark: int, source_id: bytes) -> bool:
+        """A timer call that raised on every try: a computation that knows what the call held
+        may send it to the dead letters itself (``dead_letter_timer``: a window step's firing,
+        each window with its result and its state cleaned up; runtime/flows/stage.py). True
+        when it did; otherwise (or when that raised too) the worker dead-letters the call."""
+        hook = getattr(self.comp, "dead_letter_timer", None)
+        if hook is None:
+            return False
+        ctx = self.ctx
+        ctx.begin(timer.key, timer.time)
+        try:
+            done = hook(ctx, timer.tag, timer.time, error)
+        except BaseException as e:  # user code again (a dead-letter callback), or a state write
+            log.warning("tablet %s: a timer's call could not send what it held to the dead letters either: %r",
+                        self.name, e)
+            done = False
+        if not done:
+            ctx.undo(mark)
+            return False
+        self._after_call(commit, ctx.eff, mark, timer.time, source_id, None)
+        return True
 
     def note_dead_letter(self, key: bytes, error: BaseException, failures: int) -> None:
         """Count and log a record dead-lettered after ``failures`` failures (here, or by a

@@ -232,6 +232,7 @@ class Tablet:
             if getattr(cls, "load_code", None) is not None:  # a flow's stage loads the code its plan names
                 policy = self.host.code_policy
                 comp.load_code = lambda path, what: load(path, what, policy)  # type: ignore[attr-defined]
+            if getattr(cls, "dead_letter_timer", None) is not None:  # it dead-letters some of its work itself
                 comp.max_attempts = self.host.limits.max_attempts  # type: ignore[attr-defined]
                 comp.on_dead_letter = lambda key, error, n: self.proc.note_dead_letter(key, error, n)  # type: ignore[attr-defined,has-type]
             comp.setup(dict(self.route.params))

@@ -25,7 +25,7 @@ from runtime.flows import PLAN_PARAM, refs
 from runtime.flows.joins import IntervalJoin, Join
 from runtime.flows.ops import TIMER_PREFIX, Emit, Filter, FlatMap, Item, Map, Op, Reduce
 from runtime.flows.steps import Process, SinkStep
-from runtime.flows.windowing import FiringClock, Window
+from runtime.flows.windowing import EventTimeOp, FiringClock, Window
 from runtime.imports import load
 from runtime.record import Record
 from runtime.sinks import Sink, call_restore
@@ -78,19 +78,19 @@ class FlowStage(Computation):
         self.ops: dict[str, Op] = {}
         for name, doc in plan["steps"].items():
             op = self.ops[name] = self._op(name, doc)
-            if isinstance(op, (Window, Join, IntervalJoin)):  # a firing that raises: retried, dead-lettered one window at a time
+            if isinstance(op, EventTimeOp):  # a firing that raises: retried, dead-lettered one window at a time
                 op.attempts, op.dead_letters, op.on_dead_letter = (self.max_attempts, dead_letter_stream(self.stage),
                                                                    self.on_dead_letter)
         clock = FiringClock()  # one for the stage: a step after a firing one judges lateness by it
         for name, doc in plan["steps"].items():
             self.ops[name].nexts = [(self.ops[n], side) for n, side in doc["next"]]
             op = self.ops[name]
-            if isinstance(op, (Window, Join, IntervalJoin)):
+            if isinstance(op, EventTimeOp):
                 op.clock = clock
         for op in self.ops.values():  # an event-time step fires once those before it fired what was due
             if isinstance(op, (Window, Join)):  # (an interval join's firings only clean up)
                 for after in _after(op):
-                    if isinstance(after, (Window, Join, IntervalJoin)):
+                    if isinstance(after, EventTimeOp):
                         after.upstream.append(op)
         self.entries: dict[str, _Entry] = {}
         for stream, e in plan["entries"].items():
@@ -224,14 +224,34 @@ class FlowStage(Computation):
                 op.push(ctx, items, side)
 
     def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        found = self._timer_of(tag)
+        if found is not None:
+            op, what = found
+            self._fire(ctx, op.on_timer, op, what, time)
+
+    def dead_letter_timer(self, ctx: Context, tag: str, time: int, error: BaseException) -> bool:
+        """The worker gave up on this timer's call (worker/batch.py): an event-time step sends
+        what the call took to the dead letters itself, each window with its result, and cleans
+        up its state (:meth:`EventTimeOp.give_up`). False: the worker dead-letters the call."""
+        found = self._timer_of(tag)
+        if found is None:
+            return False
+        op, what = found
+        if not isinstance(op, EventTimeOp):
+            return False
+        self._fire(ctx, op.give_up, op, what, time)
+        return True
+
+    def _timer_of(self, tag: str) -> tuple[Op, str] | None:
         if not tag.startswith(TIMER_PREFIX):
-            return
+            return None
         step, _, what = tag[len(TIMER_PREFIX):].rpartition("/")
         op = self.ops.get(step)
-        if op is None:
-            return  # a step an update removed: its timers find nothing to do
+        return None if op is None else (op, what)  # None: a step an update removed (nothing to do)
+
+    def _fire(self, ctx: Context, fire: Callable[[Context, str, int], None], op: Op, what: str, time: int) -> None:
         try:
-            op.on_timer(ctx, what, time)
+            fire(ctx, what, time)
             self._finish(ctx)
         except BaseException as e:
             self._abort()

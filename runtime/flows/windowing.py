@@ -83,6 +83,9 @@ class EventTimeOp(Op):
         self._error: BaseException | None = None
         self._isolating = False
         self._left = False        # the call's firing left windows due (its timer set again)
+        self._took = 0            # entries this timer call took so far (a call given up takes as many)
+        self._giving_up = False   # this call fires what a call the worker gave up on took (give_up)
+        self.owner = ""           # what its dead letters name (default: the step)
         # Set on a window's last try: a window whose aggregator's result() raises is noted
         # here (and fired no further) instead of failing the call (_fire_to_dead_letters).
         self.unfinished: list[tuple[bytes, int, str, Exception]] | None = None
@@ -121,6 +124,7 @@ class EventTimeOp(Op):
         the window's state is cleaned up as after any firing."""
         if not what.startswith("@"):
             return
+        giving_up, took, self._took = self._giving_up, self._took, 0
         before = [(u, pend) for u in self.upstream if (pend := u.index.pending(time)) is not None]
         if before:
             # A step before it in the stage has not fired all it has due by then (a firing in
@@ -135,26 +139,39 @@ class EventTimeOp(Op):
         queued0 = metrics.queued_seconds()
         t0, cpu0 = perf_counter(), thread_time()
         fired = 0
-        isolating = self._isolating and self.attempts > 1
-        last_try = isolating and self._failed % self.attempts == self.attempts - 1
+        isolating = self._isolating and self.attempts > 1 and not giving_up
+        last_try = giving_up or (isolating and self._failed % self.attempts == self.attempts - 1)
         clock, outer = self.clock, self.clock.at
         clock.at = time if outer is None else min(outer, time)
         try:
             while True:
-                due = self.index.take(time, 1 if isolating else FIRE_CHUNK)
+                due = self.index.take(time, (took or FIRE_CHUNK) if giving_up else 1 if isolating else FIRE_CHUNK)
                 if not due:
                     break
+                self._took += len(due)
                 if last_try:
                     self._fire_to_dead_letters(ctx, due)
                 else:
                     self.fire(ctx, due)
                 fired += len(due)
-                if isolating or perf_counter() - t0 >= FIRE_SLICE_S:
+                if giving_up or isolating or perf_counter() - t0 >= FIRE_SLICE_S:
                     break
         finally:
             clock.at = outer
         self._again(ctx, time)
         self.firing = (t0, cpu0, queued0, fired)
+
+    def give_up(self, ctx: Context, what: str, time: int) -> None:
+        """The worker gave up on the timer call that fired ``what`` (every try raised: its
+        ``max_attempts`` is 1, or the last try failed too; worker/batch.py): what that call
+        took is fired as on a last try, its results kept from the steps after it and sent to
+        the dead letters with the error, and its windows' state cleaned up. What is left due
+        by ``time`` fires on the timer, set again, as after any slice."""
+        self._giving_up = True
+        try:
+            self.on_timer(ctx, what, time)
+        finally:
+            self._giving_up = False
 
     def _again(self, ctx: Context, time: int) -> None:
         """What is still due by ``time`` fires on this step's timer, set again (the next batch)."""
@@ -184,7 +201,7 @@ class EventTimeOp(Op):
             shown = VALUES.encode(value)
         except Exception:  # what could not travel on: its repr
             shown = repr(value).encode(errors="replace")
-        ctx.out.append((self.dead_letters, key, dead_letter(error, self.name, shown), t))  # type: ignore[attr-defined]
+        ctx.out.append((self.dead_letters, key, dead_letter(error, self.owner or self.name, shown), t))  # type: ignore[attr-defined]
         if self.on_dead_letter is not None:
             self.on_dead_letter(key, error, self.attempts)
 

@@ -4,6 +4,7 @@ keys, and what a firing that fails loses (its one window alone)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 from collections import Counter, defaultdict
@@ -14,6 +15,7 @@ from prometheus_client import REGISTRY
 
 from runtime import Dataflow, codecs
 from runtime.flows import windowing
+from runtime.flows.values import VALUES
 from runtime.sinks import read_file_sink
 from runtime.state import TYPED
 from runtime.testing import TestRun
@@ -404,3 +406,31 @@ def test_an_interval_join_with_a_positive_lower_bound_pairs_a_record_ahead_of_th
         run.run_until_idle()
         assert [_j(r) for r in run.output("later")] == [[92, 101]]
         assert run.output("later.late") == []
+
+
+def test_a_firing_given_up_at_once_sends_its_windows_to_the_dead_letters_and_later_ones_fire() -> None:
+    """With one attempt (no retries, so no window alone), a firing that raises is given up
+    whole: every window that call took goes to the dead letters with its result, its state
+    is cleaned up, and the next second's window fires. Before, the worker dead-lettered the
+    timer's call, the windows stayed stored with their due time marked as timed, and every
+    later firing of the tablet took them again and failed again."""
+    flow = Dataflow("fg", key_ranges=1)
+    flow.input("ev", codec=codecs.JSON, keyed=True).map(j.value_of).window(Tumbling(SECOND), Sum(), name="sums") \
+        .process(j.RaiseOnZero, name="check").output("o", codec=codecs.JSON)
+    with TestRun(flow, max_attempts=1) as run:
+        for k, v, dt in [("a", 5, 0), ("b", 0, 1), ("c", 7, 2), ("a", 2, SECOND + 5), ("d", 4, 2 * SECOND)]:
+            run.inject("ev", k.encode(), json.dumps({"k": k, "v": v}).encode(), T0 + dt)
+        run.advance_watermark("ev", T0 + SECOND + 1)  # the first second's windows fire, and fail
+        run.run_until_idle()
+        run.finish("ev")
+        run.run_until_idle()
+        assert sorted((r.key, _j(r)) for r in run.output("o")) == [(b"a", [T0 + SECOND, 2]), (b"d", [T0 + 2 * SECOND, 4])]
+        letters = run.output("sums.dead_letter")
+        assert sorted((r.key, _j(r)["computation"]) for r in letters) == [(b"a", "sums"), (b"b", "sums"), (b"c", "sums")]
+        assert all("a window of zero" in _j(r)["error"] for r in letters)
+        results = sorted(VALUES.decode(base64.b64decode(_j(r)["value"])) for r in letters)  # each with its result
+        assert [(w.start, w.value) for w in results] == [(T0, 0), (T0, 5), (T0, 7)]
+        assert not list(run._tablet("sums", b"a").store.scan(TYPED)), "a window given up left its state"
+        run.restart("sums")
+        run.run_until_idle()
+        assert len(run.output("o")) == 2 and len(run.output("sums.dead_letter")) == 3

@@ -3,6 +3,7 @@ through the test kit (the real worker, virtual time)."""
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 
 from runtime import Record, Topology
 from runtime.errors import MillstreamError
+from runtime.state import TYPED
 from runtime.testing import TestRun
 from runtime.windows import SECOND, Count, Session, Sliding, Sum, Tumbling, WindowedComputation
 
@@ -259,3 +261,50 @@ def test_a_subclass_that_raises_after_counting_loses_no_window_and_counts_nothin
         run.run_until_idle()
         assert [(r.key, r.value) for r in run.output("counts")] == [(b"a", b"2")]
         assert len(run.output("win.dead_letter")) == 1
+
+
+class PickyWindows(WindowedComputation):
+    """Its ``on_window`` raises on every try for key ``bad``."""
+
+    windows = Tumbling(SECOND)
+    aggregator = Count()
+    output = "counts"
+
+    def on_window(self, ctx: Any, start: int, end: int, acc: Any) -> None:
+        if ctx.key == b"bad":
+            raise ValueError("cannot publish this window")
+        super().on_window(ctx, start, end, acc)
+
+
+@pytest.mark.parametrize("attempts", [3, 1])
+def test_an_on_window_that_always_raises_loses_its_own_window_and_holds_up_no_later_one(attempts: int) -> None:
+    """Review of the flows: a WindowedComputation's firing never told its window step that it
+    failed, so it never went on one window per call. An ``on_window`` raising on every try
+    had the whole firing dead-lettered (one dead letter for every key due then), those
+    windows stayed stored with their due time marked as timed, and every later firing of the
+    tablet took them again and failed. Now its tries reach the failing window alone, whose
+    result goes to ``win.dead_letter``; with one attempt (no retries: no window alone) the
+    windows of the call that failed go there, each with its result. Later windows fire."""
+    topo = Topology("w").add_computation("win", "tests.unit.test_windows:PickyWindows", inputs={"in": None},
+                                          outputs=["counts"], key_ranges=1)
+    with TestRun(topo, max_attempts=attempts) as run:
+        for key, dt in [(b"a", 0), (b"bad", 1), (b"c", 2), (b"a", SECOND + 1)]:
+            run.inject("in", key, b"x", T0 + dt)
+        run.advance_watermark("in", T0 + SECOND + 1)  # the first second fires
+        run.run_until_idle()
+        run.finish("in")
+        run.run_until_idle()
+        fired = sorted((r.key, r.timestamp) for r in run.output("counts"))
+        letters = sorted(r.key for r in run.output("win.dead_letter"))
+        if attempts == 3:
+            assert fired == [(b"a", T0 + SECOND), (b"a", T0 + 2 * SECOND), (b"c", T0 + SECOND)]
+            assert letters == [b"bad"]
+        else:
+            assert fired == [(b"a", T0 + 2 * SECOND)]
+            assert letters == [b"a", b"bad", b"c"]
+        letter = json.loads(next(r for r in run.output("win.dead_letter") if r.key == b"bad").value)
+        assert letter["computation"] == "win" and "cannot publish this window" in letter["error"]
+        assert not list(run._tablet("win", b"a").store.scan(TYPED)), "a window dead-lettered left its state"
+        run.restart("win")
+        run.run_until_idle()
+        assert len(run.output("counts")) == len(fired), "fired again after a restart"
