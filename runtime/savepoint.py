@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
@@ -36,6 +37,7 @@ import grpc
 
 from runtime.errors import MillstreamError
 from runtime.keyspace import from_wire_end
+from runtime.routing import RoutingTable
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 
@@ -51,6 +53,8 @@ class Client(Protocol):
     def call(self, fn: Callable[[rpc.MasterStub], T]) -> T: ...
 
     def worker_channel(self, address: str) -> grpc.Channel: ...
+
+    def routing(self) -> pb.Routing: ...
 
 
 MANIFEST = "manifest.json"
@@ -112,11 +116,8 @@ def take(client: Client, name: str, directory: str, timeout_s: float = 60.0) -> 
     try:
         tablets = []
         for t in plan.tablets:
-            renewer.check()
-            if not t.address:
-                raise MillstreamError(f"tablet {t.computation}/{t.key_range} has no primary now; try again")
             target = tablet_dir(directory, t.computation, t.key_range)
-            _fetch(client, t, target)
+            t = _copy(client, t, target, timeout_s, renewer)
             tablets.append({"computation": t.computation, "key_range": t.key_range, "start": t.start,
                             "end": from_wire_end(t.end), "token": t.token, "files": digests(target)})
         renewer.stop()
@@ -194,6 +195,46 @@ def digests(directory: str) -> list[dict[str, Any]]:
     return out
 
 
+class _Unreachable(MillstreamError):
+    """A tablet's copy could not be had from where it was asked for: its worker is gone, or
+    the tablet is no longer open there (it moved), or the stream broke off."""
+
+
+def _copy(client: Client, t: pb.TabletPlace, target: str, wait_s: float, renewer: _Renewer) -> pb.TabletPlace:
+    """Copy tablet ``t`` into ``target`` from its primary; returns where it was copied from.
+
+    A pause holds the job still, not its machines: a primary lost during the copy fails over
+    to an in-sync follower, which holds the same commit (the job is at rest: nothing commits),
+    so the copy is taken from the new primary, under its token, found in fresh routing
+    (``wait_s`` at most from the first failure). The leader's final check (every tablet still
+    at the commit of the cut) says whether that held; if not, the savepoint fails there."""
+    give_up_at = None
+    while True:
+        renewer.check()
+        why = f"tablet {t.computation}/{t.key_range} has no primary now"
+        if t.address:
+            try:
+                _fetch(client, t, target)
+                return t
+            except _Unreachable as e:
+                why = str(e)
+                shutil.rmtree(target, ignore_errors=True)  # a part copied: none of it is kept
+        if give_up_at is None:
+            give_up_at = time.monotonic() + wait_s
+        elif time.monotonic() > give_up_at:
+            raise MillstreamError(f"savepoint: {why}; nothing was kept, try again")
+        time.sleep(0.1)  # its failover: the leader must see the worker's lease run out first
+        now = RoutingTable(client.routing()).destination(t.computation, t.key_range)
+        moved = pb.TabletPlace()
+        moved.CopyFrom(t)
+        moved.address, moved.token = now.address, now.token
+        t = moved
+
+
+_RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.CANCELLED,
+            grpc.StatusCode.DEADLINE_EXCEEDED)  # its worker is gone or going, or the tablet moved
+
+
 def _fetch(client: Client, t: pb.TabletPlace, target: str) -> None:
     stub = rpc.WorkerStub(client.worker_channel(t.address))
     req = pb.CheckpointRequest(computation=t.computation, key_range=t.key_range, token=t.token)
@@ -208,9 +249,11 @@ def _fetch(client: Client, t: pb.TabletPlace, target: str) -> None:
                 f.seek(chunk.offset)
                 f.write(chunk.data)
     except grpc.RpcError as e:
+        if e.code() in _RETRIED:
+            raise _Unreachable(f"tablet {t.computation}/{t.key_range} at {t.address}: {e.details()}") from None
         raise MillstreamError(f"savepoint: tablet {t.computation}/{t.key_range} at {t.address}: "
                               f"{e.details()}; nothing was kept, try again") from None
-    raise MillstreamError(f"savepoint: tablet {t.computation}/{t.key_range}: its files ended early; try again")
+    raise _Unreachable(f"tablet {t.computation}/{t.key_range} at {t.address}: its files ended early")
 
 
 def restore(client: Client, directory: str, name: str | None = None) -> str:

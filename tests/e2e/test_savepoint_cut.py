@@ -1,8 +1,9 @@
 """A savepoint is a consistent cut (review N1, N2), on real processes: a job whose first
 computation's wall-clock timer produces downstream while a steady injection runs; the leader
 is killed while the client copies the tablets (so the copy is slow, and a new leader must
-keep the pause); the job is cancelled, restored and its injection continued; every record's
-output and every timer's output is in the sink exactly once."""
+keep the pause), or a tablet's primary is (its copy comes from the new primary); the job is
+cancelled, restored and its injection continued; every record's output and every timer's
+output is in the sink exactly once."""
 
 from __future__ import annotations
 
@@ -89,28 +90,72 @@ def test_a_savepoint_taken_through_a_leader_failover_restores_every_output_once(
             raise
         sent = feed.stop()
 
-        c.client.cancel("tick")
-        assert c.client.restore(saved) == "tick"
+        _restore_and_continue(c, out, saved, sent)
+
+
+def test_a_savepoint_whose_primary_is_lost_during_the_copy_copies_the_new_primary(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pause holds the job still, not its machines: the sink tablet's primary is killed
+    just before the client asks it for its copy. The tablet fails over to its in-sync
+    follower, which holds the same commit; the client copies it from there under its new
+    token, the leader's check passes, and the restored job has every output once. (Before,
+    the savepoint failed: "take the savepoint again".)"""
+    with Cluster(str(tmp_path), workers=2).running() as c:
+        out = os.path.join(c.data_dir, "ticks")
+        c.client.submit(_topology(out))
         c.wait_assigned()
-        # The injection continues: the same injector sends everything again (what the savepoint
-        # holds counts once, by its ids), then more.
-        more = 200
-        inj = Injector(c.masters_arg, "ticks.in", "feed", batch_size=50, security=c.security)
+        feed = Feed(c)
         try:
-            for i in range(sent + more):
-                inj.send(b"k", str(i).encode(), BASE_TS + i * 1000)
-            inj.flush()
-        finally:
-            inj.close()
+            wait_until(lambda: sum(1 for r in read_file_sink(out) if r["value"].startswith("t ")) >= 5, 60,
+                       "the ticker's timer to fire a few times")
+            fetch = savepoint._fetch
+            asked: list[tuple[str, str, int]] = []
 
-        def values() -> list[str]:
-            return [str(r["value"]) for r in read_file_sink(out)]
+            def kill_the_sinks_primary_first(client: Any, t: Any, target: str) -> None:
+                asked.append((t.computation, t.address, t.token))
+                if t.computation == "ticks_sink" and len(asked) == 2:
+                    c.kill(next(w for w in c.workers if w.address == t.address), graceful=False)
+                fetch(client, t, target)
 
-        wait_until(lambda: {v for v in values() if v.startswith("r ")} >= {f"r {i}" for i in range(sent + more)},
-                   120, "every record's output in the sink")
-        counts = collections.Counter(values())
-        twice = sorted((v for v, n in counts.items() if n > 1), key=lambda v: (v[0], int(v[2:])))
-        assert not twice, f"in the sink more than once: {twice[:10]}"
-        assert {v for v in counts if v.startswith("r ")} == {f"r {i}" for i in range(sent + more)}
-        ticks = sorted(int(v[2:]) for v in counts if v.startswith("t "))
-        assert ticks == list(range(1, len(ticks) + 1)), f"timer outputs missing: {sorted(set(range(1, ticks[-1] + 1)) - set(ticks))[:10]}"
+            monkeypatch.setattr(savepoint, "_fetch", kill_the_sinks_primary_first)
+            saved = os.path.join(c.data_dir, "savepoint")
+            manifest = c.client.savepoint("tick", saved)
+        except BaseException:
+            feed.stop(flush=False)
+            raise
+        sent = feed.stop()
+        sinks = [(address, token) for name, address, token in asked if name == "ticks_sink"]
+        assert len(sinks) >= 2 and sinks[-1][0] != sinks[0][0] and sinks[-1][1] > sinks[0][1], asked
+        [saved_sink] = [t for t in manifest["tablets"] if t["computation"] == "ticks_sink"]
+        assert saved_sink["token"] == sinks[-1][1], "the copy's token is the new primary's"
+        _restore_and_continue(c, out, saved, sent)
+
+
+def _restore_and_continue(c: Cluster, out: str, saved: str, sent: int) -> None:
+    """Cancel the job, restore it from ``saved`` and send everything again and more: every
+    record's output and every timer's output is in the sink exactly once."""
+    c.client.cancel("tick")
+    assert c.client.restore(saved) == "tick"
+    c.wait_assigned()
+    # The injection continues: the same injector sends everything again (what the savepoint
+    # holds counts once, by its ids), then more.
+    more = 200
+    inj = Injector(c.masters_arg, "ticks.in", "feed", batch_size=50, security=c.security)
+    try:
+        for i in range(sent + more):
+            inj.send(b"k", str(i).encode(), BASE_TS + i * 1000)
+        inj.flush()
+    finally:
+        inj.close()
+
+    def values() -> list[str]:
+        return [str(r["value"]) for r in read_file_sink(out)]
+
+    wait_until(lambda: {v for v in values() if v.startswith("r ")} >= {f"r {i}" for i in range(sent + more)},
+               120, "every record's output in the sink")
+    counts = collections.Counter(values())
+    twice = sorted((v for v, n in counts.items() if n > 1), key=lambda v: (v[0], int(v[2:])))
+    assert not twice, f"in the sink more than once: {twice[:10]}"
+    assert {v for v in counts if v.startswith("r ")} == {f"r {i}" for i in range(sent + more)}
+    ticks = sorted(int(v[2:]) for v in counts if v.startswith("t "))
+    assert ticks == list(range(1, len(ticks) + 1)), f"timer outputs missing: {sorted(set(range(1, ticks[-1] + 1)) - set(ticks))[:10]}"
