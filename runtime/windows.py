@@ -58,6 +58,8 @@ __all__ = ["SECOND", "Aggregator", "Collect", "Count", "Max", "Mean", "Min", "Se
 
 _TAG = "window/"
 _CALLS = ("process_record", "process_batch", "process_timer", "dead_letter_timer")  # each one call of the worker
+_STEP = "millstream.windows"  # its window step's name: its state and timers are flow/<this>/...
+_FIRES = f"flow/{_STEP}/"      # the tags of its window step's timers
 
 
 class WindowedComputation(Computation):
@@ -76,7 +78,7 @@ class WindowedComputation(Computation):
     aggregator: Aggregator
     output: str = ""
     _open = MapState("millstream.windows", codecs.INT, codecs.JSON)  # the layout before flows: start -> [end, acc]
-    _STEP = "millstream.windows"   # its window step's name: its state and timers are flow/<this>/...
+    _STEP = _STEP
     #: How often the worker tries a firing, and who counts and logs its dead letters: the
     #: worker sets its own (worker/tablet.py), as for a flow's stage.
     max_attempts = 3
@@ -136,33 +138,25 @@ class WindowedComputation(Computation):
         if tag.startswith(_TAG):
             self._fire_stored_before_flows(ctx, int(tag[len(_TAG):]))
             return
-        prefix = f"flow/{self._STEP}/"
-        if tag.startswith(prefix):
+        if tag.startswith(_FIRES):
             step = self._step(ctx)
-            self._fire(ctx, step, step.on_timer, tag[len(prefix):], time)
+            step.on_timer(ctx, tag[len(_FIRES):], time)
+            step.finish(ctx)
 
     def dead_letter_timer(self, ctx: Context, tag: str, time: int, error: BaseException) -> bool:
         """The worker gave up on a firing (every try raised: :meth:`on_window`, say): the
         windows it took go to ``<computation>.dead_letter``, each with its result, and their
         state is cleaned up, so later windows fire (runtime/flows/windowing.py ``give_up``)."""
-        prefix = f"flow/{self._STEP}/"
-        if not tag.startswith(prefix):
-            return False
         step = self._step(ctx)
-        self._fire(ctx, step, step.give_up, tag[len(prefix):], time)
-        return True
-
-    @staticmethod
-    def _fire(ctx: Context, step: Window, fire: Callable[[Context, str, int], None], what: str, time: int) -> None:
-        """One firing of the window step: after one that raised, the next take one window per
-        call, so the worker's tries and dead letter reach the failing window alone."""
+        if not tag.startswith(_FIRES) or not step.took:
+            return False
         try:
-            fire(ctx, what, time)
+            step.give_up(ctx, tag[len(_FIRES):], time, error)
             step.finish(ctx)
-        except BaseException as e:
-            step.timer_failed(e)
-            raise
-        step.timer_done()
+            step.timer_done()
+        finally:
+            step.given_up()
+        return True
 
     def recover_timers(self, scan: Any) -> list[tuple[bytes, str, int]]:
         """At open: the window step's index from the stored windows (worker/tablet.py)."""
@@ -198,19 +192,31 @@ def _one_call(method: _F) -> _F:
     base's it calls): when it raises, the worker undoes every state write of the call, and
     the window step forgets what the call noted (its due index, its cached windows); when
     it returns, the step keeps it. Inner calls (a subclass's ``process_record`` calling the
-    base's, or ``process_batch`` calling ``process_record`` per record) are part of it."""
+    base's, or ``process_batch`` calling ``process_record`` per record) are part of it.
+
+    A call of the step's timer that raises, wherever in it (a subclass's ``process_timer``
+    after the base's fired), is a firing that failed: the next tries take one window per
+    call, so the worker's tries and dead letter reach the failing window alone."""
+    fires = method.__name__ == "process_timer"
+
     @functools.wraps(method)
     def call(self: WindowedComputation, ctx: Context, *args: Any) -> Any:
         if self.__dict__.get("_in_call"):
             return method(self, ctx, *args)
         self.__dict__["_in_call"] = True
+        step = self._step(ctx)
+        firing = fires and str(args[0]).startswith(_FIRES)
         try:
             result = method(self, ctx, *args)
-        except BaseException:
-            self._step(ctx).abort()
+        except BaseException as e:
+            step.abort()
+            if firing:
+                step.timer_failed(e)
             raise
         else:
-            self._step(ctx).commit()
+            step.commit()
+            if firing:
+                step.timer_done()
         finally:
             self.__dict__["_in_call"] = False
         return result

@@ -155,7 +155,7 @@ class BatchProcessor:
             cols = d.cols
             orders = d.orders
             if self.exactly_once and orders and start == 0:
-                refused = view.admit(orders, now)
+                refused = view.admit(orders, now, self.name)
                 if refused is not None:
                     _, token, marked = refused
                     if token < marked:
@@ -604,7 +604,7 @@ class BatchProcessor:
         if not done:
             ctx.undo(mark)
             return False
-        self._after_call(commit, ctx.eff, mark, timer.time, source_id, None)
+        self._after_call(commit, ctx.eff, mark, timer.time, source_id + b"dead-letter", None)
         return True
 
     def note_dead_letter(self, key: bytes, error: BaseException, failures: int) -> None:

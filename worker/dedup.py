@@ -172,14 +172,14 @@ class MarkView:
             self.lower_changed[producer] = [Lower(lo.start, lo.end, max(lo.seq, seq)) for lo in lows
                                             if max(lo.seq, seq) < top]
 
-
-    def admit(self, orders: dict[bytes, tuple[int, int]], now_us: int) -> tuple[bytes, int, int] | None:
+    def admit(self, orders: dict[bytes, tuple[int, int]], now_us: int, tablet: str) -> tuple[bytes, int, int] | None:
         """Whether a delivery whose producers sent ``orders`` (producer -> (the sequence it
         follows, the producer tablet's token)) may be committed now: None, and each producer
         with a newer token restarts its order here (its predecessor is refused from now on).
         Otherwise (producer, token, its mark's token): a stale producer tablet when the token
         is older than its mark's (ids it sends may collide with its successor's), or an
-        earlier delivery of that producer not committed here yet when it is not."""
+        earlier delivery of that producer not committed here yet when it is not. (``tablet``
+        names this tablet in the log.)"""
         for producer, (after, token) in orders.items():
             mark = self.get(producer)
             if mark is not None and token < mark.token:
@@ -193,7 +193,8 @@ class MarkView:
                     # A tablet's mark no owner of it set (every tablet token is at least 1):
                     # written by a caller without the worker role before review N4's check
                     # existed. Its sequence would make the real records read as duplicates.
-                    log.warning("dropped a mark of producer %s set under no token (seq %d)", producer.hex(), mark.seq)
+                    log.warning("tablet %s dropped a mark of producer %s set under no token (seq %d)",
+                                tablet, producer.hex(), mark.seq)
                     self.restart(producer, token, now_us)
                 else:
                     self.advance(producer, 0, token, now_us)

@@ -116,9 +116,10 @@ class DueIndex:
                 heapq.heappush(self._heap, time)
             elif what == "timed":
                 self.timed.discard(arg)
-            elif what == "took":
+            elif what == "took":  # back in front of what the take left, as they were taken
                 time, entries = arg
-                self.due.setdefault(time, {}).update(entries)
+                rest = self.due.get(time)
+                self.due[time] = {**entries, **rest} if rest else dict(entries)
                 for k in entries:
                     self.where[k] = time
                 heapq.heappush(self._heap, time)

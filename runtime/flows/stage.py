@@ -14,6 +14,7 @@ then dead-letters, as for any user code).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -237,9 +238,12 @@ class FlowStage(Computation):
         if found is None:
             return False
         op, what = found
-        if not isinstance(op, EventTimeOp):
-            return False
-        self._fire(ctx, op.give_up, op, what, time)
+        if not isinstance(op, EventTimeOp) or not op.took:
+            return False  # (a call that failed before the step took anything: the worker's)
+        try:
+            self._fire(ctx, functools.partial(op.give_up, error=error), op, what, time)
+        finally:
+            op.given_up()
         return True
 
     def _timer_of(self, tag: str) -> tuple[Op, str] | None:

@@ -161,17 +161,30 @@ class EventTimeOp(Op):
         self._again(ctx, time)
         self.firing = (t0, cpu0, queued0, fired)
 
-    def give_up(self, ctx: Context, what: str, time: int) -> None:
-        """The worker gave up on the timer call that fired ``what`` (every try raised: its
-        ``max_attempts`` is 1, or the last try failed too; worker/batch.py): what that call
-        took is fired as on a last try, its results kept from the steps after it and sent to
-        the dead letters with the error, and its windows' state cleaned up. What is left due
-        by ``time`` fires on the timer, set again, as after any slice."""
+    @property
+    def took(self) -> int:
+        """How many entries the step's last timer call that failed took (0: none, or it ended well)."""
+        return self._took
+
+    def give_up(self, ctx: Context, what: str, time: int, error: BaseException) -> None:
+        """The worker gave up on the timer call that fired ``what`` (every try raised with
+        ``error``: its ``max_attempts`` is 1, or the last try failed too; worker/batch.py):
+        what that call took (:attr:`took`, the same windows: an undone take puts them back in
+        front) is fired as on a last try, its results kept from the steps after it and sent
+        to the dead letters with ``error``, and its windows' state cleaned up. What is left
+        due by ``time`` fires on the timer, set again, as after any slice."""
+        self._error = error
         self._giving_up = True
         try:
             self.on_timer(ctx, what, time)
         finally:
             self._giving_up = False
+
+    def given_up(self) -> None:
+        """The worker is done with a call it gave up on, whether :meth:`give_up` ended well or
+        raised too: the next call's tries count from the first (one window per call goes on
+        while what was due is left)."""
+        self._failed, self._error, self._took = 0, None, 0
 
     def _again(self, ctx: Context, time: int) -> None:
         """What is still due by ``time`` fires on this step's timer, set again (the next batch)."""
@@ -215,8 +228,7 @@ class EventTimeOp(Op):
     def timer_done(self) -> None:
         """The stage's timer call that fired (:meth:`on_timer`) ended, its ``finish`` included
         (state writes, and a fused sink writing what fired): how long it held the tablet."""
-        self._failed = 0
-        self._error = None
+        self._failed, self._error, self._took = 0, None, 0
         if not self._left:
             self._isolating = False
         if self.firing is not None:

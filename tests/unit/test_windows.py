@@ -276,19 +276,23 @@ class PickyWindows(WindowedComputation):
         super().on_window(ctx, start, end, acc)
 
 
+@pytest.mark.parametrize("first", [b"a", b"bad"])
 @pytest.mark.parametrize("attempts", [3, 1])
-def test_an_on_window_that_always_raises_loses_its_own_window_and_holds_up_no_later_one(attempts: int) -> None:
+def test_an_on_window_that_always_raises_loses_its_own_window_and_holds_up_no_later_one(attempts: int,
+                                                                                       first: bytes) -> None:
     """Review of the flows: a WindowedComputation's firing never told its window step that it
     failed, so it never went on one window per call. An ``on_window`` raising on every try
     had the whole firing dead-lettered (one dead letter for every key due then), those
     windows stayed stored with their due time marked as timed, and every later firing of the
     tablet took them again and failed. Now its tries reach the failing window alone, whose
     result goes to ``win.dead_letter``; with one attempt (no retries: no window alone) the
-    windows of the call that failed go there, each with its result. Later windows fire."""
+    windows of the call that failed go there, each with its result. Later windows fire.
+    (``first``: the failing window first in its due time, or not: an undone firing put what
+    it took back at the end, and the next try took another window.)"""
     topo = Topology("w").add_computation("win", "tests.unit.test_windows:PickyWindows", inputs={"in": None},
                                           outputs=["counts"], key_ranges=1)
     with TestRun(topo, max_attempts=attempts) as run:
-        for key, dt in [(b"a", 0), (b"bad", 1), (b"c", 2), (b"a", SECOND + 1)]:
+        for key, dt in [(first, 0), (b"bad" if first == b"a" else b"a", 1), (b"c", 2), (b"a", SECOND + 1)]:
             run.inject("in", key, b"x", T0 + dt)
         run.advance_watermark("in", T0 + SECOND + 1)  # the first second fires
         run.run_until_idle()
@@ -308,3 +312,36 @@ def test_an_on_window_that_always_raises_loses_its_own_window_and_holds_up_no_la
         run.restart("win")
         run.run_until_idle()
         assert len(run.output("counts")) == len(fired), "fired again after a restart"
+
+
+class LoudWindows(WindowedComputation):
+    """Its own ``process_timer`` raises after the base's fired the windows due."""
+
+    windows = Tumbling(SECOND)
+    aggregator = Count()
+    output = "counts"
+
+    def process_timer(self, ctx: Any, tag: str, time: int) -> None:
+        super().process_timer(ctx, tag, time)
+        raise ValueError("after every firing")
+
+
+def test_a_process_timer_that_raises_after_the_firing_dead_letters_each_window_and_leaves_no_state() -> None:
+    """Review of the give-up: a subclass raising after the base's firing had the step think
+    the firing went well (no window-per-call tries, no count of what it took); the worker then
+    dead-lettered the timer's call whole and the windows stayed stored for ever. Now every
+    window ends in the dead letters, with its result, and nothing is left."""
+    topo = Topology("w").add_computation("win", "tests.unit.test_windows:LoudWindows", inputs={"in": None},
+                                          outputs=["counts"], key_ranges=1)
+    with TestRun(topo) as run:
+        for key, dt in [(b"a", 0), (b"b", 1), (b"a", SECOND + 1)]:
+            run.inject("in", key, b"x", T0 + dt)
+        run.finish("in")
+        run.run_until_idle()
+        assert run.output("counts") == []
+        letters = [json.loads(r.value) for r in run.output("win.dead_letter")]
+        assert all("after every firing" in d["error"] for d in letters)
+        # each window with its result; a call of the timer set again that found nothing left
+        # to take raises too, and is dead-lettered as a call (its value empty)
+        assert sorted(r.key for r in run.output("win.dead_letter") if json.loads(r.value)["value"]) == [b"a", b"a", b"b"]
+        assert not list(run._tablet("win", b"a").store.scan(TYPED)), "a window dead-lettered left its state"
