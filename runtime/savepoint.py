@@ -115,9 +115,10 @@ def take(client: Client, name: str, directory: str, timeout_s: float = 60.0) -> 
     ended = False
     try:
         tablets = []
+        waits = _Waits(timeout_s)
         for t in plan.tablets:
             target = tablet_dir(directory, t.computation, t.key_range)
-            t = _copy(client, t, target, timeout_s, renewer)
+            t = _copy(client, t, target, waits, renewer)
             tablets.append({"computation": t.computation, "key_range": t.key_range, "start": t.start,
                             "end": from_wire_end(t.end), "token": t.token, "files": digests(target)})
         renewer.stop()
@@ -200,15 +201,28 @@ class _Unreachable(MillstreamError):
     the tablet is no longer open there (it moved), or the stream broke off."""
 
 
-def _copy(client: Client, t: pb.TabletPlace, target: str, wait_s: float, renewer: _Renewer) -> pb.TabletPlace:
+class _Waits:
+    """How long a savepoint's copy may wait, in all, for tablets' new primaries: ``wait_s``
+    from the first time one could not be copied (the job's input is paused meanwhile)."""
+
+    def __init__(self, wait_s: float) -> None:
+        self.wait_s = wait_s
+        self.until: float | None = None
+
+    def over(self) -> bool:
+        if self.until is None:
+            self.until = time.monotonic() + self.wait_s
+        return time.monotonic() > self.until
+
+
+def _copy(client: Client, t: pb.TabletPlace, target: str, waits: _Waits, renewer: _Renewer) -> pb.TabletPlace:
     """Copy tablet ``t`` into ``target`` from its primary; returns where it was copied from.
 
     A pause holds the job still, not its machines: a primary lost during the copy fails over
     to an in-sync follower, which holds the same commit (the job is at rest: nothing commits),
-    so the copy is taken from the new primary, under its token, found in fresh routing
-    (``wait_s`` at most from the first failure). The leader's final check (every tablet still
-    at the commit of the cut) says whether that held; if not, the savepoint fails there."""
-    give_up_at = None
+    so the copy is taken from the new primary, under its token, found in fresh routing (for
+    as long as ``waits`` allows). The leader's final check (every tablet still at the commit of
+    the cut) says whether that held; if not, the savepoint fails there."""
     while True:
         renewer.check()
         why = f"tablet {t.computation}/{t.key_range} has no primary now"
@@ -219,10 +233,10 @@ def _copy(client: Client, t: pb.TabletPlace, target: str, wait_s: float, renewer
             except _Unreachable as e:
                 why = str(e)
                 shutil.rmtree(target, ignore_errors=True)  # a part copied: none of it is kept
-        if give_up_at is None:
-            give_up_at = time.monotonic() + wait_s
-        elif time.monotonic() > give_up_at:
-            raise MillstreamError(f"savepoint: {why}; nothing was kept, try again")
+        if waits.over():
+            raise MillstreamError(f"savepoint: tablet {t.computation}/{t.key_range} could not be copied within "
+                                  f"{waits.wait_s:g} s of the first failure ({why}); nothing was kept, try again "
+                                  "once `millstream status` shows the tablet healthy")
         time.sleep(0.1)  # its failover: the leader must see the worker's lease run out first
         now = RoutingTable(client.routing()).destination(t.computation, t.key_range)
         moved = pb.TabletPlace()
@@ -231,8 +245,8 @@ def _copy(client: Client, t: pb.TabletPlace, target: str, wait_s: float, renewer
         t = moved
 
 
-_RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.CANCELLED,
-            grpc.StatusCode.DEADLINE_EXCEEDED)  # its worker is gone or going, or the tablet moved
+# Its worker is gone or going, or the tablet is not open there (it moved, or is opening).
+_RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.CANCELLED)
 
 
 def _fetch(client: Client, t: pb.TabletPlace, target: str) -> None:

@@ -76,7 +76,7 @@ class DueIndex:
                 taken = dict.fromkeys(itertools.islice(entries, room))
                 for k in taken:
                     del entries[k]
-                self._undo.append(("took", (time, taken)))
+                self._undo.append(("took", (time, taken)))  # (the due time keeps its place)
             for k in taken:
                 del where[k]
             out += sorted((time, k, s) for k, s in taken)
@@ -97,8 +97,9 @@ class DueIndex:
         """Take the earliest due time out, with what is left of it, undoably."""
         time = heapq.heappop(self._heap)
         entries = self.due.pop(time, None)
+        timed = time in self.timed
         self.timed.discard(time)
-        self._undo.append(("took", (time, entries or {})))
+        self._undo.append(("popped", (time, entries or {}, timed)))
 
     def commit(self) -> None:
         self._undo.clear()
@@ -111,19 +112,20 @@ class DueIndex:
                 self.where.pop((key, sub), None)
             elif what == "discard":
                 time, key, sub = arg
-                self.due.setdefault(time, {})[(key, sub)] = None
+                self.due.setdefault(time, {})[(key, sub)] = None  # (at the end of its due time)
                 self.where[(key, sub)] = time
-                heapq.heappush(self._heap, time)
             elif what == "timed":
                 self.timed.discard(arg)
-            elif what == "took":  # back in front of what the take left, as they were taken
-                time, entries = arg
+            elif what in ("took", "popped"):  # back in front of what the take left, in order
+                time, entries = arg[:2]
                 rest = self.due.get(time)
                 self.due[time] = {**entries, **rest} if rest else dict(entries)
                 for k in entries:
                     self.where[k] = time
-                heapq.heappush(self._heap, time)
-                self.timed.add(time)
+                if what == "popped":  # (a part taken left the due time in the heap)
+                    heapq.heappush(self._heap, time)
+                    if arg[2]:
+                        self.timed.add(time)
         self._undo.clear()
 
     def timers(self) -> list[tuple[bytes, int]]:

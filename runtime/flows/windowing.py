@@ -74,20 +74,19 @@ class EventTimeOp(Op):
         # This timer call's: its start (wall, and the tablet thread's CPU), windows fired.
         self.firing: tuple[float, float, float | None, int] | None = None
         # A firing that raised (a step after this one failed on some key's result): the
-        # firings after it take one window per call, so the worker's retries and dead letter
-        # reach that window alone (see on_timer). Set by the stage (runtime/flows/stage.py).
+        # firings after it take one window per call, so the worker's retries and its giving
+        # up reach that window alone (see on_timer). Set by the stage (runtime/flows/stage.py).
         self.attempts = 3
         self.dead_letters = ""
         self.on_dead_letter: Callable[[bytes, BaseException, int], None] | None = None
-        self._failed = 0          # timer calls of this step that raised in a row
         self._error: BaseException | None = None
         self._isolating = False
         self._left = False        # the call's firing left windows due (its timer set again)
         self._took = 0            # entries this timer call took so far (a call given up takes as many)
         self._giving_up = False   # this call fires what a call the worker gave up on took (give_up)
         self.owner = ""           # what its dead letters name (default: the step)
-        # Set on a window's last try: a window whose aggregator's result() raises is noted
-        # here (and fired no further) instead of failing the call (_fire_to_dead_letters).
+        # Set while a call given up fires: a window whose aggregator's result() raises is
+        # noted here (and fired no further) instead of failing the call (_fire_to_dead_letters).
         self.unfinished: list[tuple[bytes, int, str, Exception]] | None = None
 
     def watermark(self, ctx: Context) -> int:
@@ -118,10 +117,9 @@ class EventTimeOp(Op):
         stalls the tablet for the whole of it).
 
         After a firing raised, one window per call (the worker retries a call that raises,
-        then dead-letters it: a firing of every key's window would lose them all for one).
-        A window whose firing raised on every try but the last is, on the last, fired with
-        its results kept from the steps after it: they go to ``<stage>.dead_letter``, and
-        the window's state is cleaned up as after any firing."""
+        then gives up on it: a firing of every key's window would lose them all for one),
+        until what was due by then is done. A window whose firing raised on every try is
+        then fired with its results kept from the steps after it (:meth:`give_up`)."""
         if not what.startswith("@"):
             return
         giving_up, took, self._took = self._giving_up, self._took, 0
@@ -139,8 +137,7 @@ class EventTimeOp(Op):
         queued0 = metrics.queued_seconds()
         t0, cpu0 = perf_counter(), thread_time()
         fired = 0
-        isolating = self._isolating and self.attempts > 1 and not giving_up
-        last_try = giving_up or (isolating and self._failed % self.attempts == self.attempts - 1)
+        isolating = self._isolating and not giving_up
         clock, outer = self.clock, self.clock.at
         clock.at = time if outer is None else min(outer, time)
         try:
@@ -149,7 +146,7 @@ class EventTimeOp(Op):
                 if not due:
                     break
                 self._took += len(due)
-                if last_try:
+                if giving_up:
                     self._fire_to_dead_letters(ctx, due)
                 else:
                     self.fire(ctx, due)
@@ -167,12 +164,12 @@ class EventTimeOp(Op):
         return self._took
 
     def give_up(self, ctx: Context, what: str, time: int, error: BaseException) -> None:
-        """The worker gave up on the timer call that fired ``what`` (every try raised with
-        ``error``: its ``max_attempts`` is 1, or the last try failed too; worker/batch.py):
-        what that call took (:attr:`took`, the same windows: an undone take puts them back in
-        front) is fired as on a last try, its results kept from the steps after it and sent
-        to the dead letters with ``error``, and its windows' state cleaned up. What is left
-        due by ``time`` fires on the timer, set again, as after any slice."""
+        """The worker gave up on the timer call that fired ``what`` (each of its tries raised,
+        the last with ``error``; worker/batch.py): what that call took (:attr:`took`, the same
+        windows: an undone take puts them back in front) is fired with its results kept from
+        the steps after it and sent to the dead letters with ``error``, and its windows'
+        state cleaned up. What is left due by ``time`` fires on the timer, set again, as after
+        any slice."""
         self._error = error
         self._giving_up = True
         try:
@@ -182,9 +179,8 @@ class EventTimeOp(Op):
 
     def given_up(self) -> None:
         """The worker is done with a call it gave up on, whether :meth:`give_up` ended well or
-        raised too: the next call's tries count from the first (one window per call goes on
-        while what was due is left)."""
-        self._failed, self._error, self._took = 0, None, 0
+        raised too (one window per call goes on while what was due is left)."""
+        self._error, self._took = None, 0
 
     def _again(self, ctx: Context, time: int) -> None:
         """What is still due by ``time`` fires on this step's timer, set again (the next batch)."""
@@ -220,15 +216,14 @@ class EventTimeOp(Op):
 
     def timer_failed(self, error: BaseException) -> None:
         """The stage's timer call that ran :meth:`on_timer` raised (the worker undoes it and
-        tries again, or dead-letters it after its last try)."""
-        self._failed += 1
+        tries again, or gives it up after its last: :meth:`give_up`)."""
         self._error = error
         self._isolating = True
 
     def timer_done(self) -> None:
         """The stage's timer call that fired (:meth:`on_timer`) ended, its ``finish`` included
         (state writes, and a fused sink writing what fired): how long it held the tablet."""
-        self._failed, self._error, self._took = 0, None, 0
+        self._error, self._took = None, 0
         if not self._left:
             self._isolating = False
         if self.firing is not None:

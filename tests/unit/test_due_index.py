@@ -44,3 +44,17 @@ def test_a_call_that_takes_and_adds_undone_leaves_the_index_as_it_was() -> None:
             assert _snapshot(index) == before
         else:
             index.commit()
+        assert {t for t, e in index.due.items() if e} <= set(index._heap), "a due time out of the heap"
+
+
+def test_tries_undone_one_window_at_a_time_leave_one_heap_entry() -> None:
+    """The tries of a firing that takes one window per call, each undone: the due time never
+    left the heap, so putting what they took back adds nothing to it."""
+    index = DueIndex()
+    for i in range(3):
+        index.add(10, b"k%d" % i, 0)
+    index.commit()
+    for _ in range(50):
+        assert index.take(10, 1) == [(10, b"k0", 0)]
+        index.rollback()
+    assert index._heap == [10]
