@@ -202,17 +202,12 @@ class _Unreachable(MillstreamError):
 
 
 class _Waits:
-    """How long a savepoint's copy may wait, in all, for tablets' new primaries: ``wait_s``
-    from the first time one could not be copied (the job's input is paused meanwhile)."""
+    """How long a savepoint's copy may spend, in all, on tries that failed and on waiting for
+    tablets' new primaries (the job's input is paused meanwhile): ``wait_s``."""
 
     def __init__(self, wait_s: float) -> None:
         self.wait_s = wait_s
-        self.until: float | None = None
-
-    def over(self) -> bool:
-        if self.until is None:
-            self.until = time.monotonic() + self.wait_s
-        return time.monotonic() > self.until
+        self.spent = 0.0
 
 
 def _copy(client: Client, t: pb.TabletPlace, target: str, waits: _Waits, renewer: _Renewer) -> pb.TabletPlace:
@@ -225,6 +220,7 @@ def _copy(client: Client, t: pb.TabletPlace, target: str, waits: _Waits, renewer
     the cut) says whether that held; if not, the savepoint fails there."""
     while True:
         renewer.check()
+        started = time.monotonic()
         why = f"tablet {t.computation}/{t.key_range} has no primary now"
         if t.address:
             try:
@@ -233,16 +229,18 @@ def _copy(client: Client, t: pb.TabletPlace, target: str, waits: _Waits, renewer
             except _Unreachable as e:
                 why = str(e)
                 shutil.rmtree(target, ignore_errors=True)  # a part copied: none of it is kept
-        if waits.over():
-            raise MillstreamError(f"savepoint: tablet {t.computation}/{t.key_range} could not be copied within "
-                                  f"{waits.wait_s:g} s of the first failure ({why}); nothing was kept, try again "
-                                  "once `millstream status` shows the tablet healthy")
+        if waits.spent > waits.wait_s:
+            raise MillstreamError(f"savepoint: tablet {t.computation}/{t.key_range} could not be copied "
+                                  f"({why}), and the copy has waited {waits.wait_s:g} s in all for tablets' new "
+                                  "primaries; nothing was kept, try again once `millstream status` shows the tablet "
+                                  "healthy")
         time.sleep(0.1)  # its failover: the leader must see the worker's lease run out first
         now = RoutingTable(client.routing()).destination(t.computation, t.key_range)
         moved = pb.TabletPlace()
         moved.CopyFrom(t)
         moved.address, moved.token = now.address, now.token
         t = moved
+        waits.spent += time.monotonic() - started
 
 
 # Its worker is gone or going, or the tablet is not open there (it moved, or is opening).

@@ -81,7 +81,9 @@ class EventTimeOp(Op):
         self.on_dead_letter: Callable[[bytes, BaseException, int], None] | None = None
         self._error: BaseException | None = None
         self._isolating = False
-        self._left = False        # the call's firing left windows due (its timer set again)
+        self._failed_at: int | None = None  # the latest due time a firing that raised was for
+        self._calling: int | None = None    # the due time of the timer call running
+        self._left = False        # windows are left due by then (or by _failed_at): isolation goes on
         self._took = 0            # entries this timer call took so far (a call given up takes as many)
         self._giving_up = False   # this call fires what a call the worker gave up on took (give_up)
         self.owner = ""           # what its dead letters name (default: the step)
@@ -123,6 +125,7 @@ class EventTimeOp(Op):
         if not what.startswith("@"):
             return
         giving_up, took, self._took = self._giving_up, self._took, 0
+        self._calling = time
         before = [(u, pend) for u in self.upstream if (pend := u.index.pending(time)) is not None]
         if before:
             # A step before it in the stage has not fired all it has due by then (a firing in
@@ -180,12 +183,14 @@ class EventTimeOp(Op):
     def given_up(self) -> None:
         """The worker is done with a call it gave up on, whether :meth:`give_up` ended well or
         raised too (one window per call goes on while what was due is left)."""
-        self._error, self._took = None, 0
+        self._error, self._took, self._calling = None, 0, None
 
     def _again(self, ctx: Context, time: int) -> None:
         """What is still due by ``time`` fires on this step's timer, set again (the next batch)."""
         left = self.index.pending(time)
-        self._left = left is not None
+        failed = self._failed_at  # a later due time's firing raised: what it took may still be due
+        self._left = left is not None or (failed is not None and failed > time
+                                          and self.index.pending(failed) is not None)
         if left is not None:
             ctx.rebind(left[0], time)  # type: ignore[attr-defined]
             ctx.set_timer(self.timer_tag(f"@{time}"), time, TimeDomain.EVENT_TIME)
@@ -219,13 +224,15 @@ class EventTimeOp(Op):
         tries again, or gives it up after its last: :meth:`give_up`)."""
         self._error = error
         self._isolating = True
+        if self._calling is not None and (self._failed_at is None or self._calling > self._failed_at):
+            self._failed_at = self._calling
 
     def timer_done(self) -> None:
         """The stage's timer call that fired (:meth:`on_timer`) ended, its ``finish`` included
         (state writes, and a fused sink writing what fired): how long it held the tablet."""
-        self._error, self._took = None, 0
+        self._error, self._took, self._calling = None, 0, None
         if not self._left:
-            self._isolating = False
+            self._isolating, self._failed_at = False, None
         if self.firing is not None:
             t0, cpu0, queued0, fired = self.firing
             self.firing = None

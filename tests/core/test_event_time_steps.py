@@ -131,3 +131,43 @@ def test_a_raw_input_of_a_join_after_a_window_is_judged_as_if_the_window_were_a_
     then.push(ctx, [(b"a", "right", base + 6_200_000)], 1)  # records first ...
     _call(ctx, [first, then], first.on_timer, f"@{base + SECOND}", base + SECOND)  # ... then the timer
     assert [(k, v[1], t - base) for k, v, t in out] == [(b"a", "right", 6_200_000)]
+
+
+class _Refuses:
+    """A step after the window that raises on a batch of results holding key ``bad``."""
+
+    def push(self, ctx: Any, items: list[Any], side: int = 0) -> None:
+        if any(key == b"bad" for key, _, _ in items):
+            raise ValueError("refused")
+
+
+def test_a_firing_that_failed_for_a_later_due_time_keeps_one_window_per_call(monkeypatch: Any) -> None:
+    """Review of the give-up: isolation ended once the due time of the call that just ran had
+    nothing left, though the firing that raised was for a later one: its next call took a
+    whole chunk again (with one attempt, healthy windows went to the dead letters with it)."""
+    monkeypatch.setattr(windowing, "FIRE_SLICE_S", 0.0)  # one chunk per call
+    monkeypatch.setattr(windowing, "FIRE_CHUNK", 2)
+    ctx = _Cells()
+    step = windowing.Window("w", Tumbling(SECOND), Count(), late="w.late")
+    step.nexts = [(_Refuses(), 0)]  # type: ignore[list-item]
+
+    def call(fn: Any, *args: Any) -> bool:
+        try:
+            fn(ctx, *args)
+            step.finish(ctx)  # type: ignore[arg-type]
+        except ValueError as e:
+            step.abort()
+            step.timer_failed(e)
+            return False
+        step.commit()
+        step.timer_done()
+        return True
+
+    t1, t2 = T0 + SECOND, T0 + 2 * SECOND
+    call(step.push, [(b"a", 1, T0), (b"b", 1, T0 + 1), (b"c", 1, T0 + 2), (b"bad", 1, t1), (b"x", 1, t1 + 1)])
+    ctx.low_watermark = t2
+    assert call(step.on_timer, f"@{t1}", t1)      # a and b; c is left due by t1
+    assert not call(step.on_timer, f"@{t2}", t2)  # c and bad: raises
+    assert call(step.on_timer, f"@{t1}", t1)      # one window per call now: c, the last due by t1
+    assert not call(step.on_timer, f"@{t2}", t2)  # still one per call: bad alone
+    assert step.took == 1
