@@ -614,7 +614,11 @@ class WorkerCore:
         return self.watermarks.get(computation, WATERMARK_MIN)
 
     def set_watermarks(self, inputs: dict[str, int]) -> None:
-        """Adopt the leader's input watermarks (never moving one backwards here)."""
+        """Adopt the leader's input watermarks (never moving one backwards here). An answer
+        with none is a leader that has not computed them yet (a new one, before its first
+        tick): they are not known from it, and no batch may run on the start of time."""
+        if not inputs and not self.watermarks_known:
+            return
         advanced = set()
         for comp, wm in inputs.items():
             if wm > self.watermarks.get(comp, WATERMARK_MIN):
@@ -651,10 +655,14 @@ class WorkerCore:
         return (await self.deliver_counted(computation, key_range, token, records, orders))[0]
 
     async def deliver_counted(self, computation: str, key_range: int, token: int, records: Columns | list[Record],
-                              orders: Orders | None = None) -> tuple[int, int]:
+                              orders: Orders | None = None, injected: bool = False) -> tuple[int, int]:
         """:meth:`deliver`, with how many of the records were dropped as duplicates (with OK;
         the answer to a Deliver carries it, so an injector can tell a re-used name). Records
-        come as columns (a list of records is taken too: tests, runtime.testing)."""
+        come as columns (a list of records is taken too: tests, runtime.testing). An
+        ``injected`` delivery goes in only if its computation is still open to input when it
+        does (a drain may have closed it while it waited: the leader releases the injectors
+        once this worker reports the closing routing, and takes its tablets' reports as all
+        that came in)."""
         if not isinstance(records, Columns):
             records = Columns.of_records(records, next(iter(orders)) if orders and len(orders) == 1 else None)
         if self.faults.path is not None and self.faults.busy():
@@ -668,6 +676,8 @@ class WorkerCore:
             self._collect()
             tablet = self.tablets.get(key)
         if tablet is not None and tablet.token == token and not tablet.closing:
+            if injected:
+                return await tablet.deliver(records, orders, lambda: not self.routing.closed_to_input(computation))
             return await tablet.deliver(records, orders)
         assigned = self.routing.destination(computation, key_range)
         mine = assigned.address == self.address and self.lease_valid()

@@ -171,7 +171,8 @@ class WorkerServicer(rpc.WorkerServicer):
                 return pb.DeliverResponse(status=cast(Any, delivery.Status.BUSY),
                                           routing_version=self.core.routing.version)
         status, duplicates = await self.core.deliver_counted(request.computation, request.key_range,
-                                                             request.token, records, orders)
+                                                             request.token, records, orders,
+                                                             delivery.from_outside(request, worker))
         wid, seq = self.core.receipt()
         return pb.DeliverResponse(status=cast(Any, status),  # an int of DeliverResponse.Status
                                   worker_id=wid, report_seq=seq, routing_version=self.core.routing.version,

@@ -303,11 +303,13 @@ class Tablet:
 
     # -------------------------------------------------------------- delivery
 
-    async def deliver(self, cols: Columns, orders: Orders | None = None) -> tuple[int, int]:
+    async def deliver(self, cols: Columns, orders: Orders | None = None,
+                      admitted: Callable[[], bool] | None = None) -> tuple[int, int]:
         """Queue a delivery's records; resolves to OK once committed, BUSY, OUT_OF_ORDER or NOT_OWNER
         otherwise, with how many of its records were dropped as duplicates (with OK).
         ``orders`` place its records in their producers' orders (see ``ProducerOrder`` in
-        proto/millstream.proto and worker/dedup.py)."""
+        proto/millstream.proto and worker/dedup.py). ``admitted``, asked as the records go in
+        (after any wait for room): whether an injector's may still (not if a drain closed it)."""
         if self.closing or not self.open:
             return NOT_OWNER, 0
         limits = self.host.limits
@@ -328,6 +330,8 @@ class Tablet:
                 pass
             if self.closing or not self.open:
                 return NOT_OWNER, 0
+        if admitted is not None and not admitted():
+            return NOT_OWNER, 0
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.keys.add(cols.keys)
         d = self.inbox.put(cols, fut, orders or None)

@@ -428,6 +428,8 @@ def test_a_fresh_worker_runs_no_batch_before_it_knows_its_input_watermarks(tmp_p
         for _ in range(20):
             await asyncio.sleep(0.01)  # time for a batch to run, if one could
         assert not delivery.done() and core.tablets[("echo", 0)].processed == 0, "no batch yet"
+        core.set_watermarks({})  # a new leader's answer before its first tick: it knows none yet
+        assert not core.watermarks_known, "an empty answer made the start of time the watermarks"
         core.set_watermarks({"echo": BASE + 5, "collect": BASE + 5})  # the leader's first answer
         assert await asyncio.wait_for(delivery, 10) == OK
         await _until(lambda: Collector.seen == [("out", b"k", b"on time")], "the record that is on time")
