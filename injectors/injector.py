@@ -511,6 +511,22 @@ class Injector:
                     "reported them); call finish() again once the cluster is healthy")
         self.finished = True
 
+    def retire(self) -> None:
+        """End this run, keeping its promise (a load that later loads under the name follow):
+        send everything, wait until it is confirmed (as :meth:`finish`), then tell the leader
+        the watermark reached is final. It holds the stream there until another injector under
+        the name reports, whose promises count from then on (:meth:`close` keeps holding: the
+        run may be re-run). Raises InjectionError if not confirmed within ``timeout``."""
+        self.flush()
+        deadline = time.monotonic() + self.timeout
+        while not self._marks.confirmed():
+            if time.monotonic() > deadline:
+                raise InjectionError(f"injector {self.name!r}: what it sent on {self.stream!r} was not confirmed "
+                                     f"within {self.timeout:.0f}s; call retire() again once the cluster is healthy")
+            self._marks.report(wait=True)  # bounded by its confirm_timeout
+        self._marks.retire()
+        self.finished = True
+
     def release(self) -> None:
         """Drop every hold on this stream under this injector's name, this object's and
         those of other (crashed, stale) injectors that used the name, without waiting for

@@ -254,9 +254,22 @@ class Watermark:
                 failing = min(RETRY_MAX_S, 2 * failing or CONFIRM_EVERY_S)
                 self._failing = True
 
-    def _send(self, wm: int, idle: bool) -> dict[str, int]:
+    def confirmed(self) -> bool:
+        """Whether every receipt of what it sent is confirmed (nothing held back)."""
+        with self._held_lock:
+            return not self._held
+
+    def retire(self) -> None:
+        """Report the watermark reached as this incarnation's final promise
+        (``Injector.retire``); nothing is reported after it."""
+        with self._lock:
+            wm, _ = self._state()
+            self._send(wm if self.reported is None else max(wm, self.reported), False, retired=True)
+        self.stop()
+
+    def _send(self, wm: int, idle: bool, retired: bool = False) -> dict[str, int]:
         report = pb.InjectorReport(name=self.name, stream=self.stream, watermark=wm,
-                                   incarnation=self.incarnation, idle=idle)
+                                   incarnation=self.incarnation, idle=idle, retired=retired)
         resp = self.client.call(lambda s: s.ReportInjector(report, timeout=self.client.timeout))
         self.reported = wm
         self.reported_idle = idle

@@ -39,6 +39,7 @@ class InjectorPromise:
     stream: str
     watermark: int
     incarnations: dict[str, int] = field(default_factory=dict)
+    retired: frozenset[str] = frozenset()  # of ``incarnations``: runs that ended with a final promise
 
 
 @dataclass

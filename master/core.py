@@ -111,9 +111,11 @@ class MasterCore:
         return self.image.reported()
 
     def report_injector(self, name: str, stream: str, watermark: int, incarnation: str = "",
-                        release: bool = False, operator: bool = False, idle: bool = False) -> None:
+                        release: bool = False, operator: bool = False, idle: bool = False,
+                        retired: bool = False) -> None:
         """An injector's current promise (master/injectors.py)."""
-        injectors.report(self.image, name, stream, watermark, self.now_ms(), incarnation, release, operator, idle)
+        injectors.report(self.image, name, stream, watermark, self.now_ms(), incarnation, release, operator, idle,
+                         retired)
 
     def routing(self) -> pb.Routing:
         return routing_of(self.image)

@@ -114,6 +114,7 @@ class InjectorEntry:
     watermark: int
     incarnations: dict[str, int] = field(default_factory=dict)
     idle: set[str] = field(default_factory=set)   # incarnations that say they are idle (not stored)
+    retired: set[str] = field(default_factory=set)  # runs over, their promise final (stored)
     seen: float | None = None                     # the leader's clock at its last report
     dirty: bool = False                           # changed since it was written to etcd
 
@@ -127,33 +128,48 @@ class InjectorEntry:
         return bool(self.idle) and self.idle >= set(self.incarnations)
 
     def promise(self) -> InjectorPromise:
-        return InjectorPromise(self.stream, self.watermark, dict(self.incarnations))
+        return InjectorPromise(self.stream, self.watermark, dict(self.incarnations), frozenset(self.retired))
 
-    def report(self, incarnation: str, watermark: int, idle: bool, now: float) -> None:
+    def report(self, incarnation: str, watermark: int, idle: bool, now: float, retired: bool = False) -> None:
         """One incarnation's promise (docs/time.md): a finished one (at the end of time) holds
-        nothing while others live; an idle one counts only while all are idle."""
-        before = (self.watermark, dict(self.incarnations))
+        nothing while others live (nor once another registers); an idle one counts only while
+        all are idle. A ``retired`` one (its run is over, its promise final:
+        ``Injector.retire``) holds its stream only until another incarnation reports, and is
+        then dropped."""
+        self.seen = now
+        before = (self.watermark, dict(self.incarnations), set(self.retired))
+        if watermark != END_OF_TIME:  # (a name left at the end of time before the tick deleted it)
+            for done in [i for i, wm in self.incarnations.items() if wm == END_OF_TIME and i != incarnation]:
+                del self.incarnations[done]
         self.incarnations[incarnation] = watermark
         if idle and watermark != END_OF_TIME:
             self.idle.add(incarnation)
         else:
             self.idle.discard(incarnation)
+        if retired and watermark != END_OF_TIME:
+            self.retired.add(incarnation)
+        else:
+            self.retired.discard(incarnation)
+            for gone in self.retired:  # a run after them: their promises are its to make now
+                del self.incarnations[gone]
+                self.idle.discard(gone)
+            self.retired.clear()
         if watermark == END_OF_TIME and len(self.incarnations) > 1:
             del self.incarnations[incarnation]
-        active = [wm for i, wm in self.incarnations.items() if i not in self.idle]
-        self.watermark = min(active or self.incarnations.values())
-        self.seen = now
-        if (self.watermark, self.incarnations) != before:
+        live = {i: wm for i, wm in self.incarnations.items() if i not in self.retired}
+        active = [wm for i, wm in live.items() if i not in self.idle]
+        self.watermark = min(active or live.values() or self.incarnations.values())
+        if (self.watermark, self.incarnations, self.retired) != before:
             self.dirty = True  # (a keep-alive that changes nothing costs no etcd write)
 
     def release(self, now: float) -> None:
         """Every hold under the name ends (an operator's release, a drain, an expiry)."""
-        self.incarnations, self.idle, self.watermark = {"": END_OF_TIME}, set(), END_OF_TIME
+        self.incarnations, self.idle, self.retired, self.watermark = {"": END_OF_TIME}, set(), set(), END_OF_TIME
         self.seen, self.dirty = now, True
 
     def reset(self, stream: str) -> None:
         """The name, finished on its stream, is taken for another stream: a new registration."""
-        self.stream, self.incarnations, self.idle = stream, {}, set()
+        self.stream, self.incarnations, self.idle, self.retired = stream, {}, set(), set()
 
 
 class ClusterImage:
@@ -225,7 +241,8 @@ class ClusterImage:
         for name, p in change.injectors.items():
             inj = self.injectors.get(name)
             if inj is None:  # a new leader's image
-                self.injectors[name] = InjectorEntry(p.stream, p.watermark, dict(p.incarnations), seen=now)
+                self.injectors[name] = InjectorEntry(p.stream, p.watermark, dict(p.incarnations),
+                                                     retired=set(p.retired), seen=now)
             elif inj.promise() == p:
                 inj.dirty = False  # written as it is (a report meanwhile keeps it dirty)
         for name in change.injectors_gone:

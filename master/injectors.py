@@ -43,10 +43,11 @@ def check_injector_name(name: str) -> None:
 
 
 def report(image: ClusterImage, name: str, stream: str, watermark: int, now: float, incarnation: str = "",
-           release: bool = False, operator: bool = False, idle: bool = False) -> None:
+           release: bool = False, operator: bool = False, idle: bool = False, retired: bool = False) -> None:
     """An injector's current promise; a new injector holds its stream from now on. ``release``
     (every hold under the name) needs ``operator``, the caller's role. An ``idle`` incarnation
-    counts only when all of the name's are idle (:func:`master.watermarks.with_idleness`)."""
+    counts only when all of the name's are idle (:func:`master.watermarks.with_idleness`); a
+    ``retired`` one only until another reports (:meth:`~master.image.InjectorEntry.report`)."""
     check_injector_name(name)
     if release and not operator:
         raise RoleError(f"releasing injector {name!r} drops every hold under the name, an "
@@ -81,7 +82,7 @@ def report(image: ClusterImage, name: str, stream: str, watermark: int, now: flo
                 f"injector {name!r} still holds stream {inj.stream!r} (at {inj.watermark}); finish it "
                 f"there, or have an operator release it, before using the name for {stream!r}")
         inj.reset(stream)
-    inj.report(incarnation, watermark, idle, now)
+    inj.report(incarnation, watermark, idle, now, retired)
     image.settler.observe(("injector", name), inj.watermark, now)
 
 

@@ -161,7 +161,7 @@ class MasterServicer(rpc.MasterServicer):
         core = await self._leader(context)
         await serving.call_core(context, lambda: _async(
             core.report_injector, request.name, request.stream, request.watermark, request.incarnation,
-            request.release, "operator" in caller_roles(), request.idle))
+            request.release, "operator" in caller_roles(), request.idle, request.retired))
         return pb.InjectorResponse(reported=core.reported())
 
     async def GetRouting(self, request: pb.RoutingRequest, context: Any) -> pb.Routing:

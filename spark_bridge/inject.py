@@ -36,7 +36,7 @@ from injectors.injector import DEFAULT_BATCH_SIZE, END_OF_TIME, Injector
 from runtime.client import Client, parse_addresses
 from runtime.errors import InjectionError, MillstreamError
 from runtime.imports import CodePolicy
-from runtime.record import derived_id
+from runtime.record import MAX_KEY_BYTES, MAX_VALUE_BYTES, derived_id
 from runtime.routing import RoutingTable
 from runtime.security import Security
 
@@ -164,12 +164,16 @@ class Plan:
     null_checked: dict[str, str]  # column -> role
     has_id: bool
     integer_time: str | None = None  # the timestamp column, if it holds integers (unit unknown)
+    sizes: tuple[Column, ...] = ()   # the longest key and value, in bytes, as sent
 
 
 def plan(df: DataFrame, *, key: str, value: str | Sequence[str] | None, timestamp: str,
          id: str | None = None) -> Plan:
     """Check the columns and their types (no Spark job) and build the projection."""
-    cols = [_key_expr(df, key).alias("k")]
+    from pyspark.sql import functions as F
+
+    k = _key_expr(df, key)
+    cols = [k.alias("k")]
     v, v_col = _value_expr(df, value)
     cols += [v.alias("v"), _timestamp_expr(df, timestamp).alias("t")]
     checked = {key: "key", timestamp: "timestamp"}
@@ -179,7 +183,7 @@ def plan(df: DataFrame, *, key: str, value: str | Sequence[str] | None, timestam
         cols.append(_id_expr(df, id).alias("i"))
         checked.setdefault(id, "id")
     integer = timestamp if _type_of(df, timestamp, "timestamp") in _INTEGRAL else None
-    return Plan(cols, checked, id is not None, integer)
+    return Plan(cols, checked, id is not None, integer, (F.max(F.octet_length(k)), F.max(F.octet_length(v))))
 
 
 # Microseconds since the epoch are above this after March 1973; seconds and milliseconds of
@@ -202,13 +206,15 @@ def check_time_unit(df: DataFrame, column: str) -> None:
             f"Nothing was injected. Multiply it: F.col({column!r}) * {factor}, or pass a timestamp column")
 
 
-def check_nulls(df: DataFrame, checked: dict[str, str], extra: Iterable[Column] = ()) -> list[Any]:
-    """Count nulls in the checked columns (one Spark job); raise if any. Returns ``extra``'s values."""
+def check_rows(df: DataFrame, p: Plan, extra: Iterable[Column] = ()) -> list[Any]:
+    """Count nulls in the checked columns and find the longest key and value as they would be
+    sent (one Spark job); raise if any is null or too long. Returns ``extra``'s values."""
     from pyspark.sql import functions as F
 
+    checked = p.null_checked
     aggs = [F.sum(F.col(c).isNull().cast("long")).alias(f"n{i}") for i, c in enumerate(checked)]
     extra = list(extra)
-    row = df.agg(*aggs, *extra).collect()[0]
+    row = df.agg(*aggs, *p.sizes, *extra).collect()[0]
     bad = [(c, role, int(row[i] or 0)) for i, (c, role) in enumerate(checked.items()) if row[i]]
     if bad:
         what = "; ".join(f"column {c!r} (the {role}) is null in {n} row{'s' * (n != 1)}"
@@ -216,7 +222,14 @@ def check_nulls(df: DataFrame, checked: dict[str, str], extra: Iterable[Column] 
         raise InvalidInputError(
             f"{what}. Nothing was injected: every record needs a key and a timestamp; filter "
             f"those rows out (df.dropna(subset=[...])) or fill them (df.fillna(...)) first")
-    return [row[len(checked) + i] for i in range(len(extra))]
+    sizes = [int(row[len(checked) + i] or 0) for i in range(len(p.sizes))]
+    for what, longest, limit in zip(("key", "value"), sizes, (MAX_KEY_BYTES, MAX_VALUE_BYTES), strict=True):
+        if longest > limit:
+            raise InvalidInputError(
+                f"the longest {what} is {longest:,} bytes as sent, over the limit of {limit:,}. Nothing was "
+                f"injected; filter those rows out (F.octet_length(...) <= {limit}) or store large objects "
+                "elsewhere and send a reference")
+    return [row[len(checked) + len(p.sizes) + i] for i in range(len(extra))]
 
 
 def check_stream(masters: str | Iterable[str], stream: str, timeout: float, security: Security = Security()) -> None:
@@ -292,6 +305,9 @@ def code_prefixes(allow_code: str | Sequence[str]) -> tuple[str, ...]:
     return prefixes
 
 
+_PARTITION = re.compile(r"/p\d+")  # a partition injector's name after the injection's
+
+
 def run_incarnation(given: str | None) -> str:
     """The incarnation a run's injectors register under: ``given``, or one of its own that
     nobody else can guess. Another holder of the injector token reporting under a known
@@ -354,14 +370,19 @@ def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] |
       column, or an integer column of microseconds since the epoch (event time).
     - ``value``: a column (string and binary as they are, others as text or
       JSON), a list of columns (sent as one JSON object), or ``None`` (empty).
-    - ``name`` names the injection: record ids derive from it and the row's
-      content (the n-th copy of an identical row gets the n-th id), or from the
-      ``id`` column, so re-running the same injection -- or Spark retrying a
-      task, on any partitioning -- sends nothing twice, while new data under
-      the same name is all sent.
+    - ``name`` names the injection: record ids derive from it and the content
+      of the row's partition (the rows are hash-partitioned by content into 16,
+      and each partition, sorted, is one producer), or from the ``id`` column.
+      Re-running the same injection on the same rows -- or Spark retrying a
+      task, on any partitioning -- sends nothing twice, while new data under the
+      same name is all sent. A re-run on rows that changed (a file added to the
+      input, a sample) sends every row of each partition that changed again,
+      old rows included: give such inputs an ``id`` column.
     - ``watermark``: after the job, ``"finish"`` releases the stream (nothing
       more will come from this injection); ``"max"`` advances it to the
-      largest timestamp sent; an int advances it to that time.
+      largest timestamp sent, an int to that time, and the run then retires
+      (``Injector.retire``): the stream is held there until the next
+      injection under ``name`` reports, whose promises count from then on.
     - ``incarnation``: what this run's holds are registered under (at most 64
       printable characters). By default a fresh, unguessable one per run, so a
       failed run's hold stays until :func:`release`; pass a value of your own,
@@ -387,7 +408,7 @@ def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] |
     if not (watermark in ("finish", "max") or (isinstance(watermark, int) and not isinstance(watermark, bool))):
         raise InvalidInputError(f"watermark={watermark!r}: use 'finish', 'max' or an int of microseconds")
     check_stream(addresses, stream, min(timeout, 10.0), security)
-    check_nulls(df, p.null_checked)
+    check_rows(df, p)
     if p.integer_time is not None:
         check_time_unit(df, p.integer_time)
     # From here on this injection holds the stream's watermark (until finished below).
@@ -407,6 +428,7 @@ def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] |
             if target is not None:
                 holder.advance_watermark(target)
             wm = holder.watermark
+            holder.retire()  # the run is over: its promise holds until the next run under the name
         log.debug("injected %d records from %d partitions into %s as %r",
                  result.records, result.partitions, stream, name)
         return InjectionResult(result.name, result.records, result.partitions, result.min_timestamp,
@@ -424,7 +446,8 @@ def release(*, stream: str, name: str, masters: str | Iterable[str], timeout: fl
     """
     with Client(masters, timeout=timeout, security=security) as client:
         known = [i["name"] for i in client.status().get("injectors", [])
-                 if i.get("stream") == stream and (i["name"] == name or i["name"].startswith(name + "/p"))]
+                 if i.get("stream") == stream and i["name"].startswith(name)
+                 and (i["name"] == name or _PARTITION.fullmatch(i["name"][len(name):]))]
         released = []
         for n in dict.fromkeys(known):
             client.release_injector(n, stream)  # every incarnation under the name

@@ -55,7 +55,16 @@ def read_stream(spark: SparkSession, path: str) -> DataFrame:
         return spark.createDataFrame([], desc["spark_schema"])
     if desc.get("codec") == "json" and not desc.get("fields"):
         # Inferred fields may differ from file to file: let Spark merge them.
-        return spark.read.option("mergeSchema", "true").parquet(*files)
+        try:
+            return spark.read.option("mergeSchema", "true").parquet(*files)
+        except Exception as e:  # pyspark's AnalysisException: one line, with what to do
+            if "merge" not in str(e).lower():
+                raise
+            raise MillstreamError(
+                f"the sink at {path} infers its JSON fields per file, and its files disagree on a field's "
+                f"type (a field null in one file, or int in one and float in another): Spark cannot merge "
+                "them. Give the sink its fields (ParquetSink fields=, docs/spark.md) for new files, or read "
+                "these with spark_bridge.read_rows") from None
     return spark.read.schema(desc["spark_schema"]).parquet(*files)
 
 

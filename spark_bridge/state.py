@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from runtime.errors import MillstreamError
@@ -30,6 +31,7 @@ def read_state(spark: Any, savepoint_dir: str, computation: str, state: str | No
     Each tablet's checkpoint is read by one Spark task, so the savepoint directory must be
     readable where the executors run (a local directory for ``local[*]``, else shared storage).
     """
+    savepoint_dir = os.path.abspath(savepoint_dir)  # the tasks may not run where this does
     manifest = read_manifest(savepoint_dir)
     paths = [(int(t["key_range"]), tablet_dir(savepoint_dir, computation, int(t["key_range"])))
              for t in manifest["tablets"] if t["computation"] == computation]

@@ -34,7 +34,7 @@ from spark_bridge.inject import (
     InjectionResult,
     InvalidInputError,
     PartitionInjection,
-    check_nulls,
+    check_rows,
     check_stream,
     code_prefixes,
     plan,
@@ -109,7 +109,7 @@ class StreamInjection:
                 col = F.col(spark_wm[0])
                 dtype = df.schema[spark_wm[0]].dataType.simpleString()
                 extra.append(F.max(F.unix_micros(col) if dtype == "timestamp" else col.cast("bigint")))
-            (batch_max, *_) = check_nulls(df, p.null_checked, extra) or [None]
+            (batch_max, *_) = check_rows(df, p, extra) or [None]
             id_name = f"{self.name}/b{batch_id}"
             task = PartitionInjection(self.addresses, self.stream, self.name, id_name, p.has_id,
                                       self.batch_size, self.timeout, self.incarnation, self.allow_code,

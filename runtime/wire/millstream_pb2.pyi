@@ -427,20 +427,22 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, known: _Optional[bool] = ..., routing_version: _Optional[int] = ..., input_watermarks: _Optional[_Mapping[str, int]] = ..., reported: _Optional[_Mapping[str, int]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class InjectorReport(_message.Message):
-    __slots__ = ("name", "stream", "watermark", "incarnation", "release", "idle")
+    __slots__ = ("name", "stream", "watermark", "incarnation", "release", "idle", "retired")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     IDLE_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_FIELD_NUMBER: _ClassVar[int]
     name: str
     stream: str
     watermark: int
     incarnation: str
     release: bool
     idle: bool
-    def __init__(self, name: _Optional[str] = ..., stream: _Optional[str] = ..., watermark: _Optional[int] = ..., incarnation: _Optional[str] = ..., release: _Optional[bool] = ..., idle: _Optional[bool] = ...) -> None: ...
+    retired: bool
+    def __init__(self, name: _Optional[str] = ..., stream: _Optional[str] = ..., watermark: _Optional[int] = ..., incarnation: _Optional[str] = ..., release: _Optional[bool] = ..., idle: _Optional[bool] = ..., retired: _Optional[bool] = ...) -> None: ...
 
 class InjectorResponse(_message.Message):
     __slots__ = ("reported",)

@@ -341,3 +341,31 @@ def test_a_dataframe_reaches_a_cluster_with_role_tokens_and_required_credentials
         wait_until(lambda: os.path.isdir(out) and spark_bridge.count_rows(out) >= n, 60, f"{n} rows in the sink")
         rows = read_rows(out)
         assert sorted(r["key"] for r in rows) == sorted(str(i) for i in range(n))
+
+
+def test_daily_loads_with_watermark_max_move_the_stream_on_each_day(spark: Any, shared_cluster: Cluster) -> None:
+    """Review of the Spark bridge: each run with watermark="max" left its driver's hold at its
+    own end (a fresh incarnation per run, closed, not finished), so the next day's run could
+    never move its name, nor the stream, past the first day's last timestamp."""
+    stream, _ = _sink(shared_cluster, "daily-max")
+    m = shared_cluster.masters_arg
+    for day in range(2):
+        rows = [(f"k{i}", "v", BASE + day * 10_000 + i) for i in range(20)]
+        df = spark.createDataFrame(rows, "k string, v string, ts long")
+        result = spark_bridge.inject(df, stream=stream, key="k", value="v", timestamp="ts", name="daily-max",
+                                     masters=m, watermark="max")
+        assert result.watermark == BASE + day * 10_000 + 19
+    [held] = [i for i in shared_cluster.client.status()["injectors"] if i["name"] == "daily-max"]
+    assert held["watermark"] == BASE + 10_019, "the second day's run did not move the stream past the first's"
+
+
+def test_a_value_too_long_is_refused_before_anything_is_sent(spark: Any, shared_cluster: Cluster) -> None:
+    """Review of the Spark bridge: an oversized value failed inside its task after the
+    partition's earlier rows were sent, and the message said to run the same injection again."""
+    stream, out = _sink(shared_cluster, "too-long")
+    df = spark.createDataFrame([("a", "x", BASE), ("b", "y" * (16 * 1024 * 1024 + 1), BASE)],
+                               "k string, v string, ts long")
+    with pytest.raises(InvalidInputError, match="longest value is 16,777,217 bytes as sent, over the limit"):
+        spark_bridge.inject(df, stream=stream, key="k", value="v", timestamp="ts", name="too-long",
+                            masters=shared_cluster.masters_arg)
+    _only_marker_arrives(shared_cluster, stream, out)

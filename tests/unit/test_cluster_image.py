@@ -51,6 +51,7 @@ async def _busy_leader(store: MemoryStore) -> MasterCore:
     await lifecycle.submit(core, _topology().to_json())
     await lifecycle.submit(core, _topology("other", "feed").to_json())
     core.report_injector("src", "in", 500, "i1")
+    core.report_injector("daily", "in", 700, "run1", retired=True)  # its retirement is kept too
     core.report_injector("done", "feed", END_OF_TIME)
     await progress.advance(core)
     return core
@@ -197,8 +198,9 @@ def test_the_status_document_keeps_every_field_and_is_plain_json() -> None:
                 "in_sync", "token", "load_median", "replication", "health"} == set(tablet)
         assert {"id", "address", "tablets", "followed", "zone", "last_heartbeat_ms_ago"} == set(doc["workers"][0])
         assert doc["liveness"]["registrations"] == 2 and doc["finished_streams"] == ["feed"]
-        (src,) = doc["injectors"]
+        src, daily = sorted(doc["injectors"], key=lambda i: i["name"] != "src")
         assert (src["name"], src["watermark"], src["finished"], src["stale"]) == ("src", 500, False, False)
+        assert (daily["name"], daily["watermark"]) == ("daily", 700)
         assert doc["computations"]["job-a"]["low_watermark"] == 500
         assert doc["computations"]["other-a"]["low_watermark"] == END_OF_TIME  # its stream finished
         assert doc["computations"]["job-b"]["low_watermark"] == 500  # held by its input, not by itself

@@ -200,3 +200,40 @@ def test_a_keepalive_that_changes_nothing_writes_nothing_to_etcd() -> None:
         assert len(writes) == n + 1
 
     asyncio.run(main())
+
+
+def test_a_retired_run_holds_its_stream_until_the_next_run_under_its_name_reports() -> None:
+    """Review of the Spark bridge: a daily load with watermark="max" closed its injector at
+    its promise, and the next day's run (a new incarnation under the same name) could never
+    move the name past it: the stream stopped at the first day's end. A run that retires
+    holds its stream until another run under the name reports, and is then dropped, also
+    across a new leader."""
+    store = MemoryStore()
+    core, clock = _core(store)
+
+    async def main() -> None:
+        core.report_injector("daily", "in", 500, "day1")
+        core.report_injector("daily", "in", 800, "day1", retired=True)
+        await progress.advance(core)
+        assert hold(core, "daily") == ("in", 800)
+        new = leader(store)
+        await new.become_leader()
+        assert hold(new, "daily") == ("in", 800) and new.image.injectors["daily"].retired == {"day1"}
+        new.report_injector("daily", "in", 100, "day2")  # the next run starts: its promises count
+        assert hold(new, "daily") == ("in", 100) and set(new.image.injectors["daily"].incarnations) == {"day2"}
+        new.report_injector("daily", "in", 2_000, "day2", retired=True)
+        assert hold(new, "daily") == ("in", 2_000)
+
+    asyncio.run(main())
+
+
+def test_a_name_left_at_the_end_of_time_holds_nothing_once_another_incarnation_registers() -> None:
+    """Review of the watermark path: a name whose only incarnation finished ({a: END}) and
+    that another registered under before the tick deleted it kept the finished one; once the
+    new one went idle the name counted as finished at the end of time, though the new one
+    had promised only 100."""
+    core, clock = _core()
+    core.report_injector("twice", "in", END, "a")
+    core.report_injector("twice", "in", 100, "b")
+    core.report_injector("twice", "in", 100, "b", idle=True)
+    assert hold(core, "twice") == ("in", 100) and not core.image.injectors["twice"].finished
