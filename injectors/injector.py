@@ -496,7 +496,10 @@ class Injector:
     def finish(self) -> None:
         """Send everything, then move the watermark to the end of time; returns once the
         leader holds that promise (raises :class:`InjectionError` if it cannot within the
-        injector's ``timeout``: the stream would otherwise stay held, silently; review W5)."""
+        injector's ``timeout``: the stream would otherwise stay held, silently; review W5).
+        Nothing after :meth:`retire` or :meth:`release` (it would take their word back)."""
+        if self.finished:
+            return
         self.flush()
         self._marks.promise(END_OF_TIME)
         deadline = time.monotonic() + self.timeout
@@ -512,32 +515,29 @@ class Injector:
         self.finished = True
 
     def retire(self) -> None:
-        """End this run, keeping its promise (a load that later loads under the name follow):
-        send everything, wait until it is confirmed (as :meth:`finish`), then tell the leader
-        the watermark reached is final. It holds the stream there until another injector under
-        the name reports, whose promises count from then on (:meth:`close` keeps holding: the
-        run may be re-run). Raises InjectionError if not confirmed within ``timeout``."""
+        """End this run, keeping its promise (later loads under the name follow): send it all,
+        wait until it is confirmed (as :meth:`finish`), then tell the leader the watermark is
+        final; it holds there until another injector under the name reports (:meth:`close`
+        keeps holding: a run may be re-run). Raises InjectionError if not confirmed in time."""
         self.flush()
         deadline = time.monotonic() + self.timeout
-        while not self._marks.confirmed():
+        while not self._marks.settled():
             if time.monotonic() > deadline:
-                raise InjectionError(f"injector {self.name!r}: what it sent on {self.stream!r} was not confirmed "
-                                     f"within {self.timeout:.0f}s; call retire() again once the cluster is healthy")
+                raise InjectionError(f"injector {self.name!r}: what it sent was not confirmed in {self.timeout:.0f}s; "
+                                     "call retire() again once the cluster is healthy")
             self._marks.report(wait=True)  # bounded by its confirm_timeout
         self._marks.retire()
         self.finished = True
 
     def release(self) -> None:
-        """Drop every hold on this stream under this injector's name, this object's and
-        those of other (crashed, stale) injectors that used the name, without waiting for
-        confirmations; an operator's way out. Nothing can be sent afterwards."""
+        """Drop every hold on this stream under this injector's name, this object's and those of
+        other (crashed, stale) injectors of the name, unconfirmed; an operator's way out."""
         self.client.release_injector(self.name, self.stream)
         self.finished = True
         self._marks.stop()  # no keep-alive may register the name again
 
     def close(self) -> None:
-        """Stop sending (records not flushed are dropped: call :meth:`finish` or :meth:`flush`
-        first) and release the connections."""
+        """Stop sending (records not flushed are dropped: :meth:`finish` or :meth:`flush` first)."""
         self._closed.set()
         with self._cond:
             self._cond.notify_all()

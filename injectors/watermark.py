@@ -243,6 +243,8 @@ class Watermark:
                 self.reported is not None and self.reported != END and now >= self._sent_at + KEEPALIVE_S)
             try:
                 with self._lock:
+                    if self._stopped:
+                        return  # (retired or released while it waited for the lock)
                     self._report_locked(wait=False, ask=ask)
                 failing = 0.0
                 self._failing = False
@@ -254,18 +256,19 @@ class Watermark:
                 failing = min(RETRY_MAX_S, 2 * failing or CONFIRM_EVERY_S)
                 self._failing = True
 
-    def confirmed(self) -> bool:
-        """Whether every receipt of what it sent is confirmed (nothing held back)."""
-        with self._held_lock:
-            return not self._held
+    def settled(self) -> bool:
+        """Whether nothing it sent is queued, in flight or unconfirmed (as ``finish`` waits for)."""
+        return self._state()[1]
 
     def retire(self) -> None:
         """Report the watermark reached as this incarnation's final promise
-        (``Injector.retire``); nothing is reported after it."""
+        (``Injector.retire``); nothing is reported after it (the confirmer stops first: a
+        report of its after this one would take the retirement back)."""
         with self._lock:
+            self._stopped = True
             wm, _ = self._state()
             self._send(wm if self.reported is None else max(wm, self.reported), False, retired=True)
-        self.stop()
+        self._due.set()
 
     def _send(self, wm: int, idle: bool, retired: bool = False) -> dict[str, int]:
         report = pb.InjectorReport(name=self.name, stream=self.stream, watermark=wm,

@@ -125,7 +125,13 @@ class InjectorEntry:
 
     @property
     def all_idle(self) -> bool:
-        return bool(self.idle) and self.idle >= set(self.incarnations)
+        return bool(self.idle) and self.idle >= set(self.incarnations) - self.retired
+
+    @property
+    def waiting(self) -> bool:
+        """Every incarnation retired: the name holds its stream at their promise until a next run
+        reports (it is silent by design: never stale, never expired)."""
+        return bool(self.retired) and self.retired >= set(self.incarnations)
 
     def promise(self) -> InjectorPromise:
         return InjectorPromise(self.stream, self.watermark, dict(self.incarnations), frozenset(self.retired))

@@ -105,7 +105,7 @@ def expire(image: ClusterImage, now: float, expiry_ms: float) -> list[str]:
     if expiry_ms <= 0:
         return []
     gone = [n for n, inj in image.injectors.items()
-            if not inj.finished and now - (inj.seen if inj.seen is not None else now) > expiry_ms]
+            if not inj.finished and not inj.waiting and now - (inj.seen if inj.seen is not None else now) > expiry_ms]
     for n in gone:
         inj = image.injectors[n]
         log.warning("injector %s on %s expired: no report for %.0f s (MasterConfig.injector_expiry_s); "

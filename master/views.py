@@ -100,6 +100,7 @@ class InjectorDoc(TypedDict):
     stale: bool
     idle: bool
     finished: bool
+    retired: bool  # every incarnation retired: held at their promise until a next run reports
 
 
 class ExpiredInjectorDoc(TypedDict):
@@ -267,8 +268,8 @@ def _injector(name: str, inj: InjectorEntry, now_ms: float, stale_ms: float) -> 
     G4). A live Injector reports every 10 s, so only a gone one goes stale."""
     quiet = None if inj.seen is None else round(now_ms - inj.seen)
     return {"name": name, "stream": inj.stream, "watermark": inj.watermark, "last_report_ms_ago": quiet,
-            "stale": quiet is not None and quiet > stale_ms and not inj.finished,
-            "idle": inj.all_idle, "finished": inj.finished}
+            "stale": quiet is not None and quiet > stale_ms and not inj.finished and not inj.waiting,
+            "idle": inj.all_idle, "finished": inj.finished, "retired": inj.waiting}
 
 
 def _problems_of(image: ClusterImage, computation: str) -> list[ProblemDoc]:

@@ -77,3 +77,28 @@ def test_an_idle_partition_does_not_hold_the_windows_of_the_others(cluster: Clus
     finally:
         idle.close()
         busy.close()
+
+
+def test_loads_that_retire_move_their_windows_on_each_run_and_hold_in_between(cluster: Cluster) -> None:
+    """A batch job's daily loads under one name, each a new injector (a new incarnation) that
+    sends its day (sequenced by a producer of the day's: under one name, positional ids would
+    make the second day's records the first's duplicates), promises its end and retires
+    (then leaves the ``with``, whose finish() must not take the retirement back). Between
+    runs the stream is held at the last promise, and each run's windows fire once its
+    promise is in."""
+    out = os.path.join(cluster.data_dir, "windows")
+    cluster.client.submit(windows.topology(out))
+    cluster.wait_assigned()
+    days = [[(b"k%d" % (i % 5), BASE + day * 10 * SECOND + i * 10_000) for i in range(300)] for day in range(2)]
+    for day, events in enumerate(days):
+        with Injector(cluster.masters_arg, "events", "daily-load", batch_size=100) as inj:
+            for n, (key, ts) in enumerate(events, start=1):  # each day's records are its own producer's
+                inj.send_sequenced(f"day-{day}", n, key, b"", ts)
+            inj.advance_watermark(events[-1][1] + SECOND)
+            inj.retire()
+        [held] = [i for i in cluster.client.status()["injectors"] if i["name"] == "daily-load"]
+        assert held["retired"] and not held["finished"] and held["watermark"] == events[-1][1] + SECOND
+        expected = _oracle([e for d in days[:day + 1] for e in d])
+        want = len(expected)
+        wait_until(lambda: len(_windows(out)) >= want, 30, f"day {day}'s windows to fire")  # noqa: B023
+        assert _windows(out) == expected

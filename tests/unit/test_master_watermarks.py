@@ -237,3 +237,20 @@ def test_a_name_left_at_the_end_of_time_holds_nothing_once_another_incarnation_r
     core.report_injector("twice", "in", 100, "b")
     core.report_injector("twice", "in", 100, "b", idle=True)
     assert hold(core, "twice") == ("in", 100) and not core.image.injectors["twice"].finished
+
+
+def test_a_retired_name_waits_for_its_next_run_past_the_expiry_and_is_never_stale() -> None:
+    """Review of the retirement: a retired run reports nothing more, and the leader's expiry
+    took that silence for a gone injector: a day later it released the name, and the stream
+    jumped to the end of time before the next day's run registered."""
+    core, clock = _core()
+    core.report_injector("daily", "in", 800, "day1", retired=True)
+    clock[0] += 2 * core.config.injector_expiry_s * 1000
+
+    async def main() -> None:
+        await progress.advance(core)
+
+    asyncio.run(main())
+    assert hold(core, "daily") == ("in", 800)
+    [doc] = [i for i in core.status()["injectors"] if i["name"] == "daily"]
+    assert doc["retired"] and not doc["stale"]
