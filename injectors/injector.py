@@ -399,15 +399,11 @@ class Injector:
             self._marks.report_later()
 
     def advance_watermark(self, timestamp: int) -> None:
-        """Promise to send nothing older than ``timestamp`` (never moves backwards).
-
-        Reported to the master at once, or, while earlier deliveries wait to be confirmed,
-        by the background thread that asks for their confirmation every 20 ms (one master
-        call per 20 ms however often a fast source promises, like Flink's periodic
-        watermarks). The effective watermark is never later than the oldest record not yet
-        confirmed (see :attr:`effective_watermark`), and rises as confirmations arrive.
-        :meth:`finish` waits.
-        """
+        """Promise to send nothing older than ``timestamp`` (never moves backwards). Reported
+        at once, or, while earlier deliveries wait to be confirmed, by the background thread
+        that asks for their confirmation every 20 ms (one master call per 20 ms however often
+        a source promises, like Flink's periodic watermarks). The effective watermark is never
+        later than the oldest record not yet confirmed (:attr:`effective_watermark`)."""
         check_time(timestamp, "watermark")
         self._marks.promise(timestamp)
         self._marks.report_promise()
@@ -519,22 +515,26 @@ class Injector:
         wait until it is confirmed (as :meth:`finish`), then tell the leader the watermark is
         final; it holds there until another injector under the name reports (:meth:`close`
         keeps holding: a run may be re-run). Raises InjectionError if not confirmed in time."""
-        self.flush()
+        if self.finished:
+            return
         deadline = time.monotonic() + self.timeout
-        while not self._marks.settled():
+        while True:
+            self.flush()  # (raises a round's error)
+            self._marks.report(wait=True)  # bounded by its confirm_timeout
+            if self._marks.settled():
+                break
             if time.monotonic() > deadline:
                 raise InjectionError(f"injector {self.name!r}: what it sent was not confirmed in {self.timeout:.0f}s; "
                                      "call retire() again once the cluster is healthy")
-            self._marks.report(wait=True)  # bounded by its confirm_timeout
         self._marks.retire()
         self.finished = True
 
     def release(self) -> None:
         """Drop every hold on this stream under this injector's name, this object's and those of
         other (crashed, stale) injectors of the name, unconfirmed; an operator's way out."""
+        self._marks.stop()  # first: no report may register the name again after the release
         self.client.release_injector(self.name, self.stream)
         self.finished = True
-        self._marks.stop()  # no keep-alive may register the name again
 
     def close(self) -> None:
         """Stop sending (records not flushed are dropped: :meth:`finish` or :meth:`flush` first)."""

@@ -190,9 +190,10 @@ class Watermark:
                     self._confirmer.start()
 
     def stop(self) -> None:
-        """The name was released (``Injector.release``): the confirmer reports nothing more (a
-        keep-alive would register the name again)."""
-        self._stopped = True
+        """The name is about to be released (``Injector.release``): nothing is reported from
+        now on (a keep-alive, or a report waiting for the lock, would register it again)."""
+        with self._lock:
+            self._stopped = True
         self._due.set()
 
     def close(self, timeout: float = 5.0) -> None:
@@ -280,6 +281,8 @@ class Watermark:
         return dict(resp.reported)
 
     def _report_locked(self, wait: bool, ask: bool = False) -> None:
+        if self._stopped:
+            return  # retired or released: a report now would take that back
         deadline = time.monotonic() + self.confirm_timeout
         while True:
             wm, nothing_pending = self._state()

@@ -140,8 +140,9 @@ class InjectorEntry:
         """One incarnation's promise (docs/time.md): a finished one (at the end of time) holds
         nothing while others live (nor once another registers); an idle one counts only while
         all are idle. A ``retired`` one (its run is over, its promise final:
-        ``Injector.retire``) holds its stream only until another incarnation reports, and is
-        then dropped."""
+        ``Injector.retire``) does not count while another (a next run) is live; with none
+        live, the name holds at the latest of the retired promises, and the earlier ones are
+        dropped (an empty run retiring below its predecessor moves nothing back)."""
         self.seen = now
         before = (self.watermark, dict(self.incarnations), set(self.retired))
         if watermark != END_OF_TIME:  # (a name left at the end of time before the tick deleted it)
@@ -154,19 +155,35 @@ class InjectorEntry:
             self.idle.discard(incarnation)
         if retired and watermark != END_OF_TIME:
             self.retired.add(incarnation)
+            latest = max(self.incarnations[i] for i in self.retired)
+            for gone in [i for i in self.retired if self.incarnations[i] < latest]:
+                del self.incarnations[gone]
+                self.retired.discard(gone)
+                self.idle.discard(gone)
         else:
             self.retired.discard(incarnation)
-            for gone in self.retired:  # a run after them: their promises are its to make now
-                del self.incarnations[gone]
-                self.idle.discard(gone)
-            self.retired.clear()
         if watermark == END_OF_TIME and len(self.incarnations) > 1:
             del self.incarnations[incarnation]
-        live = {i: wm for i, wm in self.incarnations.items() if i not in self.retired}
-        active = [wm for i, wm in live.items() if i not in self.idle]
-        self.watermark = min(active or live.values() or self.incarnations.values())
+        self._settle()
         if (self.watermark, self.incarnations, self.retired) != before:
             self.dirty = True  # (a keep-alive that changes nothing costs no etcd write)
+
+    def _settle(self) -> None:
+        live = {i: wm for i, wm in self.incarnations.items() if i not in self.retired}
+        if live:
+            active = [wm for i, wm in live.items() if i not in self.idle]
+            self.watermark = min(active or live.values())
+        else:  # every run is over: the latest promise stands until the next run
+            self.watermark = max(self.incarnations.values())
+
+    def expire_live(self, now: float) -> None:
+        """The live incarnations went silent past the expiry: they are gone, and the retired
+        ones' promise stands again (the name waits for a next run)."""
+        for gone in [i for i in self.incarnations if i not in self.retired]:
+            del self.incarnations[gone]
+            self.idle.discard(gone)
+        self._settle()
+        self.seen, self.dirty = now, True
 
     def release(self, now: float) -> None:
         """Every hold under the name ends (an operator's release, a drain, an expiry)."""

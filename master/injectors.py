@@ -101,13 +101,21 @@ def release_streams(image: ClusterImage, streams: Iterable[str], now: float) -> 
 def expire(image: ClusterImage, now: float, expiry_ms: float) -> list[str]:
     """Release the names no injector has reported for ``expiry_ms`` (review G4): a live
     ``Injector`` reports every 10 s, so the process that held them is gone. Records a later
-    injector sends under such a name may be late; the log and the status say so."""
+    injector sends under such a name may be late; the log and the status say so. A name
+    with a retired run falls back to that run's promise instead. Returns the names released."""
     if expiry_ms <= 0:
         return []
     gone = [n for n, inj in image.injectors.items()
             if not inj.finished and not inj.waiting and now - (inj.seen if inj.seen is not None else now) > expiry_ms]
-    for n in gone:
+    for n in list(gone):
         inj = image.injectors[n]
+        if inj.retired:  # an earlier run retired: its promise stands, waiting for a next run
+            log.warning("injector %s on %s: its live incarnations expired (no report for %.0f s); it holds the "
+                        "stream at its retired runs' promise %s again", n, inj.stream, (now - (inj.seen or now)) / 1000,
+                        max(inj.incarnations[i] for i in inj.retired))
+            inj.expire_live(now)
+            gone.remove(n)
+            continue
         log.warning("injector %s on %s expired: no report for %.0f s (MasterConfig.injector_expiry_s); "
                     "its hold at watermark %s is released, and records sent later under the name may "
                     "be late", n, inj.stream, (now - (inj.seen or now)) / 1000, inj.watermark)

@@ -75,7 +75,8 @@ def render(doc: dict[str, Any]) -> str:
         lines += ["", "injectors:"]
         for i in doc["injectors"]:
             flag = (f"  STALE: silent for {_lag(i['last_report_ms_ago'])}; it still holds its stream"
-                    if i.get("stale") else "  idle" if i.get("idle") else "")
+                    if i.get("stale") else "  idle" if i.get("idle") else
+                    "  retired: holds its stream here until a next run under the name" if i.get("retired") else "")
             lines.append(f"  {i['name']:<24} -> {i['stream']:<16} wm={_time(i['watermark'])}{flag}")
     for i in doc.get("expired_injectors") or []:
         lines.append(f"  EXPIRED {i['name']} -> {i['stream']} at wm={_time(i['watermark'])}, "

@@ -8,6 +8,7 @@ from typing import Any
 from master import lifecycle, progress
 from master.core import MasterCore
 from runtime import Topology
+from runtime.status import render
 from runtime.wire import millstream_pb2 as pb
 from tests.masterkit import END, MemoryStore, hold, leader, seed
 
@@ -206,8 +207,9 @@ def test_a_retired_run_holds_its_stream_until_the_next_run_under_its_name_report
     """Review of the Spark bridge: a daily load with watermark="max" closed its injector at
     its promise, and the next day's run (a new incarnation under the same name) could never
     move the name past it: the stream stopped at the first day's end. A run that retires
-    holds its stream until another run under the name reports, and is then dropped, also
-    across a new leader."""
+    holds its stream at its promise while no other run is live, also across a new leader; a
+    next run's promises count while it runs, and the latest retired promise then stands (an
+    empty run retiring below it moves nothing back)."""
     store = MemoryStore()
     core, clock = _core(store)
 
@@ -220,9 +222,12 @@ def test_a_retired_run_holds_its_stream_until_the_next_run_under_its_name_report
         await new.become_leader()
         assert hold(new, "daily") == ("in", 800) and new.image.injectors["daily"].retired == {"day1"}
         new.report_injector("daily", "in", 100, "day2")  # the next run starts: its promises count
-        assert hold(new, "daily") == ("in", 100) and set(new.image.injectors["daily"].incarnations) == {"day2"}
+        assert hold(new, "daily") == ("in", 100)
         new.report_injector("daily", "in", 2_000, "day2", retired=True)
-        assert hold(new, "daily") == ("in", 2_000)
+        assert hold(new, "daily") == ("in", 2_000) and set(new.image.injectors["daily"].incarnations) == {"day2"}
+        new.report_injector("daily", "in", 0, "day3")  # a run with nothing to load
+        new.report_injector("daily", "in", 0, "day3", retired=True)
+        assert hold(new, "daily") == ("in", 2_000) and set(new.image.injectors["daily"].incarnations) == {"day2"}
 
     asyncio.run(main())
 
@@ -254,3 +259,9 @@ def test_a_retired_name_waits_for_its_next_run_past_the_expiry_and_is_never_stal
     assert hold(core, "daily") == ("in", 800)
     [doc] = [i for i in core.status()["injectors"] if i["name"] == "daily"]
     assert doc["retired"] and not doc["stale"]
+    assert "retired: holds its stream here until a next run under the name" in render(core.status())  # type: ignore[arg-type]
+    # A next run that goes silent past the expiry is gone: the retired promise stands again.
+    core.report_injector("daily", "in", 100, "day2")
+    clock[0] += 2 * core.config.injector_expiry_s * 1000
+    asyncio.run(main())
+    assert hold(core, "daily") == ("in", 800) and set(core.image.injectors["daily"].incarnations) == {"day1"}
