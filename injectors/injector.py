@@ -513,8 +513,8 @@ class Injector:
     def retire(self) -> None:
         """End this run, keeping its promise (later loads under the name follow): send it all,
         wait until it is confirmed (as :meth:`finish`), then tell the leader the watermark is
-        final; it holds there until another injector under the name reports (:meth:`close`
-        keeps holding: a run may be re-run). Raises InjectionError if not confirmed in time."""
+        final: it holds the stream while no other run of the name is live (:meth:`close` keeps
+        holding: a run may be re-run). Raises InjectionError if not confirmed in time."""
         if self.finished:
             return
         deadline = time.monotonic() + self.timeout
@@ -532,8 +532,7 @@ class Injector:
     def release(self) -> None:
         """Drop every hold on this stream under this injector's name, this object's and those of
         other (crashed, stale) injectors of the name, unconfirmed; an operator's way out."""
-        self._marks.stop()  # first: no report may register the name again after the release
-        self.client.release_injector(self.name, self.stream)
+        self._marks.stop(lambda: self.client.release_injector(self.name, self.stream))
         self.finished = True
 
     def close(self) -> None:

@@ -189,10 +189,12 @@ class Watermark:
                                                        daemon=True)
                     self._confirmer.start()
 
-    def stop(self) -> None:
-        """The name is about to be released (``Injector.release``): nothing is reported from
-        now on (a keep-alive, or a report waiting for the lock, would register it again)."""
+    def stop(self, last: Callable[[], object]) -> None:
+        """Make ``last`` (the release of the name: ``Injector.release``), then report nothing
+        more (a keep-alive would register the name again), with no report in between; if
+        ``last`` raises, reports go on."""
         with self._lock:
+            last()
             self._stopped = True
         self._due.set()
 
@@ -263,12 +265,12 @@ class Watermark:
 
     def retire(self) -> None:
         """Report the watermark reached as this incarnation's final promise
-        (``Injector.retire``); nothing is reported after it (the confirmer stops first: a
-        report of its after this one would take the retirement back)."""
+        (``Injector.retire``); nothing is reported after it, with no report in between (one
+        after it would take the retirement back)."""
         with self._lock:
-            self._stopped = True
             wm, _ = self._state()
             self._send(wm if self.reported is None else max(wm, self.reported), False, retired=True)
+            self._stopped = True  # (not if it raised: reports go on, and retire() may be called again)
         self._due.set()
 
     def _send(self, wm: int, idle: bool, retired: bool = False) -> dict[str, int]:

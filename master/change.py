@@ -39,7 +39,7 @@ class InjectorPromise:
     stream: str
     watermark: int
     incarnations: dict[str, int] = field(default_factory=dict)
-    retired: frozenset[str] = frozenset()  # of ``incarnations``: runs that ended with a final promise
+    floor: int | None = None  # the latest promise of a run that retired (the name holds there with none live)
 
 
 @dataclass

@@ -107,14 +107,15 @@ class TabletEntry:
 
 @dataclass
 class InjectorEntry:
-    """An injector name: its stream and the promise of each live incarnation under the name.
-    The name holds its stream at the lowest promise of its active (not idle) incarnations."""
+    """An injector name: its stream, the promise of each live incarnation under the name, and
+    the promise runs under it left when they retired (``floor``). The name holds its stream at
+    the lowest promise of its active (not idle) incarnations; with none live, at the floor."""
 
     stream: str
     watermark: int
     incarnations: dict[str, int] = field(default_factory=dict)
     idle: set[str] = field(default_factory=set)   # incarnations that say they are idle (not stored)
-    retired: set[str] = field(default_factory=set)  # runs over, their promise final (stored)
+    floor: int | None = None                      # the latest retired promise (stored)
     seen: float | None = None                     # the leader's clock at its last report
     dirty: bool = False                           # changed since it was written to etcd
 
@@ -125,74 +126,69 @@ class InjectorEntry:
 
     @property
     def all_idle(self) -> bool:
-        return bool(self.idle) and self.idle >= set(self.incarnations) - self.retired
+        return bool(self.idle) and self.idle >= set(self.incarnations)
 
     @property
     def waiting(self) -> bool:
-        """Every incarnation retired: the name holds its stream at their promise until a next run
+        """No run is live, one retired: the name holds its stream at the floor until a next run
         reports (it is silent by design: never stale, never expired)."""
-        return bool(self.retired) and self.retired >= set(self.incarnations)
+        return not self.incarnations and self.floor is not None
 
     def promise(self) -> InjectorPromise:
-        return InjectorPromise(self.stream, self.watermark, dict(self.incarnations), frozenset(self.retired))
+        return InjectorPromise(self.stream, self.watermark, dict(self.incarnations), self.floor)
 
     def report(self, incarnation: str, watermark: int, idle: bool, now: float, retired: bool = False) -> None:
         """One incarnation's promise (docs/time.md): a finished one (at the end of time) holds
-        nothing while others live (nor once another registers); an idle one counts only while
-        all are idle. A ``retired`` one (its run is over, its promise final:
-        ``Injector.retire``) does not count while another (a next run) is live; with none
-        live, the name holds at the latest of the retired promises, and the earlier ones are
-        dropped (an empty run retiring below its predecessor moves nothing back)."""
+        nothing while others live (nor once another registers), and ends the floor (the input
+        is over for good); an idle one counts only while all are idle. A ``retired`` one
+        (``Injector.retire``: its run is over, its promise final) leaves the live ones and
+        raises the floor to its promise: the floor holds the stream while no run is live, and
+        never moves back (an empty run retiring below it changes nothing)."""
         self.seen = now
-        before = (self.watermark, dict(self.incarnations), set(self.retired))
+        before = (self.watermark, dict(self.incarnations), self.floor)
         if watermark != END_OF_TIME:  # (a name left at the end of time before the tick deleted it)
             for done in [i for i, wm in self.incarnations.items() if wm == END_OF_TIME and i != incarnation]:
                 del self.incarnations[done]
-        self.incarnations[incarnation] = watermark
-        if idle and watermark != END_OF_TIME:
-            self.idle.add(incarnation)
-        else:
-            self.idle.discard(incarnation)
         if retired and watermark != END_OF_TIME:
-            self.retired.add(incarnation)
-            latest = max(self.incarnations[i] for i in self.retired)
-            for gone in [i for i in self.retired if self.incarnations[i] < latest]:
-                del self.incarnations[gone]
-                self.retired.discard(gone)
-                self.idle.discard(gone)
+            self.incarnations.pop(incarnation, None)
+            self.idle.discard(incarnation)
+            self.floor = watermark if self.floor is None else max(self.floor, watermark)
         else:
-            self.retired.discard(incarnation)
-        if watermark == END_OF_TIME and len(self.incarnations) > 1:
-            del self.incarnations[incarnation]
+            self.incarnations[incarnation] = watermark
+            if idle and watermark != END_OF_TIME:
+                self.idle.add(incarnation)
+            else:
+                self.idle.discard(incarnation)
+            if watermark == END_OF_TIME:
+                self.floor = None
+                if len(self.incarnations) > 1:
+                    del self.incarnations[incarnation]
         self._settle()
-        if (self.watermark, self.incarnations, self.retired) != before:
+        if (self.watermark, self.incarnations, self.floor) != before:
             self.dirty = True  # (a keep-alive that changes nothing costs no etcd write)
 
     def _settle(self) -> None:
-        live = {i: wm for i, wm in self.incarnations.items() if i not in self.retired}
-        if live:
-            active = [wm for i, wm in live.items() if i not in self.idle]
-            self.watermark = min(active or live.values())
-        else:  # every run is over: the latest promise stands until the next run
-            self.watermark = max(self.incarnations.values())
+        if self.incarnations:
+            active = [wm for i, wm in self.incarnations.items() if i not in self.idle]
+            self.watermark = min(active or self.incarnations.values())
+        elif self.floor is not None:  # every run is over: the latest promise stands until the next run
+            self.watermark = self.floor
 
     def expire_live(self, now: float) -> None:
-        """The live incarnations went silent past the expiry: they are gone, and the retired
-        ones' promise stands again (the name waits for a next run)."""
-        for gone in [i for i in self.incarnations if i not in self.retired]:
-            del self.incarnations[gone]
-            self.idle.discard(gone)
+        """The live incarnations went silent past the expiry: they are gone, and the floor
+        stands again (the name waits for a next run)."""
+        self.incarnations, self.idle = {}, set()
         self._settle()
         self.seen, self.dirty = now, True
 
     def release(self, now: float) -> None:
         """Every hold under the name ends (an operator's release, a drain, an expiry)."""
-        self.incarnations, self.idle, self.retired, self.watermark = {"": END_OF_TIME}, set(), set(), END_OF_TIME
+        self.incarnations, self.idle, self.floor, self.watermark = {"": END_OF_TIME}, set(), None, END_OF_TIME
         self.seen, self.dirty = now, True
 
     def reset(self, stream: str) -> None:
         """The name, finished on its stream, is taken for another stream: a new registration."""
-        self.stream, self.incarnations, self.idle, self.retired = stream, {}, set(), set()
+        self.stream, self.incarnations, self.idle, self.floor = stream, {}, set(), None
 
 
 class ClusterImage:
@@ -265,7 +261,7 @@ class ClusterImage:
             inj = self.injectors.get(name)
             if inj is None:  # a new leader's image
                 self.injectors[name] = InjectorEntry(p.stream, p.watermark, dict(p.incarnations),
-                                                     retired=set(p.retired), seen=now)
+                                                     floor=p.floor, seen=now)
             elif inj.promise() == p:
                 inj.dirty = False  # written as it is (a report meanwhile keeps it dirty)
         for name in change.injectors_gone:

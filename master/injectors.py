@@ -47,7 +47,7 @@ def report(image: ClusterImage, name: str, stream: str, watermark: int, now: flo
     """An injector's current promise; a new injector holds its stream from now on. ``release``
     (every hold under the name) needs ``operator``, the caller's role. An ``idle`` incarnation
     counts only when all of the name's are idle (:func:`master.watermarks.with_idleness`); a
-    ``retired`` one only until another reports (:meth:`~master.image.InjectorEntry.report`)."""
+    ``retired`` one leaves its promise as the name's floor (:meth:`~master.image.InjectorEntry.report`)."""
     check_injector_name(name)
     if release and not operator:
         raise RoleError(f"releasing injector {name!r} drops every hold under the name, an "
@@ -109,10 +109,10 @@ def expire(image: ClusterImage, now: float, expiry_ms: float) -> list[str]:
             if not inj.finished and not inj.waiting and now - (inj.seen if inj.seen is not None else now) > expiry_ms]
     for n in list(gone):
         inj = image.injectors[n]
-        if inj.retired:  # an earlier run retired: its promise stands, waiting for a next run
+        if inj.floor is not None:  # an earlier run retired: its promise stands, waiting for a next run
             log.warning("injector %s on %s: its live incarnations expired (no report for %.0f s); it holds the "
                         "stream at its retired runs' promise %s again", n, inj.stream, (now - (inj.seen or now)) / 1000,
-                        max(inj.incarnations[i] for i in inj.retired))
+                        inj.floor)
             inj.expire_live(now)
             gone.remove(n)
             continue

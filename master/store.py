@@ -12,7 +12,7 @@ Layout under ``/millstream/``::
     identities/<worker id>      SHA-256 of that worker id's secret (kept when it leaves:
                                 the id stays its disk's)
     watermarks/<computation>    published low watermark (never decreases)
-    injectors/<name>            {"stream", "watermark", "incarnations", "retired" (if any)}
+    injectors/<name>            {"stream", "watermark", "incarnations", "floor" (if a run retired)}
     finished/<stream>           "1" once every injector of that stream finished (it counts as fed,
                                 at the end of time) until a new job reads it
     jobs/<topology>             {"state", "since", ...} once a job left "running" (master/lifecycle.py)
@@ -102,7 +102,7 @@ class Snapshot:
     injectors: dict[str, tuple[str, int]]
     # name -> incarnation -> watermark; an injector of an older version has none stored
     injector_incarnations: dict[str, dict[str, int]] = field(default_factory=dict)
-    injector_retired: dict[str, frozenset[str]] = field(default_factory=dict)
+    injector_floors: dict[str, int] = field(default_factory=dict)
     zones: dict[str, str] = field(default_factory=dict)  # worker id -> zone
     code: dict[str, tuple[str, ...]] = field(default_factory=dict)  # worker id -> allowed code prefixes
     ranges: dict[str, Ranges] = field(default_factory=dict)  # split or merged computations
@@ -123,8 +123,8 @@ def as_change(snap: Snapshot, pause_until: float) -> Change:
         pauses={n: Pause.from_doc(doc, pause_until) for n, doc in snap.pauses.items() if n in snap.topologies},
         tablets=dict(snap.tablets), ranges=dict(snap.ranges), dropped=dict(snap.dropped),
         watermarks=dict(snap.watermarks),
-        injectors={n: InjectorPromise(s, wm, dict(snap.injector_incarnations.get(n) or {"": wm}),
-                                      snap.injector_retired.get(n, frozenset()))
+        injectors={n: InjectorPromise(s, wm, dict(snap.injector_incarnations[n]) if n in snap.injector_incarnations
+                                      else {"": wm}, snap.injector_floors.get(n))
                    for n, (s, wm) in snap.injectors.items()},
         finished_streams=dict.fromkeys(snap.finished, True),
         workers={w: WorkerInfo(a, snap.zones.get(w, ""), snap.code.get(w, ())) for w, a in snap.workers.items()},
@@ -271,8 +271,8 @@ class EtcdStore:
                 if "incarnations" in doc:
                     snap.injector_incarnations[key[len(INJECTORS):]] = {
                         i: int(w) for i, w in doc["incarnations"].items()}
-                if doc.get("retired"):
-                    snap.injector_retired[key[len(INJECTORS):]] = frozenset(doc["retired"])
+                if doc.get("floor") is not None:
+                    snap.injector_floors[key[len(INJECTORS):]] = int(doc["floor"])
             elif key.startswith(IDENTITIES):
                 snap.identities[key[len(IDENTITIES):]] = value.decode()
             elif key.startswith(JOBS):
@@ -321,7 +321,7 @@ class EtcdStore:
         first += [t.put(WATERMARKS + c, str(v)) for c, v in sorted(change.watermarks.items())]
         first += [t.put(INJECTORS + n, json.dumps({"stream": p.stream, "watermark": p.watermark,
                                                    "incarnations": dict(p.incarnations),
-                                                   **({"retired": sorted(p.retired)} if p.retired else {})}))
+                                                   **({"floor": p.floor} if p.floor is not None else {})}))
                   for n, p in sorted(change.injectors.items())]
         first += [t.put(FINISHED + s, "1") for s, done in sorted(change.finished_streams.items()) if done]
         for w, info in sorted(change.workers.items()):

@@ -381,8 +381,8 @@ def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] |
     - ``watermark``: after the job, ``"finish"`` releases the stream (nothing
       more will come from this injection); ``"max"`` advances it to the
       largest timestamp sent, an int to that time, and the run then retires
-      (``Injector.retire``): the stream is held there until the next
-      injection under ``name`` reports, whose promises count from then on.
+      (``Injector.retire``): the stream is held there while no next injection
+      under ``name`` runs, whose promises count while it does.
     - ``incarnation``: what this run's holds are registered under (at most 64
       printable characters). By default a fresh, unguessable one per run, so a
       failed run's hold stays until :func:`release`; pass a value of your own,

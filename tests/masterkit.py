@@ -49,11 +49,11 @@ class MemoryStore:
         for n, p in change.injectors.items():
             s.injectors[n] = (p.stream, p.watermark)
             s.injector_incarnations[n] = dict(p.incarnations)
-            _put(s.injector_retired, n, p.retired or None)
+            _put(s.injector_floors, n, p.floor)
         for n in change.injectors_gone:
             s.injectors.pop(n, None)
             s.injector_incarnations.pop(n, None)
-            s.injector_retired.pop(n, None)
+            s.injector_floors.pop(n, None)
         for stream, done in change.finished_streams.items():
             (s.finished.add if done else s.finished.discard)(stream)
         for w, info in change.workers.items():

@@ -29,6 +29,7 @@ class Leader:
         self.holds: dict[str, int] = {}
         self.watermarks: list[int] = []
         self.idle: list[bool] = []  # what each report said
+        self.retired: list[bool] = []
         self.hang = threading.Event()
         self.inside = threading.Event()
         self.release = threading.Event()
@@ -42,6 +43,7 @@ class Leader:
             assert self.release.wait(10)
         self.watermarks.append(report.watermark)
         self.idle.append(report.idle)
+        self.retired.append(report.retired)
         return pb.InjectorResponse(reported=self.holds)
 
 
@@ -254,9 +256,33 @@ def test_a_released_injector_sends_no_keepalive(monkeypatch: pytest.MonkeyPatch)
         marks.report()
         marks.report_later()
         wait_until(lambda: len(leader.watermarks) >= 2, 10, "a keep-alive", interval=0.005)
-        marks.stop()
+        released: list[bool] = []
+        marks.stop(lambda: released.append(True))  # the release call, made under the report lock
+        assert released == [True]
         wait_until(lambda: not any(t.name == "injector gone" for t in threading.enumerate()), 10,
                    "the confirmer to end", interval=0.005)
+    finally:
+        closed.set()
+        marks.close()
+
+
+def test_after_retiring_a_promise_or_going_idle_reports_nothing() -> None:
+    """Review of the retirement: advance_watermark() or mark_idle() after retire() reported a
+    plain promise, and the leader took the incarnation for a live run again (it then held
+    the stream until the expiry, a day)."""
+    leader, closed = Leader(), threading.Event()
+    marks = Watermark("daily", "in", "x", leader, lambda: MAX, closed)  # type: ignore[arg-type]
+    try:
+        marks.promise(1_000)
+        marks.report()
+        marks.retire()
+        assert leader.retired[-1] and leader.watermarks[-1] == 1_000
+        n = len(leader.watermarks)
+        marks.promise(2_000)
+        marks.report()
+        marks.mark_idle()
+        marks.report()
+        assert len(leader.watermarks) == n, "a report after the retirement"
     finally:
         closed.set()
         marks.close()

@@ -220,14 +220,17 @@ def test_a_retired_run_holds_its_stream_until_the_next_run_under_its_name_report
         assert hold(core, "daily") == ("in", 800)
         new = leader(store)
         await new.become_leader()
-        assert hold(new, "daily") == ("in", 800) and new.image.injectors["daily"].retired == {"day1"}
+        assert hold(new, "daily") == ("in", 800) and new.image.injectors["daily"].waiting
         new.report_injector("daily", "in", 100, "day2")  # the next run starts: its promises count
         assert hold(new, "daily") == ("in", 100)
         new.report_injector("daily", "in", 2_000, "day2", retired=True)
-        assert hold(new, "daily") == ("in", 2_000) and set(new.image.injectors["daily"].incarnations) == {"day2"}
+        assert hold(new, "daily") == ("in", 2_000) and new.image.injectors["daily"].waiting
         new.report_injector("daily", "in", 0, "day3")  # a run with nothing to load
         new.report_injector("daily", "in", 0, "day3", retired=True)
-        assert hold(new, "daily") == ("in", 2_000) and set(new.image.injectors["daily"].incarnations) == {"day2"}
+        assert hold(new, "daily") == ("in", 2_000)
+        new.report_injector("daily", "in", 0, "day2")  # the same incarnation again, for a next run
+        new.report_injector("daily", "in", END, "day2")  # ... that finishes: the input is over for good
+        assert hold(new, "daily") == ("in", END) and new.image.injectors["daily"].finished
 
     asyncio.run(main())
 
@@ -264,4 +267,9 @@ def test_a_retired_name_waits_for_its_next_run_past_the_expiry_and_is_never_stal
     core.report_injector("daily", "in", 100, "day2")
     clock[0] += 2 * core.config.injector_expiry_s * 1000
     asyncio.run(main())
-    assert hold(core, "daily") == ("in", 800) and set(core.image.injectors["daily"].incarnations) == {"day1"}
+    assert hold(core, "daily") == ("in", 800) and core.image.injectors["daily"].waiting
+    # ... also when that run reused the retired one's incarnation (a fixed incarnation=).
+    core.report_injector("daily", "in", 100, "day1")
+    clock[0] += 2 * core.config.injector_expiry_s * 1000
+    asyncio.run(main())
+    assert hold(core, "daily") == ("in", 800) and core.image.injectors["daily"].waiting
