@@ -521,19 +521,20 @@ class Injector:
         while True:
             self.flush()  # (raises a round's error)
             self._marks.report(wait=True)  # bounded by its confirm_timeout
-            if self._marks.settled():
+            if self._marks.settled() and self._marks.retire():
                 break
             if time.monotonic() > deadline:
                 raise InjectionError(f"injector {self.name!r}: what it sent was not confirmed in {self.timeout:.0f}s; "
                                      "call retire() again once the cluster is healthy")
-        self._marks.retire()
         self.finished = True
 
     def release(self) -> None:
         """Drop every hold on this stream under this injector's name, this object's and those of
         other (crashed, stale) injectors of the name, unconfirmed; an operator's way out."""
-        self._marks.stop(lambda: self.client.release_injector(self.name, self.stream))
-        self.finished = True
+        try:
+            self._marks.stop(lambda: self.client.release_injector(self.name, self.stream))
+        finally:
+            self.finished = True  # (a release that raised may have happened: call it again)
 
     def close(self) -> None:
         """Stop sending (records not flushed are dropped: :meth:`finish` or :meth:`flush` first)."""

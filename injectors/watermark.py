@@ -191,12 +191,14 @@ class Watermark:
 
     def stop(self, last: Callable[[], object]) -> None:
         """Make ``last`` (the release of the name: ``Injector.release``), then report nothing
-        more (a keep-alive would register the name again), with no report in between; if
-        ``last`` raises, reports go on."""
+        more (a keep-alive would register the name again), with no report in between. Also
+        if ``last`` raises: its answer may be what was lost, the release done."""
         with self._lock:
-            last()
-            self._stopped = True
-        self._due.set()
+            try:
+                last()
+            finally:
+                self._stopped = True
+                self._due.set()
 
     def close(self, timeout: float = 5.0) -> None:
         """After the injector's ``closed`` is set: let the confirmer end."""
@@ -263,15 +265,19 @@ class Watermark:
         """Whether nothing it sent is queued, in flight or unconfirmed (as ``finish`` waits for)."""
         return self._state()[1]
 
-    def retire(self) -> None:
+    def retire(self) -> bool:
         """Report the watermark reached as this incarnation's final promise
-        (``Injector.retire``); nothing is reported after it, with no report in between (one
-        after it would take the retirement back)."""
+        (``Injector.retire``), if nothing it sent is pending (else False: the caller waits);
+        nothing is reported after it, with no report in between (one after it would take the
+        retirement back). If the report raises, reports go on and it may be made again."""
         with self._lock:
-            wm, _ = self._state()
+            wm, settled = self._state()
+            if not settled:
+                return False
             self._send(wm if self.reported is None else max(wm, self.reported), False, retired=True)
-            self._stopped = True  # (not if it raised: reports go on, and retire() may be called again)
+            self._stopped = True
         self._due.set()
+        return True
 
     def _send(self, wm: int, idle: bool, retired: bool = False) -> dict[str, int]:
         report = pb.InjectorReport(name=self.name, stream=self.stream, watermark=wm,

@@ -68,6 +68,14 @@ class MasterCore:
         await asyncio.to_thread(self.store.apply, change)
         self.image.apply(change, self.now_ms())
 
+    async def store_injector(self, name: str) -> None:
+        """Write injector ``name``'s promise now, not at the next tick: a run that retired
+        reports nothing once answered, so a new leader must find its floor in etcd."""
+        async with self.lock:
+            inj = self.image.injectors.get(name)
+            if inj is not None and inj.dirty and not inj.finished:
+                await self.commit(Change(injectors={name: inj.promise()}))
+
     async def become_leader(self) -> None:
         """Build the image from etcd; every known worker gets a fresh lease period."""
         snap = await asyncio.to_thread(self.store.load)

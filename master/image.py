@@ -115,7 +115,7 @@ class InjectorEntry:
     watermark: int
     incarnations: dict[str, int] = field(default_factory=dict)
     idle: set[str] = field(default_factory=set)   # incarnations that say they are idle (not stored)
-    floor: int | None = None                      # the latest retired promise (stored)
+    floor: int | None = None                      # the highest retired promise (stored)
     seen: float | None = None                     # the leader's clock at its last report
     dirty: bool = False                           # changed since it was written to etcd
 
@@ -171,7 +171,7 @@ class InjectorEntry:
         if self.incarnations:
             active = [wm for i, wm in self.incarnations.items() if i not in self.idle]
             self.watermark = min(active or self.incarnations.values())
-        elif self.floor is not None:  # every run is over: the latest promise stands until the next run
+        elif self.floor is not None:  # every run is over: the highest promise stands until the next run
             self.watermark = self.floor
 
     def expire_live(self, now: float) -> None:

@@ -162,6 +162,8 @@ class MasterServicer(rpc.MasterServicer):
         await serving.call_core(context, lambda: _async(
             core.report_injector, request.name, request.stream, request.watermark, request.incarnation,
             request.release, "operator" in caller_roles(), request.idle, request.retired))
+        if request.retired:  # stored before it is answered: the injector reports nothing after it
+            await serving.call_core(context, lambda: core.store_injector(request.name))
         return pb.InjectorResponse(reported=core.reported())
 
     async def GetRouting(self, request: pb.RoutingRequest, context: Any) -> pb.Routing:

@@ -14,6 +14,7 @@ import pytest
 from injectors import watermark as watermark_module
 from injectors.watermark import MIN, Watermark
 from runtime.cluster import wait_until
+from runtime.errors import MillstreamError
 from runtime.wire import millstream_pb2 as pb
 
 MAX = (1 << 63) - 1
@@ -259,6 +260,30 @@ def test_a_released_injector_sends_no_keepalive(monkeypatch: pytest.MonkeyPatch)
         released: list[bool] = []
         marks.stop(lambda: released.append(True))  # the release call, made under the report lock
         assert released == [True]
+        wait_until(lambda: not any(t.name == "injector gone" for t in threading.enumerate()), 10,
+                   "the confirmer to end", interval=0.005)
+    finally:
+        closed.set()
+        marks.close()
+
+
+def test_a_release_whose_answer_is_lost_still_stops_the_keepalives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review of the floor: a release applied whose answer was lost (a retry then finds no such
+    name) left the injector reporting, and its next keep-alive registered the name again."""
+    monkeypatch.setattr(watermark_module, "KEEPALIVE_S", 0.01)
+    leader, closed = Leader(), threading.Event()
+    marks = Watermark("gone", "in", "x", leader, lambda: MAX, closed)  # type: ignore[arg-type]
+    try:
+        marks.promise(1_000)
+        marks.report()
+        marks.report_later()
+        wait_until(lambda: len(leader.watermarks) >= 2, 10, "a keep-alive", interval=0.005)
+
+        def lost() -> None:
+            raise MillstreamError("no injector 'gone' holds stream 'in'")
+
+        with pytest.raises(MillstreamError):
+            marks.stop(lost)
         wait_until(lambda: not any(t.name == "injector gone" for t in threading.enumerate()), 10,
                    "the confirmer to end", interval=0.005)
     finally:

@@ -273,3 +273,20 @@ def test_a_retired_name_waits_for_its_next_run_past_the_expiry_and_is_never_stal
     clock[0] += 2 * core.config.injector_expiry_s * 1000
     asyncio.run(main())
     assert hold(core, "daily") == ("in", 800) and core.image.injectors["daily"].waiting
+
+
+def test_a_retirement_is_stored_before_the_next_tick() -> None:
+    """Review of the floor: a retired run reports nothing once answered; the leader wrote its
+    promise only at the next tick, so a leader lost in between left a new one with the run
+    as a live incarnation, released at the expiry (the stream then jumped to the end of time)."""
+    store = MemoryStore()
+    core, clock = _core(store)
+
+    async def main() -> None:
+        core.report_injector("daily", "in", 800, "day1", retired=True)
+        await core.store_injector("daily")  # what ReportInjector does for a retirement, before it answers
+        new = leader(store)
+        await new.become_leader()
+        assert hold(new, "daily") == ("in", 800) and new.image.injectors["daily"].waiting
+
+    asyncio.run(main())
