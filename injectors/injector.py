@@ -515,18 +515,18 @@ class Injector:
         wait until it is confirmed (as :meth:`finish`), then tell the leader the watermark is
         final: it holds the stream while no other run of the name is live (:meth:`close` keeps
         holding: a run may be re-run). Raises InjectionError if not confirmed in time."""
-        if self.finished:
-            return
         deadline = time.monotonic() + self.timeout
-        while True:
+        while not self.finished:
             self.flush()  # (raises a round's error)
             self._marks.report(wait=True)  # bounded by its confirm_timeout
-            if self._marks.settled() and self._marks.retire():
-                break
-            if time.monotonic() > deadline:
+            try:
+                self.finished = self._marks.settled() and self._marks.retire()
+            except MillstreamError:  # (a leader lost meanwhile, say: its successor takes the retry)
+                if time.monotonic() > deadline:
+                    raise
+            if not self.finished and time.monotonic() > deadline:
                 raise InjectionError(f"injector {self.name!r}: what it sent was not confirmed in {self.timeout:.0f}s; "
                                      "call retire() again once the cluster is healthy")
-        self.finished = True
 
     def release(self) -> None:
         """Drop every hold on this stream under this injector's name, this object's and those of
@@ -534,7 +534,7 @@ class Injector:
         try:
             self._marks.stop(lambda: self.client.release_injector(self.name, self.stream))
         finally:
-            self.finished = True  # (a release that raised may have happened: call it again)
+            self.finished = self._marks.stopped  # (also if it may have happened: call it again)
 
     def close(self) -> None:
         """Stop sending (records not flushed are dropped: :meth:`finish` or :meth:`flush` first)."""

@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 from runtime.client import Client
 from runtime.delivery import Receipt
-from runtime.errors import MillstreamError
+from runtime.errors import ConfigError, MasterUnavailableError, MillstreamError, RoleError
 from runtime.receipts import HeldReceipts
 from runtime.record import END_OF_TIME, MIN_TIME
 from runtime.wire import millstream_pb2 as pb
@@ -192,13 +192,23 @@ class Watermark:
     def stop(self, last: Callable[[], object]) -> None:
         """Make ``last`` (the release of the name: ``Injector.release``), then report nothing
         more (a keep-alive would register the name again), with no report in between. Also
-        if ``last`` raises: its answer may be what was lost, the release done."""
+        if ``last`` raises, unless it was refused or reached no master: its answer may be what
+        was lost, the release done."""
         with self._lock:
             try:
                 last()
-            finally:
+            except (RoleError, ConfigError, MasterUnavailableError):
+                raise  # not released: reports go on
+            except BaseException:
                 self._stopped = True
+                raise
+            finally:
                 self._due.set()
+            self._stopped = True
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
 
     def close(self, timeout: float = 5.0) -> None:
         """After the injector's ``closed`` is set: let the confirmer end."""

@@ -69,11 +69,12 @@ class MasterCore:
         self.image.apply(change, self.now_ms())
 
     async def store_injector(self, name: str) -> None:
-        """Write injector ``name``'s promise now, not at the next tick: a run that retired
-        reports nothing once answered, so a new leader must find its floor in etcd."""
+        """Write injector ``name``'s promise now, not at the next tick: a run that retired (or
+        finished) reports nothing once answered, so a new leader must find it in etcd (a name
+        finished there is deleted by its first tick)."""
         async with self.lock:
             inj = self.image.injectors.get(name)
-            if inj is not None and inj.dirty and not inj.finished:
+            if inj is not None and inj.dirty:
                 await self.commit(Change(injectors={name: inj.promise()}))
 
     async def become_leader(self) -> None:

@@ -14,7 +14,7 @@ import pytest
 from injectors import watermark as watermark_module
 from injectors.watermark import MIN, Watermark
 from runtime.cluster import wait_until
-from runtime.errors import MillstreamError
+from runtime.errors import MillstreamError, RoleError
 from runtime.wire import millstream_pb2 as pb
 
 MAX = (1 << 63) - 1
@@ -282,8 +282,15 @@ def test_a_release_whose_answer_is_lost_still_stops_the_keepalives(monkeypatch: 
         def lost() -> None:
             raise MillstreamError("no injector 'gone' holds stream 'in'")
 
+        def refused() -> None:
+            raise RoleError("releasing injector 'gone' drops every hold under the name, an operator's action")
+
+        with pytest.raises(RoleError):
+            marks.stop(refused)  # not released: it goes on reporting
+        assert not marks.stopped
         with pytest.raises(MillstreamError):
             marks.stop(lost)
+        assert marks.stopped
         wait_until(lambda: not any(t.name == "injector gone" for t in threading.enumerate()), 10,
                    "the confirmer to end", interval=0.005)
     finally:

@@ -285,8 +285,11 @@ def test_a_retirement_is_stored_before_the_next_tick() -> None:
     async def main() -> None:
         core.report_injector("daily", "in", 800, "day1", retired=True)
         await core.store_injector("daily")  # what ReportInjector does for a retirement, before it answers
+        core.report_injector("once", "in", END, "x")  # ... and for a finish
+        await core.store_injector("once")
         new = leader(store)
         await new.become_leader()
         assert hold(new, "daily") == ("in", 800) and new.image.injectors["daily"].waiting
+        assert new.image.injectors["once"].finished
 
     asyncio.run(main())
