@@ -57,7 +57,7 @@ class _Echo(rpc.WorkerServicer):
         return _answers(request)
 
     async def DeliverStream(self, requests: Any, context: Any) -> AsyncIterator[pb.DeliverAnswerFrame]:
-        async def handle(frame: pb.DeliverFrame, size: int) -> pb.DeliverAnswerFrame:
+        async def handle(frame: pb.DeliverFrame, size: int, part: Any) -> pb.DeliverAnswerFrame:
             return pb.DeliverAnswerFrame(id=frame.id, credit=size, answers=_answers(frame.deliveries))
 
         async for answer in serve_frames(requests, context, handle, STREAM_CREDIT_BYTES):

@@ -5,12 +5,15 @@ worker/peers.py; an injector's, injectors/tablets.py).
 
 A turn of the event loop's deliveries to one worker leave together in one frame (up to
 ``delivery.BUNDLE_BYTES``) of the stream to that worker: one frame instead of a call per
-tablet, and the receiver runs their batches side by side.
+tablet, and the receiver runs their batches side by side. The frame asks to be answered in
+parts (``answer_each``): each delivery as soon as its tablet is done with it, so a slow
+tablet holds only its own deliveries, not the frame's others and the lanes behind them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
@@ -42,12 +45,15 @@ class FrameStream(Generic[Req, Ans]):
 
     ``open()`` starts the call; ``frame(id, payload)`` makes a frame; ``answers(answer)`` is
     what :meth:`send` returns of an answer frame; ``timeout``: a frame's deadline, credit
-    wait included."""
+    wait included. ``replace_late``: a frame not answered in time breaks the stream (the
+    caller opens a new one), for a receiver that may hold a frame for ever."""
 
     def __init__(self, open: Callable[[], _Call], frame: Callable[[int, Req], Any],
-                 answers: Callable[[Any], Ans], what: str, timeout: float = FRAME_TIMEOUT_S) -> None:
+                 answers: Callable[[Any], Ans], what: str, timeout: float = FRAME_TIMEOUT_S,
+                 replace_late: bool = False) -> None:
         self.window = SenderWindow()
         self.timeout = timeout  # a frame not answered by then fails
+        self.replace_late = replace_late
         self.broken: grpc.RpcError | None = None
         self.what = what
         self._frame = frame
@@ -56,13 +62,15 @@ class FrameStream(Generic[Req, Ans]):
         # Each frame's answer, or the stream's error (a result, never raised into a future
         # whose sender may have stopped waiting).
         self._waiting: dict[int, asyncio.Future[AnswerFrame | grpc.RpcError]] = {}
+        self._parts: dict[int, Callable[[Any], None]] = {}  # frame id -> what takes its answer's parts
         self._credit = asyncio.Event()  # set when credit comes back (or the stream breaks)
         self._writing = asyncio.Lock()
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
-    async def send(self, payload: Req) -> Ans:
+    async def send(self, payload: Req, on_part: Callable[[Any], None] | None = None) -> Ans:
         """The answers to ``payload`` as one frame; raises :class:`grpc.RpcError` where the
-        unary call would: refused, the stream broken, no answer in time."""
+        unary call would: refused, the stream broken, no answer in time. ``on_part``: takes
+        each part of the answer but the last (runtime/streams.py), as it comes."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         frame, size = self.window.next(lambda i: self._frame(i, payload))
@@ -77,6 +85,8 @@ class FrameStream(Generic[Req, Ans]):
             raise self.broken
         self.window.sent(frame.id, size)
         answer = self._waiting[frame.id] = loop.create_future()
+        if on_part is not None:
+            self._parts[frame.id] = on_part
         try:
             async with self._writing:
                 await self._call.write(frame)
@@ -86,8 +96,17 @@ class FrameStream(Generic[Req, Ans]):
             done = await asyncio.wait_for(asyncio.shield(answer), deadline - loop.time())
         except TimeoutError:
             self._waiting.pop(frame.id, None)
-            raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout:.0f} s"
-                              ) from None
+            self._parts.pop(frame.id, None)
+            late = StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout:.0f} s")
+            if self.replace_late:
+                # Its credit comes back only with its answer, which may never come (a tablet
+                # stuck in user code): each such frame would take its bytes off the grant for
+                # good, until nothing fits. A new stream starts with the whole grant; the
+                # receiver cancels what it held of this one (a delivery already queued still
+                # commits, and its resend is dropped as a duplicate), and the frames in flight
+                # on it fail as unreachable and are sent again.
+                self._break(late)
+            raise late from None
         if isinstance(done, grpc.RpcError):
             raise done
         refused = refusal(done)
@@ -104,7 +123,13 @@ class FrameStream(Generic[Req, Ans]):
                     error = StreamError(grpc.StatusCode.UNAVAILABLE, f"the worker ended the {self.what} stream")
                     break
                 self.window.answered(answer)
+                if answer.id and not answer.credit:  # a part: its frame is still in flight
+                    on_part = self._parts.get(answer.id)
+                    if on_part is not None:
+                        on_part(answer)
+                    continue
                 self._credit.set()
+                self._parts.pop(answer.id, None)
                 waiter = self._waiting.pop(answer.id, None)
                 if waiter is not None and not waiter.done():
                     waiter.set_result(answer)
@@ -120,6 +145,7 @@ class FrameStream(Generic[Req, Ans]):
         self._call.cancel()
         self._credit.set()
         waiting, self._waiting = self._waiting, {}
+        self._parts.clear()
         for waiter in waiting.values():
             if not waiter.done():
                 waiter.set_result(self.broken)
@@ -130,10 +156,12 @@ class FrameStream(Generic[Req, Ans]):
         await asyncio.gather(self._reader, return_exceptions=True)
 
 
-def delivery_stream(stub: rpc.WorkerStub) -> FrameStream[pb.DeliverManyRequest, pb.DeliverManyResponse]:
-    """A ``DeliverStream`` to the worker of ``stub``."""
-    return FrameStream(stub.DeliverStream, lambda i, d: pb.DeliverFrame(id=i, deliveries=d),
-                       lambda a: a.answers, "delivery")
+def delivery_stream(stub: rpc.WorkerStub) -> FrameStream[pb.DeliverManyRequest, pb.DeliverAnswerFrame]:
+    """A ``DeliverStream`` to the worker of ``stub``, its frames answered in parts; replaced
+    when a frame is not answered in time (a delivery waits on its tablet's commit, which user
+    code can hold for ever)."""
+    return FrameStream(stub.DeliverStream, lambda i, d: pb.DeliverFrame(id=i, deliveries=d, answer_each=True),
+                       lambda a: a, "delivery", FRAME_TIMEOUT_S, replace_late=True)
 
 
 class Channels:
@@ -164,12 +192,13 @@ _Waiting = tuple[pb.DeliverRequest, int, "asyncio.Future[delivery.Outcome]"]
 
 class DeliveryLinks:
     """Deliveries to workers, one :func:`delivery_stream` per worker; what one turn of the
-    loop gives a worker leaves in one frame (up to ``delivery.BUNDLE_BYTES``)."""
+    loop gives a worker leaves in one frame (up to ``delivery.BUNDLE_BYTES``), each of its
+    deliveries answered as soon as it is done."""
 
     def __init__(self, channels: Channels, *, owns_channels: bool = False) -> None:
         self.channels = channels
         self._owns_channels = owns_channels  # close() closes them too (an injector's own)
-        self._streams: dict[str, FrameStream[pb.DeliverManyRequest, pb.DeliverManyResponse]] = {}
+        self._streams: dict[str, FrameStream[pb.DeliverManyRequest, pb.DeliverAnswerFrame]] = {}
         self._warned: set[tuple[str, grpc.StatusCode]] = set()
         self._bundles: dict[str, list[_Waiting]] = {}
         self._calls: set[asyncio.Task[None]] = set()
@@ -194,29 +223,47 @@ class DeliveryLinks:
             task.add_done_callback(self._calls.discard)
 
     async def _call(self, address: str, bundle: list[_Waiting]) -> None:
+        futs = [b[2] for b in bundle]
         try:
-            resp = await self.stream(address).send(pb.DeliverManyRequest(deliveries=[b[0] for b in bundle]))
-            outs = [delivery.answered(a) for a in resp.answers]
+            last = await self.stream(address).send(pb.DeliverManyRequest(deliveries=[b[0] for b in bundle]),
+                                                   functools.partial(self._answered, address, futs))
+            self._answered(address, futs, last)
         except grpc.RpcError as e:
             out = self._failed(address, e)
             # (UNAUTHENTICATED is the caller's token or credential, never one delivery's.)
             if out.refused is not None and len(bundle) > 1 and e.code() != grpc.StatusCode.UNAUTHENTICATED:
                 # One delivery the receiver refuses for good refuses the frame: the others go
                 # alone, so only that one waits (it is retried, as any failed delivery).
-                for b in bundle:
-                    await self._call(address, [b])
+                alone = [b for b in bundle if not b[2].done()]
+                await asyncio.gather(*(self._call(address, [b]) for b in alone))
                 return
-            outs = [out] * len(bundle)
-        except Exception as e:  # noqa: BLE001 (an answer this version cannot read: no delivery may wait for ever)
-            log.warning("worker %s answered %d deliveries in a way this version cannot read: %r", address,
-                        len(bundle), e)
-            outs = [delivery.Outcome(delivery.Status.UNREACHABLE)] * len(bundle)
-        if len(outs) != len(bundle):  # not ours to trust: as unreachable (each is retried)
-            log.warning("worker %s answered %d of %d deliveries", address, len(outs), len(bundle))
-            outs = [delivery.Outcome(delivery.Status.UNREACHABLE)] * len(bundle)
-        for (_, _, fut), out in zip(bundle, outs, strict=True):
+            for fut in futs:
+                if not fut.done():
+                    fut.set_result(out)
+        for fut in futs:  # none may wait for ever: what no answer told is unreachable (retried)
             if not fut.done():
-                fut.set_result(out)
+                log.warning("worker %s left a delivery of a frame unanswered", address)
+                fut.set_result(delivery.Outcome(delivery.Status.UNREACHABLE))
+
+    @staticmethod
+    def _answered(address: str, futs: list[asyncio.Future[delivery.Outcome]], answer: pb.DeliverAnswerFrame) -> None:
+        """Settle the deliveries an answer (or a part of one) answers: ``answer.indexes``, or
+        every one of them in order (a receiver that answers frames whole)."""
+        answers = answer.answers.answers
+        indexes = list(answer.indexes) if answer.indexes else range(len(answers))
+        if len(indexes) != len(answers) or (not answer.indexes and len(answers) != len(futs)) or any(
+                i >= len(futs) for i in indexes):  # not ours to trust: as unreachable (each is retried)
+            log.warning("worker %s answered %d of %d deliveries", address, len(answers), len(futs))
+            indexes, answers = range(len(futs)), [None] * len(futs)  # type: ignore[assignment,list-item]
+        for i, a in zip(indexes, answers, strict=True):
+            if futs[i].done():
+                continue
+            try:
+                out = delivery.Outcome(delivery.Status.UNREACHABLE) if a is None else delivery.answered(a)
+            except Exception as e:  # noqa: BLE001 (an answer this version cannot read: no delivery may wait for ever)
+                log.warning("worker %s answered a delivery in a way this version cannot read: %r", address, e)
+                out = delivery.Outcome(delivery.Status.UNREACHABLE)
+            futs[i].set_result(out)
 
     def _failed(self, address: str, e: grpc.RpcError) -> delivery.Outcome:
         code = e.code()
@@ -229,7 +276,7 @@ class DeliveryLinks:
             log.warning("delivery to %s failed: %s (%s); retrying", address, code.name, e.details())
         return delivery.failed(e)
 
-    def stream(self, address: str) -> FrameStream[pb.DeliverManyRequest, pb.DeliverManyResponse]:
+    def stream(self, address: str) -> FrameStream[pb.DeliverManyRequest, pb.DeliverAnswerFrame]:
         """The stream to ``address``: a new one if there is none or it broke."""
         stream = self._streams.get(address)
         if stream is None or stream.broken is not None:

@@ -6,10 +6,13 @@ A sender keeps one long-lived stream per worker instead of one unary call per de
 (a bidi stream costs about half the CPU per round trip: docs/performance-history.md, "Issue 29:
 streams"). Each frame carries what one ``DeliverMany`` (or ``ReplicateMany``) would; the
 receiver handles frames side by side and answers each when its work is done, in any order,
-by id.
+by id. A delivery frame that asks for it (``answer_each``) is answered in parts, each
+delivery as soon as it is done: a slow tablet holds only its own deliveries, not the frame's
+others.
 
 Flow control is by credit, in bytes of encoded frames: the receiver's first message grants
-the stream :data:`STREAM_CREDIT_BYTES`, each answer gives its frame's size back, and a
+the stream :data:`STREAM_CREDIT_BYTES`, each answer gives its frame's size back (the last
+part of one answered in parts; the others carry none), and a
 sender puts a frame on the wire only within its credit (one larger than the whole grant goes
 alone, once nothing else is in flight). A receiver refuses a stream that overdraws.
 
@@ -109,10 +112,11 @@ class SenderWindow:
         self.in_flight[frame_id] = size
 
     def answered(self, answer: AnswerFrame) -> None:
-        """Count an answer in: its credit back, its frame no longer in flight."""
+        """Count an answer in: its credit back, its frame no longer in flight. An answer with
+        no credit is a part of its frame's (``DeliverFrame.answer_each``): the frame stays."""
         if answer.id == 0:
             self.granted += answer.credit
-        elif self.in_flight.pop(answer.id, None) is None:
+        elif (self.in_flight.get(answer.id) if not answer.credit else self.in_flight.pop(answer.id, None)) is None:
             raise ValueError(f"an answer to frame {answer.id}, which is not in flight on this stream")
         self.credit += answer.credit
 

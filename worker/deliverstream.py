@@ -18,8 +18,9 @@ from runtime.wire import millstream_pb2 as pb
 log = logging.getLogger(__name__)
 
 # What answers one frame (of the given size in bytes): the servicer's DeliverMany (or
-# ReplicateMany), as an answer frame.
-FrameHandler = Callable[[Any, int], Awaitable[Any]]
+# ReplicateMany), as an answer frame; it may send parts of that answer first, through the
+# callable it is given (a delivery frame's ``answer_each``: runtime/streams.py).
+FrameHandler = Callable[[Any, int, Callable[[Any], None]], Awaitable[Any]]
 
 
 async def serve_frames(frames: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any],
@@ -36,7 +37,7 @@ async def serve_frames(frames: AsyncIterator[Any], context: grpc.aio.ServicerCon
 
     async def answer(frame: Any, size: int) -> None:
         try:
-            out = await handle(frame, size)
+            out = await handle(frame, size, answers.put_nowait)
         except Exception as e:  # a bug: the frame fails (UNKNOWN, as the call would), not the stream
             log.exception("frame %d failed", frame.id)
             out = refused(frame.id, size, grpc.StatusCode.UNKNOWN, f"{type(e).__name__}: {e}", kind)

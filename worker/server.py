@@ -11,7 +11,7 @@ import os
 import shutil
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -98,28 +98,52 @@ class WorkerServicer(rpc.WorkerServicer):
                             context: Any) -> AsyncIterator[pb.DeliverAnswerFrame]:
         """Deliveries on one long-lived stream (runtime/streams.py): each frame is handled as
         a DeliverMany call by the same caller would be, side by side with the others, and
-        answered when done; a refused frame is answered with its status code."""
+        answered when done (with ``answer_each``, each delivery as soon as it is done, so a
+        slow tablet holds back only its own); a refused frame is answered with its status code."""
         worker, owner = _caller()  # the stream's credentials, checked once, hold for every frame
 
-        async def handle(frame: pb.DeliverFrame, size: int) -> pb.DeliverAnswerFrame:
+        async def handle(frame: pb.DeliverFrame, size: int,
+                         part: Callable[[pb.DeliverAnswerFrame], None]) -> pb.DeliverAnswerFrame:
             try:
-                answers = await self._deliver_many(frame.deliveries, worker, owner, "frame")
+                admitted = await self._admit_many(frame.deliveries, worker, owner, "frame")
             except streams.StreamError as e:
                 return streams.refused(frame.id, size, e.code(), e.details())
-            return pb.DeliverAnswerFrame(id=frame.id, answers=answers, credit=size)
+            pending = {asyncio.ensure_future(self._deliver(*a, worker)): i for i, a in enumerate(admitted)}
+            if not pending:
+                return pb.DeliverAnswerFrame(id=frame.id, answers=pb.DeliverManyResponse(), credit=size)
+            try:
+                while True:  # with answer_each, each delivery's answer as soon as it is done
+                    done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED
+                                                 if frame.answer_each else asyncio.ALL_COMPLETED)
+                    ready = sorted((pending.pop(t), t.result()) for t in done)
+                    answer = pb.DeliverAnswerFrame(id=frame.id, answers=pb.DeliverManyResponse(
+                        answers=[a for _, a in ready]), indexes=[i for i, _ in ready] if frame.answer_each else ())
+                    if not pending:
+                        answer.credit = size
+                        return answer
+                    part(answer)
+            finally:
+                for t in pending:
+                    t.cancel()
 
         async for answer in serve_frames(request_iterator, context, handle, self.stream_credit):
             yield answer
 
     async def _deliver_many(self, request: pb.DeliverManyRequest, worker: bool, owner: Owner | None,
-                            carrier: str = "unary") -> pb.DeliverManyResponse:
+                            ) -> pb.DeliverManyResponse:
+        admitted = await self._admit_many(request, worker, owner, "unary")
+        answers = await asyncio.gather(*(self._deliver(*a, worker) for a in admitted))
+        return pb.DeliverManyResponse(answers=answers)
+
+    async def _admit_many(self, request: pb.DeliverManyRequest, worker: bool, owner: Owner | None,
+                          carrier: str) -> list[tuple[pb.DeliverRequest, Columns, Any]]:
+        """:meth:`_admit` of a call's or a frame's deliveries, counted in the metrics."""
         admitted = await self._admit(request.deliveries, worker, owner)
         metrics.DELIVER_CALLS.labels(carrier).inc()
         if admitted:
             outside = delivery.from_outside(admitted[0][0], worker)
             metrics.DELIVERIES_PER_CALL.labels("injector" if outside else "worker").observe(len(admitted))
-        answers = await asyncio.gather(*(self._deliver(*a, worker) for a in admitted))
-        return pb.DeliverManyResponse(answers=answers)
+        return admitted
 
     async def _admit(self, requests: Any, worker: bool,
                      owner: Owner | None = None) -> list[tuple[pb.DeliverRequest, Columns, Any]]:
@@ -242,7 +266,7 @@ class WorkerServicer(rpc.WorkerServicer):
         """Replication on one long-lived stream (runtime/streams.py): each frame is handled as
         a ReplicateMany call would be, side by side with the others, and answered when done."""
 
-        async def handle(frame: pb.ReplicateFrame, size: int) -> pb.ReplicateAnswerFrame:
+        async def handle(frame: pb.ReplicateFrame, size: int, part: Any) -> pb.ReplicateAnswerFrame:
             metrics.REPLICAS_PER_CALL.observe(len(frame.requests.requests))
             metrics.REPLICATE_CALLS.labels("frame").inc()
             answers = await asyncio.gather(*(self.core.replicas.replicate(r) for r in frame.requests.requests))

@@ -142,7 +142,7 @@ def test_n4_holds_on_a_delivery_stream_for_every_frame_of_an_injectors_stream(tm
                 await injector.send(pb.DeliverManyRequest(deliveries=[forged]))
             assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
             both = await injector.send(pb.DeliverManyRequest(deliveries=[real]))  # the same stream goes on
-            assert [answered(a).status for a in both.answers] == [Status.OK]
+            assert [answered(a).status for a in both.answers.answers] == [Status.OK]
             assert injector.broken is None
             await injector.close()
             worker = delivery_stream(stub("worker"))
@@ -150,7 +150,7 @@ def test_n4_holds_on_a_delivery_stream_for_every_frame_of_an_injectors_stream(tm
             own = request("collect", 0, 1, [Record(b"k", b"own", BASE, sequence_id(up, 1))], {up: (0, 1)},
                           sender="up")
             taken = await worker.send(pb.DeliverManyRequest(deliveries=[own]))
-            assert [answered(a).status for a in taken.answers] == [Status.OK]
+            assert [answered(a).status for a in taken.answers.answers] == [Status.OK]
             await worker.close()
             deadline = asyncio.get_running_loop().time() + 10
             while len(_outputs()) < 2 and asyncio.get_running_loop().time() < deadline:
@@ -307,7 +307,7 @@ def test_n4_a_worker_that_requires_credentials_refuses_records_without_one(tmp_p
             assert (await stub("injector", credential).Deliver(mine(1))).status == OK
             stream = delivery_stream(stub("injector", credential))
             both = await stream.send(pb.DeliverManyRequest(deliveries=[mine(2)]))
-            assert [answered(a).status for a in both.answers] == [Status.OK]
+            assert [answered(a).status for a in both.answers.answers] == [Status.OK]
             await stream.close()
             up = worker_producer(producer_prefix("tablet\x00up/0"))
             own = request("collect", 0, 1, [Record(b"k", b"from a tablet", BASE, sequence_id(up, 1))],

@@ -62,7 +62,7 @@ class _Recorder(rpc.WorkerServicer):
         self.calls: list[list[str]] = []
 
     async def DeliverStream(self, requests: Any, context: Any) -> Any:
-        async def handle(frame: pb.DeliverFrame, size: int) -> pb.DeliverAnswerFrame:
+        async def handle(frame: pb.DeliverFrame, size: int, part: Any) -> pb.DeliverAnswerFrame:
             try:
                 answers = self._answer(list(frame.deliveries.deliveries))
             except StreamError as e:

@@ -10,6 +10,7 @@ import threading
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -88,15 +89,20 @@ class _Held(rpc.WorkerServicer):
         self.release: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
         self.arrived: list[list[str]] = []  # each frame's computations, in arrival order
         self.streams = 0
+        self.waiting = 0  # frames held now
 
     async def DeliverStream(self, requests: Any, context: Any) -> AsyncIterator[pb.DeliverAnswerFrame]:
         self.streams += 1
 
-        async def handle(frame: pb.DeliverFrame, size: int) -> pb.DeliverAnswerFrame:
+        async def handle(frame: pb.DeliverFrame, size: int, part: Any) -> pb.DeliverAnswerFrame:
             comps = [d.computation for d in frame.deliveries.deliveries]
             self.arrived.append(comps)
-            for c in comps:
-                await self.release[c].wait()
+            self.waiting += 1
+            try:
+                for c in comps:
+                    await self.release[c].wait()
+            finally:
+                self.waiting -= 1
             return pb.DeliverAnswerFrame(id=frame.id, credit=size, answers=pb.DeliverManyResponse(answers=[
                 pb.DeliverResponse(status=pb.DeliverResponse.OK, worker_id="w", report_seq=7) for _ in comps]))
 
@@ -145,6 +151,96 @@ def test_a_workers_frames_wait_side_by_side_and_are_answered_out_of_order() -> N
                 held.release["a"].set()
                 assert await a == (OK, ("w", 7))
                 assert held.streams == 1
+            finally:
+                await peers.close()
+
+    asyncio.run(main())
+
+
+class _HeldCore:
+    """What :class:`~worker.server.WorkerServicer` asks of a worker's core to take a delivery,
+    each computation's deliveries held until the test lets them go."""
+
+    def __init__(self) -> None:
+        self.release: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
+        self.arrived: list[str] = []
+        self.routing = SimpleNamespace(computations={}, version=1, closed_to_input=lambda computation: None)
+        self.faults = SimpleNamespace(injector_delay_s=lambda: 0)
+
+    async def deliver_counted(self, computation: str, *args: Any) -> tuple[int, int]:
+        self.arrived.append(computation)
+        await self.release[computation].wait()
+        return delivery.Status.OK, 0
+
+    def receipt(self) -> tuple[str, int]:
+        return "w", 7
+
+
+def test_a_slow_tablet_does_not_hold_the_answer_of_another_tablet_in_its_frame() -> None:
+    """Review of the delivery path (D1): a frame was answered once all of it was done, so a
+    tablet that took long held the answers of every delivery that shared its frame (one
+    turn's deliveries to one worker), and their lanes fell into its pace. The worker's own
+    servicer now answers each delivery of a frame as soon as it is done."""
+    from worker.server import WorkerServicer
+
+    async def main() -> None:
+        core = _HeldCore()
+        async with _server(WorkerServicer(core)) as (_, address):  # type: ignore[arg-type]
+            peers = Peers(Security())
+            try:
+                slow = _deliver(peers, address, "slow")
+                fast = _deliver(peers, address, "fast")  # the same turn: the same frame
+                await _until(lambda: sorted(core.arrived) == ["fast", "slow"], "both deliveries")
+                core.release["fast"].set()
+                assert await asyncio.wait_for(fast, 5) == (OK, ("w", 7))  # while slow still waits
+                assert not slow.done()
+                stream = peers.links._streams[address]
+                assert len(stream.window.in_flight) == 1 and stream.window.credit < stream.window.granted
+                core.release["slow"].set()
+                assert await slow == (OK, ("w", 7))
+                assert not stream.window.in_flight and stream.window.credit == stream.window.granted
+            finally:
+                await peers.close()
+
+    asyncio.run(main())
+
+
+def test_a_frame_answered_in_parts_stays_in_flight_until_its_last_part() -> None:
+    w = SenderWindow()
+    w.answered(pb.DeliverAnswerFrame(credit=1000))
+    w.sent(1, 300)
+    w.answered(pb.DeliverAnswerFrame(id=1, indexes=[1]))  # a part: no credit, still in flight
+    assert w.in_flight == {1: 300} and w.credit == 700
+    w.answered(pb.DeliverAnswerFrame(id=1, indexes=[0], credit=300))  # the last part
+    assert not w.in_flight and w.credit == 1000
+    with pytest.raises(ValueError, match="not in flight"):
+        w.answered(pb.DeliverAnswerFrame(id=1, indexes=[2]))
+
+
+def test_a_frame_never_answered_replaces_the_stream_so_its_credit_is_not_lost_for_good(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review of the delivery path (D2): a frame the receiver never answers (a tablet stuck
+    in user code) kept its bytes off the stream's grant after its deadline, and the stream
+    was never replaced: frames to every other tablet of that worker then found no credit.
+    Now the late frame breaks the stream; the next delivery opens a new one, with the whole
+    grant, and the receiver lets go of what it held of the old one."""
+    import runtime.links as links
+
+    monkeypatch.setattr(links, "FRAME_TIMEOUT_S", 0.5)
+
+    async def main() -> None:
+        size = pb.DeliverFrame(id=1, deliveries=_deliveries("stuck", value=b"x" * 1000)).ByteSize()
+        held = _Held(grant=size + size // 2)  # room for one such frame, not two
+        held.release["ok"].set()
+        async with _server(held) as (_, address):
+            peers = Peers(Security())
+            try:
+                stuck = _deliver(peers, address, "stuck", b"x" * 1000)
+                assert await stuck == (delivery.Status.UNREACHABLE, None)  # not answered in time
+                assert await _deliver(peers, address, "ok", b"x" * 1000) == (OK, ("w", 7))
+                assert held.streams == 2
+                await _until(lambda: not held.release["stuck"].is_set() and held.waiting == 0,
+                             "the receiver to let go of the old stream's frame")
             finally:
                 await peers.close()
 
@@ -299,8 +395,8 @@ def test_an_answer_this_version_cannot_read_fails_the_deliveries_instead_of_leav
     from runtime.links import Channels, DeliveryLinks
 
     class _Stream:
-        async def send(self, req: pb.DeliverManyRequest) -> pb.DeliverManyResponse:
-            return pb.DeliverManyResponse(answers=answers)
+        async def send(self, req: pb.DeliverManyRequest, on_part: Any = None) -> pb.DeliverAnswerFrame:
+            return pb.DeliverAnswerFrame(id=1, credit=1, answers=pb.DeliverManyResponse(answers=answers))
 
     async def main() -> None:
         links = DeliveryLinks(Channels(Security()))

@@ -46,7 +46,7 @@ class _Follower(rpc.WorkerServicer):
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
         self.streams += 1
 
-        async def handle(frame: pb.ReplicateFrame, size: int) -> pb.ReplicateAnswerFrame:
+        async def handle(frame: pb.ReplicateFrame, size: int, part: Any) -> pb.ReplicateAnswerFrame:
             self.frames.append([r.computation for r in frame.requests.requests])
             answers = await asyncio.gather(*(self._one(r) for r in frame.requests.requests))
             return pb.ReplicateAnswerFrame(id=frame.id, answers=pb.ReplicateManyResponse(answers=answers), credit=size)
