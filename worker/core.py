@@ -43,6 +43,7 @@ class WorkerLimits:
     max_queued_records: int = 20_000
     max_queued_bytes: int = 256 << 20  # also BUSY past this much queued input (S8)
     max_worker_queued_bytes: int = 1 << 30  # ... or past this much in all the worker's tablets together
+    max_worker_waiting_bytes: int = 256 << 20  # deliveries waiting for room, all senders: BUSY at once past it
     max_unacked: int = 100_000
     max_batch_records: int = 2_000
     # ... for a flow's stage, whose operators work per batch (one state write per key and
@@ -93,6 +94,7 @@ class WorkerCore:
         # as live (review N20). A worker of a cluster (``await_watermarks``) runs no batch
         # before then; its tablets open and queue deliveries meanwhile.
         self.watermarks_known = not await_watermarks
+        self.waiting_bytes = 0  # deliveries waiting for room in full tablets (max_worker_waiting_bytes)
         self._dropped_seen: dict[str, int] = {}  # the routing's "dropped" ids as last applied
         # Progress reports are numbered from this process's start time (µs), so a restarted
         # worker's first report is newer than any its previous process handed out as a

@@ -51,8 +51,7 @@ log = logging.getLogger(__name__)
 OK, NOT_OWNER, BUSY = Status.OK, Status.NOT_OWNER, Status.BUSY
 
 # A delivery to a full tablet waits this long for room (holding its sender's stream credit)
-# before it is answered BUSY; it looks again at least every ROOM_CHECK_S (acknowledgements
-# free room without a commit).
+# before it is answered BUSY, looking again at least every ROOM_CHECK_S (acks free room too).
 ROOM_WAIT_S = 2.0
 ROOM_CHECK_S = 0.05
 FLOW_CODES = (FLOW_CODE, SINK_FLOW_CODE)  # a flow's stages: batches of flow_batch_records
@@ -66,6 +65,7 @@ class TabletHost(Protocol):
     code_policy: CodePolicy
     worker_id: str
     watermarks_known: bool  # false: no batch may run yet (the input watermarks are not known)
+    waiting_bytes: int      # deliveries of all its tablets waiting for room (Tablet.deliver)
 
     def lease_valid(self) -> bool: ...
     def queued_bytes(self) -> int: ...
@@ -134,9 +134,8 @@ class Tablet:
                                on_slow=lambda seconds: self.metrics.slow_calls.inc())
         self.thread: TabletThread | None = None
         self._stopped = False
-        # Replicated (DESIGN.md §5): every commit waits for the in-sync followers. A tablet
-        # that existed (token > 1: it was promoted or reopened) never opens an empty copy.
-        # replication=1 gets followers only to move (a drain, a move): its replicator starts then.
+        # Replicated (DESIGN.md §5): every commit waits for the in-sync followers. A tablet that
+        # existed (token > 1) never opens an empty copy. replication=1 gets followers only to move.
         self._make_replicator = replicator
         self.replicator: Replicator | None = None
         # The commit the store handed over before writing it (set on the tablet's thread),
@@ -162,11 +161,8 @@ class Tablet:
     # ------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        """Open storage (refusing a newer recorded token), rebuild memory, re-send productions.
-
-        The work runs on the tablet's thread: rebuilding the dedup filter and loading user
-        code may take long, and user code's ``setup`` may not return at all.
-        """
+        """Open storage (refusing a newer recorded token), rebuild memory, re-send productions,
+        on the tablet's thread (loading user code may take long; its ``setup`` may not return)."""
         self.thread = TabletThread(self.name)
         opening = self.thread.run(self._open)
         try:
@@ -180,15 +176,12 @@ class Tablet:
         restore, self._restore_sink = self._restore_sink, None
         try:
             if self.replicator is not None and ((restore is not None and self.must_exist) or pending):
-                # Each in-sync follower is asked which commit it holds, and one holding another
-                # leaves the in-sync set first (no commit is made, so a savepoint's cut sees the
-                # tablet at rest; docs/replication.md). Before a sink claims its output, which
-                # cuts it back to what this copy committed: the copy this primary took over from
-                # may be promoted back holding one commit more (a fenced batch), whose output the
-                # cut would destroy. And before checkpointed productions go out again: the
-                # commit that made them may be on this copy only (written here, acknowledged
-                # nowhere), and a follower promoted without it would make others from the same
-                # input.
+                # Each in-sync follower holding another commit leaves the in-sync set first (no
+                # commit is made: a savepoint's cut sees the tablet at rest; docs/replication.md).
+                # Before a sink cuts its output back to this copy's commit (the copy taken over
+                # from may come back with a fenced batch more, whose output the cut would
+                # destroy), and before checkpointed productions go out again (their commit may
+                # be on this copy only, and a follower promoted without it would make others).
                 await self.replicator.confirm()
             if restore is not None:
                 await self.thread.run(restore)
@@ -312,24 +305,33 @@ class Tablet:
         (after any wait for room): whether an injector's may still (not if a drain closed it)."""
         if self.closing or not self.open:
             return NOT_OWNER, 0
-        limits = self.host.limits
+        limits, host = self.host.limits, self.host
         deadline = None
-        while (self.inbox.records >= limits.max_queued_records or self.inbox.bytes >= limits.max_queued_bytes
-               or self.outbox.unacked >= limits.max_unacked
-               or self.host.queued_bytes() >= limits.max_worker_queued_bytes):
-            # Full: wait here for room, bounded, rather than send the sender into its back-off.
-            now = asyncio.get_running_loop().time()
-            deadline = now + ROOM_WAIT_S if deadline is None else deadline
-            if now >= deadline:
-                self.metrics.busy.inc()
-                return BUSY, 0
-            self._room.clear()
-            try:
-                await asyncio.wait_for(self._room.wait(), min(ROOM_CHECK_S, deadline - now))
-            except TimeoutError:
-                pass
-            if self.closing or not self.open:
-                return NOT_OWNER, 0
+        parked = 0  # its bytes, while it waits for room: bounded per worker, whatever the senders
+        try:
+            while (self.inbox.records >= limits.max_queued_records or self.inbox.bytes >= limits.max_queued_bytes
+                   or self.outbox.unacked >= limits.max_unacked
+                   or host.queued_bytes() >= limits.max_worker_queued_bytes):
+                # Full: wait here for room, bounded, rather than send the sender into its back-off.
+                now = asyncio.get_running_loop().time()
+                if deadline is None:
+                    deadline, parked = now + ROOM_WAIT_S, cols.nbytes()
+                    if host.waiting_bytes + parked > limits.max_worker_waiting_bytes:
+                        parked = 0
+                        deadline = now
+                    host.waiting_bytes += parked
+                if now >= deadline:
+                    self.metrics.busy.inc()
+                    return BUSY, 0
+                self._room.clear()
+                try:
+                    await asyncio.wait_for(self._room.wait(), min(ROOM_CHECK_S, deadline - now))
+                except TimeoutError:
+                    pass
+                if self.closing or not self.open:
+                    return NOT_OWNER, 0
+        finally:
+            host.waiting_bytes -= parked
         if admitted is not None and not admitted():
             return NOT_OWNER, 0
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -340,8 +342,7 @@ class Tablet:
         return status, d.duplicates
 
     def follow(self, assignment: pb.Assignment) -> None:
-        """The routing changed: tell the replicator; a tablet without one (replication=1)
-        starts one when it is given a follower (it is being moved)."""
+        """The routing changed: tell the replicator (one starts for a follower of a move)."""
         if self.replicator is None and assignment.followers and self._make_replicator is not None and self.open:
             self.store.replicated = True  # from its next commit on (a gap before is a snapshot)
             self._start_replicator()
@@ -354,9 +355,8 @@ class Tablet:
         self.store.ship = self._ship
 
     def _ship(self, index: int, ops: bytes) -> None:
-        """On the tablet's thread, right before the store writes commit ``index``: have the
-        loop send it to the followers now, while the write and its fsync run (P7 of the
-        performance study; acknowledgements still wait for both, _process_once)."""
+        """On the tablet's thread, right before the store writes commit ``index``: the loop sends
+        it to the followers while the write and its fsync run (acks wait for both)."""
         assert self._loop is not None and self.thread is not None
         self._to_ship = (index, ops)
         self._loop.call_soon_threadsafe(self._start_sending)

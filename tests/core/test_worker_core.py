@@ -41,11 +41,12 @@ def rec(i: int, value: bytes) -> Record:
     return Record(b"k%d" % (i % 3), value, BASE + i, i.to_bytes(16, "big"))
 
 
-async def _core(tmp: str, limits: WorkerLimits, clock: Callable[[], int]) -> WorkerCore:
+async def _core(tmp: str, limits: WorkerLimits, clock: Callable[[], int], *,
+                await_watermarks: bool = False) -> WorkerCore:
     async def nowhere(*args: object) -> int:
         raise AssertionError("everything is local in these tests")
 
-    core = WorkerCore(tmp, "self:1", nowhere, limits, wall_us=clock)
+    core = WorkerCore(tmp, "self:1", nowhere, limits, wall_us=clock, await_watermarks=await_watermarks)
     core.worker_id = "w"
     core.renewed(core.now_ms(), 60_000)
     Collector.seen = []
@@ -140,6 +141,38 @@ def test_input_queued_in_one_tablet_counts_against_the_whole_workers_bound(
         assert await core.deliver("collect", 0, 1, [rec(99, b"over")]) == OK  # the retry is taken
         await _until(lambda: len(Collector.seen) == 4, "4 outputs")
         assert sorted(v for _, _, v in Collector.seen) == [b"over", b"v0", b"v1", b"v2"]
+        await core.close_all()
+
+    asyncio.run(main())
+
+
+def test_deliveries_waiting_for_room_are_bounded_for_the_whole_worker(
+        tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review of the delivery path (D3): a delivery to a full tablet waits there for room,
+    outside every queue's bound, so a worker fed by many senders (an injector per Spark
+    partition, each with a stream's credit) held more the more senders it had. Past
+    ``max_worker_waiting_bytes`` a delivery is answered BUSY at once; the one waiting is taken
+    once there is room, the refused one on its retry, and nothing is lost."""
+    monkeypatch.setattr(tablet_module, "ROOM_WAIT_S", 60.0)  # the waiting one waits as long as the test
+
+    async def main() -> None:
+        one = Columns.of_records([rec(1, b"v1")]).nbytes()
+        core = await _core(str(tmp_path), WorkerLimits(max_queued_records=1, max_worker_waiting_bytes=one),
+                           lambda: BASE, await_watermarks=True)  # no batch runs yet: the queue stays full
+        first = _queue(core, ("echo", 0), rec(0, b"v0"))
+        waiting = asyncio.ensure_future(core.deliver("echo", 0, 1, [rec(1, b"v1")]))
+        await _until(lambda: core.waiting_bytes == one, "the second delivery to wait for room")
+        elsewhere = asyncio.ensure_future(core.deliver("collect", 0, 1, [rec(2, b"v2")]))  # room there
+        assert await asyncio.wait_for(core.deliver("echo", 0, 1, [rec(3, b"v3")]), 5) == BUSY  # at once
+        assert core.tablets[("collect", 0)].queued_records == 1  # queued, not waiting: not bounded
+        core.watermarks_known = True
+        for t in core.tablets.values():
+            t.wake()
+        assert await first == OK and await waiting == OK and await elsewhere == OK
+        assert core.waiting_bytes == 0
+        assert await core.deliver("echo", 0, 1, [rec(3, b"v3")]) == OK  # the retry is taken
+        await _until(lambda: len(Collector.seen) == 4, "4 outputs")
+        assert sorted(v for _, _, v in Collector.seen) == [b"v0", b"v1", b"v2", b"v3"]
         await core.close_all()
 
     asyncio.run(main())
