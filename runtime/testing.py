@@ -156,6 +156,7 @@ class TestRun:
         if not self._core.routing.has_subscribers(stream):
             raise MillstreamError(f"TestRun: no computation reads stream {stream!r}")
         shares: dict[tuple[str, int], list[Record]] = {}
+        last: dict[tuple[str, int], int] = {}  # the highest sequence each tablet gets of these
         for key, value, timestamp in records:
             if id is None:
                 self._position += 1
@@ -164,6 +165,7 @@ class TestRun:
                 rid = id
             for comp, r, k in self._core.routing.route(stream, Record(key, value, timestamp, rid)):
                 shares.setdefault((comp, r), []).append(Record(k, value, timestamp, rid, stream))
+                last[(comp, r)] = self._position
 
         async def deliver() -> None:
             for (comp, r), share in shares.items():
@@ -174,8 +176,8 @@ class TestRun:
                     if status == 0:
                         break
                     await asyncio.sleep(0.001)  # BUSY or a tablet reopening: yield and retry
-                if id is None:
-                    self._sent[(comp, r)] = self._position
+                if id is None:  # not the batch's last: that may have gone to another tablet
+                    self._sent[(comp, r)] = last[(comp, r)]
         if records:
             self._run(deliver())
         self._injected.setdefault(stream, MIN)

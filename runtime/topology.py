@@ -95,6 +95,18 @@ def _check_name(kind: str, name: object) -> None:
         )
 
 
+def check_productions(cls: type, productions: str, name: str) -> None:
+    """Refuse weak productions for a class whose timer calls do not make the same records when
+    they run again (``repeatable_timers = False``: a ``WindowedComputation`` fires a due time's
+    windows in slices of wall-clock time). A weak production's id is made from the call's input
+    and its place in the call: on a re-run it would name another window's result."""
+    if productions == "weak" and not getattr(cls, "repeatable_timers", True):
+        raise TopologyError(
+            f"computation {name!r}: {cls.__name__} cannot take productions='weak': its timer calls do not "
+            "make the same records when they run again, which weak productions need for exactly once; "
+            "use productions='strong' (the default)")
+
+
 def validate_spec(spec: ComputationSpec) -> None:
     """Check one computation's fields; raise :class:`TopologyError` on the first problem."""
     _check_name("computation", spec.name)
@@ -285,6 +297,8 @@ class Topology:
                 f"computation {name!r}: inputs={inputs!r} must be a dict of stream name -> "
                 "key extractor path or None"
             )
+        if isinstance(code, type):
+            check_productions(code, productions, name)
         code = path_of(code, f"computation {name!r}: code")
         inputs = {stream: (ex if ex is None else path_of(ex, f"computation {name!r}: key extractor for {stream!r}"))
                   for stream, ex in inputs.items()}

@@ -83,6 +83,9 @@ class WindowedComputation(Computation):
     #: worker sets its own (worker/tablet.py), as for a flow's stage.
     max_attempts = 3
     on_dead_letter: Callable[[bytes, BaseException, int], None] | None = None
+    #: A firing takes a due time's windows in slices of wall-clock time: a re-run may fire
+    #: others, so weak productions (ids from the call's place) are refused (runtime/topology.py).
+    repeatable_timers = False
 
     def value(self, record: Record) -> Any:
         """What the aggregator adds for ``record`` (default: its value, bytes)."""

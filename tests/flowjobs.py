@@ -220,6 +220,17 @@ class BatchSink(Sink):
         return self.file.append(data)
 
 
+class TimerPerValue(Computation):
+    """Sets an event-time timer tagged with each record's value (text), a second later, and
+    produces ``fired <tag>`` when it fires."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.set_timer(record.value, record.timestamp + 1_000_000)
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        ctx.produce("out", "fired " + tag)
+
+
 class FlushingSink(FileSink):
     """A FileSink that sets a timer per record and, on it, tries to produce (refused: a sink
     writes out of millstream) or, for ``quiet``, writes a line."""

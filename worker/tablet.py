@@ -32,7 +32,7 @@ from runtime.imports import CodePolicy, load
 from runtime.record import producer_prefix, worker_producer
 from runtime.routing import RoutingTable
 from runtime.sinks import call_restore, is_sink
-from runtime.topology import dead_letter_stream, late_stream
+from runtime.topology import check_productions, dead_letter_stream, late_stream
 from runtime.wire import millstream_pb2 as pb
 from worker.batch import Batch, BatchProcessor, LeaseExpiredError
 from worker.dedup import OpaqueIds
@@ -206,8 +206,7 @@ class Tablet:
         store = TabletStore(self.path, self.token, sync=self.sync, must_exist=self.must_exist,
                             replicated=self._make_replicator is not None and self.replication > 1)
         try:
-            # Dedup data is bounded (worker/dedup.py): one mark per producer, and the opaque
-            # ids of the retention window; opening reads no more than that.
+            # Dedup data is bounded (worker/dedup.py): a mark per producer, opaque ids of the retention.
             marks = store.marks() if self.exactly_once else {}
             opaque = OpaqueIds(int(self.dedup_retention_s * 1e6))
             if self.exactly_once:
@@ -221,6 +220,7 @@ class Tablet:
             cls = load(self.route.code, f"code of computation {self.computation!r}", self.host.code_policy)
             if not (isinstance(cls, type) and issubclass(cls, Computation)):
                 raise MillstreamError(f"{self.route.code!r} is not a Computation subclass")
+            check_productions(cls, self.route.productions, self.computation)  # (a topology named by path)
             comp = cls()
             if getattr(cls, "load_code", None) is not None:  # a flow's stage loads the code its plan names
                 policy = self.host.code_policy

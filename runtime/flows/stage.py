@@ -249,7 +249,7 @@ class FlowStage(Computation):
     def _timer_of(self, tag: str) -> tuple[Op, str] | None:
         if not tag.startswith(TIMER_PREFIX):
             return None
-        step, _, what = tag[len(TIMER_PREFIX):].rpartition("/")
+        step, _, what = tag[len(TIMER_PREFIX):].partition("/")  # a step's name has no "/"; a user's tag may
         op = self.ops.get(step)
         return None if op is None else (op, what)  # None: a step an update removed (nothing to do)
 

@@ -41,6 +41,43 @@ def test_a_process_step_keeps_its_own_state_and_timers_inside_a_fused_stage() ->
     assert [u["at"] - T0 for u in ups if "timer" in u] == [4 * SECOND + 1]
 
 
+def test_a_process_steps_timer_fires_whatever_its_tag_holds() -> None:
+    """Review of the flows' state: a step's timer tag is ``flow/<step>/:<user tag>``, and the
+    stage split it at its last "/", so a user tag with a "/" named no step: the timer was
+    taken and never reached ``process_timer``."""
+    tags = ["flush", "flush/daily", "a/b/c", "/", "x/"]
+    flow = Dataflow("tags", key_ranges=1)
+    (flow.input("in", codec=codecs.STR).key_by(j.word_key).process(j.TimerPerValue, name="p")
+     .output("o", codec=codecs.STR))
+    with TestRun(flow) as run:
+        for i, tag in enumerate(tags):
+            run.inject("in", b"", tag.encode(), T0 + i)
+        run.finish("in")
+        run.run_until_idle()
+        fired = sorted(r.value.decode() for r in run.output("o"))
+    assert fired == sorted("fired " + t for t in tags)
+
+
+def test_batches_injected_across_key_ranges_are_each_taken_once() -> None:
+    """Review of the flows' state: ``TestRun.inject_batch`` told every tablet a batch reached
+    that it had the batch's last record, so the next batch to a tablet that had not was
+    refused as out of order, and retried for ever (every flow of 4 key ranges)."""
+    flow = Dataflow("ranges")  # the default key ranges
+    (flow.input("in", codec=codecs.STR).key_by(j.word_key).map(j.one).reduce(j.add, name="n")
+     .output("o", codec=codecs.INT))
+    words = [f"w{i}" for i in range(20)]
+    with TestRun(flow) as run:
+        for b in range(3):
+            run.inject_batch("in", [(b"", w.encode(), T0 + b) for w in words])
+        run.finish("in")
+        run.run_until_idle()
+        last: dict[bytes, int] = {}
+        for r in run.output("o"):
+            last[r.key] = int(r.value)
+    assert all(c.key_ranges > 1 for c in flow.topology().computations.values())
+    assert last == {w.encode(): 3 for w in words}
+
+
 def test_fused_process_steps_each_keep_their_own_bytes_state_through_a_restart() -> None:
     """Two RawCounter steps in one stage: each counts 1..n per key in its own ``ctx.state``
     (shared state would make the second count twice as fast), and a restart keeps both."""

@@ -347,3 +347,28 @@ def test_a_process_timer_that_raises_after_the_firing_dead_letters_each_window_a
         # to take raises too, and is dead-lettered as a call (its value empty)
         assert sorted(r.key for r in run.output("win.dead_letter") if json.loads(r.value)["value"]) == [b"a", b"a", b"b"]
         assert not list(run._tablet("win", b"a").store.scan(TYPED)), "a window dead-lettered left its state"
+
+
+def test_weak_productions_are_refused_for_a_windowed_computation() -> None:
+    """Review of the flows' state (F1): a firing takes its due windows in slices of wall-clock
+    time, and after a reopen in another order, so a re-run of a timer call fires other windows;
+    weak ids (the call's input and place) would then name other windows' results, and
+    receivers would drop some as duplicates and get others twice. Refused where the topology
+    is built with the class, and where a tablet opens one named by its path."""
+    from runtime.errors import TopologyError
+
+    with pytest.raises(TopologyError, match="productions='weak'"):
+        Topology("w").add_computation("win", TumblingCounts, inputs={"in": None}, outputs=["counts"],
+                                      productions="weak")
+    named = Topology("w").add_computation("win", f"{__name__}:TumblingCounts", inputs={"in": None},
+                                          outputs=["counts"], productions="weak", key_ranges=1)
+    with pytest.raises(MillstreamError, match="productions='weak'"):
+        with TestRun(named) as run:
+            run.inject("in", b"k", b"v", T0)
+    strong = Topology("w").add_computation("win", TumblingCounts, inputs={"in": None}, outputs=["counts"],
+                                           key_ranges=1)
+    with TestRun(strong) as run:
+        run.inject("in", b"k", b"v", T0)
+        run.finish("in")
+        run.run_until_idle()
+        assert [json.loads(r.value) for r in run.output("counts")] == [1]
