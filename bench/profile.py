@@ -45,6 +45,7 @@ class _Host:
         self.limits = _LIMITS
         self.code_policy = CodePolicy(("bench", "runtime"))  # runtime: a flow's stage
         self.watermarks_known = True
+        self.waiting_bytes = 0  # deliveries waiting for room (worker/tablet.py)
         self.encoded_bytes = 0
         self._ack_productions: bool | None = None
 

@@ -92,6 +92,7 @@ class Host:
         self.code_policy = CodePolicy(("bench", "runtime.flows"))
         self.worker_id = "w"
         self.watermarks_known = True
+        self.waiting_bytes = 0  # deliveries waiting for room (worker/tablet.py)
         self.wm = MIN_TIME
         self.tablets: dict[str, Any] = {}
         self.inflight: set[asyncio.Task[None]] = set()

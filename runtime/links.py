@@ -38,6 +38,10 @@ class _Call(Protocol):
     def cancel(self) -> bool: ...
 
 
+class Unsent(StreamError):
+    """The stream broke before the frame went out: it may go on a new stream at once."""
+
+
 class FrameStream(Generic[Req, Ans]):
     """One long-lived stream to a worker: frames go within the credit it grants, answers come
     back in any order, matched by id. Once broken, it fails every frame in flight with the
@@ -64,6 +68,7 @@ class FrameStream(Generic[Req, Ans]):
         self._waiting: dict[int, asyncio.Future[AnswerFrame | grpc.RpcError]] = {}
         self._parts: dict[int, Callable[[Any], None]] = {}  # frame id -> what takes its answer's parts
         self._credit = asyncio.Event()  # set when credit comes back (or the stream breaks)
+        self._late: set[int] = set()    # frames not answered in time, their credit still out (replace_late)
         self._writing = asyncio.Lock()
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
@@ -75,6 +80,15 @@ class FrameStream(Generic[Req, Ans]):
         deadline = loop.time() + self.timeout
         frame, size = self.window.next(lambda i: self._frame(i, payload))
         while self.broken is None and not self.window.fits(size):
+            if self._late:
+                # Credit held by frames not answered in time may never come back (a tablet stuck
+                # in user code): a new stream starts with the whole grant. The receiver cancels
+                # what it held of this one (a delivery already queued still commits, and its
+                # resend is dropped as a duplicate); what was in flight on it fails as
+                # unreachable, and is sent again.
+                self._break(StreamError(grpc.StatusCode.UNAVAILABLE, f"the {self.what} stream's credit is held "
+                                        f"by frames not answered within {self.timeout:.0f} s"))
+                break
             self._credit.clear()
             try:
                 await asyncio.wait_for(self._credit.wait(), deadline - loop.time())
@@ -82,7 +96,7 @@ class FrameStream(Generic[Req, Ans]):
                 raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no credit on the {self.what} stream "
                                   f"within {self.timeout:.0f} s") from None
         if self.broken is not None:
-            raise self.broken
+            raise Unsent(self.broken.code(), self.broken.details() or "")
         self.window.sent(frame.id, size)
         answer = self._waiting[frame.id] = loop.create_future()
         if on_part is not None:
@@ -92,21 +106,23 @@ class FrameStream(Generic[Req, Ans]):
                 await self._call.write(frame)
         except (grpc.RpcError, asyncio.InvalidStateError) as e:
             self._break(e if isinstance(e, grpc.RpcError) else StreamError(grpc.StatusCode.UNAVAILABLE, str(e)))
-        try:
-            done = await asyncio.wait_for(asyncio.shield(answer), deadline - loop.time())
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # our caller's
+            # The call was cancelled under the write (the stream broke meanwhile): as broken.
+            self._break(StreamError(grpc.StatusCode.UNAVAILABLE, f"the {self.what} stream was cancelled"))
+        try:  # a frame's answer has the whole timeout from its send (a wait for credit aside)
+            done = await asyncio.wait_for(asyncio.shield(answer), self.timeout)
         except TimeoutError:
             self._waiting.pop(frame.id, None)
             self._parts.pop(frame.id, None)
-            late = StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout:.0f} s")
-            if self.replace_late:
-                # Its credit comes back only with its answer, which may never come (a tablet
-                # stuck in user code): each such frame would take its bytes off the grant for
-                # good, until nothing fits. A new stream starts with the whole grant; the
-                # receiver cancels what it held of this one (a delivery already queued still
-                # commits, and its resend is dropped as a duplicate), and the frames in flight
-                # on it fail as unreachable and are sent again.
-                self._break(late)
-            raise late from None
+            if self.replace_late and frame.id in self.window.in_flight:
+                # Its credit comes back only with its answer, which may never come: once a
+                # frame needs that credit, the stream is replaced (above).
+                self._late.add(frame.id)
+            raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout:.0f} s"
+                              ) from None
         if isinstance(done, grpc.RpcError):
             raise done
         refused = refusal(done)
@@ -129,6 +145,7 @@ class FrameStream(Generic[Req, Ans]):
                         on_part(answer)
                     continue
                 self._credit.set()
+                self._late.discard(answer.id)
                 self._parts.pop(answer.id, None)
                 waiter = self._waiting.pop(answer.id, None)
                 if waiter is not None and not waiter.done():
@@ -224,9 +241,13 @@ class DeliveryLinks:
 
     async def _call(self, address: str, bundle: list[_Waiting]) -> None:
         futs = [b[2] for b in bundle]
+        request = pb.DeliverManyRequest(deliveries=[b[0] for b in bundle])
+        on_part = functools.partial(self._answered, address, futs)
         try:
-            last = await self.stream(address).send(pb.DeliverManyRequest(deliveries=[b[0] for b in bundle]),
-                                                   functools.partial(self._answered, address, futs))
+            try:
+                last = await self.stream(address).send(request, on_part)
+            except Unsent:  # its stream broke before it went (replaced, say): a new one, at once
+                last = await self.stream(address).send(request, on_part)
             self._answered(address, futs, last)
         except grpc.RpcError as e:
             out = self._failed(address, e)
@@ -240,10 +261,12 @@ class DeliveryLinks:
             for fut in futs:
                 if not fut.done():
                     fut.set_result(out)
-        for fut in futs:  # none may wait for ever: what no answer told is unreachable (retried)
-            if not fut.done():
-                log.warning("worker %s left a delivery of a frame unanswered", address)
-                fut.set_result(delivery.Outcome(delivery.Status.UNREACHABLE))
+        except Exception as e:  # noqa: BLE001 (a failure this version does not know: retried, as unreachable)
+            log.warning("deliveries to %s failed: %r", address, e)
+        finally:
+            for fut in futs:  # none may wait for ever: what no answer told is unreachable (retried)
+                if not fut.done():
+                    fut.set_result(delivery.Outcome(delivery.Status.UNREACHABLE))
 
     @staticmethod
     def _answered(address: str, futs: list[asyncio.Future[delivery.Outcome]], answer: pb.DeliverAnswerFrame) -> None:

@@ -170,6 +170,8 @@ class _HeldCore:
     async def deliver_counted(self, computation: str, *args: Any) -> tuple[int, int]:
         self.arrived.append(computation)
         await self.release[computation].wait()
+        if computation == "boom":
+            raise RuntimeError("a bug in the worker")
         return delivery.Status.OK, 0
 
     def receipt(self) -> tuple[str, int]:
@@ -201,6 +203,94 @@ def test_a_slow_tablet_does_not_hold_the_answer_of_another_tablet_in_its_frame()
                 assert not stream.window.in_flight and stream.window.credit == stream.window.granted
             finally:
                 await peers.close()
+
+    asyncio.run(main())
+
+
+def test_a_delivery_that_fails_after_another_of_its_frame_was_answered_is_answered_too() -> None:
+    """Review of the answers in parts: the frame fails (UNKNOWN) after one of its deliveries
+    was answered in a part; that one keeps its answer, the failed one is answered
+    unreachable (sent again), and no lane waits for ever."""
+    from worker.server import WorkerServicer
+
+    async def main() -> None:
+        core = _HeldCore()
+        async with _server(WorkerServicer(core)) as (_, address):  # type: ignore[arg-type]
+            peers = Peers(Security())
+            try:
+                fast = _deliver(peers, address, "fast")
+                boom = _deliver(peers, address, "boom")  # the same frame
+                await _until(lambda: sorted(core.arrived) == ["boom", "fast"], "the frame")
+                core.release["fast"].set()
+                assert await asyncio.wait_for(fast, 5) == (OK, ("w", 7))  # a part
+                core.release["boom"].set()  # then the frame fails (UNKNOWN: retried, as unreachable)
+                assert await asyncio.wait_for(boom, 5) == (delivery.Status.UNREACHABLE, None)
+                assert fast.result() == (OK, ("w", 7))
+            finally:
+                await peers.close()
+
+    asyncio.run(main())
+
+
+def test_a_frame_of_an_older_sender_is_answered_whole() -> None:
+    """A sender that does not ask for answers in parts (no ``answer_each``: an older version)
+    gets one answer for the frame, in the frame's order, once all of it is done."""
+    from worker.server import WorkerServicer
+
+    async def main() -> None:
+        core = _HeldCore()
+        async with _server(WorkerServicer(core)) as (_, address):  # type: ignore[arg-type]
+            async with grpc.aio.insecure_channel(address) as ch:
+                call = rpc.WorkerStub(ch).DeliverStream()
+                assert (await call.read()).credit > 0
+                frame = pb.DeliverFrame(id=1, deliveries=_deliveries("a", "b"))
+                await call.write(frame)
+                await _until(lambda: sorted(core.arrived) == ["a", "b"], "both deliveries")
+                core.release["b"].set()
+                reading = asyncio.ensure_future(call.read())
+                await _until(lambda: not core.release["a"].is_set(), "nothing")  # (a still waits)
+                assert not reading.done()
+                core.release["a"].set()
+                answer = await asyncio.wait_for(reading, 5)
+                assert answer.id == 1 and answer.credit == frame.ByteSize() and not answer.indexes
+                assert [a.status for a in answer.answers.answers] == [pb.DeliverResponse.OK] * 2
+                await call.done_writing()
+
+    asyncio.run(main())
+
+
+def test_a_stream_cancelled_under_a_write_fails_that_frame_instead_of_losing_it() -> None:
+    """Review of the answers in parts (R1): when a late frame's stream is cancelled while
+    another frame is being written, grpc raises CancelledError into that write; it went past
+    every handler, and that frame's deliveries were never answered (their lanes waited for
+    ever). It is now the stream breaking: the deliveries are unreachable, and sent again."""
+    from runtime.links import Channels, DeliveryLinks, FrameStream
+
+    class _Cancelled:
+        def __init__(self) -> None:
+            self.answers: asyncio.Queue[Any] = asyncio.Queue()
+            self.answers.put_nowait(pb.DeliverAnswerFrame(credit=1 << 20))
+
+        async def write(self, message: Any) -> None:
+            raise asyncio.CancelledError()  # what grpc.aio raises into a write of a cancelled call
+
+        async def read(self) -> Any:
+            return await self.answers.get()
+
+        def cancel(self) -> bool:
+            self.answers.put_nowait(grpc.aio.EOF)
+            return True
+
+    async def main() -> None:
+        links = DeliveryLinks(Channels(Security()))
+        stream = FrameStream(_Cancelled, lambda i, d: pb.DeliverFrame(id=i, deliveries=d, answer_each=True),
+                             lambda a: a, "delivery", 5, replace_late=True)
+        links.stream = lambda address: stream  # type: ignore[method-assign]
+        try:
+            out = await asyncio.wait_for(links.post("w:1", pb.DeliverRequest(computation="c")), 5)
+            assert out.status == delivery.Status.UNREACHABLE and stream.broken is not None
+        finally:
+            await links.close()
 
     asyncio.run(main())
 
@@ -237,7 +327,8 @@ def test_a_frame_never_answered_replaces_the_stream_so_its_credit_is_not_lost_fo
             try:
                 stuck = _deliver(peers, address, "stuck", b"x" * 1000)
                 assert await stuck == (delivery.Status.UNREACHABLE, None)  # not answered in time
-                assert await _deliver(peers, address, "ok", b"x" * 1000) == (OK, ("w", 7))
+                assert held.streams == 1 and peers.links._streams[address].broken is None  # late alone: kept
+                assert await _deliver(peers, address, "ok", b"x" * 1000) == (OK, ("w", 7))  # needs its credit
                 assert held.streams == 2
                 await _until(lambda: not held.release["stuck"].is_set() and held.waiting == 0,
                              "the receiver to let go of the old stream's frame")
