@@ -48,9 +48,10 @@ class FrameStream(Generic[Req, Ans]):
     stream's error and takes no more (the caller opens a new one).
 
     ``open()`` starts the call; ``frame(id, payload)`` makes a frame; ``answers(answer)`` is
-    what :meth:`send` returns of an answer frame; ``timeout``: a frame's deadline, credit
-    wait included. ``replace_late``: a frame not answered in time breaks the stream (the
-    caller opens a new one), for a receiver that may hold a frame for ever."""
+    what :meth:`send` returns of an answer frame; ``timeout``: how long a frame waits for
+    credit, and then for its answer. ``replace_late``: for a receiver that may hold a frame
+    for ever, the credit of frames not answered in time counts as lost, and a frame that needs
+    it breaks the stream (the caller opens a new one, and sends it there: :class:`Unsent`)."""
 
     def __init__(self, open: Callable[[], _Call], frame: Callable[[int, Req], Any],
                  answers: Callable[[Any], Ans], what: str, timeout: float = FRAME_TIMEOUT_S,
@@ -80,12 +81,14 @@ class FrameStream(Generic[Req, Ans]):
         deadline = loop.time() + self.timeout
         frame, size = self.window.next(lambda i: self._frame(i, payload))
         while self.broken is None and not self.window.fits(size):
-            if self._late:
+            if self._late and size > self.window.granted - sum(self.window.in_flight.get(i, 0) for i in self._late):
                 # Credit held by frames not answered in time may never come back (a tablet stuck
                 # in user code): a new stream starts with the whole grant. The receiver cancels
                 # what it held of this one (a delivery already queued still commits, and its
                 # resend is dropped as a duplicate); what was in flight on it fails as
                 # unreachable, and is sent again.
+                log.warning("replacing the %s stream: %d B of its credit are held by frames not answered "
+                            "within %.0f s", self.what, self.window.granted - self.window.credit, self.timeout)
                 self._break(StreamError(grpc.StatusCode.UNAVAILABLE, f"the {self.what} stream's credit is held "
                                         f"by frames not answered within {self.timeout:.0f} s"))
                 break
@@ -121,6 +124,7 @@ class FrameStream(Generic[Req, Ans]):
                 # Its credit comes back only with its answer, which may never come: once a
                 # frame needs that credit, the stream is replaced (above).
                 self._late.add(frame.id)
+                self._credit.set()  # a frame waiting for credit may need this one's: it looks again
             raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout:.0f} s"
                               ) from None
         if isinstance(done, grpc.RpcError):
@@ -175,8 +179,8 @@ class FrameStream(Generic[Req, Ans]):
 
 def delivery_stream(stub: rpc.WorkerStub) -> FrameStream[pb.DeliverManyRequest, pb.DeliverAnswerFrame]:
     """A ``DeliverStream`` to the worker of ``stub``, its frames answered in parts; replaced
-    when a frame is not answered in time (a delivery waits on its tablet's commit, which user
-    code can hold for ever)."""
+    when a frame needs the credit of frames not answered in time (a delivery waits on its
+    tablet's commit, which user code can hold for ever)."""
     return FrameStream(stub.DeliverStream, lambda i, d: pb.DeliverFrame(id=i, deliveries=d, answer_each=True),
                        lambda a: a, "delivery", FRAME_TIMEOUT_S, replace_late=True)
 
@@ -266,6 +270,7 @@ class DeliveryLinks:
         finally:
             for fut in futs:  # none may wait for ever: what no answer told is unreachable (retried)
                 if not fut.done():
+                    log.debug("a delivery to %s was left unanswered: sent again", address)
                     fut.set_result(delivery.Outcome(delivery.Status.UNREACHABLE))
 
     @staticmethod
