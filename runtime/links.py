@@ -81,23 +81,26 @@ class FrameStream(Generic[Req, Ans]):
         deadline = loop.time() + self.timeout
         frame, size = self.window.next(lambda i: self._frame(i, payload))
         while self.broken is None and not self.window.fits(size):
-            if self._late and size > self.window.granted - sum(self.window.in_flight.get(i, 0) for i in self._late):
+            late = sum(self.window.in_flight.get(i, 0) for i in self._late)
+            if self._late and size > self.window.granted - late:
                 # Credit held by frames not answered in time may never come back (a tablet stuck
-                # in user code): a new stream starts with the whole grant. The receiver cancels
-                # what it held of this one (a delivery already queued still commits, and its
-                # resend is dropped as a duplicate); what was in flight on it fails as
-                # unreachable, and is sent again.
-                log.warning("replacing the %s stream: %d B of its credit are held by frames not answered "
-                            "within %.0f s", self.what, self.window.granted - self.window.credit, self.timeout)
-                self._break(StreamError(grpc.StatusCode.UNAVAILABLE, f"the {self.what} stream's credit is held "
-                                        f"by frames not answered within {self.timeout:.0f} s"))
+                # in user code): a new stream starts with the whole grant, and this frame goes
+                # there (Unsent). What was in flight on this one fails as unreachable and is
+                # sent again; the receiver cancels what it held of it (a delivery already queued
+                # still commits).
+                self._replace(f"{late} B of its credit are held by frames not answered within "
+                              f"{self.timeout:.0f} s")
                 break
             self._credit.clear()
             try:
                 await asyncio.wait_for(self._credit.wait(), deadline - loop.time())
             except TimeoutError:
-                raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no credit on the {self.what} stream "
-                                  f"within {self.timeout:.0f} s") from None
+                if not self.replace_late:
+                    raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no credit on the {self.what} stream "
+                                      f"within {self.timeout:.0f} s") from None
+                # The frames holding the credit have been out as long as this one waited (late,
+                # or about to be; or smaller frames kept taking it): as above.
+                self._replace(f"no credit for {self.timeout:.0f} s")
         if self.broken is not None:
             raise Unsent(self.broken.code(), self.broken.details() or "")
         self.window.sent(frame.id, size)
@@ -133,6 +136,10 @@ class FrameStream(Generic[Req, Ans]):
         if refused is not None:
             raise refused
         return self._answers(done)
+
+    def _replace(self, why: str) -> None:
+        log.warning("replacing the %s stream: %s", self.what, why)
+        self._break(StreamError(grpc.StatusCode.UNAVAILABLE, f"the {self.what} stream was replaced: {why}"))
 
     async def _read(self) -> None:
         error: grpc.RpcError

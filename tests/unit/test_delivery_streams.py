@@ -259,6 +259,25 @@ def test_a_frame_of_an_older_sender_is_answered_whole() -> None:
     asyncio.run(main())
 
 
+class _FakeCall:
+    """A frame stream's call without a network: the grant first, then the answers a test puts;
+    cancelled, it ends."""
+
+    def __init__(self, grant: int) -> None:
+        self.answers: asyncio.Queue[Any] = asyncio.Queue()
+        self.answers.put_nowait(pb.DeliverAnswerFrame(credit=grant))
+
+    async def write(self, message: Any) -> None:
+        pass
+
+    async def read(self) -> Any:
+        return await self.answers.get()
+
+    def cancel(self) -> bool:
+        self.answers.put_nowait(grpc.aio.EOF)
+        return True
+
+
 def test_a_stream_cancelled_under_a_write_fails_that_frame_instead_of_losing_it() -> None:
     """Review of the answers in parts (R1): when a late frame's stream is cancelled while
     another frame is being written, grpc raises CancelledError into that write; it went past
@@ -266,24 +285,13 @@ def test_a_stream_cancelled_under_a_write_fails_that_frame_instead_of_losing_it(
     ever). It is now the stream breaking: the deliveries are unreachable, and sent again."""
     from runtime.links import Channels, DeliveryLinks, FrameStream
 
-    class _Cancelled:
-        def __init__(self) -> None:
-            self.answers: asyncio.Queue[Any] = asyncio.Queue()
-            self.answers.put_nowait(pb.DeliverAnswerFrame(credit=1 << 20))
-
+    class _Cancelled(_FakeCall):
         async def write(self, message: Any) -> None:
             raise asyncio.CancelledError()  # what grpc.aio raises into a write of a cancelled call
 
-        async def read(self) -> Any:
-            return await self.answers.get()
-
-        def cancel(self) -> bool:
-            self.answers.put_nowait(grpc.aio.EOF)
-            return True
-
     async def main() -> None:
         links = DeliveryLinks(Channels(Security()))
-        stream = FrameStream(_Cancelled, lambda i, d: pb.DeliverFrame(id=i, deliveries=d, answer_each=True),
+        stream: FrameStream[pb.DeliverManyRequest, pb.DeliverAnswerFrame] = FrameStream(lambda: _Cancelled(1 << 20), lambda i, d: pb.DeliverFrame(id=i, deliveries=d, answer_each=True),
                              lambda a: a, "delivery", 5, replace_late=True)
         links.stream = lambda address: stream  # type: ignore[method-assign]
         try:
@@ -341,8 +349,9 @@ def test_a_frame_never_answered_replaces_the_stream_so_its_credit_is_not_lost_fo
 def test_a_frame_waiting_for_credit_a_late_frame_holds_moves_to_a_new_stream_at_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Review of the stream replacement: a frame already waiting for credit when another
-    became late was not told, and waited out its own time for credit (then failed) instead of
-    going on a new stream."""
+    became late was not told, and waited out its own time for credit, then failed, instead of
+    going on a new stream. (Now the late frame wakes it; and a frame that waited its whole
+    time for credit replaces the stream too, rather than fail.)"""
     import runtime.links as links
 
     monkeypatch.setattr(links, "FRAME_TIMEOUT_S", 0.5)
@@ -362,6 +371,39 @@ def test_a_frame_waiting_for_credit_a_late_frame_holds_moves_to_a_new_stream_at_
                 assert held.streams == 2
             finally:
                 await peers.close()
+
+    asyncio.run(main())
+
+
+def test_a_frame_that_waited_its_whole_time_for_credit_replaces_the_stream() -> None:
+    """Review of the stream replacement: a frame's wait for credit starts before the frame
+    holding it is written, so it could end before that one is late; it failed (unreachable,
+    retried after a back-off) instead of moving. A frame that found no credit in its time now
+    replaces the stream and goes on the new one (``Unsent``)."""
+    from runtime.links import FrameStream, Unsent
+
+    class _SlowWrite(_FakeCall):
+        written = asyncio.Event()
+
+        async def write(self, message: Any) -> None:
+            await self.written.wait()  # the first frame's write takes as long as the test says
+
+    async def main() -> None:
+        call = _SlowWrite(1000)
+        call.written = asyncio.Event()
+        stream: FrameStream[pb.DeliverManyRequest, pb.DeliverAnswerFrame] = FrameStream(lambda: call, lambda i, d: pb.DeliverFrame(id=i, deliveries=d),
+                             lambda a: a, "delivery", 0.3, replace_late=True)
+        payload = _deliveries("c", value=b"x" * 600)
+        await _until(lambda: stream.window.granted > 0, "the grant")
+        holder = asyncio.ensure_future(stream.send(payload))  # takes the credit, then its write blocks
+        await _until(lambda: len(stream.window.in_flight) == 1, "the first frame to take the credit")
+        with pytest.raises(Unsent):
+            await stream.send(payload)  # no credit in 0.3 s, the first not late yet: replaced
+        assert stream.broken is not None
+        call.written.set()
+        with pytest.raises(grpc.RpcError):
+            await holder
+        await stream.close()
 
     asyncio.run(main())
 
