@@ -316,7 +316,7 @@ def test_a_frame_answered_in_parts_stays_in_flight_until_its_last_part() -> None
 
 
 def test_a_frame_never_answered_replaces_the_stream_so_its_credit_is_not_lost_for_good(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Review of the delivery path (D2): a frame the receiver never answers (a tablet stuck
     in user code) kept its bytes off the stream's grant after its deadline, and the stream
     was never replaced: frames to every other tablet of that worker then found no credit.
@@ -338,6 +338,7 @@ def test_a_frame_never_answered_replaces_the_stream_so_its_credit_is_not_lost_fo
                 assert held.streams == 1 and peers.links._streams[address].broken is None  # late alone: kept
                 assert await _deliver(peers, address, "ok", b"x" * 1000) == (OK, ("w", 7))  # needs its credit
                 assert held.streams == 2
+                assert "held by frames not answered" in caplog.text  # at once, not after its own wait
                 await _until(lambda: not held.release["stuck"].is_set() and held.waiting == 0,
                              "the receiver to let go of the old stream's frame")
             finally:
@@ -347,7 +348,7 @@ def test_a_frame_never_answered_replaces_the_stream_so_its_credit_is_not_lost_fo
 
 
 def test_a_frame_waiting_for_credit_a_late_frame_holds_moves_to_a_new_stream_at_once(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Review of the stream replacement: a frame already waiting for credit when another
     became late was not told, and waited out its own time for credit, then failed, instead of
     going on a new stream. (Now the late frame wakes it; and a frame that waited its whole
@@ -365,10 +366,14 @@ def test_a_frame_waiting_for_credit_a_late_frame_holds_moves_to_a_new_stream_at_
             try:
                 stuck = _deliver(peers, address, "stuck", b"x" * 1000)
                 await _until(lambda: held.arrived == [["stuck"]], "the stuck frame")
+                # Staggered: the next frame's own wait for credit ends 0.3 s after the stuck
+                # frame is late, so only being woken then moves it before that.
+                await asyncio.sleep(0.3)
                 waiting = _deliver(peers, address, "next", b"x" * 1000)  # no credit until stuck's is given up
                 assert await stuck == (delivery.Status.UNREACHABLE, None)
                 assert await waiting == (OK, ("w", 7))
                 assert held.streams == 2
+                assert "held by frames not answered" in caplog.text and "no credit for" not in caplog.text
             finally:
                 await peers.close()
 
@@ -404,6 +409,37 @@ def test_a_frame_that_waited_its_whole_time_for_credit_replaces_the_stream() -> 
         with pytest.raises(grpc.RpcError):
             await holder
         await stream.close()
+
+    asyncio.run(main())
+
+
+def test_a_frames_time_for_its_answer_starts_when_it_goes_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review of the stream replacement (R3): a frame's time for its answer started before its
+    wait for credit, so a frame that waited long for credit was late soon after it went out,
+    on a healthy stream."""
+    import runtime.links as links
+
+    monkeypatch.setattr(links, "FRAME_TIMEOUT_S", 1.0)
+
+    async def main() -> None:
+        size = pb.DeliverFrame(id=1, deliveries=_deliveries("first", value=b"x" * 1000)).ByteSize()
+        held = _Held(grant=size + size // 2)  # one such frame at a time
+        async with _server(held) as (_, address):
+            peers = Peers(Security())
+            try:
+                first = _deliver(peers, address, "first", b"x" * 1000)
+                await _until(lambda: held.arrived == [["first"]], "the first frame")
+                second = _deliver(peers, address, "second", b"x" * 1000)  # waits for the first's credit
+                await asyncio.sleep(0.6)  # (the second has waited 0.6 s of its 1 s for credit)
+                held.release["first"].set()
+                assert await first == (OK, ("w", 7))
+                await _until(lambda: ["second"] in held.arrived, "the second frame")
+                await asyncio.sleep(0.6)  # answered 1.2 s after it was made, 0.6 s after it went out
+                held.release["second"].set()
+                assert await second == (OK, ("w", 7))
+                assert held.streams == 1
+            finally:
+                await peers.close()
 
     asyncio.run(main())
 
