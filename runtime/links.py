@@ -13,6 +13,7 @@ tablet holds only its own deliveries, not the frame's others and the lanes behin
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 from collections.abc import Callable
@@ -22,7 +23,7 @@ import grpc
 
 from runtime import delivery
 from runtime.security import Security
-from runtime.streams import FRAME_TIMEOUT_S, AnswerFrame, SenderWindow, StreamError, refusal
+from runtime.streams import FRAME_TIMEOUT_S, AnswerFrame, SenderWindow, StreamError, is_part, refusal
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 
@@ -70,6 +71,7 @@ class FrameStream(Generic[Req, Ans]):
         self._parts: dict[int, Callable[[Any], None]] = {}  # frame id -> what takes its answer's parts
         self._credit = asyncio.Event()  # set when credit comes back (or the stream breaks)
         self._late: set[int] = set()    # frames not answered in time, their credit still out (replace_late)
+        self._turns: collections.deque[object] = collections.deque()  # frames waiting to go, in order
         self._writing = asyncio.Lock()
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
@@ -80,27 +82,34 @@ class FrameStream(Generic[Req, Ans]):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         frame, size = self.window.next(lambda i: self._frame(i, payload))
-        while self.broken is None and not self.window.fits(size):
-            late = sum(self.window.in_flight.get(i, 0) for i in self._late)
-            if self._late and size > self.window.granted - late:
-                # Credit held by frames not answered in time may never come back (a tablet stuck
-                # in user code): a new stream starts with the whole grant, and this frame goes
-                # there (Unsent). What was in flight on this one fails as unreachable and is
-                # sent again; the receiver cancels what it held of it (a delivery already queued
-                # still commits).
-                self._replace(f"{late} B of its credit are held by frames not answered within "
-                              f"{self.timeout:.0f} s")
-                break
-            self._credit.clear()
-            try:
-                await asyncio.wait_for(self._credit.wait(), deadline - loop.time())
-            except TimeoutError:
-                if not self.replace_late:
-                    raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no credit on the {self.what} stream "
-                                      f"within {self.timeout:.0f} s") from None
-                # The frames holding the credit have been out as long as this one waited (late,
-                # or about to be; or smaller frames kept taking it): as above.
-                self._replace(f"no credit for {self.timeout:.0f} s")
+        turn = object()  # frames take credit in the order they were made (runtime/streams.py)
+        self._turns.append(turn)
+        try:
+            while self.broken is None and (self._turns[0] is not turn or not self.window.fits(size)):
+                late = sum(self.window.in_flight.get(i, 0) for i in self._late) if self._late else 0
+                if late and self._turns[0] is turn and size > self.window.granted - late:
+                    # Credit held by frames not answered in time may never come back (a tablet
+                    # stuck in user code): a new stream starts with the whole grant, and this
+                    # frame goes there (Unsent). What was in flight on this one fails as
+                    # unreachable and is sent again; the receiver cancels what it held of it (a
+                    # delivery already queued still commits).
+                    self._replace(f"{late} B of its credit are held by frames not answered within "
+                                  f"{self.timeout:.0f} s")
+                    break
+                self._credit.clear()
+                try:
+                    await asyncio.wait_for(self._credit.wait(), deadline - loop.time())
+                except TimeoutError:
+                    if not self.replace_late:
+                        raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no credit on the {self.what} "
+                                          f"stream within {self.timeout:.0f} s") from None
+                    # The frames holding the credit have been out as long as this one waited
+                    # (late, or about to be; or it waited behind one that is): as above.
+                    self._replace(f"no credit for {self.timeout:.0f} s")
+        finally:
+            self._turns.remove(turn)
+            if self._turns:
+                self._credit.set()  # the next in line looks
         if self.broken is not None:
             raise Unsent(self.broken.code(), self.broken.details() or "")
         self.window.sent(frame.id, size)
@@ -150,12 +159,13 @@ class FrameStream(Generic[Req, Ans]):
                     error = StreamError(grpc.StatusCode.UNAVAILABLE, f"the worker ended the {self.what} stream")
                     break
                 self.window.answered(answer)
-                if answer.id and not answer.credit:  # a part: its frame is still in flight
+                if answer.credit:
+                    self._credit.set()
+                if is_part(answer):  # its frame is still in flight
                     on_part = self._parts.get(answer.id)
                     if on_part is not None:
                         on_part(answer)
                     continue
-                self._credit.set()
                 self._late.discard(answer.id)
                 self._parts.pop(answer.id, None)
                 waiter = self._waiting.pop(answer.id, None)
@@ -188,7 +198,8 @@ def delivery_stream(stub: rpc.WorkerStub) -> FrameStream[pb.DeliverManyRequest, 
     """A ``DeliverStream`` to the worker of ``stub``, its frames answered in parts; replaced
     when a frame needs the credit of frames not answered in time (a delivery waits on its
     tablet's commit, which user code can hold for ever)."""
-    return FrameStream(stub.DeliverStream, lambda i, d: pb.DeliverFrame(id=i, deliveries=d, answer_each=True),
+    return FrameStream(stub.DeliverStream,
+                       lambda i, d: pb.DeliverFrame(id=i, deliveries=d, answer_each=True, credit_each=True),
                        lambda a: a, "delivery", FRAME_TIMEOUT_S, replace_late=True)
 
 

@@ -11,10 +11,13 @@ delivery as soon as it is done: a slow tablet holds only its own deliveries, not
 others.
 
 Flow control is by credit, in bytes of encoded frames: the receiver's first message grants
-the stream :data:`STREAM_CREDIT_BYTES`, each answer gives its frame's size back (the last
-part of one answered in parts; the others carry none), and a
+the stream :data:`STREAM_CREDIT_BYTES`, each answer gives its frame's size back, and a
 sender puts a frame on the wire only within its credit (one larger than the whole grant goes
-alone, once nothing else is in flight). A receiver refuses a stream that overdraws.
+alone, once nothing else is in flight), in the order its frames were made: a large frame is
+not passed for ever by smaller ones. A receiver refuses a stream that overdraws. A frame
+answered in parts gives its credit back with them (``credit_each``): each part its own
+deliveries' encoded size, the last the rest, so a slow delivery holds only its own bytes of
+the grant (an older receiver gives it all back with the last part; ``more`` marks the others).
 
 A frame the receiver refuses as it would refuse the call (a malformed record, a producer
 token from an injector) is answered with the status code, and the stream goes on; a stream
@@ -112,13 +115,29 @@ class SenderWindow:
         self.in_flight[frame_id] = size
 
     def answered(self, answer: AnswerFrame) -> None:
-        """Count an answer in: its credit back, its frame no longer in flight. An answer with
-        no credit is a part of its frame's (``DeliverFrame.answer_each``): the frame stays."""
+        """Count an answer in: its credit back, its frame no longer in flight unless the
+        answer is a part of its frame's (:func:`is_part`): that frame stays, holding the rest."""
         if answer.id == 0:
             self.granted += answer.credit
-        elif (self.in_flight.get(answer.id) if not answer.credit else self.in_flight.pop(answer.id, None)) is None:
-            raise ValueError(f"an answer to frame {answer.id}, which is not in flight on this stream")
+        elif not is_part(answer):
+            if self.in_flight.pop(answer.id, None) is None:
+                raise ValueError(f"an answer to frame {answer.id}, which is not in flight on this stream")
+        else:
+            left = self.in_flight.get(answer.id)
+            if left is None:
+                raise ValueError(f"an answer to frame {answer.id}, which is not in flight on this stream")
+            if answer.credit >= left:
+                raise ValueError(f"a part of frame {answer.id}'s answer gives back {answer.credit} B of "
+                                 f"the {left} B it holds, leaving nothing for its last part")
+            self.in_flight[answer.id] = left - answer.credit
         self.credit += answer.credit
+
+
+def is_part(answer: AnswerFrame) -> bool:
+    """Whether ``answer`` is a part of its frame's answer, more to come
+    (``DeliverFrame.answer_each``): marked ``more``, or, from an older receiver, without credit.
+    (Replication answers have neither: they answer their frame whole.)"""
+    return bool(answer.id) and (getattr(answer, "more", False) or not answer.credit)
 
 
 class ReceiverWindow:
@@ -138,6 +157,12 @@ class ReceiverWindow:
         return True
 
     def answered(self, size: int) -> None:
+        """A frame answered, the last ``size`` bytes of it given back."""
         self.outstanding -= size
         self.frames -= 1
         assert self.outstanding >= 0 and self.frames >= 0, "answered more than was admitted"
+
+    def released(self, size: int) -> None:
+        """``size`` bytes of a frame given back with a part of its answer; the frame stays."""
+        self.outstanding -= size
+        assert self.outstanding >= 0, "released more than was admitted"

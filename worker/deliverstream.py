@@ -18,8 +18,9 @@ from runtime.wire import millstream_pb2 as pb
 log = logging.getLogger(__name__)
 
 # What answers one frame (of the given size in bytes): the servicer's DeliverMany (or
-# ReplicateMany), as an answer frame; it may send parts of that answer first, through the
-# callable it is given (a delivery frame's ``answer_each``: runtime/streams.py).
+# ReplicateMany), as an answer frame, whose credit serve_frames sets; it may send parts of
+# that answer first, through the callable it is given, each with the credit it gives back
+# (a delivery frame's ``answer_each`` and ``credit_each``: runtime/streams.py).
 FrameHandler = Callable[[Any, int, Callable[[Any], None]], Awaitable[Any]]
 
 
@@ -36,12 +37,21 @@ async def serve_frames(frames: AsyncIterator[Any], context: grpc.aio.ServicerCon
     tasks: set[asyncio.Task[None]] = set()
 
     async def answer(frame: Any, size: int) -> None:
+        given = 0  # bytes of the frame its parts gave back (credit_each)
+
+        def part(answer: Any) -> None:
+            nonlocal given
+            given += answer.credit
+            window.released(answer.credit)
+            answers.put_nowait(answer)
+
         try:
-            out = await handle(frame, size, answers.put_nowait)
+            out = await handle(frame, size, part)
         except Exception as e:  # a bug: the frame fails (UNKNOWN, as the call would), not the stream
             log.exception("frame %d failed", frame.id)
             out = refused(frame.id, size, grpc.StatusCode.UNKNOWN, f"{type(e).__name__}: {e}", kind)
-        window.answered(size)
+        out.credit = size - given  # the rest of the frame: never nothing (its id and framing)
+        window.answered(out.credit)
         answers.put_nowait(out)
 
     async def read() -> None:

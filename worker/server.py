@@ -110,7 +110,7 @@ class WorkerServicer(rpc.WorkerServicer):
                 return streams.refused(frame.id, size, e.code(), e.details())
             pending = {asyncio.ensure_future(self._deliver(*a, worker)): i for i, a in enumerate(admitted)}
             if not pending:
-                return pb.DeliverAnswerFrame(id=frame.id, answers=pb.DeliverManyResponse(), credit=size)
+                return pb.DeliverAnswerFrame(id=frame.id, answers=pb.DeliverManyResponse())
             try:
                 while True:  # with answer_each, each delivery's answer as soon as it is done
                     done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED
@@ -119,8 +119,11 @@ class WorkerServicer(rpc.WorkerServicer):
                     answer = pb.DeliverAnswerFrame(id=frame.id, answers=pb.DeliverManyResponse(
                         answers=[a for _, a in ready]), indexes=[i for i, _ in ready] if frame.answer_each else ())
                     if not pending:
-                        answer.credit = size
-                        return answer
+                        return answer  # (its credit: the rest of the frame's, serve_frames')
+                    answer.more = True
+                    if frame.credit_each:  # these deliveries' bytes of the grant go back now
+                        deliveries = frame.deliveries.deliveries
+                        answer.credit = sum(deliveries[i].ByteSize() for i, _ in ready)
                     part(answer)
             finally:
                 for t in pending:
@@ -270,8 +273,7 @@ class WorkerServicer(rpc.WorkerServicer):
             metrics.REPLICAS_PER_CALL.observe(len(frame.requests.requests))
             metrics.REPLICATE_CALLS.labels("frame").inc()
             answers = await asyncio.gather(*(self.core.replicas.replicate(r) for r in frame.requests.requests))
-            return pb.ReplicateAnswerFrame(id=frame.id, answers=pb.ReplicateManyResponse(answers=answers),
-                                           credit=size)
+            return pb.ReplicateAnswerFrame(id=frame.id, answers=pb.ReplicateManyResponse(answers=answers))
 
         async for answer in serve_frames(request_iterator, context, handle, self.stream_credit,
                                          pb.ReplicateAnswerFrame):

@@ -775,30 +775,34 @@ class StatusResponse(_message.Message):
     def __init__(self, json: _Optional[str] = ...) -> None: ...
 
 class DeliverFrame(_message.Message):
-    __slots__ = ("id", "deliveries", "answer_each")
+    __slots__ = ("id", "deliveries", "answer_each", "credit_each")
     ID_FIELD_NUMBER: _ClassVar[int]
     DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     ANSWER_EACH_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_EACH_FIELD_NUMBER: _ClassVar[int]
     id: int
     deliveries: DeliverManyRequest
     answer_each: bool
-    def __init__(self, id: _Optional[int] = ..., deliveries: _Optional[_Union[DeliverManyRequest, _Mapping]] = ..., answer_each: _Optional[bool] = ...) -> None: ...
+    credit_each: bool
+    def __init__(self, id: _Optional[int] = ..., deliveries: _Optional[_Union[DeliverManyRequest, _Mapping]] = ..., answer_each: _Optional[bool] = ..., credit_each: _Optional[bool] = ...) -> None: ...
 
 class DeliverAnswerFrame(_message.Message):
-    __slots__ = ("id", "answers", "credit", "code", "details", "indexes")
+    __slots__ = ("id", "answers", "credit", "code", "details", "indexes", "more")
     ID_FIELD_NUMBER: _ClassVar[int]
     ANSWERS_FIELD_NUMBER: _ClassVar[int]
     CREDIT_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     DETAILS_FIELD_NUMBER: _ClassVar[int]
     INDEXES_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     id: int
     answers: DeliverManyResponse
     credit: int
     code: int
     details: str
     indexes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, id: _Optional[int] = ..., answers: _Optional[_Union[DeliverManyResponse, _Mapping]] = ..., credit: _Optional[int] = ..., code: _Optional[int] = ..., details: _Optional[str] = ..., indexes: _Optional[_Iterable[int]] = ...) -> None: ...
+    more: bool
+    def __init__(self, id: _Optional[int] = ..., answers: _Optional[_Union[DeliverManyResponse, _Mapping]] = ..., credit: _Optional[int] = ..., code: _Optional[int] = ..., details: _Optional[str] = ..., indexes: _Optional[_Iterable[int]] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class ReplicateFrame(_message.Message):
     __slots__ = ("id", "requests")

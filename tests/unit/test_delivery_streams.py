@@ -259,6 +259,67 @@ def test_a_frame_of_an_older_sender_is_answered_whole() -> None:
     asyncio.run(main())
 
 
+def test_a_slow_delivery_holds_only_its_own_bytes_of_the_grant() -> None:
+    """Review of the delivery path (R4), through the worker's own servicer: a frame whose other
+    delivery is answered gives that one's bytes back at once, so the next frame to that worker
+    goes while the slow delivery is still held (before, it waited for the slow one)."""
+    from worker.server import WorkerServicer
+
+    async def main() -> None:
+        core = _HeldCore()
+        big = b"x" * 4000
+        size = pb.DeliverFrame(id=1, deliveries=_deliveries("slow", "fast", value=big), answer_each=True,
+                               credit_each=True).ByteSize()
+        servicer = WorkerServicer(core, stream_credit=size + size // 4)  # type: ignore[arg-type]
+        async with _server(servicer) as (_, address):
+            peers = Peers(Security())
+            try:
+                slow = _deliver(peers, address, "slow", big)
+                fast = _deliver(peers, address, "fast", big)  # the same turn: the same frame
+                await _until(lambda: sorted(core.arrived) == ["fast", "slow"], "the first frame")
+                core.release["fast"].set()
+                assert await asyncio.wait_for(fast, 5) == (OK, ("w", 7))
+                following = _deliver(peers, address, "next", big)  # needs fast's bytes back
+                await _until(lambda: "next" in core.arrived, "the next frame, while slow is held")
+                core.release["next"].set()
+                assert await asyncio.wait_for(following, 5) == (OK, ("w", 7))
+                assert not slow.done()
+                core.release["slow"].set()
+                assert await slow == (OK, ("w", 7))
+                stream = peers.links._streams[address]
+                assert not stream.window.in_flight and stream.window.credit == stream.window.granted
+                assert stream.broken is None
+            finally:
+                await peers.close()
+
+    asyncio.run(main())
+
+
+def test_a_sender_that_does_not_ask_for_credit_with_each_part_gets_it_with_the_last() -> None:
+    """A sender of the version before ``credit_each`` reads a part as an answer with no credit:
+    the worker gives it none until the last part."""
+    from worker.server import WorkerServicer
+
+    async def main() -> None:
+        core = _HeldCore()
+        async with _server(WorkerServicer(core)) as (_, address):  # type: ignore[arg-type]
+            async with grpc.aio.insecure_channel(address) as ch:
+                call = rpc.WorkerStub(ch).DeliverStream()
+                assert (await call.read()).credit > 0
+                frame = pb.DeliverFrame(id=1, deliveries=_deliveries("a", "b"), answer_each=True)
+                await call.write(frame)
+                await _until(lambda: sorted(core.arrived) == ["a", "b"], "both deliveries")
+                core.release["b"].set()
+                part = await asyncio.wait_for(call.read(), 5)
+                assert (part.id, list(part.indexes), part.credit, part.more) == (1, [1], 0, True)
+                core.release["a"].set()
+                last = await asyncio.wait_for(call.read(), 5)
+                assert (list(last.indexes), last.credit, last.more) == ([0], frame.ByteSize(), False)
+                await call.done_writing()
+
+    asyncio.run(main())
+
+
 class _FakeCall:
     """A frame stream's call without a network: the grant first, then the answers a test puts;
     cancelled, it ends."""
@@ -313,6 +374,66 @@ def test_a_frame_answered_in_parts_stays_in_flight_until_its_last_part() -> None
     assert not w.in_flight and w.credit == 1000
     with pytest.raises(ValueError, match="not in flight"):
         w.answered(pb.DeliverAnswerFrame(id=1, indexes=[2]))
+
+
+def test_the_parts_of_an_answer_give_their_own_credit_back_and_the_last_the_rest() -> None:
+    """Review of the delivery path (R4): a frame answered in parts kept all of its credit until
+    its last part, so one slow delivery in a frame near the grant held every other frame to
+    that worker back. Each part now gives its own deliveries' bytes back (``credit_each``)."""
+    w = SenderWindow()
+    w.answered(pb.DeliverAnswerFrame(credit=1000))
+    w.sent(1, 600)
+    w.answered(pb.DeliverAnswerFrame(id=1, indexes=[1], credit=450, more=True))  # a part, with its bytes
+    assert w.in_flight == {1: 150} and w.credit == 850
+    w.answered(pb.DeliverAnswerFrame(id=1, indexes=[2], more=True))  # a part of an older receiver's kind
+    assert w.in_flight == {1: 150} and w.credit == 850
+    with pytest.raises(ValueError, match="leaving nothing for its last part"):
+        w.answered(pb.DeliverAnswerFrame(id=1, indexes=[0], credit=150, more=True))
+    w.answered(pb.DeliverAnswerFrame(id=1, indexes=[0], credit=150))  # the last: the rest
+    assert not w.in_flight and w.credit == 1000
+    r = ReceiverWindow(grant=1000)
+    assert r.admit(600) and not r.admit(600)
+    r.released(450)  # a part's bytes
+    assert r.admit(600)  # the frame still held, with what its slow delivery keeps
+
+
+def test_a_frame_that_needs_more_credit_is_not_passed_by_smaller_frames_made_after_it() -> None:
+    """Review of the delivery path (D4): credit went to whichever frame fit first, so a large
+    frame could be passed by smaller ones made after it until its time ran out, and its stream
+    was replaced. Frames now take credit in the order they were made."""
+    from runtime.links import FrameStream
+
+    class _Recording(_FakeCall):
+        def __init__(self, grant: int) -> None:
+            super().__init__(grant)
+            self.written: list[int] = []
+
+        async def write(self, message: Any) -> None:
+            self.written.append(message.id)
+
+    async def main() -> None:
+        def payload(n: int) -> pb.DeliverManyRequest:
+            return _deliveries("c", value=b"x" * n)
+
+        call = _Recording(3000)
+        stream: FrameStream[pb.DeliverManyRequest, pb.DeliverAnswerFrame] = FrameStream(
+            lambda: call, lambda i, d: pb.DeliverFrame(id=i, deliveries=d), lambda a: a, "delivery", 5)
+        await _until(lambda: stream.window.granted > 0, "the grant")
+        first = asyncio.ensure_future(stream.send(payload(1000)))
+        await _until(lambda: call.written == [1], "the first frame")
+        large = asyncio.ensure_future(stream.send(payload(2500)))  # over what is left: it waits
+        await _until(lambda: stream.window._last_id == 2, "the large frame to wait")
+        small = asyncio.ensure_future(stream.send(payload(100)))  # would fit now, but comes after
+        await _until(lambda: stream.window._last_id == 3, "the small frame to wait")
+        assert call.written == [1] and not small.done()
+        call.answers.put_nowait(pb.DeliverAnswerFrame(id=1, credit=stream.window.in_flight[1]))
+        await _until(lambda: call.written == [1, 2, 3], "the large frame, then the small one")
+        for i in (2, 3):
+            call.answers.put_nowait(pb.DeliverAnswerFrame(id=i, credit=stream.window.in_flight[i]))
+        await asyncio.gather(first, large, small)
+        await stream.close()
+
+    asyncio.run(main())
 
 
 def test_a_frame_never_answered_replaces_the_stream_so_its_credit_is_not_lost_for_good(
