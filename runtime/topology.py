@@ -321,6 +321,22 @@ class Topology:
             )
         return self
 
+    def without(self, *names: str) -> Topology:
+        """A copy of this topology without the computations ``names``; this one is unchanged.
+        For a test that reads a stream from the run instead of from its sink::
+
+            TestRun(wordcount.topology("/unused").without("counts_sink"))
+
+        What the removed computations read stays produced; what they produced, nothing
+        produces any more (an input, as far as the rest is concerned)."""
+        unknown = [n for n in names if n not in self.computations]
+        if unknown:
+            raise TopologyError(f"without({', '.join(map(repr, unknown))}): no such computation in "
+                                f"topology {self.name!r}; its computations are {sorted(self.computations)}")
+        copy = Topology(self.name)
+        copy.computations = {n: s for n, s in self.computations.items() if n not in names}
+        return copy
+
     def validate(self) -> None:
         """Check the whole topology; raises :class:`TopologyError`."""
         if not self.computations:

@@ -69,8 +69,7 @@ def test_the_flow_and_the_classic_windows_count_what_the_oracle_counts(seed: int
 
     flow = windows.flow(str(tmp_path), name="winflow", key_ranges=3).topology()
     assert list(flow.computations) == ["winflow.counts"]  # window, format and sink fused: one stage
-    classic = windows.topology("/nonexistent-not-used", name="win", key_ranges=3)
-    del classic.computations["window_sink"]
+    classic = windows.topology("/nonexistent-not-used", name="win", key_ranges=3).without("window_sink")
 
     assert _run(flow, rounds, "winflow.counts.late", restart=False) == (expected, late)
     assert _run(flow, rounds, "winflow.counts.late", restart=True) == (expected, late)

@@ -18,8 +18,7 @@ T0 = 1_700_000_000_000_000
 
 
 def test_a_word_count_in_process() -> None:
-    topo = wordcount.topology("/nonexistent-not-used", name="wc")
-    del topo.computations["counts_sink"]  # read the counts from the run instead
+    topo = wordcount.topology("/nonexistent-not-used", name="wc").without("counts_sink")  # read the run's
     with TestRun(topo) as run:
         for i, line in enumerate(["apple banana", "apple"]):
             run.inject("lines", b"", line.encode(), T0 + i)
@@ -32,8 +31,7 @@ def test_a_word_count_in_process() -> None:
 
 
 def test_event_time_windows_fire_on_the_watermark_only() -> None:
-    topo = windows.topology("/nonexistent-not-used", name="win")
-    del topo.computations["window_sink"]
+    topo = windows.topology("/nonexistent-not-used", name="win").without("window_sink")
     with TestRun(topo) as run:
         for i in range(5):
             run.inject("events", b"k", b"", T0 + i * SECOND // 2)  # 0, .5, 1, 1.5, 2 s
@@ -69,8 +67,7 @@ def test_wall_clock_timers_fire_on_the_virtual_clock() -> None:
 
 
 def test_a_restart_keeps_what_was_committed_and_a_replay_counts_once() -> None:
-    topo = wordcount.topology("/nonexistent-not-used", name="wc")
-    del topo.computations["counts_sink"]
+    topo = wordcount.topology("/nonexistent-not-used", name="wc").without("counts_sink")
     topo.computations["counter"] = dataclasses.replace(topo.computations["counter"], code="tests.jobs:TypedCounter")
     with TestRun(topo) as run:
         run.inject("words", b"pear", b"1", T0, id=b"\x01" * 16)
@@ -89,8 +86,7 @@ def test_a_restart_keeps_what_was_committed_and_a_replay_counts_once() -> None:
 def test_typed_state_without_a_ttl_outlives_a_finished_input() -> None:
     """Once every input has finished, the watermark is the end of time, which is also the
     expiry stored for state without a TTL: that state must still read (it read as missing)."""
-    topo = wordcount.topology("/nonexistent-not-used", name="wc")
-    del topo.computations["counts_sink"]
+    topo = wordcount.topology("/nonexistent-not-used", name="wc").without("counts_sink")
     topo.computations["counter"] = dataclasses.replace(topo.computations["counter"], code="tests.jobs:TypedCounter")
     with TestRun(topo) as run:
         run.inject("words", b"plum", b"1", T0)

@@ -189,6 +189,21 @@ def test_failed_add_leaves_topology_unchanged() -> None:
     assert list(topo.computations) == ["a"]
 
 
+def test_without_copies_the_topology_without_the_computations_named() -> None:
+    topo = Topology("t")
+    topo.add_computation("a", CODE, inputs={"in": None}, outputs=["mid"])
+    topo.add_computation("b", CODE, inputs={"mid": None}, outputs=["out"])
+    topo.add_computation("sink", CODE, inputs={"out": None})
+    part = topo.without("sink")
+    assert list(part.computations) == ["a", "b"] and part.name == "t"
+    assert list(topo.computations) == ["a", "b", "sink"]  # unchanged
+    part.validate()
+    assert list(topo.without("a", "sink").computations) == ["b"]  # "mid": an input now
+    with pytest.raises(TopologyError, match=r"without\('nope'\): no such computation in topology 't'; its "
+                       r"computations are \['a', 'b', 'sink'\]"):
+        topo.without("sink", "nope")
+
+
 def test_empty_topology_does_not_validate() -> None:
     with pytest.raises(TopologyError, match="has no computations"):
         Topology("t").validate()
