@@ -13,7 +13,6 @@ tablet holds only its own deliveries, not the frame's others and the lanes behin
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import logging
 from collections.abc import Callable
@@ -69,9 +68,8 @@ class FrameStream(Generic[Req, Ans]):
         # whose sender may have stopped waiting).
         self._waiting: dict[int, asyncio.Future[AnswerFrame | grpc.RpcError]] = {}
         self._parts: dict[int, Callable[[Any], None]] = {}  # frame id -> what takes its answer's parts
-        self._credit = asyncio.Event()  # set when credit comes back (or the stream breaks)
+        self._woken: list[asyncio.Future[None]] = []  # frames waiting for credit: woken when it comes back
         self._late: set[int] = set()    # frames not answered in time, their credit still out (replace_late)
-        self._turns: collections.deque[object] = collections.deque()  # frames waiting to go, in order
         self._writing = asyncio.Lock()
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
@@ -82,34 +80,28 @@ class FrameStream(Generic[Req, Ans]):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         frame, size = self.window.next(lambda i: self._frame(i, payload))
-        turn = object()  # frames take credit in the order they were made (runtime/streams.py)
-        self._turns.append(turn)
-        try:
-            while self.broken is None and (self._turns[0] is not turn or not self.window.fits(size)):
-                late = sum(self.window.in_flight.get(i, 0) for i in self._late) if self._late else 0
-                if late and self._turns[0] is turn and size > self.window.granted - late:
-                    # Credit held by frames not answered in time may never come back (a tablet
-                    # stuck in user code): a new stream starts with the whole grant, and this
-                    # frame goes there (Unsent). What was in flight on this one fails as
-                    # unreachable and is sent again; the receiver cancels what it held of it (a
-                    # delivery already queued still commits).
-                    self._replace(f"{late} B of its credit are held by frames not answered within "
-                                  f"{self.timeout:.0f} s")
-                    break
-                self._credit.clear()
-                try:
-                    await asyncio.wait_for(self._credit.wait(), deadline - loop.time())
-                except TimeoutError:
-                    if not self.replace_late:
-                        raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no credit on the {self.what} "
-                                          f"stream within {self.timeout:.0f} s") from None
-                    # The frames holding the credit have been out as long as this one waited
-                    # (late, or about to be; or it waited behind one that is): as above.
-                    self._replace(f"no credit for {self.timeout:.0f} s")
-        finally:
-            self._turns.remove(turn)
-            if self._turns:
-                self._credit.set()  # the next in line looks
+        while self.broken is None and not self.window.fits(size):
+            late = sum(self.window.in_flight.get(i, 0) for i in self._late) if self._late else 0
+            if late and size > self.window.granted - late:
+                # Credit held by frames not answered in time may never come back (a tablet stuck
+                # in user code): a new stream starts with the whole grant, and this frame goes
+                # there (Unsent). What was in flight on this one fails as unreachable and is
+                # sent again; the receiver cancels what it held of it (a delivery already queued
+                # still commits).
+                self._replace(f"{late} B of its credit are held by frames not answered within "
+                              f"{self.timeout:.0f} s")
+                break
+            woken = loop.create_future()  # its own: no waiter can miss a wake-up another took
+            self._woken.append(woken)
+            try:
+                await asyncio.wait_for(woken, deadline - loop.time())
+            except TimeoutError:
+                if not self.replace_late:
+                    raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no credit on the {self.what} stream "
+                                      f"within {self.timeout:.0f} s") from None
+                # The frames holding the credit have been out as long as this one waited (late,
+                # or about to be; or smaller frames kept taking it): as above.
+                self._replace(f"no credit for {self.timeout:.0f} s")
         if self.broken is not None:
             raise Unsent(self.broken.code(), self.broken.details() or "")
         self.window.sent(frame.id, size)
@@ -118,7 +110,9 @@ class FrameStream(Generic[Req, Ans]):
             self._parts[frame.id] = on_part
         try:
             async with self._writing:
-                await self._call.write(frame)
+                unsent = self.broken  # broken while this frame waited to be written: it never went
+                if unsent is None:
+                    await self._call.write(frame)
         except (grpc.RpcError, asyncio.InvalidStateError) as e:
             self._break(e if isinstance(e, grpc.RpcError) else StreamError(grpc.StatusCode.UNAVAILABLE, str(e)))
         except asyncio.CancelledError:
@@ -127,6 +121,9 @@ class FrameStream(Generic[Req, Ans]):
                 raise  # our caller's
             # The call was cancelled under the write (the stream broke meanwhile): as broken.
             self._break(StreamError(grpc.StatusCode.UNAVAILABLE, f"the {self.what} stream was cancelled"))
+        else:
+            if unsent is not None:  # so it may go on a new stream at once
+                raise Unsent(unsent.code(), unsent.details() or "")
         try:  # a frame's answer has the whole timeout from its send (a wait for credit aside)
             done = await asyncio.wait_for(asyncio.shield(answer), self.timeout)
         except TimeoutError:
@@ -136,7 +133,7 @@ class FrameStream(Generic[Req, Ans]):
                 # Its credit comes back only with its answer, which may never come: once a
                 # frame needs that credit, the stream is replaced (above).
                 self._late.add(frame.id)
-                self._credit.set()  # a frame waiting for credit may need this one's: it looks again
+                self._wake()  # a frame waiting for credit may need this one's: it looks again
             raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout:.0f} s"
                               ) from None
         if isinstance(done, grpc.RpcError):
@@ -145,6 +142,14 @@ class FrameStream(Generic[Req, Ans]):
         if refused is not None:
             raise refused
         return self._answers(done)
+
+    def _wake(self) -> None:
+        """Credit came back, a frame became late, or the stream broke: every frame waiting for
+        credit looks again."""
+        woken, self._woken = self._woken, []
+        for w in woken:
+            if not w.done():
+                w.set_result(None)
 
     def _replace(self, why: str) -> None:
         log.warning("replacing the %s stream: %s", self.what, why)
@@ -160,7 +165,7 @@ class FrameStream(Generic[Req, Ans]):
                     break
                 self.window.answered(answer)
                 if answer.credit:
-                    self._credit.set()
+                    self._wake()
                 if is_part(answer):  # its frame is still in flight
                     on_part = self._parts.get(answer.id)
                     if on_part is not None:
@@ -181,7 +186,7 @@ class FrameStream(Generic[Req, Ans]):
         if self.broken is None:
             self.broken = error
         self._call.cancel()
-        self._credit.set()
+        self._wake()
         waiting, self._waiting = self._waiting, {}
         self._parts.clear()
         for waiter in waiting.values():

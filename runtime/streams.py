@@ -13,8 +13,8 @@ others.
 Flow control is by credit, in bytes of encoded frames: the receiver's first message grants
 the stream :data:`STREAM_CREDIT_BYTES`, each answer gives its frame's size back, and a
 sender puts a frame on the wire only within its credit (one larger than the whole grant goes
-alone, once nothing else is in flight), in the order its frames were made: a large frame is
-not passed for ever by smaller ones. A receiver refuses a stream that overdraws. A frame
+alone, once nothing else is in flight), first fit: a frame that fits goes even past a larger
+one waiting (docs/architecture.md says why). A receiver refuses a stream that overdraws. A frame
 answered in parts gives its credit back with them (``credit_each``): each part its own
 deliveries' encoded size, the last the rest, so a slow delivery holds only its own bytes of
 the grant (an older receiver gives it all back with the last part; ``more`` marks the others).
