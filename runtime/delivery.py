@@ -34,9 +34,11 @@ from runtime.wire import to_proto
 # values never exceeds the 64 MiB message bound; one record may be up to 16 MiB
 # (worker/context.py).
 MAX_DELIVERY_BYTES = 16 * 1024 * 1024
-# Deliveries to one worker may travel together in one ``DeliverMany`` up to about this many
-# bytes of records (well under the 64 MiB message bound).
-BUNDLE_BYTES = 2 * MAX_DELIVERY_BYTES
+# Deliveries to one worker may travel together in one ``DeliverMany`` (a stream's frame) up to
+# about this many bytes of records: half a stream's credit (runtime/streams.py), so a full
+# frame goes while other frames are in flight; at the whole grant it went only once none
+# was, which steady smaller frames could put off until its time ran out.
+BUNDLE_BYTES = MAX_DELIVERY_BYTES
 
 # {producer prefix: (after, token)}: each producer's place in its order (worker/dedup.py).
 Orders = dict[bytes, tuple[int, int]]

@@ -43,9 +43,11 @@ class Unsent(StreamError):
 
 
 class FrameStream(Generic[Req, Ans]):
-    """One long-lived stream to a worker: frames go within the credit it grants, answers come
-    back in any order, matched by id. Once broken, it fails every frame in flight with the
-    stream's error and takes no more (the caller opens a new one).
+    """One long-lived stream to a worker: frames go within the credit it grants (first fit),
+    answers come back in any order, matched by id. Once broken, it fails every frame that went
+    out on it with the stream's error, raises :class:`Unsent` for those that had not gone out
+    yet (waiting for credit or for another frame's write), and takes no more (the caller opens
+    a new one).
 
     ``open()`` starts the call; ``frame(id, payload)`` makes a frame; ``answers(answer)`` is
     what :meth:`send` returns of an answer frame; ``timeout``: how long a frame waits for
@@ -96,12 +98,17 @@ class FrameStream(Generic[Req, Ans]):
             try:
                 await asyncio.wait_for(woken, deadline - loop.time())
             except TimeoutError:
+                if self.broken is None and self.window.fits(size):
+                    break  # its credit came back as its time ran out
                 if not self.replace_late:
                     raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no credit on the {self.what} stream "
                                       f"within {self.timeout:.0f} s") from None
                 # The frames holding the credit have been out as long as this one waited (late,
                 # or about to be; or smaller frames kept taking it): as above.
                 self._replace(f"no credit for {self.timeout:.0f} s")
+            finally:
+                if woken.cancelled() and woken in self._woken:  # timed out or cancelled: not kept
+                    self._woken.remove(woken)  # (on a stream nothing answers, nothing would clear it)
         if self.broken is not None:
             raise Unsent(self.broken.code(), self.broken.details() or "")
         self.window.sent(frame.id, size)

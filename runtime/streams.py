@@ -34,7 +34,7 @@ import grpc
 
 from runtime.wire import millstream_pb2 as pb
 
-STREAM_CREDIT_BYTES = 32 * 1024 * 1024  # a stream's grant: BUNDLE_BYTES, a full DeliverMany
+STREAM_CREDIT_BYTES = 32 * 1024 * 1024  # a stream's grant: two full frames (delivery.BUNDLE_BYTES)
 FRAME_TIMEOUT_S = 30.0  # a frame not answered by then fails, as a DeliverMany call's deadline
 
 _CODES = {c.value[0]: c for c in grpc.StatusCode}

@@ -17,7 +17,7 @@ from runtime import delivery
 from runtime.client import AsyncMasterClient
 from runtime.columns import Columns
 from runtime.errors import StaleTokenError
-from runtime.links import Channels, DeliveryLinks, FrameStream
+from runtime.links import Channels, DeliveryLinks, FrameStream, Unsent
 from runtime.security import Security
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
@@ -88,7 +88,11 @@ class Peers:
             if address in self._unary:
                 answers = list(await self._replicate_unary(address, bundle))
             else:
-                answers = list((await self._replication_stream(address).send(requests)).answers)
+                try:
+                    frame = await self._replication_stream(address).send(requests)
+                except Unsent:  # its stream broke before it went: a new one, at once (once)
+                    frame = await self._replication_stream(address).send(requests)
+                answers = list(frame.answers)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.UNIMPLEMENTED and address not in self._unary:
                 log.info("worker %s has no replication stream (an older version): replicating to it in calls",

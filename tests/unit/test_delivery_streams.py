@@ -70,6 +70,22 @@ def test_a_frame_larger_than_the_grant_goes_alone() -> None:
     assert w.credit == 100
 
 
+def test_a_full_frame_goes_while_another_frame_is_in_flight() -> None:
+    """A frame holds at most half a stream's credit in records (``delivery.BUNDLE_BYTES``): a
+    full one goes while smaller frames are in flight. At the whole grant (before, review of the
+    credit's order) it went only once nothing was, which steady smaller frames could put off
+    until its 30 s ran out and its stream was replaced."""
+    records = [Record(b"k%d" % i, b"x" * (256 << 10), 1, bytes(16)) for i in range(200)]  # 50 MiB
+    deliveries = [delivery.request("c", 0, 1, chunk) for chunk in delivery.cut(records)]
+    frames = [pb.DeliverFrame(id=1, answer_each=True, credit_each=True, deliveries=pb.DeliverManyRequest(
+        deliveries=deliveries[r.start:r.stop])) for r in delivery.bundles([d.ByteSize() for d in deliveries])]
+    assert len(frames) >= 3
+    w = SenderWindow()
+    w.answered(pb.DeliverAnswerFrame(credit=STREAM_CREDIT_BYTES))
+    w.sent(1, 8 << 20)  # a frame of 8 MiB in flight
+    assert all(w.fits(f.ByteSize()) for f in frames)
+
+
 def test_a_receiver_refuses_a_frame_that_overdraws_the_grant() -> None:
     r = ReceiverWindow(grant=100)
     assert r.admit(60) and not r.admit(60)
@@ -445,8 +461,8 @@ def test_a_frame_that_fits_is_not_held_behind_a_larger_one_waiting_for_credit() 
 
 @pytest.mark.parametrize("hops", range(12))
 def test_every_frame_waiting_for_credit_goes_once_its_credit_is_back(hops: int) -> None:
-    """Several frames wait for credit that comes back in two answers, the second ``hops`` loop
-    steps after the first: each goes as soon as it fits, none waits out its time.
+    """Several frames wait for credit that comes back in two answers, the second ``hops`` + 2
+    loop steps after the first: each goes as soon as it fits, none waits out its time.
 
     (Review of the credit's order: waiters shared one event, cleared by each that found too
     little credit; on Python 3.11 ``wait_for`` waits on it from a new task, a step later, so a
@@ -487,10 +503,38 @@ def test_every_frame_waiting_for_credit_goes_once_its_credit_is_back(hops: int) 
     asyncio.run(main())
 
 
+def test_a_frame_that_gave_up_waiting_for_credit_leaves_nothing_behind() -> None:
+    """Review of the wake-ups: a frame that timed out waiting for credit (on a stream that is
+    not replaced: replication's) or whose sender was cancelled left its wake-up behind until
+    the next answer; on a stream that answers nothing they piled up."""
+    from runtime.links import FrameStream
+    from runtime.streams import StreamError
+
+    async def main() -> None:
+        call = _Recording(1000)
+        stream: FrameStream[pb.DeliverManyRequest, pb.DeliverAnswerFrame] = FrameStream(
+            lambda: call, lambda i, d: pb.DeliverFrame(id=i, deliveries=d), lambda a: a, "replication", 0.2)
+        await _until(lambda: stream.window.granted > 0, "the grant")
+        first = asyncio.ensure_future(stream.send(_payload(800)))  # never answered
+        await _until(lambda: call.written == [1], "the first frame")
+        with pytest.raises(StreamError, match="no credit"):
+            await stream.send(_payload(800))
+        cancelled = asyncio.ensure_future(stream.send(_payload(800)))
+        await _until(lambda: len(stream._woken) == 1, "a frame waiting for credit")
+        cancelled.cancel()
+        await asyncio.gather(cancelled, return_exceptions=True)
+        assert stream._woken == []
+        first.cancel()
+        await stream.close()
+
+    asyncio.run(main())
+
+
 def test_a_frame_whose_stream_broke_while_it_waited_to_be_written_goes_on_a_new_one() -> None:
     """A frame that had its credit but waited for another's write, while the stream was
     replaced, was written to the cancelled call and failed as unreachable (sent again after a
-    back-off); it never went out, so it now raises ``Unsent`` and goes on a new stream at once."""
+    back-off); it never went out, so it now raises ``Unsent``, which its callers
+    (``DeliveryLinks``, ``Peers``' replication) send on a new stream at once."""
     from runtime.links import FrameStream, Unsent
 
     class _SlowWrite(_Recording):
@@ -512,8 +556,9 @@ def test_a_frame_whose_stream_broke_while_it_waited_to_be_written_goes_on_a_new_
         call.go.set()  # type: ignore[attr-defined]
         with pytest.raises(Unsent):
             await waiting
-        with pytest.raises(grpc.RpcError):
+        with pytest.raises(grpc.RpcError) as failed:
             await writing
+        assert not isinstance(failed.value, Unsent)  # it went out: unreachable, not sent again at once
         assert call.written == [1]
         await stream.close()
 

@@ -102,6 +102,38 @@ def test_a_turns_commits_to_one_follower_go_in_one_frame_and_are_answered_out_of
     asyncio.run(main())
 
 
+def test_a_frame_whose_stream_broke_before_it_went_goes_on_a_new_stream_at_once() -> None:
+    """A replication frame that never went out (its stream broke while it waited for credit or
+    for another frame's write: ``Unsent``) goes on a new stream at once, as a delivery does,
+    instead of counting the follower as unreachable for that commit."""
+    from runtime.links import Unsent
+    from runtime.streams import StreamError
+
+    class _BrokeBeforeSending:
+        broken: grpc.RpcError | None = None
+
+        async def send(self, payload: Any) -> Any:
+            self.broken = StreamError(grpc.StatusCode.UNAVAILABLE, "the stream broke")
+            raise Unsent(grpc.StatusCode.UNAVAILABLE, "the stream broke before the frame went out")
+
+        async def close(self) -> None:
+            pass
+
+    async def main() -> None:
+        follower = _Follower()
+        async with _server(follower) as address:
+            peers = Peers(Security())
+            peers._replication[address] = _BrokeBeforeSending()  # type: ignore[assignment]
+            try:
+                answer = await asyncio.wait_for(peers.replicate(address, _req("c", 3)), 5)
+                assert answer is not None and (answer.status, answer.index) == (R.OK, 3)
+                assert follower.frames == [["c"]] and follower.streams == 1
+            finally:
+                await peers.close()
+
+    asyncio.run(main())
+
+
 def test_a_follower_without_the_stream_is_replicated_to_in_calls() -> None:
     async def main() -> None:
         follower = _Follower(stream=False)
