@@ -82,6 +82,7 @@ def injector(ranges: int, batch_size: int) -> tuple[Injector, list[int]]:
     inj._rounds_taken, inj._places, inj.peak_in_flight, inj.max_in_flight = 0, 0, 0, 1
     inj.__dict__["_tails"] = {}  # (trees before the delivery core)
     inj._start_rounds = lambda: None  # type: ignore[method-assign]
+    inj._closed = threading.Event()
     inj._prefix = producer_prefix("injector/bench")
     inj._sequenced = {inj._prefix: 0}
     inj._last_producer = (None, b"")

@@ -1,10 +1,11 @@
 """What an injector checks of the records it is given, before it queues any: bytes keys and
 values within the limits of runtime/record.py, timestamps in signed 64 bits of microseconds.
-Each message says what was wrong and how to put it right (``where``: which record of a batch)."""
+Each message says what was wrong and how to put it right (``where``: which record of a batch);
+and of the settings it is made with."""
 
 from __future__ import annotations
 
-from runtime.errors import InvalidRecordError
+from runtime.errors import InjectionError, InvalidRecordError
 from runtime.record import END_OF_TIME, MAX_KEY_BYTES, MAX_VALUE_BYTES, MIN_TIME
 
 MIN, MAX = MIN_TIME, END_OF_TIME
@@ -14,8 +15,10 @@ def check_time(t: object, what: str) -> None:
     """Raise :class:`InvalidRecordError` unless ``t`` (``what``: a timestamp, a watermark) is
     an int of microseconds in signed 64 bits."""
     if isinstance(t, bool) or not isinstance(t, int) or not MIN <= t <= MAX:
+        kind = "" if isinstance(t, int) or not hasattr(t, "__index__") else (
+            f" (it is a {type(t).__module__}.{type(t).__name__}: pass int(...) of it)")
         raise InvalidRecordError(f"{what} {t!r} must be an int of microseconds since the epoch, "
-                                 "within signed 64 bits (e.g. time.time_ns() // 1000)")
+                                 f"within signed 64 bits (e.g. time.time_ns() // 1000){kind}")
 
 
 def check_record(key: object, value: object, timestamp: object, where: str = "") -> None:
@@ -38,3 +41,30 @@ def plain(keys: list[bytes], values: list[bytes], timestamps: list[int]) -> bool
     return (set(map(type, keys)) == {bytes} and set(map(type, values)) == {bytes}
             and set(map(type, timestamps)) == {int} and MIN <= min(timestamps) and max(timestamps) <= MAX
             and max(map(len, keys)) <= MAX_KEY_BYTES and max(map(len, values)) <= MAX_VALUE_BYTES)
+
+
+def check_settings(linger_ms: object, batch_size: object, max_queued: object, max_in_flight: object,
+                   idle_after: object) -> int:
+    """Raise :class:`InjectionError` unless an injector's settings are numbers in range (a
+    float batch size once dropped records in the round thread); returns ``max_queued``, its
+    default if None."""
+    def number(n: object) -> bool:
+        return isinstance(n, (int, float)) and not isinstance(n, bool)
+
+    def bad(name: str, value: object, must: str) -> InjectionError:
+        return InjectionError(f"{name}={value!r} must be {must}")
+
+    if not number(linger_ms) or linger_ms < 0:  # type: ignore[operator]
+        raise bad("linger_ms", linger_ms, "a number of milliseconds >= 0")
+    if type(batch_size) is not int or batch_size < 1:
+        raise bad("batch_size", batch_size, "an int >= 1")
+    if max_queued is None:
+        max_queued = max(100_000, batch_size)
+    if type(max_queued) is not int or max_queued < batch_size:
+        raise bad("max_queued", max_queued, f"an int >= batch_size ({batch_size})")
+    if type(max_in_flight) is not int or max_in_flight < 1:
+        raise bad("max_in_flight", max_in_flight, "an int >= 1")
+    if idle_after is not None and (not number(idle_after) or not idle_after > 0):  # type: ignore[operator]
+        raise bad("idle_after", idle_after, "a number of seconds above 0, or None (never idle by itself; "
+                  "mark_idle() still works)")
+    return max_queued

@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from injectors.buffer import END_OF_TIME, Buffer
-from injectors.checks import MAX, MIN, check_record, check_time, plain
+from injectors.checks import MAX, MIN, check_record, check_settings, check_time, plain
 from injectors.rounds import Round
 from injectors.tablets import Tablets
 from injectors.watermark import Watermark
@@ -108,14 +108,7 @@ class Injector:
         # ``incarnation`` given: a stable identity, so a restarted copy (a retried Spark task)
         # replaces the hold of the one it restarts instead of adding its own.
         self.incarnation = uuid.uuid4().hex if incarnation is None else incarnation
-        max_queued = max(100_000, batch_size) if max_queued is None else max_queued
-        if linger_ms < 0 or batch_size < 1 or max_queued < batch_size or max_in_flight < 1:
-            raise InjectionError(f"linger_ms={linger_ms} must be >= 0, batch_size={batch_size} >= 1, "
-                                 f"max_queued={max_queued} >= batch_size and max_in_flight={max_in_flight} >= 1")
-        if idle_after is not None and (isinstance(idle_after, bool) or not isinstance(idle_after, (int, float))
-                                       or not idle_after > 0):
-            raise InjectionError(f"idle_after={idle_after!r} must be a number of seconds above 0, or None "
-                                 "(never idle by itself; mark_idle() still works)")
+        max_queued = check_settings(linger_ms, batch_size, max_queued, max_in_flight, idle_after)
         self.batch_size = batch_size
         self.max_in_flight = max_in_flight
         self.linger_s = linger_ms / 1000
@@ -178,8 +171,8 @@ class Injector:
         waiting). Returns its id. Blocks while ``max_queued`` records wait (raising a failed
         round's error if that is why). Records already in lists go cheaper through
         :meth:`send_many`."""
-        if self.finished:
-            raise InjectionError(f"injector {self.name!r} is finished; create a new one to send more")
+        if self.finished or self._closed.is_set():
+            self._refuse()
         if (type(key) is not bytes or type(value) is not bytes or type(timestamp) is not int
                 or not MIN <= timestamp <= MAX or len(value) > MAX_VALUE_BYTES or len(key) > MAX_KEY_BYTES):
             check_record(key, value, timestamp)  # (one test of the common case above: per record)
@@ -213,8 +206,8 @@ class Injector:
         of their cost. Every record is checked first, as ``send`` checks one: a bad one
         raises :class:`InvalidRecordError` naming its index, and then nothing is queued.
         Blocks while ``max_queued`` records wait, then queues them all at once."""
-        if self.finished:
-            raise InjectionError(f"injector {self.name!r} is finished; create a new one to send more")
+        if self.finished or self._closed.is_set():
+            self._refuse()
         keys, values, timestamps = list(keys), list(values), list(timestamps)
         n = len(keys)
         if len(values) != n or len(timestamps) != n:
@@ -244,11 +237,13 @@ class Injector:
         that producer. Its id is (producer, seq), so a re-send of the same place, by this
         injector or a later one, is dropped however late it comes; dedup costs the receivers
         one number per producer."""
-        if self.finished:
-            raise InjectionError(f"injector {self.name!r} is finished; create a new one to send more")
+        if self.finished or self._closed.is_set():
+            self._refuse()
         check_record(key, value, timestamp)
         last_producer, prefix = self._last_producer
         if producer != last_producer:  # a file's lines, a partition's rows: one digest per producer
+            if not isinstance(producer, str):
+                raise InjectionError(f"producer must be a str (a file's, a partition's name), not {producer!r}")
             prefix = producer_prefix("source\x00" + self.name + "\x00" + producer)
             self._last_producer = (producer, prefix)
         # The check, the new last sequence and the queueing under one hold of the lock, or two
@@ -272,6 +267,10 @@ class Injector:
                     self._first_at = time.monotonic()
                 self._start_rounds()
                 self._cond.notify_all()
+
+    def _refuse(self) -> None:
+        raise InjectionError(f"injector {self.name!r} is " + ("finished" if self.finished else "closed (what it "
+                             "had not flushed was dropped)") + "; create a new one to send more")
 
     def _wait_room(self) -> None:
         """Under ``_cond``: block while ``max_queued`` records wait (raising a failed round's
@@ -391,6 +390,7 @@ class Injector:
                 self._buffer.put_back([back.records for back in sorted(self._returned, key=lambda x: x.index)])
                 self._returned = []
                 self._first_at = time.monotonic()
+                self._tablets.resume()  # before any round taken from now on is handed over
             self._cond.notify_all()
         if error is None:
             # The watermark this round let rise goes to the leader from the confirmer thread,

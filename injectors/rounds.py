@@ -9,8 +9,12 @@ sequence before it, ``after``; the tablet holds it until that one is committed).
 finish in the injector in take order, so "committed" always means a prefix of its sequence.
 
 A round that fails for good (not committed within the injector's ``timeout``, refused, the
-injector closed) fails every round in flight with it: their records go back to the front of
-the queue, in order, and are sent again under the same ids once the caller retries.
+injector closed) fails every round in flight with it, and every round taken until their
+records are queued again (one sent meanwhile would pass them, and they would be dropped as
+duplicates): their records go back to the front of the queue, in order, and are sent again
+under the same ids once the caller retries. A round's records for one tablet are a
+:class:`Chunk`; what the rounds queued in the delivery core has an owner (:class:`Sending`),
+let go of when a round fails.
 """
 
 from __future__ import annotations
@@ -43,3 +47,26 @@ class Round:
     needs_version: int = 0
     readers: set[str] = field(default_factory=set)  # the computations it went to
     outstanding: dict[int, Any] = field(default_factory=dict)  # id -> its parcels not committed yet
+
+
+@dataclass(eq=False, slots=True)
+class Chunk:
+    """A round's records for one tablet (a parcel, runtime/parcels.py): ``order`` is each
+    record's place in the injector's send order."""
+
+    computation: str
+    key_range: int
+    cols: Columns
+    producers: tuple[bytes, ...]
+    order: list[int] | None
+
+
+class Sending:
+    """The owner of what the injector sends (runtime/parcels.py): one until a round fails for
+    good; then what it queued is let go of (``closing``) and the rounds after have a new one."""
+
+    token = 0
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.closing = False

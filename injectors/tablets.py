@@ -15,14 +15,14 @@ leader holds their receivers' reports (``committed``: injectors/watermark.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from injectors.rounds import Round
+from injectors.rounds import Chunk, Round, Sending
 from injectors.routes import Routes
 from runtime import delivery
 from runtime.client import Client
@@ -39,29 +39,6 @@ from runtime.streams import FRAME_TIMEOUT_S
 from runtime.wire import millstream_pb2 as pb
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False, slots=True)
-class Chunk:
-    """A round's records for one tablet (a parcel, runtime/parcels.py): ``order`` is each
-    record's place in the injector's send order."""
-
-    computation: str
-    key_range: int
-    cols: Columns
-    producers: tuple[bytes, ...]
-    order: list[int] | None
-
-
-class Sending:
-    """The owner of what the injector sends (runtime/parcels.py): one until a round fails for
-    good; then what it queued is let go of (``closing``) and the rounds after have a new one."""
-
-    token = 0
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.closing = False
 
 
 class Links(Protocol):
@@ -110,6 +87,9 @@ class Tablets:
         self._fetching = False
         self._fetch_again = False
         self._blocked = False  # the first round waiting is waiting for a routing fetch
+        # Rounds in flight failed with this; each handed over until the injector has queued their
+        # records again fails with it too (sent now, it would pass them: lost as duplicates).
+        self._failed: MillstreamError | None = None
         self._alarm = Alarm(self._tick)
 
     def fetch(self) -> RoutingTable:
@@ -137,6 +117,12 @@ class Tablets:
                                  f"{timeout:.0f}s; the records are still queued")
         if rnd.error is not None:
             raise rnd.error
+
+    def resume(self) -> None:
+        """The records of the rounds that failed are queued again (under the injector's lock,
+        before any round taken after them is handed over): rounds go out again."""
+        with contextlib.suppress(InjectionError):  # (closed: nothing goes out again)
+            self._call(self._resume)
 
     def abandon(self, rnd: Round, error: MillstreamError) -> None:
         """A round handed over that its thread will not deliver: it fails (with every round in
@@ -199,10 +185,15 @@ class Tablets:
         return asyncio.get_running_loop().time()
 
     def _hand(self, rnd: Round) -> None:
+        if rnd.error is None and self._failed is not None:  # taken before the injector heard of it
+            rnd.error = self._failed
         if rnd.error is not None:  # failed with the rounds in flight before it was handed over
             rnd.finished.set()
             return
         self._waiting.append(rnd)
+
+    def _resume(self) -> None:
+        self._failed = None
 
     def _release(self, rnd: Round, timeout: float) -> None:
         if rnd.finished.is_set():
@@ -395,6 +386,7 @@ class Tablets:
         in flight ends as it ends, and its records are sent again under the same ids)."""
         old, self._owner = self._owner, Sending(self.name)
         old.closing = True
+        self._failed = error
         for rnd in [*self._rounds, *self._waiting]:
             self._finish(rnd, error)
         self._waiting = []

@@ -216,3 +216,39 @@ def test_a_round_not_committed_in_time_fails_every_round_in_flight_and_sends_the
         assert _on_loop(tablets, tablets._courier.pending) == 0, "nothing of the failed rounds is kept to retry"
     finally:
         tablets.close()
+
+
+def test_a_round_handed_over_after_the_rounds_in_flight_failed_fails_too_until_they_are_queued_again() -> None:
+    """Review of the injector: a round taken in the moment between the rounds in flight failing
+    (on the delivery loop) and the injector hearing of it was sent under the new owner, ahead
+    of their records; committed, it moved its tablet's mark past them, and once queued again
+    they were dropped as duplicates: lost, with flush() returning normally. It now fails with
+    them, until the injector has queued their records again (``resume``)."""
+    answers = {"mode": Status.BUSY}
+    transport = _Transport(lambda req: answers["mode"])
+    tablets = _tablets(_Client(_routing(1, (0, 0, 0))), transport)
+    try:
+        def rnd(n: int) -> Round:
+            return Round(n, Columns.of_records([Record(b"k", b"v", 1, sequence_id(P, n + 1))], P), 1, first=n)
+
+        first = rnd(0)
+        tablets.enqueue(first)
+        failing = _deliver(tablets, first, timeout=0.3)
+        failing.join(10)
+        [error] = failing.errors  # type: ignore[attr-defined]
+        assert isinstance(error, InjectionError)
+        answers["mode"] = Status.OK
+        sent = len(transport.sent)
+        taken_meanwhile = rnd(1)  # taken before the injector heard that the first failed
+        tablets.enqueue(taken_meanwhile)
+        late = _deliver(tablets, taken_meanwhile)
+        late.join(10)
+        assert late.errors == [error]  # type: ignore[attr-defined]
+        assert len(transport.sent) == sent, "nothing of it went out"
+        tablets.resume()  # the injector queued the failed records again
+        again = rnd(0)
+        tablets.enqueue(again)
+        tablets.deliver(again, 10)
+        assert len(transport.sent) > sent
+    finally:
+        tablets.close()
