@@ -32,6 +32,7 @@ The protocol itself (statuses, orders, cutting) is runtime/delivery.py's.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -40,9 +41,10 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from injectors import forks
 from injectors.buffer import END_OF_TIME, Buffer
 from injectors.checks import MAX, MIN, check_record, check_settings, check_time, plain
-from injectors.rounds import Round
+from injectors.rounds import Interrupted, Round
 from injectors.tablets import Tablets
 from injectors.watermark import Watermark
 from runtime.client import Client
@@ -53,6 +55,7 @@ from runtime.record import ID_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, producer_pr
 from runtime.security import Security, covers, credential_owner
 
 log = logging.getLogger(__name__)
+
 # Records a round takes at most. Each tablet's share of a round is one delivery, one batch and
 # commit, one copy to its follower: per batch, not per record. 4,000 (1,000 per tablet of a
 # 4-range stream) measured 1.2-1.9x the events per CPU-second of 1,000 on Nexmark q0, and
@@ -153,6 +156,7 @@ class Injector:
         self._tablets = Tablets(name, stream, self.client, security, self._sequenced, self._closed,
                                 committed=self._marks.hold, code_policy=code_policy, window=max_in_flight)
         self._marks.report()  # registers: from now on this injector holds its stream's watermark
+        forks.watch(self)
 
     @property
     def accepted(self) -> int:
@@ -269,8 +273,18 @@ class Injector:
                 self._cond.notify_all()
 
     def _refuse(self) -> None:
+        if self._fork_parent is not None:
+            raise InjectionError(f"injector {self.name!r} was made in process {self._fork_parent}, which forked this "
+                                 "one: an injector does not survive fork(); make one in the process that sends")
         raise InjectionError(f"injector {self.name!r} is " + ("finished" if self.finished else "closed (what it "
                              "had not flushed was dropped)") + "; create a new one to send more")
+
+    _fork_parent: int | None = None
+
+    def _forked(self) -> None:
+        """In a fork's child: its threads did not come along; it takes nothing more."""
+        self._fork_parent = os.getppid()
+        self._closed.set()
 
     def _wait_room(self) -> None:
         """Under ``_cond``: block while ``max_queued`` records wait (raising a failed round's
@@ -278,7 +292,7 @@ class Injector:
         while len(self._buffer) >= self.max_queued:
             self._raise_error()
             if self._closed.is_set():
-                raise InjectionError(f"injector {self.name!r} is closed")
+                self._refuse()
             self._start_rounds()
             self._cond.wait(0.1)
 
@@ -361,11 +375,17 @@ class Injector:
         """Deliver a round taken by :meth:`_take_round`, on whichever thread took it; it
         finishes in take order (each round waits for the ones before it)."""
         error: MillstreamError | None = None
+        interrupted: BaseException | None = None
         try:
             self._deliver(rnd)
         except Exception as e:  # kept for the caller; the records go back in the queue
             error = e if isinstance(e, MillstreamError) else InjectionError(
                 f"injector {self.name!r}: delivering failed: {e!r} (the records are still queued)")
+        except BaseException as e:  # Ctrl-C in a flush: the round fails (with those in flight), then it goes on
+            interrupted, error = e, Interrupted(f"injector {self.name!r}: interrupted ({type(e).__name__}); "
+                                                "the records are still queued")
+            self._tablets.abandon(rnd, error)
+        if error is not None:
             with self._cond:
                 # Failures finish in take order too: the caller hears of this one once every
                 # round before it is committed (or failed), as with one round in flight.
@@ -376,9 +396,9 @@ class Injector:
             if error is not None:
                 rnd.returned = True
                 self._returned.append(rnd)
-                if self._error is None and not (self._closed.is_set() and isinstance(error, InjectionError)):
-                    log.warning("injector %s: %s", self.name, error)
-                if self._error is None:
+                if self._error is None and not isinstance(error, Interrupted):  # (the caller knows of that)
+                    if not (self._closed.is_set() and isinstance(error, InjectionError)):
+                        log.warning("injector %s: %s", self.name, error)
                     self._error = error
             while self._flight and self._flight[0].done:
                 head = self._flight.popleft()
@@ -392,6 +412,8 @@ class Injector:
                 self._first_at = time.monotonic()
                 self._tablets.resume()  # before any round taken from now on is handed over
             self._cond.notify_all()
+        if interrupted is not None:
+            raise interrupted
         if error is None:
             # The watermark this round let rise goes to the leader from the confirmer thread,
             # not on the rounds' path: a master round trip per round would be paid by every
@@ -463,7 +485,7 @@ class Injector:
                         return
                     self._raise_error()
                     if self._closed.is_set():
-                        raise InjectionError(f"injector {self.name!r} is closed")
+                        self._refuse()
                     # A round may start: deliver it on this thread, sparing the hand-offs to
                     # the round thread and back (a flush per tick pays them).
                     rnd = self._take_round()

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.columns import Columns
-from runtime.errors import MillstreamError
+from runtime.errors import InjectionError, MillstreamError
 
 
 @dataclass(eq=False)
@@ -70,3 +70,8 @@ class Sending:
     def __init__(self, name: str) -> None:
         self.name = name
         self.closing = False
+
+
+class Interrupted(InjectionError):
+    """A round failed because its caller was interrupted (Ctrl-C in a flush): the caller knows,
+    so no later call raises it again; the records are queued again as for any failure."""

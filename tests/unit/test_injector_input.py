@@ -203,3 +203,25 @@ def test_a_producer_that_is_not_a_str_and_a_timestamp_that_is_not_an_int_say_wha
     with pytest.raises(InjectionError, match=r"e\.g\. time\.time_ns\(\) // 1000\)$"):
         inj.send(b"k", b"v", fractions.Fraction(1, 2))  # type: ignore[arg-type]
     assert list(inj._buffer) == []
+
+
+def test_an_injector_in_a_forked_child_refuses_to_send_and_says_why() -> None:
+    """Review of the injector: in a fork's child, the injector's threads and delivery loop are
+    gone; its records were queued, and a flush waited about 100 s before a misleading error."""
+    import os
+
+    from injectors import forks
+
+    inj = _injector()
+    forks.watch(inj)
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if the send was refused with the fork named
+        try:
+            inj.send(b"k", b"v", 1_000)
+        except InjectionError as e:
+            os._exit(0 if "does not survive fork()" in str(e) and not list(inj._buffer) else 2)
+        os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    inj.send(b"k", b"v", 1_000)  # the parent's goes on
+    assert len(list(inj._buffer)) == 1
