@@ -76,7 +76,14 @@ class Sink(Computation):
     after :meth:`prepare_commit` returned; that looks the same to the sink. A call after a
     first one means the previous batch committed: a failed batch ends the instance.
 
-    Both hooks default to doing nothing (``prepare_commit`` returns ``None``). User code
+    :meth:`committed` ``()``, optional: once a batch's commit is durable and on every in-sync
+    copy of the tablet (a takeover cannot lose it), on the tablet's thread, before its next
+    batch (Flink's ``notifyCheckpointComplete``). For what the sink may let go of only once
+    the meta is safe (a marker saying output is not committed yet). It is not called for a
+    batch whose commit failed, nor after a crash: what it would do must be safe to redo on
+    the next :meth:`restore` (which has the meta). An exception is logged and ignored.
+
+    The hooks default to doing nothing (``prepare_commit`` returns ``None``). User code
     that writes outside millstream from ``process_record`` can fence it the same way with
     ``ctx.sequencer_token`` and ``ctx.tablet`` (docs/guide.md, "Writing a sink").
 
@@ -102,6 +109,19 @@ class Sink(Computation):
     def prepare_commit(self) -> bytes | None:
         """Make the batch's output durable; returns the meta to commit with it, or ``None``."""
         return None
+
+    def committed(self) -> None:
+        """The last batch's commit is durable and replicated (see the class)."""
+
+
+def committed_hook(comp: Computation) -> Callable[[], None] | None:
+    """The :meth:`Sink.committed` the worker calls after each commit: the sink's own (or that
+    of the sink a flow's stage fused, ``fused_sink``), or None where it does nothing."""
+    sink = getattr(comp, "fused_sink", comp)
+    hook = getattr(sink, "committed", None)
+    if hook is None or getattr(type(sink), "committed", None) is Sink.committed:
+        return None
+    return hook  # type: ignore[no-any-return]
 
 
 def call_restore(restore: Callable[..., None], tablet: str, meta: bytes | None, token: int,
@@ -201,7 +221,8 @@ class CommittedFile:
     - nothing committed yet but the file exists with content: if the content is this
       tablet's own uncommitted first batches (a ``.uncommitted`` marker beside the file says
       so), it is cut; otherwise (an earlier cluster's output) it is left alone and a new
-      file is used. The marker goes once a later batch proves the first commit durable.
+      file is used. The marker goes once the worker says the commit is durable and
+      replicated (:meth:`committed`), or a later batch proves it.
     """
 
     def __init__(self, directory: str, tablet: str, suffix: str, meta: bytes | None,
@@ -213,6 +234,7 @@ class CommittedFile:
         self.base = tablet.replace("/", "-")
         self.suffix = suffix
         self._prepared = False
+        self._marked = False  # a marker of ours is beside the file: its content is not committed yet
         if meta:
             size, _, name = meta.decode().partition(" ")
             self.size, self.name = int(size), name or self.base + suffix
@@ -230,6 +252,7 @@ class CommittedFile:
         with self._fence(self.name).hold(claim=True):
             self._truncate(0)
             open(self._marker(), "ab").close()
+        self._marked = True
 
     def _fence(self, name: str) -> OutputFence:
         return OutputFence(self.directory, name, self.token)
@@ -282,6 +305,15 @@ class CommittedFile:
             os.remove(self._marker())
         except FileNotFoundError:
             pass
+        self._marked = False
+
+    def committed(self) -> None:
+        """The last append's meta is committed and replicated: the file is no longer only this
+        tablet's uncommitted output. Its marker goes now, not with the next batch (which may
+        never come): a marker left beside committed output made a later cluster writing to
+        the same directory take that output for its own first batch, and cut it."""
+        if self._marked and self._prepared:
+            self._unmark()
 
     def append(self, data: bytes, fsync: bool = True) -> bytes:
         """Write a batch; returns the meta to commit with it."""
@@ -299,6 +331,7 @@ class CommittedFile:
                 if rolled:
                     self._truncate(0)
                     open(self._marker(), "ab").close()
+                    self._marked = True
                 with open(self.path, "ab") as f:
                     f.write(data)
                     if fsync:
@@ -346,6 +379,9 @@ class FileSink(Sink):
         data = "".join(self._pending).encode()
         self._pending.clear()
         return self.file.append(data)
+
+    def committed(self) -> None:
+        self.file.committed()
 
 
 def _json_line(record: Record) -> str:

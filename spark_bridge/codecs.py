@@ -136,6 +136,8 @@ class Codec:
             elif isinstance(doc, dict):
                 for name, v in doc.items():
                     col = name if name not in RESERVED else "v_" + name
+                    if type(v) is int and not -(1 << 63) <= v < (1 << 63):
+                        v = str(v)  # no Parquet integer holds it: its digits (the column is text then)
                     row[col] = v if isinstance(v, (str, int, float, bool)) or v is None else json.dumps(v)
         return row
 

@@ -325,12 +325,7 @@ class ParquetSink(Sink):
         """Stage the batch's rows, or roll them with the staged ones into a file; returns the
         meta to commit."""
         if self._prepared:  # a second batch runs only after the first one's commit
-            if os.path.exists(self._marker()):
-                os.unlink(self._marker())
-            if self._stale is not None:
-                with self._fence.hold(), contextlib.suppress(FileNotFoundError):
-                    os.unlink(self._stale)
-                self._stale = None
+            self.committed()
         self._prepared = True
         batch = [self.codec.table(self._rows)] if self._rows else []
         rows = self._staged_rows + len(self._rows)
@@ -342,6 +337,18 @@ class ParquetSink(Sink):
         self._due = False
         return json.dumps({"next": self._next, "prefix": self._prefix, "staged": self._staged,
                            "rows": self._staged_rows, "since": self._since}).encode()
+
+    def committed(self) -> None:
+        """The last batch's meta is committed and replicated: this tablet's first files are no
+        longer only its uncommitted output (a marker left beside committed files made a later
+        cluster writing to the same directory remove them), and the staging file it replaced
+        is stale."""
+        if os.path.exists(self._marker()):
+            os.unlink(self._marker())
+        if self._stale is not None:
+            with self._fence.hold(), contextlib.suppress(FileNotFoundError):
+                os.unlink(self._stale)
+            self._stale = None
 
     def _stage(self, table: pa.Table) -> None:
         out = pa.BufferOutputStream()

@@ -22,7 +22,7 @@ from runtime.computation import Computation, TimeDomain, record_fn
 from runtime.delivery import Status
 from runtime.errors import MillstreamError
 from runtime.record import Record, derived_id
-from runtime.sinks import is_sink, sink_batch_fn
+from runtime.sinks import committed_hook, is_sink, sink_batch_fn
 from runtime.state import TTL_TAG, cell, expired, merged
 from runtime.status import show_key
 from runtime.topology import dead_letter, dead_letter_stream
@@ -83,6 +83,7 @@ class BatchProcessor:
         self.comp = comp
         self._one = record_fn(comp)  # a record on its own (a batch whose one call raised)
         self.sink = is_sink(comp, tablet.route.code)
+        self.committed_hook = committed_hook(comp) if self.sink else None  # (sink_committed)
         # A computation that takes a batch of records in one call (a Dataflow's stage): not for
         # weak productions, whose ids derive from the record that made them.
         self.batch_fn: Callable[[KeyContext, list[Record]], None] | None = (
@@ -506,6 +507,13 @@ class BatchProcessor:
                 self.opaque.expire(commit.opaque_expire_below)
                 self._expired_below = commit.opaque_expire_below
             self.opaque.add(commit.opaque_bucket, commit.opaque_ids)
+
+    def sink_committed(self) -> None:
+        """The sink's ``committed()``: the last commit is durable and replicated."""
+        try:
+            self.committed_hook()  # type: ignore[misc]
+        except Exception:
+            log.exception("tablet %s: its sink's committed() raised (ignored: the commit stands)", self.name)
 
     def _record_fn(self, ctx: KeyContext, record: Record) -> None:
         self._one(ctx, record)

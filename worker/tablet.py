@@ -562,6 +562,8 @@ class Tablet:
             for t in due:
                 self.inbox.unhold(t.time)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
+        if self.proc.committed_hook is not None:  # (a sink's, runtime/sinks.py)
+            await self.thread.run(self.proc.sink_committed)
         self._after_commit(batch)
         if commit.productions and not weak_sent:
             self._sent(commit.productions)

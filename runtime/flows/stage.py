@@ -307,7 +307,7 @@ class SinkStage(FlowStage, Sink):
         sinks = [op for op in self.ops.values() if isinstance(op, SinkStep)]
         if len(sinks) != 1:
             raise TopologyError(f"stage {self.stage!r} runs as a sink but its plan has {len(sinks)} sink steps")
-        self._sink = sinks[0].comp
+        self._sink = self.fused_sink = sinks[0].comp  # (its committed(): runtime.sinks.committed_hook)
 
     def restore(self, tablet: str, meta: bytes | None, token: int, absorbed: Sequence[bytes]) -> None:
         call_restore(self._sink.restore, tablet, meta, token, absorbed)  # type: ignore[attr-defined]

@@ -136,3 +136,39 @@ def test_a_merged_range_cuts_the_other_range_s_file_back_and_fences_it(tmp_path:
         assert _read(right.path) == b"one\n"  # the merged range writes "two" again, once
     with pytest.raises(StaleTokenError):
         right.append(b"three\n")  # the right range's old owner can write there no more
+
+
+def test_a_committed_first_batch_loses_its_marker_so_a_later_cluster_leaves_it_alone(tmp_path: object) -> None:
+    """Review of the sinks: the marker that says "this file holds only my uncommitted first
+    batch" went only with a second batch; a tablet whose input was one batch kept it beside
+    committed output, and a later cluster writing to the same directory (fresh state) took
+    that file for its own and cut it to nothing. The worker now calls ``committed()`` once the
+    commit is durable and replicated, and the marker goes then."""
+    d = str(tmp_path)
+    f = CommittedFile(d, "sink/0", ".jsonl", None)
+    f.append(b"the only batch\n")
+    f.committed()
+    assert not os.path.exists(f.path + ".uncommitted")
+    later = CommittedFile(d, "sink/0", ".jsonl", None)  # a new cluster, the same directory
+    assert later.path != f.path and _read(f.path) == b"the only batch\n"
+
+
+def test_the_worker_tells_a_sink_its_commit_is_safe(tmp_path: object) -> None:
+    """Through the worker (a TestRun is the real one): a FileSink, classic and fused into a
+    flow, has no marker left once its one batch committed."""
+    from runtime import Dataflow, Topology
+    from runtime.sinks import FileSink
+    from runtime.testing import TestRun
+
+    classic = Topology("t").add_computation("out", FileSink, inputs={"in": None},
+                                             params={"path": os.path.join(str(tmp_path), "classic")})
+    flow = Dataflow("f")
+    flow.input("in", keyed=True).sink(FileSink, name="f.out", path=os.path.join(str(tmp_path), "flow"))
+    for job, where in ((classic, "classic"), (flow, "flow")):
+        with TestRun(job) as run:
+            run.inject("in", b"k", b"v", 1_700_000_000_000_000)
+            run.run_until_idle()
+        d = os.path.join(str(tmp_path), where)
+        written = [n for n in os.listdir(d) if n.endswith(".jsonl") and os.path.getsize(os.path.join(d, n))]
+        assert len(written) == 1, written  # (the other ranges' files are empty: theirs to reuse)
+        assert not os.path.exists(os.path.join(d, written[0] + ".uncommitted"))
