@@ -212,17 +212,25 @@ class CommittedFile:
     """An append-only file whose name and committed length travel in the tablet's atomic
     commit (meta ``b"<length> <file name>"``).
 
-    On open it cuts the file back to the committed length: what a crashed batch wrote after
-    it is gone, and its redelivery writes it again. It never fills a gap and never cuts
-    output it did not write (review E4):
+    A tablet's files form a *run*: ``<prefix><suffix>``, then ``<prefix>.1<suffix>``,
+    ``<prefix>.2<suffix>``, ... as it rolls. The prefix is the tablet's name
+    (``<computation>-<range>``), or, where an earlier run already wrote there (a new cluster
+    writing into an old directory, a lost state directory: review E4), ``<name>.g<n>``, the
+    first free one. Everything under a run's prefix is that run's own, so on open:
 
-    - the committed file is gone or shorter than committed (moved, rotated, compressed by an
-      operator): it goes on in a new file ``<tablet>.<n><suffix>`` and says so in the log;
-    - nothing committed yet but the file exists with content: if the content is this
-      tablet's own uncommitted first batches (a ``.uncommitted`` marker beside the file says
-      so), it is cut; otherwise (an earlier cluster's output) it is left alone and a new
-      file is used. The marker goes once the worker says the commit is durable and
-      replicated (:meth:`committed`), or a later batch proves it.
+    - with a committed meta, the committed file is cut back to its length and the run's
+      files after it are removed: output no commit covers (a batch written after a roll whose
+      commit failed, or what the old job wrote after the savepoint a restore goes back to);
+    - the committed file gone or shorter than committed (moved, rotated, compressed by an
+      operator): the run goes on in its next file and says so in the log; no gap is filled;
+    - nothing committed: a prefix holding only this run's uncommitted first output (a hidden
+      ``.<prefix>.uncommitted`` marker says so) is taken back and cut; one holding anything
+      else is left alone and the next free prefix is used. The marker goes once the worker
+      says the first commit is durable and replicated (:meth:`committed`), or a later batch
+      proves it.
+
+    One fence per run (:class:`OutputFence` on the prefix), claimed on open: an older owner
+    of the tablet can write none of the run's files, including ones it would roll to.
     """
 
     def __init__(self, directory: str, tablet: str, suffix: str, meta: bytes | None,
@@ -234,37 +242,85 @@ class CommittedFile:
         self.base = tablet.replace("/", "-")
         self.suffix = suffix
         self._prepared = False
-        self._marked = False  # a marker of ours is beside the file: its content is not committed yet
+        self._marked = False  # the run's marker is there: nothing of it is committed yet
         if meta:
             size, _, name = meta.decode().partition(" ")
             self.size, self.name = int(size), name or self.base + suffix
-            with self._fence(self.name).hold(claim=True):
+            self.prefix, index = self._split(self.name)
+            with self._fence().hold(claim=True):
+                self._remove_after(index)
                 on_disk = self._size_on_disk(self.name)
                 if on_disk >= self.size:
                     self._truncate(self.size)
                     self._unmark()  # committed: whatever it says is ours now
                     return
-            log.warning("sink file %s is %s; leaving it and going on in a new file",
-                        self._path(self.name), "missing" if on_disk < 0 else
-                        f"shorter ({on_disk} bytes) than committed ({self.size})")
+                log.warning("sink file %s is %s; leaving it and going on in the run's next file",
+                            self._path(self.name), "missing" if on_disk < 0 else
+                            f"shorter ({on_disk} bytes) than committed ({self.size})")
+                self.name, self.size = self._file(index + 1), 0
+                self._truncate(0)
+            return
         self.size = 0
-        self.name = self._fresh()
-        with self._fence(self.name).hold(claim=True):
+        self.prefix = self._free_prefix()
+        self.name = self._file(0)
+        with self._fence().hold(claim=True):
+            open(self._path(f".{self.prefix}.uncommitted"), "ab").close()
+            self._marked = True
+            self._remove_after(-1)  # this run's own uncommitted first output, if it crashed
             self._truncate(0)
-            open(self._marker(), "ab").close()
-        self._marked = True
 
-    def _fence(self, name: str) -> OutputFence:
-        return OutputFence(self.directory, name, self.token)
+    def _fence(self) -> OutputFence:
+        return OutputFence(self.directory, self.prefix, self.token)
+
+    def _file(self, index: int) -> str:
+        return self.prefix + (f".{index}" if index else "") + self.suffix
+
+    def _split(self, name: str) -> tuple[str, int]:
+        """A run's file name as (its prefix, its place in the run)."""
+        stem = name[:-len(self.suffix)] if name.endswith(self.suffix) else name
+        head, _, last = stem.rpartition(".")
+        return (head, int(last)) if head and last.isdigit() else (stem, 0)
+
+    def _run_files(self, names: list[str] | None = None) -> dict[str, int]:
+        """The files of this run on disk: name -> place."""
+        out = {}
+        for name in os.listdir(self.directory) if names is None else names:
+            if name.startswith(self.prefix) and name.endswith(self.suffix) and self._split(name)[0] == self.prefix:
+                out[name] = self._split(name)[1]
+        return out
+
+    def _remove_after(self, index: int) -> None:
+        for name, i in self._run_files().items():
+            if i > index:
+                log.info("sink file %s: removed (its run's commit does not cover it)", self._path(name))
+                os.remove(self._path(name))
+
+    def _free_prefix(self) -> str:
+        """The tablet's name, or ``<name>.g<n>``: the first prefix that holds only this run's
+        uncommitted output (its marker), or that no run ever claimed or wrote."""
+        names = os.listdir(self.directory)
+        n = 0
+        while True:
+            self.prefix = self.base + (f".g{n}" if n else "")
+            if (f".{self.prefix}.uncommitted" in names or self._file(0) + ".uncommitted" in names  # (older ones')
+                    or (f".{self.prefix}.fence" not in names
+                        and not any(self._size_on_disk(f) > 0 for f in self._run_files(names)))):
+                return self.prefix
+            n += 1
 
     @staticmethod
     def settle(directory: str, meta: bytes, token: int) -> None:
-        """The committed file of a range merged into this one (its meta): claim it and cut it
-        back to its committed length (what a batch that failed after writing left there is
-        written again by the merged range); never extended, never written after."""
+        """The committed file of a range merged into this one (its meta): claim its run, cut
+        the file back to its committed length and remove the run's files after it (what a
+        batch that failed after writing left there is written again by the merged range);
+        never extended, never written after."""
         size, _, name = meta.decode().partition(" ")
+        other = CommittedFile.__new__(CommittedFile)
+        other.directory, other.token, other.suffix = directory, token, "." + name.rpartition(".")[2]
+        other.prefix, index = other._split(name)
         path = os.path.join(directory, name)
-        with OutputFence(directory, name, token).hold(claim=True):
+        with other._fence().hold(claim=True):
+            other._remove_after(index)
             if os.path.exists(path) and os.path.getsize(path) > int(size):
                 log.info("sink file %s: cut back to its committed %s bytes (its range was merged)", path, size)
                 with open(path, "r+b") as f:
@@ -278,37 +334,24 @@ class CommittedFile:
     def path(self) -> str:
         return self._path(self.name)
 
-    def _marker(self) -> str:
-        return self.path + ".uncommitted"
-
     def _size_on_disk(self, name: str) -> int:
         try:
             return os.path.getsize(self._path(name))
         except FileNotFoundError:
             return -1
 
-    def _fresh(self) -> str:
-        """The first name that is free, or holds only this tablet's uncommitted output."""
-        n = 0
-        while True:
-            name = self.base + (f".{n}" if n else "") + self.suffix
-            if self._size_on_disk(name) <= 0 or os.path.exists(self._path(name) + ".uncommitted"):
-                return name
-            n += 1
-
     def _truncate(self, size: int) -> None:
         with open(self.path, "a+b") as f:
             f.truncate(size)
 
     def _unmark(self) -> None:
-        try:
-            os.remove(self._marker())
-        except FileNotFoundError:
-            pass
+        for marker in (f".{self.prefix}.uncommitted", self._file(0) + ".uncommitted"):  # (and an older one's)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._path(marker))
         self._marked = False
 
     def committed(self) -> None:
-        """The last append's meta is committed and replicated: the file is no longer only this
+        """The last append's meta is committed and replicated: the run is no longer only this
         tablet's uncommitted output. Its marker goes now, not with the next batch (which may
         never come): a marker left beside committed output made a later cluster writing to
         the same directory take that output for its own first batch, and cut it."""
@@ -317,21 +360,18 @@ class CommittedFile:
 
     def append(self, data: bytes, fsync: bool = True) -> bytes:
         """Write a batch; returns the meta to commit with it."""
-        if self._prepared:
+        if self._prepared and self._marked:
             self._unmark()  # a second batch runs only after the first one's commit
         self._prepared = True
         rolled = bool(data) and self.roll_bytes is not None and self.size >= self.roll_bytes
         if rolled:
-            # Roll: this batch goes to the next file. Until a commit names it, it is marked as
-            # ours and uncommitted (a crash now leaves the committed file whole, and this one
-            # is reused by the reopened tablet).
-            self.name, self.size = self._fresh(), 0
+            # Roll: this batch goes to the run's next file (a crash before its commit: the
+            # reopened tablet removes it, as the run's commit does not cover it).
+            self.name, self.size = self._file(self._split(self.name)[1] + 1), 0
         if data:
-            with self._fence(self.name).hold(claim=rolled):
+            with self._fence().hold():
                 if rolled:
                     self._truncate(0)
-                    open(self._marker(), "ab").close()
-                    self._marked = True
                 with open(self.path, "ab") as f:
                     f.write(data)
                     if fsync:

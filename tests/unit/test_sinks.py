@@ -60,7 +60,7 @@ def test_a_crash_before_the_first_commit_leaves_no_duplicate(tmp_path: object) -
     assert again.path == f.path and _read(again.path) == b""
     meta = again.append(b"first batch\n")
     again.append(b"second batch\n")  # the first commit was durable: the marker goes
-    assert not os.path.exists(again.path + ".uncommitted")
+    assert not os.path.exists(os.path.join(d, ".sink-0.uncommitted"))
     assert CommittedFile(d, "sink/0", ".jsonl", meta).path == f.path
 
 
@@ -147,8 +147,9 @@ def test_a_committed_first_batch_loses_its_marker_so_a_later_cluster_leaves_it_a
     d = str(tmp_path)
     f = CommittedFile(d, "sink/0", ".jsonl", None)
     f.append(b"the only batch\n")
+    assert os.path.exists(os.path.join(d, ".sink-0.uncommitted"))
     f.committed()
-    assert not os.path.exists(f.path + ".uncommitted")
+    assert not os.path.exists(os.path.join(d, ".sink-0.uncommitted"))
     later = CommittedFile(d, "sink/0", ".jsonl", None)  # a new cluster, the same directory
     assert later.path != f.path and _read(f.path) == b"the only batch\n"
 
@@ -171,4 +172,42 @@ def test_the_worker_tells_a_sink_its_commit_is_safe(tmp_path: object) -> None:
         d = os.path.join(str(tmp_path), where)
         written = [n for n in os.listdir(d) if n.endswith(".jsonl") and os.path.getsize(os.path.join(d, n))]
         assert len(written) == 1, written  # (the other ranges' files are empty: theirs to reuse)
-        assert not os.path.exists(os.path.join(d, written[0] + ".uncommitted"))
+        assert not os.path.exists(os.path.join(d, "." + written[0].removesuffix(".jsonl") + ".uncommitted"))
+
+
+def test_a_restore_removes_what_the_run_rolled_to_after_the_commit_it_goes_back_to(tmp_path: object) -> None:
+    """Review of the sinks: a savepoint restore cut the file the savepoint committed back, but
+    files the old job rolled to after it stayed, and the restored job wrote the same records
+    again beside them (duplicates). Every file of a run past its committed one is removed;
+    an earlier run's files in the directory are not (review E4)."""
+    d = str(tmp_path)
+    with open(os.path.join(d, "sink-0.jsonl"), "wb") as out:  # an earlier cluster's output
+        out.write(b'{"n": -1}\n')
+    f = CommittedFile(d, "sink/0", ".jsonl", None, roll_bytes=5, token=1)
+    assert f.prefix == "sink-0.g1"
+    savepoint = f.append(b'{"n": 0}\n')
+    f.append(b'{"n": 1}\n')  # after the savepoint: rolled to sink-0.g1.1.jsonl, then .2
+    f.append(b'{"n": 2}\n')
+    restored = CommittedFile(d, "sink/0", ".jsonl", savepoint, roll_bytes=5, token=1 + (1 << 20))
+    assert sorted(int(str(r["n"])) for r in read_file_sink(d)) == [-1, 0]
+    restored.append(b'{"n": 1}\n')  # the restored job goes on from the savepoint
+    assert sorted(int(str(r["n"])) for r in read_file_sink(d)) == [-1, 0, 1]
+
+
+def test_an_older_owner_cannot_roll_to_a_file_its_successor_has_not_reached(tmp_path: object) -> None:
+    """Review of the sinks: the fence was per file and the new owner claimed only its current
+    one, so an old owner that woke after the new one had rolled, and rolled too, took a file
+    nobody had claimed and wrote its batch there. One fence per run now."""
+    import pytest
+
+    from runtime.errors import StaleTokenError
+
+    d = str(tmp_path)
+    old = CommittedFile(d, "sink/0", ".jsonl", None, roll_bytes=5, token=3)  # its next batch rolls
+    meta = old.append(b'{"n": 1}\n')
+    new = CommittedFile(d, "sink/0", ".jsonl", meta, roll_bytes=15, token=4)
+    for n in range(2, 7):  # two files further on, each with a second batch (their first committed)
+        new.append(b'{"n": %d}\n' % n)
+    with pytest.raises(StaleTokenError):
+        old.append(b'{"n": 7}\n')  # it rolls too
+    assert sorted(int(str(r["n"])) for r in read_file_sink(d)) == [1, 2, 3, 4, 5, 6]
