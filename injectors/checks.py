@@ -5,6 +5,9 @@ and of the settings it is made with."""
 
 from __future__ import annotations
 
+import math
+import numbers
+
 from runtime.errors import InjectionError, InvalidRecordError
 from runtime.record import END_OF_TIME, MAX_KEY_BYTES, MAX_VALUE_BYTES, MIN_TIME
 
@@ -49,22 +52,25 @@ def check_settings(linger_ms: object, batch_size: object, max_queued: object, ma
     float batch size once dropped records in the round thread); returns ``max_queued``, its
     default if None."""
     def number(n: object) -> bool:
-        return isinstance(n, (int, float)) and not isinstance(n, bool)
+        return isinstance(n, (int, float)) and not isinstance(n, bool) and math.isfinite(n)
+
+    def integer(n: object) -> bool:  # an int, or an integer of numpy's (not a bool, not a float)
+        return isinstance(n, numbers.Integral) and not isinstance(n, bool)
 
     def bad(name: str, value: object, must: str) -> InjectionError:
         return InjectionError(f"{name}={value!r} must be {must}")
 
     if not number(linger_ms) or linger_ms < 0:  # type: ignore[operator]
         raise bad("linger_ms", linger_ms, "a number of milliseconds >= 0")
-    if type(batch_size) is not int or batch_size < 1:
+    if not integer(batch_size) or batch_size < 1:  # type: ignore[operator]
         raise bad("batch_size", batch_size, "an int >= 1")
     if max_queued is None:
-        max_queued = max(100_000, batch_size)
-    if type(max_queued) is not int or max_queued < batch_size:
+        max_queued = max(100_000, batch_size)  # type: ignore[call-overload]
+    if not integer(max_queued) or max_queued < batch_size:  # type: ignore[operator]
         raise bad("max_queued", max_queued, f"an int >= batch_size ({batch_size})")
-    if type(max_in_flight) is not int or max_in_flight < 1:
+    if not integer(max_in_flight) or max_in_flight < 1:  # type: ignore[operator]
         raise bad("max_in_flight", max_in_flight, "an int >= 1")
     if idle_after is not None and (not number(idle_after) or not idle_after > 0):  # type: ignore[operator]
         raise bad("idle_after", idle_after, "a number of seconds above 0, or None (never idle by itself; "
                   "mark_idle() still works)")
-    return max_queued
+    return int(max_queued)  # type: ignore[call-overload]

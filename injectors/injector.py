@@ -112,8 +112,8 @@ class Injector:
         # replaces the hold of the one it restarts instead of adding its own.
         self.incarnation = uuid.uuid4().hex if incarnation is None else incarnation
         max_queued = check_settings(linger_ms, batch_size, max_queued, max_in_flight, idle_after)
-        self.batch_size = batch_size
-        self.max_in_flight = max_in_flight
+        self.batch_size = int(batch_size)
+        self.max_in_flight = int(max_in_flight)
         self.linger_s = linger_ms / 1000
         self.max_queued = max_queued
         self.timeout = timeout
@@ -154,7 +154,7 @@ class Injector:
         self._marks = Watermark(name, stream, self.incarnation, self.client, self._queued_min, self._closed,
                                 idle_after=idle_after)
         self._tablets = Tablets(name, stream, self.client, security, self._sequenced, self._closed,
-                                committed=self._marks.hold, code_policy=code_policy, window=max_in_flight)
+                                committed=self._marks.hold, code_policy=code_policy, window=self.max_in_flight)
         self._marks.report()  # registers: from now on this injector holds its stream's watermark
         forks.watch(self)
 
@@ -273,17 +273,15 @@ class Injector:
                 self._cond.notify_all()
 
     def _refuse(self) -> None:
-        if self._fork_parent is not None:
-            raise InjectionError(f"injector {self.name!r} was made in process {self._fork_parent}, which forked this "
-                                 "one: an injector does not survive fork(); make one in the process that sends")
+        if self._marks.forked is not None:
+            raise InjectionError(self._marks.forked)
         raise InjectionError(f"injector {self.name!r} is " + ("finished" if self.finished else "closed (what it "
                              "had not flushed was dropped)") + "; create a new one to send more")
 
-    _fork_parent: int | None = None
-
     def _forked(self) -> None:
-        """In a fork's child: its threads did not come along; it takes nothing more."""
-        self._fork_parent = os.getppid()
+        """In a fork's child: its threads did not come along; it sends and reports nothing."""
+        self._marks.forked = (f"injector {self.name!r} was made in process {os.getppid()}, which forked this one: "
+                              "an injector does not survive fork(); make one in the process that sends")
         self._closed.set()
 
     def _wait_room(self) -> None:
@@ -386,11 +384,14 @@ class Injector:
                                                 "the records are still queued")
             self._tablets.abandon(rnd, error)
         if error is not None:
-            with self._cond:
-                # Failures finish in take order too: the caller hears of this one once every
-                # round before it is committed (or failed), as with one round in flight.
-                while self._flight[0] is not rnd and not self._closed.is_set():
-                    self._cond.wait(0.1)
+            try:
+                with self._cond:
+                    # Failures finish in take order too: the caller hears of this one once every
+                    # round before it is committed (or failed), as with one round in flight.
+                    while self._flight[0] is not rnd and not self._closed.is_set():
+                        self._cond.wait(0.1)
+            except BaseException as e:  # interrupted (again) meanwhile: the round is still let go of
+                interrupted = interrupted or e
         with self._cond:
             rnd.done = True
             if error is not None:

@@ -386,7 +386,8 @@ class Tablets:
         in flight ends as it ends, and its records are sent again under the same ids)."""
         old, self._owner = self._owner, Sending(self.name)
         old.closing = True
-        self._failed = error
+        if self._rounds or self._waiting:  # (their records go back: none may pass them meanwhile)
+            self._failed = error
         for rnd in [*self._rounds, *self._waiting]:
             self._finish(rnd, error)
         self._waiting = []

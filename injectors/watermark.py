@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 from runtime.client import Client
 from runtime.delivery import Receipt
-from runtime.errors import ConfigError, MasterUnavailableError, MillstreamError, RoleError
+from runtime.errors import ConfigError, InjectionError, MasterUnavailableError, MillstreamError, RoleError
 from runtime.receipts import HeldReceipts
 from runtime.record import END_OF_TIME, MIN_TIME
 from runtime.wire import millstream_pb2 as pb
@@ -82,6 +82,7 @@ class Watermark:
         self._start_lock = threading.Lock()
         self._stopped = False  # released: nothing more goes to the leader from here
         self._failing = False  # the confirmer's last report failed (it backs off, then retries)
+        self.forked: str | None = None  # in a fork's child: why nothing may be reported (injectors/forks.py)
 
     def promise(self, timestamp: int) -> None:
         self.promised = max(self.promised, timestamp)
@@ -195,6 +196,8 @@ class Watermark:
         if ``last`` raises, unless it was refused or reached no master: its answer may be what
         was lost, the release done."""
         with self._lock:
+            if self.forked is not None:
+                raise InjectionError(self.forked)
             try:
                 last()
             except (RoleError, ConfigError, MasterUnavailableError):
@@ -290,6 +293,8 @@ class Watermark:
         return True
 
     def _send(self, wm: int, idle: bool, retired: bool = False) -> dict[str, int]:
+        if self.forked is not None:  # the parent's name and incarnation: its reports, not ours
+            raise InjectionError(self.forked)
         report = pb.InjectorReport(name=self.name, stream=self.stream, watermark=wm,
                                    incarnation=self.incarnation, idle=idle, retired=retired)
         resp = self.client.call(lambda s: s.ReportInjector(report, timeout=self.client.timeout))

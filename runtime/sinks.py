@@ -118,10 +118,9 @@ def committed_hook(comp: Computation) -> Callable[[], None] | None:
     """The :meth:`Sink.committed` the worker calls after each commit: the sink's own (or that
     of the sink a flow's stage fused, ``fused_sink``), or None where it does nothing."""
     sink = getattr(comp, "fused_sink", comp)
-    hook = getattr(sink, "committed", None)
-    if hook is None or getattr(type(sink), "committed", None) is Sink.committed:
-        return None
-    return hook  # type: ignore[no-any-return]
+    if not isinstance(sink, Sink) or type(sink).committed is Sink.committed:
+        return None  # (a sink written before Sink may hold anything under that name)
+    return sink.committed
 
 
 def call_restore(restore: Callable[..., None], tablet: str, meta: bytes | None, token: int,
@@ -208,6 +207,15 @@ class OutputFence:
             os.close(fd)  # releases the lock
 
 
+def fence_token(directory: str, name: str) -> int:
+    """The newest token that claimed output ``name`` (its :class:`OutputFence`; 0: none)."""
+    try:
+        with open(os.path.join(directory, f".{name}.fence"), "rb") as f:
+            return int(f.read(32) or b"0")
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
 class CommittedFile:
     """An append-only file whose name and committed length travel in the tablet's atomic
     commit (meta ``b"<length> <file name>"``).
@@ -244,24 +252,29 @@ class CommittedFile:
         self._prepared = False
         self._marked = False  # the run's marker is there: nothing of it is committed yet
         if meta:
-            size, _, name = meta.decode().partition(" ")
-            self.size, self.name = int(size), name or self.base + suffix
+            size, *rest = meta.decode().split(" ")
+            self.size, self.name = int(size), (rest[0] if rest and rest[0] else self.base + suffix)
+            # A meta of this version ends in "run"; an older one names a file among, perhaps,
+            # other clusters' files of the same name: nothing after it is removed, and the
+            # tablet goes on in a run of its own at its next file.
+            self.run = rest[1:] == ["run"]
             self.prefix, index = self._split(self.name)
             with self._fence().hold(claim=True):
-                self._remove_after(index)
+                if self.run:
+                    self._remove_after(index)
                 on_disk = self._size_on_disk(self.name)
                 if on_disk >= self.size:
                     self._truncate(self.size)
                     self._unmark()  # committed: whatever it says is ours now
                     return
-                log.warning("sink file %s is %s; leaving it and going on in the run's next file",
+                log.warning("sink file %s is %s; leaving it and going on in a new file",
                             self._path(self.name), "missing" if on_disk < 0 else
                             f"shorter ({on_disk} bytes) than committed ({self.size})")
-                self.name, self.size = self._file(index + 1), 0
-                self._truncate(0)
+                self._unmark()
+            self._next_file(index)
             return
-        self.size = 0
-        self.prefix = self._free_prefix()
+        self.size, self.run = 0, True
+        self.prefix = self._free_prefix(take_marked=True)
         self.name = self._file(0)
         with self._fence().hold(claim=True):
             open(self._path(f".{self.prefix}.uncommitted"), "ab").close()
@@ -295,18 +308,35 @@ class CommittedFile:
                 log.info("sink file %s: removed (its run's commit does not cover it)", self._path(name))
                 os.remove(self._path(name))
 
-    def _free_prefix(self) -> str:
-        """The tablet's name, or ``<name>.g<n>``: the first prefix that holds only this run's
-        uncommitted output (its marker), or that no run ever claimed or wrote."""
+    def _free_prefix(self, take_marked: bool) -> str:
+        """The tablet's name, or ``<name>.g<n>``: the first prefix that no run ever claimed or
+        wrote, or (``take_marked``) that holds only this tablet's own uncommitted first output:
+        its marker, under a fence no newer owner claimed (an earlier cluster's idle range leaves
+        a marker and a fence of its own tokens). Markers of versions before runs count for
+        nothing: they stayed beside committed output."""
         names = os.listdir(self.directory)
         n = 0
         while True:
             self.prefix = self.base + (f".g{n}" if n else "")
-            if (f".{self.prefix}.uncommitted" in names or self._file(0) + ".uncommitted" in names  # (older ones')
-                    or (f".{self.prefix}.fence" not in names
-                        and not any(self._size_on_disk(f) > 0 for f in self._run_files(names)))):
+            fence = fence_token(self.directory, self.prefix) if f".{self.prefix}.fence" in names else None
+            if take_marked and f".{self.prefix}.uncommitted" in names and (
+                    fence is None or not self.token or fence <= self.token):
+                return self.prefix
+            if fence is None and not any(self._size_on_disk(f) > 0 for f in self._run_files(names)):
                 return self.prefix
             n += 1
+
+    def _next_file(self, index: int) -> None:
+        """Go on in the run's file after ``index`` (claimed and empty); a run of an older
+        meta goes on in a run of its own instead."""
+        if self.run:
+            self.name = self._file(index + 1)
+        else:
+            self.prefix, self.run = self._free_prefix(take_marked=False), True
+            self.name = self._file(0)
+        self.size = 0
+        with self._fence().hold(claim=True):
+            self._truncate(0)
 
     @staticmethod
     def settle(directory: str, meta: bytes, token: int) -> None:
@@ -314,13 +344,17 @@ class CommittedFile:
         the file back to its committed length and remove the run's files after it (what a
         batch that failed after writing left there is written again by the merged range);
         never extended, never written after."""
-        size, _, name = meta.decode().partition(" ")
+        size, *rest = meta.decode().split(" ")
+        if not rest or not rest[0]:
+            return  # (a meta of a version that committed no file name: nothing to find)
+        name, run = rest[0], rest[1:]
         other = CommittedFile.__new__(CommittedFile)
         other.directory, other.token, other.suffix = directory, token, "." + name.rpartition(".")[2]
         other.prefix, index = other._split(name)
         path = os.path.join(directory, name)
         with other._fence().hold(claim=True):
-            other._remove_after(index)
+            if run == ["run"]:
+                other._remove_after(index)
             if os.path.exists(path) and os.path.getsize(path) > int(size):
                 log.info("sink file %s: cut back to its committed %s bytes (its range was merged)", path, size)
                 with open(path, "r+b") as f:
@@ -345,7 +379,7 @@ class CommittedFile:
             f.truncate(size)
 
     def _unmark(self) -> None:
-        for marker in (f".{self.prefix}.uncommitted", self._file(0) + ".uncommitted"):  # (and an older one's)
+        for marker in (f".{self.prefix}.uncommitted", self.name + ".uncommitted"):  # (and an older version's)
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self._path(marker))
         self._marked = False
@@ -363,22 +397,19 @@ class CommittedFile:
         if self._prepared and self._marked:
             self._unmark()  # a second batch runs only after the first one's commit
         self._prepared = True
-        rolled = bool(data) and self.roll_bytes is not None and self.size >= self.roll_bytes
-        if rolled:
+        if data and self.roll_bytes is not None and self.size >= self.roll_bytes:
             # Roll: this batch goes to the run's next file (a crash before its commit: the
             # reopened tablet removes it, as the run's commit does not cover it).
-            self.name, self.size = self._file(self._split(self.name)[1] + 1), 0
+            self._next_file(self._split(self.name)[1])
         if data:
             with self._fence().hold():
-                if rolled:
-                    self._truncate(0)
                 with open(self.path, "ab") as f:
                     f.write(data)
                     if fsync:
                         f.flush()
                         os.fsync(f.fileno())
             self.size += len(data)
-        return b"%d %s" % (self.size, self.name.encode())
+        return b"%d %s" % (self.size, self.name.encode()) + (b" run" if self.run else b"")
 
 
 DEFAULT_ROLL_BYTES = 128 << 20

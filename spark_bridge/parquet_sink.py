@@ -52,7 +52,7 @@ from runtime.computation import Context, TimeDomain
 from runtime.durable import sync_dir
 from runtime.errors import MillstreamError, TopologyError
 from runtime.record import Record
-from runtime.sinks import OutputFence, Sink
+from runtime.sinks import OutputFence, Sink, fence_token
 from runtime.topology import Topology
 from spark_bridge.codecs import Codec
 
@@ -187,7 +187,7 @@ class ParquetSink(Sink):
         if meta:
             self._next, self._prefix = int(doc["next"]), str(doc.get("prefix", base))
         else:
-            self._next, self._prefix = 0, self._free_prefix(base)
+            self._next, self._prefix = 0, self._free_prefix(base, token)
             open(self._marker(), "ab").close()
         self._staged, self._staged_rows = int(doc.get("staged", 0)), int(doc.get("rows", 0))
         self._since = doc.get("since")
@@ -281,16 +281,19 @@ class ParquetSink(Sink):
     def _staging(self) -> str:
         return os.path.join(self.dir, f".{self._prefix}.staging-{self._next}")
 
-    def _free_prefix(self, base: str) -> str:
+    def _free_prefix(self, base: str, token: int) -> str:
         """``base``, or ``base.g<n>``: the first generation with no files, or only this
-        tablet's own uncommitted ones."""
+        tablet's own uncommitted ones (its marker, under a fence no newer owner claimed: an
+        earlier cluster's range that never committed leaves a marker and a fence of its own)."""
         names = os.listdir(self.dir)
         n = 0
         while True:
             prefix = base + (f".g{n}" if n else "")
-            ours = f".{prefix}.uncommitted" in names
-            if ours or not any((x.startswith(prefix + "-") and x.endswith(_SUFFIX))
-                               or x.startswith(f".{prefix}.staging-") for x in names):
+            if token and fence_token(self.dir, prefix) > token:
+                n += 1  # a newer owner's: not ours to claim
+                continue
+            if f".{prefix}.uncommitted" in names or not any((x.startswith(prefix + "-") and x.endswith(_SUFFIX))
+                                                          or x.startswith(f".{prefix}.staging-") for x in names):
                 return prefix
             n += 1
 

@@ -512,7 +512,7 @@ class BatchProcessor:
         """The sink's ``committed()``: the last commit is durable and replicated."""
         try:
             self.committed_hook()  # type: ignore[misc]
-        except Exception:
+        except BaseException:  # user code: sys.exit() included; the commit stands whatever it does
             log.exception("tablet %s: its sink's committed() raised (ignored: the commit stands)", self.name)
 
     def _record_fn(self, ctx: KeyContext, record: Record) -> None:

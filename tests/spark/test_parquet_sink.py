@@ -480,3 +480,13 @@ def test_an_inferred_integer_no_parquet_integer_holds_is_kept_as_its_digits(tmp_
         s.process_record(None, Record(b"k", json.dumps({"h": h}).encode(), i, bytes(16)))  # type: ignore[arg-type]
     s.prepare_commit()
     assert sorted(r["h"] for r in read_rows(str(tmp_path))) == ["18446744073709551615", "7"]
+
+
+def test_an_earlier_cluster_s_range_that_never_committed_does_not_stop_a_new_tablet_opening(tmp_path: Any) -> None:
+    """Review of the runs: a range that opened under token 4 and never committed left its
+    marker and fence; a new cluster's tablet (token 1) took that prefix for its own, and its
+    claim failed: it could never open."""
+    d = str(tmp_path)
+    _sink(d, "snk/0", None, token=4)
+    s = _sink(d, "snk/0", None, token=1)
+    assert b'"prefix": "snk-0.g1"' in _batch(s, range(0, 1))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from injectors.buffer import Buffer
 from injectors.injector import Injector
 from injectors.tablets import Tablets
 from runtime import delivery
-from runtime.columns import of_request
+from runtime.columns import Columns, of_request
 from runtime.errors import InjectionError, InvalidRecordError
 from runtime.imports import CodePolicy
 from runtime.record import Record, producer_prefix
@@ -79,6 +80,7 @@ def _injector() -> tuple[Injector, list[pb.DeliverRequest]]:
     inj._rounds_taken, inj._places, inj.peak_in_flight, inj.max_in_flight = 0, 0, 0, 4
     inj._start_rounds = lambda: None  # type: ignore[method-assign]
     inj._closed = threading.Event()
+    inj._marks = SimpleNamespace(forked=None, resume=lambda: None, report_later=lambda: None)  # type: ignore[assignment]
     inj._prefix = producer_prefix("injector/src")
     inj._sequenced = {inj._prefix: 0}
     inj._last_producer = (None, b"")
@@ -226,12 +228,10 @@ def test_a_flush_that_failed_is_retried_and_every_record_reaches_its_tablets() -
     """Review of the injector: once rounds fail, the delivery shell fails every round handed to
     it until the injector has queued their records again (so none passes them); the injector
     then says so (``Tablets.resume``), and the next flush sends everything, in order."""
-    from types import SimpleNamespace
 
     inj, sent = _injector()
     inj.timeout = 0.3
     inj._flushing = inj._committed = 0
-    inj._marks = SimpleNamespace(resume=lambda: None, report_later=lambda: None)  # type: ignore[assignment]
     links = inj._tablets._make_links()
     answer = {"status": delivery.Status.BUSY}
     ok = links.post
@@ -261,11 +261,9 @@ def test_a_flush_interrupted_by_ctrl_c_leaves_the_injector_able_to_flush_again()
     """Review of the injector: a KeyboardInterrupt in a flush (a notebook user stopping a slow
     one) left its round in flight, never done, and every flush after it waited for ever. The
     round now fails (its records queued again) and the interrupt goes on."""
-    from types import SimpleNamespace
 
     inj, sent = _injector()
     inj._flushing = inj._committed = 0
-    inj._marks = SimpleNamespace(resume=lambda: None, report_later=lambda: None)  # type: ignore[assignment]
     deliver = inj._tablets.deliver
 
     def interrupted(rnd: Any, timeout: float) -> None:
@@ -289,5 +287,32 @@ def test_a_flush_interrupted_by_ctrl_c_leaves_the_injector_able_to_flush_again()
         assert done.wait(10), "the flush after the interrupt should finish"
         one = [r.value for req in sent if req.computation == "one" for r in of_request(req).records()]
         assert one[-5:] == [b"%d" % i for i in range(5)] and not inj._flight
+    finally:
+        inj._tablets.close()
+
+
+def test_a_second_ctrl_c_while_the_round_waits_for_those_before_it_still_lets_it_go() -> None:
+    """Review of the interrupt: a second KeyboardInterrupt, while the interrupted round waited
+    for the rounds before it, left it in flight, never done: the wedge again."""
+    from injectors.rounds import Round
+
+    inj, _ = _injector()
+    before = Round(0, Columns.of_records([Record(b"a", b"0", 1, bytes(16))]), 1)
+    rnd = Round(1, Columns.of_records([Record(b"a", b"1", 1, bytes(16))]), 1)
+    inj._flight.extend([before, rnd])
+
+    def interrupted(r: Any, timeout: float) -> None:
+        raise KeyboardInterrupt
+
+    class _Interrupting(threading.Condition):
+        def wait(self, timeout: float | None = None) -> bool:
+            raise KeyboardInterrupt  # the second Ctrl-C
+
+    inj._tablets.deliver = interrupted  # type: ignore[method-assign]
+    inj._cond = _Interrupting(inj._mutex)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            inj._run_round(rnd)
+        assert rnd.done and rnd.returned and inj._returned == [rnd] and inj._error is None
     finally:
         inj._tablets.close()

@@ -169,7 +169,8 @@ def test_sending_to_a_closed_injector_raises_instead_of_dropping_the_records() -
 
 
 @pytest.mark.parametrize(("setting", "value"), [("batch_size", 1e4), ("max_in_flight", "4"), ("max_queued", 2.5e5),
-                                                ("linger_ms", "5"), ("batch_size", True)])
+                                                ("linger_ms", "5"), ("batch_size", True), ("linger_ms", float("nan")),
+                                                ("linger_ms", float("inf")), ("idle_after", float("nan"))])
 def test_an_injector_setting_of_the_wrong_type_is_refused_with_what_to_pass(setting: str, value: object) -> None:
     """Review of the injector: ``batch_size=1e4`` passed the range check, and the round thread
     then failed on a float slice, with records already taken from the queue: lost."""
@@ -180,6 +181,9 @@ def test_an_injector_setting_of_the_wrong_type_is_refused_with_what_to_pass(sett
     settings[setting] = value
     with pytest.raises(InjectionError, match=rf"{setting}={value!r} must be a"):
         check_settings(**settings)  # type: ignore[arg-type]
+    import numpy
+
+    assert check_settings(5, numpy.int64(2000), None, numpy.int32(4), None) == 100_000  # numpy's ints are ints
     with pytest.raises(InjectionError, match=r"^batch_size=10000.0 must be an int >= 1$"):
         Injector("127.0.0.1:1", "in", "src", batch_size=1e4)  # type: ignore[arg-type]
 
@@ -216,11 +220,24 @@ def test_an_injector_in_a_forked_child_refuses_to_send_and_says_why() -> None:
     forks.watch(inj)
     pid = os.fork()
     if pid == 0:  # the child: exit 0 only if the send was refused with the fork named
+        code = 1
         try:
             inj.send(b"k", b"v", 1_000)
         except InjectionError as e:
-            os._exit(0 if "does not survive fork()" in str(e) and not list(inj._buffer) else 2)
-        os._exit(1)
+            code = 0 if "does not survive fork()" in str(e) and not list(inj._buffer) else 2
+        finally:
+            os._exit(code)  # whatever happened: never back into the test runner
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    pid = os.fork()
+    if pid == 0:  # nor does it report the parent's watermark (finish() would end its stream)
+        code = 1
+        try:
+            inj.advance_watermark(5_000)
+        except InjectionError as e:
+            code = 0 if "does not survive fork()" in str(e) else 2
+        finally:
+            os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     inj.send(b"k", b"v", 1_000)  # the parent's goes on

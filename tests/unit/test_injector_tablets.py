@@ -252,3 +252,20 @@ def test_a_round_handed_over_after_the_rounds_in_flight_failed_fails_too_until_t
         assert len(transport.sent) > sent
     finally:
         tablets.close()
+
+
+def test_a_failure_with_no_round_in_flight_fails_no_later_round() -> None:
+    """Review of the gate: a refusal arriving late for a withdrawn delivery, with nothing in
+    flight, failed the next round for nothing (the user saw an error that need not be)."""
+    transport = _Transport(lambda req: Status.OK)
+    tablets = _tablets(_Client(_routing(1, (0, 0, 0))), transport)
+    try:
+        rnd = Round(0, Columns.of_records([Record(b"k", b"v", 1, sequence_id(P, 1))], P), 1, first=0)
+        tablets.enqueue(rnd)
+        tablets.deliver(rnd, 10)
+        _on_loop(tablets, lambda: tablets._fail(InjectionError("a refusal of a delivery withdrawn earlier")))
+        later = Round(1, Columns.of_records([Record(b"k", b"v", 1, sequence_id(P, 2))], P), 1, first=1)
+        tablets.enqueue(later)
+        tablets.deliver(later, 10)  # does not raise
+    finally:
+        tablets.close()

@@ -95,7 +95,7 @@ def test_a_full_file_is_closed_and_the_next_batch_starts_the_next(tmp_path: obje
     g = CommittedFile(d, "sink/0", ".jsonl", metas[3], roll_bytes=5)
     assert g.path.endswith("sink-0.3.jsonl") and _read(g.path) == b'{"n": 3}\n'
     meta = g.append(b'{"n": 4}\n')
-    assert meta.decode().endswith("sink-0.4.jsonl")  # the uncommitted file is reused, not skipped
+    assert meta.decode().endswith(" sink-0.4.jsonl run")  # the uncommitted file is reused, not skipped
     assert sorted(int(str(r["n"])) for r in read_file_sink(d)) == [0, 1, 2, 3, 4]
 
 
@@ -211,3 +211,48 @@ def test_an_older_owner_cannot_roll_to_a_file_its_successor_has_not_reached(tmp_
     with pytest.raises(StaleTokenError):
         old.append(b'{"n": 7}\n')  # it rolls too
     assert sorted(int(str(r["n"])) for r in read_file_sink(d)) == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_run_left_by_an_earlier_cluster_s_idle_range_does_not_stop_a_new_tablet_opening(tmp_path: object) -> None:
+    """Review of the runs: an earlier cluster's range that opened (reaching token 4) but never
+    ran a batch left its marker and fence; a new cluster's tablet (token 1) took the marked
+    prefix as its own and its claim failed (StaleTokenError): it could never open."""
+    d = str(tmp_path)
+    CommittedFile(d, "sink/3", ".jsonl", None, token=4)  # opened, never wrote
+    f = CommittedFile(d, "sink/3", ".jsonl", None, token=1)
+    assert f.prefix == "sink-3.g1"
+    f.append(b"new\n")
+
+
+def test_a_committed_file_gone_leaves_no_marker_behind(tmp_path: object) -> None:
+    """Review of the runs: a tablet that crashed between its first commit and committed(), its
+    file then moved away, went on in the next file with the marker still there: a later
+    cluster would have taken the run for its own uncommitted output and removed it."""
+    d = str(tmp_path)
+    f = CommittedFile(d, "sink/0", ".jsonl", None, token=1)
+    meta = f.append(b"one\n")  # committed; committed() never came (a crash)
+    os.rename(f.path, f.path + ".rotated")
+    again = CommittedFile(d, "sink/0", ".jsonl", meta, token=2)
+    assert again.name == "sink-0.1.jsonl" and not os.path.exists(os.path.join(d, ".sink-0.uncommitted"))
+    again.append(b"two\n")
+    later = CommittedFile(d, "sink/0", ".jsonl", None, token=1)  # a new cluster, the same directory
+    assert later.prefix == "sink-0.g1" and _read(again.path) == b"two\n"
+
+
+def test_a_file_named_by_an_older_meta_keeps_other_clusters_files_and_goes_on_in_a_run_of_its_own(
+        tmp_path: object) -> None:
+    """Before runs, a tablet's next file was the first free number of its name, so one name's
+    numbers could hold two clusters' files: an older meta removes nothing after its file, and
+    the tablet's next file starts a run of its own. An older version's marker beside committed
+    output is not taken for a run's own either."""
+    d = str(tmp_path)
+    for name, text in (("sink-3.jsonl", b"ours\n"), ("sink-3.1.jsonl", b"another cluster's\n")):
+        with open(os.path.join(d, name), "wb") as out:
+            out.write(text)
+    f = CommittedFile(d, "sink/3", ".jsonl", b"5 sink-3.jsonl", roll_bytes=1, token=2)
+    assert _read(os.path.join(d, "sink-3.1.jsonl")) == b"another cluster's\n"
+    meta = f.append(b"next\n")
+    assert meta == b"5 sink-3.g1.jsonl run" and _read(os.path.join(d, "sink-3.1.jsonl")) == b"another cluster's\n"
+    open(os.path.join(d, "sink-3.jsonl.uncommitted"), "ab").close()  # left by an older version
+    assert CommittedFile(d, "sink/3", ".jsonl", None, token=1).prefix == "sink-3.g2"
+    assert _read(os.path.join(d, "sink-3.jsonl")) == b"ours\n"
