@@ -5,8 +5,8 @@ and of the settings it is made with."""
 
 from __future__ import annotations
 
-import math
 import numbers
+import threading
 
 from runtime.errors import InjectionError, InvalidRecordError
 from runtime.record import END_OF_TIME, MAX_KEY_BYTES, MAX_VALUE_BYTES, MIN_TIME
@@ -51,8 +51,13 @@ def check_settings(linger_ms: object, batch_size: object, max_queued: object, ma
     """Raise :class:`InjectionError` unless an injector's settings are numbers in range (a
     float batch size once dropped records in the round thread); returns ``max_queued``, its
     default if None."""
-    def number(n: object) -> bool:
-        return isinstance(n, (int, float)) and not isinstance(n, bool) and math.isfinite(n)
+    def number(n: object) -> bool:  # of seconds or milliseconds a thread can wait (numpy's too)
+        if not isinstance(n, numbers.Real) or isinstance(n, bool):
+            return False
+        try:
+            return -threading.TIMEOUT_MAX < float(n) < threading.TIMEOUT_MAX  # (not NaN, not inf)
+        except OverflowError:
+            return False
 
     def integer(n: object) -> bool:  # an int, or an integer of numpy's (not a bool, not a float)
         return isinstance(n, numbers.Integral) and not isinstance(n, bool)

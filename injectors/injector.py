@@ -114,7 +114,7 @@ class Injector:
         max_queued = check_settings(linger_ms, batch_size, max_queued, max_in_flight, idle_after)
         self.batch_size = int(batch_size)
         self.max_in_flight = int(max_in_flight)
-        self.linger_s = linger_ms / 1000
+        self.linger_s = float(linger_ms) / 1000
         self.max_queued = max_queued
         self.timeout = timeout
         if security.injector_credential is not None:
@@ -279,9 +279,11 @@ class Injector:
                              "had not flushed was dropped)") + "; create a new one to send more")
 
     def _forked(self) -> None:
-        """In a fork's child: its threads did not come along; it sends and reports nothing."""
-        self._marks.forked = (f"injector {self.name!r} was made in process {os.getppid()}, which forked this one: "
-                              "an injector does not survive fork(); make one in the process that sends")
+        """In a fork's child: new locks (the parent's threads' may stay held); nothing sent or reported."""
+        self._mutex = threading.RLock()
+        self._cond = threading.Condition(self._mutex)
+        self._marks.in_fork_child(f"injector {self.name!r} was made in process {os.getppid()}, which forked this "
+                                  "one: an injector does not survive fork(); make one in the process that sends")
         self._closed.set()
 
     def _wait_room(self) -> None:

@@ -85,6 +85,7 @@ class Watermark:
         self.forked: str | None = None  # in a fork's child: why nothing may be reported (injectors/forks.py)
 
     def promise(self, timestamp: int) -> None:
+        self._check_fork()
         self.promised = max(self.promised, timestamp)
         self._active()
 
@@ -154,6 +155,7 @@ class Watermark:
         below our own promise: those are late whatever we say). With ``wait``, until no
         committed record holds it back (bounded by ``confirm_timeout``). Raises what the
         master call raised."""
+        self._check_fork()  # (before any lock: one the parent's threads held at the fork stays held)
         with self._lock:
             self._report_locked(wait)
         if self._held:
@@ -195,9 +197,8 @@ class Watermark:
         more (a keep-alive would register the name again), with no report in between. Also
         if ``last`` raises, unless it was refused or reached no master: its answer may be what
         was lost, the release done."""
+        self._check_fork()
         with self._lock:
-            if self.forked is not None:
-                raise InjectionError(self.forked)
             try:
                 last()
             except (RoleError, ConfigError, MasterUnavailableError):
@@ -283,6 +284,7 @@ class Watermark:
         (``Injector.retire``), if nothing it sent is pending (else False: the caller waits);
         nothing is reported after it, with no report in between (one after it would take the
         retirement back). If the report raises, reports go on and it may be made again."""
+        self._check_fork()
         with self._lock:
             wm, settled = self._state()
             if not settled:
@@ -292,9 +294,18 @@ class Watermark:
         self._due.set()
         return True
 
-    def _send(self, wm: int, idle: bool, retired: bool = False) -> dict[str, int]:
+    def in_fork_child(self, why: str) -> None:
+        """This is a fork's child (injectors/forks.py): fresh locks (the parent's threads may
+        have held these), and ``why`` raised by every report from now on."""
+        self._held_lock, self._lock, self._start_lock = threading.Lock(), threading.Lock(), threading.Lock()
+        self.forked = why
+
+    def _check_fork(self) -> None:
         if self.forked is not None:  # the parent's name and incarnation: its reports, not ours
             raise InjectionError(self.forked)
+
+    def _send(self, wm: int, idle: bool, retired: bool = False) -> dict[str, int]:
+        self._check_fork()
         report = pb.InjectorReport(name=self.name, stream=self.stream, watermark=wm,
                                    incarnation=self.incarnation, idle=idle, retired=retired)
         resp = self.client.call(lambda s: s.ReportInjector(report, timeout=self.client.timeout))

@@ -266,6 +266,8 @@ class CommittedFile:
                 if on_disk >= self.size:
                     self._truncate(self.size)
                     self._unmark()  # committed: whatever it says is ours now
+                    if not self.run:
+                        self._take_back_begun_run()
                     return
                 log.warning("sink file %s is %s; leaving it and going on in a new file",
                             self._path(self.name), "missing" if on_disk < 0 else
@@ -273,14 +275,31 @@ class CommittedFile:
                 self._unmark()
             self._next_file(index)
             return
+        self._begin_run()
+
+    def _begin_run(self) -> None:
+        """Start a run of this tablet's own: under the first prefix free, or holding only its
+        own uncommitted first output (taken back), marked until its first commit is safe."""
         self.size, self.run = 0, True
-        self.prefix = self._free_prefix(take_marked=True)
+        self.prefix = self._free_prefix()
         self.name = self._file(0)
         with self._fence().hold(claim=True):
             open(self._path(f".{self.prefix}.uncommitted"), "ab").close()
             self._marked = True
             self._remove_after(-1)  # this run's own uncommitted first output, if it crashed
             self._truncate(0)
+
+    def _take_back_begun_run(self) -> None:
+        """Opened with an older meta whose file is whole: a run this tablet began after that
+        file (a roll) whose first commit never came is its own uncommitted output: removed now,
+        not left (read as output) until the tablet rolls again."""
+        name, prefix = self.name, self.prefix
+        begun = self._free_prefix()
+        if os.path.exists(self._path(f".{begun}.uncommitted")):
+            with self._fence().hold(claim=True):
+                self._remove_after(-1)
+                self._unmark()
+        self.name, self.prefix = name, prefix
 
     def _fence(self) -> OutputFence:
         return OutputFence(self.directory, self.prefix, self.token)
@@ -308,33 +327,31 @@ class CommittedFile:
                 log.info("sink file %s: removed (its run's commit does not cover it)", self._path(name))
                 os.remove(self._path(name))
 
-    def _free_prefix(self, take_marked: bool) -> str:
+    def _free_prefix(self) -> str:
         """The tablet's name, or ``<name>.g<n>``: the first prefix that no run ever claimed or
-        wrote, or (``take_marked``) that holds only this tablet's own uncommitted first output:
-        its marker, under a fence no newer owner claimed (an earlier cluster's idle range leaves
-        a marker and a fence of its own tokens). Markers of versions before runs count for
-        nothing: they stayed beside committed output."""
+        wrote, or that holds only this tablet's own uncommitted first output: its marker, under
+        a fence no newer owner claimed (an earlier cluster's range that never committed leaves
+        a marker and a fence of its own tokens: skipped). Markers of versions before runs count
+        for nothing: they stayed beside committed output."""
         names = os.listdir(self.directory)
         n = 0
         while True:
             self.prefix = self.base + (f".g{n}" if n else "")
             fence = fence_token(self.directory, self.prefix) if f".{self.prefix}.fence" in names else None
-            if take_marked and f".{self.prefix}.uncommitted" in names and (
-                    fence is None or not self.token or fence <= self.token):
+            if f".{self.prefix}.uncommitted" in names and (fence is None or not self.token or fence <= self.token):
                 return self.prefix
             if fence is None and not any(self._size_on_disk(f) > 0 for f in self._run_files(names)):
                 return self.prefix
             n += 1
 
     def _next_file(self, index: int) -> None:
-        """Go on in the run's file after ``index`` (claimed and empty); a run of an older
-        meta goes on in a run of its own instead."""
-        if self.run:
-            self.name = self._file(index + 1)
-        else:
-            self.prefix, self.run = self._free_prefix(take_marked=False), True
-            self.name = self._file(0)
-        self.size = 0
+        """Go on in the run's file after ``index`` (claimed and empty); a file of an older
+        meta goes on in a run of its own instead (marked until its first commit is safe, so a
+        failed batch's output there is taken back by the next open or roll)."""
+        if not self.run:
+            self._begin_run()
+            return
+        self.name, self.size = self._file(index + 1), 0
         with self._fence().hold(claim=True):
             self._truncate(0)
 
@@ -353,6 +370,8 @@ class CommittedFile:
         other.prefix, index = other._split(name)
         path = os.path.join(directory, name)
         with other._fence().hold(claim=True):
+            with contextlib.suppress(FileNotFoundError):  # committed: its marker says nothing true any more
+                os.remove(other._path(f".{other.prefix}.uncommitted"))
             if run == ["run"]:
                 other._remove_after(index)
             if os.path.exists(path) and os.path.getsize(path) > int(size):

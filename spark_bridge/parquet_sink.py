@@ -194,6 +194,9 @@ class ParquetSink(Sink):
         # Claim the output first: an older owner still finishing a batch can write nothing now.
         self._fence = OutputFence(self.dir, self._prefix, token)
         with self._fence.hold(claim=True):
+            if meta:  # committed: its marker says nothing true any more (an idle tablet kept it)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._marker())
             self._cut_staging(tablet)
             self._remove_uncommitted(tablet)
         for other in absorbed:

@@ -490,3 +490,16 @@ def test_an_earlier_cluster_s_range_that_never_committed_does_not_stop_a_new_tab
     _sink(d, "snk/0", None, token=4)
     s = _sink(d, "snk/0", None, token=1)
     assert b'"prefix": "snk-0.g1"' in _batch(s, range(0, 1))
+
+
+def test_a_committed_tablet_that_opens_again_drops_its_marker(tmp_path: Any) -> None:
+    """Review of the runs: a reopen with a committed meta kept the first files' marker until the
+    next commit; an idle tablet kept it for good, and a later cluster took the generation for
+    its own uncommitted output and removed committed files."""
+    d = str(tmp_path)
+    s = _sink(d, "snk/0", None, token=1)
+    meta = _batch(s, range(0, 2))  # committed; committed() never came (a crash)
+    _sink(d, "snk/0", meta, token=2)  # reopened, then idle
+    assert not [n for n in os.listdir(d) if n.endswith(".uncommitted")]
+    _sink(d, "snk/0", None, token=5)  # a later cluster, the same directory
+    assert _ns(d) == [0, 1]

@@ -256,3 +256,36 @@ def test_a_file_named_by_an_older_meta_keeps_other_clusters_files_and_goes_on_in
     open(os.path.join(d, "sink-3.jsonl.uncommitted"), "ab").close()  # left by an older version
     assert CommittedFile(d, "sink/3", ".jsonl", None, token=1).prefix == "sink-3.g2"
     assert _read(os.path.join(d, "sink-3.jsonl")) == b"ours\n"
+
+
+def test_a_run_begun_from_an_older_meta_whose_batch_failed_is_taken_back(tmp_path: object) -> None:
+    """Review of the runs: a tablet whose meta predates runs began a run of its own at a roll
+    with no marker; the roll's batch failing, the tablet reopened on the older meta, and its
+    next roll began yet another run: the failed batch's lines stayed (read twice)."""
+    d = str(tmp_path)
+    with open(os.path.join(d, "sink-3.jsonl"), "wb") as out:
+        out.write(b'{"n": 0}\n')
+    older = b"9 sink-3.jsonl"  # as the version before runs committed it
+    f = CommittedFile(d, "sink/3", ".jsonl", older, roll_bytes=1, token=2)
+    f.append(b'{"n": 1}\n')  # rolls into a run of its own; its commit never happens
+    again = CommittedFile(d, "sink/3", ".jsonl", older, roll_bytes=1, token=3)
+    assert sorted(int(str(r["n"])) for r in read_file_sink(d)) == [0]  # taken back at the open
+    again.append(b'{"n": 1}\n')
+    assert sorted(int(str(r["n"])) for r in read_file_sink(d)) == [0, 1]
+
+
+def test_a_merged_range_s_marker_goes_with_its_settling(tmp_path: object) -> None:
+    """Review of the runs: a range whose first commit's committed() never came (a crash), then
+    merged away, kept its marker beside committed output for good; a later cluster's tablet of
+    that name would have taken the run for uncommitted output and removed it."""
+    from runtime.sinks import FileSink
+
+    d = str(tmp_path)
+    right = CommittedFile(d, "sink/1", ".jsonl", None, token=1)
+    meta = right.append(b"one\n")  # committed; committed() never came
+    merged = FileSink()
+    merged.setup({"path": d})
+    merged.restore("sink/2", None, token=2, absorbed=[meta])
+    assert not os.path.exists(os.path.join(d, ".sink-1.uncommitted"))
+    later = CommittedFile(d, "sink/1", ".jsonl", None, token=3)  # a later cluster
+    assert later.prefix == "sink-1.g1" and _read(right.path) == b"one\n"
