@@ -289,3 +289,26 @@ def test_a_merged_range_s_marker_goes_with_its_settling(tmp_path: object) -> Non
     assert not os.path.exists(os.path.join(d, ".sink-1.uncommitted"))
     later = CommittedFile(d, "sink/1", ".jsonl", None, token=3)  # a later cluster
     assert later.prefix == "sink-1.g1" and _read(right.path) == b"one\n"
+
+
+def test_committed_is_called_only_for_a_sink_that_defines_it() -> None:
+    """The worker hands a tablet's thread a hop per batch only for a Sink that overrides
+    committed() (or a flow's stage that fused one); a computation written before Sink may
+    hold anything under that name, and is left alone."""
+    from runtime.computation import Computation
+    from runtime.sinks import FileSink, Sink, committed_hook
+
+    class Legacy(Computation):
+        committed = 5  # not a hook
+
+    class Plain(Sink):
+        pass
+
+    class Stage(Computation):
+        def __init__(self, sink: Sink) -> None:
+            self.fused_sink = sink
+
+    sink = FileSink()
+    assert committed_hook(Legacy()) is None and committed_hook(Plain()) is None
+    assert committed_hook(sink) == sink.committed and committed_hook(Stage(sink)) == sink.committed
+    assert committed_hook(Stage(Plain())) is None
