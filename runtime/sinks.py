@@ -1,13 +1,10 @@
 """Sinks: :class:`Sink`, the base class (and contract) of computations that write a stream
 out of millstream exactly once, and the built-in :class:`FileSink`.
 
-:class:`FileSink` appends one JSON line per record to its tablet's current file and
-records the file's name and length in the same atomic commit as the batch's dedup ids. A
-file is closed once it holds ``roll_bytes`` (default 128 MiB) and the next batch starts
-the next one (``<tablet>.<n>.jsonl``), so no file grows without bound (review G5).
-On reopening, the file is cut back to the committed length, so a batch that
-crashed after writing but before committing leaves no trace; its redelivery
-writes it again. Subscribe it with ``params={"path": "/some/dir"}``.
+:class:`FileSink` appends one JSON line per record to its tablet's current file, and commits
+the file's name and length atomically with the batch; its files roll at ``roll_bytes`` (a run:
+:class:`CommittedFile`), and a reopened tablet cuts back what no commit covers, which the
+redelivery writes again. Subscribe it with ``params={"path": "/some/dir"}``.
 """
 
 from __future__ import annotations
@@ -22,6 +19,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from runtime.computation import Computation, Context
+from runtime.durable import sync_dir
 from runtime.errors import StaleTokenError, TopologyError
 from runtime.record import Record
 
@@ -288,6 +286,7 @@ class CommittedFile:
             self._marked = True
             self._remove_after(-1)  # this run's own uncommitted first output, if it crashed
             self._truncate(0)
+            sync_dir(self.directory)  # the marker and the file are there after a power cut too
 
     def _take_back_begun_run(self) -> None:
         """Opened with an older meta whose file is whole: a run this tablet began after that
@@ -354,6 +353,7 @@ class CommittedFile:
         self.name, self.size = self._file(index + 1), 0
         with self._fence().hold(claim=True):
             self._truncate(0)
+            sync_dir(self.directory)  # before a commit names it: a power cut must not lose the file
 
     @staticmethod
     def settle(directory: str, meta: bytes, token: int) -> None:
@@ -398,9 +398,13 @@ class CommittedFile:
             f.truncate(size)
 
     def _unmark(self) -> None:
-        for marker in (f".{self.prefix}.uncommitted", self.name + ".uncommitted"):  # (and an older version's)
+        markers = [m for m in (f".{self.prefix}.uncommitted", self.name + ".uncommitted")  # (an older version's)
+                   if os.path.exists(self._path(m))]
+        for marker in markers:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self._path(marker))
+        if markers:
+            sync_dir(self.directory)  # a marker back after a power cut would say committed output is not
         self._marked = False
 
     def committed(self) -> None:
@@ -417,8 +421,7 @@ class CommittedFile:
             self._unmark()  # a second batch runs only after the first one's commit
         self._prepared = True
         if data and self.roll_bytes is not None and self.size >= self.roll_bytes:
-            # Roll: this batch goes to the run's next file (a crash before its commit: the
-            # reopened tablet removes it, as the run's commit does not cover it).
+            # Roll into the run's next file (a crash before its commit: removed at the reopen).
             self._next_file(self._split(self.name)[1])
         if data:
             with self._fence().hold():

@@ -312,3 +312,21 @@ def test_committed_is_called_only_for_a_sink_that_defines_it() -> None:
     assert committed_hook(Legacy()) is None and committed_hook(Plain()) is None
     assert committed_hook(sink) == sink.committed and committed_hook(Stage(sink)) == sink.committed
     assert committed_hook(Stage(Plain())) is None
+
+
+def test_a_new_file_and_a_marker_gone_are_synced_into_their_directory(tmp_path: object, monkeypatch: object) -> None:
+    """Review of the sinks: FileSink never synced its directory. After a power cut a file made
+    just before (a roll whose commit then named it) could be missing, its lines lost; and a
+    marker removed could come back beside committed output."""
+    import runtime.sinks as sinks
+
+    synced: list[str] = []
+    monkeypatch.setattr(sinks, "sync_dir", synced.append)  # type: ignore[attr-defined]
+    d = str(tmp_path)
+    f = CommittedFile(d, "sink/0", ".jsonl", None, roll_bytes=1)
+    assert synced == [d]  # the run's marker and first file
+    f.append(b"one\n")
+    f.committed()
+    assert synced == [d, d]  # the marker gone
+    f.append(b"two\n")  # rolls: the new file is synced in before the commit that names it
+    assert synced == [d, d, d]
