@@ -20,6 +20,7 @@ from injectors.rounds import Round
 from injectors.tablets import Tablets
 from runtime import delivery
 from runtime.columns import Columns
+from runtime.links import FrameStream
 from runtime.record import Record
 from runtime.security import Security
 from runtime.streams import STREAM_CREDIT_BYTES, ReceiverWindow, SenderWindow
@@ -429,19 +430,27 @@ def _payload(n: int) -> pb.DeliverManyRequest:
     return _deliveries("c", value=b"x" * n)
 
 
+async def _granted(call: _FakeCall, timeout: float, what: str = "delivery",
+                   replace_late: bool = False) -> FrameStream[pb.DeliverManyRequest, pb.DeliverAnswerFrame]:
+    """A frame stream over ``call`` (frames as they are made, answers as they come), once its
+    grant has arrived."""
+    stream: FrameStream[pb.DeliverManyRequest, pb.DeliverAnswerFrame] = FrameStream(
+        lambda: call, lambda i, d: pb.DeliverFrame(id=i, deliveries=d), lambda a: a, what, timeout,
+        replace_late=replace_late)
+    await _until(lambda: stream.window.granted > 0, "the grant")
+    return stream
+
+
 def test_a_frame_that_fits_is_not_held_behind_a_larger_one_waiting_for_credit() -> None:
     """Frames take credit as it fits, not in the order they were made. Made in order (tried,
     after review D4: a large frame could be passed by smaller ones until its time ran out), a
     frame that fits waited behind a large one whose credit a stuck delivery held, and with it
     all traffic to that worker until the stuck one was late (30 s) and the stream replaced.
     First fit costs the large frame alone that wait, and the stream's replacement after it."""
-    from runtime.links import FrameStream
 
     async def main() -> None:
         call = _Recording(3000)
-        stream: FrameStream[pb.DeliverManyRequest, pb.DeliverAnswerFrame] = FrameStream(
-            lambda: call, lambda i, d: pb.DeliverFrame(id=i, deliveries=d), lambda a: a, "delivery", 5)
-        await _until(lambda: stream.window.granted > 0, "the grant")
+        stream = await _granted(call, 5)
         stuck = asyncio.ensure_future(stream.send(_payload(1000)))  # never answered
         await _until(lambda: call.written == [1], "the first frame")
         large = asyncio.ensure_future(stream.send(_payload(2500)))  # over what is left: it waits
@@ -470,14 +479,11 @@ def test_every_frame_waiting_for_credit_goes_once_its_credit_is_back(hops: int) 
     looked, and the first slept until its time ran out, its credit there. The reviewer showed
     it with frames taking credit in order; this test did not find the step against the shared
     event. Each waiter now has its own wake-up, set directly, which leaves no such step.)"""
-    from runtime.links import FrameStream
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         call = _Recording(1000)
-        stream: FrameStream[pb.DeliverManyRequest, pb.DeliverAnswerFrame] = FrameStream(
-            lambda: call, lambda i, d: pb.DeliverFrame(id=i, deliveries=d), lambda a: a, "delivery", 3)
-        await _until(lambda: stream.window.granted > 0, "the grant")
+        stream = await _granted(call, 3)
         first = asyncio.ensure_future(stream.send(_payload(300)))
         second = asyncio.ensure_future(stream.send(_payload(300)))
         await _until(lambda: call.written == [1, 2], "two frames out")
@@ -507,14 +513,11 @@ def test_a_frame_that_gave_up_waiting_for_credit_leaves_nothing_behind() -> None
     """Review of the wake-ups: a frame that timed out waiting for credit (on a stream that is
     not replaced: replication's) or whose sender was cancelled left its wake-up behind until
     the next answer; on a stream that answers nothing they piled up."""
-    from runtime.links import FrameStream
     from runtime.streams import StreamError
 
     async def main() -> None:
         call = _Recording(1000)
-        stream: FrameStream[pb.DeliverManyRequest, pb.DeliverAnswerFrame] = FrameStream(
-            lambda: call, lambda i, d: pb.DeliverFrame(id=i, deliveries=d), lambda a: a, "replication", 0.2)
-        await _until(lambda: stream.window.granted > 0, "the grant")
+        stream = await _granted(call, 0.2, "replication")
         first = asyncio.ensure_future(stream.send(_payload(800)))  # never answered
         await _until(lambda: call.written == [1], "the first frame")
         with pytest.raises(StreamError, match="no credit"):
@@ -535,7 +538,7 @@ def test_a_frame_whose_stream_broke_while_it_waited_to_be_written_goes_on_a_new_
     replaced, was written to the cancelled call and failed as unreachable (sent again after a
     back-off); it never went out, so it now raises ``Unsent``, which its callers
     (``DeliveryLinks``, ``Peers``' replication) send on a new stream at once."""
-    from runtime.links import FrameStream, Unsent
+    from runtime.links import Unsent
 
     class _SlowWrite(_Recording):
         async def write(self, message: Any) -> None:
@@ -545,10 +548,7 @@ def test_a_frame_whose_stream_broke_while_it_waited_to_be_written_goes_on_a_new_
     async def main() -> None:
         call = _SlowWrite(1 << 20)
         call.go = asyncio.Event()  # type: ignore[attr-defined]
-        stream: FrameStream[pb.DeliverManyRequest, pb.DeliverAnswerFrame] = FrameStream(
-            lambda: call, lambda i, d: pb.DeliverFrame(id=i, deliveries=d), lambda a: a, "delivery", 5,
-            replace_late=True)
-        await _until(lambda: stream.window.granted > 0, "the grant")
+        stream = await _granted(call, 5, replace_late=True)
         writing = asyncio.ensure_future(stream.send(_payload(10)))  # its write blocks
         waiting = asyncio.ensure_future(stream.send(_payload(10)))  # waits for the write lock
         await _until(lambda: len(stream.window.in_flight) == 2, "both frames given credit")
