@@ -7,8 +7,8 @@ pause while it copies and ends it (verifying that nothing ran) when done; a paus
 renews ends by itself after :data:`~master.jobs.PAUSE_LIMIT_S`.
 
 A restore creates the job of a savepoint with its tablets closed, placed on this cluster's
-workers under their saved token + :data:`RESTORE_TOKEN_GAP`; the client loads each tablet's
-files into its primary, then commits, which opens them.
+workers under tokens above their saved ones and every earlier restore's (:func:`restore_token`);
+the client loads each tablet's files into its primary, then commits, which opens them.
 """
 
 from __future__ import annotations
@@ -34,7 +34,20 @@ from runtime.wire import millstream_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-RESTORE_TOKEN_GAP = 1 << 20  # a restored tablet's token: the saved one + this
+RESTORE_TOKEN_GAP = 1 << 20  # a restored tablet's token: the saved one + this, at least
+RESTORE_TIME_SHIFT = 20      # ... and at least the restore's wall-clock ms, this many bits up
+
+
+def restore_token(saved: int, wall_ms: float) -> int:
+    """The token a restored tablet opens under: above the saved one by
+    :data:`RESTORE_TOKEN_GAP` (the old job's tablet may have moved since the savepoint, and a
+    restored sink's claim on its output files must outrank the old job's), and at least the
+    restore's wall-clock time in ms, :data:`RESTORE_TIME_SHIFT` bits up: a restore of the same
+    savepoint a millisecond or more later then outranks an earlier restore's tablets too, unless
+    they moved 2^20 times since (a second restore onto the same output directory used to get
+    the first one's tokens, below what the first one's moved tablets had claimed, and every
+    sink tablet with output failed its claim for ever). Under 2^63 until the year 2248."""
+    return max(saved + RESTORE_TOKEN_GAP, int(wall_ms) << RESTORE_TIME_SHIFT)
 
 
 def _placed(core: MasterCore, key: TabletKey, saved: int | None = None) -> pb.TabletPlace:
@@ -211,7 +224,7 @@ async def end_unrenewed(core: MasterCore) -> None:
 
 async def restore_begin(core: MasterCore, manifest: dict[str, Any], name: str) -> pb.RestoreResponse:
     """Create the job of a savepoint with its tablets closed, placed on this cluster's workers
-    under their saved token + RESTORE_TOKEN_GAP; the caller loads each tablet's files into its
+    under tokens above the saved ones (:func:`restore_token`); the caller loads each tablet's files into its
     primary, then calls :func:`restore_commit`."""
     topo = Topology.from_json(str(manifest["topology"]))
     if name != topo.name:
@@ -247,15 +260,16 @@ async def restore_begin(core: MasterCore, manifest: dict[str, Any], name: str) -
                 ids[(c, rid)] = int(t["key_range"])
             change.ranges[c] = Ranges(ranges, max(ranges) + 1)
         tokens = {(str(t["computation"]), int(t["key_range"])): int(t["token"]) for t in manifest["tablets"]}
+        wall_ms = time.time() * 1000
         fresh = {k: topo.computations[k[0]].replication or image.replication for k in ids}
         placed = core.plan(fresh, extra=fresh)
         for key in fresh:
             own = placed[key]
-            # Well above the saved token: tokens never go back, and the restored tablets' claims
-            # on sink output must outrank the old job's, however often its tablets moved after
-            # the savepoint. Only the primary holds the state yet.
-            change.tablets[key] = Ownership(own.worker, tokens[(key[0], ids[key])] + RESTORE_TOKEN_GAP,
-                                            own.followers, (own.worker,))
+            # Tokens never go back, and the restored tablets' claims on sink output must outrank
+            # the old job's and every earlier restore's (restore_token). Only the primary holds
+            # the state yet.
+            token = restore_token(tokens[(key[0], ids[key])], wall_ms)
+            change.tablets[key] = Ownership(own.worker, token, own.followers, (own.worker,))
         change.watermarks = {c: int(v) for c, v in dict(manifest.get("watermarks", {})).items()
                              if c in topo.computations}
         await core.commit(change)

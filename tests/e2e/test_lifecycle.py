@@ -342,3 +342,53 @@ def test_savepoint_cancel_and_restore_from_the_command_line(cluster: Cluster) ->
     done = _cli(cluster, "state", "get", "counter", word)
     assert done.returncode == 0 and done.stdout.strip() == str(n), (done.stdout, done.stderr)
     assert _job(cluster, "wc")["state"] == "running"
+
+
+def test_the_same_savepoint_restores_again_after_the_first_restores_sink_tablets_moved(cluster: Cluster) -> None:
+    """Restoring a savepoint a second time (a backfill run again): the second restore's tablets
+    got the first one's tokens (saved + 2^20), below what the first restore's moved sink
+    tablets had claimed their files with, and every FileSink tablet with output then failed
+    its claim for ever (StaleTokenError), its output never coming. Now it outranks them, takes
+    its files back to the savepoint and goes on: the output is the savepoint's and what came
+    after the second restore, each count once."""
+    out = os.path.join(cluster.data_dir, "counts")
+    cluster.client.submit(wordcount.topology(out, name="wc"))
+    cluster.wait_assigned()
+    before, between, after = (sample_lines(n, seed=s) for n, s in ((200, 31), (150, 32), (120, 33)))
+    _inject(cluster, "before", before)
+    assert _counts(out, oracle(before)) == oracle(before)
+    saved = os.path.join(cluster.data_dir, "savepoint")
+    cluster.client.savepoint("wc", saved)
+    cluster.client.cancel("wc")
+    assert cluster.client.restore(saved) == "wc"
+    cluster.wait_assigned()
+    doc = cluster.client.status()
+    moved = {}
+    for t in [t for t in doc["tablets"] if t["computation"] == "counts_sink"]:
+        other = next(w for w in doc["workers"] if w["id"] != t["worker"])
+        # its token passes the restore's (once its copy there has caught up)
+        moved[t["key_range"]] = cluster.client.move("counts_sink", t["key_range"], other["address"])
+
+    def tokens() -> dict[int, int]:
+        return {t["key_range"]: t["token"] for t in cluster.client.status()["tablets"]
+                if t["computation"] == "counts_sink" and t["worker"]}
+
+    wait_until(lambda: tokens() == moved, 60, f"the sink's tablets moved (tokens {moved})")
+    _inject(cluster, "between", between)  # written by the moved tablets, after their claim
+    assert _counts(out, oracle(before + between)) == oracle(before + between)
+
+    cluster.client.cancel("wc")
+    assert cluster.client.restore(saved) == "wc"
+    cluster.wait_assigned()
+    _inject(cluster, "after", after)
+    expected = oracle(before + after)
+    total = sum(expected.values())
+
+    def settled() -> bool:
+        rows = list(read_file_sink(out))
+        try:
+            return len(rows) == total and wordcount.final_counts(rows) == expected
+        except AssertionError:  # a count twice: the files are not back to the savepoint (yet)
+            return False
+
+    wait_until(settled, 120, "the savepoint's counts and the later ones, each once, in the sink")

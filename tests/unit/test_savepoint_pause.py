@@ -152,3 +152,16 @@ def test_the_tablets_stay_where_they_are_while_the_copy_runs() -> None:
         assert (own.worker, own.token) == ("v", 2), "the move went ahead once the pause ended"
 
     asyncio.run(main())
+
+
+def test_a_restore_outranks_the_old_job_and_every_earlier_restore_of_the_savepoint() -> None:
+    """A restored tablet's token passes the saved one by the gap (the old job's tablet may have
+    moved since), and an earlier restore's tablet that moved since (its token + moves), once
+    the restore is a millisecond later; it fits a uint64 field and never goes below the
+    saved token whatever the wall clock says."""
+    t0 = 1_800_000_000_000.0  # 2027, in ms
+    first = savepoints.restore_token(7, t0)
+    assert first > 7 + 1_000 and first < 1 << 63
+    assert savepoints.restore_token(7, t0 + 1) > first + 1_000  # the first one's tablet moved 1,000 times
+    assert savepoints.restore_token(first + 5, t0) > first + 5  # a savepoint of the restored job, restored at once
+    assert savepoints.restore_token(7, 0.0) == 7 + savepoints.RESTORE_TOKEN_GAP  # a clock at 1970
