@@ -8,9 +8,11 @@ asyncio flavour the workers use.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -136,13 +138,7 @@ class Client:
 
         Returns the number of tablets created.
         """
-        topology = as_topology(topology)
-        topology.validate()
-        check_importable(topology)
-        check_not_main(topology)
-        warn_unsynced(topology)
-        doc = topology.to_json()
-        check_topology_size(topology.name, doc)
+        doc = _checked_doc(topology)
         resp = self.call(lambda s: s.Submit(pb.SubmitRequest(topology_json=doc), timeout=self.timeout))
         return int(resp.tablets)
 
@@ -191,13 +187,7 @@ class Client:
         to start over empty; removing a computation deletes its state and needs ``drop_state``.
         Returns the computations ``added``, ``removed``, ``changed``, ``reset`` and ``same``.
         A :class:`Dataflow`'s steps keep their state across an update by their names."""
-        topology = as_topology(topology)
-        topology.validate()
-        check_importable(topology)
-        check_not_main(topology)
-        warn_unsynced(topology)
-        doc = topology.to_json()
-        check_topology_size(topology.name, doc)
+        doc = _checked_doc(topology)
         req = pb.UpdateRequest(topology_json=doc, drop_state=drop_state, reset_state=list(reset_state))
         return dict(json.loads(self.call(lambda s: s.Update(req, timeout=self.timeout)).summary_json))
 
@@ -324,6 +314,39 @@ def warn_unsynced(topology: Topology) -> list[str]:
                     "see docs/guide.md#fsync", topology.name, ", ".join(names),
                     "is" if len(names) == 1 else "are")
     return names
+
+
+def _checked_doc(job: Topology | Dataflow) -> str:
+    """The job as the leader gets it: validated, its code imported here, its sinks' paths
+    absolute; refused with one line if any of that fails."""
+    topology = with_absolute_paths(as_topology(job))
+    topology.validate()
+    check_importable(topology)
+    check_not_main(topology)
+    warn_unsynced(topology)
+    doc = topology.to_json()
+    check_topology_size(topology.name, doc)
+    return doc
+
+
+def with_absolute_paths(topology: Topology) -> Topology:
+    """``topology`` with each sink's relative ``path`` param made absolute against this
+    process's working directory, where the user wrote it (a worker would resolve it against
+    its own); a copy if any changed. (A flow's sinks get theirs in ``Dataflow.sink``.)"""
+    from runtime.sinks import Sink
+
+    copy = None
+    for name, spec in topology.computations.items():
+        path = spec.params.get("path")
+        if not path or os.path.isabs(path):
+            continue
+        cls = load(spec.code, f"computation {name!r}: code")
+        if isinstance(cls, type) and issubclass(cls, Sink):
+            if copy is None:
+                copy = Topology(topology.name)
+                copy.computations = dict(topology.computations)
+            copy.computations[name] = dataclasses.replace(spec, params={**spec.params, "path": os.path.abspath(path)})
+    return topology if copy is None else copy
 
 
 def as_topology(job: Topology | Dataflow) -> Topology:
