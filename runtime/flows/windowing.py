@@ -271,6 +271,7 @@ class Window(EventTimeOp):
     aggregator may change its accumulator in place); it fills again from storage."""
 
     CACHED = 1_000_000
+    SKEYS_CACHED = 1 << 17
 
     def __init__(self, name: str, windows: _Windows, agg: Any, late: str) -> None:
         super().__init__(name)
@@ -284,9 +285,19 @@ class Window(EventTimeOp):
         self._accs: dict[tuple[bytes, int], list[Any]] = {}          # (key, start) -> [end, acc], open windows
         self._dirty: dict[tuple[bytes, int], list[Any] | None] = {}  # changed this call (None: gone)
         self._sessions: dict[bytes, dict[int, list[Any]]] = {}        # key -> its sessions, this call
+        self._skeys: dict[tuple[bytes, int], bytes] = {}              # (key, start) -> its cell's storage key
 
     def _skey(self, key: bytes, start: int) -> bytes:
-        return cell(key, self.state_name) + ENTRY + encode_time(start)
+        """The storage key of window ``(key, start)``'s cell; kept while the window is open (a
+        window is written by each batch that adds to it, then deleted: on W2 that made this
+        5 % of a worker's time holding the interpreter lock)."""
+        k = (key, start)
+        skey = self._skeys.get(k)
+        if skey is None:
+            skey = cell(key, self.state_name) + ENTRY + encode_time(start)
+            if len(self._skeys) < self.SKEYS_CACHED:
+                self._skeys[k] = skey
+        return skey
 
     def _window(self, ctx: Context, key: bytes, start: int) -> list[Any] | None:
         """The open window ``(key, start)``: ``[end, acc]``, or None if there is none."""
@@ -410,10 +421,11 @@ class Window(EventTimeOp):
 
     def finish(self, ctx: Context) -> None:
         put, delete = ctx.cell_put, ctx.cell_delete  # type: ignore[attr-defined]
-        encode, skey = VALUES.encode, self._skey
+        encode, skey, skeys = VALUES.encode, self._skey, self._skeys
         for (key, start), w in self._dirty.items():
             if w is None:
                 delete(skey(key, start))
+                skeys.pop((key, start), None)
             else:
                 put(skey(key, start), kept(encode(w)))
         self._dirty.clear()
