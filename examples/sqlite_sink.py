@@ -112,6 +112,8 @@ class SqliteSink(Sink):
     """Writes each record's ``(key, value)``, as UTF-8 text, to a SQLite table: one
     transaction per batch, in ``prepare_commit`` (see the module)."""
 
+    local_paths = ("path",)  # the database file, the same for every worker
+
     def setup(self, params: Mapping[str, str]) -> None:
         super().setup(params)
         self.path, self.table = _params(params, "SqliteSink")

@@ -44,9 +44,15 @@ def restore_token(saved: int, wall_ms: float) -> int:
     restored sink's claim on its output files must outrank the old job's), and at least the
     restore's wall-clock time in ms, :data:`RESTORE_TIME_SHIFT` bits up: a restore of the same
     savepoint a millisecond or more later then outranks an earlier restore's tablets too, unless
-    they moved 2^20 times since (a second restore onto the same output directory used to get
+    their tokens changed (a move, a failover, an update, a split) 2^20 times per millisecond between the two (a second restore onto the same output directory used to get
     the first one's tokens, below what the first one's moved tablets had claimed, and every
-    sink tablet with output failed its claim for ever). Under 2^63 until the year 2248."""
+    sink tablet with output failed its claim for ever). This assumes the masters' clocks
+    agree (as NTP keeps them, to far less than the time between two restores); a clock past
+    the year 2109 is not believed (the token would near 2^63), and neither is one before 2020."""
+    if not 1_577_836_800_000 <= wall_ms < 1 << 42:
+        log.warning("restore: this master's clock reads %.0f ms since 1970, which it does not believe; the restored "
+                    "tablets' tokens come from their saved ones alone", wall_ms)
+        return saved + RESTORE_TOKEN_GAP
     return max(saved + RESTORE_TOKEN_GAP, int(wall_ms) << RESTORE_TIME_SHIFT)
 
 

@@ -12,7 +12,6 @@ import dataclasses
 import importlib
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -330,22 +329,21 @@ def _checked_doc(job: Topology | Dataflow) -> str:
 
 
 def with_absolute_paths(topology: Topology) -> Topology:
-    """``topology`` with each sink's relative ``path`` param made absolute against this
-    process's working directory, where the user wrote it (a worker would resolve it against
-    its own); a copy if any changed. (A flow's sinks get theirs in ``Dataflow.sink``.)"""
-    from runtime.sinks import Sink
+    """``topology`` with its sinks' relative local paths (the params a Sink class names in
+    ``local_paths``: FileSink's and ParquetSink's ``path``) made absolute against this
+    process's working directory, where the user wrote them (a worker would resolve them
+    against its own); a copy if any changed. (A flow's sinks get theirs in ``Dataflow.sink``.)"""
+    from runtime.sinks import absolute_paths
 
     copy = None
     for name, spec in topology.computations.items():
-        path = spec.params.get("path")
-        if not path or os.path.isabs(path):
-            continue
         cls = load(spec.code, f"computation {name!r}: code")
-        if isinstance(cls, type) and issubclass(cls, Sink):
+        fixed = absolute_paths(cls, spec.params)
+        if fixed != spec.params:
             if copy is None:
                 copy = Topology(topology.name)
                 copy.computations = dict(topology.computations)
-            copy.computations[name] = dataclasses.replace(spec, params={**spec.params, "path": os.path.abspath(path)})
+            copy.computations[name] = dataclasses.replace(spec, params=fixed)
     return topology if copy is None else copy
 
 

@@ -36,7 +36,6 @@ workers from their module paths: a lambda or a closure is refused when the step 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
@@ -104,12 +103,12 @@ class Stream:
 
     def sink(self, cls: type, *, name: str | None = None, codec: Codec | None = None, **params: str) -> Stream:
         """Write the values out through a :class:`~runtime.Sink` subclass (e.g.
-        ``runtime.sinks.FileSink``, ``path="/data/out"``; a relative ``path`` is made absolute here,
-        against this process's working directory), run in the stage before it (its
+        ``runtime.sinks.FileSink``, ``path="/data/out"``; a relative path the sink names in its
+        ``local_paths`` is made absolute here, against this process's working directory), run in the stage before it (its
         output commits with that stage's batch: docs/dataflows.md, "What a flow compiles
         to"), values encoded by ``codec`` (default: bytes as they are, text as UTF-8,
         anything else as JSON). ``params`` go to the sink's ``setup`` as strings."""
-        from runtime.sinks import Sink
+        from runtime.sinks import Sink, absolute_paths
 
         if not (isinstance(cls, type) and issubclass(cls, Sink)):
             raise UsageError(f"sink: {cls!r} is not a runtime.Sink subclass (e.g. runtime.sinks.FileSink)")
@@ -118,8 +117,7 @@ class Stream:
             raise UsageError(f"sink: params {bad} must be strings (they reach the sink's setup as text)")
         from runtime.flows.values import AUTO
 
-        if params.get("path") and not os.path.isabs(params["path"]):
-            params["path"] = os.path.abspath(params["path"])  # here, not against each worker's directory
+        params = absolute_paths(cls, params)  # here, not against each worker's own directory
         self._then("sink", name, {"cls": code_path(cls, "sink"), "params": params,
                                   "codec": codec_ref(codec if codec is not None else AUTO, "sink codec")}, False)
         return self

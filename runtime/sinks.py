@@ -96,6 +96,11 @@ class Sink(Computation):
     :class:`FileSink`, say, to check each record) has its records go one by one.
     """
 
+    #: The params that name a local file or directory: a relative one is made absolute where
+    #: the job is defined (against the submitting process's working directory), not resolved
+    #: by each worker against its own.
+    local_paths: tuple[str, ...] = ()
+
     def restore(self, tablet: str, meta: bytes | None, token: int, absorbed: Sequence[bytes]) -> None:
         """The tablet opened under ``token``; ``meta`` is the last committed one (see the class).
 
@@ -110,6 +115,16 @@ class Sink(Computation):
 
     def committed(self) -> None:
         """The last batch's commit is durable and replicated (see the class)."""
+
+
+def absolute_paths(cls: object, params: dict[str, str]) -> dict[str, str]:
+    """``params`` of computation class ``cls`` with the relative paths of its
+    :attr:`Sink.local_paths` made absolute against this process's working directory."""
+    if not (isinstance(cls, type) and issubclass(cls, Sink)):
+        return params
+    relative = [p for p in cls.local_paths if isinstance(params.get(p), str) and params[p]
+                and not os.path.isabs(params[p])]
+    return {**params, **{p: os.path.abspath(params[p]) for p in relative}} if relative else params
 
 
 def committed_hook(comp: Computation) -> Callable[[], None] | None:
@@ -440,6 +455,8 @@ DEFAULT_ROLL_BYTES = 128 << 20
 class FileSink(Sink):
     """Writes ``{"key", "value", "timestamp"}`` JSON lines to ``<path>/<tablet>[.<n>].jsonl``;
     ``params``: ``path``, and ``roll_bytes`` (a file is closed once it holds that many)."""
+
+    local_paths = ("path",)
 
     def setup(self, params: Mapping[str, str]) -> None:
         super().setup(params)

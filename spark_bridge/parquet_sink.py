@@ -146,6 +146,8 @@ class ParquetSink(Sink):
     (when rows buffered so far go to a file). See :func:`add_parquet_sink`.
     """
 
+    local_paths = ("path",)
+
     def setup(self, params: Mapping[str, str]) -> None:
         super().setup(params)
         if not params.get("path"):

@@ -12,7 +12,7 @@ import pytest
 from runtime import Dataflow
 from runtime.client import _checked_doc, with_absolute_paths
 from runtime.flows import PLAN_PARAM
-from runtime.sinks import FileSink
+from runtime.sinks import FileSink, Sink
 from runtime.topology import Topology
 
 
@@ -34,9 +34,19 @@ def test_a_classic_sinks_relative_path_reaches_the_leader_absolute(tmp_path: str
     assert topo.computations["out"].params["path"] == "out/counts"  # the user's topology is unchanged
 
 
-def test_an_absolute_path_and_a_topology_without_paths_stay_as_they_are(tmp_path: str) -> None:
+def test_an_absolute_path_stays_and_only_the_params_a_sink_names_as_local_paths_change(tmp_path: str) -> None:
     topo = _topology(str(tmp_path))
     assert with_absolute_paths(topo) is topo
+    topo.add_computation("remote", "tests.unit.test_sink_paths:RemoteSink", inputs={"counts": None},
+                         params={"path": "bucket/prefix"})
+    assert with_absolute_paths(topo) is topo  # a sink that names no local path: its path is its own
+
+
+class RemoteSink(Sink):
+    """A sink whose ``path`` is not a local one (an object store's prefix, say)."""
+
+    def process_record(self, ctx: object, record: object) -> None:
+        pass
 
 
 def test_a_flows_relative_sink_path_is_made_absolute_where_the_flow_is_defined(
