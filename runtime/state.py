@@ -71,6 +71,13 @@ def expiry_of(stored: bytes) -> int:
     return int(_EXPIRY.unpack_from(stored)[0])
 
 
+def is_expired(stored: bytes, now: int) -> bool:
+    """Whether a stored value expired by ``now``; one stored without a TTL never does (its
+    expiry, NEVER, is also the end of time: it outlives even a finished input)."""
+    e = expiry_of(stored)
+    return e != NEVER and e <= now
+
+
 def payload(stored: bytes) -> bytes:
     return stored[_EXPIRY.size:]
 
@@ -185,12 +192,9 @@ class _Handle:
     def _live(self, stored: bytes | None) -> bytes | None:
         if stored is None:
             return None
-        expiry = expiry_of(stored)
-        # NEVER is also the end of time: state without a TTL outlives even a finished input.
         # Judged at the call's own time when the watermark is past it (a timer firing late,
         # after the input watermark jumped): state live at the timer's time reads as live.
-        now = min(self._cells.low_watermark, self._cells.write_time())
-        if expiry != NEVER and expiry <= now:
+        if is_expired(stored, min(self._cells.low_watermark, self._cells.write_time())):
             return None
         return payload(stored)
 
@@ -315,11 +319,11 @@ def expired(prefix: bytes, entries: Iterable[tuple[bytes, bytes]], time: int) ->
         if skey == prefix + COUNT:
             counter = True
             continue
-        e = expiry_of(stored)
-        if e <= time:
+        if is_expired(stored, time):
             gone.append(skey)
         else:
             kept = True
+            e = expiry_of(stored)
             if e != NEVER:
                 nxt = e if nxt is None else min(nxt, e)
     if counter and not kept:

@@ -72,7 +72,7 @@ def _text(obj: Any) -> str:
 
 
 def _typed_rows(item: tuple[int, str, str, str, int]) -> list[tuple[str, bytes, str | None, str, int]]:
-    from runtime.state import ELEMENT, ENTRY, VALUE, expiry_of, payload, split_cell
+    from runtime.state import ELEMENT, ENTRY, VALUE, is_expired, payload, split_cell
     from worker.storage import saved_entries
 
     key_range, path, code, name, wm = item
@@ -80,7 +80,7 @@ def _typed_rows(item: tuple[int, str, str, str, int]) -> list[tuple[str, bytes, 
     out = []
     for skey, stored in saved_entries(path, b"Y"):
         key, sname, rest = split_cell(skey)
-        if sname != name or rest[:1] not in (VALUE, ELEMENT, ENTRY) or expiry_of(stored) <= wm:
+        if sname != name or rest[:1] not in (VALUE, ELEMENT, ENTRY) or is_expired(stored, wm):
             continue
         if rest[:1] == VALUE:
             what = None

@@ -307,6 +307,24 @@ class NamedState(Computation):
         ctx.produce("out", record.value)
 
 
+class InlineSpecs(Computation):
+    """Typed state specs made in each call, not declared: a list appended to, then a value read
+    (the second spec is often made where the first, freed, lived)."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.state_of(ListState("seen", codecs.INT)).append(1)
+        ctx.produce("out", repr(ctx.state_of(ValueState("last", codecs.STR)).get()).encode())
+
+
+class LongNamedState(Computation):
+    """A typed state whose name, with a long step's name before it, is over 255 bytes."""
+
+    spec = ValueState("s" * 150, codecs.STR)
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.state_of(self.spec).set("x")
+
+
 class RaiseOnZero(Computation):
     """Fed WindowResults: raises on a window whose value is 0; passes ``[start, value]`` on."""
 

@@ -31,6 +31,7 @@ from worker.dedup import SEQUENCED_ID_PREFIX, Mark, MarkView, OpaqueIds, ascendi
 from worker.inbox import Delivery
 from worker.outgoing import Outgoing
 from worker.storage import Commit, TabletStore, Timer, state_key
+from worker.timers import pending_time
 
 if TYPE_CHECKING:
     from worker.tablet import Tablet
@@ -103,9 +104,9 @@ class BatchProcessor:
         self.producer_expiry_us = int(self.host.limits.producer_expiry_s * 1e6)
         self._expiry_checked_us = 0
         self._expired_below: int | None = None
-        self.ctx = KeyContext(tablet.outputs, self.read_state,
-                              lambda: self.host.watermark(self.computation), tablet.now_us,
-                              self.read_cell, self.scan_cells)
+        self.ctx = KeyContext(tablet.outputs, self.read_state, lambda: self.host.watermark(self.computation),
+                              tablet.now_us, self.read_cell, self.scan_cells,
+                              lambda k: pending_time(k, self._commit, self._due_now, self._cancelled, self.timers))
         self.late = self.dead_lettered = 0
         self._commit = Commit()
         self._due_now: dict[tuple[bytes, str], Timer] = {}   # timers the current batch fires
@@ -526,10 +527,9 @@ class BatchProcessor:
 
     @staticmethod
     def _expire(timer: Timer, ctx: KeyContext) -> None:
-        """The runtime's TTL timer of one key's typed state: delete what expired by now, and
-        come back when the next entry expires (runtime/state.py)."""
+        """A key's typed-state TTL timer: delete what expired, come back at the next expiry (runtime/state.py)."""
         prefix = cell(timer.key, timer.tag[len(TTL_TAG):])
-        gone, nxt = expired(prefix, ctx.cell_scan(prefix), timer.time)
+        gone, nxt = expired(prefix, ctx.cell_scan(prefix), max(timer.time, ctx.low_watermark))  # (all at once)
         for skey in gone:
             ctx.cell_delete(skey)
         if nxt is not None:

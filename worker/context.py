@@ -108,11 +108,13 @@ class KeyContext(Context):
         now_us: Callable[[], int] = lambda: time.time_ns() // 1000,
         read_cell: Callable[[bytes], bytes | None] = lambda skey: None,
         scan_cells: Callable[[bytes], Iterator[tuple[bytes, bytes]]] = lambda prefix: iter(()),
+        pending_timer: Callable[[tuple[bytes, str]], int | None] = lambda k: None,
     ) -> None:
         self.outputs = outputs
         self.read_state = read_state  # committed state (the batch's writes are ``writes``)
         self.read_cell = read_cell    # typed state committed or written earlier in the batch
         self.scan_cells = scan_cells
+        self.pending_timer = pending_timer  # when a (key, tag)'s timer is due, as of the batch so far
         self._watermark = watermark
         self._now_us = now_us
         self._key = b""
@@ -282,8 +284,14 @@ class KeyContext(Context):
         eff.cleared.append(prefix)
 
     def expire_at(self, name: str, time: int) -> None:
-        """The runtime's timer that deletes this key's expired entries of state ``name``."""
+        """The runtime's timer that deletes this key's expired entries of state ``name``: at
+        the earliest expiry written, never moved later (each write moved it to its own expiry,
+        so a key written more often than its TTL kept it ahead of the watermark for ever, and
+        every entry that expired stayed stored). Its firing re-arms it at the next expiry."""
         tag = TTL_TAG + name
-        t = self.effects.timers_set.get((self._key, tag))
-        if t is None or t.time < time:
+        k = (self._key, tag)
+        eff = self.effects
+        t = eff.timers_set.get(k)
+        due = t.time if t is not None else None if k in eff.timers_deleted else self.pending_timer(k)
+        if due is None or time < due:
             self.set_timer(tag, time, TimeDomain.EVENT_TIME)

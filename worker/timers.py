@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 
 from runtime.computation import TimeDomain
-from worker.storage import Timer
+from worker.storage import Commit, Timer
 
 TimerKey = tuple[bytes, str]
 
@@ -66,3 +66,19 @@ class TimerIndex:
                     out.append(t)
                     del self._by_key[(t.key, t.tag)]
         return out
+
+
+def pending_time(k: TimerKey, commit: Commit, due_now: dict[TimerKey, Timer], cancelled: set[TimerKey],
+                 index: TimerIndex) -> int | None:
+    """When timer ``k`` is due as a batch so far leaves it: set earlier in the batch, firing in
+    it (taken out of the index, not cancelled), or pending in the index; None if there is none."""
+    t = commit.timers_set.get(k)
+    if t is not None:
+        return t.time
+    if k in commit.timers_deleted:
+        return None
+    t = due_now.get(k)
+    if t is not None:
+        return None if k in cancelled else t.time
+    t = index.get(k)
+    return None if t is None else t.time

@@ -180,21 +180,33 @@ class Process(Op):
         self.out: list[Item] = []
         self.raw = ValueState(f"{self.state_name}/state", _RAW)
         self.step_ctx = StepContext(self)
-        self._renamed: dict[int, Any] = {}
+        self._renamed: dict[tuple[type, str], tuple[Any, Any]] = {}  # (kind, name) -> (spec, its copy)
+        for klass in type(comp).__mro__:  # declared on the class: refused at submit, not per record
+            for spec in vars(klass).values():
+                if hasattr(spec, "name") and hasattr(spec, "kind"):
+                    self.renamed(spec)
 
     def renamed(self, spec: Any) -> Any:
-        """The step's own copy of a typed state ``spec`` (its name prefixed by the step's)."""
-        copy = self._renamed.get(id(spec))
-        if copy is None:
-            if not hasattr(spec, "name") or not hasattr(spec, "kind"):
-                return spec  # not a state spec: ctx.state_of says what is wrong with it
-            if spec.name == "state":
-                raise UsageError(f"step {self.name!r}: a typed state may not be named 'state' in a flow's "
-                                 "process step (that is its ctx.state); give it another name")
-            copy = object.__new__(type(spec))
-            copy.__dict__.update(vars(spec))
-            copy.name = f"{self.state_name}/{spec.name}"
-            self._renamed[id(spec)] = copy
+        """The step's own copy of a typed state ``spec`` (its name prefixed by the step's).
+        Kept per (kind, name) with the spec it copies, so a spec made in a call and freed
+        cannot pass for another one that comes to live at its address."""
+        if not hasattr(spec, "name") or not hasattr(spec, "kind"):
+            return spec  # not a state spec: ctx.state_of says what is wrong with it
+        hit = self._renamed.get((type(spec), spec.name))
+        if hit is not None and hit[0] is spec:
+            return hit[1]
+        if spec.name == "state":
+            raise UsageError(f"step {self.name!r}: a typed state may not be named 'state' in a flow's "
+                             "process step (that is its ctx.state); give it another name")
+        name = f"{self.state_name}/{spec.name}"
+        if len(name.encode()) > 255:
+            raise UsageError(f"step {self.name!r}: its typed state {spec.name!r} is stored as {name!r}, "
+                             f"{len(name.encode())} bytes, over the 255 a state name may have; shorten the "
+                             "step's name or the state's")
+        copy = object.__new__(type(spec))
+        copy.__dict__.update(vars(spec))
+        copy.name = name
+        self._renamed[(type(spec), spec.name)] = (spec, copy)
         return copy
 
     def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:

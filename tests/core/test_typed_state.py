@@ -135,6 +135,28 @@ def test_a_ttl_list_whose_elements_all_expired_leaves_nothing_of_its_key(tmp_pat
     asyncio.run(run())
 
 
+def test_a_key_written_more_often_than_its_ttl_still_has_its_expired_entries_deleted(tmp_path: Any) -> None:
+    """Review of typed state (1): every write moved the key's TTL timer to its own expiry, so a
+    key written more often than its TTL kept the timer ahead of the watermark for ever, and
+    every entry that had expired stayed stored (and was scanned by every read of the list)."""
+    async def run() -> None:
+        core = await make_core(str(tmp_path), routing(("ttl", f"{__name__}:TtlEvents", ["in"], [], {})))
+        elements = cell(b"a", "events") + ELEMENT
+        for i in range(6):  # an element every 5 s of event time (each lives 10 s), the watermark 1 s behind
+            core.set_watermarks({"ttl": BASE + i * 5_000_000 - 1_000_000})
+            _queue(core, ("ttl", 0), Record(b"a", b"1", BASE + i * 5_000_000, (2000 + i).to_bytes(16, "big")))
+            await _until(lambda: (t := core.tablets.get(("ttl", 0))) is not None and t.processed == i + 1,
+                         f"record {i}")
+        tablet = core.tablets[("ttl", 0)]
+        # At 24 s, the elements of 0, 5 and 10 s (expired at 10, 15 and 20 s) are gone; 15, 20, 25 s stay.
+        await _until(lambda: len(list(tablet.store.scan(elements))) == 3, "the three expired elements deleted")
+        core.set_watermarks({"ttl": BASE + 36_000_000})  # past every expiry: all of them at once
+        await _until(lambda: not list(tablet.store.scan(b"Y")), "the rest deleted")
+        await core.close_all()
+
+    asyncio.run(run())
+
+
 def test_expired_deletes_a_lists_counter_with_its_last_element() -> None:
     prefix = cell(b"session-123", "events")
     entries = sorted([(prefix + COUNT, _INDEX.pack(3)),

@@ -1,0 +1,31 @@
+"""Spark's read of a savepoint's typed state (spark_bridge/state.py), on a RocksDB written by
+hand in the tablet's layout: which entries count as expired."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rocksdict import Options, Rdict
+
+from runtime import codecs
+from runtime.record import END_OF_TIME
+from runtime.state import _EXPIRY, VALUE, cell, kept
+from spark_bridge.state import _typed_rows
+
+
+def test_state_without_a_ttl_is_read_at_a_watermark_at_the_end_of_time(tmp_path: Any) -> None:
+    """Review of typed state (2): an entry's expiry was compared with the savepoint's watermark
+    as is, and state without a TTL is stored with the end of time as its expiry: a savepoint
+    of a drained job (or of a computation whose input finished) read as holding none."""
+    path = os.path.join(str(tmp_path), "tablet")
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    db = Rdict(path, options=opts)
+    db[cell(b"kept", "count") + VALUE] = kept(codecs.INT.encode(5))
+    db[cell(b"gone", "count") + VALUE] = _EXPIRY.pack(1_000) + codecs.INT.encode(7)  # a TTL'd value
+    db.close()
+    for wm in (END_OF_TIME, 2_000):
+        rows = _typed_rows((0, path, "tests.jobs:TypedCounter", "count", wm))
+        assert [(r[0], r[3]) for r in rows] == [("kept", "5")], wm
+    assert {r[0] for r in _typed_rows((0, path, "tests.jobs:TypedCounter", "count", 500))} == {"kept", "gone"}
