@@ -250,8 +250,12 @@ async def restore_begin(core: MasterCore, manifest: dict[str, Any], name: str) -
         saved: dict[str, list[dict[str, Any]]] = {}
         for t in manifest["tablets"]:
             saved.setdefault(str(t["computation"]), []).append(t)
+        # As a submit does: a stream whose injectors all finished (for the old job, say) is open
+        # again for this one; else its input reads as finished, every saved window fires at
+        # once, and what is sent again counts late.
         change = Change(topologies={name: topo},
-                        jobs={name: Job(RESTORING, time.time(), streams=tuple(input_streams(topo)))})
+                        jobs={name: Job(RESTORING, time.time(), streams=tuple(input_streams(topo)))},
+                        finished_streams=dict.fromkeys(image.finished_markers(input_streams(topo)), False))
         ids: dict[TabletKey, int] = {}  # new tablet -> its id in the savepoint
         for c in topo.computations:
             entries = sorted(saved.get(c, []), key=lambda t: int(t["start"]))

@@ -128,8 +128,9 @@ class Inbox:
         """Hold the oldest work at ``ts`` (a timer being fired) until :meth:`unhold`."""
         self._holds.add(ts)
 
-    def unhold(self, ts: int) -> None:
-        self._holds.remove(ts)
+    def unhold(self, *ts: int) -> None:
+        for t in ts:
+            self._holds.remove(t)
 
     def oldest(self) -> int | None:
         """The lowest timestamp of every record not committed yet (queued or in a batch) and

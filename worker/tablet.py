@@ -556,18 +556,20 @@ class Tablet:
             self._unwritten, self._acked_unwritten = set(), []
             self._to_ship = self._sending = None
             self.proc.hold = None
+            self.inbox.unhold(*(t.time for t in due))
             raise
         finally:
             self.running = 0
-            for t in due:
-                self.inbox.unhold(t.time)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
-        if self.proc.committed_hook is not None:  # (a sink's, runtime/sinks.py)
-            await self.thread.run(self.proc.sink_committed)
-        self._after_commit(batch)
-        if commit.productions and not weak_sent:
-            self._sent(commit.productions)
-        self.proc.hold = None  # its timers are in the index, its productions in the outbox
+        try:
+            if self.proc.committed_hook is not None:  # (a sink's, runtime/sinks.py)
+                await self.thread.run(self.proc.sink_committed)
+            self._after_commit(batch)
+            if commit.productions and not weak_sent:
+                self._sent(commit.productions)
+            self.proc.hold = None  # its timers are in the index, its productions in the outbox
+        finally:  # the fired timers held the watermark until the index holds what they set again
+            self.inbox.unhold(*(t.time for t in due))
 
     # ------------------------------------------- weak productions, before the commit
 

@@ -305,3 +305,24 @@ class FailingSetup(Computation):
     def setup(self, params: Mapping[str, str]) -> None:
         FailingSetup.tries += 1
         raise RuntimeError("no connection to the lookup table")
+
+
+class HookedTimerSink(Sink):
+    """A sink whose event-time timer ``t`` sets another, ``u``, a second later, and whose
+    ``committed()`` waits for the test while ``block`` is set (class-level: the test's handle)."""
+
+    block = False
+    in_hook = threading.Event()
+    release = threading.Event()
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.set_timer("t", record.timestamp + 1_000_000, TimeDomain.EVENT_TIME)
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        if tag == "t":
+            ctx.set_timer("u", time + 1_000_000, TimeDomain.EVENT_TIME)
+
+    def committed(self) -> None:
+        if type(self).block:
+            type(self).in_hook.set()
+            type(self).release.wait(30)  # (bounded: the test releases it)

@@ -145,7 +145,7 @@ def test_a_key_written_more_often_than_its_ttl_still_has_its_expired_entries_del
         for i in range(6):  # an element every 5 s of event time (each lives 10 s), the watermark 1 s behind
             core.set_watermarks({"ttl": BASE + i * 5_000_000 - 1_000_000})
             _queue(core, ("ttl", 0), Record(b"a", b"1", BASE + i * 5_000_000, (2000 + i).to_bytes(16, "big")))
-            await _until(lambda: (t := core.tablets.get(("ttl", 0))) is not None and t.processed == i + 1,
+            await _until(lambda n=i + 1: (t := core.tablets.get(("ttl", 0))) is not None and t.processed == n,
                          f"record {i}")
         tablet = core.tablets[("ttl", 0)]
         # At 24 s, the elements of 0, 5 and 10 s (expired at 10, 15 and 20 s) are gone; 15, 20, 25 s stay.
@@ -169,3 +169,4 @@ def test_expired_deletes_a_lists_counter_with_its_last_element() -> None:
     forever = [*entries, (prefix + ELEMENT + _INDEX.pack(2), _EXPIRY.pack(NEVER) + b"c")]
     gone, nxt = expired(prefix, sorted(forever), 1_000)
     assert prefix + COUNT not in gone and nxt is None  # an element without expiry keeps the list
+

@@ -166,3 +166,22 @@ def test_a_restore_outranks_the_old_job_and_every_earlier_restore_of_the_savepoi
     assert savepoints.restore_token(first + 5, t0) > first + 5  # a savepoint of the restored job, restored at once
     for clock in (0.0, float(1 << 50)):  # a clock at 1970, or far in the future: not believed
         assert savepoints.restore_token(7, clock) == 7 + savepoints.RESTORE_TOKEN_GAP
+
+
+def test_a_restore_opens_again_the_finished_streams_its_job_reads() -> None:
+    """Review of watermarks (3): a submit opens again a stream whose injectors all finished (a
+    new job starts with nothing, not at the end of time); a restore did not, so the restored
+    job's input read as finished: every saved window fired at once, and what was sent again
+    counted late."""
+    async def run() -> None:
+        store = MemoryStore()
+        store.apply(Change(workers={"w": WorkerInfo("127.0.0.1:1")}, finished_streams={"in": True}))
+        core = await _leader(store, [0.0])  # type: ignore[arg-type]
+        assert "in" in core.image.finished_streams
+        manifest = {"topology": _topology().to_json(), "watermarks": {},
+                    "tablets": [{"computation": "a", "key_range": 0, "start": 0, "end": 1 << 64, "token": 3}]}
+        await savepoints.restore_begin(core, manifest, "one")
+        assert "in" not in core.image.finished_streams
+        assert "in" not in store.snap.finished  # stored: a new leader keeps it open
+
+    asyncio.run(run())
