@@ -15,6 +15,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any
 
 from master import injectors, progress
 from master.change import Change
@@ -125,6 +126,14 @@ class MasterCore:
         """An injector's current promise (master/injectors.py)."""
         injectors.report(self.image, name, stream, watermark, self.now_ms(), incarnation, release, operator, idle,
                          retired)
+
+    async def report_injector_between_ticks(self, *args: Any) -> None:
+        """:meth:`report_injector` under the leader's lock, as an injector's call is served: a
+        tick takes the injectors' holds, writes the watermarks they allow to etcd and then
+        publishes them; a name registering (at the start of time) during that write was
+        answered before, and left out of, what the tick published (review of watermarks, 1)."""
+        async with self._lock:
+            self.report_injector(*args)
 
     def routing(self) -> pb.Routing:
         return routing_of(self.image)

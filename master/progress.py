@@ -35,9 +35,9 @@ async def advance(core: Leader) -> None:
         for key, t in image.tablets.items():
             if t.report is None or now - t.report_time > config.report_timeout_ms:
                 continue  # treated as not reported: held at the published value
-            settled = image.settler.value(key, now)
-            reports[key] = TabletReport(t.report.token, None if settled is None or settled == END_OF_TIME
-                                        else settled)
+            settled = image.settler.value(key, now)  # (None: no history; the report is all there is)
+            reports[key] = TabletReport(t.report.token, t.report.oldest if settled is None
+                                        else None if settled == END_OF_TIME else settled)
         holds = {}
         for name, inj in image.injectors.items():
             settled = image.settler.value(("injector", name), now)

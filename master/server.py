@@ -160,8 +160,8 @@ class MasterServicer(rpc.MasterServicer):
         if problem is not None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
         core = await self._leader(context)
-        await serving.call_core(context, lambda: _async(
-            core.report_injector, request.name, request.stream, request.watermark, request.incarnation,
+        await serving.call_core(context, lambda: core.report_injector_between_ticks(
+            request.name, request.stream, request.watermark, request.incarnation,
             request.release, "operator" in caller_roles(), request.idle, request.retired))
         if (request.retired or request.watermark == END_OF_TIME) and not request.release:
             # Stored before it is answered: the injector reports nothing after it.

@@ -397,3 +397,67 @@ def test_a_worker_policy_that_is_not_module_prefixes_is_refused() -> None:
     core = leader()
     with pytest.raises(ConfigError, match="is not a list of at most 256 module prefixes"):
         asyncio.run(membership.register(core, "127.0.0.1:1", allowed_code=["os; rm"]))
+
+
+class _HeldWrites(MemoryStore):
+    """A store whose write of watermarks waits until the test lets it go (etcd slow)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing = threading.Event()
+        self.go = threading.Event()
+
+    def apply(self, change: Any) -> None:
+        if change.watermarks:
+            self.writing.set()
+            assert self.go.wait(10)
+        super().apply(change)
+
+
+def test_an_injector_registering_during_a_ticks_write_is_answered_after_its_publish() -> None:
+    """Review of watermarks (1): a tick took the injectors' holds, then wrote the watermarks
+    they allowed to etcd; a new name registering (at the start of time) during that write was
+    answered at once, and the tick then published a watermark computed without it: the new
+    injector, told it holds its stream, had records below it counted late."""
+    store = _HeldWrites()
+    core = _core(store)
+
+    async def main() -> None:
+        core.report_injector("old", "in", 2_000, "first")
+        _idle(core, 1)
+        tick = asyncio.ensure_future(progress.advance(core))
+        await asyncio.to_thread(store.writing.wait, 10)  # the tick writes a = 2000
+        order: list[str] = []
+        tick.add_done_callback(lambda _: order.append("published"))
+        joining = asyncio.ensure_future(core.report_injector_between_ticks("new", "in", -(1 << 63), "n"))
+        joining.add_done_callback(lambda _: order.append("registered"))
+        await asyncio.sleep(0)  # (one turn: the report runs as far as it can)
+        store.go.set()
+        await asyncio.wait_for(asyncio.gather(tick, joining), 10)
+        assert order == ["published", "registered"]  # answered once the tick it missed is out
+        _idle(core, 2)
+        await progress.advance(core)
+        assert core.image.published["a"] == 2_000  # and from then on it holds the stream
+
+    asyncio.run(main())
+
+
+def test_a_worker_that_left_no_longer_vouches_for_its_tablets() -> None:
+    """Review of watermarks (4): a worker leaving cleanly stops reporting before its last
+    batches commit, then leaves; a tablet with no other copy stays unassigned under the same
+    token, and its last report (idle, from before those batches) kept counting until it timed
+    out: the tick could publish past a timer the last batch had set."""
+    core = _core()
+
+    async def main() -> None:
+        core.report_injector("feed", "in", 1_000, "f")
+        _idle(core, 1)
+        await progress.advance(core)
+        assert core.image.published["a"] == 1_000
+        await membership.leave(core, "w")
+        assert core.image.tablets[("a", 0)].own.worker == ""  # (no copy elsewhere: unassigned)
+        core.report_injector("feed", "in", 5_000, "f")
+        await progress.advance(core)
+        assert core.image.published["a"] == 1_000  # held until its tablet reports again
+
+    asyncio.run(main())
