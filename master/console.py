@@ -263,7 +263,8 @@ function ratesNow(s, now){
 }
 
 async function refresh(){
-  let s; try { s = await (await fetch("status.json")).json(); } catch(e) { return; }
+  // tokens as text: a restored tablet's passes 2^53, which a JS number would round
+  let s; try { s = JSON.parse((await (await fetch("status.json")).text()).replace(/"token": *(\d{16,})/g, '"token": "$1"')); } catch(e) { return; }
   if(s.error){ document.getElementById("leader").innerHTML = `<p class="warn">${esc(s.error)}</p>`; return; }
   const now = Date.now();
   status = s;

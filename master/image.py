@@ -249,6 +249,12 @@ class ClusterImage:
             if entry is None:
                 self.tablets[key] = TabletEntry(own)
             else:
+                if own.worker != entry.own.worker and entry.report is not None:
+                    # Its last report predates what its old owner's last batches committed (a
+                    # worker that leaves stops reporting first): under the same token (no copy
+                    # elsewhere: unassigned) it counted until it timed out (review of watermarks, 4).
+                    entry.report = None
+                    self.settler.forget(key)
                 entry.own = own
         for c in change.watermarks_gone:
             for per_computation in (self.published, self.inputs, self.computed, self.counters):
@@ -280,13 +286,6 @@ class ClusterImage:
     def _put_worker(self, w: str, info: WorkerInfo | None, now: float) -> None:
         if info is None:  # left or expired; its identity stays: it may come back on its disk
             self.workers.pop(w, None)
-            # Its tablets' last reports predate what its last batches committed (a worker
-            # that leaves stops reporting first): a tablet left unassigned under the same
-            # token would count it until it timed out (review of watermarks, 4).
-            for key, t in self.tablets.items():
-                if t.own.worker == w and t.report is not None:
-                    t.report = None
-                    self.settler.forget(key)
             return
         entry = self.workers.get(w)
         if entry is None:

@@ -58,8 +58,8 @@ async def advance(core: Leader) -> None:
                         finished_streams={image.injectors[n].stream: True for n in done
                                           if image.injectors[n].stream not in image.finished_streams})
         if change:
-            # Taken now: a report arriving during the write keeps its name dirty, and is
-            # written by the next tick (review W2).
+            # Taken now: a report arriving during the write (an in-process TestRun's: served
+            # ones wait for the lock) keeps its name dirty, and is written by the next tick (review W2).
             await core.commit(change)
         image.advanced(computed, inputs(specs, image.published, holds, image.finished_streams), frozen)
     wall = time.time()

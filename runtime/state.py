@@ -44,6 +44,7 @@ TYPED = b"Y"
 VALUE, COUNT, ELEMENT, ENTRY = b"v", b"n", b"e", b"m"
 NEVER = END_OF_TIME
 TTL_TAG = "millstream.ttl/"  # internal timers: "millstream.ttl/<state name>"
+TTL_REARM_US = 1_000_000     # ... come back at the next expiry, but not before the watermark + this
 _EXPIRY = struct.Struct(">q")
 _INDEX = struct.Struct(">Q")
 _NEVER_EXPIRES = _EXPIRY.pack(NEVER)
@@ -108,6 +109,15 @@ class _Spec:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        """Declared on a class: another spec of it (or of a base) with this state name would
+        share its storage, each reading the other's bytes with its own codec; refused."""
+        for klass in owner.__mro__:
+            for other_attr, other in vars(klass).items():
+                if other is not self and other_attr != attr and isinstance(other, _Spec) and other.name == self.name:
+                    raise UsageError(f"{owner.__name__}.{attr} and {klass.__name__}.{other_attr} both declare typed "
+                                     f"state {self.name!r}; they would share its storage: give each its own name")
 
 
 class ValueState(_Spec):

@@ -556,10 +556,9 @@ class Tablet:
             self._unwritten, self._acked_unwritten = set(), []
             self._to_ship = self._sending = None
             self.proc.hold = None
+            self.running = 0
             self.inbox.unhold(*(t.time for t in due))
             raise
-        finally:
-            self.running = 0
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
         try:
             if self.proc.committed_hook is not None:  # (a sink's, runtime/sinks.py)
@@ -568,7 +567,8 @@ class Tablet:
             if commit.productions and not weak_sent:
                 self._sent(commit.productions)
             self.proc.hold = None  # its timers are in the index, its productions in the outbox
-        finally:  # the fired timers held the watermark until the index holds what they set again
+        finally:  # running, and holding for its fired timers, until the index holds what they set
+            self.running = 0
             self.inbox.unhold(*(t.time for t in due))
 
     # ------------------------------------------- weak productions, before the commit

@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 
 from runtime.computation import TimeDomain
+from runtime.state import TTL_TAG
 from worker.storage import Commit, Timer
 
 TimerKey = tuple[bytes, str]
@@ -65,6 +66,10 @@ class TimerIndex:
                     taken.add((t.key, t.tag))
                     out.append(t)
                     del self._by_key[(t.key, t.tag)]
+        # Typed-state TTL timers last: they delete what the watermark passed, after every
+        # other timer due by it has read its key's state as of its own time (and a batch out
+        # of budget defers them first).
+        out.sort(key=lambda t: t.tag.startswith(TTL_TAG))
         return out
 
 

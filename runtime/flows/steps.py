@@ -21,7 +21,7 @@ from runtime.errors import UsageError
 from runtime.flows.ops import Item, Op
 from runtime.record import MAX_VALUE_BYTES, Record
 from runtime.sinks import sink_batch_fn
-from runtime.state import TTL_TAG, VALUE, ValueState, bind, cell, kept, payload
+from runtime.state import TTL_TAG, VALUE, ValueState, bind, cell, declared, kept, payload
 from runtime.topology import dead_letter
 
 log = logging.getLogger(__name__)
@@ -181,10 +181,8 @@ class Process(Op):
         self.raw = ValueState(f"{self.state_name}/state", _RAW)
         self.step_ctx = StepContext(self)
         self._renamed: dict[tuple[type, str], tuple[Any, Any]] = {}  # (kind, name) -> (spec, its copy)
-        for klass in type(comp).__mro__:  # declared on the class: refused at submit, not per record
-            for spec in vars(klass).values():
-                if hasattr(spec, "name") and hasattr(spec, "kind"):
-                    self.renamed(spec)
+        for spec in declared(type(comp)).values():  # declared on the class: refused at submit, not per record
+            self.renamed(spec)
 
     def renamed(self, spec: Any) -> Any:
         """The step's own copy of a typed state ``spec`` (its name prefixed by the step's).

@@ -16,7 +16,8 @@ def test_a_sinks_committed_hook_does_not_let_the_watermark_pass_a_timer_its_batc
     """Review of watermarks (2): the timers a batch fired stopped holding the tablet's oldest
     work before the sink's committed() hook ran, and what their firing set again (a window
     step's leftover, a deferred timer) entered the timer index only after it: a report taken
-    meanwhile said the tablet held nothing, and its watermark could pass those timers."""
+    meanwhile said the tablet held nothing, and its watermark could pass those timers; and the
+    tablet said it was quiet (TestRun.run_until_idle could return before they were in)."""
     async def run() -> None:
         HookedTimerSink.block = False
         HookedTimerSink.in_hook.clear()
@@ -31,6 +32,7 @@ def test_a_sinks_committed_hook_does_not_let_the_watermark_pass_a_timer_its_batc
             core.set_watermarks({"hs": BASE + 1_000_000})  # t fires, and sets u a second later
             await _until(HookedTimerSink.in_hook.is_set, "the hook of the batch that fired t")
             assert tablet.oldest_work() == BASE + 1_000_000, "t still holds the tablet while u is not in the index"
+            assert not tablet.quiet(), "the batch still runs (an in-process run is not idle)"
             HookedTimerSink.block = False
             HookedTimerSink.release.set()
             await _until(lambda: tablet.oldest_work() == BASE + 2_000_000, "u, in the index")

@@ -13,7 +13,7 @@ import pytest
 from runtime import Record, codecs
 from runtime.computation import Computation, Context, TimeDomain
 from runtime.errors import MillstreamError
-from runtime.state import _EXPIRY, _INDEX, COUNT, ELEMENT, NEVER, ListState, cell, expired
+from runtime.state import _EXPIRY, _INDEX, COUNT, ELEMENT, NEVER, ListState, ValueState, cell, expired
 from tests.core.corekit import make_core
 from tests.core.jobs import Collector
 from tests.core.test_worker_core import BASE, _queue, _until, routing
@@ -157,6 +157,42 @@ def test_a_key_written_more_often_than_its_ttl_still_has_its_expired_entries_del
     asyncio.run(run())
 
 
+class TtlTimerReader(Computation):
+    """A value that lives 10 s; the record ``second`` also sets a timer 5 s later that reads it."""
+
+    value = ValueState("v", codecs.STR, ttl=10_000_000)
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.state_of(self.value).set(record.value.decode())
+        if record.value == b"second":
+            ctx.set_timer("read", record.timestamp + 5_000_000, TimeDomain.EVENT_TIME)
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        ctx.produce("out", repr(ctx.state_of(self.value).get()).encode())
+
+
+def test_a_timer_due_with_a_ttl_timer_reads_its_keys_state_as_of_its_own_time(tmp_path: Any) -> None:
+    """Review of this round's TTL fix: the TTL timer stays at the first write's expiry and its
+    firing deletes what the watermark passed; due in one batch with a later timer of the key
+    (the watermark jumped), it fired first and deleted what that timer was to read as live at
+    its own time. TTL timers now fire last in a batch."""
+    async def run() -> None:
+        Collector.seen = []
+        core = await make_core(str(tmp_path), routing(("ttl", f"{__name__}:TtlTimerReader", ["in"], ["out"], {}),
+                                                      ("collect", "tests.core.jobs:Collector", ["out"], [], {})))
+        _queue(core, ("ttl", 0), _r(0, "first"))      # expires at 10 s: the TTL timer's time
+        _queue(core, ("ttl", 0), _r(50, "second"))    # expires at 60 s; its timer reads at 55 s
+        await _until(lambda: (t := core.tablets.get(("ttl", 0))) is not None and t.processed == 2, "both records")
+        core.set_watermarks({"ttl": BASE + 100_000_000, "collect": BASE + 100_000_000})  # both timers due at once
+        await _until(lambda: len(Collector.seen) == 1, "the timer's read")
+        assert Collector.seen[0][2] == b"'second'"
+        tablet = core.tablets[("ttl", 0)]
+        await _until(lambda: not list(tablet.store.scan(cell(b"k", "v"))), "the value deleted after it")
+        await core.close_all()
+
+    asyncio.run(run())
+
+
 def test_expired_deletes_a_lists_counter_with_its_last_element() -> None:
     prefix = cell(b"session-123", "events")
     entries = sorted([(prefix + COUNT, _INDEX.pack(3)),
@@ -169,4 +205,3 @@ def test_expired_deletes_a_lists_counter_with_its_last_element() -> None:
     forever = [*entries, (prefix + ELEMENT + _INDEX.pack(2), _EXPIRY.pack(NEVER) + b"c")]
     gone, nxt = expired(prefix, sorted(forever), 1_000)
     assert prefix + COUNT not in gone and nxt is None  # an element without expiry keeps the list
-

@@ -435,9 +435,10 @@ def test_an_injector_registering_during_a_ticks_write_is_answered_after_its_publ
         store.go.set()
         await asyncio.wait_for(asyncio.gather(tick, joining), 10)
         assert order == ["published", "registered"]  # answered once the tick it missed is out
+        core.report_injector("old", "in", 3_000, "first")
         _idle(core, 2)
         await progress.advance(core)
-        assert core.image.published["a"] == 2_000  # and from then on it holds the stream
+        assert core.image.published["a"] == 2_000  # and from then on it holds the stream (at MIN)
 
     asyncio.run(main())
 

@@ -1,0 +1,42 @@
+"""Typed state specs declared on a computation class (runtime/state.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime import Computation, ListState, MapState, ValueState, codecs
+from runtime.errors import UsageError
+
+
+def test_two_specs_of_one_class_with_one_state_name_are_refused() -> None:
+    """Review of typed state: ``ValueState("x")`` and ``MapState("x")`` on one class shared a
+    cell silently (a map's clear() wiped the value; each read the other's bytes)."""
+    with pytest.raises((UsageError, RuntimeError)) as raised:
+        class Twice(Computation):
+            count = ValueState("x", codecs.INT)
+            seen = MapState("x", codecs.STR, codecs.INT)
+    error = raised.value if isinstance(raised.value, UsageError) else raised.value.__cause__
+    assert isinstance(error, UsageError) and "Twice.count and Twice.seen both declare typed state 'x'" in str(error)
+
+    class Base(Computation):
+        history = ListState("h", codecs.INT)
+
+    with pytest.raises((UsageError, RuntimeError)):
+        class Child(Base):
+            other = ValueState("h", codecs.INT)
+
+
+def test_one_spec_under_two_attributes_and_an_override_are_fine() -> None:
+    spec = ValueState("x", codecs.INT)
+
+    class Aliased(Computation):
+        a = spec
+        b = spec
+
+    class Base(Computation):
+        count = ValueState("c", codecs.INT)
+
+    class Child(Base):
+        count = ValueState("c", codecs.INT, default=0)  # the same attribute, overridden
+
+    assert Aliased.a is Aliased.b and Child.count.name == "c"
