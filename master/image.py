@@ -250,9 +250,8 @@ class ClusterImage:
                 self.tablets[key] = TabletEntry(own)
             else:
                 if own.worker != entry.own.worker and entry.report is not None:
-                    # Its last report predates what its old owner's last batches committed (a
-                    # worker that leaves stops reporting first): under the same token (no copy
-                    # elsewhere: unassigned) it counted until it timed out (review of watermarks, 4).
+                    # It predates its old owner's last commits (a leaving worker stops reporting first);
+                    # under the same token (unassigned) it counted until it timed out (watermarks review 4).
                     entry.report = None
                     self.settler.forget(key)
                 entry.own = own
@@ -313,6 +312,9 @@ class ClusterImage:
         w.routing_seen = max(w.routing_seen, routing_version)
         w.problems = {(p.computation, p.key_range): Problem(p.error, p.attempts, p.seconds) for p in problems}
         first, w.heard, w.last_seen = not w.heard, True, now
+        if 0 < report_seq < w.reported_seq:  # an older heartbeat served late: its reports are stale
+            self.stale_reports += len(held)
+            return first
         w.reported_seq = max(w.reported_seq, report_seq)
         for h in held:
             key = (h.computation, h.key_range)

@@ -462,3 +462,20 @@ def test_a_worker_that_left_no_longer_vouches_for_its_tablets() -> None:
         assert core.image.published["a"] == 1_000  # held until its tablet reports again
 
     asyncio.run(main())
+
+
+def test_an_older_heartbeat_served_late_does_not_replace_a_newer_report() -> None:
+    """Review of watermarks (lesser): reports were taken whatever their sequence, so an older
+    heartbeat served after a newer one (a retried call) put back a tablet's older progress:
+    idle, where the newer report held a record at 1,500."""
+    core = _core()
+
+    async def main() -> None:
+        core.report_injector("feed", "in", 5_000, "f")
+        core.heartbeat("w", [pb.HeldTablet(computation="a", key_range=0, token=1, has_work=True,
+                                           oldest_work=1_500)], 5)
+        _idle(core, 4)  # the older heartbeat, served late
+        await progress.advance(core)
+        assert core.image.published["a"] == 1_500
+
+    asyncio.run(main())
