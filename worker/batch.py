@@ -525,11 +525,10 @@ class BatchProcessor:
         else:
             self.comp.process_timer(ctx, timer.tag, timer.time)
 
-    @staticmethod
-    def _expire(timer: Timer, ctx: KeyContext) -> None:
+    def _expire(self, timer: Timer, ctx: KeyContext) -> None:
         """A key's typed-state TTL timer: delete what expired, come back at the next expiry (runtime/state.py)."""
         prefix = cell(timer.key, timer.tag[len(TTL_TAG):])
-        gone, nxt = expired(prefix, ctx.cell_scan(prefix), max(timer.time, ctx.low_watermark))  # (all at once)
+        gone, nxt = expired(prefix, ctx.cell_scan(prefix), self.timers.ttl_bound(timer.time, ctx.low_watermark))
         for skey in gone:
             ctx.cell_delete(skey)
         if nxt is not None:  # (not before a second more: a key written on and on is not rescanned each tick)

@@ -193,6 +193,51 @@ def test_a_timer_due_with_a_ttl_timer_reads_its_keys_state_as_of_its_own_time(tm
     asyncio.run(run())
 
 
+def test_a_ttl_timer_does_not_delete_what_a_timer_left_for_the_next_batch_is_to_read(tmp_path: Any) -> None:
+    """Review of the note: a batch takes at most its limit of due timers, in time order; a
+    key's TTL timer taken while its later timer waited for the next batch deleted what the
+    watermark had passed, and that timer then read nothing where its value was live at its
+    own time. (Batches of two timers: k's TTL at 10 s and j's read at 20 s go first; j's TTL
+    at 25 s and k's read at 55 s wait.)"""
+    from worker.core import WorkerLimits
+
+    async def run() -> None:
+        Collector.seen = []
+        core = await make_core(str(tmp_path), routing(("ttl", f"{__name__}:TtlTimerReader", ["in"], ["out"], {}),
+                                                      ("collect", "tests.core.jobs:Collector", ["out"], [], {})),
+                               WorkerLimits(max_batch_records=2))
+        _queue(core, ("ttl", 0), _r(0, "first"))               # k: expires at 10 s
+        _queue(core, ("ttl", 0), _r(15, "second", key=b"j"))   # j: expires at 25 s, read at 20 s
+        _queue(core, ("ttl", 0), _r(50, "second"))             # k: expires at 60 s, read at 55 s
+        await _until(lambda: (t := core.tablets.get(("ttl", 0))) is not None and t.processed == 3, "the records")
+        core.set_watermarks({"ttl": BASE + 100_000_000, "collect": BASE + 100_000_000})
+        await _until(lambda: len(Collector.seen) == 2, "both reads")
+        assert sorted((k, v) for _, k, v in Collector.seen) == [(b"j", b"'second'"), (b"k", b"'second'")]
+        await core.close_all()
+
+    asyncio.run(run())
+
+
+def test_a_ttl_timer_comes_back_no_sooner_than_a_second_after_the_watermark(tmp_path: Any) -> None:
+    """Review of this round's TTL fix: re-armed at the next expiry, the timer of a key written
+    on and on fired at nearly every watermark tick, each time scanning the key's whole list."""
+    from runtime.state import TTL_TAG
+
+    async def run() -> None:
+        core = await make_core(str(tmp_path), routing(("ttl", f"{__name__}:TtlEvents", ["in"], [], {})))
+        _queue(core, ("ttl", 0), Record(b"a", b"1", BASE, (3000).to_bytes(16, "big")))             # expires at 10 s
+        _queue(core, ("ttl", 0), Record(b"a", b"2", BASE + 500_000, (3001).to_bytes(16, "big")))   # ... at 10.5 s
+        await _until(lambda: (t := core.tablets.get(("ttl", 0))) is not None and t.processed == 2, "both records")
+        tablet = core.tablets[("ttl", 0)]
+        core.set_watermarks({"ttl": BASE + 10_000_000})
+        await _until(lambda: len(list(tablet.store.scan(cell(b"a", "events") + ELEMENT))) == 1, "the first deleted")
+        timer = tablet.timers.get((b"a", TTL_TAG + "events"))
+        assert timer is not None and timer.time == BASE + 11_000_000  # not 10.5 s: the watermark + 1 s
+        await core.close_all()
+
+    asyncio.run(run())
+
+
 def test_expired_deletes_a_lists_counter_with_its_last_element() -> None:
     prefix = cell(b"session-123", "events")
     entries = sorted([(prefix + COUNT, _INDEX.pack(3)),

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 from master import lifecycle, membership, progress, web
+from master.change import Change
 from master.core import MasterConfig, MasterCore
+from master.scheduler import Ownership
 from master.server import Master, MasterOptions
 from runtime import Topology
 from runtime.client import MAX_TOPOLOGY_BYTES, check_topology_size
@@ -479,3 +481,14 @@ def test_an_older_heartbeat_served_late_does_not_replace_a_newer_report() -> Non
         assert core.image.published["a"] == 1_500
 
     asyncio.run(main())
+
+
+def test_a_tablet_moved_off_its_worker_in_the_change_that_removes_the_worker_loses_its_report() -> None:
+    """Review of this round's fix: the reports were cleared with the worker's removal, after
+    the same change had already moved its tablets (unassigned under the same token), so the
+    stale report stayed. A tablet whose owner changes now loses its report."""
+    core = _core()
+    _idle(core, 1)
+    assert core.image.tablets[("a", 0)].report is not None
+    asyncio.run(core.commit(Change(workers={"w": None}, tablets={("a", 0): Ownership("", 1)})))
+    assert core.image.tablets[("a", 0)].report is None
