@@ -3,6 +3,7 @@ path, like any user code: so they live here, at module level)."""
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -314,6 +315,15 @@ class InlineSpecs(Computation):
     def process_record(self, ctx: Context, record: Record) -> None:
         ctx.state_of(ListState("seen", codecs.INT)).append(1)
         ctx.produce("out", repr(ctx.state_of(ValueState("last", codecs.STR)).get()).encode())
+
+
+class WithNamedAttribute(Computation):
+    """A class attribute with ``name`` and ``kind`` fields that is no typed state."""
+
+    label = collections.namedtuple("Label", "name kind")("x", "y")
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.produce("out", record.value)
 
 
 class LongNamedState(Computation):

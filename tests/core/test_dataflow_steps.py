@@ -162,6 +162,17 @@ def test_a_typed_state_named_like_ctx_state_or_too_long_is_refused_where_the_flo
                 run.run_until_idle()
 
 
+def test_a_class_attribute_that_only_looks_like_a_spec_is_left_alone() -> None:
+    """Review of this round's fixes: the step took every class attribute with ``name`` and
+    ``kind`` for a typed state spec and copied it (a namedtuple has no ``__dict__``)."""
+    flow = Dataflow("na", key_ranges=1)
+    flow.input("w", keyed=True).process(j.WithNamedAttribute, name="na").output("out")
+    with TestRun(flow) as run:
+        run.inject("w", b"k", b"a", T0)
+        run.run_until_idle()
+        assert [r.value for r in run.output("out")] == [b"a"]
+
+
 def test_a_spec_made_where_a_freed_one_lived_gets_its_own_copy() -> None:
     """Review of typed state (3), made certain: a spec is freed and another of another kind is
     made at its address (CPython gives a freed block to the next object of its size)."""
