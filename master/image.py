@@ -310,11 +310,11 @@ class ClusterImage:
         if w is None:
             raise UnknownWorkerError(f"worker {worker_id} is not registered (its lease expired)")
         w.routing_seen = max(w.routing_seen, routing_version)
-        w.problems = {(p.computation, p.key_range): Problem(p.error, p.attempts, p.seconds) for p in problems}
         first, w.heard, w.last_seen = not w.heard, True, now
         if 0 < report_seq < w.reported_seq:  # an older heartbeat served late: its reports are stale
             self.stale_reports += len(held)
             return first
+        w.problems = {(p.computation, p.key_range): Problem(p.error, p.attempts, p.seconds) for p in problems}
         w.reported_seq = max(w.reported_seq, report_seq)
         for h in held:
             key = (h.computation, h.key_range)

@@ -44,7 +44,7 @@ TYPED = b"Y"
 VALUE, COUNT, ELEMENT, ENTRY = b"v", b"n", b"e", b"m"
 NEVER = END_OF_TIME
 TTL_TAG = "millstream.ttl/"  # internal timers: "millstream.ttl/<state name>"
-TTL_REARM_US = 1_000_000     # ... come back at the next expiry, but not before the watermark + this
+TTL_REARM_US = 1_000_000     # ... come back at the next expiry, but not before this much later
 _EXPIRY = struct.Struct(">q")
 _INDEX = struct.Struct(">Q")
 _NEVER_EXPIRES = _EXPIRY.pack(NEVER)
@@ -70,6 +70,16 @@ def split_cell(skey: bytes) -> tuple[bytes, str, bytes]:
 
 def expiry_of(stored: bytes) -> int:
     return int(_EXPIRY.unpack_from(stored)[0])
+
+
+def ttl_rearm(time: int, nxt: int, watermark: int) -> int:
+    """When a key's TTL timer that fired at ``time`` (deleting what expired by then) comes back,
+    its next expiry being ``nxt``: not sooner than :data:`TTL_REARM_US` later, nor than half way
+    to the watermark, so a key written on and on is not rescanned at every watermark tick, and
+    one far behind the watermark (a jump, a drain) catches up in a few firings, not one per
+    expiry. Each firing deletes only what expired by its own time: a timer of the key due
+    earlier has read its state first (timers fire in time order)."""
+    return min(END_OF_TIME, max(nxt, time + TTL_REARM_US, time + (watermark - time) // 2))
 
 
 def is_expired(stored: bytes, now: int) -> bool:

@@ -23,7 +23,7 @@ from runtime.delivery import Status
 from runtime.errors import MillstreamError
 from runtime.record import Record, derived_id
 from runtime.sinks import committed_hook, is_sink, sink_batch_fn
-from runtime.state import TTL_REARM_US, TTL_TAG, cell, expired, merged
+from runtime.state import TTL_TAG, cell, expired, merged, ttl_rearm
 from runtime.status import show_key
 from runtime.topology import dead_letter, dead_letter_stream
 from worker.context import _UNSAVED, Effects, KeyContext
@@ -526,13 +526,14 @@ class BatchProcessor:
             self.comp.process_timer(ctx, timer.tag, timer.time)
 
     def _expire(self, timer: Timer, ctx: KeyContext) -> None:
-        """A key's typed-state TTL timer: delete what expired, come back at the next expiry (runtime/state.py)."""
+        """A key's typed-state TTL timer: delete what expired by its time, come back at the next expiry
+        (runtime/state.py), but no sooner than ``ttl_rearm``: a key written on and on is not rescanned each tick."""
         prefix = cell(timer.key, timer.tag[len(TTL_TAG):])
-        gone, nxt = expired(prefix, ctx.cell_scan(prefix), self.timers.ttl_bound(timer.time, ctx.low_watermark))
+        gone, nxt = expired(prefix, ctx.cell_scan(prefix), timer.time)
         for skey in gone:
             ctx.cell_delete(skey)
-        if nxt is not None:  # (not before a second more: a key written on and on is not rescanned each tick)
-            ctx.set_timer(timer.tag, max(nxt, ctx.low_watermark + TTL_REARM_US), TimeDomain.EVENT_TIME)
+        if nxt is not None:
+            ctx.set_timer(timer.tag, ttl_rearm(timer.time, nxt, ctx.low_watermark), TimeDomain.EVENT_TIME)
 
     def read_cell(self, skey: bytes) -> bytes | None:
         """Typed state as of this batch so far: its writes over the store."""

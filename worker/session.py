@@ -110,6 +110,12 @@ class MasterSession:
                     self.lease_ms = resp.lease_ms
                 self.core.renewed(sent_at, self.lease_ms)
                 self.core.release(dict(resp.reported))
+                newest = resp.reported.get(self.core.worker_id, 0)
+                if newest > seq:  # the leader holds a newer report of ours (our clock stepped back
+                    # since an earlier run's): it takes ours as stale until we number past it
+                    log.warning("the leader holds report %d of this worker, past ours (%d); numbering on from it",
+                                newest, seq)
+                    self.core.report_seq = max(self.core.report_seq, newest + 1)
                 self.core.set_watermarks(dict(resp.input_watermarks))
                 # A routing stream can outlive its master's leadership (a deposed leader that
                 # did not die): if the leader's version stays ahead of ours, watch anew.

@@ -21,7 +21,6 @@ class TimerIndex:
     def __init__(self) -> None:
         self._by_key: dict[TimerKey, Timer] = {}
         self._heaps: dict[TimeDomain, list[tuple[int, bytes, str]]] = {d: [] for d in TimeDomain}
-        self.left_at: int | None = None  # the earliest event-time timer the last pop_due left
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -67,22 +66,10 @@ class TimerIndex:
                     taken.add((t.key, t.tag))
                     out.append(t)
                     del self._by_key[(t.key, t.tag)]
-        # Typed-state TTL timers last: they delete what the watermark passed, after every
-        # other timer due by it has read its key's state as of its own time (and a batch out
-        # of budget defers them first).
+        # Typed-state TTL timers last: state is for the key's other timers first (and a batch
+        # out of budget defers them first: they only collect garbage).
         out.sort(key=lambda t: t.tag.startswith(TTL_TAG))
-        left = self.peek(TimeDomain.EVENT_TIME)  # (past the limit: a TTL firing must not delete for it)
-        self.left_at = None if left is None else left.time
         return out
-
-    def ttl_bound(self, time: int, watermark: int) -> int:
-        """What a typed-state TTL timer due at ``time`` and fired by the last :meth:`pop_due`
-        deletes up to: what the watermark passed, all at once, but not what a timer that pop
-        left in the index (past its limit) is to read as live at its own time (it fires in a
-        later batch, and reads as of the earlier of its time and the watermark). A timer the
-        batch itself fires reads before: TTL timers come last."""
-        bound = max(time, watermark)
-        return bound if self.left_at is None else max(time, min(bound, self.left_at))
 
 
 def pending_time(k: TimerKey, commit: Commit, due_now: dict[TimerKey, Timer], cancelled: set[TimerKey],

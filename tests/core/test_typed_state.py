@@ -172,10 +172,10 @@ class TtlTimerReader(Computation):
 
 
 def test_a_timer_due_with_a_ttl_timer_reads_its_keys_state_as_of_its_own_time(tmp_path: Any) -> None:
-    """Review of this round's TTL fix: the TTL timer stays at the first write's expiry and its
-    firing deletes what the watermark passed; due in one batch with a later timer of the key
-    (the watermark jumped), it fired first and deleted what that timer was to read as live at
-    its own time. TTL timers now fire last in a batch."""
+    """Review of this round's TTL fix: the TTL timer stays at the first write's expiry; due in
+    one batch with a later timer of the key (the watermark jumped), a firing that deleted what
+    the watermark had passed took what that timer was to read as live at its own time. A TTL
+    firing deletes only what expired by its own time."""
     async def run() -> None:
         Collector.seen = []
         core = await make_core(str(tmp_path), routing(("ttl", f"{__name__}:TtlTimerReader", ["in"], ["out"], {}),
@@ -194,11 +194,10 @@ def test_a_timer_due_with_a_ttl_timer_reads_its_keys_state_as_of_its_own_time(tm
 
 
 def test_a_ttl_timer_does_not_delete_what_a_timer_left_for_the_next_batch_is_to_read(tmp_path: Any) -> None:
-    """Review of the note: a batch takes at most its limit of due timers, in time order; a
-    key's TTL timer taken while its later timer waited for the next batch deleted what the
-    watermark had passed, and that timer then read nothing where its value was live at its
-    own time. (Batches of two timers: k's TTL at 10 s and j's read at 20 s go first; j's TTL
-    at 25 s and k's read at 55 s wait.)"""
+    """The same across batches: a batch takes at most its limit of due timers, in time order;
+    a key's TTL timer taken while its later timer waited for the next batch must not delete
+    what that timer is to read. (Batches of two timers: k's TTL at 10 s and j's read at 20 s
+    go first; j's TTL at 25 s and k's read at 55 s wait.)"""
     from worker.core import WorkerLimits
 
     async def run() -> None:
@@ -232,10 +231,23 @@ def test_a_ttl_timer_comes_back_no_sooner_than_a_second_after_the_watermark(tmp_
         core.set_watermarks({"ttl": BASE + 10_000_000})
         await _until(lambda: len(list(tablet.store.scan(cell(b"a", "events") + ELEMENT))) == 1, "the first deleted")
         timer = tablet.timers.get((b"a", TTL_TAG + "events"))
-        assert timer is not None and timer.time == BASE + 11_000_000  # not 10.5 s: the watermark + 1 s
+        assert timer is not None and timer.time == BASE + 11_000_000  # not 10.5 s: its time + 1 s
         await core.close_all()
 
     asyncio.run(run())
+
+
+def test_a_ttl_timer_comes_back_half_way_to_a_watermark_far_ahead_and_never_past_the_end_of_time() -> None:
+    """Review of this round's TTL fix: re-armed at the watermark + 1 s, a TTL timer firing at a
+    watermark at the end of time (a drain) was set past it, and the call was dead-lettered."""
+    from runtime.record import END_OF_TIME
+    from runtime.state import ttl_rearm
+
+    assert ttl_rearm(10, 15, 12) == 1_000_010                # a second later at least
+    assert ttl_rearm(0, 10, 100_000_000) == 50_000_000       # half way to a watermark far ahead
+    assert ttl_rearm(0, 80_000_000, 100_000_000) == 80_000_000  # the next expiry, if later
+    assert ttl_rearm(5, 10, END_OF_TIME) <= END_OF_TIME
+    assert ttl_rearm(END_OF_TIME - 10, END_OF_TIME - 5, END_OF_TIME) == END_OF_TIME
 
 
 def test_expired_deletes_a_lists_counter_with_its_last_element() -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from master import membership
 from runtime.errors import ConfigError, WorkerIdentityError
+from runtime.wire import millstream_pb2 as pb
 from tests.masterkit import MemoryStore, leader
 from worker import statedir
 from worker.seen import SeenTablets
@@ -118,3 +119,33 @@ def test_a_registration_whose_answer_was_lost_is_repeated_with_the_secret_the_wo
         assert again.secret == core.secret  # back on its disk: the kept secret, not a new one
 
     asyncio.run(main())
+
+
+def test_a_worker_whose_reports_the_leader_holds_newer_numbers_on_from_them() -> None:
+    """Review of the stale-heartbeat guard: a worker restarted within its lease with a clock
+    behind its earlier run's numbered its reports below the one the leader held; the leader
+    took every one as stale (for hours: numbers rise by one a heartbeat, set from the clock
+    once), and its tablets stayed held. It now numbers on from the leader's newest."""
+    sent: list[int] = []
+
+    class _Stub:
+        async def Heartbeat(self, request: pb.HeartbeatRequest, timeout: float) -> pb.HeartbeatResponse:
+            sent.append(request.report_seq)
+            if len(sent) == 1:  # the leader holds report 1,000 of ours (from the earlier run)
+                return pb.HeartbeatResponse(known=True, reported={"w": 1_000})
+            return pb.HeartbeatResponse(known=False)  # ends the loop
+
+    core = SimpleNamespace(report_seq=5, worker_id="w", secret="s", routing=SimpleNamespace(version=1),
+                           limits=SimpleNamespace(progress_ms=1), now_ms=lambda: 0.0, problems=lambda: [],
+                           renewed=lambda *a: None, release=lambda r: None, set_watermarks=lambda w: None,
+                           lease_held=lambda: True)
+    def next_report() -> tuple[int, list[object]]:  # (numbered as the worker's core does)
+        seq = core.report_seq
+        core.report_seq += 1
+        return seq, []
+
+    core.next_report = next_report
+    masters = SimpleNamespace(stub=lambda: _Stub(), follow=lambda e: None)
+    session = MasterSession(core, masters, "w")  # type: ignore[arg-type]
+    asyncio.run(session._heartbeat())
+    assert sent == [5, 1_001]
