@@ -146,6 +146,9 @@ def test_a_worker_whose_reports_the_leader_holds_newer_numbers_on_from_them() ->
 
     core.next_report = next_report
     masters = SimpleNamespace(stub=lambda: _Stub(), follow=lambda e: None)
-    session = MasterSession(core, masters, "w")  # type: ignore[arg-type]
-    asyncio.run(session._heartbeat())
+
+    async def main() -> None:
+        await MasterSession(core, masters, "w")._heartbeat()  # type: ignore[arg-type]
+
+    asyncio.run(main())
     assert sent == [5, 1_001]
