@@ -31,7 +31,7 @@ from worker.dedup import SEQUENCED_ID_PREFIX, Mark, MarkView, OpaqueIds, ascendi
 from worker.inbox import Delivery
 from worker.outgoing import Outgoing
 from worker.storage import Commit, TabletStore, Timer, state_key
-from worker.timers import pending_time
+from worker.timers import earliest_set, pending_time
 
 if TYPE_CHECKING:
     from worker.tablet import Tablet
@@ -192,9 +192,12 @@ class BatchProcessor:
                 break
         if self._collected:
             self._run_batch(commit)
+        floor: int | None = None  # at the first TTL timer (they come last): the earliest timer the batch set
         for t in batch.due:
             k = (t.key, t.tag)
-            if self._stop or self._full():
+            if t.tag.startswith(TTL_TAG) and floor is None:
+                floor = earliest_set(commit)
+            if self._stop or self._full() or (floor is not None and t.time > floor):  # (which reads first)
                 self._stop = True
                 self._defer(batch, t)
                 continue

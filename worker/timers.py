@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 
 from runtime.computation import TimeDomain
+from runtime.record import END_OF_TIME
 from runtime.state import TTL_TAG
 from worker.storage import Commit, Timer
 
@@ -86,3 +87,11 @@ def pending_time(k: TimerKey, commit: Commit, due_now: dict[TimerKey, Timer], ca
         return None if k in cancelled else t.time
     t = index.get(k)
     return None if t is None else t.time
+
+
+def earliest_set(commit: Commit) -> int:
+    """The earliest event-time timer a batch set so far (not a TTL timer; END_OF_TIME if none):
+    a TTL timer due later waits for it, as it reads its key's state as of its own time, and the
+    TTL firing deletes what expired by its own."""
+    return min((t.time for t in commit.timers_set.values()
+                if t.domain == TimeDomain.EVENT_TIME and not t.tag.startswith(TTL_TAG)), default=END_OF_TIME)

@@ -217,7 +217,7 @@ def test_a_ttl_timer_does_not_delete_what_a_timer_left_for_the_next_batch_is_to_
     asyncio.run(run())
 
 
-def test_a_ttl_timer_comes_back_no_sooner_than_a_second_after_the_watermark(tmp_path: Any) -> None:
+def test_a_ttl_timer_comes_back_no_sooner_than_a_second_after_its_time(tmp_path: Any) -> None:
     """Review of this round's TTL fix: re-armed at the next expiry, the timer of a key written
     on and on fired at nearly every watermark tick, each time scanning the key's whole list."""
     from runtime.state import TTL_TAG
@@ -248,6 +248,43 @@ def test_a_ttl_timer_comes_back_half_way_to_a_watermark_far_ahead_and_never_past
     assert ttl_rearm(0, 80_000_000, 100_000_000) == 80_000_000  # the next expiry, if later
     assert ttl_rearm(5, 10, END_OF_TIME) <= END_OF_TIME
     assert ttl_rearm(END_OF_TIME - 10, END_OF_TIME - 5, END_OF_TIME) == END_OF_TIME
+
+
+class TtlArmReader(Computation):
+    """A value that lives 10 s; the record ``arm`` sets a timer at 5 s that reads it."""
+
+    value = ValueState("v", codecs.STR, ttl=10_000_000)
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        if record.value == b"arm":
+            ctx.set_timer("read", BASE + 5_000_000, TimeDomain.EVENT_TIME)
+        else:
+            ctx.state_of(self.value).set(record.value.decode())
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        ctx.produce("out", repr(ctx.state_of(self.value).get()).encode())
+
+
+def test_a_ttl_timer_waits_for_a_timer_its_batch_set_behind_it(tmp_path: Any) -> None:
+    """Review of the last TTL fix: a timer set in the batch at a time before a due TTL timer's
+    (a record's, or a window step's re-armed firing) fires in the next batch and reads as of
+    its own time; the TTL firing, last in the batch, deleted what it was to read. The TTL
+    timer now waits for it."""
+    async def run() -> None:
+        Collector.seen = []
+        core = await make_core(str(tmp_path), routing(("ttl", f"{__name__}:TtlArmReader", ["in"], ["out"], {}),
+                                                      ("collect", "tests.core.jobs:Collector", ["out"], [], {})))
+        _queue(core, ("ttl", 0), _r(0, "first"))  # lives until 10 s: the TTL timer's time
+        await _until(lambda: (t := core.tablets.get(("ttl", 0))) is not None and t.processed == 1, "the value")
+        _queue(core, ("ttl", 0), _r(1, "arm"))    # sets a read at 5 s, in the batch that fires the TTL timer:
+        core.set_watermarks({"ttl": BASE + 100_000_000, "collect": BASE + 100_000_000})  # (no await between)
+        await _until(lambda: len(Collector.seen) == 1, "the read")
+        assert Collector.seen[0][2] == b"'first'"  # live at 5 s
+        tablet = core.tablets[("ttl", 0)]
+        await _until(lambda: not list(tablet.store.scan(cell(b"k", "v"))), "the value deleted after it")
+        await core.close_all()
+
+    asyncio.run(run())
 
 
 def test_expired_deletes_a_lists_counter_with_its_last_element() -> None:
