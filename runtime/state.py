@@ -202,12 +202,17 @@ class _Handle:
         self._spec = spec
         self._cells = cells
         self._call = cells.call_id()
+        self._key = cells.key
         self._cell = cell(cells.key, spec.name)
 
     def _check(self) -> Cells:
-        if self._cells.call_id() is not self._call:
+        cells = self._cells
+        if cells.call_id() is not self._call:
             raise MillstreamError(f"state handle {self._spec.name!r} used outside the call that obtained it; "
                                   "call ctx.state_of(...) again in each process_record / process_timer")
+        if cells.key != self._key:  # a flow's step runs a batch of keys in one call of the stage
+            raise MillstreamError(f"state handle {self._spec.name!r} obtained for key {self._key!r:.40} used for key "
+                                  f"{cells.key!r:.40}; call ctx.state_of(...) again for each record")
         return self._cells
 
     def _live(self, stored: bytes | None) -> bytes | None:
@@ -407,8 +412,10 @@ def read_committed(spec: StateSpec, key: bytes, get: Any, scan: Any, watermark: 
     if isinstance(handle, MapHandle):
         entries = dict(handle.items())
         return bool(entries), entries
-    stored = handle._live(get(cell(key, spec.name) + VALUE))
-    return stored is not None, handle.get()
+    data = handle._live(get(cell(key, spec.name) + VALUE))  # one read: a commit between two could split them
+    if data is None:
+        return False, getattr(spec, "default", None)
+    return True, spec.codec.decode(data)
 
 
 def _plain(value: Any) -> Any:

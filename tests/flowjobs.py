@@ -317,6 +317,22 @@ class InlineSpecs(Computation):
         ctx.produce("out", repr(ctx.state_of(ValueState("last", codecs.STR)).get()).encode())
 
 
+class CachedHandle(Computation):
+    """Keeps the first state handle it got and uses it for every record: wrong, since a handle
+    is bound to its record's key (a flow's step runs a batch of keys in one call)."""
+
+    count = ValueState("count", codecs.INT, default=0)
+
+    def __init__(self) -> None:
+        self.handle: Any = None
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        if self.handle is None:
+            self.handle = ctx.state_of(self.count)
+        self.handle.set(self.handle.get() + 1)
+        ctx.produce("out", record.value)
+
+
 class WithNamedAttribute(Computation):
     """A class attribute with ``name`` and ``kind`` fields that is no typed state."""
 

@@ -207,6 +207,22 @@ def test_specs_made_in_each_call_each_get_their_own_state() -> None:
         assert [r.value for r in run.output("out")] == [b"None"] * 20
 
 
+def test_a_handle_kept_from_one_key_is_refused_for_the_next_key_of_the_same_call() -> None:
+    """Review of typed state: a flow's step runs a batch of keys in one call of its stage, so
+    the per-call check let a handle kept from key ``a`` count ``b``'s record into ``a``'s state."""
+    flow = Dataflow("ch", key_ranges=1)
+    flow.input("w", keyed=True).process(j.CachedHandle, name="ch").output("out")
+    with TestRun(flow) as run:
+        run.inject_batch("w", [(b"a", b"1", T0), (b"b", b"2", T0 + 1)])
+        run.run_until_idle()
+        # b's use fails the call; run again one record per call, each use of the kept handle is
+        # outside the call that got it: both are dead-lettered, and nothing counted into a's state
+        assert run.output("out") == []
+        letters = run.output("ch.dead_letter")
+        assert sorted(r.key for r in letters) == [b"a", b"b"]
+        assert all("call ctx.state_of(...) again" in _j(r)["error"] for r in letters)
+
+
 def test_a_failed_try_of_a_fused_sink_takes_back_its_timer_list_and_state(tmp_path: Any) -> None:
     """A sink's first try of each record sets a timer, rewrites its list and its ``ctx.state``,
     then raises: the retry sees none of it, and the timer never fires."""

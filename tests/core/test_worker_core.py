@@ -18,7 +18,7 @@ from runtime.wire import millstream_pb2 as pb
 from tests.core.corekit import engine_options
 from tests.core.jobs import Collector
 from worker import tablet as tablet_module
-from worker.core import WorkerCore, WorkerLimits
+from worker.core import WATERMARK_MIN, WorkerCore, WorkerLimits
 from worker.sender import OK
 from worker.tablet import BUSY, NOT_OWNER
 
@@ -467,6 +467,30 @@ def test_a_fresh_worker_runs_no_batch_before_it_knows_its_input_watermarks(tmp_p
         assert await asyncio.wait_for(delivery, 10) == OK
         await _until(lambda: Collector.seen == [("out", b"k", b"on time")], "the record that is on time")
         assert core.tablets[("echo", 0)].late == 1
+        await core.close_all()
+
+    asyncio.run(main())
+
+
+def test_a_heartbeat_answer_older_than_the_routing_that_dropped_a_computation_leaves_its_watermark(
+        tmp_path: object) -> None:
+    """Review of watermarks: an answer the leader built before a computation was deleted and
+    submitted again under its name, applied after the routing that dropped it, gave the new
+    computation the old one's watermark (its on-time records late, its timers due early)."""
+    async def main() -> None:
+        core = await _core(str(tmp_path), WorkerLimits(), lambda: 0)
+        core.set_watermarks({"echo": BASE + 5}, as_of=1)
+        assert core.watermark("echo") == BASE + 5
+        again = routing(("echo", "tests.core.jobs:Echo", ["in"], ["out"], {}),
+                        ("collect", "tests.core.jobs:Collector", ["out"], [], {"name": "out"}))
+        again.version = 3
+        again.dropped.add(computation="echo", below=1)
+        await core.apply_routing(again)
+        assert core.watermark("echo") == WATERMARK_MIN
+        core.set_watermarks({"echo": BASE + 5, "collect": BASE + 5}, as_of=2)  # built before the drop
+        assert core.watermark("echo") == WATERMARK_MIN and core.watermark("collect") == BASE + 5
+        core.set_watermarks({"echo": BASE + 1}, as_of=3)  # the new computation's own
+        assert core.watermark("echo") == BASE + 1
         await core.close_all()
 
     asyncio.run(main())

@@ -6,6 +6,7 @@ import pytest
 
 from runtime import Computation, ListState, MapState, ValueState, codecs
 from runtime.errors import UsageError
+from runtime.state import kept
 
 
 def test_two_specs_of_one_class_with_one_state_name_are_refused() -> None:
@@ -40,3 +41,18 @@ def test_one_spec_under_two_attributes_and_an_override_are_fine() -> None:
         count = ValueState("c", codecs.INT, default=0)  # the same attribute, overridden
 
     assert Aliased.a is Aliased.b and Child.count.name == "c"
+
+
+def test_a_committed_value_is_read_once() -> None:
+    """Review of typed state: ``read_committed`` read a ValueState twice; a commit that cleared
+    it between the two reads answered "found" with the default."""
+    from runtime.state import read_committed
+
+    spec = ValueState("x", codecs.INT, default=-1)
+    stored = [kept(codecs.INT.encode(7))]  # the first read finds 7; a commit clears it after
+
+    def get(skey: bytes) -> bytes | None:
+        return stored.pop() if stored else None
+
+    assert read_committed(spec, b"k", get, lambda prefix: iter(()), 0) == (True, 7)
+    assert read_committed(spec, b"k", get, lambda prefix: iter(()), 0) == (False, -1)
