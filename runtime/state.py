@@ -77,9 +77,9 @@ def ttl_rearm(time: int, nxt: int, watermark: int) -> int:
     its next expiry being ``nxt``: not sooner than :data:`TTL_REARM_US` later, nor than half way
     to the watermark, so a key written on and on is not rescanned at every watermark tick, and
     one far behind the watermark (a jump, a drain) catches up in a few firings, not one per
-    expiry. Each firing deletes only what expired by its own time: timers fire in time order,
-    and a TTL timer waits for any timer its batch set behind it (worker/batch.py), so every
-    timer due earlier has read its key's state first."""
+    expiry. Each firing deletes only what expired by its own time, and nothing past a timer of
+    its key that its batch set earlier (worker/batch.py): timers fire in time order, so every
+    timer of the key due earlier and set before the firing reads its key's state first."""
     return min(END_OF_TIME, max(nxt, time + TTL_REARM_US, time + (watermark - time) // 2))
 
 

@@ -192,12 +192,10 @@ class BatchProcessor:
                 break
         if self._collected:
             self._run_batch(commit)
-        floor: int | None = None  # at the first TTL timer (they come last): the earliest timer the batch set
+        self._set_before: dict[bytes, int] | None = None  # made at the first TTL timer (they come last)
         for t in batch.due:
             k = (t.key, t.tag)
-            if t.tag.startswith(TTL_TAG) and floor is None:
-                floor = earliest_set(commit)
-            if self._stop or self._full() or (floor is not None and t.time > floor):  # (which reads first)
+            if self._stop or self._full():
                 self._stop = True
                 self._defer(batch, t)
                 continue
@@ -531,8 +529,12 @@ class BatchProcessor:
     def _expire(self, timer: Timer, ctx: KeyContext) -> None:
         """A key's typed-state TTL timer: delete what expired by its time, come back at the next expiry
         (runtime/state.py), but no sooner than ``ttl_rearm``: a key written on and on is not rescanned each tick."""
+        if self._set_before is None:
+            self._set_before = earliest_set(self._commit)
+        # Not past a timer of the key this batch set earlier: it reads as of its own time, next batch.
+        upto = min(timer.time, self._set_before.get(timer.key, timer.time))
         prefix = cell(timer.key, timer.tag[len(TTL_TAG):])
-        gone, nxt = expired(prefix, ctx.cell_scan(prefix), timer.time)
+        gone, nxt = expired(prefix, ctx.cell_scan(prefix), upto)
         for skey in gone:
             ctx.cell_delete(skey)
         if nxt is not None:

@@ -89,9 +89,12 @@ def pending_time(k: TimerKey, commit: Commit, due_now: dict[TimerKey, Timer], ca
     return None if t is None else t.time
 
 
-def earliest_set(commit: Commit) -> int:
-    """The earliest event-time timer a batch set so far (not a TTL timer; END_OF_TIME if none):
-    a TTL timer due later waits for it, as it reads its key's state as of its own time, and the
-    TTL firing deletes what expired by its own."""
-    return min((t.time for t in commit.timers_set.values()
-                if t.domain == TimeDomain.EVENT_TIME and not t.tag.startswith(TTL_TAG)), default=END_OF_TIME)
+def earliest_set(commit: Commit) -> dict[bytes, int]:
+    """Per key, the earliest event-time timer a batch set so far (not a TTL timer): a key's TTL
+    firing deletes nothing that expired after it, as that timer, firing in the next batch,
+    reads its key's state as of its own time."""
+    out: dict[bytes, int] = {}
+    for t in commit.timers_set.values():
+        if t.domain == TimeDomain.EVENT_TIME and not t.tag.startswith(TTL_TAG) and t.time < out.get(t.key, END_OF_TIME):
+            out[t.key] = t.time
+    return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -265,11 +266,11 @@ class TtlArmReader(Computation):
         ctx.produce("out", repr(ctx.state_of(self.value).get()).encode())
 
 
-def test_a_ttl_timer_waits_for_a_timer_its_batch_set_behind_it(tmp_path: Any) -> None:
+def test_a_ttl_firing_leaves_what_a_timer_its_batch_set_behind_it_is_to_read(tmp_path: Any) -> None:
     """Review of the last TTL fix: a timer set in the batch at a time before a due TTL timer's
     (a record's, or a window step's re-armed firing) fires in the next batch and reads as of
-    its own time; the TTL firing, last in the batch, deleted what it was to read. The TTL
-    timer now waits for it."""
+    its own time; the TTL firing, last in the batch, deleted what it was to read. The firing
+    now deletes nothing that expired after that timer; the re-armed TTL timer deletes it."""
     async def run() -> None:
         Collector.seen = []
         core = await make_core(str(tmp_path), routing(("ttl", f"{__name__}:TtlArmReader", ["in"], ["out"], {}),
@@ -282,6 +283,57 @@ def test_a_ttl_timer_waits_for_a_timer_its_batch_set_behind_it(tmp_path: Any) ->
         assert Collector.seen[0][2] == b"'first'"  # live at 5 s
         tablet = core.tablets[("ttl", 0)]
         await _until(lambda: not list(tablet.store.scan(cell(b"k", "v"))), "the value deleted after it")
+        await core.close_all()
+
+    asyncio.run(run())
+
+
+class TtlChain(Computation):
+    """A value that lives 10 s; the record ``arm`` starts a chain of timers at 5, 6, 7, 8 and 9 s,
+    each setting the next in its own batch (a trickle of timers behind a TTL timer). The step
+    at 6 s waits for the test to look at the store."""
+
+    value = ValueState("v", codecs.STR, ttl=10_000_000)
+    at_six = threading.Event()
+    go_on = threading.Event()
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        if record.value == b"arm":
+            ctx.set_timer("step", BASE + 5_000_000, TimeDomain.EVENT_TIME)
+        else:
+            ctx.state_of(self.value).set(record.value.decode())
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        if time == BASE + 6_000_000:
+            TtlChain.at_six.set()
+            assert TtlChain.go_on.wait(30), "the test did not let the chain go on"
+        ctx.produce("out", str(time - BASE).encode())
+        if time < BASE + 9_000_000:
+            ctx.set_timer("step", time + 1_000_000, TimeDomain.EVENT_TIME)
+
+
+def test_a_timer_another_key_set_behind_a_ttl_timer_does_not_hold_it_back(tmp_path: Any) -> None:
+    """Review of the TTL deferral (ca1a6d5): a TTL timer later than any timer its batch set, of
+    any key, waited a batch; a trickle of such timers (late records, timer chains) kept every
+    key's expired state stored and the tablet's watermark held at the TTL timer. Now a TTL
+    firing waits for nothing: it deletes no further than its own key's earlier timers."""
+    async def run() -> None:
+        Collector.seen = []
+        TtlChain.at_six.clear()
+        TtlChain.go_on.clear()
+        core = await make_core(str(tmp_path), routing(("ttl", f"{__name__}:TtlChain", ["in"], ["out"], {}),
+                                                      ("collect", "tests.core.jobs:Collector", ["out"], [], {})))
+        _queue(core, ("ttl", 0), _r(0, "first"))  # key k, lives until 10 s
+        await _until(lambda: (t := core.tablets.get(("ttl", 0))) is not None and t.processed == 1, "the value")
+        _queue(core, ("ttl", 0), _r(1, "arm", key=b"o"))  # another key's chain, from the batch that fires k's TTL
+        core.set_watermarks({"ttl": BASE + 100_000_000, "collect": BASE + 100_000_000})
+        await _until(TtlChain.at_six.is_set, "the chain's step at 6 s, two batches on")
+        try:
+            tablet = core.tablets[("ttl", 0)]
+            assert not list(tablet.store.scan(cell(b"k", "v"))), "k's expired value waited for o's chain"
+        finally:
+            TtlChain.go_on.set()
+        await _until(lambda: len(Collector.seen) == 5, "the whole chain")
         await core.close_all()
 
     asyncio.run(run())
