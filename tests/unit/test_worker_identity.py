@@ -137,7 +137,7 @@ def test_a_worker_whose_reports_the_leader_holds_newer_numbers_on_from_them() ->
 
     core = SimpleNamespace(report_seq=5, worker_id="w", secret="s", routing=SimpleNamespace(version=1),
                            limits=SimpleNamespace(progress_ms=1), now_ms=lambda: 0.0, problems=lambda: [],
-                           renewed=lambda *a: None, release=lambda r: None, set_watermarks=lambda w: None,
+                           renewed=lambda *a: None, release=lambda r: None, set_watermarks=lambda w, v: None,
                            lease_held=lambda: True)
     def next_report() -> tuple[int, list[object]]:  # (numbered as the worker's core does)
         seq = core.report_seq
