@@ -140,9 +140,10 @@ class MasterServicer(rpc.MasterServicer):
                                         list(request.problems), request.routing_version)
         except UnknownWorkerError:
             return pb.HeartbeatResponse(known=False, routing_version=core.version)
+        dropped = core.image.dropped  # read with the watermarks: no await between
         return pb.HeartbeatResponse(known=True, routing_version=core.version, input_watermarks=watermarks,
-                                    lease_ms=core.config.lease_ms,
-                                    reported=core.reported())
+                                    lease_ms=core.config.lease_ms, reported=core.reported(), sends_dropped=True,
+                                    dropped={c: dropped[c] for c in watermarks if c in dropped})
 
     async def LeaveWorker(self, request: pb.LeaveRequest, context: Any) -> pb.LeaveResponse:
         core = await self._leader(context)

@@ -360,6 +360,18 @@ class RaiseOnZero(Computation):
         ctx.produce("out", [record.value.start, record.value.value])
 
 
+class PreviousWindow(Computation):
+    """Fed WindowResults: passes on the start of the key's window before (kept 10 s in a TTL'd
+    value, or None) and keeps this one's."""
+
+    last = ValueState("last", codecs.INT, ttl=10_000_000)
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        last = ctx.state_of(self.last)
+        ctx.produce("out", [last.get(), record.value.start])
+        last.set(record.value.start)
+
+
 class UndoneTrySink(FileSink):
     """The first try of each value sets a timer, clears and appends to its list, writes its raw
     state, then raises; later tries only append. Its timer writes a line if it ever fires."""

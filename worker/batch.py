@@ -192,7 +192,7 @@ class BatchProcessor:
                 break
         if self._collected:
             self._run_batch(commit)
-        self._set_before: dict[bytes, int] | None = None  # made at the first TTL timer (they come last)
+        self._set_before: tuple[dict[bytes, int], int] | None = None  # at the first TTL timer (they come last)
         for t in batch.due:
             k = (t.key, t.tag)
             if self._stop or self._full():
@@ -529,10 +529,9 @@ class BatchProcessor:
     def _expire(self, timer: Timer, ctx: KeyContext) -> None:
         """A key's typed-state TTL timer: delete what expired by its time, come back at the next expiry
         (runtime/state.py), but no sooner than ``ttl_rearm``: a key written on and on is not rescanned each tick."""
-        if self._set_before is None:
-            self._set_before = earliest_set(self._commit)
-        # Not past a timer of the key this batch set earlier: it reads as of its own time, next batch.
-        upto = min(timer.time, self._set_before.get(timer.key, timer.time))
+        # Not past a timer this batch set earlier for the key (or a window step's, for many keys):
+        keys, every = self._set_before = self._set_before or earliest_set(self._commit)  # it reads next batch
+        upto = min(timer.time, keys.get(timer.key, timer.time), every)
         prefix = cell(timer.key, timer.tag[len(TTL_TAG):])
         gone, nxt = expired(prefix, ctx.cell_scan(prefix), upto)
         for skey in gone:

@@ -96,7 +96,6 @@ class WorkerCore:
         self.watermarks_known = not await_watermarks
         self.waiting_bytes = 0  # deliveries waiting for room in full tablets (max_worker_waiting_bytes)
         self._dropped_seen: dict[str, int] = {}  # the routing's "dropped" ids as last applied
-        self._dropped_at: dict[str, int] = {}  # the routing version that dropped each, here
         # Progress reports are numbered from this process's start time (µs), so a restarted
         # worker's first report is newer than any its previous process handed out as a
         # receipt: a sender (an injector, another worker) holding the receipt of a commit
@@ -187,7 +186,6 @@ class WorkerCore:
             # watermark means nothing for the new one.
             if self._dropped_seen.get(d.computation) != d.below:
                 self._dropped_seen[d.computation] = d.below
-                self._dropped_at[d.computation] = routing.version
                 self.watermarks.pop(d.computation, None)
         # On the loop, but bounded: imports are refused outside the code policy before
         # anything runs, and an allowed module is imported once.
@@ -617,18 +615,19 @@ class WorkerCore:
         fire on, what its records are late against, ``ctx.low_watermark``."""
         return self.watermarks.get(computation, WATERMARK_MIN)
 
-    def set_watermarks(self, inputs: dict[str, int], as_of: int | None = None) -> None:
-        """Adopt the leader's input watermarks (never moving one backwards here), as of its
-        routing version ``as_of``: an answer older than the routing that dropped a computation
-        speaks of the dropped one, not of one submitted again under its name. An answer with
-        none is a leader that has not computed them yet (a new one, before its first tick):
-        they are not known from it, and no batch may run on the start of time."""
+    def set_watermarks(self, inputs: dict[str, int], dropped: dict[str, int] | None = None) -> None:
+        """Adopt the leader's input watermarks (never moving one backwards here). ``dropped``:
+        the answer's Routing.dropped ids of those computations; one that differs from what this
+        worker's routing says speaks of another incarnation (an answer built before a computation
+        was deleted and submitted again under its name). An answer with none is a leader that
+        has not computed them yet (a new one, before its first tick): they are not known from
+        it, and no batch may run on the start of time."""
         if not inputs and not self.watermarks_known:
             return
         advanced = set()
-        dropped_at = self._dropped_at
+        seen = self._dropped_seen
         for comp, wm in inputs.items():
-            if as_of is not None and as_of < dropped_at.get(comp, -1):
+            if dropped is not None and dropped.get(comp, 0) != seen.get(comp, 0):
                 continue
             if wm > self.watermarks.get(comp, WATERMARK_MIN):
                 self.watermarks[comp] = wm

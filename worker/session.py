@@ -116,7 +116,7 @@ class MasterSession:
                     log.warning("the leader holds report %d of this worker, past ours (%d); numbering on from it",
                                 newest, seq)
                     self.core.report_seq = max(self.core.report_seq, newest + 1)
-                self.core.set_watermarks(dict(resp.input_watermarks), resp.routing_version)
+                self.core.set_watermarks(dict(resp.input_watermarks), dict(resp.dropped) if resp.sends_dropped else None)
                 # A routing stream can outlive its master's leadership (a deposed leader that
                 # did not die): if the leader's version stays ahead of ours, watch anew.
                 behind = resp.routing_version > self.core.routing.version

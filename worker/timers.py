@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 
 from runtime.computation import TimeDomain
+from runtime.flows.ops import TIMER_PREFIX
 from runtime.record import END_OF_TIME
 from runtime.state import TTL_TAG
 from worker.storage import Commit, Timer
@@ -89,12 +90,19 @@ def pending_time(k: TimerKey, commit: Commit, due_now: dict[TimerKey, Timer], ca
     return None if t is None else t.time
 
 
-def earliest_set(commit: Commit) -> dict[bytes, int]:
-    """Per key, the earliest event-time timer a batch set so far (not a TTL timer): a key's TTL
-    firing deletes nothing that expired after it, as that timer, firing in the next batch,
-    reads its key's state as of its own time."""
+def earliest_set(commit: Commit) -> tuple[dict[bytes, int], int]:
+    """Per key, the earliest event-time timer a batch set so far (not a TTL timer), and the
+    earliest of a flow's window steps (``flow/<step>/@<time>``: it fires windows of many keys,
+    filed under one). A key's TTL firing deletes nothing that expired after either: such a
+    timer, firing in the next batch, reads its keys' state as of its own time."""
     out: dict[bytes, int] = {}
+    every = END_OF_TIME
     for t in commit.timers_set.values():
-        if t.domain == TimeDomain.EVENT_TIME and not t.tag.startswith(TTL_TAG) and t.time < out.get(t.key, END_OF_TIME):
+        tag = t.tag
+        if t.domain != TimeDomain.EVENT_TIME or tag.startswith(TTL_TAG):
+            continue
+        if t.time < out.get(t.key, END_OF_TIME):
             out[t.key] = t.time
-    return out
+        if tag.startswith(TIMER_PREFIX) and tag.startswith("@", tag.find("/", len(TIMER_PREFIX)) + 1):
+            every = min(every, t.time)
+    return out, every

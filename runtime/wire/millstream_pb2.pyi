@@ -399,7 +399,7 @@ class TabletProblem(_message.Message):
     def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., error: _Optional[str] = ..., attempts: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("known", "routing_version", "input_watermarks", "reported", "lease_ms")
+    __slots__ = ("known", "routing_version", "input_watermarks", "reported", "lease_ms", "dropped", "sends_dropped")
     class InputWatermarksEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -414,17 +414,28 @@ class HeartbeatResponse(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class DroppedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     KNOWN_FIELD_NUMBER: _ClassVar[int]
     ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
     INPUT_WATERMARKS_FIELD_NUMBER: _ClassVar[int]
     REPORTED_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    SENDS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     known: bool
     routing_version: int
     input_watermarks: _containers.ScalarMap[str, int]
     reported: _containers.ScalarMap[str, int]
     lease_ms: int
-    def __init__(self, known: _Optional[bool] = ..., routing_version: _Optional[int] = ..., input_watermarks: _Optional[_Mapping[str, int]] = ..., reported: _Optional[_Mapping[str, int]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+    dropped: _containers.ScalarMap[str, int]
+    sends_dropped: bool
+    def __init__(self, known: _Optional[bool] = ..., routing_version: _Optional[int] = ..., input_watermarks: _Optional[_Mapping[str, int]] = ..., reported: _Optional[_Mapping[str, int]] = ..., lease_ms: _Optional[int] = ..., dropped: _Optional[_Mapping[str, int]] = ..., sends_dropped: _Optional[bool] = ...) -> None: ...
 
 class InjectorReport(_message.Message):
     __slots__ = ("name", "stream", "watermark", "incarnation", "release", "idle", "retired")

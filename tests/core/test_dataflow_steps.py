@@ -223,6 +223,30 @@ def test_a_handle_kept_from_one_key_is_refused_for_the_next_key_of_the_same_call
         assert all("call ctx.state_of(...) again" in _j(r)["error"] for r in letters)
 
 
+def test_a_ttl_firing_leaves_what_a_window_firing_it_overtakes_is_to_read(monkeypatch: Any) -> None:
+    """Review of the TTL bound: a window step's timer fires many keys' windows under one key;
+    a firing that ran out of its slice set itself again for the others, and their TTL timers
+    in the same batch deleted what those windows were to read at their own time."""
+    from runtime.flows import windowing
+    monkeypatch.setattr(windowing, "FIRE_SLICE_S", 0.0)  # one chunk of windows per call
+    keys = [b"k%02d" % i for i in range(40)]
+    flow = Dataflow("prev", key_ranges=1)
+    flow.input("ev", codec=codecs.INT, keyed=True).window(Tumbling(SECOND), Sum(), name="sums") \
+        .process(j.PreviousWindow, name="prev").output("out", codec=codecs.JSON)
+    with TestRun(flow) as run:
+        run.inject_batch("ev", [(k, b"1", T0) for k in keys])
+        run.advance_watermark("ev", T0 + 2 * SECOND)
+        run.run_until_idle()  # each key's value: T0, until T0 + 1 s + 10 s
+        run.inject_batch("ev", [(k, b"1", T0 + 5 * SECOND) for k in keys])
+        run.run_until_idle()
+        run.advance_watermark("ev", T0 + 100 * SECOND)  # the windows at 6 s and the TTL timers at 11 s at once
+        run.run_until_idle()
+        got = defaultdict(list)
+        for r in run.output("out"):
+            got[r.key].append(_j(r))
+    assert got == {k: [[None, T0], [T0, T0 + 5 * SECOND]] for k in keys}
+
+
 def test_a_failed_try_of_a_fused_sink_takes_back_its_timer_list_and_state(tmp_path: Any) -> None:
     """A sink's first try of each record sets a timer, rewrites its list and its ``ctx.state``,
     then raises: the retry sees none of it, and the timer never fires."""
