@@ -315,13 +315,8 @@ def bind(spec: object, cells: Cells) -> ValueHandle | ListHandle | MapHandle:
                     f"class, not {type(spec).__name__}")
 
 
-def merged(base: Iterator[tuple[bytes, bytes]], pending: dict[bytes, bytes | None],
-           cleared: Iterable[bytes] = ()) -> Iterator[tuple[bytes, bytes]]:
-    """``base`` (sorted by key) with ``pending`` writes over it (None deletes) and what lies under
-    ``cleared`` prefixes of ``base`` left out; sorted by key."""
-    cleared = tuple(cleared)
-    if cleared:
-        base = ((k, v) for k, v in base if not k.startswith(cleared))
+def merged(base: Iterator[tuple[bytes, bytes]], pending: dict[bytes, bytes | None]) -> Iterator[tuple[bytes, bytes]]:
+    """``base`` (sorted by key) with ``pending`` writes over it (None deletes); sorted by key."""
     over = sorted(pending.items())
     tagged_base = ((k, 1, v) for k, v in base)
     tagged_over = ((k, 0, v) for k, v in over)

@@ -544,8 +544,6 @@ class BatchProcessor:
         c = self._commit
         if skey in c.cells:
             return c.cells[skey]
-        if c.cleared and skey.startswith(tuple(c.cleared)):
-            return None
         try:
             return self._cached[skey]
         except KeyError:
@@ -554,9 +552,7 @@ class BatchProcessor:
     def scan_cells(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         c = self._commit
         pending = {k: v for k, v in c.cells.items() if k.startswith(prefix)}
-        if any(prefix.startswith(p) for p in c.cleared):
-            return merged(iter(()), pending)
-        return merged(self.store.scan(prefix), pending, [p for p in c.cleared if p.startswith(prefix)])
+        return merged(self.store.scan(prefix), pending)
 
     def read_state(self, key: bytes) -> bytes | None:
         skey = state_key(key)
@@ -636,10 +632,6 @@ class BatchProcessor:
         not only once committed (review N22)."""
         low = ts
         if eff is not None:
-            for prefix in eff.cleared:
-                for skey in [s for s in commit.cells if s.startswith(prefix)]:
-                    del commit.cells[skey]
-                commit.cleared.append(prefix)
             if eff.cells:
                 commit.cells.update(eff.cells)
             if eff.timers_deleted or eff.timers_set:

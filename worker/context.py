@@ -48,11 +48,10 @@ class Effects:
     it returned. (Its ``ctx.state`` writes and productions go straight into the batch, undone
     if it raised: :meth:`KeyContext.undo`.) Made only for a call that uses them."""
 
-    __slots__ = ("timers_set", "timers_deleted", "cells", "cleared")
+    __slots__ = ("timers_set", "timers_deleted", "cells")
 
     def __init__(self) -> None:
         self.cells: dict[bytes, bytes | None] = {}  # typed state (runtime/state.py): writes, None deletes
-        self.cleared: list[bytes] = []              # ... and cleared prefixes, before those writes
         self.timers_set: dict[tuple[bytes, str], Timer] = {}
         self.timers_deleted: set[tuple[bytes, str]] = set()
 
@@ -259,16 +258,12 @@ class KeyContext(Context):
         eff = self.effects
         if skey in eff.cells:
             return eff.cells[skey]
-        if eff.cleared and skey.startswith(tuple(eff.cleared)):
-            return None
         return self.read_cell(skey)
 
     def cell_scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         eff = self.effects
         pending = {k: v for k, v in eff.cells.items() if k.startswith(prefix)}
-        if any(prefix.startswith(p) for p in eff.cleared):
-            return merged(iter(()), pending)
-        return merged(self.scan_cells(prefix), pending, [p for p in eff.cleared if p.startswith(prefix)])
+        return merged(self.scan_cells(prefix), pending)
 
     def cell_put(self, skey: bytes, stored: bytes) -> None:
         _check_size(stored, MAX_VALUE_BYTES, "state value")
@@ -278,10 +273,12 @@ class KeyContext(Context):
         self.effects.cells[skey] = None
 
     def cell_clear(self, prefix: bytes) -> None:
-        eff = self.effects
-        for k in [k for k in eff.cells if k.startswith(prefix)]:
-            del eff.cells[k]
-        eff.cleared.append(prefix)
+        """Each entry under ``prefix`` deleted, one by one: a range delete would leave RocksDB a
+        range tombstone that every iterator made afterwards pays for, until a compaction (a
+        join firing thousands of windows, each cleared, made its own scans quadratic)."""
+        cells = self.effects.cells
+        for skey, _ in list(self.cell_scan(prefix)):
+            cells[skey] = None
 
     def expire_at(self, name: str, time: int) -> None:
         """The runtime's timer that deletes this key's expired entries of state ``name``: at

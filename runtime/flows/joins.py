@@ -64,9 +64,11 @@ class Join(EventTimeOp):
             sides: list[list[Any]] = [[], []]
             for side in (0, 1):
                 base = self._base(key, start, side)
-                for _, stored in ctx.cell_scan(base + ENTRY):  # type: ignore[attr-defined]
-                    sides[side].append(VALUES.decode(payload(stored)))
-                ctx.cell_clear(base)  # type: ignore[attr-defined]
+                entry = len(base)
+                for skey, stored in ctx.cell_scan(base):  # type: ignore[attr-defined]
+                    if skey[entry:entry + 1] == ENTRY:  # (then its COUNT)
+                        sides[side].append(VALUES.decode(payload(stored)))
+                    ctx.cell_delete(skey)  # type: ignore[attr-defined]
                 self._counts.pop((key, start, side), None)
             out += [(key, (left, right), time) for left in sides[0] for right in sides[1]]
         self.emit(ctx, out)

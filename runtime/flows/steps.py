@@ -257,15 +257,11 @@ class _Attempt:
     def state_of(self, spec: Any) -> Any:
         return bind(spec, self)  # type: ignore[arg-type]
 
-    def _keep_cells(self, skeys: list[bytes], prefix: bytes | None = None) -> None:
-        eff = self._ctx.effects  # type: ignore[attr-defined]
-        cells, cleared = eff.cells, eff.cleared
-        saved, n = [(s, s in cells, cells.get(s)) for s in skeys], len(cleared)
+    def _keep_cells(self, skeys: list[bytes]) -> None:
+        cells = self._ctx.effects.cells  # type: ignore[attr-defined]
+        saved = [(s, s in cells, cells.get(s)) for s in skeys]
 
         def undo() -> None:
-            for s in [s for s in cells if prefix is not None and s.startswith(prefix)]:
-                del cells[s]
-            del cleared[n:]
             for s, had, old in saved:
                 if had:
                     cells[s] = old
@@ -294,7 +290,7 @@ class _Attempt:
         self._ctx.cell_delete(skey)  # type: ignore[attr-defined]
 
     def cell_clear(self, prefix: bytes) -> None:
-        self._keep_cells([s for s in self._ctx.effects.cells if s.startswith(prefix)], prefix)  # type: ignore[attr-defined]
+        self._keep_cells([s for s, _ in self._ctx.cell_scan(prefix)])  # type: ignore[attr-defined]
         self._ctx.cell_clear(prefix)  # type: ignore[attr-defined]
 
     def expire_at(self, name: str, time: int) -> None:

@@ -125,6 +125,30 @@ def test_a_window_join_pairs_every_left_with_every_right_of_its_key_and_window()
     assert got == expected and expected
 
 
+def test_a_join_firing_deletes_its_windows_entry_by_entry(monkeypatch: Any) -> None:
+    """A window's join buffers were cleared with a range delete per side: each left RocksDB a
+    range tombstone that every iterator made afterwards paid for, so a firing of thousands of
+    windows made its own scans quadratic (measured: 100 µs a key at 1,000 keys, 215 at
+    16,000). Typed state is now deleted entry by entry, and nothing of the join is left."""
+    from worker import storage
+    ranges: list[bytes] = []
+    real = storage._Writes.delete_range
+    monkeypatch.setattr(storage._Writes, "delete_range",
+                        lambda self, start, end: (ranges.append(start), real(self, start, end))[1])
+    flow = Dataflow("jd", key_ranges=1)
+    left, right = flow.input("l", keyed=True, codec=codecs.JSON), flow.input("r", keyed=True, codec=codecs.JSON)
+    left.join(right, Tumbling(SECOND), name="pairs").output("pairs", codec=codecs.JSON)
+    with TestRun(flow) as run:
+        run.inject_batch("l", [(b"k%d" % i, b"1", T0 + i) for i in range(50)])
+        run.inject_batch("r", [(b"k%d" % i, b"2", T0 + i) for i in range(50)])
+        run.finish("l")
+        run.finish("r")
+        run.run_until_idle()
+        assert len(run.output("pairs")) == 50
+        assert list(run._tablet("pairs", b"k0").store.scan(TYPED)) == [], "the join's buffers and counts stayed"
+    assert [s for s in ranges if s.startswith(TYPED)] == []
+
+
 def test_an_interval_join_pairs_within_the_bounds_as_soon_as_both_are_in() -> None:
     rng = random.Random(5)
     lower, upper = -200_000, 300_000
