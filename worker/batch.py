@@ -23,7 +23,7 @@ from runtime.delivery import Status
 from runtime.errors import MillstreamError
 from runtime.record import Record, derived_id
 from runtime.sinks import committed_hook, is_sink, sink_batch_fn
-from runtime.state import TTL_TAG, cell, expired, merged, ttl_rearm
+from runtime.state import TTL_TAG, Pending, cell, expired, merged, ttl_rearm
 from runtime.status import show_key
 from runtime.topology import dead_letter, dead_letter_stream
 from worker.context import _UNSAVED, Effects, KeyContext
@@ -109,6 +109,7 @@ class BatchProcessor:
                               lambda k: pending_time(k, self._commit, self._due_now, self._cancelled, self.timers))
         self.late = self.dead_lettered = 0
         self._commit = Commit()
+        self._pending = Pending(self._commit.cells)  # its typed-state writes, indexed for scans
         self._due_now: dict[tuple[bytes, str], Timer] = {}   # timers the current batch fires
         self._cancelled: set[tuple[bytes, str]] = set()     # ... that its records deleted or moved
         self._limit = 0         # the batch's bound on records and timers
@@ -551,8 +552,9 @@ class BatchProcessor:
 
     def scan_cells(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         c = self._commit
-        pending = {k: v for k, v in c.cells.items() if k.startswith(prefix)}
-        return merged(self.store.scan(prefix), pending)
+        if self._pending.cells is not c.cells:
+            self._pending = Pending(c.cells)
+        return merged(self.store.scan(prefix), self._pending.under(prefix))
 
     def read_state(self, key: bytes) -> bytes | None:
         skey = state_key(key)

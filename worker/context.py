@@ -9,7 +9,7 @@ from typing import Any
 from runtime.computation import Context, State, TimeDomain
 from runtime.errors import MillstreamError, UsageError
 from runtime.record import END_OF_TIME, MAX_KEY_BYTES, MAX_VALUE_BYTES, MIN_TIME
-from runtime.state import TTL_TAG, bind, merged
+from runtime.state import TTL_TAG, Pending, bind, merged
 from worker.storage import Timer
 
 MAX_TAG_BYTES = 1024
@@ -48,10 +48,11 @@ class Effects:
     it returned. (Its ``ctx.state`` writes and productions go straight into the batch, undone
     if it raised: :meth:`KeyContext.undo`.) Made only for a call that uses them."""
 
-    __slots__ = ("timers_set", "timers_deleted", "cells")
+    __slots__ = ("timers_set", "timers_deleted", "cells", "pending")
 
     def __init__(self) -> None:
         self.cells: dict[bytes, bytes | None] = {}  # typed state (runtime/state.py): writes, None deletes
+        self.pending: Pending | None = None          # ... indexed for scans, once one scans
         self.timers_set: dict[tuple[bytes, str], Timer] = {}
         self.timers_deleted: set[tuple[bytes, str]] = set()
 
@@ -262,8 +263,10 @@ class KeyContext(Context):
 
     def cell_scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         eff = self.effects
-        pending = {k: v for k, v in eff.cells.items() if k.startswith(prefix)}
-        return merged(self.scan_cells(prefix), pending)
+        pending = eff.pending
+        if pending is None:
+            pending = eff.pending = Pending(eff.cells)
+        return merged(self.scan_cells(prefix), pending.under(prefix))
 
     def cell_put(self, skey: bytes, stored: bytes) -> None:
         _check_size(stored, MAX_VALUE_BYTES, "state value")

@@ -258,7 +258,8 @@ class _Attempt:
         return bind(spec, self)  # type: ignore[arg-type]
 
     def _keep_cells(self, skeys: list[bytes]) -> None:
-        cells = self._ctx.effects.cells  # type: ignore[attr-defined]
+        eff = self._ctx.effects  # type: ignore[attr-defined]
+        cells = eff.cells
         saved = [(s, s in cells, cells.get(s)) for s in skeys]
 
         def undo() -> None:
@@ -267,6 +268,8 @@ class _Attempt:
                     cells[s] = old
                 else:
                     cells.pop(s, None)
+                    if eff.pending is not None:
+                        eff.pending.forget()
         self._undo.append(undo)
 
     def _keep_timer(self, tag: str) -> None:
