@@ -469,15 +469,30 @@ def _plain(value: Any) -> Any:
     return repr(value)
 
 
-def read_as_json(cls: type, name: str, key: bytes, get: Any, scan: Any, watermark: int) -> bytes | None:
-    """The typed state ``name`` declared on computation class ``cls``, of ``key``, as JSON text;
-    None when nothing live is stored. :class:`ConfigError` names the declared states when
-    ``cls`` declares none called ``name``."""
-    specs = declared(cls)
+def readable_states(comp: object) -> dict[str, StateSpec]:
+    """The typed states that ``millstream state get --state`` and Spark's ``read_state`` name
+    on a computation, by the names they take: those its class declares; a flow's stage says
+    its own (its steps' state, runtime/flows/stage.py)."""
+    own = getattr(comp, "readable_states", None)
+    if own is not None and not isinstance(comp, type):
+        return own()  # type: ignore[no-any-return]
+    return declared(comp if isinstance(comp, type) else type(comp))
+
+
+def readable_spec(comp: object, name: str) -> StateSpec:
+    """The spec :func:`readable_states` names ``name``; :class:`ConfigError` naming them all when none is."""
+    specs = readable_states(comp)
     spec = specs.get(name)
     if spec is None:
-        have = ", ".join(f"{s.name!r} ({type(s).__name__})" for s in specs.values()) or "none"
-        raise ConfigError(f"computation class {cls.__name__} declares no typed state {name!r} (it declares: "
+        have = ", ".join(f"{n!r} ({type(s).__name__})" for n, s in specs.items()) or "none"
+        raise ConfigError(f"computation class {type(comp).__name__} declares no typed state {name!r} (it declares: "
                          f"{have}); name one of them, or leave out --state to read ctx.state")
+    return spec
+
+
+def read_as_json(comp: object, name: str, key: bytes, get: Any, scan: Any, watermark: int) -> bytes | None:
+    """The typed state ``name`` (:func:`readable_states`) of computation ``comp``, of ``key``,
+    as JSON text; None when nothing live is stored."""
+    spec = readable_spec(comp, name)
     found, value = read_committed(spec, key, get, scan, watermark)
     return json.dumps(_plain(value)).encode() if found else None

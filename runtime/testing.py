@@ -272,11 +272,16 @@ class TestRun:
 
     def typed_state(self, computation: str, key: bytes, spec: Any) -> Any:
         """The committed value of typed state ``spec`` for ``key``: the value of a
-        ``ValueState``, a list for a ``ListState``, a dict for a ``MapState``."""
-        from runtime.state import ListHandle, MapHandle, bind
+        ``ValueState``, a list for a ``ListState``, a dict for a ``MapState``. ``spec`` may be
+        the name ``millstream state get --state`` takes (in a flow's stage: ``"<reduce step>"``,
+        ``"<process step>/<state>"``)."""
+        from runtime.state import ListHandle, MapHandle, bind, readable_spec
         from worker.context import KeyContext
 
-        store = self._tablet(computation, key).store
+        tablet = self._tablet(computation, key)
+        store = tablet.store
+        if isinstance(spec, str):
+            spec = readable_spec(tablet.proc.comp, spec)
         ctx = KeyContext(frozenset(), store.get_state, lambda: self._core.watermark(computation),
                          lambda: self.now_us, store.get_cell, store.scan)
         ctx.begin(key, self._core.watermark(computation))  # TTL judged at the watermark

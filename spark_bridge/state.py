@@ -23,7 +23,9 @@ def read_state(spark: Any, savepoint_dir: str, computation: str, state: str | No
     null where they are not) and the ``key_range`` that held it.
 
     With ``state``: the typed state of that name declared on the computation's class (its
-    ``ValueState``, ``ListState`` or ``MapState``), decoded with its codec: one row per value,
+    ``ValueState``, ``ListState`` or ``MapState``; in a flow's stage, a ``reduce`` step's value
+    by the step's name, a ``process`` step's ``ctx.state`` by its name and its typed states as
+    ``<step>/<state>``), decoded with its codec: one row per value,
     list element or map entry, with ``key``, ``key_bytes``, ``item`` (null for a value, the
     index of a list element, the map key as text) and ``value`` (the decoded value as JSON
     text); entries expired at the savepoint's watermark are left out.
@@ -43,24 +45,25 @@ def read_state(spark: Any, savepoint_dir: str, computation: str, state: str | No
         rdd = spark.sparkContext.parallelize(paths, len(paths)).flatMap(_rows)
         return spark.createDataFrame(rdd, SCHEMA)
     code = json.loads(manifest["topology"])
-    spec_path = next(c["code"] for c in code["computations"] if c["name"] == computation)
-    _spec(spec_path, state)  # a clear error here, not in a task
+    spec = next(c for c in code["computations"] if c["name"] == computation)
+    spec_path, params = spec["code"], spec.get("params", {})
+    _spec(spec_path, params, state)  # a clear error here, not in a task
     wm = int(manifest.get("watermarks", {}).get(computation, MIN_TIME))
-    items = [(r, p, spec_path, state, wm) for r, p in paths]
+    items = [(r, p, spec_path, params, state, wm) for r, p in paths]
     rdd = spark.sparkContext.parallelize(items, len(items)).flatMap(_typed_rows)
     return spark.createDataFrame(rdd, TYPED_SCHEMA)
 
 
-def _spec(code: str, name: str) -> Any:
+def _spec(code: str, params: dict[str, str], name: str) -> Any:
     from runtime.imports import load
-    from runtime.state import ListState, MapState, ValueState
+    from runtime.state import readable_states
 
     cls = load(code, "computation code")
-    specs = {s.name: s for s in vars(cls).values() if isinstance(s, (ValueState, ListState, MapState))}
-    for base in getattr(cls, "__mro__", ())[1:]:
-        for s in vars(base).values():
-            if isinstance(s, (ValueState, ListState, MapState)):
-                specs.setdefault(s.name, s)
+    comp = cls
+    if hasattr(cls, "readable_states"):  # a flow's stage: its steps' state, once it is set up from its plan
+        comp = cls()
+        comp.setup(params)
+    specs = readable_states(comp)
     if name not in specs:
         raise MillstreamError(f"{code} declares no typed state {name!r} (it declares "
                               f"{', '.join(sorted(specs)) or 'none'})")
@@ -71,16 +74,16 @@ def _text(obj: Any) -> str:
     return obj if isinstance(obj, str) else json.dumps(obj, default=repr)
 
 
-def _typed_rows(item: tuple[int, str, str, str, int]) -> list[tuple[str, bytes, str | None, str, int]]:
+def _typed_rows(item: tuple[int, str, str, dict[str, str], str, int]) -> list[tuple[str, bytes, str | None, str, int]]:
     from runtime.state import ELEMENT, ENTRY, VALUE, is_expired, payload, split_cell
     from worker.storage import saved_entries
 
-    key_range, path, code, name, wm = item
-    spec = _spec(code, name)
+    key_range, path, code, params, name, wm = item
+    spec = _spec(code, params, name)
     out = []
     for skey, stored in saved_entries(path, b"Y"):
         key, sname, rest = split_cell(skey)
-        if sname != name or rest[:1] not in (VALUE, ELEMENT, ENTRY) or is_expired(stored, wm):
+        if sname != spec.name or rest[:1] not in (VALUE, ELEMENT, ENTRY) or is_expired(stored, wm):
             continue
         if rest[:1] == VALUE:
             what = None

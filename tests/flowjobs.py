@@ -372,6 +372,17 @@ class PreviousWindow(Computation):
         last.set(record.value.start)
 
 
+class Remember(Computation):
+    """Keeps every value of its key in a typed list, and the last one in ``ctx.state``."""
+
+    seen = ListState("seen", codecs.INT)
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.state_of(self.seen).append(record.value)
+        ctx.state.set(str(record.value).encode())
+        ctx.produce("out", record.value)
+
+
 class UndoneTrySink(FileSink):
     """The first try of each value sets a timer, clears and appends to its list, writes its raw
     state, then raises; later tries only append. Its timer writes a line if it ever fires."""

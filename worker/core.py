@@ -473,7 +473,7 @@ class WorkerCore:
             raise NotOwnerError(f"tablet {computation}/{key_range} is not open on this worker under token {token}; "
                            "it is moving or reopening: try again")
         if state:
-            return await asyncio.to_thread(read_as_json, type(tablet.proc.comp), state, key, tablet.store.get_cell,
+            return await asyncio.to_thread(read_as_json, tablet.proc.comp, state, key, tablet.store.get_cell,
                                            tablet.store.scan, self.watermark(computation))
         return await asyncio.to_thread(tablet.store.get_state, key)
 

@@ -26,11 +26,12 @@ from runtime.flows import PLAN_PARAM, refs
 from runtime.flows.joins import IntervalJoin, Join
 from runtime.flows.ops import TIMER_PREFIX, Emit, Filter, FlatMap, Item, Map, Op, Reduce
 from runtime.flows.steps import Process, SinkStep
+from runtime.flows.values import VALUES
 from runtime.flows.windowing import EventTimeOp, FiringClock, Window
 from runtime.imports import load
 from runtime.record import Record
 from runtime.sinks import Sink, call_restore
-from runtime.state import TYPED, split_cell
+from runtime.state import TYPED, StateSpec, ValueState, declared, split_cell
 from runtime.topology import dead_letter_stream
 
 
@@ -276,6 +277,20 @@ class FlowStage(Computation):
     def _abort(self) -> None:
         for op in self._stateful:
             op.abort()
+
+    def readable_states(self) -> dict[str, StateSpec]:
+        """What ``millstream state get --state`` and Spark's ``read_state`` name in this stage
+        (runtime/state.py ``readable_states``): a ``reduce`` step's running value by the step's
+        name; a ``process`` or ``sink`` step's ``ctx.state`` by its name, and each typed state
+        its class declares as ``<step>/<state>``."""
+        specs: dict[str, StateSpec] = {}
+        for name, op in self.ops.items():
+            if isinstance(op, Reduce):
+                specs[name] = ValueState(op.state_name, VALUES)
+            elif isinstance(op, Process):
+                specs[name] = op.raw
+                specs.update({f"{name}/{s.name}": op.renamed(s) for s in declared(type(op.comp)).values()})
+        return specs
 
     # ------------------------------------------------------------------ opening
 

@@ -247,6 +247,28 @@ def test_a_ttl_firing_leaves_what_a_window_firing_it_overtakes_is_to_read(monkey
     assert got == {k: [[None, T0], [T0, T0 + 5 * SECOND]] for k in keys}
 
 
+def test_a_flows_state_is_read_by_its_steps_names() -> None:
+    """A flow's state was unreadable from outside (``state get --state``, Spark): its stage
+    declares none. It names its steps' now: a reduce step's running value by the step's name,
+    a process step's ``ctx.state`` by its name and its typed states as ``<step>/<state>``."""
+    from runtime.errors import ConfigError
+    flow = Dataflow("rs", key_ranges=1)
+    flow.input("w", codec=codecs.STR).flat_map(j.words).key_by(j.word_key).map(j.one) \
+        .reduce(j.add, name="counts").process(j.Remember, name="remember").output("out", codec=codecs.INT)
+    [stage] = [c for c in flow.topology().computations if c != "rs.input"]
+    with TestRun(flow) as run:
+        run.inject("w", b"", b"a b a", T0)
+        run.inject("w", b"", b"a", T0 + 1)
+        run.run_until_idle()
+        assert run.typed_state(stage, b"a", "counts") == 3
+        assert run.typed_state(stage, b"b", "counts") == 1
+        assert run.typed_state(stage, b"a", "remember") == b"3"
+        assert run.typed_state(stage, b"a", "remember/seen") == [1, 2, 3]
+        with pytest.raises(ConfigError, match=r"no typed state 'seen' .*'counts' \(ValueState\), 'remember' "
+                                              r"\(ValueState\), 'remember/seen' \(ListState\)"):
+            run.typed_state(stage, b"a", "seen")
+
+
 def test_a_failed_try_of_a_fused_sink_takes_back_its_timer_list_and_state(tmp_path: Any) -> None:
     """A sink's first try of each record sets a timer, rewrites its list and its ``ctx.state``,
     then raises: the retry sees none of it, and the timer never fires."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
+import sys
 from collections import defaultdict
 
 from cli.demo import oracle, sample_lines
@@ -42,6 +44,13 @@ def test_a_flow_word_count_is_exact_through_a_worker_sigkill(cluster: Cluster) -
     rows = list(read_file_sink(out))
     assert wordcount.final_counts(rows) == expected
     assert len(rows) == total
+    # The flow's state, read from outside: the reduce step's running count, by the step's name.
+    word, n = max(expected.items(), key=lambda kv: kv[1])
+    assert cluster.client.typed_state("wcflow.counts", word.encode(), "wcflow.counts") == n
+    done = subprocess.run([sys.executable, "-m", "cli", "state", "get", "wcflow.counts", word, "--state",
+                           "wcflow.counts", "--masters", cluster.masters_arg],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert (done.returncode, done.stdout.strip()) == (0, str(n)), done.stderr
 
 
 def test_windows_of_a_flow_stay_exact_while_their_range_splits_and_merges(cluster: Cluster) -> None:

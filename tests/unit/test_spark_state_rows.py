@@ -26,6 +26,32 @@ def test_state_without_a_ttl_is_read_at_a_watermark_at_the_end_of_time(tmp_path:
     db[cell(b"gone", "count") + VALUE] = _EXPIRY.pack(1_000) + codecs.INT.encode(7)  # a TTL'd value
     db.close()
     for wm in (END_OF_TIME, 2_000):
-        rows = _typed_rows((0, path, "tests.jobs:TypedCounter", "count", wm))
+        rows = _typed_rows((0, path, "tests.jobs:TypedCounter", {}, "count", wm))
         assert [(r[0], r[3]) for r in rows] == [("kept", "5")], wm
-    assert {r[0] for r in _typed_rows((0, path, "tests.jobs:TypedCounter", "count", 500))} == {"kept", "gone"}
+    assert {r[0] for r in _typed_rows((0, path, "tests.jobs:TypedCounter", {}, "count", 500))} == {"kept", "gone"}
+
+
+def test_a_flows_state_is_read_by_its_steps_names(tmp_path: Any) -> None:
+    """A flow's stage declares no typed state of its own: Spark read none of a flow's. It names
+    its steps' now (runtime/flows/stage.py readable_states), stored under the step's names."""
+    from runtime import Dataflow
+    from runtime.flows.values import VALUES
+    from runtime.state import ELEMENT, _INDEX
+    from tests import flowjobs as j
+
+    flow = Dataflow("rs", key_ranges=1)
+    flow.input("w", codec=codecs.STR).key_by(j.word_key).map(j.one) \
+        .reduce(j.add, name="counts").process(j.Remember, name="remember").output("out", codec=codecs.INT)
+    [spec] = [c for c in flow.topology().computations.values() if c.name != "rs.input"]
+    path = os.path.join(str(tmp_path), "tablet")
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    db = Rdict(path, options=opts)
+    db[cell(b"a", "flow/counts") + VALUE] = kept(VALUES.encode(3))
+    for i, n in enumerate([1, 2, 3]):
+        db[cell(b"a", "flow/remember/seen") + ELEMENT + _INDEX.pack(i)] = kept(codecs.INT.encode(n))
+    db.close()
+    code, params = spec.code, dict(spec.params)
+    assert [(r[0], r[2], r[3]) for r in _typed_rows((0, path, code, params, "counts", END_OF_TIME))] == [("a", None, "3")]
+    rows = _typed_rows((0, path, code, params, "remember/seen", END_OF_TIME))
+    assert [(r[0], r[2], r[3]) for r in rows] == [("a", "0", "1"), ("a", "1", "2"), ("a", "2", "3")]
