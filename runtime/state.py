@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import heapq
-import itertools
 import json
 import struct
 from collections.abc import Iterable, Iterator
@@ -314,58 +312,6 @@ def bind(spec: object, cells: Cells) -> ValueHandle | ListHandle | MapHandle:
         return MapHandle(spec, cells)
     raise UsageError(f"ctx.state_of() takes a ValueState, ListState or MapState declared on the computation "
                     f"class, not {type(spec).__name__}")
-
-
-def merged(base: Iterator[tuple[bytes, bytes]], pending: dict[bytes, bytes | None]) -> Iterator[tuple[bytes, bytes]]:
-    """``base`` (sorted by key) with ``pending`` writes over it (None deletes); sorted by key."""
-    over = sorted(pending.items())
-    tagged_base = ((k, 1, v) for k, v in base)
-    tagged_over = ((k, 0, v) for k, v in over)
-    last = None
-    for k, _, v in heapq.merge(tagged_over, tagged_base, key=lambda t: (t[0], t[1])):
-        if k == last:
-            continue  # a pending write hides the stored value
-        last = k
-        if v is not None:
-            yield k, v
-
-
-_GROUP = 9  # TYPED and the key's hash prefix: what every storage key of one key's state starts with
-
-
-class Pending:
-    """An index of the typed-state writes of a call or a batch (``cells``: storage key ->
-    stored value, None deletes) for scans: the writes under a prefix are found among those of
-    the prefix's key, not all of them (an interval join scans once per record, and a batch's
-    writes grow with it: quadratic). It follows ``cells`` lazily: the dict only grows, so what
-    is new since the last scan is its last entries; :meth:`forget` after taking one out."""
-
-    __slots__ = ("cells", "_groups", "_seen")
-
-    def __init__(self, cells: dict[bytes, bytes | None]) -> None:
-        self.cells = cells
-        self._groups: dict[bytes, list[bytes]] = {}
-        self._seen = 0
-
-    def under(self, prefix: bytes) -> dict[bytes, bytes | None]:
-        cells = self.cells
-        if len(prefix) < _GROUP:
-            return {k: v for k, v in cells.items() if k.startswith(prefix)}
-        n = len(cells)
-        if n != self._seen:
-            groups = self._groups
-            if n < self._seen:
-                groups.clear()
-                self._seen = 0
-            for k in itertools.islice(reversed(cells), n - self._seen):
-                groups.setdefault(k[:_GROUP], []).append(k)
-            self._seen = n
-        return {k: cells[k] for k in self._groups.get(prefix[:_GROUP], ()) if k.startswith(prefix)}
-
-    def forget(self) -> None:
-        """An entry was taken out of :attr:`cells`: the index is made again at the next scan."""
-        self._groups.clear()
-        self._seen = 0
 
 
 def expired(prefix: bytes, entries: Iterable[tuple[bytes, bytes]], time: int) -> tuple[list[bytes], int | None]:

@@ -23,13 +23,14 @@ from runtime.delivery import Status
 from runtime.errors import MillstreamError
 from runtime.record import Record, derived_id
 from runtime.sinks import committed_hook, is_sink, sink_batch_fn
-from runtime.state import TTL_TAG, Pending, cell, expired, merged, ttl_rearm
+from runtime.state import TTL_TAG, cell, expired, ttl_rearm
 from runtime.status import show_key
 from runtime.topology import dead_letter, dead_letter_stream
 from worker.context import _UNSAVED, Effects, KeyContext
 from worker.dedup import SEQUENCED_ID_PREFIX, Mark, MarkView, OpaqueIds, ascending, first_new
 from worker.inbox import Delivery
 from worker.outgoing import Outgoing
+from worker.pending import Pending, merged
 from worker.storage import Commit, TabletStore, Timer, state_key
 from worker.timers import earliest_set, pending_time
 
@@ -109,7 +110,7 @@ class BatchProcessor:
                               lambda k: pending_time(k, self._commit, self._due_now, self._cancelled, self.timers))
         self.late = self.dead_lettered = 0
         self._commit = Commit()
-        self._pending = Pending(self._commit.cells)  # its typed-state writes, indexed for scans
+        self._pending = Pending(self._commit.cells)  # its typed-state writes, indexed for scans (the batch's own)
         self._due_now: dict[tuple[bytes, str], Timer] = {}   # timers the current batch fires
         self._cancelled: set[tuple[bytes, str]] = set()     # ... that its records deleted or moved
         self._limit = 0         # the batch's bound on records and timers
@@ -135,7 +136,7 @@ class BatchProcessor:
         """Dedup and user code for the batch's records, then its due timers, until the batch
         has done ``limit`` of them or its user code has used the time budget."""
         commit = batch.commit
-        self._commit = commit
+        self._commit, self._pending = commit, Pending(commit.cells)
         self._due_now = {(t.key, t.tag): t for t in batch.due}
         self._cancelled = set()
         self.ctx.start_batch(commit.state)
@@ -545,16 +546,15 @@ class BatchProcessor:
         c = self._commit
         if skey in c.cells:
             return c.cells[skey]
+        if c.cleared and skey.startswith(tuple(c.cleared)):
+            return None
         try:
             return self._cached[skey]
         except KeyError:
             return self._read(skey)
 
     def scan_cells(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        c = self._commit
-        if self._pending.cells is not c.cells:
-            self._pending = Pending(c.cells)
-        return merged(self.store.scan(prefix), self._pending.under(prefix))
+        return merged(self.store.scan(prefix), self._pending.under(prefix), self._commit.cleared, prefix)
 
     def read_state(self, key: bytes) -> bytes | None:
         skey = state_key(key)
@@ -634,6 +634,9 @@ class BatchProcessor:
         not only once committed (review N22)."""
         low = ts
         if eff is not None:
+            for prefix in eff.cleared:  # (a large clear: a range delete, before the batch's writes)
+                commit.cells.update(dict.fromkeys(self._pending.under(prefix)))
+                commit.cleared.append(prefix)
             if eff.cells:
                 commit.cells.update(eff.cells)
             if eff.timers_deleted or eff.timers_set:

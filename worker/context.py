@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -9,10 +10,12 @@ from typing import Any
 from runtime.computation import Context, State, TimeDomain
 from runtime.errors import MillstreamError, UsageError
 from runtime.record import END_OF_TIME, MAX_KEY_BYTES, MAX_VALUE_BYTES, MIN_TIME
-from runtime.state import TTL_TAG, Pending, bind, merged
+from runtime.state import TTL_TAG, bind
+from worker.pending import Pending, merged
 from worker.storage import Timer
 
 MAX_TAG_BYTES = 1024
+CLEAR_POINTS = 1024  # a typed state's clear of more entries is one range delete
 
 
 def _check_size(data: bytes, limit: int, what: str) -> None:
@@ -48,11 +51,12 @@ class Effects:
     it returned. (Its ``ctx.state`` writes and productions go straight into the batch, undone
     if it raised: :meth:`KeyContext.undo`.) Made only for a call that uses them."""
 
-    __slots__ = ("timers_set", "timers_deleted", "cells", "pending")
+    __slots__ = ("timers_set", "timers_deleted", "cells", "pending", "cleared")
 
     def __init__(self) -> None:
         self.cells: dict[bytes, bytes | None] = {}  # typed state (runtime/state.py): writes, None deletes
         self.pending: Pending | None = None          # ... indexed for scans, once one scans
+        self.cleared: list[bytes] = []              # prefixes cleared by a range delete, before ``cells``
         self.timers_set: dict[tuple[bytes, str], Timer] = {}
         self.timers_deleted: set[tuple[bytes, str]] = set()
 
@@ -259,14 +263,18 @@ class KeyContext(Context):
         eff = self.effects
         if skey in eff.cells:
             return eff.cells[skey]
+        if eff.cleared and skey.startswith(tuple(eff.cleared)):
+            return None
         return self.read_cell(skey)
 
-    def cell_scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    def _pending(self) -> Pending:
         eff = self.effects
-        pending = eff.pending
-        if pending is None:
-            pending = eff.pending = Pending(eff.cells)
-        return merged(self.scan_cells(prefix), pending.under(prefix))
+        if eff.pending is None:
+            eff.pending = Pending(eff.cells)
+        return eff.pending
+
+    def cell_scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return merged(self.scan_cells(prefix), self._pending().under(prefix), self.effects.cleared, prefix)
 
     def cell_put(self, skey: bytes, stored: bytes) -> None:
         _check_size(stored, MAX_VALUE_BYTES, "state value")
@@ -276,11 +284,18 @@ class KeyContext(Context):
         self.effects.cells[skey] = None
 
     def cell_clear(self, prefix: bytes) -> None:
-        """Each entry under ``prefix`` deleted, one by one: a range delete would leave RocksDB a
+        """Each entry under ``prefix`` deleted, one by one: a range delete leaves RocksDB a
         range tombstone that every iterator made afterwards pays for, until a compaction (a
-        join firing thousands of windows, each cleared, made its own scans quadratic)."""
-        cells = self.effects.cells
-        for skey, _ in list(self.cell_scan(prefix)):
+        join firing thousands of windows, each cleared, made its own scans quadratic). Past
+        :data:`CLEAR_POINTS` entries, one range delete (a commit of a million point deletes
+        would not fit a replication frame), applied before the batch's writes."""
+        eff = self.effects
+        keys = [skey for skey, _ in itertools.islice(self.cell_scan(prefix), CLEAR_POINTS + 1)]
+        if len(keys) > CLEAR_POINTS:
+            keys = list(self._pending().under(prefix))
+            eff.cleared.append(prefix)
+        cells = eff.cells
+        for skey in keys:
             cells[skey] = None
 
     def expire_at(self, name: str, time: int) -> None:

@@ -47,9 +47,12 @@ class ReadCache:
             self._age()
         return value
 
-    def committed(self, writes: Iterable[tuple[bytes, bytes | None]] | Mapping[bytes, bytes | None]) -> None:
-        """A commit wrote ``writes`` (None deletes)."""
+    def committed(self, writes: Iterable[tuple[bytes, bytes | None]] | Mapping[bytes, bytes | None],
+                  cleared: bool = False) -> None:
+        """A commit wrote ``writes`` (None deletes); ``cleared``: it also deleted ranges."""
         values = self.values
+        if cleared:
+            self.forget()
         values.update(writes)
         if len(values) > self._entries:
             self._age()

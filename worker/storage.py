@@ -153,6 +153,12 @@ def is_tablet_copy(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "CURRENT"))
 
 
+def _after(prefix: bytes) -> bytes:
+    """The first key past every key that starts with ``prefix``."""
+    stripped = prefix.rstrip(b"\xff")
+    return stripped[:-1] + bytes([stripped[-1] + 1]) if stripped else b"\xff" * (len(prefix) + 1)
+
+
 def state_key(key: bytes) -> bytes:
     return b"S" + hash_prefix(key) + key
 
@@ -290,6 +296,7 @@ class Commit:
     seq: int | None = None
     sink: bytes | None = None
     cells: dict[bytes, bytes | None] = field(default_factory=dict)  # typed state (runtime/state.py)
+    cleared: list[bytes] = field(default_factory=list)  # typed-state prefixes range-deleted, before ``cells``
     status: CommitState = CommitState.STARTED
 
 
@@ -444,6 +451,8 @@ class TabletStore:
                     wb.delete(skey)
                 else:
                     wb.put(skey, value)
+            for prefix in c.cleared:
+                wb.delete_range(prefix, _after(prefix))
             for skey, stored in c.cells.items():
                 if stored is None:
                     wb.delete(skey)
@@ -488,7 +497,7 @@ class TabletStore:
             c.status = CommitState.FAILED
             self.cache.forget()
             raise
-        self.cache.committed(state)
+        self.cache.committed(state, bool(c.cleared))
         self.cache.committed(c.cells)
         self.index += 1
         if c.seq is not None:

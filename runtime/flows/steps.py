@@ -293,8 +293,8 @@ class _Attempt:
         self._ctx.cell_delete(skey)  # type: ignore[attr-defined]
 
     def cell_clear(self, prefix: bytes) -> None:
-        self._keep_cells([s for s, _ in self._ctx.cell_scan(prefix)])  # type: ignore[attr-defined]
-        self._ctx.cell_clear(prefix)  # type: ignore[attr-defined]
+        for skey, _ in list(self._ctx.cell_scan(prefix)):  # type: ignore[attr-defined]
+            self.cell_delete(skey)  # one by one, however many: each is taken back with the attempt
 
     def expire_at(self, name: str, time: int) -> None:
         self._keep_timer(TTL_TAG + name)

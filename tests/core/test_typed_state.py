@@ -32,7 +32,11 @@ def _outs() -> list[dict[str, Any]]:
     return [json.loads(v) for name, _, v in Collector.seen if name == "out"]
 
 
-def test_typed_state_across_batches_and_a_reopen(tmp_path: Any) -> None:
+@pytest.mark.parametrize("clear_points", [1024, 0])  # a clear deletes entry by entry; past the limit, a range
+def test_typed_state_across_batches_and_a_reopen(tmp_path: Any, monkeypatch: Any, clear_points: int) -> None:
+    from worker import context
+    monkeypatch.setattr(context, "CLEAR_POINTS", clear_points)
+
     async def run() -> None:
         core = await make_core(str(tmp_path), ROUTING)
         for i, v in enumerate(["1", "2", "1"]):  # one batch: each record sees the ones before

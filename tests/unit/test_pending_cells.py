@@ -1,4 +1,4 @@
-"""The index of a call's or a batch's typed-state writes that scans use (runtime/state.py
+"""The index of a call's or a batch's typed-state writes that scans use (worker/pending.py
 ``Pending``): what it finds under a prefix is what a filter of every write finds, however
 writes, rewrites, scans and take-backs interleave."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.state import Pending, cell
+from runtime.state import cell
+from worker.pending import Pending
 
 _KEYS = [b"a", b"b", b"c"]
 _CELLS = [cell(k, n) + rest for k in _KEYS for n in ("x", "y") for rest in (b"v", b"m1", b"m2", b"n")]

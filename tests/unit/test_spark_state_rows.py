@@ -36,7 +36,7 @@ def test_a_flows_state_is_read_by_its_steps_names(tmp_path: Any) -> None:
     its steps' now (runtime/flows/stage.py readable_states), stored under the step's names."""
     from runtime import Dataflow
     from runtime.flows.values import VALUES
-    from runtime.state import ELEMENT, _INDEX
+    from runtime.state import _INDEX, ELEMENT
     from tests import flowjobs as j
 
     flow = Dataflow("rs", key_ranges=1)

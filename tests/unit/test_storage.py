@@ -415,12 +415,13 @@ _write = st.one_of(st.none(), st.binary(min_size=0, max_size=3))
 @given(st.sampled_from([3, 8, 1 << 14]), st.lists(st.tuples(
     st.dictionaries(st.sampled_from(_STATE), _write, max_size=3),
     st.dictionaries(st.sampled_from(_CELLS), _write, max_size=4),
+    st.lists(st.sampled_from([c[:10] for c in _CELLS]), max_size=1),
     st.booleans(),  # the commit fails (its sequence moves backwards)
     st.lists(st.sampled_from(_CELLS + [b"S" + k for k in _STATE]), max_size=4),  # read between commits
 ), max_size=12))
 def test_the_read_cache_always_holds_what_is_committed(entries: int, batches: list) -> None:  # type: ignore[type-arg]
     """What the tablet thread's read cache holds (worker/readcache.py) equals RocksDB after
-    every commit: puts, deletes, a failed commit, a young generation that
+    every commit: puts, deletes, cleared prefixes, a failed commit, a young generation that
     turns old."""
     from worker.readcache import ReadCache
     from worker.storage import state_key
@@ -430,10 +431,10 @@ def test_the_read_cache_always_holds_what_is_committed(entries: int, batches: li
         store.cache = ReadCache(store.db.get, entries=entries)
         every = [state_key(k) for k in _STATE] + _CELLS
         try:
-            for state, cells, fails, reads in batches:
+            for state, cells, cleared, fails, reads in batches:
                 for skey in reads:
                     store.cache.get(state_key(skey[1:]) if skey.startswith(b"S") else skey)
-                c = Commit(state=dict(state), cells=dict(cells),
+                c = Commit(state=dict(state), cells=dict(cells), cleared=list(cleared),
                            seq=store.seq - 1 if fails and store.seq > 0 else store.seq + 1)
                 if fails and store.seq > 0:
                     with pytest.raises(AssertionError):
