@@ -539,7 +539,7 @@ class BatchProcessor:
         for skey in gone:
             ctx.cell_delete(skey)
         if nxt is not None:
-            ctx.set_timer(timer.tag, ttl_rearm(timer.time, nxt, ctx.low_watermark), TimeDomain.EVENT_TIME)
+            ctx._set_timer(timer.tag, ttl_rearm(timer.time, nxt, ctx.low_watermark), TimeDomain.EVENT_TIME)
 
     def read_cell(self, skey: bytes) -> bytes | None:
         """Typed state as of this batch so far: its writes over the store."""

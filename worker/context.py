@@ -35,6 +35,9 @@ def _check_tag(tag: str) -> None:
         raise UsageError(f"timer tag {tag!r} cannot be stored as UTF-8 ({e.reason}); use text "
                          "without lone surrogates, e.g. decode bytes with errors='replace'") from None
     _check_size(encoded, MAX_TAG_BYTES, "timer tag")
+    if tag.startswith(TTL_TAG):
+        raise UsageError(f"timer tag {tag!r}: tags starting with {TTL_TAG!r} are the runtime's own (typed "
+                         "state's TTL, which would take the timer and never call process_timer); use another")
 
 
 def _check_time(t: int, what: str) -> int:
@@ -236,6 +239,10 @@ class KeyContext(Context):
 
     def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
         _check_tag(tag)
+        self._set_timer(tag, time, domain)
+
+    def _set_timer(self, tag: str, time: int, domain: TimeDomain) -> None:
+        """A timer set: user code's (checked), or one of the runtime's own (a reserved tag)."""
         t = Timer(self._key, tag, TimeDomain(domain), _check_time(time, "timer time"))
         self.effects.timers_set[(self._key, tag)] = t
         self.effects.timers_deleted.discard((self._key, tag))
@@ -309,4 +316,4 @@ class KeyContext(Context):
         t = eff.timers_set.get(k)
         due = t.time if t is not None else None if k in eff.timers_deleted else self.pending_timer(k)
         if due is None or time < due:
-            self.set_timer(tag, time, TimeDomain.EVENT_TIME)
+            self._set_timer(tag, time, TimeDomain.EVENT_TIME)

@@ -93,6 +93,21 @@ def test_a_handle_is_only_valid_during_its_call() -> None:
         ctx.state_of("seen")
 
 
+def test_user_code_may_not_set_or_delete_a_timer_under_the_runtimes_ttl_tag() -> None:
+    """A user timer tagged ``millstream.ttl/<name>`` was taken for the runtime's TTL timer: it
+    never reached process_timer (and deleting one stopped a state's expiry)."""
+    from runtime.errors import UsageError
+    ctx = KeyContext(frozenset(), lambda k: None, lambda: 0)
+    ctx.begin(b"k", 0)
+    with pytest.raises(UsageError, match="are the runtime's own"):
+        ctx.set_timer("millstream.ttl/count", BASE)
+    with pytest.raises(UsageError, match="are the runtime's own"):
+        ctx.delete_timer("millstream.ttl/count")
+    ctx.set_timer("millstream.other", BASE)  # only the TTL's prefix is taken
+    ctx.state_of(ValueState("v", codecs.INT, ttl=1_000_000)).set(1)  # the runtime's own TTL timer: set
+    assert [t.tag for t in ctx.effects.timers_set.values()] == ["millstream.other", "millstream.ttl/v"]
+
+
 def test_a_sink_written_before_runtime_sink_still_has_its_hooks_called(tmp_path: Any) -> None:
     from tests.core.jobs import UndeclaredSink
 
