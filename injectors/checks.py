@@ -7,38 +7,37 @@ from __future__ import annotations
 
 import numbers
 import threading
+from typing import Any
 
 from runtime.errors import InjectionError, InvalidRecordError
 from runtime.record import END_OF_TIME, MAX_KEY_BYTES, MAX_VALUE_BYTES, MIN_TIME
+from runtime.record import check_time as _check_time
 
 MIN, MAX = MIN_TIME, END_OF_TIME
 
 
-def check_time(t: object, what: str) -> None:
-    """Raise :class:`InvalidRecordError` unless ``t`` (``what``: a timestamp, a watermark) is
-    an int of microseconds in signed 64 bits."""
-    if isinstance(t, bool) or not isinstance(t, int) or not MIN <= t <= MAX:
-        kind = "" if isinstance(t, int) or not hasattr(t, "__index__") else (
-            f" (it is a {type(t).__module__}.{type(t).__name__}: pass int(...) of it)")
-        raise InvalidRecordError(f"{what} {t!r} must be an int of microseconds since the epoch, "
-                                 f"within signed 64 bits (e.g. time.time_ns() // 1000){kind}")
+def check_time(t: object, what: str) -> int:
+    """``t`` (``what``: a timestamp, a watermark) as an int of microseconds in signed 64 bits
+    (it is one, or a ``datetime`` with a time zone); :class:`InvalidRecordError` otherwise."""
+    return _check_time(t, what, InvalidRecordError)
 
 
-def check_record(key: object, value: object, timestamp: object, where: str = "") -> None:
-    """Raise :class:`InvalidRecordError` saying what is wrong with a record (``where``: which
-    one, for a batch), if anything is."""
+def check_record(key: object, value: object, timestamp: object, where: str = "") -> int:
+    """The record's timestamp in microseconds (:func:`check_time`); :class:`InvalidRecordError`
+    saying what is wrong with the record (``where``: which one, for a batch), if anything is."""
     if not isinstance(key, bytes):
         raise InvalidRecordError(f"{where}key must be bytes, got {type(key).__name__} {key!r}; encode it")
     if not isinstance(value, bytes):
         raise InvalidRecordError(f"{where}value must be bytes, got {type(value).__name__}; encode it")
-    check_time(timestamp, f"{where}timestamp")
+    ts = check_time(timestamp, f"{where}timestamp")
     if len(value) > MAX_VALUE_BYTES or len(key) > MAX_KEY_BYTES:
         raise InvalidRecordError(
             f"{where}a record of {len(key):,} key bytes and {len(value):,} value bytes is over the limits "
             f"({MAX_KEY_BYTES:,} and {MAX_VALUE_BYTES:,}); store large objects elsewhere and send a reference")
+    return ts
 
 
-def plain(keys: list[bytes], values: list[bytes], timestamps: list[int]) -> bool:
+def plain(keys: list[bytes], values: list[bytes], timestamps: list[Any]) -> bool:
     """Whether every record of the columns is fine, tested a column at a time (no call of ours
     per record); False: look at each (:func:`check_record`) to say which is not."""
     return (set(map(type, keys)) == {bytes} and set(map(type, values)) == {bytes}

@@ -51,7 +51,7 @@ from runtime.client import Client
 from runtime.columns import Columns
 from runtime.errors import InjectionError, InvalidRecordError, MillstreamError
 from runtime.imports import CodePolicy
-from runtime.record import ID_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, producer_prefix
+from runtime.record import ID_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, Timestamp, producer_prefix
 from runtime.security import Security, covers, credential_owner
 
 log = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ class Injector:
 
     # --------------------------------------------------------------- sending
 
-    def send(self, key: bytes, value: bytes, timestamp: int, id: bytes | None = None) -> bytes:
+    def send(self, key: bytes, value: bytes, timestamp: Timestamp, id: bytes | None = None) -> bytes:
         """Queue one record; it leaves within ``linger_ms`` (sooner when ``batch_size`` are
         waiting). Returns its id. Blocks while ``max_queued`` records wait (raising a failed
         round's error if that is why). Records already in lists go cheaper through
@@ -179,7 +179,7 @@ class Injector:
             self._refuse()
         if (type(key) is not bytes or type(value) is not bytes or type(timestamp) is not int
                 or not MIN <= timestamp <= MAX or len(value) > MAX_VALUE_BYTES or len(key) > MAX_KEY_BYTES):
-            check_record(key, value, timestamp)  # (one test of the common case above: per record)
+            timestamp = check_record(key, value, timestamp)  # (one test of the common case above: per record)
         if id is not None and (not isinstance(id, bytes) or len(id) != ID_BYTES):
             raise InvalidRecordError(f"id must be {ID_BYTES} bytes, got {id!r}")
         # Checked before anything changes: a refused record leaves the injector as it was,
@@ -204,7 +204,7 @@ class Injector:
                 self._cond.notify_all()
         return id
 
-    def send_many(self, keys: Sequence[bytes], values: Sequence[bytes], timestamps: Sequence[int]) -> None:
+    def send_many(self, keys: Sequence[bytes], values: Sequence[bytes], timestamps: Sequence[Timestamp]) -> None:
         """Queue records given as columns: record i is ``(keys[i], values[i], timestamps[i])``,
         with this injector's next ids, as that many :meth:`send` calls would, at a fraction
         of their cost. Every record is checked first, as ``send`` checks one: a bad one
@@ -221,7 +221,7 @@ class Injector:
             return
         if not plain(keys, values, timestamps):
             for i in range(n):
-                check_record(keys[i], values[i], timestamps[i], f"record {i}: ")
+                timestamps[i] = check_record(keys[i], values[i], timestamps[i], f"record {i}: ")
         with self._mutex:
             buffer = self._buffer
             if buffer.size >= self.max_queued:
@@ -230,12 +230,12 @@ class Injector:
             self.position += n
             if not buffer.size:
                 self._first_at = time.monotonic()
-            buffer.extend(Columns(keys, values, timestamps, self._prefix, list(range(first, first + n))))
+            buffer.extend(Columns(keys, values, timestamps, self._prefix, list(range(first, first + n))))  # type: ignore[arg-type]
             self._queued += n
             self._start_rounds()
             self._cond.notify_all()
 
-    def send_sequenced(self, producer: str, seq: int, key: bytes, value: bytes, timestamp: int) -> None:
+    def send_sequenced(self, producer: str, seq: int, key: bytes, value: bytes, timestamp: Timestamp) -> None:
         """Queue one record of a source with its own order: ``seq`` is its place in
         ``producer`` (a file's line number, a partition's offset), rising with every call for
         that producer. Its id is (producer, seq), so a re-send of the same place, by this
@@ -243,7 +243,7 @@ class Injector:
         one number per producer."""
         if self.finished or self._closed.is_set():
             self._refuse()
-        check_record(key, value, timestamp)
+        timestamp = check_record(key, value, timestamp)
         last_producer, prefix = self._last_producer
         if producer != last_producer:  # a file's lines, a partition's rows: one digest per producer
             if not isinstance(producer, str):
@@ -423,14 +423,13 @@ class Injector:
             # round after it (a paced sender's flush waits for this one).
             self._marks.report_later()
 
-    def advance_watermark(self, timestamp: int) -> None:
+    def advance_watermark(self, timestamp: Timestamp) -> None:
         """Promise to send nothing older than ``timestamp`` (never moves backwards). Reported
         at once, or, while earlier deliveries wait to be confirmed, by the background thread
         that asks for their confirmation every 20 ms (one master call per 20 ms however often
         a source promises, like Flink's periodic watermarks). The effective watermark is never
         later than the oldest record not yet confirmed (:attr:`effective_watermark`)."""
-        check_time(timestamp, "watermark")
-        self._marks.promise(timestamp)
+        self._marks.promise(check_time(timestamp, "watermark"))
         self._marks.report_promise()
 
     def mark_idle(self) -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import abc
 import enum
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 from runtime.errors import MillstreamError
-from runtime.record import Record
+from runtime.record import Record, Timestamp
+
+if TYPE_CHECKING:
+    from runtime.state import ListHandle, ListState, MapHandle, MapState, ValueHandle, ValueState
 
 
 class TimeDomain(enum.IntEnum):
@@ -70,17 +73,19 @@ class Context(abc.ABC):
 
     @abc.abstractmethod
     def produce(
-        self, stream: str, value: bytes, *, key: bytes | None = None, timestamp: int | None = None
+        self, stream: str, value: bytes, *, key: bytes | None = None, timestamp: Timestamp | None = None
     ) -> None:
         """Send a record to ``stream`` (one of the computation's outputs).
 
         ``key`` defaults to the current key and ``timestamp`` to the timestamp of
-        the record (or timer) being processed.
+        the record (or timer) being processed (an int of microseconds, or a ``datetime``
+        with a time zone).
         """
 
     @abc.abstractmethod
-    def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
-        """Set the timer ``tag`` for the current key; setting it again moves it."""
+    def set_timer(self, tag: str, time: Timestamp, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
+        """Set the timer ``tag`` for the current key at ``time`` (microseconds, or a
+        ``datetime`` with a time zone); setting it again moves it."""
 
     @abc.abstractmethod
     def delete_timer(self, tag: str) -> None:
@@ -89,6 +94,13 @@ class Context(abc.ABC):
     @abc.abstractmethod
     def now(self) -> int:
         """The wall clock, in microseconds since the Unix epoch."""
+
+    @overload
+    def state_of(self, spec: ValueState) -> ValueHandle: ...
+    @overload
+    def state_of(self, spec: ListState) -> ListHandle: ...
+    @overload
+    def state_of(self, spec: MapState) -> MapHandle: ...
 
     def state_of(self, spec: Any) -> Any:
         """The handle of typed state ``spec`` (a ``ValueState``, ``ListState`` or ``MapState``

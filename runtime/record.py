@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from datetime import UTC, timedelta
+from datetime import datetime as _datetime
+
+from runtime.errors import UsageError
 
 ID_BYTES = 16
 
@@ -12,6 +16,26 @@ ID_BYTES = 16
 # input). Every timestamp lies between them (signed 64 bits). Defined here only.
 MIN_TIME = -(1 << 63)
 END_OF_TIME = (1 << 63) - 1
+Timestamp = int | _datetime  # microseconds since the epoch, or a datetime with a time zone
+_EPOCH = _datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def check_time(t: object, what: str, error: type[Exception] = UsageError) -> int:
+    """``t`` (``what``: a timestamp, a timer's time, a watermark) as microseconds since the
+    Unix epoch in signed 64 bits: it is an int, or a ``datetime`` with a time zone (one without
+    has no known instant). ``error`` saying what is wrong otherwise."""
+    if isinstance(t, _datetime):
+        if t.tzinfo is None or t.utcoffset() is None:
+            raise error(f"{what} {t!r} has no time zone, so its instant is not known; give it one "
+                        "(datetime(..., tzinfo=datetime.UTC), or .astimezone()) or pass int microseconds")
+        t = (t - _EPOCH) // _MICROSECOND
+    if isinstance(t, bool) or not isinstance(t, int) or not MIN_TIME <= t <= END_OF_TIME:
+        kind = "" if isinstance(t, int) or not hasattr(t, "__index__") else (
+            f" (it is a {type(t).__module__}.{type(t).__name__}: pass int(...) of it)")
+        raise error(f"{what} {t!r} must be an int of microseconds since the epoch, within signed 64 bits "
+                    f"(e.g. time.time_ns() // 1000), or a datetime with a time zone{kind}")
+    return t
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -42,6 +66,11 @@ class Record:
         set_timestamp(self, timestamp)
         set_id(self, id)
         set_stream(self, stream)
+
+    @property
+    def datetime(self) -> _datetime:
+        """``timestamp`` as an aware ``datetime`` in UTC."""
+        return _EPOCH + timedelta(microseconds=self.timestamp)
 
 
 _SET_FIELDS = tuple(Record.__dict__[f].__set__ for f in ("key", "value", "timestamp", "id", "stream"))

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.computation import Computation, Context
 from runtime.errors import MillstreamError
-from runtime.record import END_OF_TIME, MIN_TIME, Record, producer_prefix, sequence_id
+from runtime.record import END_OF_TIME, MIN_TIME, Record, Timestamp, check_time, producer_prefix, sequence_id
 from runtime.topology import Topology
 
 if TYPE_CHECKING:
@@ -140,24 +140,25 @@ class TestRun:
 
     # ------------------------------------------------------------------ input
 
-    def inject(self, stream: str, key: bytes, value: bytes, timestamp: int, id: bytes | None = None) -> None:
+    def inject(self, stream: str, key: bytes, value: bytes, timestamp: Timestamp, id: bytes | None = None) -> None:
         """Deliver one record on ``stream`` to every computation that reads it (committed when
         this returns). ``id`` (16 bytes) makes a re-injection of the same record a duplicate;
         without it each call is a new record."""
         self._deliver(stream, [(key, value, timestamp)], id)
 
-    def inject_batch(self, stream: str, records: list[tuple[bytes, bytes, int]]) -> None:
+    def inject_batch(self, stream: str, records: list[tuple[bytes, bytes, Timestamp]]) -> None:
         """Deliver ``(key, value, timestamp)`` records on ``stream`` together: each tablet that
         reads them gets its share as one delivery, taken in one batch (as an injector's round
         arrives), so user code sees them in one call. Committed when this returns."""
         self._deliver(stream, records, None)
 
-    def _deliver(self, stream: str, records: list[tuple[bytes, bytes, int]], id: bytes | None) -> None:
+    def _deliver(self, stream: str, records: list[tuple[bytes, bytes, Timestamp]], id: bytes | None) -> None:
         if not self._core.routing.has_subscribers(stream):
             raise MillstreamError(f"TestRun: no computation reads stream {stream!r}")
         shares: dict[tuple[str, int], list[Record]] = {}
         last: dict[tuple[str, int], int] = {}  # the highest sequence each tablet gets of these
-        for key, value, timestamp in records:
+        for key, value, when in records:
+            timestamp = check_time(when, "TestRun: timestamp")  # (an int, or a datetime with a time zone)
             if id is None:
                 self._position += 1
                 rid = sequence_id(self._prefix, self._position)
@@ -182,9 +183,9 @@ class TestRun:
             self._run(deliver())
         self._injected.setdefault(stream, MIN)
 
-    def advance_watermark(self, stream: str, timestamp: int) -> None:
+    def advance_watermark(self, stream: str, timestamp: Timestamp) -> None:
         """Promise that nothing older than ``timestamp`` will be injected on ``stream``."""
-        self._injected[stream] = max(self._injected.get(stream, MIN), timestamp)
+        self._injected[stream] = max(self._injected.get(stream, MIN), check_time(timestamp, "TestRun: watermark"))
 
     def finish(self, stream: str) -> None:
         """``stream`` has ended: its watermark goes to the end of time."""

@@ -4,6 +4,7 @@ path, like any user code: so they live here, at module level)."""
 from __future__ import annotations
 
 import collections
+import datetime
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -381,6 +382,17 @@ class Remember(Computation):
         ctx.state_of(self.seen).append(record.value)
         ctx.state.set(str(record.value).encode())
         ctx.produce("out", record.value)
+
+
+class InAMinute(Computation):
+    """Sets a timer a minute after each record, by ``datetime``; produces at the timer's time."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.set_timer("later", record.datetime + datetime.timedelta(minutes=1))
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        at = datetime.datetime.fromtimestamp(time / 1e6, datetime.UTC)
+        ctx.produce("out", at.isoformat().encode(), timestamp=at)
 
 
 class UndoneTrySink(FileSink):

@@ -9,7 +9,7 @@ from typing import Any
 
 from runtime.computation import Context, State, TimeDomain
 from runtime.errors import MillstreamError, UsageError
-from runtime.record import END_OF_TIME, MAX_KEY_BYTES, MAX_VALUE_BYTES, MIN_TIME
+from runtime.record import MAX_KEY_BYTES, MAX_VALUE_BYTES, Timestamp, check_time
 from runtime.state import TTL_TAG, bind
 from worker.pending import Pending, merged
 from worker.storage import Timer
@@ -38,12 +38,6 @@ def _check_tag(tag: str) -> None:
     if tag.startswith(TTL_TAG):
         raise UsageError(f"timer tag {tag!r}: tags starting with {TTL_TAG!r} are the runtime's own (typed "
                          "state's TTL, which would take the timer and never call process_timer); use another")
-
-
-def _check_time(t: int, what: str) -> int:
-    if isinstance(t, bool) or not isinstance(t, int) or not MIN_TIME <= t <= END_OF_TIME:
-        raise UsageError(f"{what} {t!r} must be an int of microseconds within 64 bits")
-    return t
 
 
 Produced = tuple[str, bytes, bytes, int]  # what ctx.produce() was given: stream, key, value, ts
@@ -210,7 +204,7 @@ class KeyContext(Context):
         return self._sequencer_token
 
     def produce(self, stream: str, value: bytes, *, key: bytes | None = None,
-                timestamp: int | None = None) -> None:
+                timestamp: Timestamp | None = None) -> None:
         if stream not in self.outputs:
             raise MillstreamError(
                 f"produce() to unknown stream {stream!r}: this computation's outputs are "
@@ -230,20 +224,20 @@ class KeyContext(Context):
         if timestamp is None:
             ts = self._timestamp
         else:
-            ts = _check_time(timestamp, "produce() timestamp")
+            ts = check_time(timestamp, "produce() timestamp")
             if ts < self._timestamp and self.eff is None:
                 self.eff = Effects()  # so the batch looks at this call's productions: the hold
         if len(value) > MAX_VALUE_BYTES:
             _check_size(value, MAX_VALUE_BYTES, "produce() value")
         self.out.append((stream, key, value, ts))
 
-    def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
+    def set_timer(self, tag: str, time: Timestamp, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
         _check_tag(tag)
-        self._set_timer(tag, time, domain)
+        self._set_timer(tag, check_time(time, "timer time"), domain)
 
     def _set_timer(self, tag: str, time: int, domain: TimeDomain) -> None:
         """A timer set: user code's (checked), or one of the runtime's own (a reserved tag)."""
-        t = Timer(self._key, tag, TimeDomain(domain), _check_time(time, "timer time"))
+        t = Timer(self._key, tag, TimeDomain(domain), time)
         self.effects.timers_set[(self._key, tag)] = t
         self.effects.timers_deleted.discard((self._key, tag))
 

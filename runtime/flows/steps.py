@@ -19,7 +19,7 @@ from runtime.codecs import Codec
 from runtime.computation import Computation, Context, State, TimeDomain, record_fn
 from runtime.errors import UsageError
 from runtime.flows.ops import Item, Op
-from runtime.record import MAX_VALUE_BYTES, Record
+from runtime.record import MAX_VALUE_BYTES, Record, Timestamp, check_time
 from runtime.sinks import sink_batch_fn
 from runtime.state import TTL_TAG, VALUE, ValueState, bind, cell, declared, kept, payload
 from runtime.topology import dead_letter
@@ -144,7 +144,7 @@ class StepContext(Context):
     def sequencer_token(self) -> int:
         return self.ctx.sequencer_token
 
-    def produce(self, stream: str, value: Any, *, key: bytes | None = None, timestamp: int | None = None) -> None:
+    def produce(self, stream: str, value: Any, *, key: bytes | None = None, timestamp: Timestamp | None = None) -> None:
         here = self.key
         if key is None and timestamp is None:  # the common call: no checks
             self.op.out.append((here, value, self.timestamp))
@@ -153,10 +153,10 @@ class StepContext(Context):
             raise UsageError(f"step {self.op.name!r}: produce(key={key!r:.40}) in a flow must keep the current key "
                              f"({here!r:.40}); re-key with key_by after the step")
         if timestamp is not None and (isinstance(timestamp, bool) or not isinstance(timestamp, int)):
-            raise UsageError(f"produce() timestamp {timestamp!r} must be an int of microseconds")
+            timestamp = check_time(timestamp, "produce() timestamp")
         self.op.out.append((here, value, self.timestamp if timestamp is None else timestamp))
 
-    def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
+    def set_timer(self, tag: str, time: Timestamp, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
         self.ctx.set_timer(self.op.timer_tag(":" + tag), time, domain)
 
     def delete_timer(self, tag: str) -> None:
@@ -300,7 +300,7 @@ class _Attempt:
         self._keep_timer(TTL_TAG + name)
         self._ctx.expire_at(name, time)  # type: ignore[attr-defined]
 
-    def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
+    def set_timer(self, tag: str, time: Timestamp, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
         self._keep_timer(tag)
         self._ctx.set_timer(tag, time, domain)
 
@@ -317,7 +317,7 @@ class _Attempt:
 
 
 class _SinkContext(StepContext):
-    def produce(self, stream: str, value: Any, *, key: bytes | None = None, timestamp: int | None = None) -> None:
+    def produce(self, stream: str, value: Any, *, key: bytes | None = None, timestamp: Timestamp | None = None) -> None:
         raise UsageError(f"sink step {self.op.name!r} produced to {stream!r}; a sink writes out of millstream, "
                          "it cannot produce (use a process step before it)")
 

@@ -40,7 +40,7 @@ MISUSES = [
     ("str-value", "value must be bytes"),                        # B25
     ("str-state", "state must be bytes"),
     ("str-key", "key must be bytes"),
-    ("time-2**70", "within 64 bits"),
+    ("time-2**70", "within signed 64 bits"),
     ("recursion", "RecursionError"),
     ("keyboard-interrupt", "KeyboardInterrupt"),
     ("exit", "SystemExit"),                                      # B15

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
 import millstream
 import runtime
@@ -145,3 +146,28 @@ def test_importing_millstream_pulls_in_neither_spark_nor_arrow_nor_pandas() -> N
             "assert not heavy, heavy\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_typed_state_handle_is_typed_for_the_users_type_checker(tmp_path: Any) -> None:
+    """User review: ``ctx.state_of(spec)`` returned ``Any``, so editors completed nothing and a
+    misspelt method passed the user's mypy. Each kind of spec now gives its handle's type."""
+    from mypy import api
+
+    user = tmp_path / "job.py"
+    user.write_text(
+        "from runtime import Computation, Context, ListState, MapState, Record, ValueState, codecs\n"
+        "class Job(Computation):\n"
+        "    seen = ListState('seen', codecs.INT)\n"
+        "    count = ValueState('count', codecs.INT)\n"
+        "    tally = MapState('tally', codecs.STR, codecs.INT)\n"
+        "    def process_record(self, ctx: Context, record: Record) -> None:\n"
+        "        reveal_type(ctx.state_of(self.seen))\n"
+        "        reveal_type(ctx.state_of(self.count))\n"
+        "        reveal_type(ctx.state_of(self.tally))\n"
+        "        ctx.state_of(self.seen).put(1, 2)\n")
+    out, _, status = api.run([str(user), "--no-incremental", "--cache-dir", str(tmp_path / "cache")])
+    assert status == 1, out
+    assert 'Revealed type is "runtime.state.ListHandle"' in out, out
+    assert 'Revealed type is "runtime.state.ValueHandle"' in out, out
+    assert 'Revealed type is "runtime.state.MapHandle"' in out, out
+    assert '"ListHandle" has no attribute "put"' in out, out

@@ -207,7 +207,7 @@ def test_a_producer_that_is_not_a_str_and_a_timestamp_that_is_not_an_int_say_wha
 
     with pytest.raises(InjectionError, match=r"\(it is a .*Int64: pass int\(\.\.\.\) of it\)"):
         inj.send(b"k", b"v", Int64())  # type: ignore[arg-type]
-    with pytest.raises(InjectionError, match=r"e\.g\. time\.time_ns\(\) // 1000\)$"):
+    with pytest.raises(InjectionError, match=r"e\.g\. time\.time_ns\(\) // 1000\), or a datetime with a time zone$"):
         inj.send(b"k", b"v", fractions.Fraction(1, 2))  # type: ignore[arg-type]
     assert list(inj._buffer) == []
 
@@ -280,3 +280,23 @@ def test_an_injector_in_a_forked_child_refuses_to_send_and_says_why() -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     inj.send(b"k", b"v", 1_000)  # the parent's goes on
     assert len(list(inj._buffer)) == 1
+
+
+def test_timestamps_and_watermarks_may_be_datetimes_with_a_time_zone() -> None:
+    """User review (7): every timestamp was an int of microseconds; Bytewax users bring
+    ``datetime``. One with a time zone is taken as its instant; one without is refused."""
+    import datetime
+
+    utc = datetime.datetime(2026, 12, 6, 1, 2, 3, 456789, tzinfo=datetime.UTC)
+    us = 1_796_518_923_456_789
+    paris = utc.astimezone(datetime.timezone(datetime.timedelta(hours=1)))
+    inj = _injector()
+    inj.send(b"k", b"a", utc)  # type: ignore[arg-type]
+    inj.send_many([b"k", b"k"], [b"b", b"c"], [paris, us + 1])  # type: ignore[list-item]
+    inj.send_sequenced("file", 1, b"k", b"d", utc)  # type: ignore[arg-type]
+    assert [r.timestamp for r in inj._buffer] == [us, us, us + 1, us]
+    with pytest.raises(InjectionError, match="has no time zone, so its instant is not known"):
+        inj.send(b"k", b"naive", datetime.datetime(2026, 12, 6))  # type: ignore[arg-type]
+    with pytest.raises(InjectionError, match="record 1: timestamp .* has no time zone"):
+        inj.send_many([b"k", b"k"], [b"e", b"f"], [us, datetime.datetime(2026, 12, 6)])  # type: ignore[list-item]
+    assert len(inj._buffer) == 4
