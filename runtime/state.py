@@ -398,7 +398,7 @@ def read_committed(spec: StateSpec, key: bytes, get: Any, scan: Any, watermark: 
     return True, spec.codec.decode(data)
 
 
-def _plain(value: Any) -> Any:
+def json_value(value: Any) -> Any:
     """A decoded state value as JSON can hold it: bytes as text (``0x…`` hex when not UTF-8), map
     keys as strings, anything else JSON does not know by its ``repr``."""
     if isinstance(value, bytes):
@@ -407,38 +407,25 @@ def _plain(value: Any) -> Any:
         except UnicodeDecodeError:
             return "0x" + value.hex()
     if isinstance(value, dict):
-        return {k if isinstance(k, str) else json.dumps(_plain(k)): _plain(v) for k, v in value.items()}
+        return {k if isinstance(k, str) else json.dumps(json_value(k)): json_value(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [json_value(v) for v in value]
     if value is None or isinstance(value, str | int | float | bool):
         return value
     return repr(value)
 
 
-def readable_states(comp: object) -> dict[str, StateSpec]:
-    """The typed states that ``millstream state get --state`` and Spark's ``read_state`` name
-    on a computation, by the names they take: those its class declares; a flow's stage says
-    its own (its steps' state, runtime/flows/stage.py)."""
-    own = getattr(comp, "readable_states", None)
-    if own is not None and not isinstance(comp, type):
-        return own()  # type: ignore[no-any-return]
-    return declared(comp if isinstance(comp, type) else type(comp))
-
-
-def readable_spec(comp: object, name: str) -> StateSpec:
-    """The spec :func:`readable_states` names ``name``; :class:`ConfigError` naming them all when none is."""
-    specs = readable_states(comp)
+def pick(specs: dict[str, StateSpec], name: str, owner: str, hint: str = "") -> StateSpec:
+    """The spec of ``specs`` (readable typed states, by name: runtime/flows/stage.py
+    ``readable_states``) named ``name``; :class:`ConfigError` naming them all when none is."""
     spec = specs.get(name)
     if spec is None:
         have = ", ".join(f"{n!r} ({type(s).__name__})" for n, s in specs.items()) or "none"
-        raise ConfigError(f"computation class {type(comp).__name__} declares no typed state {name!r} (it declares: "
-                         f"{have}); name one of them, or leave out --state to read ctx.state")
+        raise ConfigError(f"{owner} declares no typed state {name!r} (it declares: {have}); name one of them{hint}")
     return spec
 
 
-def read_as_json(comp: object, name: str, key: bytes, get: Any, scan: Any, watermark: int) -> bytes | None:
-    """The typed state ``name`` (:func:`readable_states`) of computation ``comp``, of ``key``,
-    as JSON text; None when nothing live is stored."""
-    spec = readable_spec(comp, name)
+def read_as_json(spec: StateSpec, key: bytes, get: Any, scan: Any, watermark: int) -> bytes | None:
+    """``spec``'s state of ``key`` as JSON text (:func:`json_value`); None when nothing live is stored."""
     found, value = read_committed(spec, key, get, scan, watermark)
-    return json.dumps(_plain(value)).encode() if found else None
+    return json.dumps(json_value(value)).encode() if found else None

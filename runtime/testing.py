@@ -276,7 +276,8 @@ class TestRun:
         ``ValueState``, a list for a ``ListState``, a dict for a ``MapState``. ``spec`` may be
         the name ``millstream state get --state`` takes (in a flow's stage: ``"<reduce step>"``,
         ``"<process step>/<state>"``)."""
-        from runtime.state import ListHandle, MapHandle, bind, readable_spec
+        from runtime.flows.stage import readable_spec
+        from runtime.state import ListHandle, MapHandle, bind
         from worker.context import KeyContext
 
         tablet = self._tablet(computation, key)

@@ -55,15 +55,10 @@ def read_state(spark: Any, savepoint_dir: str, computation: str, state: str | No
 
 
 def _spec(code: str, params: dict[str, str], name: str) -> Any:
+    from runtime.flows.stage import readable_states
     from runtime.imports import load
-    from runtime.state import readable_states
 
-    cls = load(code, "computation code")
-    comp = cls
-    if hasattr(cls, "readable_states"):  # a flow's stage: its steps' state, once it is set up from its plan
-        comp = cls()
-        comp.setup(params)
-    specs = readable_states(comp)
+    specs = readable_states(load(code, "computation code"), params)  # (a flow's stage: its steps', from its plan)
     if name not in specs:
         raise MillstreamError(f"{code} declares no typed state {name!r} (it declares "
                               f"{', '.join(sorted(specs)) or 'none'})")
@@ -75,7 +70,7 @@ def _text(obj: Any) -> str:
 
 
 def _typed_rows(item: tuple[int, str, str, dict[str, str], str, int]) -> list[tuple[str, bytes, str | None, str, int]]:
-    from runtime.state import ELEMENT, ENTRY, VALUE, is_expired, payload, split_cell
+    from runtime.state import ELEMENT, ENTRY, VALUE, is_expired, json_value, payload, split_cell
     from worker.storage import saved_entries
 
     key_range, path, code, params, name, wm = item
@@ -91,7 +86,7 @@ def _typed_rows(item: tuple[int, str, str, dict[str, str], str, int]) -> list[tu
             what = str(int.from_bytes(rest[1:], "big"))
         else:
             what = _text(spec.key_codec.decode(rest[1:]))
-        value = json.dumps(spec.codec.decode(payload(stored)), default=repr)
+        value = json.dumps(json_value(spec.codec.decode(payload(stored))))
         out.append((key.decode("utf-8", "backslashreplace"), key, what, value, key_range))
     return out
 

@@ -395,6 +395,14 @@ class InAMinute(Computation):
         ctx.produce("out", at.isoformat().encode(), timestamp=at)
 
 
+class Unmakeable(Remember):
+    """A step that cannot be made where it would need what only the workers have (a client of
+    some service, say): reading a savepoint's state must not make it."""
+
+    def __init__(self) -> None:
+        raise RuntimeError("made outside a worker")
+
+
 class UndoneTrySink(FileSink):
     """The first try of each value sets a timer, clears and appends to its list, writes its raw
     state, then raises; later tries only append. Its timer writes a line if it ever fires."""

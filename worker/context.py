@@ -15,7 +15,8 @@ from worker.pending import Pending, merged
 from worker.storage import Timer
 
 MAX_TAG_BYTES = 1024
-CLEAR_POINTS = 1024  # a typed state's clear of more entries is one range delete
+CLEAR_POINTS = 1024  # a typed state's clear of more entries is one range delete ...
+BATCH_CLEAR_POINTS = 1 << 16  # ... and so is every clear once a batch deleted this many entries one by one
 
 
 def _check_size(data: bytes, limit: int, what: str) -> None:
@@ -125,10 +126,12 @@ class KeyContext(Context):
         self.out: list[Produced] = []                # the batch's productions, in order
         self.eff: Effects | None = None              # this call's timers and typed state
         self._saved: Any = _UNSAVED                  # this call's key's state before it wrote
+        self.cleared_points = 0                      # entries the batch's clears deleted one by one
 
     def start_batch(self, writes: dict[bytes, bytes | None]) -> None:
         self.writes = writes
         self.out = []
+        self.cleared_points = 0
 
     def begin(self, key: bytes, timestamp: int) -> None:
         """A call of user code for ``key`` at ``timestamp`` starts."""
@@ -288,13 +291,17 @@ class KeyContext(Context):
         """Each entry under ``prefix`` deleted, one by one: a range delete leaves RocksDB a
         range tombstone that every iterator made afterwards pays for, until a compaction (a
         join firing thousands of windows, each cleared, made its own scans quadratic). Past
-        :data:`CLEAR_POINTS` entries, one range delete (a commit of a million point deletes
-        would not fit a replication frame), applied before the batch's writes."""
+        :data:`CLEAR_POINTS` entries, or :data:`BATCH_CLEAR_POINTS` in the batch, one range delete
+        (a commit of a million point deletes would not fit a replication frame), applied
+        before the batch's writes."""
         eff = self.effects
-        keys = [skey for skey, _ in itertools.islice(self.cell_scan(prefix), CLEAR_POINTS + 1)]
-        if len(keys) > CLEAR_POINTS:
+        limit = min(CLEAR_POINTS, BATCH_CLEAR_POINTS - self.cleared_points)
+        keys = [skey for skey, _ in itertools.islice(self.cell_scan(prefix), limit + 1)]
+        if len(keys) > limit:
             keys = list(self._pending().under(prefix))
             eff.cleared.append(prefix)
+        else:
+            self.cleared_points += len(keys)
         cells = eff.cells
         for skey in keys:
             cells[skey] = None

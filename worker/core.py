@@ -16,6 +16,7 @@ from runtime.columns import Columns
 from runtime.delivery import Orders, Receipt
 from runtime.errors import NotOwnerError, StaleTokenError
 from runtime.faults import Faults
+from runtime.flows.stage import readable_spec
 from runtime.imports import CodePolicy
 from runtime.keyspace import from_wire_end
 from runtime.record import MIN_TIME, Record
@@ -473,7 +474,8 @@ class WorkerCore:
             raise NotOwnerError(f"tablet {computation}/{key_range} is not open on this worker under token {token}; "
                            "it is moving or reopening: try again")
         if state:
-            return await asyncio.to_thread(read_as_json, tablet.proc.comp, state, key, tablet.store.get_cell,
+            spec = readable_spec(tablet.proc.comp, state)
+            return await asyncio.to_thread(read_as_json, spec, key, tablet.store.get_cell,
                                            tablet.store.scan, self.watermark(computation))
         return await asyncio.to_thread(tablet.store.get_state, key)
 

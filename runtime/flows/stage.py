@@ -25,13 +25,13 @@ from runtime.errors import TopologyError
 from runtime.flows import PLAN_PARAM, refs
 from runtime.flows.joins import IntervalJoin, Join
 from runtime.flows.ops import TIMER_PREFIX, Emit, Filter, FlatMap, Item, Map, Op, Reduce
-from runtime.flows.steps import Process, SinkStep
+from runtime.flows.steps import RAW, Process, SinkStep, renamed
 from runtime.flows.values import VALUES
 from runtime.flows.windowing import EventTimeOp, FiringClock, Window
 from runtime.imports import load
 from runtime.record import Record
 from runtime.sinks import Sink, call_restore
-from runtime.state import TYPED, StateSpec, ValueState, declared, split_cell
+from runtime.state import TYPED, StateSpec, ValueState, declared, pick, split_cell
 from runtime.topology import dead_letter_stream
 
 
@@ -75,7 +75,7 @@ class FlowStage(Computation):
         if PLAN_PARAM not in params:
             raise TopologyError("FlowStage runs a stage of a Dataflow; submit the flow (it writes the plan), "
                                 "not this class")
-        plan = json.loads(params[PLAN_PARAM])
+        self.plan = plan = json.loads(params[PLAN_PARAM])
         self.stage = plan["stage"]
         self.ops: dict[str, Op] = {}
         for name, doc in plan["steps"].items():
@@ -278,20 +278,6 @@ class FlowStage(Computation):
         for op in self._stateful:
             op.abort()
 
-    def readable_states(self) -> dict[str, StateSpec]:
-        """What ``millstream state get --state`` and Spark's ``read_state`` name in this stage
-        (runtime/state.py ``readable_states``): a ``reduce`` step's running value by the step's
-        name; a ``process`` or ``sink`` step's ``ctx.state`` by its name, and each typed state
-        its class declares as ``<step>/<state>``."""
-        specs: dict[str, StateSpec] = {}
-        for name, op in self.ops.items():
-            if isinstance(op, Reduce):
-                specs[name] = ValueState(op.state_name, VALUES)
-            elif isinstance(op, Process):
-                specs[name] = op.raw
-                specs.update({f"{name}/{s.name}": op.renamed(s) for s in declared(type(op.comp)).values()})
-        return specs
-
     # ------------------------------------------------------------------ opening
 
     def recover_timers(self, scan: Callable[[bytes], Iterator[tuple[bytes, bytes]]]) -> list[tuple[bytes, str, int]]:
@@ -341,3 +327,36 @@ def _after(op: Op) -> list[Op]:
             seen[id(n)] = n
             todo += [m for m, _ in n.nexts]
     return list(seen.values())
+
+
+def readable_states(comp: object, params: Mapping[str, str] | None = None,
+                    load_code: Callable[[str, str], Any] = load) -> dict[str, StateSpec]:
+    """The typed states ``millstream state get --state``, Spark's ``read_state`` and
+    ``TestRun.typed_state`` name on a computation (one set up, or its class with its
+    ``params``), by the names they take: those its class declares; in a flow's stage, its
+    steps' state: a ``reduce`` step's running value by the step's name, a ``process`` or
+    ``sink`` step's ``ctx.state`` by its name, and each typed state its class declares as
+    ``<step>/<state>``. Read from the plan: only those classes are imported, none is made."""
+    cls = comp if isinstance(comp, type) else type(comp)
+    if not issubclass(cls, FlowStage):
+        return declared(cls)
+    plan = json.loads(params[PLAN_PARAM]) if isinstance(comp, type) else comp.plan  # type: ignore[index,attr-defined]
+    specs: dict[str, StateSpec] = {}
+    for name, doc in plan["steps"].items():
+        state_name = f"{TIMER_PREFIX}{name}"
+        if doc["kind"] == "reduce":
+            specs[name] = ValueState(state_name, VALUES)
+        elif doc["kind"] in ("process", "sink"):
+            specs[name] = ValueState(f"{state_name}/state", RAW)
+            for spec in declared(load_code(doc["cls"], f"step {name!r}")).values():
+                specs[f"{name}/{spec.name}"] = renamed(spec, state_name)
+    return specs
+
+
+def readable_spec(comp: object, name: str) -> StateSpec:
+    """The spec :func:`readable_states` names ``name`` on ``comp`` (set up); a
+    :class:`~runtime.errors.ConfigError` naming them all when none is."""
+    flow = isinstance(comp, FlowStage)
+    owner = f"the flow's stage {comp.stage!r}" if flow else f"computation class {type(comp).__name__}"  # type: ignore[attr-defined]
+    return pick(readable_states(comp), name, owner, " (a step's name, or <process step>/<typed state>)" if flow else
+                ", or leave out --state to read ctx.state")

@@ -201,9 +201,7 @@ class Process(Op):
             raise UsageError(f"step {self.name!r}: its typed state {spec.name!r} is stored as {name!r}, "
                              f"{len(name.encode())} bytes, over the 255 a state name may have; shorten the "
                              "step's name or the state's")
-        copy = object.__new__(type(spec))
-        copy.__dict__.update(vars(spec))
-        copy.name = name
+        copy = renamed(spec, self.state_name)
         self._renamed[(type(spec), spec.name)] = (spec, copy)
         return copy
 
@@ -435,4 +433,12 @@ class _Raw:
         return data
 
 
-_RAW = _Raw()
+_RAW = RAW = _Raw()
+
+
+def renamed(spec: Any, state_name: str) -> Any:
+    """A copy of typed state ``spec`` stored under a step's ``state_name``."""
+    copy = object.__new__(type(spec))
+    copy.__dict__.update(vars(spec))
+    copy.name = f"{state_name}/{spec.name}"
+    return copy

@@ -264,7 +264,7 @@ def test_a_flows_state_is_read_by_its_steps_names() -> None:
         assert run.typed_state(stage, b"b", "counts") == 1
         assert run.typed_state(stage, b"a", "remember") == b"3"
         assert run.typed_state(stage, b"a", "remember/seen") == [1, 2, 3]
-        with pytest.raises(ConfigError, match=r"no typed state 'seen' .*'counts' \(ValueState\), 'remember' "
+        with pytest.raises(ConfigError, match=r"stage 'counts' declares no typed state 'seen' .*'counts' \(ValueState\), 'remember' "
                                               r"\(ValueState\), 'remember/seen' \(ListState\)"):
             run.typed_state(stage, b"a", "seen")
 

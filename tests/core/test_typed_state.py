@@ -32,10 +32,17 @@ def _outs() -> list[dict[str, Any]]:
     return [json.loads(v) for name, _, v in Collector.seen if name == "out"]
 
 
-@pytest.mark.parametrize("clear_points", [1024, 0])  # a clear deletes entry by entry; past the limit, a range
-def test_typed_state_across_batches_and_a_reopen(tmp_path: Any, monkeypatch: Any, clear_points: int) -> None:
-    from worker import context
+@pytest.mark.parametrize("clear_points, batch_points", [(1024, 1 << 16), (0, 1 << 16), (1024, 1)])
+def test_typed_state_across_batches_and_a_reopen(tmp_path: Any, monkeypatch: Any, clear_points: int,
+                                                 batch_points: int) -> None:
+    """A clear deletes entry by entry; past its limit, or the batch's, it is a range delete."""
+    from worker import context, storage
     monkeypatch.setattr(context, "CLEAR_POINTS", clear_points)
+    monkeypatch.setattr(context, "BATCH_CLEAR_POINTS", batch_points)
+    ranges: list[bytes] = []
+    real = storage._Writes.delete_range
+    monkeypatch.setattr(storage._Writes, "delete_range",
+                        lambda self, start, end: (ranges.append(start), real(self, start, end))[1])
 
     async def run() -> None:
         core = await make_core(str(tmp_path), ROUTING)
@@ -57,6 +64,7 @@ def test_typed_state_across_batches_and_a_reopen(tmp_path: Any, monkeypatch: Any
         await core.close_all()
 
     asyncio.run(run())
+    assert bool([r for r in ranges if r.startswith(b"Y")]) == ((clear_points, batch_points) != (1024, 1 << 16))
 
 
 def test_ttl_hides_then_deletes_on_the_watermark(tmp_path: Any) -> None:

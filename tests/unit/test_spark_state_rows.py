@@ -41,13 +41,14 @@ def test_a_flows_state_is_read_by_its_steps_names(tmp_path: Any) -> None:
 
     flow = Dataflow("rs", key_ranges=1)
     flow.input("w", codec=codecs.STR).key_by(j.word_key).map(j.one) \
-        .reduce(j.add, name="counts").process(j.Remember, name="remember").output("out", codec=codecs.INT)
+        .reduce(j.add, name="counts").process(j.Unmakeable, name="remember").output("out", codec=codecs.INT)
     [spec] = [c for c in flow.topology().computations.values() if c.name != "rs.input"]
     path = os.path.join(str(tmp_path), "tablet")
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     db = Rdict(path, options=opts)
     db[cell(b"a", "flow/counts") + VALUE] = kept(VALUES.encode(3))
+    db[cell(b"a", "flow/remember/state") + VALUE] = kept(b"3")  # the step's ctx.state: bytes
     for i, n in enumerate([1, 2, 3]):
         db[cell(b"a", "flow/remember/seen") + ELEMENT + _INDEX.pack(i)] = kept(codecs.INT.encode(n))
     db.close()
@@ -55,3 +56,5 @@ def test_a_flows_state_is_read_by_its_steps_names(tmp_path: Any) -> None:
     assert [(r[0], r[2], r[3]) for r in _typed_rows((0, path, code, params, "counts", END_OF_TIME))] == [("a", None, "3")]
     rows = _typed_rows((0, path, code, params, "remember/seen", END_OF_TIME))
     assert [(r[0], r[2], r[3]) for r in rows] == [("a", "0", "1"), ("a", "1", "2"), ("a", "2", "3")]
+    # bytes as the CLI prints them (text, or 0x... hex), not their repr
+    assert [r[3] for r in _typed_rows((0, path, code, params, "remember", END_OF_TIME))] == ['"3"']
