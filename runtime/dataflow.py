@@ -142,14 +142,23 @@ class KeyedStream(Stream):
         acc); emits the new running value for every record."""
         return KeyedStream(self._flow, self._then("reduce", name, {"fn": code_path(fn, "reduce")}, True))
 
-    def window(self, windows: Any, aggregator: Any, *, name: str | None = None) -> KeyedStream:
+    def window(self, windows: Any, aggregator: Any, *, name: str | None = None,
+               emit: Literal["final", "updates"] = "final") -> KeyedStream:
         """Aggregate each key's values per event-time window (``Tumbling``, ``Sliding``,
         ``Session`` of runtime.windows, with ``allowed_lateness``); when the watermark passes a
         window's end plus the lateness it emits one :class:`~runtime.windows.WindowResult`
         ``(start, end, value)``, stamped at that moment. Records too late for every window go
-        to the stream ``<step name>.late``."""
+        to the stream ``<step name>.late``. ``emit="updates"``: early results instead (Kafka
+        Streams' emit on update, Quix's ``current()``): each batch emits every window it
+        changed with its value so far, stamped at the window's last instant (``end - 1``); the
+        last update of a window is its result, and its closing emits nothing more."""
         what = f"window {name or ''}".strip()
-        args = {"windows": windows_doc(windows, what), "agg": aggregator_doc(aggregator, what)}
+        if emit not in ("final", "updates"):
+            raise UsageError(f"{what}: emit={emit!r}; pass \"final\" (one result when the window closes) or "
+                             "\"updates\" (its value so far, each batch that changes it)")
+        args: dict[str, Any] = {"windows": windows_doc(windows, what), "agg": aggregator_doc(aggregator, what)}
+        if emit == "updates":
+            args["emit"] = emit  # (plans without it: final)
         return KeyedStream(self._flow, self._then("window", name, args, True))
 
     def process(self, cls: type, *, name: str | None = None, **params: str) -> KeyedStream:

@@ -127,7 +127,7 @@ class FlowStage(Computation):
             return Emit(name, doc["stream"], refs.load_codec(doc["codec"], self.load_code), key)
         if kind == "window":
             return Window(name, refs.windows_of(doc["windows"]), refs.aggregator_of(doc["agg"], self.load_code),
-                          doc["late"])
+                          doc["late"], doc.get("emit", "final"))
         if kind == "join":
             return Join(name, refs.windows_of(doc["windows"]), doc["late"])
         if kind == "interval_join":

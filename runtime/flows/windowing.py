@@ -17,6 +17,7 @@ the stage a (key, window) is read once and written once.
 
 from __future__ import annotations
 
+import copy
 import struct
 from collections.abc import Callable, Iterator
 from time import perf_counter, thread_time
@@ -273,11 +274,13 @@ class Window(EventTimeOp):
     CACHED = 1_000_000
     SKEYS_CACHED = 1 << 17
 
-    def __init__(self, name: str, windows: _Windows, agg: Any, late: str) -> None:
+    def __init__(self, name: str, windows: _Windows, agg: Any, late: str, emit: str = "final") -> None:
         super().__init__(name)
         self.windows = windows
         self.agg = agg
         self.late = late
+        self.updates = emit == "updates"  # each call emits the windows it changed; their firing, nothing
+        self._touched: dict[tuple[bytes, int], None] = {}  # (key, start) changed by this push, in order
         self.lateness = windows.lateness
         self.session = isinstance(windows, Session)
         self.size = windows.size if isinstance(windows, Tumbling) else 0
@@ -328,7 +331,7 @@ class Window(EventTimeOp):
                     late.append((key, value, ts))
         else:
             size, assign = self.size, self.windows.assign
-            dirty, accs, where = self._dirty, self._accs, self.index.where
+            dirty, accs, where, updates, touched = self._dirty, self._accs, self.index.where, self.updates, self._touched
             for key, value, ts in items:
                 if size:  # tumbling: one window, inline
                     s = ts - ts % size
@@ -350,8 +353,27 @@ class Window(EventTimeOp):
                                 accs[k] = w
                     w[1] = add(w[1], value)
                     dirty[k] = w
+                    if updates:
+                        touched[k] = None
         for key, value, ts in late:
             ctx.produce(self.late, AUTO.encode(value), key=key, timestamp=ts)
+        if self.updates:
+            self._emit_updates(ctx)
+
+    def _emit_updates(self, ctx: Context) -> None:
+        """``emit="updates"``: each window this push changed, its value so far, stamped at its
+        last instant (``end - 1``, as Flink stamps a window's results); a list or dict copied,
+        as the accumulator may grow in place after."""
+        result, out, dirty = self._result, [], self._dirty
+        for k in self._touched:
+            w = dirty.get(k)
+            if w is None:
+                continue  # merged into another session since
+            value = w[1] if result is None else result(w[1])
+            out.append((k[0], WindowResult(k[1], w[0], copy.copy(value) if type(value) in (list, dict) else value),
+                        w[0] - 1))
+        self._touched.clear()
+        self.emit(ctx, out)
 
     def _add_session(self, ctx: Context, key: bytes, s: int, e: int, acc: Any, wm: int) -> None:
         """A record's session ``[s, e)`` joins every open session it overlaps (a record can
@@ -383,6 +405,8 @@ class Window(EventTimeOp):
                     merged = True
         w = [e, acc]
         sessions[s] = self._dirty[(key, s)] = w
+        if self.updates:
+            self._touched[(key, s)] = None
         if len(self._accs) < self.CACHED:
             self._accs[(key, s)] = w
         self.due_at(ctx, e + self.lateness, key, s)
@@ -407,6 +431,8 @@ class Window(EventTimeOp):
             sessions = self._sessions.get(key)
             if sessions is not None:
                 sessions.pop(start, None)
+            if self.updates:
+                continue  # its last update was its value
             value = w[1]
             if result is not None:
                 try:
@@ -433,6 +459,7 @@ class Window(EventTimeOp):
 
     def abort(self) -> None:
         self._dirty.clear()
+        self._touched.clear()
         self._sessions.clear()
         self._accs.clear()  # an aggregator may have changed an accumulator in place
         super().abort()

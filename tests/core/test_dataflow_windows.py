@@ -14,12 +14,13 @@ import pytest
 from prometheus_client import REGISTRY
 
 from runtime import Dataflow, codecs
+from runtime.errors import UsageError
 from runtime.flows import windowing
 from runtime.flows.values import VALUES
 from runtime.sinks import read_file_sink
 from runtime.state import TYPED
 from runtime.testing import TestRun
-from runtime.windows import SECOND, Count, Session, Sliding, Sum, Tumbling
+from runtime.windows import SECOND, Collect, Count, Session, Sliding, Sum, Tumbling
 from tests import flowjobs as j
 
 T0 = 1_700_000_000_000_000
@@ -101,6 +102,43 @@ def test_session_windows_merge_out_of_order_and_send_late_records_on() -> None:
         got = sorted((r.key.decode(), _j(r)[0] - T0, _j(r)[1] - T0, _j(r)[2]) for r in run.output("out"))
         assert got == [("a", 0, 800_000, 7), ("a", 1_900_000, 2_200_000, 32), ("b", 100_000, 400_000, 8)]
         assert [_j(r) for r in run.output("sessions.late")] == [16]
+
+
+def test_a_window_that_emits_updates_emits_each_batchs_value_so_far_and_nothing_when_it_closes() -> None:
+    """User review (triggers): one emission per window, at its close. ``emit="updates"`` gives
+    early results: each batch emits the windows it changed with their value so far, stamped
+    at the window's last instant; the last update is the window's result."""
+    flow = Dataflow("up", key_ranges=1)
+    flow.input("ev", codec=codecs.INT, keyed=True).window(Tumbling(SECOND), Sum(), name="sums", emit="updates") \
+        .output("sums", codec=codecs.JSON)
+    with TestRun(flow) as run:
+        run.inject_batch("ev", [(b"a", b"1", T0), (b"a", b"2", T0 + 10), (b"b", b"5", T0 + SECOND)])
+        run.run_until_idle()
+        first = [(r.key, _j(r), r.timestamp) for r in run.output("sums")]
+        run.inject_batch("ev", [(b"a", b"4", T0 + 20)])
+        run.advance_watermark("ev", T0 + 5 * SECOND)  # every window closes: nothing more
+        run.run_until_idle()
+        every = [(r.key, _j(r), r.timestamp) for r in run.output("sums")]
+    end = T0 + SECOND
+    assert first == [(b"a", [T0, end, 3], end - 1), (b"b", [end, end + SECOND, 5], end + SECOND - 1)]
+    assert every == first + [(b"a", [T0, end, 7], end - 1)]
+
+
+def test_session_windows_that_emit_updates_emit_the_merged_session() -> None:
+    flow = Dataflow("su", key_ranges=1)
+    flow.input("ev", codec=codecs.INT, keyed=True).window(Session(2 * SECOND), Collect(), name="s", emit="updates") \
+        .output("s", codec=codecs.JSON)
+    with TestRun(flow) as run:
+        run.inject_batch("ev", [(b"k", b"1", T0), (b"k", b"3", T0 + 3 * SECOND)])  # two sessions
+        run.run_until_idle()
+        run.inject_batch("ev", [(b"k", b"2", T0 + 1_500_000)])  # bridges them
+        run.finish("ev")
+        run.run_until_idle()
+        got = [_j(r) for r in run.output("s")]
+    assert got == [[T0, T0 + 2 * SECOND, [1]], [T0 + 3 * SECOND, T0 + 5 * SECOND, [3]],
+                   [T0, T0 + 5 * SECOND, [1, 2, 3]]]
+    with pytest.raises(UsageError, match="emit='sometimes'; pass \"final\""):
+        Dataflow("bad").input("ev", keyed=True).window(Tumbling(SECOND), Sum(), emit="sometimes")  # type: ignore[arg-type]
 
 
 def test_a_window_join_pairs_every_left_with_every_right_of_its_key_and_window() -> None:
