@@ -148,10 +148,11 @@ class KeyedStream(Stream):
         ``Session`` of runtime.windows, with ``allowed_lateness``); when the watermark passes a
         window's end plus the lateness it emits one :class:`~runtime.windows.WindowResult`
         ``(start, end, value)``, stamped at that moment. Records too late for every window go
-        to the stream ``<step name>.late``. ``emit="updates"``: early results instead (Kafka
-        Streams' emit on update, Quix's ``current()``): each batch emits every window it
-        changed with its value so far, stamped at the window's last instant (``end - 1``); the
-        last update of a window is its result, and its closing emits nothing more."""
+        to the stream ``<step name>.late``. ``emit="updates"``: early results too (Kafka
+        Streams' emit on update, Quix's ``current()``, Beam's early firings): each batch emits
+        every window it changed with its value so far, stamped at the window's last instant
+        (``end - 1``, or the watermark if later), a session merged away with the value None;
+        then the window's result when it closes, as without it."""
         what = f"window {name or ''}".strip()
         if emit not in ("final", "updates"):
             raise UsageError(f"{what}: emit={emit!r}; pass \"final\" (one result when the window closes) or "

@@ -69,8 +69,12 @@ class Record:
 
     @property
     def datetime(self) -> _datetime:
-        """``timestamp`` as an aware ``datetime`` in UTC."""
-        return _EPOCH + timedelta(microseconds=self.timestamp)
+        """``timestamp`` as an aware ``datetime`` in UTC (years 1 to 9999, as ``datetime`` has)."""
+        try:
+            return _EPOCH + timedelta(microseconds=self.timestamp)
+        except OverflowError:
+            raise UsageError(f"timestamp {self.timestamp} µs is outside the years a datetime holds (1 to 9999); "
+                             "was it sent in nanoseconds (time.time_ns() needs // 1000)?") from None
 
 
 _SET_FIELDS = tuple(Record.__dict__[f].__set__ for f in ("key", "value", "timestamp", "id", "stream"))

@@ -23,6 +23,7 @@ it to a given watermark).
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import logging
 import re
@@ -36,7 +37,7 @@ from injectors.injector import DEFAULT_BATCH_SIZE, END_OF_TIME, Injector
 from runtime.client import Client, parse_addresses
 from runtime.errors import InjectionError, MillstreamError
 from runtime.imports import CodePolicy
-from runtime.record import MAX_KEY_BYTES, MAX_VALUE_BYTES, derived_id
+from runtime.record import MAX_KEY_BYTES, MAX_VALUE_BYTES, check_time, derived_id
 from runtime.routing import RoutingTable
 from runtime.security import Security
 
@@ -361,7 +362,7 @@ def _summary(name: str, parts: list[tuple[int, int, int | None, int | None]], wa
 
 def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] | None,
            timestamp: str, name: str, masters: str | Iterable[str], id: str | None = None,
-           watermark: int | str = "finish", batch_size: int = DEFAULT_BATCH_SIZE,
+           watermark: int | datetime.datetime | str = "finish", batch_size: int = DEFAULT_BATCH_SIZE,
            timeout: float = 60.0, incarnation: str | None = None,
            allow_code: str | Sequence[str] = (), security: Security = Security()) -> InjectionResult:
     """Send every row of ``df`` to ``stream`` as one record, exactly once.
@@ -405,8 +406,7 @@ def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] |
         raise InvalidInputError("name= must be a non-empty string: it names the injection and seeds its ids")
     addresses = parse_addresses(masters)
     p = plan(df, key=key, value=value, timestamp=timestamp, id=id)
-    if not (watermark in ("finish", "max") or (isinstance(watermark, int) and not isinstance(watermark, bool))):
-        raise InvalidInputError(f"watermark={watermark!r}: use 'finish', 'max' or an int of microseconds")
+    until = None if watermark in ("finish", "max") else check_time(watermark, "watermark=", InvalidInputError)
     check_stream(addresses, stream, min(timeout, 10.0), security)
     check_rows(df, p)
     if p.integer_time is not None:
@@ -424,7 +424,7 @@ def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] |
             holder.finish()
             wm = END_OF_TIME
         else:
-            target = result.max_timestamp if watermark == "max" else int(watermark)
+            target = result.max_timestamp if until is None else until  # (an int of microseconds, or a datetime)
             if target is not None:
                 holder.advance_watermark(target)
             wm = holder.watermark

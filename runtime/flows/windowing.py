@@ -17,7 +17,6 @@ the stage a (key, window) is read once and written once.
 
 from __future__ import annotations
 
-import copy
 import struct
 from collections.abc import Callable, Iterator
 from time import perf_counter, thread_time
@@ -279,8 +278,9 @@ class Window(EventTimeOp):
         self.windows = windows
         self.agg = agg
         self.late = late
-        self.updates = emit == "updates"  # each call emits the windows it changed; their firing, nothing
+        self.updates = emit == "updates"  # each push emits the windows it changed, then each its result
         self._touched: dict[tuple[bytes, int], None] = {}  # (key, start) changed by this push, in order
+        self._retracted: list[tuple[bytes, int, int]] = []  # (key, start, end): sessions merged away by it
         self.lateness = windows.lateness
         self.session = isinstance(windows, Session)
         self.size = windows.size if isinstance(windows, Tumbling) else 0
@@ -358,21 +358,29 @@ class Window(EventTimeOp):
         for key, value, ts in late:
             ctx.produce(self.late, AUTO.encode(value), key=key, timestamp=ts)
         if self.updates:
-            self._emit_updates(ctx)
+            self._emit_updates(ctx, wm)
 
-    def _emit_updates(self, ctx: Context) -> None:
-        """``emit="updates"``: each window this push changed, its value so far, stamped at its
-        last instant (``end - 1``, as Flink stamps a window's results); a list or dict copied,
-        as the accumulator may grow in place after."""
+    def _emit_updates(self, ctx: Context, wm: int) -> None:
+        """``emit="updates"``: each window this push changed, its value so far (a copy: the
+        accumulator may change in place after), stamped at its last instant (``end - 1``, as
+        Flink stamps a window's results) or at the watermark if that is later (an update in
+        the allowed lateness is not late after it); a session merged into another, with the
+        value None (as Kafka Streams sends a tombstone for it)."""
         result, out, dirty = self._result, [], self._dirty
+        for key, start, end in self._retracted:
+            w = dirty.get((key, start))
+            if w is None or w[0] != end:  # (not the session it became)
+                out.append((key, WindowResult(start, end, None), max(end - 1, wm)))
         for k in self._touched:
             w = dirty.get(k)
             if w is None:
-                continue  # merged into another session since
+                continue  # merged away since
             value = w[1] if result is None else result(w[1])
-            out.append((k[0], WindowResult(k[1], w[0], copy.copy(value) if type(value) in (list, dict) else value),
-                        w[0] - 1))
+            if type(value) not in _SCALARS:
+                value = VALUES.decode(VALUES.encode(value))
+            out.append((k[0], WindowResult(k[1], w[0], value), max(w[0] - 1, wm)))
         self._touched.clear()
+        self._retracted.clear()
         self.emit(ctx, out)
 
     def _add_session(self, ctx: Context, key: bytes, s: int, e: int, acc: Any, wm: int) -> None:
@@ -401,6 +409,8 @@ class Window(EventTimeOp):
                     s, e = min(s, start), max(e, end)
                     del sessions[start]
                     self._gone(key, start)
+                    if self.updates:
+                        self._retracted.append((key, start, end))
                     self.index.discard(end + self.lateness, key, start)
                     merged = True
         w = [e, acc]
@@ -431,8 +441,6 @@ class Window(EventTimeOp):
             sessions = self._sessions.get(key)
             if sessions is not None:
                 sessions.pop(start, None)
-            if self.updates:
-                continue  # its last update was its value
             value = w[1]
             if result is not None:
                 try:
@@ -460,6 +468,7 @@ class Window(EventTimeOp):
     def abort(self) -> None:
         self._dirty.clear()
         self._touched.clear()
+        self._retracted.clear()
         self._sessions.clear()
         self._accs.clear()  # an aggregator may have changed an accumulator in place
         super().abort()
@@ -477,3 +486,4 @@ class Window(EventTimeOp):
 
 
 _MISSING = object()
+_SCALARS = (int, float, str, bytes, bool, type(None))

@@ -104,24 +104,31 @@ def test_session_windows_merge_out_of_order_and_send_late_records_on() -> None:
         assert [_j(r) for r in run.output("sessions.late")] == [16]
 
 
-def test_a_window_that_emits_updates_emits_each_batchs_value_so_far_and_nothing_when_it_closes() -> None:
+def test_a_window_that_emits_updates_emits_each_batchs_value_so_far_then_its_result() -> None:
     """User review (triggers): one emission per window, at its close. ``emit="updates"`` gives
     early results: each batch emits the windows it changed with their value so far, stamped
-    at the window's last instant; the last update is the window's result."""
+    at the window's last instant, or at the watermark in the allowed lateness; then the
+    window's result when it closes, as without it."""
     flow = Dataflow("up", key_ranges=1)
-    flow.input("ev", codec=codecs.INT, keyed=True).window(Tumbling(SECOND), Sum(), name="sums", emit="updates") \
+    windows = Tumbling(SECOND, allowed_lateness=SECOND)
+    flow.input("ev", codec=codecs.INT, keyed=True).window(windows, Sum(), name="sums", emit="updates") \
         .output("sums", codec=codecs.JSON)
+    end = T0 + SECOND
     with TestRun(flow) as run:
-        run.inject_batch("ev", [(b"a", b"1", T0), (b"a", b"2", T0 + 10), (b"b", b"5", T0 + SECOND)])
+        run.inject_batch("ev", [(b"a", b"1", T0), (b"a", b"2", T0 + 10), (b"b", b"5", end)])
         run.run_until_idle()
         first = [(r.key, _j(r), r.timestamp) for r in run.output("sums")]
-        run.inject_batch("ev", [(b"a", b"4", T0 + 20)])
-        run.advance_watermark("ev", T0 + 5 * SECOND)  # every window closes: nothing more
+        run.advance_watermark("ev", end + SECOND // 2)  # a's window is in its allowed lateness
         run.run_until_idle()
-        every = [(r.key, _j(r), r.timestamp) for r in run.output("sums")]
-    end = T0 + SECOND
+        run.inject_batch("ev", [(b"a", b"4", T0 + 20)])
+        run.run_until_idle()
+        late_update = [(r.key, _j(r), r.timestamp) for r in run.output("sums")][len(first):]
+        run.advance_watermark("ev", T0 + 5 * SECOND)  # every window closes: its result
+        run.run_until_idle()
+        closes = [(r.key, _j(r), r.timestamp) for r in run.output("sums")][len(first) + 1:]
     assert first == [(b"a", [T0, end, 3], end - 1), (b"b", [end, end + SECOND, 5], end + SECOND - 1)]
-    assert every == first + [(b"a", [T0, end, 7], end - 1)]
+    assert late_update == [(b"a", [T0, end, 7], end + SECOND // 2)]  # at the watermark: not late after it
+    assert sorted(closes) == [(b"a", [T0, end, 7], end + SECOND), (b"b", [end, end + SECOND, 5], end + 2 * SECOND)]
 
 
 def test_session_windows_that_emit_updates_emit_the_merged_session() -> None:
@@ -136,7 +143,8 @@ def test_session_windows_that_emit_updates_emit_the_merged_session() -> None:
         run.run_until_idle()
         got = [_j(r) for r in run.output("s")]
     assert got == [[T0, T0 + 2 * SECOND, [1]], [T0 + 3 * SECOND, T0 + 5 * SECOND, [3]],
-                   [T0, T0 + 5 * SECOND, [1, 2, 3]]]
+                   [T0, T0 + 2 * SECOND, None], [T0 + 3 * SECOND, T0 + 5 * SECOND, None],  # merged away
+                   [T0, T0 + 5 * SECOND, [1, 2, 3]], [T0, T0 + 5 * SECOND, [1, 2, 3]]]  # the update, the result
     with pytest.raises(UsageError, match="emit='sometimes'; pass \"final\""):
         Dataflow("bad").input("ev", keyed=True).window(Tumbling(SECOND), Sum(), emit="sometimes")  # type: ignore[arg-type]
 

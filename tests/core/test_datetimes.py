@@ -29,6 +29,8 @@ def test_a_datetime_with_a_time_zone_is_its_instant_in_microseconds() -> None:
         check_time(datetime.datetime(2026, 12, 6), "timer time")
     with pytest.raises(UsageError, match="must be an int of microseconds .* or a datetime with a time zone"):
         check_time(1.5, "t")
+    with pytest.raises(UsageError, match="outside the years a datetime holds .*time.time_ns\\(\\) needs // 1000"):
+        _ = Record(b"k", b"v", AT_US * 1000, b"0" * 16).datetime  # nanoseconds
 
 
 def test_a_job_sets_timers_and_produces_by_datetime_and_a_test_injects_by_datetime() -> None:
