@@ -536,9 +536,9 @@ class BatchProcessor:
         upto = min(timer.time, keys.get(timer.key, timer.time), every)
         prefix = cell(timer.key, timer.tag[len(TTL_TAG):])
         gone, nxt = expired(prefix, ctx.cell_scan(prefix), upto)
-        for skey in gone:
-            ctx.cell_delete(skey)
-        if nxt is not None:
+        if not ctx.delete_some(gone):  # the batch's budget of deletes is spent: the rest in the next batch
+            ctx._set_timer(timer.tag, timer.time, TimeDomain.EVENT_TIME)
+        elif nxt is not None:
             ctx._set_timer(timer.tag, ttl_rearm(timer.time, nxt, ctx.low_watermark), TimeDomain.EVENT_TIME)
 
     def read_cell(self, skey: bytes) -> bytes | None:

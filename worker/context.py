@@ -306,6 +306,16 @@ class KeyContext(Context):
         for skey in keys:
             cells[skey] = None
 
+    def delete_some(self, skeys: list[bytes]) -> bool:
+        """Delete ``skeys`` in order, one by one, as many as the batch's budget of such deletes
+        (:data:`BATCH_CLEAR_POINTS`) has room for; False if some are left."""
+        room = max(0, BATCH_CLEAR_POINTS - self.cleared_points)
+        cells = self.effects.cells
+        for skey in skeys[:room]:
+            cells[skey] = None
+        self.cleared_points += min(room, len(skeys))
+        return len(skeys) <= room
+
     def expire_at(self, name: str, time: int) -> None:
         """The runtime's timer that deletes this key's expired entries of state ``name``: at
         the earliest expiry written, never moved later (each write moved it to its own expiry,

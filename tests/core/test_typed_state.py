@@ -142,6 +142,35 @@ class TtlEvents(Computation):
         ctx.state_of(self.events).append(int(record.value))
 
 
+def test_a_ttl_firing_deletes_no_more_than_the_batchs_budget_and_comes_back_for_the_rest(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    """Review: a key's TTL firing deleted every expired entry in one commit (a million of them
+    would not fit a replication frame). It deletes what the batch's budget of one-by-one
+    deletes leaves room for, and its timer comes back in the next batch for the rest."""
+    from worker import context, storage
+    monkeypatch.setattr(context, "BATCH_CLEAR_POINTS", 2)
+    deletes: list[int] = []
+    real = storage.TabletStore.commit
+
+    def commit(self: Any, c: Any) -> Any:
+        deletes.append(sum(v is None for v in c.cells.values()))
+        return real(self, c)
+    monkeypatch.setattr(storage.TabletStore, "commit", commit)
+
+    async def run() -> None:
+        core = await make_core(str(tmp_path), routing(("ttl", f"{__name__}:TtlEvents", ["in"], [], {})))
+        for i in range(5):
+            _queue(core, ("ttl", 0), _r(i, "1"))
+        await _until(lambda: (t := core.tablets.get(("ttl", 0))) is not None and t.processed == 5, "five records")
+        tablet = core.tablets[("ttl", 0)]
+        core.set_watermarks({"ttl": BASE + 20_000_000})  # past every element's expiry
+        await _until(lambda: not list(tablet.store.scan(b"Y")), "the list, counter included, deleted")
+        await core.close_all()
+
+    asyncio.run(run())
+    assert max(deletes) == 2 and sum(deletes) == 6, deletes  # five elements and the counter, two a batch
+
+
 def test_a_ttl_list_whose_elements_all_expired_leaves_nothing_of_its_key(tmp_path: Any) -> None:
     """Review 3 N15: the list's counter had no expiry and stayed for ever (one entry per key
     ever seen), and no TTL timer came back for it."""
