@@ -35,6 +35,7 @@ workers from their module paths: a lambda or a closure is refused when the step 
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -46,6 +47,8 @@ from runtime.errors import TopologyError, UsageError
 from runtime.flows import FLOW_CODE, FLOW_KEY, PLAN_PARAM, SINK_FLOW_CODE
 from runtime.flows.refs import aggregator_doc, code_path, codec_ref, windows_doc
 from runtime.topology import DEFAULT_KEY_RANGES, Topology, _check_name, late_stream
+
+_MICROSECOND = datetime.timedelta(microseconds=1)
 
 _STATELESS = ("map", "flat_map", "filter")
 
@@ -186,16 +189,18 @@ class KeyedStream(Stream):
         args = {"windows": windows_doc(windows, "join")}
         return KeyedStream(self._flow, self._then("join", name, args, True, (other,)))
 
-    def interval_join(self, other: KeyedStream, lower: int, upper: int, *, name: str | None = None) -> KeyedStream:
+    def interval_join(self, other: KeyedStream, lower: int | datetime.timedelta, upper: int | datetime.timedelta, *,
+                      name: str | None = None) -> KeyedStream:
         """Values ``(left, right)`` for every pair of the same key where ``right.timestamp -
-        left.timestamp`` is within ``[lower, upper]`` microseconds, emitted as soon as both are
+        left.timestamp`` is within ``[lower, upper]`` (microseconds, or ``timedelta``s), emitted as soon as both are
         in (stamped at the later of the two). A record behind the watermark by more than the
         second its timestamp falls in (a partner of it may have been dropped) goes to
         ``<step name>.late``, unpaired."""
         self._check_other(other, "interval_join")
+        lower, upper = (v // _MICROSECOND if isinstance(v, datetime.timedelta) else v for v in (lower, upper))
         for what, v in (("lower", lower), ("upper", upper)):
             if isinstance(v, bool) or not isinstance(v, int):
-                raise UsageError(f"interval_join: {what}={v!r} must be an int of microseconds")
+                raise UsageError(f"interval_join: {what}={v!r} must be an int of microseconds or a timedelta")
         if lower > upper:
             raise UsageError(f"interval_join: lower={lower} is above upper={upper}")
         return KeyedStream(self._flow, self._then("interval_join", name, {"lower": lower, "upper": upper}, True,

@@ -17,7 +17,7 @@ SECOND = 1_000_000
 
 
 def _us(v: int | datetime.timedelta, what: str) -> int:
-    us = int(v.total_seconds() * 1_000_000) if isinstance(v, datetime.timedelta) else v
+    us = v // datetime.timedelta(microseconds=1) if isinstance(v, datetime.timedelta) else v  # (exact)
     if isinstance(us, bool) or not isinstance(us, int) or us < 0:
         raise MillstreamError(f"{what}={v!r} must be a non-negative int of microseconds (or a timedelta)")
     return us

@@ -5,11 +5,13 @@ without, saying so; ``Record.datetime`` gives a record's timestamp back as one."
 from __future__ import annotations
 
 import datetime
+import json
 
 import pytest
 
 from runtime import Record, Topology
 from runtime.errors import UsageError
+from runtime.flows import PLAN_PARAM
 from runtime.record import check_time
 from runtime.testing import TestRun
 from tests import flowjobs as j
@@ -43,3 +45,16 @@ def test_a_job_sets_timers_and_produces_by_datetime_and_a_test_injects_by_dateti
     minute = AT + datetime.timedelta(minutes=1)
     assert out.value == minute.isoformat().encode() and out.timestamp == AT_US + 60_000_000
     assert out.datetime == minute
+
+
+def test_an_interval_joins_bounds_may_be_timedeltas_and_windows_are_exact() -> None:
+    from runtime import Dataflow
+    from runtime.windows import Tumbling
+
+    flow = Dataflow("ij")
+    left, right = flow.input("l", keyed=True), flow.input("r", keyed=True)
+    left.interval_join(right, -datetime.timedelta(seconds=1), datetime.timedelta(milliseconds=1), name="near") \
+        .output("o")
+    plan = json.loads(flow.topology().computations["near"].params[PLAN_PARAM])
+    assert (plan["steps"]["near"]["lower"], plan["steps"]["near"]["upper"]) == (-1_000_000, 1_000)
+    assert Tumbling(datetime.timedelta(days=36500, microseconds=1)).size == 36500 * 86_400_000_000 + 1  # exact
