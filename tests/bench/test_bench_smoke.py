@@ -174,3 +174,11 @@ def test_the_record_path_and_its_floor_measure_the_deliveries() -> None:
     assert set(parts) == {"nothing", "state_read", "state_write", "state_read_and_write", "one_production",
                           "w1_counter"}
     assert all(v > 0 for v in parts.values()), parts
+
+
+def test_the_joins_bench_prints_a_figure_per_join_and_size(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import joins
+    assert joins.main(["40"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(x["what"], x["n"]) for x in lines] == [("join", 40), ("interval_join", 40)]
+    assert lines[0]["us_per_key"] > 0 and lines[1]["us_per_record"] > 0
