@@ -189,6 +189,20 @@ class KeyedStream(Stream):
         args = {"windows": windows_doc(windows, "join")}
         return KeyedStream(self._flow, self._then("join", name, args, True, (other,)))
 
+    def lookup_join(self, table: KeyedStream, *, how: Literal["inner", "left"] = "inner",
+                    name: str | None = None) -> KeyedStream:
+        """Values ``(value, latest)`` for every value of this stream: ``latest`` is the last
+        value ``table`` carried for the same key before it (Kafka Streams' stream-table join,
+        Quix's lookup join, a join with the latest version in Flink): processing order, not
+        event time. A value whose key has no table value yet is dropped (``how="inner"``) or
+        goes on as ``(value, None)`` (``how="left"``). The table's values are the step's
+        state: read by the step's name (``state get``, Spark, ``TestRun.typed_state``)."""
+        self._check_other(table, "lookup_join")
+        if how not in ("inner", "left"):
+            raise UsageError(f"lookup_join: how={how!r}; pass \"inner\" (drop values with no table value yet) "
+                             "or \"left\" (pass them on with None)")
+        return KeyedStream(self._flow, self._then("lookup_join", name, {"how": how}, True, (table,)))
+
     def interval_join(self, other: KeyedStream, lower: int | datetime.timedelta, upper: int | datetime.timedelta, *,
                       name: str | None = None) -> KeyedStream:
         """Values ``(left, right)`` for every pair of the same key where ``right.timestamp -
@@ -279,7 +293,7 @@ class Dataflow:
 
 # ------------------------------------------------------------------------ compiling
 
-_STATEFUL = ("reduce", "window", "process", "join", "interval_join")
+_STATEFUL = ("reduce", "window", "process", "join", "interval_join", "lookup_join")
 
 
 @dataclass

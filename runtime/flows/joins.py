@@ -12,10 +12,10 @@ from typing import Any
 from runtime.computation import Context
 from runtime.errors import UsageError
 from runtime.flows.assigners import Sliding, Tumbling, _Windows
-from runtime.flows.ops import Item
+from runtime.flows.ops import Item, Op
 from runtime.flows.values import AUTO, VALUES
 from runtime.flows.windowing import EventTimeOp, decode_time, encode_time
-from runtime.state import COUNT, ENTRY, cell, kept, payload
+from runtime.state import COUNT, ENTRY, VALUE, cell, kept, payload
 
 _U64 = struct.Struct(">Q")
 
@@ -90,6 +90,50 @@ class Join(EventTimeOp):
                 self.index.add(start + size + self.lateness, key, start)
         self.index.commit()
         return self.recover_timers()
+
+
+class LookupJoin(Op):
+    """``(value, latest)`` for each value of side 0, ``latest`` being the last value side 1
+    (the table) carried for its key, in the order the stage gets them (a batch takes one
+    input's records, then the other's). The table's values are a cell per key, held for the
+    call and written once at its end, as ``reduce`` keeps its running values."""
+
+    def __init__(self, name: str, how: str) -> None:
+        super().__init__(name)
+        self.left = how == "left"
+        self._table: dict[bytes, Any] = {}  # key -> its table value, set or read this call
+        self._dirty: set[bytes] = set()
+
+    def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
+        table = self._table
+        if side == 1:
+            for key, value, _ in items:
+                table[key] = value
+                self._dirty.add(key)
+            return
+        out, missing = [], _MISSING
+        for key, value, ts in items:
+            latest = table.get(key, missing)
+            if latest is missing:
+                stored = ctx.cell_get(cell(key, self.state_name) + VALUE)  # type: ignore[attr-defined]
+                latest = table[key] = missing if stored is None else VALUES.decode(payload(stored))
+            if latest is not missing:
+                out.append((key, (value, latest), ts))
+            elif self.left:
+                out.append((key, (value, None), ts))
+        self.emit(ctx, out)
+
+    def finish(self, ctx: Context) -> None:
+        for key in self._dirty:
+            ctx.cell_put(cell(key, self.state_name) + VALUE, kept(VALUES.encode(self._table[key])))  # type: ignore[attr-defined]
+        self.abort()
+
+    def abort(self) -> None:
+        self._table.clear()
+        self._dirty.clear()
+
+
+_MISSING = object()
 
 
 class IntervalJoin(EventTimeOp):

@@ -23,7 +23,7 @@ from runtime.codecs import Codec
 from runtime.computation import Computation, Context
 from runtime.errors import TopologyError
 from runtime.flows import PLAN_PARAM, refs
-from runtime.flows.joins import IntervalJoin, Join
+from runtime.flows.joins import IntervalJoin, Join, LookupJoin
 from runtime.flows.ops import TIMER_PREFIX, Emit, Filter, FlatMap, Item, Map, Op, Reduce
 from runtime.flows.steps import RAW, Process, SinkStep, renamed
 from runtime.flows.values import VALUES
@@ -130,6 +130,8 @@ class FlowStage(Computation):
                           doc["late"], doc.get("emit", "final"))
         if kind == "join":
             return Join(name, refs.windows_of(doc["windows"]), doc["late"])
+        if kind == "lookup_join":
+            return LookupJoin(name, doc["how"])
         if kind == "interval_join":
             return IntervalJoin(name, doc["lower"], doc["upper"], doc.get("late", ""))  # (plans before it had none)
         if kind in ("process", "sink"):
@@ -344,7 +346,7 @@ def readable_states(comp: object, params: Mapping[str, str] | None = None,
     specs: dict[str, StateSpec] = {}
     for name, doc in plan["steps"].items():
         state_name = f"{TIMER_PREFIX}{name}"
-        if doc["kind"] == "reduce":
+        if doc["kind"] in ("reduce", "lookup_join"):
             specs[name] = ValueState(state_name, VALUES)
         elif doc["kind"] in ("process", "sink"):
             specs[name] = ValueState(f"{state_name}/state", RAW)

@@ -195,6 +195,39 @@ def test_a_join_firing_deletes_its_windows_entry_by_entry(monkeypatch: Any) -> N
     assert [s for s in ranges if s.startswith(TYPED)] == []
 
 
+def test_a_lookup_join_pairs_each_value_with_the_tables_latest_for_its_key_through_a_restart() -> None:
+    """User review (stream-table joins): each value of the stream goes on with the last value
+    the table carried for its key before it; with no table value yet it is dropped (inner)
+    or goes on with None (left). The table is state: it survives a restart of the stage."""
+    flow = Dataflow("lk", key_ranges=2)
+    clicks = flow.input("clicks", codec=codecs.JSON).key_by(j.key_of).map(j.value_of)
+    users = flow.input("users", codec=codecs.JSON).key_by(j.key_of).map(j.value_of)
+    clicks.lookup_join(users, name="inner").output("inner", codec=codecs.JSON)
+    clicks.lookup_join(users, how="left", name="left").output("left", codec=codecs.JSON)
+
+    def send(stream: str, k: str, v: Any, t: int) -> None:
+        run.inject(stream, b"", json.dumps({"k": k, "v": v}).encode(), T0 + t)
+
+    with TestRun(flow) as run:
+        send("clicks", "u1", "c0", 0)          # no table value yet
+        send("users", "u1", "ann", 1)
+        send("clicks", "u1", "c1", 2)
+        send("users", "u1", "anne", 3)          # the table moves on
+        run.run_until_idle()
+        assert list(flow.topology().computations) == ["inner"]  # both joins in one stage
+        run.restart("inner")
+        send("clicks", "u1", "c2", 4)           # after a restart: the table's last value
+        send("clicks", "u2", "c3", 5)
+        run.run_until_idle()
+        inner = [tuple(_j(r)) for r in run.output("inner")]
+        left = [(r.key, tuple(_j(r))) for r in run.output("left")]
+        assert run.typed_state("inner", b"u1", "inner") == run.typed_state("inner", b"u1", "left") == "anne"
+    assert inner == [("c1", "ann"), ("c2", "anne")]
+    assert left == [(b"u1", ("c0", None)), (b"u1", ("c1", "ann")), (b"u1", ("c2", "anne")), (b"u2", ("c3", None))]
+    with pytest.raises(UsageError, match="how='outer'; pass \"inner\""):
+        clicks.lookup_join(users, how="outer")  # type: ignore[arg-type]
+
+
 def test_an_interval_join_pairs_within_the_bounds_as_soon_as_both_are_in() -> None:
     rng = random.Random(5)
     lower, upper = -200_000, 300_000
