@@ -314,11 +314,13 @@ def bind(spec: object, cells: Cells) -> ValueHandle | ListHandle | MapHandle:
                     f"class, not {type(spec).__name__}")
 
 
-def expired(prefix: bytes, entries: Iterable[tuple[bytes, bytes]], time: int) -> tuple[list[bytes], int | None]:
+def expired(prefix: bytes, entries: Iterable[tuple[bytes, bytes]], time: int,
+            limit: int | None = None) -> tuple[list[bytes], int | None]:
     """Of the ``entries`` (storage key, stored value) of the cell ``prefix``: the keys expired at
     ``time``, and the earliest expiry among the others (None: none will expire). A list's
     counter has no expiry: it goes with its last element (else a key seen once would keep it
-    for ever, and no timer would come back for it); the next append starts again at 0."""
+    for ever, and no timer would come back for it); the next append starts again at 0. With
+    ``limit``: the first ``limit`` expired keys at most (and no expiry), once it is reached."""
     gone, nxt = [], None
     counter, kept = False, False
     for skey, stored in entries:
@@ -327,6 +329,8 @@ def expired(prefix: bytes, entries: Iterable[tuple[bytes, bytes]], time: int) ->
             continue
         if is_expired(stored, time):
             gone.append(skey)
+            if limit is not None and len(gone) >= limit:
+                return gone, None
         else:
             kept = True
             e = expiry_of(stored)

@@ -135,6 +135,24 @@ class BySource(Computation):
         ctx.produce("out", f"{record.stream}:{record.value.decode()}".encode())
 
 
+class CountByValue:
+    """A user aggregator whose result is a ``collections.Counter`` (not a value the flow's
+    codec stores: only its accumulator, a dict, is)."""
+
+    def create(self) -> dict[str, int]:
+        return {}
+
+    def add(self, acc: dict[str, int], value: Any) -> dict[str, int]:
+        acc[str(value)] = acc.get(str(value), 0) + 1
+        return acc
+
+    def merge(self, a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+        return dict(collections.Counter(a) + collections.Counter(b))
+
+    def result(self, acc: dict[str, int]) -> collections.Counter[str]:
+        return collections.Counter(acc)
+
+
 class SumAgg:
     """A user aggregator with a field (rebuilt on workers from its class and fields)."""
 

@@ -535,8 +535,9 @@ class BatchProcessor:
         keys, every = self._set_before = self._set_before or earliest_set(self._commit)  # it reads next batch
         upto = min(timer.time, keys.get(timer.key, timer.time), every)
         prefix = cell(timer.key, timer.tag[len(TTL_TAG):])
-        gone, nxt = expired(prefix, ctx.cell_scan(prefix), upto)
-        if not ctx.delete_some(gone):  # the batch's budget of deletes is spent: the rest in the next batch
+        room = ctx.expire_room()  # (none: no scan) the batch's budget of deletes is spent: the rest next batch
+        gone, nxt = expired(prefix, ctx.cell_scan(prefix), upto, room + 1) if room else (None, None)
+        if gone is None or not ctx.delete_expired(gone):
             ctx._set_timer(timer.tag, timer.time, TimeDomain.EVENT_TIME)
         elif nxt is not None:
             ctx._set_timer(timer.tag, ttl_rearm(timer.time, nxt, ctx.low_watermark), TimeDomain.EVENT_TIME)

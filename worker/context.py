@@ -127,11 +127,12 @@ class KeyContext(Context):
         self.eff: Effects | None = None              # this call's timers and typed state
         self._saved: Any = _UNSAVED                  # this call's key's state before it wrote
         self.cleared_points = 0                      # entries the batch's clears deleted one by one
+        self.expired_points = 0                      # ... and its TTL timers (a budget of their own)
 
     def start_batch(self, writes: dict[bytes, bytes | None]) -> None:
         self.writes = writes
         self.out = []
-        self.cleared_points = 0
+        self.cleared_points = self.expired_points = 0
 
     def begin(self, key: bytes, timestamp: int) -> None:
         """A call of user code for ``key`` at ``timestamp`` starts."""
@@ -306,14 +307,19 @@ class KeyContext(Context):
         for skey in keys:
             cells[skey] = None
 
-    def delete_some(self, skeys: list[bytes]) -> bool:
-        """Delete ``skeys`` in order, one by one, as many as the batch's budget of such deletes
-        (:data:`BATCH_CLEAR_POINTS`) has room for; False if some are left."""
-        room = max(0, BATCH_CLEAR_POINTS - self.cleared_points)
+    def expire_room(self) -> int:
+        """How many expired entries the batch's TTL timers may still delete: a budget of their
+        own (:data:`BATCH_CLEAR_POINTS`), so clears that spend theirs cannot starve them."""
+        return max(0, BATCH_CLEAR_POINTS - self.expired_points)
+
+    def delete_expired(self, skeys: list[bytes]) -> bool:
+        """Delete ``skeys`` in order, one by one, as many as :meth:`expire_room` allows; False
+        if some are left."""
+        room = self.expire_room()
         cells = self.effects.cells
         for skey in skeys[:room]:
             cells[skey] = None
-        self.cleared_points += min(room, len(skeys))
+        self.expired_points += min(room, len(skeys))
         return len(skeys) <= room
 
     def expire_at(self, name: str, time: int) -> None:

@@ -17,6 +17,7 @@ the stage a (key, window) is read once and written once.
 
 from __future__ import annotations
 
+import copy
 import struct
 from collections.abc import Callable, Iterator
 from time import perf_counter, thread_time
@@ -280,7 +281,8 @@ class Window(EventTimeOp):
         self.late = late
         self.updates = emit == "updates"  # each push emits the windows it changed, then each its result
         self._touched: dict[tuple[bytes, int], None] = {}  # (key, start) changed by this push, in order
-        self._retracted: list[tuple[bytes, int, int]] = []  # (key, start, end): sessions merged away by it
+        self._retracted: dict[tuple[bytes, int, int], None] = {}  # (key, start, end): sessions merged away by it
+        self._born: set[tuple[bytes, int, int]] = set()  # ... and made by it (never emitted: no tombstone)
         self.lateness = windows.lateness
         self.session = isinstance(windows, Session)
         self.size = windows.size if isinstance(windows, Tumbling) else 0
@@ -365,7 +367,7 @@ class Window(EventTimeOp):
         accumulator may change in place after), stamped at its last instant (``end - 1``, as
         Flink stamps a window's results) or at the watermark if that is later (an update in
         the allowed lateness is not late after it); a session merged into another, with the
-        value None (as Kafka Streams sends a tombstone for it)."""
+        value None (as Kafka Streams sends a tombstone for it; one emitted before this push)."""
         result, out, dirty = self._result, [], self._dirty
         for key, start, end in self._retracted:
             w = dirty.get((key, start))
@@ -375,12 +377,15 @@ class Window(EventTimeOp):
             w = dirty.get(k)
             if w is None:
                 continue  # merged away since
-            value = w[1] if result is None else result(w[1])
-            if type(value) not in _SCALARS:
-                value = VALUES.decode(VALUES.encode(value))
+            if result is None:  # the accumulator: storable, so the flow's codec copies it
+                value = w[1] if type(w[1]) in _SCALARS else VALUES.decode(VALUES.encode(w[1]))
+            else:
+                value = result(w[1])
+                value = value if type(value) in _SCALARS else copy.deepcopy(value)
             out.append((k[0], WindowResult(k[1], w[0], value), max(w[0] - 1, wm)))
         self._touched.clear()
         self._retracted.clear()
+        self._born.clear()
         self.emit(ctx, out)
 
     def _add_session(self, ctx: Context, key: bytes, s: int, e: int, acc: Any, wm: int) -> None:
@@ -410,13 +415,17 @@ class Window(EventTimeOp):
                     del sessions[start]
                     self._gone(key, start)
                     if self.updates:
-                        self._retracted.append((key, start, end))
+                        if (key, start, end) in self._born:
+                            self._born.discard((key, start, end))
+                        else:
+                            self._retracted[(key, start, end)] = None
                     self.index.discard(end + self.lateness, key, start)
                     merged = True
         w = [e, acc]
         sessions[s] = self._dirty[(key, s)] = w
         if self.updates:
             self._touched[(key, s)] = None
+            self._born.add((key, s, e))
         if len(self._accs) < self.CACHED:
             self._accs[(key, s)] = w
         self.due_at(ctx, e + self.lateness, key, s)
@@ -469,6 +478,7 @@ class Window(EventTimeOp):
         self._dirty.clear()
         self._touched.clear()
         self._retracted.clear()
+        self._born.clear()
         self._sessions.clear()
         self._accs.clear()  # an aggregator may have changed an accumulator in place
         super().abort()

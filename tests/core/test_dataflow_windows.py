@@ -145,6 +145,17 @@ def test_session_windows_that_emit_updates_emit_the_merged_session() -> None:
     assert got == [[T0, T0 + 2 * SECOND, [1]], [T0 + 3 * SECOND, T0 + 5 * SECOND, [3]],
                    [T0, T0 + 2 * SECOND, None], [T0 + 3 * SECOND, T0 + 5 * SECOND, None],  # merged away
                    [T0, T0 + 5 * SECOND, [1, 2, 3]], [T0, T0 + 5 * SECOND, [1, 2, 3]]]  # the update, the result
+    with TestRun(flow) as run:  # records each extending the session they start, in one batch: no tombstones
+        run.inject_batch("ev", [(b"k", b"%d" % i, T0 + i * SECOND) for i in range(4)])
+        run.run_until_idle()
+        assert [_j(r) for r in run.output("s")] == [[T0, T0 + 5 * SECOND, [0, 1, 2, 3]]]
+    counted = Dataflow("cu", key_ranges=1)
+    counted.input("ev", codec=codecs.INT, keyed=True).window(Tumbling(SECOND), j.CountByValue(), name="c",
+                                                           emit="updates").output("c", codec=codecs.JSON)
+    with TestRun(counted) as run:  # a result the flow's codec does not store (a Counter) is copied all the same
+        run.inject_batch("ev", [(b"k", b"1", T0), (b"k", b"1", T0 + 1)])
+        run.run_until_idle()
+        assert [_j(r)[2] for r in run.output("c")] == [{"1": 2}] and run.output("c.dead_letter") == []
     with pytest.raises(UsageError, match="emit='sometimes'; pass \"final\""):
         Dataflow("bad").input("ev", keyed=True).window(Tumbling(SECOND), Sum(), emit="sometimes")  # type: ignore[arg-type]
 

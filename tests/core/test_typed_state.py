@@ -171,6 +171,22 @@ def test_a_ttl_firing_deletes_no_more_than_the_batchs_budget_and_comes_back_for_
     assert max(deletes) == 2 and sum(deletes) == 6, deletes  # five elements and the counter, two a batch
 
 
+def test_clears_that_spend_their_budget_do_not_starve_ttl_deletion() -> None:
+    """Review: clears and TTL firings shared one budget, and TTL firings run last: a workload
+    whose clears spent it in every batch left expired entries stored for ever (their timer
+    holding the watermark). Each has a budget of its own; a clear past it is a range delete."""
+    from worker import context
+    ctx = KeyContext(frozenset(), lambda k: None, lambda: 0)
+    ctx.start_batch({})
+    ctx.cleared_points = context.BATCH_CLEAR_POINTS  # the clears spent theirs
+    ctx.begin(b"k", 0)
+    assert ctx.expire_room() == context.BATCH_CLEAR_POINTS
+    assert ctx.delete_expired([b"a", b"b"]) and ctx.effects.cells == {b"a": None, b"b": None}
+    ctx.expired_points = context.BATCH_CLEAR_POINTS - 1
+    assert not ctx.delete_expired([b"c", b"d"]) and b"c" in ctx.effects.cells and b"d" not in ctx.effects.cells
+    assert ctx.expire_room() == 0
+
+
 def test_a_ttl_list_whose_elements_all_expired_leaves_nothing_of_its_key(tmp_path: Any) -> None:
     """Review 3 N15: the list's counter had no expiry and stayed for ever (one entry per key
     ever seen), and no TTL timer came back for it."""
