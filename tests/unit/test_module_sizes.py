@@ -26,9 +26,6 @@ OVERSIZE: dict[str, tuple[int, str]] = {
                                "table at the top is what every reader of a tablet checks"),
     "runtime/sinks.py": (520, "the Sink contract (its docstring is a sink author's reference) and the exactly-once "
                               "file machinery FileSink and ParquetSink share (fence, runs, settle)"),
-    "runtime/dataflow.py": (510, "the public Dataflow API (its docstrings are the user's reference to every "
-                                 "operator) and the compile of a flow into stages and plans; the compile is the "
-                                 "next to move out, to runtime/flows/"),
     "injectors/injector.py": (585, "the public Injector class: its docstrings are the user's reference "
                                    "(routing is injectors/routes.py, delivery injectors/tablets.py, checks "
                                    "injectors/checks.py); raised from 560 for an interrupted flush and a fork"),
