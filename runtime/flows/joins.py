@@ -1,7 +1,8 @@
-"""A flow's joins: ``join`` (pairs of one key in one window, when it fires) and
-``interval_join`` (pairs within a time distance, as soon as both are in). Event-time
-operators like ``window`` (runtime/flows/windowing.py): a due index, one timer per due time,
-state in the key's typed-state cells."""
+"""A flow's joins: ``join`` (pairs of one key in one window, when it fires),
+``interval_join`` (pairs within a time distance, as soon as both are in) and ``lookup_join``
+(each value with the latest value of a table, in processing order). The first two are
+event-time operators like ``window`` (runtime/flows/windowing.py): a due index, one timer per
+due time, state in the key's typed-state cells; the third keeps a cell per key."""
 
 from __future__ import annotations
 
@@ -108,7 +109,7 @@ class LookupJoin(Op):
         table = self._table
         if side == 1:
             for key, value, _ in items:
-                table[key] = value
+                table[key] = _MISSING if value is None else value  # None deletes (Kafka Streams' tombstone)
                 self._dirty.add(key)
             return
         out, missing = [], _MISSING
@@ -125,7 +126,11 @@ class LookupJoin(Op):
 
     def finish(self, ctx: Context) -> None:
         for key in self._dirty:
-            ctx.cell_put(cell(key, self.state_name) + VALUE, kept(VALUES.encode(self._table[key])))  # type: ignore[attr-defined]
+            value, skey = self._table[key], cell(key, self.state_name) + VALUE
+            if value is _MISSING:
+                ctx.cell_delete(skey)  # type: ignore[attr-defined]
+            else:
+                ctx.cell_put(skey, kept(VALUES.encode(value)))  # type: ignore[attr-defined]
         self.abort()
 
     def abort(self) -> None:

@@ -100,6 +100,9 @@ class FlowStage(Computation):
             self.entries[stream] = _Entry(refs.load_codec(e["codec"], self.load_code), prefix,
                                           [(self.ops[n], side) for n, side in e["next"]])
         self._only = next(iter(self.entries.values())) if len(self.entries) == 1 else None
+        # A lookup_join pairs a value with the table's value before it: its inputs' records are
+        # taken in the order they came, a run of each at a time, not one input's then the other's.
+        self._in_order = any(isinstance(op, LookupJoin) for op in self.ops.values())
         # A fused sink's finish hands it the call's records: last, once nothing else can fail.
         self._stateful = sorted((op for op in self.ops.values() if type(op).finish is not Op.finish
                                  or type(op).abort is not Op.abort or type(op).commit is not Op.commit),
@@ -169,13 +172,20 @@ class FlowStage(Computation):
         """Every record of a batch at once: each step runs over all of them (per key in
         arrival order), and stateful steps read and write each key's state once."""
         try:
+            runs: list[tuple[_Entry, list[Item]]] = []
             by_entry: dict[int, tuple[_Entry, list[Item]]] = {}
             for record in records:
                 entry = self._entry(record)
                 value = entry.values(record)
-                if value is not _SKIP:
+                if value is _SKIP:
+                    continue
+                if self._in_order:
+                    if not runs or runs[-1][0] is not entry:
+                        runs.append((entry, []))
+                    runs[-1][1].append((record.key, value, record.timestamp))
+                else:
                     by_entry.setdefault(id(entry), (entry, []))[1].append((record.key, value, record.timestamp))
-            for entry, items in by_entry.values():
+            for entry, items in runs or by_entry.values():
                 for op, side in entry.nexts:
                     op.push(ctx, items, side)
         except BaseException:
@@ -193,9 +203,15 @@ class FlowStage(Computation):
                 self._enter(ctx, entry, keys, values, timestamps)
             else:
                 by: dict[str, list[int]] = {}
+                runs: list[tuple[str, list[int]]] = []
                 for i, stream in enumerate(streams):
-                    by.setdefault(stream, []).append(i)
-                for stream, ix in by.items():
+                    if not self._in_order:
+                        by.setdefault(stream, []).append(i)
+                    elif runs and runs[-1][0] == stream:
+                        runs[-1][1].append(i)
+                    else:
+                        runs.append((stream, [i]))
+                for stream, ix in runs or by.items():
                     self._enter(ctx, self._entry_of(stream), [keys[i] for i in ix], [values[i] for i in ix],
                                 [timestamps[i] for i in ix])
         except BaseException:

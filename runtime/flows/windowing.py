@@ -17,6 +17,7 @@ the stage a (key, window) is read once and written once.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import struct
 from collections.abc import Callable, Iterator
@@ -377,15 +378,12 @@ class Window(EventTimeOp):
             w = dirty.get(k)
             if w is None:
                 continue  # merged away since
-            if result is None:  # the accumulator: storable, so the flow's codec copies it
-                value = w[1] if type(w[1]) in _SCALARS else VALUES.decode(VALUES.encode(w[1]))
-            else:
-                value = result(w[1])
-                value = value if type(value) in _SCALARS else copy.deepcopy(value)
+            value = w[1] if result is None else result(w[1])
+            if type(value) not in _SCALARS:
+                with contextlib.suppress(Exception):  # (one that cannot be copied goes on as it is)
+                    value = copy.deepcopy(value)
             out.append((k[0], WindowResult(k[1], w[0], value), max(w[0] - 1, wm)))
-        self._touched.clear()
-        self._retracted.clear()
-        self._born.clear()
+        self._touched, self._retracted, self._born = {}, {}, set()
         self.emit(ctx, out)
 
     def _add_session(self, ctx: Context, key: bytes, s: int, e: int, acc: Any, wm: int) -> None:

@@ -229,14 +229,48 @@ def test_a_lookup_join_pairs_each_value_with_the_tables_latest_for_its_key_throu
         run.restart("inner")
         send("clicks", "u1", "c2", 4)           # after a restart: the table's last value
         send("clicks", "u2", "c3", 5)
+        send("users", "u2", "bob", 6)
+        send("users", "u2", None, 7)            # None deletes the key's table value
+        send("clicks", "u2", "c4", 8)
         run.run_until_idle()
         inner = [tuple(_j(r)) for r in run.output("inner")]
         left = [(r.key, tuple(_j(r))) for r in run.output("left")]
         assert run.typed_state("inner", b"u1", "inner") == run.typed_state("inner", b"u1", "left") == "anne"
+        assert run.typed_state("inner", b"u2", "inner") is None  # deleted, not stored as None
     assert inner == [("c1", "ann"), ("c2", "anne")]
-    assert left == [(b"u1", ("c0", None)), (b"u1", ("c1", "ann")), (b"u1", ("c2", "anne")), (b"u2", ("c3", None))]
+    assert left == [(b"u1", ("c0", None)), (b"u1", ("c1", "ann")), (b"u1", ("c2", "anne")), (b"u2", ("c3", None)),
+                    (b"u2", ("c4", None))]
     with pytest.raises(UsageError, match="how='outer'; pass \"inner\""):
         clicks.lookup_join(users, how="outer")  # type: ignore[arg-type]
+
+
+def test_a_lookup_join_keeps_the_order_its_inputs_came_in_within_a_batch() -> None:
+    """Review of lookup_join: a batch took all of one input's records, then the other's, so a
+    value could meet a table value that came after it, and the pairs depended on the batching
+    (a batch run again one record at a time paired them otherwise)."""
+    flow = Dataflow("lo", key_ranges=1)
+    clicks = flow.input("clicks", codec=codecs.JSON, keyed=True)
+    users = flow.input("users", codec=codecs.JSON, keyed=True)
+    clicks.lookup_join(users, name="joined").output("joined", codec=codecs.JSON)
+    from runtime.flows.stage import FlowStage
+    from runtime.record import Record
+    from worker.context import KeyContext
+
+    spec = flow.topology().computations["joined"]
+    records = [Record(b"u1", json.dumps(v).encode(), T0, b"%16d" % i, stream)
+               for i, (stream, v) in enumerate([("users", "ann"), ("clicks", "c1"), ("users", "anne"), ("clicks", "c2")])]
+    for call in ("process_batch", "process_columns"):  # one batch holding both inputs, as a tablet's may
+        stage = FlowStage()
+        stage.setup(dict(spec.params))
+        ctx = KeyContext(frozenset(spec.outputs), lambda k: None, lambda: T0 - 1)
+        ctx.start_batch({})
+        ctx.begin(b"", T0)
+        if call == "process_batch":
+            stage.process_batch(ctx, records)
+        else:
+            stage.process_columns(ctx, [r.key for r in records], [r.value for r in records],
+                                  [r.timestamp for r in records], [r.stream for r in records])
+        assert [tuple(json.loads(value)) for _, _, value, _ in ctx.out] == [("c1", "ann"), ("c2", "anne")], call
 
 
 def test_an_interval_join_pairs_within_the_bounds_as_soon_as_both_are_in() -> None:
