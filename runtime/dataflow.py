@@ -50,6 +50,19 @@ from runtime.topology import DEFAULT_KEY_RANGES, Topology, _check_name
 _MICROSECOND = datetime.timedelta(microseconds=1)
 
 
+def _inputs_of(step: _Step) -> set[str]:
+    """The input streams ``step`` reads, through every step before it."""
+    seen, todo, out = set(), [step], set()
+    while todo:
+        s = todo.pop()
+        if id(s) not in seen:
+            seen.add(id(s))
+            if s.kind == "input":
+                out.add(s.args["stream"])
+            todo.extend(s.ups)
+    return out
+
+
 class Stream:
     """A stream of values in a flow. Every step takes ``name=`` (stable across ``update``, so
     state survives a redeploy; the default is ``<flow>.<step>``, numbered if repeated)."""
@@ -185,6 +198,11 @@ class KeyedStream(Stream):
         goes on as ``(value, None)`` (``how="left"``). The table's values are the step's
         state: read by the step's name (``state get``, Spark, ``TestRun.typed_state``)."""
         self._check_other(table, "lookup_join")
+        shared = _inputs_of(self._step) & _inputs_of(table._step)
+        if shared:
+            raise UsageError(f"lookup_join: the table comes from input {sorted(shared)[0]!r}, as the stream does; a "
+                             "record would meet itself or a later one, depending on the batching. Join a table from "
+                             "another input; for a key's previous value, use reduce")
         if how not in ("inner", "left"):
             raise UsageError(f"lookup_join: how={how!r}; pass \"inner\" (drop values with no table value yet) "
                              "or \"left\" (pass them on with None)")

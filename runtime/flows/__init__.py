@@ -1,6 +1,7 @@
-"""The runtime of :class:`~runtime.Dataflow` stages (runtime/dataflow.py compiles a flow to
-them): values and codecs (``values``), references to user code (``refs``), operators
-(``ops``, ``windowing``, with what a window is in ``assigners``), the stage computation (``stage``) and its key extractor (``keys``).
+"""The runtime of :class:`~runtime.Dataflow` stages: how a flow is cut into them
+(``compile``), values and codecs (``values``), references to user code (``refs``), operators
+(``ops``, ``steps``, ``windowing`` and ``due``, ``joins``, with what a window is in
+``assigners``), the stage computation (``stage``) and its key extractor (``keys``).
 """
 
 PLAN_PARAM = "flow.plan"                  # the computation param holding a stage's plan (JSON)

@@ -27,9 +27,6 @@ class Step:
     keyed: bool = False
 
 
-_STATELESS = ("map", "flat_map", "filter")
-
-
 class Flow(Protocol):
     """What compiling reads of a :class:`~runtime.Dataflow`."""
 

@@ -95,9 +95,9 @@ class Join(EventTimeOp):
 
 class LookupJoin(Op):
     """``(value, latest)`` for each value of side 0, ``latest`` being the last value side 1
-    (the table) carried for its key, in the order the stage gets them (a batch takes one
-    input's records, then the other's). The table's values are a cell per key, held for the
-    call and written once at its end, as ``reduce`` keeps its running values."""
+    (the table) carried for its key, in the order the stage gets them (runtime/flows/stage.py
+    keeps its inputs' order within a batch). The table's values are a cell per key, held for
+    the call and written once at its end, as ``reduce`` keeps its running values."""
 
     def __init__(self, name: str, how: str) -> None:
         super().__init__(name)
@@ -114,8 +114,9 @@ class LookupJoin(Op):
             return
         out, missing = [], _MISSING
         for key, value, ts in items:
-            latest = table.get(key, missing)
-            if latest is missing:
+            if key in table:  # set, deleted (missing) or read before in this call
+                latest = table[key]
+            else:
                 stored = ctx.cell_get(cell(key, self.state_name) + VALUE)  # type: ignore[attr-defined]
                 latest = table[key] = missing if stored is None else VALUES.decode(payload(stored))
             if latest is not missing:

@@ -1,5 +1,5 @@
 """One stage of a :class:`~runtime.Dataflow`, run by the workers as one computation
-(``runtime.flows.stage:FlowStage``): its plan (made by runtime/dataflow.py, in the
+(``runtime.flows.stage:FlowStage``): its plan (made by runtime/flows/compile.py, in the
 computation's params) names the stage's entries (input streams, with the codec and the
 stateless steps a record goes through on arrival) and its steps; the operators of
 runtime/flows/ops.py, runtime/flows/steps.py, runtime/flows/windowing.py and

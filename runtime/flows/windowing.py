@@ -17,7 +17,6 @@ the stage a (key, window) is read once and written once.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import struct
 from collections.abc import Callable, Iterator
@@ -380,8 +379,10 @@ class Window(EventTimeOp):
                 continue  # merged away since
             value = w[1] if result is None else result(w[1])
             if type(value) not in _SCALARS:
-                with contextlib.suppress(Exception):  # (one that cannot be copied goes on as it is)
+                try:
                     value = copy.deepcopy(value)
+                except Exception:  # a result that cannot be copied goes on as it is; an accumulator is storable
+                    value = VALUES.decode(VALUES.encode(value)) if result is None else value
             out.append((k[0], WindowResult(k[1], w[0], value), max(w[0] - 1, wm)))
         self._touched, self._retracted, self._born = {}, {}, set()
         self.emit(ctx, out)

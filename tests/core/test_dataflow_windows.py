@@ -272,6 +272,23 @@ def test_a_lookup_join_keeps_the_order_its_inputs_came_in_within_a_batch() -> No
                                   [r.timestamp for r in records], [r.stream for r in records])
         assert [tuple(json.loads(value)) for _, _, value, _ in ctx.out] == [("c1", "ann"), ("c2", "anne")], call
 
+    # Review: a delete and a lookup of a key whose value was committed before, in one batch:
+    # the lookup read the stored value back (the delete is written at the call's end), and
+    # the call's end then wrote it back, undoing the delete.
+    from runtime.flows.values import VALUES
+    from runtime.state import VALUE, cell, kept
+    stored = {cell(b"u1", "flow/joined") + VALUE: kept(VALUES.encode("ann"))}
+    stage = FlowStage()
+    stage.setup(dict(spec.params))
+    ctx = KeyContext(frozenset(spec.outputs), lambda k: None, lambda: T0 - 1, read_cell=stored.get)
+    ctx.start_batch({})
+    ctx.begin(b"", T0)
+    gone = [Record(b"u1", b"null", T0, b"%16d" % 7, "users"), Record(b"u1", b'"c9"', T0, b"%16d" % 8, "clicks")]
+    stage.process_batch(ctx, gone)
+    assert ctx.out == [] and ctx.effects.cells == {cell(b"u1", "flow/joined") + VALUE: None}
+    with pytest.raises(UsageError, match="the table comes from input 'clicks', as the stream does"):
+        clicks.lookup_join(clicks.map(j.value_of), name="itself")
+
 
 def test_an_interval_join_pairs_within_the_bounds_as_soon_as_both_are_in() -> None:
     rng = random.Random(5)
