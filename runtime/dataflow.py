@@ -51,15 +51,17 @@ _MICROSECOND = datetime.timedelta(microseconds=1)
 
 
 def _inputs_of(step: _Step) -> set[str]:
-    """The input streams ``step`` reads, through every step before it."""
+    """The input streams whose records ``step`` gets in the call that takes them: through
+    every step before it but a ``join`` or a ``window`` that emits when it fires."""
     seen, todo, out = set(), [step], set()
     while todo:
         s = todo.pop()
-        if id(s) not in seen:
-            seen.add(id(s))
-            if s.kind == "input":
-                out.add(s.args["stream"])
-            todo.extend(s.ups)
+        if id(s) in seen or s.kind == "join" or (s.kind == "window" and s.args.get("emit") != "updates"):
+            continue
+        seen.add(id(s))
+        if s.kind == "input":
+            out.add(s.args["stream"])
+        todo.extend(s.ups)
     return out
 
 
@@ -202,7 +204,7 @@ class KeyedStream(Stream):
         if shared:
             raise UsageError(f"lookup_join: the table comes from input {sorted(shared)[0]!r}, as the stream does; a "
                              "record would meet itself or a later one, depending on the batching. Join a table from "
-                             "another input; for a key's previous value, use reduce")
+                             "another input (or from a window's results); for a key's previous value, use reduce")
         if how not in ("inner", "left"):
             raise UsageError(f"lookup_join: how={how!r}; pass \"inner\" (drop values with no table value yet) "
                              "or \"left\" (pass them on with None)")

@@ -85,8 +85,13 @@ class _Compiler:
             if step.kind == "key_by":
                 self._enter(step)
             elif step.kind == "input" and step.keyed:
-                self.stage_of[step.name].entries[step.args["stream"]] = _Entry(
-                    step.args["stream"], step.args["codec"], [], list(step.downs), False)
+                entries = self.stage_of[step.name].entries
+                if step.args["stream"] in entries:  # (its records would have gone one way only)
+                    raise TopologyError(f"dataflow {self.flow.name!r}: stream {step.args['stream']!r} is read twice "
+                                        "by one stage, keyed as it comes by one reader; read it once and branch "
+                                        "from there, or key both readers with key_by")
+                entries[step.args["stream"]] = _Entry(step.args["stream"], step.args["codec"], [], list(step.downs),
+                                                      False)
         for step in self.steps:
             if step.kind in ("output", "sink") and not step.ups[0].keyed:
                 self._raw_to_edge(step)

@@ -72,6 +72,30 @@ def test_bad_steps_say_what_to_do() -> None:
         Dataflow("empty").topology()
 
 
+def test_a_stream_read_twice_by_one_stage_with_a_keyed_reader_is_refused() -> None:
+    """Review: a keyed input's entry replaced the other reader's of the same stream in one
+    stage (a join of the two), and that side silently got no records."""
+    flow = Dataflow("twice")
+    flow.input("x", codec=codecs.JSON).key_by(j.key_of).join(flow.input("x", keyed=True), Tumbling(SECOND)) \
+        .output("o")
+    with pytest.raises(TopologyError, match="stream 'x' is read twice by one stage"):
+        flow.topology()
+
+
+def test_a_lookup_join_may_take_its_table_from_the_streams_input_through_a_window() -> None:
+    """A window's results come when it fires, never in the call that takes a record: a table
+    of them may come from the stream's own input (each click with its page's last closed
+    minute's count); straight from that input it may not (the record would meet itself)."""
+    flow = Dataflow("lw")
+    clicks = flow.input("clicks", codec=codecs.JSON).key_by(j.key_of)
+    per_minute = clicks.window(Tumbling(60 * SECOND), Count(), name="minutes")
+    clicks.lookup_join(per_minute, name="with_last_minute").output("o", codec=codecs.JSON)
+    assert "with_last_minute" in flow.steps
+    updates = clicks.window(Tumbling(SECOND), Count(), name="live", emit="updates")
+    with pytest.raises(UsageError, match="the table comes from input 'clicks'"):
+        clicks.lookup_join(updates)
+
+
 def test_code_of_the_script_being_run_is_refused_at_submit() -> None:
     topo = Topology("t").add_computation("c", "__main__:Counter", inputs={"s": None})
     with pytest.raises(TopologyError, match="defined in the script you are running; the workers import code by "
