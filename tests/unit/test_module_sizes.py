@@ -19,7 +19,7 @@ OVERSIZE: dict[str, tuple[int, str]] = {
                             "checkpoint and state-reading bodies are the next to move out"),
     "worker/batch.py": (685, "one batch from dedup through user code to one commit, with the undo when user code "
                              "raises; what it produces on its way out is already worker/outgoing.py; raised from "
-                             "680 for the TTL timers' wait for a timer the batch set behind them"),
+                             "680 for the TTL firing's bound by the timers its batch set"),
     "worker/tablet.py": (670, "one tablet's run loop and the hand-offs between its event loop and its thread; "
                               "batch, outgoing, replication, runner and timers are already rooms of their own"),
     "worker/storage.py": (539, "the RocksDB key layout and the commit that writes it are one contract: the layout "
