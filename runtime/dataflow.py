@@ -51,17 +51,19 @@ _MICROSECOND = datetime.timedelta(microseconds=1)
 
 
 def _inputs_of(step: _Step) -> set[str]:
-    """The input streams whose records ``step`` gets in the call that takes them: through
-    every step before it but a ``join`` or a ``window`` that emits when it fires."""
-    seen, todo, out = set(), [step], set()
+    """The input streams whose records can reach ``step`` as soon as they are taken: through
+    every step before it but a ``join`` or a ``window`` that emits when it fires, in its own
+    stage (one in a stage before it sends its results on as records, taken as they come)."""
+    seen, todo, out = set(), [(step, False)], set()
     while todo:
-        s = todo.pop()
-        if id(s) in seen or s.kind == "join" or (s.kind == "window" and s.args.get("emit") != "updates"):
+        s, hopped = todo.pop()
+        timed = s.kind == "join" or (s.kind == "window" and s.args.get("emit") != "updates")
+        if (s, hopped) in seen or (timed and not hopped):
             continue
-        seen.add(id(s))
+        seen.add((s, hopped))
         if s.kind == "input":
             out.add(s.args["stream"])
-        todo.extend(s.ups)
+        todo.extend((u, hopped or s.kind == "key_by") for u in s.ups)
     return out
 
 

@@ -454,6 +454,11 @@ class SumOrRaise(SumAgg):
         return acc
 
 
+def window_key(result: Any) -> str:
+    """A window result keyed by its start."""
+    return str(result.start)
+
+
 def result_of(result: Any) -> Any:
     """A WindowResult's value."""
     return result.value

@@ -81,17 +81,17 @@ class _Compiler:
             raise TopologyError(f"dataflow {self.flow.name!r} has no input; start it with flow.input('stream')")
         for step in self.steps:
             self._assign(step)
+        for step in self.steps:  # keyed inputs first: a key_by of the same stream into their stage hops
+            if step.kind == "input" and step.keyed:
+                entries = self.stage_of[step.name].entries
+                if step.args["stream"] in entries:  # (its records would have gone one way only)
+                    raise TopologyError(f"dataflow {self.flow.name!r}: stream {step.args['stream']!r} is read twice, "
+                                        "keyed as it comes, by one stage; read it once and branch from there")
+                entries[step.args["stream"]] = _Entry(step.args["stream"], step.args["codec"], [], list(step.downs),
+                                                      False)
         for step in self.steps:
             if step.kind == "key_by":
                 self._enter(step)
-            elif step.kind == "input" and step.keyed:
-                entries = self.stage_of[step.name].entries
-                if step.args["stream"] in entries:  # (its records would have gone one way only)
-                    raise TopologyError(f"dataflow {self.flow.name!r}: stream {step.args['stream']!r} is read twice "
-                                        "by one stage, keyed as it comes by one reader; read it once and branch "
-                                        "from there, or key both readers with key_by")
-                entries[step.args["stream"]] = _Entry(step.args["stream"], step.args["codec"], [], list(step.downs),
-                                                      False)
         for step in self.steps:
             if step.kind in ("output", "sink") and not step.ups[0].keyed:
                 self._raw_to_edge(step)

@@ -72,13 +72,28 @@ def test_bad_steps_say_what_to_do() -> None:
         Dataflow("empty").topology()
 
 
-def test_a_stream_read_twice_by_one_stage_with_a_keyed_reader_is_refused() -> None:
+def test_a_stream_read_by_one_stage_both_keyed_as_it_comes_and_by_key_by_reaches_both_sides() -> None:
     """Review: a keyed input's entry replaced the other reader's of the same stream in one
-    stage (a join of the two), and that side silently got no records."""
-    flow = Dataflow("twice")
-    flow.input("x", codec=codecs.JSON).key_by(j.key_of).join(flow.input("x", keyed=True), Tumbling(SECOND)) \
-        .output("o")
-    with pytest.raises(TopologyError, match="stream 'x' is read twice by one stage"):
+    stage (a join of the two), and that side silently got no records. The key_by's reader
+    now hops through the input's stateless stage, whichever was declared first; two keyed
+    readers of one stream in one stage are refused."""
+    for keyed_first in (False, True):
+        flow = Dataflow("twice")
+        if keyed_first:
+            direct = flow.input("x", codec=codecs.JSON, keyed=True)
+            by_key = flow.input("x", codec=codecs.JSON).key_by(j.key_of)
+        else:
+            by_key = flow.input("x", codec=codecs.JSON).key_by(j.key_of)
+            direct = flow.input("x", codec=codecs.JSON, keyed=True)
+        by_key.map(j.value_of).join(direct, Tumbling(SECOND), name="both").output("o", codec=codecs.JSON)
+        with TestRun(flow) as run:
+            run.inject("x", b"k", json.dumps({"k": "k", "v": 1}).encode(), T0)
+            run.finish("x")
+            run.run_until_idle()
+            assert [json.loads(r.value) for r in run.output("o")] == [[1, {"k": "k", "v": 1}]], keyed_first
+    flow = Dataflow("twice_keyed")
+    flow.input("x", keyed=True).join(flow.input("x", keyed=True), Tumbling(SECOND)).output("o")
+    with pytest.raises(TopologyError, match="stream 'x' is read twice, keyed as it comes, by one stage"):
         flow.topology()
 
 
@@ -94,6 +109,9 @@ def test_a_lookup_join_may_take_its_table_from_the_streams_input_through_a_windo
     updates = clicks.window(Tumbling(SECOND), Count(), name="live", emit="updates")
     with pytest.raises(UsageError, match="the table comes from input 'clicks'"):
         clicks.lookup_join(updates)
+    earlier = per_minute.key_by(j.window_key, name="rekeyed")  # results of a stage before: records as they come
+    with pytest.raises(UsageError, match="the table comes from input 'clicks'"):
+        flow.input("clicks", codec=codecs.JSON).key_by(j.key_of, name="again").lookup_join(earlier)
 
 
 def test_code_of_the_script_being_run_is_refused_at_submit() -> None:
