@@ -23,7 +23,8 @@ Stateless steps before the first
 ``key_by`` of an input run in the input's key extractor, on the producing side, so a
 filtered record never crosses the network, and again in the stage (functions must be
 deterministic); a ``flat_map`` there, or an input read twice by one stage, takes one hop
-through a stateless stage of the input instead. A stateless chain from an input straight to
+through a stateless stage of the input instead (two ``keyed=True`` reads of one stream in
+one stage are refused). A stateless chain from an input straight to
 an ``output`` or ``sink`` is one stateless stage keyed by the records' own keys. Joins
 merge the stages of their two sides into one.
 
