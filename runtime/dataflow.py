@@ -43,6 +43,7 @@ from typing import Any, Literal, overload
 from runtime import codecs
 from runtime.codecs import Codec
 from runtime.errors import UsageError
+from runtime.flows.assigners import MAX_SPAN
 from runtime.flows.compile import Step as _Step
 from runtime.flows.compile import compile_flow
 from runtime.flows.refs import aggregator_doc, code_path, codec_ref, windows_doc
@@ -225,6 +226,9 @@ class KeyedStream(Stream):
         for what, v in (("lower", lower), ("upper", upper)):
             if isinstance(v, bool) or not isinstance(v, int):
                 raise UsageError(f"interval_join: {what}={v!r} must be an int of microseconds or a timedelta")
+            if abs(v) > MAX_SPAN:
+                raise UsageError(f"interval_join: {what}={v!r} is further than the {MAX_SPAN:,} µs (~73,000 years) "
+                                 "a bound may be; is it in nanoseconds (microseconds are time.time_ns() // 1000)?")
         if lower > upper:
             raise UsageError(f"interval_join: lower={lower} is above upper={upper}")
         return KeyedStream(self._flow, self._then("interval_join", name, {"lower": lower, "upper": upper}, True,

@@ -14,12 +14,21 @@ from typing import Any, NamedTuple, Protocol
 from runtime.errors import MillstreamError
 
 SECOND = 1_000_000
+# The longest span a window's size, gap, period or lateness (and an interval join's bound) may
+# be: ~73,000 years, so a window's end plus its lateness fits the signed 64 bits a timer's time
+# is stored in for any timestamp up to 2**62 (years past 146,000). Longer ones were accepted and
+# then dead-lettered every record, each with an error about a timer the user never set.
+MAX_SPAN = 1 << 61
+MAX_WINDOWS_PER_RECORD = 10_000  # a Sliding window's size / period
 
 
 def _us(v: int | datetime.timedelta, what: str) -> int:
     us = v // datetime.timedelta(microseconds=1) if isinstance(v, datetime.timedelta) else v  # (exact)
     if isinstance(us, bool) or not isinstance(us, int) or us < 0:
         raise MillstreamError(f"{what}={v!r} must be a non-negative int of microseconds (or a timedelta)")
+    if us > MAX_SPAN:
+        raise MillstreamError(f"{what}={v!r} is longer than the {MAX_SPAN:,} µs (~73,000 years) a span may be; "
+                              "is it in nanoseconds (microseconds are time.time_ns() // 1000)?")
     return us
 
 
@@ -54,6 +63,10 @@ class Sliding(_Windows):
         self.size, self.period = _us(size, "size"), _us(period, "period")
         if not self.period or self.size < self.period:
             raise MillstreamError("Sliding: period must be > 0 and at most size")
+        if self.size // self.period > MAX_WINDOWS_PER_RECORD:
+            raise MillstreamError(f"Sliding: size={self.size} µs over period={self.period} µs puts every record in "
+                                  f"{-(-self.size // self.period):,} windows, more than {MAX_WINDOWS_PER_RECORD:,}; "
+                                  "use a longer period (or aggregate a tumbling window's results)")
 
     def assign(self, ts: int) -> list[tuple[int, int]]:
         last = ts - ts % self.period

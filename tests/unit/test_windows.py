@@ -3,14 +3,17 @@ through the test kit (the real worker, virtual time)."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import random
+import re
 from typing import Any
 
 import pytest
 
-from runtime import Record, Topology
-from runtime.errors import MillstreamError
+from runtime import Dataflow, Record, Topology
+from runtime.errors import MillstreamError, UsageError
+from runtime.flows.assigners import MAX_SPAN, MAX_WINDOWS_PER_RECORD
 from runtime.state import TYPED
 from runtime.testing import TestRun
 from runtime.windows import SECOND, Count, Session, Sliding, Sum, Tumbling, WindowedComputation
@@ -202,6 +205,33 @@ def test_bad_window_options_are_refused() -> None:
         Sliding(SECOND, 2 * SECOND)
     with pytest.raises(MillstreamError, match="allowed_lateness=-1 must be a non-negative int"):
         Tumbling(SECOND, allowed_lateness=-1)
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda: Tumbling(2**64), "size=18446744073709551616 is longer than"),
+    (lambda: Session(datetime.timedelta(days=10**8)), "gap=datetime.timedelta(days=100000000) is longer than"),
+    (lambda: Tumbling(SECOND, allowed_lateness=2**63), "allowed_lateness=9223372036854775808 is longer than"),
+    (lambda: Sliding(2**63, 2**62), "size=9223372036854775808 is longer than"),
+    (lambda: Sliding(3600 * SECOND, 1), "puts every record in 3,600,000,000 windows"),
+])
+def test_spans_that_cannot_be_stored_or_would_not_end_are_refused_when_made(make: Any, says: str) -> None:
+    """A size, gap or lateness past 64 bits of event time was accepted and then dead-lettered
+    every record with an error about a timer's time; a sliding window of a microsecond's period
+    over an hour made 3.6 billion windows for each record (a stage that never came back)."""
+    with pytest.raises(MillstreamError, match=re.escape(says)):
+        make()
+    assert Tumbling(MAX_SPAN).size == MAX_SPAN and len(Sliding(MAX_WINDOWS_PER_RECORD, 1).assign(5)) == MAX_WINDOWS_PER_RECORD
+
+
+def test_interval_join_bounds_past_64_bits_are_refused_when_the_step_is_added() -> None:
+    flow = Dataflow("ij")
+    left = flow.input("l", keyed=True)
+    right = flow.input("r", keyed=True)
+    with pytest.raises(UsageError, match="lower=-9223372036854775808 is further than"):
+        left.interval_join(right, -(2**63), 0)
+    with pytest.raises(UsageError, match="upper=8640000000000000000 is further than"):
+        left.interval_join(right, 0, datetime.timedelta(days=10**8))
+    left.interval_join(right, -MAX_SPAN, MAX_SPAN)
 
 
 class FragileCounts(WindowedComputation):
