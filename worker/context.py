@@ -278,6 +278,10 @@ class KeyContext(Context):
             eff.pending = Pending(eff.cells)
         return eff.pending
 
+    def cell_pending(self, prefix: bytes) -> dict[bytes, bytes | None]:
+        """The call's writes under ``prefix`` so far (None deletes)."""
+        return self._pending().under(prefix)
+
     def cell_scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         return merged(self.scan_cells(prefix), self._pending().under(prefix), self.effects.cleared, prefix)
 

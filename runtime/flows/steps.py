@@ -291,8 +291,27 @@ class _Attempt:
         self._ctx.cell_delete(skey)  # type: ignore[attr-defined]
 
     def cell_clear(self, prefix: bytes) -> None:
-        for skey, _ in list(self._ctx.cell_scan(prefix)):  # type: ignore[attr-defined]
-            self.cell_delete(skey)  # one by one, however many: each is taken back with the attempt
+        """The stage's clear (entry by entry within its budgets, else one range delete: a
+        sink's clear of a million entries made a million point deletes, past what a
+        replication frame holds), noting what it replaced so :meth:`undo` takes it back."""
+        ctx: Any = self._ctx
+        eff = ctx.effects
+        before = ctx.cell_pending(prefix)
+        ranges, points = len(eff.cleared), ctx.cleared_points
+        ctx.cell_clear(prefix)
+
+        def undo() -> None:
+            cells = eff.cells
+            for s in ctx.cell_pending(prefix):
+                if s in before:
+                    cells[s] = before[s]
+                else:
+                    del cells[s]
+            del eff.cleared[ranges:]
+            ctx.cleared_points = points
+            if eff.pending is not None:
+                eff.pending.forget()
+        self._undo.append(undo)
 
     def expire_at(self, name: str, time: int) -> None:
         self._keep_timer(TTL_TAG + name)

@@ -269,9 +269,19 @@ def test_a_flows_state_is_read_by_its_steps_names() -> None:
             run.typed_state(stage, b"a", "seen")
 
 
-def test_a_failed_try_of_a_fused_sink_takes_back_its_timer_list_and_state(tmp_path: Any) -> None:
+@pytest.mark.parametrize("clear_points", [1024, 0])
+def test_a_failed_try_of_a_fused_sink_takes_back_its_timer_list_and_state(tmp_path: Any, monkeypatch: Any,
+                                                                          clear_points: int) -> None:
     """A sink's first try of each record sets a timer, rewrites its list and its ``ctx.state``,
-    then raises: the retry sees none of it, and the timer never fires."""
+    then raises: the retry sees none of it, and the timer never fires. Its list's clear is the
+    stage's (with ``clear_points`` 0, a range delete, as for a clear past the limit), taken back."""
+    from worker import context
+    monkeypatch.setattr(context, "CLEAR_POINTS", clear_points)
+    ranges: list[int] = []
+    real = context.KeyContext.cell_clear
+    monkeypatch.setattr(context.KeyContext, "cell_clear",
+                        lambda self, prefix: (real(self, prefix), ranges.append(len(self.effects.cleared)))[0])
+    monkeypatch.setattr(j.UndoneTrySink, "failed", set())
     flow = Dataflow("h", key_ranges=1)
     flow.input("w", codec=codecs.STR, keyed=True).sink(j.UndoneTrySink, name="h_out", path=str(tmp_path))
     with TestRun(flow) as run:
@@ -281,6 +291,7 @@ def test_a_failed_try_of_a_fused_sink_takes_back_its_timer_list_and_state(tmp_pa
         run.finish("w")
         run.run_until_idle()
     assert sorted(str(r["value"]) for r in read_file_sink(str(tmp_path))) == ["a:a:-", "b:a,b:-"]
+    assert ranges == [0, 1 if clear_points == 0 else 0]  # the stage's clear ran: of "a", a range delete with 0
 
 
 def test_a_sink_codec_that_does_not_make_bytes_dead_letters_only_its_record(tmp_path: Any) -> None:
