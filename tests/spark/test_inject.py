@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 from typing import Any
@@ -357,6 +358,24 @@ def test_daily_loads_with_watermark_max_move_the_stream_on_each_day(spark: Any, 
         assert result.watermark == BASE + day * 10_000 + 19
     [held] = [i for i in shared_cluster.client.status()["injectors"] if i["name"] == "daily-max"]
     assert held["watermark"] == BASE + 10_019, "the second day's run did not move the stream past the first's"
+
+
+def test_a_watermark_given_as_a_datetime_moves_the_stream_to_its_instant(spark: Any, shared_cluster: Cluster) -> None:
+    """``watermark=`` takes an aware ``datetime`` as ``Injector.advance_watermark`` does; one
+    without a time zone is refused before anything is sent."""
+    stream, out = _sink(shared_cluster, "wm-datetime")
+    m = shared_cluster.masters_arg
+    df = spark.createDataFrame([("a", "v", BASE)], "k string, v string, ts long")
+    with pytest.raises(InvalidInputError, match="watermark= .* has no time zone"):
+        spark_bridge.inject(df, stream=stream, key="k", value="v", timestamp="ts", name="wm-dt",
+                            masters=m, watermark=datetime.datetime(2023, 11, 14, 22, 15))
+    _only_marker_arrives(shared_cluster, stream, out)
+    until = datetime.datetime(2023, 11, 14, 22, 15, tzinfo=datetime.UTC)
+    result = spark_bridge.inject(df, stream=stream, key="k", value="v", timestamp="ts", name="wm-dt",
+                                 masters=m, watermark=until)
+    assert result.records == 1 and result.watermark == 1_700_000_100_000_000
+    [held] = [i for i in shared_cluster.client.status()["injectors"] if i["name"] == "wm-dt"]
+    assert held["watermark"] == 1_700_000_100_000_000
 
 
 def test_a_value_too_long_is_refused_before_anything_is_sent(spark: Any, shared_cluster: Cluster) -> None:
