@@ -13,15 +13,25 @@ from runtime.errors import ConfigError
 from runtime.status import render_jobs, show_key
 
 
-def topology_at(path: str) -> Any:
-    """The Topology at ``MODULE:ATTR``, imported like ``python -m`` would (submit, update)."""
+def job_at(path: str) -> Any:
+    """The Dataflow or Topology at ``MODULE:ATTR``, imported like ``python -m`` would."""
+    from runtime.dataflow import Dataflow
     from runtime.imports import load
     from runtime.topology import Topology
 
-    topo = load(path, "topology")
-    if not isinstance(topo, Topology):
-        raise ConfigError(f"{path!r} is {type(topo).__name__}, not a Topology")
-    return topo
+    job = load(path, "topology")
+    if not isinstance(job, (Topology, Dataflow)):
+        raise ConfigError(f"{path!r} is {type(job).__name__}, not a Dataflow or a Topology")
+    return job
+
+
+def topology_at(path: str) -> Any:
+    """The Topology at ``MODULE:ATTR``, or the one the Dataflow there compiles to (submit,
+    update: as ``Client.submit`` takes either)."""
+    from runtime.dataflow import Dataflow
+
+    job = job_at(path)
+    return job.topology() if isinstance(job, Dataflow) else job
 
 
 def _key(text: str) -> bytes:

@@ -130,7 +130,21 @@ def build_parser() -> argparse.ArgumentParser:
     secret_flag(cr.add_argument_group("worker token"), "worker-token", "MILLSTREAM_WORKER_TOKEN",
                 "the cluster's worker token")
 
-    s = sub.add_parser("submit", help="submit a Topology named by MODULE:ATTR")
+    rn = sub.add_parser("run", help="run the Dataflow or Topology named by MODULE:ATTR once over files, in this "
+                                     "process (no cluster), and print its outputs as JSON lines")
+    rn.add_argument("job", metavar="MODULE:ATTR")
+    rn.add_argument("--input", action="append", default=[], metavar="STREAM=PATH",
+                    help="a file whose lines are the records of an input stream ('-': standard input); repeat "
+                         "for each input (an input given none is finished empty)")
+    rn.add_argument("--key-field", default=None, metavar="FIELD",
+                    help="JSON lines: each record's key is this field (default: empty)")
+    rn.add_argument("--timestamp-field", default=None, metavar="FIELD",
+                    help="JSON lines: each record's event time is this field, microseconds since the epoch or "
+                         "an ISO 8601 time with a zone (default: the run's start, a microsecond apart)")
+    rn.add_argument("--out", default=None, metavar="DIR",
+                    help="write each output stream to DIR/STREAM.jsonl instead of standard output")
+
+    s = sub.add_parser("submit", help="submit the Dataflow or Topology named by MODULE:ATTR")
     s.add_argument("topology")
     masters_flag(s)
     security_flags(s, server=False)
@@ -167,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     jb = sub.add_parser("jobs", help="list the jobs (running, draining, drained, cancelled)")
     jb.add_argument("--json", action="store_true")
-    up_ = sub.add_parser("update", help="change a running job in place to the Topology named by MODULE:ATTR")
+    up_ = sub.add_parser("update", help="change a running job in place to the Dataflow or Topology named by MODULE:ATTR")
     up_.add_argument("topology")
     up_.add_argument("--drop-state", action="store_true",
                      help="confirm that computations the new topology removes lose their state")
@@ -290,6 +304,11 @@ def _run(args: argparse.Namespace) -> int:
 
         return run_up(args.data_dir, masters=args.masters, workers=args.workers, lease_ms=args.lease_ms,
                       port=args.port, etcd_binary=args.etcd_binary, log_format=args.log_format)
+    if cmd == "run":
+        from cli.run import run_job
+
+        return run_job(args.job, args.input, key_field=args.key_field, time_field=args.timestamp_field,
+                       out_dir=args.out)
     if cmd == "submit":
         from cli.lifecycle import topology_at
         from runtime.client import connect

@@ -38,8 +38,17 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.computation import Computation, Context
 from runtime.errors import MillstreamError
-from runtime.record import END_OF_TIME, MIN_TIME, Record, Timestamp, check_time, producer_prefix, sequence_id
-from runtime.topology import Topology
+from runtime.record import (
+    END_OF_TIME,
+    MIN_TIME,
+    Record,
+    Timestamp,
+    check_time,
+    derived_id,
+    producer_prefix,
+    sequence_id,
+)
+from runtime.topology import Topology, dead_letter, dead_letter_stream
 
 if TYPE_CHECKING:
     from runtime.dataflow import Dataflow
@@ -156,7 +165,10 @@ class TestRun:
         if not self._core.routing.has_subscribers(stream):
             raise MillstreamError(f"TestRun: no computation reads stream {stream!r}")
         shares: dict[tuple[str, int], list[Record]] = {}
+        letters: dict[tuple[str, int], list[Record]] = {}  # what readers' key extractors failed on
         last: dict[tuple[str, int], int] = {}  # the highest sequence each tablet gets of these
+        routing = self._core.routing
+        failed: list[tuple[str, BaseException]] = []  # (reader, error) of the record being routed
         for key, value, when in records:
             timestamp = check_time(when, "TestRun: timestamp")  # (an int, or a datetime with a time zone)
             if id is None:
@@ -164,9 +176,16 @@ class TestRun:
                 rid = sequence_id(self._prefix, self._position)
             else:
                 rid = id
-            for comp, r, k in self._core.routing.route(stream, Record(key, value, timestamp, rid)):
+            failed.clear()
+            for comp, r, k in routing.route_fields(stream, key, value, timestamp, Record(key, value, timestamp, rid),
+                                                   lambda reader, e: failed.append((reader, e))):
                 shares.setdefault((comp, r), []).append(Record(k, value, timestamp, rid, stream))
                 last[(comp, r)] = self._position
+            for reader, error in failed:  # to that reader's dead letters, as an injector sends them
+                to, lid = dead_letter_stream(reader), derived_id(b"dead-letter", reader.encode(), rid)
+                for comp, r, k in routing.route_fields(to, key, dead_letter(error, reader, value), timestamp):
+                    letters.setdefault((comp, r), []).append(Record(k, dead_letter(error, reader, value), timestamp,
+                                                                    lid, to))
 
         async def deliver() -> None:
             for (comp, r), share in shares.items():
@@ -179,6 +198,9 @@ class TestRun:
                     await asyncio.sleep(0.001)  # BUSY or a tablet reopening: yield and retry
                 if id is None:  # not the batch's last: that may have gone to another tablet
                     self._sent[(comp, r)] = last[(comp, r)]
+            for (comp, r), share in letters.items():  # (opaque ids: deduplicated one by one)
+                while await self._core.deliver(comp, r, self._token(comp, r), share, None) != 0:
+                    await asyncio.sleep(0.001)
         if records:
             self._run(deliver())
         self._injected.setdefault(stream, MIN)

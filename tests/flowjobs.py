@@ -17,6 +17,12 @@ def words(line: str) -> list[str]:
     return line.split()
 
 
+def shout(word: str) -> str:
+    if word == "boom":
+        raise ValueError("shout refuses boom")
+    return word.upper()
+
+
 def word_key(word: str) -> str:
     return word
 

@@ -3,14 +3,17 @@ virtual time. These tests are also its examples (docs/testing.md)."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
 
 import pytest
 
 from examples import windows, wordcount
-from runtime import Computation, Context, Record, TimeDomain, Topology
+from runtime import Computation, Context, Dataflow, Record, TimeDomain, Topology, codecs
 from runtime.errors import MillstreamError
 from runtime.testing import TestRun
+from tests import flowjobs as j
 from tests.jobs import TypedCounter
 
 SECOND = 1_000_000
@@ -96,3 +99,19 @@ def test_typed_state_without_a_ttl_outlives_a_finished_input() -> None:
         assert run.low_watermark("counter") == (1 << 63) - 1
         assert run.typed_state("counter", b"plum", TypedCounter.count) == 1
         assert run.typed_state("counter", b"plum", TypedCounter.history) == [1]
+
+
+def test_a_key_extractor_that_raises_sends_the_record_to_its_readers_dead_letters_as_an_injector_does() -> None:
+    """A flow's ``map`` before its ``key_by`` runs where the record is routed: a value it
+    raises on went up through ``inject`` (the test, or ``millstream run``, stopped) where an
+    injector sends it to that reader's dead letters and goes on."""
+    flow = Dataflow("tk", key_ranges=2)
+    flow.input("in", codec=codecs.STR).map(j.shout).key_by(j.word_key).output("out", codec=codecs.STR)
+    with TestRun(flow) as run:
+        run.inject_batch("in", [(b"", b"a", T0), (b"", b"boom", T0), (b"", b"b", T0)])
+        run.run_until_idle()
+        assert sorted(r.value for r in run.output("out")) == [b"A", b"B"]
+        [stream] = [s for s in run.streams if s.endswith(".dead_letter") and run.output(s)]
+        [letter] = run.output(stream)
+        doc = json.loads(letter.value)
+        assert doc["error"] == "ValueError: shout refuses boom" and base64.b64decode(doc["value"]) == b"boom"

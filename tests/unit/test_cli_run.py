@@ -1,0 +1,184 @@
+"""``millstream run`` (cli/run.py): a job run once over files in this process, its outputs
+printed as JSON lines; bad input named by file and line."""
+
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from cli.run import plain, run_job
+from runtime.errors import ConfigError
+from runtime.windows import WindowResult
+
+JOBS = textwrap.dedent('''
+    from millstream import Computation, Dataflow, Topology, codecs
+    from millstream.windows import SECOND, Count, Tumbling
+
+    def page_of(click):
+        return click["page"]
+
+    def checked(click):
+        if click.get("bad"):
+            raise ValueError("a bad click")
+        return click
+
+    def amount(doc):
+        return doc["amount"]
+
+    def add(a, b):
+        return a + b
+
+    flow = Dataflow("runclicks")
+    (flow.input("clicks", codec=codecs.JSON).map(checked).key_by(page_of)
+         .window(Tumbling(60 * SECOND), Count()).output("page_counts", codec=codecs.JSON))
+
+    totals = Dataflow("runtotals")
+    totals.input("payments", codec=codecs.JSON, keyed=True).map(amount).reduce(add).output("totals", codec=codecs.INT)
+
+    class Shout(Computation):
+        def process_record(self, ctx, record):
+            ctx.produce("loud", record.value.upper())
+
+    topo = Topology("runshout")
+    topo.add_computation("shout", Shout, inputs={"words": None}, outputs=["loud"])
+    not_a_job = 3
+''')
+T0 = 1_704_067_200_000_000  # 2024-01-01T00:00:00Z
+
+
+@pytest.fixture
+def jobs(tmp_path: Any, monkeypatch: Any) -> Any:
+    (tmp_path / "runjobs_cli.py").write_text(JOBS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _run(*inputs: str, **kw: Any) -> tuple[int, list[dict[str, Any]]]:
+    out = io.StringIO()
+    code = run_job(kw.pop("job", "runjobs_cli:flow"), list(inputs), stdout=out, **kw)
+    return code, [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def test_a_flow_runs_over_a_file_and_its_windows_match_an_oracle(jobs: Any) -> None:
+    """Out of order within a minute, times as ISO 8601 and as microseconds: every minute's
+    count per page, once, stamped when its window closed."""
+    clicks = [(f"/p{i % 3}", T0 + (i * 7_919_000) % 180_000_000) for i in range(300)]
+    path = jobs / "clicks.jsonl"
+    iso = [datetime.datetime.fromtimestamp(t / 1e6, datetime.UTC).isoformat() for _, t in clicks]
+    path.write_text("".join(json.dumps({"page": p, "ts": t if i % 2 else iso[i]}) + "\n"
+                            for i, (p, t) in enumerate(clicks)))
+    code, lines = _run(f"clicks={path}", time_field="ts")
+    expected = Counter((p, (t - T0) // 60_000_000) for p, t in clicks)
+    got = {(r["key"], (r["value"][0] - T0) // 60_000_000): r["value"][2] for r in lines}  # WindowResult, as JSON
+    assert code == 0 and len(got) == len(lines) == len(expected) and got == dict(expected)
+    assert all(r["stream"] == "page_counts" and r["timestamp"] == r["value"][1] for r in lines)
+
+
+def test_iso_times_with_a_zone_are_read_and_without_one_refused(jobs: Any) -> None:
+    path = jobs / "iso.jsonl"
+    path.write_text('{"page": "/a", "ts": "2024-01-01T00:00:59.5+00:00"}\n{"page": "/a", "ts": "2024-01-01T01:00:00Z"}\n')
+    code, lines = _run(f"clicks={path}", time_field="ts")
+    assert sorted((r["value"][0], r["value"][2]) for r in lines) == [(T0, 1), (T0 + 3_600_000_000, 1)]
+    path.write_text('{"page": "/a", "ts": "2024-01-01T00:00:00"}\n')
+    with pytest.raises(ConfigError, match=r"iso.jsonl, line 1: field 'ts' .* has no time zone"):
+        _run(f"clicks={path}", time_field="ts")
+    path.write_text('{"page": "/a", "ts": "yesterday"}\n')
+    with pytest.raises(ConfigError, match=r"line 1: field 'ts' is 'yesterday': give microseconds .* or an ISO 8601"):
+        _run(f"clicks={path}", time_field="ts")
+
+
+def test_keyed_inputs_take_their_key_from_a_field_and_a_classic_topology_prints_what_it_leaves(jobs: Any) -> None:
+    path = jobs / "pay.jsonl"
+    path.write_text("".join(json.dumps({"user": u, "amount": a}) + "\n" for u, a in [("ann", 3), ("bob", 1), ("ann", 4)]))
+    code, lines = _run(f"payments={path}", job="runjobs_cli:totals", key_field="user")
+    assert code == 0 and sorted((r["key"], r["value"]) for r in lines) == [("ann", 3), ("ann", 7), ("bob", 1)]
+    words = jobs / "words.txt"
+    words.write_text("apple\nbanana\r\n")
+    code, lines = _run(f"words={words}", job="runjobs_cli:topo")
+    assert code == 0 and [(r["stream"], r["value"]) for r in lines] == [("loud", "APPLE"), ("loud", "BANANA")]
+
+
+def test_records_user_code_raises_on_go_to_the_dead_letters_and_the_exit_code_says_so(jobs: Any) -> None:
+    path = jobs / "clicks.jsonl"
+    path.write_text('{"page": "/a"}\n{"page": "/a", "bad": true}\n{"page": "/b"}\n')
+    out_dir = jobs / "out"
+    code, _ = _run(f"clicks={path}", out_dir=str(out_dir))
+    assert code == 1
+    counts = [json.loads(line) for line in (out_dir / "page_counts.jsonl").read_text().splitlines()]
+    assert sorted((r["key"], r["value"][2]) for r in counts) == [("/a", 1), ("/b", 1)]
+    [dead] = [f for f in os.listdir(out_dir) if f.endswith(".dead_letter.jsonl")]
+    [letter] = [json.loads(line) for line in (out_dir / dead).read_text().splitlines()]
+    assert "a bad click" in json.dumps(letter["value"])
+
+
+@pytest.mark.parametrize("args, says", [
+    (["clicks"], "write STREAM=PATH"),
+    (["click=x"], "'click' is not an input stream of the job; its inputs are clicks"),
+    (["clicks=nowhere.jsonl"], "'nowhere.jsonl' is not a file"),
+])
+def test_bad_inputs_are_named(jobs: Any, args: list[str], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        _run(*args)
+
+
+def test_a_line_that_is_not_json_or_lacks_the_field_is_named_by_its_line(jobs: Any) -> None:
+    path = jobs / "c.jsonl"
+    path.write_text('{"page": "/a", "ts": 1}\nnot json\n')
+    with pytest.raises(ConfigError, match=r"c.jsonl, line 2: not JSON"):
+        _run(f"clicks={path}", time_field="ts")
+    path.write_text('{"page": "/a"}\n')
+    with pytest.raises(ConfigError, match=r"line 1: no field 'ts' in this line"):
+        _run(f"clicks={path}", time_field="ts")
+
+
+def test_values_are_written_as_json_can_hold_them() -> None:
+    assert plain(WindowResult(1, 2, (b"x", b"\xff", {3: None}))) == {
+        "start": 1, "end": 2, "value": ["x", {"base64": "/w=="}, {"3": None}]}
+
+
+def test_the_command_prints_only_json_on_stdout_and_reads_stdin(jobs: Any) -> None:
+    """Through the real command line: `millstream run`, stdin for the input, and `submit`'s
+    loader taking a Dataflow too (it refused one: "is Dataflow, not a Topology")."""
+    prog = "import sys\nfrom cli.main import main\nsys.exit(main(sys.argv[1:]))"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), *sys.path]))
+    done = subprocess.run([sys.executable, "-c", prog, "run", "runjobs_cli:flow", "--input", "clicks=-"],
+                          input=b'{"page": "/a"}\n{"page": "/a"}\n', capture_output=True, timeout=120,
+                          check=False, cwd=str(jobs), env=env)
+    assert done.returncode == 0, done.stderr
+    [line] = [json.loads(x) for x in done.stdout.decode().splitlines()]
+    assert (line["key"], line["value"][2]) == ("/a", 2)
+    bad = subprocess.run([sys.executable, "-c", prog, "run", "runjobs_cli:not_a_job"], capture_output=True,
+                         timeout=120, check=False, cwd=str(jobs), env=env)
+    assert bad.returncode == 2 and b"'runjobs_cli:not_a_job' is int, not a Dataflow or a Topology" in bad.stderr
+    from cli.lifecycle import topology_at
+    assert sorted(topology_at("runjobs_cli:flow").computations) == sorted(
+        __import__("runjobs_cli").flow.topology().computations)
+
+
+def test_the_readmes_example_prints_what_the_readme_shows(tmp_path: Any, monkeypatch: Any) -> None:
+    """README.md's taste of the API, its file and its `millstream run` lines, run as shown."""
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    taste = readme[readme.index("## A taste of the API"):]
+    code = taste[taste.index("```python\n") + 10:taste.index("```\n")]
+    shell = taste[taste.index("$ cat clicks.jsonl\n"):]
+    shell = shell[:shell.index("```")].splitlines()
+    command = next(i for i, line in enumerate(shell) if line.startswith("$ millstream run"))
+    (tmp_path / "readme_jobs.py").write_text(code)
+    (tmp_path / "clicks.jsonl").write_text("".join(line + "\n" for line in shell[1:command]))
+    args = shell[command].split()[3:]  # (after "$ millstream run")
+    assert args[:4] == ["jobs:flow", "--input", "clicks=clicks.jsonl", "--timestamp-field"]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    assert run_job("readme_jobs:flow", [args[2]], time_field=args[4], stdout=out) == 0
+    assert sorted(out.getvalue().splitlines()) == sorted(shell[command + 1:])
