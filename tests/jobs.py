@@ -6,6 +6,8 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 
+from prometheus_client import Counter
+
 from runtime import (
     Computation,
     Context,
@@ -212,3 +214,16 @@ class Profile(Computation):
         tally.put(text, {"n": tally.get(text, {"n": 0})["n"] + 1})
         ctx.state_of(self.last).set(record.value)
         ctx.produce("profiled", str(count.get()).encode())
+
+
+# A user's own metric, as docs/guide.md ("Your own metrics") shows: a prometheus_client
+# metric at module level in the job's module is on every worker's /metrics page.
+WORDS_SEEN = Counter("tests_words_seen", "Words a MeteredCounter got, by length", ["length"])
+
+
+class MeteredCounter(Computation):
+    """Counts each word in a user-defined Prometheus counter, labelled by its length."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        WORDS_SEEN.labels(str(len(record.key))).inc()
+        ctx.produce("out", record.key)

@@ -7,15 +7,17 @@ from __future__ import annotations
 import os
 import re
 import urllib.request
+from collections import Counter
 
 import pytest
 
 from cli.demo import oracle, sample_lines
 from examples import wordcount
 from injectors import Injector
+from runtime import Topology
 from runtime.sinks import read_file_sink
 from tests.dashboards import named_metrics
-from tests.harness import Cluster, wait_until
+from tests.harness import Cluster, metric, wait_until
 
 
 def _page(url: str) -> str:
@@ -58,3 +60,23 @@ def test_every_metric_the_dashboards_and_alerts_name_is_exported(cluster: Cluste
     except TimeoutError:
         pytest.fail(f"named by deploy/grafana or deploy/prometheus but on no /metrics page: {sorted(missing())}")
     assert len(named_metrics()) >= 20
+
+
+def test_a_jobs_own_prometheus_metrics_are_on_its_workers_metrics_pages(cluster: Cluster) -> None:
+    """docs/guide.md, "Your own metrics": a prometheus_client metric defined in the job's
+    module is counted in the worker that runs the code and shown on its /metrics page."""
+    topo = Topology("metered")
+    topo.add_computation("metered", "tests.jobs:MeteredCounter", inputs={"metered.in": None}, outputs=["out"],
+                         key_ranges=2)
+    cluster.client.submit(topo)
+    cluster.wait_assigned()
+    words = ["a", "bb", "cc", "ddd"] * 5
+    with Injector(cluster.masters_arg, "metered.in", "metered") as inj:
+        for i, word in enumerate(words):
+            inj.send(word.encode(), b"", 1_700_000_000_000_000 + i)
+    want = Counter(len(w) for w in words)
+
+    def seen() -> dict[int, float]:
+        return {n: sum(metric(w, "tests_words_seen", f'length="{n}"') for w in cluster.workers) for n in want}
+
+    wait_until(lambda: seen() == want, 60, "every word counted on the workers' /metrics pages")
