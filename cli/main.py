@@ -220,6 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
     inj.add_argument("directory")
     inj.add_argument("--stream", required=True)
     inj.add_argument("--name", default=None, help="injector name (default: the directory's)")
+    inj.add_argument("--key-field", default=None, metavar="FIELD",
+                     help="JSON lines: each record's key is this field (default: the file's name)")
+    inj.add_argument("--timestamp-field", default=None, metavar="FIELD",
+                     help="JSON lines: each record's event time is this field, microseconds since the epoch or an "
+                          "ISO 8601 time with a zone (default: the file's creation time); the watermark then stays "
+                          "put until every file is sent, then finishes")
     inj.add_argument("--allow-code", default=from_env("MILLSTREAM_ALLOW_CODE"),
                      help="comma-separated module prefixes the stream's key extractors may be loaded "
                           "from (env MILLSTREAM_ALLOW_CODE); millstream's own are always allowed")
@@ -361,7 +367,8 @@ def _run(args: argparse.Namespace) -> int:
         from injectors.files import inject_directory
 
         n = inject_directory(args.directory, need(args.masters, "--masters", "MILLSTREAM_MASTERS"),
-                             args.stream, args.name, security=security(args), allow_code=args.allow_code or "")
+                             args.stream, args.name, security=security(args), allow_code=args.allow_code or "",
+                             key_field=args.key_field, time_field=args.timestamp_field)
         print(f"injected {n} lines into {args.stream!r}")
         return 0
     if cmd == "bench":

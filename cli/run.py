@@ -47,43 +47,18 @@ def parse_inputs(given: list[str], streams: list[str]) -> dict[str, str]:
     return out
 
 
-def _field(doc: Any, field: str, where: str) -> Any:
-    if not isinstance(doc, dict) or field not in doc:
-        raise ConfigError(f"{where}: no field {field!r} in this line; every line needs it")
-    return doc[field]
-
-
-def _timestamp(v: Any, field: str, where: str) -> int:
-    from runtime.record import check_time
-
-    if isinstance(v, str):
-        try:
-            v = datetime.datetime.fromisoformat(v)
-        except ValueError:
-            raise ConfigError(f"{where}: field {field!r} is {v!r}: give microseconds since the epoch or an "
-                              "ISO 8601 time with a zone (2024-01-01T00:00:00Z)") from None
-    return check_time(v, f"{where}: field {field!r}", ConfigError)
-
-
 def records(lines: Iterator[bytes], name: str, start_us: int, key_field: str | None,
             time_field: str | None) -> Iterator[tuple[bytes, bytes, int]]:
     """(key, value, timestamp) of each line: the key from ``key_field`` (else empty), the time
     from ``time_field`` (else ``start_us``, a microsecond later each line, in file order)."""
+    from injectors.files import line_fields
+
     for n, line in enumerate(lines):
         value = line.rstrip(b"\r\n")
         key, ts = b"", start_us + n
         if key_field is not None or time_field is not None:
-            where = f"{name}, line {n + 1}"
-            try:
-                doc = json.loads(value)
-            except ValueError as e:
-                raise ConfigError(f"{where}: not JSON ({e}); --key-field and --timestamp-field read JSON lines") \
-                    from None
-            if key_field is not None:
-                k = _field(doc, key_field, where)
-                key = k.encode() if isinstance(k, str) else json.dumps(k).encode()
-            if time_field is not None:
-                ts = _timestamp(_field(doc, time_field, where), time_field, where)
+            k, t = line_fields(value, f"{name}, line {n + 1}", key_field, time_field, ConfigError)
+            key, ts = k if k is not None else key, t if t is not None else ts
         yield key, value, ts
 
 

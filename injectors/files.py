@@ -7,7 +7,9 @@ producer of its own and its line number the record's place in it
 (:meth:`Injector.send_sequenced`), so injecting the same directory again after a
 crash, however late, is exactly-once, and receivers keep one number per file. The key is the file name; the timestamp the
 file's creation time (its modification time, where the file system keeps no
-birth time).
+birth time). With ``key_field`` / ``time_field``, each line is a JSON object whose fields
+give its key and event time instead (:func:`line_fields`), every line is checked before
+anything is sent, and the watermark waits for the last file.
 
 A file is known by its inode and a digest of its first line, not by its name
 (:func:`file_identity`; review E3): a log rotated from ``app.log`` to ``app.log.1`` is
@@ -18,13 +20,16 @@ up to the old one's length.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
+import json
 import os
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from injectors.injector import Injector
 from runtime.errors import InjectionError
+from runtime.record import check_time
 from runtime.security import Security
 
 
@@ -66,17 +71,74 @@ def pending_files(directory: str) -> list[tuple[int, str]]:
     return sorted(out)
 
 
-def inject_files(sink: Sink, directory: str, name: str) -> int:
-    """Send every line of every file, advancing the watermark file by file; returns lines sent."""
+def line_fields(value: bytes, where: str, key_field: str | None, time_field: str | None,
+                error: type[Exception] = InjectionError) -> tuple[bytes | None, int | None]:
+    """The key and the event time a JSON line gives in its fields ``key_field`` and
+    ``time_field`` (None where not asked for): the key as UTF-8 (a field that is not a string:
+    its JSON), the time as microseconds since the epoch or an ISO 8601 time with a zone.
+    ``error`` names ``where`` (file and line) and what to fix."""
+    try:
+        doc = json.loads(value)
+    except ValueError as e:
+        raise error(f"{where}: not JSON ({e}); key and timestamp fields are read from JSON lines") from None
+    if not isinstance(doc, dict):
+        raise error(f"{where}: a JSON {type(doc).__name__}, not an object; each line must be one object")
+    key = ts = None
+    for field, want in ((key_field, "key"), (time_field, "time")):
+        if field is None:
+            continue
+        if field not in doc:
+            raise error(f"{where}: no field {field!r} in this line; every line needs it")
+        v = doc[field]
+        if want == "key":
+            key = v.encode("utf-8", "surrogatepass") if isinstance(v, str) else json.dumps(v).encode()
+            continue
+        if isinstance(v, str):
+            try:
+                v = datetime.datetime.fromisoformat(v)
+            except ValueError:
+                raise error(f"{where}: field {field!r} is {v!r}: give microseconds since the epoch or an "
+                            "ISO 8601 time with a zone (2024-01-01T00:00:00Z)") from None
+        ts = check_time(v, f"{where}: field {field!r}", error)
+    return key, ts
+
+
+def check_lines(directory: str, key_field: str | None, time_field: str | None) -> list[tuple[int, str]]:
+    """:func:`pending_files`, each line of each read for ``key_field`` and ``time_field`` if
+    given: a bad line raises (:func:`line_fields`) before anything is sent or registered."""
     files = pending_files(directory)
+    if key_field is not None or time_field is not None:
+        for _, fname in files:
+            with open(os.path.join(directory, fname), "rb") as f:
+                for lineno, line in enumerate(f, start=1):
+                    line_fields(line.rstrip(b"\n"), f"{fname}, line {lineno}", key_field, time_field)
+    return files
+
+
+def inject_files(sink: Sink, directory: str, name: str, key_field: str | None = None,
+                 time_field: str | None = None) -> int:
+    """Send every line of every file, advancing the watermark file by file; returns lines sent.
+
+    ``key_field`` / ``time_field``: each line is a JSON object whose field gives the record's
+    key / event time (:func:`line_fields`), instead of the file's name / creation time. Every
+    line of every file is read and checked before anything is sent, so a bad line loses
+    nothing and sends nothing. With ``time_field`` the watermark does not move while the files
+    are read (their times are the data's, not the files'): it is left where it is until the
+    caller finishes the injection."""
+    files = check_lines(directory, key_field, time_field)
     n = 0
     for ts, fname in files:
-        sink.advance_watermark(ts)  # the oldest unfinished file is now this one
+        if time_field is None:
+            sink.advance_watermark(ts)  # the oldest unfinished file is now this one
         path = os.path.join(directory, fname)
         producer = file_identity(path)
         with open(path, "rb") as f:
             for lineno, line in enumerate(f, start=1):
-                sink.send_sequenced(producer, lineno, fname.encode(), line.rstrip(b"\n"), ts)
+                value, key, when = line.rstrip(b"\n"), fname.encode(), ts
+                if key_field is not None or time_field is not None:
+                    k, t = line_fields(value, f"{fname}, line {lineno}", key_field, time_field)
+                    key, when = k if k is not None else key, t if t is not None else when
+                sink.send_sequenced(producer, lineno, key, value, when)
                 n += 1
         sink.flush()  # this file is done: only then may the watermark pass it
     return n
@@ -84,10 +146,12 @@ def inject_files(sink: Sink, directory: str, name: str) -> int:
 
 def inject_directory(directory: str, masters: str | Iterable[str], stream: str,
                      name: str | None = None, security: Security = Security(),
-                     allow_code: str | Sequence[str] = ()) -> int:
+                     allow_code: str | Sequence[str] = (), key_field: str | None = None,
+                     time_field: str | None = None) -> int:
     """Inject every line of the regular files under ``directory``, then finish
-    (``allow_code``: where the stream's key extractors may come from, as for ``Injector``)."""
+    (``allow_code``: where the stream's key extractors may come from, as for ``Injector``;
+    ``key_field``, ``time_field``: as for :func:`inject_files`)."""
     name = name or "files:" + os.path.abspath(directory)
-    pending_files(directory)  # a bad directory fails before anything registers
+    check_lines(directory, key_field, time_field)  # a bad directory or line fails before anything registers
     with Injector(masters, stream, name, security=security, allow_code=allow_code) as inj:
-        return inject_files(inj, directory, name)
+        return inject_files(inj, directory, name, key_field, time_field)

@@ -106,3 +106,37 @@ def test_e3_a_file_appended_to_between_runs_continues_its_line_numbers(tmp_path:
     after = {v[1]: v[3] for k, v in again.events if k == "send"}  # type: ignore[index]
     producer = before[b"l1"][0]
     assert after == {b"l1": (producer, 1), b"l2": (producer, 2), b"l3": (producer, 3)}
+
+
+def test_json_lines_give_each_record_its_key_and_event_time_and_the_watermark_waits(tmp_path: object) -> None:
+    """--key-field / --timestamp-field: a record's key and time come from its line; the
+    watermark does not follow the files' creation times (they are not the data's)."""
+    d = str(tmp_path)
+    _file(d, "a.jsonl", ['{"user": "ann", "ts": 5}', '{"user": 7, "ts": "1970-01-01T00:00:01Z"}'], 1000)
+    _file(d, "b.jsonl", ['{"user": "bob", "ts": 3}'], 2000)
+    r = Recorder()
+    assert inject_files(r, d, "src", key_field="user", time_field="ts") == 3
+    assert [k for k, _ in r.events] == ["send", "send", "flush", "send", "flush"]
+    assert [(v[0], v[2]) for k, v in r.events if k == "send"] == [  # type: ignore[index]
+        (b"ann", 5), (b"7", 1_000_000), (b"bob", 3)]
+    r = Recorder()
+    inject_files(r, d, "src", key_field="user")  # the files' times, and the watermark with them
+    assert [v for k, v in r.events if k == "watermark"] == [1000 * 10**6, 2000 * 10**6]
+
+
+@pytest.mark.parametrize("line, says", [
+    ("not json", "b.jsonl, line 2: not JSON"),
+    ('["a"]', "b.jsonl, line 2: a JSON list, not an object"),
+    ('{"user": "x"}', "b.jsonl, line 2: no field 'ts' in this line"),
+    ('{"user": "x", "ts": 1.5}', r"b.jsonl, line 2: field 'ts' 1.5 must be an int of microseconds"),
+    ('{"user": "x", "ts": "2024-01-01T00:00:00"}', "has no time zone"),
+    ('{"user": "x", "ts": 18446744073709551616}', "within signed 64 bits"),
+])
+def test_a_bad_line_is_named_before_anything_is_sent(tmp_path: object, line: str, says: str) -> None:
+    d = str(tmp_path)
+    _file(d, "a.jsonl", ['{"user": "ann", "ts": 5}'], 1000)
+    _file(d, "b.jsonl", ['{"user": "bob", "ts": 3}', line], 2000)
+    r = Recorder()
+    with pytest.raises(InjectionError, match=says):
+        inject_files(r, d, "src", key_field="user", time_field="ts")
+    assert r.events == []
