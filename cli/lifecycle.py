@@ -19,7 +19,7 @@ def job_at(path: str) -> Any:
     from runtime.imports import load
     from runtime.topology import Topology
 
-    job = load(path, "topology")
+    job = load(path, "job")
     if not isinstance(job, (Topology, Dataflow)):
         raise ConfigError(f"{path!r} is {type(job).__name__}, not a Dataflow or a Topology")
     return job

@@ -5,28 +5,34 @@ for trying a job on a sample before submitting it::
     millstream run jobs:flow --input clicks=clicks.jsonl --timestamp-field ts
 
 It is the test kit's run (runtime/testing.py): the real worker, its exactly-once batches,
-typed state and timers, on RocksDB in a temporary directory; no etcd, no network. Every line
-of an input file is one record, its value the line's bytes (the flow's input codec decodes
-them). Once every file is read, every input stream is finished, so every window fires; then
-each output stream's records are written as JSON lines, decoded by the flow's output codec.
-Wall-clock time is the run's start and does not move: processing-time timers do not fire.
+typed state and timers, on RocksDB in a temporary directory; no etcd, no network. Every
+non-blank line of an input file is one record, its value the line's bytes (the flow's input
+codec decodes them). The records of every input are fed in timestamp order, then every input
+is finished, so every window fires; then each output stream's records are written as JSON
+lines, decoded by the flow's output codec. Wall-clock time is the run's start and does not
+move: processing-time timers do not fire.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import json
 import logging
 import os
+import stat
 import sys
 import time
 from collections.abc import Iterator
 from typing import IO, Any
 
-from runtime.errors import ConfigError
+from runtime.errors import ConfigError, MillstreamError
 
-BATCH = 1_000  # lines injected between two runs of the worker
+BATCH = 1_000  # records injected between two runs of the worker
+QUIET = ("master", "worker", "runtime")  # the in-process cluster's comings and goings are not news here
+
+Item = tuple[int, int, int, str, bytes, bytes]  # timestamp, input, line, stream, key, value
 
 
 def parse_inputs(given: list[str], streams: list[str]) -> dict[str, str]:
@@ -41,25 +47,39 @@ def parse_inputs(given: list[str], streams: list[str]) -> dict[str, str]:
                               f"{', '.join(streams) or '(none)'}")
         if stream in out:
             raise ConfigError(f"--input {arg!r}: stream {stream!r} is given twice; give it one file")
-        if path != "-" and not os.path.isfile(path):
+        if path == "-" and "-" in out.values():
+            raise ConfigError(f"--input {arg!r}: standard input ('-') is already another stream's; give one a file")
+        if path != "-" and not _readable(path):
             raise ConfigError(f"--input {arg!r}: {path!r} is not a file ('-' reads standard input)")
         out[stream] = path
     return out
 
 
+def _readable(path: str) -> bool:
+    """A file, a pipe or a device (``<(zcat f.gz)``): anything but a directory or nothing."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+
+
 def records(lines: Iterator[bytes], name: str, start_us: int, key_field: str | None,
-            time_field: str | None) -> Iterator[tuple[bytes, bytes, int]]:
-    """(key, value, timestamp) of each line: the key from ``key_field`` (else empty), the time
-    from ``time_field`` (else ``start_us``, a microsecond later each line, in file order)."""
+            time_field: str | None) -> Iterator[tuple[int, bytes, bytes, int]]:
+    """(line number, key, value, timestamp) of each non-blank line: the key from ``key_field``
+    (else empty), the time from ``time_field`` (else ``start_us``, a microsecond later each
+    line, in file order)."""
     from injectors.files import line_fields
 
-    for n, line in enumerate(lines):
+    for n, line in enumerate(lines, start=1):
         value = line.rstrip(b"\r\n")
+        if not value.strip():
+            continue
         key, ts = b"", start_us + n
         if key_field is not None or time_field is not None:
-            k, t = line_fields(value, f"{name}, line {n + 1}", key_field, time_field, ConfigError)
+            k, t = line_fields(value, f"{name}, line {n}", key_field, time_field, ConfigError)
             key, ts = k if k is not None else key, t if t is not None else ts
-        yield key, value, ts
+        yield n, key, value, ts
 
 
 def plain(v: Any) -> Any:
@@ -99,45 +119,117 @@ def _outputs(job: Any) -> dict[str, Any]:
     return {s: codecs.BYTES for c in comps for s in c.outputs if s not in read}
 
 
+def _by_own_key(job: Any, topo: Any) -> dict[str, str]:
+    """Input streams some reader takes by the records' own keys, with who: a flow's keyed
+    input, or a classic computation reading it with no key extractor."""
+    from runtime.dataflow import Dataflow
+
+    if isinstance(job, Dataflow):
+        return {job._steps[s].args["stream"]: f"the keyed input step {s!r}" for s in job.steps
+                if job._steps[s].kind == "input" and job._steps[s].keyed}
+    return {stream: f"computation {name!r}" for name, c in topo.computations.items()
+            for stream, extractor in c.inputs.items() if extractor is None}
+
+
+def _out_dir(out_dir: str, names: list[str]) -> None:
+    """Make ``out_dir``, and clear the files of this job's streams an earlier run left there."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(out_dir, f"{name}.jsonl"))
+        probe = os.path.join(out_dir, ".millstream-run")
+        open(probe, "w").close()
+        os.remove(probe)
+    except OSError as e:
+        raise ConfigError(f"--out {out_dir!r}: cannot write there ({e.strerror}); give a directory") from None
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    loggers = [logging.getLogger(n) for n in QUIET]
+    levels = [lg.level for lg in loggers]
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        for lg in loggers:
+            lg.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def _read(given: dict[str, str], start_us: int, key_field: str | None, time_field: str | None,
+          stdin: IO[bytes] | None) -> list[Item]:
+    """Every record of every input, in the order they are fed: by timestamp, then input, then line."""
+    items: list[Item] = []
+    for i, (stream, path) in enumerate(given.items()):
+        f = (stdin or sys.stdin.buffer) if path == "-" else open(path, "rb")
+        try:
+            name = "<stdin>" if path == "-" else path
+            items += [(ts, i, n, stream, key, value) for n, key, value, ts in records(iter(f), name, start_us,
+                                                                                       key_field, time_field)]
+        finally:
+            if path != "-":
+                f.close()
+    items.sort(key=lambda item: item[:3])
+    return items
+
+
+def _settle(run: Any) -> None:
+    """:meth:`TestRun.run_until_idle`, for as long as the run makes progress (a large run's
+    windows fire in slices over many rounds); a run busy without progress is a job that never ends."""
+    while True:
+        seen = sum(len(run.output(s)) for s in run.streams)
+        try:
+            run.run_until_idle()
+            return
+        except MillstreamError as e:
+            if sum(len(run.output(s)) for s in run.streams) == seen:
+                raise ConfigError(f"the job does not settle: {e}") from None
+
+
 def run_job(path: str, inputs: list[str], *, key_field: str | None = None, time_field: str | None = None,
             out_dir: str | None = None, stdin: IO[bytes] | None = None, stdout: IO[str] | None = None) -> int:
     """``millstream run``: the exit code (0; 1 if records went to dead letters)."""
     from cli.lifecycle import job_at
     from runtime.client import as_topology
+    from runtime.dataflow import Dataflow
     from runtime.testing import TestRun
+    from runtime.topology import dead_letter_stream
 
-    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
-        for name in ("master", "worker"):  # the in-process cluster's comings and goings are not news here
-            logging.getLogger(name).setLevel(logging.WARNING)
     job = job_at(path)
     topo = as_topology(job)
     comps = topo.computations.values()
     produced = {s for c in comps for s in c.all_outputs}
     streams = sorted({s for c in comps for s in c.inputs} - produced)
     given = parse_inputs(inputs, streams)
+    if key_field is None:
+        for stream, who in _by_own_key(job, topo).items():
+            if stream in given and isinstance(job, Dataflow):
+                raise ConfigError(f"{who} reads {stream!r} by its records' own keys: give --key-field FIELD (without "
+                                  "it every record has the empty key), or key it in the flow with key_by")
+            if stream in given:
+                print(f"millstream run: {who} reads {stream!r} by its records' own keys, and without --key-field "
+                      "every record has the empty key", file=sys.stderr)
     outputs = _outputs(job)
+    if out_dir is not None:
+        _out_dir(out_dir, [*outputs, *(dead_letter_stream(c) for c in topo.computations)])
     stdout = stdout or sys.stdout
     start_us = time.time_ns() // 1000
-    with TestRun(job, start_us=start_us) as run:
-        for stream, file in given.items():
-            f = (stdin or sys.stdin.buffer) if file == "-" else open(file, "rb")
-            try:
-                batch: list[tuple[bytes, bytes, int]] = []
-                for rec in records(iter(f), "<stdin>" if file == "-" else file, start_us, key_field, time_field):
-                    batch.append(rec)
-                    if len(batch) >= BATCH:
-                        run.inject_batch(stream, batch)  # type: ignore[arg-type]
-                        run.run_until_idle()
-                        batch = []
-                if batch:
-                    run.inject_batch(stream, batch)  # type: ignore[arg-type]
-            finally:
-                if f is not stdin and f is not sys.stdin.buffer:
-                    f.close()
-            run.run_until_idle()
+    items = _read(given, start_us, key_field, time_field, stdin)
+    with _quiet(), TestRun(job, start_us=start_us) as run:
+        at = 0
+        while at < len(items):  # runs of one stream's records, in the order they are fed
+            stream, end = items[at][3], at + 1
+            while end < len(items) and end - at < BATCH and items[end][3] == stream:
+                end += 1
+            run.inject_batch(stream, [(key, value, ts) for ts, _, _, _, key, value in items[at:end]])
+            _settle(run)
+            at = end
         for stream in streams:
             run.finish(stream)
-        run.run_until_idle(max_rounds=10 ** 7)
+        _settle(run)
         dead = [s for s in run.streams if s.endswith(".dead_letter") and run.output(s)]
         for stream, codec in outputs.items():
             _write(stream, [_line(stream, r, codec.decode) for r in run.output(stream)], out_dir, stdout)
@@ -146,6 +238,11 @@ def run_job(path: str, inputs: list[str], *, key_field: str | None = None, time_
                   f"its value (--out DIR writes them to {stream}.jsonl)", file=sys.stderr)
             if out_dir is not None:
                 _write(stream, [_line(stream, r, bytes) for r in run.output(stream)], out_dir, stdout)
+    if isinstance(job, Dataflow):
+        for s in job.steps:
+            if job._steps[s].kind == "sink":
+                print(f"millstream run: step {s!r} is a sink: it wrote its records where it writes, as on a cluster "
+                      "(not here)", file=sys.stderr)
     return 1 if dead else 0
 
 
@@ -159,6 +256,5 @@ def _write(stream: str, lines: list[str], out_dir: str | None, stdout: IO[str]) 
     if out_dir is None:
         stdout.write(text)
         return
-    os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"{stream}.jsonl"), "w") as out:
         out.write(text)

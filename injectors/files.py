@@ -29,7 +29,7 @@ from typing import Protocol
 
 from injectors.injector import Injector
 from runtime.errors import InjectionError
-from runtime.record import check_time
+from runtime.record import END_OF_TIME, MIN_TIME, time_unit
 from runtime.security import Security
 
 
@@ -71,36 +71,60 @@ def pending_files(directory: str) -> list[tuple[int, str]]:
     return sorted(out)
 
 
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_HOW = "give an integer of microseconds since the epoch or an ISO 8601 time with a zone (2024-01-01T00:00:00Z)"
+
+
 def line_fields(value: bytes, where: str, key_field: str | None, time_field: str | None,
                 error: type[Exception] = InjectionError) -> tuple[bytes | None, int | None]:
     """The key and the event time a JSON line gives in its fields ``key_field`` and
     ``time_field`` (None where not asked for): the key as UTF-8 (a field that is not a string:
-    its JSON), the time as microseconds since the epoch or an ISO 8601 time with a zone.
-    ``error`` names ``where`` (file and line) and what to fix."""
+    its JSON), the time as microseconds since the epoch (an integer, or its digits) or an ISO
+    8601 time with a zone. ``error`` names ``where`` (file and line) and what to fix."""
     try:
-        doc = json.loads(value)
+        doc = json.loads(value.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise error(f"{where}: not UTF-8 text ({e.reason} at byte {e.start}); JSON lines are UTF-8") from None
     except ValueError as e:
         raise error(f"{where}: not JSON ({e}); key and timestamp fields are read from JSON lines") from None
     if not isinstance(doc, dict):
         raise error(f"{where}: a JSON {type(doc).__name__}, not an object; each line must be one object")
     key = ts = None
-    for field, want in ((key_field, "key"), (time_field, "time")):
-        if field is None:
-            continue
-        if field not in doc:
+    for field in (key_field, time_field):
+        if field is not None and field not in doc:
             raise error(f"{where}: no field {field!r} in this line; every line needs it")
-        v = doc[field]
-        if want == "key":
-            key = v.encode("utf-8", "surrogatepass") if isinstance(v, str) else json.dumps(v).encode()
-            continue
+    if key_field is not None:
+        k = doc[key_field]
+        key = k.encode("utf-8", "surrogatepass") if isinstance(k, str) else json.dumps(k).encode()
+    if time_field is not None:
+        v = doc[time_field]
+        if isinstance(v, str) and v.lstrip("-").isdigit():
+            v = int(v)
         if isinstance(v, str):
             try:
-                v = datetime.datetime.fromisoformat(v)
+                when = datetime.datetime.fromisoformat(v)
             except ValueError:
-                raise error(f"{where}: field {field!r} is {v!r}: give microseconds since the epoch or an "
-                            "ISO 8601 time with a zone (2024-01-01T00:00:00Z)") from None
-        ts = check_time(v, f"{where}: field {field!r}", error)
+                raise error(f"{where}: field {time_field!r} is {v!r}: {_HOW}") from None
+            if when.tzinfo is None or when.utcoffset() is None:
+                raise error(f"{where}: field {time_field!r} is {v!r}, with no time zone, so its instant is not "
+                            "known: add one (Z, or +01:00)")
+            v = (when - _EPOCH) // datetime.timedelta(microseconds=1)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise error(f"{where}: field {time_field!r} is {json.dumps(v)}: {_HOW}")
+        if not MIN_TIME <= v <= END_OF_TIME:
+            raise error(f"{where}: field {time_field!r} is {v}, outside the signed 64 bits of microseconds a "
+                        "time is kept in: is it in a smaller unit than microseconds?")
+        unit = None if isinstance(doc[time_field], str) and not doc[time_field].lstrip("-").isdigit() \
+            else time_unit(abs(v))  # (a number: an ISO time may be any year)
+        if unit is not None:
+            raise error(f"{where}: field {time_field!r} is {v:,}, which looks like {unit} since the epoch, not "
+                        f"microseconds; give microseconds ({_FACTOR[unit]}), or ISO 8601 times")
+        ts = v
     return key, ts
+
+
+_FACTOR = {"seconds": "seconds × 1,000,000", "milliseconds": "milliseconds × 1,000",
+           "nanoseconds": "nanoseconds // 1,000"}
 
 
 def check_lines(directory: str, key_field: str | None, time_field: str | None) -> list[tuple[int, str]]:
@@ -111,7 +135,8 @@ def check_lines(directory: str, key_field: str | None, time_field: str | None) -
         for _, fname in files:
             with open(os.path.join(directory, fname), "rb") as f:
                 for lineno, line in enumerate(f, start=1):
-                    line_fields(line.rstrip(b"\n"), f"{fname}, line {lineno}", key_field, time_field)
+                    if line.strip():
+                        line_fields(line.rstrip(b"\n"), f"{fname}, line {lineno}", key_field, time_field)
     return files
 
 
@@ -136,6 +161,8 @@ def inject_files(sink: Sink, directory: str, name: str, key_field: str | None = 
             for lineno, line in enumerate(f, start=1):
                 value, key, when = line.rstrip(b"\n"), fname.encode(), ts
                 if key_field is not None or time_field is not None:
+                    if not line.strip():
+                        continue  # (a blank line among JSON lines: no record, as check_lines passed it)
                     k, t = line_fields(value, f"{fname}, line {lineno}", key_field, time_field)
                     key, when = k if k is not None else key, t if t is not None else when
                 sink.send_sequenced(producer, lineno, key, value, when)

@@ -5,8 +5,6 @@ record an extractor fails on to that reader's dead letters instead.
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
@@ -19,7 +17,7 @@ from runtime.imports import CodePolicy
 from runtime.keyspace import key_hashes
 from runtime.record import Record, derived_id
 from runtime.routing import SKIP, KeyExtractor, RoutingTable
-from runtime.topology import dead_letter_stream
+from runtime.topology import dead_letter, dead_letter_stream
 from runtime.wire import millstream_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -130,10 +128,9 @@ class Routes:
         log.log(logging.WARNING if str(n).rstrip("0") == "1" else logging.DEBUG,
                 "injector %s: the key extractor of %r on %r failed (%d times): %s; the record goes to %s",
                 self.name, reader, self.stream, n, text, dead_letter_stream(reader))
-        doc = {"error": text, "computation": reader, "stream": self.stream, "producer": "injector/" + self.name,
-               "value": base64.b64encode(r.value).decode()}
+        letter = dead_letter(error, reader, r.value, stream=self.stream, producer="injector/" + self.name)
         # An opaque id (no producer's order): derived, so a retried round sends the same one.
-        return Record(r.key, json.dumps(doc).encode(), r.timestamp, derived_id(b"dead-letter", reader.encode(), r.id))
+        return Record(r.key, letter, r.timestamp, derived_id(b"dead-letter", reader.encode(), r.id))
 
     def _lost_dead_letter(self, reader: str, error: BaseException) -> None:
         log.error("injector %s: a dead letter is lost: the key extractor of %r, a reader of dead letters, "

@@ -38,6 +38,17 @@ def check_time(t: object, what: str, error: type[Exception] = UsageError) -> int
     return t
 
 
+def time_unit(biggest: int) -> str | None:
+    """The unit times whose largest absolute value is ``biggest`` look like when it is not
+    microseconds since the epoch: "seconds" or "milliseconds" below 10^14 (1973 in
+    microseconds), "nanoseconds" above 10^17 (the year 5138); None if it is plausible (or 0)."""
+    if 0 < biggest < 10**14:
+        return "seconds" if biggest < 10**11 else "milliseconds"
+    if biggest > 10**17:
+        return "nanoseconds"
+    return None
+
+
 @dataclass(frozen=True, slots=True, init=False)
 class Record:
     """One element of a stream.

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import logging
 import os
 import shutil
 import tempfile
@@ -54,8 +55,14 @@ if TYPE_CHECKING:
     from runtime.dataflow import Dataflow
 
 MIN, END = MIN_TIME, END_OF_TIME
+log = logging.getLogger(__name__)
 _COLLECTED: dict[str, dict[str, list[Record]]] = {}  # run id -> stream -> records
 _RUNS = itertools.count()
+
+
+def _lost_dead_letter(reader: str, error: BaseException) -> None:
+    log.error("TestRun: a dead letter is lost: the key extractor of %r, a reader of dead letters, failed: %s: %s",
+              reader, type(error).__name__, error)
 
 
 class _NoEtcd:
@@ -183,9 +190,9 @@ class TestRun:
                 last[(comp, r)] = self._position
             for reader, error in failed:  # to that reader's dead letters, as an injector sends them
                 to, lid = dead_letter_stream(reader), derived_id(b"dead-letter", reader.encode(), rid)
-                for comp, r, k in routing.route_fields(to, key, dead_letter(error, reader, value), timestamp):
-                    letters.setdefault((comp, r), []).append(Record(k, dead_letter(error, reader, value), timestamp,
-                                                                    lid, to))
+                letter = dead_letter(error, reader, value, stream=stream, producer="testrun")
+                for comp, r, k in routing.route_fields(to, key, letter, timestamp, None, _lost_dead_letter):
+                    letters.setdefault((comp, r), []).append(Record(k, letter, timestamp, lid, to))
 
         async def deliver() -> None:
             for (comp, r), share in shares.items():

@@ -28,10 +28,13 @@ def dead_letter_stream(computation: str) -> str:
     return computation + DEAD_LETTER_SUFFIX
 
 
-def dead_letter(error: BaseException, computation: str, value: bytes) -> bytes:
+def dead_letter(error: BaseException, computation: str, value: bytes, *, stream: str | None = None,
+                producer: str | None = None) -> bytes:
     """The value of the dead letter of a record ``value`` that ``computation`` failed on with
-    ``error``: JSON ``{"error", "computation", "value"}`` (the value base64). Never raises,
-    even for an exception whose ``str()`` does."""
+    ``error``: JSON ``{"error", "computation", "value"}`` (the value base64), with the
+    ``stream`` it came on and its ``producer`` where the record failed before it reached the
+    computation (its key extractor, where it was sent). Never raises, even for an exception
+    whose ``str()`` does."""
     try:
         said = f"{type(error).__name__}: {error}"
     except BaseException:  # user code's exception: its __str__ may raise too
@@ -40,7 +43,13 @@ def dead_letter(error: BaseException, computation: str, value: bytes) -> bytes:
         shown = base64.b64encode(value).decode()
     except BaseException:  # not bytes (a user codec's encode returned something else): its repr
         shown = base64.b64encode(repr(value).encode(errors="replace")).decode()
-    return json.dumps({"error": said, "computation": computation, "value": shown}).encode()
+    doc = {"error": said, "computation": computation}
+    if stream is not None:
+        doc["stream"] = stream
+    if producer is not None:
+        doc["producer"] = producer
+    doc["value"] = shown
+    return json.dumps(doc).encode()
 
 
 LATE_SUFFIX = ".late"

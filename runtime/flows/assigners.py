@@ -63,7 +63,7 @@ class Sliding(_Windows):
         self.size, self.period = _us(size, "size"), _us(period, "period")
         if not self.period or self.size < self.period:
             raise MillstreamError("Sliding: period must be > 0 and at most size")
-        if self.size // self.period > MAX_WINDOWS_PER_RECORD:
+        if -(-self.size // self.period) > MAX_WINDOWS_PER_RECORD:
             raise MillstreamError(f"Sliding: size={self.size} µs over period={self.period} µs puts every record in "
                                   f"{-(-self.size // self.period):,} windows, more than {MAX_WINDOWS_PER_RECORD:,}; "
                                   "use a longer period (or aggregate a tumbling window's results)")

@@ -44,6 +44,11 @@ JOBS = textwrap.dedent('''
     totals = Dataflow("runtotals")
     totals.input("payments", codec=codecs.JSON, keyed=True).map(amount).reduce(add).output("totals", codec=codecs.INT)
 
+    joined = Dataflow("runjoin")
+    people = joined.input("people", codec=codecs.JSON, keyed=True)
+    joined.input("visits", codec=codecs.JSON, keyed=True).lookup_join(people, how="left") \
+        .output("enriched", codec=codecs.JSON)
+
     class Shout(Computation):
         def process_record(self, ctx, record):
             ctx.produce("loud", record.value.upper())
@@ -90,10 +95,10 @@ def test_iso_times_with_a_zone_are_read_and_without_one_refused(jobs: Any) -> No
     code, lines = _run(f"clicks={path}", time_field="ts")
     assert sorted((r["value"][0], r["value"][2]) for r in lines) == [(T0, 1), (T0 + 3_600_000_000, 1)]
     path.write_text('{"page": "/a", "ts": "2024-01-01T00:00:00"}\n')
-    with pytest.raises(ConfigError, match=r"iso.jsonl, line 1: field 'ts' .* has no time zone"):
+    with pytest.raises(ConfigError, match=r"iso.jsonl, line 1: field 'ts' is .*, with no time zone"):
         _run(f"clicks={path}", time_field="ts")
     path.write_text('{"page": "/a", "ts": "yesterday"}\n')
-    with pytest.raises(ConfigError, match=r"line 1: field 'ts' is 'yesterday': give microseconds .* or an ISO 8601"):
+    with pytest.raises(ConfigError, match=r"line 1: field 'ts' is 'yesterday': give an integer of microseconds .* ISO 8601"):
         _run(f"clicks={path}", time_field="ts")
 
 
@@ -133,7 +138,7 @@ def test_bad_inputs_are_named(jobs: Any, args: list[str], says: str) -> None:
 
 def test_a_line_that_is_not_json_or_lacks_the_field_is_named_by_its_line(jobs: Any) -> None:
     path = jobs / "c.jsonl"
-    path.write_text('{"page": "/a", "ts": 1}\nnot json\n')
+    path.write_text('{"page": "/a", "ts": 1704067200000000}\nnot json\n')
     with pytest.raises(ConfigError, match=r"c.jsonl, line 2: not JSON"):
         _run(f"clicks={path}", time_field="ts")
     path.write_text('{"page": "/a"}\n')
@@ -182,3 +187,63 @@ def test_the_readmes_example_prints_what_the_readme_shows(tmp_path: Any, monkeyp
     out = io.StringIO()
     assert run_job("readme_jobs:flow", [args[2]], time_field=args[4], stdout=out) == 0
     assert sorted(out.getvalue().splitlines()) == sorted(shell[command + 1:])
+
+
+def test_inputs_are_fed_in_timestamp_order_whatever_the_order_of_the_flags(jobs: Any) -> None:
+    """A lookup_join sees its table as of each record's time: the person comes first in time,
+    so each order of --input gives the visit its person (fed one file after the other, the
+    visits file first found no one)."""
+    (jobs / "people.jsonl").write_text(json.dumps({"user": "ann", "name": "Ann", "ts": T0}) + "\n\n")
+    (jobs / "visits.jsonl").write_text(json.dumps({"user": "ann", "page": "/a", "ts": T0 + 1}) + "\n")
+    for flags in (["visits=visits.jsonl", "people=people.jsonl"], ["people=people.jsonl", "visits=visits.jsonl"]):
+        code, lines = _run(*flags, job="runjobs_cli:joined", key_field="user", time_field="ts")
+        assert code == 0 and [r["value"] for r in lines] == [[{"user": "ann", "page": "/a", "ts": T0 + 1},
+                                                              {"user": "ann", "name": "Ann", "ts": T0}]]
+
+
+def test_a_keyed_input_without_a_key_field_is_refused_and_a_classic_one_warned(jobs: Any, capsys: Any) -> None:
+    """Without --key-field every record has the empty key: a flow's keyed input would put
+    every user's payments in one running total (it did, and said nothing)."""
+    (jobs / "pay.jsonl").write_text('{"user": "ann", "amount": 3}\n')
+    with pytest.raises(ConfigError, match="the keyed input step 'runtotals.input' reads 'payments' by its records' "
+                                          "own keys: give --key-field FIELD"):
+        _run("payments=pay.jsonl", job="runjobs_cli:totals")
+    (jobs / "words.txt").write_text("apple\n")
+    assert _run("words=words.txt", job="runjobs_cli:topo")[0] == 0
+    assert "computation 'shout' reads 'words' by its records' own keys" in capsys.readouterr().err
+
+
+def test_stdin_for_two_streams_and_an_out_that_is_a_file_are_refused_before_the_run(jobs: Any) -> None:
+    (jobs / "people.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError, match=r"standard input \('-'\) is already another stream's"):
+        _run("people=-", "visits=-", job="runjobs_cli:joined", key_field="user")
+    (jobs / "taken").write_text("")
+    with pytest.raises(ConfigError, match="--out '.*taken': cannot write there"):
+        _run(f"clicks={jobs / 'people.jsonl'}", out_dir=str(jobs / "taken"))
+
+
+def test_a_second_run_into_the_same_out_leaves_no_stale_dead_letters_and_logging_is_as_it_was(jobs: Any) -> None:
+    import logging
+
+    path = jobs / "clicks.jsonl"
+    path.write_text('{"page": "/a", "bad": true}\n')
+    out_dir = jobs / "out"
+    before = [logging.getLogger(n).level for n in ("master", "worker", "runtime")]
+    assert _run(f"clicks={path}", out_dir=str(out_dir))[0] == 1
+    path.write_text('{"page": "/a"}\n')
+    assert _run(f"clicks={path}", out_dir=str(out_dir))[0] == 0
+    assert sorted(os.listdir(out_dir)) == ["page_counts.jsonl"]
+    assert [logging.getLogger(n).level for n in ("master", "worker", "runtime")] == before
+
+
+def test_a_flows_sink_step_is_named_on_stderr(jobs: Any, capsys: Any) -> None:
+    (jobs / "sinkjobs_cli.py").write_text(textwrap.dedent('''
+        from millstream import Dataflow, codecs
+        from runtime.sinks import FileSink
+        flow = Dataflow("runsink")
+        flow.input("words", codec=codecs.STR).sink(FileSink, name="runsink_out", path="written")
+    '''))
+    (jobs / "words.txt").write_text("apple\n")
+    assert _run("words=words.txt", job="sinkjobs_cli:flow") == (0, [])
+    assert "step 'runsink_out' is a sink: it wrote its records where it writes" in capsys.readouterr().err
+    assert os.path.isdir(jobs / "written")

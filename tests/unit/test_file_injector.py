@@ -9,6 +9,8 @@ import pytest
 from injectors.files import file_identity, inject_files
 from runtime.errors import InjectionError
 
+T0 = 1_704_067_200_000_000  # 2024-01-01T00:00:00Z
+
 
 class Recorder:
     """Records what the injector does, in order (a plain list, no network)."""
@@ -112,13 +114,14 @@ def test_json_lines_give_each_record_its_key_and_event_time_and_the_watermark_wa
     """--key-field / --timestamp-field: a record's key and time come from its line; the
     watermark does not follow the files' creation times (they are not the data's)."""
     d = str(tmp_path)
-    _file(d, "a.jsonl", ['{"user": "ann", "ts": 5}', '{"user": 7, "ts": "1970-01-01T00:00:01Z"}'], 1000)
-    _file(d, "b.jsonl", ['{"user": "bob", "ts": 3}'], 2000)
+    _file(d, "a.jsonl", ['{"user": "ann", "ts": 1704067200000005}', "",
+                         '{"user": 7, "ts": "2024-01-01T00:00:01+00:00"}'], 1000)
+    _file(d, "b.jsonl", ['{"user": "bob", "ts": "1704067200000003"}'], 2000)
     r = Recorder()
-    assert inject_files(r, d, "src", key_field="user", time_field="ts") == 3
+    assert inject_files(r, d, "src", key_field="user", time_field="ts") == 3  # (a blank line is no record)
     assert [k for k, _ in r.events] == ["send", "send", "flush", "send", "flush"]
-    assert [(v[0], v[2]) for k, v in r.events if k == "send"] == [  # type: ignore[index]
-        (b"ann", 5), (b"7", 1_000_000), (b"bob", 3)]
+    assert [(v[0], v[2], v[3][1]) for k, v in r.events if k == "send"] == [  # type: ignore[index]
+        (b"ann", T0 + 5, 1), (b"7", T0 + 1_000_000, 3), (b"bob", T0 + 3, 1)]
     r = Recorder()
     inject_files(r, d, "src", key_field="user")  # the files' times, and the watermark with them
     assert [v for k, v in r.events if k == "watermark"] == [1000 * 10**6, 2000 * 10**6]
@@ -128,15 +131,27 @@ def test_json_lines_give_each_record_its_key_and_event_time_and_the_watermark_wa
     ("not json", "b.jsonl, line 2: not JSON"),
     ('["a"]', "b.jsonl, line 2: a JSON list, not an object"),
     ('{"user": "x"}', "b.jsonl, line 2: no field 'ts' in this line"),
-    ('{"user": "x", "ts": 1.5}', r"b.jsonl, line 2: field 'ts' 1.5 must be an int of microseconds"),
-    ('{"user": "x", "ts": "2024-01-01T00:00:00"}', "has no time zone"),
-    ('{"user": "x", "ts": 18446744073709551616}', "within signed 64 bits"),
+    ('{"user": "x", "ts": 1.5}', r"b.jsonl, line 2: field 'ts' is 1.5: give an integer of microseconds"),
+    ('{"user": "x", "ts": null}', r"field 'ts' is null: give an integer"),
+    ('{"user": "x", "ts": "2024-01-01T00:00:00"}', "with no time zone, so its instant is not known: add one"),
+    ('{"user": "x", "ts": 18446744073709551616}', "outside the signed 64 bits of microseconds"),
+    ('{"user": "x", "ts": 1704067200}', r"field 'ts' is 1,704,067,200, which looks like seconds since the epoch"),
+    ('{"user": "x", "ts": "1704067200000"}', r"which looks like milliseconds .* \(milliseconds × 1,000\)"),
+    ('{"user": "x", "ts": 1704067200000000000}', r"which looks like nanoseconds .* \(nanoseconds // 1,000\)"),
 ])
 def test_a_bad_line_is_named_before_anything_is_sent(tmp_path: object, line: str, says: str) -> None:
     d = str(tmp_path)
-    _file(d, "a.jsonl", ['{"user": "ann", "ts": 5}'], 1000)
-    _file(d, "b.jsonl", ['{"user": "bob", "ts": 3}', line], 2000)
+    _file(d, "a.jsonl", ['{"user": "ann", "ts": 1704067200000005}'], 1000)
+    _file(d, "b.jsonl", ['{"user": "bob", "ts": 1704067200000003}', line], 2000)
     r = Recorder()
     with pytest.raises(InjectionError, match=says):
         inject_files(r, d, "src", key_field="user", time_field="ts")
     assert r.events == []
+
+
+def test_a_line_that_is_not_utf8_is_named_as_such(tmp_path: object) -> None:
+    d = str(tmp_path)
+    with open(os.path.join(d, "a.jsonl"), "wb") as f:
+        f.write(b'{"ts": 1704067200000000}\n\xff\xfe{"ts": 1}\n')
+    with pytest.raises(InjectionError, match=r"a.jsonl, line 2: not UTF-8 text \(invalid start byte at byte 0\)"):
+        inject_files(Recorder(), d, "src", time_field="ts")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+from typing import Any
 
 import pytest
 
@@ -115,3 +116,18 @@ def test_a_key_extractor_that_raises_sends_the_record_to_its_readers_dead_letter
         [letter] = run.output(stream)
         doc = json.loads(letter.value)
         assert doc["error"] == "ValueError: shout refuses boom" and base64.b64decode(doc["value"]) == b"boom"
+
+
+def test_a_dead_letter_whose_own_reader_fails_is_lost_with_a_log_line_and_the_rest_arrive(caplog: Any) -> None:
+    """A reader of the dead letters whose key extractor cannot read them: the letter is lost
+    (logged, as an injector does), and the batch's other records still arrive."""
+    topo = Topology("dl")
+    topo.add_computation("parse", "tests.core.jobs:CountEcho", inputs={"in": "tests.core.jobs:extractor_raising"},
+                         outputs=["out"])
+    topo.add_computation("letters", "tests.core.jobs:CountEcho",
+                         inputs={"parse.dead_letter": "tests.core.jobs:extractor_raising"}, outputs=["out2"])
+    with TestRun(topo) as run:
+        run.inject_batch("in", [(b"k", b'{"user": "ann"}', T0), (b"k", b"boom", T0), (b"k", b'{"user": "bob"}', T0)])
+        run.run_until_idle()
+        assert sorted(r.value for r in run.output("out")) == [b'{"user": "ann"}', b'{"user": "bob"}']
+        assert "a dead letter is lost: the key extractor of 'letters'" in caplog.text

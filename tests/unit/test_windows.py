@@ -213,6 +213,7 @@ def test_bad_window_options_are_refused() -> None:
     (lambda: Tumbling(SECOND, allowed_lateness=2**63), "allowed_lateness=9223372036854775808 is longer than"),
     (lambda: Sliding(2**63, 2**62), "size=9223372036854775808 is longer than"),
     (lambda: Sliding(3600 * SECOND, 1), "puts every record in 3,600,000,000 windows"),
+    (lambda: Sliding(20_001, 2), "puts every record in 10,001 windows"),  # (some records: rounded up)
 ])
 def test_spans_that_cannot_be_stored_or_would_not_end_are_refused_when_made(make: Any, says: str) -> None:
     """A size, gap or lateness past 64 bits of event time was accepted and then dead-lettered
