@@ -141,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--timestamp-field", default=None, metavar="FIELD",
                     help="JSON lines: each record's event time is this field, microseconds since the epoch or "
                          "an ISO 8601 time with a zone (default: the run's start, a microsecond apart)")
+    rn.add_argument("--timestamp-unit", choices=["s", "ms", "us", "ns"], default=None,
+                    help="the unit of numeric times in --timestamp-field (default: microseconds, and times that look "
+                         "like another unit are refused)")
     rn.add_argument("--out", default=None, metavar="DIR",
                     help="write each output stream to DIR/STREAM.jsonl instead of standard output")
 
@@ -226,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="JSON lines: each record's event time is this field, microseconds since the epoch or an "
                           "ISO 8601 time with a zone (default: the file's creation time); the watermark then stays "
                           "put until every file is sent, then finishes")
+    inj.add_argument("--timestamp-unit", choices=["s", "ms", "us", "ns"], default=None,
+                     help="the unit of numeric times in --timestamp-field (default: microseconds, and times that "
+                          "look like another unit are refused)")
     inj.add_argument("--allow-code", default=from_env("MILLSTREAM_ALLOW_CODE"),
                      help="comma-separated module prefixes the stream's key extractors may be loaded "
                           "from (env MILLSTREAM_ALLOW_CODE); millstream's own are always allowed")
@@ -314,7 +320,7 @@ def _run(args: argparse.Namespace) -> int:
         from cli.run import run_job
 
         return run_job(args.job, args.input, key_field=args.key_field, time_field=args.timestamp_field,
-                       out_dir=args.out)
+                       unit=args.timestamp_unit, out_dir=args.out)
     if cmd == "submit":
         from cli.lifecycle import topology_at
         from runtime.client import connect
@@ -368,7 +374,7 @@ def _run(args: argparse.Namespace) -> int:
 
         n = inject_directory(args.directory, need(args.masters, "--masters", "MILLSTREAM_MASTERS"),
                              args.stream, args.name, security=security(args), allow_code=args.allow_code or "",
-                             key_field=args.key_field, time_field=args.timestamp_field)
+                             key_field=args.key_field, time_field=args.timestamp_field, unit=args.timestamp_unit)
         print(f"injected {n} lines into {args.stream!r}")
         return 0
     if cmd == "bench":

@@ -5,9 +5,10 @@ for trying a job on a sample before submitting it::
     millstream run jobs:flow --input clicks=clicks.jsonl --timestamp-field ts
 
 It is the test kit's run (runtime/testing.py): the real worker, its exactly-once batches,
-typed state and timers, on RocksDB in a temporary directory; no etcd, no network. Every
-non-blank line of an input file is one record, its value the line's bytes (the flow's input
-codec decodes them). The records of every input are fed in timestamp order, then every input
+typed state and timers, on RocksDB in a temporary directory; no etcd, no network. Every line
+of an input file is one record (with a key or timestamp field, every non-blank line), its
+value the line's bytes (the flow's input codec decodes them). With a timestamp field the
+records of all inputs are fed in timestamp order, else input after input; then every input
 is finished, so every window fires; then each output stream's records are written as JSON
 lines, decoded by the flow's output codec. Wall-clock time is the run's start and does not
 move: processing-time timers do not fire.
@@ -65,21 +66,23 @@ def _readable(path: str) -> bool:
 
 
 def records(lines: Iterator[bytes], name: str, start_us: int, key_field: str | None,
-            time_field: str | None) -> Iterator[tuple[int, bytes, bytes, int]]:
-    """(line number, key, value, timestamp) of each non-blank line: the key from ``key_field``
-    (else empty), the time from ``time_field`` (else ``start_us``, a microsecond later each
-    line, in file order)."""
+            time_field: str | None, unit: str = "us") -> Iterator[tuple[int, bytes, bytes, int, bool]]:
+    """(line number, key, value, timestamp, whether the time was a number) of each line: the
+    key from ``key_field`` (else empty), the time from ``time_field`` (else ``start_us``, a
+    microsecond later each line, in file order). With a field, blank lines are no records (as
+    for ``inject-files``)."""
     from injectors.files import line_fields
 
+    fields = key_field is not None or time_field is not None
     for n, line in enumerate(lines, start=1):
         value = line.rstrip(b"\r\n")
-        if not value.strip():
-            continue
-        key, ts = b"", start_us + n
-        if key_field is not None or time_field is not None:
-            k, t = line_fields(value, f"{name}, line {n}", key_field, time_field, ConfigError)
+        key, ts, numeric = b"", start_us + n, False
+        if fields:
+            if not value.strip():
+                continue
+            k, t, numeric = line_fields(value, f"{name}, line {n}", key_field, time_field, ConfigError, unit)
             key, ts = k if k is not None else key, t if t is not None else ts
-        yield n, key, value, ts
+        yield n, key, value, ts, numeric
 
 
 def plain(v: Any) -> Any:
@@ -160,37 +163,60 @@ def _quiet() -> Iterator[None]:
 
 
 def _read(given: dict[str, str], start_us: int, key_field: str | None, time_field: str | None,
-          stdin: IO[bytes] | None) -> list[Item]:
-    """Every record of every input, in the order they are fed: by timestamp, then input, then line."""
+          unit: str | None, stdin: IO[bytes] | None) -> list[Item]:
+    """Every record of every input, in the order they are fed: with ``time_field``, by
+    timestamp, then input, then line; without, input after input (their stamps are made up)."""
+    from injectors.files import check_unit
+
     items: list[Item] = []
+    biggest = 0
     for i, (stream, path) in enumerate(given.items()):
         f = (stdin or sys.stdin.buffer) if path == "-" else open(path, "rb")
         try:
             name = "<stdin>" if path == "-" else path
-            items += [(ts, i, n, stream, key, value) for n, key, value, ts in records(iter(f), name, start_us,
-                                                                                       key_field, time_field)]
+            for n, key, value, ts, numeric in records(iter(f), name, start_us, key_field, time_field, unit or "us"):
+                items.append((ts, i, n, stream, key, value))
+                if numeric:
+                    biggest = max(biggest, abs(ts))
         finally:
             if path != "-":
                 f.close()
-    items.sort(key=lambda item: item[:3])
+    if time_field is not None and unit is None:
+        check_unit(biggest, time_field, ConfigError)
+    items.sort(key=(lambda item: item[:3]) if time_field is not None else (lambda item: item[1:3]))
     return items
 
 
-def _settle(run: Any) -> None:
-    """:meth:`TestRun.run_until_idle`, for as long as the run makes progress (a large run's
-    windows fire in slices over many rounds); a run busy without progress is a job that never ends."""
-    while True:
-        seen = sum(len(run.output(s)) for s in run.streams)
+def _work(run: Any) -> float:
+    """What the run has done so far: records produced, taken in and windows fired."""
+    from runtime import metrics
+
+    done: float = sum(len(run.output(s)) for s in run.streams)
+    for counter in (metrics.RECORDS, metrics.WINDOWS_FIRED):
+        done += sum(sample.value for family in counter.collect() for sample in family.samples
+                    if sample.name.endswith("_total"))
+    return done
+
+
+def _settle(run: Any, attempts: int = 100) -> None:
+    """:meth:`TestRun.run_until_idle`, again while the run makes progress (a large run's
+    windows fire in slices over many rounds), at most ``attempts`` times (at least 1,000 s):
+    a run busy without progress, or for ever, is a job that never settles."""
+    for _ in range(attempts):
+        before = _work(run)
         try:
             run.run_until_idle()
             return
         except MillstreamError as e:
-            if sum(len(run.output(s)) for s in run.streams) == seen:
+            if _work(run) == before:
                 raise ConfigError(f"the job does not settle: {e}") from None
+    raise ConfigError(f"the job does not settle: still busy after {attempts} x 10,000 rounds of the worker (a timer "
+                      "that sets itself again for ever?)")
 
 
 def run_job(path: str, inputs: list[str], *, key_field: str | None = None, time_field: str | None = None,
-            out_dir: str | None = None, stdin: IO[bytes] | None = None, stdout: IO[str] | None = None) -> int:
+            unit: str | None = None, out_dir: str | None = None, stdin: IO[bytes] | None = None,
+            stdout: IO[str] | None = None) -> int:
     """``millstream run``: the exit code (0; 1 if records went to dead letters)."""
     from cli.lifecycle import job_at
     from runtime.client import as_topology
@@ -213,20 +239,23 @@ def run_job(path: str, inputs: list[str], *, key_field: str | None = None, time_
                 print(f"millstream run: {who} reads {stream!r} by its records' own keys, and without --key-field "
                       "every record has the empty key", file=sys.stderr)
     outputs = _outputs(job)
-    if out_dir is not None:
-        _out_dir(out_dir, [*outputs, *(dead_letter_stream(c) for c in topo.computations)])
     stdout = stdout or sys.stdout
     start_us = time.time_ns() // 1000
-    items = _read(given, start_us, key_field, time_field, stdin)
+    items = _read(given, start_us, key_field, time_field, unit, stdin)
+    if out_dir is not None:  # (once the inputs are read: a bad line leaves the last run's files)
+        _out_dir(out_dir, [*outputs, *(dead_letter_stream(c) for c in topo.computations)])
     with _quiet(), TestRun(job, start_us=start_us) as run:
-        at = 0
-        while at < len(items):  # runs of one stream's records, in the order they are fed
-            stream, end = items[at][3], at + 1
-            while end < len(items) and end - at < BATCH and items[end][3] == stream:
-                end += 1
-            run.inject_batch(stream, [(key, value, ts) for ts, _, _, _, key, value in items[at:end]])
+        for lo in range(0, len(items), BATCH):
+            # Each run of one stream's records is committed by the stage reading it before the
+            # next is injected: that stage takes them in the order they are fed.
+            chunk, at = items[lo:lo + BATCH], 0
+            while at < len(chunk):
+                stream, end = chunk[at][3], at + 1
+                while end < len(chunk) and chunk[end][3] == stream:
+                    end += 1
+                run.inject_batch(stream, [(key, value, ts) for ts, _, _, _, key, value in chunk[at:end]])
+                at = end
             _settle(run)
-            at = end
         for stream in streams:
             run.finish(stream)
         _settle(run)

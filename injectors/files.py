@@ -24,6 +24,7 @@ import datetime
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
@@ -73,14 +74,17 @@ def pending_files(directory: str) -> list[tuple[int, str]]:
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _HOW = "give an integer of microseconds since the epoch or an ISO 8601 time with a zone (2024-01-01T00:00:00Z)"
+_DIGITS = re.compile(r"-?[0-9]{1,19}")
+UNITS = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": -1_000}  # to microseconds: times, or (negative) // by
 
 
 def line_fields(value: bytes, where: str, key_field: str | None, time_field: str | None,
-                error: type[Exception] = InjectionError) -> tuple[bytes | None, int | None]:
+                error: type[Exception] = InjectionError, unit: str = "us") -> tuple[bytes | None, int | None, bool]:
     """The key and the event time a JSON line gives in its fields ``key_field`` and
-    ``time_field`` (None where not asked for): the key as UTF-8 (a field that is not a string:
-    its JSON), the time as microseconds since the epoch (an integer, or its digits) or an ISO
-    8601 time with a zone. ``error`` names ``where`` (file and line) and what to fix."""
+    ``time_field`` (None where not asked for), and whether the time was a number: the key as
+    UTF-8 (a field that is not a string: its JSON), the time as a number of ``unit`` since the
+    epoch (or its digits) or an ISO 8601 time with a zone, in microseconds. ``error`` names
+    ``where`` (file and line) and what to fix."""
     try:
         doc = json.loads(value.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -90,6 +94,7 @@ def line_fields(value: bytes, where: str, key_field: str | None, time_field: str
     if not isinstance(doc, dict):
         raise error(f"{where}: a JSON {type(doc).__name__}, not an object; each line must be one object")
     key = ts = None
+    numeric = False
     for field in (key_field, time_field):
         if field is not None and field not in doc:
             raise error(f"{where}: no field {field!r} in this line; every line needs it")
@@ -98,50 +103,62 @@ def line_fields(value: bytes, where: str, key_field: str | None, time_field: str
         key = k.encode("utf-8", "surrogatepass") if isinstance(k, str) else json.dumps(k).encode()
     if time_field is not None:
         v = doc[time_field]
-        if isinstance(v, str) and v.lstrip("-").isdigit():
+        if isinstance(v, str) and _DIGITS.fullmatch(v):
             v = int(v)
         if isinstance(v, str):
             try:
                 when = datetime.datetime.fromisoformat(v)
             except ValueError:
-                raise error(f"{where}: field {time_field!r} is {v!r}: {_HOW}") from None
+                raise error(f"{where}: field {time_field!r} is {v!r:.60}: {_HOW}") from None
             if when.tzinfo is None or when.utcoffset() is None:
                 raise error(f"{where}: field {time_field!r} is {v!r}, with no time zone, so its instant is not "
                             "known: add one (Z, or +01:00)")
-            v = (when - _EPOCH) // datetime.timedelta(microseconds=1)
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise error(f"{where}: field {time_field!r} is {json.dumps(v)}: {_HOW}")
-        if not MIN_TIME <= v <= END_OF_TIME:
+            ts = (when - _EPOCH) // datetime.timedelta(microseconds=1)
+        elif isinstance(v, bool) or not isinstance(v, int):
+            raise error(f"{where}: field {time_field!r} is {json.dumps(v):.60}: {_HOW}")
+        else:
+            factor, numeric = UNITS[unit], True
+            ts = v * factor if factor > 0 else v // -factor
+        if not MIN_TIME <= ts <= END_OF_TIME:
             raise error(f"{where}: field {time_field!r} is {v}, outside the signed 64 bits of microseconds a "
-                        "time is kept in: is it in a smaller unit than microseconds?")
-        unit = None if isinstance(doc[time_field], str) and not doc[time_field].lstrip("-").isdigit() \
-            else time_unit(abs(v))  # (a number: an ISO time may be any year)
-        if unit is not None:
-            raise error(f"{where}: field {time_field!r} is {v:,}, which looks like {unit} since the epoch, not "
-                        f"microseconds; give microseconds ({_FACTOR[unit]}), or ISO 8601 times")
-        ts = v
-    return key, ts
+                        f"time is kept in: is it in a smaller unit than {unit}?")
+    return key, ts, numeric
 
 
-_FACTOR = {"seconds": "seconds × 1,000,000", "milliseconds": "milliseconds × 1,000",
-           "nanoseconds": "nanoseconds // 1,000"}
+def check_unit(biggest: int, time_field: str, error: type[Exception] = InjectionError) -> None:
+    """Refuse numeric times (their largest absolute value ``biggest``, in microseconds) that
+    look like another unit (runtime/record.py ``time_unit``, as the Spark bridge checks)."""
+    unit = time_unit(biggest)
+    if unit is not None:
+        flag = {"seconds": "s", "milliseconds": "ms", "nanoseconds": "ns"}[unit]
+        raise error(f"field {time_field!r} looks like {unit} since the epoch, not microseconds (its largest "
+                    f"value is {biggest:,}): nothing was sent. Say so with --timestamp-unit {flag} (or "
+                    "--timestamp-unit us to take them as microseconds as they are)")
 
 
-def check_lines(directory: str, key_field: str | None, time_field: str | None) -> list[tuple[int, str]]:
+def check_lines(directory: str, key_field: str | None, time_field: str | None,
+                unit: str | None = None) -> list[tuple[int, str]]:
     """:func:`pending_files`, each line of each read for ``key_field`` and ``time_field`` if
-    given: a bad line raises (:func:`line_fields`) before anything is sent or registered."""
+    given: a bad line raises (:func:`line_fields`) before anything is sent or registered, and
+    so do numeric times that look like another unit than microseconds when ``unit`` is not
+    given (:func:`check_unit`)."""
     files = pending_files(directory)
+    biggest = 0
     if key_field is not None or time_field is not None:
         for _, fname in files:
             with open(os.path.join(directory, fname), "rb") as f:
                 for lineno, line in enumerate(f, start=1):
                     if line.strip():
-                        line_fields(line.rstrip(b"\n"), f"{fname}, line {lineno}", key_field, time_field)
+                        _, ts, numeric = line_fields(line.rstrip(b"\n"), f"{fname}, line {lineno}", key_field,
+                                                     time_field, unit=unit or "us")
+                        biggest = max(biggest, abs(ts or 0) if numeric else 0)
+    if time_field is not None and unit is None:
+        check_unit(biggest, time_field)
     return files
 
 
 def inject_files(sink: Sink, directory: str, name: str, key_field: str | None = None,
-                 time_field: str | None = None) -> int:
+                 time_field: str | None = None, unit: str | None = None) -> int:
     """Send every line of every file, advancing the watermark file by file; returns lines sent.
 
     ``key_field`` / ``time_field``: each line is a JSON object whose field gives the record's
@@ -149,8 +166,9 @@ def inject_files(sink: Sink, directory: str, name: str, key_field: str | None = 
     line of every file is read and checked before anything is sent, so a bad line loses
     nothing and sends nothing. With ``time_field`` the watermark does not move while the files
     are read (their times are the data's, not the files'): it is left where it is until the
-    caller finishes the injection."""
-    files = check_lines(directory, key_field, time_field)
+    caller finishes the injection. ``unit``: the unit of numeric times (``UNITS``);
+    None: microseconds, refused if they look like another unit (:func:`check_unit`)."""
+    files = check_lines(directory, key_field, time_field, unit)
     n = 0
     for ts, fname in files:
         if time_field is None:
@@ -163,7 +181,8 @@ def inject_files(sink: Sink, directory: str, name: str, key_field: str | None = 
                 if key_field is not None or time_field is not None:
                     if not line.strip():
                         continue  # (a blank line among JSON lines: no record, as check_lines passed it)
-                    k, t = line_fields(value, f"{fname}, line {lineno}", key_field, time_field)
+                    k, t, _ = line_fields(value, f"{fname}, line {lineno}", key_field, time_field,
+                                          unit=unit or "us")
                     key, when = k if k is not None else key, t if t is not None else when
                 sink.send_sequenced(producer, lineno, key, value, when)
                 n += 1
@@ -174,11 +193,11 @@ def inject_files(sink: Sink, directory: str, name: str, key_field: str | None = 
 def inject_directory(directory: str, masters: str | Iterable[str], stream: str,
                      name: str | None = None, security: Security = Security(),
                      allow_code: str | Sequence[str] = (), key_field: str | None = None,
-                     time_field: str | None = None) -> int:
+                     time_field: str | None = None, unit: str | None = None) -> int:
     """Inject every line of the regular files under ``directory``, then finish
     (``allow_code``: where the stream's key extractors may come from, as for ``Injector``;
-    ``key_field``, ``time_field``: as for :func:`inject_files`)."""
+    ``key_field``, ``time_field``, ``unit``: as for :func:`inject_files`)."""
     name = name or "files:" + os.path.abspath(directory)
-    check_lines(directory, key_field, time_field)  # a bad directory or line fails before anything registers
+    check_lines(directory, key_field, time_field, unit)  # a bad directory or line fails before anything registers
     with Injector(masters, stream, name, security=security, allow_code=allow_code) as inj:
-        return inject_files(inj, directory, name, key_field, time_field)
+        return inject_files(inj, directory, name, key_field, time_field, unit)

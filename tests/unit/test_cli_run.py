@@ -228,12 +228,51 @@ def test_a_second_run_into_the_same_out_leaves_no_stale_dead_letters_and_logging
     path = jobs / "clicks.jsonl"
     path.write_text('{"page": "/a", "bad": true}\n')
     out_dir = jobs / "out"
-    before = [logging.getLogger(n).level for n in ("master", "worker", "runtime")]
-    assert _run(f"clicks={path}", out_dir=str(out_dir))[0] == 1
+    loggers = [logging.getLogger(n) for n in ("master", "worker", "runtime")]
+    before = [lg.level for lg in loggers]
+    try:
+        for lg in loggers:
+            lg.setLevel(logging.INFO)  # (a level of the caller's own, which the run must give back)
+        assert _run(f"clicks={path}", out_dir=str(out_dir))[0] == 1
+        assert [lg.level for lg in loggers] == [logging.INFO] * 3
+    finally:
+        for lg, level in zip(loggers, before, strict=True):
+            lg.setLevel(level)
     path.write_text('{"page": "/a"}\n')
     assert _run(f"clicks={path}", out_dir=str(out_dir))[0] == 0
     assert sorted(os.listdir(out_dir)) == ["page_counts.jsonl"]
-    assert [logging.getLogger(n).level for n in ("master", "worker", "runtime")] == before
+    path.write_text('{"page": "/a", "ts": "soon"}\n')  # refused: the last run's results stay
+    with pytest.raises(ConfigError, match="field 'ts' is 'soon'"):
+        _run(f"clicks={path}", out_dir=str(out_dir), time_field="ts")
+    assert sorted(os.listdir(out_dir)) == ["page_counts.jsonl"]
+
+
+@pytest.mark.parametrize("unit, times, says", [
+    (None, [1704067200, 1704067260], r"field 'ts' looks like seconds since the epoch, not microseconds .* "
+                                     r"--timestamp-unit s"),
+    (None, [T0, 1704067200000], None),  # the largest is microseconds: taken as they are
+    ("s", [1704067200, 1704067260], None),
+    ("ms", ["1704067200000", 1704067260000], None),
+])
+def test_numeric_times_in_another_unit_are_refused_unless_the_unit_is_given(jobs: Any, unit: str | None,
+                                                                            times: list[Any], says: str | None) -> None:
+    path = jobs / "clicks.jsonl"
+    path.write_text("".join(json.dumps({"page": "/a", "ts": t}) + "\n" for t in times))
+    if says is not None:
+        with pytest.raises(ConfigError, match=says):
+            _run(f"clicks={path}", time_field="ts", unit=unit)
+        return
+    code, lines = _run(f"clicks={path}", time_field="ts", unit=unit)
+    starts = sorted(r["value"][0] for r in lines)
+    assert code == 0 and (starts == [T0, T0 + 60_000_000] if unit else starts[-1] == T0)
+
+
+@pytest.mark.parametrize("ts", ["--5", "9" * 5000, "²"])
+def test_a_time_string_that_is_no_number_nor_iso_is_named(jobs: Any, ts: str) -> None:
+    path = jobs / "clicks.jsonl"
+    path.write_text(json.dumps({"page": "/a", "ts": ts}) + "\n")
+    with pytest.raises(ConfigError, match="line 1: field 'ts' is .*: give an integer of microseconds"):
+        _run(f"clicks={path}", time_field="ts")
 
 
 def test_a_flows_sink_step_is_named_on_stderr(jobs: Any, capsys: Any) -> None:

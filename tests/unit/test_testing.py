@@ -116,6 +116,7 @@ def test_a_key_extractor_that_raises_sends_the_record_to_its_readers_dead_letter
         [letter] = run.output(stream)
         doc = json.loads(letter.value)
         assert doc["error"] == "ValueError: shout refuses boom" and base64.b64decode(doc["value"]) == b"boom"
+        assert (doc["stream"], doc["producer"]) == ("in", "testrun")
 
 
 def test_a_dead_letter_whose_own_reader_fails_is_lost_with_a_log_line_and_the_rest_arrive(caplog: Any) -> None:
