@@ -25,7 +25,7 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
 from runtime.errors import ConfigError, MillstreamError
@@ -134,11 +134,12 @@ def _by_own_key(job: Any, topo: Any) -> dict[str, str]:
             for stream, extractor in c.inputs.items() if extractor is None}
 
 
-def _out_dir(out_dir: str, names: list[str]) -> None:
-    """Make ``out_dir``, and clear the files of this job's streams an earlier run left there."""
+def _out_dir(out_dir: str, clear: Sequence[str] = ()) -> None:
+    """Make ``out_dir`` and check it takes files (before the run), or clear the files of
+    ``clear``'s streams an earlier run left there (once this run's are ready to be written)."""
     try:
         os.makedirs(out_dir, exist_ok=True)
-        for name in names:
+        for name in clear:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(out_dir, f"{name}.jsonl"))
         probe = os.path.join(out_dir, ".millstream-run")
@@ -169,9 +170,9 @@ def _read(given: dict[str, str], start_us: int, key_field: str | None, time_fiel
     from injectors.files import check_unit
 
     items: list[Item] = []
-    biggest = 0
     for i, (stream, path) in enumerate(given.items()):
         f = (stdin or sys.stdin.buffer) if path == "-" else open(path, "rb")
+        biggest = 0  # (each input on its own: one in seconds beside one in microseconds is refused too)
         try:
             name = "<stdin>" if path == "-" else path
             for n, key, value, ts, numeric in records(iter(f), name, start_us, key_field, time_field, unit or "us"):
@@ -181,8 +182,8 @@ def _read(given: dict[str, str], start_us: int, key_field: str | None, time_fiel
         finally:
             if path != "-":
                 f.close()
-    if time_field is not None and unit is None:
-        check_unit(biggest, time_field, ConfigError)
+        if time_field is not None and unit is None:
+            check_unit(biggest, time_field, f"{name} (nothing was run)", ConfigError)
     items.sort(key=(lambda item: item[:3]) if time_field is not None else (lambda item: item[1:3]))
     return items
 
@@ -198,10 +199,10 @@ def _work(run: Any) -> float:
     return done
 
 
-def _settle(run: Any, attempts: int = 100) -> None:
-    """:meth:`TestRun.run_until_idle`, again while the run makes progress (a large run's
-    windows fire in slices over many rounds), at most ``attempts`` times (at least 1,000 s):
-    a run busy without progress, or for ever, is a job that never settles."""
+def _settle(run: Any, attempts: int) -> None:
+    """:meth:`TestRun.run_until_idle` (10,000 rounds of the worker, 10 s or more), again while
+    the run makes progress (a large run's windows fire in slices over many rounds), at most
+    ``attempts`` times: a run busy without progress, or for that long, never settles."""
     for _ in range(attempts):
         before = _work(run)
         try:
@@ -210,8 +211,8 @@ def _settle(run: Any, attempts: int = 100) -> None:
         except MillstreamError as e:
             if _work(run) == before:
                 raise ConfigError(f"the job does not settle: {e}") from None
-    raise ConfigError(f"the job does not settle: still busy after {attempts} x 10,000 rounds of the worker (a timer "
-                      "that sets itself again for ever?)")
+    raise ConfigError(f"the job does not settle: still busy after {attempts} x 10,000 rounds of the worker, making "
+                      "output all along (a timer that sets itself again for ever?)")
 
 
 def run_job(path: str, inputs: list[str], *, key_field: str | None = None, time_field: str | None = None,
@@ -238,12 +239,15 @@ def run_job(path: str, inputs: list[str], *, key_field: str | None = None, time_
             if stream in given:
                 print(f"millstream run: {who} reads {stream!r} by its records' own keys, and without --key-field "
                       "every record has the empty key", file=sys.stderr)
+    if unit is not None and time_field is None:
+        raise ConfigError(f"--timestamp-unit {unit} says the unit of --timestamp-field's numbers; give the field too")
     outputs = _outputs(job)
     stdout = stdout or sys.stdout
     start_us = time.time_ns() // 1000
+    if out_dir is not None:
+        _out_dir(out_dir)
     items = _read(given, start_us, key_field, time_field, unit, stdin)
-    if out_dir is not None:  # (once the inputs are read: a bad line leaves the last run's files)
-        _out_dir(out_dir, [*outputs, *(dead_letter_stream(c) for c in topo.computations)])
+    attempts = 10 + len(items) // 10_000
     with _quiet(), TestRun(job, start_us=start_us) as run:
         for lo in range(0, len(items), BATCH):
             # Each run of one stream's records is committed by the stage reading it before the
@@ -255,11 +259,13 @@ def run_job(path: str, inputs: list[str], *, key_field: str | None = None, time_
                     end += 1
                 run.inject_batch(stream, [(key, value, ts) for ts, _, _, _, key, value in chunk[at:end]])
                 at = end
-            _settle(run)
+            _settle(run, attempts)
         for stream in streams:
             run.finish(stream)
-        _settle(run)
+        _settle(run, attempts)
         dead = [s for s in run.streams if s.endswith(".dead_letter") and run.output(s)]
+        if out_dir is not None:  # (only now: a run that failed left the last one's files)
+            _out_dir(out_dir, [*outputs, *(dead_letter_stream(c) for c in topo.computations)])
         for stream, codec in outputs.items():
             _write(stream, [_line(stream, r, codec.decode) for r in run.output(stream)], out_dir, stdout)
         for stream in dead:

@@ -73,7 +73,13 @@ def pending_files(directory: str) -> list[tuple[int, str]]:
 
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
-_HOW = "give an integer of microseconds since the epoch or an ISO 8601 time with a zone (2024-01-01T00:00:00Z)"
+_UNIT_NAMES = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
+
+
+def _how(unit: str) -> str:
+    return f"give a number of {_UNIT_NAMES[unit]} since the epoch or an ISO 8601 time with a zone (2024-01-01T00:00:00Z)"
+
+
 _DIGITS = re.compile(r"-?[0-9]{1,19}")
 UNITS = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": -1_000}  # to microseconds: times, or (negative) // by
 
@@ -109,31 +115,33 @@ def line_fields(value: bytes, where: str, key_field: str | None, time_field: str
             try:
                 when = datetime.datetime.fromisoformat(v)
             except ValueError:
-                raise error(f"{where}: field {time_field!r} is {v!r:.60}: {_HOW}") from None
+                raise error(f"{where}: field {time_field!r} is {v!r:.60}: {_how(unit)}") from None
             if when.tzinfo is None or when.utcoffset() is None:
                 raise error(f"{where}: field {time_field!r} is {v!r}, with no time zone, so its instant is not "
                             "known: add one (Z, or +01:00)")
             ts = (when - _EPOCH) // datetime.timedelta(microseconds=1)
-        elif isinstance(v, bool) or not isinstance(v, int):
-            raise error(f"{where}: field {time_field!r} is {json.dumps(v):.60}: {_HOW}")
-        else:
+        elif isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), -float("inf")):
+            raise error(f"{where}: field {time_field!r} is {json.dumps(v):.60}: {_how(unit)}")
+        else:  # (a float: time.time()'s fractional seconds, say; rounded to the microsecond)
             factor, numeric = UNITS[unit], True
-            ts = v * factor if factor > 0 else v // -factor
+            ts = (v * factor if factor > 0 else v // -factor) if isinstance(v, int) else \
+                round(v * factor if factor > 0 else v / -factor)
         if not MIN_TIME <= ts <= END_OF_TIME:
-            raise error(f"{where}: field {time_field!r} is {v}, outside the signed 64 bits of microseconds a "
-                        f"time is kept in: is it in a smaller unit than {unit}?")
+            raise error(f"{where}: field {time_field!r} is {str(v):.40}, outside the signed 64 bits of microseconds "
+                        f"a time is kept in: is it in a smaller unit than {_UNIT_NAMES[unit]}?")
     return key, ts, numeric
 
 
-def check_unit(biggest: int, time_field: str, error: type[Exception] = InjectionError) -> None:
+def check_unit(biggest: int, time_field: str, where: str, error: type[Exception] = InjectionError) -> None:
     """Refuse numeric times (their largest absolute value ``biggest``, in microseconds) that
-    look like another unit (runtime/record.py ``time_unit``, as the Spark bridge checks)."""
+    look like another unit (runtime/record.py ``time_unit``, as the Spark bridge checks);
+    ``where``: what holds them, and what was not done."""
     unit = time_unit(biggest)
     if unit is not None:
         flag = {"seconds": "s", "milliseconds": "ms", "nanoseconds": "ns"}[unit]
-        raise error(f"field {time_field!r} looks like {unit} since the epoch, not microseconds (its largest "
-                    f"value is {biggest:,}): nothing was sent. Say so with --timestamp-unit {flag} (or "
-                    "--timestamp-unit us to take them as microseconds as they are)")
+        raise error(f"field {time_field!r} of {where} looks like {unit} since the epoch, not microseconds (its "
+                    f"largest value is {biggest:,}). Say so with --timestamp-unit {flag} (or --timestamp-unit us "
+                    "to take them as microseconds as they are)")
 
 
 def check_lines(directory: str, key_field: str | None, time_field: str | None,
@@ -142,6 +150,8 @@ def check_lines(directory: str, key_field: str | None, time_field: str | None,
     given: a bad line raises (:func:`line_fields`) before anything is sent or registered, and
     so do numeric times that look like another unit than microseconds when ``unit`` is not
     given (:func:`check_unit`)."""
+    if unit is not None and time_field is None:
+        raise InjectionError(f"a unit for times ({unit}) but no timestamp field: give the field too")
     files = pending_files(directory)
     biggest = 0
     if key_field is not None or time_field is not None:
@@ -153,7 +163,7 @@ def check_lines(directory: str, key_field: str | None, time_field: str | None,
                                                      time_field, unit=unit or "us")
                         biggest = max(biggest, abs(ts or 0) if numeric else 0)
     if time_field is not None and unit is None:
-        check_unit(biggest, time_field)
+        check_unit(biggest, time_field, f"the files of {directory!r} (nothing was sent)")
     return files
 
 
