@@ -21,7 +21,7 @@ def job_at(path: str) -> Any:
 
     job = load(path, "job")
     if not isinstance(job, (Topology, Dataflow)):
-        raise ConfigError(f"{path!r} is {type(job).__name__}, not a Dataflow or a Topology")
+        raise ConfigError(f"{path!r} is {type(job).__name__}, not a Topology or a Dataflow")
     return job
 
 

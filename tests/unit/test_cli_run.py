@@ -164,7 +164,7 @@ def test_the_command_prints_only_json_on_stdout_and_reads_stdin(jobs: Any) -> No
     assert (line["key"], line["value"][2]) == ("/a", 2)
     bad = subprocess.run([sys.executable, "-c", prog, "run", "runjobs_cli:not_a_job"], capture_output=True,
                          timeout=120, check=False, cwd=str(jobs), env=env)
-    assert bad.returncode == 2 and b"'runjobs_cli:not_a_job' is int, not a Dataflow or a Topology" in bad.stderr
+    assert bad.returncode == 2 and b"'runjobs_cli:not_a_job' is int, not a Topology or a Dataflow" in bad.stderr
     from cli.lifecycle import topology_at
     assert sorted(topology_at("runjobs_cli:flow").computations) == sorted(
         __import__("runjobs_cli").flow.topology().computations)
