@@ -55,7 +55,8 @@ _MICROSECOND = datetime.timedelta(microseconds=1)
 def _inputs_of(step: _Step) -> set[str]:
     """The input streams whose records can reach ``step`` as soon as they are taken: through
     every step before it but a ``join`` or a ``window`` that emits when it fires, in its own
-    stage (one in a stage before it sends its results on as records, taken as they come)."""
+    stage (one in a stage before it sends its results on as records, taken as they come), and
+    but a ``lookup_join``'s table (its records update the table and go no further)."""
     seen, todo, out = set(), [(step, False)], set()
     while todo:
         s, hopped = todo.pop()
@@ -65,7 +66,7 @@ def _inputs_of(step: _Step) -> set[str]:
         seen.add((s, hopped))
         if s.kind == "input":
             out.add(s.args["stream"])
-        todo.extend((u, hopped or s.kind == "key_by") for u in s.ups)
+        todo.extend((u, hopped or s.kind == "key_by") for u in (s.ups[:1] if s.kind == "lookup_join" else s.ups))
     return out
 
 

@@ -114,6 +114,24 @@ def test_a_lookup_join_may_take_its_table_from_the_streams_input_through_a_windo
         flow.input("clicks", codec=codecs.JSON).key_by(j.key_of, name="again").lookup_join(earlier)
 
 
+def test_a_second_lookup_join_may_take_a_table_from_the_input_an_earlier_ones_table_came_from() -> None:
+    """A lookup_join's table records update its state and go no further: a second join whose
+    table comes from the same input is no record meeting itself (it was refused: the walk went
+    through the first join's table side)."""
+    flow = Dataflow("two_lookups", key_ranges=1)
+    users = flow.input("users", codec=codecs.JSON, keyed=True)
+    names = users.map(j.value_of, name="names")
+    flow.input("visits", codec=codecs.JSON, keyed=True).lookup_join(users, name="with_user") \
+        .lookup_join(names, name="with_name").output("o", codec=codecs.JSON)
+    with pytest.raises(UsageError, match="the table comes from input 'users'"):
+        users.lookup_join(names)  # (straight from the input it still may not)
+    with TestRun(flow) as run:
+        run.inject("users", b"ann", json.dumps({"k": "ann", "v": "Ann"}).encode(), T0)
+        run.inject("visits", b"ann", b"1", T0 + 1)
+        run.run_until_idle()
+        assert [json.loads(r.value) for r in run.output("o")] == [[[1, {"k": "ann", "v": "Ann"}], "Ann"]]
+
+
 def test_code_of_the_script_being_run_is_refused_at_submit() -> None:
     topo = Topology("t").add_computation("c", "__main__:Counter", inputs={"s": None})
     with pytest.raises(TopologyError, match="defined in the script you are running; the workers import code by "
