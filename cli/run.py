@@ -183,7 +183,7 @@ def _read(given: dict[str, str], start_us: int, key_field: str | None, time_fiel
             if path != "-":
                 f.close()
         if time_field is not None and unit is None:
-            check_unit(biggest, time_field, f"{name} (nothing was run)", ConfigError)
+            check_unit(biggest, time_field, repr(name), "nothing was run", ConfigError)
     items.sort(key=(lambda item: item[:3]) if time_field is not None else (lambda item: item[1:3]))
     return items
 
@@ -264,15 +264,17 @@ def run_job(path: str, inputs: list[str], *, key_field: str | None = None, time_
             run.finish(stream)
         _settle(run, attempts)
         dead = [s for s in run.streams if s.endswith(".dead_letter") and run.output(s)]
-        if out_dir is not None:  # (only now: a run that failed left the last one's files)
-            _out_dir(out_dir, [*outputs, *(dead_letter_stream(c) for c in topo.computations)])
-        for stream, codec in outputs.items():
-            _write(stream, [_line(stream, r, codec.decode) for r in run.output(stream)], out_dir, stdout)
-        for stream in dead:
-            print(f"millstream run: {len(run.output(stream))} record(s) went to {stream}: the error of each is in "
-                  f"its value (--out DIR writes them to {stream}.jsonl)", file=sys.stderr)
-            if out_dir is not None:
-                _write(stream, [_line(stream, r, bytes) for r in run.output(stream)], out_dir, stdout)
+        texts = {stream: [_line(stream, r, codec.decode) for r in run.output(stream)] for stream, codec in outputs.items()}
+        letters = {stream: [_line(stream, r, bytes) for r in run.output(stream)] for stream in dead}
+    if out_dir is not None:  # (only now, every file made: a run that failed left the last one's files)
+        _out_dir(out_dir, [*outputs, *(dead_letter_stream(c) for c in topo.computations)])
+    for stream, lines in texts.items():
+        _write(stream, lines, out_dir, stdout)
+    for stream, lines in letters.items():
+        print(f"millstream run: {len(lines)} record(s) went to {stream}: the error of each is in its value (--out DIR "
+              f"writes them to {stream}.jsonl)", file=sys.stderr)
+        if out_dir is not None:
+            _write(stream, lines, out_dir, stdout)
     if isinstance(job, Dataflow):
         for s in job.steps:
             if job._steps[s].kind == "sink":

@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import math
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -81,6 +82,7 @@ def _how(unit: str) -> str:
 
 
 _DIGITS = re.compile(r"-?[0-9]{1,19}")
+_DECIMAL = re.compile(r"-?[0-9]{1,19}\.[0-9]{1,30}")
 UNITS = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": -1_000}  # to microseconds: times, or (negative) // by
 
 
@@ -111,6 +113,8 @@ def line_fields(value: bytes, where: str, key_field: str | None, time_field: str
         v = doc[time_field]
         if isinstance(v, str) and _DIGITS.fullmatch(v):
             v = int(v)
+        elif isinstance(v, str) and _DECIMAL.fullmatch(v):
+            v = float(v)
         if isinstance(v, str):
             try:
                 when = datetime.datetime.fromisoformat(v)
@@ -122,26 +126,29 @@ def line_fields(value: bytes, where: str, key_field: str | None, time_field: str
             ts = (when - _EPOCH) // datetime.timedelta(microseconds=1)
         elif isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), -float("inf")):
             raise error(f"{where}: field {time_field!r} is {json.dumps(v):.60}: {_how(unit)}")
-        else:  # (a float: time.time()'s fractional seconds, say; rounded to the microsecond)
+        else:  # (a float: time.time()'s fractional seconds, say; to the microsecond below, as // does)
             factor, numeric = UNITS[unit], True
+            exact = v * factor if factor > 0 else v / -factor
+            if isinstance(v, float) and not math.isfinite(exact):
+                exact = float(END_OF_TIME) * 2  # (out of range, named below)
             ts = (v * factor if factor > 0 else v // -factor) if isinstance(v, int) else \
-                round(v * factor if factor > 0 else v / -factor)
+                math.floor(exact + 0.5) if factor > 0 else math.floor(exact)
         if not MIN_TIME <= ts <= END_OF_TIME:
             raise error(f"{where}: field {time_field!r} is {str(v):.40}, outside the signed 64 bits of microseconds "
                         f"a time is kept in: is it in a smaller unit than {_UNIT_NAMES[unit]}?")
     return key, ts, numeric
 
 
-def check_unit(biggest: int, time_field: str, where: str, error: type[Exception] = InjectionError) -> None:
+def check_unit(biggest: int, time_field: str, where: str, undone: str, error: type[Exception] = InjectionError) -> None:
     """Refuse numeric times (their largest absolute value ``biggest``, in microseconds) that
     look like another unit (runtime/record.py ``time_unit``, as the Spark bridge checks);
-    ``where``: what holds them, and what was not done."""
+    ``where``: what holds them; ``undone``: what was therefore not done."""
     unit = time_unit(biggest)
     if unit is not None:
         flag = {"seconds": "s", "milliseconds": "ms", "nanoseconds": "ns"}[unit]
-        raise error(f"field {time_field!r} of {where} looks like {unit} since the epoch, not microseconds (its "
-                    f"largest value is {biggest:,}). Say so with --timestamp-unit {flag} (or --timestamp-unit us "
-                    "to take them as microseconds as they are)")
+        raise error(f"field {time_field!r} in {where} looks like {unit} since the epoch, not microseconds (its "
+                    f"largest value is {biggest:,}); {undone}. Say so with --timestamp-unit {flag}, which is for "
+                    "every input (or --timestamp-unit us to take the numbers as microseconds as they are)")
 
 
 def check_lines(directory: str, key_field: str | None, time_field: str | None,
@@ -151,7 +158,7 @@ def check_lines(directory: str, key_field: str | None, time_field: str | None,
     so do numeric times that look like another unit than microseconds when ``unit`` is not
     given (:func:`check_unit`)."""
     if unit is not None and time_field is None:
-        raise InjectionError(f"a unit for times ({unit}) but no timestamp field: give the field too")
+        raise InjectionError(f"--timestamp-unit {unit} says the unit of --timestamp-field's numbers; give the field too")
     files = pending_files(directory)
     biggest = 0
     if key_field is not None or time_field is not None:
@@ -163,7 +170,7 @@ def check_lines(directory: str, key_field: str | None, time_field: str | None,
                                                      time_field, unit=unit or "us")
                         biggest = max(biggest, abs(ts or 0) if numeric else 0)
     if time_field is not None and unit is None:
-        check_unit(biggest, time_field, f"the files of {directory!r} (nothing was sent)")
+        check_unit(biggest, time_field, f"the files of {directory!r}", "nothing was sent")
     return files
 
 

@@ -52,11 +52,13 @@ from runtime.topology import DEFAULT_KEY_RANGES, Topology, _check_name
 _MICROSECOND = datetime.timedelta(microseconds=1)
 
 
-def _inputs_of(step: _Step) -> set[str]:
-    """The input streams whose records can reach ``step`` as soon as they are taken: through
-    every step before it but a ``join`` or a ``window`` that emits when it fires, in its own
-    stage (one in a stage before it sends its results on as records, taken as they come), and
-    but a ``lookup_join``'s table (its records update the table and go no further)."""
+def _inputs_of(step: _Step, tables: bool = True) -> set[str]:
+    """The input streams whose records (or values) can reach ``step`` as soon as they are
+    taken: through every step before it but a ``join`` or a ``window`` that emits when it
+    fires, in its own stage (one in a stage before it sends its results on as records, taken as
+    they come). ``tables=False``: not through a ``lookup_join``'s table either, as for the
+    records that reach a join's stream side (a table's records update it and go no further;
+    their values go on inside the joined records, which is why a table side walks through)."""
     seen, todo, out = set(), [(step, False)], set()
     while todo:
         s, hopped = todo.pop()
@@ -66,7 +68,8 @@ def _inputs_of(step: _Step) -> set[str]:
         seen.add((s, hopped))
         if s.kind == "input":
             out.add(s.args["stream"])
-        todo.extend((u, hopped or s.kind == "key_by") for u in (s.ups[:1] if s.kind == "lookup_join" else s.ups))
+        ups = s.ups[:1] if s.kind == "lookup_join" and not tables else s.ups
+        todo.extend((u, hopped or s.kind == "key_by") for u in ups)
     return out
 
 
@@ -205,7 +208,7 @@ class KeyedStream(Stream):
         goes on as ``(value, None)`` (``how="left"``). The table's values are the step's
         state: read by the step's name (``state get``, Spark, ``TestRun.typed_state``)."""
         self._check_other(table, "lookup_join")
-        shared = _inputs_of(self._step) & _inputs_of(table._step)
+        shared = _inputs_of(self._step, tables=False) & _inputs_of(table._step)
         if shared:
             raise UsageError(f"lookup_join: the table comes from input {sorted(shared)[0]!r}, as the stream does; a "
                              "record would meet itself or a later one, depending on the batching. Join a table from "

@@ -125,6 +125,12 @@ def test_a_second_lookup_join_may_take_a_table_from_the_input_an_earlier_ones_ta
         .lookup_join(names, name="with_name").output("o", codec=codecs.JSON)
     with pytest.raises(UsageError, match="the table comes from input 'users'"):
         users.lookup_join(names)  # (straight from the input it still may not)
+    # A table of joined records carries its own table's values: a record of that input could
+    # meet itself through it, whichever came first.
+    enriched = flow.input("orders", codec=codecs.JSON, keyed=True).lookup_join(users, name="order_user") \
+        .key_by(j.key_of, name="by_user")
+    with pytest.raises(UsageError, match="the table comes from input 'users'"):
+        flow.input("users", codec=codecs.JSON).key_by(j.key_of, name="users_again").lookup_join(enriched)
     with TestRun(flow) as run:
         run.inject("users", b"ann", json.dumps({"k": "ann", "v": "Ann"}).encode(), T0)
         run.inject("visits", b"ann", b"1", T0 + 1)

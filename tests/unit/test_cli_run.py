@@ -248,7 +248,7 @@ def test_a_second_run_into_the_same_out_leaves_no_stale_dead_letters_and_logging
 
 
 @pytest.mark.parametrize("unit, times, says", [
-    (None, [1704067200, 1704067260], r"field 'ts' of .* looks like seconds since the epoch, not microseconds .* "
+    (None, [1704067200, 1704067260], r"field 'ts' in .* looks like seconds since the epoch, not microseconds .* "
                                      r"--timestamp-unit s"),
     (None, [T0, 1704067200000], None),  # the largest is microseconds: taken as they are
     ("s", [1704067200, 1704067260], None),
@@ -291,7 +291,7 @@ def test_a_flows_sink_step_is_named_on_stderr(jobs: Any, capsys: Any) -> None:
 def test_each_input_is_judged_for_its_unit_and_a_unit_needs_a_field(jobs: Any) -> None:
     (jobs / "people.jsonl").write_text(json.dumps({"user": "ann", "ts": 1704067200}) + "\n")
     (jobs / "visits.jsonl").write_text(json.dumps({"user": "ann", "ts": T0 + 1}) + "\n")
-    with pytest.raises(ConfigError, match="field 'ts' of people.jsonl .* looks like seconds"):
+    with pytest.raises(ConfigError, match="field 'ts' in 'people.jsonl' looks like seconds .*; nothing was run"):
         _run("visits=visits.jsonl", "people=people.jsonl", job="runjobs_cli:joined", key_field="user", time_field="ts")
     with pytest.raises(ConfigError, match="--timestamp-unit ns says the unit of --timestamp-field's numbers"):
         _run("visits=visits.jsonl", job="runjobs_cli:joined", key_field="user", unit="ns")

@@ -135,9 +135,10 @@ def test_json_lines_give_each_record_its_key_and_event_time_and_the_watermark_wa
     ('{"user": "x", "ts": null}', r"field 'ts' is null: give a number"),
     ('{"user": "x", "ts": "2024-01-01T00:00:00"}', "with no time zone, so its instant is not known: add one"),
     ('{"user": "x", "ts": 18446744073709551616}', "outside the signed 64 bits of microseconds"),
-    ('{"user": "x", "ts": 1704067200000000000}', r"field 'ts' of the files of .* \(nothing was sent\) looks like "
-                                                 r"nanoseconds since the epoch, not microseconds \(its largest value "
-                                                 r"is 1,704,067,200,000,000,000\). Say so with --timestamp-unit ns"),
+    ('{"user": "x", "ts": 1704067200000000000}', r"field 'ts' in the files of .* looks like nanoseconds since the "
+                                                 r"epoch, not microseconds \(its largest value is "
+                                                 r"1,704,067,200,000,000,000\); nothing was sent. Say so with "
+                                                 r"--timestamp-unit ns"),
     ('{"user": "x", "ts": "--5"}', r"field 'ts' is '--5': give a number"),
 ])
 def test_a_bad_line_is_named_before_anything_is_sent(tmp_path: object, line: str, says: str) -> None:
@@ -163,7 +164,7 @@ def test_numeric_times_in_seconds_are_refused_unless_their_unit_is_given(tmp_pat
     refuses them too); --timestamp-unit s converts them, --timestamp-unit us takes them as they are."""
     d = str(tmp_path)
     _file(d, "a.jsonl", ['{"ts": 1704067200}', '{"ts": "1704067201"}', '{"ts": "2024-01-01T00:00:02Z"}'], 1000)
-    with pytest.raises(InjectionError, match=r"field 'ts' of .* looks like seconds .* largest value is 1,704,067,201\)"):
+    with pytest.raises(InjectionError, match=r"field 'ts' in .* looks like seconds .* largest value is 1,704,067,201\)"):
         inject_files(Recorder(), d, "src", time_field="ts")
     r = Recorder()
     inject_files(r, d, "src", time_field="ts", unit="s")
@@ -175,5 +176,30 @@ def test_numeric_times_in_seconds_are_refused_unless_their_unit_is_given(tmp_pat
     _file(d, "a.jsonl", ['{"ts": 1704067200.25}'], 1000)
     inject_files(r, d, "src", time_field="ts", unit="s")
     assert [v[2] for k, v in r.events if k == "send"] == [T0 + 250_000]  # type: ignore[index]
-    with pytest.raises(InjectionError, match=r"a unit for times \(s\) but no timestamp field"):
+    with pytest.raises(InjectionError, match=r"--timestamp-unit s says the unit of --timestamp-field's numbers"):
         inject_files(Recorder(), d, "src", key_field="ts", unit="s")
+
+
+@pytest.mark.parametrize("ts, unit, says", [
+    ("1e303", "s", "outside the signed 64 bits"),
+    ("1e308", "s", "outside the signed 64 bits"),
+    ("NaN", "us", "field 'ts' is NaN: give a number of microseconds"),
+    ("Infinity", "ms", "field 'ts' is Infinity: give a number of milliseconds"),
+])
+def test_floats_past_any_time_are_named_not_a_traceback(tmp_path: object, ts: str, unit: str, says: str) -> None:
+    d = str(tmp_path)
+    _file(d, "a.jsonl", ['{"ts": ' + ts + '}'], 1000)
+    with pytest.raises(InjectionError, match=says):
+        inject_files(Recorder(), d, "src", time_field="ts", unit=unit)
+
+
+def test_fractions_and_decimal_strings_in_a_unit_and_nanoseconds_below_as_integers_are(tmp_path: object) -> None:
+    d = str(tmp_path)
+    _file(d, "a.jsonl", ['{"ts": "1704067200.25"}', '{"ts": 1704067200.000001}'], 1000)
+    r = Recorder()
+    inject_files(r, d, "src", time_field="ts", unit="s")
+    assert [v[2] for k, v in r.events if k == "send"] == [T0 + 250_000, T0 + 1]  # type: ignore[index]
+    _file(d, "a.jsonl", ['{"ts": 1999}', '{"ts": 1999.0}', '{"ts": -1}', '{"ts": -1.0}'], 1000)  # (as given)
+    r = Recorder()
+    inject_files(r, d, "src", time_field="ts", unit="ns")
+    assert [v[2] for k, v in r.events if k == "send"] == [1, 1, -1, -1]  # type: ignore[index]
