@@ -183,7 +183,8 @@ def _read(given: dict[str, str], start_us: int, key_field: str | None, time_fiel
             if path != "-":
                 f.close()
         if time_field is not None and unit is None:
-            check_unit(biggest, time_field, repr(name), "nothing was run", ConfigError)
+            check_unit(biggest, time_field, repr(name), "nothing was run, and --timestamp-unit is for every input",
+                       ConfigError)
     items.sort(key=(lambda item: item[:3]) if time_field is not None else (lambda item: item[1:3]))
     return items
 
@@ -284,8 +285,13 @@ def run_job(path: str, inputs: list[str], *, key_field: str | None = None, time_
 
 
 def _line(stream: str, record: Any, decode: Any) -> str:
+    try:
+        value = decode(record.value)
+    except Exception as e:  # the output codec's own code
+        raise ConfigError(f"output {stream!r}: its codec cannot read back a record it wrote ({type(e).__name__}: "
+                          f"{e}); nothing was written") from None
     return json.dumps({"stream": stream, "key": plain(record.key), "timestamp": record.timestamp,
-                       "value": plain(decode(record.value))})
+                       "value": plain(value)})
 
 
 def _write(stream: str, lines: list[str], out_dir: str | None, stdout: IO[str]) -> None:

@@ -27,6 +27,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Sequence
+from fractions import Fraction
 from typing import Protocol
 
 from injectors.injector import Injector
@@ -110,11 +111,11 @@ def line_fields(value: bytes, where: str, key_field: str | None, time_field: str
         k = doc[key_field]
         key = k.encode("utf-8", "surrogatepass") if isinstance(k, str) else json.dumps(k).encode()
     if time_field is not None:
-        v = doc[time_field]
+        given = v = doc[time_field]
         if isinstance(v, str) and _DIGITS.fullmatch(v):
             v = int(v)
         elif isinstance(v, str) and _DECIMAL.fullmatch(v):
-            v = float(v)
+            v = Fraction(v)  # (exactly as written)
         if isinstance(v, str):
             try:
                 when = datetime.datetime.fromisoformat(v)
@@ -124,18 +125,19 @@ def line_fields(value: bytes, where: str, key_field: str | None, time_field: str
                 raise error(f"{where}: field {time_field!r} is {v!r}, with no time zone, so its instant is not "
                             "known: add one (Z, or +01:00)")
             ts = (when - _EPOCH) // datetime.timedelta(microseconds=1)
-        elif isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), -float("inf")):
+        elif isinstance(v, bool) or not isinstance(v, (int, float, Fraction)) or (
+                isinstance(v, float) and not math.isfinite(v)):
             raise error(f"{where}: field {time_field!r} is {json.dumps(v):.60}: {_how(unit)}")
-        else:  # (a float: time.time()'s fractional seconds, say; to the microsecond below, as // does)
+        else:
             factor, numeric = UNITS[unit], True
-            exact = v * factor if factor > 0 else v / -factor
-            if isinstance(v, float) and not math.isfinite(exact):
-                exact = float(END_OF_TIME) * 2  # (out of range, named below)
-            ts = (v * factor if factor > 0 else v // -factor) if isinstance(v, int) else \
-                math.floor(exact + 0.5) if factor > 0 else math.floor(exact)
+            if isinstance(v, int):
+                ts = v * factor if factor > 0 else v // -factor
+            else:  # a fraction (time.time()'s seconds, say), exact: to the nearest microsecond, half up;
+                q = Fraction(v)  # in nanoseconds, floored as whole ones are
+                ts = math.floor(q * factor + Fraction(1, 2)) if factor > 0 else math.floor(q / -factor)
         if not MIN_TIME <= ts <= END_OF_TIME:
-            raise error(f"{where}: field {time_field!r} is {str(v):.40}, outside the signed 64 bits of microseconds "
-                        f"a time is kept in: is it in a smaller unit than {_UNIT_NAMES[unit]}?")
+            raise error(f"{where}: field {time_field!r} is {str(given):.40}, outside the signed 64 bits of "
+                        f"microseconds a time is kept in once in {_UNIT_NAMES[unit]}")
     return key, ts, numeric
 
 
@@ -147,8 +149,8 @@ def check_unit(biggest: int, time_field: str, where: str, undone: str, error: ty
     if unit is not None:
         flag = {"seconds": "s", "milliseconds": "ms", "nanoseconds": "ns"}[unit]
         raise error(f"field {time_field!r} in {where} looks like {unit} since the epoch, not microseconds (its "
-                    f"largest value is {biggest:,}); {undone}. Say so with --timestamp-unit {flag}, which is for "
-                    "every input (or --timestamp-unit us to take the numbers as microseconds as they are)")
+                    f"largest value is {biggest:,}); {undone}. Say so with --timestamp-unit {flag} (or "
+                    "--timestamp-unit us to take the numbers as microseconds as they are)")
 
 
 def check_lines(directory: str, key_field: str | None, time_field: str | None,

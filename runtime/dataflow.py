@@ -208,11 +208,15 @@ class KeyedStream(Stream):
         goes on as ``(value, None)`` (``how="left"``). The table's values are the step's
         state: read by the step's name (``state get``, Spark, ``TestRun.typed_state``)."""
         self._check_other(table, "lookup_join")
-        shared = _inputs_of(self._step, tables=False) & _inputs_of(table._step)
+        stream_inputs = _inputs_of(self._step, tables=False)
+        shared = stream_inputs & _inputs_of(table._step)
         if shared:
-            raise UsageError(f"lookup_join: the table comes from input {sorted(shared)[0]!r}, as the stream does; a "
-                             "record would meet itself or a later one, depending on the batching. Join a table from "
-                             "another input (or from a window's results); for a key's previous value, use reduce")
+            first = sorted(shared)[0]
+            how_ = "comes from" if first in _inputs_of(table._step, tables=False) else \
+                "carries, through an earlier lookup_join's table,"
+            raise UsageError(f"lookup_join: the table {how_} input {first!r}, as the stream does; a record would meet "
+                             "itself or a later one, depending on the batching. Join a table from another input (or "
+                             "from a window's results); for a key's previous value, use reduce")
         if how not in ("inner", "left"):
             raise UsageError(f"lookup_join: how={how!r}; pass \"inner\" (drop values with no table value yet) "
                              "or \"left\" (pass them on with None)")

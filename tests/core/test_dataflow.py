@@ -125,17 +125,18 @@ def test_a_second_lookup_join_may_take_a_table_from_the_input_an_earlier_ones_ta
         .lookup_join(names, name="with_name").output("o", codec=codecs.JSON)
     with pytest.raises(UsageError, match="the table comes from input 'users'"):
         users.lookup_join(names)  # (straight from the input it still may not)
-    # A table of joined records carries its own table's values: a record of that input could
-    # meet itself through it, whichever came first.
-    enriched = flow.input("orders", codec=codecs.JSON, keyed=True).lookup_join(users, name="order_user") \
-        .key_by(j.key_of, name="by_user")
-    with pytest.raises(UsageError, match="the table comes from input 'users'"):
-        flow.input("users", codec=codecs.JSON).key_by(j.key_of, name="users_again").lookup_join(enriched)
     with TestRun(flow) as run:
         run.inject("users", b"ann", json.dumps({"k": "ann", "v": "Ann"}).encode(), T0)
         run.inject("visits", b"ann", b"1", T0 + 1)
         run.run_until_idle()
         assert [json.loads(r.value) for r in run.output("o")] == [[[1, {"k": "ann", "v": "Ann"}], "Ann"]]
+    # A table of joined records carries its own table's values: a record of that input could
+    # meet itself through it, whichever came first.
+    other = Dataflow("carried")
+    users = other.input("users", codec=codecs.JSON, keyed=True)
+    enriched = other.input("orders", codec=codecs.JSON, keyed=True).lookup_join(users).key_by(j.key_of)
+    with pytest.raises(UsageError, match="the table carries, through an earlier lookup_join's table, input 'users'"):
+        other.input("users", codec=codecs.JSON).key_by(j.key_of, name="users_again").lookup_join(enriched)
 
 
 def test_code_of_the_script_being_run_is_refused_at_submit() -> None:

@@ -20,6 +20,8 @@ from runtime.errors import ConfigError, MillstreamError
 from runtime.windows import WindowResult
 
 JOBS = textwrap.dedent('''
+    import json
+
     from millstream import Computation, Dataflow, Topology, codecs
     from millstream.windows import SECOND, Count, Tumbling
 
@@ -43,6 +45,23 @@ JOBS = textwrap.dedent('''
 
     totals = Dataflow("runtotals")
     totals.input("payments", codec=codecs.JSON, keyed=True).map(amount).reduce(add).output("totals", codec=codecs.INT)
+
+    class Fragile:
+        """A codec that reads back only while ``works`` holds (a user's codec with a bug)."""
+        works = True
+
+        def encode(self, value):
+            return json.dumps(value).encode()
+
+        def decode(self, data):
+            if not Fragile.works:
+                raise ValueError("cannot read this back")
+            return json.loads(data)
+
+    FRAGILE = Fragile()
+    fragile = Dataflow("runfragile")
+    fragile.input("notes", codec=codecs.JSON).output("fragile_out", codec=FRAGILE)
+    fragile.input("notes2", codec=codecs.JSON).output("fragile_two", codec=codecs.JSON)
 
     joined = Dataflow("runjoin")
     people = joined.input("people", codec=codecs.JSON, keyed=True)
@@ -354,3 +373,21 @@ def test_a_run_that_stops_making_progress_or_never_stops_is_given_up() -> None:
     with pytest.raises(ConfigError, match="still busy after 5 x 10,000 rounds of the worker, making output"):
         _settle(busy, 5)
     assert busy.calls == 5
+
+
+def test_an_output_codec_that_cannot_read_back_is_named_and_the_last_runs_files_stay(jobs: Any) -> None:
+    (jobs / "n.jsonl").write_text('{"a": 1}\n')
+    out_dir = jobs / "out"
+    assert _run("notes=n.jsonl", "notes2=n.jsonl", job="runjobs_cli:fragile", out_dir=str(out_dir))[0] == 0
+    assert sorted(os.listdir(out_dir)) == ["fragile_out.jsonl", "fragile_two.jsonl"]
+    import runjobs_cli
+    runjobs_cli.Fragile.works = False
+    try:
+        with pytest.raises(ConfigError, match="output 'fragile_out': its codec cannot read back a record it wrote "
+                                              r"\(ValueError: cannot read this back\); nothing was written"):
+            _run("notes=n.jsonl", "notes2=n.jsonl", job="runjobs_cli:fragile", out_dir=str(out_dir))
+    finally:
+        runjobs_cli.Fragile.works = True
+    assert sorted(os.listdir(out_dir)) == ["fragile_out.jsonl", "fragile_two.jsonl"]
+    assert all(json.loads(line)["value"] == {"a": 1} for f in os.listdir(out_dir)
+               for line in (out_dir / f).read_text().splitlines())

@@ -203,3 +203,19 @@ def test_fractions_and_decimal_strings_in_a_unit_and_nanoseconds_below_as_intege
     r = Recorder()
     inject_files(r, d, "src", time_field="ts", unit="ns")
     assert [v[2] for k, v in r.events if k == "send"] == [1, 1, -1, -1]  # type: ignore[index]
+
+
+def test_decimal_strings_and_floats_are_taken_exactly_in_their_unit(tmp_path: object) -> None:
+    """A decimal string is exact (its digits, not the nearest float); nanoseconds floor as
+    whole ones do, however large; an integer past any float is named, not a traceback."""
+    d = str(tmp_path)
+    _file(d, "a.jsonl", ['{"ts": "1704067200123456999.0"}', '{"ts": 1704067200123456999}',
+                         '{"ts": 1152921504606846976.0}', '{"ts": "0.0000004999"}'], 1000)
+    r = Recorder()
+    inject_files(r, d, "src", time_field="ts", unit="ns")
+    assert [v[2] for k, v in r.events if k == "send"] == [  # type: ignore[index]
+        1704067200123456, 1704067200123456, 1152921504606846, 0]
+    _file(d, "a.jsonl", ['{"ts": ' + "9" * 400 + '}'], 1000)
+    with pytest.raises(InjectionError, match="outside the signed 64 bits of microseconds a time is kept in once in "
+                                             "nanoseconds"):
+        inject_files(Recorder(), d, "src", time_field="ts", unit="ns")
