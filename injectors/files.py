@@ -27,6 +27,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Sequence
+from decimal import Decimal
 from fractions import Fraction
 from typing import Protocol
 
@@ -82,8 +83,8 @@ def _how(unit: str) -> str:
     return f"give a number of {_UNIT_NAMES[unit]} since the epoch or an ISO 8601 time with a zone (2024-01-01T00:00:00Z)"
 
 
-_DIGITS = re.compile(r"-?[0-9]{1,19}")
-_DECIMAL = re.compile(r"-?[0-9]{1,19}\.[0-9]{1,30}")
+_NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?")  # a number written as a string (its digits, and a fraction)
+_LONGEST = 40  # digits a time in any unit can have: past them it is out of range (int() refuses 4,300)
 UNITS = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": -1_000}  # to microseconds: times, or (negative) // by
 
 
@@ -95,7 +96,8 @@ def line_fields(value: bytes, where: str, key_field: str | None, time_field: str
     epoch (or its digits) or an ISO 8601 time with a zone, in microseconds. ``error`` names
     ``where`` (file and line) and what to fix."""
     try:
-        doc = json.loads(value.decode("utf-8"))
+        text = value.decode("utf-8")
+        doc = json.loads(text, parse_float=Decimal)  # (a time's digits as written, not the float nearest them)
     except UnicodeDecodeError as e:
         raise error(f"{where}: not UTF-8 text ({e.reason} at byte {e.start}); JSON lines are UTF-8") from None
     except ValueError as e:
@@ -109,13 +111,14 @@ def line_fields(value: bytes, where: str, key_field: str | None, time_field: str
             raise error(f"{where}: no field {field!r} in this line; every line needs it")
     if key_field is not None:
         k = doc[key_field]
-        key = k.encode("utf-8", "surrogatepass") if isinstance(k, str) else json.dumps(k).encode()
+        key = k.encode("utf-8", "surrogatepass") if isinstance(k, str) else json.dumps(json.loads(text)[key_field]).encode()
     if time_field is not None:
         given = v = doc[time_field]
-        if isinstance(v, str) and _DIGITS.fullmatch(v):
-            v = int(v)
-        elif isinstance(v, str) and _DECIMAL.fullmatch(v):
-            v = Fraction(v)  # (exactly as written)
+        if isinstance(v, str) and _NUMBER.fullmatch(v):
+            if len(v) > _LONGEST:
+                raise error(f"{where}: field {time_field!r} is {v:.40}..., outside the signed 64 bits of "
+                            f"microseconds a time is kept in once in {_UNIT_NAMES[unit]}")
+            v = Fraction(v) if "." in v else int(v)  # (exactly as written)
         if isinstance(v, str):
             try:
                 when = datetime.datetime.fromisoformat(v)
@@ -125,15 +128,18 @@ def line_fields(value: bytes, where: str, key_field: str | None, time_field: str
                 raise error(f"{where}: field {time_field!r} is {v!r}, with no time zone, so its instant is not "
                             "known: add one (Z, or +01:00)")
             ts = (when - _EPOCH) // datetime.timedelta(microseconds=1)
-        elif isinstance(v, bool) or not isinstance(v, (int, float, Fraction)) or (
-                isinstance(v, float) and not math.isfinite(v)):
+        elif isinstance(v, bool) or not isinstance(v, (int, Decimal, Fraction)):  # (NaN and Infinity: floats)
             raise error(f"{where}: field {time_field!r} is {json.dumps(v):.60}: {_how(unit)}")
         else:
             factor, numeric = UNITS[unit], True
             if isinstance(v, int):
                 ts = v * factor if factor > 0 else v // -factor
-            else:  # a fraction (time.time()'s seconds, say), exact: to the nearest microsecond, half up;
-                q = Fraction(v)  # in nanoseconds, floored as whole ones are
+            else:  # a fraction (time.time()'s seconds, say), exactly as the line wrote it: to the nearest
+                # microsecond, half up; in nanoseconds floored, as whole ones are
+                if isinstance(v, Decimal) and (not v.is_finite() or v.adjusted() > _LONGEST):
+                    raise error(f"{where}: field {time_field!r} is {str(given):.40}, outside the signed 64 bits of "
+                                f"microseconds a time is kept in once in {_UNIT_NAMES[unit]}")
+                q = Fraction(v)
                 ts = math.floor(q * factor + Fraction(1, 2)) if factor > 0 else math.floor(q / -factor)
         if not MIN_TIME <= ts <= END_OF_TIME:
             raise error(f"{where}: field {time_field!r} is {str(given):.40}, outside the signed 64 bits of "

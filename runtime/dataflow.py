@@ -211,9 +211,9 @@ class KeyedStream(Stream):
         stream_inputs = _inputs_of(self._step, tables=False)
         shared = stream_inputs & _inputs_of(table._step)
         if shared:
-            first = sorted(shared)[0]
-            how_ = "comes from" if first in _inputs_of(table._step, tables=False) else \
-                "carries, through an earlier lookup_join's table,"
+            direct = shared & _inputs_of(table._step, tables=False)
+            first = sorted(direct or shared)[0]
+            how_ = "comes from" if direct else "carries, through an earlier lookup_join's table,"
             raise UsageError(f"lookup_join: the table {how_} input {first!r}, as the stream does; a record would meet "
                              "itself or a later one, depending on the batching. Join a table from another input (or "
                              "from a window's results); for a key's previous value, use reduce")

@@ -286,11 +286,12 @@ def test_numeric_times_in_another_unit_are_refused_unless_the_unit_is_given(jobs
     assert code == 0 and starts == ([T0, T0 + 60_000_000] if unit else [1704067200000 - 1704067200000 % 60_000_000, T0])
 
 
-@pytest.mark.parametrize("ts", ["--5", "9" * 5000, "²"])
-def test_a_time_string_that_is_no_number_nor_iso_is_named(jobs: Any, ts: str) -> None:
+@pytest.mark.parametrize("ts, says", [("--5", "give a number of microseconds"), ("²", "give a number of microseconds"),
+                                      ("9" * 5000, "outside the signed 64 bits")])
+def test_a_time_string_that_is_no_number_nor_iso_is_named(jobs: Any, ts: str, says: str) -> None:
     path = jobs / "clicks.jsonl"
     path.write_text(json.dumps({"page": "/a", "ts": ts}) + "\n")
-    with pytest.raises(ConfigError, match="line 1: field 'ts' is .*: give a number of microseconds"):
+    with pytest.raises(ConfigError, match=f"line 1: field 'ts' is .*{says}"):
         _run(f"clicks={path}", time_field="ts")
 
 

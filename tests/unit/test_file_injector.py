@@ -219,3 +219,27 @@ def test_decimal_strings_and_floats_are_taken_exactly_in_their_unit(tmp_path: ob
     with pytest.raises(InjectionError, match="outside the signed 64 bits of microseconds a time is kept in once in "
                                              "nanoseconds"):
         inject_files(Recorder(), d, "src", time_field="ts", unit="ns")
+
+
+def test_a_number_is_the_same_time_written_as_a_number_or_as_its_digits(tmp_path: object) -> None:
+    """The decimal the line wrote, not the float nearest it; digits of any length (a 25-digit
+    string was parsed as a date and told to add a time zone)."""
+    d = str(tmp_path)
+    _file(d, "a.jsonl", ['{"ts": 1704067200000.0005}', '{"ts": "1704067200000.0005"}', '{"ts": 1.7040672e12}'], 1000)
+    r = Recorder()
+    inject_files(r, d, "src", time_field="ts", unit="ms")
+    assert [v[2] for k, v in r.events if k == "send"] == [T0 + 1, T0 + 1, T0]  # type: ignore[index]
+    _file(d, "a.jsonl", ['{"ts": 1e400}'], 1000)
+    with pytest.raises(InjectionError, match="line 1: field 'ts' is 1E.400, outside the signed 64 bits"):
+        inject_files(Recorder(), d, "src", time_field="ts", unit="ms")
+    _file(d, "a.jsonl", ['{"ts": "10000000000000000000"}', '{"ts": 10000000000000000000}', '{"ts": "' + "1" * 25 + '"}'],
+          1000)
+    with pytest.raises(InjectionError, match="line 3: field 'ts' is 1111111111111111111111111, outside the signed 64"):
+        inject_files(Recorder(), d, "src", time_field="ts", unit="ns")
+    _file(d, "a.jsonl", ['{"ts": "10000000000000000000"}', '{"ts": 10000000000000000000}'], 1000)
+    r = Recorder()
+    inject_files(r, d, "src", time_field="ts", unit="ns")
+    assert [v[2] for k, v in r.events if k == "send"] == [10**16, 10**16]  # type: ignore[index]
+    _file(d, "a.jsonl", ['{"ts": "' + "1" * 400 + '"}'], 1000)
+    with pytest.raises(InjectionError, match=r"line 1: field 'ts' is 1{40}\.\.\., outside the signed 64 bits"):
+        inject_files(Recorder(), d, "src", time_field="ts", unit="ns")
