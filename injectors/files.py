@@ -27,7 +27,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Sequence
-from decimal import Decimal
+from decimal import ROUND_FLOOR, Context, Decimal
 from fractions import Fraction
 from typing import Protocol
 
@@ -84,6 +84,7 @@ def _how(unit: str) -> str:
 
 
 _NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?")  # a number written as a string (its digits, and a fraction)
+_GRID, _CONTEXT = Decimal("1E-12"), Context(prec=80)
 _LONGEST = 40  # digits a time in any unit can have: past them it is out of range (int() refuses 4,300)
 UNITS = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": -1_000}  # to microseconds: times, or (negative) // by
 
@@ -115,10 +116,11 @@ def line_fields(value: bytes, where: str, key_field: str | None, time_field: str
     if time_field is not None:
         given = v = doc[time_field]
         if isinstance(v, str) and _NUMBER.fullmatch(v):
-            if len(v) > _LONGEST:
+            whole = v.lstrip("-").split(".")[0].lstrip("0")
+            if len(whole) > _LONGEST or len(v) > 4_000:
                 raise error(f"{where}: field {time_field!r} is {v:.40}..., outside the signed 64 bits of "
                             f"microseconds a time is kept in once in {_UNIT_NAMES[unit]}")
-            v = Fraction(v) if "." in v else int(v)  # (exactly as written)
+            v = Decimal(v) if "." in v else int(v)  # (exactly as written)
         if isinstance(v, str):
             try:
                 when = datetime.datetime.fromisoformat(v)
@@ -128,18 +130,20 @@ def line_fields(value: bytes, where: str, key_field: str | None, time_field: str
                 raise error(f"{where}: field {time_field!r} is {v!r}, with no time zone, so its instant is not "
                             "known: add one (Z, or +01:00)")
             ts = (when - _EPOCH) // datetime.timedelta(microseconds=1)
-        elif isinstance(v, bool) or not isinstance(v, (int, Decimal, Fraction)):  # (NaN and Infinity: floats)
-            raise error(f"{where}: field {time_field!r} is {json.dumps(v):.60}: {_how(unit)}")
+        elif isinstance(v, bool) or not isinstance(v, (int, Decimal)):  # (NaN and Infinity: floats)
+            raise error(f"{where}: field {time_field!r} is {json.dumps(json.loads(text)[time_field]):.60}: {_how(unit)}")
         else:
             factor, numeric = UNITS[unit], True
             if isinstance(v, int):
                 ts = v * factor if factor > 0 else v // -factor
             else:  # a fraction (time.time()'s seconds, say), exactly as the line wrote it: to the nearest
                 # microsecond, half up; in nanoseconds floored, as whole ones are
-                if isinstance(v, Decimal) and (not v.is_finite() or v.adjusted() > _LONGEST):
+                if not v.is_finite() or (v != 0 and v.adjusted() > _LONGEST):
                     raise error(f"{where}: field {time_field!r} is {str(given):.40}, outside the signed 64 bits of "
                                 f"microseconds a time is kept in once in {_UNIT_NAMES[unit]}")
-                q = Fraction(v)
+                # Down to 10^-12 first (exact: every boundary of the rounding below is on that grid),
+                # so that 1e-999999999 or a million decimals cost nothing.
+                q = Fraction(v.quantize(_GRID, rounding=ROUND_FLOOR, context=_CONTEXT))
                 ts = math.floor(q * factor + Fraction(1, 2)) if factor > 0 else math.floor(q / -factor)
         if not MIN_TIME <= ts <= END_OF_TIME:
             raise error(f"{where}: field {time_field!r} is {str(given):.40}, outside the signed 64 bits of "

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from injectors.files import file_identity, inject_files
+from injectors.files import file_identity, inject_files, line_fields
 from runtime.errors import InjectionError
 
 T0 = 1_704_067_200_000_000  # 2024-01-01T00:00:00Z
@@ -243,3 +243,21 @@ def test_a_number_is_the_same_time_written_as_a_number_or_as_its_digits(tmp_path
     _file(d, "a.jsonl", ['{"ts": "' + "1" * 400 + '"}'], 1000)
     with pytest.raises(InjectionError, match=r"line 1: field 'ts' is 1{40}\.\.\., outside the signed 64 bits"):
         inject_files(Recorder(), d, "src", time_field="ts", unit="ns")
+
+
+@pytest.mark.parametrize("ts, expected", [
+    ("1e-999999999", 0),  # (a Fraction of it would build a 400 MB number)
+    ("1." + "9" * 100_000, 2_000_000),
+    ("0e100", 0),
+    ("-0.0", 0),
+    ('"1704067200.123456789012345678901234567890"', T0 + 123_457),
+    ('"0.' + "0" * 3_000 + '1"', 0),
+])
+def test_decimals_of_any_shape_are_exact_and_quick(ts: str, expected: int) -> None:
+    assert line_fields(b'{"ts": ' + ts.encode() + b"}", "x", None, "ts", unit="s")[1] == expected
+
+
+def test_a_time_that_is_an_object_with_floats_is_named_and_float_keys_keep_their_json() -> None:
+    with pytest.raises(InjectionError, match=r"field 'ts' is \{\"a\": 1.5\}: give a number of seconds"):
+        line_fields(b'{"ts": {"a": 1.5}}', "x", None, "ts", unit="s")
+    assert line_fields(b'{"u": {"a": [1.5, 2e3]}, "ts": 1}', "x", "u", "ts", unit="s")[0] == b'{"a": [1.5, 2000.0]}'
