@@ -108,17 +108,22 @@ def test_a_flow_runs_over_a_file_and_its_windows_match_an_oracle(jobs: Any) -> N
     assert all(r["stream"] == "page_counts" and r["timestamp"] == r["value"][1] for r in lines)
 
 
+def _refused(path: Any, text: str, says: str) -> None:
+    """``text`` as the file at ``path``, read with timestamp field ``ts``: refused with ``says``."""
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=says):
+        _run(f"clicks={path}", time_field="ts")
+
+
 def test_iso_times_with_a_zone_are_read_and_without_one_refused(jobs: Any) -> None:
     path = jobs / "iso.jsonl"
     path.write_text('{"page": "/a", "ts": "2024-01-01T00:00:59.5+00:00"}\n{"page": "/a", "ts": "2024-01-01T01:00:00Z"}\n')
     code, lines = _run(f"clicks={path}", time_field="ts")
     assert sorted((r["value"][0], r["value"][2]) for r in lines) == [(T0, 1), (T0 + 3_600_000_000, 1)]
-    path.write_text('{"page": "/a", "ts": "2024-01-01T00:00:00"}\n')
-    with pytest.raises(ConfigError, match=r"iso.jsonl, line 1: field 'ts' is .*, with no time zone"):
-        _run(f"clicks={path}", time_field="ts")
-    path.write_text('{"page": "/a", "ts": "yesterday"}\n')
-    with pytest.raises(ConfigError, match=r"line 1: field 'ts' is 'yesterday': give a number of microseconds .* ISO 8601"):
-        _run(f"clicks={path}", time_field="ts")
+    _refused(path, '{"page": "/a", "ts": "2024-01-01T00:00:00"}\n',
+             r"iso.jsonl, line 1: field 'ts' is .*, with no time zone")
+    _refused(path, '{"page": "/a", "ts": "yesterday"}\n',
+             r"line 1: field 'ts' is 'yesterday': give a number of microseconds .* ISO 8601")
 
 
 def test_keyed_inputs_take_their_key_from_a_field_and_a_classic_topology_prints_what_it_leaves(jobs: Any) -> None:
@@ -157,12 +162,8 @@ def test_bad_inputs_are_named(jobs: Any, args: list[str], says: str) -> None:
 
 def test_a_line_that_is_not_json_or_lacks_the_field_is_named_by_its_line(jobs: Any) -> None:
     path = jobs / "c.jsonl"
-    path.write_text('{"page": "/a", "ts": 1704067200000000}\nnot json\n')
-    with pytest.raises(ConfigError, match=r"c.jsonl, line 2: not JSON"):
-        _run(f"clicks={path}", time_field="ts")
-    path.write_text('{"page": "/a"}\n')
-    with pytest.raises(ConfigError, match=r"line 1: no field 'ts' in this line"):
-        _run(f"clicks={path}", time_field="ts")
+    _refused(path, '{"page": "/a", "ts": 1704067200000000}\nnot json\n', r"c.jsonl, line 2: not JSON")
+    _refused(path, '{"page": "/a"}\n', r"line 1: no field 'ts' in this line")
 
 
 def test_values_are_written_as_json_can_hold_them() -> None:
@@ -290,9 +291,7 @@ def test_numeric_times_in_another_unit_are_refused_unless_the_unit_is_given(jobs
                                       ("9" * 5000, "outside the signed 64 bits")])
 def test_a_time_string_that_is_no_number_nor_iso_is_named(jobs: Any, ts: str, says: str) -> None:
     path = jobs / "clicks.jsonl"
-    path.write_text(json.dumps({"page": "/a", "ts": ts}) + "\n")
-    with pytest.raises(ConfigError, match=f"line 1: field 'ts' is .*{says}"):
-        _run(f"clicks={path}", time_field="ts")
+    _refused(path, json.dumps({"page": "/a", "ts": ts}) + "\n", f"line 1: field 'ts' is .*{says}")
 
 
 def test_a_flows_sink_step_is_named_on_stderr(jobs: Any, capsys: Any) -> None:
