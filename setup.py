@@ -1,11 +1,13 @@
-"""The one thing pyproject.toml cannot say: runtime/_kernels.c, built when it can be.
+"""The one thing pyproject.toml cannot say: the C extensions, built when they can be
+(runtime/_kernels.c: hashing and routing columns; worker/_loop.c: a batch's record loop).
 
-``optional=True``: on a machine without a C compiler or Python's headers the build of the
-extension fails with a warning and millstream installs without it; runtime/kernels.py then
-runs its pure-Python reference of the same functions (slower, same answers).
+``optional=True``: on a machine without a C compiler or Python's headers the build of an
+extension fails with a warning and millstream installs without it; runtime/kernels.py and
+worker/recordloop.py then run their pure-Python references (slower, same answers).
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("runtime._kernels", ["runtime/_kernels.c"], optional=True,
-                             extra_compile_args=["-O3"])])
+setup(ext_modules=[Extension(name, [source], optional=True, extra_compile_args=["-O3"])
+                   for name, source in (("runtime._kernels", "runtime/_kernels.c"),
+                                        ("worker._loop", "worker/_loop.c"))])

@@ -26,11 +26,12 @@ from runtime.sinks import committed_hook, is_sink, sink_batch_fn
 from runtime.state import TTL_TAG, cell, expired, ttl_rearm
 from runtime.status import show_key
 from runtime.topology import dead_letter, dead_letter_stream
-from worker.context import _UNSAVED, Effects, KeyContext
+from worker.context import Effects, KeyContext
 from worker.dedup import SEQUENCED_ID_PREFIX, Mark, MarkView, OpaqueIds, ascending, first_new
 from worker.inbox import Delivery
 from worker.outgoing import Outgoing
 from worker.pending import Pending, merged
+from worker.recordloop import run_records
 from worker.storage import Commit, TabletStore, Timer, state_key
 from worker.timers import earliest_set, pending_time
 
@@ -228,81 +229,9 @@ class BatchProcessor:
     def _run_records(self, batch: Batch, cols: Columns, i: int, producer: bytes | None,
                      stop: int | None = None, source: tuple[bytes, int] | None = None) -> int:
         """User code for records ``i:`` of ``cols`` (new ones: dedup is done) until the batch is
-        full, or for records ``i:stop`` whatever the batch holds; returns the index it reached. ``producer``: the records are its
-        sequences; ``source``: else, the one record's place in its producer's order.
-
-        The common path, per record: a late check, a ``Record`` for user code, the call
-        (timed for the slow-call watch and the user-code histogram), and what it made merged;
-        inlined, since it runs for every record. A call that raises is undone and retried,
-        then dead-lettered (:meth:`_run_user`)."""
-        n = len(cols) if stop is None else stop
-        keys, values, tss = cols.keys, cols.values, cols.timestamps
-        seqs, ids, prefix = cols.seqs, cols.ids, cols.producer
-        streams = cols.streams
-        stream = streams if type(streams) is str else ""  # one stream for all (or not known)
-        per_record = streams if type(streams) is list else None
-        commit = batch.commit
-        ctx = self.ctx
-        out = ctx.out
-        fn = self._one  # (process_batch with one record, for a class with only that)
-        calls = self.calls
-        clock = calls.clock
-        slow = calls.record_above
-        durations = self._durations
-        weak = self.weak
-        wm = self._wm
-        drop_late = self.late_records == "drop"
-        perf = time.perf_counter
-        deadline = self._started + self._budget
-        while i < n:
-            if stop is None and (self._work >= self._limit or (
-                    self._taken and not self._taken & 7 and perf() >= deadline)):
-                self._stop = True
-                break
-            key, value, ts = keys[i], values[i], tss[i]
-            if per_record is not None:
-                stream = per_record[i]
-            if seqs is not None:
-                seq = seqs[i]
-                rid = prefix + seq.to_bytes(8, "big")  # type: ignore[operator]
-                if weak and producer is not None:
-                    source = (producer, seq)
-            else:
-                rid = ids[i]  # type: ignore[index]
-            i += 1
-            self._taken += 1
-            if ts < wm:
-                self.late += 1
-                self.metrics.late.inc()
-                if drop_late:
-                    continue
-            batch.new += 1
-            self._work += 1
-            mark = len(out)
-            ctx._key = key  # KeyContext.begin, inline
-            ctx._timestamp = ts
-            ctx.eff = None
-            ctx._saved = _UNSAVED
-            t0 = clock()
-            calls.running_call = (key, t0)
-            try:
-                fn(ctx, Record(key, value, ts, rid, stream))
-            except BaseException as e:  # user code: anything may happen, sys.exit() included
-                ctx.undo(mark)
-                calls.ended(clock())
-                self._run_user(commit, key, ts, value, rid, self._record_fn, Record(key, value, ts, rid, stream),
-                               source, failed=e)
-                continue
-            t1 = clock()
-            calls.running_call = None
-            durations.append(t1 - t0)
-            if t1 - t0 >= slow:
-                calls.slow(key, t1 - t0, t1)
-            # A production earlier than the call holds the watermark (KeyContext.produce makes
-            # the call's Effects for one); strong ones are routed when the batch is done.
-            if ctx.eff is not None or (weak and len(out) > mark):
-                self._after_call(commit, ctx.eff, mark, ts, rid, source, len(out))
-        return i
+        full, or for records ``i:stop`` whatever the batch holds; returns the index it reached
+        (worker/recordloop.py: compiled where it was built)."""
+        return run_records(self, batch, cols, i, producer, stop, source)
 
     def _collect_records(self, batch: Batch, cols: Columns, i: int, producer: bytes | None,
                          stop: int | None = None, source: tuple[bytes, int] | None = None) -> int:
