@@ -9,8 +9,13 @@
  * slots, or init() refuses and worker/recordloop.py keeps the Python loop.
  *
  * Counters (the processor's _work, _taken and late, the batch's new) live in C variables
- * while the loop runs; they are written back before every call into Python and read again
- * after it, so Python code never sees them stale.
+ * while the loop runs; they are written back before every call into the runtime's own
+ * Python code (the callbacks above) and read again after it, and when the loop ends. User
+ * code, which never sees the processor or the batch, runs without that.
+ *
+ * Every item of the columns is taken as a new reference for the record that uses it, and
+ * each list's length is checked at each read: user code may change them, and the loop must
+ * then raise IndexError as the Python loop does, not read freed or missing items.
  *
  * A call whose arguments are not of the shapes the loop reads directly (lists for the
  * columns, bytes for the producer prefix, a list for the context's productions) returns
@@ -34,7 +39,7 @@ static PyObject *drop_str = NULL;
     X(late_records) X(_started) X(_budget) X(_work) X(_limit) X(_taken) X(late) X(metrics) \
     X(inc) X(new) X(commit) X(_key) X(_timestamp) X(eff) X(_saved) X(running_call) X(slow) \
     X(undo) X(ended) X(_run_user) X(_record_fn) X(_after_call) X(_stop) X(keys) X(values) \
-    X(timestamps) X(seqs) X(ids) X(producer) X(streams) X(failed) X(perf_counter) X(append)
+    X(timestamps) X(seqs) X(ids) X(producer) X(streams) X(failed) X(perf_counter)
 
 #define DECLARE(n) static PyObject *s_##n = NULL;
 NAMES(DECLARE)
@@ -67,6 +72,7 @@ static PyObject *l_init(PyObject *mod, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!O", &PyType_Type, &cls, &sentinel))
         return NULL;
     static const char *fields[5] = {"key", "value", "timestamp", "id", "stream"};
+    Py_ssize_t offsets[5];
     PyObject *dict = ((PyTypeObject *)cls)->tp_dict;
     for (int k = 0; k < 5; k++) {
         PyObject *descr = PyDict_GetItemString(dict, fields[k]);  /* borrowed */
@@ -80,8 +86,9 @@ static PyObject *l_init(PyObject *mod, PyObject *args)
                          fields[k]);
             return NULL;
         }
-        slot_offset[k] = m->offset;
+        offsets[k] = m->offset;
     }
+    memcpy(slot_offset, offsets, sizeof offsets);  /* only once every field passed */
     Py_INCREF(cls);
     Py_XSETREF(record_type, (PyTypeObject *)cls);
     Py_INCREF(sentinel);
@@ -123,44 +130,343 @@ static int set_ll(PyObject *obj, PyObject *name, long long value)
     return rc;
 }
 
-static double get_double(PyObject *obj, PyObject *name)
+/* What one call of run_records holds: the processor's objects it reads once, as the Python
+ * loop reads them into locals, and the counters. */
+typedef struct {
+    PyObject *proc, *batch, *producer;                               /* borrowed: the arguments */
+    PyObject *keys, *values, *tss, *seqs, *ids, *prefix, *streams;   /* owned, from the columns */
+    PyObject *commit, *ctx, *out, *fn, *calls, *clock, *record_above, *durations, *wm, *perf;  /* owned */
+    PyObject *source;       /* owned: the record's place in its producer's order, or None */
+    PyObject *per_record;   /* borrowed from streams: each record's stream, or NULL */
+    PyObject *stream;       /* borrowed: the one stream of every record */
+    int weak, drop_late, bounded;
+    double deadline;
+    long long limit, work, taken, late, new_;
+    int live;               /* the C counters are the current ones (Python's are stale) */
+} Loop;
+
+/* The counters back to Python, before a call into the runtime's own Python code (which may
+ * read them); then read again after it. User code never sees the processor or the batch, so
+ * the calls of user code go without. */
+static int to_python(Loop *L)
 {
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL)
-        return -1.0;
-    double d = PyFloat_AsDouble(v);
-    Py_DECREF(v);
+    if (set_ll(L->proc, s__work, L->work) < 0 || set_ll(L->proc, s__taken, L->taken) < 0
+        || set_ll(L->proc, s_late, L->late) < 0 || set_ll(L->batch, s_new, L->new_) < 0)
+        return -1;
+    L->live = 0;
+    return 0;
+}
+
+static int from_python(Loop *L)
+{
+    if (get_ll(L->proc, s__work, &L->work) < 0 || get_ll(L->proc, s__taken, &L->taken) < 0
+        || get_ll(L->proc, s_late, &L->late) < 0 || get_ll(L->batch, s_new, &L->new_) < 0)
+        return -1;
+    L->live = 1;
+    return 0;
+}
+
+/* list[i] as a new reference, or IndexError as Python's subscript raises it (user code may
+ * have shortened a column's list: it is read again for every record). */
+static PyObject *item(PyObject *list, Py_ssize_t i)
+{
+    if (i >= PyList_GET_SIZE(list)) {
+        PyErr_SetString(PyExc_IndexError, "list index out of range");
+        return NULL;
+    }
+    return Py_NewRef(PyList_GET_ITEM(list, i));
+}
+
+/* ``method(*args)`` of the runtime's Python, with the counters written back around it. */
+static PyObject *runtime_call(Loop *L, PyObject *obj, PyObject *name, PyObject *const *args, Py_ssize_t n,
+                              PyObject *kwnames)
+{
+    if (to_python(L) < 0)
+        return NULL;
+    PyObject *method = PyObject_GetAttr(obj, name);
+    if (method == NULL)
+        return NULL;
+    PyObject *r = PyObject_Vectorcall(method, args, n, kwnames);
+    Py_DECREF(method);
+    if (r != NULL && from_python(L) < 0)
+        Py_CLEAR(r);
+    return r;
+}
+
+static int runtime_call_void(Loop *L, PyObject *obj, PyObject *name, PyObject *const *args, Py_ssize_t n,
+                             PyObject *kwnames)
+{
+    PyObject *r = runtime_call(L, obj, name, args, n, kwnames);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* A call of user code raised ``error``: undone, then retried and perhaps dead-lettered by
+ * the processor's _run_user, with ``error`` as the exception being handled (as in the
+ * Python loop's except clause: what those calls raise has it as its __context__). */
+static int raised(Loop *L, PyObject *error, Py_ssize_t mark, PyObject *key, PyObject *value, PyObject *ts,
+                  PyObject *rid, PyObject *stream)
+{
+    PyObject *handled = PyErr_GetHandledException();
+    PyErr_SetHandledException(error);
+    int rc = -1;
+    PyObject *mark_obj = PyLong_FromSsize_t(mark), *now = NULL, *again = NULL, *record_fn = NULL, *kw = NULL;
+    if (mark_obj == NULL || runtime_call_void(L, L->ctx, s_undo, &mark_obj, 1, NULL) < 0)
+        goto end;
+    if ((now = PyObject_CallNoArgs(L->clock)) == NULL || runtime_call_void(L, L->calls, s_ended, &now, 1, NULL) < 0)
+        goto end;
+    if ((again = make_record(key, value, ts, rid, stream)) == NULL
+        || (record_fn = PyObject_GetAttr(L->proc, s__record_fn)) == NULL || (kw = PyTuple_Pack(1, s_failed)) == NULL)
+        goto end;
+    PyObject *args[9] = {L->commit, key, ts, value, rid, record_fn, again, L->source, error};
+    rc = runtime_call_void(L, L->proc, s__run_user, args, 8, kw);
+end:
+    Py_XDECREF(mark_obj);
+    Py_XDECREF(now);
+    Py_XDECREF(again);
+    Py_XDECREF(record_fn);
+    Py_XDECREF(kw);
+    PyErr_SetHandledException(handled);
+    Py_XDECREF(handled);
+    return rc;
+}
+
+/* The batch is full (limit or time budget): 1; not: 0; an error: -1. */
+static int full(Loop *L)
+{
+    int stop = L->work >= L->limit;
+    if (!stop && L->taken && !(L->taken & 7)) {
+        PyObject *now = PyObject_CallNoArgs(L->perf);
+        if (now == NULL)
+            return -1;
+        double t = PyFloat_AsDouble(now);
+        Py_DECREF(now);
+        if (t == -1.0 && PyErr_Occurred())
+            return -1;
+        stop = t >= L->deadline;
+    }
+    if (stop && PyObject_SetAttr(L->proc, s__stop, Py_True) < 0)
+        return -1;
+    return stop;
+}
+
+/* How long a call took, as the Python loop computes it (t1 - t0: floats from the usual
+ * clock, any numbers from another), and whether that is a slow call. */
+static PyObject *took(Loop *L, PyObject *t0, PyObject *t1, int *slow)
+{
+    if (PyFloat_CheckExact(t0) && PyFloat_CheckExact(t1) && PyFloat_CheckExact(L->record_above)) {
+        double d = PyFloat_AS_DOUBLE(t1) - PyFloat_AS_DOUBLE(t0);
+        *slow = d >= PyFloat_AS_DOUBLE(L->record_above);
+        return PyFloat_FromDouble(d);
+    }
+    PyObject *d = PyNumber_Subtract(t1, t0);
+    if (d == NULL)
+        return NULL;
+    *slow = PyObject_RichCompareBool(d, L->record_above, Py_GE);
+    if (*slow < 0)
+        Py_CLEAR(d);
     return d;
 }
 
-typedef struct {
-    PyObject *proc, *batch;
-    long long work, taken, late, new_;
-} Counters;
-
-static int sync_out(Counters *c)
+/* One record ``*ip`` through user code (or counted late, or dropped); ``*ip`` moves past it.
+ * 1: go on; 0: the batch is full, nothing taken; -1: an error of the runtime (not of user
+ * code, which raised() handles). */
+static int one(Loop *L, Py_ssize_t *ip)
 {
-    if (set_ll(c->proc, s__work, c->work) < 0 || set_ll(c->proc, s__taken, c->taken) < 0
-        || set_ll(c->proc, s_late, c->late) < 0 || set_ll(c->batch, s_new, c->new_) < 0)
-        return -1;
-    return 0;
+    Py_ssize_t i = *ip;
+    if (L->bounded) {
+        int stop = full(L);
+        if (stop != 0)
+            return stop < 0 ? -1 : 0;
+    }
+    int rc = -1, late, slow;
+    PyObject *key = NULL, *value = NULL, *ts = NULL, *stream = NULL, *seq = NULL, *rid = NULL;
+    PyObject *t0 = NULL, *t1 = NULL, *running = NULL, *record = NULL, *res = NULL, *d = NULL, *eff = NULL;
+    if (!(key = item(L->keys, i)) || !(value = item(L->values, i)) || !(ts = item(L->tss, i)))
+        goto end;
+    if (!(stream = L->per_record != NULL ? item(L->per_record, i) : Py_NewRef(L->stream)))
+        goto end;
+    if (L->seqs != Py_None) {
+        if (!(seq = item(L->seqs, i)))
+            goto end;
+        unsigned long long s = PyLong_AsUnsignedLongLong(seq);
+        if (s == (unsigned long long)-1 && PyErr_Occurred())
+            goto end;
+        Py_ssize_t plen = PyBytes_GET_SIZE(L->prefix);
+        if (!(rid = PyBytes_FromStringAndSize(NULL, plen + 8)))
+            goto end;
+        char *p = PyBytes_AS_STRING(rid);
+        memcpy(p, PyBytes_AS_STRING(L->prefix), plen);
+        for (int b = 7; b >= 0; b--, s >>= 8)
+            p[plen + b] = (char)(s & 0xff);
+        if (L->weak && L->producer != Py_None) {
+            PyObject *src = PyTuple_Pack(2, L->producer, seq);
+            if (src == NULL)
+                goto end;
+            Py_SETREF(L->source, src);
+        }
+    } else if (!(rid = item(L->ids, i))) {
+        goto end;
+    }
+    *ip = i + 1;
+    L->taken++;
+    if ((late = PyObject_RichCompareBool(ts, L->wm, Py_LT)) < 0)
+        goto end;
+    if (late) {
+        L->late++;
+        PyObject *metrics = PyObject_GetAttr(L->proc, s_metrics);
+        PyObject *counter = metrics ? PyObject_GetAttr(metrics, s_late) : NULL;
+        Py_XDECREF(metrics);
+        int failed = counter == NULL || runtime_call_void(L, counter, s_inc, NULL, 0, NULL) < 0;
+        Py_XDECREF(counter);
+        if (failed)
+            goto end;
+        if (L->drop_late) {
+            rc = 1;
+            goto end;
+        }
+    }
+    L->new_++;
+    L->work++;
+    Py_ssize_t mark = PyList_GET_SIZE(L->out);
+    if (PyObject_SetAttr(L->ctx, s__key, key) < 0 || PyObject_SetAttr(L->ctx, s__timestamp, ts) < 0
+        || PyObject_SetAttr(L->ctx, s_eff, Py_None) < 0 || PyObject_SetAttr(L->ctx, s__saved, unsaved) < 0)
+        goto end;
+    if (!(t0 = PyObject_CallNoArgs(L->clock)) || !(running = PyTuple_Pack(2, key, t0))
+        || PyObject_SetAttr(L->calls, s_running_call, running) < 0
+        || !(record = make_record(key, value, ts, rid, stream)))
+        goto end;
+    PyObject *call_args[2] = {L->ctx, record};
+    res = PyObject_Vectorcall(L->fn, call_args, 2, NULL);
+    if (res == NULL) {  /* user code raised: anything, SystemExit too */
+        PyObject *type, *error, *tb;
+        PyErr_Fetch(&type, &error, &tb);
+        PyErr_NormalizeException(&type, &error, &tb);
+        if (tb != NULL)
+            PyException_SetTraceback(error, tb);
+        Py_XDECREF(type);
+        Py_XDECREF(tb);
+        rc = raised(L, error, mark, key, value, ts, rid, stream) < 0 ? -1 : 1;
+        Py_XDECREF(error);
+        goto end;
+    }
+    if (!(t1 = PyObject_CallNoArgs(L->clock)) || PyObject_SetAttr(L->calls, s_running_call, Py_None) < 0
+        || !(d = took(L, t0, t1, &slow)) || PyList_Append(L->durations, d) < 0)
+        goto end;
+    if (slow) {
+        PyObject *args[3] = {key, d, t1};
+        if (runtime_call_void(L, L->calls, s_slow, args, 3, NULL) < 0)
+            goto end;
+    }
+    /* A production earlier than the call holds the watermark (KeyContext.produce makes the
+     * call's Effects for one); strong ones are routed when the batch is done. */
+    if (!(eff = PyObject_GetAttr(L->ctx, s_eff)))
+        goto end;
+    if (eff != Py_None || (L->weak && PyList_GET_SIZE(L->out) > mark)) {
+        PyObject *mark_obj = PyLong_FromSsize_t(mark);
+        PyObject *n_obj = mark_obj ? PyLong_FromSsize_t(PyList_GET_SIZE(L->out)) : NULL;
+        int failed = n_obj == NULL;
+        if (!failed) {
+            PyObject *args[7] = {L->commit, eff, mark_obj, ts, rid, L->source, n_obj};
+            failed = runtime_call_void(L, L->proc, s__after_call, args, 7, NULL) < 0;
+        }
+        Py_XDECREF(mark_obj);
+        Py_XDECREF(n_obj);
+        if (failed)
+            goto end;
+    }
+    rc = 1;
+end:
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    Py_XDECREF(ts);
+    Py_XDECREF(stream);
+    Py_XDECREF(seq);
+    Py_XDECREF(rid);
+    Py_XDECREF(t0);
+    Py_XDECREF(t1);
+    Py_XDECREF(running);
+    Py_XDECREF(record);
+    Py_XDECREF(res);
+    Py_XDECREF(d);
+    Py_XDECREF(eff);
+    return rc;
 }
 
-static int sync_in(Counters *c)
-{
-    if (get_ll(c->proc, s__work, &c->work) < 0 || get_ll(c->proc, s__taken, &c->taken) < 0
-        || get_ll(c->proc, s_late, &c->late) < 0 || get_ll(c->batch, s_new, &c->new_) < 0)
-        return -1;
-    return 0;
-}
-
-/* A list attribute of the columns, or None; NULL with no error set: neither (not_mine). */
+/* A list attribute of the columns, or None; ``*not_mine`` is set for anything else. */
 static PyObject *list_or_none(PyObject *cols, PyObject *name, int *not_mine)
 {
     PyObject *v = PyObject_GetAttr(cols, name);
     if (v != NULL && v != Py_None && !PyList_CheckExact(v))
         *not_mine = 1;
     return v;
+}
+
+static void release(Loop *L)
+{
+    PyObject **owned[] = {&L->keys, &L->values, &L->tss, &L->seqs, &L->ids, &L->prefix, &L->streams,
+                          &L->commit, &L->ctx, &L->out, &L->fn, &L->calls, &L->clock, &L->record_above,
+                          &L->durations, &L->wm, &L->perf, &L->source};
+    for (size_t k = 0; k < sizeof(owned) / sizeof(owned[0]); k++)
+        Py_CLEAR(*owned[k]);
+}
+
+/* Reads what the loop needs. 1: ready; 0: arguments of another shape (NotImplemented);
+ * -1: an error. Nothing is changed before it returns 1. */
+static int prepare(Loop *L, PyObject *cols, PyObject *stop, Py_ssize_t i, Py_ssize_t *n)
+{
+    int not_mine = 0;
+    if (!(L->keys = list_or_none(cols, s_keys, &not_mine)) || !(L->values = list_or_none(cols, s_values, &not_mine))
+        || !(L->tss = list_or_none(cols, s_timestamps, &not_mine)) || !(L->seqs = list_or_none(cols, s_seqs, &not_mine))
+        || !(L->ids = list_or_none(cols, s_ids, &not_mine)) || !(L->prefix = PyObject_GetAttr(cols, s_producer))
+        || !(L->streams = PyObject_GetAttr(cols, s_streams)))
+        return -1;
+    if (not_mine || L->keys == Py_None || L->values == Py_None || L->tss == Py_None || i < 0
+        || (L->seqs != Py_None && !PyBytes_CheckExact(L->prefix)) || (L->seqs == Py_None && L->ids == Py_None))
+        return 0;
+    L->stream = PyUnicode_CheckExact(L->streams) ? L->streams : empty_str;
+    L->per_record = PyList_CheckExact(L->streams) ? L->streams : NULL;
+    L->bounded = stop == Py_None;
+    if (L->bounded) {
+        *n = PyList_GET_SIZE(L->keys);
+    } else if ((*n = PyLong_AsSsize_t(stop)) == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    PyObject *late_records = NULL, *weak = NULL, *started = NULL, *budget = NULL;
+    int rc = -1;
+    if (!(L->commit = PyObject_GetAttr(L->batch, s_commit)) || !(L->ctx = PyObject_GetAttr(L->proc, s_ctx))
+        || !(L->out = PyObject_GetAttr(L->ctx, s_out)) || !(L->fn = PyObject_GetAttr(L->proc, s__one))
+        || !(L->calls = PyObject_GetAttr(L->proc, s_calls)) || !(L->clock = PyObject_GetAttr(L->calls, s_clock))
+        || !(L->record_above = PyObject_GetAttr(L->calls, s_record_above))
+        || !(L->durations = PyObject_GetAttr(L->proc, s__durations)) || !(weak = PyObject_GetAttr(L->proc, s_weak))
+        || !(L->wm = PyObject_GetAttr(L->proc, s__wm)) || !(late_records = PyObject_GetAttr(L->proc, s_late_records))
+        || !(L->perf = PyObject_GetAttr(time_module, s_perf_counter))
+        || !(started = PyObject_GetAttr(L->proc, s__started)) || !(budget = PyObject_GetAttr(L->proc, s__budget)))
+        goto end;
+    if (!PyList_CheckExact(L->out) || !PyList_CheckExact(L->durations)) {
+        rc = 0;
+        goto end;
+    }
+    if ((L->weak = PyObject_IsTrue(weak)) < 0)
+        goto end;
+    if ((L->drop_late = PyObject_RichCompareBool(late_records, drop_str, Py_EQ)) < 0)
+        goto end;
+    double s0 = PyFloat_AsDouble(started);
+    if (s0 == -1.0 && PyErr_Occurred())
+        goto end;
+    double b = PyFloat_AsDouble(budget);
+    if (b == -1.0 && PyErr_Occurred())
+        goto end;
+    L->deadline = s0 + b;
+    if (get_ll(L->proc, s__limit, &L->limit) < 0 || from_python(L) < 0)
+        goto end;
+    rc = 1;
+end:
+    Py_XDECREF(late_records);
+    Py_XDECREF(weak);
+    Py_XDECREF(started);
+    Py_XDECREF(budget);
+    return rc;
 }
 
 static PyObject *l_run_records(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
@@ -173,346 +479,38 @@ static PyObject *l_run_records(PyObject *mod, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_RuntimeError, "worker._loop.init() was not called");
         return NULL;
     }
-    PyObject *proc = args[0], *batch = args[1], *cols = args[2], *producer = args[4], *stop = args[5];
-    Py_ssize_t i = PyLong_AsSsize_t(args[3]);
-    if (i == -1 && PyErr_Occurred())
-        return NULL;
-
+    Loop L;
+    memset(&L, 0, sizeof L);
+    L.proc = args[0];
+    L.batch = args[1];
+    L.producer = args[4];
+    L.source = Py_NewRef(args[6]);
+    Py_ssize_t i = PyLong_AsSsize_t(args[3]), n = 0;
     PyObject *result = NULL;
-    PyObject *keys = NULL, *values = NULL, *tss = NULL, *seqs = NULL, *ids = NULL, *prefix = NULL;
-    PyObject *streams = NULL, *commit = NULL, *ctx = NULL, *out = NULL, *fn = NULL, *calls = NULL;
-    PyObject *clock = NULL, *durations = NULL, *wm = NULL, *perf = NULL, *late_records = NULL;
-    PyObject *source = args[6];
-    Py_INCREF(source);
-    Counters c = {proc, batch, 0, 0, 0, 0};
-    int counting = 0;  /* the counters were read: write them back on the way out */
-    int not_mine = 0;
-
-    keys = list_or_none(cols, s_keys, &not_mine);
-    values = keys ? list_or_none(cols, s_values, &not_mine) : NULL;
-    tss = values ? list_or_none(cols, s_timestamps, &not_mine) : NULL;
-    seqs = tss ? list_or_none(cols, s_seqs, &not_mine) : NULL;
-    ids = seqs ? list_or_none(cols, s_ids, &not_mine) : NULL;
-    prefix = ids ? PyObject_GetAttr(cols, s_producer) : NULL;
-    streams = prefix ? PyObject_GetAttr(cols, s_streams) : NULL;
-    if (streams == NULL)
-        goto done;
-    if (not_mine || keys == Py_None || values == Py_None || tss == Py_None
-        || (seqs != Py_None && !PyBytes_CheckExact(prefix)) || (seqs == Py_None && ids == Py_None))
-        goto not_mine;
-    Py_ssize_t n;
-    if (stop == Py_None) {
-        n = PyList_GET_SIZE(keys);
-    } else {
-        n = PyLong_AsSsize_t(stop);
-        if (n == -1 && PyErr_Occurred())
-            goto done;
+    int ready = (i == -1 && PyErr_Occurred()) ? -1 : prepare(&L, args[2], args[5], i, &n);
+    if (ready == 0) {
+        result = Py_NewRef(Py_NotImplemented);
+    } else if (ready > 0) {
+        int rc = 1;
+        while (i < n && (rc = one(&L, &i)) > 0)
+            ;
+        if (rc >= 0)
+            result = PyLong_FromSsize_t(i);
     }
-    /* Python would raise IndexError part-way; the caller's Python loop does exactly that. */
-    if (n > PyList_GET_SIZE(keys) || n > PyList_GET_SIZE(values) || n > PyList_GET_SIZE(tss)
-        || (seqs != Py_None && n > PyList_GET_SIZE(seqs)) || (seqs == Py_None && n > PyList_GET_SIZE(ids))
-        || i < 0)
-        goto not_mine;
-    PyObject *stream = PyUnicode_CheckExact(streams) ? streams : empty_str;  /* borrowed */
-    PyObject *per_record = PyList_CheckExact(streams) ? streams : NULL;
-    if (per_record != NULL && n > PyList_GET_SIZE(per_record))
-        goto not_mine;
-
-    if (!(commit = PyObject_GetAttr(batch, s_commit)) || !(ctx = PyObject_GetAttr(proc, s_ctx))
-        || !(out = PyObject_GetAttr(ctx, s_out)))
-        goto done;
-    if (!PyList_CheckExact(out))
-        goto not_mine;
-    if (!(fn = PyObject_GetAttr(proc, s__one)) || !(calls = PyObject_GetAttr(proc, s_calls))
-        || !(clock = PyObject_GetAttr(calls, s_clock)) || !(durations = PyObject_GetAttr(proc, s__durations))
-        || !(wm = PyObject_GetAttr(proc, s__wm)) || !(late_records = PyObject_GetAttr(proc, s_late_records))
-        || !(perf = PyObject_GetAttr(time_module, s_perf_counter)))
-        goto done;
-    double slow_above = get_double(calls, s_record_above);
-    if (slow_above == -1.0 && PyErr_Occurred())
-        goto done;
-    PyObject *weak_obj = PyObject_GetAttr(proc, s_weak);
-    if (weak_obj == NULL)
-        goto done;
-    int weak = PyObject_IsTrue(weak_obj);
-    Py_DECREF(weak_obj);
-    int drop_late = PyObject_RichCompareBool(late_records, drop_str, Py_EQ);
-    if (weak < 0 || drop_late < 0)
-        goto done;
-    double started = get_double(proc, s__started);
-    if (started == -1.0 && PyErr_Occurred())
-        goto done;
-    double budget = get_double(proc, s__budget);
-    if (budget == -1.0 && PyErr_Occurred())
-        goto done;
-    double deadline = started + budget;
-    long long limit;
-    if (get_ll(proc, s__limit, &limit) < 0 || sync_in(&c) < 0)
-        goto done;
-    counting = 1;
-
-    while (i < n) {
-        if (stop == Py_None) {
-            if (c.work >= limit) {
-                if (PyObject_SetAttr(proc, s__stop, Py_True) < 0)
-                    goto done;
-                break;
-            }
-            if (c.taken && !(c.taken & 7)) {
-                PyObject *now = PyObject_CallNoArgs(perf);
-                if (now == NULL)
-                    goto done;
-                double t = PyFloat_AsDouble(now);
-                Py_DECREF(now);
-                if (t == -1.0 && PyErr_Occurred())
-                    goto done;
-                if (t >= deadline) {
-                    if (PyObject_SetAttr(proc, s__stop, Py_True) < 0)
-                        goto done;
-                    break;
-                }
-            }
-        }
-        PyObject *key = PyList_GET_ITEM(keys, i), *value = PyList_GET_ITEM(values, i);
-        PyObject *ts = PyList_GET_ITEM(tss, i);
-        if (per_record != NULL)
-            stream = PyList_GET_ITEM(per_record, i);
-        PyObject *rid;
-        if (seqs != Py_None) {
-            PyObject *seq = PyList_GET_ITEM(seqs, i);
-            unsigned long long s = PyLong_AsUnsignedLongLong(seq);
-            if (s == (unsigned long long)-1 && PyErr_Occurred())
-                goto done;
-            Py_ssize_t plen = PyBytes_GET_SIZE(prefix);
-            rid = PyBytes_FromStringAndSize(NULL, plen + 8);
-            if (rid == NULL)
-                goto done;
-            char *p = PyBytes_AS_STRING(rid);
-            memcpy(p, PyBytes_AS_STRING(prefix), plen);
-            for (int b = 7; b >= 0; b--) {
-                p[plen + b] = (char)(s & 0xff);
-                s >>= 8;
-            }
-            if (weak && producer != Py_None) {
-                PyObject *src = PyTuple_Pack(2, producer, seq);
-                if (src == NULL) {
-                    Py_DECREF(rid);
-                    goto done;
-                }
-                Py_SETREF(source, src);
-            }
-        } else {
-            rid = PyList_GET_ITEM(ids, i);
-            Py_INCREF(rid);
-        }
-        i++;
-        c.taken++;
-        int late = PyObject_RichCompareBool(ts, wm, Py_LT);
-        if (late < 0) {
-            Py_DECREF(rid);
-            goto done;
-        }
-        if (late) {
-            c.late++;
-            PyObject *metrics = NULL, *counter = NULL, *r = NULL;
-            if (sync_out(&c) == 0 && (metrics = PyObject_GetAttr(proc, s_metrics))
-                && (counter = PyObject_GetAttr(metrics, s_late)))
-                r = PyObject_CallMethodNoArgs(counter, s_inc);
-            Py_XDECREF(metrics);
-            Py_XDECREF(counter);
-            if (r == NULL || sync_in(&c) < 0) {
-                Py_XDECREF(r);
-                Py_DECREF(rid);
-                goto done;
-            }
-            Py_DECREF(r);
-            if (drop_late) {
-                Py_DECREF(rid);
-                continue;
-            }
-        }
-        c.new_++;
-        c.work++;
-        Py_ssize_t mark = PyList_GET_SIZE(out);
-        if (PyObject_SetAttr(ctx, s__key, key) < 0 || PyObject_SetAttr(ctx, s__timestamp, ts) < 0
-            || PyObject_SetAttr(ctx, s_eff, Py_None) < 0 || PyObject_SetAttr(ctx, s__saved, unsaved) < 0) {
-            Py_DECREF(rid);
-            goto done;
-        }
-        PyObject *t0o = PyObject_CallNoArgs(clock);
-        if (t0o == NULL) {
-            Py_DECREF(rid);
-            goto done;
-        }
-        double t0 = PyFloat_AsDouble(t0o);
-        PyObject *running = (t0 == -1.0 && PyErr_Occurred()) ? NULL : PyTuple_Pack(2, key, t0o);
-        Py_DECREF(t0o);
-        if (running == NULL) {
-            Py_DECREF(rid);
-            goto done;
-        }
-        int rc = PyObject_SetAttr(calls, s_running_call, running);
-        Py_DECREF(running);
-        PyObject *record = rc < 0 ? NULL : make_record(key, value, ts, rid, stream);
-        if (record == NULL) {
-            Py_DECREF(rid);
-            goto done;
-        }
-        PyObject *call_args[2] = {ctx, record};
-        PyObject *res = PyObject_Vectorcall(fn, call_args, 2, NULL);
-        Py_DECREF(record);
-        if (res == NULL) {
-            /* The call raised (anything: SystemExit too): undone, then retried and perhaps
-             * dead-lettered by the processor's _run_user, in Python. */
-            PyObject *type, *error, *tb;
-            PyErr_Fetch(&type, &error, &tb);
-            PyErr_NormalizeException(&type, &error, &tb);
-            if (tb != NULL)
-                PyException_SetTraceback(error, tb);
-            Py_XDECREF(type);
-            Py_XDECREF(tb);
-            PyObject *mark_obj = PyLong_FromSsize_t(mark), *r = NULL, *t = NULL;
-            if (mark_obj != NULL && sync_out(&c) == 0
-                && (r = PyObject_CallMethodOneArg(ctx, s_undo, mark_obj)) != NULL) {
-                Py_DECREF(r);
-                r = NULL;
-                if ((t = PyObject_CallNoArgs(clock)) != NULL
-                    && (r = PyObject_CallMethodOneArg(calls, s_ended, t)) != NULL) {
-                    Py_DECREF(r);
-                    r = NULL;
-                    PyObject *again = make_record(key, value, ts, rid, stream);
-                    PyObject *record_fn = again ? PyObject_GetAttr(proc, s__record_fn) : NULL;
-                    PyObject *run_user = record_fn ? PyObject_GetAttr(proc, s__run_user) : NULL;
-                    if (run_user != NULL) {
-                        PyObject *ra[9] = {commit, key, ts, value, rid, record_fn, again, source, error};
-                        PyObject *kw = PyTuple_Pack(1, s_failed);
-                        if (kw != NULL)
-                            r = PyObject_Vectorcall(run_user, ra, 8, kw);
-                        Py_XDECREF(kw);
-                    }
-                    Py_XDECREF(again);
-                    Py_XDECREF(record_fn);
-                    Py_XDECREF(run_user);
-                }
-            }
-            Py_XDECREF(mark_obj);
-            Py_XDECREF(t);
-            Py_XDECREF(error);
-            Py_DECREF(rid);
-            if (r == NULL || sync_in(&c) < 0) {
-                Py_XDECREF(r);
-                goto done;
-            }
-            Py_DECREF(r);
-            continue;
-        }
-        Py_DECREF(res);
-        PyObject *t1o = PyObject_CallNoArgs(clock);
-        if (t1o == NULL) {
-            Py_DECREF(rid);
-            goto done;
-        }
-        double t1 = PyFloat_AsDouble(t1o);
-        if ((t1 == -1.0 && PyErr_Occurred()) || PyObject_SetAttr(calls, s_running_call, Py_None) < 0) {
-            Py_DECREF(t1o);
-            Py_DECREF(rid);
-            goto done;
-        }
-        PyObject *took = PyFloat_FromDouble(t1 - t0);
-        if (took == NULL || PyList_Append(durations, took) < 0) {
-            Py_XDECREF(took);
-            Py_DECREF(t1o);
-            Py_DECREF(rid);
-            goto done;
-        }
-        if (t1 - t0 >= slow_above) {
-            PyObject *r = NULL;
-            if (sync_out(&c) == 0) {
-                PyObject *sa[3] = {key, took, t1o};
-                PyObject *slow = PyObject_GetAttr(calls, s_slow);
-                if (slow != NULL)
-                    r = PyObject_Vectorcall(slow, sa, 3, NULL);
-                Py_XDECREF(slow);
-            }
-            if (r == NULL || sync_in(&c) < 0) {
-                Py_XDECREF(r);
-                Py_DECREF(took);
-                Py_DECREF(t1o);
-                Py_DECREF(rid);
-                goto done;
-            }
-            Py_DECREF(r);
-        }
-        Py_DECREF(took);
-        Py_DECREF(t1o);
-        /* A production earlier than the call holds the watermark (KeyContext.produce makes
-         * the call's Effects for one); strong ones are routed when the batch is done. */
-        PyObject *eff = PyObject_GetAttr(ctx, s_eff);
-        if (eff == NULL) {
-            Py_DECREF(rid);
-            goto done;
-        }
-        if (eff != Py_None || (weak && PyList_GET_SIZE(out) > mark)) {
-            PyObject *r = NULL, *mark_obj = PyLong_FromSsize_t(mark);
-            PyObject *len_obj = PyLong_FromSsize_t(PyList_GET_SIZE(out));
-            if (mark_obj != NULL && len_obj != NULL && sync_out(&c) == 0) {
-                PyObject *after = PyObject_GetAttr(proc, s__after_call);
-                if (after != NULL) {
-                    PyObject *aa[7] = {commit, eff, mark_obj, ts, rid, source, len_obj};
-                    r = PyObject_Vectorcall(after, aa, 7, NULL);
-                    Py_DECREF(after);
-                }
-            }
-            Py_XDECREF(mark_obj);
-            Py_XDECREF(len_obj);
-            if (r == NULL || sync_in(&c) < 0) {
-                Py_XDECREF(r);
-                Py_DECREF(eff);
-                Py_DECREF(rid);
-                goto done;
-            }
-            Py_DECREF(r);
-        }
-        Py_DECREF(eff);
-        Py_DECREF(rid);
-    }
-    result = PyLong_FromSsize_t(i);
-    goto done;
-
-not_mine:
-    result = Py_NewRef(Py_NotImplemented);
-
-done:
-    if (counting) {
-        /* Written back whatever happened (an error keeps its own exception). */
+    if (L.live) {
+        /* The counters back to Python, whatever happened (an error keeps its own exception). */
         PyObject *type, *error, *tb;
         PyErr_Fetch(&type, &error, &tb);
-        if (sync_out(&c) < 0 && type == NULL) {
-            Py_CLEAR(result);
-        } else {
-            if (type != NULL && PyErr_Occurred())
+        if (to_python(&L) < 0) {
+            if (type != NULL)
                 PyErr_Clear();
-            PyErr_Restore(type, error, tb);
+            else
+                Py_CLEAR(result);
         }
+        if (type != NULL)
+            PyErr_Restore(type, error, tb);
     }
-    Py_XDECREF(keys);
-    Py_XDECREF(values);
-    Py_XDECREF(tss);
-    Py_XDECREF(seqs);
-    Py_XDECREF(ids);
-    Py_XDECREF(prefix);
-    Py_XDECREF(streams);
-    Py_XDECREF(commit);
-    Py_XDECREF(ctx);
-    Py_XDECREF(out);
-    Py_XDECREF(fn);
-    Py_XDECREF(calls);
-    Py_XDECREF(clock);
-    Py_XDECREF(durations);
-    Py_XDECREF(wm);
-    Py_XDECREF(perf);
-    Py_XDECREF(late_records);
-    Py_DECREF(source);
+    release(&L);
     return result;
 }
 

@@ -109,7 +109,8 @@ if os.environ.get("MILLSTREAM_PURE_PYTHON", "") in ("", "0"):
     try:
         import worker._loop as _compiled  # type: ignore[import-not-found, no-redef]
         _compiled.init(Record, _UNSAVED)
-    except (ImportError, TypeError):  # not built, or a Record whose fields are not plain slots
+    except (ImportError, AttributeError, TypeError):  # not built (or built from an older _loop.c), or a
+        # Record whose fields are not plain slots
         _compiled = None
 
 COMPILED: bool = _compiled is not None

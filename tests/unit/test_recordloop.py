@@ -23,7 +23,7 @@ compiled = recordloop._compiled
 needs_compiled = pytest.mark.skipif(compiled is None, reason="worker/_loop.c is not built (no compiler)")
 
 PRODUCER = b"\x01" * 8
-NORMAL, RAISE, ABORT, EARLIER, EFFECT, SLOW = range(6)
+NORMAL, RAISE, ABORT, EARLIER, EFFECT, SLOW, SHORTEN = range(7)
 
 
 class Abort(BaseException):
@@ -31,12 +31,18 @@ class Abort(BaseException):
 
 
 class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
+    """Floats as time.monotonic gives them; or nanosecond ints (an injected clock may)."""
+
+    def __init__(self, ints: bool = False) -> None:
+        self.ints = ints
+        self.now: float = 10**18 if ints else 100.0
 
     def __call__(self) -> float:
-        self.now += 0.001
+        self.now += 7 if self.ints else 0.001
         return self.now
+
+    def jump(self) -> None:
+        self.now += 600_000_000 if self.ints else 0.6
 
 
 class LateCounter:
@@ -56,11 +62,15 @@ class FakeBatch:
 class FakeProc:
     """What the loop reads of a BatchProcessor, with its callbacks recorded."""
 
-    def __init__(self, *, weak: bool, wm: int, drop: bool, limit: int, out_of_time: bool) -> None:
-        self.clock = Clock()
+    def __init__(self, *, weak: bool, wm: int, drop: bool, limit: int, out_of_time: bool,
+                 int_clock: bool = False, fail_in: str | None = None) -> None:
+        self.clock = Clock(int_clock)
         self.ctx = KeyContext(frozenset({"out"}), read_state=lambda k: None, watermark=lambda: wm)
         self.ctx.start_batch({})
-        self.calls = CallWatch("t", record_above=0.5, clock=self.clock)
+        self.calls = CallWatch("t", record_above=500_000_000 if int_clock else 0.5, clock=self.clock)
+        self.calls.slow = self.slow  # type: ignore[method-assign]
+        self.fail_in = fail_in
+        self.cols: Columns | None = None
         self._durations: list[float] = []
         self.weak, self._wm = weak, wm
         self.late_records = "drop" if drop else "process"
@@ -68,6 +78,7 @@ class FakeProc:
         self._work, self._limit, self._taken, self.late, self._stop = 0, limit, 0, 0, False
         self.metrics = type("M", (), {})()
         self.metrics.late = LateCounter()
+        self.metrics.late.inc = self.late_inc  # type: ignore[method-assign]
         self.seen: list[Record] = []
         self.trace: list[tuple[Any, ...]] = []
         self._one = self._record_fn = self.user_code
@@ -86,31 +97,48 @@ class FakeProc:
         if action == EFFECT:
             ctx.effects  # noqa: B018  (a call with timers or typed state makes its Effects)
         if action == SLOW:
-            self.clock.now += 0.6
+            self.clock.jump()
+        if action == SHORTEN:  # (no job does this; the loop must still not read past a list)
+            assert self.cols is not None
+            del self.cols.keys[record.value[1]:]
+
+    def _fail(self, where: str) -> None:
+        if self.fail_in == where:
+            raise RuntimeError(f"the runtime failed in {where}")
+
+    def late_inc(self, by: int = 1) -> None:
+        self.trace.append(("late", self._taken, self.late))
+        self._fail("late")
+        self.metrics.late.n += by
+
+    def slow(self, key: bytes, seconds: float, now: float) -> None:
+        self.trace.append(("slow", key, type(seconds).__name__, seconds, now, self._work))
+        self._fail("slow")
 
     def _run_user(self, commit: object, key: bytes, ts: int, value: bytes, rid: bytes, fn: object,
                   record: Record, source: object, failed: BaseException | None = None) -> None:
         assert failed is not None and failed.__traceback__ is not None
         self.trace.append(("run_user", key, ts, value, rid, fn == self.user_code, record, source,
                            type(failed).__name__, str(failed), self._taken, self._work))
+        self._fail("run_user")
 
     def _after_call(self, commit: object, eff: object, mark: int, ts: int, rid: bytes, source: object,
                     n: int) -> None:
         self.trace.append(("after", eff is not None, mark, ts, rid, source, n, self.ctx.out[mark:n], self._work))
+        self._fail("after")
 
     def state(self, batch: FakeBatch, reached: int) -> dict[str, Any]:
         return {"reached": reached, "work": self._work, "taken": self._taken, "late": self.late,
                 "late_metric": self.metrics.late.n, "stop": self._stop, "new": batch.new, "seen": self.seen,
                 "trace": self.trace, "out": self.ctx.out, "writes": self.ctx.writes,
-                "durations": len(self._durations), "slow": [(k, round(s, 3)) for s, k, _ in self.calls._recent],
-                "running": self.calls.running_call}
+                "durations": [(type(d).__name__, d) for d in self._durations], "running": self.calls.running_call}
 
 
 @st.composite
 def scenarios(draw: Any) -> dict[str, Any]:
     n = draw(st.integers(0, 40))
     return {
-        "actions": draw(st.lists(st.sampled_from([NORMAL] * 6 + [RAISE, ABORT, EARLIER, EFFECT, SLOW]),
+        "actions": draw(st.lists(st.sampled_from([NORMAL] * 8 + [RAISE, ABORT, EARLIER, EFFECT, SLOW, SHORTEN]),
                                  min_size=n, max_size=n)),
         "times": draw(st.lists(st.integers(-5, 30), min_size=n, max_size=n)),
         "wm": draw(st.integers(0, 10)),
@@ -122,6 +150,9 @@ def scenarios(draw: Any) -> dict[str, Any]:
         "streams": draw(st.sampled_from(["one", "each", "none"])),
         "start": draw(st.integers(0, 5)),
         "stop": draw(st.one_of(st.none(), st.integers(0, 40))),
+        "int_clock": draw(st.booleans()),
+        "no_producer": draw(st.booleans()),  # sequenced columns, but run for one record's source
+        "fail_in": draw(st.sampled_from([None] * 4 + ["late", "slow", "run_user", "after"])),
     }
 
 
@@ -137,14 +168,20 @@ def columns(s: dict[str, Any]) -> Columns:
 
 
 def run(loop: Any, s: dict[str, Any]) -> dict[str, Any]:
-    proc = FakeProc(weak=s["weak"], wm=s["wm"], drop=s["drop"], limit=s["limit"], out_of_time=s["out_of_time"])
+    proc = FakeProc(weak=s["weak"], wm=s["wm"], drop=s["drop"], limit=s["limit"], out_of_time=s["out_of_time"],
+                    int_clock=s.get("int_clock", False), fail_in=s.get("fail_in"))
     batch = FakeBatch()
-    cols = columns(s)
+    cols = proc.cols = columns(s)
     stop = None if s["stop"] is None else min(s["stop"], len(cols))
     start = min(s["start"], len(cols) if stop is None else stop)
-    producer = PRODUCER if s["sequenced"] else None
-    source = None if s["sequenced"] else (b"p", 7)
-    return proc.state(batch, loop(proc, batch, cols, start, producer, stop, source))
+    producer = PRODUCER if s["sequenced"] and not s.get("no_producer") else None
+    source = None if producer is not None else (b"p", 7)
+    try:
+        reached: Any = loop(proc, batch, cols, start, producer, stop, source)
+    except Exception as e:  # the runtime's own failure, or a column shortened under the loop
+        context = e.__context__
+        reached = ("raised", type(e).__name__, str(e), type(context).__name__, str(context))
+    return proc.state(batch, reached)
 
 
 @needs_compiled
@@ -163,7 +200,29 @@ def test_a_scenario_of_every_kind_is_covered() -> None:
     got = run(compiled.run_records, s)
     assert got == run(recordloop.run_records_py, s)
     kinds = {t[0] for t in got["trace"]}
-    assert kinds == {"run_user", "after"} and got["late"] == 3 and got["slow"] and got["reached"] == 18
+    assert kinds == {"run_user", "after", "late", "slow"} and got["late"] == 3 and got["reached"] == 18
+
+
+@needs_compiled
+@pytest.mark.parametrize("fail_in", ["late", "slow", "run_user", "after"])
+def test_a_failure_of_the_runtime_itself_leaves_the_same_state(fail_in: str) -> None:
+    s = {"actions": [NORMAL, RAISE, SLOW, EFFECT, NORMAL], "times": [1, 5, 6, 7, 8], "wm": 3, "weak": False,
+         "drop": False, "limit": 9, "out_of_time": False, "sequenced": True, "streams": "one", "start": 0,
+         "stop": None, "fail_in": fail_in, "int_clock": True}
+    got = run(compiled.run_records, s)
+    assert got == run(recordloop.run_records_py, s)
+    assert got["reached"][:3] == ("raised", "RuntimeError", f"the runtime failed in {fail_in}")
+    if fail_in == "run_user":  # raised while the user's error was being handled, in both
+        assert got["reached"][3:] == ("ValueError", "record 5")
+
+
+@needs_compiled
+def test_a_column_shortened_under_the_loop_raises_as_python_does() -> None:
+    s = {"actions": [NORMAL, SHORTEN, NORMAL, NORMAL], "times": [5] * 4, "wm": 0, "weak": False, "drop": False,
+         "limit": 9, "out_of_time": False, "sequenced": True, "streams": "each", "start": 0, "stop": None}
+    got = run(compiled.run_records, s)
+    assert got == run(recordloop.run_records_py, s)
+    assert got["reached"][:3] == ("raised", "IndexError", "list index out of range") and len(got["seen"]) == 2
 
 
 @needs_compiled
