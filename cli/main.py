@@ -147,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--out", default=None, metavar="DIR",
                     help="write each output stream to DIR/STREAM.jsonl instead of standard output")
 
+    ex = sub.add_parser("explain", help="print what the Dataflow or Topology named by MODULE:ATTR runs as: its "
+                                         "stages, the steps each fuses, the streams between them")
+    ex.add_argument("job", metavar="MODULE:ATTR")
+
     s = sub.add_parser("submit", help="submit the Dataflow or Topology named by MODULE:ATTR")
     s.add_argument("topology")
     masters_flag(s)
@@ -321,6 +325,11 @@ def _run(args: argparse.Namespace) -> int:
 
         return run_job(args.job, args.input, key_field=args.key_field, time_field=args.timestamp_field,
                        unit=args.timestamp_unit, out_dir=args.out)
+    if cmd == "explain":
+        from cli.explain import explain_job
+
+        print(explain_job(args.job))
+        return 0
     if cmd == "submit":
         from cli.lifecycle import topology_at
         from runtime.client import connect

@@ -309,5 +309,13 @@ class Dataflow:
         """The :class:`Topology` this flow compiles to (one computation per stage; module doc)."""
         return compile_flow(self)
 
+    def explain(self) -> str:
+        """What this flow runs as, in words: its stages, the streams each reads and how they
+        are keyed, the steps it runs fused, and what it writes (hops to other stages among
+        them). ``millstream explain MODULE:ATTR`` prints it."""
+        from runtime.flows.explain import explain
+
+        return explain(self.topology(), list(self._steps.values()))
+
     def __repr__(self) -> str:
         return f"Dataflow({self.name!r}, steps={self.steps})"
