@@ -14,7 +14,7 @@ from cli.explain import topology_text
 from examples import wordcount
 from runtime import Dataflow, Topology
 from runtime.sinks import FileSink
-from runtime.windows import SECOND, Count, Tumbling
+from runtime.windows import SECOND, Count, Session, Sliding, Sum, Tumbling
 
 M = __name__  # (how the functions' import paths start)
 
@@ -52,7 +52,7 @@ def test_a_keyed_input_windows_and_a_sink_fuse_into_one_stage() -> None:
      .map(one, name="w.ones")
      .sink(FileSink, name="w.sink", path="/tmp/never-written"))
     text = flow.explain()
-    assert text.splitlines()[0] == ("dataflow 'w': 1 stage, 0 hops between them; each stage a computation of "
+    assert text.splitlines()[0] == ("dataflow 'w': 1 stage, 0 hops between them; each a computation of "
                                     "3 key ranges, exactly once")
     assert lines_of(text, "w.counts") == [
         "reads events keyed as sent (input keyed=True); codec bytes",
@@ -79,7 +79,7 @@ def test_a_flat_map_before_the_key_by_takes_one_hop_through_the_inputs_stage() -
     text = wordcount.flow("/tmp/never-written").explain()
     assert "2 stages, 1 hop between them" in text.splitlines()[0]
     assert lines_of(text, "wordcount.input") == [
-        "reads lines as sent, not keyed (a stateless stage of the input); codec str",
+        "reads lines by the records' own keys, as sent (no key_by: a stateless stage); codec str",
         "runs wordcount.flat_map flat_map examples.wordcount:words",
         "writes wordcount.key_by to stage 'wordcount.counts', keyed here by examples.wordcount:word (a hop)"]
     assert lines_of(text, "wordcount.counts")[0] == (
@@ -92,9 +92,11 @@ def test_a_stage_writing_two_sinks_leaves_each_a_computation_of_its_own() -> Non
     counts.sink(FileSink, name="two.a", path="/tmp/never-a")
     counts.sink(FileSink, name="two.b", path="/tmp/never-b")
     text = flow.explain()
-    assert "3 stages, 2 hops" in text.splitlines()[0]
-    assert "writes two.a to the sink stage 'two.a' (a hop); codec auto" in lines_of(text, "two.sum")
-    assert lines_of(text, "two.b")[0].startswith("the sink runtime.sinks:FileSink, a computation of its own")
+    assert "1 stage and 2 sink computations, 2 hops" in text.splitlines()[0]
+    assert "writes two.a to the sink computation 'two.a' (a hop); codec auto" in lines_of(text, "two.sum")
+    sink = text.split("sink computation 'two.b': ", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert sink[0].startswith("runtime.sinks:FileSink, on its own (the stage before it writes to more than one sink")
+    assert " ".join(sink[1].split()) == "reads two.b from stage 'two.sum' (a hop)"
 
 
 def test_both_sides_of_a_join_are_one_stage() -> None:
@@ -107,7 +109,7 @@ def test_both_sides_of_a_join_are_one_stage() -> None:
     rows = lines_of(text, "j.pairs")
     assert rows[:2] == ["reads a keyed as sent (input keyed=True); codec bytes",
                         "b keyed as sent (input keyed=True); codec bytes"]
-    assert "j.pairs join tumbling 1 s" in rows
+    assert "j.pairs join tumbling 1 s (left a, right j.map)" in rows
 
 
 def test_a_keyed_input_of_stateless_steps_is_still_read_keyed() -> None:
@@ -117,7 +119,49 @@ def test_a_keyed_input_of_stateless_steps_is_still_read_keyed() -> None:
     text = flow.explain()
     assert lines_of(text, "k.input")[0] == "reads events keyed as sent (input keyed=True); codec bytes"
     assert lines_of(text, "k.input_2")[0] == (
-        "reads raw as sent, not keyed (a stateless stage of the input); codec bytes")
+        "reads raw by the records' own keys, as sent (no key_by: a stateless stage); codec bytes")
+
+
+def test_a_re_key_after_a_stateful_step_is_a_hop_keyed_at_its_end() -> None:
+    flow = Dataflow("rk", key_ranges=1, exactly_once=False)
+    flow.input("a", keyed=True).reduce(add, name="rk.r1").key_by(first_letter, name="rk.k2").reduce(
+        add, name="rk.r2").output("o")
+    text = flow.explain()
+    assert text.splitlines()[0] == ("dataflow 'rk': 2 stages, 1 hop between them; each a computation of 1 key range, "
+                                    "at least once")
+    assert lines_of(text, "rk.r1")[-1] == f"writes rk.k2 to stage 'rk.r2', keyed here by {M}:first_letter (a hop)"
+    assert lines_of(text, "rk.r2")[0] == "reads rk.k2 from stage 'rk.r1', keyed there (a hop)"
+
+
+def test_each_operator_says_its_arguments_and_where_its_records_come_from() -> None:
+    flow = Dataflow("ops")
+    table = flow.input("t", keyed=True)
+    a = flow.input("a", keyed=True)
+    b = flow.input("b").key_by(first_letter, name="ops.kb")
+    a.lookup_join(table, how="left", name="ops.lj").output("looked")
+    (a.interval_join(b, -5 * SECOND, 250_000, name="ops.ij")
+     .window(Sliding(10 * SECOND, 5 * SECOND, allowed_lateness=2 * SECOND), Count(), name="ops.w", emit="updates")
+     .window(Session(30 * SECOND), Sum(), name="ops.s").output("o"))
+    a.map(one, name="ops.m").output("ones")
+    rows = lines_of(flow.explain(), "ops.lj")
+    assert "runs ops.lj lookup_join, how=left (stream a, table t)" in rows
+    assert "ops.ij interval_join, right - left within [-5 s, 250 ms] (left a, right b)" in rows
+    assert ("ops.w window sliding 10 s every 5 s, lateness 2 s, count, each update emitted, then the final result"
+            in rows)
+    assert "ops.s window session, gap 30 s, sum" in rows
+    assert f"ops.m map {M}:one (from a)" in rows  # (a branch: not from the row before it)
+    assert "ones an output; codec bytes" in rows and "o an output; codec bytes (from ops.s)" in rows
+    assert "ops.w.late records too late for ops.w" in rows
+
+
+def test_a_flow_reading_its_own_output_says_who_keys_it() -> None:
+    flow = Dataflow("own")
+    flow.input("a", keyed=True).reduce(add, name="own.r").output("mid")
+    flow.input("mid").key_by(first_letter, name="own.k").reduce(add, name="own.r2").output("final")
+    text = flow.explain()
+    assert "writes mid an output; codec bytes; read again by stage 'own.r2'" in lines_of(text, "own.r")
+    assert lines_of(text, "own.r2")[0] == (
+        f"reads mid keyed by its producer with own.k ({M}:first_letter), written by stage 'own.r'; codec bytes")
 
 
 def test_a_topology_lists_its_computations_and_their_streams() -> None:
