@@ -150,9 +150,24 @@ typedef struct {
  * the calls of user code go without. */
 static int to_python(Loop *L)
 {
-    if (set_ll(L->proc, s__work, L->work) < 0 || set_ll(L->proc, s__taken, L->taken) < 0
-        || set_ll(L->proc, s_late, L->late) < 0 || set_ll(L->batch, s_new, L->new_) < 0)
+    /* All four tried, the first failure kept (only MemoryError can fail here): none is left
+     * stale because another failed before it. */
+    PyObject *targets[4] = {L->proc, L->proc, L->proc, L->batch};
+    PyObject *names[4] = {s__work, s__taken, s_late, s_new};
+    long long values[4] = {L->work, L->taken, L->late, L->new_};
+    PyObject *type = NULL, *error = NULL, *tb = NULL;
+    for (int k = 0; k < 4; k++) {
+        if (set_ll(targets[k], names[k], values[k]) < 0) {
+            if (type == NULL)
+                PyErr_Fetch(&type, &error, &tb);
+            else
+                PyErr_Clear();
+        }
+    }
+    if (type != NULL) {
+        PyErr_Restore(type, error, tb);
         return -1;
+    }
     L->live = 0;
     return 0;
 }
@@ -203,7 +218,10 @@ static int runtime_call_void(Loop *L, PyObject *obj, PyObject *name, PyObject *c
 
 /* A call of user code raised ``error``: undone, then retried and perhaps dead-lettered by
  * the processor's _run_user, with ``error`` as the exception being handled (as in the
- * Python loop's except clause: what those calls raise has it as its __context__). */
+ * Python loop's except clause: what those calls raise has it as its __context__). The
+ * handled exception is saved and restored through the public API, which reads the topmost
+ * one and writes the current frame's: the same thing on a tablet's thread, where the loop
+ * runs (inside a generator whose caller handles one, it would leave the caller's in place). */
 static int raised(Loop *L, PyObject *error, Py_ssize_t mark, PyObject *key, PyObject *value, PyObject *ts,
                   PyObject *rid, PyObject *stream)
 {

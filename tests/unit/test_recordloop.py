@@ -5,7 +5,11 @@ slow, make effects or weak productions, or meet the batch's bounds."""
 
 from __future__ import annotations
 
+import collections
+import gc
 import math
+import sys
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,8 +103,12 @@ class FakeProc:
         if action == SLOW:
             self.clock.jump()
         if action == SHORTEN:  # (no job does this; the loop must still not read past a list)
-            assert self.cols is not None
-            del self.cols.keys[record.value[1]:]
+            cols = self.cols
+            assert cols is not None
+            i = record.value[1]
+            which = [cols.keys, cols.values, cols.timestamps, cols.seqs if cols.seqs is not None else cols.ids,
+                     cols.streams if type(cols.streams) is list else cols.keys][i % 5]
+            del which[i:]  # type: ignore[union-attr]
 
     def _fail(self, where: str) -> None:
         if self.fail_in == where:
@@ -217,12 +225,73 @@ def test_a_failure_of_the_runtime_itself_leaves_the_same_state(fail_in: str) -> 
 
 
 @needs_compiled
-def test_a_column_shortened_under_the_loop_raises_as_python_does() -> None:
-    s = {"actions": [NORMAL, SHORTEN, NORMAL, NORMAL], "times": [5] * 4, "wm": 0, "weak": False, "drop": False,
-         "limit": 9, "out_of_time": False, "sequenced": True, "streams": "each", "start": 0, "stop": None}
+@pytest.mark.parametrize("sequenced", [True, False])
+@pytest.mark.parametrize("column", range(5))  # keys, values, timestamps, seqs or ids, streams
+def test_a_column_shortened_under_the_loop_raises_as_python_does(column: int, sequenced: bool) -> None:
+    actions = [NORMAL] * 9
+    actions[5 + column if column < 3 else column] = SHORTEN  # (record i cuts column i % 5 to i records)
+    s = {"actions": actions, "times": [5] * 9, "wm": 0, "weak": False, "drop": False, "limit": 9,
+         "out_of_time": False, "sequenced": sequenced, "streams": "each", "start": 0, "stop": None}
     got = run(compiled.run_records, s)
     assert got == run(recordloop.run_records_py, s)
-    assert got["reached"][:3] == ("raised", "IndexError", "list index out of range") and len(got["seen"]) == 2
+    assert got["reached"][:3] == ("raised", "IndexError", "list index out of range")
+
+
+@needs_compiled
+def test_the_loop_keeps_no_reference_once_it_returns() -> None:
+    class Failed(Exception):
+        pass
+
+    key, source, errors = b"leak-sentinel-%d" % id(object()), (b"p", 7), []
+
+    def user_code(ctx: KeyContext, record: Record) -> None:
+        ctx.produce("out", record.value, timestamp=record.timestamp - 1)  # (an Effects: _after_call)
+        if record.value[1] % 2:
+            e = Failed()
+            errors.append(weakref.ref(e))
+            raise e
+
+    def once() -> None:
+        proc = FakeProc(weak=True, wm=3, drop=False, limit=99, out_of_time=False)
+        proc._one = proc._record_fn = user_code  # type: ignore[method-assign]
+        cols = Columns([key] * 20, [bytes([0, i]) for i in range(20)], list(range(20)), ids=[b"%016d" % i
+                                                                                              for i in range(20)])
+        assert compiled.run_records(proc, FakeBatch(), cols, 0, None, None, source) == 20
+
+    once()  # (whatever the first run caches)
+    gc.collect()
+    before = sys.getrefcount(key), sys.getrefcount(source)
+    for _ in range(30):
+        once()
+    gc.collect()
+    assert (sys.getrefcount(key), sys.getrefcount(source)) == before
+    assert errors and all(ref() is None for ref in errors)
+
+
+@needs_compiled
+def test_the_exception_being_handled_around_the_loop_is_left_as_it_was() -> None:
+    s = {"actions": [RAISE, NORMAL], "times": [5, 6], "wm": 0, "weak": False, "drop": False, "limit": 9,
+         "out_of_time": False, "sequenced": True, "streams": "one", "start": 0, "stop": None}
+    for loop in (compiled.run_records, recordloop.run_records_py):
+        try:
+            raise KeyError("outer")
+        except KeyError as outer:
+            got = run(loop, s)
+            assert sys.exc_info()[1] is outer, loop
+        assert got["trace"][0][8:10] == ("ValueError", "record 5")
+
+
+@needs_compiled
+@pytest.mark.parametrize("durations", [collections.deque, type("Durations", (list,), {})])
+def test_durations_of_another_kind_run_in_python(durations: Any) -> None:
+    s = {"actions": [NORMAL, RAISE, NORMAL], "times": [5, 6, 7], "wm": 0, "weak": False, "drop": False, "limit": 9,
+         "out_of_time": False, "sequenced": True, "streams": "one", "start": 0, "stop": None}
+    proc = FakeProc(weak=False, wm=0, drop=False, limit=9, out_of_time=False)
+    proc._durations = durations()
+    assert compiled.run_records(proc, FakeBatch(), columns(s), 0, PRODUCER, None, None) is NotImplemented
+    assert proc._taken == 0 and not proc.seen
+    assert recordloop.run_records(proc, FakeBatch(), columns(s), 0, PRODUCER, None, None) == 3
+    assert len(proc._durations) == 2
 
 
 @needs_compiled
