@@ -239,6 +239,14 @@ def build_parser() -> argparse.ArgumentParser:
     inj.add_argument("--allow-code", default=from_env("MILLSTREAM_ALLOW_CODE"),
                      help="comma-separated module prefixes the stream's key extractors may be loaded "
                           "from (env MILLSTREAM_ALLOW_CODE); millstream's own are always allowed")
+    inj.add_argument("--follow", action="store_true",
+                     help="keep going: send each file that comes into the directory later too (move files in "
+                          "whole), until Ctrl-C; the stream is not finished")
+    inj.add_argument("--poll-s", type=float_in(0.01, 3600, "--poll-s"), default=None, metavar="S",
+                     help="--follow: seconds between looks at the directory (default 1)")
+    inj.add_argument("--max-delay-s", type=float_in(0, 10**9, "--max-delay-s"), default=None, metavar="S",
+                     help="--follow with --timestamp-field: the watermark trails the latest time sent by S seconds; "
+                          "a record further behind is late")
     masters_flag(inj)
     security_flags(inj, server=False)
 
@@ -378,7 +386,14 @@ def _run(args: argparse.Namespace) -> int:
             print(f"{comp}/{kr['key_range']}  [{kr['start']:#018x}, {kr['end']:#018x})  "
                   f"primary {kr['primary']} token {kr['token']}")
         return 0
+    if cmd == "inject-files" and args.follow:
+        from cli.follow import follow_command
+
+        return follow_command(args, need(args.masters, "--masters", "MILLSTREAM_MASTERS"), security(args))
     if cmd == "inject-files":
+        if args.poll_s is not None or args.max_delay_s is not None:
+            raise ConfigError("--poll-s and --max-delay-s are for --follow; without it the directory is sent once "
+                              "and the stream finished")
         from injectors.files import inject_directory
 
         n = inject_directory(args.directory, need(args.masters, "--masters", "MILLSTREAM_MASTERS"),

@@ -43,8 +43,10 @@ class Sink(Protocol):
     def flush(self) -> None: ...
 
 
-def created_us(path: str) -> int:
-    st = os.stat(path)
+def created_us(path: str | os.stat_result) -> int:
+    """A file's creation time (its modification time where the file system keeps no birth
+    time, as on Linux), in microseconds; of a path, or of its ``os.stat``."""
+    st = os.stat(path) if isinstance(path, str) else path
     birth = getattr(st, "st_birthtime", None)
     return int((birth if birth is not None else st.st_mtime) * 1_000_000)
 

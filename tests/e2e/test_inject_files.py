@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import threading
 from collections import Counter
 
 from cli.demo import oracle, sample_lines
 from examples import wordcount
 from injectors.files import inject_directory
+from injectors.follow import follow_directory
 from runtime import Dataflow, codecs
 from runtime.sinks import FileSink, read_file_sink
 from runtime.windows import SECOND, Sum, Tumbling
@@ -18,6 +23,7 @@ from tests import flowjobs as j
 from tests.harness import Cluster, wait_until
 
 T0 = 1_700_000_000_000_000
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_a_directory_is_counted_once_however_often_it_is_injected(cluster: Cluster) -> None:
@@ -69,3 +75,92 @@ def test_json_lines_injected_with_their_own_keys_and_times_fill_event_time_windo
     wait_until(lambda: len(rows()) >= len(expected), 120, "every window in the sink")
     got = {(r["key"], (json.loads(r["value"])[0] - T0) // SECOND): json.loads(r["value"])[2] for r in rows()}
     assert got == dict(expected) and len(rows()) == len(expected)
+
+
+def test_a_followed_directory_sends_each_file_once_as_it_comes_and_across_restarts(cluster: Cluster) -> None:
+    """`inject-files --follow` on the command line: files moved in while it runs are counted,
+    Ctrl-C leaves the stream unfinished, and run again it sends only what its readers lack."""
+    out = os.path.join(cluster.data_dir, "out-follow")
+    cluster.client.submit(wordcount.topology(out, name="follow"))
+    cluster.wait_assigned()
+    src, staging = os.path.join(cluster.data_dir, "follow-src"), os.path.join(cluster.data_dir, "follow-staging")
+    os.makedirs(src)
+    os.makedirs(staging)
+    lines = sample_lines(900, seed=9)
+    parts = [lines[:300], lines[300:600], lines[600:]]
+
+    def move_in(n: int) -> None:
+        with open(os.path.join(staging, f"part-{n}.log"), "w") as f:
+            f.write("\n".join(parts[n]) + "\n")
+        os.rename(os.path.join(staging, f"part-{n}.log"), os.path.join(src, f"part-{n}.log"))
+
+    def counted(upto: int) -> bool:
+        rows = list(read_file_sink(out))
+        return wordcount.final_counts(rows) == oracle(lines[:upto]) and len(rows) == sum(oracle(lines[:upto]).values())
+
+    def follower() -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "cli", "--log-level", "ERROR", "inject-files", src, "--stream",
+                                 "lines", "--follow", "--poll-s", "0.1", "--masters", cluster.masters_arg],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                env=dict(os.environ, PYTHONPATH=ROOT))
+
+    def stopped(proc: subprocess.Popen[str]) -> str:
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and "Traceback" not in stderr, stderr
+        return stdout
+
+    proc = follower()
+    try:
+        move_in(0)
+        wait_until(lambda: counted(300), 120, "the first file counted")
+        move_in(1)
+        wait_until(lambda: counted(600), 120, "the second file counted")
+        assert "sent 600 lines into 'lines'; the stream is not finished" in stopped(proc)
+        move_in(2)  # while no follower runs
+        proc = follower()
+        wait_until(lambda: counted(900), 120, "the third file counted, the first two not again")
+        assert "sent 900 lines" in stopped(proc)  # (the first two again: dropped by their readers)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert counted(900)
+
+
+def test_followed_json_lines_fire_the_windows_their_later_times_pass(cluster: Cluster) -> None:
+    """With --timestamp-field the follower's watermark trails the latest time by --max-delay-s:
+    windows before it fire while the follower runs; the one it has not passed does not."""
+    out = os.path.join(cluster.data_dir, "out-followed-clicks")
+    flow = Dataflow("followclicks", key_ranges=2)
+    flow.input("followclicks.in", codec=codecs.JSON, keyed=True).map(j.one).window(Tumbling(SECOND), Sum()) \
+        .sink(FileSink, name="followclicks_out", codec=codecs.JSON, path=out)
+    cluster.client.submit(flow)
+    cluster.wait_assigned()
+    src = os.path.join(cluster.data_dir, "followed-clicks")
+    os.makedirs(src)
+    events = [(f"u{i % 3}", T0 + (i * 7_919) % 5_000_000) for i in range(300)]  # seconds 0-4
+    first, second = [e for e in events if e[1] < T0 + 3 * SECOND], [e for e in events if e[1] >= T0 + 3 * SECOND]
+    stop = threading.Event()
+    sent: list[int] = []
+    thread = threading.Thread(target=lambda: sent.append(follow_directory(
+        src, cluster.masters_arg, "followclicks.in", security=cluster.security, key_field="user", time_field="ts",
+        max_delay_us=500_000, poll_s=0.1, stop=stop)))
+    thread.start()
+    try:
+        for n, part in enumerate((first, second)):
+            tmp = os.path.join(src, f".part-{n}.jsonl")
+            with open(tmp, "w") as f:
+                f.write("".join(json.dumps({"user": u, "ts": t}) + "\n" for u, t in part))
+            os.rename(tmp, os.path.join(src, f"part-{n}.jsonl"))
+        latest = max(t for _, t in events)
+        closed = (latest - 500_000 - T0) // SECOND  # windows of the seconds before it have fired
+        expected = Counter((u, (t - T0) // SECOND) for u, t in events if (t - T0) // SECOND < closed)
+        rows = lambda: list(read_file_sink(out))  # noqa: E731
+        wait_until(lambda: len(rows()) >= len(expected), 120, "the windows the watermark passed")
+        got = {(r["key"], (json.loads(r["value"])[0] - T0) // SECOND): json.loads(r["value"])[2] for r in rows()}
+        assert got == dict(expected) and len(rows()) == len(expected)  # none of the last second's yet
+    finally:
+        stop.set()
+        thread.join(60)
+    assert sent == [len(events)]

@@ -1,0 +1,179 @@
+"""``inject-files --follow`` (injectors/follow.py) without a network: which files it takes and
+when, each once, their ids, times and the watermark, bad files, and its flags. Each poll of the
+follower runs the next step of a script instead of waiting."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from injectors.files import file_identity
+from injectors.follow import follow_files
+from runtime.errors import InjectionError
+from tests.unit.test_file_injector import Recorder
+
+T0 = 1_704_067_200_000_000  # 2024-01-01T00:00:00Z
+
+
+def script(*steps: Callable[[], object]) -> Callable[[float], bool]:
+    """A ``wait`` that runs one step per poll and stops the follower after the last."""
+    todo = list(steps)
+
+    def wait(_: float) -> bool:
+        if not todo:
+            return True
+        todo.pop(0)()
+        return False
+    return wait
+
+
+def clock() -> Callable[[], int]:
+    """A scan's time: 1 s later at each scan."""
+    now = [T0]
+
+    def now_us() -> int:
+        now[0] += 1_000_000
+        return now[0]
+    return now_us
+
+
+def put(d: str, name: str, lines: list[str]) -> None:
+    """A file written elsewhere and moved in whole (as the follower's docs say to)."""
+    tmp = os.path.join(d, "." + name + ".part")
+    with open(tmp, "w") as f:
+        f.write("".join(line + "\n" for line in lines))
+    os.rename(tmp, os.path.join(d, name))
+
+
+def sends(r: Recorder) -> list[Any]:
+    return [v for k, v in r.events if k == "send"]
+
+
+def values(r: Recorder) -> list[bytes]:
+    return [v[1] for v in sends(r)]
+
+
+def follow(r: Recorder, d: str, *steps: Callable[[], object], **kw: Any) -> int:
+    return follow_files(r, d, poll_s=0.01, wait=script(*steps), now_us=clock(), **kw)
+
+
+def test_files_are_taken_one_poll_after_they_are_seen_each_once_stamped_as_taken(tmp_path: Any) -> None:
+    d = str(tmp_path)
+    put(d, "a.log", ["a1", "a2"])
+    r = Recorder()
+    seen: list[list[bytes]] = []
+    n = follow(r, d, lambda: seen.append(values(r)), lambda: put(d, "b.log", ["b1"]),
+               lambda: seen.append(values(r)), lambda: seen.append(values(r)))
+    assert seen == [[], [b"a1", b"a2"], [b"a1", b"a2", b"b1"]] and n == 3
+    # (scan 1 saw a.log; scan 2 took it; scan 3 saw b.log; scan 4 took it; scan 5 found nothing new)
+    stamps = {v[1]: v[2] for v in sends(r)}
+    assert stamps == {b"a1": T0 + 2_000_000, b"a2": T0 + 2_000_000, b"b1": T0 + 4_000_000}
+    assert {v[0] for v in sends(r)} == {b"a.log", b"b.log"}  # keyed by file name, as without --follow
+    marks = [v for k, v in r.events if k == "watermark"]
+    assert marks == [T0 + i * 1_000_000 for i in range(1, 6)]  # every scan's time, once its files are flushed
+    last_mark = -1
+    for kind, v in r.events:  # no record behind the watermark
+        if kind == "watermark":
+            last_mark = v  # type: ignore[assignment]
+        elif kind == "send":
+            assert v[2] >= last_mark  # type: ignore[index, operator]
+
+
+def test_a_file_still_growing_waits_and_hidden_files_wait_to_be_moved_in(tmp_path: Any) -> None:
+    d = str(tmp_path)
+    path = os.path.join(d, "slow.log")
+    r = Recorder()
+
+    def grow(line: str) -> Callable[[], None]:
+        def step() -> None:
+            with open(path, "a") as f:
+                f.write(line + "\n")
+        return step
+
+    with open(os.path.join(d, ".hidden.log"), "w") as f:
+        f.write("h1\n")
+    follow(r, d, grow("s1"), grow("s2"), grow("s3"), lambda: None,
+           lambda: os.rename(os.path.join(d, ".hidden.log"), os.path.join(d, "shown.log")), lambda: None)
+    assert values(r) == [b"s1", b"s2", b"s3", b"h1"]  # slow.log whole, once it stopped changing
+
+
+def test_a_file_renamed_or_appended_to_after_it_was_sent_is_not_sent_again(tmp_path: Any) -> None:
+    d = str(tmp_path)
+    put(d, "app.log", ["l1", "l2"])
+    r = Recorder()
+
+    def append() -> None:
+        with open(os.path.join(d, "app.log.1"), "a") as f:
+            f.write("l3\n")
+    follow(r, d, lambda: None, lambda: os.rename(os.path.join(d, "app.log"), os.path.join(d, "app.log.1")),
+           lambda: None, append, lambda: None, lambda: None)
+    assert values(r) == [b"l1", b"l2"]
+
+
+def test_a_restarted_follower_sends_the_same_places_so_its_readers_drop_them(tmp_path: Any) -> None:
+    d = str(tmp_path)
+    put(d, "a.log", ["x", "x"])
+    first, again = Recorder(), Recorder()
+    follow(first, d, lambda: None)
+    follow(again, d, lambda: None)
+    a = file_identity(os.path.join(d, "a.log"))
+    assert [v[3] for v in sends(first)] == [(a, 1), (a, 2)] == [v[3] for v in sends(again)]
+
+
+def test_with_a_time_field_the_watermark_trails_the_latest_time_by_the_delay(tmp_path: Any) -> None:
+    d = str(tmp_path)
+    put(d, "a.jsonl", [json.dumps({"u": "x", "ts": T0 + 5_000_000}), json.dumps({"u": "y", "ts": T0 + 1_000_000})])
+    r = Recorder()
+    follow(r, d, lambda: None,
+           lambda: put(d, "b.jsonl", [json.dumps({"u": "x", "ts": T0 + 2_000_000})]),  # late: still sent
+           lambda: None, key_field="u", time_field="ts", max_delay_us=2_000_000)
+    assert [(v[0], v[2]) for v in sends(r)] == [(b"x", T0 + 5_000_000), (b"y", T0 + 1_000_000),
+                                                (b"x", T0 + 2_000_000)]
+    assert [v for k, v in r.events if k == "watermark"] == [T0 + 3_000_000]  # 5 s - 2 s, and never back
+
+
+def test_a_bad_file_is_not_sent_the_others_are_and_it_is_tried_again_once_fixed(tmp_path: Any, caplog: Any) -> None:
+    d = str(tmp_path)
+    put(d, "bad.jsonl", [json.dumps({"u": "x", "ts": T0}), "not json"])
+    put(d, "good.jsonl", [json.dumps({"u": "y", "ts": T0})])
+    r = Recorder()
+    with caplog.at_level(logging.ERROR):
+        follow(r, d, lambda: None, lambda: None,
+               lambda: put(d, "bad.jsonl", [json.dumps({"u": "x", "ts": T0}), json.dumps({"u": "z", "ts": T0})]),
+               lambda: None, key_field="u", time_field="ts", max_delay_us=0)
+    assert [v[0] for v in sends(r)] == [b"y", b"x", b"z"]
+    [message] = [m for m in caplog.messages if "bad.jsonl" in m]
+    assert "bad.jsonl, line 2: not JSON" in message and "tried again once it changes" in message
+
+
+def test_numbers_that_look_like_seconds_refuse_their_file(tmp_path: Any, caplog: Any) -> None:
+    d = str(tmp_path)
+    put(d, "s.jsonl", [json.dumps({"u": "x", "ts": 1_704_067_200})])
+    r = Recorder()
+    with caplog.at_level(logging.ERROR):
+        follow(r, d, lambda: None, key_field="u", time_field="ts", max_delay_us=0)
+    assert not sends(r) and any("looks like seconds" in m and "--timestamp-unit s" in m for m in caplog.messages)
+    follow(r, d, lambda: None, key_field="u", time_field="ts", unit="s", max_delay_us=0)
+    assert [v[2] for v in sends(r)] == [T0]
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"time_field": "ts"}, "needs --max-delay-s"),
+    ({"max_delay_us": 5}, "--max-delay-s is the lateness allowed to --timestamp-field"),
+    ({"unit": "ms"}, "give the field too"),
+    ({"time_field": "ts", "max_delay_us": -1}, "must be 0 or more"),
+    ({"poll_s": 0}, "--poll-s must be more than 0"),
+])
+def test_flags_that_cannot_work_are_refused_before_anything_is_sent(tmp_path: Any, kw: dict[str, Any],
+                                                                      message: str) -> None:
+    r = Recorder()
+    with pytest.raises(InjectionError, match=message):
+        follow_files(r, str(tmp_path), wait=script(), **kw)
+    with pytest.raises(InjectionError, match="is not a directory"):
+        follow_files(r, os.path.join(str(tmp_path), "missing"), wait=script())
+    assert not r.events
