@@ -18,6 +18,8 @@ def follow_command(args: argparse.Namespace, masters: str, security: Security) -
     stop = threading.Event()
 
     def stopping(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():  # a second Ctrl-C: at once (what was not flushed goes with the next run)
+            raise KeyboardInterrupt
         stop.set()
 
     handlers = {sig: signal.signal(sig, stopping) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -26,7 +28,7 @@ def follow_command(args: argparse.Namespace, masters: str, security: Security) -
                              allow_code=args.allow_code or "", key_field=args.key_field,
                              time_field=args.timestamp_field, unit=args.timestamp_unit,
                              max_delay_us=None if args.max_delay_s is None else round(args.max_delay_s * 1e6),
-                             poll_s=1.0 if args.poll_s is None else args.poll_s, stop=stop,
+                             poll_s=1.0 if args.poll_s is None else args.poll_s, done_dir=args.done_dir, stop=stop,
                              started=lambda: print(f"following {args.directory!r} into {args.stream!r}; Ctrl-C stops",
                                                    file=sys.stderr, flush=True))
     finally:

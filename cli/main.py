@@ -247,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     inj.add_argument("--max-delay-s", type=float_in(0, 10**9, "--max-delay-s"), default=None, metavar="S",
                      help="--follow with --timestamp-field: the watermark trails the latest time sent by S seconds; "
                           "a record further behind is late")
+    inj.add_argument("--done-dir", default=None, metavar="DIR",
+                     help="--follow: move each file here once its records are committed (same file system)")
     masters_flag(inj)
     security_flags(inj, server=False)
 
@@ -391,9 +393,9 @@ def _run(args: argparse.Namespace) -> int:
 
         return follow_command(args, need(args.masters, "--masters", "MILLSTREAM_MASTERS"), security(args))
     if cmd == "inject-files":
-        if args.poll_s is not None or args.max_delay_s is not None:
-            raise ConfigError("--poll-s and --max-delay-s are for --follow; without it the directory is sent once "
-                              "and the stream finished")
+        if args.poll_s is not None or args.max_delay_s is not None or args.done_dir is not None:
+            raise ConfigError("--poll-s, --max-delay-s and --done-dir are for --follow; without it the directory is "
+                              "sent once and the stream finished")
         from injectors.files import inject_directory
 
         n = inject_directory(args.directory, need(args.masters, "--masters", "MILLSTREAM_MASTERS"),

@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterable, Sequence
 from decimal import ROUND_FLOOR, Context, Decimal
 from fractions import Fraction
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from injectors.injector import Injector
 from runtime.errors import InjectionError
@@ -58,11 +58,16 @@ def file_identity(path: str) -> str:
     line numbers; a new file under an old name has another inode, and one that reuses a
     deleted file's inode almost surely another first line. A copy (a backup restored onto
     another disk) is a new file: its lines count again."""
-    st = os.stat(path)
     with open(path, "rb") as f:
-        first = f.readline(4096)
-    digest = hashlib.blake2b(first, digest_size=8).hexdigest()
-    return f"{st.st_dev}:{st.st_ino}:{digest}"
+        return identity_of(f, os.fstat(f.fileno()))
+
+
+def identity_of(f: BinaryIO, st: os.stat_result) -> str:
+    """:func:`file_identity` of a file open for reading, ``st`` its ``fstat`` (left at its start)."""
+    f.seek(0)
+    first = f.readline(4096)
+    f.seek(0)
+    return f"{st.st_dev}:{st.st_ino}:{hashlib.blake2b(first, digest_size=8).hexdigest()}"
 
 
 def pending_files(directory: str) -> list[tuple[int, str]]:

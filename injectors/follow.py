@@ -3,32 +3,46 @@ every file that comes into it later, each once, until it is stopped (Spark's fil
 source, Flink's ``FileSource`` monitoring a directory).
 
 **Which files.** Regular files whose name does not start with a dot. A file is taken once it
-is complete: once its size, modification time and inode are what they were one poll before
-(so a file still being written waits, and every file waits one poll after it is first seen),
-but the safe way, as for Spark and Flink, is to write a file elsewhere (or under a dot name)
-and move it in whole. A file taken is not read again: lines appended to it later are not
-sent (a new file is). A file renamed within the directory is still the file it was.
+is complete: its size, times and inode what they were one poll before (every file waits one
+poll after it is first seen), and its last byte a newline (a file still being written, even
+one whose writer paused, waits for its last line). The safe way, as for Spark and Flink, is
+to write a file elsewhere (or under a dot name) and move it in whole. Within a run a file
+taken is not read again: a rename is the file it was, and lines appended to it wait for the
+next run (which sends them after the others: the file continues its line numbers). With
+``done_dir`` each file is moved there once its records are committed.
 
 **Exactly once**, as ``inject-files`` without ``--follow`` (injectors/files.py): each file is a
 producer of its own, known by its identity (device, inode and first line), its line number
-the record's place in it. Stopped and run again under the same name, the follower reads the
-directory again and its readers drop what they already have.
+the record's place in it. Stopped and run again under the same name (the same injector
+incarnation: its hold on the stream is replaced, not added to), the follower reads the
+directory again and its readers drop what they already have, for as long as they keep a
+file's mark: ``producer_expiry_s``, 7 days after its last line. A file left in the directory
+longer than that, and read by a run started after it, counts again: move files out once sent
+(``done_dir``), which also keeps their inodes from being reused by new files (a new file on a
+deleted one's inode, starting with the same line, a CSV header say, would be taken for it).
 
 **Times and the watermark.**
-- With ``--timestamp-field``: each record's time is its line's; the watermark trails the
-  latest time sent by ``max_delay_us`` (``--max-delay-s``: Flink's bounded out-of-orderness,
-  Spark's ``withWatermark``), so a record that much older than one before it is late to its
-  readers (counted, and handled as their ``late_records`` says).
-- Without: a file's records are stamped with the time the follower took it (ingestion time),
-  and the watermark follows the follower's scans: no record is late.
+- With ``--timestamp-field``: each record's time is its line's; after each file the watermark
+  moves to the latest time sent less ``max_delay_us`` (``--max-delay-s``: Flink's bounded
+  out-of-orderness, Spark's ``withWatermark``), so a record further behind than that, in a
+  later file, is late to its readers (counted, and handled as their ``late_records`` says).
+- Without: a file's records are stamped with the time the follower took it (ingestion time,
+  this host's clock), and the watermark follows the follower's scans: no record is late.
+- It never promises the end of time: the stream is never finished by a follower.
 
-**A bad line** (not JSON, no such field, a time in another unit): nothing of its file is
-sent; the follower logs which file and line and what to fix, and goes on with the others. The
-file is tried again once it changes.
+**A bad file** (a line that is not JSON, lacks a field, holds a time in another unit, or is
+too large to be a record; a file that cannot be read): nothing of it is sent; the follower
+logs which file and line and what to fix, and goes on with the others. The file is tried
+again once it changes (its contents, or its permissions).
 
-**Stopping** (Ctrl-C, SIGTERM): what was sent is flushed, and the stream is *not* finished:
-the injector's watermark holds its readers where it stopped until the follower runs again
-under the same name (or the master releases a silent injector, ``--injector-expiry-s``).
+**A cluster that cannot take the records** (down, or a round failing past the injector's
+timeout): the follower logs it and tries again at each poll; nothing is lost.
+
+**Stopping** (Ctrl-C, SIGTERM): the follower stops between files, flushes what it sent, and
+the stream is *not* finished: the injector's watermark holds its readers where it stopped
+until the follower runs again (or the master releases a silent injector,
+``--injector-expiry-s``). A second Ctrl-C stops at once; what was not flushed is sent again
+by the next run.
 """
 
 from __future__ import annotations
@@ -38,21 +52,23 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import BinaryIO
 
-from injectors.files import Sink, check_unit, created_us, file_identity, line_fields
+from injectors.files import Sink, check_unit, created_us, identity_of, line_fields
 from injectors.injector import Injector
 from runtime.errors import InjectionError
-from runtime.record import MIN_TIME
+from runtime.record import END_OF_TIME, MAX_KEY_BYTES, MAX_VALUE_BYTES, MIN_TIME
 from runtime.security import Security
 
 log = logging.getLogger(__name__)
 
-Line = tuple[int, bytes, bytes, int | None]  # line number, key, value, time (None: the file's)
-Signature = tuple[int, int, int]  # a file's size, modification time (ns) and inode
+Signature = tuple[int, int, int, int]  # a file's size, modification and change times (ns), inode
+IDENTITY = "follow"  # the injector incarnation of every run under a name (module doc)
 
 
-def check_follow(time_field: str | None, unit: str | None, max_delay_us: int | None, poll_s: float) -> None:
+def check_follow(time_field: str | None, unit: str | None, max_delay_us: int | None, poll_s: float,
+                 directory: str, done_dir: str | None = None) -> None:
     """The flags of a follower, refused before anything starts."""
     if unit is not None and time_field is None:
         raise InjectionError(f"--timestamp-unit {unit} says the unit of --timestamp-field's numbers; give the field too")
@@ -66,78 +82,197 @@ def check_follow(time_field: str | None, unit: str | None, max_delay_us: int | N
         raise InjectionError(f"--max-delay-s must be 0 or more, not {max_delay_us / 1e6:g}")
     if not poll_s > 0:
         raise InjectionError(f"--poll-s must be more than 0, not {poll_s:g}")
+    if not os.path.isdir(directory):
+        raise InjectionError(f"{directory!r} is not a directory; pass the folder the files come into")
+    if done_dir is not None:
+        if not os.path.isdir(done_dir):
+            raise InjectionError(f"--done-dir {done_dir!r} is not a directory; make it first")
+        if os.path.samefile(done_dir, directory):
+            raise InjectionError("--done-dir is the followed directory itself; give another one")
+        if os.stat(done_dir).st_dev != os.stat(directory).st_dev:
+            raise InjectionError(f"--done-dir {done_dir!r} is on another file system than {directory!r}: files are "
+                                 "moved there by a rename, which keeps their inodes; give one on the same file system")
 
 
-def read_file(path: str, name: str, key_field: str | None, time_field: str | None, unit: str | None) -> list[Line]:
-    """Every line of a file as a record, each checked (raises InjectionError naming the line)."""
-    lines: list[Line] = []
+def _check(f: BinaryIO, name: str, key_field: str | None, time_field: str | None, unit: str | None) -> None:
+    """Every line of an open file checked as a record (raises InjectionError naming the line)."""
     biggest = 0
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            value = raw.rstrip(b"\n")
-            key, ts = name.encode(), None
-            if key_field is not None or time_field is not None:
-                if not raw.strip():
-                    continue  # (a blank line among JSON lines: no record)
-                k, ts, numeric = line_fields(value, f"{name}, line {lineno}", key_field, time_field, unit=unit or "us")
-                key = k if k is not None else key
-                biggest = max(biggest, abs(ts or 0) if numeric else 0)
-            lines.append((lineno, key, value, ts))
+    for lineno, raw in enumerate(f, start=1):
+        value = raw.rstrip(b"\n")
+        where = f"{name}, line {lineno}"
+        if len(value) > MAX_VALUE_BYTES:
+            raise InjectionError(f"{where}: {len(value):,} bytes, over the {MAX_VALUE_BYTES:,} a record's value may "
+                                 "have; split it")
+        if key_field is None and time_field is None:
+            continue
+        if not raw.strip():
+            continue  # (a blank line among JSON lines: no record)
+        key, ts, numeric = line_fields(value, where, key_field, time_field, unit=unit or "us")
+        if key is not None and len(key) > MAX_KEY_BYTES:
+            raise InjectionError(f"{where}: field {key_field!r} is {len(key):,} bytes, over the {MAX_KEY_BYTES:,} a "
+                                 "key may have")
+        biggest = max(biggest, abs(ts or 0) if numeric else 0)
     if time_field is not None and unit is None:
         check_unit(biggest, time_field, f"file {name!r}", "nothing of it was sent")
-    return lines
+
+
+def _lines(f: BinaryIO, name: str, key_field: str | None, time_field: str | None,
+           unit: str | None) -> Iterator[tuple[int, bytes, bytes, int | None]]:
+    """The records of an open file already checked: line number, key, value, time (None: the
+    follower's stamp)."""
+    for lineno, raw in enumerate(f, start=1):
+        value, key, ts = raw.rstrip(b"\n"), name.encode(), None
+        if key_field is not None or time_field is not None:
+            if not raw.strip():
+                continue
+            k, ts, _ = line_fields(value, f"{name}, line {lineno}", key_field, time_field, unit=unit or "us")
+            key = k if k is not None else key
+        yield lineno, key, value, ts
+
+
+def _ends_with_newline(f: BinaryIO, size: int) -> bool:
+    if size == 0:
+        return True
+    f.seek(size - 1)
+    last = f.read(1)
+    f.seek(0)
+    return last == b"\n"
+
+
+class Follower:
+    """One run of a follower over a directory (module doc): what it has seen, taken and
+    refused, by file name and identity."""
+
+    def __init__(self, sink: Sink, directory: str, *, key_field: str | None, time_field: str | None,
+                 unit: str | None, max_delay_us: int | None, done_dir: str | None,
+                 stopping: Callable[[], bool], wait: Callable[[float], bool], poll_s: float) -> None:
+        self.sink, self.directory, self.done_dir = sink, directory, done_dir
+        self.key_field, self.time_field, self.unit, self.max_delay_us = key_field, time_field, unit, max_delay_us
+        self.stopping, self.wait, self.poll_s = stopping, wait, poll_s
+        self.before: dict[str, Signature] = {}   # name -> its signature at the last scan
+        self.refused: dict[str, Signature] = {}  # name -> its signature when it could not be sent
+        self.waiting: dict[str, Signature] = {}  # name -> ... when it was found without its last newline
+        self.done: dict[str, Signature] = {}     # name -> ... when it was sent (or found sent)
+        self.taken: dict[str, tuple[int, int]] = {}  # identity of each file sent -> its size and mtime then
+        self.latest = self.watermark = MIN_TIME
+        self.sent = 0
+
+    def scan(self, now_us: int) -> None:
+        """One look at the directory: each complete file not sent yet is sent, oldest first."""
+        scanned = max(now_us, self.watermark)  # (a clock set back stamps no record behind the watermark)
+        try:
+            listing = _listing(self.directory)
+        except OSError as e:
+            log.error("cannot list %r (%s); looking again in a poll", self.directory, e)
+            return
+        ready = sorted((created, name, sig) for name, (sig, created) in listing.items()
+                       if self.before.get(name) == sig and sig not in (self.refused.get(name), self.done.get(name),
+                                                                       self.waiting.get(name)))
+        self.before = {name: sig for name, (sig, _) in listing.items()}
+        for table in (self.refused, self.done, self.waiting):  # (names gone: forgotten)
+            for name in [n for n in table if n not in listing]:
+                del table[name]
+        for _, name, sig in ready:
+            if self.stopping():
+                return
+            self._take(name, sig, scanned)
+        if self.time_field is None:
+            mark = scanned  # this scan's files are flushed, and the next ones are stamped later
+        elif self.latest > MIN_TIME and self.max_delay_us is not None:
+            mark = min(self.latest - self.max_delay_us, END_OF_TIME - 1)  # (never the end: not finished)
+        else:
+            mark = MIN_TIME
+        if mark > self.watermark:
+            self.sink.advance_watermark(mark)
+            self.watermark = mark
+
+    def _take(self, name: str, sig: Signature, scanned: int) -> None:
+        path = os.path.join(self.directory, name)
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                if _signature(st) != sig:
+                    return  # (changed since the scan: it waits until it holds still)
+                if not _ends_with_newline(f, st.st_size):
+                    log.warning("%s does not end with a newline: its last line is waited for (a file is taken once "
+                                "complete; move files in whole)", name)
+                    self.waiting[name] = sig
+                    return
+                identity = identity_of(f, st)
+                if identity in self.taken:
+                    if self.taken[identity] != (st.st_size, st.st_mtime_ns):
+                        log.warning("%s has the identity of a file sent before (its inode and first line) but other "
+                                    "contents since: it is not sent again in this run (lines appended to a file sent "
+                                    "go with the next run; a new file on a deleted file's inode, with the same first "
+                                    "line, is taken for it: keep sent files, --done-dir)", name)
+                    self.done[name] = sig
+                    return
+                _check(f, name, self.key_field, self.time_field, self.unit)
+                f.seek(0)
+                n = 0
+                for lineno, key, value, ts in _lines(f, name, self.key_field, self.time_field, self.unit):
+                    when = scanned if ts is None else ts
+                    self.sink.send_sequenced(identity, lineno, key, value, when)
+                    self.latest = max(self.latest, when)
+                    n += 1
+        except FileNotFoundError:
+            return  # (moved away since the scan: the next scan sees where to)
+        except (InjectionError, OSError) as e:
+            self.refused[name] = sig
+            log.error("%s; %s was not sent: fix or replace it, and it is tried again once it changes", e, name)
+            return
+        self._flush()
+        self.taken[identity] = (st.st_size, st.st_mtime_ns)
+        self.done[name] = sig
+        self.sent += n
+        if self.done_dir is not None:
+            self._move(name, path)
+
+    def _flush(self) -> None:
+        """The file's records committed; a cluster that cannot take them is tried again each
+        poll (the injector keeps them queued), until stopped (then its error is raised)."""
+        while True:
+            try:
+                self.sink.flush()
+                return
+            except InjectionError as e:
+                log.warning("the records sent could not be committed yet (%s); trying again in a poll", e)
+                if self.stopping() or self.wait(self.poll_s):
+                    raise
+
+    def _move(self, name: str, path: str) -> None:
+        assert self.done_dir is not None
+        target = os.path.join(self.done_dir, name)
+        n = 0
+        while os.path.lexists(target):
+            n += 1
+            target = os.path.join(self.done_dir, f"{name}.{n}")
+        try:
+            os.rename(path, target)
+        except OSError as e:
+            log.error("%s was sent but could not be moved to %r (%s); it stays, and is not sent again in this run",
+                      name, self.done_dir, e)
 
 
 def follow_files(sink: Sink, directory: str, *, key_field: str | None = None, time_field: str | None = None,
                  unit: str | None = None, max_delay_us: int | None = None, poll_s: float = 1.0,
-                 wait: Callable[[float], bool] = threading.Event().wait,
+                 done_dir: str | None = None, wait: Callable[[float], bool] = threading.Event().wait,
+                 stopping: Callable[[], bool] = lambda: False,
                  now_us: Callable[[], int] = lambda: time.time_ns() // 1000) -> int:
     """Send the files of ``directory`` as they come (module doc), scanning it every ``poll_s``
-    seconds until ``wait(poll_s)`` returns True; returns the lines sent."""
-    check_follow(time_field, unit, max_delay_us, poll_s)
-    if not os.path.isdir(directory):
-        raise InjectionError(f"{directory!r} is not a directory; pass the folder the files come into")
-    before: dict[str, Signature] = {}    # name -> what it was at the last scan
-    refused: dict[str, Signature] = {}   # name -> what it was when it could not be sent
-    done: dict[str, Signature] = {}      # name -> what it was when it was sent (or found sent)
-    taken: set[str] = set()              # identities of the files sent
-    latest, watermark, sent = MIN_TIME, MIN_TIME, 0
+    seconds until ``wait(poll_s)`` returns True (``stopping``: whether it will, checked
+    between files); returns the lines sent."""
+    check_follow(time_field, unit, max_delay_us, poll_s, directory, done_dir)
+    follower = Follower(sink, directory, key_field=key_field, time_field=time_field, unit=unit,
+                        max_delay_us=max_delay_us, done_dir=done_dir, stopping=stopping, wait=wait, poll_s=poll_s)
     while True:
-        scanned = max(now_us(), watermark)  # (a clock set back stamps no record behind the watermark)
-        listing = _listing(directory)
-        ready = sorted((created, name, sig) for name, (sig, created) in listing.items()
-                       if before.get(name) == sig and refused.get(name) != sig and done.get(name) != sig)
-        before = {name: sig for name, (sig, _) in listing.items()}
-        for _, name, sig in ready:  # oldest first
-            path = os.path.join(directory, name)
-            try:
-                identity = file_identity(path)
-                lines = [] if identity in taken else read_file(path, name, key_field, time_field, unit)
-            except FileNotFoundError:
-                continue  # (moved away since the scan: the next scan sees where to)
-            except (InjectionError, OSError) as e:
-                refused[name] = sig
-                log.error("%s; %s was not sent: fix or replace it, and it is tried again once it changes", e, name)
-                continue
-            if identity not in taken:
-                for lineno, key, value, ts in lines:
-                    when = scanned if ts is None else ts
-                    sink.send_sequenced(identity, lineno, key, value, when)
-                    latest = max(latest, when)
-                sink.flush()
-                taken.add(identity)
-                sent += len(lines)
-            done[name] = sig
-            refused.pop(name, None)
-        if time_field is None:
-            mark = scanned  # this scan's files are flushed, and the next ones are stamped later
-        else:
-            mark = latest - max_delay_us if latest > MIN_TIME and max_delay_us is not None else MIN_TIME
-        if mark > watermark:
-            sink.advance_watermark(mark)
-            watermark = mark
+        follower.scan(now_us())
         if wait(poll_s):
-            return sent
+            return follower.sent
+
+
+def _signature(st: os.stat_result) -> Signature:
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
 def _listing(directory: str) -> dict[str, tuple[Signature, int]]:
@@ -152,28 +287,28 @@ def _listing(directory: str) -> dict[str, tuple[Signature, int]]:
         except FileNotFoundError:
             continue
         if stat.S_ISREG(st.st_mode):
-            out[name] = ((st.st_size, st.st_mtime_ns, st.st_ino), created_us(st))
+            out[name] = (_signature(st), created_us(st))
     return out
 
 
 def follow_directory(directory: str, masters: str | Iterable[str], stream: str, name: str | None = None,
                      security: Security = Security(), allow_code: str | Sequence[str] = (), *,
                      key_field: str | None = None, time_field: str | None = None, unit: str | None = None,
-                     max_delay_us: int | None = None, poll_s: float = 1.0,
+                     max_delay_us: int | None = None, poll_s: float = 1.0, done_dir: str | None = None,
                      stop: threading.Event | None = None, started: Callable[[], object] = lambda: None) -> int:
-    """:func:`follow_files` through an :class:`Injector` until ``stop`` is set; then flush and
-    close it without finishing the stream (module doc, "Stopping"). Returns the lines sent.
-    ``started`` is called once the flags are checked and the injector is made."""
-    check_follow(time_field, unit, max_delay_us, poll_s)
-    if not os.path.isdir(directory):
-        raise InjectionError(f"{directory!r} is not a directory; pass the folder the files come into")
+    """:func:`follow_files` through an :class:`Injector` (its incarnation the same in every
+    run: :data:`IDENTITY`) until ``stop`` is set; then flush and close it without finishing
+    the stream (module doc, "Stopping"). Returns the lines sent. ``started`` is called once
+    the flags are checked and the injector is made."""
+    check_follow(time_field, unit, max_delay_us, poll_s, directory, done_dir)
     stop = stop or threading.Event()
     inj = Injector(masters, stream, name or "files:" + os.path.abspath(directory), security=security,
-                   allow_code=allow_code)
+                   allow_code=allow_code, incarnation=IDENTITY)
     try:
         started()
         n = follow_files(inj, directory, key_field=key_field, time_field=time_field, unit=unit,
-                         max_delay_us=max_delay_us, poll_s=poll_s, wait=stop.wait)
+                         max_delay_us=max_delay_us, poll_s=poll_s, done_dir=done_dir, wait=stop.wait,
+                         stopping=stop.is_set)
         inj.flush()
         return n
     finally:

@@ -76,3 +76,13 @@ def test_unreachable_etcd(tmp_path: object) -> None:
     port = free_port()
     proc = millstream("master", "--etcd", f"http://127.0.0.1:{port}", "--listen", "127.0.0.1:0")
     one_line_error(proc, f"127.0.0.1:{port}", "cannot reach etcd")
+
+
+def test_follow_flags_without_follow_are_one_line_each(tmp_path: object) -> None:
+    """`inject-files`'s follower flags, refused on the command line before any master is asked."""
+    d = str(tmp_path)
+    unreachable = f"127.0.0.1:{free_port()}"
+    for flags, needle in ((["--poll-s", "2"], "are for --follow"), (["--done-dir", d], "are for --follow"),
+                          (["--follow", "--timestamp-field", "ts"], "needs --max-delay-s"),
+                          (["--follow", "--done-dir", d], "is the followed directory itself")):
+        one_line_error(millstream("inject-files", d, "--stream", "s", "--masters", unreachable, *flags), needle)

@@ -104,8 +104,8 @@ def test_a_followed_directory_sends_each_file_once_as_it_comes_and_across_restar
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                                 env=dict(os.environ, PYTHONPATH=ROOT))
 
-    def stopped(proc: subprocess.Popen[str]) -> str:
-        proc.send_signal(signal.SIGINT)
+    def stopped(proc: subprocess.Popen[str], how: signal.Signals) -> str:
+        proc.send_signal(how)
         stdout, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 0 and "Traceback" not in stderr, stderr
         return stdout
@@ -116,11 +116,11 @@ def test_a_followed_directory_sends_each_file_once_as_it_comes_and_across_restar
         wait_until(lambda: counted(300), 120, "the first file counted")
         move_in(1)
         wait_until(lambda: counted(600), 120, "the second file counted")
-        assert "sent 600 lines into 'lines'; the stream is not finished" in stopped(proc)
+        assert "sent 600 lines into 'lines'; the stream is not finished" in stopped(proc, signal.SIGINT)
         move_in(2)  # while no follower runs
         proc = follower()
         wait_until(lambda: counted(900), 120, "the third file counted, the first two not again")
-        assert "sent 900 lines" in stopped(proc)  # (the first two again: dropped by their readers)
+        assert "sent 900 lines" in stopped(proc, signal.SIGTERM)  # (the first two again: dropped by their readers)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -128,9 +128,11 @@ def test_a_followed_directory_sends_each_file_once_as_it_comes_and_across_restar
     assert counted(900)
 
 
-def test_followed_json_lines_fire_the_windows_their_later_times_pass(cluster: Cluster) -> None:
+def test_followed_json_lines_fire_the_windows_their_later_times_pass_across_a_restart(cluster: Cluster) -> None:
     """With --timestamp-field the follower's watermark trails the latest time by --max-delay-s:
-    windows before it fire while the follower runs; the one it has not passed does not."""
+    windows before it fire while the follower runs, the one it has not passed does not; and a
+    follower stopped and run again under the same name takes the stream on past where the
+    first run left it (its hold is replaced, not added to)."""
     out = os.path.join(cluster.data_dir, "out-followed-clicks")
     flow = Dataflow("followclicks", key_ranges=2)
     flow.input("followclicks.in", codec=codecs.JSON, keyed=True).map(j.one).window(Tumbling(SECOND), Sum()) \
@@ -139,28 +141,33 @@ def test_followed_json_lines_fire_the_windows_their_later_times_pass(cluster: Cl
     cluster.wait_assigned()
     src = os.path.join(cluster.data_dir, "followed-clicks")
     os.makedirs(src)
-    events = [(f"u{i % 3}", T0 + (i * 7_919) % 5_000_000) for i in range(300)]  # seconds 0-4
-    first, second = [e for e in events if e[1] < T0 + 3 * SECOND], [e for e in events if e[1] >= T0 + 3 * SECOND]
-    stop = threading.Event()
-    sent: list[int] = []
-    thread = threading.Thread(target=lambda: sent.append(follow_directory(
-        src, cluster.masters_arg, "followclicks.in", security=cluster.security, key_field="user", time_field="ts",
-        max_delay_us=500_000, poll_s=0.1, stop=stop)))
-    thread.start()
-    try:
-        for n, part in enumerate((first, second)):
+    events = [(f"u{i % 3}", T0 + (i * 1_234_567) % 5_000_000) for i in range(300)]  # seconds 0-4, shuffled
+    parts = [e for e in events if e[1] < T0 + 3 * SECOND], [e for e in events if e[1] >= T0 + 3 * SECOND]
+    rows = lambda: list(read_file_sink(out))  # noqa: E731
+
+    def fired(upto: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        closed = (max(t for _, t in upto) - 500_000 - T0) // SECOND  # windows before it have fired
+        return dict(Counter((u, (t - T0) // SECOND) for u, t in upto if (t - T0) // SECOND < closed))
+
+    def run_with(n: int) -> int:
+        stop, sent = threading.Event(), []
+        thread = threading.Thread(target=lambda: sent.append(follow_directory(
+            src, cluster.masters_arg, "followclicks.in", security=cluster.security, key_field="user",
+            time_field="ts", max_delay_us=500_000, poll_s=0.1, stop=stop)))
+        thread.start()
+        try:
             tmp = os.path.join(src, f".part-{n}.jsonl")
             with open(tmp, "w") as f:
-                f.write("".join(json.dumps({"user": u, "ts": t}) + "\n" for u, t in part))
+                f.write("".join(json.dumps({"user": u, "ts": t}) + "\n" for u, t in parts[n]))
             os.rename(tmp, os.path.join(src, f"part-{n}.jsonl"))
-        latest = max(t for _, t in events)
-        closed = (latest - 500_000 - T0) // SECOND  # windows of the seconds before it have fired
-        expected = Counter((u, (t - T0) // SECOND) for u, t in events if (t - T0) // SECOND < closed)
-        rows = lambda: list(read_file_sink(out))  # noqa: E731
-        wait_until(lambda: len(rows()) >= len(expected), 120, "the windows the watermark passed")
-        got = {(r["key"], (json.loads(r["value"])[0] - T0) // SECOND): json.loads(r["value"])[2] for r in rows()}
-        assert got == dict(expected) and len(rows()) == len(expected)  # none of the last second's yet
-    finally:
-        stop.set()
-        thread.join(60)
-    assert sent == [len(events)]
+            expected = fired([e for p in parts[:n + 1] for e in p])
+            wait_until(lambda: len(rows()) >= len(expected), 120, f"the windows run {n}'s watermark passed")
+            got = {(r["key"], (json.loads(r["value"])[0] - T0) // SECOND): json.loads(r["value"])[2] for r in rows()}
+            assert got == expected and len(rows()) == len(expected)  # none past its watermark yet
+        finally:
+            stop.set()
+            thread.join(60)
+        return sent[0]
+
+    assert run_with(0) == len(parts[0])
+    assert run_with(1) == len(events)  # (the first file again: its readers drop it)

@@ -177,3 +177,114 @@ def test_flags_that_cannot_work_are_refused_before_anything_is_sent(tmp_path: An
     with pytest.raises(InjectionError, match="is not a directory"):
         follow_files(r, os.path.join(str(tmp_path), "missing"), wait=script())
     assert not r.events
+
+
+def test_a_file_without_its_last_newline_waits_for_it(tmp_path: Any, caplog: Any) -> None:
+    d = str(tmp_path)
+    path = os.path.join(d, "w.log")
+    with open(path, "w") as f:
+        f.write("w1\nw2")  # a writer that paused mid-line, longer than a poll
+
+    def finish() -> None:
+        with open(path, "a") as f:
+            f.write("-end\n")
+    r = Recorder()
+    with caplog.at_level(logging.WARNING):
+        follow(r, d, lambda: None, lambda: None, finish, lambda: None)
+    assert values(r) == [b"w1", b"w2-end"]
+    assert len([m for m in caplog.messages if "does not end with a newline" in m]) == 1
+
+
+def test_a_new_file_taken_for_one_sent_before_is_named_in_a_warning(tmp_path: Any, caplog: Any,
+                                                                     monkeypatch: Any) -> None:
+    """A new file on a deleted file's inode, with the same first line (a CSV header), has its
+    identity: it is not sent, and the log says why and what avoids it."""
+    d = str(tmp_path)
+    put(d, "a.csv", ["id,name", "1,x"])
+    r = Recorder()
+    identity = file_identity(os.path.join(d, "a.csv"))
+    monkeypatch.setattr("injectors.follow.identity_of", lambda f, st: identity)  # (as a reused inode gives)
+    with caplog.at_level(logging.WARNING):
+        follow(r, d, lambda: None, lambda: put(d, "b.csv", ["id,name", "2,y", "3,z"]), lambda: None)
+    assert values(r) == [b"id,name", b"1,x"]
+    assert any("b.csv has the identity of a file sent before" in m and "--done-dir" in m for m in caplog.messages)
+
+
+def test_a_line_too_large_for_a_record_refuses_its_file(tmp_path: Any, caplog: Any, monkeypatch: Any) -> None:
+    monkeypatch.setattr("injectors.follow.MAX_VALUE_BYTES", 8)
+    d = str(tmp_path)
+    put(d, "big.log", ["short", "far too long for it"])
+    put(d, "ok.log", ["fine"])
+    r = Recorder()
+    with caplog.at_level(logging.ERROR):
+        follow(r, d, lambda: None)
+    assert values(r) == [b"fine"]
+    assert any("big.log, line 2: 19 bytes, over the 8 a record's value may have" in m for m in caplog.messages)
+
+
+def test_done_dir_takes_each_file_once_it_is_committed(tmp_path: Any) -> None:
+    d, done = str(tmp_path / "in"), str(tmp_path / "done")
+    os.makedirs(d)
+    os.makedirs(done)
+    put(done, "a.log", ["old"])  # a name already there: the new one goes beside it
+    put(d, "a.log", ["a1"])
+    class Checking(Recorder):
+        def flush(self) -> None:  # the file is moved only once its records are committed
+            assert os.listdir(d) == ["a.log"]
+            super().flush()
+    r = Checking()
+    follow(r, d, lambda: None, done_dir=done)
+    assert values(r) == [b"a1"] and os.listdir(d) == []
+    assert sorted(os.listdir(done)) == ["a.log", "a.log.1"]
+    assert open(os.path.join(done, "a.log.1")).read() == "a1\n"
+    with pytest.raises(InjectionError, match="is the followed directory itself"):
+        follow_files(r, d, done_dir=d, wait=script())
+    with pytest.raises(InjectionError, match="--done-dir .* is not a directory"):
+        follow_files(r, d, done_dir=os.path.join(done, "missing"), wait=script())
+
+
+def test_a_cluster_that_cannot_commit_is_tried_again_each_poll(tmp_path: Any, caplog: Any) -> None:
+    d = str(tmp_path)
+    put(d, "a.log", ["a1"])
+
+    class Flaky(Recorder):
+        failures = 2
+
+        def flush(self) -> None:
+            if self.failures:
+                self.failures -= 1
+                raise InjectionError("round failed: no tablet answered")
+            super().flush()
+    r = Flaky()
+    with caplog.at_level(logging.WARNING):
+        follow(r, d, lambda: None, lambda: None, lambda: None, lambda: None)
+    assert values(r) == [b"a1"] and ("flush", None) in r.events
+    assert sum("could not be committed yet" in m for m in caplog.messages) == 2
+    r = Flaky()
+    stopped = [False]
+    with pytest.raises(InjectionError, match="no tablet answered"):  # stopped while it cannot: the error
+        follow_files(r, d, poll_s=0.01, wait=script(lambda: None, lambda: stopped.__setitem__(0, True)),
+                     stopping=lambda: stopped[0], now_us=clock())
+
+
+def test_a_follower_stops_between_files_and_outlives_its_directory_going_away(tmp_path: Any, caplog: Any) -> None:
+    d = str(tmp_path / "in")
+    os.makedirs(d)
+    put(d, "a.log", ["a1"])
+    put(d, "b.log", ["b1"])
+    r = Recorder()
+    follow_files(r, d, poll_s=0.01, wait=script(lambda: None), stopping=lambda: bool(sends(r)), now_us=clock())
+    assert len(sends(r)) == 1  # the second file waits for the next run
+    r = Recorder()
+    with caplog.at_level(logging.ERROR):
+        follow(r, d, lambda: None, lambda: [os.remove(os.path.join(d, n)) for n in os.listdir(d)] and os.rmdir(d),
+               lambda: None)
+    assert values(r) == [b"a1", b"b1"] and any("cannot list" in m for m in caplog.messages)
+
+
+def test_the_trailing_watermark_never_finishes_the_stream(tmp_path: Any) -> None:
+    d = str(tmp_path)
+    put(d, "far.jsonl", [json.dumps({"u": "x", "ts": 2**63 - 1})])
+    r = Recorder()
+    follow(r, d, lambda: None, key_field="u", time_field="ts", unit="us", max_delay_us=0)
+    assert [v for k, v in r.events if k == "watermark"] == [2**63 - 2]
