@@ -4,8 +4,9 @@ source, Flink's ``FileSource`` monitoring a directory).
 
 **Which files.** Regular files whose name does not start with a dot. A file is taken once it
 is complete: its size, times and inode what they were one poll before (every file waits one
-poll after it is first seen), and its last byte a newline (a file still being written, even
-one whose writer paused, waits for its last line). The safe way, as for Spark and Flink, is
+poll after it is first seen), not empty, and its last byte a newline (a file whose writer
+paused mid-line waits for its last line; one paused at a line's end for longer than a poll
+is taken as it is: write files whole). The safe way, as for Spark and Flink, is
 to write a file elsewhere (or under a dot name) and move it in whole. Within a run a file
 taken is not read again: a rename is the file it was, and lines appended to it wait for the
 next run (which sends them after the others: the file continues its line numbers). With
@@ -22,7 +23,7 @@ longer than that, and read by a run started after it, counts again: move files o
 deleted one's inode, starting with the same line, a CSV header say, would be taken for it).
 
 **Times and the watermark.**
-- With ``--timestamp-field``: each record's time is its line's; after each file the watermark
+- With ``--timestamp-field``: each record's time is its line's; after each scan the watermark
   moves to the latest time sent less ``max_delay_us`` (``--max-delay-s``: Flink's bounded
   out-of-orderness, Spark's ``withWatermark``), so a record further behind than that, in a
   later file, is late to its readers (counted, and handled as their ``late_records`` says).
@@ -36,17 +37,25 @@ logs which file and line and what to fix, and goes on with the others. The file 
 again once it changes (its contents, or its permissions).
 
 **A cluster that cannot take the records** (down, or a round failing past the injector's
-timeout): the follower logs it and tries again at each poll; nothing is lost.
+timeout), or a master that cannot take a watermark: the follower logs it and tries again at
+each poll; nothing is lost.
 
-**Stopping** (Ctrl-C, SIGTERM): the follower stops between files, flushes what it sent, and
-the stream is *not* finished: the injector's watermark holds its readers where it stopped
-until the follower runs again (or the master releases a silent injector,
-``--injector-expiry-s``). A second Ctrl-C stops at once; what was not flushed is sent again
-by the next run.
+**Stopping** (Ctrl-C, SIGTERM): the follower stops between files and retires its injector
+(``Injector.retire``: what it sent committed, its promise final), and the stream is *not*
+finished: the name holds its readers where it stopped, without expiring, until the follower
+runs again. A run that crashed instead holds them until it runs again, or until the master
+releases it as silent (``--injector-expiry-s``, a day). A second Ctrl-C stops without
+waiting for that; what was not committed is sent again by the next run.
+
+**One follower per name at a time**: runs under a name share one injector incarnation, so
+two at once would overwrite each other's watermark. A second follower of the same directory
+on the same host is refused (a lock on the directory); on several hosts, give each its own
+``--name``.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import stat
@@ -57,7 +66,7 @@ from typing import BinaryIO
 
 from injectors.files import Sink, check_unit, created_us, identity_of, line_fields
 from injectors.injector import Injector
-from runtime.errors import InjectionError
+from runtime.errors import ConfigError, InjectionError, InvalidRecordError, MillstreamError, RoleError
 from runtime.record import END_OF_TIME, MAX_KEY_BYTES, MAX_VALUE_BYTES, MIN_TIME
 from runtime.security import Security
 
@@ -92,17 +101,36 @@ def check_follow(time_field: str | None, unit: str | None, max_delay_us: int | N
         if os.stat(done_dir).st_dev != os.stat(directory).st_dev:
             raise InjectionError(f"--done-dir {done_dir!r} is on another file system than {directory!r}: files are "
                                  "moved there by a rename, which keeps their inodes; give one on the same file system")
+        for d in (directory, done_dir):
+            if not os.access(d, os.W_OK | os.X_OK):
+                raise InjectionError(f"--done-dir: files cannot be moved out of {directory!r} into {done_dir!r}: "
+                                     f"{d!r} is not writable by this user")
 
 
-def _check(f: BinaryIO, name: str, key_field: str | None, time_field: str | None, unit: str | None) -> None:
+def _raw_lines(f: BinaryIO, size: int) -> Iterator[tuple[int, bytes]]:
+    """The lines of an open file up to ``size`` bytes (what was checked: a writer that goes on
+    meanwhile adds nothing), each read at most a byte past a record's largest value (a longer
+    one comes as a piece without its newline, and is refused)."""
+    f.seek(0)
+    pos = lineno = 0
+    while pos < size:
+        raw = f.readline(min(MAX_VALUE_BYTES + 2, size - pos))
+        if not raw:
+            return
+        pos += len(raw)
+        lineno += 1
+        yield lineno, raw
+
+
+def _check(f: BinaryIO, size: int, name: str, key_field: str | None, time_field: str | None,
+           unit: str | None) -> None:
     """Every line of an open file checked as a record (raises InjectionError naming the line)."""
     biggest = 0
-    for lineno, raw in enumerate(f, start=1):
+    for lineno, raw in _raw_lines(f, size):
         value = raw.rstrip(b"\n")
         where = f"{name}, line {lineno}"
         if len(value) > MAX_VALUE_BYTES:
-            raise InjectionError(f"{where}: {len(value):,} bytes, over the {MAX_VALUE_BYTES:,} a record's value may "
-                                 "have; split it")
+            raise InjectionError(f"{where}: over the {MAX_VALUE_BYTES:,} bytes a record's value may have; split it")
         if key_field is None and time_field is None:
             continue
         if not raw.strip():
@@ -116,11 +144,11 @@ def _check(f: BinaryIO, name: str, key_field: str | None, time_field: str | None
         check_unit(biggest, time_field, f"file {name!r}", "nothing of it was sent")
 
 
-def _lines(f: BinaryIO, name: str, key_field: str | None, time_field: str | None,
+def _lines(f: BinaryIO, size: int, name: str, key_field: str | None, time_field: str | None,
            unit: str | None) -> Iterator[tuple[int, bytes, bytes, int | None]]:
     """The records of an open file already checked: line number, key, value, time (None: the
     follower's stamp)."""
-    for lineno, raw in enumerate(f, start=1):
+    for lineno, raw in _raw_lines(f, size):
         value, key, ts = raw.rstrip(b"\n"), name.encode(), None
         if key_field is not None or time_field is not None:
             if not raw.strip():
@@ -139,6 +167,15 @@ def _ends_with_newline(f: BinaryIO, size: int) -> bool:
     return last == b"\n"
 
 
+class _Unsent(MillstreamError):
+    """A file's records could not all be queued (stopped while the cluster could not take
+    them): the follower ends, and the next run sends the file again."""
+
+    def __init__(self, error: InjectionError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class Follower:
     """One run of a follower over a directory (module doc): what it has seen, taken and
     refused, by file name and identity."""
@@ -153,7 +190,9 @@ class Follower:
         self.refused: dict[str, Signature] = {}  # name -> its signature when it could not be sent
         self.waiting: dict[str, Signature] = {}  # name -> ... when it was found without its last newline
         self.done: dict[str, Signature] = {}     # name -> ... when it was sent (or found sent)
-        self.taken: dict[str, tuple[int, int]] = {}  # identity of each file sent -> its size and mtime then
+        self.taken: dict[str, tuple[int, int]] = {}  # identity of each file sent and not moved out -> size, mtime
+        self.unmoved: dict[str, str] = {}        # name -> identity of a file sent whose move failed (tried again)
+        self.unlisted: set[str] = set()          # names whose stat failed (warned once)
         self.latest = self.watermark = MIN_TIME
         self.sent = 0
 
@@ -161,10 +200,13 @@ class Follower:
         """One look at the directory: each complete file not sent yet is sent, oldest first."""
         scanned = max(now_us, self.watermark)  # (a clock set back stamps no record behind the watermark)
         try:
-            listing = _listing(self.directory)
+            listing = _listing(self.directory, self.unlisted)
         except OSError as e:
             log.error("cannot list %r (%s); looking again in a poll", self.directory, e)
             return
+        for name, identity in list(self.unmoved.items()):
+            if name in listing:
+                self._move(name, identity)
         ready = sorted((created, name, sig) for name, (sig, created) in listing.items()
                        if self.before.get(name) == sig and sig not in (self.refused.get(name), self.done.get(name),
                                                                        self.waiting.get(name)))
@@ -183,7 +225,13 @@ class Follower:
         else:
             mark = MIN_TIME
         if mark > self.watermark:
-            self.sink.advance_watermark(mark)
+            try:
+                self.sink.advance_watermark(mark)
+            except (RoleError, ConfigError):
+                raise
+            except MillstreamError as e:  # (a master away: the promise is kept, and reported again next scan)
+                log.warning("the watermark %d could not be reported yet (%s); trying again in a poll", mark, e)
+                return
             self.watermark = mark
 
     def _take(self, name: str, sig: Signature, scanned: int) -> None:
@@ -193,10 +241,11 @@ class Follower:
                 st = os.fstat(f.fileno())
                 if _signature(st) != sig:
                     return  # (changed since the scan: it waits until it holds still)
-                if not _ends_with_newline(f, st.st_size):
-                    log.warning("%s does not end with a newline: its last line is waited for (a file is taken once "
-                                "complete; move files in whole)", name)
-                    self.waiting[name] = sig
+                if st.st_size == 0 or not _ends_with_newline(f, st.st_size):
+                    if st.st_size:
+                        log.warning("%s does not end with a newline: it is taken once it does (end each file's last "
+                                    "line with one, and move files in whole)", name)
+                    self.waiting[name] = sig  # (an empty file: nothing to send, and perhaps not written yet)
                     return
                 identity = identity_of(f, st)
                 if identity in self.taken:
@@ -207,14 +256,9 @@ class Follower:
                                     "line, is taken for it: keep sent files, --done-dir)", name)
                     self.done[name] = sig
                     return
-                _check(f, name, self.key_field, self.time_field, self.unit)
-                f.seek(0)
-                n = 0
-                for lineno, key, value, ts in _lines(f, name, self.key_field, self.time_field, self.unit):
-                    when = scanned if ts is None else ts
-                    self.sink.send_sequenced(identity, lineno, key, value, when)
-                    self.latest = max(self.latest, when)
-                    n += 1
+                _check(f, st.st_size, name, self.key_field, self.time_field, self.unit)
+                n = self._send(identity, _lines(f, st.st_size, name, self.key_field, self.time_field, self.unit),
+                               scanned)  # (read again: nothing of a file is held)
         except FileNotFoundError:
             return  # (moved away since the scan: the next scan sees where to)
         except (InjectionError, OSError) as e:
@@ -226,7 +270,28 @@ class Follower:
         self.done[name] = sig
         self.sent += n
         if self.done_dir is not None:
-            self._move(name, path)
+            self._move(name, identity)
+
+    def _send(self, identity: str, records: Iterable[tuple[int, bytes, bytes, int | None]], scanned: int) -> int:
+        """Queue a checked file's records; a cluster that cannot take them (a failed round,
+        reported when the queue is full) is waited out as in :meth:`_flush`, each record
+        queued once (a refused ``send_sequenced`` leaves the injector as it was)."""
+        n = 0
+        for lineno, key, value, ts in records:
+            when = scanned if ts is None else ts
+            while True:
+                try:
+                    self.sink.send_sequenced(identity, lineno, key, value, when)
+                    break
+                except InjectionError as e:
+                    if isinstance(e, InvalidRecordError):
+                        raise _Unsent(e) from None
+                    log.warning("the records sent could not be committed yet (%s); trying again in a poll", e)
+                    if self.stopping() or self.wait(self.poll_s):
+                        raise _Unsent(e) from None
+            self.latest = max(self.latest, when)
+            n += 1
+        return n
 
     def _flush(self) -> None:
         """The file's records committed; a cluster that cannot take them is tried again each
@@ -240,7 +305,9 @@ class Follower:
                 if self.stopping() or self.wait(self.poll_s):
                     raise
 
-    def _move(self, name: str, path: str) -> None:
+    def _move(self, name: str, identity: str) -> None:
+        """A committed file out to ``done_dir`` (its identity then forgotten: the file is gone);
+        a move that fails is tried again at each scan."""
         assert self.done_dir is not None
         target = os.path.join(self.done_dir, name)
         n = 0
@@ -248,10 +315,17 @@ class Follower:
             n += 1
             target = os.path.join(self.done_dir, f"{name}.{n}")
         try:
-            os.rename(path, target)
+            os.rename(os.path.join(self.directory, name), target)
+        except FileNotFoundError:
+            self.unmoved.pop(name, None)  # (moved by someone else)
         except OSError as e:
-            log.error("%s was sent but could not be moved to %r (%s); it stays, and is not sent again in this run",
-                      name, self.done_dir, e)
+            if name not in self.unmoved:
+                log.error("%s was sent but could not be moved to %r (%s); it is not sent again, and the move is tried "
+                          "again at each scan", name, self.done_dir, e)
+            self.unmoved[name] = identity
+        else:
+            self.unmoved.pop(name, None)
+            self.taken.pop(identity, None)
 
 
 def follow_files(sink: Sink, directory: str, *, key_field: str | None = None, time_field: str | None = None,
@@ -266,7 +340,10 @@ def follow_files(sink: Sink, directory: str, *, key_field: str | None = None, ti
     follower = Follower(sink, directory, key_field=key_field, time_field=time_field, unit=unit,
                         max_delay_us=max_delay_us, done_dir=done_dir, stopping=stopping, wait=wait, poll_s=poll_s)
     while True:
-        follower.scan(now_us())
+        try:
+            follower.scan(now_us())
+        except _Unsent as e:
+            raise e.error from None
         if wait(poll_s):
             return follower.sent
 
@@ -275,9 +352,10 @@ def _signature(st: os.stat_result) -> Signature:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
-def _listing(directory: str) -> dict[str, tuple[Signature, int]]:
+def _listing(directory: str, unlisted: set[str]) -> dict[str, tuple[Signature, int]]:
     """Each regular file not named with a leading dot: its signature, and its creation time
-    (µs; :func:`injectors.files.created_us`), the order files are sent in."""
+    (µs; :func:`injectors.files.created_us`), the order files are sent in. An entry that
+    cannot be looked at is warned about once (in ``unlisted``) and left out."""
     out = {}
     for name in os.listdir(directory):
         if name.startswith("."):
@@ -286,6 +364,12 @@ def _listing(directory: str) -> dict[str, tuple[Signature, int]]:
             st = os.stat(os.path.join(directory, name))
         except FileNotFoundError:
             continue
+        except OSError as e:
+            if name not in unlisted:
+                unlisted.add(name)
+                log.warning("%s in %r cannot be looked at (%s); it is left until it can", name, directory, e)
+            continue
+        unlisted.discard(name)
         if stat.S_ISREG(st.st_mode):
             out[name] = (_signature(st), created_us(st))
     return out
@@ -297,19 +381,29 @@ def follow_directory(directory: str, masters: str | Iterable[str], stream: str, 
                      max_delay_us: int | None = None, poll_s: float = 1.0, done_dir: str | None = None,
                      stop: threading.Event | None = None, started: Callable[[], object] = lambda: None) -> int:
     """:func:`follow_files` through an :class:`Injector` (its incarnation the same in every
-    run: :data:`IDENTITY`) until ``stop`` is set; then flush and close it without finishing
-    the stream (module doc, "Stopping"). Returns the lines sent. ``started`` is called once
-    the flags are checked and the injector is made."""
+    run: :data:`IDENTITY`) until ``stop`` is set; then retire it (its records committed, its
+    promise held while no run is live) without finishing the stream (module doc, "Stopping").
+    Returns the lines sent. ``started`` is called once the flags are checked, the directory
+    is locked (one follower per directory on a host) and the injector is made."""
     check_follow(time_field, unit, max_delay_us, poll_s, directory, done_dir)
     stop = stop or threading.Event()
-    inj = Injector(masters, stream, name or "files:" + os.path.abspath(directory), security=security,
-                   allow_code=allow_code, incarnation=IDENTITY)
+    lock = os.open(directory, os.O_RDONLY)
     try:
-        started()
-        n = follow_files(inj, directory, key_field=key_field, time_field=time_field, unit=unit,
-                         max_delay_us=max_delay_us, poll_s=poll_s, done_dir=done_dir, wait=stop.wait,
-                         stopping=stop.is_set)
-        inj.flush()
-        return n
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InjectionError(f"another follower on this host follows {directory!r}: two under one name would "
+                                 "overwrite each other's watermark; run one per directory") from None
+        inj = Injector(masters, stream, name or "files:" + os.path.abspath(directory), security=security,
+                       allow_code=allow_code, incarnation=IDENTITY)
+        try:
+            started()
+            n = follow_files(inj, directory, key_field=key_field, time_field=time_field, unit=unit,
+                             max_delay_us=max_delay_us, poll_s=poll_s, done_dir=done_dir, wait=stop.wait,
+                             stopping=stop.is_set)
+            inj.retire()  # committed, and its promise held while no run is live (not expired)
+            return n
+        finally:
+            inj.close()
     finally:
-        inj.close()
+        os.close(lock)

@@ -4,17 +4,19 @@ follower runs the next step of a script instead of waiting."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from injectors.files import file_identity
-from injectors.follow import follow_files
-from runtime.errors import InjectionError
+from injectors.follow import follow_directory, follow_files
+from runtime.errors import InjectionError, MasterUnavailableError
 from tests.unit.test_file_injector import Recorder
 
 T0 = 1_704_067_200_000_000  # 2024-01-01T00:00:00Z
@@ -219,7 +221,7 @@ def test_a_line_too_large_for_a_record_refuses_its_file(tmp_path: Any, caplog: A
     with caplog.at_level(logging.ERROR):
         follow(r, d, lambda: None)
     assert values(r) == [b"fine"]
-    assert any("big.log, line 2: 19 bytes, over the 8 a record's value may have" in m for m in caplog.messages)
+    assert any("big.log, line 2: over the 8 bytes a record's value may have" in m for m in caplog.messages)
 
 
 def test_done_dir_takes_each_file_once_it_is_committed(tmp_path: Any) -> None:
@@ -288,3 +290,90 @@ def test_the_trailing_watermark_never_finishes_the_stream(tmp_path: Any) -> None
     r = Recorder()
     follow(r, d, lambda: None, key_field="u", time_field="ts", unit="us", max_delay_us=0)
     assert [v for k, v in r.events if k == "watermark"] == [2**63 - 2]
+
+
+def test_a_file_is_read_up_to_the_size_it_was_checked_at(tmp_path: Any) -> None:
+    d = str(tmp_path)
+    put(d, "a.log", ["l1", "l2"])
+
+    class Appending(Recorder):  # a writer that goes on while the file is being sent
+        def send_sequenced(self, producer: str, seq: int, key: bytes, value: bytes, timestamp: int) -> None:
+            with open(os.path.join(d, "a.log"), "a") as f:
+                f.write("par")
+            super().send_sequenced(producer, seq, key, value, timestamp)
+    r = Appending()
+    follow(r, d, lambda: None)
+    assert values(r) == [b"l1", b"l2"]
+
+
+def test_an_empty_file_waits_for_its_lines(tmp_path: Any) -> None:
+    d = str(tmp_path)
+    open(os.path.join(d, "e.log"), "w").close()
+    r = Recorder()
+
+    def write() -> None:
+        with open(os.path.join(d, "e.log"), "w") as f:
+            f.write("e1\n")
+    follow(r, d, lambda: None, write, lambda: None)
+    assert values(r) == [b"e1"]
+
+
+def test_a_cluster_or_master_away_mid_file_is_waited_out_each_record_queued_once(tmp_path: Any, caplog: Any) -> None:
+    d = str(tmp_path)
+    put(d, "a.log", ["a1", "a2", "a3"])
+
+    class Away(Recorder):
+        send_failures, watermark_failures = 1, 1
+
+        def send_sequenced(self, producer: str, seq: int, key: bytes, value: bytes, timestamp: int) -> None:
+            if seq == 2 and self.send_failures:  # (a full queue reports a failed round)
+                self.send_failures -= 1
+                raise InjectionError("round failed: no tablet answered")
+            super().send_sequenced(producer, seq, key, value, timestamp)
+
+        def advance_watermark(self, timestamp: int) -> None:
+            if self.watermark_failures:
+                self.watermark_failures -= 1
+                raise MasterUnavailableError("no master answered")
+            super().advance_watermark(timestamp)
+    r = Away()
+    with caplog.at_level(logging.WARNING):
+        follow(r, d, lambda: None, lambda: None, lambda: None)
+    assert values(r) == [b"a1", b"a2", b"a3"]
+    assert [v[3][1] for v in sends(r)] == [1, 2, 3]
+    assert any("could not be reported yet" in m for m in caplog.messages)
+    assert [v for k, v in r.events if k == "watermark"]  # (reported at a later scan)
+
+
+def test_a_move_that_fails_is_tried_again_and_an_entry_that_cannot_be_looked_at_is_named_once(
+        tmp_path: Any, caplog: Any, monkeypatch: Any) -> None:
+    d, done = str(tmp_path / "in"), str(tmp_path / "done")
+    os.makedirs(d)
+    os.makedirs(done)
+    put(d, "a.log", ["a1"])
+    os.symlink("loop", os.path.join(d, "loop"))  # (stat: too many levels of symbolic links)
+    real_rename, failures = os.rename, [1]
+
+    def rename(src: str, dst: str) -> None:
+        if failures[0]:
+            failures[0] -= 1
+            raise PermissionError(13, "Permission denied")
+        real_rename(src, dst)
+    monkeypatch.setattr(os, "rename", rename)
+    r = Recorder()
+    with caplog.at_level(logging.WARNING):
+        follow(r, d, lambda: None, lambda: None, lambda: None, done_dir=done)
+    assert values(r) == [b"a1"] and os.listdir(done) == ["a.log"]
+    assert sum("could not be moved" in m for m in caplog.messages) == 1
+    assert sum("loop in" in m and "cannot be looked at" in m for m in caplog.messages) == 1
+
+
+def test_a_second_follower_of_a_directory_on_this_host_is_refused(tmp_path: Any) -> None:
+    d = str(tmp_path)
+    held = os.open(d, os.O_RDONLY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(InjectionError, match="another follower on this host follows"):
+            follow_directory(d, "127.0.0.1:1", "s", stop=threading.Event())
+    finally:
+        os.close(held)
