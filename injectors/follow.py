@@ -38,7 +38,7 @@ again once it changes (its contents, or its permissions).
 
 **A cluster that cannot take the records** (down, or a round failing past the injector's
 timeout), or a master that cannot take a watermark: the follower logs it and tries again at
-each poll; nothing is lost.
+each poll; nothing is lost. A stream closed for good (its job drained or cancelled) ends it.
 
 **Stopping** (Ctrl-C, SIGTERM): the follower stops between files and retires its injector
 (``Injector.retire``: what it sent committed, its promise final), and the stream is *not*
@@ -66,7 +66,13 @@ from typing import BinaryIO
 
 from injectors.files import Sink, check_unit, created_us, identity_of, line_fields
 from injectors.injector import Injector
-from runtime.errors import ConfigError, InjectionError, InvalidRecordError, MillstreamError, RoleError
+from runtime.errors import (
+    InjectionError,
+    InvalidRecordError,
+    MasterUnavailableError,
+    MillstreamError,
+    StreamClosedError,
+)
 from runtime.record import END_OF_TIME, MAX_KEY_BYTES, MAX_VALUE_BYTES, MIN_TIME
 from runtime.security import Security
 
@@ -190,8 +196,9 @@ class Follower:
         self.refused: dict[str, Signature] = {}  # name -> its signature when it could not be sent
         self.waiting: dict[str, Signature] = {}  # name -> ... when it was found without its last newline
         self.done: dict[str, Signature] = {}     # name -> ... when it was sent (or found sent)
-        self.taken: dict[str, tuple[int, int]] = {}  # identity of each file sent and not moved out -> size, mtime
-        self.unmoved: dict[str, str] = {}        # name -> identity of a file sent whose move failed (tried again)
+        self.taken: dict[str, tuple[int, int]] = {}  # identity of each file sent (from its first record) -> size, mtime
+        self.unmoved: dict[str, tuple[int, int]] = {}  # name -> (device, inode) of a file sent whose move failed
+        self.unreported = False                  # the last watermark promised is not reported yet
         self.unlisted: set[str] = set()          # names whose stat failed (warned once)
         self.latest = self.watermark = MIN_TIME
         self.sent = 0
@@ -204,9 +211,8 @@ class Follower:
         except OSError as e:
             log.error("cannot list %r (%s); looking again in a poll", self.directory, e)
             return
-        for name, identity in list(self.unmoved.items()):
-            if name in listing:
-                self._move(name, identity)
+        for name, inode in list(self.unmoved.items()):
+            self._move(name, inode)
         ready = sorted((created, name, sig) for name, (sig, created) in listing.items()
                        if self.before.get(name) == sig and sig not in (self.refused.get(name), self.done.get(name),
                                                                        self.waiting.get(name)))
@@ -224,15 +230,14 @@ class Follower:
             mark = min(self.latest - self.max_delay_us, END_OF_TIME - 1)  # (never the end: not finished)
         else:
             mark = MIN_TIME
-        if mark > self.watermark:
+        if mark > self.watermark or self.unreported:
+            self.watermark = max(mark, self.watermark)  # promised from here on: no stamp goes below it
             try:
-                self.sink.advance_watermark(mark)
-            except (RoleError, ConfigError):
-                raise
-            except MillstreamError as e:  # (a master away: the promise is kept, and reported again next scan)
-                log.warning("the watermark %d could not be reported yet (%s); trying again in a poll", mark, e)
-                return
-            self.watermark = mark
+                self.sink.advance_watermark(self.watermark)
+                self.unreported = False
+            except MasterUnavailableError as e:  # (the promise is kept, and reported again next scan)
+                log.warning("the watermark could not be reported yet (%s); trying again in a poll", e)
+                self.unreported = True
 
     def _take(self, name: str, sig: Signature, scanned: int) -> None:
         path = os.path.join(self.directory, name)
@@ -257,6 +262,7 @@ class Follower:
                     self.done[name] = sig
                     return
                 _check(f, st.st_size, name, self.key_field, self.time_field, self.unit)
+                self.taken[identity] = (st.st_size, st.st_mtime_ns)  # (from its first record on: never again)
                 n = self._send(identity, _lines(f, st.st_size, name, self.key_field, self.time_field, self.unit),
                                scanned)  # (read again: nothing of a file is held)
         except FileNotFoundError:
@@ -266,11 +272,10 @@ class Follower:
             log.error("%s; %s was not sent: fix or replace it, and it is tried again once it changes", e, name)
             return
         self._flush()
-        self.taken[identity] = (st.st_size, st.st_mtime_ns)
         self.done[name] = sig
         self.sent += n
         if self.done_dir is not None:
-            self._move(name, identity)
+            self._move(name, (st.st_dev, st.st_ino))
 
     def _send(self, identity: str, records: Iterable[tuple[int, bytes, bytes, int | None]], scanned: int) -> int:
         """Queue a checked file's records; a cluster that cannot take them (a failed round,
@@ -284,7 +289,7 @@ class Follower:
                     self.sink.send_sequenced(identity, lineno, key, value, when)
                     break
                 except InjectionError as e:
-                    if isinstance(e, InvalidRecordError):
+                    if isinstance(e, (InvalidRecordError, StreamClosedError)):
                         raise _Unsent(e) from None
                     log.warning("the records sent could not be committed yet (%s); trying again in a poll", e)
                     if self.stopping() or self.wait(self.poll_s):
@@ -300,32 +305,41 @@ class Follower:
             try:
                 self.sink.flush()
                 return
+            except StreamClosedError as e:
+                raise _Unsent(e) from None
             except InjectionError as e:
                 log.warning("the records sent could not be committed yet (%s); trying again in a poll", e)
                 if self.stopping() or self.wait(self.poll_s):
                     raise
 
-    def _move(self, name: str, identity: str) -> None:
-        """A committed file out to ``done_dir`` (its identity then forgotten: the file is gone);
-        a move that fails is tried again at each scan."""
+    def _move(self, name: str, inode: tuple[int, int]) -> None:
+        """A committed file out to ``done_dir``, if ``name`` is still that file (``inode``:
+        its device and inode; a file put under the name since stays, to be sent); a move that
+        fails is tried again at each scan."""
         assert self.done_dir is not None
+        path = os.path.join(self.directory, name)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            self.unmoved.pop(name, None)  # (moved or removed by someone else)
+            return
+        if (st.st_dev, st.st_ino) != inode:
+            self.unmoved.pop(name, None)  # (another file under the name now: not this one to move)
+            return
         target = os.path.join(self.done_dir, name)
         n = 0
         while os.path.lexists(target):
             n += 1
             target = os.path.join(self.done_dir, f"{name}.{n}")
         try:
-            os.rename(os.path.join(self.directory, name), target)
-        except FileNotFoundError:
-            self.unmoved.pop(name, None)  # (moved by someone else)
+            os.rename(path, target)
         except OSError as e:
             if name not in self.unmoved:
                 log.error("%s was sent but could not be moved to %r (%s); it is not sent again, and the move is tried "
                           "again at each scan", name, self.done_dir, e)
-            self.unmoved[name] = identity
+            self.unmoved[name] = inode
         else:
             self.unmoved.pop(name, None)
-            self.taken.pop(identity, None)
 
 
 def follow_files(sink: Sink, directory: str, *, key_field: str | None = None, time_field: str | None = None,
@@ -394,6 +408,8 @@ def follow_directory(directory: str, masters: str | Iterable[str], stream: str, 
         except BlockingIOError:
             raise InjectionError(f"another follower on this host follows {directory!r}: two under one name would "
                                  "overwrite each other's watermark; run one per directory") from None
+        except OSError as e:  # (a file system that cannot lock a directory: NFS, say)
+            log.warning("cannot lock %r (%s): a second follower of it on this host would not be refused", directory, e)
         inj = Injector(masters, stream, name or "files:" + os.path.abspath(directory), security=security,
                        allow_code=allow_code, incarnation=IDENTITY)
         try:
@@ -401,9 +417,23 @@ def follow_directory(directory: str, masters: str | Iterable[str], stream: str, 
             n = follow_files(inj, directory, key_field=key_field, time_field=time_field, unit=unit,
                              max_delay_us=max_delay_us, poll_s=poll_s, done_dir=done_dir, wait=stop.wait,
                              stopping=stop.is_set)
-            inj.retire()  # committed, and its promise held while no run is live (not expired)
+            _retire(inj)
             return n
         finally:
             inj.close()
     finally:
         os.close(lock)
+
+
+def _retire(inj: Injector, attempts: int = 3) -> None:
+    """``inj.retire()``: what it sent committed, its promise held while no run is live (never
+    expired); a master away is tried again a few times, a second apart, before it raises (the
+    run then holds the stream until the next one, or until the master expires it)."""
+    for attempt in range(attempts):
+        try:
+            inj.retire()
+            return
+        except MasterUnavailableError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(1.0)

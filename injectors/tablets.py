@@ -29,7 +29,7 @@ from runtime.client import Client
 from runtime.columns import Columns
 from runtime.courier import Acked, Action, Courier, Deliver, Dropped, FetchRouting, Refused
 from runtime.delivery import Outcome, Receipt, Status
-from runtime.errors import InjectionError, MillstreamError
+from runtime.errors import InjectionError, MillstreamError, StreamClosedError
 from runtime.imports import CodePolicy
 from runtime.links import Alarm, Channels, DeliveryLinks
 from runtime.parcels import Rerouted
@@ -236,7 +236,7 @@ class Tablets:
         routing = self._core().routing
         closed = routing.proto.closed_streams.get(self.stream)
         if closed:
-            self._fail(InjectionError(f"injector {self.name!r}: {closed} (nothing was sent)"))
+            self._fail(StreamClosedError(f"injector {self.name!r}: {closed} (nothing was sent)"))
         elif not routing.has_subscribers(self.stream):
             self._fail(InjectionError(
                 f"stream {self.stream!r} is unknown: no running computation reads it; submit a topology with "

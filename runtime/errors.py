@@ -63,6 +63,11 @@ class InjectionError(MillstreamError):
     """An injector could not deliver its records (nobody subscribed, a drained job, ...)."""
 
 
+class StreamClosedError(InjectionError):
+    """The stream an injector sends to is closed: its job was drained or cancelled, so no
+    record of it will be taken again (retrying cannot help)."""
+
+
 class InvalidRecordError(InjectionError, UsageError):
     """An injector was handed a record it cannot send (the same mistakes as
     :class:`UsageError` in user code, caught at ``send``)."""

@@ -16,7 +16,7 @@ import pytest
 
 from injectors.files import file_identity
 from injectors.follow import follow_directory, follow_files
-from runtime.errors import InjectionError, MasterUnavailableError
+from runtime.errors import InjectionError, MasterUnavailableError, StreamClosedError
 from tests.unit.test_file_injector import Recorder
 
 T0 = 1_704_067_200_000_000  # 2024-01-01T00:00:00Z
@@ -377,3 +377,48 @@ def test_a_second_follower_of_a_directory_on_this_host_is_refused(tmp_path: Any)
             follow_directory(d, "127.0.0.1:1", "s", stop=threading.Event())
     finally:
         os.close(held)
+
+
+def test_a_name_taken_by_another_file_after_a_failed_move_is_sent_not_moved(tmp_path: Any, monkeypatch: Any) -> None:
+    d, done = str(tmp_path / "in"), str(tmp_path / "done")
+    os.makedirs(d)
+    os.makedirs(done)
+    put(d, "b.log", ["old"])
+    real_rename, failing = os.rename, [True]
+
+    def rename(src: str, dst: str) -> None:
+        if failing[0] and dst.startswith(done):
+            raise PermissionError(13, "Permission denied")
+        real_rename(src, dst)
+    monkeypatch.setattr(os, "rename", rename)
+
+    def replace() -> None:
+        put(d, "b.log", ["new"])  # (mv new b.log, over the sent one that could not move)
+        failing[0] = False
+    r = Recorder()
+    follow(r, d, lambda: None, replace, lambda: None, lambda: None, done_dir=done)
+    assert values(r) == [b"old", b"new"]
+    assert open(os.path.join(done, "b.log")).read() == "new\n" and os.listdir(d) == []
+
+
+def test_a_sent_file_that_comes_back_is_not_sent_again_and_stops_nothing(tmp_path: Any, caplog: Any) -> None:
+    d, done = str(tmp_path / "in"), str(tmp_path / "done")
+    os.makedirs(d)
+    os.makedirs(done)
+    put(d, "a.log", ["a1"])
+    r = Recorder()
+    with caplog.at_level(logging.WARNING):
+        follow(r, d, lambda: None, lambda: os.rename(os.path.join(done, "a.log"), os.path.join(d, "a.log")),
+               lambda: None, lambda: None, done_dir=done)
+    assert values(r) == [b"a1"]  # (the injector would refuse its line 1 again: it is not tried)
+
+
+def test_a_closed_stream_ends_the_follower_with_its_error(tmp_path: Any) -> None:
+    d = str(tmp_path)
+    put(d, "a.log", ["a1"])
+
+    class Closed(Recorder):
+        def flush(self) -> None:
+            raise StreamClosedError("injector 'files': the job of stream 'lines' was drained (nothing was sent)")
+    with pytest.raises(StreamClosedError, match="was drained"):
+        follow(Closed(), d, lambda: None, lambda: None)
