@@ -16,7 +16,7 @@ import pytest
 
 from injectors.files import file_identity
 from injectors.follow import follow_directory, follow_files
-from runtime.errors import InjectionError, MasterUnavailableError, StreamClosedError
+from runtime.errors import InjectionError, MasterUnavailableError, StreamClosedError, TopologyError
 from tests.unit.test_file_injector import Recorder
 
 T0 = 1_704_067_200_000_000  # 2024-01-01T00:00:00Z
@@ -422,3 +422,14 @@ def test_a_closed_stream_ends_the_follower_with_its_error(tmp_path: Any) -> None
             raise StreamClosedError("injector 'files': the job of stream 'lines' was drained (nothing was sent)")
     with pytest.raises(StreamClosedError, match="was drained"):
         follow(Closed(), d, lambda: None, lambda: None)
+
+
+def test_a_master_refusing_the_watermark_ends_the_follower_only_a_master_away_is_waited_out(tmp_path: Any) -> None:
+    d = str(tmp_path)
+    put(d, "a.log", ["a1"])
+
+    class Refused(Recorder):
+        def advance_watermark(self, timestamp: int) -> None:
+            raise TopologyError("injector 'files' may not report on stream 'lines'")
+    with pytest.raises(TopologyError, match="may not report"):
+        follow(Refused(), d, lambda: None, lambda: None)
