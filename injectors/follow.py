@@ -425,7 +425,7 @@ def follow_directory(directory: str, masters: str | Iterable[str], stream: str, 
         os.close(lock)
 
 
-def _retire(inj: Injector, attempts: int = 3) -> None:
+def _retire(inj: Injector, attempts: int = 3, pause: Callable[[float], object] = time.sleep) -> None:
     """``inj.retire()``: what it sent committed, its promise held while no run is live (never
     expired); a master away is tried again a few times, a second apart, before it raises (the
     run then holds the stream until the next one, or until the master expires it)."""
@@ -436,4 +436,4 @@ def _retire(inj: Injector, attempts: int = 3) -> None:
         except MasterUnavailableError:
             if attempt == attempts - 1:
                 raise
-            time.sleep(1.0)
+            pause(1.0)

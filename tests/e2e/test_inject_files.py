@@ -26,6 +26,26 @@ T0 = 1_700_000_000_000_000
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _submit_clicks(cluster: Cluster, name: str) -> str:
+    """A flow summing each user's clicks per second of event time, from JSON lines on
+    ``<name>.in``; its sink's directory."""
+    out = os.path.join(cluster.data_dir, f"out-{name}")
+    flow = Dataflow(name, key_ranges=2)
+    flow.input(f"{name}.in", codec=codecs.JSON, keyed=True).map(j.one).window(Tumbling(SECOND), Sum()) \
+        .sink(FileSink, name=f"{name}_out", codec=codecs.JSON, path=out)
+    cluster.client.submit(flow)
+    cluster.wait_assigned()
+    return out
+
+
+def _windows(out: str) -> dict[tuple[str, int], int]:
+    """The sink's windows, (user, second after T0) -> sum; each fired once."""
+    rows = list(read_file_sink(out))
+    got = {(r["key"], (json.loads(r["value"])[0] - T0) // SECOND): json.loads(r["value"])[2] for r in rows}
+    assert len(got) == len(rows), "a window fired twice"
+    return got
+
+
 def test_a_directory_is_counted_once_however_often_it_is_injected(cluster: Cluster) -> None:
     out = os.path.join(cluster.data_dir, "out-files")
     cluster.client.submit(wordcount.topology(out, name="files"))
@@ -56,12 +76,7 @@ def test_a_directory_is_counted_once_however_often_it_is_injected(cluster: Clust
 def test_json_lines_injected_with_their_own_keys_and_times_fill_event_time_windows(cluster: Cluster) -> None:
     """`inject-files --key-field user --timestamp-field ts`: records keyed and timed by their
     lines, out of order across files; the windows fire once the directory is finished."""
-    out = os.path.join(cluster.data_dir, "out-clicks")
-    flow = Dataflow("jsonclicks", key_ranges=2)
-    flow.input("jsonclicks.in", codec=codecs.JSON, keyed=True).map(j.one).window(Tumbling(SECOND), Sum()) \
-        .sink(FileSink, name="jsonclicks_out", codec=codecs.JSON, path=out)
-    cluster.client.submit(flow)
-    cluster.wait_assigned()
+    out = _submit_clicks(cluster, "jsonclicks")
     src = os.path.join(cluster.data_dir, "clicks")
     os.makedirs(src)
     events = [(f"u{i % 4}", T0 + (i * 7_919) % 5_000_000) for i in range(400)]
@@ -71,10 +86,8 @@ def test_json_lines_injected_with_their_own_keys_and_times_fill_event_time_windo
     assert inject_directory(src, cluster.masters_arg, "jsonclicks.in", security=cluster.security,
                             key_field="user", time_field="ts") == len(events)
     expected = Counter((u, (t - T0) // SECOND) for u, t in events)
-    rows = lambda: list(read_file_sink(out))  # noqa: E731
-    wait_until(lambda: len(rows()) >= len(expected), 120, "every window in the sink")
-    got = {(r["key"], (json.loads(r["value"])[0] - T0) // SECOND): json.loads(r["value"])[2] for r in rows()}
-    assert got == dict(expected) and len(rows()) == len(expected)
+    wait_until(lambda: len(list(read_file_sink(out))) >= len(expected), 120, "every window in the sink")
+    assert _windows(out) == dict(expected)
 
 
 def test_a_followed_directory_sends_each_file_once_as_it_comes_and_across_restarts(cluster: Cluster) -> None:
@@ -133,17 +146,11 @@ def test_followed_json_lines_fire_the_windows_their_later_times_pass_across_a_re
     windows before it fire while the follower runs, the one it has not passed does not; and a
     follower stopped and run again under the same name takes the stream on past where the
     first run left it (its hold is replaced, not added to)."""
-    out = os.path.join(cluster.data_dir, "out-followed-clicks")
-    flow = Dataflow("followclicks", key_ranges=2)
-    flow.input("followclicks.in", codec=codecs.JSON, keyed=True).map(j.one).window(Tumbling(SECOND), Sum()) \
-        .sink(FileSink, name="followclicks_out", codec=codecs.JSON, path=out)
-    cluster.client.submit(flow)
-    cluster.wait_assigned()
+    out = _submit_clicks(cluster, "followclicks")
     src = os.path.join(cluster.data_dir, "followed-clicks")
     os.makedirs(src)
     events = [(f"u{i % 3}", T0 + (i * 1_234_567) % 5_000_000) for i in range(300)]  # seconds 0-4, shuffled
     parts = [e for e in events if e[1] < T0 + 3 * SECOND], [e for e in events if e[1] >= T0 + 3 * SECOND]
-    rows = lambda: list(read_file_sink(out))  # noqa: E731
 
     def fired(upto: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
         closed = (max(t for _, t in upto) - 500_000 - T0) // SECOND  # windows before it have fired
@@ -161,9 +168,9 @@ def test_followed_json_lines_fire_the_windows_their_later_times_pass_across_a_re
                 f.write("".join(json.dumps({"user": u, "ts": t}) + "\n" for u, t in parts[n]))
             os.rename(tmp, os.path.join(src, f"part-{n}.jsonl"))
             expected = fired([e for p in parts[:n + 1] for e in p])
-            wait_until(lambda: len(rows()) >= len(expected), 120, f"the windows run {n}'s watermark passed")
-            got = {(r["key"], (json.loads(r["value"])[0] - T0) // SECOND): json.loads(r["value"])[2] for r in rows()}
-            assert got == expected and len(rows()) == len(expected)  # none past its watermark yet
+            wait_until(lambda: len(list(read_file_sink(out))) >= len(expected), 120,
+                       f"the windows run {n}'s watermark passed")
+            assert _windows(out) == expected  # none past its watermark yet
         finally:
             stop.set()
             thread.join(60)

@@ -4,6 +4,7 @@ follower runs the next step of a script instead of waiting."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -14,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from injectors import follow as follow_module
 from injectors.files import file_identity
-from injectors.follow import follow_directory, follow_files
+from injectors.follow import Follower, _retire, follow_directory, follow_files
 from runtime.errors import InjectionError, MasterUnavailableError, StreamClosedError, TopologyError
 from tests.unit.test_file_injector import Recorder
 
@@ -433,3 +435,122 @@ def test_a_master_refusing_the_watermark_ends_the_follower_only_a_master_away_is
             raise TopologyError("injector 'files' may not report on stream 'lines'")
     with pytest.raises(TopologyError, match="may not report"):
         follow(Refused(), d, lambda: None, lambda: None)
+
+
+class ScriptedStop(threading.Event):
+    """``follow_directory``'s stop event, each wait running the next step of a script
+    (:func:`script`) and set after the last."""
+
+    def __init__(self, *steps: Callable[[], object]) -> None:
+        super().__init__()
+        self._script = script(*steps)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._script(timeout or 0.0):
+            self.set()
+        return self.is_set()
+
+
+def test_a_stopped_follower_retires_its_injector_and_an_unlockable_directory_is_warned_about(
+        tmp_path: Any, caplog: Any, monkeypatch: Any) -> None:
+    d = str(tmp_path)
+    put(d, "a.log", ["a1"])
+    made: list[Any] = []
+
+    class Injector(Recorder):
+        def __init__(self, masters: str, stream: str, name: str, **kw: Any) -> None:
+            super().__init__()
+            self.made = (masters, stream, name, kw)
+            made.append(self)
+
+        def retire(self) -> None:
+            self.events.append(("retire", None))
+
+        def close(self) -> None:
+            self.events.append(("close", None))
+
+    def no_lock(fd: int, op: int) -> None:  # (NFS: a directory cannot be locked)
+        raise OSError(errno.ENOLCK, "No locks available")
+    monkeypatch.setattr(follow_module, "Injector", Injector)
+    monkeypatch.setattr(fcntl, "flock", no_lock)
+    with caplog.at_level(logging.WARNING):
+        assert follow_directory(d, "127.0.0.1:1", "lines", stop=ScriptedStop(lambda: None), poll_s=0.01) == 1
+    [inj] = made
+    assert inj.made[:3] == ("127.0.0.1:1", "lines", "files:" + os.path.abspath(d))
+    assert inj.made[3]["incarnation"] == follow_module.IDENTITY  # (the same in every run)
+    assert [k for k, _ in inj.events if k != "watermark"] == ["send", "flush", "retire", "close"]
+    assert max(v for k, v in inj.events if k == "watermark") < 2**62  # (scan times: never finished)
+    assert any("cannot lock" in m and "would not be refused" in m for m in caplog.messages)
+
+
+def test_retiring_waits_out_a_master_away_a_few_times_then_raises() -> None:
+    class Away:
+        def __init__(self, failures: int) -> None:
+            self.failures, self.calls = failures, 0
+
+        def retire(self) -> None:
+            self.calls += 1
+            if self.calls <= self.failures:
+                raise MasterUnavailableError("no master answered")
+    pauses: list[float] = []
+    inj = Away(2)
+    _retire(inj, pause=pauses.append)  # type: ignore[arg-type]
+    assert inj.calls == 3 and pauses == [1.0, 1.0]
+    inj, pauses[:] = Away(3), []
+    with pytest.raises(MasterUnavailableError):
+        _retire(inj, pause=pauses.append)  # type: ignore[arg-type]
+    assert inj.calls == 3 and pauses == [1.0, 1.0]
+
+
+def test_a_done_dir_gone_keeps_the_sent_file_until_it_is_back(tmp_path: Any, caplog: Any) -> None:
+    d, done = str(tmp_path / "in"), str(tmp_path / "done")
+    os.makedirs(d)
+    os.makedirs(done)
+    put(d, "a.log", ["a1"])
+
+    class Vanishing(Recorder):
+        def flush(self) -> None:
+            os.rmdir(done)  # (removed while the file is being sent)
+            super().flush()
+    r = Vanishing()
+    with caplog.at_level(logging.ERROR):
+        follow(r, d, lambda: None, lambda: os.makedirs(done), lambda: None, done_dir=done)
+    assert values(r) == [b"a1"]  # sent once, kept in place meanwhile
+    assert os.listdir(d) == [] and open(os.path.join(done, "a.log")).read() == "a1\n"
+    assert sum("could not be moved" in m for m in caplog.messages) == 1
+
+
+def test_a_file_that_could_not_be_read_is_tried_again_once_its_mode_changes(
+        tmp_path: Any, caplog: Any, monkeypatch: Any) -> None:
+    d = str(tmp_path)
+    put(d, "a.log", ["a1"])
+    path = os.path.join(d, "a.log")
+    os.chmod(path, 0o600)
+
+    def open_as_another_user(p: str, mode: str = "r", *a: Any, **kw: Any) -> Any:  # (root reads any file)
+        if not os.stat(p).st_mode & 0o004:
+            raise PermissionError(errno.EACCES, "Permission denied", p)
+        return open(p, mode, *a, **kw)
+    monkeypatch.setattr(follow_module, "open", open_as_another_user, raising=False)
+    r = Recorder()
+    with caplog.at_level(logging.ERROR):
+        follow(r, d, lambda: None, lambda: None, lambda: os.chmod(path, 0o644), lambda: None, lambda: None)
+    assert values(r) == [b"a1"]
+    assert sum("Permission denied" in m and "a.log was not sent" in m for m in caplog.messages) == 1
+
+
+def test_names_gone_from_the_directory_are_forgotten(tmp_path: Any) -> None:
+    d = str(tmp_path)
+    put(d, "sent.log", [json.dumps({"u": "k"})])
+    with open(os.path.join(d, "waiting.log"), "w") as f:
+        f.write("no newline yet")
+    put(d, "bad.jsonl", ["not json"])
+    f = Follower(Recorder(), d, key_field="u", time_field=None, unit=None, max_delay_us=None, done_dir=None,
+                 stopping=lambda: False, wait=lambda _: False, poll_s=0.01)
+    f.scan(T0)
+    f.scan(T0 + 1)
+    assert (set(f.done), set(f.waiting), set(f.refused)) == ({"sent.log"}, {"waiting.log"}, {"bad.jsonl"})
+    for name in os.listdir(d):
+        os.remove(os.path.join(d, name))
+    f.scan(T0 + 2)
+    assert (f.done, f.waiting, f.refused, f.before) == ({}, {}, {}, {})
