@@ -6,9 +6,9 @@ import base64
 import datetime
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from runtime.errors import TopologyError
 from runtime.imports import check_syntax, path_of
@@ -263,7 +263,7 @@ class Topology:
         name: str,
         code: str | type,
         *,
-        inputs: Mapping[str, str | None],
+        inputs: Mapping[str, str | Callable[..., Any] | None],
         outputs: Iterable[str] = (),
         key_ranges: int = DEFAULT_KEY_RANGES,
         exactly_once: bool = True,
@@ -309,10 +309,10 @@ class Topology:
         if isinstance(code, type):
             check_productions(code, productions, name)
         code = path_of(code, f"computation {name!r}: code")
-        inputs = {stream: (ex if ex is None else path_of(ex, f"computation {name!r}: key extractor for {stream!r}"))
-                  for stream, ex in inputs.items()}
+        paths = {stream: (ex if ex is None else path_of(ex, f"computation {name!r}: key extractor for {stream!r}"))
+                 for stream, ex in inputs.items()}
         spec = ComputationSpec(
-            name=name, code=code, inputs=dict(inputs), outputs=list(outputs),
+            name=name, code=code, inputs=paths, outputs=list(outputs),
             key_ranges=key_ranges, exactly_once=exactly_once, productions=productions,
             late_records=late_records, params=dict(params or {}), fsync=fsync,
             dedup_retention=(dedup_retention.total_seconds()
