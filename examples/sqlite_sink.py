@@ -37,7 +37,7 @@ import re
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 
-from runtime import Computation, Context, Record, Sink
+from millstream import Computation, Context, Record, Sink
 from runtime.errors import StaleTokenError, TopologyError
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -1,4 +1,4 @@
-"""One-second tumbling event-time windows counting records per key, on ``runtime.windows``.
+"""One-second tumbling event-time windows counting records per key, on ``millstream.windows``.
 
 Each window fires once, when the computation's low watermark passes its end (every record
 of the window has arrived), and emits ``"<window start>,<count>"``. A record whose window has
@@ -14,10 +14,11 @@ in the flow a late record goes to ``<name>.counts.late``.
 
 from __future__ import annotations
 
-from runtime import Context, Dataflow, Topology, codecs
-from runtime.sinks import FileSink
-from runtime.topology import LateRecords
-from runtime.windows import SECOND, Count, Tumbling, WindowedComputation, WindowResult
+from typing import Literal
+
+from millstream import Context, Dataflow, Topology, codecs
+from millstream.sinks import FileSink
+from millstream.windows import SECOND, Count, Tumbling, WindowedComputation, WindowResult
 
 WINDOW_US = SECOND
 
@@ -49,10 +50,10 @@ class WindowCounter(WindowedComputation):
 
 
 def topology(output_dir: str, name: str = "windows", key_ranges: int = 4,
-             late_records: LateRecords = "process") -> Topology:
+             late_records: Literal["process", "drop"] = "process") -> Topology:
     topo = Topology(name)
-    topo.add_computation("window_counter", "examples.windows:WindowCounter", inputs={"events": None},
+    topo.add_computation("window_counter", WindowCounter, inputs={"events": None},
                          outputs=["window_counts"], key_ranges=key_ranges, late_records=late_records)
-    topo.add_computation("window_sink", "runtime.sinks:FileSink", inputs={"window_counts": None},
+    topo.add_computation("window_sink", FileSink, inputs={"window_counts": None},
                          params={"path": output_dir}, key_ranges=2)
     return topo

@@ -11,9 +11,10 @@ counts -> file. Both write the same counts.
 
 from __future__ import annotations
 
-from runtime import Computation, Context, Dataflow, Record, Topology, codecs
-from runtime.sinks import FileSink
-from runtime.topology import Productions
+from typing import Literal
+
+from millstream import Computation, Context, Dataflow, Record, Topology, codecs
+from millstream.sinks import FileSink
 
 
 def words(line: str) -> list[str]:
@@ -62,13 +63,13 @@ class Counter(Computation):
 
 
 def topology(output_dir: str, name: str = "wordcount", key_ranges: int = 4,
-             productions: Productions = "strong") -> Topology:
+             productions: Literal["strong", "weak"] = "strong") -> Topology:
     topo = Topology(name)
-    topo.add_computation("splitter", "examples.wordcount:Splitter", inputs={"lines": None},
+    topo.add_computation("splitter", Splitter, inputs={"lines": None},
                          outputs=["words"], key_ranges=key_ranges, productions=productions)
-    topo.add_computation("counter", "examples.wordcount:Counter", inputs={"words": None},
+    topo.add_computation("counter", Counter, inputs={"words": None},
                          outputs=["counts"], key_ranges=key_ranges, productions=productions)
-    topo.add_computation("counts_sink", "runtime.sinks:FileSink", inputs={"counts": None},
+    topo.add_computation("counts_sink", FileSink, inputs={"counts": None},
                          params={"path": output_dir}, key_ranges=2)
     return topo
 

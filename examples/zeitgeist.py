@@ -31,7 +31,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from runtime import (
+from millstream import (
     Computation,
     Context,
     Dataflow,
@@ -42,7 +42,7 @@ from runtime import (
     ValueState,
     codecs,
 )
-from runtime.windows import Count, Tumbling, WindowResult
+from millstream.windows import Count, Tumbling, WindowResult
 from spark_bridge import add_parquet_sink
 
 SECOND = 1_000_000
@@ -251,7 +251,7 @@ def topology(output_dir: str, *, name: str = "zeitgeist", stream: str = "queries
     flow = Dataflow(name, key_ranges=key_ranges)
     window_counts(flow, stream, name).output(windows, codec=codecs.JSON)
     topo = flow.topology()  # the flow's steps, then the classic model and the sinks on its output
-    topo.add_computation(f"{name}.model", "examples.zeitgeist:ModelCalculator",
+    topo.add_computation(f"{name}.model", ModelCalculator,
                          inputs={windows: None}, outputs=[alerts], key_ranges=key_ranges,
                          params={"alerts": alerts})
     add_parquet_sink(topo, f"{name}.windows_sink", stream=windows,

@@ -4,6 +4,7 @@ The one import of the user API::
 
     from millstream import Dataflow, Computation, Context, Record, Topology, ValueState, codecs, connect
     from millstream.windows import SECOND, Count, Tumbling, WindowedComputation
+    from millstream.sinks import FileSink
     from millstream.testing import TestRun
 
 Everything here is re-exported from the packages that implement it (``runtime`` for the user
@@ -15,7 +16,7 @@ name ``runtime`` exports is exported here: a name added to ``runtime.__all__`` i
 from importlib import metadata as _metadata
 
 from injectors import Injector
-from millstream import codecs, testing, windows
+from millstream import codecs, sinks, testing, windows
 from runtime import (
     Client,
     Computation,
@@ -65,6 +66,7 @@ __all__ = [
     "__version__",
     "codecs",
     "connect",
+    "sinks",
     "testing",
     "windows",
 ]

@@ -91,6 +91,7 @@ MILLSTREAM_ALL = [
     "__version__",
     "codecs",
     "connect",
+    "sinks",
     "testing",
     "windows",
 ]
@@ -111,19 +112,21 @@ def test_millstream_exports_everything_runtime_does_as_the_same_objects() -> Non
 
 def test_the_submodules_hold_the_runtime_objects() -> None:
     from injectors import Injector
-    from millstream import codecs, testing, windows
+    from millstream import codecs, sinks, testing, windows
     from runtime import codecs as rcodecs
+    from runtime import sinks as rsinks
     from runtime import testing as rtesting
     from runtime import windows as rwindows
 
     assert millstream.Injector is Injector
-    for facade, impl in ((codecs, rcodecs), (windows, rwindows), (testing, rtesting)):
+    for facade, impl in ((codecs, rcodecs), (windows, rwindows), (testing, rtesting), (sinks, rsinks)):
         assert facade.__all__, facade
         for name in facade.__all__:
             assert getattr(facade, name) is getattr(impl, name), (facade.__name__, name)
     assert {"BYTES", "STR", "INT", "FLOAT", "JSON"} <= set(codecs.__all__)
     assert windows.__all__ == rwindows.__all__  # (every aggregator: one import for a flow's windows)
     assert testing.__all__ == ["TestRun"]
+    assert sinks.__all__ == ["FileSink", "Sink", "read_file_sink"]
 
 
 def test_version_comes_from_the_package_metadata() -> None:

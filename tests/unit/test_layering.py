@@ -20,7 +20,7 @@ ALLOWED = {
     "injectors": {"runtime"},
     # read_state reads savepoints in the worker's storage format, which worker/storage.py owns
     "spark_bridge": {"runtime", "injectors", "worker"},
-    "examples": {"runtime", "spark_bridge"},
+    "examples": {"runtime", "spark_bridge", "millstream"},  # (user code: the user API's one import)
     "bench": {"runtime", "master", "worker", "injectors", "spark_bridge", "examples"},
     "cli": {"runtime", "master", "worker", "injectors", "spark_bridge", "examples", "bench", "millstream"},
     # the one import of the user API: re-exports runtime's and the Injector, nothing else
