@@ -154,6 +154,9 @@ class _Link:
                     if await self._check():
                         backoff = 0.05
                         continue
+                    await asyncio.sleep(backoff)  # not reachable: ask again (nothing to send meanwhile)
+                    backoff = min(2.0, backoff * 2)
+                    continue
                 elif not self.queue:
                     if not self.synced:
                         await self.rep.caught_up(self)
@@ -331,15 +334,22 @@ class Replicator:
                 asyncio.get_running_loop().create_task(old.close())
             if w not in self.links:
                 self.links[w] = _Link(self, w, address)
-            elif w not in assignment.in_sync and old is not None and (old.synced or old.probe):
+            elif w not in assignment.in_sync:
                 # Dropped by the leader (a restart, an expiry): it stays required until we
-                # have shrunk it ourselves (a stale routing must not hide a member), and it
-                # proves its copy (or takes a snapshot) before it is added again, even if
-                # this tablet commits nothing meanwhile.
-                old.synced = old.probe = False
-                old.verify = True
-                old.wake.set()
+                # have shrunk it ourselves (a stale routing must not hide a member).
+                self.dropped(w)
         self.in_sync = {w for w in assignment.in_sync if w in followers}
+
+    def dropped(self, follower: str) -> None:
+        """``follower`` is out of the in-sync set (the leader's routing says so, or our own
+        request to drop it was answered): it proves its copy (or takes a snapshot) before it
+        is added again, even if this tablet commits nothing meanwhile and no routing comes
+        (an idle tablet's link would otherwise wait for either: chaos seed 7)."""
+        link = self.links.get(follower)
+        if link is not None and (link.synced or link.probe):
+            link.synced = link.probe = False
+            link.verify = True
+            link.wake.set()
 
     def required(self) -> set[str]:
         """Followers without whose acknowledgement nothing may be acknowledged."""
@@ -389,6 +399,7 @@ class Replicator:
                     self.in_sync = set(await self.channel.update_in_sync(req))
                 self.added.discard(follower)
                 metrics.IN_SYNC_CHANGES.labels("leave").inc()
+                self.dropped(follower)
                 return
             except StaleTokenError as e:
                 self.stale = True
@@ -444,10 +455,9 @@ class Replicator:
     async def caught_up(self, link: _Link) -> None:
         """``link``'s follower acknowledged every commit: await it from now on, and ask the
         leader to add it to the in-sync set (added first on our side: if the answer is lost,
-        we still treat it as in sync)."""
+        we still treat it as in sync). The leader is asked even if our copy of the set lists
+        it already: the leader's set is the one that counts (an add it holds changes nothing)."""
         link.synced = True
-        if link.follower in self.in_sync:
-            return
         tablet = self.tablet
         self.added.add(link.follower)
         req = pb.InSyncRequest(computation=tablet.computation, key_range=tablet.key_range, token=tablet.token,

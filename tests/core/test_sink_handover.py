@@ -139,3 +139,32 @@ def test_a_new_primary_lost_before_its_first_commit_leaves_the_old_primarys_outp
         assert _values(out) == ["v1", "v2", "v3"]
         await w.close_all()
     asyncio.run(run())
+
+
+def test_a_follower_a_reopened_primary_dropped_is_caught_up_with_no_commit_and_no_routing(tmp_path: Any) -> None:
+    """An idle sink reopened (a new token) finds its follower's copy gone (the follower was
+    restarted, its copy not loaded yet) and has the leader drop it. The follower is then
+    caught up (a snapshot) and added again by the primary on its own: no commit comes (the
+    tablet is idle) and no routing after the drop (chaos seed 7: under-replicated for 60 s
+    when the link waited for either)."""
+    async def run() -> None:
+        out = os.path.join(str(tmp_path), "out")
+        wires, w, f = _pair(str(tmp_path))
+        for core in (f, w):
+            await core.apply_routing(_routing(1, 1, "w", ["w", "f"], out))
+        await _until(lambda: KEY in w.tablets and KEY in f.replicas.copies, "the sink and its copy")
+        assert await w.deliver("out", 0, 1, [_rec(1)]) == OK
+        asked = wires["w"].asked
+        # Caught up, f is added through the leader though w's routing lists it in sync already:
+        # the leader's set is the one that counts (a stale routing must not keep it out).
+        await _until(lambda: asked == [("f", True)], "w to have the leader add f")
+        await f.replicas.close(KEY)  # (f restarted on its disk: its copy is not loaded)
+        for core in (f, w):
+            await core.apply_routing(_routing(2, 2, "w", ["w", "f"], out))
+        await _until(lambda: ("f", False) in asked, "w to have the leader drop f")
+        await _until(lambda: ("f", True) in asked[asked.index(("f", False)):], "w to catch f up and have it added")
+        assert KEY in f.replicas.copies and f.replicas.copies[KEY].index == w.tablets[KEY].store.index
+        assert asked[asked.index(("f", False)):] == [("f", False), ("f", True)]
+        await w.close_all()
+        await f.close_all()
+    asyncio.run(run())

@@ -122,7 +122,9 @@ def _replicated(c: Cluster) -> None:
         unhealthy = [(t["computation"], t["key_range"], t["primary"], t["followers"], t["in_sync"], t["health"])
                      for t in doc["tablets"] if t["health"] != "ok"]
         quiet = {w.address: _quiet_since_registration(w) for w in _live_workers(c)}
+        dumped = c.dump_workers()  # (what each link waits on, for the next time this happens)
         raise TimeoutError(f"{e}: workers {sorted(_registered(doc))} (running: {_running_ids(c)}; "
+                           f"their tasks dumped to {dumped}; "
                            f"registered {QUIET_S:g} s ago: {quiet}), "
                            f"unhealthy {unhealthy}, problems "
                            f"{ {c: v['problems'] for c, v in doc['computations'].items() if v['problems']} }") from None
