@@ -344,7 +344,7 @@ class Replicator:
         """``follower`` is out of the in-sync set (the leader's routing says so, or our own
         request to drop it was answered): it proves its copy (or takes a snapshot) before it
         is added again, even if this tablet commits nothing meanwhile and no routing comes
-        (an idle tablet's link would otherwise wait for either: chaos seed 7)."""
+        (an idle tablet's link would otherwise wait for either)."""
         link = self.links.get(follower)
         if link is not None and (link.synced or link.probe):
             link.synced = link.probe = False
