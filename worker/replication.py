@@ -342,9 +342,9 @@ class Replicator:
 
     def dropped(self, follower: str) -> None:
         """``follower`` is out of the in-sync set (the leader's routing says so, or our own
-        request to drop it was answered): it proves its copy (or takes a snapshot) before it
-        is added again, even if this tablet commits nothing meanwhile and no routing comes
-        (an idle tablet's link would otherwise wait for either)."""
+        request to drop a probing one was answered): it proves its copy (or takes a snapshot)
+        before it is added again, even if this tablet commits nothing meanwhile and no
+        routing comes (an idle tablet's probing link would otherwise wait for either)."""
         link = self.links.get(follower)
         if link is not None and (link.synced or link.probe):
             link.synced = link.probe = False
@@ -399,7 +399,13 @@ class Replicator:
                     self.in_sync = set(await self.channel.update_in_sync(req))
                 self.added.discard(follower)
                 metrics.IN_SYNC_CHANGES.labels("leave").inc()
-                self.dropped(follower)
+                link = self.links.get(follower)
+                if link is not None and link.probe:
+                    # A link waiting for a commit to probe with (a reopened primary's: its
+                    # question went unanswered, _confirm): it proves the copy now. Not a
+                    # synced one: its acknowledgements stay awaited (its own caught_up may be
+                    # waiting to add it back, and may only once it holds every commit).
+                    self.dropped(follower)
                 return
             except StaleTokenError as e:
                 self.stale = True
@@ -459,13 +465,15 @@ class Replicator:
         it already: the leader's set is the one that counts (an add it holds changes nothing)."""
         link.synced = True
         tablet = self.tablet
+        joins = link.follower not in self.in_sync
         self.added.add(link.follower)
         req = pb.InSyncRequest(computation=tablet.computation, key_range=tablet.key_range, token=tablet.token,
                                follower=link.follower, add=True, primary=tablet.host.worker_id)
         try:
             async with self._asking:
                 self.in_sync = set(await self.channel.update_in_sync(req))
-            metrics.IN_SYNC_CHANGES.labels("join").inc()
+            if joins:
+                metrics.IN_SYNC_CHANGES.labels("join").inc()
         except StaleTokenError:
             raise
         except Exception as e:  # the leader moves; the link tries again when it next catches up
