@@ -123,7 +123,8 @@ def secret_flag(g: argparse._ArgumentGroup, flag: str, env: str, what: str) -> N
                    help=f"read the {flag.replace('-', ' ')} from FILE (env {env}_FILE)")
 
 
-SECRETS = ("token", "worker_token", "injector_token", "operator_token", "etcd_password", "injector_credential")
+SECRETS = ("token", "worker_token", "injector_token", "operator_token", "etcd_password", "injector_credential",
+           "http_token")
 
 
 def read_secrets(args: argparse.Namespace) -> None:

@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
                    type=address("--http-listen or MILLSTREAM_HTTP_LISTEN", optional=True),
                    help="HOST:PORT of the web page and /metrics (port 0: chosen by the OS and "
                         "printed; '' = off)")
+    m.add_argument("--http-tls", action="store_true", default=from_env("MILLSTREAM_HTTP_TLS", "") in ("1", "true", "yes"),
+                   help="serve the web page and /metrics over HTTPS, with --tls-cert and --tls-key (env "
+                        "MILLSTREAM_HTTP_TLS=1)")
+    secret_flag(m.add_argument_group("web page"), "http-token", "MILLSTREAM_HTTP_TOKEN",
+                "token the web page and /metrics ask for: Authorization: Bearer TOKEN, or a browser's login "
+                "with the token as the password")
     log_format_flag(m)
     health_flag(m)
     m.add_argument("--etcd-ca", default=from_env("MILLSTREAM_ETCD_CA"), help="CA certificate for https etcd")
@@ -303,7 +309,8 @@ def _run(args: argparse.Namespace) -> int:
         main(MasterOptions(etcd, args.listen, config,
                            advertise=args.advertise, http_listen=args.http_listen, security=security(args),
                            health_listen=args.health_listen or None,
-                           require_injector_credentials=args.require_injector_credentials))
+                           require_injector_credentials=args.require_injector_credentials,
+                           http_token=args.http_token, http_tls=args.http_tls))
         return 0
     if cmd == "worker":
         from runtime.client import parse_addresses

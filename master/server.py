@@ -9,7 +9,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import grpc
@@ -22,7 +22,7 @@ from master.store import EtcdConfig, EtcdStore, NotLeaderError
 from master.views import StatusDocument
 from runtime import health, metrics, serving
 from runtime.client import NOT_LEADER_METADATA
-from runtime.errors import EtcdUnavailableError, WorkerIdentityError
+from runtime.errors import ConfigError, EtcdUnavailableError, WorkerIdentityError
 from runtime.keyspace import wire_end
 from runtime.record import END_OF_TIME
 from runtime.security import Security, caller_owner, caller_roles, report_problem, require_worker_token
@@ -44,9 +44,15 @@ class MasterOptions:
     security: Security = Security()
     health_listen: str | None = None  # the health service alone, in plaintext (runtime/health.py)
     require_injector_credentials: bool = False  # reports from injectors only with one (review N4)
+    http_token: str | None = field(default=None, repr=False)  # the console asks for it (master/web.py)
+    http_tls: bool = False  # the console over HTTPS, with the master's certificate
 
     def __post_init__(self) -> None:
         require_worker_token(self.require_injector_credentials, self.security)
+        if self.http_token is not None and not self.http_token.strip():
+            raise ConfigError("the console's token is empty; pass a non-empty --http-token")
+        if self.http_tls:
+            self.security.https_context()  # (refused now, with its reason, not once serving)
 
 
 async def _async(fn: Any, *args: Any) -> Any:
@@ -252,8 +258,11 @@ class Master:
             print(f"millstream master health service on {health_address}", flush=True)
         http = None
         if self.options.http_listen:
-            http, http_address = await web.serve(self.options.http_listen, self._status_json)
-            print(f"millstream master web page and /metrics on http://{http_address}/", flush=True)
+            tls = self.options.security.https_context() if self.options.http_tls else None
+            http, http_address = await web.serve(self.options.http_listen, self._status_json,
+                                                 token=self.options.http_token, ssl=tls)
+            scheme = "https" if tls is not None else "http"
+            print(f"millstream master web page and /metrics on {scheme}://{http_address}/", flush=True)
         await ready.set(health.MASTER, True)  # it serves: leading, or sending clients to the leader
         print(health.listening_line("master", self.address), flush=True)
         tasks = [asyncio.create_task(self._lead()), asyncio.create_task(stop.wait())]

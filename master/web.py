@@ -3,13 +3,22 @@
 
 Plain asyncio streams: four read-only GET routes need no web framework. The console's history
 is sampled by a task of this server, not by the master's core.
+
+Off loopback, serve it over TLS (``ssl``: the master's certificate, ``--http-tls``) and with a
+token (``--http-token``): every route then asks for ``Authorization: Bearer TOKEN`` (what
+Prometheus' ``authorization`` sends) or HTTP Basic with the token as the password, any user
+name (what a browser sends once asked: it shows a login box).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import hmac
 import json
 import logging
+import ssl as ssl_module
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -45,20 +54,49 @@ class Console:
         await self.server.wait_closed()
 
 
-async def serve(listen: str, status: StatusFn, history: History | None = None) -> tuple[Console, str]:
-    """Start the HTTP server on ``HOST:PORT`` and the history sampler; returns them and the
-    bound address."""
+UNAUTHORIZED = (b"this console asks for its token (the master's --http-token): send Authorization: Bearer "
+                b"TOKEN, or log in with any user name and the token as the password\n")
+
+
+def authorized(header: bytes | None, token: str) -> bool:
+    """Whether an ``Authorization`` header carries ``token``: ``Bearer TOKEN``, or ``Basic``
+    with it as the password (any user name)."""
+    if header is None:
+        return False
+    scheme, _, credentials = header.strip().partition(b" ")
+    if scheme.lower() == b"bearer":
+        given = credentials.strip()
+    elif scheme.lower() == b"basic":
+        try:
+            given = base64.b64decode(credentials.strip(), validate=True).partition(b":")[2]
+        except (binascii.Error, ValueError):
+            return False
+    else:
+        return False
+    return hmac.compare_digest(given, token.encode())
+
+
+async def serve(listen: str, status: StatusFn, history: History | None = None, *, token: str | None = None,
+                ssl: ssl_module.SSLContext | None = None) -> tuple[Console, str]:
+    """Start the HTTP server on ``HOST:PORT`` (HTTPS with ``ssl``; every route asking for
+    ``token`` if given: module doc) and the history sampler; returns them and the bound
+    address."""
     history = history if history is not None else History()
 
     active = 0
 
-    async def read_head(reader: asyncio.StreamReader) -> bytes | None:
-        """The request line, or None if the head breaks a bound."""
+    async def read_head(reader: asyncio.StreamReader) -> tuple[bytes, bytes | None] | None:
+        """The request line and its ``Authorization`` header, or None if the head breaks a bound."""
         async with asyncio.timeout(HEAD_TIMEOUT_S):
             request = await reader.readline()
+            auth = None
             for _ in range(MAX_HEADER_LINES + 1):
-                if await reader.readline() in (b"\r\n", b"\n", b""):
-                    return request  # headers: not needed
+                line = await reader.readline()
+                if line in (b"\r\n", b"\n", b""):
+                    return request, auth
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"authorization":
+                    auth = value
         return None
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -69,22 +107,25 @@ async def serve(listen: str, status: StatusFn, history: History | None = None) -
                 code, ctype, body = 503, "text/plain", b"too many connections\n"
             else:
                 try:
-                    request = await read_head(reader)
+                    head = await read_head(reader)
                 except ValueError:  # a line longer than the stream limit (MAX_LINE_BYTES)
-                    request = None
-                if request is None:
+                    head = None
+                if head is None:
                     code, ctype, body = 431, "text/plain", (
                         f"request head too large: at most {MAX_HEADER_LINES} header lines of "
                         f"{MAX_LINE_BYTES} bytes\n").encode()
+                elif token is not None and not authorized(head[1], token):
+                    code, ctype, body = 401, "text/plain", UNAUTHORIZED
                 else:
-                    code, ctype, body = await route(request)
-            reason = {200: "OK", 404: "Not Found", 431: "Request Header Fields Too Large",
+                    code, ctype, body = await route(head[0])
+            reason = {200: "OK", 401: "Unauthorized", 404: "Not Found", 431: "Request Header Fields Too Large",
                       503: "Service Unavailable"}[code]
-            head = (f"HTTP/1.1 {code} {reason}\r\n"
-                    f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
-            writer.write(head.encode() + body)
+            ask = 'WWW-Authenticate: Basic realm="millstream", charset="UTF-8"\r\n' if code == 401 else ""
+            reply = (f"HTTP/1.1 {code} {reason}\r\n{ask}"
+                     f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+            writer.write(reply.encode() + body)
             await writer.drain()
-        except (TimeoutError, ConnectionError) as e:
+        except (TimeoutError, ConnectionError, ssl_module.SSLError) as e:
             log.debug("http client went away: %s", e)
         finally:
             active -= 1
@@ -106,7 +147,8 @@ async def serve(listen: str, status: StatusFn, history: History | None = None) -
         return 404, "text/plain", b"not found\n"
 
     host, _, port = listen.rpartition(":")
-    server = await asyncio.start_server(handle, host, int(port), limit=MAX_LINE_BYTES)
+    server = await asyncio.start_server(handle, host, int(port), limit=MAX_LINE_BYTES, ssl=ssl,
+                                        ssl_handshake_timeout=HEAD_TIMEOUT_S if ssl is not None else None)
     bound = server.sockets[0].getsockname()[1]
     sampler = asyncio.create_task(sample(status, history), name="console history")
     return Console(server, sampler, history), f"{host}:{bound}"

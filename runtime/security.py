@@ -32,6 +32,7 @@ import contextvars
 import hashlib
 import hmac
 import os
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -222,6 +223,16 @@ class Security:
                                                root_certificates=self._read(self.client_ca),
                                                require_client_auth=True)
         return grpc.ssl_server_credentials([(self._read(self.key), self._read(self.cert))])
+
+    def https_context(self) -> ssl.SSLContext:
+        """A TLS context for an HTTP server (the master's console) with this server's
+        certificate; no client certificate is asked for (its token is: master/web.py)."""
+        if self.cert is None or self.key is None:
+            raise ConfigError("--http-tls serves the console with the master's certificate: pass --tls-cert and "
+                              "--tls-key too")
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(self.cert, self.key)
+        return ctx
 
     def server_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
         accepted = self.accepted()

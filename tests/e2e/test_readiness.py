@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from runtime import health
 from runtime.security import Security
-from tests.e2e.test_security import TOKEN, _certs
+from tests.certs import make_certs as _certs
+from tests.e2e.test_security import TOKEN
 from tests.harness import Cluster, wait_until
 
 

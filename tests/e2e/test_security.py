@@ -3,51 +3,63 @@ a client gets a clear refusal rather than data."""
 
 from __future__ import annotations
 
+import json
 import os
+import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from injectors import Injector
 from runtime.errors import MasterUnavailableError, MillstreamError
 from runtime.security import Security
+from tests.certs import make_certs as _certs
 from tests.e2e.wordcount_run import run_wordcount
 from tests.harness import Cluster, wait_until
 
 TOKEN = "s3cret-token"
-
-
-def _certs(d: str) -> tuple[str, str, str]:
-    """A throwaway CA and a server certificate for 127.0.0.1 signed by it."""
-    ca_key, ca, key, csr, cert = (os.path.join(d, n) for n in ("ca.key", "ca.pem", "srv.key", "srv.csr", "srv.pem"))
-    ext = os.path.join(d, "ext.cnf")
-    with open(ext, "w") as f:
-        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca, "-days", "2",
-        "-subj", "/CN=millstream test CA")
-    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", "/CN=127.0.0.1")
-    run("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert,
-        "-days", "2", "-extfile", ext)
-    return ca, cert, key
+HTTP_TOKEN = "console-token"  # the console's own (--http-token-file): not the operator's
 
 
 @pytest.fixture
 def secure_cluster(tmp_path: object) -> Iterator[Cluster]:
     ca, cert, key = _certs(str(tmp_path))
     security = Security(ca=ca, token=TOKEN)
+    http_token = os.path.join(str(tmp_path), "http.token")
+    with open(http_token, "w") as f:
+        f.write(HTTP_TOKEN + "\n")
     with Cluster(str(tmp_path), workers=2, security=security,
-                 daemon_args=["--tls-cert", cert, "--tls-key", key, "--tls-ca", ca, "--token", TOKEN]).running() as c:
+                 daemon_args=["--tls-cert", cert, "--tls-key", key, "--tls-ca", ca, "--token", TOKEN],
+                 master_args=["--http-tls", "--http-token-file", http_token]).running() as c:
         yield c
 
 
 def test_wordcount_over_tls_with_a_token(secure_cluster: Cluster) -> None:
     run_wordcount(secure_cluster, n_lines=500, name="tls")
+
+
+def test_the_console_is_served_over_tls_and_asks_for_its_token(secure_cluster: Cluster) -> None:
+    page = secure_cluster.masters[0].http
+    assert page.startswith("https://127.0.0.1:"), page
+    ctx = ssl.create_default_context(cafile=secure_cluster.security.ca)
+
+    def get(path: str, token: str | None) -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        with urllib.request.urlopen(urllib.request.Request(page + path, headers=headers), context=ctx,
+                                    timeout=30) as r:
+            return dict(json.loads(r.read()))
+
+    for token in (None, TOKEN):  # (the cluster's token is not the console's)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            get("status.json", token)
+        assert refused.value.code == 401 and "Basic" in refused.value.headers["WWW-Authenticate"]
+    wait_until(lambda: "error" not in get("status.json", HTTP_TOKEN), 30, "the leader's status on its console")
+    assert len(get("status.json", HTTP_TOKEN)["workers"]) == 2
 
 
 def test_a_client_without_the_token_is_refused(secure_cluster: Cluster) -> None:

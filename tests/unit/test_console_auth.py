@@ -1,0 +1,96 @@
+"""The master's console behind a token and over TLS (master/web.py): every route asks for the
+token, as Bearer (Prometheus) or as a Basic login's password (a browser), and refuses anything
+else with 401 and a login prompt; ``--http-tls`` serves it over HTTPS with the master's
+certificate."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import ssl
+from typing import Any
+
+import pytest
+
+from master import web
+from master.server import MasterOptions
+from master.store import EtcdConfig
+from runtime.errors import ConfigError
+from runtime.security import Security
+from tests.certs import make_certs
+
+TOKEN = "console-s3cret"
+
+
+async def _get(path: str, headers: dict[str, str], *, token: str | None = TOKEN,
+               server_ssl: ssl.SSLContext | None = None, client_ssl: ssl.SSLContext | None = None) -> bytes:
+    async def status() -> dict[str, Any]:
+        return {"ok": True}
+
+    server, address = await web.serve("127.0.0.1:0", status, token=token, ssl=server_ssl)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(address.rpartition(":")[2]),
+                                                       ssl=client_ssl)
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n".encode()
+                     + "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode() + b"\r\n")
+        await writer.drain()
+        reply = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        return reply
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def _basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+@pytest.mark.parametrize("path", ["/", "/status.json", "/history.json", "/metrics"])
+def test_every_route_asks_for_the_token_with_a_login_prompt(path: str) -> None:
+    reply = asyncio.run(_get(path, {}))
+    assert reply.startswith(b"HTTP/1.1 401 Unauthorized\r\n")
+    assert b'WWW-Authenticate: Basic realm="millstream"' in reply
+    assert reply.endswith(web.UNAUTHORIZED)
+
+
+@pytest.mark.parametrize("auth", [f"Bearer {TOKEN}", f"bearer {TOKEN}", _basic("anyone", TOKEN), _basic("", TOKEN)])
+def test_the_token_as_bearer_or_as_a_logins_password_is_let_in(auth: str) -> None:
+    reply = asyncio.run(_get("/status.json", {"Authorization": auth}))
+    assert reply.startswith(b"HTTP/1.1 200 OK")
+    assert json.loads(reply.split(b"\r\n\r\n", 1)[1]) == {"ok": True}
+
+
+@pytest.mark.parametrize("auth", ["Bearer wrong", f"Bearer {TOKEN}x", _basic(TOKEN, "wrong"), "Basic !!notbase64",
+                                  f"Token {TOKEN}", TOKEN, ""])
+def test_anything_else_is_refused(auth: str) -> None:
+    assert asyncio.run(_get("/metrics", {"Authorization": auth})).startswith(b"HTTP/1.1 401 ")
+
+
+def test_without_a_token_the_console_is_open_as_before() -> None:
+    assert asyncio.run(_get("/status.json", {}, token=None)).startswith(b"HTTP/1.1 200 OK")
+
+
+def test_over_tls_with_the_masters_certificate(tmp_path: Any) -> None:
+    ca, cert, key = make_certs(str(tmp_path))
+    server_ssl = Security(cert=cert, key=key).https_context()
+    client_ssl = ssl.create_default_context(cafile=ca)
+    reply = asyncio.run(_get("/status.json", {"Authorization": f"Bearer {TOKEN}"}, server_ssl=server_ssl,
+                             client_ssl=client_ssl))
+    assert reply.startswith(b"HTTP/1.1 200 OK")
+    try:  # a plaintext client gets nothing (the handshake fails, the server hangs up)
+        plain = asyncio.run(_get("/status.json", {"Authorization": f"Bearer {TOKEN}"}, server_ssl=server_ssl))
+    except ConnectionError:
+        plain = b""
+    assert plain == b""
+    with pytest.raises(ssl.SSLCertVerificationError):  # a client that does not trust the CA
+        asyncio.run(_get("/status.json", {}, server_ssl=server_ssl, client_ssl=ssl.create_default_context()))
+
+
+def test_flags_that_cannot_work_are_refused_before_the_master_serves() -> None:
+    etcd = EtcdConfig.parse("http://127.0.0.1:2379")
+    with pytest.raises(ConfigError, match="--http-tls .* pass --tls-cert and --tls-key"):
+        MasterOptions(etcd, "127.0.0.1:0", http_tls=True)
+    with pytest.raises(ConfigError, match="console's token is empty"):
+        MasterOptions(etcd, "127.0.0.1:0", http_token="  ")
