@@ -20,9 +20,15 @@ their key through splits and merges (storage keys start with the key's hash).
 ``e <index:8>`` a list element, ``m <encoded map key>`` a map entry. Every stored value starts
 with its expiry (8 bytes, event time in µs; the largest int64 for none).
 
-**TTL** (event time): a write with ``ttl`` expires at the timestamp of the record (or timer)
-being processed plus ``ttl``. Once the computation's low watermark reaches that time it is never
-read again, and the runtime deletes it with an internal timer of the key.
+**TTL** (event time, the default): a write with ``ttl`` expires at the timestamp of the record
+(or timer) being processed plus ``ttl``. Once the computation's low watermark reaches that time
+it is never read again, and the runtime deletes it with an internal timer of the key.
+
+``ttl_domain=TimeDomain.WALL_TIME``: a write expires ``ttl`` after it was made by the wall clock
+(``ctx.now()``; Flink's state TTL, Kafka Streams' retention), whatever the records' times: once
+the clock passes it, it is never read again, and an internal wall-time timer deletes it. For
+state that must go some time after it was last touched, even with no watermark (an input that
+never advances it) or far behind one (a backfill of old data).
 """
 
 from __future__ import annotations
@@ -31,10 +37,12 @@ import datetime
 import functools
 import json
 import struct
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 from runtime.codecs import Codec, check_codec
+from runtime.computation import TimeDomain
 from runtime.errors import ConfigError, MillstreamError, UsageError
 from runtime.keyspace import hash_prefix
 from runtime.record import END_OF_TIME
@@ -71,14 +79,17 @@ def expiry_of(stored: bytes) -> int:
     return int(_EXPIRY.unpack_from(stored)[0])
 
 
-def ttl_rearm(time: int, nxt: int, watermark: int) -> int:
+def ttl_rearm(time: int, nxt: int, watermark: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> int:
     """When a key's TTL timer that fired at ``time`` (deleting what expired by then) comes back,
     its next expiry being ``nxt``: not sooner than :data:`TTL_REARM_US` later, nor than half way
     to the watermark, so a key written on and on is not rescanned at every watermark tick, and
     one far behind the watermark (a jump, a drain) catches up in a few firings, not one per
     expiry. Each firing deletes only what expired by its own time, and nothing past a timer of
     its key that its batch set earlier (worker/batch.py): timers fire in time order, so every
-    timer of the key due earlier and set before the firing reads its key's state first."""
+    timer of the key due earlier and set before the firing reads its key's state first. A
+    wall-time TTL's timer: at the next expiry, not sooner than :data:`TTL_REARM_US` later."""
+    if domain == TimeDomain.WALL_TIME:
+        return min(END_OF_TIME, max(nxt, time + TTL_REARM_US))
     return min(END_OF_TIME, max(nxt, time + TTL_REARM_US, time + (watermark - time) // 2))
 
 
@@ -98,24 +109,30 @@ def kept(data: bytes) -> bytes:
     return _NEVER_EXPIRES + data
 
 
-def _ttl_us(ttl: int | float | datetime.timedelta | None, name: str) -> int | None:
+def _ttl_us(ttl: int | float | datetime.timedelta | None, name: str, domain: object) -> int | None:
+    if not isinstance(domain, TimeDomain) and domain not in (0, 1):
+        raise MillstreamError(f"state {name!r}: ttl_domain={domain!r} must be TimeDomain.EVENT_TIME (the records' "
+                              "times) or TimeDomain.WALL_TIME (the clock's)")
     if ttl is None:
         return None
     us = int(ttl.total_seconds() * 1_000_000) if isinstance(ttl, datetime.timedelta) else ttl
     if isinstance(us, bool) or not isinstance(us, int) or us <= 0:
-        raise MillstreamError(f"state {name!r}: ttl={ttl!r} must be a positive int of microseconds of event "
-                              "time (or a timedelta)")
+        clock = "event time" if domain == TimeDomain.EVENT_TIME else "wall-clock time"
+        raise MillstreamError(f"state {name!r}: ttl={ttl!r} must be a positive int of microseconds of {clock} "
+                              "(or a timedelta)")
     return us
 
 
 class _Spec:
     kind = ""
 
-    def __init__(self, name: str, ttl: int | float | datetime.timedelta | None) -> None:
+    def __init__(self, name: str, ttl: int | float | datetime.timedelta | None,
+                 ttl_domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
         if not isinstance(name, str) or not name or len(name.encode()) > 200 or not name.isprintable():
             raise MillstreamError(f"state name {name!r} must be printable text of 1-200 bytes")
         self.name = name
-        self.ttl = _ttl_us(ttl, name)
+        self.ttl = _ttl_us(ttl, name, ttl_domain)
+        self.ttl_domain = TimeDomain(ttl_domain)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -136,8 +153,9 @@ class ValueState(_Spec):
     kind = "value"
 
     def __init__(self, name: str, codec: Codec, *, default: Any = None,
-                 ttl: int | float | datetime.timedelta | None = None) -> None:
-        super().__init__(name, ttl)
+                 ttl: int | float | datetime.timedelta | None = None,
+                 ttl_domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
+        super().__init__(name, ttl, ttl_domain)
         self.codec = check_codec(codec, f"ValueState {name!r}")
         self.default = default
 
@@ -147,8 +165,9 @@ class ListState(_Spec):
 
     kind = "list"
 
-    def __init__(self, name: str, codec: Codec, *, ttl: int | float | datetime.timedelta | None = None) -> None:
-        super().__init__(name, ttl)
+    def __init__(self, name: str, codec: Codec, *, ttl: int | float | datetime.timedelta | None = None,
+                 ttl_domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
+        super().__init__(name, ttl, ttl_domain)
         self.codec = check_codec(codec, f"ListState {name!r}")
 
 
@@ -159,8 +178,9 @@ class MapState(_Spec):
     kind = "map"
 
     def __init__(self, name: str, key_codec: Codec, value_codec: Codec, *,
-                 ttl: int | float | datetime.timedelta | None = None) -> None:
-        super().__init__(name, ttl)
+                 ttl: int | float | datetime.timedelta | None = None,
+                 ttl_domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
+        super().__init__(name, ttl, ttl_domain)
         self.key_codec = check_codec(key_codec, f"MapState {name!r} keys")
         self.codec = check_codec(value_codec, f"MapState {name!r} values")
 
@@ -181,6 +201,8 @@ class Cells(Protocol):
 
     def write_time(self) -> int: ...
 
+    def now(self) -> int: ...
+
     def cell_get(self, skey: bytes) -> bytes | None: ...
 
     def cell_scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
@@ -191,7 +213,7 @@ class Cells(Protocol):
 
     def cell_clear(self, prefix: bytes) -> None: ...
 
-    def expire_at(self, name: str, time: int) -> None: ...
+    def expire_at(self, name: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None: ...
 
 
 class _Handle:
@@ -217,18 +239,24 @@ class _Handle:
     def _live(self, stored: bytes | None) -> bytes | None:
         if stored is None:
             return None
+        if self._spec.ttl_domain == TimeDomain.WALL_TIME:
+            if is_expired(stored, self._cells.now()):
+                return None
         # Judged at the call's own time when the watermark is past it (a timer firing late,
         # after the input watermark jumped): state live at the timer's time reads as live.
-        if is_expired(stored, min(self._cells.low_watermark, self._cells.write_time())):
+        elif is_expired(stored, min(self._cells.low_watermark, self._cells.write_time())):
             return None
         return payload(stored)
 
     def _stored(self, data: bytes) -> bytes:
-        ttl = self._spec.ttl
+        spec = self._spec
+        ttl = spec.ttl
         if ttl is None:
             return _EXPIRY.pack(NEVER) + data
-        expiry = min(NEVER - 1, self._cells.write_time() + ttl)
-        self._cells.expire_at(self._spec.name, expiry)
+        domain = spec.ttl_domain
+        expiry = min(NEVER - 1, (self._cells.now() if domain == TimeDomain.WALL_TIME else self._cells.write_time())
+                     + ttl)
+        self._cells.expire_at(spec.name, expiry, domain)
         return _EXPIRY.pack(expiry) + data
 
 
@@ -354,10 +382,12 @@ def declared(cls: type) -> dict[str, StateSpec]:
 class _Committed:
     """:class:`Cells` over a tablet's committed storage, read only: reading one key's typed
     state outside any call of user code (``millstream state get --state``). TTL is judged at
-    the computation's low watermark, as a call at that time would."""
+    the computation's low watermark, as a call at that time would (a wall-time TTL at
+    ``now``: the clock's time, µs)."""
 
-    def __init__(self, key: bytes, get: Any, scan: Any, watermark: int) -> None:
+    def __init__(self, key: bytes, get: Any, scan: Any, watermark: int, now: int | None = None) -> None:
         self._key, self._get, self._scan, self._watermark = key, get, scan, watermark
+        self._now = time.time_ns() // 1000 if now is None else now
 
     @property
     def key(self) -> bytes:
@@ -373,6 +403,9 @@ class _Committed:
     def write_time(self) -> int:
         return self._watermark
 
+    def now(self) -> int:
+        return self._now
+
     def cell_get(self, skey: bytes) -> bytes | None:
         return self._get(skey)  # type: ignore[no-any-return]
 
@@ -385,11 +418,13 @@ class _Committed:
     cell_put = cell_delete = cell_clear = expire_at = _read_only
 
 
-def read_committed(spec: StateSpec, key: bytes, get: Any, scan: Any, watermark: int) -> tuple[bool, Any]:
+def read_committed(spec: StateSpec, key: bytes, get: Any, scan: Any, watermark: int,
+                   now: int | None = None) -> tuple[bool, Any]:
     """``(found, value)`` of ``spec`` for ``key`` from committed storage (``get(storage key)``,
     ``scan(prefix)``): the value of a ``ValueState`` (its default when unset), a list for a
-    ``ListState``, a dict for a ``MapState``; ``found`` is whether anything live is stored."""
-    handle = bind(spec, _Committed(key, get, scan, watermark))
+    ``ListState``, a dict for a ``MapState``; ``found`` is whether anything live is stored
+    (TTL judged at ``watermark``, or ``now`` for a wall-time TTL: :class:`_Committed`)."""
+    handle = bind(spec, _Committed(key, get, scan, watermark, now))
     if isinstance(handle, ListHandle):
         items = list(handle)
         return bool(items), items
@@ -429,7 +464,8 @@ def pick(specs: dict[str, StateSpec], name: str, owner: str, hint: str = "") -> 
     return spec
 
 
-def read_as_json(spec: StateSpec, key: bytes, get: Any, scan: Any, watermark: int) -> bytes | None:
+def read_as_json(spec: StateSpec, key: bytes, get: Any, scan: Any, watermark: int,
+                 now: int | None = None) -> bytes | None:
     """``spec``'s state of ``key`` as JSON text (:func:`json_value`); None when nothing live is stored."""
-    found, value = read_committed(spec, key, get, scan, watermark)
+    found, value = read_committed(spec, key, get, scan, watermark, now)
     return json.dumps(json_value(value)).encode() if found else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 from runtime.errors import MillstreamError
@@ -70,11 +71,14 @@ def _text(obj: Any) -> str:
 
 
 def _typed_rows(item: tuple[int, str, str, dict[str, str], str, int]) -> list[tuple[str, bytes, str | None, str, int]]:
+    from runtime.computation import TimeDomain
     from runtime.state import ELEMENT, ENTRY, VALUE, is_expired, json_value, payload, split_cell
     from worker.storage import saved_entries
 
     key_range, path, code, params, name, wm = item
     spec = _spec(code, params, name)
+    if spec.ttl_domain == TimeDomain.WALL_TIME:
+        wm = time.time_ns() // 1000  # (a wall-time TTL: judged by the clock, now, as a call now would)
     out = []
     for skey, stored in saved_entries(path, b"Y"):
         key, sname, rest = split_cell(skey)

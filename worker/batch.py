@@ -460,16 +460,19 @@ class BatchProcessor:
     def _expire(self, timer: Timer, ctx: KeyContext) -> None:
         """A key's typed-state TTL timer: delete what expired by its time, come back at the next expiry
         (runtime/state.py), but no sooner than ``ttl_rearm``: a key written on and on is not rescanned each tick."""
-        # Not past a timer this batch set earlier for the key (or a window step's, for many keys):
-        keys, every = self._set_before = self._set_before or earliest_set(self._commit)  # it reads next batch
-        upto = min(timer.time, keys.get(timer.key, timer.time), every)
+        upto = timer.time
+        if timer.domain == TimeDomain.EVENT_TIME:
+            # Not past a timer this batch set earlier for the key (or a window step's, for many keys):
+            keys, every = self._set_before = self._set_before or earliest_set(self._commit)  # it reads next batch
+            upto = min(upto, keys.get(timer.key, upto), every)
+        # (A wall-time TTL's entries past the clock are read by no later call: each is judged at its now.)
         prefix = cell(timer.key, timer.tag[len(TTL_TAG):])
         room = ctx.expire_room()  # (none: no scan) the batch's budget of deletes is spent: the rest next batch
         gone, nxt = expired(prefix, ctx.cell_scan(prefix), upto, room + 1) if room else (None, None)
         if gone is None or not ctx.delete_expired(gone):
-            ctx._set_timer(timer.tag, timer.time, TimeDomain.EVENT_TIME)
+            ctx._set_timer(timer.tag, timer.time, timer.domain)
         elif nxt is not None:
-            ctx._set_timer(timer.tag, ttl_rearm(timer.time, nxt, ctx.low_watermark), TimeDomain.EVENT_TIME)
+            ctx._set_timer(timer.tag, ttl_rearm(timer.time, nxt, ctx.low_watermark, timer.domain), timer.domain)
 
     def read_cell(self, skey: bytes) -> bytes | None:
         """Typed state as of this batch so far: its writes over the store."""

@@ -326,7 +326,7 @@ class KeyContext(Context):
         self.expired_points += min(room, len(skeys))
         return len(skeys) <= room
 
-    def expire_at(self, name: str, time: int) -> None:
+    def expire_at(self, name: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
         """The runtime's timer that deletes this key's expired entries of state ``name``: at
         the earliest expiry written, never moved later (each write moved it to its own expiry,
         so a key written more often than its TTL kept it ahead of the watermark for ever, and
@@ -337,4 +337,4 @@ class KeyContext(Context):
         t = eff.timers_set.get(k)
         due = t.time if t is not None else None if k in eff.timers_deleted else self.pending_timer(k)
         if due is None or time < due:
-            self._set_timer(tag, time, TimeDomain.EVENT_TIME)
+            self._set_timer(tag, time, domain)

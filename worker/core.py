@@ -476,7 +476,7 @@ class WorkerCore:
         if state:
             spec = readable_spec(tablet.proc.comp, state)
             return await asyncio.to_thread(read_as_json, spec, key, tablet.store.get_cell,
-                                           tablet.store.scan, self.watermark(computation))
+                                           tablet.store.scan, self.watermark(computation), self.wall_us())
         return await asyncio.to_thread(tablet.store.get_state, key)
 
     def _collect(self) -> None:

@@ -313,9 +313,9 @@ class _Attempt:
                 eff.pending.forget()
         self._undo.append(undo)
 
-    def expire_at(self, name: str, time: int) -> None:
+    def expire_at(self, name: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
         self._keep_timer(TTL_TAG + name)
-        self._ctx.expire_at(name, time)  # type: ignore[attr-defined]
+        self._ctx.expire_at(name, time, domain)  # type: ignore[attr-defined]
 
     def set_timer(self, tag: str, time: Timestamp, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
         self._keep_timer(tag)

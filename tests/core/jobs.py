@@ -263,6 +263,20 @@ class Typed(Computation):
             "recent": ctx.state_of(self.recent).get()}).encode())
 
 
+class WallTyped(Computation):
+    """A count and a list per key that the wall clock forgets 10 s after each write (a
+    wall-time TTL), whatever the records' times; emits what its key holds, per record."""
+
+    count = ValueState("count", codecs.INT, default=0, ttl=10_000_000, ttl_domain=TimeDomain.WALL_TIME)
+    seen = ListState("seen", codecs.STR, ttl=10_000_000, ttl_domain=TimeDomain.WALL_TIME)
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        count, seen = ctx.state_of(self.count), ctx.state_of(self.seen)
+        count.set(count.get() + 1)
+        seen.append(record.value.decode())
+        ctx.produce("out", json.dumps({"count": count.get(), "seen": list(seen)}).encode())
+
+
 class IdLog(Computation):
     """Logs the id of every record it processes (class-wide), in order."""
 

@@ -89,6 +89,39 @@ def test_ttl_hides_then_deletes_on_the_watermark(tmp_path: Any) -> None:
     asyncio.run(run())
 
 
+def test_a_wall_time_ttl_forgets_by_the_clock_whatever_the_records_times_and_the_watermark(tmp_path: Any) -> None:
+    """``ttl_domain=TimeDomain.WALL_TIME``: each write lives 10 s of the worker's clock; the
+    records' times (years behind it) and the watermark (which never moves here) play no part."""
+    now = [BASE + 3 * 365 * 86_400_000_000]  # the clock, three years after the records' times
+    wall = routing(("wall", "tests.core.jobs:WallTyped", ["in"], ["out"], {}),
+                   ("collect", "tests.core.jobs:Collector", ["out"], [], {"name": "out"}))
+
+    def tick(us: int) -> None:
+        now[0] += us
+        core.clock_moved()
+
+    async def run() -> None:
+        nonlocal core
+        core = await make_core(str(tmp_path), wall, clock=lambda: now[0])
+        tablet = core.tablets[("wall", 0)]
+        for i, step in enumerate([0, 9_000_000, 9_000_000]):  # each within 10 s of the write before
+            tick(step)
+            _queue(core, ("wall", 0), _r(i, f"v{i}"))
+            await _until(lambda n=i + 1: len(_outs()) == n, f"output {i + 1}")  # type: ignore[misc]
+        assert _outs()[-1] == {"count": 3, "seen": ["v1", "v2"]}  # (each element its own 10 s: v0's is past)
+        tick(10_000_000)  # 10 s after the last write: all of it is past
+        await _until(lambda: not list(tablet.store.scan(cell(b"k", "count")))
+                     and not list(tablet.store.scan(cell(b"k", "seen"))), "the wall-time TTL timer to delete it")
+        _queue(core, ("wall", 0), _r(3, "v3"))
+        await _until(lambda: len(_outs()) == 4, "an output after the expiry")
+        assert _outs()[-1] == {"count": 1, "seen": ["v3"]}
+        assert core.watermark("wall") < BASE  # (no watermark ever came)
+        await core.close_all()
+
+    core: Any = None
+    asyncio.run(run())
+
+
 def test_a_handle_is_only_valid_during_its_call() -> None:
     ctx = KeyContext(frozenset(), lambda k: None, lambda: 0)
     ctx.begin(b"k", 0)

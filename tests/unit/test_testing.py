@@ -132,3 +132,21 @@ def test_a_dead_letter_whose_own_reader_fails_is_lost_with_a_log_line_and_the_re
         run.run_until_idle()
         assert sorted(r.value for r in run.output("out")) == [b'{"user": "ann"}', b'{"user": "bob"}']
         assert "a dead letter is lost: the key extractor of 'letters'" in caplog.text
+
+
+def test_a_wall_time_ttl_follows_the_runs_virtual_clock_not_the_records_times() -> None:
+    from tests.core.jobs import WallTyped
+
+    topo = Topology("wall")
+    topo.add_computation("forgetful", WallTyped, inputs={"in": None}, outputs=["out"])
+    with TestRun(topo) as run:
+        run.inject("in", b"k", b"a", T0 - 365 * 86_400 * SECOND)  # a year-old record (a backfill)
+        run.run_until_idle()
+        assert run.typed_state("forgetful", b"k", WallTyped.count) == 1
+        run.advance_wall_time(10 * SECOND - 1)
+        run.run_until_idle()
+        assert run.typed_state("forgetful", b"k", WallTyped.seen) == ["a"]
+        run.advance_wall_time(1)  # 10 s of the run's clock after the write
+        run.run_until_idle()
+        assert run.typed_state("forgetful", b"k", WallTyped.count) == 0  # (its default)
+        assert run.typed_state("forgetful", b"k", WallTyped.seen) == []

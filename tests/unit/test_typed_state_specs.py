@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runtime import Computation, ListState, MapState, ValueState, codecs
-from runtime.errors import UsageError
+from runtime.errors import MillstreamError, UsageError
 from runtime.state import kept
 
 
@@ -56,3 +56,15 @@ def test_a_committed_value_is_read_once() -> None:
 
     assert read_committed(spec, b"k", get, lambda prefix: iter(()), 0) == (True, 7)
     assert read_committed(spec, b"k", get, lambda prefix: iter(()), 0) == (False, -1)
+
+
+def test_a_ttl_in_a_clock_that_is_not_one_is_refused() -> None:
+    from runtime.computation import TimeDomain
+    from runtime.state import ListState
+
+    assert ValueState("v", codecs.INT, ttl=5, ttl_domain=TimeDomain.WALL_TIME).ttl_domain is TimeDomain.WALL_TIME
+    assert ListState("l", codecs.INT, ttl=5).ttl_domain is TimeDomain.EVENT_TIME
+    with pytest.raises(MillstreamError, match="ttl_domain='wall' must be TimeDomain.EVENT_TIME .* or TimeDomain.WALL"):
+        ValueState("v", codecs.INT, ttl=5, ttl_domain="wall")  # type: ignore[arg-type]
+    with pytest.raises(MillstreamError, match="positive int of microseconds of wall-clock time"):
+        ValueState("v", codecs.INT, ttl=-1, ttl_domain=TimeDomain.WALL_TIME)
