@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                    type=address("--http-listen or MILLSTREAM_HTTP_LISTEN", optional=True),
                    help="HOST:PORT of the web page and /metrics (port 0: chosen by the OS and "
                         "printed; '' = off)")
-    m.add_argument("--http-tls", action="store_true", default=from_env("MILLSTREAM_HTTP_TLS", "") in ("1", "true", "yes"),
+    m.add_argument("--http-tls", action="store_true",
+                   default=(from_env("MILLSTREAM_HTTP_TLS") or "").lower() in ("1", "true", "yes"),
                    help="serve the web page and /metrics over HTTPS, with --tls-cert and --tls-key (env "
                         "MILLSTREAM_HTTP_TLS=1)")
     secret_flag(m.add_argument_group("web page"), "http-token", "MILLSTREAM_HTTP_TOKEN",

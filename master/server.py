@@ -49,8 +49,9 @@ class MasterOptions:
 
     def __post_init__(self) -> None:
         require_worker_token(self.require_injector_credentials, self.security)
-        if self.http_token is not None and not self.http_token.strip():
-            raise ConfigError("the console's token is empty; pass a non-empty --http-token")
+        if self.http_token is not None and (not self.http_token.strip() or self.http_token != self.http_token.strip()):
+            raise ConfigError("the console's token is empty or has spaces around it; pass --http-token-file FILE (or "
+                              "MILLSTREAM_HTTP_TOKEN_FILE) with the token in it")
         if self.http_tls:
             self.security.https_context()  # (refused now, with its reason, not once serving)
 

@@ -32,7 +32,8 @@ StatusFn = Callable[[], Awaitable[dict[str, Any] | None]]
 
 # Bounds on what one client may make us hold (S7, slowloris): a request line or header
 # line longer than MAX_LINE_BYTES, more than MAX_HEADER_LINES headers, or a request head
-# not complete within HEAD_TIMEOUT_S is refused; at most MAX_CONNECTIONS are served at once.
+# (its TLS handshake included) not complete within HEAD_TIMEOUT_S is refused; at most
+# MAX_CONNECTIONS are served at once, handshakes included.
 MAX_LINE_BYTES = 8192
 MAX_HEADER_LINES = 100
 HEAD_TIMEOUT_S = 10.0
@@ -87,16 +88,15 @@ async def serve(listen: str, status: StatusFn, history: History | None = None, *
 
     async def read_head(reader: asyncio.StreamReader) -> tuple[bytes, bytes | None] | None:
         """The request line and its ``Authorization`` header, or None if the head breaks a bound."""
-        async with asyncio.timeout(HEAD_TIMEOUT_S):
-            request = await reader.readline()
-            auth = None
-            for _ in range(MAX_HEADER_LINES + 1):
-                line = await reader.readline()
-                if line in (b"\r\n", b"\n", b""):
-                    return request, auth
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"authorization":
-                    auth = value
+        request = await reader.readline()
+        auth = None
+        for _ in range(MAX_HEADER_LINES + 1):
+            line = await reader.readline()
+            if line in (b"\r\n", b"\n", b""):
+                return request, auth
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"authorization":
+                auth = value
         return None
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -104,10 +104,15 @@ async def serve(listen: str, status: StatusFn, history: History | None = None, *
         active += 1
         try:
             if active > MAX_CONNECTIONS:
+                if ssl is not None:
+                    return  # (closed: a plaintext answer would mean nothing to a TLS client)
                 code, ctype, body = 503, "text/plain", b"too many connections\n"
             else:
                 try:
-                    head = await read_head(reader)
+                    async with asyncio.timeout(HEAD_TIMEOUT_S):  # the handshake and the head, together
+                        if ssl is not None:  # (here, not by the server: a handshake counts as a connection)
+                            await writer.start_tls(ssl)
+                        head = await read_head(reader)
                 except ValueError:  # a line longer than the stream limit (MAX_LINE_BYTES)
                     head = None
                 if head is None:
@@ -125,7 +130,7 @@ async def serve(listen: str, status: StatusFn, history: History | None = None, *
                      f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
             writer.write(reply.encode() + body)
             await writer.drain()
-        except (TimeoutError, ConnectionError, ssl_module.SSLError) as e:
+        except (TimeoutError, OSError) as e:  # (ConnectionError, ssl.SSLError: OSErrors)
             log.debug("http client went away: %s", e)
         finally:
             active -= 1
@@ -147,8 +152,7 @@ async def serve(listen: str, status: StatusFn, history: History | None = None, *
         return 404, "text/plain", b"not found\n"
 
     host, _, port = listen.rpartition(":")
-    server = await asyncio.start_server(handle, host, int(port), limit=MAX_LINE_BYTES, ssl=ssl,
-                                        ssl_handshake_timeout=HEAD_TIMEOUT_S if ssl is not None else None)
+    server = await asyncio.start_server(handle, host, int(port), limit=MAX_LINE_BYTES)
     bound = server.sockets[0].getsockname()[1]
     sampler = asyncio.create_task(sample(status, history), name="console history")
     return Console(server, sampler, history), f"{host}:{bound}"

@@ -231,7 +231,11 @@ class Security:
             raise ConfigError("--http-tls serves the console with the master's certificate: pass --tls-cert and "
                               "--tls-key too")
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(self.cert, self.key)
+        try:
+            ctx.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"--tls-cert {self.cert!r} and --tls-key {self.key!r} do not load as a certificate "
+                              f"and its key ({e}); pass the PEM files of one pair") from None
         return ctx
 
     def server_interceptors(self) -> list[grpc.aio.ServerInterceptor]:

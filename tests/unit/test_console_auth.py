@@ -9,6 +9,7 @@ import asyncio
 import base64
 import json
 import ssl
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -41,6 +42,13 @@ async def _get(path: str, headers: dict[str, str], *, token: str | None = TOKEN,
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def _until_reply(ask: Callable[[], Awaitable[bytes]], good: Callable[[bytes], bool], what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + 10
+    while not good(reply := await ask()):
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}: {reply[:80]!r}"
+        await asyncio.sleep(0.01)  # poll interval of this deadline-bounded wait
 
 
 def _basic(user: str, password: str) -> str:
@@ -88,9 +96,44 @@ def test_over_tls_with_the_masters_certificate(tmp_path: Any) -> None:
         asyncio.run(_get("/status.json", {}, server_ssl=server_ssl, client_ssl=ssl.create_default_context()))
 
 
+def test_tls_clients_that_never_finish_a_handshake_count_against_the_connection_limit(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    ca, cert, key = make_certs(str(tmp_path))
+    monkeypatch.setattr(web, "MAX_CONNECTIONS", 2)
+
+    async def status() -> dict[str, Any]:
+        return {"ok": True}
+
+    async def get(port: int) -> bytes:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ssl.create_default_context(cafile=ca))
+            writer.write(f"GET /status.json HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode())
+            reply = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            return reply
+        except (ConnectionError, ssl.SSLError):
+            return b""
+
+    async def run() -> None:
+        server, address = await web.serve("127.0.0.1:0", status, token=TOKEN,
+                                          ssl=Security(cert=cert, key=key).https_context())
+        port = int(address.rpartition(":")[2])
+        try:
+            idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]  # no ClientHello, ever
+            await _until_reply(lambda: get(port), lambda r: r == b"", "a client over the limit closed, not served")
+            for _, writer in idle:
+                writer.close()
+            await _until_reply(lambda: get(port), lambda r: r.startswith(b"HTTP/1.1 200 OK"),
+                               "a client served again once the idle ones left")
+        finally:
+            server.close()
+            await server.wait_closed()
+    asyncio.run(run())
+
+
 def test_flags_that_cannot_work_are_refused_before_the_master_serves() -> None:
     etcd = EtcdConfig.parse("http://127.0.0.1:2379")
     with pytest.raises(ConfigError, match="--http-tls .* pass --tls-cert and --tls-key"):
         MasterOptions(etcd, "127.0.0.1:0", http_tls=True)
-    with pytest.raises(ConfigError, match="console's token is empty"):
+    with pytest.raises(ConfigError, match="console's token is empty or has spaces around it"):
         MasterOptions(etcd, "127.0.0.1:0", http_token="  ")
