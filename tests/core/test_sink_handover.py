@@ -99,14 +99,21 @@ def _values(path: str) -> list[str]:
     return [str(r["value"]) for r in read_file_sink(path)]
 
 
+async def _one_record_in(tmp: str) -> tuple[str, dict[str, _Wire], WorkerCore, WorkerCore]:
+    """The sink's output directory and the pair: w its primary, f its follower (token 1),
+    one record committed and written."""
+    out = os.path.join(tmp, "out")
+    wires, w, f = _pair(tmp)
+    for core in (f, w):
+        await core.apply_routing(_routing(1, 1, "w", ["w", "f"], out))
+    await _until(lambda: KEY in w.tablets and KEY in f.replicas.copies, "the sink and its copy")
+    assert await w.deliver("out", 0, 1, [_rec(1)]) == OK
+    return out, wires, w, f
+
+
 def test_a_new_primary_lost_before_its_first_commit_leaves_the_old_primarys_output_whole(tmp_path: Any) -> None:
     async def run() -> None:
-        out = os.path.join(str(tmp_path), "out")
-        wires, w, f = _pair(str(tmp_path))
-        for core in (f, w):
-            await core.apply_routing(_routing(1, 1, "w", ["w", "f"], out))
-        await _until(lambda: KEY in w.tablets and KEY in f.replicas.copies, "the sink and its copy")
-        assert await w.deliver("out", 0, 1, [_rec(1)]) == OK
+        out, wires, w, f = await _one_record_in(str(tmp_path))
 
         # w's next batch is fenced: its follower is out of reach, and the leader refuses to
         # drop it (the token moved on). Written on w, output included; acknowledged nowhere.
@@ -145,15 +152,9 @@ def test_a_follower_a_reopened_primary_dropped_is_caught_up_with_no_commit_and_n
     """An idle sink reopened (a new token) finds its follower's copy gone (the follower was
     restarted, its copy not loaded yet) and has the leader drop it. The follower is then
     caught up (a snapshot) and added again by the primary on its own: no commit comes (the
-    tablet is idle) and no routing after the drop (chaos seed 7: under-replicated for 60 s
-    when the link waited for either)."""
+    tablet is idle) and no routing after the drop (the link waited for either before)."""
     async def run() -> None:
-        out = os.path.join(str(tmp_path), "out")
-        wires, w, f = _pair(str(tmp_path))
-        for core in (f, w):
-            await core.apply_routing(_routing(1, 1, "w", ["w", "f"], out))
-        await _until(lambda: KEY in w.tablets and KEY in f.replicas.copies, "the sink and its copy")
-        assert await w.deliver("out", 0, 1, [_rec(1)]) == OK
+        out, wires, w, f = await _one_record_in(str(tmp_path))
         asked = wires["w"].asked
         # Caught up, f is added through the leader though w's routing lists it in sync already:
         # the leader's set is the one that counts (a stale routing must not keep it out).

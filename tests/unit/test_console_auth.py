@@ -20,28 +20,16 @@ from master.store import EtcdConfig
 from runtime.errors import ConfigError
 from runtime.security import Security
 from tests.certs import make_certs
+from tests.unit.test_master_hardening import _http
 
 TOKEN = "console-s3cret"
 
 
 async def _get(path: str, headers: dict[str, str], *, token: str | None = TOKEN,
                server_ssl: ssl.SSLContext | None = None, client_ssl: ssl.SSLContext | None = None) -> bytes:
-    async def status() -> dict[str, Any]:
-        return {"ok": True}
-
-    server, address = await web.serve("127.0.0.1:0", status, token=token, ssl=server_ssl)
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", int(address.rpartition(":")[2]),
-                                                       ssl=client_ssl)
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n".encode()
-                     + "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode() + b"\r\n")
-        await writer.drain()
-        reply = await asyncio.wait_for(reader.read(), 10)
-        writer.close()
-        return reply
-    finally:
-        server.close()
-        await server.wait_closed()
+    raw = (f"GET {path} HTTP/1.1\r\nHost: x\r\n".encode()
+           + "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode() + b"\r\n")
+    return await _http(raw, client_ssl, token=token, ssl=server_ssl)
 
 
 async def _until_reply(ask: Callable[[], Awaitable[bytes]], good: Callable[[bytes], bool], what: str) -> None:

@@ -192,13 +192,15 @@ def test_b31_the_client_refuses_it_before_sending() -> None:
 # ------------------------------------------------------------------ S7: HTTP side
 
 
-async def _http(raw: bytes) -> bytes:
+async def _http(raw: bytes, client_ssl: Any = None, **serve: Any) -> bytes:
+    """``raw`` sent to a console serving ``{"ok": true}`` as its status (``serve``: more of
+    ``web.serve``'s arguments), and all it answered."""
     async def status() -> dict[str, Any]:
         return {"ok": True}
 
-    server, address = await web.serve("127.0.0.1:0", status)
+    server, address = await web.serve("127.0.0.1:0", status, **serve)
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", int(address.rpartition(":")[2]))
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(address.rpartition(":")[2]), ssl=client_ssl)
         writer.write(raw)
         await writer.drain()
         reply = await asyncio.wait_for(reader.read(), 10)
