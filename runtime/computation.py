@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import abc
-import enum
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, overload
 
 from runtime.errors import MillstreamError
-from runtime.record import Record, Timestamp
+from runtime.record import Record, TimeDomain, Timestamp
 
 if TYPE_CHECKING:
     from runtime.state import ListHandle, ListState, MapHandle, MapState, ValueHandle, ValueState
-
-
-class TimeDomain(enum.IntEnum):
-    """Which clock a timer follows."""
-
-    #: fires when the computation's input watermark (``ctx.low_watermark``) reaches the timer's time
-    EVENT_TIME = 0
-    #: fires when the wall clock reaches the timer's time
-    WALL_TIME = 1
 
 
 class State(abc.ABC):

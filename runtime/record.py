@@ -1,7 +1,8 @@
-"""Records and their identifiers."""
+"""Records and their identifiers, and the clocks their times are on (:class:`TimeDomain`)."""
 
 from __future__ import annotations
 
+import enum
 import hashlib
 from dataclasses import dataclass
 from datetime import UTC, timedelta
@@ -10,6 +11,16 @@ from datetime import datetime as _datetime
 from runtime.errors import UsageError
 
 ID_BYTES = 16
+
+
+class TimeDomain(enum.IntEnum):
+    """Which clock a timer (or a typed state's TTL) follows."""
+
+    #: fires when the computation's input watermark (``ctx.low_watermark``) reaches the timer's time
+    EVENT_TIME = 0
+    #: fires when the wall clock reaches the timer's time
+    WALL_TIME = 1
+
 
 # The start and end of event time, in microseconds: a watermark at MIN_TIME holds everything
 # back (nothing is known yet), one at END_OF_TIME promises nothing more will come (a finished

@@ -18,7 +18,8 @@ their key through splits and merges (storage keys start with the key's hash).
 **Storage layout** (one tablet's RocksDB): a *cell* is ``Y <hash:8> <len(key):4> <key>
 <len(name):1> <name>``; under it ``v`` holds a value, ``n`` a list's next index (8 bytes),
 ``e <index:8>`` a list element, ``m <encoded map key>`` a map entry. Every stored value starts
-with its expiry (8 bytes, event time in µs; the largest int64 for none).
+with its expiry (8 bytes, µs of event time, or of the wall clock for a wall-clock TTL; the
+largest int64 for none).
 
 **TTL** (event time, the default): a write with ``ttl`` expires at the timestamp of the record
 (or timer) being processed plus ``ttl``. Once the computation's low watermark reaches that time
@@ -26,9 +27,11 @@ it is never read again, and the runtime deletes it with an internal timer of the
 
 ``ttl_domain=TimeDomain.WALL_TIME``: a write expires ``ttl`` after it was made by the wall clock
 (``ctx.now()``; Flink's state TTL, Kafka Streams' retention), whatever the records' times: once
-the clock passes it, it is never read again, and an internal wall-time timer deletes it. For
-state that must go some time after it was last touched, even with no watermark (an input that
-never advances it) or far behind one (a backfill of old data).
+the clock reaches it, it is never read again, and an internal wall-time timer deletes it. For
+state that must go some time after it was last written, even with no watermark (an input that
+never advances it) or far behind one (a backfill of old data). Changing a state's
+``ttl_domain`` in an update keeps its entries with the expiries they were written with,
+judged by the new clock (an event time far behind the clock reads as expired at once).
 """
 
 from __future__ import annotations
@@ -42,10 +45,9 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 from runtime.codecs import Codec, check_codec
-from runtime.computation import TimeDomain
 from runtime.errors import ConfigError, MillstreamError, UsageError
 from runtime.keyspace import hash_prefix
-from runtime.record import END_OF_TIME
+from runtime.record import END_OF_TIME, TimeDomain
 
 TYPED = b"Y"
 VALUE, COUNT, ELEMENT, ENTRY = b"v", b"n", b"e", b"m"

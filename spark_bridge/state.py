@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import time
@@ -29,7 +30,8 @@ def read_state(spark: Any, savepoint_dir: str, computation: str, state: str | No
     ``<step>/<state>``), decoded with its codec: one row per value,
     list element or map entry, with ``key``, ``key_bytes``, ``item`` (null for a value, the
     index of a list element, the map key as text) and ``value`` (the decoded value as JSON
-    text); entries expired at the savepoint's watermark are left out.
+    text); entries expired at the savepoint's watermark are left out (with a wall-clock TTL:
+    by the time it was taken).
 
     Each tablet's checkpoint is read by one Spark task, so the savepoint directory must be
     readable where the executors run (a local directory for ``local[*]``, else shared storage).
@@ -50,7 +52,9 @@ def read_state(spark: Any, savepoint_dir: str, computation: str, state: str | No
     spec_path, params = spec["code"], spec.get("params", {})
     _spec(spec_path, params, state)  # a clear error here, not in a task
     wm = int(manifest.get("watermarks", {}).get(computation, MIN_TIME))
-    items = [(r, p, spec_path, params, state, wm) for r, p in paths]
+    taken = manifest.get("taken")  # (the state as it was then: a wall-clock TTL is judged by it)
+    now = int(datetime.datetime.fromisoformat(taken).timestamp() * 1e6) if taken else time.time_ns() // 1000
+    items = [(r, p, spec_path, params, state, wm, now) for r, p in paths]
     rdd = spark.sparkContext.parallelize(items, len(items)).flatMap(_typed_rows)
     return spark.createDataFrame(rdd, TYPED_SCHEMA)
 
@@ -70,15 +74,16 @@ def _text(obj: Any) -> str:
     return obj if isinstance(obj, str) else json.dumps(obj, default=repr)
 
 
-def _typed_rows(item: tuple[int, str, str, dict[str, str], str, int]) -> list[tuple[str, bytes, str | None, str, int]]:
+def _typed_rows(item: tuple[int, str, str, dict[str, str], str, int, int]
+                ) -> list[tuple[str, bytes, str | None, str, int]]:
     from runtime.computation import TimeDomain
     from runtime.state import ELEMENT, ENTRY, VALUE, is_expired, json_value, payload, split_cell
     from worker.storage import saved_entries
 
-    key_range, path, code, params, name, wm = item
+    key_range, path, code, params, name, wm, taken = item
     spec = _spec(code, params, name)
     if spec.ttl_domain == TimeDomain.WALL_TIME:
-        wm = time.time_ns() // 1000  # (a wall-time TTL: judged by the clock, now, as a call now would)
+        wm = taken  # (a wall-clock TTL: judged by the clock, when the savepoint was taken)
     out = []
     for skey, stored in saved_entries(path, b"Y"):
         key, sname, rest = split_cell(skey)

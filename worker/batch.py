@@ -21,9 +21,10 @@ from runtime.columns import Columns
 from runtime.computation import Computation, TimeDomain, record_fn
 from runtime.delivery import Status
 from runtime.errors import MillstreamError
+from runtime.flows.stage import readable_states
 from runtime.record import Record, derived_id
 from runtime.sinks import committed_hook, is_sink, sink_batch_fn
-from runtime.state import TTL_TAG, cell, expired, ttl_rearm
+from runtime.state import TTL_TAG
 from runtime.status import show_key
 from runtime.topology import dead_letter, dead_letter_stream
 from worker.context import Effects, KeyContext
@@ -33,7 +34,7 @@ from worker.outgoing import Outgoing
 from worker.pending import Pending, merged
 from worker.recordloop import run_records
 from worker.storage import Commit, TabletStore, Timer, state_key
-from worker.timers import earliest_set, pending_time
+from worker.timers import earliest_set, fire_ttl, pending_timer
 
 if TYPE_CHECKING:
     from worker.tablet import Tablet
@@ -84,6 +85,7 @@ class BatchProcessor:
         # a hit is a subscript, no call; a miss reads RocksDB through the cache.
         self._cached, self._read = store.cache.values, store.cache.get
         self.comp = comp
+        self._ttl_domains: dict[str, TimeDomain] | None = None  # typed state's name -> its TTL's clock
         self._one = record_fn(comp)  # a record on its own (a batch whose one call raised)
         self.sink = is_sink(comp, tablet.route.code)
         self.committed_hook = committed_hook(comp) if self.sink else None  # (sink_committed)
@@ -108,7 +110,7 @@ class BatchProcessor:
         self._expired_below: int | None = None
         self.ctx = KeyContext(tablet.outputs, self.read_state, lambda: self.host.watermark(self.computation),
                               tablet.now_us, self.read_cell, self.scan_cells,
-                              lambda k: pending_time(k, self._commit, self._due_now, self._cancelled, self.timers))
+                              lambda k: pending_timer(k, self._commit, self._due_now, self._cancelled, self.timers))
         self.late = self.dead_lettered = 0
         self._commit = Commit()
         self._pending = Pending(self._commit.cells)  # its typed-state writes, indexed for scans (the batch's own)
@@ -195,7 +197,7 @@ class BatchProcessor:
                 break
         if self._collected:
             self._run_batch(commit)
-        self._set_before: tuple[dict[bytes, int], int] | None = None  # at the first TTL timer (they come last)
+        self._set_before: tuple[dict[bytes, int], int] | None = None  # (_earliest_set)
         for t in batch.due:
             k = (t.key, t.tag)
             if self._stop or self._full():
@@ -453,26 +455,15 @@ class BatchProcessor:
 
     def _timer_fn(self, ctx: KeyContext, timer: Timer) -> None:
         if timer.tag.startswith(TTL_TAG):
-            self._expire(timer, ctx)
+            if self._ttl_domains is None:  # (each typed state's clock, as the code declares it now)
+                self._ttl_domains = {s.name: s.ttl_domain for s in readable_states(self.comp).values()}
+            fire_ttl(timer, ctx, self._ttl_domains.get(timer.tag[len(TTL_TAG):], timer.domain), self._earliest_set)
         else:
             self.comp.process_timer(ctx, timer.tag, timer.time)
 
-    def _expire(self, timer: Timer, ctx: KeyContext) -> None:
-        """A key's typed-state TTL timer: delete what expired by its time, come back at the next expiry
-        (runtime/state.py), but no sooner than ``ttl_rearm``: a key written on and on is not rescanned each tick."""
-        upto = timer.time
-        if timer.domain == TimeDomain.EVENT_TIME:
-            # Not past a timer this batch set earlier for the key (or a window step's, for many keys):
-            keys, every = self._set_before = self._set_before or earliest_set(self._commit)  # it reads next batch
-            upto = min(upto, keys.get(timer.key, upto), every)
-        # (A wall-time TTL's entries past the clock are read by no later call: each is judged at its now.)
-        prefix = cell(timer.key, timer.tag[len(TTL_TAG):])
-        room = ctx.expire_room()  # (none: no scan) the batch's budget of deletes is spent: the rest next batch
-        gone, nxt = expired(prefix, ctx.cell_scan(prefix), upto, room + 1) if room else (None, None)
-        if gone is None or not ctx.delete_expired(gone):
-            ctx._set_timer(timer.tag, timer.time, timer.domain)
-        elif nxt is not None:
-            ctx._set_timer(timer.tag, ttl_rearm(timer.time, nxt, ctx.low_watermark, timer.domain), timer.domain)
+    def _earliest_set(self) -> tuple[dict[bytes, int], int]:
+        self._set_before = self._set_before or earliest_set(self._commit)  # at the first TTL timer: they come last
+        return self._set_before
 
     def read_cell(self, skey: bytes) -> bytes | None:
         """Typed state as of this batch so far: its writes over the store."""

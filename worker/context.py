@@ -110,13 +110,13 @@ class KeyContext(Context):
         now_us: Callable[[], int] = lambda: time.time_ns() // 1000,
         read_cell: Callable[[bytes], bytes | None] = lambda skey: None,
         scan_cells: Callable[[bytes], Iterator[tuple[bytes, bytes]]] = lambda prefix: iter(()),
-        pending_timer: Callable[[tuple[bytes, str]], int | None] = lambda k: None,
+        pending_timer: Callable[[tuple[bytes, str]], Timer | None] = lambda k: None,
     ) -> None:
         self.outputs = outputs
         self.read_state = read_state  # committed state (the batch's writes are ``writes``)
         self.read_cell = read_cell    # typed state committed or written earlier in the batch
         self.scan_cells = scan_cells
-        self.pending_timer = pending_timer  # when a (key, tag)'s timer is due, as of the batch so far
+        self.pending_timer = pending_timer  # a (key, tag)'s timer, as of the batch so far
         self._watermark = watermark
         self._now_us = now_us
         self._key = b""
@@ -330,11 +330,14 @@ class KeyContext(Context):
         """The runtime's timer that deletes this key's expired entries of state ``name``: at
         the earliest expiry written, never moved later (each write moved it to its own expiry,
         so a key written more often than its TTL kept it ahead of the watermark for ever, and
-        every entry that expired stayed stored). Its firing re-arms it at the next expiry."""
+        every entry that expired stayed stored). Its firing re-arms it at the next expiry. One
+        of the other clock (the state's ``ttl_domain`` changed by an update) is replaced: its
+        time means nothing in this one."""
         tag = TTL_TAG + name
         k = (self._key, tag)
         eff = self.effects
         t = eff.timers_set.get(k)
-        due = t.time if t is not None else None if k in eff.timers_deleted else self.pending_timer(k)
-        if due is None or time < due:
+        if t is None and k not in eff.timers_deleted:
+            t = self.pending_timer(k)
+        if t is None or t.domain != domain or time < t.time:
             self._set_timer(tag, time, domain)

@@ -7,12 +7,17 @@ this index is rebuilt from it when the tablet opens and follows every commit.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from runtime.computation import TimeDomain
 from runtime.flows.ops import TIMER_PREFIX
 from runtime.record import END_OF_TIME
-from runtime.state import TTL_TAG
+from runtime.state import TTL_TAG, cell, expired, ttl_rearm
 from worker.storage import Commit, Timer
+
+if TYPE_CHECKING:
+    from worker.context import KeyContext
 
 TimerKey = tuple[bytes, str]
 
@@ -74,20 +79,19 @@ class TimerIndex:
         return out
 
 
-def pending_time(k: TimerKey, commit: Commit, due_now: dict[TimerKey, Timer], cancelled: set[TimerKey],
-                 index: TimerIndex) -> int | None:
-    """When timer ``k`` is due as a batch so far leaves it: set earlier in the batch, firing in
-    it (taken out of the index, not cancelled), or pending in the index; None if there is none."""
+def pending_timer(k: TimerKey, commit: Commit, due_now: dict[TimerKey, Timer], cancelled: set[TimerKey],
+                  index: TimerIndex) -> Timer | None:
+    """Timer ``k`` as a batch so far leaves it: set earlier in the batch, firing in it (taken
+    out of the index, not cancelled), or pending in the index; None if there is none."""
     t = commit.timers_set.get(k)
     if t is not None:
-        return t.time
+        return t
     if k in commit.timers_deleted:
         return None
     t = due_now.get(k)
     if t is not None:
-        return None if k in cancelled else t.time
-    t = index.get(k)
-    return None if t is None else t.time
+        return None if k in cancelled else t
+    return index.get(k)
 
 
 def earliest_set(commit: Commit) -> tuple[dict[bytes, int], int]:
@@ -106,3 +110,29 @@ def earliest_set(commit: Commit) -> tuple[dict[bytes, int], int]:
         if tag.startswith(TIMER_PREFIX) and tag.startswith("@", tag.find("/", len(TIMER_PREFIX)) + 1):
             every = min(every, t.time)
     return out, every
+
+
+def fire_ttl(timer: Timer, ctx: KeyContext, domain: TimeDomain,
+             set_before: Callable[[], tuple[dict[bytes, int], int]]) -> None:
+    """A key's typed-state TTL timer (runtime/state.py), the state's clock being ``domain``
+    (the timer's own, unless an update changed the state's ``ttl_domain``): delete what
+    expired by then, and come back at the next expiry, but no sooner than ``ttl_rearm`` (a
+    key written on and on is not rescanned each tick).
+
+    Event time: by the timer's time, and not past an event-time timer the batch set earlier
+    for the key, nor a window step's (``set_before``: they read in the next batch). Wall
+    time: by the clock now (no later call reads what expired by then: each judges at its
+    own now), so a timer that fired late (an outage, a busy tablet) catches up at once."""
+    if domain == TimeDomain.WALL_TIME:
+        upto = at = ctx.now()
+    else:
+        at = timer.time if timer.domain == domain else min(timer.time, ctx.low_watermark)
+        keys, every = set_before()
+        upto = min(at, keys.get(timer.key, at), every)
+    prefix = cell(timer.key, timer.tag[len(TTL_TAG):])
+    room = ctx.expire_room()  # (none: no scan) the batch's budget of deletes is spent: the rest next batch
+    gone, nxt = expired(prefix, ctx.cell_scan(prefix), upto, room + 1) if room else (None, None)
+    if gone is None or not ctx.delete_expired(gone):
+        ctx._set_timer(timer.tag, at, domain)
+    elif nxt is not None:
+        ctx._set_timer(timer.tag, ttl_rearm(at, nxt, ctx.low_watermark, domain), domain)

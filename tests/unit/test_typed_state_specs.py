@@ -60,7 +60,7 @@ def test_a_committed_value_is_read_once() -> None:
 
 def test_a_ttl_in_a_clock_that_is_not_one_is_refused() -> None:
     from runtime.computation import TimeDomain
-    from runtime.state import ListState
+
 
     assert ValueState("v", codecs.INT, ttl=5, ttl_domain=TimeDomain.WALL_TIME).ttl_domain is TimeDomain.WALL_TIME
     assert ListState("l", codecs.INT, ttl=5).ttl_domain is TimeDomain.EVENT_TIME
