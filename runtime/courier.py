@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -65,6 +66,8 @@ log = logging.getLogger(__name__)
 
 BUSY_BACKOFF_MAX_S = 0.5     # BUSY, OUT_OF_ORDER
 ROUTING_BACKOFF_MAX_S = 1.0  # NOT_OWNER, UNREACHABLE, no owner: the longest wait for a newer routing
+JITTER = 0.2  # each back-off is its nominal length ± this fraction, at random (gRPC's own: ±20 %), so
+              # the senders a BUSY tablet turned away do not all come back in the same instant
 
 
 # ------------------------------------------------------------------- actions
@@ -139,7 +142,8 @@ class Courier(Generic[ParcelT, OwnerT]):
 
     def __init__(self, routing: RoutingTable, piece: PieceMaker[ParcelT], *, max_records: int = 1000,
                  max_bytes: int = MAX_DELIVERY_BYTES, window: int = 1,
-                 reads: Callable[[RoutingTable, str], bool] = worker_reads) -> None:
+                 reads: Callable[[RoutingTable, str], bool] = worker_reads,
+                 jitter: Callable[[], float] = random.random) -> None:
         if window < 1 or max_records < 1:
             raise ValueError(f"window={window} and max_records={max_records} must be at least 1")
         self.routing = routing
@@ -148,6 +152,7 @@ class Courier(Generic[ParcelT, OwnerT]):
         self.window = window
         self._piece = piece
         self._reads = reads
+        self._jitter = jitter  # uniform in [0, 1): where in its ± JITTER a back-off falls
         self._lanes: dict[Dest, Lane[ParcelT, OwnerT]] = {}
         self._flights: dict[int, Lane[ParcelT, OwnerT]] = {}
         self._retiring: dict[str, set[Dest]] = {}          # computation -> its retired lanes
@@ -387,7 +392,7 @@ class Courier(Generic[ParcelT, OwnerT]):
             self._hold(lane, now, BUSY_BACKOFF_MAX_S)
 
     def _hold(self, lane: Lane[ParcelT, OwnerT], now: float, cap: float) -> None:
-        lane.ready_at = now + lane.backoff
+        lane.ready_at = now + lane.backoff * (1 + JITTER * (2 * self._jitter() - 1))
         lane.backoff = min(lane.backoff * 2, cap)
         heapq.heappush(self._timers, (lane.ready_at, lane.dest))
 

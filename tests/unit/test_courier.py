@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -237,7 +238,7 @@ def test_a_lane_delivers_one_at_a_time_batching_what_waits_within_its_bounds() -
 
 
 def test_busy_backs_off_doubling_and_not_owner_waits_for_a_newer_routing() -> None:
-    c: Courier[Parcel, _O] = Courier(_routing(1, [(0, 0, HASH_SPACE)]), piece)
+    c: Courier[Parcel, _O] = Courier(_routing(1, [(0, 0, HASH_SPACE)]), piece, jitter=lambda: 0.5)  # (nominal)
     [d] = _deliveries(c.send([_seq_parcel(0, [1])], _O(), 0))
     assert _deliveries(c.answered(d.id, Outcome(Status.BUSY), 0.0)) == []
     assert c.wake_at == 0.005 and _deliveries(c.tick(0.004)) == []
@@ -251,6 +252,15 @@ def test_busy_backs_off_doubling_and_not_owner_waits_for_a_newer_routing() -> No
     [d] = _deliveries(c.routing_changed(_routing(2, [(0, 0, HASH_SPACE)]), 2.001))
     acked = c.answered(d.id, Outcome(Status.OK), 2.002)
     assert any(isinstance(a, Acked) for a in acked) and c.pending() == 0 and c.wake_at is None
+
+
+@pytest.mark.parametrize("draw, wait", [(0.0, 0.004), (0.5, 0.005), (0.75, 0.0055)])
+def test_each_back_off_falls_at_random_within_a_fifth_of_its_length(draw: float, wait: float) -> None:
+    """Senders a BUSY tablet turned away at once do not all come back at once."""
+    c: Courier[Parcel, _O] = Courier(_routing(1, [(0, 0, HASH_SPACE)]), piece, jitter=lambda: draw)
+    [d] = _deliveries(c.send([_seq_parcel(0, [1])], _O(), 0))
+    c.answered(d.id, Outcome(Status.BUSY), 0.0)
+    assert c.wake_at == pytest.approx(wait)
 
 
 def test_a_tablet_without_an_owner_waits_for_a_routing_that_gives_it_one() -> None:
@@ -399,7 +409,7 @@ def test_a_lane_backing_off_with_nothing_queued_still_wakes_for_what_is_sent_to_
     owner closing, an injector's round withdrawn at its deadline) lost its timer to a look at
     ``wake_at``; a parcel sent to it before the back-off ended then waited for some other
     event (an idle worker tablet: for ever, holding its watermark)."""
-    c: Courier[Parcel, _O] = Courier(_routing(1, [(0, 0, HASH_SPACE)]), piece)
+    c: Courier[Parcel, _O] = Courier(_routing(1, [(0, 0, HASH_SPACE)]), piece, jitter=lambda: 0.5)
     old = _O(1)
     [d] = _deliveries(c.send([_seq_parcel(0, [1])], old, 0))
     old.closing = True
