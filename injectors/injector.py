@@ -423,13 +423,13 @@ class Injector:
             # round after it (a paced sender's flush waits for this one).
             self._marks.report_later()
 
-    def advance_watermark(self, timestamp: Timestamp) -> None:
-        """Promise to send nothing older than ``timestamp`` (never moves backwards). Reported
+    def advance_watermark(self, ts: Timestamp) -> None:
+        """Promise to send nothing older than ``ts`` (never moves backwards). Reported
         at once, or, while earlier deliveries wait to be confirmed, by the background thread
         that asks for their confirmation every 20 ms (one master call per 20 ms however often
         a source promises, like Flink's periodic watermarks). The effective watermark is never
         later than the oldest record not yet confirmed (:attr:`effective_watermark`)."""
-        self._marks.promise(check_time(timestamp, "watermark"))
+        self._marks.promise(check_time(ts, "watermark"))
         self._marks.report_promise()
 
     def mark_idle(self) -> None:

@@ -37,6 +37,7 @@ workers from their module paths: a lambda or a closure is refused when the step 
 from __future__ import annotations
 
 import datetime
+import os
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, overload
 
@@ -50,6 +51,25 @@ from runtime.flows.refs import aggregator_doc, code_path, codec_ref, windows_doc
 from runtime.topology import DEFAULT_KEY_RANGES, Topology, _check_name
 
 _MICROSECOND = datetime.timedelta(microseconds=1)
+
+
+def _as_text(what: str, params: dict[str, Any]) -> dict[str, str]:
+    """A step's params as the text its class's ``setup`` gets: strings as they are, paths
+    (``pathlib.Path``) as their text, numbers and booleans as they print (``"100"``,
+    ``"true"``); anything else refused, with what to do."""
+    out = {}
+    for k, v in params.items():
+        if isinstance(v, bool):
+            out[k] = "true" if v else "false"
+        elif isinstance(v, str | int | float):
+            out[k] = str(v)
+        elif isinstance(v, os.PathLike):
+            out[k] = os.fspath(v)  # type: ignore[assignment]
+        else:
+            raise UsageError(f"{what}: param {k}={v!r:.60} is a {type(v).__name__}; params reach the step's setup as "
+                             "text: pass a string, a number or a path (json.dumps a structure, and json.loads it "
+                             "in setup)")
+    return out
 
 
 def _inputs_of(step: _Step, tables: bool = True) -> set[str]:
@@ -120,14 +140,13 @@ class Stream:
         ``local_paths`` is made absolute here, against this process's working directory), run in the stage before it (its
         output commits with that stage's batch: docs/dataflows.md, "What a flow compiles
         to"), values encoded by ``codec`` (default: bytes as they are, text as UTF-8,
-        anything else as JSON). ``params`` go to the sink's ``setup`` as strings."""
+        anything else as JSON). ``params`` go to the sink's ``setup`` as text (paths and numbers
+        too: :func:`_as_text`)."""
         from runtime.sinks import Sink, absolute_paths
 
         if not (isinstance(cls, type) and issubclass(cls, Sink)):
             raise UsageError(f"sink: {cls!r} is not a runtime.Sink subclass (e.g. runtime.sinks.FileSink)")
-        bad = sorted(k for k, v in params.items() if not isinstance(v, str))
-        if bad:
-            raise UsageError(f"sink: params {bad} must be strings (they reach the sink's setup as text)")
+        params = _as_text("sink", params)
         from runtime.flows.values import AUTO
 
         params = absolute_paths(cls, params)  # here, not against each worker's own directory
@@ -185,9 +204,7 @@ class KeyedStream(Stream):
 
         if not (isinstance(cls, type) and issubclass(cls, Computation)):
             raise UsageError(f"process: {cls!r} is not a runtime.Computation subclass")
-        bad = sorted(k for k, v in params.items() if not isinstance(v, str))
-        if bad:
-            raise UsageError(f"process: params {bad} must be strings (they reach the computation's setup as text)")
+        params = _as_text("process", params)
         return KeyedStream(self._flow, self._then("process", name, {"cls": code_path(cls, "process"),
                                                                      "params": params}, True))
 

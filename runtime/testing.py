@@ -212,9 +212,9 @@ class TestRun:
             self._run(deliver())
         self._injected.setdefault(stream, MIN)
 
-    def advance_watermark(self, stream: str, timestamp: Timestamp) -> None:
-        """Promise that nothing older than ``timestamp`` will be injected on ``stream``."""
-        self._injected[stream] = max(self._injected.get(stream, MIN), check_time(timestamp, "TestRun: watermark"))
+    def advance_watermark(self, stream: str, ts: Timestamp) -> None:
+        """Promise that nothing older than ``ts`` will be injected on ``stream``."""
+        self._injected[stream] = max(self._injected.get(stream, MIN), check_time(ts, "TestRun: watermark"))
 
     def finish(self, stream: str) -> None:
         """``stream`` has ended: its watermark goes to the end of time."""

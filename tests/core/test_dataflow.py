@@ -66,10 +66,24 @@ def test_bad_steps_say_what_to_do() -> None:
         keyed.window(Tumbling(SECOND), Count)
     with pytest.raises(UsageError, match="already has a step named 'x'"):
         keyed.map(j.value_of, name="x").map(j.value_of, name="x")
-    with pytest.raises(UsageError, match="params .* must be strings"):
-        keyed.process(j.RawCounter, every=3)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=r"param every=\[3\] is a list; params reach the step's setup as text"):
+        keyed.process(j.RawCounter, every=[3])
     with pytest.raises(TopologyError, match="has no input"):
         Dataflow("empty").topology()
+
+
+def test_step_params_reach_setup_as_text_paths_and_numbers_included(tmp_path: Any) -> None:
+    """``sink(FileSink, path=tmp_path)`` with pytest's Path, numbers and booleans: each as the
+    text the class's setup reads (DESIGN.md: ``sink(cls, **params)``)."""
+    from runtime.sinks import FileSink
+
+    flow = Dataflow("params")
+    keyed = flow.input("in", keyed=True).process(j.RawCounter, every=3, loud=True, ratio=0.5)
+    keyed.sink(FileSink, path=tmp_path / "out")
+    steps = {c.name: c for c in flow.topology().computations.values()}
+    plan = json.loads(next(iter(steps.values())).params["flow.plan"])["steps"]
+    assert plan["params.process"]["params"] == {"every": "3", "loud": "true", "ratio": "0.5"}
+    assert plan["params.sink"]["params"] == {"path": str(tmp_path / "out")}
 
 
 def test_a_stream_read_by_one_stage_both_keyed_as_it_comes_and_by_key_by_reaches_both_sides() -> None:
