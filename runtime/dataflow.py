@@ -211,8 +211,14 @@ class KeyedStream(Stream):
     def join(self, other: KeyedStream, windows: Any, *, name: str | None = None) -> KeyedStream:
         """Values ``(left, right)`` for every pair of a left and a right value of the same key
         in the same window, emitted when the window fires (stamped then). Records too late for
-        every window go to ``<step name>.late``."""
+        every window go to ``<step name>.late``. Tumbling or sliding windows (a session join is
+        not supported: for pairs within a time distance, ``interval_join``)."""
+        from runtime.windows import Session
+
         self._check_other(other, "join")
+        if isinstance(windows, Session):  # (said here, where the step is added, not at submit)
+            raise UsageError(f"join {name or ''!r}: joins take Tumbling or Sliding windows (a session join is not "
+                             "supported); for pairs within a time distance use interval_join")
         args = {"windows": windows_doc(windows, "join")}
         return KeyedStream(self._flow, self._then("join", name, args, True, (other,)))
 

@@ -19,7 +19,7 @@ from runtime.errors import ImportPathError, MillstreamError, TopologyError, Usag
 from runtime.flows.values import VALUES
 from runtime.sinks import FileSink
 from runtime.testing import TestRun
-from runtime.windows import SECOND, Count, Tumbling, WindowResult
+from runtime.windows import SECOND, Count, Session, Tumbling, WindowResult
 from tests import flowjobs as j
 
 T0 = 1_700_000_000_000_000
@@ -62,6 +62,8 @@ def test_bad_steps_say_what_to_do() -> None:
         keyed.join(flow.input("d"), Tumbling(SECOND))  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="not windows"):
         keyed.window(SECOND, Count())
+    with pytest.raises(UsageError, match="joins take Tumbling or Sliding windows .* use interval_join"):
+        keyed.join(flow.input("e", keyed=True), Session(SECOND))  # (when the step is added, not at submit)
     with pytest.raises(UsageError, match="pass an aggregator object, e.g. Count"):
         keyed.window(Tumbling(SECOND), Count)
     with pytest.raises(UsageError, match="already has a step named 'x'"):
