@@ -153,6 +153,7 @@ class Courier(Generic[ParcelT, OwnerT]):
         self._piece = piece
         self._reads = reads
         self._jitter = jitter  # uniform in [0, 1): where in its ± JITTER a back-off falls
+        self._drawn = (-1.0, 1.0)  # (when, factor): lanes held at one instant share one draw
         self._lanes: dict[Dest, Lane[ParcelT, OwnerT]] = {}
         self._flights: dict[int, Lane[ParcelT, OwnerT]] = {}
         self._retiring: dict[str, set[Dest]] = {}          # computation -> its retired lanes
@@ -392,7 +393,11 @@ class Courier(Generic[ParcelT, OwnerT]):
             self._hold(lane, now, BUSY_BACKOFF_MAX_S)
 
     def _hold(self, lane: Lane[ParcelT, OwnerT], now: float, cap: float) -> None:
-        lane.ready_at = now + lane.backoff * (1 + JITTER * (2 * self._jitter() - 1))
+        when, factor = self._drawn
+        if when != now:  # (one draw per instant: lanes to one worker turned away together retry
+            factor = 1 + JITTER * (2 * self._jitter() - 1)  # together, in one frame; other senders apart)
+            self._drawn = (now, factor)
+        lane.ready_at = now + lane.backoff * factor
         lane.backoff = min(lane.backoff * 2, cap)
         heapq.heappush(self._timers, (lane.ready_at, lane.dest))
 
