@@ -66,8 +66,8 @@ log = logging.getLogger(__name__)
 
 BUSY_BACKOFF_MAX_S = 0.5     # BUSY, OUT_OF_ORDER
 ROUTING_BACKOFF_MAX_S = 1.0  # NOT_OWNER, UNREACHABLE, no owner: the longest wait for a newer routing
-JITTER = 0.2  # each back-off is its nominal length ± this fraction, at random (gRPC's own: ±20 %), so
-              # the senders a BUSY tablet turned away do not all come back in the same instant
+JITTER = 0.2  # a BUSY back-off is its nominal length ± this fraction, at random (gRPC's own: ±20 %),
+              # so the senders a BUSY tablet turned away do not all come back in the same instant
 
 
 # ------------------------------------------------------------------- actions
@@ -152,8 +152,7 @@ class Courier(Generic[ParcelT, OwnerT]):
         self.window = window
         self._piece = piece
         self._reads = reads
-        self._jitter = jitter  # uniform in [0, 1): where in its ± JITTER a back-off falls
-        self._drawn = (-1.0, 1.0)  # (when, factor): lanes held at one instant share one draw
+        self._jitter = jitter  # uniform in [0, 1): where in its ± JITTER a BUSY back-off falls
         self._lanes: dict[Dest, Lane[ParcelT, OwnerT]] = {}
         self._flights: dict[int, Lane[ParcelT, OwnerT]] = {}
         self._retiring: dict[str, set[Dest]] = {}          # computation -> its retired lanes
@@ -389,14 +388,10 @@ class Courier(Generic[ParcelT, OwnerT]):
         lane.queue.extendleft(reversed(back))
         if any(f.outcome is not None and f.outcome.status in (Status.NOT_OWNER, Status.UNREACHABLE) for f in failed):
             self._hold_for_routing(lane, now)
-        else:
-            self._hold(lane, now, BUSY_BACKOFF_MAX_S)
+        else:  # (only here: a wait for a newer routing ends for every lane when one comes)
+            self._hold(lane, now, BUSY_BACKOFF_MAX_S, 1 + JITTER * (2 * self._jitter() - 1))
 
-    def _hold(self, lane: Lane[ParcelT, OwnerT], now: float, cap: float) -> None:
-        when, factor = self._drawn
-        if when != now:  # (one draw per instant: lanes to one worker turned away together retry
-            factor = 1 + JITTER * (2 * self._jitter() - 1)  # together, in one frame; other senders apart)
-            self._drawn = (now, factor)
+    def _hold(self, lane: Lane[ParcelT, OwnerT], now: float, cap: float, factor: float = 1.0) -> None:
         lane.ready_at = now + lane.backoff * factor
         lane.backoff = min(lane.backoff * 2, cap)
         heapq.heappush(self._timers, (lane.ready_at, lane.dest))
