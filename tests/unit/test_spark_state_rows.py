@@ -26,9 +26,9 @@ def test_state_without_a_ttl_is_read_at_a_watermark_at_the_end_of_time(tmp_path:
     db[cell(b"gone", "count") + VALUE] = _EXPIRY.pack(1_000) + codecs.INT.encode(7)  # a TTL'd value
     db.close()
     for wm in (END_OF_TIME, 2_000):
-        rows = _typed_rows((0, path, "tests.jobs:TypedCounter", {}, "count", wm))
+        rows = _typed_rows((0, path, "tests.jobs:TypedCounter", {}, "count", wm, 0))
         assert [(r[0], r[3]) for r in rows] == [("kept", "5")], wm
-    assert {r[0] for r in _typed_rows((0, path, "tests.jobs:TypedCounter", {}, "count", 500))} == {"kept", "gone"}
+    assert {r[0] for r in _typed_rows((0, path, "tests.jobs:TypedCounter", {}, "count", 500, 0))} == {"kept", "gone"}
 
 
 def test_a_flows_state_is_read_by_its_steps_names(tmp_path: Any) -> None:
@@ -53,8 +53,24 @@ def test_a_flows_state_is_read_by_its_steps_names(tmp_path: Any) -> None:
         db[cell(b"a", "flow/remember/seen") + ELEMENT + _INDEX.pack(i)] = kept(codecs.INT.encode(n))
     db.close()
     code, params = spec.code, dict(spec.params)
-    assert [(r[0], r[2], r[3]) for r in _typed_rows((0, path, code, params, "counts", END_OF_TIME))] == [("a", None, "3")]
-    rows = _typed_rows((0, path, code, params, "remember/seen", END_OF_TIME))
+    assert [(r[0], r[2], r[3]) for r in _typed_rows((0, path, code, params, "counts", END_OF_TIME, 0))] == [("a", None, "3")]
+    rows = _typed_rows((0, path, code, params, "remember/seen", END_OF_TIME, 0))
     assert [(r[0], r[2], r[3]) for r in rows] == [("a", "0", "1"), ("a", "1", "2"), ("a", "2", "3")]
     # bytes as the CLI prints them (text, or 0x... hex), not their repr
-    assert [r[3] for r in _typed_rows((0, path, code, params, "remember", END_OF_TIME))] == ['"3"']
+    assert [r[3] for r in _typed_rows((0, path, code, params, "remember", END_OF_TIME, 0))] == ['"3"']
+
+
+def test_a_wall_clock_ttl_is_judged_by_when_the_savepoint_was_taken(tmp_path: Any) -> None:
+    """A wall-clock TTL (tests.core.jobs:WallTyped, 10 s) is read as it stood when the
+    savepoint was taken, whatever its watermark and whatever the clock says now."""
+    path = os.path.join(str(tmp_path), "tablet")
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    db = Rdict(path, options=opts)
+    taken = 1_800_000_000_000_000
+    db[cell(b"live", "count") + VALUE] = _EXPIRY.pack(taken + 5_000_000) + codecs.INT.encode(1)
+    db[cell(b"gone", "count") + VALUE] = _EXPIRY.pack(taken - 1) + codecs.INT.encode(2)
+    db.close()
+    for wm in (0, END_OF_TIME):  # (the watermark plays no part)
+        rows = _typed_rows((0, path, "tests.core.jobs:WallTyped", {}, "count", wm, taken))
+        assert [(r[0], r[3]) for r in rows] == [("live", "1")], wm
