@@ -132,25 +132,25 @@ def test_n18_two_threads_on_one_producer_queue_its_records_in_sequence_order() -
     inj = _injector()
     lock = _Contended(inj._mutex)
     inj._mutex = lock  # type: ignore[assignment]
-    real_add = inj._buffer.add
     other_done = threading.Event()
 
     def other() -> None:
         inj.send_sequenced("partition-0", 2, b"k", b"second", 2)
         other_done.set()
 
-    def add(*args: Any, **kw: Any) -> int:
-        # Thread A, between its check of seq 1 and queueing it: thread B sends seq 2 now, and
-        # either finishes (the race) or has to wait for A's lock (fixed).
-        if args[1] == b"first":
-            threading.Thread(target=other, daemon=True).start()
-            deadline = 10.0
-            while not (other_done.wait(0.001) or lock.waited.is_set()):
-                deadline -= 0.001
-                assert deadline > 0, "thread B neither finished nor waited for the lock"
-        return real_add(*args, **kw)
+    class Sequenced(dict[bytes, int]):
+        def __setitem__(self, prefix: bytes, seq: int) -> None:
+            super().__setitem__(prefix, seq)
+            # Thread A, between setting seq 1 as the last and queueing it: thread B sends seq 2
+            # now, and either finishes (the race: it queues first) or has to wait for A's lock.
+            if seq == 1:
+                threading.Thread(target=other, daemon=True).start()
+                deadline = 10.0
+                while not (other_done.wait(0.001) or lock.waited.is_set()):
+                    deadline -= 0.001
+                    assert deadline > 0, "thread B neither finished nor waited for the lock"
 
-    inj._buffer.add = add  # type: ignore[method-assign]
+    inj._sequenced = Sequenced(inj._sequenced)  # type: ignore[assignment]
     inj.send_sequenced("partition-0", 1, b"k", b"first", 1)
     assert other_done.wait(10)
     assert [r.value for r in inj._buffer] == [b"first", b"second"]
