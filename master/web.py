@@ -32,8 +32,8 @@ StatusFn = Callable[[], Awaitable[dict[str, Any] | None]]
 
 # Bounds on what one client may make us hold (S7, slowloris): a request line or header
 # line longer than MAX_LINE_BYTES, more than MAX_HEADER_LINES headers, or a request head
-# (its TLS handshake included) not complete within HEAD_TIMEOUT_S is refused; at most
-# MAX_CONNECTIONS are served at once, handshakes included.
+# not complete within HEAD_TIMEOUT_S is refused (a TLS handshake: closed after as long); at
+# most MAX_CONNECTIONS are served at once (handshakes in progress are not counted).
 MAX_LINE_BYTES = 8192
 MAX_HEADER_LINES = 100
 HEAD_TIMEOUT_S = 10.0
@@ -104,14 +104,10 @@ async def serve(listen: str, status: StatusFn, history: History | None = None, *
         active += 1
         try:
             if active > MAX_CONNECTIONS:
-                if ssl is not None:
-                    return  # (closed: a plaintext answer would mean nothing to a TLS client)
                 code, ctype, body = 503, "text/plain", b"too many connections\n"
             else:
                 try:
-                    async with asyncio.timeout(HEAD_TIMEOUT_S):  # the handshake and the head, together
-                        if ssl is not None:  # (here, not by the server: a handshake counts as a connection)
-                            await writer.start_tls(ssl)
+                    async with asyncio.timeout(HEAD_TIMEOUT_S):
                         head = await read_head(reader)
                 except ValueError:  # a line longer than the stream limit (MAX_LINE_BYTES)
                     head = None
@@ -152,7 +148,12 @@ async def serve(listen: str, status: StatusFn, history: History | None = None, *
         return 404, "text/plain", b"not found\n"
 
     host, _, port = listen.rpartition(":")
-    server = await asyncio.start_server(handle, host, int(port), limit=MAX_LINE_BYTES)
+    # TLS by the server, not the handler (``start_tls``: uvloop had read a ClientHello that came
+    # early as plaintext, lost to the handshake). A handshake is not a connection yet: one that
+    # never ends is closed after HEAD_TIMEOUT_S, uncounted meanwhile (asyncio runs the handler
+    # only once it is done).
+    server = await asyncio.start_server(handle, host, int(port), limit=MAX_LINE_BYTES, ssl=ssl,
+                                        ssl_handshake_timeout=HEAD_TIMEOUT_S if ssl is not None else None)
     bound = server.sockets[0].getsockname()[1]
     sampler = asyncio.create_task(sample(status, history), name="console history")
     return Console(server, sampler, history), f"{host}:{bound}"
