@@ -106,7 +106,15 @@ def test_a_tls_client_that_never_finishes_its_handshake_is_closed_after_the_head
     asyncio.run(run())
 
 
-def test_flags_that_cannot_work_are_refused_before_the_master_serves() -> None:
+def test_flags_that_cannot_work_are_refused_before_the_master_serves(tmp_path: Any, monkeypatch: Any) -> None:
+    from cli.main import build_parser
+
+    ca, cert, key = make_certs(str(tmp_path))
+    with pytest.raises(ConfigError, match="do not load as a certificate and its key"):
+        Security(cert=ca, key=key).https_context()  # (the CA's certificate with the server's key)
+    for value, on in (("True", True), ("1", True), ("yes", True), ("", False), ("0", False)):
+        monkeypatch.setenv("MILLSTREAM_HTTP_TLS", value)
+        assert build_parser().parse_args(["master"]).http_tls is on, value
     etcd = EtcdConfig.parse("http://127.0.0.1:2379")
     with pytest.raises(ConfigError, match="--http-tls .* pass --tls-cert and --tls-key"):
         MasterOptions(etcd, "127.0.0.1:0", http_tls=True)
