@@ -250,6 +250,7 @@ def test_a_flush_that_failed_is_retried_and_every_record_reaches_its_tablets() -
         with pytest.raises(InjectionError):
             inj.flush()
         answer["status"] = delivery.Status.OK
+        inj.timeout = 30.0  # (its lanes still back off from the BUSYs, up to 0.5 s ± 20 %: past the 0.3 s above)
         inj.flush()
         one = [r.value for req in sent if req.computation == "one" for r in of_request(req).records()]
         assert one == [b"%d" % i for i in range(5)]
