@@ -124,7 +124,7 @@ def secret_flag(g: argparse._ArgumentGroup, flag: str, env: str, what: str) -> N
 
 
 SECRETS = ("token", "worker_token", "injector_token", "operator_token", "etcd_password", "injector_credential",
-           "http_token")
+           "http_token", "metrics_token")
 
 
 def read_secrets(args: argparse.Namespace) -> None:

@@ -123,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--metrics-listen", default=from_env("MILLSTREAM_METRICS_LISTEN", "127.0.0.1:0"),
                    type=address("--metrics-listen or MILLSTREAM_METRICS_LISTEN", optional=True),
                    help="HOST:PORT for Prometheus /metrics (port 0: chosen by the OS; '' = off)")
+    w.add_argument("--metrics-tls", action="store_true",
+                   default=(from_env("MILLSTREAM_METRICS_TLS") or "").lower() in ("1", "true", "yes"),
+                   help="serve /metrics over HTTPS, with --tls-cert and --tls-key (env MILLSTREAM_METRICS_TLS=1)")
+    secret_flag(w.add_argument_group("metrics"), "metrics-token", "MILLSTREAM_METRICS_TOKEN",
+                "token /metrics asks for: Authorization: Bearer TOKEN (Prometheus' authorization)")
     health_flag(w)
     w.add_argument("--allow-code", default=from_env("MILLSTREAM_ALLOW_CODE"),
                    help="comma-separated module prefixes topologies may load code from, e.g. my_jobs,"
@@ -325,7 +330,8 @@ def _run(args: argparse.Namespace) -> int:
                                   advertise=args.advertise, security=security(args),
                                   code_policy=CodePolicy.parse(args.allow_code), zone=args.zone,
                                   health_listen=args.health_listen or None,
-                                  require_injector_credentials=args.require_injector_credentials))
+                                  require_injector_credentials=args.require_injector_credentials,
+                                  metrics_token=args.metrics_token, metrics_tls=args.metrics_tls))
         return 0
     if cmd == "credential":
         from runtime.security import injector_credential

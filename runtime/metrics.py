@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import ctypes
 import gc
 import os
+import ssl as ssl_module
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
+
+from runtime import http
 
 RECORDS = Counter("millstream_records_processed", "New input records processed", ["computation"])
 DUPLICATES = Counter("millstream_duplicates_dropped", "Input records dropped as duplicates", ["computation"])
@@ -279,7 +283,20 @@ def watch_gc() -> None:
     gc.callbacks.append(on_gc)
 
 
-def serve(host: str, port: int) -> int:
-    """Expose /metrics over HTTP; returns the bound port (``port=0`` lets the OS pick)."""
-    server, _ = start_http_server(port, addr=host)
-    return int(server.server_port)
+UNAUTHORIZED = (b"this worker's /metrics asks for its token (the worker's --metrics-token): send "
+                b"Authorization: Bearer TOKEN (Prometheus: authorization.credentials_file)\n")
+
+
+async def serve(listen: str, *, token: str | None = None,
+                ssl: ssl_module.SSLContext | None = None) -> tuple[asyncio.AbstractServer, str]:
+    """Expose the metrics on ``HOST:PORT`` (``/metrics``, or any path but ``/favicon.ico``, as
+    prometheus_client's own server did), over HTTPS with ``ssl`` and asking for ``token`` if
+    given (runtime/http.py); returns the server and its bound address (port 0: the OS picks).
+    The text is made off the event loop: a scrape does not hold the worker's loop."""
+
+    async def route(path: str) -> tuple[int, str, bytes]:
+        if path == "/favicon.ico":
+            return 404, "text/plain", b"not found\n"
+        return 200, CONTENT_TYPE_LATEST, await asyncio.to_thread(generate_latest)
+
+    return await http.serve(listen, route, token=token, ssl=ssl, unauthorized=UNAUTHORIZED)

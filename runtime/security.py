@@ -224,11 +224,12 @@ class Security:
                                                require_client_auth=True)
         return grpc.ssl_server_credentials([(self._read(self.key), self._read(self.cert))])
 
-    def https_context(self) -> ssl.SSLContext:
-        """A TLS context for an HTTP server (the master's console) with this server's
-        certificate; no client certificate is asked for (its token is: master/web.py)."""
+    def https_context(self, flag: str = "--http-tls") -> ssl.SSLContext:
+        """A TLS context for an HTTP server (the master's console, a worker's /metrics: ``flag``
+        asked for it) with this server's certificate; no client certificate is asked for (its
+        token is: runtime/http.py)."""
         if self.cert is None or self.key is None:
-            raise ConfigError("--http-tls serves the console with the master's certificate: pass --tls-cert and "
+            raise ConfigError(f"{flag} serves HTTPS with this process's certificate: pass --tls-cert and "
                               "--tls-key too")
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         try:

@@ -12,12 +12,12 @@ import shutil
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import grpc
 
-from runtime import delivery, health, metrics, serving, streams
+from runtime import delivery, health, http, metrics, serving, streams
 from runtime.client import AsyncMasterClient
 from runtime.columns import Columns, MalformedColumns, of_request
 from runtime.durable import sync_dir
@@ -52,9 +52,14 @@ class WorkerOptions:
     zone: str = ""
     health_listen: str | None = None  # the health service alone, in plaintext (runtime/health.py)
     require_injector_credentials: bool = False  # refuse records from callers without one (review N4)
+    metrics_token: str | None = field(default=None, repr=False)  # /metrics asks for it (runtime/http.py)
+    metrics_tls: bool = False  # /metrics over HTTPS, with the worker's certificate
 
     def __post_init__(self) -> None:
         require_worker_token(self.require_injector_credentials, self.security)
+        http.check_token(self.metrics_token, "--metrics-token")
+        if self.metrics_tls:
+            self.security.https_context("--metrics-tls")  # (refused now, with its reason, not once serving)
 
 
 def _caller() -> tuple[bool, Owner | None]:
@@ -346,9 +351,11 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
         plain, health_address = await ready.serve_plain(options.health_listen)
         print(f"millstream worker health service on {health_address}", flush=True)
     print(health.listening_line("worker", address), flush=True)
+    scrapes = None
     if options.metrics_listen:
-        host, _, port = options.metrics_listen.rpartition(":")
-        print(f"millstream worker metrics on {host}:{metrics.serve(host, int(port))}", flush=True)
+        tls = options.security.https_context("--metrics-tls") if options.metrics_tls else None
+        scrapes, metrics_address = await metrics.serve(options.metrics_listen, token=options.metrics_token, ssl=tls)
+        print(f"millstream worker metrics on {metrics_address}", flush=True)
     session = MasterSession(core, masters, identity, options.zone, options.state_dir, ready)
     tasks = [asyncio.create_task(session.run()), asyncio.create_task(_reconcile_loop(core))]
     try:
@@ -368,6 +375,8 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
         await server.stop(grace=0.5)
         if plain is not None:
             await plain.stop(grace=None)
+        if scrapes is not None:
+            scrapes.close()
         await peers.close()
         await masters.close()
         lock.close()

@@ -24,6 +24,7 @@ from tests.harness import Cluster, wait_until
 
 TOKEN = "s3cret-token"
 HTTP_TOKEN = "console-token"  # the console's own (--http-token-file): not the operator's
+METRICS_TOKEN = "metrics-token"  # the workers' /metrics' (--metrics-token-file)
 
 
 @pytest.fixture
@@ -31,11 +32,14 @@ def secure_cluster(tmp_path: object) -> Iterator[Cluster]:
     ca, cert, key = _certs(str(tmp_path))
     security = Security(ca=ca, token=TOKEN)
     http_token = os.path.join(str(tmp_path), "http.token")
-    with open(http_token, "w") as f:
-        f.write(HTTP_TOKEN + "\n")
+    metrics_token = os.path.join(str(tmp_path), "metrics.token")
+    for path, token in ((http_token, HTTP_TOKEN), (metrics_token, METRICS_TOKEN)):
+        with open(path, "w") as f:
+            f.write(token + "\n")
     with Cluster(str(tmp_path), workers=2, security=security,
                  daemon_args=["--tls-cert", cert, "--tls-key", key, "--tls-ca", ca, "--token", TOKEN],
-                 master_args=["--http-tls", "--http-token-file", http_token]).running() as c:
+                 master_args=["--http-tls", "--http-token-file", http_token],
+                 worker_args=["--metrics-tls", "--metrics-token-file", metrics_token]).running() as c:
         yield c
 
 
@@ -60,6 +64,27 @@ def test_the_console_is_served_over_tls_and_asks_for_its_token(secure_cluster: C
         assert refused.value.code == 401 and "Basic" in refused.value.headers["WWW-Authenticate"]
     wait_until(lambda: "error" not in get("status.json", HTTP_TOKEN), 30, "the leader's status on its console")
     assert len(get("status.json", HTTP_TOKEN)["workers"]) == 2
+
+
+def test_the_workers_metrics_are_served_over_tls_and_ask_for_their_token(secure_cluster: Cluster) -> None:
+    run_wordcount(secure_cluster, n_lines=50, name="scraped")
+    ctx = ssl.create_default_context(cafile=secure_cluster.security.ca)
+    for w in secure_cluster.workers:
+        address = next(line.rsplit(" ", 1)[1] for line in w.lines if " metrics on " in line)
+
+        def get(token: str | None, scheme: str = "https", address: str = address) -> str:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            with urllib.request.urlopen(urllib.request.Request(f"{scheme}://{address}/metrics", headers=headers),
+                                        context=ctx if scheme == "https" else None, timeout=30) as r:
+                return str(r.read().decode())
+
+        for token in (None, TOKEN, HTTP_TOKEN):  # (neither the cluster's token nor the console's)
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                get(token)
+            assert refused.value.code == 401 and "--metrics-token" in refused.value.read().decode()
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            get(METRICS_TOKEN, "http")  # plaintext to the TLS port
+        assert "millstream_records_processed" in get(METRICS_TOKEN)
 
 
 def test_a_client_without_the_token_is_refused(secure_cluster: Cluster) -> None:

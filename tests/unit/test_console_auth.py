@@ -18,6 +18,7 @@ import uvloop
 from master import web
 from master.server import MasterOptions
 from master.store import EtcdConfig
+from runtime import http
 from runtime.errors import ConfigError
 from runtime.security import Security
 from tests.certs import make_certs
@@ -88,7 +89,7 @@ def test_over_tls_with_the_masters_certificate(tmp_path: Any) -> None:
 def test_a_tls_client_that_never_finishes_its_handshake_is_closed_after_the_heads_deadline(
         tmp_path: Any, monkeypatch: Any) -> None:
     ca, cert, key = make_certs(str(tmp_path))
-    monkeypatch.setattr(web, "HEAD_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(http, "HEAD_TIMEOUT_S", 0.5)
 
     async def status() -> dict[str, Any]:
         return {"ok": True}
@@ -118,7 +119,7 @@ def test_flags_that_cannot_work_are_refused_before_the_master_serves(tmp_path: A
     etcd = EtcdConfig.parse("http://127.0.0.1:2379")
     with pytest.raises(ConfigError, match="--http-tls .* pass --tls-cert and --tls-key"):
         MasterOptions(etcd, "127.0.0.1:0", http_tls=True)
-    with pytest.raises(ConfigError, match="console's token is empty or has spaces around it"):
+    with pytest.raises(ConfigError, match="token of --http-token is empty or has spaces around it"):
         MasterOptions(etcd, "127.0.0.1:0", http_token="  ")
 
 

@@ -15,7 +15,7 @@ from master.change import Change
 from master.core import MasterConfig, MasterCore
 from master.scheduler import Ownership
 from master.server import Master, MasterOptions
-from runtime import Topology
+from runtime import Topology, http
 from runtime.client import MAX_TOPOLOGY_BYTES, check_topology_size
 from runtime.errors import ConfigError, MillstreamError, RoleError, TopologyError
 from runtime.imports import CodeNotAllowedError
@@ -212,14 +212,14 @@ async def _http(raw: bytes, client_ssl: Any = None, **serve: Any) -> bytes:
 
 
 def test_s7_a_request_with_too_many_header_lines_is_refused() -> None:
-    headers = b"".join(b"X-%d: y\r\n" % i for i in range(web.MAX_HEADER_LINES + 1))
+    headers = b"".join(b"X-%d: y\r\n" % i for i in range(http.MAX_HEADER_LINES + 1))
     reply = asyncio.run(_http(b"GET /status.json HTTP/1.1\r\n" + headers + b"\r\n"))
     assert reply.startswith(b"HTTP/1.1 431 ")
     assert b"at most 100 header lines" in reply
 
 
 def test_s7_an_overlong_request_line_is_refused() -> None:
-    reply = asyncio.run(_http(b"GET /" + b"a" * (2 * web.MAX_LINE_BYTES) + b" HTTP/1.1\r\n\r\n"))
+    reply = asyncio.run(_http(b"GET /" + b"a" * (2 * http.MAX_LINE_BYTES) + b" HTTP/1.1\r\n\r\n"))
     assert reply.startswith(b"HTTP/1.1 431 ")
 
 
