@@ -24,7 +24,7 @@ StatusFn = Callable[[], Awaitable[dict[str, Any] | None]]
 class Console:
     """The running HTTP server and its history sampler; :meth:`close` stops both."""
 
-    def __init__(self, server: asyncio.AbstractServer, sampler: asyncio.Task[None], history: History) -> None:
+    def __init__(self, server: http.Server, sampler: asyncio.Task[None], history: History) -> None:
         self.server = server
         self.sampler = sampler
         self.history = history

@@ -288,7 +288,7 @@ UNAUTHORIZED = (b"this worker's /metrics asks for its token (the worker's --metr
 
 
 async def serve(listen: str, *, token: str | None = None,
-                ssl: ssl_module.SSLContext | None = None) -> tuple[asyncio.AbstractServer, str]:
+                ssl: ssl_module.SSLContext | None = None) -> tuple[http.Server, str]:
     """Expose the metrics on ``HOST:PORT`` (``/metrics``, or any path but ``/favicon.ico``, as
     prometheus_client's own server did), over HTTPS with ``ssl`` and asking for ``token`` if
     given (runtime/http.py); returns the server and its bound address (port 0: the OS picks).
