@@ -12,11 +12,9 @@ import ssl as ssl_module
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
 from master.console import PAGE
 from master.history import History, sample
-from runtime import http
+from runtime import http, metrics
 
 StatusFn = Callable[[], Awaitable[dict[str, Any] | None]]
 
@@ -48,7 +46,8 @@ async def serve(listen: str, status: StatusFn, history: History | None = None, *
     address."""
     history = history if history is not None else History()
 
-    async def route(path: str) -> tuple[int, str, bytes]:
+    async def route(request: http.Request) -> tuple[int, str, bytes]:
+        path = request.path
         if path == "/":
             return 200, "text/html; charset=utf-8", PAGE.encode()
         if path == "/status.json":
@@ -57,8 +56,8 @@ async def serve(listen: str, status: StatusFn, history: History | None = None, *
             return 200, "application/json", json.dumps(doc).encode()
         if path == "/history.json":
             return 200, "application/json", json.dumps(history.document()).encode()
-        if path == "/metrics":
-            return 200, CONTENT_TYPE_LATEST, generate_latest()
+        if path == "/metrics":  # (on the loop: the shared executor is etcd's, S7)
+            return 200, *metrics.exposition(request.headers.get("accept", ""))
         return 404, "text/plain", b"not found\n"
 
     server, address = await http.serve(listen, route, token=token, ssl=ssl, unauthorized=UNAUTHORIZED)

@@ -10,12 +10,14 @@ import os
 import ssl as ssl_module
 import threading
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from runtime import http
@@ -287,16 +289,37 @@ UNAUTHORIZED = (b"this worker's /metrics asks for its token (the worker's --metr
                 b"Authorization: Bearer TOKEN (Prometheus: authorization.credentials_file)\n")
 
 
+def exposition(accept: str) -> tuple[str, bytes]:
+    """The metrics in the format ``accept`` (a request's ``Accept``) asks for, and its content
+    type: OpenMetrics for Prometheus, which asks for it first, else the text format (as
+    prometheus_client's own server answers)."""
+    encoder, content_type = choose_encoder(accept)
+    return content_type, encoder(REGISTRY)
+
+
 async def serve(listen: str, *, token: str | None = None,
                 ssl: ssl_module.SSLContext | None = None) -> tuple[http.Server, str]:
     """Expose the metrics on ``HOST:PORT`` (``/metrics``, or any path but ``/favicon.ico``, as
     prometheus_client's own server did), over HTTPS with ``ssl`` and asking for ``token`` if
     given (runtime/http.py); returns the server and its bound address (port 0: the OS picks).
-    The text is made off the event loop: a scrape does not hold the worker's loop."""
 
-    async def route(path: str) -> tuple[int, str, bytes]:
-        if path == "/favicon.ico":
+    The text is made off the event loop, on a thread of its own (not the loop's default
+    executor, which the record path's file writes use), once for the scrapes that ask meanwhile."""
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(1, thread_name_prefix="metrics")
+    making: dict[str, asyncio.Future[tuple[str, bytes]]] = {}  # Accept -> the exposition being made for it
+
+    async def route(request: http.Request) -> tuple[int, str, bytes]:
+        if request.path == "/favicon.ico":
             return 404, "text/plain", b"not found\n"
-        return 200, CONTENT_TYPE_LATEST, await asyncio.to_thread(generate_latest)
+        accept = request.headers.get("accept", "")
+        made = making.get(accept)
+        if made is None:
+            made = making[accept] = loop.run_in_executor(pool, exposition, accept)
+            made.add_done_callback(lambda _: making.pop(accept, None))
+        content_type, body = await asyncio.shield(made)
+        return 200, content_type, body
 
-    return await http.serve(listen, route, token=token, ssl=ssl, unauthorized=UNAUTHORIZED)
+    server, address = await http.serve(listen, route, token=token, ssl=ssl, unauthorized=UNAUTHORIZED)
+    server.on_close(lambda: pool.shutdown(wait=False, cancel_futures=True))
+    return server, address

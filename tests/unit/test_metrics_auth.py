@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import ssl
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -54,6 +57,52 @@ def test_with_a_token_anything_but_it_is_refused_with_a_login_prompt(auth: str |
 def test_the_token_as_bearer_or_as_a_logins_password_is_let_in(auth: str) -> None:
     reply = asyncio.run(_get("/metrics", {"Authorization": auth}, token=TOKEN))
     assert reply.startswith(b"HTTP/1.1 200 OK\r\n") and b"millstream_records_processed" in reply
+
+
+def test_prometheus_gets_openmetrics_gzipped_as_it_asks_and_others_the_text_format() -> None:
+    """What prometheus_client's own server answered: the format the ``Accept`` asks for
+    (Prometheus asks for OpenMetrics first), gzip'ed for a client that accepts it."""
+    prometheus = {"Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+                  "Accept-Encoding": "gzip"}
+    reply = asyncio.run(_get("/metrics", prometheus, token=None))
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert b"Content-Type: application/openmetrics-text" in head and b"Content-Encoding: gzip" in head
+    text = gzip.decompress(body)
+    assert b"# TYPE millstream_records_processed counter" in text and text.endswith(b"# EOF\n")
+    head, _, body = asyncio.run(_get("/metrics", {}, token=None)).partition(b"\r\n\r\n")
+    assert b"Content-Type: text/plain; version=0.0.4" in head and b"Content-Encoding" not in head
+    assert b"# TYPE millstream_records_processed_total counter" in body
+
+
+def test_scrapes_at_once_share_one_exposition_made_off_the_loop(monkeypatch: Any) -> None:
+    made: list[str] = []
+    real = metrics.exposition
+
+    def counted(accept: str) -> tuple[str, bytes]:
+        made.append(threading.current_thread().name)
+        time.sleep(0.3)  # a slow exposition (a large registry), long enough for the others to ask meanwhile
+        return real(accept)
+
+    monkeypatch.setattr(metrics, "exposition", counted)
+
+    async def run() -> list[bytes]:
+        server, address = await metrics.serve("127.0.0.1:0")
+        port = int(address.rpartition(":")[2])
+        try:
+            async def one() -> bytes:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(b"GET /metrics HTTP/1.1\r\n\r\n")
+                reply = await asyncio.wait_for(reader.read(), 30)
+                writer.close()
+                return reply
+            return await asyncio.gather(*(one() for _ in range(8)))
+        finally:
+            server.close()
+            await server.wait_closed()
+    replies = asyncio.run(run())
+    assert all(r.startswith(b"HTTP/1.1 200 OK") for r in replies)
+    assert made and all(name.startswith("metrics") for name in made), made  # its own thread, not the loop's pool
+    assert len(made) < len(replies), made  # (eight at once: fewer expositions made)
 
 
 def test_over_tls_with_the_workers_certificate(tmp_path: Any) -> None:
