@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 # Bounds on what one client may make us hold (S7, slowloris): a request line or header
 # line longer than MAX_LINE_BYTES, more than MAX_HEADER_LINES headers, or a request head
 # not complete within HEAD_TIMEOUT_S is refused; a TLS handshake is closed after as long, a
-# reply not taken within REPLY_TIMEOUT_S is dropped, and a connection whose close is not
+# route that takes over ROUTE_TIMEOUT_S is answered 503, a reply not taken within
+# REPLY_TIMEOUT_S is dropped, and a connection whose close is not
 # done within CLOSE_TIMEOUT_S (a TLS client that never answers the close) is cut. At most
 # MAX_CONNECTIONS are served at once, counted from their accept to their close, TLS
 # handshakes included; past them, as many again are refused (503, their request read for
@@ -39,6 +40,7 @@ MAX_LINE_BYTES = 8192
 MAX_HEADER_LINES = 100
 HEAD_TIMEOUT_S = 10.0
 REPLY_TIMEOUT_S = 30.0
+ROUTE_TIMEOUT_S = 30.0  # a route that takes longer is answered 503 (its slot is given back)
 CLOSE_TIMEOUT_S = 2.0
 MAX_CONNECTIONS = 64
 REFUSAL_READ_S = 1.0
@@ -174,7 +176,7 @@ async def serve(listen: str, route: Route, *, token: str | None = None, ssl: ssl
                 reply, accepts = await _answer(reader, route, token, unauthorized)
             if reply is not None:
                 async with asyncio.timeout(REPLY_TIMEOUT_S):  # a client that does not take its reply
-                    await _reply(writer, *reply, gzip_ok=b"gzip" in accepts)
+                    await _reply(writer, *reply, gzip_ok=_gzip_accepted(accepts))
             writer.close()
             async with asyncio.timeout(CLOSE_TIMEOUT_S):  # (a TLS close waits for the client's answer)
                 await writer.wait_closed()
@@ -219,21 +221,41 @@ async def serve(listen: str, route: Route, *, token: str | None = None, ssl: ssl
 
 
 def _listen(host: str, port: int, infos: list[tuple]) -> list[socket.socket]:  # type: ignore[type-arg]
-    """A listening socket on every address ``host`` names (the first one's port for the
-    others when the OS picks it, as asyncio's servers do); IPv6 ones for IPv6 only."""
+    """A listening socket on every address ``host`` names that this machine has (one it does
+    not, an IPv6 one on a host without IPv6, is skipped with a warning; none at all raises).
+    When the OS picks the port, the others take the first one's. An IPv6 socket beside an
+    IPv4 one is for IPv6 only; alone (``:::PORT``), it takes IPv4 too, as Linux's default."""
     listeners: list[socket.socket] = []
+    addresses = list(dict.fromkeys((i[0], i[1], i[2], i[4]) for i in infos))
+    both = len({family for family, *_ in addresses}) > 1
+    failed: OSError | None = None
     try:
-        for family, kind, proto, _, address in dict.fromkeys((i[0], i[1], i[2], i[3], i[4]) for i in infos):
-            listener = socket.socket(family, kind, proto)
-            listeners.append(listener)
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            if port == 0 and len(listeners) > 1:
+        for family, kind, proto, address in addresses:
+            if port == 0 and listeners:
                 address = (address[0], listeners[0].getsockname()[1], *address[2:])
-            listener.bind(address)
+            try:
+                listener = socket.socket(family, kind, proto)
+            except OSError as e:  # (EAFNOSUPPORT: IPv6 off in this kernel)
+                log.warning("not serving HTTP on %s: %s", address[0], e)
+                failed = e
+                continue
+            try:
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6 and both:
+                    listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                listener.bind(address)
+            except OSError as e:
+                listener.close()
+                if e.errno != errno.EADDRNOTAVAIL:  # (in use, not allowed: the operator must know)
+                    raise
+                log.warning("not serving HTTP on %s: this machine has no such address (%s)", address[0], e)
+                failed = e
+                continue
+            listeners.append(listener)
             listener.listen(128)
             listener.setblocking(False)
+        if not listeners:
+            raise failed or OSError(errno.EADDRNOTAVAIL, f"{host!r} names no address to serve HTTP on")
     except OSError:
         for listener in listeners:
             listener.close()
@@ -261,17 +283,31 @@ async def _answer(reader: asyncio.StreamReader, route: Route, token: str | None,
         return (401, "text/plain", unauthorized), b""
     request = Request(parts[1].split("?")[0], {k.decode(): v.decode("latin-1") for k, v in headers.items()})
     try:
-        return await route(request), headers.get(b"accept-encoding", b"")
+        async with asyncio.timeout(ROUTE_TIMEOUT_S):
+            return await route(request), headers.get(b"accept-encoding", b"")
+    except TimeoutError:
+        log.warning("the HTTP route for %s took over %.0f s: answered 503", request.path, ROUTE_TIMEOUT_S)
+        return (503, "text/plain", b"the server took too long to answer; try again\n"), b""
     except Exception:
         log.exception("the HTTP route for %s failed", request.path)
         return (500, "text/plain", b"internal error: see the server's log\n"), b""
 
 
+def _gzip_accepted(accept_encoding: bytes) -> bool:
+    """Whether an ``Accept-Encoding`` takes gzip (``gzip;q=0`` refuses it)."""
+    for part in accept_encoding.lower().split(b","):
+        coding, _, params = part.partition(b";")
+        if coding.strip() == b"gzip":
+            q = params.strip()
+            return not (q.startswith(b"q=") and q[2:].strip() in (b"0", b"0.0", b"0.00", b"0.000"))
+    return False
+
+
 async def _reply(writer: asyncio.StreamWriter, code: int, ctype: str, body: bytes, *, gzip_ok: bool) -> None:
     extra = 'WWW-Authenticate: Basic realm="millstream", charset="UTF-8"\r\n' if code == 401 else ""
     if gzip_ok and len(body) > GZIP_ABOVE_BYTES:
-        body = gzip.compress(body, compresslevel=1)
-        extra += "Content-Encoding: gzip\r\n"
+        body = gzip.compress(body, compresslevel=1)  # (on the loop: ~0.2 ms for a worker's 100 KB of metrics)
+        extra += "Content-Encoding: gzip\r\nVary: Accept-Encoding\r\n"
     head = (f"HTTP/1.1 {code} {_REASONS[code]}\r\n{extra}"
             f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
     writer.write(head.encode() + body)

@@ -9,7 +9,7 @@ import gc
 import os
 import ssl as ssl_module
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from time import perf_counter
@@ -289,11 +289,19 @@ UNAUTHORIZED = (b"this worker's /metrics asks for its token (the worker's --metr
                 b"Authorization: Bearer TOKEN (Prometheus: authorization.credentials_file)\n")
 
 
+def encoder_for(accept: str) -> tuple[Callable[[Any], bytes], str]:
+    """The exposition ``accept`` (a request's ``Accept``) asks for, and its content type:
+    OpenMetrics for Prometheus, which asks for it first, else the text format (as
+    prometheus_client's own server answers; an ``Accept`` it cannot read too)."""
+    try:
+        return choose_encoder(accept)  # type: ignore[no-any-return]
+    except Exception:  # (e.g. "text/plain;version=x": a TypeError inside it)
+        return choose_encoder("")  # type: ignore[no-any-return]
+
+
 def exposition(accept: str) -> tuple[str, bytes]:
-    """The metrics in the format ``accept`` (a request's ``Accept``) asks for, and its content
-    type: OpenMetrics for Prometheus, which asks for it first, else the text format (as
-    prometheus_client's own server answers)."""
-    encoder, content_type = choose_encoder(accept)
+    """The metrics as ``accept`` asks for them (:func:`encoder_for`), and their content type."""
+    encoder, content_type = encoder_for(accept)
     return content_type, encoder(REGISTRY)
 
 
@@ -307,18 +315,17 @@ async def serve(listen: str, *, token: str | None = None,
     executor, which the record path's file writes use), once for the scrapes that ask meanwhile."""
     loop = asyncio.get_running_loop()
     pool = ThreadPoolExecutor(1, thread_name_prefix="metrics")
-    making: dict[str, asyncio.Future[tuple[str, bytes]]] = {}  # Accept -> the exposition being made for it
+    making: dict[str, asyncio.Future[bytes]] = {}  # content type -> the exposition being made in it
 
     async def route(request: http.Request) -> tuple[int, str, bytes]:
         if request.path == "/favicon.ico":
             return 404, "text/plain", b"not found\n"
-        accept = request.headers.get("accept", "")
-        made = making.get(accept)
+        encoder, content_type = encoder_for(request.headers.get("accept", ""))
+        made = making.get(content_type)
         if made is None:
-            made = making[accept] = loop.run_in_executor(pool, exposition, accept)
-            made.add_done_callback(lambda _: making.pop(accept, None))
-        content_type, body = await asyncio.shield(made)
-        return 200, content_type, body
+            made = making[content_type] = loop.run_in_executor(pool, encoder, REGISTRY)
+            made.add_done_callback(lambda _: making.pop(content_type, None))
+        return 200, content_type, await asyncio.shield(made)
 
     server, address = await http.serve(listen, route, token=token, ssl=ssl, unauthorized=UNAUTHORIZED)
     server.on_close(lambda: pool.shutdown(wait=False, cancel_futures=True))

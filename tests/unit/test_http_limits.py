@@ -196,7 +196,8 @@ def test_a_client_that_does_not_take_its_reply_gives_its_slot_back_after_the_rep
     LOOPS[loop](run())
 
 
-def test_refusals_are_bounded_too_and_more_are_closed_at_once(monkeypatch: Any) -> None:
+@pytest.mark.parametrize("loop", LOOPS)
+def test_refusals_are_bounded_too_and_more_are_closed_at_once(loop: str, monkeypatch: Any) -> None:
     monkeypatch.setattr(http, "MAX_CONNECTIONS", 1)
     monkeypatch.setattr(http, "REFUSAL_READ_S", 30.0)
 
@@ -220,10 +221,11 @@ def test_refusals_are_bounded_too_and_more_are_closed_at_once(monkeypatch: Any) 
                 s.close()
             server.close()
             await server.wait_closed()
-    asyncio.run(run())
+    LOOPS[loop](run())
 
 
-def test_an_empty_request_runs_no_route_and_a_route_that_raises_is_a_500() -> None:
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_empty_request_runs_no_route_and_a_route_that_raises_is_a_500(loop: str, caplog: Any) -> None:
     asked: list[str] = []
 
     async def fails(request: http.Request) -> tuple[int, str, bytes]:
@@ -239,10 +241,12 @@ def test_an_empty_request_runs_no_route_and_a_route_that_raises_is_a_500() -> No
                 writer.close()
             assert (await _get(port, None)).startswith(b"HTTP/1.1 500 Internal Server Error")
             assert asked == ["/"]  # the GET's alone
+            assert [r.message for r in caplog.records if r.levelname == "ERROR"] == [
+                "the HTTP route for / failed"]  # logged once, with its traceback
         finally:
             server.close()
             await server.wait_closed()
-    asyncio.run(run())
+    LOOPS[loop](run())
 
 
 def test_a_host_that_names_two_addresses_is_served_on_both() -> None:
@@ -263,6 +267,54 @@ def test_a_host_that_names_two_addresses_is_served_on_both() -> None:
                 writer.write(b"GET / HTTP/1.1\r\n\r\n")
                 assert (await asyncio.wait_for(reader.read(), 10)).startswith(b"HTTP/1.1 200 OK"), host
                 writer.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+        server, address = await http.serve(":::0", _ok)  # (IPv6's every interface alone: IPv4 too, as Linux's default)
+        port = int(address.rpartition(":")[2])
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\n\r\n")
+            assert (await asyncio.wait_for(reader.read(), 10)).startswith(b"HTTP/1.1 200 OK")
+            writer.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+    asyncio.run(run())
+
+
+def test_an_address_this_machine_lacks_is_skipped_and_none_at_all_is_an_error() -> None:
+    mine = (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 0))
+    absent = (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("192.0.2.1", 0))  # (TEST-NET-1: on no machine)
+    listeners = http._listen("somehost", 0, [absent, mine])
+    try:
+        assert [ls.getsockname()[0] for ls in listeners] == ["127.0.0.1"]
+    finally:
+        for ls in listeners:
+            ls.close()
+    with pytest.raises(OSError):
+        http._listen("somehost", 0, [absent])
+
+
+def test_a_route_that_takes_too_long_is_answered_503_and_gives_its_slot_back(monkeypatch: Any) -> None:
+    monkeypatch.setattr(http, "ROUTE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 1)
+    hung = asyncio.Event()
+
+    async def hangs(request: http.Request) -> tuple[int, str, bytes]:
+        if request.path == "/hang":
+            await hung.wait()  # (never set)
+        return 200, "text/plain", b"ok\n"
+
+    async def run() -> None:
+        server, address = await http.serve("127.0.0.1:0", hangs)
+        port = int(address.rpartition(":")[2])
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /hang HTTP/1.1\r\n\r\n")
+            assert (await asyncio.wait_for(reader.read(), 10)).startswith(b"HTTP/1.1 503 ")
+            writer.close()
+            assert (await _get(port, None)).startswith(b"HTTP/1.1 200 OK")
         finally:
             server.close()
             await server.wait_closed()

@@ -10,6 +10,7 @@ import gzip
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -74,16 +75,34 @@ def test_prometheus_gets_openmetrics_gzipped_as_it_asks_and_others_the_text_form
     assert b"# TYPE millstream_records_processed_total counter" in body
 
 
+@pytest.mark.parametrize("accept, encoding, content_type, gzipped", [
+    ("text/plain;version=x", "", b"text/plain; version=0.0.4", False),  # (prometheus_client's chooser raises on it)
+    ("", "gzip;q=0", b"text/plain; version=0.0.4", False),
+    ("", "identity, GZIP", b"text/plain; version=0.0.4", True),
+])
+def test_an_accept_it_cannot_read_gets_the_text_format_and_gzip_only_when_taken(
+        accept: str, encoding: str, content_type: bytes, gzipped: bool) -> None:
+    headers = {k: v for k, v in (("Accept", accept), ("Accept-Encoding", encoding)) if v}
+    head, _, body = asyncio.run(_get("/metrics", headers, token=None)).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and b"Content-Type: " + content_type in head, head
+    assert (b"Content-Encoding: gzip" in head) is gzipped
+    assert b"millstream_records_processed" in (gzip.decompress(body) if gzipped else body)
+
+
 def test_scrapes_at_once_share_one_exposition_made_off_the_loop(monkeypatch: Any) -> None:
     made: list[str] = []
-    real = metrics.exposition
+    real = metrics.encoder_for
 
-    def counted(accept: str) -> tuple[str, bytes]:
-        made.append(threading.current_thread().name)
-        time.sleep(0.3)  # a slow exposition (a large registry), long enough for the others to ask meanwhile
-        return real(accept)
+    def slow(accept: str) -> tuple[Callable[[Any], bytes], str]:
+        encoder, content_type = real(accept)
 
-    monkeypatch.setattr(metrics, "exposition", counted)
+        def counted(registry: Any) -> bytes:
+            made.append(threading.current_thread().name)
+            time.sleep(0.3)  # a slow exposition (a large registry), long enough for the others to ask meanwhile
+            return encoder(registry)
+        return counted, content_type
+
+    monkeypatch.setattr(metrics, "encoder_for", slow)
 
     async def run() -> list[bytes]:
         server, address = await metrics.serve("127.0.0.1:0")
