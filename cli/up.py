@@ -15,7 +15,10 @@ from runtime.etcd_binary import show
 
 
 def _free(port: int) -> bool:
+    """Whether nothing listens on ``port``: a port left in TIME-WAIT by the last ``up`` is
+    free (the master binds it as gRPC does, with SO_REUSEADDR)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

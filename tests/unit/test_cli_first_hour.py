@@ -113,3 +113,21 @@ def test_the_core_commands_import_without_spark_arrow_or_pandas() -> None:
             "'--stream', 's']):\n    build_parser().parse_args(cmd)\nprint('ok')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_a_port_the_last_up_left_in_time_wait_is_free_and_one_listened_on_is_not() -> None:
+    """`millstream up` run again within a minute kept its master on 7070: the port's old
+    connections in TIME-WAIT do not make it taken (the master binds as gRPC does)."""
+    import socket
+
+    from cli.up import _free
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        assert not _free(port)
+        client = socket.create_connection(("127.0.0.1", port))
+        served, _ = listener.accept()
+        served.close()  # the server's side closes first: its socket waits in TIME-WAIT
+        assert client.recv(1) == b""
+        client.close()
+    assert _free(port)
