@@ -45,7 +45,8 @@ def _key(text: str) -> bytes:
 
 
 def run_lifecycle(c: Client, args: argparse.Namespace) -> int:
-    """jobs, update, drain, cancel, savepoint, restore, state get, through the connected ``c``."""
+    """jobs, update, drain, cancel, savepoint, restore, release-injector, state get, through the
+    connected ``c``."""
     cmd = args.command
     if cmd == "jobs":
         jobs = c.jobs()
@@ -66,6 +67,10 @@ def run_lifecycle(c: Client, args: argparse.Namespace) -> int:
     elif cmd == "cancel":
         state = c.cancel(args.job, keep_state=args.keep_state)
         print(f"job {args.job!r} is {state}; its state is {'kept' if args.keep_state else 'deleted'}")
+    elif cmd == "release-injector":
+        c.release_injector(args.name, args.stream)
+        print(f"released injector {args.name!r} on {args.stream!r}: it no longer holds the stream's watermark "
+              "(its records sent later may be late)")
     elif args.state:
         return _typed_state(c, args)
     else:

@@ -231,7 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
     rs = sub.add_parser("restore", help="submit a job from a savepoint directory")
     rs.add_argument("directory", metavar="DIR")
     rs.add_argument("--as", dest="as_name", default=None, metavar="NAME", help="the job's name here")
-    for p in (jb, up_, dr, ca, sg, sv, rs):
+    ri = sub.add_parser("release-injector", help="drop every hold the injectors named NAME have on a stream's watermark "
+                                                 "(one that crashed, or was refused and left its hold)")
+    ri.add_argument("name", metavar="NAME")
+    ri.add_argument("--stream", required=True, help="the stream it holds")
+    for p in (jb, up_, dr, ca, sg, sv, rs, ri):
         masters_flag(p)
         security_flags(p, server=False)
 
@@ -364,7 +368,7 @@ def _run(args: argparse.Namespace) -> int:
             n = c.submit(topo)
         print(f"submitted topology {topo.name!r}: {n} tablets")
         return 0
-    if cmd in ("jobs", "update", "drain", "cancel", "state", "savepoint", "restore"):
+    if cmd in ("jobs", "update", "drain", "cancel", "state", "savepoint", "restore", "release-injector"):
         from cli.lifecycle import run_lifecycle
         from runtime.client import connect
 

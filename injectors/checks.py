@@ -1,7 +1,8 @@
 """What an injector checks of the records it is given, before it queues any: bytes keys and
 values within the limits of runtime/record.py, timestamps in signed 64 bits of microseconds.
 Each message says what was wrong and how to put it right (``where``: which record of a batch);
-and of the settings it is made with."""
+and, before it registers, of the settings it is made with, its name's credential and the code
+its stream's readers key their records with."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ import numbers
 import threading
 from typing import Any
 
+from runtime.client import Client
 from runtime.errors import InjectionError, InvalidRecordError
+from runtime.imports import CodeNotAllowedError
 from runtime.record import END_OF_TIME, MAX_KEY_BYTES, MAX_VALUE_BYTES, MIN_TIME
 from runtime.record import check_time as _check_time
+from runtime.routing import RoutingTable
+from runtime.security import Security, covers, credential_owner
 
 MIN, MAX = MIN_TIME, END_OF_TIME
 
@@ -78,3 +83,25 @@ def check_settings(linger_ms: object, batch_size: object, max_queued: object, ma
         raise bad("idle_after", idle_after, "a number of seconds above 0, or None (never idle by itself; "
                   "mark_idle() still works)")
     return int(max_queued)  # type: ignore[call-overload]
+
+
+def check_credential(name: str, security: Security) -> None:
+    """Refuse an injector name its credential does not cover (review N4)."""
+    if security.injector_credential is not None:
+        owner = credential_owner(security.injector_credential)
+        if not covers(owner, name):
+            raise InjectionError(f"injector {name!r} is not covered by its credential, which is for {owner!r}: "
+                                 f"name it {owner!r} or {owner + '/...'!r}, or get a credential for its name "
+                                 f"(`millstream credential {name}`)")
+
+
+def check_code(routing: RoutingTable, name: str, stream: str, client: Client) -> None:
+    """Refuse, before an injector registers (and so holds its stream's watermark) or sends
+    anything, a stream whose readers key their records with code this injector may not load
+    (``routing``'s extractors loaded under its policy; a flow's ``key_by`` runs here): each of
+    its records would go to the dead letters. ``client`` is closed then."""
+    refused = routing.refused(stream)
+    if refused:
+        client.close()
+        raise CodeNotAllowedError(f"injector {name!r} cannot key the records of {stream!r} for its readers: "
+                                  f"{refused[0]} (nothing was sent)")

@@ -41,7 +41,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from injectors import forks
+from injectors import checks, forks
 from injectors.buffer import END_OF_TIME, Buffer
 from injectors.checks import MAX, MIN, check_record, check_settings, check_time, plain
 from injectors.rounds import Interrupted, Round
@@ -52,7 +52,7 @@ from runtime.columns import Columns
 from runtime.errors import InjectionError, InvalidRecordError, MillstreamError
 from runtime.imports import CodePolicy
 from runtime.record import ID_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES, Timestamp, producer_prefix
-from runtime.security import Security, covers, credential_owner
+from runtime.security import Security
 
 log = logging.getLogger(__name__)
 
@@ -117,12 +117,7 @@ class Injector:
         self.linger_s = float(linger_ms) / 1000
         self.max_queued = max_queued
         self.timeout = timeout
-        if security.injector_credential is not None:
-            owner = credential_owner(security.injector_credential)
-            if not covers(owner, name):
-                raise InjectionError(f"injector {name!r} is not covered by its credential, which is for {owner!r}: "
-                                     f"name it {owner!r} or {owner + '/...'!r}, or get a credential for its name "
-                                     f"(`millstream credential {name}`)")
+        checks.check_credential(name, security)
         self.security = security
         self.client = Client(masters, timeout=min(timeout, 10.0), security=security)
         self._prefix = producer_prefix("injector/" + name)
@@ -153,8 +148,9 @@ class Injector:
         self._closed = threading.Event()
         self._marks = Watermark(name, stream, self.incarnation, self.client, self._queued_min, self._closed,
                                 idle_after=idle_after)
-        self._tablets = Tablets(name, stream, self.client, security, self._sequenced, self._closed,
-                                committed=self._marks.hold, code_policy=code_policy, window=self.max_in_flight)
+        self._tablets = Tablets(name, stream, self.client, security, self._sequenced, self._closed, window=self.max_in_flight,
+                                committed=self._marks.hold, code_policy=code_policy, unread=self._marks.orphan)
+        checks.check_code(self._tablets.routing, name, stream, self.client)  # (before it registers: nothing to undo)
         self._marks.report()  # registers: from now on this injector holds its stream's watermark
         forks.watch(self)
 

@@ -29,7 +29,7 @@ from runtime.client import Client
 from runtime.columns import Columns
 from runtime.courier import Acked, Action, Courier, Deliver, Dropped, FetchRouting, Refused
 from runtime.delivery import Outcome, Receipt, Status
-from runtime.errors import InjectionError, MillstreamError, StreamClosedError
+from runtime.errors import InjectionError, MillstreamError, StreamClosedError, UnknownStreamError
 from runtime.imports import CodePolicy
 from runtime.links import Alarm, Channels, DeliveryLinks
 from runtime.parcels import Rerouted
@@ -54,7 +54,8 @@ class Tablets:
     def __init__(self, name: str, stream: str, client: Client, security: Security,
                  sequenced: dict[bytes, int], closed: threading.Event, *,
                  committed: Callable[[int, Receipt], None], code_policy: CodePolicy = CodePolicy(),
-                 window: int = 4, links: Callable[[], Links] | None = None) -> None:
+                 window: int = 4, links: Callable[[], Links] | None = None,
+                 unread: Callable[[], None] = lambda: None) -> None:
         self.name = name
         self.stream = stream
         self._client = client
@@ -62,6 +63,7 @@ class Tablets:
         self._sequenced = sequenced    # the injector's producers (their records are ordered)
         self._closed = closed
         self._committed = committed    # (oldest timestamp, receipt) of each committed delivery
+        self._unread = unread          # called when a round finds no computation reading the stream
         self._window = window
         # Its channels are its own, closed with it (left open, gRPC handed their later events to
         # its closed loop: "Event loop is closed" tracebacks printed by another injector's loop).
@@ -238,7 +240,8 @@ class Tablets:
         if closed:
             self._fail(StreamClosedError(f"injector {self.name!r}: {closed} (nothing was sent)"))
         elif not routing.has_subscribers(self.stream):
-            self._fail(InjectionError(
+            self._unread()
+            self._fail(UnknownStreamError(
                 f"stream {self.stream!r} is unknown: no running computation reads it; submit a topology with "
                 "it among its inputs first (nothing was sent)"))
         else:

@@ -81,6 +81,8 @@ class Watermark:
         self._confirmer: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._stopped = False  # released: nothing more goes to the leader from here
+        self._unread = False   # a round found no computation reading the stream (orphan)
+        self._delivered = False  # a delivery of this injector's was committed
         self._failing = False  # the confirmer's last report failed (it backs off, then retries)
         self.forked: str | None = None  # in a fork's child: why nothing may be reported (injectors/forks.py)
 
@@ -93,6 +95,7 @@ class Watermark:
         """A delivery was committed: its timestamps hold the watermark until the leader holds
         the receiver's report named by ``receipt``. (Under its own lock, never behind a report
         in flight: a round calls this before it finishes.) Wakes a sleeping confirmer."""
+        self._delivered = True
         with self._held_lock:
             self._held.hold(receipt, oldest, None)
             self._nudge()
@@ -214,8 +217,24 @@ class Watermark:
     def stopped(self) -> bool:
         return self._stopped
 
+    def orphan(self) -> None:
+        """A round found no computation reading the stream: nothing was sent, and the hold
+        this injector registered protects nothing. Left, it would hold a job submitted later on
+        the stream at this injector's watermark until the injector expires (a day), long after
+        a refused `inject-files` exited: :meth:`close` releases it unless the injector sent
+        something or finished since."""
+        self._unread = True
+
     def close(self, timeout: float = 5.0) -> None:
-        """After the injector's ``closed`` is set: let the confirmer end."""
+        """After the injector's ``closed`` is set: release an orphan's hold (:meth:`orphan`),
+        and let the confirmer end."""
+        if self._unread and not self._delivered and not self._stopped and self.reported != END:
+            try:
+                self.stop(lambda: self.client.release_injector(self.name, self.stream))
+            except MillstreamError as e:
+                log.warning("injector %s: could not release its hold on %r, which no computation reads (%s); "
+                            "`millstream release-injector %s --stream %s` does it", self.name, self.stream, e,
+                            self.name, self.stream)
         self._due.set()
         if self._confirmer is not None and self._confirmer.is_alive():
             self._confirmer.join(timeout)

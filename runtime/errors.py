@@ -63,6 +63,10 @@ class InjectionError(MillstreamError):
     """An injector could not deliver its records (nobody subscribed, a drained job, ...)."""
 
 
+class UnknownStreamError(InjectionError):
+    """No running computation reads the stream an injector sends to (nothing was sent)."""
+
+
 class StreamClosedError(InjectionError):
     """The stream an injector sends to is closed: its job was drained or cancelled, so no
     record of it will be taken again (retrying cannot help)."""

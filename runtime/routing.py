@@ -14,7 +14,7 @@ from typing import Any
 from runtime import kernels
 from runtime.errors import ImportPathError, UsageError
 from runtime.flows import FLOW_KEY, PLAN_PARAM, SKIP
-from runtime.imports import CodePolicy, load
+from runtime.imports import CodeNotAllowedError, CodePolicy, load
 from runtime.keyspace import from_wire_end, key_hash
 from runtime.record import Record
 from runtime.wire import millstream_pb2 as pb
@@ -128,6 +128,12 @@ class RoutingTable:
                 if sub.computation == comp:
                     sub.extractor = fn
         return errors
+
+    def refused(self, stream: str) -> list[str]:
+        """Why the key extractors of ``stream``'s readers could not be loaded because the code
+        policy refused their module (after :meth:`load_extractors`); empty: none was."""
+        return [str(s.extractor.error) for s in self._subs.get(stream, ())
+                if isinstance(s.extractor, _Unloadable) and isinstance(s.extractor.error, CodeNotAllowedError)]
 
     def closed_to_input(self, computation: str) -> str:
         """Why ``computation`` takes no records from injectors now ("" if it does): its job is

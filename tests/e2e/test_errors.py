@@ -12,6 +12,7 @@ from injectors import Injector
 from runtime import Topology
 from runtime.cluster import free_port
 from runtime.errors import InjectionError, TopologyError
+from tests.flowjobs import word_key
 from tests.harness import Cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -86,3 +87,58 @@ def test_follow_flags_without_follow_are_one_line_each(tmp_path: object) -> None
                           (["--follow", "--timestamp-field", "ts"], "needs --max-delay-s"),
                           (["--follow", "--done-dir", d], "is the followed directory itself")):
         one_line_error(millstream("inject-files", d, "--stream", "s", "--masters", unreachable, *flags), needle)
+
+
+def _holding(cluster: Cluster) -> set[str]:
+    """The injectors holding a stream's watermark (a released one is listed as finished)."""
+    return {i["name"] for i in cluster.client.status()["injectors"] if not i["finished"]}
+
+
+def test_an_injector_that_may_not_key_its_streams_records_is_refused_before_it_holds_the_stream(
+        cluster: Cluster, tmp_path: object) -> None:
+    """A flow's key_by runs in the injector: without its module allowed, every record went to
+    the dead letters (counted nowhere) and `inject-files` said it injected them, then finished
+    the stream (a new user's walkthrough). Now nothing is sent or registered."""
+    from runtime import Dataflow
+    from runtime.imports import CodeNotAllowedError
+    from runtime.sinks import FileSink
+
+    flow = Dataflow("keyed")
+    flow.input("clicks").key_by(word_key).sink(FileSink, name="keyed_out", path=os.path.join(str(tmp_path), "out"))
+    cluster.client.submit(flow)
+    cluster.wait_assigned()
+    with pytest.raises(CodeNotAllowedError, match=r"injector 'clicker' cannot key the records of 'clicks'.*"
+                                                  r"module 'tests.flowjobs' is not allowed in this injector.*"
+                                                  r"allow_code=\['tests'\].*\(nothing was sent\)"):
+        Injector(cluster.masters_arg, "clicks", "clicker")
+    data = os.path.join(str(tmp_path), "in")
+    os.makedirs(data)
+    with open(os.path.join(data, "a.txt"), "w") as f:
+        f.write("one\ntwo\n")
+    one_line_error(millstream("inject-files", data, "--stream", "clicks", "--name", "clicker-files",
+                              "--masters", cluster.masters_arg), "--allow-code", "nothing was sent")
+    assert not {"clicker", "clicker-files"} & _holding(cluster)  # neither holds the stream
+    with Injector(cluster.masters_arg, "clicks", "clicker", allow_code=["tests"]) as inj:  # allowed: it runs
+        inj.send(b"", b"three", 1)
+    assert cluster.client.status()["computations"]  # (the job runs on)
+
+
+def test_an_injector_refused_for_an_unknown_stream_leaves_no_hold_and_a_crashed_one_is_released_by_the_cli(
+        cluster: Cluster) -> None:
+    """Left registered, a refused injector held a job submitted later on the stream at the start
+    of time for a day; `millstream release-injector` is the operator's way out for a crashed one."""
+    with pytest.raises(InjectionError, match="stream 'later' is unknown"):
+        with Injector(cluster.masters_arg, "later", "early-bird") as inj:
+            inj.send(b"k", b"v", 1)
+    assert "early-bird" not in _holding(cluster)
+    cluster.client.submit(Topology("t").add_computation("reader", "tests.jobs:Poison", inputs={"later": None},
+                                                        outputs=["y"]))
+    cluster.wait_assigned()
+    inj = Injector(cluster.masters_arg, "later", "crashed")
+    inj.send(b"k", b"v", 1)
+    inj.flush()
+    inj.close()  # without finish(): it holds the stream, as a crashed one does
+    assert "crashed" in _holding(cluster)
+    proc = millstream("release-injector", "crashed", "--stream", "later", "--masters", cluster.masters_arg)
+    assert proc.returncode == 0 and "released injector 'crashed' on 'later'" in proc.stdout, proc.stderr
+    assert "crashed" not in _holding(cluster)
