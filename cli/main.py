@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
                     default=from_env("MILLSTREAM_LEASE_MS", "3000"))
     up.add_argument("--port", type=int, default=7070,
                     help="port of the first master (0: chosen by the OS; falls back to that if taken)")
+    up.add_argument("--allow-code", default=from_env("MILLSTREAM_ALLOW_CODE"), metavar="PREFIXES",
+                    help="comma-separated module prefixes the workers may load code from, besides the modules and "
+                         "packages of the directory `up` starts in (env MILLSTREAM_ALLOW_CODE): a module you "
+                         "write there later, say")
     etcd_binary_flag(up)
     log_format_flag(up)
 
@@ -347,7 +351,8 @@ def _run(args: argparse.Namespace) -> int:
         from cli.up import run_up
 
         return run_up(args.data_dir, masters=args.masters, workers=args.workers, lease_ms=args.lease_ms,
-                      port=args.port, etcd_binary=args.etcd_binary, log_format=args.log_format)
+                      port=args.port, etcd_binary=args.etcd_binary, log_format=args.log_format,
+                      allow_code=args.allow_code)
     if cmd == "run":
         from cli.run import run_job
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import sys
@@ -9,7 +10,7 @@ import threading
 from types import FrameType
 
 from runtime.client import Client
-from runtime.cluster import LocalCluster
+from runtime.cluster import LocalCluster, local_modules
 from runtime.errors import MillstreamError
 from runtime.etcd_binary import show
 
@@ -38,7 +39,7 @@ def console_of(cluster: LocalCluster) -> str:
 
 
 def run_up(data_dir: str, *, masters: int, workers: int, lease_ms: int, port: int = 7070,
-           etcd_binary: str | None = None, log_format: str = "text") -> int:
+           etcd_binary: str | None = None, log_format: str = "text", allow_code: str | None = None) -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -49,8 +50,11 @@ def run_up(data_dir: str, *, masters: int, workers: int, lease_ms: int, port: in
     if port and not _free(port):
         print(f"port {port} is taken; the first master takes a port chosen by the OS", file=sys.stderr)
         port = 0
+    # Workers load the modules of this directory as they are now, and those of --allow-code.
+    here = local_modules(os.getcwd())
     cluster = LocalCluster(data_dir, masters=masters, workers=workers, lease_ms=lease_ms, master_port=port,
-                           etcd_binary=etcd_binary, daemon_args=["--log-format", log_format])
+                           etcd_binary=etcd_binary, daemon_args=["--log-format", log_format],
+                           allow_code=",".join(filter(None, [*here, *(p.strip() for p in (allow_code or "").split(","))])))
     try:
         cluster.start()
         cluster.wait_ready(60)
@@ -62,6 +66,9 @@ def run_up(data_dir: str, *, masters: int, workers: int, lease_ms: int, port: in
         for w in cluster.workers:
             print(f"worker   {w.address}")
         print(f"data     {cluster.data_dir}")
+        loads = ", ".join(cluster.allow_code.split(",")) or "nothing of yours"
+        print(f"code     workers load {loads} (and millstream's own); a module written here later needs "
+              "`up --allow-code` or a restart")
         console = console_of(cluster)
         if console:
             print(f"console  {console}   (throughput, lag and watermarks over time, the graph, tablets; "

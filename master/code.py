@@ -9,9 +9,12 @@ after its tablets failed to open a thousand times.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from runtime.flows import FLOW_KEY, PLAN_PARAM
+from runtime.flows.refs import code_paths
 from runtime.imports import CodeNotAllowedError, CodePolicy
 from runtime.topology import ComputationSpec
 
@@ -21,7 +24,7 @@ class Refusal:
     """Code of ``computation`` (at ``path``) whose module ``workers`` do not allow."""
 
     computation: str
-    what: str     # "code" or "key extractor of STREAM"
+    what: str     # "code", "key extractor of STREAM", or what of a flow's plan (step 'x' (map), ...)
     path: str
     workers: tuple[str, ...]
 
@@ -41,7 +44,10 @@ def refusals(specs: Iterable[ComputationSpec], policies: Mapping[str, tuple[str,
     live = [(w, CodePolicy(policies[w])) for w in sorted(workers) if policies.get(w)]
     out = []
     for s in specs:
-        paths = [("code", s.code)] + [(f"key extractor of {stream!r}", ex) for stream, ex in s.inputs.items() if ex]
+        paths = [("code", s.code)] + [(f"key extractor of {stream!r}", ex) for stream, ex in s.inputs.items()
+                                      if ex and ex != FLOW_KEY]
+        if PLAN_PARAM in s.params:  # a flow's stage: the code its plan names
+            paths += code_paths(json.loads(s.params[PLAN_PARAM]))
         for what, path in paths:
             module = path.partition(":")[0]
             refused = tuple(w for w, policy in live if not policy.permits(module))

@@ -118,3 +118,32 @@ def aggregator_of(doc: dict[str, Any], load: Loader) -> Any:
     agg = cls.__new__(cls)
     agg.__dict__.update(doc.get("fields", {}))
     return agg
+
+
+# ------------------------------------------------------------------ what a plan loads
+
+
+def code_paths(plan: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every import path a stage's plan (runtime/flows/compile.py) has its workers load, as
+    ``(what, path)``: its steps' functions and classes, their codecs and aggregators, and its
+    entries' (so a master can refuse, at submit, code a worker's policy would refuse)."""
+    out: list[tuple[str, str]] = []
+
+    def codec(what: str, ref: str | None) -> None:
+        if ref and ref not in _BUILTIN_CODECS and ref not in ("auto", "flow"):
+            out.append((f"codec of {what}", ref))
+
+    for stream, entry in plan.get("entries", {}).items():
+        codec(f"stream {stream!r}", entry.get("codec"))
+        out += [(f"{kind} of stream {stream!r}", path) for kind, path in entry.get("prefix", [])]
+    out += [(f"key_by {name!r}", path) for name, path in plan.get("keys", {}).values()]
+    for name, doc in plan.get("steps", {}).items():
+        what = f"step {name!r} ({doc.get('kind')})"
+        out += [(what, doc[field]) for field in ("fn", "cls") if doc.get(field)]
+        if doc.get("key"):  # (an emit keying the next stage's input)
+            out.append((f"key_by {name!r}", doc["key"]))
+        codec(what, doc.get("codec"))
+        agg = doc.get("agg") or {}
+        if agg.get("class"):
+            out.append((f"aggregator of {what}", agg["class"]))
+    return out

@@ -106,8 +106,11 @@ def test_status_narrows_to_one_computation_and_watches(cluster: Cluster) -> None
 
 
 def test_up_prints_the_console_address_and_the_console_answers(tmp_path: object) -> None:
+    """... and the code its workers load: the directory's modules, and those of --allow-code
+    (a module written after `up` started: a new user's walkthrough had no way to add it)."""
     proc = subprocess.Popen([sys.executable, "-m", "cli", "--log-level", "WARNING", "up", "--workers", "1",
-                             "--port", "0", "--data-dir", os.path.join(str(tmp_path), "data")],
+                             "--port", "0", "--data-dir", os.path.join(str(tmp_path), "data"),
+                             "--allow-code", "written_later, acme.jobs"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT)
     try:
@@ -119,6 +122,8 @@ def test_up_prints_the_console_address_and_the_console_answers(tmp_path: object)
             assert b"<title>millstream</title>" in r.read()
         with urllib.request.urlopen(console.rstrip("/") + "/status.json", timeout=30) as r:
             assert "error" not in json.loads(r.read()), "the console printed is the leader's"
+        [code] = [line for line in lines if line.startswith("code ")]
+        assert "tests" in code and "written_later, acme.jobs" in code, code  # (the repository's own, then those)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(60)

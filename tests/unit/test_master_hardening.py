@@ -18,7 +18,7 @@ from master.server import Master, MasterOptions
 from runtime import Topology, http
 from runtime.client import MAX_TOPOLOGY_BYTES, check_topology_size
 from runtime.errors import ConfigError, MillstreamError, RoleError, TopologyError
-from runtime.imports import CodeNotAllowedError
+from runtime.imports import BUILT_IN_CODE, CodeNotAllowedError
 from runtime.status import render, render_jobs
 from runtime.wire import millstream_pb2 as pb
 from tests.masterkit import END, MemoryStore, hold, idle_report, leader, seed
@@ -366,6 +366,35 @@ def test_n17_a_worker_that_leaves_or_expires_leaves_nothing_behind() -> None:
 
 
 # ------------------------------------------------------------------ code the workers may not load
+
+
+def test_a_flow_whose_steps_a_worker_may_not_load_is_refused_at_submit_naming_each_step() -> None:
+    """A flow's stage is millstream's own code; its steps are the user's, named in its plan: a
+    submit only checked the former, so it was taken and its tablets failed to open for ever
+    (a new user's `millstream up`, then a module written after it started)."""
+    from runtime import Dataflow
+    from runtime.windows import SECOND, Tumbling
+    from tests import flowjobs
+
+    flow = Dataflow("wf")
+    (flow.input("lines").flat_map(flowjobs.words).key_by(flowjobs.word_key).map(flowjobs.shout)
+     .window(Tumbling(SECOND), flowjobs.SumAgg(1), name="wf.counts").output("wf_out"))
+    core = leader()
+
+    async def main() -> None:
+        narrow, _ = await membership.register(core, "127.0.0.1:2", allowed_code=list(BUILT_IN_CODE))
+        with pytest.raises(CodeNotAllowedError) as refused:
+            await lifecycle.submit(core, flow.topology().to_json())
+        said = str(refused.value)
+        for what in ("step 'wf.flat_map' (flat_map) 'tests.flowjobs:words'", "key_by 'wf.key_by' 'tests.flowjobs:word_key'",
+                     "step 'wf.map' (map) 'tests.flowjobs:shout'",
+                     "aggregator of step 'wf.counts' (window) 'tests.flowjobs:SumAgg'"):
+            assert what in said, (what, said)
+        assert "--allow-code tests" in said and "runtime.flows" not in said and "wf" not in core.image.topologies
+        await membership.leave(core, narrow)
+        await membership.register(core, "127.0.0.1:3", allowed_code=[*BUILT_IN_CODE, "tests"])
+        assert (await lifecycle.submit(core, flow.topology().to_json()))[0] == "wf"
+    asyncio.run(main())
 
 
 def test_a_submit_of_code_a_worker_may_not_load_is_refused_naming_the_fix() -> None:
