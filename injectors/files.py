@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -32,9 +33,12 @@ from fractions import Fraction
 from typing import BinaryIO, Protocol
 
 from injectors.injector import Injector
-from runtime.errors import InjectionError
+from runtime.errors import InjectionError, MillstreamError
 from runtime.record import END_OF_TIME, MIN_TIME, time_unit
+from runtime.routing import RoutingTable
 from runtime.security import Security
+
+log = logging.getLogger(__name__)
 
 
 class Sink(Protocol):
@@ -236,4 +240,22 @@ def inject_directory(directory: str, masters: str | Iterable[str], stream: str,
     name = name or "files:" + os.path.abspath(directory)
     check_lines(directory, key_field, time_field, unit)  # a bad directory or line fails before anything registers
     with Injector(masters, stream, name, security=security, allow_code=allow_code) as inj:
+        warn_if_finished(inj)
         return inject_files(inj, directory, name, key_field, time_field, unit)
+
+
+def warn_if_finished(inj: Injector) -> None:
+    """Warn, once, before sending into a stream whose readers' watermark is at the end of time
+    (every injector of it finished: a run without ``--follow`` finishes its stream): every
+    record sent now is late (counted as late; a window sends it to its ``.late`` stream)."""
+    try:
+        readers = RoutingTable(inj.client.routing()).readers(inj.stream)
+        computations = inj.client.status()["computations"]
+    except MillstreamError:  # (an injector token may not read status: no warning, no harm)
+        return
+    done = sorted(c for c in readers if computations.get(c, {}).get("low_watermark") == END_OF_TIME)
+    if done:
+        log.warning("the watermark of %s, reading %r, is at the end of time (every injector of the stream finished: "
+                    "a run without --follow finishes it): the records sent now arrive late (counted as late; a "
+                    "window sends them to its .late stream). Keep a stream open for more files with "
+                    "inject-files --follow, or submit the job again", ", ".join(map(repr, done)), inj.stream)

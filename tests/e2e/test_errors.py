@@ -12,8 +12,9 @@ from injectors import Injector
 from runtime import Topology
 from runtime.cluster import free_port
 from runtime.errors import InjectionError, TopologyError
+from runtime.record import END_OF_TIME
 from tests.flowjobs import word_key
-from tests.harness import Cluster
+from tests.harness import Cluster, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -142,3 +143,30 @@ def test_an_injector_refused_for_an_unknown_stream_leaves_no_hold_and_a_crashed_
     proc = millstream("release-injector", "crashed", "--stream", "later", "--masters", cluster.masters_arg)
     assert proc.returncode == 0 and "released injector 'crashed' on 'later'" in proc.stdout, proc.stderr
     assert "crashed" not in _holding(cluster)
+
+
+def test_a_second_inject_files_run_into_a_finished_stream_warns_that_its_records_are_late(
+        cluster: Cluster, tmp_path: object) -> None:
+    """A run without --follow finishes its stream; a second one's records were late, silently
+    (it printed `injected 3 lines`): it says so now, before sending."""
+    cluster.client.submit(Topology("once").add_computation("once_count", "tests.jobs:CountTo", inputs={"once-in": None},
+                                                           outputs=["once-out"], params={"out": "once-out"}))
+    cluster.wait_assigned()
+    data = os.path.join(str(tmp_path), "in")
+    os.makedirs(data)
+    with open(os.path.join(data, "a.txt"), "w") as f:
+        f.write("one\ntwo\n")
+
+    def inject() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cli", "inject-files", data, "--stream", "once-in",
+                               "--masters", cluster.masters_arg], capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT)
+
+    first = inject()
+    assert first.returncode == 0 and "end of time" not in first.stderr, first.stderr
+    wait_until(lambda: cluster.client.status()["computations"]["once_count"]["low_watermark"] == END_OF_TIME, 60,
+               "the finished stream's reader at the end of time")
+    second = inject()
+    assert second.returncode == 0, second.stderr
+    assert "the watermark of 'once_count', reading 'once-in', is at the end of time" in second.stderr, second.stderr
+    assert "--follow" in second.stderr
