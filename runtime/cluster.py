@@ -184,8 +184,12 @@ class LocalCluster:
         path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
         env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path, **(env or {}))
         guarded = [self.python, "-m", "runtime.die_with_parent", str(os.getpid()), *argv]
+        # A session of its own: a terminal's Ctrl-C reaches `up` alone, which stops the workers
+        # while the masters still answer their drain and leave (with the masters gone at the same
+        # moment, each worker waited out its calls to them: 8-20 s); die_with_parent still ends
+        # it with this process.
         popen = _spawner.popen(guarded, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
-                               stdin=subprocess.DEVNULL)
+                               stdin=subprocess.DEVNULL, start_new_session=True)
         err.close()
         proc = Process(name, popen, log_path=log_path)
         assert popen.stdout is not None

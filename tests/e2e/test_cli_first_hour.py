@@ -107,12 +107,14 @@ def test_status_narrows_to_one_computation_and_watches(cluster: Cluster) -> None
 
 def test_up_prints_the_console_address_and_the_console_answers(tmp_path: object) -> None:
     """... and the code its workers load: the directory's modules, and those of --allow-code
-    (a module written after `up` started: a new user's walkthrough had no way to add it)."""
+    (a module written after `up` started: a new user's walkthrough had no way to add it).
+    Ctrl-C, as a terminal sends it (to the whole process group), stops the workers while the
+    master still answers: they used to get it with the master and wait out their calls to it."""
+    data = os.path.join(str(tmp_path), "data")
     proc = subprocess.Popen([sys.executable, "-m", "cli", "--log-level", "WARNING", "up", "--workers", "1",
-                             "--port", "0", "--data-dir", os.path.join(str(tmp_path), "data"),
-                             "--allow-code", "written_later, acme.jobs"],
+                             "--port", "0", "--data-dir", data, "--allow-code", "written_later, acme.jobs"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT)
+                            env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT, start_new_session=True)
     try:
         lines = _lines_of(proc)
         wait_until(lambda: any(line.startswith("ready:") for line in lines), 90, "`millstream up` to be ready")
@@ -125,6 +127,9 @@ def test_up_prints_the_console_address_and_the_console_answers(tmp_path: object)
         [code] = [line for line in lines if line.startswith("code ")]
         assert "tests" in code and "written_later, acme.jobs" in code, code  # (the repository's own, then those)
     finally:
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)  # (a terminal's Ctrl-C: the foreground process group)
         proc.wait(60)
     assert proc.returncode == 0
+    with open(os.path.join(data, "logs", "worker-1.log")) as f:
+        log = f.read()
+    assert "could not tell the master we leave" not in log and "drain did not finish" not in log, log[-2000:]
