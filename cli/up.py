@@ -13,6 +13,7 @@ from runtime.client import Client
 from runtime.cluster import LocalCluster, local_modules
 from runtime.errors import MillstreamError
 from runtime.etcd_binary import show
+from runtime.imports import CodePolicy
 
 
 def _free(port: int) -> bool:
@@ -44,9 +45,13 @@ def run_up(data_dir: str, *, masters: int, workers: int, lease_ms: int, port: in
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends `up` at once (its daemons die with it)
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # The daemons have sessions of their own (runtime/cluster.py): Ctrl-C, SIGTERM and a closed
+    # terminal (SIGHUP) reach `up`, which stops them in order.
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+    CodePolicy.parse(allow_code)  # a prefix that cannot be one: refused now, not by every worker
     if port and not _free(port):
         print(f"port {port} is taken; the first master takes a port chosen by the OS", file=sys.stderr)
         port = 0

@@ -6,11 +6,11 @@ its stream's readers key their records with."""
 
 from __future__ import annotations
 
+import logging
 import numbers
 import threading
 from typing import Any
 
-from runtime.client import Client
 from runtime.errors import InjectionError, InvalidRecordError
 from runtime.imports import CodeNotAllowedError
 from runtime.record import END_OF_TIME, MAX_KEY_BYTES, MAX_VALUE_BYTES, MIN_TIME
@@ -19,6 +19,7 @@ from runtime.routing import RoutingTable
 from runtime.security import Security, covers, credential_owner
 
 MIN, MAX = MIN_TIME, END_OF_TIME
+log = logging.getLogger(__name__)
 
 
 def check_time(t: object, what: str) -> int:
@@ -95,13 +96,18 @@ def check_credential(name: str, security: Security) -> None:
                                  f"(`millstream credential {name}`)")
 
 
-def check_code(routing: RoutingTable, name: str, stream: str, client: Client) -> None:
+def check_code(routing: RoutingTable, name: str, stream: str) -> None:
     """Refuse, before an injector registers (and so holds its stream's watermark) or sends
-    anything, a stream whose readers key their records with code this injector may not load
-    (``routing``'s extractors loaded under its policy; a flow's ``key_by`` runs here): each of
-    its records would go to the dead letters. ``client`` is closed then."""
+    anything, a stream every reader of which keys its records with code this injector may not
+    load (``routing``'s extractors loaded under its policy; a flow's ``key_by`` runs here):
+    each record would go to the dead letters. When only some readers' is refused, the others
+    still get the records (one reader's code does not stop the stream): a warning names them.
+    (Readers that come later are not looked at: their records go to their dead letters.)"""
     refused = routing.refused(stream)
-    if refused:
-        client.close()
+    if not refused:
+        return
+    if set(refused) >= routing.readers(stream):
         raise CodeNotAllowedError(f"injector {name!r} cannot key the records of {stream!r} for its readers: "
-                                  f"{refused[0]} (nothing was sent)")
+                                  f"{next(iter(refused.values()))} (nothing was sent)")
+    log.warning("injector %s: the records of %r for %s go to their dead letters: %s", name, stream,
+                ", ".join(map(repr, sorted(refused))), "; ".join(refused.values()))

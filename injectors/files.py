@@ -251,7 +251,7 @@ def warn_if_finished(inj: Injector) -> None:
     try:
         readers = RoutingTable(inj.client.routing()).readers(inj.stream)
         computations = inj.client.status()["computations"]
-    except MillstreamError:  # (an injector token may not read status: no warning, no harm)
+    except MillstreamError:  # (a leader that cannot answer now: no warning; the injection says what failed)
         return
     done = sorted(c for c in readers if computations.get(c, {}).get("low_watermark") == END_OF_TIME)
     if done:

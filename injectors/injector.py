@@ -148,10 +148,15 @@ class Injector:
         self._closed = threading.Event()
         self._marks = Watermark(name, stream, self.incarnation, self.client, self._queued_min, self._closed,
                                 idle_after=idle_after)
-        self._tablets = Tablets(name, stream, self.client, security, self._sequenced, self._closed, window=self.max_in_flight,
-                                committed=self._marks.hold, code_policy=code_policy, unread=self._marks.orphan)
-        checks.check_code(self._tablets.routing, name, stream, self.client)  # (before it registers: nothing to undo)
-        self._marks.report()  # registers: from now on this injector holds its stream's watermark
+        try:
+            self._tablets = Tablets(name, stream, self.client, security, self._sequenced, self._closed,
+                                    window=self.max_in_flight, committed=self._marks.hold, code_policy=code_policy,
+                                    unread=self._marks.orphan)
+            checks.check_code(self._tablets.routing, name, stream)  # (before it registers: nothing to undo)
+            self._marks.report()  # registers: from now on this injector holds its stream's watermark
+        except BaseException:
+            self.client.close()
+            raise
         forks.watch(self)
 
     @property

@@ -219,22 +219,26 @@ class Watermark:
 
     def orphan(self) -> None:
         """A round found no computation reading the stream: nothing was sent, and the hold
-        this injector registered protects nothing. Left, it would hold a job submitted later on
-        the stream at this injector's watermark until the injector expires (a day), long after
-        a refused `inject-files` exited: :meth:`close` releases it unless the injector sent
-        something or finished since."""
+        this injector registered protects nothing. Left, it would hold the stream, for a job
+        submitted on it later, at this injector's watermark until it expired (a day), long after
+        a refused `inject-files` exited, even once other injectors fed it: :meth:`close` reports
+        this incarnation idle, unless it delivered something or finished since. Idle, it holds
+        nothing while another injector feeds the stream, and the stream no higher than it
+        promised while none does (master/watermarks.py ``with_idleness``): its own report,
+        which the injector role may make, and no other incarnation's hold is touched."""
         self._unread = True
 
     def close(self, timeout: float = 5.0) -> None:
-        """After the injector's ``closed`` is set: release an orphan's hold (:meth:`orphan`),
-        and let the confirmer end."""
+        """After the injector's ``closed`` is set: an orphan (:meth:`orphan`) says it is idle,
+        and the confirmer ends."""
         if self._unread and not self._delivered and not self._stopped and self.reported != END:
             try:
-                self.stop(lambda: self.client.release_injector(self.name, self.stream))
+                with self._lock:
+                    self._send(self.reported if self.reported is not None else MIN, idle=True)
             except MillstreamError as e:
-                log.warning("injector %s: could not release its hold on %r, which no computation reads (%s); "
-                            "`millstream release-injector %s --stream %s` does it", self.name, self.stream, e,
-                            self.name, self.stream)
+                log.warning("injector %s: could not tell the leader it is idle on %r, which no computation read "
+                            "(%s); it holds the stream until it expires, or `millstream release-injector %s "
+                            "--stream %s`", self.name, self.stream, e, self.name, self.stream)
         self._due.set()
         if self._confirmer is not None and self._confirmer.is_alive():
             self._confirmer.join(timeout)
@@ -281,8 +285,8 @@ class Watermark:
                 self.reported is not None and self.reported != END and now >= self._sent_at + KEEPALIVE_S)
             try:
                 with self._lock:
-                    if self._stopped:
-                        return  # (retired or released while it waited for the lock)
+                    if self._stopped or self._closed.is_set():
+                        return  # (retired, released or closed while it waited for the lock)
                     self._report_locked(wait=False, ask=ask)
                 failing = 0.0
                 self._failing = False

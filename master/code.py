@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from runtime.flows import FLOW_KEY, PLAN_PARAM
+from runtime.flows import FLOW_CODES, FLOW_KEY, PLAN_PARAM
 from runtime.flows.refs import code_paths
 from runtime.imports import CodeNotAllowedError, CodePolicy
 from runtime.topology import ComputationSpec
@@ -46,14 +46,23 @@ def refusals(specs: Iterable[ComputationSpec], policies: Mapping[str, tuple[str,
     for s in specs:
         paths = [("code", s.code)] + [(f"key extractor of {stream!r}", ex) for stream, ex in s.inputs.items()
                                       if ex and ex != FLOW_KEY]
-        if PLAN_PARAM in s.params:  # a flow's stage: the code its plan names
-            paths += code_paths(json.loads(s.params[PLAN_PARAM]))
+        if s.code in FLOW_CODES and PLAN_PARAM in s.params:  # a flow's stage: the code its plan names
+            paths += _plan_paths(s.params[PLAN_PARAM])
         for what, path in paths:
             module = path.partition(":")[0]
             refused = tuple(w for w, policy in live if not policy.permits(module))
             if refused:
                 out.append(Refusal(s.name, what, path, refused))
     return out
+
+
+def _plan_paths(plan: str) -> list[tuple[str, str]]:
+    """The code a stage's plan names; none if the plan cannot be read (its stage then fails to
+    open with the reason, in status: a submit or a status call must not fail on it here)."""
+    try:
+        return code_paths(json.loads(plan))
+    except (ValueError, TypeError, AttributeError, KeyError):
+        return []
 
 
 def check_loadable(specs: Iterable[ComputationSpec], policies: Mapping[str, tuple[str, ...]],

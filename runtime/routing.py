@@ -129,11 +129,11 @@ class RoutingTable:
                     sub.extractor = fn
         return errors
 
-    def refused(self, stream: str) -> list[str]:
-        """Why the key extractors of ``stream``'s readers could not be loaded because the code
-        policy refused their module (after :meth:`load_extractors`); empty: none was."""
-        return [str(s.extractor.error) for s in self._subs.get(stream, ())
-                if isinstance(s.extractor, _Unloadable) and isinstance(s.extractor.error, CodeNotAllowedError)]
+    def refused(self, stream: str) -> dict[str, str]:
+        """The readers of ``stream`` whose key extractor the code policy refused to load (after
+        :meth:`load_extractors`), each with why; empty: none."""
+        return {s.computation: str(s.extractor.error) for s in self._subs.get(stream, ())
+                if isinstance(s.extractor, _Unloadable) and isinstance(s.extractor.error, CodeNotAllowedError)}
 
     def closed_to_input(self, computation: str) -> str:
         """Why ``computation`` takes no records from injectors now ("" if it does): its job is

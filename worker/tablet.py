@@ -27,7 +27,7 @@ from runtime.computation import Computation, TimeDomain
 from runtime.delivery import Orders, Status
 from runtime.engine import EngineOptions
 from runtime.errors import MillstreamError
-from runtime.flows import FLOW_CODE, SINK_FLOW_CODE
+from runtime.flows import FLOW_CODES
 from runtime.imports import CodePolicy, load
 from runtime.record import producer_prefix, worker_producer
 from runtime.routing import RoutingTable
@@ -54,7 +54,6 @@ OK, NOT_OWNER, BUSY = Status.OK, Status.NOT_OWNER, Status.BUSY
 # before it is answered BUSY, looking again at least every ROOM_CHECK_S (acks free room too).
 ROOM_WAIT_S = 2.0
 ROOM_CHECK_S = 0.05
-FLOW_CODES = (FLOW_CODE, SINK_FLOW_CODE)  # a flow's stages: batches of flow_batch_records
 
 
 class TabletHost(Protocol):
@@ -126,6 +125,7 @@ class Tablet:
         self.metrics = metrics.tablet(self.computation)
         self._lag_labels: set[str] = set()  # followers whose replication lag this tablet exports
         limits = host.limits
+        # A flow's stages take batches of flow_batch_records.
         self.max_batch = limits.flow_batch_records if route.code in FLOW_CODES else limits.max_batch_records
         self.batch_limit = max(1, min(batch_limit or self.max_batch, self.max_batch))
         self._good_batches = 0

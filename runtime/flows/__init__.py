@@ -7,6 +7,7 @@
 PLAN_PARAM = "flow.plan"                  # the computation param holding a stage's plan (JSON)
 FLOW_CODE = "runtime.flows.stage:FlowStage"
 SINK_FLOW_CODE = "runtime.flows.stage:SinkStage"  # a stage with its sink fused in
+FLOW_CODES = (FLOW_CODE, SINK_FLOW_CODE)  # a flow's stages' code
 FLOW_KEY = "runtime.flows.keys:key_of"    # the key extractor of a stage's raw inputs, built from its plan
 
 

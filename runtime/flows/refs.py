@@ -144,6 +144,6 @@ def code_paths(plan: dict[str, Any]) -> list[tuple[str, str]]:
             out.append((f"key_by {name!r}", doc["key"]))
         codec(what, doc.get("codec"))
         agg = doc.get("agg") or {}
-        if agg.get("class"):
+        if agg.get("class") and agg["class"] != "runtime.windows:Collect":  # (that one: see aggregator_of)
             out.append((f"aggregator of {what}", agg["class"]))
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os.path
+from typing import Any
 
 import pytest
 
@@ -165,3 +166,31 @@ def test_n10_an_injector_loads_key_extractors_under_a_policy() -> None:
         tablets(mine, CodePolicy.parse("", where="injector")).routing.route("in", record)
     assert tablets(mine, CodePolicy.parse("tests.unit")).routing.route("in", record)[0][0] == "reader"
 
+
+
+def test_an_injector_is_refused_only_when_every_reader_keys_with_code_it_may_not_load(caplog: Any) -> None:
+    """One reader's key extractor from a module the injector may not load does not stop the
+    stream for the others (their records go on; its go to its dead letters, with a warning);
+    every reader's refused: the injector is, before it registers."""
+    from injectors.checks import check_code
+    from runtime.imports import CodeNotAllowedError, CodePolicy
+    from runtime.routing import RoutingTable
+    from runtime.wire import millstream_pb2 as pb
+
+    def table(*extractors: str) -> RoutingTable:
+        routing = pb.Routing(version=1)
+        for i, path in enumerate(extractors):
+            c = routing.computations.add(name=f"reader{i}", key_ranges=1)
+            c.inputs.add(stream="in", key_extractor=path)
+            c.assignments.add(key_range=0, worker_id="w", address="w:1", token=1)
+        t = RoutingTable(routing)
+        t.load_extractors({}, CodePolicy.parse("", where="injector"))
+        return t
+
+    mine = "tests.unit.test_imports:Holder.key"
+    with pytest.raises(CodeNotAllowedError, match=r"injector 'src' cannot key the records of 'in'.*nothing was sent"):
+        check_code(table(mine), "src", "in")
+    with caplog.at_level("WARNING"):
+        check_code(table("", mine), "src", "in")  # reader0 keys by the record's key: it gets its records
+    assert "the records of 'in' for 'reader1' go to their dead letters" in caplog.text
+    check_code(table(""), "src", "in")

@@ -523,3 +523,14 @@ def test_a_tablet_moved_off_its_worker_in_the_change_that_removes_the_worker_los
     assert core.image.tablets[("a", 0)].report is not None
     asyncio.run(core.commit(Change(workers={"w": None}, tablets={("a", 0): Ownership("", 1)})))
     assert core.image.tablets[("a", 0)].report is None
+
+
+def test_a_plan_that_cannot_be_read_or_names_a_legacy_builtin_refuses_nothing() -> None:
+    """The submit check and every status call read stored plans: one from an older version, or
+    not a plan at all, must neither fail them nor refuse millstream's own code."""
+    from master.code import _plan_paths
+
+    for plan in ("not json", "[1]", '{"entries": {"s": {"prefix": [["map"]]}}}', '{"steps": {"x": 3}}'):
+        assert _plan_paths(plan) == [], plan
+    legacy = '{"steps": {"w": {"kind": "window", "agg": {"class": "runtime.windows:Collect"}}}}'
+    assert _plan_paths(legacy) == []
