@@ -176,3 +176,15 @@ def test_a_tablet_a_savepoint_copies_keeps_its_primary_unless_it_dies() -> None:
     # wait out its drain timeout before a failover.
     drained = replan([t], cur, ["a", "b", "c"], {t: 2}, draining=["a"], frozen=[t])[t]
     assert drained.worker == "b" and drained.token == 4
+
+
+def test_a_move_with_a_follower_to_spare_keeps_the_follower_not_the_old_primary() -> None:
+    """The chaos suite (seed 107 again): a move promoted its caught-up target and kept the old
+    primary as the one follower, dropping the follower. The old primary's copy needed a
+    snapshot at the new primary's first commit (it may hold a commit nobody acknowledged), so
+    the tablet had one copy until then; the new primary was killed meanwhile: unavailable."""
+    cur = {("c", 0): Ownership("a", 3, ("b", "c"), ("a", "b", "c"))}
+    moved = replan([("c", 0)], cur, ["a", "b", "c"], {("c", 0): 2}, pinned={("c", 0): "c"})[("c", 0)]
+    assert (moved.worker, moved.token, moved.followers, moved.in_sync) == ("c", 4, ("b",), ("c", "b"))
+    failover = replan([("c", 0)], {("c", 0): moved}, ["a", "b"], {("c", 0): 2})[("c", 0)]
+    assert failover.worker == "b", "the follower kept is promoted when the new primary dies"
