@@ -192,19 +192,20 @@ def replan(tablets: Iterable[TabletKey], current: Mapping[TabletKey, Ownership],
         target = pinned.get(t) if pinned.get(t) in eligible else (desired[t].worker if t in desired else "")
         # Too many (after a move or a lower factor): drop copies not in sync first, never
         # the move's target, and never an in-sync copy while the target catches up (until
-        # then the tablet has one follower more than it needs). Of in-sync copies, the old
-        # primary's first, on a move: a follower's copy continues under the new primary, but
-        # the old primary's may hold a commit nobody acknowledged, so it needs a snapshot at
-        # the new primary's first commit. Kept instead of a follower, it left the tablet one
-        # copy until that snapshot (chaos seed 107: the new primary killed meanwhile, the
-        # tablet unavailable).
+        # then the tablet has one follower more than it needs). Of in-sync copies, one on a
+        # worker not heard from yet first (it may be dead), then the old primary's, on a move:
+        # a follower's copy continues under the new primary, but the old primary's may not (it
+        # may hold the commit of the batch it closed on, which nobody acknowledged, or still be
+        # closing at the new primary's first commit), and then needs a snapshot. Kept instead of
+        # a follower, it left the tablet one copy until that snapshot (chaos seed 107: the new
+        # primary killed meanwhile, the tablet unavailable).
         previous = current[t].worker if t in current else ""
         while len(keep) > n:
             synced = [f for f in keep if f in own.in_sync]
             drop = [f for f in keep if f != target and (f not in own.in_sync or len(synced) > n)]
             if not drop:
                 break
-            drop.sort(key=lambda f: (f in own.in_sync, f != previous, -load.get(f, 0)))
+            drop.sort(key=lambda f: (f in own.in_sync, f in eligible, f != previous, -load.get(f, 0)))
             keep.remove(drop[0])
         while len(keep) < n:
             free = [w for w in live if w != own.worker and w not in keep and w in eligible]

@@ -188,3 +188,5 @@ def test_a_move_with_a_follower_to_spare_keeps_the_follower_not_the_old_primary(
     assert (moved.worker, moved.token, moved.followers, moved.in_sync) == ("c", 4, ("b",), ("c", "b"))
     failover = replan([("c", 0)], {("c", 0): moved}, ["a", "b"], {("c", 0): 2})[("c", 0)]
     assert failover.worker == "b", "the follower kept is promoted when the new primary dies"
+    unheard = replan([("c", 0)], cur, ["a", "b", "c"], {("c", 0): 2}, pinned={("c", 0): "c"}, unheard=["b"])[("c", 0)]
+    assert unheard.followers == ("a",), "a follower not heard from yet (it may be dead) goes before the old primary"
