@@ -86,7 +86,9 @@ def _raw_state(c: Client, args: argparse.Namespace) -> int:
         print(json.dumps({"computation": args.computation, "key": show_key(key), "found": value is not None,
                           "value": None if value is None else value.decode("utf-8", "backslashreplace")}))
     elif value is None:
-        print(f"{args.computation}: no state for key {show_key(key)!r}")
+        names = c.state_names(args.computation, key)  # (the tablet just asked)
+        more = f"; its typed states, read with --state NAME: {', '.join(names)}" if names else ""
+        print(f"{args.computation}: no state for key {show_key(key)!r} (ctx.state){more}")
         return 1
     else:
         print(value.decode("utf-8", "backslashreplace"))

@@ -231,17 +231,24 @@ class Client:
 
     def state(self, computation: str, key: bytes) -> bytes | None:
         """One key's committed state (``ctx.state``) in a running computation; None if unset."""
-        return self._read_state(computation, key, "")
+        found = self._read_state(computation, key, "")
+        return found.value if found.found else None
+
+    def state_names(self, computation: str, key: bytes = b"") -> list[str]:
+        """The typed states of a running computation, by the names :meth:`typed_state` takes:
+        those its class declares; of a flow's stage, its steps' (which have no ``ctx.state``).
+        Asked of the tablet that holds ``key`` (any one answers)."""
+        return list(self._read_state(computation, key, "").states)
 
     def typed_state(self, computation: str, key: bytes, name: str) -> Any:
         """One key's committed typed state ``name`` (a ``ValueState``, ``ListState`` or
         ``MapState`` declared on the computation's class) in a running computation, as JSON
         values: the value, a list, or a dict (keys as text); None if nothing is stored. The
         worker decodes it with the state's codec (bytes come back as text, or ``0x…`` hex)."""
-        data = self._read_state(computation, key, name)
-        return None if data is None else json.loads(data)
+        found = self._read_state(computation, key, name)
+        return json.loads(found.value) if found.found else None
 
-    def _read_state(self, computation: str, key: bytes, name: str) -> bytes | None:
+    def _read_state(self, computation: str, key: bytes, name: str) -> pb.ReadStateResponse:
         from runtime.routing import RoutingTable
 
         deadline = time.monotonic() + self.timeout
@@ -256,7 +263,7 @@ class Client:
                                           token=dest.token, key=key, state=name)
                 try:
                     resp = rpc.WorkerStub(self.worker_channel(dest.address)).ReadState(req, timeout=self.timeout)
-                    return resp.value if resp.found else None
+                    return resp  # type: ignore[no-any-return]
                 except grpc.RpcError as e:
                     if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
                                     grpc.StatusCode.INVALID_ARGUMENT):

@@ -16,7 +16,7 @@ from runtime.columns import Columns
 from runtime.delivery import Orders, Receipt
 from runtime.errors import NotOwnerError, StaleTokenError
 from runtime.faults import Faults
-from runtime.flows.stage import readable_spec
+from runtime.flows.stage import readable_spec, state_names
 from runtime.imports import CodePolicy
 from runtime.keyspace import from_wire_end
 from runtime.record import MIN_TIME, Record
@@ -150,8 +150,7 @@ class WorkerCore:
         assert self.channel is not None
         rep = Replicator(tablet, self.channel, os.path.join(self.state_dir, ".checkpoints"),
                          self.limits.replica_timeout_ms / 1000, self.faults.blocked)
-        assignment = self.routing.assignments.get((tablet.computation, tablet.key_range))
-        if assignment is not None:
+        if (assignment := self.routing.assignments.get((tablet.computation, tablet.key_range))) is not None:
             rep.configure(assignment)
         return rep
 
@@ -204,8 +203,7 @@ class WorkerCore:
             if (a.token == 1 and self.worker_id and self.worker_id in a.in_sync and self.channel is not None
                     and any(f.worker_id == self.worker_id for f in a.followers)):
                 await self.replicas.create_empty(key, a.token)
-            tablet = self.tablets.get(key)
-            if tablet is not None and tablet.token == a.token:
+            if (tablet := self.tablets.get(key)) is not None and tablet.token == a.token:
                 tablet.follow(a)
         for tablet in self.tablets.values():
             tablet.wake()  # a savepoint's pause may have ended: the timers it held fire now
@@ -466,18 +464,19 @@ class WorkerCore:
             await self.routing_changed(self.routing.version, left)
 
     async def read_state(self, computation: str, key_range: int, token: int, key: bytes,
-                         state: str = "") -> bytes | None:
+                         state: str = "") -> tuple[bytes | None, list[str]]:
         """One key's committed state, from the tablet open here (`millstream state get`):
-        ``ctx.state``, or with ``state`` the typed state of that name as JSON."""
+        ``ctx.state``, or with ``state`` the typed state of that name as JSON; and with
+        ``ctx.state``, the names ``state`` takes (a flow's stage has only those)."""
         tablet = self.tablets.get((computation, key_range))
         if tablet is None or (token and tablet.token != token) or tablet.closing:
             raise NotOwnerError(f"tablet {computation}/{key_range} is not open on this worker under token {token}; "
                            "it is moving or reopening: try again")
         if state:
             spec = readable_spec(tablet.proc.comp, state)
-            return await asyncio.to_thread(read_as_json, spec, key, tablet.store.get_cell,
-                                           tablet.store.scan, self.watermark(computation), self.wall_us())
-        return await asyncio.to_thread(tablet.store.get_state, key)
+            return await asyncio.to_thread(read_as_json, spec, key, tablet.store.get_cell, tablet.store.scan,
+                                           self.watermark(computation), self.wall_us()), []
+        return await asyncio.to_thread(lambda: (tablet.store.get_state(key), state_names(tablet.proc.comp)))
 
     def _collect(self) -> None:
         """Adopt the tablets that opened; forget finished closings; log what stays stuck."""

@@ -211,9 +211,9 @@ class WorkerServicer(rpc.WorkerServicer):
                                   duplicates=duplicates)
 
     async def ReadState(self, request: pb.ReadStateRequest, context: Any) -> pb.ReadStateResponse:
-        found = await serving.call_core(context, lambda: self.core.read_state(
+        found, states = await serving.call_core(context, lambda: self.core.read_state(
             request.computation, request.key_range, request.token, request.key, request.state))
-        return pb.ReadStateResponse(found=found is not None, value=found or b"", token=request.token)
+        return pb.ReadStateResponse(found=found is not None, value=found or b"", token=request.token, states=states)
 
     async def Checkpoint(self, request: pb.CheckpointRequest, context: Any) -> AsyncIterator[pb.SnapshotChunk]:
         path, index = await serving.call_core(context, lambda: self.core.checkpoint(

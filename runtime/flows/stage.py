@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -33,6 +34,8 @@ from runtime.record import Record
 from runtime.sinks import Sink, call_restore
 from runtime.state import TYPED, StateSpec, ValueState, declared, pick, split_cell
 from runtime.topology import dead_letter_stream
+
+log = logging.getLogger(__name__)
 
 
 class _Entry:
@@ -369,6 +372,16 @@ def readable_states(comp: object, params: Mapping[str, str] | None = None,
             for spec in declared(load_code(doc["cls"], f"step {name!r}")).values():
                 specs[f"{name}/{spec.name}"] = renamed(spec, state_name)
     return specs
+
+
+def state_names(comp: object) -> list[str]:
+    """The names :func:`readable_states` gives ``comp`` (set up), sorted; none if its plan's
+    classes cannot be loaded now (a plain ``state get`` reads ``ctx.state`` all the same)."""
+    try:
+        return sorted(readable_states(comp, load_code=getattr(comp, "load_code", load)))
+    except Exception:  # (set up, they were loaded: not expected; the names are only a hint)
+        log.warning("cannot list the typed states of %s", type(comp).__name__, exc_info=True)
+        return []
 
 
 def readable_spec(comp: object, name: str) -> StateSpec:

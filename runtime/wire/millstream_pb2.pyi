@@ -253,14 +253,16 @@ class ReadStateRequest(_message.Message):
     def __init__(self, computation: _Optional[str] = ..., key_range: _Optional[int] = ..., token: _Optional[int] = ..., key: _Optional[bytes] = ..., state: _Optional[str] = ...) -> None: ...
 
 class ReadStateResponse(_message.Message):
-    __slots__ = ("found", "value", "token")
+    __slots__ = ("found", "value", "token", "states")
     FOUND_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
     found: bool
     value: bytes
     token: int
-    def __init__(self, found: _Optional[bool] = ..., value: _Optional[bytes] = ..., token: _Optional[int] = ...) -> None: ...
+    states: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, found: _Optional[bool] = ..., value: _Optional[bytes] = ..., token: _Optional[int] = ..., states: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
     __slots__ = ("computation", "key_range", "token")

@@ -62,9 +62,12 @@ def test_state_get_reads_typed_state_of_every_kind(cluster: Cluster) -> None:
     assert done.returncode == 2, done.stdout
     assert "declares no typed state 'colour'" in done.stderr and "'tally' (MapState)" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
-    # Without --state: ctx.state, which this computation never sets.
+    # Without --state: ctx.state, which this computation never sets; the answer names the
+    # typed states it has instead, which --state reads.
+    assert cluster.client.state_names("profile") == ["count", "last", "tally", "values"]
     done = _cli(cluster, "state", "get", "profile", "ann")
-    assert done.returncode == 1 and "no state for key 'ann'" in done.stdout, (done.stdout, done.stderr)
+    assert done.returncode == 1 and "no state for key 'ann' (ctx.state)" in done.stdout, (done.stdout, done.stderr)
+    assert "its typed states, read with --state NAME: count, last, tally, values" in done.stdout, done.stdout
 
 
 def _lines_of(proc: subprocess.Popen[str]) -> list[str]:
