@@ -1,5 +1,6 @@
 """What an injector checks of the records it is given, before it queues any: bytes keys and
-values within the limits of runtime/record.py, timestamps in signed 64 bits of microseconds.
+values within the limits of runtime/record.py, timestamps in signed 64 bits of microseconds
+(and a warning for an int that looks like seconds, milliseconds or nanoseconds).
 Each message says what was wrong and how to put it right (``where``: which record of a batch);
 and, before it registers, of the settings it is made with, its name's credential and the code
 its stream's readers key their records with."""
@@ -9,11 +10,21 @@ from __future__ import annotations
 import logging
 import numbers
 import threading
+import warnings
 from typing import Any
 
 from runtime.errors import InjectionError, InvalidRecordError
 from runtime.imports import CodeNotAllowedError
-from runtime.record import END_OF_TIME, MAX_KEY_BYTES, MAX_VALUE_BYTES, MIN_TIME
+from runtime.record import (
+    END_OF_TIME,
+    MAX_KEY_BYTES,
+    MAX_VALUE_BYTES,
+    MIN_TIME,
+    PLAUSIBLE_MAX,
+    PLAUSIBLE_MIN,
+    TimestampUnitWarning,
+    time_unit,
+)
 from runtime.record import check_time as _check_time
 from runtime.routing import RoutingTable
 from runtime.security import Security, covers, credential_owner
@@ -28,9 +39,12 @@ def check_time(t: object, what: str) -> int:
     return _check_time(t, what, InvalidRecordError)
 
 
-def check_record(key: object, value: object, timestamp: object, where: str = "") -> int:
+def check_record(key: object, value: object, timestamp: object, where: str = "", units: bool = True) -> int:
     """The record's timestamp in microseconds (:func:`check_time`); :class:`InvalidRecordError`
-    saying what is wrong with the record (``where``: which one, for a batch), if anything is."""
+    saying what is wrong with the record (``where``: which one, for a batch), if anything is.
+    With ``units``, an int timestamp that looks like another unit than microseconds is
+    warned about (a :class:`~runtime.record.TimestampUnitWarning` at the caller's caller's
+    line), not refused: a test's small numbers are legitimate."""
     if not isinstance(key, bytes):
         raise InvalidRecordError(f"{where}key must be bytes, got {type(key).__name__} {key!r}; encode it")
     if not isinstance(value, bytes):
@@ -40,14 +54,20 @@ def check_record(key: object, value: object, timestamp: object, where: str = "")
         raise InvalidRecordError(
             f"{where}a record of {len(key):,} key bytes and {len(value):,} value bytes is over the limits "
             f"({MAX_KEY_BYTES:,} and {MAX_VALUE_BYTES:,}); store large objects elsewhere and send a reference")
+    if units and type(timestamp) is int and (unit := time_unit(abs(ts))) is not None:
+        # One message per unit: Python shows it once per line of the caller.
+        warnings.warn(f"record timestamps look like {unit} since the epoch, not microseconds: windows, timers and "
+                      "watermarks count in microseconds. Send time.time_ns() // 1000, or a datetime with a time "
+                      "zone (a test's small numbers are fine)", TimestampUnitWarning, stacklevel=3)
     return ts
 
 
 def plain(keys: list[bytes], values: list[bytes], timestamps: list[Any]) -> bool:
-    """Whether every record of the columns is fine, tested a column at a time (no call of ours
-    per record); False: look at each (:func:`check_record`) to say which is not."""
+    """Whether every record of the columns is fine, its timestamp plausible microseconds, tested
+    a column at a time (no call of ours per record); False: look at each (:func:`check_record`)."""
     return (set(map(type, keys)) == {bytes} and set(map(type, values)) == {bytes}
-            and set(map(type, timestamps)) == {int} and MIN <= min(timestamps) and max(timestamps) <= MAX
+            and set(map(type, timestamps)) == {int} and PLAUSIBLE_MIN <= min(timestamps)
+            and max(timestamps) <= PLAUSIBLE_MAX
             and max(map(len, keys)) <= MAX_KEY_BYTES and max(map(len, values)) <= MAX_VALUE_BYTES)
 
 

@@ -240,6 +240,7 @@ def inject_directory(directory: str, masters: str | Iterable[str], stream: str,
     name = name or "files:" + os.path.abspath(directory)
     check_lines(directory, key_field, time_field, unit)  # a bad directory or line fails before anything registers
     with Injector(masters, stream, name, security=security, allow_code=allow_code) as inj:
+        inj.check_units = False  # (check_lines did, or --timestamp-unit said)
         warn_if_finished(inj)
         return inject_files(inj, directory, name, key_field, time_field, unit)
 

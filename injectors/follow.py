@@ -412,6 +412,7 @@ def follow_directory(directory: str, masters: str | Iterable[str], stream: str, 
             log.warning("cannot lock %r (%s): a second follower of it on this host would not be refused", directory, e)
         inj = Injector(masters, stream, name or "files:" + os.path.abspath(directory), security=security,
                        allow_code=allow_code, incarnation=IDENTITY)
+        inj.check_units = False  # (follow_files checks them, or --timestamp-unit said)
         try:
             started()
             n = follow_files(inj, directory, key_field=key_field, time_field=time_field, unit=unit,

@@ -43,7 +43,7 @@ from typing import Any
 
 from injectors import checks, forks
 from injectors.buffer import END_OF_TIME, Buffer
-from injectors.checks import MAX, MIN, check_record, check_settings, check_time, plain
+from injectors.checks import PLAUSIBLE_MAX, PLAUSIBLE_MIN, check_record, check_settings, check_time, plain
 from injectors.rounds import Interrupted, Round
 from injectors.tablets import Tablets
 from injectors.watermark import Watermark
@@ -85,13 +85,14 @@ class Injector:
     injector does not hold its stream below the other injectors on it. :meth:`mark_idle`
     does the same at once. See docs/time.md, "Idle sources".
 
-    :attr:`accepted` and :attr:`duplicates` count what the receivers did with the records
-    this object delivered (once per reading computation a record reached): committed, or
-    dropped as already committed under the same id. Only exactly-once readers drop
-    duplicates. If the first deliveries come back all duplicates, one WARNING is logged:
-    the exactly-once re-run of a crashed injection looks like that, and so does a new
-    injection under a name used before for other data (docs/guide.md, "Injectors").
+    :attr:`accepted` and :attr:`duplicates` count what the receivers did with the records this
+    object delivered (once per reading computation a record reached): committed, or dropped as
+    already committed under the same id (by exactly-once readers). If the first deliveries come
+    back all duplicates, one WARNING is logged: the re-run of a crashed injection looks like
+    that, and so does a new injection under a name used before for other data (docs/guide.md).
     """
+
+    check_units = True  # warn of an int timestamp that looks like s, ms or ns (a source that checked it: False)
 
     def __init__(self, masters: str | Iterable[str], stream: str, name: str, *,
                  batch_size: int = DEFAULT_BATCH_SIZE, linger_ms: float = 5.0, max_queued: int | None = None,
@@ -139,8 +140,7 @@ class Injector:
         self._rounds_taken = 0
         self._places = 0  # records ever taken: the place of the next one in the send order
         self.peak_in_flight = 0  # the most rounds ever in flight at once
-        self._queued = self._committed = 0
-        self._flushing = 0
+        self._queued = self._committed = self._flushing = 0
         self._error: MillstreamError | None = None
         self._rounds: threading.Thread | None = None
         self._round_pool: ThreadPoolExecutor | None = None  # rounds started by the round thread
@@ -178,9 +178,9 @@ class Injector:
         :meth:`send_many`."""
         if self.finished or self._closed.is_set():
             self._refuse()
-        if (type(key) is not bytes or type(value) is not bytes or type(timestamp) is not int
-                or not MIN <= timestamp <= MAX or len(value) > MAX_VALUE_BYTES or len(key) > MAX_KEY_BYTES):
-            timestamp = check_record(key, value, timestamp)  # (one test of the common case above: per record)
+        if (type(key) is not bytes or type(value) is not bytes or type(timestamp) is not int or not
+                PLAUSIBLE_MIN <= timestamp <= PLAUSIBLE_MAX or len(value) > MAX_VALUE_BYTES or len(key) > MAX_KEY_BYTES):
+            timestamp = check_record(key, value, timestamp, units=self.check_units)  # (the common case: one test)
         if id is not None and (not isinstance(id, bytes) or len(id) != ID_BYTES):
             raise InvalidRecordError(f"id must be {ID_BYTES} bytes, got {id!r}")
         # Checked before anything changes: a refused record leaves the injector as it was,
@@ -222,7 +222,7 @@ class Injector:
             return
         if not plain(keys, values, timestamps):
             for i in range(n):
-                timestamps[i] = check_record(keys[i], values[i], timestamps[i], f"record {i}: ")
+                timestamps[i] = check_record(keys[i], values[i], timestamps[i], f"record {i}: ", self.check_units)
         with self._mutex:
             buffer = self._buffer
             if buffer.size >= self.max_queued:
@@ -244,7 +244,7 @@ class Injector:
         one number per producer."""
         if self.finished or self._closed.is_set():
             self._refuse()
-        timestamp = check_record(key, value, timestamp)
+        timestamp = check_record(key, value, timestamp, units=self.check_units)
         last_producer, prefix = self._last_producer
         if producer != last_producer:  # a file's lines, a partition's rows: one digest per producer
             if not isinstance(producer, str):

@@ -49,13 +49,22 @@ def check_time(t: object, what: str, error: type[Exception] = UsageError) -> int
     return t
 
 
+# Microseconds since the epoch of a date from 1973 to 5138: times outside look like another unit.
+PLAUSIBLE_MIN, PLAUSIBLE_MAX = 10**14, 10**17
+
+
+class TimestampUnitWarning(UserWarning):
+    """An int timestamp an injector was given looks like seconds, milliseconds or nanoseconds
+    since the epoch (:func:`time_unit`); it is sent as it is, as microseconds."""
+
+
 def time_unit(biggest: int) -> str | None:
     """The unit times whose largest absolute value is ``biggest`` look like when it is not
     microseconds since the epoch: "seconds" or "milliseconds" below 10^14 (1973 in
     microseconds), "nanoseconds" above 10^17 (the year 5138); None if it is plausible (or 0)."""
-    if 0 < biggest < 10**14:
+    if 0 < biggest < PLAUSIBLE_MIN:
         return "seconds" if biggest < 10**11 else "milliseconds"
-    if biggest > 10**17:
+    if biggest > PLAUSIBLE_MAX:
         return "nanoseconds"
     return None
 

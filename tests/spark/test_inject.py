@@ -11,7 +11,7 @@ import pytest
 
 import spark_bridge
 from injectors import Injector
-from injectors.injector import MIN
+from injectors.checks import MIN
 from runtime import Topology
 from runtime.errors import ConfigError, InjectionError, MasterUnavailableError
 from spark_bridge import InvalidInputError, add_parquet_sink, read_rows
