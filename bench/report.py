@@ -411,6 +411,15 @@ def w1_find(r: dict[str, Any], variant: str, rate: int) -> dict[str, Any] | None
     return next((x for x in r.get("w1") or [] if x["variant"] == variant and x["rate"] == rate), None)
 
 
+def w2_as_user(r: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The W2 run a peer's row compares with, and how it ran: on a flow as a user writes it
+    where the report has that run (issue 30's ratios), else the classic computations."""
+    flow = r.get("w2_flow") or {}
+    if flow.get("available") and flow.get("throughput_rps"):
+        return flow, "millstream on a flow"
+    return r.get("w2") or {}, "millstream's classic computations"
+
+
 def targets(r: dict[str, Any]) -> list[tuple[str, str]]:
     out = []
     one = w1_find(r, "eo-strong-fsync", 10_000)

@@ -108,3 +108,25 @@ def test_report_markdown_carries_the_section_and_the_targets() -> None:
     assert "| W2 on a flow ≥ 2× Bytewax's fastest (recovery off), same run | met (150,000 against 60,000 rec/s: 2.50×) |" in md
     assert ("**missed** (w2.windows: 100 firings, p99 ≤ 10.0 ms, slowest ≤ 50.0 ms, 1 over 20 ms "
             "(their CPU: slowest ≤ 10.0 ms, 0 over 20 ms))") in md
+
+
+def test_the_peers_own_tables_compare_w2_as_a_user_writes_it_and_say_so() -> None:
+    """The report's "Side by side with Spark" and "with Flink" tables compared the classic W2
+    (50,000 here) under a label that did not say so, next to the flows table's W2 on a flow
+    (150,000): one report gave 0.3× and 0.74× Spark for one run. They now compare the run
+    issue 30's verdicts use, and name it; without a flow run, the classic one, named."""
+    from bench import flink_peer, spark_peer
+
+    r = _report()
+    r["flink"] = {"w2": {"throughput_rps": 300_000, "throughput_job_rps": 200_000, "records_per_cpu_s": 100_000,
+                         "records_per_cpu_s_running": 140_000, "oracle_equal": True}}
+    (spark_w2,) = [row for row in spark_peer.compare(r, r["spark"]) if row["what"].startswith("W2")]
+    assert (spark_w2["what"], spark_w2["millstream"], spark_w2["ratio"]) == (
+        "W2 throughput, millstream on a flow (rec/s; higher is better)", "150,000", "1.2×")
+    flink_rows = flink_peer.compare(r, r["flink"])
+    assert [row["millstream"] for row in flink_rows] == ["150,000", "150,000", "70,000", "70,000"]
+    assert all("millstream on a flow" in row["what"] for row in flink_rows)
+    del r["w2_flow"]
+    (spark_w2,) = [row for row in spark_peer.compare(r, r["spark"]) if row["what"].startswith("W2")]
+    assert (spark_w2["what"], spark_w2["millstream"]) == (
+        "W2 throughput, millstream's classic computations (rec/s; higher is better)", "50,000")
