@@ -81,12 +81,11 @@ def run_lifecycle(c: Client, args: argparse.Namespace) -> int:
 def _raw_state(c: Client, args: argparse.Namespace) -> int:
     """``state get COMPUTATION KEY``: ``ctx.state``'s bytes, as text; exit 1 when unset."""
     key = _key(args.key)
-    value = c.state(args.computation, key)
+    value, names = c.state_and_names(args.computation, key)
     if args.json:
         print(json.dumps({"computation": args.computation, "key": show_key(key), "found": value is not None,
                           "value": None if value is None else value.decode("utf-8", "backslashreplace")}))
     elif value is None:
-        names = c.state_names(args.computation, key)  # (the tablet just asked)
         more = f"; its typed states, read with --state NAME: {', '.join(names)}" if names else ""
         print(f"{args.computation}: no state for key {show_key(key)!r} (ctx.state){more}")
         return 1

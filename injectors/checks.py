@@ -23,7 +23,7 @@ from runtime.record import (
     PLAUSIBLE_MAX,
     PLAUSIBLE_MIN,
     TimestampUnitWarning,
-    time_unit,
+    clock_unit,
 )
 from runtime.record import check_time as _check_time
 from runtime.routing import RoutingTable
@@ -42,9 +42,9 @@ def check_time(t: object, what: str) -> int:
 def check_record(key: object, value: object, timestamp: object, where: str = "", units: bool = True) -> int:
     """The record's timestamp in microseconds (:func:`check_time`); :class:`InvalidRecordError`
     saying what is wrong with the record (``where``: which one, for a batch), if anything is.
-    With ``units``, an int timestamp that looks like another unit than microseconds is
-    warned about (a :class:`~runtime.record.TimestampUnitWarning` at the caller's caller's
-    line), not refused: a test's small numbers are legitimate."""
+    With ``units``, an int timestamp that looks like a clock's reading in another unit than
+    microseconds is warned about (:func:`warn_unit`, at the caller's caller's line), not
+    refused."""
     if not isinstance(key, bytes):
         raise InvalidRecordError(f"{where}key must be bytes, got {type(key).__name__} {key!r}; encode it")
     if not isinstance(value, bytes):
@@ -54,12 +54,30 @@ def check_record(key: object, value: object, timestamp: object, where: str = "",
         raise InvalidRecordError(
             f"{where}a record of {len(key):,} key bytes and {len(value):,} value bytes is over the limits "
             f"({MAX_KEY_BYTES:,} and {MAX_VALUE_BYTES:,}); store large objects elsewhere and send a reference")
-    if units and type(timestamp) is int and (unit := time_unit(abs(ts))) is not None:
-        # One message per unit: Python shows it once per line of the caller.
-        warnings.warn(f"record timestamps look like {unit} since the epoch, not microseconds: windows, timers and "
-                      "watermarks count in microseconds. Send time.time_ns() // 1000, or a datetime with a time "
-                      "zone (a test's small numbers are fine)", TimestampUnitWarning, stacklevel=3)
+    if units and type(timestamp) is int and (unit := clock_unit(ts)) is not None:
+        warn_unit(unit, 4)
     return ts
+
+
+def check_columns(keys: list[Any], values: list[Any], timestamps: list[Any], units: bool) -> None:
+    """:func:`check_record` of every record of the columns, their timestamps made
+    microseconds in place; with ``units``, one warning for the batch (the first unit found)."""
+    unit = None
+    for i in range(len(keys)):
+        given = timestamps[i]
+        timestamps[i] = check_record(keys[i], values[i], given, f"record {i}: ", units=False)
+        if units and unit is None and type(given) is int:
+            unit = clock_unit(given)
+    if unit is not None:
+        warn_unit(unit, 4)
+
+
+def warn_unit(unit: str, stacklevel: int) -> None:
+    """A :class:`~runtime.record.TimestampUnitWarning` at the line ``stacklevel`` frames up
+    from the caller. One message per unit: Python shows it once per line of its caller."""
+    warnings.warn(f"record timestamps look like {unit} since the epoch, not microseconds: windows, timers and "
+                  "watermarks count in microseconds. Send time.time_ns() // 1000, or a datetime with a time "
+                  "zone", TimestampUnitWarning, stacklevel=stacklevel)
 
 
 def plain(keys: list[bytes], values: list[bytes], timestamps: list[Any]) -> bool:

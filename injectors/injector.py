@@ -221,8 +221,7 @@ class Injector:
         if not n:
             return
         if not plain(keys, values, timestamps):
-            for i in range(n):
-                timestamps[i] = check_record(keys[i], values[i], timestamps[i], f"record {i}: ", self.check_units)
+            checks.check_columns(keys, values, timestamps, self.check_units)
         with self._mutex:
             buffer = self._buffer
             if buffer.size >= self.max_queued:

@@ -234,11 +234,15 @@ class Client:
         found = self._read_state(computation, key, "")
         return found.value if found.found else None
 
-    def state_names(self, computation: str, key: bytes = b"") -> list[str]:
+    def state_names(self, computation: str) -> list[str]:
         """The typed states of a running computation, by the names :meth:`typed_state` takes:
-        those its class declares; of a flow's stage, its steps' (which have no ``ctx.state``).
-        Asked of the tablet that holds ``key`` (any one answers)."""
-        return list(self._read_state(computation, key, "").states)
+        those its class declares; of a flow's stage, its steps' (which have no ``ctx.state``)."""
+        return self.state_and_names(computation, b"")[1]
+
+    def state_and_names(self, computation: str, key: bytes) -> tuple[bytes | None, list[str]]:
+        """:meth:`state` and :meth:`state_names` in one call (`millstream state get`)."""
+        found = self._read_state(computation, key, "")
+        return (found.value if found.found else None), list(found.states)
 
     def typed_state(self, computation: str, key: bytes, name: str) -> Any:
         """One key's committed typed state ``name`` (a ``ValueState``, ``ListState`` or

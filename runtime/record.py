@@ -54,8 +54,21 @@ PLAUSIBLE_MIN, PLAUSIBLE_MAX = 10**14, 10**17
 
 
 class TimestampUnitWarning(UserWarning):
-    """An int timestamp an injector was given looks like seconds, milliseconds or nanoseconds
-    since the epoch (:func:`time_unit`); it is sent as it is, as microseconds."""
+    """An int timestamp an injector was given looks like a clock's reading since 2001 in
+    seconds, milliseconds or nanoseconds (:func:`clock_unit`); it is sent as it is, as
+    microseconds."""
+
+
+def clock_unit(t: int) -> str | None:
+    """The unit ``t`` looks like a clock's reading in, when it is not microseconds: seconds
+    or milliseconds since the epoch of a date from 2001 to 5138, or nanoseconds of a date
+    after 1973; None for anything else, the small numbers of a test among them."""
+    t = abs(t)
+    if 10**9 <= t < 10**11:
+        return "seconds"
+    if 10**12 <= t < PLAUSIBLE_MIN:
+        return "milliseconds"
+    return "nanoseconds" if t > PLAUSIBLE_MAX else None
 
 
 def time_unit(biggest: int) -> str | None:

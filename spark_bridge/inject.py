@@ -271,7 +271,7 @@ class PartitionInjection:
         inj = Injector(self.masters, self.stream, f"{self.name}/p{index}",
                        batch_size=self.batch_size, timeout=self.timeout, incarnation=self.incarnation,
                        allow_code=self.allow_code, security=self.security)
-        inj.check_units = False  # (a timestamp column is in no doubt; an integer one was checked: check_time_unit)
+        inj.check_units = False  # (on executors, unread; inject() checks an integer column: check_time_unit)
         n, lo, hi = 0, None, None
         try:
             if self.has_id:

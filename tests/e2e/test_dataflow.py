@@ -55,7 +55,7 @@ def test_a_flow_word_count_is_exact_through_a_worker_sigkill(cluster: Cluster) -
     done = subprocess.run([sys.executable, "-m", "cli", "state", "get", "wcflow.counts", word,
                            "--masters", cluster.masters_arg], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 1, (done.stdout, done.stderr)
-    assert "wcflow.counts" in done.stdout.partition("read with --state NAME: ")[2].split(", "), done.stdout
+    assert "wcflow.counts" in done.stdout.strip().partition("read with --state NAME: ")[2].split(", "), done.stdout
 
 
 def test_windows_of_a_flow_stay_exact_while_their_range_splits_and_merges(cluster: Cluster) -> None:

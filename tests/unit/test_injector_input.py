@@ -302,13 +302,13 @@ def test_timestamps_and_watermarks_may_be_datetimes_with_a_time_zone() -> None:
     assert len(inj._buffer) == 4
 
 
-def test_timestamps_in_seconds_milliseconds_or_nanoseconds_are_sent_with_a_warning_at_the_users_line() -> None:
+def test_clock_readings_in_seconds_milliseconds_or_nanoseconds_are_sent_with_a_warning_at_the_users_line() -> None:
     """A new user's walkthrough: ``int(time.time())`` was taken as microseconds without a word,
-    and every window and timer was a million times off. Such records are still sent (a test's
-    small numbers are legitimate), with one warning that names the unit and points at the
-    caller's own line; microseconds of 1973 to 5138 are not warned about, nor is a datetime
-    (its unit is in no doubt), nor anything once ``check_units`` is off (a source that
-    checked its unit itself: inject-files, the Spark bridge)."""
+    and every window and timer was a million times off. Such records are still sent, with one
+    warning that names the unit and points at the caller's own line (one per ``send_many``
+    batch). A test's small numbers, microseconds, and datetimes (their unit is in no doubt)
+    are not warned of, nor is anything once ``check_units`` is off (a source that checked its
+    unit itself: inject-files, the Spark bridge)."""
     import datetime
     import time
     import warnings
@@ -319,11 +319,11 @@ def test_timestamps_in_seconds_milliseconds_or_nanoseconds_are_sent_with_a_warni
     inj = _injector()
 
     def sends(ts: Any) -> list[Any]:
-        return [lambda: inj.send(b"k", b"v", ts), lambda: inj.send_many([b"k"], [b"v"], [ts]),
+        return [lambda: inj.send(b"k", b"v", ts), lambda: inj.send_many([b"k"] * 3, [b"v"] * 3, [ts, now_us, ts]),
                 lambda: inj.send_sequenced("file", len(inj._buffer) + 1, b"k", b"v", ts)]
 
     for ts, unit in ((now_us // 1_000_000, "seconds"), (now_us // 1000, "milliseconds"), (now_us * 1000, "nanoseconds"),
-                     (-5, "seconds"), (10**14 - 1, "milliseconds"), (10**17 + 1, "nanoseconds")):
+                     (-(10**9), "seconds"), (10**14 - 1, "milliseconds"), (10**17 + 1, "nanoseconds")):
         for send in sends(ts):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -331,14 +331,14 @@ def test_timestamps_in_seconds_milliseconds_or_nanoseconds_are_sent_with_a_warni
             assert [(w.category, str(w.message).split(",")[0]) for w in caught] == [
                 (TimestampUnitWarning, f"record timestamps look like {unit} since the epoch")], caught
             assert caught[0].filename == __file__, "the warning points at the caller, not the injector"
-    assert len(inj._buffer) == 18, "every record was queued"
+    assert len(inj._buffer) == 6 * 5, "every record was queued"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for ts in (now_us, 10**14, 10**17, 0, datetime.datetime(1971, 6, 1, tzinfo=datetime.UTC),
-                   datetime.datetime(6000, 1, 1, tzinfo=datetime.UTC)):
+        for ts in (now_us, 10**14, 10**17, 0, 1, 10**9 - 1, 10**11, 10**12 - 1,
+                   datetime.datetime(1971, 6, 1, tzinfo=datetime.UTC), datetime.datetime(6000, 1, 1, tzinfo=datetime.UTC)):
             for send in sends(ts):
                 send()
         inj.check_units = False
         for send in sends(now_us // 1_000_000):
             send()
-    assert len(inj._buffer) == 18 + 21
+    assert len(inj._buffer) == 6 * 5 + 11 * 5
