@@ -1,6 +1,7 @@
 """What an injector checks of the records it is given, before it queues any: bytes keys and
 values within the limits of runtime/record.py, timestamps in signed 64 bits of microseconds
-(and a warning for an int that looks like seconds, milliseconds or nanoseconds).
+(and a warning for an int that looks like a clock's reading in seconds, milliseconds or
+nanoseconds: runtime/record.py ``clock_unit``).
 Each message says what was wrong and how to put it right (``where``: which record of a batch);
 and, before it registers, of the settings it is made with, its name's credential and the code
 its stream's readers key their records with."""

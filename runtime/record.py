@@ -54,9 +54,9 @@ PLAUSIBLE_MIN, PLAUSIBLE_MAX = 10**14, 10**17
 
 
 class TimestampUnitWarning(UserWarning):
-    """An int timestamp an injector was given looks like a clock's reading since 2001 in
-    seconds, milliseconds or nanoseconds (:func:`clock_unit`); it is sent as it is, as
-    microseconds."""
+    """An int timestamp an injector was given looks like a clock's reading in seconds or
+    milliseconds (a date from 2001 on) or nanoseconds (:func:`clock_unit`); it is sent as it
+    is, as microseconds."""
 
 
 def clock_unit(t: int) -> str | None:
