@@ -37,7 +37,7 @@ from injectors.injector import DEFAULT_BATCH_SIZE, END_OF_TIME, Injector
 from runtime.client import Client, parse_addresses
 from runtime.errors import InjectionError, MillstreamError
 from runtime.imports import CodePolicy
-from runtime.record import MAX_KEY_BYTES, MAX_VALUE_BYTES, check_time, derived_id
+from runtime.record import MAX_KEY_BYTES, MAX_VALUE_BYTES, check_time, derived_id, time_unit
 from runtime.routing import RoutingTable
 from runtime.security import Security
 
@@ -187,34 +187,37 @@ def plan(df: DataFrame, *, key: str, value: str | Sequence[str] | None, timestam
     return Plan(cols, checked, id is not None, integer, (F.max(F.octet_length(k)), F.max(F.octet_length(v))))
 
 
-# Microseconds since the epoch are above this after March 1973; seconds and milliseconds of
-# any recent date are far below it (review B35: records in January 1970 are all late).
-_MIN_PLAUSIBLE_US = 10**14
+_FIX = {"seconds": "* 1_000_000", "milliseconds": "* 1_000", "nanoseconds": "// 1_000"}
 
 
-def check_time_unit(df: DataFrame, column: str) -> None:
-    """Refuse an integer timestamp column that holds seconds or milliseconds (one Spark job)."""
-    from pyspark.sql import functions as F
-
-    row = df.agg(F.max(F.abs(F.col(column)))).collect()[0]
-    biggest = row[0]
-    if biggest is not None and 0 < biggest < _MIN_PLAUSIBLE_US:
-        unit = "seconds" if biggest < 10**11 else "milliseconds"
-        factor = "1_000_000" if unit == "seconds" else "1_000"
+def refuse_time_unit(column: str, lowest: int | None, highest: int | None) -> None:
+    """Refuse an integer timestamp column whose values (``lowest`` to ``highest``) look like
+    seconds, milliseconds or nanoseconds since the epoch, not microseconds (review B35: every
+    record stamped in 1970, or past the year 5000)."""
+    biggest = max(abs(lowest or 0), abs(highest or 0))
+    unit = time_unit(biggest)
+    if unit is not None:
+        when = "in 1970 and be late" if unit != "nanoseconds" else "thousands of years from now"
         raise InvalidInputError(
             f"column {column!r} (the timestamp) looks like {unit} since the epoch (largest value "
-            f"{biggest}), not microseconds: every record would be stamped in 1970 and be late. "
-            f"Nothing was injected. Multiply it: F.col({column!r}) * {factor}, or pass a timestamp column")
+            f"{biggest}), not microseconds: every record would be stamped {when}. Nothing was "
+            f"injected. Convert it: F.col({column!r}) {_FIX[unit]}, or pass a timestamp column")
 
 
 def check_rows(df: DataFrame, p: Plan, extra: Iterable[Column] = ()) -> list[Any]:
-    """Count nulls in the checked columns and find the longest key and value as they would be
-    sent (one Spark job); raise if any is null or too long. Returns ``extra``'s values."""
+    """Count nulls in the checked columns, find the longest key and value as they would be
+    sent and an integer timestamp column's range (one Spark job); raise if any is null or
+    too long, or the timestamps look like another unit than microseconds. Returns
+    ``extra``'s values."""
     from pyspark.sql import functions as F
 
     checked = p.null_checked
     aggs = [F.sum(F.col(c).isNull().cast("long")).alias(f"n{i}") for i, c in enumerate(checked)]
     extra = list(extra)
+    # An integer timestamp column's range, in the same job: its unit (not abs(): ANSI mode
+    # raises on the 64 bits' lowest value)
+    if p.integer_time is not None:
+        extra += [F.min(F.col(p.integer_time)), F.max(F.col(p.integer_time))]
     row = df.agg(*aggs, *p.sizes, *extra).collect()[0]
     bad = [(c, role, int(row[i] or 0)) for i, (c, role) in enumerate(checked.items()) if row[i]]
     if bad:
@@ -230,7 +233,11 @@ def check_rows(df: DataFrame, p: Plan, extra: Iterable[Column] = ()) -> list[Any
                 f"the longest {what} is {longest:,} bytes as sent, over the limit of {limit:,}. Nothing was "
                 f"injected; filter those rows out (F.octet_length(...) <= {limit}) or store large objects "
                 "elsewhere and send a reference")
-    return [row[len(checked) + len(p.sizes) + i] for i in range(len(extra))]
+    values = [row[len(checked) + len(p.sizes) + i] for i in range(len(extra))]
+    if p.integer_time is not None:
+        *values, lowest, highest = values
+        refuse_time_unit(p.integer_time, lowest, highest)
+    return values
 
 
 def check_stream(masters: str | Iterable[str], stream: str, timeout: float, security: Security = Security()) -> None:
@@ -271,7 +278,7 @@ class PartitionInjection:
         inj = Injector(self.masters, self.stream, f"{self.name}/p{index}",
                        batch_size=self.batch_size, timeout=self.timeout, incarnation=self.incarnation,
                        allow_code=self.allow_code, security=self.security)
-        inj.check_units = False  # (on executors, unread; inject() checks an integer column: check_time_unit)
+        inj.check_units = False  # (on executors, unread; the driver checks an integer column: check_rows)
         n, lo, hi = 0, None, None
         try:
             if self.has_id:
@@ -410,8 +417,6 @@ def inject(df: DataFrame, *, stream: str, key: str, value: str | Sequence[str] |
     until = None if watermark in ("finish", "max") else check_time(watermark, "watermark=", InvalidInputError)
     check_stream(addresses, stream, min(timeout, 10.0), security)
     check_rows(df, p)
-    if p.integer_time is not None:
-        check_time_unit(df, p.integer_time)
     # From here on this injection holds the stream's watermark (until finished below).
     run = run_incarnation(incarnation)
     holder = Injector(addresses, stream, name, timeout=timeout, incarnation=run, allow_code=allow_code,

@@ -293,14 +293,44 @@ def test_timestamp_types(spark: Any, shared_cluster: Cluster) -> None:
 
 def test_timestamps_in_seconds_or_milliseconds_are_refused_before_sending(spark: Any,
                                                                          shared_cluster: Cluster) -> None:
-    """Review B35: they used to be taken as microseconds, every record stamped in 1970."""
+    """Review B35: they used to be taken as microseconds, every record stamped in 1970 (or,
+    for nanoseconds, thousands of years from now). A negative one counts by its size."""
     stream, out = _sink(shared_cluster, "units")
     m = shared_cluster.masters_arg
-    for unit, ts in (("seconds", 1_700_000_000), ("milliseconds", 1_700_000_000_000)):
+    for unit, ts, fix in (("seconds", 1_700_000_000, r"\* 1_000_000"), ("milliseconds", -1_700_000_000_000, r"\* 1_000"),
+                          ("nanoseconds", 1_700_000_000_000_000_000, "// 1_000")):
         df = spark.createDataFrame([("k", "v", ts + i) for i in range(5)], "k string, v string, ts long")
-        with pytest.raises(InvalidInputError, match=rf"column 'ts' \(the timestamp\) looks like {unit}"):
+        with pytest.raises(InvalidInputError, match=rf"column 'ts' \(the timestamp\) looks like {unit} .*"
+                                                    rf"Nothing was injected. Convert it: F.col\('ts'\) {fix}"):
             spark_bridge.inject(df, stream=stream, key="k", value="v", timestamp="ts", name=f"u-{unit}",
                                 masters=m)
+    _only_marker_arrives(shared_cluster, stream, out)
+
+
+def test_a_stream_of_timestamps_in_seconds_is_refused_before_its_micro_batch_is_sent(
+        spark: Any, shared_cluster: Cluster, tmp_path: Any) -> None:
+    """The streaming bridge checks an integer timestamp column's unit too, in the job that
+    checks each micro-batch's rows: the query stops with the reason, and nothing is sent."""
+    from pyspark.sql import functions as F
+
+    stream, out = _sink(shared_cluster, "sunits")
+    src = str(tmp_path / "src")
+    (spark.range(0, 20, numPartitions=1)
+     .select(F.col("id").cast("string").alias("k"), F.col("id").cast("string").alias("v"),
+             (F.lit(1_700_000_000) + F.col("id")).alias("ts"))
+     .write.parquet(src))
+    injection = spark_bridge.inject_stream(stream=stream, key="k", value="v", timestamp="ts", name="sunits",
+                                           masters=shared_cluster.masters_arg)
+    try:
+        q = (spark.readStream.schema("k string, v string, ts long").parquet(src)
+             .writeStream.foreachBatch(injection).option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
+        with pytest.raises(Exception, match=r"column 'ts' \(the timestamp\) looks like seconds since the epoch"):
+            q.awaitTermination(120)
+        assert injection.results == []
+    finally:
+        injection.holder.release()
+        injection.close()
     _only_marker_arrives(shared_cluster, stream, out)
 
 
