@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import warnings
 from collections import Counter
 
 from cli.demo import oracle, sample_lines
@@ -17,6 +18,7 @@ from examples import wordcount
 from injectors.files import inject_directory
 from injectors.follow import follow_directory
 from runtime import Dataflow, codecs
+from runtime.record import TimestampUnitWarning
 from runtime.sinks import FileSink, read_file_sink
 from runtime.windows import SECOND, Sum, Tumbling
 from tests import flowjobs as j
@@ -178,3 +180,24 @@ def test_followed_json_lines_fire_the_windows_their_later_times_pass_across_a_re
 
     assert run_with(0) == len(parts[0])
     assert run_with(1) == len(events)  # (the first file again: its readers drop it)
+
+
+def test_numbers_taken_as_microseconds_by_timestamp_unit_us_are_sent_without_a_unit_warning(cluster: Cluster) -> None:
+    """`--timestamp-unit us` says numbers that look like milliseconds are microseconds: the
+    injector sends them as they are and does not warn (an Injector a user writes would issue a
+    TimestampUnitWarning for each: injectors/files.py turns its check off)."""
+    out = _submit_clicks(cluster, "usclicks")
+    src = os.path.join(cluster.data_dir, "usclicks")
+    os.makedirs(src)
+    ms_like = 1_700_000_000_000  # milliseconds of 2023, taken as microseconds of January 1970
+    events = [(f"u{i % 3}", ms_like + i * 30_011) for i in range(200)]
+    with open(os.path.join(src, "part.jsonl"), "w") as f:
+        f.write("".join(json.dumps({"user": u, "ts": t}) + "\n" for u, t in events))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert inject_directory(src, cluster.masters_arg, "usclicks.in", security=cluster.security,
+                                key_field="user", time_field="ts", unit="us") == len(events)
+    assert [w for w in caught if issubclass(w.category, TimestampUnitWarning)] == []
+    expected = Counter((u, (t - T0) // SECOND) for u, t in events)
+    wait_until(lambda: len(list(read_file_sink(out))) >= len(expected), 120, "every window in the sink")
+    assert _windows(out) == dict(expected)
