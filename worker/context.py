@@ -62,6 +62,18 @@ class Effects:
 _UNSAVED = object()
 
 
+class _Rebound(list):  # type: ignore[type-arg]
+    """A call's ``_saved`` once it moved to another key having written one (:meth:`KeyContext.rebind`):
+    ``(key, (had, old))`` of each key it left, and ``current``, the key it works on now (as
+    ``_saved`` is for a call of one key), so :meth:`KeyContext.undo` takes back every key's write."""
+
+    __slots__ = ("current",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current: Any = _UNSAVED
+
+
 class _KeyState(State):
     __slots__ = ("_ctx",)
 
@@ -86,8 +98,11 @@ class _KeyState(State):
         ctx = self._ctx
         writes = ctx.writes
         key = ctx._key
-        if ctx._saved is _UNSAVED:  # KeyContext.write_state, inline: the common path
+        saved = ctx._saved
+        if saved is _UNSAVED:  # KeyContext.write_state, inline: the common path
             ctx._saved = (key in writes, writes.get(key))
+        elif type(saved) is _Rebound and saved.current is _UNSAVED:
+            saved.current = (key in writes, writes.get(key))
         writes[key] = value
 
     def clear(self) -> None:
@@ -148,19 +163,37 @@ class KeyContext(Context):
         produced for a watermark hold (as :meth:`produce` does for an earlier timestamp)."""
         if timestamp < self._timestamp and self.eff is None:
             self.eff = Effects()
+        saved = self._saved
+        if saved is not _UNSAVED:  # the key it leaves was written: its state before is kept for undo
+            if type(saved) is not _Rebound:
+                rebound = self._saved = _Rebound()
+                rebound.append((self._key, saved))
+            elif saved.current is not _UNSAVED:
+                saved.append((self._key, saved.current))
+                saved.current = _UNSAVED
         self._key = key
         self._timestamp = timestamp
 
     def undo(self, produced: int) -> None:
-        """Take back what the call did (it raised): its state write, its productions from
-        index ``produced`` of ``out`` on, its timers and typed state."""
+        """Take back what the call did (it raised): its state writes (of every key it was
+        rebound to), its productions from index ``produced`` of ``out`` on, its timers and
+        typed state."""
         saved = self._saved
         if saved is not _UNSAVED:
-            had, old = saved
-            if had:
-                self.writes[self._key] = old
+            if type(saved) is _Rebound:
+                # The latest first: a key written, left and written again gets its first value back.
+                kept = [*saved, (self._key, saved.current)]
             else:
-                self.writes.pop(self._key, None)
+                kept = [(self._key, saved)]
+            writes = self.writes
+            for key, was in reversed(kept):
+                if was is _UNSAVED:
+                    continue
+                had, old = was
+                if had:
+                    writes[key] = old
+                else:
+                    writes.pop(key, None)
             self._saved = _UNSAVED
         del self.out[produced:]
         self.eff = None
@@ -168,8 +201,11 @@ class KeyContext(Context):
     def write_state(self, value: bytes | None) -> None:
         writes = self.writes
         key = self._key
-        if self._saved is _UNSAVED:
+        saved = self._saved
+        if saved is _UNSAVED:
             self._saved = (key in writes, writes.get(key))
+        elif type(saved) is _Rebound and saved.current is _UNSAVED:
+            saved.current = (key in writes, writes.get(key))
         writes[key] = value
 
     @property

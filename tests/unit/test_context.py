@@ -152,3 +152,26 @@ def test_a_call_moved_back_in_time_makes_its_effects_so_the_batch_holds_the_wate
     assert ctx.eff is None
     ctx.produce("counts", b"1", timestamp=999)
     assert ctx.eff is not None
+
+
+def test_undo_after_rebinding_restores_each_key_the_call_wrote() -> None:
+    """KeyContext.undo for a call that wrote several keys, one of them twice around another."""
+    ctx = KeyContext(frozenset(), lambda key: None, lambda: 0)
+    writes: dict[bytes, bytes | None] = {b"k1": b"1"}
+    ctx.start_batch(writes)
+    ctx.begin(b"", 100)
+    for key, value in ((b"k1", b"2"), (b"k2", b"x"), (b"k1", b"3"), (b"k3", None)):
+        ctx.rebind(key, 100)
+        if value is None:
+            ctx.rebind(b"k4", 100)  # left without a write: nothing to take back
+        else:
+            ctx.state.set(value)
+    assert writes == {b"k1": b"3", b"k2": b"x"}
+    ctx.undo(0)
+    assert writes == {b"k1": b"1"}
+    # A call of one key, as the record loop runs them, after the rebound one.
+    ctx.begin(b"k2", 100)
+    ctx.state.set(b"y")
+    ctx.state.set(b"z")
+    ctx.undo(0)
+    assert writes == {b"k1": b"1"}

@@ -403,3 +403,38 @@ def test_weak_productions_are_refused_for_a_windowed_computation() -> None:
         run.finish("in")
         run.run_until_idle()
         assert [json.loads(r.value) for r in run.output("counts")] == [1]
+
+
+class CountingPickyWindows(WindowedComputation):
+    """Its ``on_window`` counts its key's windows in ``ctx.state``, then raises for key ``bad``."""
+
+    windows = Tumbling(SECOND)
+    aggregator = Count()
+    output = "counts"
+
+    def on_window(self, ctx: Any, start: int, end: int, acc: Any) -> None:
+        n = int(ctx.state.get() or b"0") + 1
+        ctx.state.set(b"%d" % n)
+        if ctx.key == b"bad":
+            raise ValueError("cannot publish this window")
+        super().on_window(ctx, start, end, acc)
+
+
+def test_a_firing_that_raises_takes_back_the_state_of_every_key_its_on_window_wrote() -> None:
+    """Review of the receive path: one firing runs ``on_window`` for several keys in one call
+    (rebinding the context to each), but an undo took back one key's ``ctx.state`` write, and
+    applied it to the key the call had reached. Here ``a``'s window wrote ``a``'s count and
+    ``bad``'s raised: ``a``'s write stayed, so when the windows were tried one by one ``a``
+    counted its window twice, and the undo deleted ``bad``'s write instead of ``a``'s."""
+    topo = Topology("w").add_computation("win", "tests.unit.test_windows:CountingPickyWindows",
+                                          inputs={"in": None}, outputs=["counts"], key_ranges=1)
+    with TestRun(topo, max_attempts=2) as run:
+        run.inject("in", b"a", b"x", T0)
+        run.inject("in", b"bad", b"x", T0 + 1)
+        run.advance_watermark("in", T0 + SECOND + 1)
+        run.run_until_idle()
+        assert [(r.key, r.timestamp) for r in run.output("counts")] == [(b"a", T0 + SECOND)]
+        assert [r.key for r in run.output("win.dead_letter")] == [b"bad"]
+        assert run.state("win", b"a") == b"1"
+        assert run.state("win", b"bad") is None  # every try of its window raised: none of its writes stayed
+
