@@ -103,8 +103,8 @@ class WindowedComputation(Computation):
     def _step(self, ctx: Context | None = None) -> Any:
         step = self.__dict__.get("_window_step")
         if step is None:
-
-            step = self.__dict__["_window_step"] = Window(self._STEP, self.windows, self.aggregator, "")
+            # (on_window takes the accumulator: aggregator.emit makes the result of it)
+            step = self.__dict__["_window_step"] = Window(self._STEP, self.windows, self.aggregator, "", results=False)
             step.nexts = [(cast(Any, _Fired(self)), 0)]
         if ctx is not None and not step.late:
             name = self._name(ctx)
@@ -148,7 +148,7 @@ class WindowedComputation(Computation):
 
     def dead_letter_timer(self, ctx: Context, tag: str, time: int, error: BaseException) -> bool:
         """The worker gave up on a firing (every try raised: :meth:`on_window`, say): the
-        windows it took go to ``<computation>.dead_letter``, each with its result, and their
+        windows it took go to ``<computation>.dead_letter``, each with its accumulator, and their
         state is cleaned up, so later windows fire (runtime/flows/windowing.py ``give_up``)."""
         step = self._step(ctx)
         if not tag.startswith(_FIRES) or not step.took:

@@ -55,7 +55,9 @@ class Tumbling(_Windows):
 
 
 class Sliding(_Windows):
-    """Windows of ``size`` starting every ``period``: a record is in ``size / period`` of them."""
+    """Windows of ``size`` starting every ``period`` (at its multiples since the epoch): a record
+    is in ``size / period`` of them, rounded up or down as it falls when the period does not
+    divide the size."""
 
     def __init__(self, size: int | datetime.timedelta, period: int | datetime.timedelta, *,
                  allowed_lateness: int | datetime.timedelta = 0) -> None:
@@ -69,8 +71,11 @@ class Sliding(_Windows):
                                   "use a longer period (or aggregate a tumbling window's results)")
 
     def assign(self, ts: int) -> list[tuple[int, int]]:
-        last = ts - ts % self.period
-        return [(s, s + self.size) for s in range(last - self.size + self.period, last + 1, self.period)
+        # Every window starts on a multiple of the period: from the last such start at or before
+        # ``ts`` back as far as a window of ``size`` still holds ``ts``.
+        period = self.period
+        last = ts - ts % period
+        return [(s, s + self.size) for s in range(last - (self.size - 1) // period * period, last + 1, period)
                 if s <= ts < s + self.size]
 
 

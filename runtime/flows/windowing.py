@@ -274,7 +274,10 @@ class Window(EventTimeOp):
     CACHED = 1_000_000
     SKEYS_CACHED = 1 << 17
 
-    def __init__(self, name: str, windows: _Windows, agg: Any, late: str, emit: str = "final") -> None:
+    def __init__(self, name: str, windows: _Windows, agg: Any, late: str, emit: str = "final",
+                 results: bool = True) -> None:
+        """``results``: it fires ``agg.result(acc)`` (a flow's window); False: the accumulator
+        itself (a :class:`~runtime.windows.WindowedComputation`, whose ``on_window`` takes it)."""
         super().__init__(name)
         self.windows = windows
         self.agg = agg
@@ -286,7 +289,7 @@ class Window(EventTimeOp):
         self.lateness = windows.lateness
         self.session = isinstance(windows, Session)
         self.size = windows.size if isinstance(windows, Tumbling) else 0
-        self._result = getattr(agg, "result", None)
+        self._result = getattr(agg, "result", None) if results else None
         self._accs: dict[tuple[bytes, int], list[Any]] = {}          # (key, start) -> [end, acc], open windows
         self._dirty: dict[tuple[bytes, int], list[Any] | None] = {}  # changed this call (None: gone)
         self._sessions: dict[bytes, dict[int, list[Any]]] = {}        # key -> its sessions, this call

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from runtime import Dataflow, Record, Topology
+from runtime import Dataflow, Record, Topology, codecs
 from runtime.errors import MillstreamError, UsageError
 from runtime.flows.assigners import MAX_SPAN, MAX_WINDOWS_PER_RECORD
 from runtime.state import TYPED
 from runtime.testing import TestRun
-from runtime.windows import SECOND, Count, Session, Sliding, Sum, Tumbling, WindowedComputation
+from runtime.windows import SECOND, Count, Mean, Session, Sliding, Sum, Tumbling, WindowedComputation
 
 T0 = 1_700_000_000_000_000
 
@@ -438,3 +438,89 @@ def test_a_firing_that_raises_takes_back_the_state_of_every_key_its_on_window_wr
         assert run.state("win", b"a") == b"1"
         assert run.state("win", b"bad") is None  # every try of its window raised: none of its writes stayed
 
+
+
+class MeanWindows(WindowedComputation):
+    windows = Tumbling(SECOND)
+    aggregator = Mean()
+    output = "means"
+
+    def value(self, record: Record) -> Any:
+        return int(record.value)
+
+
+class Spread:
+    """An aggregator whose result is not its accumulator: ``[low, high]`` -> ``high - low``."""
+
+    def create(self) -> list[int] | None:
+        return None
+
+    def add(self, acc: list[int] | None, value: Any) -> list[int]:
+        v = int(value)
+        return [v, v] if acc is None else [min(acc[0], v), max(acc[1], v)]
+
+    def merge(self, a: list[int], b: list[int]) -> list[int]:
+        return [min(a[0], b[0]), max(a[1], b[1])]
+
+    def result(self, acc: list[int]) -> int:
+        return acc[1] - acc[0]
+
+    def emit(self, acc: list[int]) -> bytes:
+        return b"%d..%d spread %d" % (acc[0], acc[1], self.result(acc))
+
+
+class SpreadWindows(WindowedComputation):
+    windows = Tumbling(SECOND)
+    aggregator = Spread()
+    output = "spreads"
+
+
+class LowHighWindows(SpreadWindows):
+    def on_window(self, ctx: Any, start: int, end: int, acc: Any) -> None:
+        ctx.produce(self.output, json.dumps(acc).encode(), timestamp=self.fired_at(end))
+
+
+@pytest.mark.parametrize("job, out, want", [("MeanWindows", "means", b"1.5"),
+                                            ("SpreadWindows", "spreads", b"1..2 spread 1"),
+                                            ("LowHighWindows", "spreads", b"[1, 2]")])
+def test_on_window_and_emit_get_the_accumulator_not_the_result(job: str, out: str, want: bytes) -> None:
+    """Review of the flows: a WindowedComputation's window step fired ``aggregator.result(acc)``
+    and handed that to ``on_window`` as ``acc``: with Mean(), ``emit`` took a float for its
+    ``[sum, count]`` and every window went to the dead letters; an aggregator with its own
+    ``result`` and ``emit`` (the Aggregator protocol) had ``result`` applied twice."""
+    topo = Topology("w").add_computation("win", f"tests.unit.test_windows:{job}", inputs={"in": None},
+                                          outputs=[out], key_ranges=1)
+    with TestRun(topo) as run:
+        run.inject("in", b"a", b"1", T0)
+        run.inject("in", b"a", b"2", T0 + 1)
+        run.finish("in")
+        run.run_until_idle()
+        assert [(r.key, r.value) for r in run.output(out)] == [(b"a", want)]
+        assert run.output("win.dead_letter") == []
+
+
+@pytest.mark.parametrize("size, period", [(10 * SECOND, 4 * SECOND), (90 * SECOND, 60 * SECOND),
+                                          (7 * SECOND, 3 * SECOND), (10 * SECOND, 5 * SECOND)])
+def test_sliding_windows_start_on_multiples_of_their_period_when_it_does_not_divide_their_size(
+        size: int, period: int) -> None:
+    """Review of the flows: windows started at ``-size mod period`` (``Sliding(10 s, 4 s)`` put
+    a record at 8 s in [2, 12) and [6, 16), not in [0, 10), [4, 14) and [8, 18)), so a record
+    was in floor(size / period) windows, and a 90-s window sliding by 60 s was a 60-s tumbling
+    one. A flow counting one record a second, against windows made from their definition."""
+    windows = Sliding(size, period)
+    for t in range(-3 * SECOND, 3 * SECOND, SECOND // 2):
+        want = [(k * period, k * period + size) for k in range(-50, 50) if k * period <= t < k * period + size]
+        assert windows.assign(t) == want, t
+    flow = Dataflow("slide")
+    flow.input("in", keyed=True).window(windows, Count()).output("counts", codec=codecs.JSON)
+    with TestRun(flow) as run:
+        times = [T0 + s * SECOND for s in range(30)]
+        for t in times:
+            run.inject("in", b"k", b"x", t)
+        run.finish("in")
+        run.run_until_idle()
+        got = {(start, end): n for start, end, n in (json.loads(r.value) for r in run.output("counts"))}
+    starts = {k * period for t in times for k in range((t - size) // period, t // period + 1)
+              if k * period <= t < k * period + size}
+    expected = {(s, s + size): sum(s <= t < s + size for t in times) for s in starts}
+    assert got == expected
