@@ -468,3 +468,30 @@ def window_key(result: Any) -> str:
 def result_of(result: Any) -> Any:
     """A WindowResult's value."""
     return result.value
+
+
+class Delay(Computation):
+    """Holds each record back for 100 ms of event time (an event-time timer), then passes a 1
+    on, stamped at the timer's time."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.set_timer(f"due {record.timestamp}", record.timestamp + 100_000)  # (a timer per tag and key)
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        ctx.produce("out", 1)
+
+
+class CountResults(Computation):
+    """Counts the window results of each key; a second after the first, an event-time timer
+    passes the count on."""
+
+    seen = ValueState("seen", codecs.INT, default=0)
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        state = ctx.state_of(self.seen)
+        if state.get() == 0:
+            ctx.set_timer("report", record.timestamp + 1_000_001)
+        state.set(state.get() + 1)
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        ctx.produce("out", ctx.state_of(self.seen).get())

@@ -459,6 +459,7 @@ class BatchProcessor:
                 self._ttl_domains = {s.name: s.ttl_domain for s in readable_states(self.comp).values()}
             fire_ttl(timer, ctx, self._ttl_domains.get(timer.tag[len(TTL_TAG):], timer.domain), self._earliest_set)
         else:
+            ctx.timer_domain = timer.domain  # (a flow's process step asks: runtime/flows/steps.py)
             self.comp.process_timer(ctx, timer.tag, timer.time)
 
     def _earliest_set(self) -> tuple[dict[bytes, int], int]:

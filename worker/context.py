@@ -143,6 +143,7 @@ class KeyContext(Context):
         self._saved: Any = _UNSAVED                  # this call's key's state before it wrote
         self.cleared_points = 0                      # entries the batch's clears deleted one by one
         self.expired_points = 0                      # ... and its TTL timers (a budget of their own)
+        self.timer_domain = TimeDomain.EVENT_TIME    # the clock of the timer firing (worker/batch.py)
 
     def start_batch(self, writes: dict[bytes, bytes | None]) -> None:
         self.writes = writes

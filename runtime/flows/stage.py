@@ -90,12 +90,12 @@ class FlowStage(Computation):
         for name, doc in plan["steps"].items():
             self.ops[name].nexts = [(self.ops[n], side) for n, side in doc["next"]]
             op = self.ops[name]
-            if isinstance(op, EventTimeOp):
+            if isinstance(op, (EventTimeOp, Process)):
                 op.clock = clock
-        for op in self.ops.values():  # an event-time step fires once those before it fired what was due
+        for op in self.ops.values():  # an event-time step (or timer) fires once those before it fired what was due
             if isinstance(op, (Window, Join)):  # (an interval join's firings only clean up)
                 for after in _after(op):
-                    if isinstance(after, EventTimeOp):
+                    if isinstance(after, (EventTimeOp, Process)):
                         after.upstream.append(op)
         self.entries: dict[str, _Entry] = {}
         for stream, e in plan["entries"].items():

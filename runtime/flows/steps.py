@@ -180,6 +180,10 @@ class Process(Op):
         self.out: list[Item] = []
         self.raw = ValueState(f"{self.state_name}/state", _RAW)
         self.step_ctx = StepContext(self)
+        # The stage's (runtime/flows/stage.py): its firing clock, and the windows and joins
+        # before this step, whose results an event-time timer of this step waits for.
+        self.clock: Any = None
+        self.upstream: list[Any] = []
         self._renamed: dict[tuple[type, str], tuple[Any, Any]] = {}  # (kind, name) -> (spec, its copy)
         for spec in declared(type(comp)).values():  # declared on the class: refused at submit, not per record
             self.renamed(spec)
@@ -220,16 +224,46 @@ class Process(Op):
         self.emit(ctx, out)
 
     def on_timer(self, ctx: Context, what: str, time: int) -> None:
+        """An event-time timer fires as it would in a computation of its own after the steps
+        before it: once the windows and joins before it in the stage fired what they have due
+        by then (until they have, it is set again, for the next batch), and what it produces
+        is judged by the steps after it at its time, not at the stage's input watermark."""
         if not what.startswith(":"):
+            return
+        event_time = getattr(ctx, "timer_domain", TimeDomain.EVENT_TIME) is TimeDomain.EVENT_TIME
+        if event_time and self._wait_for_upstream(ctx, what, time):
             return
         sc = self.step_ctx
         sc.ctx = ctx
         sc.key = ctx.key
         sc.timestamp = time
         self.out = []
-        self.comp.process_timer(sc, what[1:], time)
-        out, self.out = self.out, []
-        self.emit(ctx, out)
+        clock = self.clock
+        outer = None if clock is None else clock.at
+        if event_time and clock is not None:
+            clock.at = time if outer is None else min(outer, time)
+        try:
+            self.comp.process_timer(sc, what[1:], time)
+            out, self.out = self.out, []
+            self.emit(ctx, out)
+        finally:
+            if clock is not None:
+                clock.at = outer
+
+    def _wait_for_upstream(self, ctx: Context, what: str, time: int) -> bool:
+        """Whether a window or join before it still has due by ``time`` (a firing in slices):
+        then this timer and theirs are set again, for the next batch (as an event-time step
+        waits: runtime/flows/windowing.py)."""
+        before = [(u, pend) for u in self.upstream if (pend := u.index.pending(time)) is not None]
+        if not before:
+            return False
+        key = ctx.key
+        for u, (due_key, due_time) in before:
+            ctx.rebind(due_key, due_time)  # type: ignore[attr-defined]
+            ctx.set_timer(u.timer_tag(f"@{due_time}"), due_time, TimeDomain.EVENT_TIME)
+        ctx.rebind(key, time)  # type: ignore[attr-defined]
+        ctx.set_timer(self.timer_tag(what), time, TimeDomain.EVENT_TIME)
+        return True
 
     def finish(self, ctx: Context) -> None:
         self.step_ctx._state.flush(ctx)

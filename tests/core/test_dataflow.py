@@ -294,3 +294,47 @@ def test_a_stage_fed_a_record_of_a_stream_it_does_not_read_says_so() -> None:
     stage.setup(flow.topology().computations["jx"].params)
     with pytest.raises(MillstreamError, match="got a record of stream 'c', which it does not read"):
         stage.process_record(None, Record(b"k", b"v", T0, b"", "c"))  # type: ignore[arg-type]
+
+
+def test_what_a_process_steps_event_time_timer_produces_is_on_time_for_a_window_after_it() -> None:
+    """Review of the flows: fused before a window, a process step's timer output was judged by
+    the window against the stage's input watermark, not the timer's time: with the watermark
+    past the window's end (here: finish), the delayed record went to ``w.late`` and its window
+    never fired. As in a computation of its own (whose pending timer would hold the window's
+    watermark), it now counts."""
+    flow = Dataflow("delay")
+    flow.input("in", keyed=True).process(j.Delay, name="hold").window(Tumbling(SECOND), Count(), name="w") \
+        .output("counts", codec=codecs.JSON)
+    with TestRun(flow) as run:
+        run.inject("in", b"k", b"x", T0)
+        run.inject("in", b"k", b"y", T0 + SECOND - 1)  # held into the next window: [T0 + 1 s, T0 + 2 s)
+        run.finish("in")
+        run.run_until_idle()
+        assert sorted(json.loads(r.value) for r in run.output("counts")) == [[T0, T0 + SECOND, 1],
+                                                                            [T0 + SECOND, T0 + 2 * SECOND, 1]]
+        assert run.output("w.late") == []
+
+
+def test_a_process_steps_event_time_timer_waits_for_the_window_before_it_to_fire_what_is_due(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review of the flows: a window fires what falls due in slices, batch after batch, and a
+    process step after it in the stage ran its event-time timers in the first batch, before
+    the window's later slices reached it. Its timer now waits, as an event-time step after a
+    window does: each key counts both of its windows before it reports."""
+    from runtime.flows import windowing
+
+    monkeypatch.setattr(windowing, "FIRE_SLICE_S", 0)  # one slice of FIRE_CHUNK windows per batch
+    keys = [b"k%02d" % i for i in range(40)]
+    flow = Dataflow("late_report", key_ranges=1)  # (one tablet: its window fires 40 keys in slices)
+    flow.input("in", keyed=True).window(Tumbling(SECOND), Count(), name="w").process(j.CountResults, name="count") \
+        .output("reports", codec=codecs.JSON)
+    with TestRun(flow) as run:
+        for k in keys:
+            run.inject("in", k, b"x", T0)
+        for k in reversed(keys):  # the second windows fire from the last key, the timers from the first
+            run.inject("in", k, b"x", T0 + SECOND)
+        run.advance_watermark("in", T0 + SECOND)
+        run.run_until_idle()
+        run.advance_watermark("in", T0 + 10 * SECOND)
+        run.run_until_idle()
+        assert sorted((r.key, json.loads(r.value)) for r in run.output("reports")) == [(k, 2) for k in keys]
