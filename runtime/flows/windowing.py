@@ -275,9 +275,7 @@ class Window(EventTimeOp):
     SKEYS_CACHED = 1 << 17
 
     def __init__(self, name: str, windows: _Windows, agg: Any, late: str, emit: str = "final",
-                 results: bool = True) -> None:
-        """``results``: it fires ``agg.result(acc)`` (a flow's window); False: the accumulator
-        itself (a :class:`~runtime.windows.WindowedComputation`, whose ``on_window`` takes it)."""
+                 results: bool = True) -> None:  # results=False: fires accumulators (WindowedComputation)
         super().__init__(name)
         self.windows = windows
         self.agg = agg
