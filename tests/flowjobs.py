@@ -333,6 +333,15 @@ class NamedState(Computation):
         ctx.produce("out", record.value)
 
 
+class StepNamedState(Computation):
+    """A typed state named like the step's own (``state.holds``: its timers' holds; refused)."""
+
+    spec = ValueState("state.holds", codecs.STR)
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.produce("out", record.value)
+
+
 class InlineSpecs(Computation):
     """Typed state specs made in each call, not declared: a list appended to, then a value read
     (the second spec is often made where the first, freed, lived)."""

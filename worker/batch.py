@@ -544,7 +544,7 @@ class BatchProcessor:
 
     def note_dead_letter(self, key: bytes, error: BaseException, failures: int) -> None:
         """Count and log a record dead-lettered after ``failures`` failures (here, or by a
-        flow's fused sink: runtime/flows/steps.py)."""
+        flow's fused sink: runtime/flows/sinkstep.py)."""
         self.dead_lettered += 1
         self.metrics.dead_lettered.inc()
         log.warning("tablet %s: dead-lettering a record of key %r after %d failures: %r",

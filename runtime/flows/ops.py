@@ -1,6 +1,6 @@
 """The operators of a flow's stage (runtime/flows/stage.py): stateless steps, ``reduce``
 and the emitters (``output``, a sink's input, ``key_by`` to the next stage). User code as a
-step (``process``, a fused ``sink``) is in runtime/flows/steps.py; windows and joins in
+step (``process``; a fused ``sink``) is in runtime/flows/steps.py (and sinkstep.py); windows and joins in
 runtime/flows/windowing.py and runtime/flows/joins.py.
 
 Operators work on lists of items ``(key, value, timestamp)``: a batch of records, or one,

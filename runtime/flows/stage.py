@@ -26,7 +26,8 @@ from runtime.errors import TopologyError
 from runtime.flows import PLAN_PARAM, refs
 from runtime.flows.joins import IntervalJoin, Join, LookupJoin
 from runtime.flows.ops import TIMER_PREFIX, Emit, Filter, FlatMap, Item, Map, Op, Reduce
-from runtime.flows.steps import RAW, Process, SinkStep, renamed
+from runtime.flows.sinkstep import SinkStep
+from runtime.flows.steps import RAW, Process, renamed
 from runtime.flows.values import VALUES
 from runtime.flows.windowing import EventTimeOp, FiringClock, Window
 from runtime.imports import load
@@ -97,6 +98,8 @@ class FlowStage(Computation):
                 for after in _after(op):
                     if isinstance(after, (EventTimeOp, Process)):
                         after.upstream.append(op)
+            if isinstance(op, Process):  # what its event-time timers make is judged by a step after it
+                op.judged_after = any(isinstance(after, EventTimeOp) for after in _after(op))
         self.entries: dict[str, _Entry] = {}
         for stream, e in plan["entries"].items():
             prefix = [(kind, self._fn(path, f"{kind} of stream {stream!r}")) for kind, path in e["prefix"]]

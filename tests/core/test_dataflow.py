@@ -338,3 +338,24 @@ def test_a_process_steps_event_time_timer_waits_for_the_window_before_it_to_fire
         run.advance_watermark("in", T0 + 10 * SECOND)
         run.run_until_idle()
         assert sorted((r.key, json.loads(r.value)) for r in run.output("reports")) == [(k, 2) for k in keys]
+
+
+def test_a_process_steps_timer_set_past_the_watermark_makes_late_output_and_never_refires_a_window() -> None:
+    """After review: judged at its own time, the output of a timer a late record set (below
+    the watermark) re-made a window that had fired and fired it again. As in a computation
+    of its own, whose output watermark had passed that time, it is late: one result per
+    window, and the held-back record on ``w.late``."""
+    flow = Dataflow("delay_late")
+    flow.input("in", keyed=True).process(j.Delay, name="hold").window(Tumbling(SECOND), Count(), name="w") \
+        .output("counts", codec=codecs.JSON)
+    with TestRun(flow) as run:
+        run.inject("in", b"k", b"x", T0)
+        run.advance_watermark("in", T0 + 5 * SECOND)
+        run.run_until_idle()
+        assert [json.loads(r.value) for r in run.output("counts")] == [[T0, T0 + SECOND, 1]]
+        run.inject("in", b"k", b"late", T0 + 10_000)  # late: its window fired
+        run.run_until_idle()
+        run.finish("in")
+        run.run_until_idle()
+        assert [json.loads(r.value) for r in run.output("counts")] == [[T0, T0 + SECOND, 1]]
+        assert [(r.key, r.timestamp) for r in run.output("w.late")] == [(b"k", T0 + 110_000)]

@@ -150,6 +150,7 @@ def test_a_typed_state_named_like_ctx_state_or_too_long_is_refused_where_the_flo
     starts), not by dead-lettering every record; a name over 255 bytes once the step's name is
     before it failed every call with a ValueError."""
     for cls, step, says in ((j.NamedState, "ns", "may not be named 'state'"),
+                            (j.StepNamedState, "ns", r"may not be named 'state.holds'.*'state\.\*' the step's own"),
                             (j.LongNamedState, "l" * 120, "over the 255 a state name may have")):
         flow = Dataflow("ns", key_ranges=1)
         flow.input("w", keyed=True).process(cls, name=step).output("out")
