@@ -187,7 +187,10 @@ def plan(df: DataFrame, *, key: str, value: str | Sequence[str] | None, timestam
     return Plan(cols, checked, id is not None, integer, (F.max(F.octet_length(k)), F.max(F.octet_length(v))))
 
 
-_FIX = {"seconds": "* 1_000_000", "milliseconds": "* 1_000", "nanoseconds": "// 1_000"}
+# What turns each into microseconds: widened first (an int column of seconds times a million
+# overflows), and nanoseconds divided as integers (a Column has no //; a double loses them).
+_FIX = {"seconds": "F.col({c!r}).cast('long') * 1_000_000", "milliseconds": "F.col({c!r}).cast('long') * 1_000",
+        "nanoseconds": "F.expr('`{c}` div 1000')"}
 
 
 def refuse_time_unit(column: str, lowest: int | None, highest: int | None) -> None:
@@ -201,7 +204,7 @@ def refuse_time_unit(column: str, lowest: int | None, highest: int | None) -> No
         raise InvalidInputError(
             f"column {column!r} (the timestamp) looks like {unit} since the epoch (largest value "
             f"{biggest}), not microseconds: every record would be stamped {when}. Nothing was "
-            f"injected. Convert it: F.col({column!r}) {_FIX[unit]}, or pass a timestamp column")
+            f"injected. Convert it: {_FIX[unit].format(c=column)}, or pass a timestamp column")
 
 
 def check_rows(df: DataFrame, p: Plan, extra: Iterable[Column] = ()) -> list[Any]:
