@@ -107,6 +107,7 @@ class BatchProcessor:
         self.now_us = tablet.now_us
         self.producer_expiry_us = int(self.host.limits.producer_expiry_s * 1e6)
         self._expiry_checked_us = 0
+        self._opened_us: int | None = None  # silence counts from here too (a restore, a resume)
         self._expired_below: int | None = None
         self.ctx = KeyContext(tablet.outputs, self.read_state, lambda: self.host.watermark(self.computation),
                               tablet.now_us, self.read_cell, self.scan_cells,
@@ -396,8 +397,11 @@ class BatchProcessor:
             commit.opaque_expire_below = oldest
         if now - self._expiry_checked_us >= 60_000_000:  # a scan of the marks: once a minute
             self._expiry_checked_us = now
+            # Silent for the expiry while the tablet was open: a savepoint restored, or a job
+            # resumed, weeks later keeps its marks for a replay of its sources.
+            opened = self._opened_us = now if self._opened_us is None else self._opened_us
             commit.marks_expired = [p for p, m in self.marks.items()
-                                    if now - m.seen_us > self.producer_expiry_us]
+                                    if now - max(m.seen_us, opened) > self.producer_expiry_us]
 
     def _defer(self, batch: Batch, t: Timer) -> None:
         """A due timer the batch did not reach: it stays pending (unless a record of the

@@ -577,3 +577,36 @@ def test_a_reopened_producer_holds_again_what_it_had_acknowledged_but_not_seen_r
         await core.close_all()
 
     asyncio.run(main())
+
+
+def test_a_tablet_opened_long_after_its_producers_last_sent_keeps_their_marks_for_a_replay(tmp_path: object) -> None:
+    """Review of restores: a producer's silence counted from its last record, so a savepoint
+    restored (or a job resumed) more than ``producer_expiry_s`` later dropped every mark in
+    its first batch, and a replay of the source counted from its second delivery on. Silence
+    now counts from when the tablet opened, too."""
+    from runtime.record import producer_prefix, sequence_id
+
+    p = producer_prefix("injector/nightly")
+    week = 7 * 24 * 3600 * 1_000_000
+
+    def batch(lo: int, hi: int) -> list[Record]:
+        return [Record(b"k%d" % s, b"r%d" % s, BASE + s, sequence_id(p, s)) for s in range(lo, hi + 1)]
+
+    async def first() -> None:
+        core = await _core(str(tmp_path), WorkerLimits(), lambda: BASE)
+        assert await core.deliver_counted("echo", 0, 1, batch(1, 100), {p: (0, 0)}) == (OK, 0)
+        await _until(lambda: len(_outputs()) >= 100, "a hundred outputs")
+        await core.close_all()
+
+    asyncio.run(first())
+    seen = sorted(_outputs())
+
+    async def a_week_and_a_day_later() -> None:
+        core = await _core(str(tmp_path), WorkerLimits(), lambda: BASE + week + 24 * 3600 * 1_000_000)
+        assert await core.deliver_counted("echo", 0, 1, batch(1, 50), {p: (0, 0)}) == (OK, 50)
+        assert await core.deliver_counted("echo", 0, 1, batch(51, 100), {p: (0, 0)}) == (OK, 50)
+        assert p in core.tablets[("echo", 0)].store.marks()
+        await core.close_all()
+
+    asyncio.run(a_week_and_a_day_later())
+    assert len(seen) == 100 and _outputs() == []
