@@ -89,6 +89,7 @@ class WorkerCore:
         self._fenced = False
         self.routing = RoutingTable(pb.Routing())
         self.tablets: dict[tuple[str, int], Tablet] = {}
+        self._added: dict[tuple[str, int], tuple[int, set[str]]] = {}  # (worker/replication.py Replicator.added)
         self.watermarks: dict[str, int] = {}
         # Until the leader's first answer sets them, every input watermark here reads as MIN:
         # nothing would be late, a fired window would open again, expired state would read
@@ -98,10 +99,9 @@ class WorkerCore:
         self.waiting_bytes = 0  # deliveries waiting for room in full tablets (max_worker_waiting_bytes)
         self._dropped_seen: dict[str, int] = {}  # the routing's "dropped" ids as last applied
         # Progress reports are numbered from this process's start time (µs), so a restarted
-        # worker's first report is newer than any its previous process handed out as a
-        # receipt: a sender (an injector, another worker) holding the receipt of a commit
-        # the old process made is released by it, not after as many reports as the old
-        # process had sent (minutes of a held watermark; the chaos suite found it).
+        # worker's first report is newer than any receipt its previous process handed out: a
+        # sender holding one is released by it, not after as many reports as the old process
+        # had sent (minutes of a held watermark; the chaos suite found it).
         self.report_seq = max(1, wall_us())
         self._extractors: dict[str, KeyExtractor] = {}
         self._remote = remote_deliver
@@ -148,8 +148,11 @@ class WorkerCore:
 
     def _replicator(self, tablet: Tablet) -> Replicator:
         assert self.channel is not None
+        key = (tablet.computation, tablet.key_range)  # what it asked the leader to add: kept under a token
+        if self._added.get(key, (None,))[0] != tablet.token:
+            self._added[key] = (tablet.token, set())
         rep = Replicator(tablet, self.channel, os.path.join(self.state_dir, ".checkpoints"),
-                         self.limits.replica_timeout_ms / 1000, self.faults.blocked)
+                         self.limits.replica_timeout_ms / 1000, self.faults.blocked, added=self._added[key][1])
         if (assignment := self.routing.assignments.get((tablet.computation, tablet.key_range))) is not None:
             rep.configure(assignment)
         return rep
@@ -372,8 +375,7 @@ class WorkerCore:
             await asyncio.to_thread(shutil.rmtree, path, True)
         if unbuildable or self._swept == self.routing.version:
             return
-        # A range replaced again before its copy reached this worker leaves its parent here
-        # without any range built from it: nothing can need that storage any more.
+        # A range replaced again before its copy reached here leaves its parent unneeded.
         self._swept = self.routing.version
         for computation in self.routing.computations:
             try:
@@ -679,8 +681,7 @@ class WorkerCore:
         key = (computation, key_range)
         tablet = self.tablets.get(key)
         if tablet is None and key in self._opening and self._opening[key][0].token == token:
-            # Opening here under this token (just moved, split or merged): wait a little for it
-            # rather than send the sender into its back-off.
+            # Opening here under this token (moved, split, merged): wait a little, not back off.
             await asyncio.wait({self._opening[key][1]}, timeout=OPENING_WAIT_S)
             self._collect()
             tablet = self.tablets.get(key)

@@ -22,20 +22,20 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from runtime import metrics
 from runtime.errors import MillstreamError, StaleTokenError
 from runtime.wire import millstream_pb2 as pb
+from worker.chunks import checkpoint_chunks
 
 if TYPE_CHECKING:
     from worker.tablet import Tablet
 
 log = logging.getLogger(__name__)
 R = pb.ReplicateResponse
-SNAPSHOT_CHUNK = 4 << 20      # bytes of a checkpoint file per message
 SEND_MAX_ENTRIES = 256        # commits per Replicate call while catching up
 SEND_MAX_BYTES = 8 << 20
 QUEUE_MAX_BYTES = 256 << 20   # a follower further behind starts again from a snapshot
@@ -56,7 +56,7 @@ class ReplicaChannel(Protocol):
 
 # What a commit's replication waits for: (follower, its link, its acknowledgement, whether
 # it was in the in-sync set when the commit was sent).
-Sending = list[tuple[str, "_Link", "asyncio.Future[bool]", bool]]
+Sending = list[tuple[str, "_Link | None", "asyncio.Future[bool]", bool]]  # (None: an addressless follower, being dropped)
 
 
 class ReplicationError(MillstreamError):
@@ -279,33 +279,11 @@ class _Link:
             raise MillstreamError(f"follower refused the snapshot: {resp.detail}")
 
 
-def read_chunk(path: str, offset: int) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read(SNAPSHOT_CHUNK)
-
-
-async def checkpoint_chunks(path: str, base: pb.SnapshotChunk) -> AsyncIterator[pb.SnapshotChunk]:
-    """The files of the checkpoint directory ``path`` as chunks of at most 4 MiB (copies of
-    ``base`` with ``file``, ``offset`` and ``data`` set), each read off the event loop."""
-    for name in sorted(os.listdir(path)):
-        offset = 0
-        while True:
-            data = await asyncio.to_thread(read_chunk, os.path.join(path, name), offset)
-            chunk = pb.SnapshotChunk()
-            chunk.CopyFrom(base)
-            chunk.file, chunk.offset, chunk.data = name, offset, data
-            yield chunk
-            offset += len(data)
-            if len(data) < SNAPSHOT_CHUNK:
-                break
-
-
 class Replicator:
     """The followers of one primary tablet (created with the tablet, closed with it)."""
 
     def __init__(self, tablet: Tablet, channel: ReplicaChannel, checkpoints: str, timeout_s: float,
-                 blocked: Callable[[str], bool] = lambda address: False) -> None:
+                 blocked: Callable[[str], bool] = lambda address: False, added: set[str] | None = None) -> None:
         self.tablet = tablet
         self.channel = channel
         self.checkpoints = checkpoints
@@ -313,7 +291,12 @@ class Replicator:
         self.blocked = blocked      # a test's fault hook: the network to this address is cut
         self.links: dict[str, _Link] = {}
         self.in_sync: set[str] = set()   # followers the leader lists in the in-sync set
-        self.added: set[str] = set()     # followers we asked to add (the answer may be lost)
+        # Followers we asked to add (the answer may be lost): the worker's, for this tablet and
+        # token, kept across its openings (a reopened primary whose routing does not list an
+        # add yet still waits for that follower: review of replication).
+        self.added: set[str] = set() if added is None else added
+        self._drops: dict[str, asyncio.Task[bool]] = {}  # in-sync followers with no address, being dropped
+        self._listed: set[str] = set()  # the routing's followers, with an address or not
         self.stale = False
         # One change of the in-sync set asked of the leader at a time: each answer is the whole
         # set, so two asked at once could be applied in the other order than the leader's.
@@ -321,8 +304,11 @@ class Replicator:
 
     def configure(self, assignment: pb.Assignment) -> None:
         """Follow the routing: links to the tablet's followers, and its in-sync set."""
+        listed = self._listed = {f.worker_id for f in assignment.followers}
         followers = {f.worker_id: f.address for f in assignment.followers if f.address}
-        self.in_sync = {w for w in assignment.in_sync if w in followers}
+        # A follower listed with no address (its worker expired) stays required while the leader
+        # lists it in sync: a commit waits until the leader has dropped it (send, _dropping).
+        self.in_sync = {w for w in assignment.in_sync if w in listed}
         for w in [w for w in self.links if w not in followers]:
             link = self.links.pop(w)
             self.added.discard(w)
@@ -338,7 +324,7 @@ class Replicator:
                 # Dropped by the leader (a restart, an expiry): it stays required until we
                 # have shrunk it ourselves (a stale routing must not hide a member).
                 self.dropped(w)
-        self.in_sync = {w for w in assignment.in_sync if w in followers}
+        self.in_sync = {w for w in assignment.in_sync if w in listed}
 
     def dropped(self, follower: str) -> None:
         """``follower`` is out of the in-sync set (the leader's routing says so, or our own
@@ -359,12 +345,25 @@ class Replicator:
         """Queue commit ``index`` for every follower (called before the primary's own write
         of it: they take it meanwhile); :meth:`wait` for what this returns."""
         required = self.required()
-        waits = []
+        waits: Sending = []
         for w, link in self.links.items():
             fut = link.push(index, ops)
             if w in required or link.synced:
                 waits.append((w, link, fut, w in required))
+        for w in (required & self._listed) - self.links.keys():
+            waits.append((w, None, self._dropping(w), True))
         return waits
+
+    def _dropping(self, follower: str) -> asyncio.Task[bool]:
+        """A required follower this primary has no address for: have the leader drop it (one
+        request at a time per follower); True once it has."""
+        task = self._drops.get(follower)
+        if task is None or task.done():
+            async def drop() -> bool:
+                await self._shrink(follower)
+                return True
+            task = self._drops[follower] = asyncio.get_running_loop().create_task(drop())
+        return task
 
     async def wait(self, waits: Sending) -> None:
         """Return once the commit :meth:`send` gave is durable on every in-sync follower (the
@@ -376,6 +375,9 @@ class Replicator:
         await asyncio.wait([f for _, _, f, _ in waits], timeout=self.timeout_s)
         for w, link, fut, required in waits:
             if fut.done() and fut.result():
+                continue
+            if link is None:  # dropped through the leader first (or the lease runs out: it raises)
+                await fut
                 continue
             if self.stale:
                 raise ReplicationError(f"tablet {self.tablet.name}: follower {w} has seen a newer primary")
@@ -488,4 +490,7 @@ class Replicator:
 
     async def close(self) -> None:
         links, self.links = list(self.links.values()), {}
-        await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
+        drops, self._drops = list(self._drops.values()), {}
+        for task in drops:
+            task.cancel()
+        await asyncio.gather(*(link.close() for link in links), *drops, return_exceptions=True)

@@ -26,13 +26,13 @@ from runtime.imports import CodePolicy
 from runtime.security import REQUIRED, Owner, Security, caller_owner, caller_roles, require_worker_token
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
+from worker.chunks import checkpoint_chunks
 from worker.core import WorkerCore, WorkerLimits
 from worker.dedup import delivery_problem, outside_problem
 from worker.deliverstream import serve_frames
 from worker.owners import owned
 from worker.peers import Peers, ReplicaLinks
 from worker.replica import write_at
-from worker.replication import checkpoint_chunks
 from worker.session import MasterSession, drain
 from worker.statedir import claim_state_dir
 

@@ -164,3 +164,38 @@ def test_a_primary_reopened_after_a_failed_write_does_not_leave_its_follower_a_d
         await primary.close_all()
         await follower.close_all()
     asyncio.run(run())
+
+
+def test_a_reopened_primary_still_waits_for_a_follower_it_had_the_leader_add(tmp_path: Any) -> None:
+    """Review of replication: the leader added the follower to the in-sync set at the primary's
+    request, but no routing saying so reached the primary (a leader failover between the two).
+    Reopened under the same token (a failed write), the primary forgot that it had asked and
+    acknowledged commits without that follower, which the leader could promote."""
+    async def run() -> None:
+        wire = _Wire()
+        wire.in_sync = {"w"}
+        cores = []
+        for name, channel in (("f", _Wire()), ("w", wire)):
+            core = WorkerCore(os.path.join(str(tmp_path), name), f"{name}:1", nowhere, channel=channel)  # type: ignore[arg-type]
+            core.worker_id = name
+            core.renewed(core.now_ms(), 600_000)
+            r = _routing(1, 1, "w", ["f"])
+            del r.computations[0].assignments[0].in_sync[:]
+            r.computations[0].assignments[0].in_sync.append("w")  # the routing lists the primary alone
+            await core.apply_routing(r)
+            cores.append(core)
+        follower, primary = cores
+        wire.follower = follower
+        await _until(lambda: KEY in primary.tablets and KEY in follower.replicas.copies, "the tablet and its copy")
+        assert await primary.deliver("tally", 0, 1, [_rec(1, b"a")]) == OK
+        await _until(lambda: "f" in wire.in_sync, "the leader to add the follower")
+        assert primary.tablets[KEY].replicator.in_sync == {"f"} or "f" in primary.tablets[KEY].replicator.required()
+        await _fail_next_write(primary, follower, b"lost")  # the tablet closes; no routing came
+        deadline = time.monotonic() + 10
+        while await primary.deliver("tally", 0, 1, [_rec(3, b"b")]) != OK:  # as a sender retries
+            assert time.monotonic() < deadline, "the tablet never reopened"
+            await primary.reconcile()
+        assert "f" in primary.tablets[KEY].replicator.required(), "the reopened primary forgot the follower"
+        await primary.close_all()
+        await follower.close_all()
+    asyncio.run(run())

@@ -154,3 +154,43 @@ def test_the_in_sync_set_is_the_leaders_last_answer_when_two_followers_are_dropp
             await rep.close()
 
     asyncio.run(main())
+
+
+class _Leader:
+    """A leader that lists ``f`` in sync until asked to drop it; no follower is reachable."""
+
+    def __init__(self) -> None:
+        self.in_sync = {"w1", "f"}
+        self.asked: list[tuple[str, bool]] = []
+
+    async def replicate(self, address: str, req: pb.ReplicateRequest) -> pb.ReplicateResponse | None:
+        raise AssertionError(f"nothing may be sent to a follower with no address ({address!r})")
+
+    async def update_in_sync(self, req: pb.InSyncRequest) -> tuple[str, ...]:
+        self.asked.append((req.follower, req.add))
+        (self.in_sync.add if req.add else self.in_sync.discard)(req.follower)
+        return tuple(sorted(self.in_sync))
+
+
+def test_an_in_sync_follower_with_no_address_is_dropped_through_the_leader_before_a_commit_is_acknowledged() -> None:
+    """Review of replication: a follower whose worker expired is listed with no address while
+    the leader still lists it in sync (its removal is a later write). The primary took it as
+    not in sync and acknowledged commits without it, without telling the leader, which could
+    then promote it with those commits missing. Now the commit waits until the leader dropped it."""
+    async def main() -> None:
+        leader = _Leader()
+        rep = Replicator(_tablet(), leader, checkpoints="/nonexistent", timeout_s=0.2)  # type: ignore[arg-type]
+        a = pb.Assignment(key_range=1, worker_id="w1", address="w1:1", token=3, in_sync=["w1", "f"])
+        a.followers.add(worker_id="f", address="")
+        rep.configure(a)
+        try:
+            assert rep.required() == {"f"}
+            waits = rep.send(1, b"")
+            await rep.wait(waits)
+            assert leader.asked == [("f", False)] and rep.in_sync == {"w1"}
+            await rep.wait(rep.send(2, b""))  # dropped: the next commit waits for nobody
+            assert leader.asked == [("f", False)]
+        finally:
+            await rep.close()
+
+    asyncio.run(main())
