@@ -92,6 +92,7 @@ class Injector:
     that, and so does a new injection under a name used before for other data (docs/guide.md).
     """
 
+    _finishing = False  # finish() or retire() began: a send from another thread is refused (under the lock)
     check_units = True  # warn of an int timestamp that looks like s, ms or ns (a source that checked it: False)
 
     def __init__(self, masters: str | Iterable[str], stream: str, name: str, *,
@@ -191,6 +192,8 @@ class Injector:
             buffer = self._buffer
             if buffer.size >= self.max_queued:
                 self._wait_room()
+            if self._finishing:
+                self._refuse()
             self.position = position = self.position + 1
             if id is None:
                 n = buffer.add(key, value, timestamp, self._prefix, position)
@@ -226,6 +229,8 @@ class Injector:
             buffer = self._buffer
             if buffer.size >= self.max_queued:
                 self._wait_room()
+            if self._finishing:
+                self._refuse()
             first = self.position + 1
             self.position += n
             if not buffer.size:
@@ -256,6 +261,8 @@ class Injector:
         with self._mutex:
             if self._buffer.size >= self.max_queued:
                 self._wait_room()  # (it lets go of the lock: before the check, not between it and the queueing)
+            if self._finishing:
+                self._refuse()
             last = self._sequenced.get(prefix, 0)
             if isinstance(seq, bool) or not isinstance(seq, int) or not last < seq < (1 << 64):
                 raise InvalidRecordError(f"producer {producer!r}: seq {seq!r} must be an int above the last "
@@ -275,8 +282,8 @@ class Injector:
     def _refuse(self) -> None:
         if self._marks.forked is not None:
             raise InjectionError(self._marks.forked)
-        raise InjectionError(f"injector {self.name!r} is " + ("finished" if self.finished else "closed (what it "
-                             "had not flushed was dropped)") + "; create a new one to send more")
+        raise InjectionError(f"injector {self.name!r} is " + ("finished" if self.finished or self._finishing else
+                             "closed (what it had not flushed was dropped)") + "; create a new one to send more")
 
     def _forked(self) -> None:
         """In a fork's child: new locks (the parent's threads' may stay held); nothing sent or reported."""
@@ -520,7 +527,7 @@ class Injector:
         Nothing after :meth:`retire` or :meth:`release` (it would take their word back)."""
         if self.finished:
             return
-        self.flush()
+        self._stop_sends()
         self._marks.promise(END_OF_TIME)
         deadline = time.monotonic() + self.timeout
         while True:
@@ -534,12 +541,22 @@ class Injector:
                     "reported them); call finish() again once the cluster is healthy")
         self.finished = True
 
+    def _stop_sends(self) -> None:
+        """Refuse sends from here on (another thread's, which passed the first check already,
+        too: under the lock), then send what is queued: nothing can follow the last promise."""
+        self.flush()
+        with self._mutex:
+            self._finishing = True
+        self.flush()
+
     def retire(self) -> None:
         """End this run, keeping its promise (later loads under the name follow): send it all,
         wait until it is confirmed (as :meth:`finish`), then tell the leader the watermark is
         final: it holds the stream while no other run of the name is live (:meth:`close` keeps
         holding: a run may be re-run). Raises InjectionError if not confirmed in time."""
         deadline = time.monotonic() + self.timeout
+        if not self.finished:
+            self._stop_sends()
         while not self.finished:
             self.flush()  # (raises a round's error)
             self._marks.report(wait=True)  # bounded by its confirm_timeout

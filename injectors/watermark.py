@@ -165,6 +165,10 @@ class Watermark:
             # Receipts not confirmed yet: asked for in the background until they are, so that
             # neither a paced sender waits for it nor a quiet injector holds its stream back.
             self.report_later()
+        else:
+            # From the first report (the registration) on: an injector that never sends still
+            # goes idle (idle_after) and keeps its name alive (KEEPALIVE_S) from that thread.
+            self._start_confirmer()
 
     def report_promise(self) -> None:
         """The promise rose (``advance_watermark``): report it now, unless the confirmer
@@ -188,6 +192,9 @@ class Watermark:
         self._active_at = time.monotonic()
         with self._held_lock:
             self._nudge()
+        self._start_confirmer()
+
+    def _start_confirmer(self) -> None:
         if self._confirmer is None:
             with self._start_lock:
                 if self._confirmer is None and not self._closed.is_set():

@@ -342,3 +342,34 @@ def test_clock_readings_in_seconds_milliseconds_or_nanoseconds_are_sent_with_a_w
         for send in sends(now_us // 1_000_000):
             send()
     assert len(inj._buffer) == 6 * 5 + 11 * 5
+
+
+def test_a_send_from_another_thread_while_finish_runs_is_refused_not_queued_after_the_end_of_time() -> None:
+    """Review of the injector: ``send`` checked ``finished`` before taking the lock, and
+    ``finish`` set it only once the leader held the end of time: a send in between queued its
+    record after that promise (late at every reader, or dropped at close) and returned."""
+    from runtime.record import END_OF_TIME
+
+    inj = _injector()
+    inj.timeout = 10
+    promised, go_on = threading.Event(), threading.Event()
+
+    def report(wait: bool = False) -> None:  # the leader holds the end of time; finish() not done yet
+        inj._marks.reported = END_OF_TIME
+        promised.set()
+        assert go_on.wait(10)
+
+    inj.flush = lambda: None  # type: ignore[method-assign]
+    inj._marks.report = report  # type: ignore[method-assign]
+    finishing = threading.Thread(target=inj.finish)
+    finishing.start()
+    try:
+        assert promised.wait(10)
+        for send in (lambda: inj.send(b"k", b"v", 5), lambda: inj.send_many([b"k"], [b"v"], [5]),
+                     lambda: inj.send_sequenced("p", 1, b"k", b"v", 5)):
+            with pytest.raises(InjectionError, match="is finished"):
+                send()
+    finally:
+        go_on.set()
+        finishing.join(10)
+    assert inj.finished and list(inj._buffer) == []

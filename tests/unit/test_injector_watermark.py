@@ -210,14 +210,16 @@ def test_an_idle_injector_says_so_once_nothing_is_unconfirmed_and_wakes_up_befor
 
 
 def test_idle_after_makes_a_silent_injector_idle_and_a_promise_makes_it_active(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An injector that never sends (a partition with no data) goes idle too: review of the
+    injector, its background thread started only when a round ended, so such an injector
+    held its stream for ever."""
     leader, closed = Leader(), threading.Event()
     marks = Watermark("part-4", "in", "x", leader, lambda: MAX, closed, idle_after=0.05)  # type: ignore[arg-type]
     try:
         leader.holds = {"w1": 0}
         marks.promise(1_000)
-        marks.report()
+        marks.report()                  # the registration; no round ever ends
         assert leader.idle == [False]
-        marks.report_later()            # a round ended
         wait_until(lambda: marks.reported_idle, 10, "idle_after to pass", interval=0.005)
         marks.promise(2_000)            # advance_watermark: active again
         marks.report()
@@ -229,15 +231,15 @@ def test_idle_after_makes_a_silent_injector_idle_and_a_promise_makes_it_active(m
 
 def test_a_live_injector_reports_every_keepalive_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     """The leader expires registrations silent for long (MasterConfig.injector_expiry_s): a
-    live injector with nothing to say reports anyway, so only a gone one is expired."""
+    live injector with nothing to say reports anyway, so only a gone one is expired; also one
+    that never sent anything (its keep-alives began only once a round ended)."""
     monkeypatch.setattr(watermark_module, "KEEPALIVE_S", 0.05)
     leader, closed = Leader(), threading.Event()
     marks = Watermark("alive", "in", "x", leader, lambda: MAX, closed)  # type: ignore[arg-type]
     try:
         leader.holds = {"w1": 0}
         marks.promise(1_000)
-        marks.report()
-        marks.report_later()
+        marks.report()                  # the registration; no round ever ends
         wait_until(lambda: len(leader.watermarks) >= 4, 10, "keep-alive reports", interval=0.005)
         assert set(leader.watermarks) == {1_000}
     finally:
