@@ -69,6 +69,7 @@ class Watermark:
         self.reported_idle = False  # what the leader was last told
         self._idle_asked = False    # mark_idle() since the last round or promise
         self._going_idle = False    # an idle report is being made (a round starting waits for it)
+        self._maybe_idle = False    # an idle report was made, and no active one since (its answer may be lost)
         self._active_at = time.monotonic()
         self._sent_at = time.monotonic()
         self._held: HeldReceipts[None] = HeldReceipts()  # the oldest timestamp of each committed delivery
@@ -147,7 +148,7 @@ class Watermark:
         it hears otherwise first, from this thread: the round's records must hold their stream
         before any of them reaches a tablet (raises what the master call raised)."""
         self._active()
-        if self.reported_idle or self._going_idle:
+        if self.reported_idle or self._going_idle or self._maybe_idle:
             with self._lock:
                 self._report_locked(wait=False)
 
@@ -338,9 +339,11 @@ class Watermark:
         self._check_fork()
         report = pb.InjectorReport(name=self.name, stream=self.stream, watermark=wm,
                                    incarnation=self.incarnation, idle=idle, retired=retired)
+        if idle:  # applied but unanswered, it would leave the leader holding us idle unbeknown
+            self._maybe_idle = True
         resp = self.client.call(lambda s: s.ReportInjector(report, timeout=self.client.timeout))
         self.reported = wm
-        self.reported_idle = idle
+        self.reported_idle = self._maybe_idle = idle
         self._sent_at = time.monotonic()
         return dict(resp.reported)
 
@@ -359,7 +362,8 @@ class Watermark:
                 wm, nothing_pending = self._state()
                 idle = self._idle(nothing_pending)
             try:
-                if self.reported is None or wm > self.reported or ask or idle != self.reported_idle:
+                if (self.reported is None or wm > self.reported or ask or idle != self.reported_idle
+                        or (self._maybe_idle and not idle)):
                     reported = self._send(max(wm, self.reported) if self.reported is not None else wm, idle)
                 else:
                     reported = None

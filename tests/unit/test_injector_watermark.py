@@ -392,3 +392,32 @@ def test_promises_made_while_the_confirmer_asks_anyway_make_no_call_of_their_own
     finally:
         closed.set()
         marks.close()
+
+
+def test_an_idle_report_whose_answer_is_lost_is_taken_back_before_the_next_round() -> None:
+    """Review of the injector: an idle report the leader applied but whose answer was lost
+    left the injector thinking it was active at the leader, so its next round said nothing
+    first, and its records reached tablets while the leader held it idle (the stream followed
+    the other injectors past them)."""
+    class LosesIdleAnswer(Leader):
+        def ReportInjector(self, report: pb.InjectorReport, timeout: float) -> pb.InjectorResponse:
+            answer = super().ReportInjector(report, timeout)
+            if report.idle:
+                raise MillstreamError("deadline exceeded (the report was applied)")
+            return answer
+
+    leader, closed = LosesIdleAnswer(), threading.Event()
+    marks = Watermark("part-9", "in", "x", leader, lambda: MAX, closed)  # type: ignore[arg-type]
+    try:
+        marks.promise(1_000)
+        marks.report()
+        marks.mark_idle()
+        with pytest.raises(MillstreamError):
+            marks.report()
+        assert leader.idle[-1] is True and not marks.reported_idle  # the leader holds it idle
+        n = len(leader.idle)
+        marks.resume()                  # a round is about to deliver
+        assert len(leader.idle) == n + 1 and leader.idle[-1] is False
+    finally:
+        closed.set()
+        marks.close()
