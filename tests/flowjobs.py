@@ -504,3 +504,23 @@ class CountResults(Computation):
 
     def process_timer(self, ctx: Context, tag: str, time: int) -> None:
         ctx.produce("out", ctx.state_of(self.seen).get())
+
+
+TICKED = ValueState("ticked", codecs.INT, default=0)
+
+
+class Ticks(Computation):
+    """Passes a 1 on at each of four ticks a second apart, the first a second after the record:
+    each tick's timer sets the next one (from process_timer)."""
+
+    ticked = TICKED
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.set_timer("tick", record.timestamp + 1_000_000)
+
+    def process_timer(self, ctx: Context, tag: str, time: int) -> None:
+        ctx.produce("out", 1)
+        n = ctx.state_of(TICKED)
+        n.set(n.get() + 1)
+        if n.get() < 4:
+            ctx.set_timer("tick", time + 1_000_000)

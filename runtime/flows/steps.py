@@ -154,8 +154,10 @@ class StepContext(Context):
 
     def set_timer(self, tag: str, time: Timestamp, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
         self.ctx.set_timer(self.op.timer_tag(":" + tag), time, domain)
-        if self.op.judged_after and domain is TimeDomain.EVENT_TIME:
-            self.op.note_hold(self.ctx, tag, time if type(time) is int else check_time(time, "timer time"))
+        if self.op.judged_after:  # (a wall-clock timer under the tag replaces an event-time one: no hold)
+            event = domain is TimeDomain.EVENT_TIME
+            self.op.note_hold(self.ctx, tag, (time if type(time) is int else check_time(time, "timer time"))
+                              if event else None)
 
     def delete_timer(self, tag: str) -> None:
         self.ctx.delete_timer(self.op.timer_tag(":" + tag))
@@ -267,11 +269,25 @@ class Process(Op):
         watermark, it is noted with that watermark: in a computation of its own, the step's
         output watermark would have passed its time already, and what it makes is late."""
         holds = ctx.state_of(self.holds)
-        wm = ctx.low_watermark
+        wm = self._judged_at(ctx)
         if time is not None and time < wm:
             holds.put(tag, wm)
         elif holds.contains(tag):
             holds.remove(tag)
+
+    def _judged_at(self, ctx: Context) -> int:
+        """Where the steps after it judge what it makes now (as EventTimeOp.watermark): the
+        input's watermark, or the time of a firing running in the stage, and never past what
+        a window or join before it still has due."""
+        wm = ctx.low_watermark
+        at = None if self.clock is None else self.clock.at
+        if at is not None and at < wm:
+            wm = at
+        for u in self.upstream:
+            due = u.index.pending(wm)
+            if due is not None and due[1] < wm:
+                wm = due[1]
+        return wm
 
     def _wait_for_upstream(self, ctx: Context, what: str, time: int) -> bool:
         """Whether a window or join before it still has due by ``time`` (a firing in slices):

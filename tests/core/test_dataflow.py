@@ -359,3 +359,24 @@ def test_a_process_steps_timer_set_past_the_watermark_makes_late_output_and_neve
         run.run_until_idle()
         assert [json.loads(r.value) for r in run.output("counts")] == [[T0, T0 + SECOND, 1]]
         assert [(r.key, r.timestamp) for r in run.output("w.late")] == [(b"k", T0 + 110_000)]
+
+
+def test_timers_a_process_step_sets_while_the_stage_fires_are_on_time_for_the_window_after_it() -> None:
+    """After review: the hold of a timer set below the watermark was taken against the stage's
+    input watermark, not where the steps after it judge (a firing's time): a timer set from
+    a window's result, or from the step's own timer, after a finish was late for the next
+    window, as it would not be in a computation of its own."""
+    flow = Dataflow("wpw", key_ranges=1)
+    flow.input("in", keyed=True).window(Tumbling(SECOND), Count(), name="w1").process(j.Delay, name="hold") \
+        .window(Tumbling(SECOND), Count(), name="w2").output("counts", codec=codecs.JSON)
+    ticks = Dataflow("ticks", key_ranges=1)
+    ticks.input("in", keyed=True).process(j.Ticks, name="tick").window(Tumbling(SECOND), Count(), name="w") \
+        .output("counts", codec=codecs.JSON)
+    for f, late, want in ((flow, "w2.late", [[T0 + SECOND, T0 + 2 * SECOND, 1]]),
+                          (ticks, "w.late", [[T0 + s * SECOND, T0 + (s + 1) * SECOND, 1] for s in (1, 2, 3, 4)])):
+        with TestRun(f) as run:
+            run.inject("in", b"k", b"x", T0)
+            run.finish("in")
+            run.run_until_idle()
+            assert sorted(json.loads(r.value) for r in run.output("counts")) == want
+            assert run.output(late) == []
