@@ -107,7 +107,7 @@ class BatchProcessor:
         self.now_us = tablet.now_us
         self.producer_expiry_us = int(self.host.limits.producer_expiry_s * 1e6)
         self._expiry_checked_us = 0
-        self._opened_us: int | None = None  # silence counts from here too (a restore, a resume)
+        self._closed_for: tuple[int, int] | None = None  # (opened at, how long it was closed before): not silence
         self._expired_below: int | None = None
         self.ctx = KeyContext(tablet.outputs, self.read_state, lambda: self.host.watermark(self.computation),
                               tablet.now_us, self.read_cell, self.scan_cells,
@@ -397,11 +397,15 @@ class BatchProcessor:
             commit.opaque_expire_below = oldest
         if now - self._expiry_checked_us >= 60_000_000:  # a scan of the marks: once a minute
             self._expiry_checked_us = now
-            # Silent for the expiry while the tablet was open: a savepoint restored, or a job
-            # resumed, weeks later keeps its marks for a replay of its sources.
-            opened = self._opened_us = now if self._opened_us is None else self._opened_us
-            commit.marks_expired = [p for p, m in self.marks.items()
-                                    if now - max(m.seen_us, opened) > self.producer_expiry_us]
+            # Silence counts while the tablet is open: a savepoint restored (or a job resumed)
+            # weeks later keeps its marks for a replay. How long it was closed is taken as from
+            # its newest mark to its opening (a tablet closed while busy: its downtime).
+            if self._closed_for is None:
+                newest = max((m.seen_us for m in self.marks.values()), default=now)
+                self._closed_for = (now, max(0, now - newest))
+            opened, closed_for = self._closed_for
+            commit.marks_expired = [p for p, m in self.marks.items() if now - m.seen_us - (
+                closed_for if m.seen_us <= opened else 0) > self.producer_expiry_us]
 
     def _defer(self, batch: Batch, t: Timer) -> None:
         """A due timer the batch did not reach: it stays pending (unless a record of the

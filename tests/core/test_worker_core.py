@@ -610,3 +610,33 @@ def test_a_tablet_opened_long_after_its_producers_last_sent_keeps_their_marks_fo
 
     asyncio.run(a_week_and_a_day_later())
     assert len(seen) == 100 and _outputs() == []
+
+
+def test_a_producer_silent_for_the_expiry_while_its_tablet_was_open_loses_its_mark_across_a_reopen(
+        tmp_path: object) -> None:
+    """The other side of the test above: only the time the tablet was closed is left out, so a
+    tablet reopened (moved, restarted) still forgets a producer gone for the expiry."""
+    from runtime.record import producer_prefix, sequence_id
+
+    gone, live = producer_prefix("injector/gone"), producer_prefix("injector/live")
+    day = 24 * 3600 * 1_000_000
+    clock = [BASE]
+
+    def batch(p: bytes, lo: int, hi: int) -> list[Record]:
+        return [Record(b"k%d" % s, b"r%d" % s, BASE + s, sequence_id(p, s)) for s in range(lo, hi + 1)]
+
+    async def run(deliveries: list[tuple[int, bytes, int, int]]) -> dict[bytes, object]:
+        core = await _core(str(tmp_path), WorkerLimits(), lambda: clock[0])
+        for at, p, lo, hi in deliveries:
+            clock[0] = at
+            assert await core.deliver("echo", 0, 1, batch(p, lo, hi), {p: (lo - 1, 0)}) == OK
+        marks = dict(core.tablets[("echo", 0)].store.marks())
+        await core.close_all()
+        return marks
+
+    minute = 60_000_000
+    assert gone in asyncio.run(run([(BASE, gone, 1, 10)]))
+    # Reopened twice, every four days (a weekly restart would do too); the live producer sends on.
+    assert gone in asyncio.run(run([(BASE + minute, live, 1, 10), (BASE + 4 * day, live, 11, 20)]))
+    marks = asyncio.run(run([(BASE + 4 * day + minute, live, 21, 30), (BASE + 8 * day, live, 31, 40)]))
+    assert live in marks and gone not in marks
