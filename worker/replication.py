@@ -305,6 +305,7 @@ class Replicator:
     def configure(self, assignment: pb.Assignment) -> None:
         """Follow the routing: links to the tablet's followers, and its in-sync set."""
         listed = self._listed = {f.worker_id for f in assignment.followers}
+        self.added &= listed  # (the worker's set, kept across openings: not for a follower no longer listed)
         followers = {f.worker_id: f.address for f in assignment.followers if f.address}
         # A follower listed with no address (its worker expired) stays required while the leader
         # lists it in sync: a commit waits until the leader has dropped it (send, _dropping).
@@ -377,7 +378,7 @@ class Replicator:
             if fut.done() and fut.result():
                 continue
             if link is None:  # dropped through the leader first (or the lease runs out: it raises)
-                await fut
+                await asyncio.shield(fut)  # (shared by the commits waiting: one cancelled stops no other)
                 continue
             if self.stale:
                 raise ReplicationError(f"tablet {self.tablet.name}: follower {w} has seen a newer primary")
