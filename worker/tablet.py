@@ -175,7 +175,8 @@ class Tablet:
             self._start_replicator()  # its followers catch up from here
         restore, self._restore_sink = self._restore_sink, None
         try:
-            if self.replicator is not None and ((restore is not None and self.must_exist) or pending):
+            # (also a tablet reopened after a failed write: its followers may hold that commit)
+            if self.replicator is not None and ((restore is not None and (self.must_exist or self.failures)) or pending):
                 # Each in-sync follower holding another commit leaves the in-sync set first (no
                 # commit is made: a savepoint's cut sees the tablet at rest; docs/replication.md).
                 # Before a sink cuts its output back to this copy's commit (the copy taken over

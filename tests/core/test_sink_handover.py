@@ -170,3 +170,45 @@ def test_a_follower_a_reopened_primary_dropped_is_caught_up_with_no_commit_and_n
         await w.close_all()
         await f.close_all()
     asyncio.run(run())
+
+
+class _WriteFails:
+    """The sink's RocksDB: its next commit waits until the follower holds it (it is shipped
+    before the local write), then fails to write here (a full disk, say)."""
+
+    def __init__(self, db: Any, follower_has_it: Callable[[], bool]) -> None:
+        self._db = db
+        self._follower_has_it = follower_has_it
+
+    def write(self, *args: Any) -> None:
+        deadline = time.monotonic() + 10
+        while not self._follower_has_it():  # a deadline-bounded wait on the tablet's thread
+            assert time.monotonic() < deadline, "the follower never got the commit while it was written"
+            time.sleep(0.001)
+        raise OSError("no space left on device (injected)")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+
+def test_a_sink_reopened_after_a_failed_write_has_its_follower_holding_that_commit_dropped_before_it_cuts(
+        tmp_path: Any) -> None:
+    """Review of the sinks: a sink that never moved (token 1) skipped ``confirm`` when it reopened
+    after a failed write, and cut its output back while its follower held the failed batch's
+    commit; promoted, that follower found the output shorter than its commit and lost the
+    batch's lines (its records were duplicates by then)."""
+    async def run() -> None:
+        out, wires, w, f = await _one_record_in(str(tmp_path))
+        await _until(lambda: ("f", True) in wires["w"].asked, "f in sync")
+        first = w.tablets[KEY]
+        first.store.db = _WriteFails(first.store.db, lambda: (copy := f.replicas.copies.get(KEY)) is not None
+                                     and copy.index >= 2)
+        assert await w.deliver("out", 0, 1, [_rec(2)]) != OK  # written to the file, shipped, not committed here
+        deadline = time.monotonic() + 10
+        while not ((now := w.tablets.get(KEY)) is not None and now is not first and now.open):  # reopened, token 1
+            assert time.monotonic() < deadline, "the sink never reopened"
+            await w.reconcile()
+        assert ("f", False) in wires["w"].asked, "the output was cut while the follower held another commit"
+        await w.close_all()
+        await f.close_all()
+    asyncio.run(run())
