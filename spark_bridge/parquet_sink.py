@@ -220,12 +220,13 @@ class ParquetSink(Sink):
         keeps it (:meth:`_cut_staging`)."""
         other = ParquetSink()
         other.setup(self.params)
-        other.restore(tablet, meta, token)
+        other.restore(tablet, meta, token)  # (rolls them itself: its prefix is not this tablet's)
+        rows = int(json.loads(meta).get("rows", 0))
         if other._staged_rows:
-            rows = other._staged_rows
-            other._roll(other._read_staged(), rows)
+            other._roll(other._read_staged(), other._staged_rows)
+        if other._stale:  # the staging file rolled: gone, so that a later open keeps the file
             with other._fence.hold(), contextlib.suppress(FileNotFoundError):
-                os.unlink(other._stale or "")
+                os.unlink(other._stale)
             log.info("parquet sink %s: wrote the %d rows a merged range had staged as %s", tablet, rows,
                      other.file_name(other._next - rows))
 

@@ -418,11 +418,18 @@ def test_a_merged_range_settles_the_rows_the_other_range_had_staged(tmp_path: An
     # the right's over (worker/reshard.py keeps it as an absorbed sink meta).
     merged = ParquetSink()
     merged.setup({"path": d, "codec": "json", "fields": FIELDS, "roll_rows": "100"})
+    settled = os.path.join(d, "snk-1-0000000000000000.parquet")
+    made = None
     for _ in range(2):  # opened twice (a reopen after a failure): settled once
         merged.restore("snk/2", m_left, 3, absorbed=[m_right])
         # The right range's rows settle into its own file; the left range's staged rows are
         # rolled at this open too (a range made by a merge or split: their timers may be gone).
         assert _files(d) == ["snk-0-0000000000000000.parquet", "snk-1-0000000000000000.parquet"]
+        # ... and its staging file goes: a later open finds the file made and keeps it (review
+        # of the sinks: it stayed, and every open deleted the file and wrote it again).
+        assert not any(".snk-1.staging" in n for n in os.listdir(d)), os.listdir(d)
+        made = made or os.stat(settled)
+        assert (os.stat(settled).st_ino, os.stat(settled).st_mtime_ns) == (made.st_ino, made.st_mtime_ns)
     merged.process_record(None, _rec(50))  # type: ignore[arg-type]
     merged.roll_rows = 1
     merged.prepare_commit()
