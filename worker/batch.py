@@ -199,12 +199,14 @@ class BatchProcessor:
         if self._collected:
             self._run_batch(commit)
         self._set_before: tuple[dict[bytes, int], int] | None = None  # (_earliest_set)
+        fired, floor = 0, max(1, self._limit // 4)  # due timers fire however many records came first
         for t in batch.due:
             k = (t.key, t.tag)
-            if self._stop or self._full():
+            if fired >= floor and (self._stop or self._full()):
                 self._stop = True
                 self._defer(batch, t)
                 continue
+            fired += 1
             self._work += 1
             self._taken += 1
             commit.timers_deleted[k] = t  # its index entry goes, whatever happens next
@@ -397,9 +399,8 @@ class BatchProcessor:
             commit.opaque_expire_below = oldest
         if now - self._expiry_checked_us >= 60_000_000:  # a scan of the marks: once a minute
             self._expiry_checked_us = now
-            # Silence counts while the tablet is open: a savepoint restored (or a job resumed)
-            # weeks later keeps its marks for a replay. How long it was closed is taken as from
-            # its newest mark to its opening (a tablet closed while busy: its downtime).
+            # Silence counts while open (a restore weeks later keeps its marks for a replay);
+            # it was closed from its newest mark to its opening (docs/exactly-once.md).
             if self._closed_for is None:
                 newest = max((m.seen_us for m in self.marks.values()), default=now)
                 self._closed_for = (now, max(0, now - newest))

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime import Record
+from runtime.faults import Faults
 from runtime.wire import millstream_pb2 as pb
 from tests.core.corekit import engine_options, nowhere
 from worker.core import WorkerCore
@@ -192,7 +193,9 @@ def test_a_reopened_primary_still_waits_for_a_follower_it_had_the_leader_add(tmp
         assert primary.tablets[KEY].replicator.in_sync == {"f"} or "f" in primary.tablets[KEY].replicator.required()
         await _fail_next_write(primary, follower, b"lost")  # the tablet closes; no routing came
         # The network to the follower is cut from here: it cannot catch up (and be added) again.
-        primary.faults.blocked = lambda address: address == "f:1"  # type: ignore[method-assign]
+        cut = Faults(None)  # (the primary's own: WorkerCore's default is shared by every core)
+        cut.blocked = lambda address: address == "f:1"  # type: ignore[method-assign]
+        primary.faults = cut
         deadline = time.monotonic() + 10
         while await primary.deliver("tally", 0, 1, [_rec(3, b"b")]) != OK:  # as a sender retries
             assert time.monotonic() < deadline, "the tablet never reopened"

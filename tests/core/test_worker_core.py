@@ -640,3 +640,38 @@ def test_a_producer_silent_for_the_expiry_while_its_tablet_was_open_loses_its_ma
     assert gone in asyncio.run(run([(BASE + minute, live, 1, 10), (BASE + 4 * day, live, 11, 20)]))
     marks = asyncio.run(run([(BASE + 4 * day + minute, live, 21, 30), (BASE + 8 * day, live, 31, 40)]))
     assert live in marks and gone not in marks
+
+
+def test_a_due_timer_fires_within_a_batch_or_two_however_many_records_wait(tmp_path: object) -> None:
+    """Review of the timers: records ran first and filled every batch of a tablet with a
+    backlog, so a due timer (a timeout, a window) was deferred batch after batch until the
+    backlog drained, and never while input stayed at capacity. A batch now fires a quarter
+    of its limit of due timers however many records came first."""
+    clock = [BASE]
+
+    async def main() -> None:
+        async def nowhere(*args: object) -> int:
+            raise AssertionError("everything is local in these tests")
+
+        core = WorkerCore(str(tmp_path), "self:1", nowhere, WorkerLimits(max_batch_records=4),
+                          wall_us=lambda: clock[0])
+        core.worker_id = "w"
+        core.renewed(core.now_ms(), 60_000)
+        Collector.seen = []
+        await core.apply_routing(routing(
+            ("timers", "tests.core.jobs:TimerJob", ["in"], ["out"], {}),
+            ("collect", "tests.core.jobs:Collector", ["out"], [], {"name": "out"}),
+        ))
+        assert await core.deliver("timers", 0, 1, [rec(1, b"set 10")]) == OK
+        tablet = core.tablets[("timers", 0)]
+        backlog = [Record(b"k%d" % i, b"mark %d" % i, BASE + i, (100 + i).to_bytes(16, "big")) for i in range(40)]
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        tablet.inbox.put(Columns.of_records(backlog), fut)  # one delivery, ten batches' worth
+        clock[0] = BASE + 20  # the timer is due (no await in between: the next batch holds both)
+        tablet._wake.set()
+        seen = lambda: [v for _, _, v in Collector.seen]  # noqa: E731 (marks included)
+        await _until(lambda: len(seen()) == 41, "the backlog and the timer")
+        assert seen().index(b"fired 10") < 8, seen()
+        await core.close_all()
+
+    asyncio.run(main())
