@@ -256,6 +256,12 @@ async def _drain_step(core: MasterCore, name: str, job: Job) -> None:
                                  finished_streams=dict.fromkeys(streams, True)))
         log.info("job %s draining: its input is released to the end of time", name)
         return
+    if any(inj.stream in job.streams and inj.watermark != END_OF_TIME for inj in image.injectors.values()):
+        # Released, but a failover came before the next tick wrote the injectors out: this
+        # leader loaded their old promises, which nothing would move again (their streams
+        # take no report any more). Released again, written out by the next tick.
+        injectors.release_streams(image, job.streams, core.now_ms())
+        log.info("job %s draining: its input released again (a new leader)", name)
     if all(image.published.get(c) == END_OF_TIME for c in image.topologies[name].computations):
         await core.commit(Change(jobs={name: dataclasses.replace(job, state=DRAINED, since=time.time())}))
         await core.bump()

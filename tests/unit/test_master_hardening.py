@@ -454,3 +454,33 @@ def test_a_tablet_moved_off_its_worker_in_the_change_that_removes_the_worker_los
     assert core.image.tablets[("a", 0)].report is not None
     asyncio.run(core.commit(Change(workers={"w": None}, tablets={("a", 0): Ownership("", 1)})))
     assert core.image.tablets[("a", 0)].report is None
+
+
+def test_a_drain_whose_release_a_failover_lost_still_reaches_drained() -> None:
+    """Review of the master: a drain released its input's injectors in memory and wrote only
+    'released'; a leader lost before the next tick wrote the injectors out left a successor
+    with their old promises, which nothing moved again (the stream takes no report any more):
+    the job stayed draining, its windows unfired, for the injectors' expiry (a day)."""
+    store = MemoryStore()
+    core = _core(store)
+
+    async def main() -> None:
+        core.report_injector("feeder", "in", 100, "f1")
+        _idle(core, 1)
+        await progress.advance(core)
+        assert core.image.published["a"] == 100
+        await lifecycle.drain(core, "one")
+        core.heartbeat("w", [idle_report("a")], 2, (), core.version)  # the drain's routing applied
+        await lifecycle.advance(core)
+        assert core.image.jobs["one"].released
+        successor = leader(store)  # the leader is lost before its next tick wrote the release out
+        await successor.become_leader()
+        assert hold(successor, "feeder") == ("in", 100)
+        for seq in range(3, 8):
+            successor.heartbeat("w", [idle_report("a")], seq, (), successor.version)
+            await progress.advance(successor)
+            await lifecycle.advance(successor)
+        assert successor.image.published["a"] == END
+        assert successor.image.jobs["one"].state == "drained"
+
+    asyncio.run(main())
