@@ -53,6 +53,7 @@ class MasterCore:
         self._replan_soon = ""  # why to re-plan at the next tick (a worker became eligible for copies, ...)
         self._changed = asyncio.Condition()
         self._lock = asyncio.Lock()
+        self._expiring: set[str] = set()  # workers whose expiry is being written (tick)
 
     @property
     def lock(self) -> asyncio.Lock:
@@ -112,6 +113,8 @@ class MasterCore:
     def heartbeat(self, worker_id: str, held: Sequence[pb.HeldTablet] = (), report_seq: int = 0,
                   problems: Sequence[pb.TabletProblem] = (), routing_version: int = 0) -> dict[str, int]:
         """Renew a worker's lease and take its tablets' progress; returns the input watermarks."""
+        if worker_id in self._expiring:
+            raise UnknownWorkerError(f"worker {worker_id} is not registered (its lease expired)")
         if self.image.heartbeat(worker_id, held, report_seq, problems, routing_version, self.now_ms()):
             self._replan_soon = "heard"  # the first report since this master leads
         return self.image.inputs
@@ -261,16 +264,27 @@ class MasterCore:
             reason, self._replan_soon = self._replan_soon, ""
             async with self._lock:
                 await self.rebalance(reason)
-        dead = [w for w, e in self.image.workers.items() if now - e.last_seen > self.config.lease_ms]
-        if not dead:
+        if not self._expired(now):
             return
         async with self._lock:
+            # Looked at again under the lock: a worker heard while this waited for it keeps its
+            # lease (it was answered as known), and one that left meanwhile is gone already.
+            dead = self._expired(self.now_ms())
+            if not dead:
+                return
             for w in dead:
                 log.warning("worker %s at %s missed its lease; moving its tablets", w, self.image.workers[w].address)
                 self.image.count("lease_expiries")
                 metrics.WORKER_EXPIRIES.inc()
-            await self.commit(Change(workers=dict.fromkeys(dead)))
+            self._expiring = set(dead)  # a heartbeat meanwhile is answered unknown: it registers again
+            try:
+                await self.commit(Change(workers=dict.fromkeys(dead)))
+            finally:
+                self._expiring = set()
             await self.rebalance("expiry")
+
+    def _expired(self, now: float) -> list[str]:
+        return [w for w, e in self.image.workers.items() if now - e.last_seen > self.config.lease_ms]
 
     def _start_upkeep(self) -> None:
         """etcd's size check (and its hourly defragment) as a task of its own: a defragment

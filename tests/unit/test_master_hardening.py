@@ -484,3 +484,40 @@ def test_a_drain_whose_release_a_failover_lost_still_reaches_drained() -> None:
         assert successor.image.jobs["one"].state == "drained"
 
     asyncio.run(main())
+
+
+def test_a_worker_heard_while_the_tick_waits_for_the_lock_keeps_its_lease() -> None:
+    """Review of the master: the tick chose the workers past their lease, then waited for the
+    leader's lock; a heartbeat answered meanwhile (the worker trusts its lease again) did not
+    save it from being deleted and its tablets moved: two primaries at once."""
+    clock = [0.0]
+    core = leader(clock=lambda: clock[0])
+    topo = Topology("one")
+    topo.add_computation("a", "x:A", inputs={"in": None}, key_ranges=1)
+    seed(core, topo)
+
+    async def nothing(_: Any) -> None:
+        return None
+
+    async def main() -> None:
+        core.heartbeat("w", [idle_report("a")], 1)
+        clock[0] += core.config.lease_ms + 1  # w is past its lease now
+        core._replan_soon = ""  # (no rebalance first: it would wait for the lock before choosing)
+        await core._lock.acquire()  # a command holds the leader's lock (an etcd write, say)
+        tick = asyncio.get_running_loop().create_task(core.tick())
+        for _ in range(100):  # until the tick waits for the lock
+            await asyncio.sleep(0)
+            if core._lock._waiters:  # type: ignore[attr-defined]
+                break
+        assert core._lock._waiters, "the tick never waited for the lock"  # type: ignore[attr-defined]
+        core.heartbeat("w", [idle_report("a")], 2)  # answered: w trusts its lease again
+        core._lock.release()
+        await tick
+        assert "w" in core.image.workers
+
+    original = progress.advance
+    progress.advance = nothing  # type: ignore[assignment]  # (the tick's watermark step: not the point)
+    try:
+        asyncio.run(main())
+    finally:
+        progress.advance = original  # type: ignore[assignment]
