@@ -76,7 +76,8 @@ def read_rows(path: str) -> list[dict[str, Any]]:
     for name in sink_files(path):
         table = pq.read_table(name)
         ts = table.column("timestamp").cast("int64").to_pylist()
-        for row, t in zip(table.to_pylist(), ts, strict=True):
+        # (without the timestamp column: as datetimes, times past the year 9999 do not convert)
+        for row, t in zip(table.drop_columns(["timestamp"]).to_pylist(), ts, strict=True):
             row["timestamp"] = t
             rows.append(row)
     return rows

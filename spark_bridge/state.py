@@ -22,7 +22,8 @@ def read_state(spark: Any, savepoint_dir: str, computation: str, state: str | No
 
     Without ``state``: its ``ctx.state``, one row per key with ``key`` (UTF-8 text, escapes where
     it is not), ``key_bytes``, ``value`` (the bytes), ``value_text`` (the bytes as UTF-8 text,
-    null where they are not) and the ``key_range`` that held it.
+    null where they are not) and the ``key_range`` that held it. (A flow's stage keeps none:
+    :class:`MillstreamError` names the typed states to read instead.)
 
     With ``state``: the typed state of that name declared on the computation's class (its
     ``ValueState``, ``ListState`` or ``MapState``; in a flow's stage, a ``reduce`` step's value
@@ -44,12 +45,21 @@ def read_state(spark: Any, savepoint_dir: str, computation: str, state: str | No
         have = sorted({str(t["computation"]) for t in manifest["tablets"]})
         raise MillstreamError(f"the savepoint of job {manifest['job']!r} has no computation {computation!r} "
                               f"(it has {', '.join(have)})")
-    if state is None:
-        rdd = spark.sparkContext.parallelize(paths, len(paths)).flatMap(_rows)
-        return spark.createDataFrame(rdd, SCHEMA)
     code = json.loads(manifest["topology"])
     spec = next(c for c in code["computations"] if c["name"] == computation)
     spec_path, params = spec["code"], spec.get("params", {})
+    if state is None:
+        from runtime.flows import FLOW_CODES
+
+        if spec_path in FLOW_CODES:  # (its steps keep typed state only: an empty frame would say nothing)
+            from runtime.flows.stage import readable_states
+            from runtime.imports import load
+
+            names = sorted(readable_states(load(spec_path, "computation code"), params))
+            raise MillstreamError(f"{computation!r} is a stage of a flow, which keeps no ctx.state: read one of "
+                                  f"its typed states with state=NAME ({', '.join(names) or 'it has none'})")
+        rdd = spark.sparkContext.parallelize(paths, len(paths)).flatMap(_rows)
+        return spark.createDataFrame(rdd, SCHEMA)
     _spec(spec_path, params, state)  # a clear error here, not in a task
     wm = int(manifest.get("watermarks", {}).get(computation, MIN_TIME))
     taken = manifest.get("taken")  # (the state as it was then: a wall-clock TTL is judged by it)
@@ -71,7 +81,11 @@ def _spec(code: str, params: dict[str, str], name: str) -> Any:
 
 
 def _text(obj: Any) -> str:
-    return obj if isinstance(obj, str) else json.dumps(obj, default=repr)
+    """A map key as text, as ``millstream state get`` shows it (bytes as UTF-8, else ``0x`` hex)."""
+    from runtime.state import json_value
+
+    shown = json_value(obj)
+    return shown if isinstance(shown, str) else json.dumps(shown)
 
 
 def _typed_rows(item: tuple[int, str, str, dict[str, str], str, int, int]

@@ -227,3 +227,13 @@ class MeteredCounter(Computation):
     def process_record(self, ctx: Context, record: Record) -> None:
         WORDS_SEEN.labels(str(len(record.key))).inc()
         ctx.produce("out", record.key)
+
+
+class BytesTally(Computation):
+    """Counts each value (bytes, not necessarily UTF-8) in a map per key: ``seen[value] += 1``."""
+
+    seen = MapState("seen", codecs.BYTES, codecs.INT)
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        seen = ctx.state_of(self.seen)
+        seen.put(record.value, seen.get(record.value, 0) + 1)

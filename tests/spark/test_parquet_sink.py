@@ -510,3 +510,16 @@ def test_a_committed_tablet_that_opens_again_drops_its_marker(tmp_path: Any) -> 
     assert not [n for n in os.listdir(d) if n.endswith(".uncommitted")]
     _sink(d, "snk/0", None, token=5)  # a later cluster, the same directory
     assert _ns(d) == [0, 1]
+
+
+def test_read_rows_takes_a_timestamp_past_the_year_9999(tmp_path: Any) -> None:
+    """After review: read_rows made each row a dict with its timestamp as a datetime first, which
+    raised OverflowError for a record stamped past the year 9999 (a flush at the end of input,
+    stamped just below the end of time), and returned nothing."""
+    d = str(tmp_path)
+    sink = _sink(d, "snk/0", None)
+    late = Record(b"k", _rec(1).value, END_OF_TIME - 1, bytes(16))
+    sink.process_record(None, late)  # type: ignore[arg-type]
+    sink.prepare_commit()
+    [row] = read_rows(d)
+    assert row["timestamp"] == END_OF_TIME - 1 and row["query"] == "q1"

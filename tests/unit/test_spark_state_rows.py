@@ -74,3 +74,48 @@ def test_a_wall_clock_ttl_is_judged_by_when_the_savepoint_was_taken(tmp_path: An
     for wm in (0, END_OF_TIME):  # (the watermark plays no part)
         rows = _typed_rows((0, path, "tests.core.jobs:WallTyped", {}, "count", wm, taken))
         assert [(r[0], r[3]) for r in rows] == [("live", "1")], wm
+
+
+def test_a_bytes_keyed_maps_keys_read_as_the_cli_shows_them(tmp_path: Any) -> None:
+    """After review: a map's bytes keys came out as their Python repr (``b'abc'``, quotes
+    included); they read as ``millstream state get`` shows them: UTF-8 text, else ``0x`` hex."""
+    from runtime.state import ENTRY
+
+    path = os.path.join(str(tmp_path), "tablet")
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    db = Rdict(path, options=opts)
+    for k, n in ((b"abc", 2), (b"\xff\x00", 1)):
+        db[cell(b"key", "seen") + ENTRY + codecs.BYTES.encode(k)] = kept(codecs.INT.encode(n))
+    db.close()
+    rows = _typed_rows((0, path, "tests.jobs:BytesTally", {}, "seen", END_OF_TIME, 0))
+    assert sorted((r[2], r[3]) for r in rows) == [("0xff00", "1"), ("abc", "2")]
+
+
+def test_reading_a_flow_stages_ctx_state_says_to_name_a_typed_state(tmp_path: Any) -> None:
+    """After review: without ``state=``, a flow's stage (which keeps no ctx.state) read as an
+    empty DataFrame, silently; it now says so and names the states to read."""
+    import json
+
+    import pytest
+
+    from runtime import Dataflow
+    from runtime.errors import MillstreamError
+    from runtime.savepoint import FORMATS, MANIFEST, tablet_dir
+    from spark_bridge import read_state
+    from tests import flowjobs as j
+
+    flow = Dataflow("rs", key_ranges=1)
+    flow.input("w", codec=codecs.STR).key_by(j.word_key).map(j.one).reduce(j.add, name="counts").output("out")
+    topo = flow.topology()
+    [stage] = [c for c in topo.computations if c != "rs.input"]
+    d = str(tmp_path)
+    os.makedirs(tablet_dir(d, stage, 0))
+    with open(os.path.join(tablet_dir(d, stage, 0), "CURRENT"), "w") as f:
+        f.write("x")
+    with open(os.path.join(d, MANIFEST), "w") as f:
+        json.dump({"format": max(FORMATS), "job": "rs", "topology": topo.to_json(),
+                   "tablets": [{"computation": stage, "key_range": 0}]}, f)
+    with pytest.raises(MillstreamError, match=r"is a stage of a flow, which keeps no ctx.state: read one of "
+                                              r"its typed states with state=NAME \(counts\)"):
+        read_state(None, d, stage)
