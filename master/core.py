@@ -348,8 +348,9 @@ class MasterCore:
     def shutdown(self) -> None:
         """Leadership is lost: end every routing watch (their workers look for the leader)."""
         self.closed = True
-        if self.upkeep is not None:
-            self.upkeep.cancel()  # its etcd call in a thread runs out; nothing waits for it
+        for task in (self.upkeep, self.autoscaling):  # (an etcd call in a thread runs out; nothing waits for it)
+            if task is not None:
+                task.cancel()  # a split or merge under way: its waits would spin on a closed core
 
         async def wake() -> None:
             async with self._changed:

@@ -521,3 +521,25 @@ def test_a_worker_heard_while_the_tick_waits_for_the_lock_keeps_its_lease() -> N
         asyncio.run(main())
     finally:
         progress.advance = original  # type: ignore[assignment]
+
+
+def test_losing_leadership_stops_a_split_or_merge_under_way() -> None:
+    """Review of the master: a leader stepping down left its autoscaling task running, whose
+    waits for the next routing return at once on a closed core: it spun the event loop for up
+    to a minute, then answered its caller with a misleading error."""
+    core = leader()
+
+    async def main() -> None:
+        started = asyncio.Event()
+
+        async def resharding() -> None:
+            started.set()
+            await asyncio.Event().wait()  # (waits for routings: for ever here)
+
+        core.autoscaling = asyncio.get_running_loop().create_task(resharding())
+        await started.wait()
+        core.shutdown()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(core.autoscaling, 5)
+
+    asyncio.run(main())
