@@ -24,7 +24,7 @@ from master.image import ClusterImage, UnknownWorkerError
 from master.jobs import PAUSE_LIMIT_S
 from master.rebalance import Rebalancer
 from master.scheduler import Ownership, TabletKey, replan
-from master.store import EtcdStore, as_change
+from master.store import EtcdStore, NotLeaderError, as_change
 from master.views import StatusDocument, routing_of, status_of
 from runtime import metrics
 from runtime.errors import MillstreamError, StaleTokenError
@@ -66,7 +66,10 @@ class MasterCore:
 
     async def commit(self, change: Change) -> None:
         """Write ``change`` to etcd, then apply the same change to the image: the one way the
-        leader changes a durable fact (a deposed leader's write is refused by etcd)."""
+        leader changes a durable fact (a deposed leader's write is refused by etcd; one made by
+        a core whose leadership ended, after this master was elected again, by this check)."""
+        if self.closed:
+            raise NotLeaderError("this master's leadership ended; the change was not written")
         await asyncio.to_thread(self.store.apply, change)
         self.image.apply(change, self.now_ms())
 

@@ -543,3 +543,20 @@ def test_losing_leadership_stops_a_split_or_merge_under_way() -> None:
             await asyncio.wait_for(core.autoscaling, 5)
 
     asyncio.run(main())
+
+
+def test_a_core_whose_leadership_ended_writes_nothing() -> None:
+    """Review of the master: a command of a core that stepped down could still write once the
+    same master was elected again (etcd's guard compares the leader key, which the new term
+    wrote the same): the new core's image never saw it (an in-sync removal, a pause ended)."""
+    store = MemoryStore()
+    core = _core(store)
+
+    async def main() -> None:
+        core.shutdown()
+        with pytest.raises(MillstreamError, match="leadership ended"):
+            await core.commit(Change(finished_streams={"in": True}))
+
+    written = len(store.changes)
+    asyncio.run(main())
+    assert len(store.changes) == written
