@@ -210,14 +210,19 @@ def inject_files(sink: Sink, directory: str, name: str, key_field: str | None = 
     None: microseconds, refused if they look like another unit (:func:`check_unit`)."""
     files = check_lines(directory, key_field, time_field, unit)
     n = 0
+    sent: dict[str, str] = {}  # identity -> the name it was sent under
     for ts, fname in files:
         if time_field is None:
             sink.advance_watermark(ts)  # the oldest unfinished file is now this one
         path = os.path.join(directory, fname)
         producer = file_identity(path)
+        if producer in sent:  # a link to a file sent under another name: the same lines
+            log.info("%s is %s (a link to the same file): its lines are sent once", fname, sent[producer])
+            continue
+        sent[producer] = fname
         with open(path, "rb") as f:
             for lineno, line in enumerate(f, start=1):
-                value, key, when = line.rstrip(b"\n"), fname.encode(), ts
+                value, key, when = line.rstrip(b"\n"), os.fsencode(fname), ts
                 if key_field is not None or time_field is not None:
                     if not line.strip():
                         continue  # (a blank line among JSON lines: no record, as check_lines passed it)

@@ -64,7 +64,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import BinaryIO
 
-from injectors.files import Sink, check_unit, created_us, identity_of, line_fields
+from injectors.files import Sink, check_unit, created_us, identity_of, line_fields, warn_if_finished
 from injectors.injector import Injector
 from runtime.errors import (
     InjectionError,
@@ -155,7 +155,7 @@ def _lines(f: BinaryIO, size: int, name: str, key_field: str | None, time_field:
     """The records of an open file already checked: line number, key, value, time (None: the
     follower's stamp)."""
     for lineno, raw in _raw_lines(f, size):
-        value, key, ts = raw.rstrip(b"\n"), name.encode(), None
+        value, key, ts = raw.rstrip(b"\n"), os.fsencode(name), None  # (a name os.listdir gave: any bytes)
         if key_field is not None or time_field is not None:
             if not raw.strip():
                 continue
@@ -414,6 +414,7 @@ def follow_directory(directory: str, masters: str | Iterable[str], stream: str, 
                        allow_code=allow_code, incarnation=IDENTITY)
         inj.check_units = False  # (follow_files checks them, or --timestamp-unit said)
         try:
+            warn_if_finished(inj)  # (a one-shot run of the directory finished its stream: all late)
             started()
             n = follow_files(inj, directory, key_field=key_field, time_field=time_field, unit=unit,
                              max_delay_us=max_delay_us, poll_s=poll_s, done_dir=done_dir, wait=stop.wait,

@@ -261,3 +261,29 @@ def test_a_time_that_is_an_object_with_floats_is_named_and_float_keys_keep_their
     with pytest.raises(InjectionError, match=r"field 'ts' is \{\"a\": 1.5\}: give a number of seconds"):
         line_fields(b'{"ts": {"a": 1.5}}', "x", None, "ts", unit="s")
     assert line_fields(b'{"u": {"a": [1.5, 2e3]}, "ts": 1}', "x", "u", "ts", unit="s")[0] == b'{"a": [1.5, 2000.0]}'
+
+
+def test_a_link_to_a_file_in_the_directory_sends_its_lines_once(tmp_path: object) -> None:
+    """Review of the file injectors: a log directory with ``current.log -> app.log`` sent the
+    file under both names with the same producer, and the second name's line 1 was refused
+    (its sequence not above the last one sent) halfway through the run, on every re-run."""
+    d = str(tmp_path)
+    _file(d, "app.log", ["a1", "a2"], 1000)
+    os.symlink("app.log", os.path.join(d, "current.log"))
+    r = Recorder()
+    assert inject_files(r, d, "src") == 2
+    sent = [e[1] for e in r.events if e[0] == "send"]
+    assert [(v, seq) for _, v, _, (_, seq) in sent] == [(b"a1", 1), (b"a2", 2)]  # type: ignore[misc]
+
+
+def test_a_file_whose_name_is_not_utf8_is_sent_with_its_name_as_bytes(tmp_path: object) -> None:
+    """Review of the file injectors: a name os.listdir gives with surrogates (Latin-1 ``café``)
+    raised UnicodeEncodeError when made the records' key: the run stopped halfway (the
+    follower on every restart)."""
+    d = str(tmp_path)
+    name = os.fsdecode(b"caf\xe9.log")
+    _file(d, name, ["x"], 1000)
+    _file(d, "good.log", ["y"], 2000)
+    r = Recorder()
+    assert inject_files(r, d, "src") == 2
+    assert sorted(e[1][0] for e in r.events if e[0] == "send") == [b"caf\xe9.log", b"good.log"]  # type: ignore[index]
