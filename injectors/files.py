@@ -27,14 +27,14 @@ import logging
 import math
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from decimal import ROUND_FLOOR, Context, Decimal
 from fractions import Fraction
 from typing import BinaryIO, Protocol
 
 from injectors.injector import Injector
 from runtime.errors import InjectionError, MillstreamError
-from runtime.record import END_OF_TIME, MIN_TIME, time_unit
+from runtime.record import END_OF_TIME, MAX_KEY_BYTES, MAX_VALUE_BYTES, MIN_TIME, time_unit
 from runtime.routing import RoutingTable
 from runtime.security import Security
 
@@ -174,6 +174,43 @@ def check_unit(biggest: int, time_field: str, where: str, undone: str, error: ty
                     "--timestamp-unit us to take the numbers as microseconds as they are)")
 
 
+def raw_lines(f: BinaryIO, size: int) -> Iterator[tuple[int, bytes]]:
+    """The lines of an open file up to ``size`` bytes (what was checked: a writer that goes on
+    meanwhile adds nothing), each read at most a byte past a record's largest value (a longer
+    one comes as a piece without its newline, and is refused)."""
+    f.seek(0)
+    pos = lineno = 0
+    while pos < size:
+        raw = f.readline(min(MAX_VALUE_BYTES + 2, size - pos))
+        if not raw:
+            return
+        pos += len(raw)
+        lineno += 1
+        yield lineno, raw
+
+
+def check_file(f: BinaryIO, size: int, name: str, key_field: str | None, time_field: str | None,
+               unit: str | None) -> int:
+    """Every line of an open file (up to ``size`` bytes) checked as a record: raises
+    InjectionError naming the line; returns the largest numeric time's size (``check_unit``)."""
+    biggest = 0
+    for lineno, raw in raw_lines(f, size):
+        value = raw.rstrip(b"\n")
+        where = f"{name}, line {lineno}"
+        if len(value) > MAX_VALUE_BYTES:
+            raise InjectionError(f"{where}: over the {MAX_VALUE_BYTES:,} bytes a record's value may have; split it")
+        if key_field is None and time_field is None:
+            continue
+        if not raw.strip():
+            continue  # (a blank line among JSON lines: no record)
+        key, ts, numeric = line_fields(value, where, key_field, time_field, unit=unit or "us")
+        if key is not None and len(key) > MAX_KEY_BYTES:
+            raise InjectionError(f"{where}: field {key_field!r} is {len(key):,} bytes, over the {MAX_KEY_BYTES:,} a "
+                                 "key may have")
+        biggest = max(biggest, abs(ts or 0) if numeric else 0)
+    return biggest
+
+
 def check_lines(directory: str, key_field: str | None, time_field: str | None,
                 unit: str | None = None) -> list[tuple[int, str]]:
     """:func:`pending_files`, each line of each read for ``key_field`` and ``time_field`` if
@@ -184,14 +221,9 @@ def check_lines(directory: str, key_field: str | None, time_field: str | None,
         raise InjectionError(f"--timestamp-unit {unit} says the unit of --timestamp-field's numbers; give the field too")
     files = pending_files(directory)
     biggest = 0
-    if key_field is not None or time_field is not None:
-        for _, fname in files:
-            with open(os.path.join(directory, fname), "rb") as f:
-                for lineno, line in enumerate(f, start=1):
-                    if line.strip():
-                        _, ts, numeric = line_fields(line.rstrip(b"\n"), f"{fname}, line {lineno}", key_field,
-                                                     time_field, unit=unit or "us")
-                        biggest = max(biggest, abs(ts or 0) if numeric else 0)
+    for _, fname in files:  # (each line's size too: one over a record's limit would fail halfway)
+        with open(os.path.join(directory, fname), "rb") as f:
+            biggest = max(biggest, check_file(f, os.fstat(f.fileno()).st_size, fname, key_field, time_field, unit))
     if time_field is not None and unit is None:
         check_unit(biggest, time_field, f"the files of {directory!r}", "nothing was sent")
     return files

@@ -64,7 +64,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import BinaryIO
 
-from injectors.files import Sink, check_unit, created_us, identity_of, line_fields, warn_if_finished
+from injectors.files import (
+    Sink,
+    check_file,
+    check_unit,
+    created_us,
+    identity_of,
+    line_fields,
+    raw_lines,
+    warn_if_finished,
+)
 from injectors.injector import Injector
 from runtime.errors import (
     InjectionError,
@@ -73,7 +82,7 @@ from runtime.errors import (
     MillstreamError,
     StreamClosedError,
 )
-from runtime.record import END_OF_TIME, MAX_KEY_BYTES, MAX_VALUE_BYTES, MIN_TIME
+from runtime.record import END_OF_TIME, MIN_TIME
 from runtime.security import Security
 
 log = logging.getLogger(__name__)
@@ -113,39 +122,10 @@ def check_follow(time_field: str | None, unit: str | None, max_delay_us: int | N
                                      f"{d!r} is not writable by this user")
 
 
-def _raw_lines(f: BinaryIO, size: int) -> Iterator[tuple[int, bytes]]:
-    """The lines of an open file up to ``size`` bytes (what was checked: a writer that goes on
-    meanwhile adds nothing), each read at most a byte past a record's largest value (a longer
-    one comes as a piece without its newline, and is refused)."""
-    f.seek(0)
-    pos = lineno = 0
-    while pos < size:
-        raw = f.readline(min(MAX_VALUE_BYTES + 2, size - pos))
-        if not raw:
-            return
-        pos += len(raw)
-        lineno += 1
-        yield lineno, raw
-
-
 def _check(f: BinaryIO, size: int, name: str, key_field: str | None, time_field: str | None,
            unit: str | None) -> None:
     """Every line of an open file checked as a record (raises InjectionError naming the line)."""
-    biggest = 0
-    for lineno, raw in _raw_lines(f, size):
-        value = raw.rstrip(b"\n")
-        where = f"{name}, line {lineno}"
-        if len(value) > MAX_VALUE_BYTES:
-            raise InjectionError(f"{where}: over the {MAX_VALUE_BYTES:,} bytes a record's value may have; split it")
-        if key_field is None and time_field is None:
-            continue
-        if not raw.strip():
-            continue  # (a blank line among JSON lines: no record)
-        key, ts, numeric = line_fields(value, where, key_field, time_field, unit=unit or "us")
-        if key is not None and len(key) > MAX_KEY_BYTES:
-            raise InjectionError(f"{where}: field {key_field!r} is {len(key):,} bytes, over the {MAX_KEY_BYTES:,} a "
-                                 "key may have")
-        biggest = max(biggest, abs(ts or 0) if numeric else 0)
+    biggest = check_file(f, size, name, key_field, time_field, unit)
     if time_field is not None and unit is None:
         check_unit(biggest, time_field, f"file {name!r}", "nothing of it was sent")
 
@@ -154,7 +134,7 @@ def _lines(f: BinaryIO, size: int, name: str, key_field: str | None, time_field:
            unit: str | None) -> Iterator[tuple[int, bytes, bytes, int | None]]:
     """The records of an open file already checked: line number, key, value, time (None: the
     follower's stamp)."""
-    for lineno, raw in _raw_lines(f, size):
+    for lineno, raw in raw_lines(f, size):
         value, key, ts = raw.rstrip(b"\n"), os.fsencode(name), None  # (a name os.listdir gave: any bytes)
         if key_field is not None or time_field is not None:
             if not raw.strip():

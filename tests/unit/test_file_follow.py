@@ -213,7 +213,7 @@ def test_a_new_file_taken_for_one_sent_before_is_named_in_a_warning(tmp_path: An
 
 
 def test_a_line_too_large_for_a_record_refuses_its_file(tmp_path: Any, caplog: Any, monkeypatch: Any) -> None:
-    monkeypatch.setattr("injectors.follow.MAX_VALUE_BYTES", 8)
+    monkeypatch.setattr("injectors.files.MAX_VALUE_BYTES", 8)
     d = str(tmp_path)
     put(d, "big.log", ["short", "far too long for it"])
     put(d, "ok.log", ["fine"])

@@ -287,3 +287,25 @@ def test_a_file_whose_name_is_not_utf8_is_sent_with_its_name_as_bytes(tmp_path: 
     r = Recorder()
     assert inject_files(r, d, "src") == 2
     assert sorted(e[1][0] for e in r.events if e[0] == "send") == [b"caf\xe9.log", b"good.log"]  # type: ignore[index]
+
+
+def test_a_line_over_a_records_limit_is_refused_before_anything_is_sent(tmp_path: object) -> None:
+    """Review of the file injectors: without --key-field or --timestamp-field nothing was read
+    first, so a line over 16 MiB (or, with them, a key over 64 KiB) failed halfway through the
+    run, naming no file or line."""
+    from runtime.record import MAX_KEY_BYTES, MAX_VALUE_BYTES
+
+    d = str(tmp_path)
+    _file(d, "a.log", ["fine"], 1000)
+    with open(os.path.join(d, "b.log"), "wb") as f:
+        f.write(b"x" * (MAX_VALUE_BYTES + 1) + b"\n")
+    r = Recorder()
+    with pytest.raises(InjectionError, match=r"b.log, line 1: over the 16,777,216 bytes"):
+        inject_files(r, d, "src")
+    assert r.events == []
+    k = os.path.join(str(tmp_path), "keys")
+    os.makedirs(k)
+    _file(k, "c.jsonl", ['{"k": "%s", "ts": 1}' % ("y" * (MAX_KEY_BYTES + 1))], 1000)
+    with pytest.raises(InjectionError, match=r"c.jsonl, line 1: field 'k' is 65,537 bytes"):
+        inject_files(r, k, "src", key_field="k", time_field="ts", unit="us")
+    assert r.events == []
