@@ -3,11 +3,11 @@ each record and due timer (retried, then dead-lettered), every call's effects me
 the batch's one :class:`~worker.storage.Commit` (its productions through
 :class:`~worker.outgoing.Outgoing`), and the commit written.
 
-A batch is bounded twice: it does at most ``limit`` records and timers, and it stops
-taking more once its user code has used the time budget (``WorkerLimits.batch_budget_ms``).
-What it did not reach stays queued (records) or pending (timers) for the next batch; the
-event loop side of this is in worker/tablet.py.
-"""
+A batch is bounded twice: it does at most ``limit`` records and timers, and it stops taking
+more once its user code has used the time budget (``WorkerLimits.batch_budget_ms``), except
+that a quarter of ``limit`` due timers (not TTL ones) fire within a quarter of the budget
+however full its records made it. What it did not reach stays queued or pending for the
+next batch; the event loop side of this is in worker/tablet.py."""
 
 from __future__ import annotations
 
@@ -126,10 +126,9 @@ class BatchProcessor:
         self._wm = 0            # the input watermark the batch judges lateness by
         self._durations: list[float] = []  # of its calls of user code (one histogram update per batch)
         self.outgoing = Outgoing(tablet.name, tablet.computation, tablet.prefix, tablet.weak, self.host.routing)
-        # The oldest event-time timer or production this batch made earlier than the record
-        # (or timer) it came from, which holds the watermark there: read by the event loop
-        # for progress reports until the batch's effects are in the timer index and the
-        # outbox (worker/tablet.py clears it then). None: no such effect.
+        # The oldest event-time timer or production made earlier than the record (or timer) it
+        # came from: it holds the watermark (progress reports) until the batch's effects are in
+        # the timer index and the outbox (worker/tablet.py clears it then). None: no such effect.
         self.hold: int | None = None
 
     def compute_and_write(self, batch: Batch) -> None:
@@ -199,10 +198,11 @@ class BatchProcessor:
         if self._collected:
             self._run_batch(commit)
         self._set_before: tuple[dict[bytes, int], int] | None = None  # (_earliest_set)
-        fired, floor = 0, max(1, self._limit // 4)  # due timers fire however many records came first
+        fired, floor, t0 = 0, max(1, self._limit // 4), time.perf_counter()  # (module doc)
         for t in batch.due:
             k = (t.key, t.tag)
-            if fired >= floor and (self._stop or self._full()):
+            if (self._stop or self._full()) and not (fired < floor and not t.tag.startswith(TTL_TAG)
+                                                     and time.perf_counter() - t0 < self._budget / 4):
                 self._stop = True
                 self._defer(batch, t)
                 continue
@@ -341,10 +341,9 @@ class BatchProcessor:
         """Records ``i:`` of ``cols`` deduplicated one by one (opaque ids, several producers in
         one delivery, a producer with lower marks after a merge, or out of order) and the new
         ones run. Returns the index reached and the duplicates dropped."""
-        # Each producer's mark moves once per delivery, to the highest sequence of it this
-        # batch took; within the delivery, a record at or below that is a duplicate (a
-        # delivery may repeat a record: a re-sent checkpoint, a round put back), as it would
-        # be against a mark moved record by record.
+        # Each producer's mark moves once per delivery, to its highest sequence the batch took;
+        # within the delivery, a record at or below that is a duplicate (a re-sent checkpoint,
+        # a round put back), as against a mark moved record by record.
         tops: dict[bytes, tuple[int, int]] = {}
         dups = 0
         n = len(cols)
