@@ -336,7 +336,10 @@ class MasterCore:
             yield self.routing()
 
     async def changed(self, timeout: float) -> None:
-        """Wait for the next routing change, at most ``timeout`` seconds."""
+        """Wait for the next routing change, at most ``timeout`` seconds (raises once this core's
+        leadership ended: a split or merge waiting for its ranges would otherwise spin)."""
+        if self.closed:
+            raise NotLeaderError("this master's leadership ended")
         version = self.version
         async with self._changed:
             try:

@@ -560,3 +560,17 @@ def test_a_core_whose_leadership_ended_writes_nothing() -> None:
     written = len(store.changes)
     asyncio.run(main())
     assert len(store.changes) == written
+
+
+def test_a_split_or_merge_waiting_on_a_core_whose_leadership_ended_stops() -> None:
+    """After review: an operator's split or merge (not the autoscaling task) waits for its
+    ranges with core.changed(), which returned at once on a closed core: it spun until its
+    timeout. It raises now."""
+    core = leader()
+
+    async def main() -> None:
+        core.shutdown()
+        with pytest.raises(MillstreamError, match="leadership ended"):
+            await core.changed(5)
+
+    asyncio.run(main())
