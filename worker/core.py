@@ -395,7 +395,7 @@ class WorkerCore:
         after a failure (for a tablet no longer assigned here), opening times, and followers'
         fences of ranges gone for good. Else every range ever held stays in memory."""
         mine = self.routing.tablets_of(self.worker_id) if self.worker_id else {}
-        for kept in (self._batch_limits, self._batch_failures):
+        for kept in (self._batch_limits, self._batch_failures, self._added):
             for key in [k for k in kept if k not in mine]:
                 del kept[key]
         for key in [k for k in self._opened_at if k not in self._opening]:

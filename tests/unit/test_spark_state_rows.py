@@ -78,7 +78,7 @@ def test_a_wall_clock_ttl_is_judged_by_when_the_savepoint_was_taken(tmp_path: An
 
 def test_a_bytes_keyed_maps_keys_read_as_the_cli_shows_them(tmp_path: Any) -> None:
     """After review: a map's bytes keys came out as their Python repr (``b'abc'``, quotes
-    included); they read as ``millstream state get`` shows them: UTF-8 text, else ``0x`` hex."""
+    included); they read as text, as ``millstream state get`` shows bytes: UTF-8, else ``0x`` hex."""
     from runtime.state import ENTRY
 
     path = os.path.join(str(tmp_path), "tablet")
