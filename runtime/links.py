@@ -170,6 +170,9 @@ class FrameStream(Generic[Req, Ans]):
                 if answer is grpc.aio.EOF:
                     error = StreamError(grpc.StatusCode.UNAVAILABLE, f"the worker ended the {self.what} stream")
                     break
+                if answer is None:  # (grpc.aio's read of an answer it could not parse: logged, not raised)
+                    error = StreamError(grpc.StatusCode.INTERNAL, f"an answer on the {self.what} stream did not parse")
+                    break
                 self.window.answered(answer)
                 if answer.credit:
                     self._wake()
@@ -187,6 +190,9 @@ class FrameStream(Generic[Req, Ans]):
             error = e
         except ValueError as e:  # an answer to no frame of ours: this stream cannot be trusted
             error = StreamError(grpc.StatusCode.INTERNAL, str(e))
+        except Exception as e:  # a bug: the stream is replaced, never left to look healthy with no reader
+            log.exception("the %s stream's reader failed", self.what)
+            error = StreamError(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
         self._break(error)
 
     def _break(self, error: grpc.RpcError) -> None:

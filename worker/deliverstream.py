@@ -49,7 +49,8 @@ async def serve_frames(frames: AsyncIterator[Any], context: grpc.aio.ServicerCon
             out = await handle(frame, size, part)
         except Exception as e:  # a bug: the frame fails (UNKNOWN, as the call would), not the stream
             log.exception("frame %d failed", frame.id)
-            out = refused(frame.id, size, grpc.StatusCode.UNKNOWN, f"{type(e).__name__}: {e}", kind)
+            why = f"{type(e).__name__}: {e}".encode("utf-8", "backslashreplace").decode()  # (a lone surrogate)
+            out = refused(frame.id, size, grpc.StatusCode.UNKNOWN, why, kind)
         out.credit = size - given  # the rest of the frame: never nothing (its id and framing)
         window.answered(out.credit)
         answers.put_nowait(out)

@@ -885,3 +885,23 @@ def test_an_answer_this_version_cannot_read_fails_the_deliveries_instead_of_leav
         assert outcome.status == delivery.Status.UNREACHABLE
 
     asyncio.run(main())
+
+
+def test_an_answer_the_stream_could_not_parse_breaks_the_stream_instead_of_killing_its_reader() -> None:
+    """Review of the delivery streams: grpc.aio's read returns None for an answer it cannot
+    parse (it logs, it does not raise); the reader died on it and the stream went on looking
+    healthy: every frame then waited out its time for an answer, and was sent on it again."""
+    from runtime.links import FrameStream
+
+    async def main() -> None:
+        call = _FakeCall(1 << 20)
+        stream: FrameStream[pb.DeliverManyRequest, pb.DeliverAnswerFrame] = FrameStream(
+            lambda: call, lambda i, d: pb.DeliverFrame(id=i, deliveries=d), lambda a: a, "delivery", 30)
+        await _until(lambda: stream.window.granted > 0, "the grant")
+        call.answers.put_nowait(None)  # an answer that did not parse
+        await _until(lambda: stream.broken is not None, "the stream to break")
+        with pytest.raises(grpc.RpcError):
+            await asyncio.wait_for(stream.send(_deliveries("c")), 5)
+        await stream.close()
+
+    asyncio.run(main())
