@@ -170,3 +170,17 @@ class Reduce(Op):
 
     def abort(self) -> None:
         self._changed.clear()
+
+
+def judged_at(ctx: Context, at: int | None, upstream: list[Any]) -> int:
+    """Where a step of a stage judges lateness now: the input's watermark, or ``at``, the time
+    of a firing running in the stage (the stage's FiringClock), and never past what a window
+    or join before it (``upstream``) still has due: their results, stamped then, are yet to come."""
+    wm = ctx.low_watermark
+    if at is not None and at < wm:
+        wm = at
+    for u in upstream:
+        due = u.index.pending(wm)
+        if due is not None and due[1] < wm:
+            wm = due[1]
+    return wm

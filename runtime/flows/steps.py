@@ -16,7 +16,7 @@ from typing import Any
 from runtime.codecs import INT, STR
 from runtime.computation import Computation, Context, State, TimeDomain, record_fn
 from runtime.errors import UsageError
-from runtime.flows.ops import Item, Op
+from runtime.flows.ops import Item, Op, judged_at
 from runtime.record import MAX_VALUE_BYTES, Record, Timestamp, check_time
 from runtime.state import VALUE, MapState, ValueState, cell, declared, kept, payload
 
@@ -269,25 +269,11 @@ class Process(Op):
         watermark, it is noted with that watermark: in a computation of its own, the step's
         output watermark would have passed its time already, and what it makes is late."""
         holds = ctx.state_of(self.holds)
-        wm = self._judged_at(ctx)
+        wm = judged_at(ctx, None if self.clock is None else self.clock.at, self.upstream)  # (as the steps after it judge)
         if time is not None and time < wm:
             holds.put(tag, wm)
         elif holds.contains(tag):
             holds.remove(tag)
-
-    def _judged_at(self, ctx: Context) -> int:
-        """Where the steps after it judge what it makes now (as EventTimeOp.watermark): the
-        input's watermark, or the time of a firing running in the stage, and never past what
-        a window or join before it still has due."""
-        wm = ctx.low_watermark
-        at = None if self.clock is None else self.clock.at
-        if at is not None and at < wm:
-            wm = at
-        for u in self.upstream:
-            due = u.index.pending(wm)
-            if due is not None and due[1] < wm:
-                wm = due[1]
-        return wm
 
     def _wait_for_upstream(self, ctx: Context, what: str, time: int) -> bool:
         """Whether a window or join before it still has due by ``time`` (a firing in slices):

@@ -28,7 +28,7 @@ from runtime.computation import Context, TimeDomain
 from runtime.errors import MillstreamError
 from runtime.flows.assigners import Session, Tumbling, WindowResult, _Windows
 from runtime.flows.due import DueIndex
-from runtime.flows.ops import Item, Op
+from runtime.flows.ops import Item, Op, judged_at
 from runtime.flows.values import AUTO, VALUES
 from runtime.record import MIN_TIME
 from runtime.state import ENTRY, cell, kept, payload
@@ -97,15 +97,7 @@ class EventTimeOp(Op):
         it in the stage fires, that firing's time; and never past what a step before it still
         has due (its results, stamped then, are yet to come: a record of another input of
         this step is judged as in a stage of its own, whose input watermark they would hold)."""
-        wm = ctx.low_watermark
-        at = self.clock.at
-        if at is not None and at < wm:
-            wm = at
-        for u in self.upstream:
-            due = u.index.pending(wm)
-            if due is not None and due[1] < wm:
-                wm = due[1]
-        return wm
+        return judged_at(ctx, self.clock.at, self.upstream)
 
     def due_at(self, ctx: Context, time: int, key: bytes, sub: int) -> None:
         self.index.add(time, key, sub)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from typing import Any
 
 from runtime.imports import CodePolicy
 from runtime.wire import millstream_pb2 as pb
@@ -34,3 +36,22 @@ def engine_options(exactly_once: bool = True, fsync: bool | None = None, dedup_r
     ``exactly_once`` unless said, ten minutes of dedup retention, one copy."""
     return pb.EngineOptions(fsync=exactly_once if fsync is None else fsync, dedup_retention_s=dedup_retention_s,
                             replication=replication)
+
+
+class WriteFails:
+    """A tablet's RocksDB whose next commit waits until the follower holds it (it is shipped
+    before the local write), then fails to write here (a full disk, say)."""
+
+    def __init__(self, db: Any, follower_has_it: Callable[[], bool]) -> None:
+        self._db = db
+        self._follower_has_it = follower_has_it
+
+    def write(self, *args: Any) -> None:
+        deadline = time.monotonic() + 10
+        while not self._follower_has_it():  # a deadline-bounded wait on the tablet's thread
+            assert time.monotonic() < deadline, "the follower never got the commit while it was written"
+            time.sleep(0.001)
+        raise OSError("no space left on device (injected)")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)

@@ -16,7 +16,7 @@ from typing import Any
 from runtime import Record
 from runtime.faults import Faults
 from runtime.wire import millstream_pb2 as pb
-from tests.core.corekit import engine_options, nowhere
+from tests.core.corekit import WriteFails, engine_options, nowhere
 from worker.core import WorkerCore
 from worker.sender import OK
 from worker.storage import state_key
@@ -64,25 +64,6 @@ class _Wire:
         return tuple(sorted(self.in_sync))
 
 
-class _WriteFails:
-    """A tablet's RocksDB whose next commit waits until the follower holds it (it was sent
-    before the write began), then fails to write here (a full disk, say)."""
-
-    def __init__(self, db: Any, follower_has_it: Callable[[], bool]) -> None:
-        self._db = db
-        self._follower_has_it = follower_has_it
-
-    def write(self, *args: Any) -> None:
-        deadline = time.monotonic() + 10
-        while not self._follower_has_it():  # a deadline-bounded wait on the tablet's thread
-            assert time.monotonic() < deadline, "the follower never got the commit while it was written"
-            time.sleep(0.001)
-        raise OSError("no space left on device (injected)")
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._db, name)
-
-
 async def _until(cond: Callable[[], bool], what: str, timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -118,7 +99,7 @@ def _copy(follower: WorkerCore) -> tuple[int, bytes | None]:
 async def _fail_next_write(primary: WorkerCore, follower: WorkerCore, value: bytes) -> None:
     """Deliver ``value`` as commit 2; the follower applies it, the primary's write fails."""
     store = primary.tablets[KEY].store
-    store.db = _WriteFails(store.db, lambda: _copy(follower)[0] >= 2)
+    store.db = WriteFails(store.db, lambda: _copy(follower)[0] >= 2)
     assert await primary.deliver("tally", 0, 1, [_rec(2, value)]) != OK  # acknowledged nowhere
     assert _copy(follower) == (2, b"a;" + value + b";")
 

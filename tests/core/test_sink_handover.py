@@ -20,7 +20,7 @@ from runtime import Record
 from runtime.errors import StaleTokenError
 from runtime.sinks import read_file_sink
 from runtime.wire import millstream_pb2 as pb
-from tests.core.corekit import engine_options, nowhere
+from tests.core.corekit import WriteFails, engine_options, nowhere
 from worker.core import WorkerCore
 from worker.sender import OK
 
@@ -172,25 +172,6 @@ def test_a_follower_a_reopened_primary_dropped_is_caught_up_with_no_commit_and_n
     asyncio.run(run())
 
 
-class _WriteFails:
-    """The sink's RocksDB: its next commit waits until the follower holds it (it is shipped
-    before the local write), then fails to write here (a full disk, say)."""
-
-    def __init__(self, db: Any, follower_has_it: Callable[[], bool]) -> None:
-        self._db = db
-        self._follower_has_it = follower_has_it
-
-    def write(self, *args: Any) -> None:
-        deadline = time.monotonic() + 10
-        while not self._follower_has_it():  # a deadline-bounded wait on the tablet's thread
-            assert time.monotonic() < deadline, "the follower never got the commit while it was written"
-            time.sleep(0.001)
-        raise OSError("no space left on device (injected)")
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._db, name)
-
-
 def test_a_sink_reopened_after_a_failed_write_has_its_follower_holding_that_commit_dropped_before_it_cuts(
         tmp_path: Any) -> None:
     """Review of the sinks: a sink that never moved (token 1) skipped ``confirm`` when it reopened
@@ -201,7 +182,7 @@ def test_a_sink_reopened_after_a_failed_write_has_its_follower_holding_that_comm
         out, wires, w, f = await _one_record_in(str(tmp_path))
         await _until(lambda: ("f", True) in wires["w"].asked, "f in sync")
         first = w.tablets[KEY]
-        first.store.db = _WriteFails(first.store.db, lambda: (copy := f.replicas.copies.get(KEY)) is not None
+        first.store.db = WriteFails(first.store.db, lambda: (copy := f.replicas.copies.get(KEY)) is not None
                                      and copy.index >= 2)
         assert await w.deliver("out", 0, 1, [_rec(2)]) != OK  # written to the file, shipped, not committed here
         deadline = time.monotonic() + 10
