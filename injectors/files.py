@@ -212,25 +212,28 @@ def check_file(f: BinaryIO, size: int, name: str, key_field: str | None, time_fi
 
 
 def check_lines(directory: str, key_field: str | None, time_field: str | None,
-                unit: str | None = None) -> list[tuple[int, str]]:
-    """:func:`pending_files`, each line of each read for ``key_field`` and ``time_field`` if
-    given: a bad line raises (:func:`line_fields`) before anything is sent or registered, and
-    so do numeric times that look like another unit than microseconds when ``unit`` is not
-    given (:func:`check_unit`)."""
+                unit: str | None = None) -> list[tuple[int, str, int]]:
+    """:func:`pending_files` with the size each was checked at, every line of each checked
+    (:func:`check_file`): a bad line raises before anything is sent or registered, and so do
+    numeric times that look like another unit than microseconds when ``unit`` is not given
+    (:func:`check_unit`). What is sent is what was checked: each file up to that size."""
     if unit is not None and time_field is None:
         raise InjectionError(f"--timestamp-unit {unit} says the unit of --timestamp-field's numbers; give the field too")
-    files = pending_files(directory)
+    files = []
     biggest = 0
-    for _, fname in files:  # (each line's size too: one over a record's limit would fail halfway)
+    for ts, fname in pending_files(directory):  # (each line's size too: one over a record's limit would fail halfway)
         with open(os.path.join(directory, fname), "rb") as f:
-            biggest = max(biggest, check_file(f, os.fstat(f.fileno()).st_size, fname, key_field, time_field, unit))
+            size = os.fstat(f.fileno()).st_size
+            biggest = max(biggest, check_file(f, size, fname, key_field, time_field, unit))
+        files.append((ts, fname, size))
     if time_field is not None and unit is None:
         check_unit(biggest, time_field, f"the files of {directory!r}", "nothing was sent")
     return files
 
 
 def inject_files(sink: Sink, directory: str, name: str, key_field: str | None = None,
-                 time_field: str | None = None, unit: str | None = None) -> int:
+                 time_field: str | None = None, unit: str | None = None,
+                 files: list[tuple[int, str, int]] | None = None) -> int:
     """Send every line of every file, advancing the watermark file by file; returns lines sent.
 
     ``key_field`` / ``time_field``: each line is a JSON object whose field gives the record's
@@ -239,11 +242,12 @@ def inject_files(sink: Sink, directory: str, name: str, key_field: str | None = 
     nothing and sends nothing. With ``time_field`` the watermark does not move while the files
     are read (their times are the data's, not the files'): it is left where it is until the
     caller finishes the injection. ``unit``: the unit of numeric times (``UNITS``);
-    None: microseconds, refused if they look like another unit (:func:`check_unit`)."""
-    files = check_lines(directory, key_field, time_field, unit)
+    None: microseconds, refused if they look like another unit (:func:`check_unit`).
+    ``files``: what :func:`check_lines` returned (else it is called here)."""
+    files = check_lines(directory, key_field, time_field, unit) if files is None else files
     n = 0
     sent: dict[str, str] = {}  # identity -> the name it was sent under
-    for ts, fname in files:
+    for ts, fname, size in files:
         if time_field is None:
             sink.advance_watermark(ts)  # the oldest unfinished file is now this one
         path = os.path.join(directory, fname)
@@ -253,7 +257,7 @@ def inject_files(sink: Sink, directory: str, name: str, key_field: str | None = 
             continue
         sent[producer] = fname
         with open(path, "rb") as f:
-            for lineno, line in enumerate(f, start=1):
+            for lineno, line in raw_lines(f, size):  # (what was checked: lines added since wait for a next run)
                 value, key, when = line.rstrip(b"\n"), os.fsencode(fname), ts
                 if key_field is not None or time_field is not None:
                     if not line.strip():
@@ -275,11 +279,11 @@ def inject_directory(directory: str, masters: str | Iterable[str], stream: str,
     (``allow_code``: where the stream's key extractors may come from, as for ``Injector``;
     ``key_field``, ``time_field``, ``unit``: as for :func:`inject_files`)."""
     name = name or "files:" + os.path.abspath(directory)
-    check_lines(directory, key_field, time_field, unit)  # a bad directory or line fails before anything registers
+    files = check_lines(directory, key_field, time_field, unit)  # a bad directory or line fails before anything registers
     with Injector(masters, stream, name, security=security, allow_code=allow_code) as inj:
         inj.check_units = False  # (check_lines did, or --timestamp-unit said)
         warn_if_finished(inj)
-        return inject_files(inj, directory, name, key_field, time_field, unit)
+        return inject_files(inj, directory, name, key_field, time_field, unit, files)
 
 
 def warn_if_finished(inj: Injector) -> None:

@@ -5,8 +5,8 @@ the batch's one :class:`~worker.storage.Commit` (its productions through
 
 A batch is bounded twice: it does at most ``limit`` records and timers, and it stops taking
 more once its user code has used the time budget (``WorkerLimits.batch_budget_ms``), except
-that a quarter of ``limit`` due timers (not TTL ones) fire within a quarter of the budget
-however full its records made it. What it did not reach stays queued or pending for the
+that up to a quarter of ``limit`` due timers fire within a quarter of the budget however
+full its records made it (TTL timers last, as they are taken). What it did not reach stays queued or pending for the
 next batch; the event loop side of this is in worker/tablet.py."""
 
 from __future__ import annotations
@@ -201,8 +201,7 @@ class BatchProcessor:
         fired, floor, t0 = 0, max(1, self._limit // 4), time.perf_counter()  # (module doc)
         for t in batch.due:
             k = (t.key, t.tag)
-            if (self._stop or self._full()) and not (fired < floor and not t.tag.startswith(TTL_TAG)
-                                                     and time.perf_counter() - t0 < self._budget / 4):
+            if (self._stop or self._full()) and not (fired < floor and time.perf_counter() - t0 < self._budget / 4):
                 self._stop = True
                 self._defer(batch, t)
                 continue

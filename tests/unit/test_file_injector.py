@@ -309,3 +309,23 @@ def test_a_line_over_a_records_limit_is_refused_before_anything_is_sent(tmp_path
     with pytest.raises(InjectionError, match=r"c.jsonl, line 1: field 'k' is 65,537 bytes"):
         inject_files(r, k, "src", key_field="k", time_field="ts", unit="us")
     assert r.events == []
+
+
+def test_lines_appended_while_a_run_sends_wait_for_the_next_run(tmp_path: object) -> None:
+    """After review: each file was checked up to its size, then sent to its end: a line added
+    in between was sent unchecked (one over a record's limit failed the run halfway)."""
+    d = str(tmp_path)
+    _file(d, "a.log", ["a1", "a2"], 1000)
+
+    class Appending(Recorder):
+        def send_sequenced(self, producer: str, seq: int, key: bytes, value: bytes, timestamp: int) -> None:
+            if seq == 1:
+                with open(os.path.join(d, "a.log"), "a") as f:
+                    f.write("added while sending\n")
+            super().send_sequenced(producer, seq, key, value, timestamp)
+
+    r = Appending()
+    assert inject_files(r, d, "src") == 2
+    assert [e[1][1] for e in r.events if e[0] == "send"] == [b"a1", b"a2"]  # type: ignore[index]
+    again = Recorder()
+    assert inject_files(again, d, "src") == 3  # the next run sends it (its receivers drop the first two)
