@@ -18,7 +18,7 @@ log = logging.getLogger("millstream")
 
 def tablet(text: str) -> tuple[str, int]:
     comp, _, r = text.rpartition("/")
-    if not comp or not r.isdigit():
+    if not comp or not (r.isascii() and r.isdigit()) or int(r) >= 1 << 32:
         raise ConfigError(f"tablet {text!r} is not COMPUTATION/RANGE, e.g. counter/0")
     return comp, int(r)
 
@@ -100,7 +100,7 @@ def health_flag(p: argparse.ArgumentParser) -> None:
 def masters_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--masters", default=from_env("MILLSTREAM_MASTERS"),
                    help="master addresses HOST:PORT[,HOST:PORT...] (env MILLSTREAM_MASTERS)")
-    p.add_argument("--timeout", type=float, default=5.0,
+    p.add_argument("--timeout", type=float_in(0.1, 86_400, "--timeout, seconds"), default=5.0,
                    help="seconds to keep trying to reach the leader (default 5)")
 
 

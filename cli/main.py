@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--data-dir", default=from_env("MILLSTREAM_DATA_DIR", "./millstream-data"))
     up.add_argument("--lease-ms", type=int_in(500, 3_600_000, "--lease-ms or MILLSTREAM_LEASE_MS, milliseconds"),
                     default=from_env("MILLSTREAM_LEASE_MS", "3000"))
-    up.add_argument("--port", type=int, default=7070,
+    up.add_argument("--port", type=int_in(0, 65535, "--port"), default=7070,
                     help="port of the first master (0: chosen by the OS; falls back to that if taken)")
     up.add_argument("--allow-code", default=from_env("MILLSTREAM_ALLOW_CODE"), metavar="PREFIXES",
                     help="comma-separated module prefixes the workers may load code from, besides the modules and "
@@ -458,8 +458,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     root = logging.getLogger()
     root.setLevel(getattr(logging, str(args.log_level).upper(), logging.INFO))
-    root.addHandler(logs.handler(sys.stderr, getattr(args, "log_format", "text")))
     try:
+        root.addHandler(logs.handler(sys.stderr, getattr(args, "log_format", "text")))
         read_secrets(args)
         return _run(args)
     except MillstreamError as e:
@@ -467,6 +467,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `millstream status | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python's flush at exit would raise)
+        return 0
+    except UnicodeError as e:  # a name, key or path that is not UTF-8 text (the wire's strings are)
+        print(f"millstream: error: {e.object[e.start:e.end]!r} is not UTF-8 text; give names and keys as "
+              "UTF-8" if isinstance(e, UnicodeEncodeError) else f"millstream: error: {e}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError, OverflowError) as e:  # a path that is not a directory, a number out of range
+        log.debug("the command failed", exc_info=True)
+        print(f"millstream: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

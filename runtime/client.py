@@ -48,7 +48,7 @@ def parse_addresses(masters: str | Iterable[str]) -> list[str]:
         raise ConfigError("no master address given; pass HOST:PORT[,HOST:PORT...] "
                           "(or set MILLSTREAM_MASTERS)")
     for a in out:
-        if not _ADDRESS.match(a):
+        if not _ADDRESS.match(a) or not 0 < int(a.rpartition(":")[2]) < 65536:
             raise ConfigError(f"master address {a!r} is not HOST:PORT (e.g. 127.0.0.1:7070)")
     return out
 

@@ -190,6 +190,12 @@ class Security:
                 raise ConfigError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
             if not tok.strip():
                 raise ConfigError(f"the {role} token is empty; pass a non-empty --{role}-token")
+        named: list[tuple[str, str | None]] = [("the token", self.token)]
+        for what, text in named + [(f"the {r} token", t) for r, t in self.role_tokens.items()]:
+            if text is not None and text.strip() and not (text.isascii() and text.isprintable() and " " not in text):
+                raise ConfigError(f"{what} has a character a gRPC header cannot carry (a space, a line break or "
+                                  "a non-ASCII letter); use printable ASCII without spaces (e.g. from "
+                                  "`openssl rand -hex 32`)")
         if self.client_ca is not None:
             if not os.path.isfile(self.client_ca):
                 raise ConfigError(f"--tls-client-ca {self.client_ca!r} is not a readable file")

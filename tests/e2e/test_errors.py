@@ -178,3 +178,41 @@ def test_a_second_inject_files_run_into_a_finished_stream_warns_that_its_records
     assert second.returncode == 0, second.stderr
     assert "the watermark of 'once_count', reading 'once-in', is at the end of time" in second.stderr, second.stderr
     assert "--follow" in second.stderr
+
+
+def test_what_the_cli_review_found_gets_one_line_too(tmp_path: object) -> None:
+    """Review of the CLI: each of these printed a Python traceback (or hung, for --timeout nan):
+    a key that is not UTF-8, a key range past 32 bits, a savepoint into a file, a port past
+    65535, a token a gRPC header cannot carry, a log format the environment names wrongly."""
+    d = str(tmp_path)
+    unreachable = f"127.0.0.1:{free_port()}"
+    token = os.path.join(d, "token")
+    with open(token, "w") as f:
+        f.write("päss\n")
+    for args, needle in (
+            (["state", "get", "counts", os.fsdecode(b"\xff"), "--masters", unreachable], "is not UTF-8 text"),
+            (["move", "counts/4294967296", "w1", "--masters", unreachable], "is not COMPUTATION/RANGE"),
+            (["savepoint", "wc", os.path.join(ROOT, "README.md"), "--masters", unreachable], "Not a directory"),
+            (["status", "--masters", "127.0.0.1:99999"], "is not HOST:PORT"),
+            (["status", "--masters", unreachable, "--token-file", token], "printable ASCII without spaces")):
+        one_line_error(millstream(*args, timeout=30), needle)
+    nan = millstream("status", "--masters", unreachable, "--timeout", "nan", timeout=30)
+    assert nan.returncode == 2 and "Traceback" not in nan.stderr and "--timeout" in nan.stderr, nan.stderr
+    env = dict(os.environ, PYTHONPATH=ROOT, MILLSTREAM_LOG_FORMAT="xml")
+    xml = subprocess.run([sys.executable, "-m", "cli", "up", "--data-dir", d], capture_output=True,
+                         text=True, timeout=30, env=env, cwd=ROOT)  # (refused before anything starts)
+    one_line_error(xml, "log format 'xml'")
+
+
+def test_a_reader_that_stops_reading_ends_the_cli_quietly(tmp_path: object) -> None:
+    """`millstream explain ... | head -1`: the reader closing the pipe gave a BrokenPipeError
+    traceback (review of the CLI)."""
+    with open(os.path.join(str(tmp_path), "pipeflow.py"), "w") as f:
+        f.write("from runtime import Dataflow\nFLOW = Dataflow('pf')\nFLOW.input('in').output('out')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, str(tmp_path)]))
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "explain", "pipeflow:FLOW"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, cwd=str(tmp_path))
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the child writes a byte (its interpreter is still starting)
+    err = proc.stderr.read().decode()
+    assert proc.wait(30) == 0 and "Traceback" not in err, err
