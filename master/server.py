@@ -194,6 +194,8 @@ class MasterServicer(rpc.MasterServicer):
 
     async def UpdateInSync(self, request: pb.InSyncRequest, context: Any) -> pb.InSyncResponse:
         core = await self._leader(context)
+        if not request.primary:  # (no name: no secret to check, and no primary to check it against)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "an in-sync change names the primary asking it")
         await serving.call_core(context, lambda: _async(membership.authenticate, core.image, request.primary,
                                                         request.secret))
         in_sync = await serving.call_core(context, lambda: core.update_in_sync(

@@ -34,6 +34,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -46,6 +47,7 @@ from worker.runner import TabletThread
 from worker.storage import TERM_TOKEN_BITS
 
 log = logging.getLogger(__name__)
+_SESSION = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a snapshot's session (worker/replication.py): a directory's name
 R = pb.ReplicateResponse
 
 
@@ -143,7 +145,7 @@ class Replicas:
             return _refuse(R.STALE_TOKEN, "stale token", f"{key[0]}/{key[1]}: token {token} is older than "
                            f"token {self.fence[key]}, already seen here")
         routed = self.routed_token(key)
-        if token > routed:
+        if token > routed or token < 1:  # (token 0 is no primary's: a tablet not routed here has 0)
             # Not confirmed: the fence stays where the routing put it (review N14).
             return _refuse(R.NOT_YET, "not routed", f"{key[0]}/{key[1]}: this worker's routing has no copy "
                            f"of it here under token {token} (its token here: {routed or 'none'}); "
@@ -186,6 +188,9 @@ class Replicas:
         key = (chunk.computation, chunk.key_range)
         async with self._lock(key):
             refused = self._check(key, chunk.token, chunk.follower)
+            if refused is None and not _SESSION.fullmatch(chunk.session):  # (it names a directory)
+                refused = _refuse(R.NEED_SNAPSHOT, "bad session", f"snapshot session {chunk.session[:40]!r} is "
+                                  "not a primary's (letters, digits, _ and -)")
             if refused is not None:
                 self._discard_incoming(key)
                 return refused

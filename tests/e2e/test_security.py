@@ -156,6 +156,11 @@ def test_a_cluster_set_up_like_the_systemd_example_refuses_strangers_and_forged_
             grpc.StatusCode.PERMISSION_DENIED
         assert call(tokens["worker"], "UpdateInSync", pb.InSyncRequest(
             computation="counter", key_range=0, primary=wid, follower=wid)) == grpc.StatusCode.PERMISSION_DENIED
+        # ... nor by naming no primary (review of security: no name, no secret checked)
+        routed = [a for c_ in c.client.routing().computations if c_.name == "counter" for a in c_.assignments][0]
+        assert call(tokens["worker"], "UpdateInSync", pb.InSyncRequest(
+            computation="counter", key_range=0, token=routed.token, follower=wid, add=False)) == \
+            grpc.StatusCode.PERMISSION_DENIED
         # A real worker back on its own disk shows its kept secret and is the same worker again.
         victim = c.workers[0]
         vid = open(os.path.join(victim.state_dir, "worker.id")).read().strip()

@@ -296,3 +296,22 @@ def test_a_tablet_still_closing_here_as_primary_asks_its_successor_to_retry(tmp_
         busy = await reps.replicate(_req(5, _entry(1, b"k", b"v")))
         assert busy.status == R.NOT_YET and "still open here as primary" in busy.detail
     asyncio.run(run())
+
+
+def test_a_snapshot_under_token_0_or_with_a_session_that_is_a_path_writes_nothing(tmp_path: Any) -> None:
+    """Review of security: token 0 passed the follower's check for a tablet its routing does not
+    say it follows (0 is not above the routing's 0), and a snapshot's session became a
+    directory as given: a worker-token holder could write (and then delete) files anywhere
+    the worker could, ``../`` in the session."""
+    async def run() -> None:
+        reps = _replicas(tmp_path, routed={KEY: 1})
+        outside = os.path.join(str(tmp_path), "outside")
+        for token, computation, session in ((0, "c", "x"), (0, "elsewhere", "x"), (1, "c", "x/../../../outside")):
+            chunk = pb.SnapshotChunk(computation=computation, key_range=0, token=token, index=0, session=session,
+                                     file="evil.pth", offset=0, data=b"import os")
+            assert (await reps.install(chunk)).status in (R.NOT_YET, R.NEED_SNAPSHOT), (token, session)
+        assert not os.path.exists(outside)
+        assert not os.path.exists(reps.incoming_dir) or os.listdir(reps.incoming_dir) == []
+        assert (await reps.replicate(pb.ReplicateRequest(computation="other", key_range=0, token=0))).status == R.NOT_YET
+        await reps.close_all()
+    asyncio.run(run())
