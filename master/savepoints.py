@@ -27,7 +27,7 @@ from master.jobs import CANCELLED, DRAINED, PAUSE_LIMIT_S, RESTORING, RUNNING, J
 from master.ranges import KeyRange, Ranges
 from master.scheduler import Ownership, TabletKey
 from runtime.errors import MillstreamError
-from runtime.keyspace import wire_end
+from runtime.keyspace import HASH_SPACE, wire_end
 from runtime.record import MIN_TIME
 from runtime.topology import Topology, validate_against
 from runtime.wire import millstream_pb2 as pb
@@ -264,10 +264,20 @@ async def restore_begin(core: MasterCore, manifest: dict[str, Any], name: str) -
             base = image.dropped.get(c, 0)
             keep = min(int(t["key_range"]) for t in entries) >= base
             ranges = {}
+            at = 0  # (the ranges must tile the hash space: a damaged or foreign manifest stops here)
             for i, t in enumerate(entries):
+                start, end, token = int(t["start"]), int(t["end"]), int(t["token"])
+                if start != at or not start < end <= HASH_SPACE or not 0 < token < 1 << 63:
+                    raise MillstreamError(f"the savepoint's tablet {c}/{t['key_range']} has range [{start}, {end}) "
+                                          f"and token {token}: its ranges do not tile the key space in order, or "
+                                          "its token is out of range; the savepoint is damaged")
+                at = end
                 rid = int(t["key_range"]) if keep else base + i
-                ranges[rid] = KeyRange(int(t["start"]), int(t["end"]))
+                ranges[rid] = KeyRange(start, end)
                 ids[(c, rid)] = int(t["key_range"])
+            if at != HASH_SPACE:
+                raise MillstreamError(f"the savepoint's tablets of {c!r} end at {at}, not at the end of the key "
+                                      "space; the savepoint is damaged")
             change.ranges[c] = Ranges(ranges, max(ranges) + 1)
         tokens = {(str(t["computation"]), int(t["key_range"])): int(t["token"]) for t in manifest["tablets"]}
         wall_ms = time.time() * 1000

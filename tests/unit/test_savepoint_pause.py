@@ -185,3 +185,31 @@ def test_a_restore_opens_again_the_finished_streams_its_job_reads() -> None:
         assert "in" not in store.snap.finished  # stored: a new leader keeps it open
 
     asyncio.run(run())
+
+
+def test_a_manifest_whose_ranges_do_not_tile_the_key_space_is_refused_before_anything_is_written() -> None:
+    """Review of security: a manifest's ranges and tokens were stored as given; a token past 64
+    bits (or a range past the key space) made every later routing fail to encode, stalling
+    every job of the cluster, and a gap or an overlap broke exactly-once quietly."""
+    import pytest
+
+    from runtime.errors import MillstreamError
+
+    async def run() -> None:
+        store = MemoryStore()
+        store.apply(Change(workers={"w": WorkerInfo("127.0.0.1:1")}))
+        core = await _leader(store, [0.0])  # type: ignore[arg-type]
+        written = len(store.changes)
+        half = 1 << 63
+        for tablets in ([{"key_range": 0, "start": 0, "end": 1 << 64, "token": (1 << 64) - 1}],
+                        [{"key_range": 0, "start": 0, "end": (1 << 64) + 5, "token": 3}],
+                        [{"key_range": 0, "start": 0, "end": half, "token": 3},
+                         {"key_range": 1, "start": half + 1, "end": 1 << 64, "token": 3}],
+                        [{"key_range": 0, "start": 0, "end": half, "token": 3}]):
+            manifest = {"topology": _topology().to_json(), "watermarks": {},
+                        "tablets": [{"computation": "a", **t} for t in tablets]}
+            with pytest.raises(MillstreamError, match="the savepoint is damaged"):
+                await savepoints.restore_begin(core, manifest, "one")
+        assert len(store.changes) == written
+
+    asyncio.run(run())
