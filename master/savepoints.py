@@ -267,7 +267,7 @@ async def restore_begin(core: MasterCore, manifest: dict[str, Any], name: str) -
             at = 0  # (the ranges must tile the hash space: a damaged or foreign manifest stops here)
             for i, t in enumerate(entries):
                 start, end, token = int(t["start"]), int(t["end"]), int(t["token"])
-                if start != at or not start < end <= HASH_SPACE or not 0 < token < 1 << 63:
+                if start != at or not start < end <= HASH_SPACE or token < 1 or token.bit_length() > 63:
                     raise MillstreamError(f"the savepoint's tablet {c}/{t['key_range']} has range [{start}, {end}) "
                                           f"and token {token}: its ranges do not tile the key space in order, or "
                                           "its token is out of range; the savepoint is damaged")

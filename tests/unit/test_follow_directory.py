@@ -64,6 +64,11 @@ def test_a_stopped_follower_retires_its_injector_and_an_unlockable_directory_is_
         def close(self) -> None:
             self.events.append(("close", None))
 
+        class client:  # noqa: N801 (no master: the warning about a finished stream says nothing)
+            @staticmethod
+            def routing() -> Any:
+                raise MasterUnavailableError("no master in this test")
+
     def no_lock(fd: int, op: int) -> None:  # (NFS: a directory cannot be locked)
         raise OSError(errno.ENOLCK, "No locks available")
     monkeypatch.setattr(follow_module, "Injector", Injector)
