@@ -183,6 +183,95 @@ fail:
     return NULL;
 }
 
+/* prefixed_keys(prefix, keys): prefix + hash_prefix(key) + key for each key, in order. */
+static PyObject *k_prefixed_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "prefixed_keys(prefix: bytes, keys) takes two arguments");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[1], "prefixed_keys takes a sequence of keys");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), plen = PyBytes_GET_SIZE(args[0]);
+    const char *prefix = PyBytes_AS_STRING(args[0]);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = items[i];
+        if (!PyBytes_CheckExact(key)) {
+            PyErr_Format(PyExc_TypeError, "a key must be bytes, not %.100s", Py_TYPE(key)->tp_name);
+            goto fail;
+        }
+        Py_ssize_t klen = PyBytes_GET_SIZE(key);
+        uint64_t h = blake2b_8((const uint8_t *)PyBytes_AS_STRING(key), (size_t)klen);
+        PyObject *v = PyBytes_FromStringAndSize(NULL, plen + 8 + klen);
+        if (v == NULL)
+            goto fail;
+        char *p = PyBytes_AS_STRING(v);
+        memcpy(p, prefix, plen);
+        for (int b = 0; b < 8; b++)  /* the digest's bytes (the state word, little-endian): hash_prefix */
+            p[plen + b] = (char)((h >> (8 * b)) & 0xff);
+        memcpy(p + plen + 8, PyBytes_AS_STRING(key), klen);
+        PyList_SET_ITEM(out, i, v);
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* count_into(counts, bounds, values): for each value, counts[bisect_left(bounds, value)] += 1
+ * (bounds rise; counts has one more item than bounds); returns the sum of the values. */
+static PyObject *k_count_into(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyTuple_CheckExact(args[1]) || !PyList_CheckExact(args[2])
+        || PyList_GET_SIZE(args[0]) != PyTuple_GET_SIZE(args[1]) + 1 || PyTuple_GET_SIZE(args[1]) > 64) {
+        PyErr_SetString(PyExc_TypeError, "count_into(counts: list, bounds: tuple (at most 64), values: list), "
+                        "len(counts) == len(bounds) + 1");
+        return NULL;
+    }
+    PyObject *counts = args[0], *values = args[2];
+    Py_ssize_t nb = PyTuple_GET_SIZE(args[1]);
+    double bounds[64], sum = 0.0;
+    Py_ssize_t added[65] = {0};
+    for (Py_ssize_t j = 0; j < nb; j++) {
+        bounds[j] = PyFloat_AsDouble(PyTuple_GET_ITEM(args[1], j));
+        if (bounds[j] == -1.0 && PyErr_Occurred())
+            return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(values); i++) {
+        double v = PyFloat_AsDouble(PyList_GET_ITEM(values, i));
+        if (v == -1.0 && PyErr_Occurred())
+            return NULL;
+        Py_ssize_t lo = 0, hi = nb;  /* bisect_left */
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            if (bounds[mid] < v)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        added[lo]++;
+        sum += v;
+    }
+    for (Py_ssize_t j = 0; j <= nb; j++) {
+        if (!added[j])
+            continue;
+        PyObject *n = PyLong_FromSsize_t(added[j]);
+        PyObject *total = n ? PyNumber_Add(PyList_GET_ITEM(counts, j), n) : NULL;
+        Py_XDECREF(n);
+        if (total == NULL)
+            return NULL;
+        PyList_SetItem(counts, j, total);  /* steals total */
+    }
+    return PyFloat_FromDouble(sum);
+}
+
 /* ------------------------------------------------------------------ routing */
 
 /* ranges_of(hashes, starts, ids): ids[bisect_right(starts, h) - 1] for each hash h, where
@@ -353,6 +442,10 @@ fail:
 static PyMethodDef methods[] = {
     {"key_hash", k_key_hash, METH_O, "The stable 64-bit hash of a key (runtime.kernels.key_hash)."},
     {"hash_prefix", k_hash_prefix, METH_O, "key_hash as 8 big-endian bytes (runtime.kernels.hash_prefix)."},
+    {"prefixed_keys", (PyCFunction)(void (*)(void))k_prefixed_keys, METH_FASTCALL,
+     "prefix + hash_prefix(key) + key of every key (runtime.kernels.prefixed_keys)."},
+    {"count_into", (PyCFunction)(void (*)(void))k_count_into, METH_FASTCALL,
+     "Histogram counts of values, added in place; their sum (runtime.kernels.count_into)."},
     {"key_hashes", k_key_hashes, METH_O, "key_hash of every key, in order (runtime.kernels.key_hashes)."},
     {"ranges_of", (PyCFunction)(void (*)(void))k_ranges_of, METH_FASTCALL,
      "The range id of each hash (runtime.kernels.ranges_of)."},

@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -32,6 +32,21 @@ def key_hash_py(key: bytes) -> int:
 def hash_prefix_py(key: bytes) -> bytes:
     """:func:`key_hash` as 8 big-endian bytes (the digest itself)."""
     return hashlib.blake2b(key, digest_size=8).digest()
+
+
+def prefixed_keys_py(prefix: bytes, keys: Iterable[bytes]) -> list[bytes]:
+    """``prefix + hash_prefix(key) + key`` of every key, in order (a storage key in hash order)."""
+    blake2b = hashlib.blake2b
+    return [prefix + blake2b(k, digest_size=8).digest() + k for k in keys]
+
+
+def count_into_py(counts: list[int], bounds: tuple[float, ...], values: list[float]) -> float:
+    """``counts[bisect_left(bounds, v)] += 1`` for each value (``bounds`` rise, ``counts`` has
+    one more item); returns the sum of the values: a histogram's update by a batch."""
+    left = bisect.bisect_left
+    for v in values:
+        counts[left(bounds, v)] += 1
+    return float(sum(values))
 
 
 def key_hashes_py(keys: Sequence[bytes]) -> list[int]:
@@ -77,6 +92,8 @@ COMPILED: bool = _compiled is not None
 key_hash: Callable[[bytes], int]
 hash_prefix: Callable[[bytes], bytes]
 key_hashes: Callable[[Sequence[bytes]], list[int]]
+prefixed_keys: Callable[[bytes, Iterable[bytes]], list[bytes]]
+count_into: Callable[[list[int], tuple[float, ...], list[float]], float]
 ranges_of: Callable[[Sequence[int], Sequence[int], Sequence[Any]], list[Any]]
 group: Callable[[Sequence[Any]], dict[Any, list[int]]]
 take: Callable[[Sequence[Any], Sequence[int]], list[Any]]
@@ -84,6 +101,8 @@ if _compiled is not None:
     key_hash = _compiled.key_hash
     hash_prefix = _compiled.hash_prefix
     key_hashes = _compiled.key_hashes
+    prefixed_keys = _compiled.prefixed_keys
+    count_into = _compiled.count_into
     ranges_of = _compiled.ranges_of
     group = _compiled.group
     take = _compiled.take
@@ -91,6 +110,8 @@ else:
     key_hash = key_hash_py
     hash_prefix = hash_prefix_py
     key_hashes = key_hashes_py
+    prefixed_keys = prefixed_keys_py
+    count_into = count_into_py
     ranges_of = ranges_of_py
     group = group_py
     take = take_py

@@ -21,6 +21,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from runtime import http
+from runtime.kernels import count_into
 
 RECORDS = Counter("millstream_records_processed", "New input records processed", ["computation"])
 DUPLICATES = Counter("millstream_duplicates_dropped", "Input records dropped as duplicates", ["computation"])
@@ -133,10 +134,7 @@ class ThreadHistogram:
 
     def observe_many(self, seconds: list[float]) -> None:
         """Each of ``seconds`` (a batch's calls, recorded as they ran and counted here once)."""
-        counts = self.counts
-        for s in seconds:
-            counts[bisect.bisect_left(USER_BUCKETS, s)] += 1
-        self.sum += sum(seconds)
+        self.sum += count_into(self.counts, USER_BUCKETS, seconds)
 
 
 class _UserCodeHistograms(Collector):

@@ -51,6 +51,291 @@ static int intern_names(void)
     return 0;
 }
 
+/* ------------------------------------------------------------------ the context's core
+ *
+ * worker/context.py's KeyContext is a Python class over ContextCore: the fields a call of
+ * user code is bound by (its key, timestamp, Effects, undo mark) and the batch's writes and
+ * productions live in this struct, so the loop below binds a record with four pointer
+ * writes, and ctx.state.get(), ctx.state.set() and ctx.produce() run in C on their common
+ * path: bytes, no keyword, a key's state not saved yet or saved as a plain tuple. Anything
+ * else (another type to convert or refuse, a value over the limit, keywords, a call moved
+ * to another key) is handed to the Python reference in worker/context.py (_CoreRef,
+ * _KeyState), which does the checks and raises the errors, so both say the same thing. */
+
+static PyObject *ref_get = NULL, *ref_set = NULL, *ref_clear = NULL, *ref_produce = NULL;
+static Py_ssize_t max_value = 0;
+static PyTypeObject ContextCoreType, StateHandleType;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *key, *timestamp, *eff, *saved, *writes, *out, *committed, *read_state, *outputs;
+    PyObject *handle;  /* the StateHandle ctx.state returns */
+} Core;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *ctx;  /* the Core */
+} Handle;
+
+#define CORE_FIELDS(X) X(key) X(timestamp) X(eff) X(saved) X(writes) X(out) X(committed) X(read_state) \
+    X(outputs) X(handle)
+
+static int core_traverse(Core *self, visitproc visit, void *arg)
+{
+#define VISIT(f) Py_VISIT(self->f);
+    CORE_FIELDS(VISIT)
+    return 0;
+}
+
+static int core_clear(Core *self)
+{
+#define CLEAR(f) Py_CLEAR(self->f);
+    CORE_FIELDS(CLEAR)
+    return 0;
+}
+
+static void core_dealloc(Core *self)
+{
+    PyObject_GC_UnTrack(self);
+    core_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if (unsaved == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "worker._loop.init_context() was not called");
+        return NULL;
+    }
+    Core *self = (Core *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->key = PyBytes_FromStringAndSize(NULL, 0);
+    self->timestamp = PyLong_FromLong(0);
+    self->eff = Py_NewRef(Py_None);
+    self->saved = Py_NewRef(unsaved);
+    self->writes = PyDict_New();
+    self->out = PyList_New(0);
+    self->committed = Py_NewRef(Py_None);
+    self->read_state = Py_NewRef(Py_None);
+    self->outputs = PyFrozenSet_New(NULL);
+    Handle *h = PyObject_GC_New(Handle, &StateHandleType);
+    if (h != NULL) {
+        h->ctx = Py_NewRef((PyObject *)self);
+        PyObject_GC_Track(h);
+    }
+    self->handle = (PyObject *)h;
+    if (!self->key || !self->timestamp || !self->writes || !self->out || !self->outputs || !h) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+/* ref(self, *args, **kwargs): the Python reference of a method, for what the C path does not take. */
+static PyObject *to_reference(PyObject *ref, PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
+    PyObject *small[8], **all = total + 1 <= 8 ? small : PyMem_Malloc((total + 1) * sizeof(PyObject *));
+    if (all == NULL)
+        return PyErr_NoMemory();
+    all[0] = self;
+    for (Py_ssize_t k = 0; k < total; k++)
+        all[k + 1] = args[k];
+    PyObject *r = PyObject_Vectorcall(ref, all, nargs + 1, kwnames);
+    if (all != small)
+        PyMem_Free(all);
+    return r;
+}
+
+static PyObject *core_produce(Core *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyObject *stream = PyVectorcall_NARGS(nargsf) == 2 ? args[0] : NULL, *value = stream ? args[1] : NULL;
+    if (stream != NULL && kwnames == NULL && PyUnicode_CheckExact(stream) && PyBytes_CheckExact(value)
+        && PyBytes_GET_SIZE(value) <= max_value && PyList_CheckExact(self->out) && PyFrozenSet_CheckExact(self->outputs)) {
+        int known = PySet_Contains(self->outputs, stream);
+        if (known < 0)
+            return NULL;
+        if (known) {
+            PyObject *p = PyTuple_Pack(4, stream, self->key, value, self->timestamp);
+            if (p == NULL)
+                return NULL;
+            int rc = PyList_Append(self->out, p);
+            Py_DECREF(p);
+            if (rc < 0)
+                return NULL;
+            Py_RETURN_NONE;
+        }
+    }
+    return to_reference(ref_produce, (PyObject *)self, args, nargsf, kwnames);
+}
+
+static PyObject *core_state(Core *self, void *closure)
+{
+    return Py_NewRef(self->handle);
+}
+
+static PyMethodDef core_methods[] = {
+    {"produce", (PyCFunction)(void (*)(void))core_produce, METH_FASTCALL | METH_KEYWORDS,
+     "produce(stream, value, *, key=None, timestamp=None): see runtime.Context.produce."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef core_getset[] = {
+    {"state", (getter)core_state, NULL, "This key's state (runtime.Context.state).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef core_members[] = {
+    {"_key", T_OBJECT_EX, offsetof(Core, key), 0, NULL},
+    {"_timestamp", T_OBJECT_EX, offsetof(Core, timestamp), 0, NULL},
+    {"eff", T_OBJECT_EX, offsetof(Core, eff), 0, NULL},
+    {"_saved", T_OBJECT_EX, offsetof(Core, saved), 0, NULL},
+    {"writes", T_OBJECT_EX, offsetof(Core, writes), 0, NULL},
+    {"out", T_OBJECT_EX, offsetof(Core, out), 0, NULL},
+    {"committed", T_OBJECT_EX, offsetof(Core, committed), 0, NULL},
+    {"read_state", T_OBJECT_EX, offsetof(Core, read_state), 0, NULL},
+    {"outputs", T_OBJECT_EX, offsetof(Core, outputs), 0, NULL},
+    {"_state", T_OBJECT_EX, offsetof(Core, handle), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject ContextCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "worker._loop.ContextCore",
+    .tp_basicsize = sizeof(Core),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The per-call fields of worker.context.KeyContext, and its hot methods.",
+    .tp_new = core_new,
+    .tp_dealloc = (destructor)core_dealloc,
+    .tp_traverse = (traverseproc)core_traverse,
+    .tp_clear = (inquiry)core_clear,
+    .tp_methods = core_methods,
+    .tp_members = core_members,
+    .tp_getset = core_getset,
+};
+
+static int handle_traverse(Handle *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->ctx);
+    return 0;
+}
+
+static int handle_clear(Handle *self)
+{
+    Py_CLEAR(self->ctx);
+    return 0;
+}
+
+static void handle_dealloc(Handle *self)
+{
+    PyObject_GC_UnTrack(self);
+    handle_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static Core *handle_core(Handle *self)
+{
+    if (self->ctx == NULL || !PyObject_TypeCheck(self->ctx, &ContextCoreType)) {
+        PyErr_SetString(PyExc_RuntimeError, "a state handle without its context");
+        return NULL;
+    }
+    return (Core *)self->ctx;
+}
+
+static PyObject *handle_get(Handle *self, PyObject *unused)
+{
+    Core *c = handle_core(self);
+    if (c == NULL)
+        return NULL;
+    if (!PyDict_CheckExact(c->writes))
+        return PyObject_CallOneArg(ref_get, (PyObject *)self);
+    PyObject *v = PyDict_GetItemWithError(c->writes, c->key);  /* borrowed */
+    if (v == NULL && !PyErr_Occurred() && PyDict_CheckExact(c->committed))
+        v = PyDict_GetItemWithError(c->committed, c->key);
+    if (v != NULL)
+        return Py_NewRef(v);
+    if (PyErr_Occurred())
+        return NULL;
+    return PyObject_CallOneArg(c->read_state, c->key);
+}
+
+static PyObject *handle_set(Handle *self, PyObject *value)
+{
+    Core *c = handle_core(self);
+    if (c == NULL)
+        return NULL;
+    if (!PyBytes_CheckExact(value) || PyBytes_GET_SIZE(value) > max_value || !PyDict_CheckExact(c->writes)
+        || (c->saved != unsaved && !PyTuple_CheckExact(c->saved)))
+        return PyObject_CallFunctionObjArgs(ref_set, (PyObject *)self, value, NULL);
+    PyObject *key = Py_NewRef(c->key);
+    int rc = -1;
+    if (c->saved == unsaved) {  /* the key's state before this call wrote it, for undo */
+        PyObject *old = PyDict_GetItemWithError(c->writes, key);
+        PyObject *saved = (old == NULL && PyErr_Occurred()) ? NULL
+                          : PyTuple_Pack(2, old ? Py_True : Py_False, old ? old : Py_None);
+        if (saved == NULL)
+            goto end;
+        Py_SETREF(c->saved, saved);
+    }
+    rc = PyDict_SetItem(c->writes, key, value);
+end:
+    Py_DECREF(key);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *handle_clear_state(Handle *self, PyObject *unused)
+{
+    return PyObject_CallOneArg(ref_clear, (PyObject *)self);
+}
+
+static PyMethodDef handle_methods[] = {
+    {"get", (PyCFunction)handle_get, METH_NOARGS, "This key's state (None: none)."},
+    {"set", (PyCFunction)handle_set, METH_O, "Replace this key's state."},
+    {"clear", (PyCFunction)handle_clear_state, METH_NOARGS, "Delete this key's state."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef handle_members[] = {
+    {"_ctx", T_OBJECT_EX, offsetof(Handle, ctx), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject StateHandleType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "worker._loop.StateHandle",
+    .tp_basicsize = sizeof(Handle),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "ctx.state of a ContextCore: runtime.State's get, set and clear.",
+    .tp_dealloc = (destructor)handle_dealloc,
+    .tp_traverse = (traverseproc)handle_traverse,
+    .tp_clear = (inquiry)handle_clear,
+    .tp_methods = handle_methods,
+    .tp_members = handle_members,
+};
+
+static PyObject *l_init_context(PyObject *mod, PyObject *args)
+{
+    PyObject *mark, *get, *set, *clear, *produce;
+    Py_ssize_t limit;
+    if (!PyArg_ParseTuple(args, "OOOOOn", &mark, &get, &set, &clear, &produce, &limit))
+        return NULL;
+    if (unsaved != NULL && unsaved != mark) {
+        PyErr_SetString(PyExc_RuntimeError, "init_context(): another 'not saved' mark than init()'s");
+        return NULL;
+    }
+    Py_XSETREF(unsaved, Py_NewRef(mark));
+    Py_XSETREF(ref_get, Py_NewRef(get));
+    Py_XSETREF(ref_set, Py_NewRef(set));
+    Py_XSETREF(ref_clear, Py_NewRef(clear));
+    Py_XSETREF(ref_produce, Py_NewRef(produce));
+    max_value = limit;
+    Py_RETURN_NONE;
+}
+
 /* A Record with its five slots written directly: what Record(key, value, ts, id, stream)
  * makes, without the Python frame of its __init__. */
 static PyObject *make_record(PyObject *key, PyObject *value, PyObject *ts, PyObject *rid, PyObject *stream)
@@ -140,6 +425,7 @@ typedef struct {
     PyObject *per_record;   /* borrowed from streams: each record's stream, or NULL */
     PyObject *stream;       /* borrowed: the one stream of every record */
     int weak, drop_late, bounded;
+    int core;               /* ctx is a ContextCore: its fields are written directly */
     double deadline;
     long long limit, work, taken, late, new_;
     int live;               /* the C counters are the current ones (Python's are stale) */
@@ -347,9 +633,16 @@ static int one(Loop *L, Py_ssize_t *ip)
     L->new_++;
     L->work++;
     Py_ssize_t mark = PyList_GET_SIZE(L->out);
-    if (PyObject_SetAttr(L->ctx, s__key, key) < 0 || PyObject_SetAttr(L->ctx, s__timestamp, ts) < 0
-        || PyObject_SetAttr(L->ctx, s_eff, Py_None) < 0 || PyObject_SetAttr(L->ctx, s__saved, unsaved) < 0)
+    if (L->core) {  /* KeyContext.begin: the core's fields, written directly */
+        Core *c = (Core *)L->ctx;
+        Py_SETREF(c->key, Py_NewRef(key));
+        Py_SETREF(c->timestamp, Py_NewRef(ts));
+        Py_SETREF(c->eff, Py_NewRef(Py_None));
+        Py_SETREF(c->saved, Py_NewRef(unsaved));
+    } else if (PyObject_SetAttr(L->ctx, s__key, key) < 0 || PyObject_SetAttr(L->ctx, s__timestamp, ts) < 0
+               || PyObject_SetAttr(L->ctx, s_eff, Py_None) < 0 || PyObject_SetAttr(L->ctx, s__saved, unsaved) < 0) {
         goto end;
+    }
     if (!(t0 = PyObject_CallNoArgs(L->clock)) || !(running = PyTuple_Pack(2, key, t0))
         || PyObject_SetAttr(L->calls, s_running_call, running) < 0
         || !(record = make_record(key, value, ts, rid, stream)))
@@ -378,7 +671,7 @@ static int one(Loop *L, Py_ssize_t *ip)
     }
     /* A production earlier than the call holds the watermark (KeyContext.produce makes the
      * call's Effects for one); strong ones are routed when the batch is done. */
-    if (!(eff = PyObject_GetAttr(L->ctx, s_eff)))
+    if (!(eff = L->core ? Py_NewRef(((Core *)L->ctx)->eff) : PyObject_GetAttr(L->ctx, s_eff)))
         goto end;
     if (eff != Py_None || (L->weak && PyList_GET_SIZE(L->out) > mark)) {
         PyObject *mark_obj = PyLong_FromSsize_t(mark);
@@ -461,6 +754,7 @@ static int prepare(Loop *L, PyObject *cols, PyObject *stop, Py_ssize_t i, Py_ssi
         || !(L->perf = PyObject_GetAttr(time_module, s_perf_counter))
         || !(started = PyObject_GetAttr(L->proc, s__started)) || !(budget = PyObject_GetAttr(L->proc, s__budget)))
         goto end;
+    L->core = PyObject_TypeCheck(L->ctx, &ContextCoreType);
     if (!PyList_CheckExact(L->out) || !PyList_CheckExact(L->durations)) {
         rc = 0;
         goto end;
@@ -534,6 +828,8 @@ static PyObject *l_run_records(PyObject *mod, PyObject *const *args, Py_ssize_t 
 
 static PyMethodDef methods[] = {
     {"init", l_init, METH_VARARGS, "init(Record, unsaved): the record type and the context's 'not saved' mark."},
+    {"init_context", l_init_context, METH_VARARGS,
+     "init_context(unsaved, get, set, clear, produce, max_value): worker/context.py's references."},
     {"record", (PyCFunction)(void (*)(void))l_record, METH_FASTCALL,
      "A Record made as the loop makes it (tests)."},
     {"run_records", (PyCFunction)(void (*)(void))l_run_records, METH_FASTCALL,
@@ -553,5 +849,15 @@ PyMODINIT_FUNC PyInit__loop(void)
     if (!(time_module = PyImport_ImportModule("time")) || !(empty_str = PyUnicode_InternFromString(""))
         || !(drop_str = PyUnicode_InternFromString("drop")))
         return NULL;
-    return PyModule_Create(&module);
+    if (PyType_Ready(&ContextCoreType) < 0 || PyType_Ready(&StateHandleType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "ContextCore", (PyObject *)&ContextCoreType) < 0
+        || PyModule_AddObjectRef(m, "StateHandle", (PyObject *)&StateHandleType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

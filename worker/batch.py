@@ -33,7 +33,7 @@ from worker.inbox import Delivery
 from worker.outgoing import Outgoing
 from worker.pending import Pending, merged
 from worker.recordloop import run_records
-from worker.storage import Commit, TabletStore, Timer, state_key
+from worker.storage import Commit, TabletStore, Timer
 from worker.timers import earliest_set, fire_ttl, pending_timer
 
 if TYPE_CHECKING:
@@ -109,9 +109,10 @@ class BatchProcessor:
         self._expiry_checked_us = 0
         self._closed_for: tuple[int, int] | None = None  # (opened at, how long it was closed before): not silence
         self._expired_below: int | None = None
-        self.ctx = KeyContext(tablet.outputs, self.read_state, lambda: self.host.watermark(self.computation),
+        self.ctx = KeyContext(tablet.outputs, store.state_cache.get, lambda: self.host.watermark(self.computation),
                               tablet.now_us, self.read_cell, self.scan_cells,
-                              lambda k: pending_timer(k, self._commit, self._due_now, self._cancelled, self.timers))
+                              lambda k: pending_timer(k, self._commit, self._due_now, self._cancelled, self.timers),
+                              store.state_cache.values)
         self.late = self.dead_lettered = 0
         self._commit = Commit()
         self._pending = Pending(self._commit.cells)  # its typed-state writes, indexed for scans (the batch's own)
@@ -487,13 +488,6 @@ class BatchProcessor:
 
     def scan_cells(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         return merged(self.store.scan(prefix), self._pending.under(prefix), self._commit.cleared, prefix)
-
-    def read_state(self, key: bytes) -> bytes | None:
-        skey = state_key(key)
-        try:
-            return self._cached[skey]
-        except KeyError:
-            return self._read(skey)
 
     def _run_user(self, commit: Commit, key: bytes, ts: int, value: bytes, source_id: bytes,
                   fn: Callable[[KeyContext, _T], None], arg: _T,

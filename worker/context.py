@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.computation import Context, State, TimeDomain
 from runtime.errors import MillstreamError, UsageError
@@ -77,7 +78,7 @@ class _Rebound(list):  # type: ignore[type-arg]
 class _KeyState(State):
     __slots__ = ("_ctx",)
 
-    def __init__(self, ctx: KeyContext) -> None:
+    def __init__(self, ctx: _CoreRef) -> None:
         self._ctx = ctx
 
     def get(self) -> bytes | None:
@@ -109,7 +110,75 @@ class _KeyState(State):
         self._ctx.write_state(None)
 
 
-class KeyContext(Context):
+class _CoreRef:
+    """What a call of user code is bound by (its key, timestamp, Effects and undo mark), the
+    batch's ``ctx.state`` writes and productions, and the methods user code calls per record
+    (``ctx.state``, ``ctx.produce``): in Python, the reference. ``worker/_loop.c``'s
+    ``ContextCore`` is the same in C (its record loop binds a record with four pointer
+    writes; ``get``, ``set`` and ``produce`` run in C on their common path and come back
+    here for the rest); :data:`COMPILED` says which one :class:`KeyContext` is over."""
+
+    def __init__(self) -> None:
+        self._key = b""
+        self._timestamp = 0
+        self.eff: Effects | None = None              # this call's timers and typed state
+        self._saved: Any = _UNSAVED                  # this call's key's state before it wrote
+        self.writes: dict[bytes, bytes | None] = {}  # the batch's ctx.state writes
+        self.out: list[Produced] = []                # the batch's productions, in order
+        self.committed: dict[bytes, bytes | None] | None = None  # committed ctx.state held in memory
+        self.read_state: Callable[[bytes], bytes | None] = lambda key: None  # ... and all of it
+        self.outputs: frozenset[str] = frozenset()
+        self._state = _KeyState(self)
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    def produce(self, stream: str, value: bytes, *, key: bytes | None = None,
+                timestamp: Timestamp | None = None) -> None:
+        if stream not in self.outputs:
+            raise MillstreamError(
+                f"produce() to unknown stream {stream!r}: this computation's outputs are "
+                f"{sorted(self.outputs)}; add it to outputs= in add_computation"
+            )
+        if type(value) is not bytes:  # the common case first: no call
+            if not isinstance(value, (bytearray, memoryview)):
+                raise UsageError(f"produce() value must be bytes, not {type(value).__name__}")
+            value = bytes(value)
+        if key is None:
+            key = self._key
+        else:
+            if not isinstance(key, (bytes, bytearray)):
+                raise UsageError(f"produce() key must be bytes, not {type(key).__name__}")
+            _check_size(key, MAX_KEY_BYTES, "produce() key")
+            key = bytes(key)
+        if timestamp is None:
+            ts = self._timestamp
+        else:
+            ts = check_time(timestamp, "produce() timestamp")
+            if ts < self._timestamp and self.eff is None:
+                self.eff = Effects()  # so the batch looks at this call's productions: the hold
+        if len(value) > MAX_VALUE_BYTES:
+            _check_size(value, MAX_VALUE_BYTES, "produce() value")
+        self.out.append((stream, key, value, ts))
+
+
+_Core: Any = _CoreRef
+if os.environ.get("MILLSTREAM_PURE_PYTHON", "") in ("", "0"):  # as worker/recordloop.py reads it
+    try:
+        import worker._loop as _compiled  # type: ignore[import-not-found]
+        _compiled.init_context(_UNSAVED, _KeyState.get, _KeyState.set, _KeyState.clear, _CoreRef.produce,
+                               MAX_VALUE_BYTES)
+        State.register(_compiled.StateHandle)
+        _Core = _compiled.ContextCore
+    except (ImportError, AttributeError):  # not built, or built from an older _loop.c
+        pass
+
+COMPILED: bool = _Core is not _CoreRef
+"""Whether :class:`KeyContext` is over the compiled core."""
+
+
+class KeyContext(_CoreRef if TYPE_CHECKING else _Core, Context):  # type: ignore[misc]
     """A context reused across the records of a batch (rebound per record).
 
     ``ctx.state`` writes go into the batch's ``writes`` and productions onto its ``out``
@@ -126,21 +195,20 @@ class KeyContext(Context):
         read_cell: Callable[[bytes], bytes | None] = lambda skey: None,
         scan_cells: Callable[[bytes], Iterator[tuple[bytes, bytes]]] = lambda prefix: iter(()),
         pending_timer: Callable[[tuple[bytes, str]], Timer | None] = lambda k: None,
+        committed: dict[bytes, bytes | None] | None = None,
     ) -> None:
+        super().__init__()
         self.outputs = outputs
-        self.read_state = read_state  # committed state (the batch's writes are ``writes``)
+        # Committed state: ``read_state`` reads any key's; ``committed``, where given, holds
+        # some keys' (a dict the store keeps: worker/readcache.py), read first (the batch's
+        # own writes are ``writes``).
+        self.read_state = read_state
+        self.committed = committed
         self.read_cell = read_cell    # typed state committed or written earlier in the batch
         self.scan_cells = scan_cells
         self.pending_timer = pending_timer  # a (key, tag)'s timer, as of the batch so far
         self._watermark = watermark
         self._now_us = now_us
-        self._key = b""
-        self._timestamp = 0
-        self._state = _KeyState(self)
-        self.writes: dict[bytes, bytes | None] = {}  # the batch's ctx.state writes
-        self.out: list[Produced] = []                # the batch's productions, in order
-        self.eff: Effects | None = None              # this call's timers and typed state
-        self._saved: Any = _UNSAVED                  # this call's key's state before it wrote
         self.cleared_points = 0                      # entries the batch's clears deleted one by one
         self.expired_points = 0                      # ... and its TTL timers (a budget of their own)
         self.timer_domain = TimeDomain.EVENT_TIME    # the clock of the timer firing (worker/batch.py)
@@ -221,10 +289,6 @@ class KeyContext(Context):
         return self._key
 
     @property
-    def state(self) -> State:
-        return self._state
-
-    @property
     def low_watermark(self) -> int:
         return self._watermark()
 
@@ -243,34 +307,6 @@ class KeyContext(Context):
     @property
     def sequencer_token(self) -> int:
         return self._sequencer_token
-
-    def produce(self, stream: str, value: bytes, *, key: bytes | None = None,
-                timestamp: Timestamp | None = None) -> None:
-        if stream not in self.outputs:
-            raise MillstreamError(
-                f"produce() to unknown stream {stream!r}: this computation's outputs are "
-                f"{sorted(self.outputs)}; add it to outputs= in add_computation"
-            )
-        if type(value) is not bytes:  # the common case first: no call
-            if not isinstance(value, (bytearray, memoryview)):
-                raise UsageError(f"produce() value must be bytes, not {type(value).__name__}")
-            value = bytes(value)
-        if key is None:
-            key = self._key
-        else:
-            if not isinstance(key, (bytes, bytearray)):
-                raise UsageError(f"produce() key must be bytes, not {type(key).__name__}")
-            _check_size(key, MAX_KEY_BYTES, "produce() key")
-            key = bytes(key)
-        if timestamp is None:
-            ts = self._timestamp
-        else:
-            ts = check_time(timestamp, "produce() timestamp")
-            if ts < self._timestamp and self.eff is None:
-                self.eff = Effects()  # so the batch looks at this call's productions: the hold
-        if len(value) > MAX_VALUE_BYTES:
-            _check_size(value, MAX_VALUE_BYTES, "produce() value")
-        self.out.append((stream, key, value, ts))
 
     def set_timer(self, tag: str, time: Timestamp, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
         _check_tag(tag)

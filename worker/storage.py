@@ -48,6 +48,7 @@ from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteB
 from runtime.columns import Columns
 from runtime.computation import TimeDomain
 from runtime.errors import MillstreamError, StaleTokenError
+from runtime.kernels import prefixed_keys
 from runtime.keyspace import from_wire_end, hash_prefix, wire_end
 from runtime.wire import millstream_pb2 as pb
 from worker.dedup import Lower, Mark
@@ -161,6 +162,11 @@ def _after(prefix: bytes) -> bytes:
 
 def state_key(key: bytes) -> bytes:
     return b"S" + hash_prefix(key) + key
+
+
+def state_keys(keys: Iterable[bytes]) -> list[bytes]:
+    """:func:`state_key` of each key, in one call (runtime/kernels.py)."""
+    return prefixed_keys(b"S", keys)
 
 
 def saved_entries(path: str, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -342,8 +348,10 @@ class TabletStore:
         # Called on the tablet's thread with (index, writes) of each replicated commit
         # before it is written here, so its followers get it while it is (worker/tablet.py).
         self.ship: Callable[[int, bytes], None] | None = None
-        # Committed state and cells, for the tablet's thread only (worker/readcache.py).
+        # Committed typed state (by storage key) and ctx.state (by the user's key), for the
+        # tablet's thread only (worker/readcache.py).
         self.cache = ReadCache(self.db.get)
+        self.state_cache = ReadCache(self.get_state)
         wb = WriteBatch(raw_mode=True)
         wb.put(M_TOKEN, str(token).encode())
         wb.put(M_OPENED, str(self.term).encode())
@@ -445,8 +453,7 @@ class TabletStore:
         assert c.status is CommitState.STARTED, f"commit is {c.status.value}"
         try:
             wb = _Writes(self.replicated)
-            state = [(state_key(key), value) for key, value in c.state.items()]
-            for skey, value in state:
+            for skey, value in zip(state_keys(c.state), c.state.values()):
                 if value is None:
                     wb.delete(skey)
                 else:
@@ -496,9 +503,10 @@ class TabletStore:
         except BaseException:
             c.status = CommitState.FAILED
             self.cache.forget()
+            self.state_cache.forget()
             raise
-        self.cache.committed(state, bool(c.cleared))
-        self.cache.committed(c.cells)
+        self.state_cache.committed(c.state)
+        self.cache.committed(c.cells, bool(c.cleared))
         self.index += 1
         if c.seq is not None:
             self.seq = c.seq

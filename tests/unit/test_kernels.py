@@ -138,3 +138,36 @@ def test_the_kernels_benchmark_times_both_versions() -> None:
     for name in ("key_hashes", "ranges_of", "group", "take"):
         assert out[name]["reference_ns"] > 0
         assert (out[name]["compiled_ns"] is not None) == kernels.COMPILED
+
+
+@needs_compiled
+@given(st.binary(max_size=3), st.lists(st.binary(max_size=300), max_size=40))
+def test_prefixed_keys_are_the_prefix_the_hash_and_the_key(prefix: bytes, keys: list[bytes]) -> None:
+    """A storage key in hash order (worker/storage.py's state keys), for lengths around the
+    hash's 128-byte block too."""
+    expected = [prefix + hashlib.blake2b(k, digest_size=8).digest() + k for k in keys]
+    assert compiled.prefixed_keys(prefix, keys) == kernels.prefixed_keys_py(prefix, keys) == expected
+
+
+@needs_compiled
+def test_prefixed_keys_refuse_what_is_not_bytes() -> None:
+    with pytest.raises(TypeError, match="must be bytes, not str"):
+        compiled.prefixed_keys(b"S", [b"a", "b"])
+
+
+_SECONDS = st.lists(st.one_of(st.floats(min_value=0, max_value=100, allow_nan=False),
+                              st.sampled_from([1e-05, 5e-05, 0.005, 30.0, 0.0])), max_size=60)
+
+
+@needs_compiled
+@given(_SECONDS)
+def test_count_into_adds_each_value_to_its_bucket_as_bisect_left_does(values: list[float]) -> None:
+    """The user-code histogram's update by a batch (runtime/metrics.py): a value equal to a
+    bound goes in that bound's bucket (Prometheus' ``le``), the sum is returned."""
+    from runtime.metrics import USER_BUCKETS
+
+    start = list(range(len(USER_BUCKETS) + 1))
+    mine, ref = list(start), list(start)
+    total = compiled.count_into(mine, USER_BUCKETS, values)
+    assert total == kernels.count_into_py(ref, USER_BUCKETS, values)
+    assert mine == ref and sum(mine) == sum(start) + len(values)

@@ -424,16 +424,18 @@ def test_the_read_cache_always_holds_what_is_committed(entries: int, batches: li
     every commit: puts, deletes, cleared prefixes, a failed commit, a young generation that
     turns old."""
     from worker.readcache import ReadCache
-    from worker.storage import state_key
 
     with tempfile.TemporaryDirectory() as d:
         store = TabletStore(os.path.join(d, "t"), 1, sync=False)
-        store.cache = ReadCache(store.db.get, entries=entries)
-        every = [state_key(k) for k in _STATE] + _CELLS
+        store.cache = ReadCache(store.db.get, entries=entries)  # typed state, by storage key
+        store.state_cache = ReadCache(store.get_state, entries=entries)  # ctx.state, by the user's key
         try:
             for state, cells, cleared, fails, reads in batches:
                 for skey in reads:
-                    store.cache.get(state_key(skey[1:]) if skey.startswith(b"S") else skey)
+                    if skey.startswith(b"S"):
+                        store.state_cache.get(skey[1:])
+                    else:
+                        store.cache.get(skey)
                 c = Commit(state=dict(state), cells=dict(cells), cleared=list(cleared),
                            seq=store.seq - 1 if fails and store.seq > 0 else store.seq + 1)
                 if fails and store.seq > 0:
@@ -443,7 +445,10 @@ def test_the_read_cache_always_holds_what_is_committed(entries: int, batches: li
                     store.commit(c)
                 held = store.cache.held()
                 assert held == {k: store.db.get(k) for k in held}
-            assert {k: store.cache.get(k) for k in every} == {k: store.db.get(k) for k in every}
+                held = store.state_cache.held()
+                assert held == {k: store.get_state(k) for k in held}
+            assert {k: store.cache.get(k) for k in _CELLS} == {k: store.db.get(k) for k in _CELLS}
+            assert {k: store.state_cache.get(k) for k in _STATE} == {k: store.get_state(k) for k in _STATE}
         finally:
             store.close()
 
