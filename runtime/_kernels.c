@@ -272,6 +272,68 @@ static PyObject *k_count_into(PyObject *self, PyObject *const *args, Py_ssize_t 
     return PyFloat_FromDouble(sum);
 }
 
+/* columns_of(rows, width): rows (tuples of ``width`` items) as ``width`` lists, in order. */
+static PyObject *k_columns_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t width = nargs == 2 ? PyLong_AsSsize_t(args[1]) : -1;
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || width < 1 || width > 16) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "columns_of(rows: list, width: 1..16)");
+        return NULL;
+    }
+    PyObject *rows = args[0];
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    PyObject *out = PyTuple_New(width);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t c = 0; c < width; c++) {
+        PyObject *col = PyList_New(n);
+        if (col == NULL)
+            goto fail;
+        PyTuple_SET_ITEM(out, c, col);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i);
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != width) {
+            PyErr_Format(PyExc_ValueError, "columns_of: row %zd is not a tuple of %zd items", i, width);
+            goto fail;
+        }
+        for (Py_ssize_t c = 0; c < width; c++)
+            PyList_SET_ITEM(PyTuple_GET_ITEM(out, c), i, Py_NewRef(PyTuple_GET_ITEM(row, c)));
+    }
+    return out;
+fail:
+    /* Lists half filled hold NULLs, which list_dealloc skips. */
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* total_len(items, start): the sum of len(x) for x in items[start:]. */
+static PyObject *k_total_len(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t start = nargs == 2 ? PyLong_AsSsize_t(args[1]) : -1;
+    if (nargs != 2 || start < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "total_len(items, start >= 0)");
+        return NULL;
+    }
+    PyObject *items = PySequence_Fast(args[0], "total_len takes a sequence");
+    if (items == NULL)
+        return NULL;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = start; i < PySequence_Fast_GET_SIZE(items); i++) {
+        PyObject *x = PySequence_Fast_GET_ITEM(items, i);
+        Py_ssize_t len = PyBytes_CheckExact(x) ? PyBytes_GET_SIZE(x) : PyObject_Size(x);
+        if (len < 0) {
+            Py_DECREF(items);
+            return NULL;
+        }
+        total += len;
+    }
+    Py_DECREF(items);
+    return PyLong_FromSsize_t(total);
+}
+
 /* ------------------------------------------------------------------ routing */
 
 /* ranges_of(hashes, starts, ids): ids[bisect_right(starts, h) - 1] for each hash h, where
@@ -446,6 +508,10 @@ static PyMethodDef methods[] = {
      "prefix + hash_prefix(key) + key of every key (runtime.kernels.prefixed_keys)."},
     {"count_into", (PyCFunction)(void (*)(void))k_count_into, METH_FASTCALL,
      "Histogram counts of values, added in place; their sum (runtime.kernels.count_into)."},
+    {"columns_of", (PyCFunction)(void (*)(void))k_columns_of, METH_FASTCALL,
+     "Rows of width items as that many lists (runtime.kernels.columns_of)."},
+    {"total_len", (PyCFunction)(void (*)(void))k_total_len, METH_FASTCALL,
+     "The sum of len(x) for x in items[start:] (runtime.kernels.total_len)."},
     {"key_hashes", k_key_hashes, METH_O, "key_hash of every key, in order (runtime.kernels.key_hashes)."},
     {"ranges_of", (PyCFunction)(void (*)(void))k_ranges_of, METH_FASTCALL,
      "The range id of each hash (runtime.kernels.ranges_of)."},

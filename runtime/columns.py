@@ -12,10 +12,10 @@ is that same message.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from runtime.errors import MillstreamError
-from runtime.kernels import take
+from runtime.kernels import take, total_len
 from runtime.record import ID_BYTES, Record
 from runtime.wire import millstream_pb2 as pb
 
@@ -41,6 +41,7 @@ class Columns:
     seqs: list[int] | None = None
     ids: list[bytes] | None = None
     streams: str | list[str] | None = None
+    _message: pb.Columns | None = field(default=None, init=False, repr=False, compare=False)
 
     def stream(self, i: int) -> str:
         s = self.streams
@@ -84,10 +85,8 @@ class Columns:
 
     def nbytes(self, start: int = 0) -> int:
         """About what records ``start:`` cost in a message (payload plus framing)."""
-        if start:
-            return (sum(map(len, self.keys[start:])) + sum(map(len, self.values[start:]))
-                    + RECORD_OVERHEAD_BYTES * (len(self.keys) - start))
-        return sum(map(len, self.keys)) + sum(map(len, self.values)) + RECORD_OVERHEAD_BYTES * len(self.keys)
+        return (total_len(self.keys, start) + total_len(self.values, start)
+                + RECORD_OVERHEAD_BYTES * max(0, len(self.keys) - start))
 
     def oldest(self, start: int = 0) -> int | None:
         """The lowest timestamp of records ``start:`` (None: there are none)."""
@@ -154,7 +153,19 @@ class Columns:
 
     # ---------------------------------------------------------------------- wire
 
-    def to_proto(self, producers: Sequence[bytes] = ()) -> pb.Columns:
+    def to_proto(self) -> pb.Columns:
+        """The message, built once: a strong production's checkpoint and the delivery it is
+        sent as share it (nothing changes a ``Columns`` in place once it is made)."""
+        if self._message is None:
+            self._message = self._build()
+        return self._message
+
+    def checkpoint(self, producers: Sequence[bytes]) -> bytes:
+        """The message serialized with ``producers`` (those its delivery lists in its orders):
+        a second message's field appended, as the wire format allows."""
+        return self.to_proto().SerializeToString() + pb.Columns(producers=producers).SerializeToString()
+
+    def _build(self) -> pb.Columns:
         s = self.streams
         names: list[str] = []
         index: list[int] = []
@@ -167,11 +178,10 @@ class Columns:
                 index = [at[name] for name in s]  # type: ignore[union-attr]
         if self.producer is not None:
             return pb.Columns(keys=self.keys, values=self.values, timestamps=self.timestamps,
-                              producer=self.producer, seqs=self.seqs, producers=producers,
-                              stream_names=names, stream_index=index)
+                              producer=self.producer, seqs=self.seqs, stream_names=names, stream_index=index)
         assert self.ids is not None
         return pb.Columns(keys=self.keys, values=self.values, timestamps=self.timestamps,
-                          ids=b"".join(self.ids), producers=producers, stream_names=names, stream_index=index)
+                          ids=b"".join(self.ids), stream_names=names, stream_index=index)
 
     @classmethod
     def from_proto(cls, c: pb.Columns) -> Columns:

@@ -49,6 +49,19 @@ def count_into_py(counts: list[int], bounds: tuple[float, ...], values: list[flo
     return float(sum(values))
 
 
+def columns_of_py(rows: list[tuple[Any, ...]], width: int) -> tuple[list[Any], ...]:
+    """Rows (tuples of ``width`` items) as ``width`` lists, in order."""
+    for i, row in enumerate(rows):
+        if type(row) is not tuple or len(row) != width:
+            raise ValueError(f"columns_of: row {i} is not a tuple of {width} items")
+    return tuple([row[c] for row in rows] for c in range(width))
+
+
+def total_len_py(items: Sequence[Any], start: int) -> int:
+    """``sum(len(x) for x in items[start:])``."""
+    return sum(map(len, items[start:]))
+
+
 def key_hashes_py(keys: Sequence[bytes]) -> list[int]:
     """:func:`key_hash` of every key, in order."""
     blake2b, from_bytes = hashlib.blake2b, int.from_bytes
@@ -94,6 +107,8 @@ hash_prefix: Callable[[bytes], bytes]
 key_hashes: Callable[[Sequence[bytes]], list[int]]
 prefixed_keys: Callable[[bytes, Iterable[bytes]], list[bytes]]
 count_into: Callable[[list[int], tuple[float, ...], list[float]], float]
+columns_of: Callable[[list[tuple[Any, ...]], int], tuple[list[Any], ...]]
+total_len: Callable[[Sequence[Any], int], int]
 ranges_of: Callable[[Sequence[int], Sequence[int], Sequence[Any]], list[Any]]
 group: Callable[[Sequence[Any]], dict[Any, list[int]]]
 take: Callable[[Sequence[Any], Sequence[int]], list[Any]]
@@ -103,6 +118,8 @@ if _compiled is not None:
     key_hashes = _compiled.key_hashes
     prefixed_keys = _compiled.prefixed_keys
     count_into = _compiled.count_into
+    columns_of = _compiled.columns_of
+    total_len = _compiled.total_len
     ranges_of = _compiled.ranges_of
     group = _compiled.group
     take = _compiled.take
@@ -112,6 +129,8 @@ else:
     key_hashes = key_hashes_py
     prefixed_keys = prefixed_keys_py
     count_into = count_into_py
+    columns_of = columns_of_py
+    total_len = total_len_py
     ranges_of = ranges_of_py
     group = group_py
     take = take_py

@@ -78,7 +78,7 @@ class _Rebound(list):  # type: ignore[type-arg]
 class _KeyState(State):
     __slots__ = ("_ctx",)
 
-    def __init__(self, ctx: _CoreRef) -> None:
+    def __init__(self, ctx: Any) -> None:  # a KeyContext (or, for worker/_loop.c, its core)
         self._ctx = ctx
 
     def get(self) -> bytes | None:
@@ -178,7 +178,13 @@ COMPILED: bool = _Core is not _CoreRef
 """Whether :class:`KeyContext` is over the compiled core."""
 
 
-class KeyContext(_CoreRef if TYPE_CHECKING else _Core, Context):  # type: ignore[misc]
+if TYPE_CHECKING:
+    _Base = _CoreRef
+else:
+    _Base = _Core
+
+
+class KeyContext(_Base, Context):
     """A context reused across the records of a batch (rebound per record).
 
     ``ctx.state`` writes go into the batch's ``writes`` and productions onto its ``out``

@@ -25,7 +25,7 @@ from typing import Any
 from runtime import metrics
 from runtime.columns import Columns, compact_streams
 from runtime.delivery import cut_columns
-from runtime.kernels import group, key_hash, key_hashes, ranges_of, take
+from runtime.kernels import columns_of, group, key_hash, key_hashes, ranges_of, take
 from runtime.record import derived_id, sequence_id, worker_producer
 from runtime.routing import RoutingTable
 from runtime.topology import dead_letter_stream
@@ -78,7 +78,7 @@ class Outgoing:
         n = len(out)
         if not n:
             return
-        streams, *rest = zip(*out, strict=True)  # rows to columns, in C
+        streams, keys, values, stamps = columns_of(out, 4)  # rows to columns, in C
         stream: str = streams[0]
         plain = self._plain
         if stream in plain:
@@ -91,9 +91,6 @@ class Outgoing:
         seq = commit.seq
         commit.seq = seq + n
         seqs = list(range(seq + 1, seq + n + 1))
-        keys: list[bytes] = list(rest[0])
-        values: list[bytes] = list(rest[1])
-        stamps: list[int] = list(rest[2])
         hashes: list[int] | None = None
         # Destinations that take every production share these lists (nothing changes a
         # shipment's columns in place: re-routing and acknowledgement select copies).
@@ -239,7 +236,7 @@ class Outgoing:
             (comp, r, Columns(keys, values, stamps, self.prefix, seqs, streams=stream or None), (self.prefix,), None)
             for (comp, r), (keys, values, stamps, seqs, stream) in self._cols.items()]
         for (comp, r), rows in self._rows.items():
-            columns = [list(c) for c in zip(*rows, strict=True)]  # rows to columns, in C
+            columns = columns_of(rows, 6 if self.weak else 5)  # rows to columns, in C
             if self.weak:
                 keys, values, stamps, ids, streams, made_order = columns
                 made.append((comp, r, Columns(keys, values, stamps, ids=ids, streams=compact_streams(streams)),

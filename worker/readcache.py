@@ -20,6 +20,7 @@ directly: a value they read could otherwise be put back after a commit replaced 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 ENTRIES = 1 << 14  # per tablet; when full it starts over, and the next reads refill it
 
@@ -27,9 +28,12 @@ ENTRIES = 1 << 14  # per tablet; when full it starts over, and the next reads re
 class ReadCache:
     """Committed values by storage key (``None``: absent), over ``read`` (the store's get)."""
 
-    def __init__(self, read: Callable[[bytes], bytes | None], entries: int = ENTRIES) -> None:
+    def __init__(self, read: Callable[[bytes], bytes | None], entries: int = ENTRIES,
+                 read_many: Callable[[list[bytes]], Any] | None = None) -> None:
         self._read = read
+        self._read_many = read_many
         self._entries = entries
+        self.misses = 0  # reads that were not held (each one RocksDB read)
         # The young generation: read it, never write it (the tablet's hot path). Everything
         # in it is newer than what the old one holds for the same key.
         self.values: dict[bytes, bytes | None] = {}
@@ -42,10 +46,26 @@ class ReadCache:
         except KeyError:
             pass
         old = self._old
-        value = values[skey] = old[skey] if skey in old else self._read(skey)
+        if skey in old:
+            value = values[skey] = old[skey]
+        else:
+            self.misses += 1
+            value = values[skey] = self._read(skey)
         if len(values) > self._entries:
             self._age()
         return value
+
+    def prefetch(self, keys: Iterable[bytes]) -> int:
+        """Read every one of ``keys`` not held, together (one RocksDB multi-get, with
+        ``read_many``): a batch whose keys are new to the cache pays one read of them all
+        instead of one call per key. How many it read."""
+        missing = list(set(keys).difference(self.values).difference(self._old))
+        if not missing or self._read_many is None:
+            return 0
+        self.values.update(zip(missing, self._read_many(missing), strict=True))
+        if len(self.values) > self._entries:
+            self._age()
+        return len(missing)
 
     def committed(self, writes: Iterable[tuple[bytes, bytes | None]] | Mapping[bytes, bytes | None],
                   cleared: bool = False) -> None:

@@ -351,7 +351,7 @@ class TabletStore:
         # Committed typed state (by storage key) and ctx.state (by the user's key), for the
         # tablet's thread only (worker/readcache.py).
         self.cache = ReadCache(self.db.get)
-        self.state_cache = ReadCache(self.get_state)
+        self.state_cache = ReadCache(self.get_state, read_many=lambda keys: self.db.get(state_keys(keys)))  # type: ignore[arg-type]
         wb = WriteBatch(raw_mode=True)
         wb.put(M_TOKEN, str(token).encode())
         wb.put(M_OPENED, str(self.term).encode())
@@ -453,7 +453,7 @@ class TabletStore:
         assert c.status is CommitState.STARTED, f"commit is {c.status.value}"
         try:
             wb = _Writes(self.replicated)
-            for skey, value in zip(state_keys(c.state), c.state.values()):
+            for skey, value in zip(state_keys(c.state), c.state.values(), strict=True):
                 if value is None:
                     wb.delete(skey)
                 else:
@@ -488,7 +488,7 @@ class TabletStore:
                 wb.put(b"T" + packed + tk, b"")
             for p in c.productions:
                 if p.ckey is not None:
-                    wb.put(p.ckey, p.cols.to_proto(p.producers).SerializeToString())
+                    wb.put(p.ckey, p.cols.checkpoint(p.producers))
             if c.seq is not None:
                 assert c.seq >= self.seq, f"producer sequence moved backwards: {c.seq} < {self.seq}"
                 wb.put(M_SEQ, str(c.seq).encode())

@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError
 from rocksdict import Rdict, WriteBatch
 
 from runtime.errors import MillstreamError
+from runtime.kernels import columns_of
 from runtime.wire import millstream_pb2 as pb
 
 PUT, DELETE, DELETE_RANGE = 0, 1, 2
@@ -40,7 +41,7 @@ def encode_ops(ops: list[tuple[int, bytes, bytes]]) -> bytes:
     three columns, so that a follower decodes them in protobuf's C code."""
     if not ops:
         return b""
-    kinds, keys, values = zip(*ops, strict=True)
+    kinds, keys, values = columns_of(ops, 3)  # rows to columns, in C
     return pb.Writes(kinds=bytes(kinds), keys=keys, values=values).SerializeToString()
 
 

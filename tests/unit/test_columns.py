@@ -23,10 +23,15 @@ def test_columns_round_trip_on_the_wire(rows: list[tuple[bytes, bytes, int]], se
     records = [Record(k, v, t, i) for (k, v, t), i in zip(rows, ids, strict=True)]
     cols = Columns.of_records(records, P)
     assert not records or (cols.producer is not None) == sequenced
-    wire = pb.DeliverRequest(columns=cols.to_proto([P])).SerializeToString()
+    wire = pb.DeliverRequest(columns=cols.to_proto()).SerializeToString()
     back = of_request(pb.DeliverRequest.FromString(wire))
     assert back.records() == records == cols.records()
     assert [back.id(i) for i in range(len(back))] == ids
+    # A checkpoint: the same message (built once), with the producers its delivery lists.
+    saved = pb.Columns.FromString(cols.checkpoint([P, b"other"]))
+    assert list(saved.producers) == [P, b"other"]
+    assert Columns.from_proto(saved).records() == records
+    assert cols.to_proto() is cols.to_proto()
 
 
 @given(parts=st.lists(_records, max_size=4), sequenced=st.booleans())

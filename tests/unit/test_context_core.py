@@ -48,16 +48,16 @@ def trace(seed: int, steps: int = 300) -> list[str]:
             out.append(_outcome(ctx.state.get))
         elif op in (2, 3):
             value = rnd.choice(VALUES)
-            out.append(_outcome(lambda: ctx.state.set(value)))
+            out.append(_outcome(lambda value=value: ctx.state.set(value)))
         elif op == 4:
             out.append(_outcome(ctx.state.clear))
         elif op == 5:
             stream, value = rnd.choice(["out", "other", "nope", 3]), rnd.choice(VALUES)
-            out.append(_outcome(lambda: ctx.produce(stream, value)))
+            out.append(_outcome(lambda stream=stream, value=value: ctx.produce(stream, value)))
         elif op == 6:
             kw = rnd.choice([{"key": rnd.choice(KEYS)}, {"timestamp": rnd.randrange(-5, 100)}, {"key": "str"},
                              {"timestamp": 2.5}, {"key": b"k", "timestamp": 3}])
-            out.append(_outcome(lambda: ctx.produce("out", b"v", **kw)))
+            out.append(_outcome(lambda kw=kw: ctx.produce("out", b"v", **kw)))
         elif op == 7:
             ctx.rebind(rnd.choice(KEYS), rnd.randrange(100))
             out.append("rebind")

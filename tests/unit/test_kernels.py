@@ -171,3 +171,25 @@ def test_count_into_adds_each_value_to_its_bucket_as_bisect_left_does(values: li
     total = compiled.count_into(mine, USER_BUCKETS, values)
     assert total == kernels.count_into_py(ref, USER_BUCKETS, values)
     assert mine == ref and sum(mine) == sum(start) + len(values)
+
+
+@needs_compiled
+@given(st.integers(1, 6), st.lists(st.lists(st.binary(max_size=4), min_size=6, max_size=6), max_size=30))
+def test_columns_of_transposes_rows_as_zip_does(width: int, cells: list[list[bytes]]) -> None:
+    rows = [tuple(c[:width]) for c in cells]
+    expected = tuple(list(col) for col in zip(*rows, strict=True)) if rows else tuple([] for _ in range(width))
+    assert compiled.columns_of(rows, width) == kernels.columns_of_py(rows, width) == expected
+
+
+@needs_compiled
+@pytest.mark.parametrize("rows", [[(1, 2), (3,)], [(1, 2), [3, 4]], [(1, 2, 3)]])
+def test_columns_of_refuses_rows_of_another_width(rows: list) -> None:  # type: ignore[type-arg]
+    for fn in (compiled.columns_of, kernels.columns_of_py):
+        with pytest.raises(ValueError, match="is not a tuple of 2 items"):
+            fn(rows, 2)
+
+
+@needs_compiled
+@given(st.lists(st.binary(max_size=50), max_size=30), st.integers(0, 40))
+def test_total_len_is_the_sum_of_the_lengths_from_start(items: list[bytes], start: int) -> None:
+    assert compiled.total_len(items, start) == kernels.total_len_py(items, start) == sum(map(len, items[start:]))

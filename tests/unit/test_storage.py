@@ -422,7 +422,7 @@ _write = st.one_of(st.none(), st.binary(min_size=0, max_size=3))
 def test_the_read_cache_always_holds_what_is_committed(entries: int, batches: list) -> None:  # type: ignore[type-arg]
     """What the tablet thread's read cache holds (worker/readcache.py) equals RocksDB after
     every commit: puts, deletes, cleared prefixes, a failed commit, a young generation that
-    turns old."""
+    turns old, keys read together."""
     from worker.readcache import ReadCache
 
     with tempfile.TemporaryDirectory() as d:
@@ -436,6 +436,8 @@ def test_the_read_cache_always_holds_what_is_committed(entries: int, batches: li
                         store.state_cache.get(skey[1:])
                     else:
                         store.cache.get(skey)
+                if len(reads) % 2:  # keys read together, as a batch of new keys is (worker/batch.py)
+                    store.state_cache.prefetch([skey[1:] for skey in reads if skey.startswith(b"S")] + _STATE[:2])
                 c = Commit(state=dict(state), cells=dict(cells), cleared=list(cleared),
                            seq=store.seq - 1 if fails and store.seq > 0 else store.seq + 1)
                 if fails and store.seq > 0:
