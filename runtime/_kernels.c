@@ -200,21 +200,23 @@ static PyObject *k_prefixed_keys(PyObject *self, PyObject *const *args, Py_ssize
     if (out == NULL)
         goto fail;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = items[i];
-        if (!PyBytes_CheckExact(key)) {
-            PyErr_Format(PyExc_TypeError, "a key must be bytes, not %.100s", Py_TYPE(key)->tp_name);
+        Py_buffer view;  /* bytes, or any bytes-like key (as hash_prefix takes) */
+        if (PyObject_GetBuffer(items[i], &view, PyBUF_SIMPLE) < 0) {
+            PyErr_Format(PyExc_TypeError, "a key must be bytes, not %.100s", Py_TYPE(items[i])->tp_name);
             goto fail;
         }
-        Py_ssize_t klen = PyBytes_GET_SIZE(key);
-        uint64_t h = blake2b_8((const uint8_t *)PyBytes_AS_STRING(key), (size_t)klen);
-        PyObject *v = PyBytes_FromStringAndSize(NULL, plen + 8 + klen);
+        uint64_t h = blake2b_8((const uint8_t *)view.buf, (size_t)view.len);
+        PyObject *v = PyBytes_FromStringAndSize(NULL, plen + 8 + view.len);
+        if (v != NULL) {
+            char *p = PyBytes_AS_STRING(v);
+            memcpy(p, prefix, plen);
+            for (int b = 0; b < 8; b++)  /* the digest's bytes (the state word, little-endian): hash_prefix */
+                p[plen + b] = (char)((h >> (8 * b)) & 0xff);
+            memcpy(p + plen + 8, view.buf, view.len);
+        }
+        PyBuffer_Release(&view);
         if (v == NULL)
             goto fail;
-        char *p = PyBytes_AS_STRING(v);
-        memcpy(p, prefix, plen);
-        for (int b = 0; b < 8; b++)  /* the digest's bytes (the state word, little-endian): hash_prefix */
-            p[plen + b] = (char)((h >> (8 * b)) & 0xff);
-        memcpy(p + plen + 8, PyBytes_AS_STRING(key), klen);
         PyList_SET_ITEM(out, i, v);
     }
     Py_DECREF(seq);
@@ -294,7 +296,7 @@ static PyObject *k_columns_of(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *row = PyList_GET_ITEM(rows, i);
-        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != width) {
+        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != width) {
             PyErr_Format(PyExc_ValueError, "columns_of: row %zd is not a tuple of %zd items", i, width);
             goto fail;
         }

@@ -155,7 +155,10 @@ class Columns:
 
     def to_proto(self) -> pb.Columns:
         """The message, built once: a strong production's checkpoint and the delivery it is
-        sent as share it (nothing changes a ``Columns`` in place once it is made)."""
+        sent as share it. A ``Columns`` is not changed once its message is made: re-routing
+        and cutting make copies (``select``, ``concat``), and the injector's buffer grows in
+        place only a block it has not handed out (injectors/buffer.py). An unacknowledged
+        shipment holds its lists and this message both."""
         if self._message is None:
             self._message = self._build()
         return self._message

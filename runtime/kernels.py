@@ -37,7 +37,7 @@ def hash_prefix_py(key: bytes) -> bytes:
 def prefixed_keys_py(prefix: bytes, keys: Iterable[bytes]) -> list[bytes]:
     """``prefix + hash_prefix(key) + key`` of every key, in order (a storage key in hash order)."""
     blake2b = hashlib.blake2b
-    return [prefix + blake2b(k, digest_size=8).digest() + k for k in keys]
+    return [prefix + blake2b(k, digest_size=8).digest() + bytes(k) for k in keys]
 
 
 def count_into_py(counts: list[int], bounds: tuple[float, ...], values: list[float]) -> float:
@@ -51,6 +51,7 @@ def count_into_py(counts: list[int], bounds: tuple[float, ...], values: list[flo
 
 def columns_of_py(rows: list[tuple[Any, ...]], width: int) -> tuple[list[Any], ...]:
     """Rows (tuples of ``width`` items) as ``width`` lists, in order."""
+    rows = list(rows)
     for i, row in enumerate(rows):
         if type(row) is not tuple or len(row) != width:
             raise ValueError(f"columns_of: row {i} is not a tuple of {width} items")

@@ -70,6 +70,7 @@ typedef struct {
     PyObject_HEAD
     PyObject *key, *timestamp, *eff, *saved, *writes, *out, *committed, *read_state, *outputs;
     PyObject *handle;  /* the StateHandle ctx.state returns */
+    Py_ssize_t reads;  /* ctx.state.get() calls so far (worker/batch.py's prefetch counts them) */
 } Core;
 
 typedef struct {
@@ -103,7 +104,7 @@ static void core_dealloc(Core *self)
 
 static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    if (unsaved == NULL) {
+    if (ref_get == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "worker._loop.init_context() was not called");
         return NULL;
     }
@@ -182,23 +183,38 @@ static PyMethodDef core_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* The fields as attributes: readable and writable from Python (KeyContext's own methods use
+ * them), never deleted (every C path above reads them without a check for NULL). */
+static PyObject *field_get(Core *self, void *offset)
+{
+    PyObject *v = *(PyObject **)((char *)self + (Py_ssize_t)offset);
+    return Py_NewRef(v != NULL ? v : Py_None);
+}
+
+static int field_set(Core *self, PyObject *value, void *offset)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "a context's fields cannot be deleted");
+        return -1;
+    }
+    Py_XSETREF(*(PyObject **)((char *)self + (Py_ssize_t)offset), Py_NewRef(value));
+    return 0;
+}
+
+static PyObject *core_reads(Core *self, void *closure)
+{
+    return PyLong_FromSsize_t(self->reads);
+}
+
+#define FIELD(name, f) {name, (getter)field_get, (setter)field_set, NULL, (void *)offsetof(Core, f)},
 static PyGetSetDef core_getset[] = {
     {"state", (getter)core_state, NULL, "This key's state (runtime.Context.state).", NULL},
+    {"_state", (getter)core_state, NULL, NULL, NULL},
+    {"reads", (getter)core_reads, NULL, "ctx.state.get() calls so far.", NULL},
+    FIELD("_key", key) FIELD("_timestamp", timestamp) FIELD("eff", eff) FIELD("_saved", saved)
+    FIELD("writes", writes) FIELD("out", out) FIELD("committed", committed) FIELD("read_state", read_state)
+    FIELD("outputs", outputs)
     {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyMemberDef core_members[] = {
-    {"_key", T_OBJECT_EX, offsetof(Core, key), 0, NULL},
-    {"_timestamp", T_OBJECT_EX, offsetof(Core, timestamp), 0, NULL},
-    {"eff", T_OBJECT_EX, offsetof(Core, eff), 0, NULL},
-    {"_saved", T_OBJECT_EX, offsetof(Core, saved), 0, NULL},
-    {"writes", T_OBJECT_EX, offsetof(Core, writes), 0, NULL},
-    {"out", T_OBJECT_EX, offsetof(Core, out), 0, NULL},
-    {"committed", T_OBJECT_EX, offsetof(Core, committed), 0, NULL},
-    {"read_state", T_OBJECT_EX, offsetof(Core, read_state), 0, NULL},
-    {"outputs", T_OBJECT_EX, offsetof(Core, outputs), 0, NULL},
-    {"_state", T_OBJECT_EX, offsetof(Core, handle), READONLY, NULL},
-    {NULL, 0, 0, 0, NULL},
 };
 
 static PyTypeObject ContextCoreType = {
@@ -212,7 +228,6 @@ static PyTypeObject ContextCoreType = {
     .tp_traverse = (traverseproc)core_traverse,
     .tp_clear = (inquiry)core_clear,
     .tp_methods = core_methods,
-    .tp_members = core_members,
     .tp_getset = core_getset,
 };
 
@@ -251,6 +266,7 @@ static PyObject *handle_get(Handle *self, PyObject *unused)
         return NULL;
     if (!PyDict_CheckExact(c->writes))
         return PyObject_CallOneArg(ref_get, (PyObject *)self);
+    c->reads++;
     PyObject *v = PyDict_GetItemWithError(c->writes, c->key);  /* borrowed */
     if (v == NULL && !PyErr_Occurred() && PyDict_CheckExact(c->committed))
         v = PyDict_GetItemWithError(c->committed, c->key);

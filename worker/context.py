@@ -83,6 +83,7 @@ class _KeyState(State):
 
     def get(self) -> bytes | None:
         ctx = self._ctx
+        ctx.reads += 1
         key = ctx._key
         writes = ctx.writes
         if key in writes:
@@ -128,6 +129,7 @@ class _CoreRef:
         self.committed: dict[bytes, bytes | None] | None = None  # committed ctx.state held in memory
         self.read_state: Callable[[bytes], bytes | None] = lambda key: None  # ... and all of it
         self.outputs: frozenset[str] = frozenset()
+        self.reads = 0  # ctx.state.get() calls so far (worker/batch.py's prefetch counts them)
         self._state = _KeyState(self)
 
     @property

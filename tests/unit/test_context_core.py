@@ -103,3 +103,17 @@ def test_the_state_handle_is_a_state() -> None:
     ctx = context.KeyContext(frozenset(), read_state=lambda k: None, watermark=lambda: 0)
     assert isinstance(ctx.state, State)
     assert ctx.state is ctx.state
+
+
+def test_a_contexts_fields_cannot_be_deleted() -> None:
+    """User code holds the context: ``del ctx.writes`` must not leave the compiled core a
+    field it reads without a check (it would take the worker down), so it is refused."""
+    if not context.COMPILED:
+        pytest.skip("worker/_loop.c is not built")
+    ctx = context.KeyContext(frozenset({"out"}), read_state=lambda k: None, watermark=lambda: 0)
+    for name in ("writes", "_key", "_timestamp", "eff", "_saved", "out", "committed", "read_state", "outputs"):
+        with pytest.raises(AttributeError, match="cannot be deleted"):
+            delattr(ctx, name)
+    ctx.state.set(b"1")
+    ctx.produce("out", b"v")
+    assert ctx.state.get() == b"1" and ctx.out == [("out", b"", b"v", 0)] and ctx.reads == 1
