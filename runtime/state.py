@@ -241,6 +241,8 @@ class _Handle:
     def _live(self, stored: bytes | None) -> bytes | None:
         if stored is None:
             return None
+        if stored.startswith(_NEVER_EXPIRES):  # no TTL: no clock to read
+            return stored[_EXPIRY.size:]
         if self._spec.ttl_domain == TimeDomain.WALL_TIME:
             if is_expired(stored, self._cells.now()):
                 return None
