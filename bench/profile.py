@@ -133,17 +133,9 @@ class Timing:
     cpu_us = 0.0
 
 
-async def _drive(path: str, records: int, batch: int, prof: cProfile.Profile | None,
-                 thread_prof: cProfile.Profile | None = None, routing: pb.Routing | None = None,
-                 timing: Timing | None = None) -> float:
-    """Deliver ``records`` W1 records in batches of ``batch`` to one tablet at ``path``; the
-    wall µs per record (with ``timing``, that and the CPU µs per record too)."""
-    from worker.tablet import Tablet
-
-    routing = routing or _routing()
-    host = _Host(routing)
-    tablet = Tablet(host, routing.computations[0], 0, 1, path)  # type: ignore[arg-type]
-    await tablet.start()
+def requests(records: int, batch: int) -> tuple[list[bytes], bytes, list[bytes]]:
+    """W1's keys, the producer and the serialized deliveries :func:`_drive` sends (apart, so
+    bench/instructions.py can count what making them costs)."""
     keys = w1_keys(10_000, records / 10_000, seed=3)
     prefix = producer_prefix("profile")
     wire = []
@@ -159,6 +151,21 @@ async def _drive(path: str, records: int, batch: int, prof: cProfile.Profile | N
                 to_proto(Record(k, b"%d" % time.time_ns(), 1, sequence_id(prefix, lo + i)))
                 for i, k in enumerate(part)])
         wire.append(req.SerializeToString())
+    return keys, prefix, wire
+
+
+async def _drive(path: str, records: int, batch: int, prof: cProfile.Profile | None,
+                 thread_prof: cProfile.Profile | None = None, routing: pb.Routing | None = None,
+                 timing: Timing | None = None) -> float:
+    """Deliver ``records`` W1 records in batches of ``batch`` to one tablet at ``path``; the
+    wall µs per record (with ``timing``, that and the CPU µs per record too)."""
+    from worker.tablet import Tablet
+
+    routing = routing or _routing()
+    host = _Host(routing)
+    tablet = Tablet(host, routing.computations[0], 0, 1, path)  # type: ignore[arg-type]
+    await tablet.start()
+    keys, prefix, wire = requests(records, batch)
     try:
         assert tablet.thread is not None
         if thread_prof is not None:

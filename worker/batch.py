@@ -126,9 +126,7 @@ class BatchProcessor:
         self._stop = False      # the batch is full
         self._wm = 0            # the input watermark the batch judges lateness by
         self._durations: list[float] = []  # of its calls of user code (one histogram update per batch)
-        # What decides whether to read a delivery's keys' state together (_run_records): the
-        # reads and misses before the last delivery, its size, and what its prefetch read.
-        self._reads, self._misses, self._last, self._fetched = 0, 0, 1, 0
+        self._reads, self._misses, self._last, self._fetched = 0, 0, 1, 0  # (_run_records' prefetch)
         self.outgoing = Outgoing(tablet.name, tablet.computation, tablet.prefix, tablet.weak, self.host.routing)
         # The oldest event-time timer or production made earlier than the record (or timer) it
         # came from: it holds the watermark (progress reports) until the batch's effects are in
@@ -239,8 +237,7 @@ class BatchProcessor:
         """User code for records ``i:`` of ``cols`` (new ones: dedup is done) until the batch is
         full, or for records ``i:stop`` whatever the batch holds; returns the index it reached
         (worker/recordloop.py: compiled where it was built). While user code reads ctx.state
-        for most records and those reads miss the read cache (keys new to it), a delivery's
-        keys are read from RocksDB together first."""
+        for most records and misses the read cache, a delivery's keys are read together first."""
         cache, ctx = self.store.state_cache, self.ctx
         if (ctx.reads - self._reads) * 2 >= self._last and (self._fetched or cache.misses != self._misses):
             self._fetched = cache.prefetch(cols.keys[i:stop])
