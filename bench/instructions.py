@@ -1,6 +1,6 @@
 """Instructions per record of the in-process record path, counted by valgrind's callgrind:
 a figure of the code that does not move with the machine's load, as CPU time does (on this
-shared machine one side of an A/B spreads by a third within a round)::
+shared machine one side of an A/B spreads widely from one round to the next)::
 
     python -m bench.instructions                          # W1's stage (bench.jobs:ChainedCounter)
     python -m bench.instructions --code bench.overhead:Nothing   # a stage that does nothing
