@@ -213,6 +213,8 @@ class Cells(Protocol):
 
     def cell_delete(self, skey: bytes) -> None: ...
 
+    def cell_write(self, writes: dict[bytes, bytes | None]) -> None: ...
+
     def cell_clear(self, prefix: bytes) -> None: ...
 
     def expire_at(self, name: str, time: int, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None: ...
@@ -220,6 +222,8 @@ class Cells(Protocol):
 
 class _Handle:
     """Bound to one key for the duration of one call of user code."""
+
+    __slots__ = ("_spec", "_cells", "_call", "_key", "_cell")
 
     def __init__(self, spec: StateSpec, cells: Cells) -> None:
         self._spec = spec
@@ -265,6 +269,8 @@ class _Handle:
 
 
 class ValueHandle(_Handle):
+    __slots__ = ()
+
     def get(self) -> Any:
         data = self._live(self._check().cell_get(self._cell + VALUE))
         return getattr(self._spec, "default", None) if data is None else self._spec.codec.decode(data)
@@ -277,6 +283,8 @@ class ValueHandle(_Handle):
 
 
 class ListHandle(_Handle):
+    __slots__ = ()
+
     def append(self, value: Any) -> None:
         cells = self._check()
         stored = cells.cell_get(self._cell + COUNT)
@@ -300,6 +308,8 @@ class ListHandle(_Handle):
 
 
 class MapHandle(_Handle):
+    __slots__ = ()
+
     def _k(self, k: Any) -> bytes:
         return self._cell + ENTRY + self._spec.key_codec.encode(k)  # type: ignore[union-attr]
 
@@ -336,6 +346,9 @@ class MapHandle(_Handle):
 
 def bind(spec: object, cells: Cells) -> ValueHandle | ListHandle | MapHandle:
     """The handle of ``spec`` for the key being processed (``ctx.state_of``)."""
+    handle = _HANDLES.get(type(spec))
+    if handle is not None:  # (a spec of a subclass: below)
+        return handle(spec, cells)  # type: ignore[arg-type]
     if isinstance(spec, ValueState):
         return ValueHandle(spec, cells)
     if isinstance(spec, ListState):
@@ -344,6 +357,10 @@ def bind(spec: object, cells: Cells) -> ValueHandle | ListHandle | MapHandle:
         return MapHandle(spec, cells)
     raise UsageError(f"ctx.state_of() takes a ValueState, ListState or MapState declared on the computation "
                     f"class, not {type(spec).__name__}")
+
+
+_HANDLES: dict[type, type[ValueHandle | ListHandle | MapHandle]] = {
+    ValueState: ValueHandle, ListState: ListHandle, MapState: MapHandle}
 
 
 def expired(prefix: bytes, entries: Iterable[tuple[bytes, bytes]], time: int,
@@ -419,7 +436,7 @@ class _Committed:
     def _read_only(self, *args: Any) -> None:
         raise MillstreamError("committed state is read here, never written")
 
-    cell_put = cell_delete = cell_clear = expire_at = _read_only
+    cell_put = cell_delete = cell_write = cell_clear = expire_at = _read_only
 
 
 def read_committed(spec: StateSpec, key: bytes, get: Any, scan: Any, watermark: int,

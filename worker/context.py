@@ -340,7 +340,10 @@ class KeyContext(_Base, Context):
         return bind(spec, self)
 
     def call_id(self) -> object:
-        return self.effects  # a new Effects per call of user code
+        eff = self.eff  # a new Effects per call of user code (as self.effects, a call less: per state_of and get)
+        if eff is None:
+            eff = self.eff = Effects()
+        return eff
 
     def write_time(self) -> int:
         return self._timestamp
@@ -372,6 +375,16 @@ class KeyContext(_Base, Context):
 
     def cell_delete(self, skey: bytes) -> None:
         self.effects.cells[skey] = None
+
+    def cell_write(self, writes: dict[bytes, bytes | None]) -> None:
+        """:meth:`cell_put` (None: :meth:`cell_delete`) of each of ``writes``, in one merge: an
+        operator's writes of a batch (a window's every (key, window) it changed) cost one call,
+        not one per cell. Refused whole if one is over the limit."""
+        if max(map(len, filter(None, writes.values())), default=0) > MAX_VALUE_BYTES:
+            for stored in writes.values():
+                if stored is not None:
+                    _check_size(stored, MAX_VALUE_BYTES, "state value")
+        self.effects.cells.update(writes)
 
     def cell_clear(self, prefix: bytes) -> None:
         """Each entry under ``prefix`` deleted, one by one: a range delete leaves RocksDB a

@@ -67,15 +67,23 @@ class ReadCache:
             self._age()
         return len(missing)
 
-    def committed(self, writes: Iterable[tuple[bytes, bytes | None]] | Mapping[bytes, bytes | None],
-                  cleared: bool = False) -> None:
-        """A commit wrote ``writes`` (None deletes); ``cleared``: it also deleted ranges."""
-        values = self.values
+    def committed(self, writes: Mapping[bytes, bytes | None], cleared: bool = False) -> None:
+        """A commit wrote ``writes`` (None deletes); ``cleared``: it also deleted ranges.
+
+        Only what is held is updated: a key written and not read since it was last held is
+        left to be read from RocksDB if it ever is. The cache holds what is read, so keys
+        that are written and never read (a window's accumulator, which its operator keeps in
+        memory, on W2 most of a batch's writes) do not push the ones that are read out."""
         if cleared:
             self.forget()
-        values.update(writes)
-        if len(values) > self._entries:
-            self._age()
+        values, old = self.values, self._old
+        held = writes.keys() & values.keys()
+        if old:
+            held |= writes.keys() & old.keys()
+        if held:
+            values.update({k: writes[k] for k in held})
+            if len(values) > self._entries:
+                self._age()
 
     def forget(self) -> None:
         """A commit failed: what it wrote is unknown, so nothing held is trusted."""

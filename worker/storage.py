@@ -55,12 +55,12 @@ from worker.dedup import Lower, Mark
 from worker.readcache import ReadCache
 from worker.writes import (
     DELETE,
-    DELETE_RANGE,
-    PUT,
+    Writes,
     encode_ops,
     replay_log,
 )
-from worker.writes import apply_ops as apply_ops  # noqa: I001 (re-exported: bench/overhead.py runs in older checkouts too)
+from worker.writes import PUT as PUT  # noqa: I001 (re-exported: bench/overhead.py runs in older checkouts too)
+from worker.writes import apply_ops as apply_ops
 
 MEMTABLE_BYTES = 16 << 20           # one tablet's memtable before it is flushed
 WORKER_MEMTABLE_BYTES = 128 << 20   # all the tablets of one worker process together
@@ -71,29 +71,6 @@ M_OPENED, M_TERM = b"Mopened", b"Mterm"  # the term of the last opening; of the 
 TERM_TOKEN_BITS = 24  # a term: (openings << 24) | (token mod 2**24)
 # Msink+<range id>: the sink meta of a range merged into this one (its output may need settling)
 M_SINK_ABSORBED = b"Msink+"
-class _Writes:
-    """A WriteBatch that also records its writes when they are to be replicated."""
-
-    def __init__(self, record: bool) -> None:
-        self.wb = WriteBatch(raw_mode=True)
-        self.ops: list[tuple[int, bytes, bytes]] | None = [] if record else None
-
-    def put(self, k: bytes, v: bytes) -> None:
-        self.wb.put(k, v)
-        if self.ops is not None:
-            self.ops.append((PUT, k, v))
-
-    def delete(self, k: bytes) -> None:
-        self.wb.delete(k)
-        if self.ops is not None:
-            self.ops.append((DELETE, k, b""))
-
-    def delete_range(self, start: bytes, end: bytes) -> None:
-        self.wb.delete_range(start, end)
-        if self.ops is not None:
-            self.ops.append((DELETE_RANGE, start, end))
-
-
 _NOSYNC = WriteOptions()
 
 
@@ -452,7 +429,7 @@ class TabletStore:
         its followers take the commit while it is written and fsynced here."""
         assert c.status is CommitState.STARTED, f"commit is {c.status.value}"
         try:
-            wb = _Writes(self.replicated)
+            wb = Writes(self.replicated)
             for skey, value in zip(state_keys(c.state), c.state.values(), strict=True):
                 if value is None:
                     wb.delete(skey)
@@ -460,11 +437,7 @@ class TabletStore:
                     wb.put(skey, value)
             for prefix in c.cleared:
                 wb.delete_range(prefix, _after(prefix))
-            for skey, stored in c.cells.items():
-                if stored is None:
-                    wb.delete(skey)
-                else:
-                    wb.put(skey, stored)
+            wb.cells(c.cells)
             for rid in c.opaque_ids:
                 wb.put(_opaque_key(c.opaque_bucket, rid), b"")
             if c.opaque_expire_below is not None:

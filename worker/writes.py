@@ -36,6 +36,42 @@ APPLY_EVERY_COMMITS, APPLY_EVERY_BYTES = 16, 4 << 20
 APPLY_CHUNK = 2_000
 
 
+class Writes:
+    """A primary's commit as one ``WriteBatch`` that also records its writes when they are to
+    be replicated (:func:`encode_ops` encodes them)."""
+
+    def __init__(self, record: bool) -> None:
+        self.wb = WriteBatch(raw_mode=True)
+        self.ops: list[tuple[int, bytes, bytes]] | None = [] if record else None
+
+    def put(self, k: bytes, v: bytes) -> None:
+        self.wb.put(k, v)
+        if self.ops is not None:
+            self.ops.append((PUT, k, v))
+
+    def delete(self, k: bytes) -> None:
+        self.wb.delete(k)
+        if self.ops is not None:
+            self.ops.append((DELETE, k, b""))
+
+    def delete_range(self, start: bytes, end: bytes) -> None:
+        self.wb.delete_range(start, end)
+        if self.ops is not None:
+            self.ops.append((DELETE_RANGE, start, end))
+
+    def cells(self, cells: dict[bytes, bytes | None]) -> None:
+        """:meth:`put` (None: :meth:`delete`) of each of ``cells``: a batch's typed state,
+        without a call of this class per write (a W2 batch writes one per window it touched)."""
+        put, delete = self.wb.put, self.wb.delete
+        for k, v in cells.items():
+            if v is None:
+                delete(k)
+            else:
+                put(k, v)
+        if self.ops is not None:
+            self.ops += [(PUT, k, v) if v is not None else (DELETE, k, b"") for k, v in cells.items()]
+
+
 def encode_ops(ops: list[tuple[int, bytes, bytes]]) -> bytes:
     """A commit's writes ``(kind, key, value or range end)`` as a serialized ``pb.Writes``:
     three columns, so that a follower decodes them in protobuf's C code."""

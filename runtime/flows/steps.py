@@ -193,6 +193,7 @@ class Process(Op):
         self.judged_after = False
         self.holds = MapState(f"{self.state_name}/state.holds", STR, INT)
         self._renamed: dict[tuple[type, str], tuple[Any, Any]] = {}  # (kind, name) -> (spec, its copy)
+        self._by_id: dict[int, tuple[Any, Any]] = {}                  # id(spec) -> the same
         for spec in declared(type(comp)).values():  # declared on the class: refused at submit, not per record
             self.renamed(spec)
 
@@ -200,6 +201,9 @@ class Process(Op):
         """The step's own copy of a typed state ``spec`` (its name prefixed by the step's).
         Kept per (kind, name) with the spec it copies, so a spec made in a call and freed
         cannot pass for another one that comes to live at its address."""
+        hit = self._by_id.get(id(spec))  # (the spec itself, checked: an id may be reused)
+        if hit is not None and hit[0] is spec:
+            return hit[1]
         if not hasattr(spec, "name") or not hasattr(spec, "kind"):
             return spec  # not a state spec: ctx.state_of says what is wrong with it
         hit = self._renamed.get((type(spec), spec.name))
@@ -214,7 +218,9 @@ class Process(Op):
                              f"{len(name.encode())} bytes, over the 255 a state name may have; shorten the "
                              "step's name or the state's")
         copy = renamed(spec, self.state_name)
-        self._renamed[(type(spec), spec.name)] = (spec, copy)
+        if hit is not None:  # one spec per (kind, name) is held: a spec made per call is not kept for ever
+            self._by_id.pop(id(hit[0]), None)
+        self._renamed[(type(spec), spec.name)] = self._by_id[id(spec)] = (spec, copy)
         return copy
 
     def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:

@@ -130,10 +130,10 @@ def test_a_join_firing_deletes_its_windows_entry_by_entry(monkeypatch: Any) -> N
     range tombstone that every iterator made afterwards paid for, so a firing of thousands of
     windows made its own scans quadratic (measured: 100 µs a key at 1,000 keys, 215 at
     16,000). Typed state is now deleted entry by entry, and nothing of the join is left."""
-    from worker import storage
+    from worker import writes
     ranges: list[bytes] = []
-    real = storage._Writes.delete_range
-    monkeypatch.setattr(storage._Writes, "delete_range",
+    real = writes.Writes.delete_range
+    monkeypatch.setattr(writes.Writes, "delete_range",
                         lambda self, start, end: (ranges.append(start), real(self, start, end))[1])
     flow = Dataflow("jd", key_ranges=1)
     left, right = flow.input("l", keyed=True, codec=codecs.JSON), flow.input("r", keyed=True, codec=codecs.JSON)

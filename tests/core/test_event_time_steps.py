@@ -36,6 +36,13 @@ class _Cells:
     def cell_delete(self, key: bytes) -> None:
         self.cells.pop(key, None)
 
+    def cell_write(self, writes: dict[bytes, bytes | None]) -> None:
+        for key, value in writes.items():
+            if value is None:
+                self.cell_delete(key)
+            else:
+                self.cell_put(key, value)
+
     def produce(self, stream: str, value: bytes, key: bytes = b"", timestamp: int = 0) -> None:
         self.produced.append((stream, value))
 

@@ -36,12 +36,12 @@ def _outs() -> list[dict[str, Any]]:
 def test_typed_state_across_batches_and_a_reopen(tmp_path: Any, monkeypatch: Any, clear_points: int,
                                                  batch_points: int) -> None:
     """A clear deletes entry by entry; past its limit, or the batch's, it is a range delete."""
-    from worker import context, storage
+    from worker import context, writes
     monkeypatch.setattr(context, "CLEAR_POINTS", clear_points)
     monkeypatch.setattr(context, "BATCH_CLEAR_POINTS", batch_points)
     ranges: list[bytes] = []
-    real = storage._Writes.delete_range
-    monkeypatch.setattr(storage._Writes, "delete_range",
+    real = writes.Writes.delete_range
+    monkeypatch.setattr(writes.Writes, "delete_range",
                         lambda self, start, end: (ranges.append(start), real(self, start, end))[1])
 
     async def run() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.computation import Context, TimeDomain
-from runtime.errors import MillstreamError
+from runtime.errors import MillstreamError, UsageError
 from worker.context import KeyContext
 from worker.storage import Timer
 
@@ -175,3 +175,21 @@ def test_undo_after_rebinding_restores_each_key_the_call_wrote() -> None:
     ctx.state.set(b"z")
     ctx.undo(0)
     assert writes == {b"k1": b"1"}
+
+
+def test_cell_write_merges_a_batch_of_cells_or_refuses_it_whole() -> None:
+    """``cell_write``, an operator's writes of a call in one merge (a window's ``finish``):
+    puts and deletes as ``cell_put`` and ``cell_delete`` make them, seen by ``cell_get``; one
+    value over the limit refuses them all, with the message ``cell_put`` gives."""
+    from runtime.record import MAX_VALUE_BYTES
+
+    ctx = KeyContext(frozenset(), lambda key: None, lambda: 0)
+    ctx.start_batch({})
+    ctx.begin(b"k", 100)
+    ctx.cell_put(b"Ya", b"1")
+    ctx.cell_write({b"Ya": None, b"Yb": b"2", b"Yc": b""})
+    assert ctx.effects.cells == {b"Ya": None, b"Yb": b"2", b"Yc": b""}
+    assert (ctx.cell_get(b"Ya"), ctx.cell_get(b"Yb")) == (None, b"2")
+    with pytest.raises(UsageError, match="state value of .* bytes is over the limit"):
+        ctx.cell_write({b"Yd": b"3", b"Ye": b"x" * (MAX_VALUE_BYTES + 1)})
+    assert b"Yd" not in ctx.effects.cells

@@ -23,19 +23,17 @@ from worker.replicastore import ReplicaStore
 from worker.storage import (
     CK_SEQUENCED_ROW,
     DELETE,
-    DELETE_RANGE,
-    PUT,
     Commit,
     CommitState,
     Shipment,
     TabletStore,
     Timer,
     _open,
-    _Writes,
     apply_ops,
     encode_ops,
     production_key,
 )
+from worker.writes import DELETE_RANGE, PUT, Writes
 
 
 @pytest.fixture
@@ -455,6 +453,29 @@ def test_the_read_cache_always_holds_what_is_committed(entries: int, batches: li
             store.close()
 
 
+def test_the_read_cache_holds_what_is_read_not_what_is_only_written() -> None:
+    """A commit updates the keys the cache holds (read before, in either generation) and
+    leaves out those only written: a window's accumulators, which its operator keeps in
+    memory, no longer push a step's state that is read out of it (on W2 a batch wrote
+    thousands of them)."""
+    from worker.readcache import ReadCache
+
+    stored = {b"read": b"0", b"old": b"0"}
+    reads: list[bytes] = []
+    cache = ReadCache(lambda k: (reads.append(k), stored.get(k))[1], entries=2)
+    assert cache.get(b"old") == b"0"
+    cache.get(b"x")
+    cache.get(b"y")  # over 2 entries: "old", "x" and "y" turn old
+    assert cache.get(b"read") == b"0"
+    writes = {b"read": b"1", b"old": b"1", b"written": b"1", b"gone": None}
+    stored.update({k: v for k, v in writes.items() if v is not None})
+    cache.committed(writes)
+    assert b"written" not in cache.held() and b"gone" not in cache.held()
+    reads.clear()
+    assert (cache.get(b"read"), cache.get(b"old")) == (b"1", b"1") and reads == [], "held keys follow the commit"
+    assert cache.get(b"written") == b"1" and reads == [b"written"]
+
+
 # ------------------------------------------------------------- a commit's writes, shipped
 
 _WRITE_KEYS = st.binary(min_size=1, max_size=3)
@@ -476,7 +497,7 @@ def test_a_commits_writes_apply_at_a_follower_as_they_did_at_the_primary(
             for db in dbs:
                 for k, v in before.items():
                     db[k] = v
-            primary, follower = (_Writes(record=True), WriteBatch(raw_mode=True))
+            primary, follower = (Writes(record=True), WriteBatch(raw_mode=True))
             for kind, k, v in writes:
                 (primary.put if kind == PUT else primary.delete_range if kind == DELETE_RANGE
                  else lambda k, _v: primary.delete(k))(k, v)

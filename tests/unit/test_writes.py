@@ -16,7 +16,7 @@ from rocksdict import Rdict
 from runtime.errors import MillstreamError
 from worker import writes as writes_module
 from worker.replicastore import ReplicaStore
-from worker.storage import M_INDEX, TabletStore, _open, _Writes, state_key
+from worker.storage import M_INDEX, TabletStore, _open, state_key
 from worker.writes import (
     APPLY_EVERY_COMMITS,
     DELETE,
@@ -24,6 +24,7 @@ from worker.writes import (
     LOG,
     PUT,
     Coalesced,
+    Writes,
     decode_ops,
     encode_ops,
     read_log,
@@ -37,9 +38,9 @@ _WRITE = st.one_of(
 _COMMITS = st.lists(st.lists(_WRITE, max_size=12), min_size=1, max_size=8)
 
 
-def _primary_writes(writes: list[tuple[int, bytes, bytes]]) -> _Writes:
+def _primary_writes(writes: list[tuple[int, bytes, bytes]]) -> Writes:
     """``writes`` as a primary's commit makes them (recorded for its followers)."""
-    out = _Writes(record=True)
+    out = Writes(record=True)
     for kind, k, v in writes:
         if kind == PUT:
             out.put(k, v)
