@@ -77,13 +77,17 @@ class ReadCache:
         if cleared:
             self.forget()
         values, old = self.values, self._old
-        held = writes.keys() & values.keys()
-        if old:
-            held |= writes.keys() & old.keys()
-        if held:
-            values.update({k: writes[k] for k in held})
-            if len(values) > self._entries:
-                self._age()
+        fresh = writes.keys() - values.keys()  # not in the young generation ...
+        if fresh and old:
+            fresh -= old.keys()  # ... nor in the old one: not held
+        if not fresh:  # all held (a step's read-modify-write)
+            values.update(writes)
+        elif len(fresh) < len(writes):
+            values.update({k: v for k, v in writes.items() if k not in fresh})
+        else:  # none held (a window's accumulators)
+            return
+        if len(values) > self._entries:
+            self._age()
 
     def forget(self) -> None:
         """A commit failed: what it wrote is unknown, so nothing held is trusted."""

@@ -75,6 +75,10 @@ class _Attempt:
         self._keep_cells([skey])
         self._ctx.cell_delete(skey)  # type: ignore[attr-defined]
 
+    def cell_write(self, writes: dict[bytes, bytes | None]) -> None:
+        self._keep_cells(list(writes))
+        self._ctx.cell_write(writes)  # type: ignore[attr-defined]
+
     def cell_clear(self, prefix: bytes) -> None:
         """The stage's clear (entry by entry within its budgets, else one range delete: a
         sink's clear of a million entries made a million point deletes, past what a

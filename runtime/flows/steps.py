@@ -60,7 +60,8 @@ def _as_bytes(value: Any) -> bytes:
     return value  # type: ignore[no-any-return]
 
 
-MAX_HELD_BYTES = MAX_VALUE_BYTES - len(kept(b""))  # a held value, stored with its expiry
+_KEPT = kept(b"")  # what a stored value that never expires starts with
+MAX_HELD_BYTES = MAX_VALUE_BYTES - len(_KEPT)  # a held value, stored with its expiry
 
 
 class _HeldState(_StepState):
@@ -98,13 +99,11 @@ class _HeldState(_StepState):
         self._dirty.add(key)
 
     def flush(self, ctx: Context) -> None:
+        """The keys it changed written, in one merge (each value was checked at its ``set``)."""
         held, name = self._held, self._name
-        for key in self._dirty:
-            value = held[key]
-            if value is None:
-                ctx.cell_delete(cell(key, name) + VALUE)  # type: ignore[attr-defined]
-            else:
-                ctx.cell_put(cell(key, name) + VALUE, kept(value))  # type: ignore[attr-defined]
+        if self._dirty:
+            ctx.cell_write({cell(key, name) + VALUE: None if (v := held[key]) is None else _KEPT + v  # type: ignore[attr-defined]
+                            for key in self._dirty})
         self.forget()
 
     def forget(self) -> None:
@@ -117,16 +116,13 @@ class StepContext(Context):
     timers (named apart from every other step's), and ``produce`` handing values on."""
 
     key: bytes = b""  # the item's, set with ``timestamp`` per item (a plain attribute: read per state call)
+    state: _StepState = None  # type: ignore[assignment]  # ctx.state: a plain attribute too, read per record
 
     def __init__(self, op: Process) -> None:
         self.op = op
         self.ctx: Context = None  # type: ignore[assignment]  # the stage's, bound per call
         self.timestamp = 0
-        self._state: _StepState = op.state_kind(self)
-
-    @property
-    def state(self) -> State:
-        return self._state
+        self.state = self._state = op.state_kind(self)
 
     @property
     def low_watermark(self) -> int:
@@ -231,8 +227,7 @@ class Process(Op):
         self.out = []
         for k, v, t in items:
             rebind(k, t)
-            sc.key = k
-            sc.timestamp = t
+            sc.key, sc.timestamp = k, t
             fn(sc, Record(k, v, t, b""))
         out, self.out = self.out, []
         self.emit(ctx, out)

@@ -193,3 +193,19 @@ def test_cell_write_merges_a_batch_of_cells_or_refuses_it_whole() -> None:
     with pytest.raises(UsageError, match="state value of .* bytes is over the limit"):
         ctx.cell_write({b"Yd": b"3", b"Ye": b"x" * (MAX_VALUE_BYTES + 1)})
     assert b"Yd" not in ctx.effects.cells
+
+
+def test_a_fused_sinks_attempt_takes_back_its_cell_write() -> None:
+    """A fused sink's attempt (runtime/flows/sinkstep.py) that raised is undone: what its
+    ``cell_write`` replaced comes back, and what it added goes, as for ``cell_put``."""
+    from runtime.flows.sinkstep import _Attempt
+
+    ctx = KeyContext(frozenset(), lambda key: None, lambda: 0)
+    ctx.start_batch({})
+    ctx.begin(b"k", 100)
+    ctx.cell_put(b"Ya", b"1")
+    attempt = _Attempt(ctx)
+    attempt.cell_write({b"Ya": None, b"Yb": b"2"})
+    assert ctx.effects.cells == {b"Ya": None, b"Yb": b"2"}
+    attempt.undo()
+    assert ctx.effects.cells == {b"Ya": b"1"}
