@@ -5,6 +5,7 @@ shared machine one side of an A/B spreads widely from one round to the next)::
     python -m bench.instructions                          # W1's stage (bench.jobs:ChainedCounter)
     python -m bench.instructions --code bench.overhead:Nothing   # a stage that does nothing
     python -m bench.instructions --tree /path/to/other/checkout  # another checkout's runtime
+    python -m bench.instructions --workload w2-flow --records 30000  # W2 on a flow, per input record
 
 It runs ``bench.profile``'s driver (``bench.overhead recordpath``'s: one exactly-once stage on
 a real RocksDB, fsync per commit, fed serialized deliveries in batches of 1,000, its
@@ -14,7 +15,9 @@ is what the record path itself executes per record: the interpreter's start, the
 tablet's opening and the driver's own work cancel out. The deliveries after the first N hit
 keys the first N made (W1's keys are Zipf-distributed over 10,000), so the figure is of a
 warm stage. Instructions are not time (a RocksDB write's cost is mostly memory stalls), but
-two commits' figures compare without noise. Needs ``valgrind`` on the PATH (a system
+two commits' figures compare without noise. ``--workload w2-flow`` counts W2 on a flow the
+same way: ``bench.w2_inprocess``'s window, spike step and fused sink at N and 2N records, less
+the making of its input (the W2 data and its deliveries) at N and 2N. Needs ``valgrind`` on the PATH (a system
 package, not a Python dependency); each run takes about a minute.
 """
 
@@ -50,11 +53,32 @@ else:
         asyncio.run(profile._drive(os.path.join(tmp, "t"), n, 1000, None, routing=routing))
 """
 
+# W2 on a flow (``--workload w2-flow``): this checkout's bench/w2_inprocess.py drives the
+# tree's window, spike and sink stages in one process, its input made apart (``requests``).
+_CHILD_W2 = """
+import asyncio, importlib.util, os, sys, tempfile
+sys.path.insert(0, {tree!r})
+spec = importlib.util.spec_from_file_location("bench_w2", {driver!r})
+w2 = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(w2)
+n = {records}
+if {requests_only}:
+    w2.requests(n, 1000)
+else:
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(w2.drive(tmp, n, 1000, None, flow=True))
+"""
+WORKLOADS = ("recordpath", "w2-flow")
 
-def _count(tree: str, records: int, code: str | None, requests_only: bool) -> int:
+
+def _count(tree: str, records: int, code: str | None, requests_only: bool, workload: str = "recordpath") -> int:
     """Instructions the whole child process executed (callgrind's total)."""
-    child = _CHILD.format(tree=tree, driver=os.path.join(ROOT, "bench", "profile.py"), records=records, code=code,
-                          requests_only=requests_only)
+    if workload == "w2-flow":
+        child = _CHILD_W2.format(tree=tree, driver=os.path.join(ROOT, "bench", "w2_inprocess.py"), records=records,
+                                 requests_only=requests_only)
+    else:
+        child = _CHILD.format(tree=tree, driver=os.path.join(ROOT, "bench", "profile.py"), records=records,
+                              code=code, requests_only=requests_only)
     run = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c",
                           child], cwd=tree, capture_output=True, text=True, timeout=1800,
                          env={**os.environ, "PYTHONPATH": tree})
@@ -64,14 +88,18 @@ def _count(tree: str, records: int, code: str | None, requests_only: bool) -> in
     return int(found.group(1))
 
 
-def instructions(records: int = 10_000, code: str | None = None, tree: str = ROOT) -> dict[str, Any]:
-    """Instructions per record of the record path (module doc), with the counts it comes from."""
+def instructions(records: int = 10_000, code: str | None = None, tree: str = ROOT,
+                 workload: str = "recordpath") -> dict[str, Any]:
+    """Instructions per record of the record path (module doc), or of W2 on a flow in one
+    process (``workload="w2-flow"``: window, spike step and fused sink, per input record), with
+    the counts it comes from."""
     if shutil.which("valgrind") is None:
         raise SystemExit("bench.instructions needs valgrind on the PATH (e.g. apt-get install valgrind)")
-    whole = [_count(tree, n, code, False) for n in (records, 2 * records)]
-    making = [_count(tree, n, code, True) for n in (records, 2 * records)]
+    whole = [_count(tree, n, code, False, workload) for n in (records, 2 * records)]
+    making = [_count(tree, n, code, True, workload) for n in (records, 2 * records)]
     per_record = ((whole[1] - whole[0]) - (making[1] - making[0])) / records
-    return {"instructions_per_record": round(per_record), "code": code or "bench.jobs:ChainedCounter",
+    return {"instructions_per_record": round(per_record), "workload": workload,
+            "code": code or ("bench.jobs:w2_flow" if workload == "w2-flow" else "bench.jobs:ChainedCounter"),
             "records": [records, 2 * records], "driver": whole, "requests_alone": making, "tree": tree,
             "loadavg": os.getloadavg()}
 
@@ -81,8 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=int, default=10_000, help="N (the runs take N and 2N records)")
     p.add_argument("--code", default=None, help="the stage's computation, module:Class (default: W1's)")
     p.add_argument("--tree", default=ROOT, help="the checkout whose runtime to count (its .venv's build)")
+    p.add_argument("--workload", choices=WORKLOADS, default="recordpath",
+                   help="recordpath (default), or w2-flow: W2 on a flow in one process (bench.w2_inprocess --flow)")
     args = p.parse_args(argv)
-    print(json.dumps(instructions(args.records, args.code, os.path.abspath(args.tree))))
+    if args.workload == "w2-flow" and args.code:
+        p.error("--code is for the record path's stage; w2-flow runs bench.jobs.w2_flow")
+    print(json.dumps(instructions(args.records, args.code, os.path.abspath(args.tree), args.workload)))
     return 0
 
 

@@ -149,10 +149,26 @@ class Host:
         return True
 
 
+def requests(n: int, batch: int) -> tuple[generator.W2Data, bytes, list[tuple[int, Any]]]:
+    """W2's first ``n`` records and the deliveries :func:`drive` sends them in: the data, the
+    injector's producer prefix, and (first record's index, the delivery) per ``batch``
+    (``bench.instructions --workload w2-flow`` counts this apart, to leave it out)."""
+    data = generator.w2_data(n)
+    prefix = producer_prefix("w2-inproc")
+    wire = []
+    for lo in range(0, n, batch):
+        recs: Any = [Record(k, b"", t, sequence_id(prefix, lo + j + 1))
+                     for j, (k, t) in enumerate(zip(data.keys[lo:lo + batch], data.timestamps[lo:lo + batch], strict=True))]
+        if Columns is not None:
+            recs = Columns.of_records(recs, prefix)
+        wire.append((lo, recs))
+    return data, prefix, wire
+
+
 async def drive(root: str, n: int, batch: int, prof: cProfile.Profile | None, flow: bool = False) -> dict[str, Any]:
     from worker.tablet import Tablet
 
-    data = generator.w2_data(n)
+    data, prefix, wire = requests(n, batch)
     sink_dir = os.path.join(root, "spikes")
     if flow:
         r, first, last = flow_routing(sink_dir)
@@ -163,14 +179,6 @@ async def drive(root: str, n: int, batch: int, prof: cProfile.Profile | None, fl
         tab = Tablet(host, c, 0, 1, os.path.join(root, c.name))  # type: ignore[arg-type]
         await tab.start()
         host.tablets[c.name] = tab
-    prefix = producer_prefix("w2-inproc")
-    wire = []
-    for lo in range(0, n, batch):
-        recs: Any = [Record(k, b"", t, sequence_id(prefix, lo + j + 1))
-                     for j, (k, t) in enumerate(zip(data.keys[lo:lo + batch], data.timestamps[lo:lo + batch], strict=True))]
-        if Columns is not None:
-            recs = Columns.of_records(recs, prefix)
-        wire.append((lo, recs))
     threads = [t.thread for t in host.tablets.values()]
     tprofs = []
     if prof is not None:

@@ -81,7 +81,7 @@ class BatchProcessor:
         self.calls = tablet.calls
         self.metrics = tablet.metrics
         self.store = store
-        # Committed state and cells this thread read or wrote lately (worker/readcache.py):
+        # Committed state and cells this thread read lately (worker/readcache.py):
         # a hit is a subscript, no call; a miss reads RocksDB through the cache.
         self._cached, self._read = store.cache.values, store.cache.get
         self.comp = comp

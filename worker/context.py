@@ -380,6 +380,8 @@ class KeyContext(_Base, Context):
         """:meth:`cell_put` (None: :meth:`cell_delete`) of each of ``writes``, in one merge: an
         operator's writes of a batch (a window's every (key, window) it changed) cost one call,
         not one per cell. Refused whole if one is over the limit."""
+        if not writes:
+            return
         if max(map(len, filter(None, writes.values())), default=0) > MAX_VALUE_BYTES:
             for stored in writes.values():
                 if stored is not None:

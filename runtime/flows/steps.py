@@ -116,13 +116,16 @@ class StepContext(Context):
     timers (named apart from every other step's), and ``produce`` handing values on."""
 
     key: bytes = b""  # the item's, set with ``timestamp`` per item (a plain attribute: read per state call)
-    state: _StepState = None  # type: ignore[assignment]  # ctx.state: a plain attribute too, read per record
 
     def __init__(self, op: Process) -> None:
         self.op = op
         self.ctx: Context = None  # type: ignore[assignment]  # the stage's, bound per call
         self.timestamp = 0
-        self.state = self._state = op.state_kind(self)
+        self._state: _StepState = op.state_kind(self)
+
+    @property
+    def state(self) -> State:  # (read-only, as a computation's ctx.state is everywhere)
+        return self._state
 
     @property
     def low_watermark(self) -> int:
@@ -189,7 +192,7 @@ class Process(Op):
         self.judged_after = False
         self.holds = MapState(f"{self.state_name}/state.holds", STR, INT)
         self._renamed: dict[tuple[type, str], tuple[Any, Any]] = {}  # (kind, name) -> (spec, its copy)
-        self._by_id: dict[int, tuple[Any, Any]] = {}                  # id(spec) -> the same
+        self._by_id: dict[int, tuple[Any, Any, str]] = {}             # id(spec) -> (spec, its copy, its name then)
         for spec in declared(type(comp)).values():  # declared on the class: refused at submit, not per record
             self.renamed(spec)
 
@@ -197,14 +200,15 @@ class Process(Op):
         """The step's own copy of a typed state ``spec`` (its name prefixed by the step's).
         Kept per (kind, name) with the spec it copies, so a spec made in a call and freed
         cannot pass for another one that comes to live at its address."""
-        hit = self._by_id.get(id(spec))  # (the spec itself, checked: an id may be reused)
-        if hit is not None and hit[0] is spec:
+        hit = self._by_id.get(id(spec))  # (the spec itself, checked, and its name: a spec may be renamed)
+        if hit is not None and hit[0] is spec and hit[2] == spec.name:
             return hit[1]
         if not hasattr(spec, "name") or not hasattr(spec, "kind"):
             return spec  # not a state spec: ctx.state_of says what is wrong with it
-        hit = self._renamed.get((type(spec), spec.name))
-        if hit is not None and hit[0] is spec:
-            return hit[1]
+        held = self._renamed.get((type(spec), spec.name))
+        if held is not None and held[0] is spec:
+            self._by_id[id(spec)] = (spec, held[1], spec.name)
+            return held[1]
         if spec.name == "state" or spec.name.startswith("state."):
             raise UsageError(f"step {self.name!r}: a typed state may not be named {spec.name!r} in a flow's "
                              "process step ('state' is its ctx.state, 'state.*' the step's own); give it another name")
@@ -214,9 +218,10 @@ class Process(Op):
                              f"{len(name.encode())} bytes, over the 255 a state name may have; shorten the "
                              "step's name or the state's")
         copy = renamed(spec, self.state_name)
-        if hit is not None:  # one spec per (kind, name) is held: a spec made per call is not kept for ever
-            self._by_id.pop(id(hit[0]), None)
-        self._renamed[(type(spec), spec.name)] = self._by_id[id(spec)] = (spec, copy)
+        if held is not None:  # one spec per (kind, name) is held: a spec made per call is not kept for ever
+            self._by_id.pop(id(held[0]), None)
+        self._renamed[(type(spec), spec.name)] = (spec, copy)
+        self._by_id[id(spec)] = (spec, copy, spec.name)
         return copy
 
     def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:

@@ -192,6 +192,24 @@ def test_a_spec_made_where_a_freed_one_lived_gets_its_own_copy() -> None:
     assert type(copy) is ValueState and copy.name.endswith("/b")
 
 
+def test_a_spec_renamed_gets_the_copy_of_its_new_name_and_specs_per_call_are_not_kept() -> None:
+    """The step's copies are found by the spec object first (its id, checked with the object
+    and the name it had): a spec given another name gets the copy of that name, and a spec
+    made per call replaces the last one of its kind and name instead of piling up."""
+    from runtime import ValueState
+    from runtime.flows.steps import Process
+
+    op = Process("p", j.InlineSpecs())
+    spec = ValueState("a", codecs.INT)
+    assert op.renamed(spec).name.endswith("/a") and op.renamed(spec) is op.renamed(spec)
+    spec.name = "b"
+    assert op.renamed(spec).name.endswith("/b")
+    held = len(op._by_id)
+    for _ in range(100):
+        assert op.renamed(ValueState("c", codecs.INT)).name.endswith("/c")
+    assert len(op._by_id) <= held + 1
+
+
 def test_specs_made_in_each_call_each_get_their_own_state() -> None:
     """Specs made in each call, not declared on the class, work in a flow step (a ListState
     then a ValueState: the case of review of typed state (3), which the test above makes sure
