@@ -75,7 +75,7 @@ class EtcdConfig:
 
     endpoints: tuple[str, ...]
     user: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)  # (never in a log line or a traceback's locals)
     ca_cert: str | None = None
     timeout_s: float = 5.0
 

@@ -33,7 +33,10 @@ async def serve_frames(frames: AsyncIterator[Any], context: grpc.aio.ServicerCon
     Frames still in flight when the stream ends are cancelled, as the calls of a sender that
     went away are."""
     window = ReceiverWindow(grant)
-    answers: asyncio.Queue[Any] = asyncio.Queue()  # an answer, the stream's failure, or None: its end
+    # (an answer and whether it is its frame's last), the stream's failure, or None: its end.
+    # An answer's credit is given back as it goes out, not as it is queued: a sender that
+    # reads no answers gets no credit back, so what waits here stays within its grant.
+    answers: asyncio.Queue[Any] = asyncio.Queue()
     tasks: set[asyncio.Task[None]] = set()
 
     async def answer(frame: Any, size: int) -> None:
@@ -42,8 +45,7 @@ async def serve_frames(frames: AsyncIterator[Any], context: grpc.aio.ServicerCon
         def part(answer: Any) -> None:
             nonlocal given
             given += answer.credit
-            window.released(answer.credit)
-            answers.put_nowait(answer)
+            answers.put_nowait((answer, False))
 
         try:
             out = await handle(frame, size, part)
@@ -52,8 +54,7 @@ async def serve_frames(frames: AsyncIterator[Any], context: grpc.aio.ServicerCon
             why = f"{type(e).__name__}: {e}".encode("utf-8", "backslashreplace").decode()  # (a lone surrogate)
             out = refused(frame.id, size, grpc.StatusCode.UNKNOWN, why, kind)
         out.credit = size - given  # the rest of the frame: never nothing (its id and framing)
-        window.answered(out.credit)
-        answers.put_nowait(out)
+        answers.put_nowait((out, True))
 
     async def read() -> None:
         try:
@@ -84,7 +85,12 @@ async def serve_frames(frames: AsyncIterator[Any], context: grpc.aio.ServicerCon
                 return
             if isinstance(item, StreamError):
                 await context.abort(item.code(), item.details())
-            yield item
+            out, last = item
+            if last:
+                window.answered(out.credit)
+            else:
+                window.released(out.credit)
+            yield out
     finally:
         reader.cancel()
         for task in list(tasks):

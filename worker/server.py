@@ -244,7 +244,7 @@ class WorkerServicer(rpc.WorkerServicer):
                                             f"{chunk.key_range}: {wrong}; nothing was installed")
                     await asyncio.to_thread(_install, incoming, target)
                     return pb.ReplicateResponse(status=pb.ReplicateResponse.OK)
-                if not chunk.file or "/" in chunk.file or chunk.file.startswith("."):
+                if not _plain_name(chunk.file):
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad file name {chunk.file[:80]!r}")
                 await asyncio.to_thread(os.makedirs, incoming, exist_ok=True)
                 await asyncio.to_thread(write_at, os.path.join(incoming, chunk.file), chunk.offset, chunk.data)
@@ -293,6 +293,13 @@ def _differs(incoming: str, files: Any) -> str:
     carries (a savepoint's manifest): "" if they match, or if there is no list (an older client)."""
     if not files:
         return ""
+    for f in files:  # (checked first: a name reaching outside ``incoming`` must not be looked at)
+        if not _plain_name(f.name):
+            return f"its manifest names {f.name[:80]!r}, which is not the name of a file of a tablet"
+    arrived = set(os.listdir(incoming)) if os.path.isdir(incoming) else set()
+    extra = sorted(arrived - {f.name for f in files})
+    if extra:
+        return f"its file {extra[0][:80]!r} is not in the savepoint's manifest"
     for f in files:
         path = os.path.join(incoming, f.name)
         try:
@@ -308,6 +315,11 @@ def _differs(incoming: str, files: Any) -> str:
         if h.hexdigest() != f.sha256:
             return f"its file {f.name!r} differs from the savepoint's manifest (SHA-256)"
     return ""
+
+
+def _plain_name(name: str) -> bool:
+    """A file name of a tablet's copy as a client may send it: no directory, not hidden."""
+    return bool(name) and "/" not in name and "\0" not in name and not name.startswith(".")
 
 
 def _install(incoming: str, target: str) -> None:

@@ -790,6 +790,46 @@ def test_a_receiver_ends_a_stream_whose_sender_overdraws() -> None:
     asyncio.run(main())
 
 
+class _Aborted(Exception):
+    pass
+
+
+def test_a_sender_that_reads_no_answers_gets_no_credit_back_so_they_cannot_pile_up() -> None:
+    """Credit is given back as an answer goes out, not as it is queued: a sender that keeps
+    sending and never reads (its answers wait for the stream) overdraws once its grant is
+    held by answers it has not read, instead of having them queued without bound."""
+    frame = pb.DeliverFrame(id=1, deliveries=_deliveries("a"))
+    taken: list[int] = []
+
+    async def frames() -> AsyncIterator[pb.DeliverFrame]:
+        for i in range(1, 21):
+            for _ in range(3):  # the answers of the frames before it are queued meanwhile
+                await asyncio.sleep(0)
+            taken.append(i)
+            yield pb.DeliverFrame(id=i, deliveries=frame.deliveries)
+
+    async def handle(f: pb.DeliverFrame, size: int, part: Any) -> pb.DeliverAnswerFrame:
+        return pb.DeliverAnswerFrame(id=f.id)
+
+    async def abort(code: grpc.StatusCode, details: str) -> None:
+        raise _Aborted(code, details)
+
+    async def main() -> None:
+        answers = serve_frames(frames(), SimpleNamespace(abort=abort), handle,  # type: ignore[arg-type]
+                               grant=3 * frame.ByteSize())
+        assert (await anext(answers)).credit == 3 * frame.ByteSize()
+        assert (await anext(answers)).id == 1  # read: its credit is back
+        await _until(lambda: len(taken) >= 5, "the sender's fifth frame")
+        read = []
+        with pytest.raises(_Aborted) as e:  # the three in the grant, then the stream ends
+            async for a in answers:
+                read.append(a.id)
+        assert e.value.args[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert read == [2, 3, 4] and taken == [1, 2, 3, 4, 5]
+
+    asyncio.run(main())
+
+
 class _OneRouting:
     def __init__(self, address: str) -> None:
         self.address = address

@@ -15,6 +15,7 @@ from master.change import Change
 from master.core import MasterConfig, MasterCore
 from master.scheduler import Ownership
 from master.server import Master, MasterOptions
+from master.store import EtcdConfig
 from runtime import Topology, http
 from runtime.client import MAX_TOPOLOGY_BYTES, check_topology_size
 from runtime.errors import ConfigError, MillstreamError, RoleError, TopologyError
@@ -574,3 +575,9 @@ def test_a_split_or_merge_waiting_on_a_core_whose_leadership_ended_stops() -> No
             await core.changed(5)
 
     asyncio.run(main())
+
+
+def test_the_etcd_password_is_not_in_the_configs_repr() -> None:
+    config = EtcdConfig.parse("http://127.0.0.1:2379", user="millstream", password="s3cr3t-pw")
+    assert "s3cr3t-pw" not in repr(config) and "s3cr3t-pw" not in str(config)
+    assert "millstream" in repr(config) and config.password == "s3cr3t-pw"

@@ -74,3 +74,17 @@ def test_the_worker_installs_only_the_files_the_manifest_lists(tmp_path: Any) ->
     assert _differs(where, listed) == "its file '000007.sst' has 50 bytes, the savepoint's manifest says 100"
     os.remove(os.path.join(where, "000007.sst"))
     assert _differs(where, listed) == "its file '000007.sst' did not arrive"
+
+
+def test_the_worker_refuses_a_manifest_naming_files_outside_the_copy_or_missing_one_that_came(
+        tmp_path: Any) -> None:
+    """A manifest is looked at only within the loaded copy (a name reaching outside it would
+    tell a caller another file's size), and names every file that came."""
+    where = _saved(str(tmp_path), {"CURRENT": b"MANIFEST-000001\n", "000007.sst": b"x" * 100})
+    listed = [pb.FileDigest(name=f["name"], size=f["size"], sha256=f["sha256"]) for f in savepoint.digests(where)]
+    outside = pb.FileDigest(name="/etc/hostname", size=1, sha256="0" * 64)
+    for name in ("/etc/hostname", "../000007.sst", ".hidden", ""):
+        outside.name = name
+        assert _differs(where, [*listed, outside]) == (f"its manifest names {name!r}, which is not the name of "
+                                                        "a file of a tablet")
+    assert _differs(where, listed[1:]) == "its file '000007.sst' is not in the savepoint's manifest"
