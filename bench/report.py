@@ -15,6 +15,8 @@ from typing import Any
 
 from bench import side_by_side
 from runtime import kernels
+from runtime.flows import steps
+from worker import context
 
 TARGETS = {
     "w1_1stage_10k_p50_ms": 2.0,
@@ -59,7 +61,9 @@ def environment() -> dict[str, Any]:
     load = os.getloadavg() if hasattr(os, "getloadavg") else ()
     return {"python": sys.version.split()[0], "platform": platform.platform(), "cpu": cpu,
             "cpus": os.cpu_count(), "memory_bytes": mem, "loadavg_at_start": [round(x, 2) for x in load],
-            "hostname": platform.node(), "compiled_kernels": kernels.COMPILED}
+            "hostname": platform.node(), "compiled_kernels": kernels.COMPILED and context.COMPILED and steps.COMPILED,
+            "compiled": {"runtime/_kernels.c": kernels.COMPILED, "worker/_loop.c": context.COMPILED,
+                         "runtime/flows/_steps.c": steps.COMPILED}}
 
 
 def versions() -> dict[str, str]:
@@ -139,7 +143,10 @@ def _verdict(ok: bool | None, text: str) -> str:
 def _kernels(env: dict[str, Any]) -> str:
     if "compiled_kernels" not in env:
         return ""  # a report of a commit before runtime/kernels.py
-    return "compiled kernels; " if env["compiled_kernels"] else "**pure-Python kernels** (runtime/kernels.py); "
+    if env["compiled_kernels"]:
+        return "compiled kernels; "
+    missing = [c for c, built in env.get("compiled", {"runtime/_kernels.c": False}).items() if not built]
+    return f"**pure-Python references in place of {', '.join(missing)}** (not built); "
 
 
 def markdown(r: dict[str, Any]) -> str:

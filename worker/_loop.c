@@ -62,7 +62,7 @@ static int intern_names(void)
  * to another key) is handed to the Python reference in worker/context.py (_CoreRef,
  * _KeyState), which does the checks and raises the errors, so both say the same thing. */
 
-static PyObject *ref_get = NULL, *ref_set = NULL, *ref_clear = NULL, *ref_produce = NULL;
+static PyObject *ref_get = NULL, *ref_set = NULL, *ref_clear = NULL, *ref_produce = NULL, *ref_rebind = NULL;
 static Py_ssize_t max_value = 0;
 static PyTypeObject ContextCoreType, StateHandleType;
 
@@ -172,6 +172,28 @@ static PyObject *core_produce(Core *self, PyObject *const *args, size_t nargsf, 
     return to_reference(ref_produce, (PyObject *)self, args, nargsf, kwnames);
 }
 
+/* rebind(key, timestamp): the call works on another key (a flow's steps, per item). In C when
+ * the call has written no ctx.state it would have to keep for undo, and is not moving back in
+ * time without Effects yet; the reference (_CoreRef.rebind) does the rest. */
+static PyObject *core_rebind(Core *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs == 2 && self->saved == unsaved && PyLong_CheckExact(args[1]) && PyLong_CheckExact(self->timestamp)) {
+        int back = 0;
+        if (self->eff == Py_None && (back = PyObject_RichCompareBool(args[1], self->timestamp, Py_LT)) < 0)
+            return NULL;
+        if (!back) {
+            Py_XSETREF(self->key, Py_NewRef(args[0]));
+            Py_XSETREF(self->timestamp, Py_NewRef(args[1]));
+            Py_RETURN_NONE;
+        }
+    }
+    if (ref_rebind == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "worker._loop.init_rebind() was not called");
+        return NULL;
+    }
+    return to_reference(ref_rebind, (PyObject *)self, args, (size_t)nargs, NULL);
+}
+
 static PyObject *core_state(Core *self, void *closure)
 {
     return Py_NewRef(self->handle);
@@ -180,6 +202,8 @@ static PyObject *core_state(Core *self, void *closure)
 static PyMethodDef core_methods[] = {
     {"produce", (PyCFunction)(void (*)(void))core_produce, METH_FASTCALL | METH_KEYWORDS,
      "produce(stream, value, *, key=None, timestamp=None): see runtime.Context.produce."},
+    {"rebind", (PyCFunction)(void (*)(void))core_rebind, METH_FASTCALL,
+     "rebind(key, timestamp): see worker.context.KeyContext.rebind."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -365,6 +389,12 @@ static PyObject *make_record(PyObject *key, PyObject *value, PyObject *ts, PyObj
         *(PyObject **)((char *)r + slot_offset[k]) = fields[k];
     }
     return r;
+}
+
+static PyObject *l_init_rebind(PyObject *mod, PyObject *ref)
+{
+    Py_XSETREF(ref_rebind, Py_NewRef(ref));
+    Py_RETURN_NONE;
 }
 
 static PyObject *l_init(PyObject *mod, PyObject *args)
@@ -846,6 +876,7 @@ static PyMethodDef methods[] = {
     {"init", l_init, METH_VARARGS, "init(Record, unsaved): the record type and the context's 'not saved' mark."},
     {"init_context", l_init_context, METH_VARARGS,
      "init_context(unsaved, get, set, clear, produce, max_value): worker/context.py's references."},
+    {"init_rebind", l_init_rebind, METH_O, "init_rebind(rebind): worker/context.py's reference of rebind."},
     {"record", (PyCFunction)(void (*)(void))l_record, METH_FASTCALL,
      "A Record made as the loop makes it (tests)."},
     {"run_records", (PyCFunction)(void (*)(void))l_run_records, METH_FASTCALL,

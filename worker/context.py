@@ -136,6 +136,25 @@ class _CoreRef:
     def state(self) -> State:
         return self._state
 
+    def rebind(self, key: bytes, timestamp: int) -> None:
+        """Work on ``key`` at ``timestamp`` from here on, within the same call: what the call
+        did so far stays (built-in operators of a flow touch several keys in one call). Moved
+        back in time, it makes the call's Effects, so the batch looks at what the call
+        produced for a watermark hold (as :meth:`produce` does for an earlier timestamp).
+        (``ContextCore.rebind`` does the common case in C: nothing saved, not back in time.)"""
+        if timestamp < self._timestamp and self.eff is None:
+            self.eff = Effects()
+        saved = self._saved
+        if saved is not _UNSAVED:  # the key it leaves was written: its state before is kept for undo
+            if type(saved) is not _Rebound:
+                rebound = self._saved = _Rebound()
+                rebound.append((self._key, saved))
+            elif saved.current is not _UNSAVED:
+                saved.append((self._key, saved.current))
+                saved.current = _UNSAVED
+        self._key = key
+        self._timestamp = timestamp
+
     def produce(self, stream: str, value: bytes, *, key: bytes | None = None,
                 timestamp: Timestamp | None = None) -> None:
         if stream not in self.outputs:
@@ -171,6 +190,7 @@ if os.environ.get("MILLSTREAM_PURE_PYTHON", "") in ("", "0"):  # as worker/recor
         import worker._loop as _compiled  # type: ignore[import-not-found]
         _compiled.init_context(_UNSAVED, _KeyState.get, _KeyState.set, _KeyState.clear, _CoreRef.produce,
                                MAX_VALUE_BYTES)
+        _compiled.init_rebind(_CoreRef.rebind)
         State.register(_compiled.StateHandle)
         _Core = _compiled.ContextCore
     except (ImportError, AttributeError):  # not built, or built from an older _loop.c
@@ -232,24 +252,6 @@ class KeyContext(_Base, Context):
         self._timestamp = timestamp
         self.eff = None
         self._saved = _UNSAVED
-
-    def rebind(self, key: bytes, timestamp: int) -> None:
-        """Work on ``key`` at ``timestamp`` from here on, within the same call: what the call
-        did so far stays (built-in operators of a flow touch several keys in one call). Moved
-        back in time, it makes the call's Effects, so the batch looks at what the call
-        produced for a watermark hold (as :meth:`produce` does for an earlier timestamp)."""
-        if timestamp < self._timestamp and self.eff is None:
-            self.eff = Effects()
-        saved = self._saved
-        if saved is not _UNSAVED:  # the key it leaves was written: its state before is kept for undo
-            if type(saved) is not _Rebound:
-                rebound = self._saved = _Rebound()
-                rebound.append((self._key, saved))
-            elif saved.current is not _UNSAVED:
-                saved.append((self._key, saved.current))
-                saved.current = _UNSAVED
-        self._key = key
-        self._timestamp = timestamp
 
     def undo(self, produced: int) -> None:
         """Take back what the call did (it raised): its state writes (of every key it was

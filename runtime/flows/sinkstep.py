@@ -183,7 +183,6 @@ class SinkStep(Process):
             sc.timestamp = t
             error: BaseException | None = None
             for _ in range(self.attempts):
-                self.out = []
                 try:
                     fn(sc, Record(k, v, t, b""))
                 except BaseException as e:  # user code: anything may happen, sys.exit() included
@@ -195,7 +194,6 @@ class SinkStep(Process):
                 break
             if error is not None:
                 self._dead_letter(ctx, k, v, t, error)
-        self.out = []
 
     def _in_one_call(self, ctx: Context, pending: list[Item]) -> bool:
         """The call's records in one ``process_batch`` (``ctx.key`` is ``b""`` and the
@@ -208,17 +206,14 @@ class SinkStep(Process):
         ctx.rebind(b"", low)  # type: ignore[attr-defined]
         sc.key = b""
         sc.timestamp = low
-        self.out = []
         try:
             self._batch_fn(sc, [Record(k, v, t, b"") for k, v, t in pending])
         except BaseException as e:  # user code: anything may happen, sys.exit() included
             attempt.undo()
-            self.out = []
             log.info("sink step %r: a batch of %d records failed in one call (%s: %s); running them one by one",
                      self.name, len(pending), type(e).__name__, e)
             return False
         attempt.keep()
-        self.out = []
         return True
 
     def _dead_letter(self, ctx: Context, key: bytes, value: bytes, t: int, error: BaseException) -> None:
@@ -230,4 +225,3 @@ class SinkStep(Process):
 
     def abort(self) -> None:
         self._pending = []
-        self.out = []

@@ -11,14 +11,16 @@ stage's windows and joins before it (:meth:`Process.on_timer`).
 from __future__ import annotations
 
 import logging
-from typing import Any
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from runtime.codecs import INT, STR
 from runtime.computation import Computation, Context, State, TimeDomain, record_fn
 from runtime.errors import UsageError
 from runtime.flows.ops import Item, Op, judged_at
 from runtime.record import MAX_VALUE_BYTES, Record, Timestamp, check_time
-from runtime.state import VALUE, MapState, ValueState, cell, declared, kept, payload
+from runtime.state import NEVER_EXPIRES, VALUE, MapState, ValueState, cell, declared, kept, payload
 
 log = logging.getLogger(__name__)
 
@@ -60,15 +62,17 @@ def _as_bytes(value: Any) -> bytes:
     return value  # type: ignore[no-any-return]
 
 
-_KEPT = kept(b"")  # what a stored value that never expires starts with
-MAX_HELD_BYTES = MAX_VALUE_BYTES - len(_KEPT)  # a held value, stored with its expiry
+MAX_HELD_BYTES = MAX_VALUE_BYTES - len(NEVER_EXPIRES)  # a held value, stored with its expiry
 
 
-class _HeldState(_StepState):
+class _HeldRef(_StepState):
     """A ``process`` step's ``ctx.state``, held per key for the length of the stage's call:
     read from its cell the first time the call asks for a key, written to it once, when the
     call ends (:meth:`flush`, from the step's ``finish``), as ``reduce`` does. A step called
-    for many records of a key in one batch reads and writes its cell once, not per record."""
+    for many records of a key in one batch reads and writes its cell once, not per record.
+
+    In Python, the reference: ``runtime/flows/_steps.c``'s ``HeldCore`` does ``get``, ``set``
+    and ``clear`` in C on their common path and comes back here for the rest (:data:`_HeldState`)."""
 
     def __init__(self, step: StepContext) -> None:
         super().__init__(step)
@@ -102,7 +106,7 @@ class _HeldState(_StepState):
         """The keys it changed written, in one merge (each value was checked at its ``set``)."""
         held, name = self._held, self._name
         if self._dirty:
-            ctx.cell_write({cell(key, name) + VALUE: None if (v := held[key]) is None else _KEPT + v  # type: ignore[attr-defined]
+            ctx.cell_write({cell(key, name) + VALUE: None if (v := held[key]) is None else NEVER_EXPIRES + v  # type: ignore[attr-defined]
                             for key in self._dirty})
         self.forget()
 
@@ -111,21 +115,82 @@ class _HeldState(_StepState):
         self._dirty.clear()
 
 
-class StepContext(Context):
-    """What a :class:`~runtime.Computation` run as a ``process`` step sees: its own state and
-    timers (named apart from every other step's), and ``produce`` handing values on."""
+class _StepCoreRef:
+    """What a ``process`` step's context is bound by per record (the item's key and
+    timestamp, the call's list of what it produced, the stage's context) and ``produce``:
+    in Python, the reference of ``runtime/flows/_steps.c``'s ``StepCore`` (which comes back
+    here for a ``produce`` with keywords)."""
 
     key: bytes = b""  # the item's, set with ``timestamp`` per item (a plain attribute: read per state call)
 
-    def __init__(self, op: Process) -> None:
-        self.op = op
-        self.ctx: Context = None  # type: ignore[assignment]  # the stage's, bound per call
+    def __init__(self) -> None:
+        self.key = b""
         self.timestamp = 0
-        self._state: _StepState = op.state_kind(self)
+        self.out: list[Item] = []   # what the call produced, handed on when it returns
+        self.ctx: Context = None  # type: ignore[assignment]  # the stage's, bound per call
+        self._state: Any = None
 
     @property
     def state(self) -> State:  # (read-only, as a computation's ctx.state is everywhere)
-        return self._state
+        return self._state  # type: ignore[no-any-return]
+
+    def produce(self, stream: str, value: Any, *, key: bytes | None = None, timestamp: Timestamp | None = None) -> None:
+        here = self.key
+        if key is None and timestamp is None:  # the common call: no checks
+            self.out.append((here, value, self.timestamp))
+            return
+        if key is not None and key != here:
+            raise UsageError(f"step {self.op.name!r}: produce(key={key!r:.40}) in a flow must keep the current key "  # type: ignore[attr-defined]
+                             f"({here!r:.40}); re-key with key_by after the step")
+        if timestamp is not None and (isinstance(timestamp, bool) or not isinstance(timestamp, int)):
+            timestamp = check_time(timestamp, "produce() timestamp")
+        self.out.append((here, value, self.timestamp if timestamp is None else timestamp))
+
+
+def _run_py(step: Any, fn: Callable[[Any, Record], None], rebind: Callable[[bytes, int], None],
+            items: list[Item]) -> None:
+    """Each item to ``fn`` as a record, the stage's context rebound to it: in Python, the
+    reference of ``runtime/flows/_steps.c``'s ``run``."""
+    for k, v, t in items:
+        rebind(k, t)
+        step.key, step.timestamp = k, t
+        fn(step, Record(k, v, t, b""))
+
+
+_StepCore: Any = _StepCoreRef
+_HeldState: Any = _HeldRef
+run_items = _run_py
+if os.environ.get("MILLSTREAM_PURE_PYTHON", "") in ("", "0"):  # as worker/recordloop.py reads it
+    try:
+        from runtime.flows import _steps  # type: ignore[attr-defined]
+
+        _steps.init(Record, _HeldRef.get, _HeldRef.set, _HeldRef.clear, _StepCoreRef.produce, MAX_HELD_BYTES)
+
+        class _HeldState(_steps.HeldCore, _HeldRef):  # type: ignore[no-redef]
+            """:class:`_HeldRef` with ``get``, ``set`` and ``clear`` in C."""
+
+        _StepCore = _steps.StepCore
+        run_items = _steps.run
+    except (ImportError, AttributeError, TypeError):  # not built, built from an older _steps.c, or Record changed
+        pass
+
+COMPILED: bool = _StepCore is not _StepCoreRef
+"""Whether a ``process`` step runs on the compiled core (``runtime/flows/_steps.c``)."""
+
+if TYPE_CHECKING:
+    _StepBase = _StepCoreRef
+else:
+    _StepBase = _StepCore
+
+
+class StepContext(_StepBase, Context):
+    """What a :class:`~runtime.Computation` run as a ``process`` step sees: its own state and
+    timers (named apart from every other step's), and ``produce`` handing values on."""
+
+    def __init__(self, op: Process) -> None:
+        super().__init__()
+        self.op = op
+        self._state = op.state_kind(self)
 
     @property
     def low_watermark(self) -> int:
@@ -138,18 +203,6 @@ class StepContext(Context):
     @property
     def sequencer_token(self) -> int:
         return self.ctx.sequencer_token
-
-    def produce(self, stream: str, value: Any, *, key: bytes | None = None, timestamp: Timestamp | None = None) -> None:
-        here = self.key
-        if key is None and timestamp is None:  # the common call: no checks
-            self.op.out.append((here, value, self.timestamp))
-            return
-        if key is not None and key != here:
-            raise UsageError(f"step {self.op.name!r}: produce(key={key!r:.40}) in a flow must keep the current key "
-                             f"({here!r:.40}); re-key with key_by after the step")
-        if timestamp is not None and (isinstance(timestamp, bool) or not isinstance(timestamp, int)):
-            timestamp = check_time(timestamp, "produce() timestamp")
-        self.op.out.append((here, value, self.timestamp if timestamp is None else timestamp))
 
     def set_timer(self, tag: str, time: Timestamp, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
         self.ctx.set_timer(self.op.timer_tag(":" + tag), time, domain)
@@ -180,7 +233,6 @@ class Process(Op):
         super().__init__(name)
         self.comp = comp
         self._one = record_fn(comp)  # its process_record (or process_batch of one record)
-        self.out: list[Item] = []
         self.raw = ValueState(f"{self.state_name}/state", _RAW)
         self.step_ctx = StepContext(self)
         # The stage's (runtime/flows/stage.py): its firing clock, the windows and joins before
@@ -227,14 +279,10 @@ class Process(Op):
     def push(self, ctx: Context, items: list[Item], side: int = 0) -> None:
         sc = self.step_ctx
         sc.ctx = ctx
-        fn = self._one
-        rebind = ctx.rebind  # type: ignore[attr-defined]
-        self.out = []
-        for k, v, t in items:
-            rebind(k, t)
-            sc.key, sc.timestamp = k, t
-            fn(sc, Record(k, v, t, b""))
-        out, self.out = self.out, []
+        out: list[Item] = []
+        sc.out = out
+        run_items(sc, self._one, ctx.rebind, items)  # type: ignore[attr-defined]
+        sc.out = []
         self.emit(ctx, out)
 
     def on_timer(self, ctx: Context, what: str, time: int) -> None:
@@ -251,7 +299,7 @@ class Process(Op):
         sc.ctx = ctx
         sc.key = ctx.key
         sc.timestamp = time
-        self.out = []
+        sc.out = []
         clock = self.clock
         outer = None if clock is None else clock.at
         if event_time and self.judged_after and clock is not None:
@@ -264,7 +312,7 @@ class Process(Op):
             clock.at = at if outer is None else min(outer, at)
         try:
             self.comp.process_timer(sc, what[1:], time)
-            out, self.out = self.out, []
+            out, sc.out = sc.out, []
             self.emit(ctx, out)
         finally:
             if clock is not None:
@@ -300,7 +348,7 @@ class Process(Op):
         self.step_ctx._state.flush(ctx)
 
     def abort(self) -> None:
-        self.out = []
+        self.step_ctx.out = []
         self.step_ctx._state.forget()
 
 
