@@ -1,13 +1,16 @@
 """The garbage collector's pauses with and without runtime/collector.py's freeze, interleaved::
 
     python -m bench.gc_pauses [ROUNDS]
+    python -m bench.gc_pauses [ROUNDS] --young 50000   # frozen, young generation 700 against 50,000
 
 Each round runs W2 on a flow (the bench's 2,000,000 records) and W1 one stage (10,000 rec/s,
 20 s) twice, once with the collector as CPython has it (``MILLSTREAM_GC_FREEZE=0``) and
 once with start-up objects frozen (``=1``, the default), and prints one row per run: the load before it, W2's throughput,
 records per CPU-second and window firings over 20 ms, the workers' full collections (how
 many, bucket bounds of their median and slowest pause), and W1's p50 and p99; the table is
-also written to ``bench/results/<UTC stamp>-<commit>-gc-pauses.md``. Figures for
+also written to ``bench/results/<UTC stamp>-<commit>-gc-pauses.md``. With ``--young N``
+both sides are frozen and the young generation's threshold differs (``MILLSTREAM_GC_YOUNG``):
+700 objects (CPython's) against N. Figures for
 docs/performance.md, "Garbage collector pauses"; never a test.
 """
 
@@ -22,11 +25,18 @@ from typing import Any
 from bench import report, workloads
 from bench.cli import ROOT
 
-SETTINGS = (("CPython's", "0"), ("frozen", "1"))
+SETTINGS: tuple[tuple[str, dict[str, str]], ...] = (("CPython's", {"MILLSTREAM_GC_FREEZE": "0"}), ("frozen", {"MILLSTREAM_GC_FREEZE": "1"}))
 
 
-def _one(setting: str) -> dict[str, Any]:
-    os.environ["MILLSTREAM_GC_FREEZE"] = setting  # the cluster's processes inherit it
+def young_settings(young: int) -> tuple[tuple[str, dict[str, str]], ...]:
+    """``--young N``: frozen with CPython's young generation (700 objects) against frozen with
+    a young generation of N (runtime/collector.py's ``MILLSTREAM_GC_YOUNG``)."""
+    return (("frozen, young 700", {"MILLSTREAM_GC_FREEZE": "1", "MILLSTREAM_GC_YOUNG": "700"}),
+            (f"frozen, young {young:,}", {"MILLSTREAM_GC_FREEZE": "1", "MILLSTREAM_GC_YOUNG": str(young)}))
+
+
+def _one(setting: dict[str, str]) -> dict[str, Any]:
+    os.environ.update(setting)  # the cluster's processes inherit it
     cfg = workloads.BenchConfig.make(False)
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="millstream-gc-") as root:
@@ -45,11 +55,16 @@ def _one(setting: str) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    settings = SETTINGS
+    if "--young" in argv:
+        at = argv.index("--young")
+        settings = young_settings(int(argv[at + 1]))
+        argv = argv[:at] + argv[at + 2:]
     rounds = int(argv[0]) if argv else 3
     git, env = report.git_commit(ROOT), report.environment()
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     path = os.path.join(ROOT, "bench", "results", f"{stamp}-{git['short']}-gc-pauses.md")
-    lines = [f"# Garbage collector pauses, frozen or not: `python -m bench.gc_pauses {rounds}`", "",
+    lines = [f"# Garbage collector pauses: `python -m bench.gc_pauses {' '.join(sys.argv[1:]) or rounds}`", "",
              f"Commit `{git['short']}`{' (uncommitted changes)' if git['dirty'] else ''}, {env['cpus']} CPUs "
              f"({env['cpu']}), Python {env['python']}, load average at start {env['loadavg_at_start']}; "
              "rounds interleaved, each run on a fresh cluster.", "",
@@ -58,7 +73,7 @@ def main(argv: list[str]) -> int:
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     print("\n".join(lines), flush=True)
     for _ in range(rounds):
-        for name, setting in SETTINGS:
+        for name, setting in settings:
             r = _one(setting)
             lines.append(f"| {name} | {r['load']:.1f} | {r['w2_rps']:,} | {r['w2_per_cpu_s']:,} | "
                          f"{r['firings_over_20ms']} of {r['firings']} | {r['full']} | {r['full_p50_le_ms']} ms | "

@@ -6,6 +6,7 @@ shared machine one side of an A/B spreads widely from one round to the next)::
     python -m bench.instructions --code bench.overhead:Nothing   # a stage that does nothing
     python -m bench.instructions --tree /path/to/other/checkout  # another checkout's runtime
     python -m bench.instructions --workload w2-flow --records 30000  # W2 on a flow, per input record
+    python -m bench.instructions --workload recordpath-flow3  # W1's stage as three fused process steps
 
 It runs ``bench.profile``'s driver (``bench.overhead recordpath``'s: one exactly-once stage on
 a real RocksDB, fsync per commit, fed serialized deliveries in batches of 1,000, its
@@ -15,7 +16,9 @@ is what the record path itself executes per record: the interpreter's start, the
 tablet's opening and the driver's own work cancel out. The deliveries after the first N hit
 keys the first N made (W1's keys are Zipf-distributed over 10,000), so the figure is of a
 warm stage. Instructions are not time (a RocksDB write's cost is mostly memory stalls), but
-two commits' figures compare without noise. ``--workload w2-flow`` counts W2 on a flow the
+two commits' figures compare without noise. ``--workload recordpath-flow3`` runs the same
+driver with W1's stage written as a flow of three fused ``process`` steps
+(``bench.profile.flow_routing(3)``, as ``bench.overhead recordpath --flow-steps 3``). ``--workload w2-flow`` counts W2 on a flow the
 same way: ``bench.w2_inprocess``'s window, spike step and fused sink at N and 2N records, less
 the making of its input (the W2 data and its deliveries) at N and 2N. Needs ``valgrind`` on the PATH (a system
 package, not a Python dependency); each run takes about a minute.
@@ -46,7 +49,7 @@ n, code = {records}, {code!r}
 if {requests_only}:
     profile.requests(n, 1000)
 else:
-    routing = profile._routing()
+    routing = profile.flow_routing({flow_steps}) if {flow_steps} else profile._routing()
     if code:
         routing.computations[0].code = code
     with tempfile.TemporaryDirectory() as tmp:
@@ -68,7 +71,7 @@ else:
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(w2.drive(tmp, n, 1000, None, flow=True))
 """
-WORKLOADS = ("recordpath", "w2-flow")
+WORKLOADS = ("recordpath", "recordpath-flow3", "w2-flow")
 
 
 def _count(tree: str, records: int, code: str | None, requests_only: bool, workload: str = "recordpath") -> int:
@@ -78,7 +81,8 @@ def _count(tree: str, records: int, code: str | None, requests_only: bool, workl
                                  requests_only=requests_only)
     else:
         child = _CHILD.format(tree=tree, driver=os.path.join(ROOT, "bench", "profile.py"), records=records,
-                              code=code, requests_only=requests_only)
+                              code=code, requests_only=requests_only,
+                              flow_steps=3 if workload == "recordpath-flow3" else 0)
     run = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c",
                           child], cwd=tree, capture_output=True, text=True, timeout=1800,
                          env={**os.environ, "PYTHONPATH": tree})
@@ -91,15 +95,17 @@ def _count(tree: str, records: int, code: str | None, requests_only: bool, workl
 def instructions(records: int = 10_000, code: str | None = None, tree: str = ROOT,
                  workload: str = "recordpath") -> dict[str, Any]:
     """Instructions per record of the record path (module doc), or of W2 on a flow in one
-    process (``workload="w2-flow"``: window, spike step and fused sink, per input record), with
-    the counts it comes from."""
+    process (``workload="w2-flow"``: window, spike step and fused sink, per input record), or of
+    W1's stage as three fused ``process`` steps (``"recordpath-flow3"``), with the counts it
+    comes from."""
     if shutil.which("valgrind") is None:
         raise SystemExit("bench.instructions needs valgrind on the PATH (e.g. apt-get install valgrind)")
     whole = [_count(tree, n, code, False, workload) for n in (records, 2 * records)]
     making = [_count(tree, n, code, True, workload) for n in (records, 2 * records)]
     per_record = ((whole[1] - whole[0]) - (making[1] - making[0])) / records
     return {"instructions_per_record": round(per_record), "workload": workload,
-            "code": code or ("bench.jobs:w2_flow" if workload == "w2-flow" else "bench.jobs:ChainedCounter"),
+            "code": code or {"w2-flow": "bench.jobs:w2_flow", "recordpath-flow3": "bench.flows:w1_flow_topology(3)"}.get(
+                workload, "bench.jobs:ChainedCounter"),
             "records": [records, 2 * records], "driver": whole, "requests_alone": making, "tree": tree,
             "loadavg": os.getloadavg()}
 
@@ -110,10 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--code", default=None, help="the stage's computation, module:Class (default: W1's)")
     p.add_argument("--tree", default=ROOT, help="the checkout whose runtime to count (its .venv's build)")
     p.add_argument("--workload", choices=WORKLOADS, default="recordpath",
-                   help="recordpath (default), or w2-flow: W2 on a flow in one process (bench.w2_inprocess --flow)")
+                   help="recordpath (default); recordpath-flow3: its stage as three fused process steps; or "
+                        "w2-flow: W2 on a flow in one process (bench.w2_inprocess --flow)")
     args = p.parse_args(argv)
-    if args.workload == "w2-flow" and args.code:
-        p.error("--code is for the record path's stage; w2-flow runs bench.jobs.w2_flow")
+    if args.workload != "recordpath" and args.code:
+        p.error(f"--code is for the record path's stage; {args.workload} runs a stage of its own")
     print(json.dumps(instructions(args.records, args.code, os.path.abspath(args.tree), args.workload)))
     return 0
 

@@ -26,12 +26,18 @@ import os
 
 from runtime import metrics
 
+YOUNG = 700  # container objects made (net) between two young collections: CPython's
+
 
 def settle() -> None:
     """Collect once and freeze what is left out of every later collection (unless
-    ``MILLSTREAM_GC_FREEZE=0``); observe the pauses of the older generations
-    (``millstream_gc_pause_seconds``)."""
+    ``MILLSTREAM_GC_FREEZE=0``); set how many container objects the youngest generation takes
+    before it is collected (:data:`YOUNG`, or ``MILLSTREAM_GC_YOUNG``); observe the pauses of
+    the older generations (``millstream_gc_pause_seconds``)."""
     if os.environ.get("MILLSTREAM_GC_FREEZE", "1") != "0":
         gc.collect()
         gc.freeze()
+    young = os.environ.get("MILLSTREAM_GC_YOUNG", "")
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(int(young) if young.isdigit() and int(young) > 0 else YOUNG, older, oldest)
     metrics.watch_gc()

@@ -56,7 +56,7 @@ TTL_TAG = "millstream.ttl/"  # internal timers: "millstream.ttl/<state name>"
 TTL_REARM_US = 1_000_000     # ... come back at the next expiry, but not before this much later
 _EXPIRY = struct.Struct(">q")
 _INDEX = struct.Struct(">Q")
-_NEVER_EXPIRES = _EXPIRY.pack(NEVER)
+NEVER_EXPIRES = _EXPIRY.pack(NEVER)  # what a stored value that never expires starts with (kept())
 
 
 
@@ -108,7 +108,7 @@ def payload(stored: bytes) -> bytes:
 
 def kept(data: bytes) -> bytes:
     """``data`` as a stored value that never expires (what built-in operators store)."""
-    return _NEVER_EXPIRES + data
+    return NEVER_EXPIRES + data
 
 
 def _ttl_us(ttl: int | float | datetime.timedelta | None, name: str, domain: object) -> int | None:
@@ -245,7 +245,7 @@ class _Handle:
     def _live(self, stored: bytes | None) -> bytes | None:
         if stored is None:
             return None
-        if stored.startswith(_NEVER_EXPIRES):  # no TTL: no clock to read
+        if stored.startswith(NEVER_EXPIRES):  # no TTL: no clock to read
             return stored[_EXPIRY.size:]
         if self._spec.ttl_domain == TimeDomain.WALL_TIME:
             if is_expired(stored, self._cells.now()):

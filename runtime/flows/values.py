@@ -23,11 +23,11 @@ import msgpack
 from runtime.codecs import JSON
 from runtime.errors import UsageError
 from runtime.flows.assigners import WindowResult
-from runtime.state import kept
+from runtime.state import NEVER_EXPIRES
 
 _TUPLE, _WINDOW = 1, 2
 _TAG_PLAIN, _TAG_TUPLE, _TAG_WINDOW = 0x4D, 0x54, 0x57  # "M", "T", "W": the value's outer shape
-_KEPT_LIST = kept(b"M")  # what a stored list starts with (FlowValues.kept_lists)
+_KEPT_LIST = NEVER_EXPIRES + b"M"  # what a stored list starts with (FlowValues.kept_lists)
 
 
 def _refuse(obj: Any) -> Any:

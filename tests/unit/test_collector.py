@@ -52,3 +52,19 @@ def test_settling_freezes_what_start_up_made_and_observes_older_collections() ->
 def test_asked_not_to_nothing_is_frozen_and_the_pauses_are_still_observed() -> None:
     r = _probe(MILLSTREAM_GC_FREEZE="0")
     assert r["frozen"] == 0 and r["after"] == [1.0, 1.0]  # CPython's collector, still observed
+
+
+def test_the_young_generations_size_is_the_collectors_or_the_environments() -> None:
+    code = "import gc; from runtime import collector; collector.settle(); print(*gc.get_threshold())"
+
+    def threshold(**env: str) -> list[int]:
+        base = {k: v for k, v in os.environ.items() if k != "MILLSTREAM_GC_YOUNG"}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                             env={**base, **env})
+        return [int(x) for x in out.stdout.split()]
+
+    from runtime import collector
+
+    assert threshold() == [collector.YOUNG, 10, 10]
+    assert threshold(MILLSTREAM_GC_YOUNG="25000") == [25_000, 10, 10]
+    assert threshold(MILLSTREAM_GC_YOUNG="zero") == [collector.YOUNG, 10, 10]  # not a count: the default
