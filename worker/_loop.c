@@ -22,10 +22,7 @@
  * NotImplemented, and the caller runs the Python loop instead.
  */
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
-#include <string.h>
+#include "../runtime/_ccore.h"  /* (Python.h, and what the compiled cores share) */
 
 static PyTypeObject *record_type = NULL;
 static Py_ssize_t slot_offset[5];
@@ -133,23 +130,6 @@ static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)self;
 }
 
-/* ref(self, *args, **kwargs): the Python reference of a method, for what the C path does not take. */
-static PyObject *to_reference(PyObject *ref, PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
-{
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
-    PyObject *small[8], **all = total + 1 <= 8 ? small : PyMem_Malloc((total + 1) * sizeof(PyObject *));
-    if (all == NULL)
-        return PyErr_NoMemory();
-    all[0] = self;
-    for (Py_ssize_t k = 0; k < total; k++)
-        all[k + 1] = args[k];
-    PyObject *r = PyObject_Vectorcall(ref, all, nargs + 1, kwnames);
-    if (all != small)
-        PyMem_Free(all);
-    return r;
-}
-
 static PyObject *core_produce(Core *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     PyObject *stream = PyVectorcall_NARGS(nargsf) == 2 ? args[0] : NULL, *value = stream ? args[1] : NULL;
@@ -207,24 +187,8 @@ static PyMethodDef core_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-/* The fields as attributes: readable and writable from Python (KeyContext's own methods use
- * them), never deleted (every C path above reads them without a check for NULL). */
-static PyObject *field_get(Core *self, void *offset)
-{
-    PyObject *v = *(PyObject **)((char *)self + (Py_ssize_t)offset);
-    return Py_NewRef(v != NULL ? v : Py_None);
-}
-
-static int field_set(Core *self, PyObject *value, void *offset)
-{
-    if (value == NULL) {
-        PyErr_SetString(PyExc_AttributeError, "a context's fields cannot be deleted");
-        return -1;
-    }
-    Py_XSETREF(*(PyObject **)((char *)self + (Py_ssize_t)offset), Py_NewRef(value));
-    return 0;
-}
-
+/* The fields as attributes (_ccore.h's field_get and field_set): readable and writable from
+ * Python (KeyContext's own methods use them), never deleted. */
 static PyObject *core_reads(Core *self, void *closure)
 {
     return PyLong_FromSsize_t(self->reads);
@@ -376,19 +340,9 @@ static PyObject *l_init_context(PyObject *mod, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* A Record with its five slots written directly: what Record(key, value, ts, id, stream)
- * makes, without the Python frame of its __init__. */
 static PyObject *make_record(PyObject *key, PyObject *value, PyObject *ts, PyObject *rid, PyObject *stream)
 {
-    PyObject *r = record_type->tp_alloc(record_type, 0);
-    if (r == NULL)
-        return NULL;
-    PyObject *fields[5] = {key, value, ts, rid, stream};
-    for (int k = 0; k < 5; k++) {
-        Py_INCREF(fields[k]);
-        *(PyObject **)((char *)r + slot_offset[k]) = fields[k];
-    }
-    return r;
+    return slots_record(record_type, slot_offset, key, value, ts, rid, stream);
 }
 
 static PyObject *l_init_rebind(PyObject *mod, PyObject *ref)
@@ -402,24 +356,8 @@ static PyObject *l_init(PyObject *mod, PyObject *args)
     PyObject *cls, *sentinel;
     if (!PyArg_ParseTuple(args, "O!O", &PyType_Type, &cls, &sentinel))
         return NULL;
-    static const char *fields[5] = {"key", "value", "timestamp", "id", "stream"};
-    Py_ssize_t offsets[5];
-    PyObject *dict = ((PyTypeObject *)cls)->tp_dict;
-    for (int k = 0; k < 5; k++) {
-        PyObject *descr = PyDict_GetItemString(dict, fields[k]);  /* borrowed */
-        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
-            PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", ((PyTypeObject *)cls)->tp_name, fields[k]);
-            return NULL;
-        }
-        PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
-        if (m->type != T_OBJECT_EX || (m->flags & READONLY)) {
-            PyErr_Format(PyExc_TypeError, "%s.%s is not a plain object slot", ((PyTypeObject *)cls)->tp_name,
-                         fields[k]);
-            return NULL;
-        }
-        offsets[k] = m->offset;
-    }
-    memcpy(slot_offset, offsets, sizeof offsets);  /* only once every field passed */
+    if (record_slots(cls, slot_offset) < 0)
+        return NULL;
     Py_INCREF(cls);
     Py_XSETREF(record_type, (PyTypeObject *)cls);
     Py_INCREF(sentinel);

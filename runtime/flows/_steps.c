@@ -17,10 +17,7 @@
  * init(): plain object slots, or init() refuses and steps.py keeps the Python loop), and the
  * user's function called. */
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
-#include <string.h>
+#include "../_ccore.h"  /* (Python.h, and what the compiled cores share) */
 
 static PyTypeObject *record_type = NULL;
 static Py_ssize_t slot_offset[5];
@@ -39,43 +36,6 @@ typedef struct {
     PyObject_HEAD
     PyObject *step, *held, *dirty;
 } Held;
-
-/* ------------------------------------------------------------------ fields as attributes
- * Readable and writable from Python (steps.py's own methods use them), never deleted: every
- * C path reads them without a check for NULL. */
-
-static PyObject *field_get(PyObject *self, void *offset)
-{
-    PyObject *v = *(PyObject **)((char *)self + (Py_ssize_t)offset);
-    return Py_NewRef(v != NULL ? v : Py_None);
-}
-
-static int field_set(PyObject *self, PyObject *value, void *offset)
-{
-    if (value == NULL) {
-        PyErr_SetString(PyExc_AttributeError, "a flow step's fields cannot be deleted");
-        return -1;
-    }
-    Py_XSETREF(*(PyObject **)((char *)self + (Py_ssize_t)offset), Py_NewRef(value));
-    return 0;
-}
-
-/* ref(self, *args, **kwargs): the Python reference of a method, for what the C path does not take. */
-static PyObject *to_reference(PyObject *ref, PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
-{
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
-    PyObject *small[8], **all = total + 1 <= 8 ? small : PyMem_Malloc((total + 1) * sizeof(PyObject *));
-    if (all == NULL)
-        return PyErr_NoMemory();
-    all[0] = self;
-    for (Py_ssize_t k = 0; k < total; k++)
-        all[k + 1] = args[k];
-    PyObject *r = PyObject_Vectorcall(ref, all, nargs + 1, kwnames);
-    if (all != small)
-        PyMem_Free(all);
-    return r;
-}
 
 /* ------------------------------------------------------------------ the step's context */
 
@@ -325,17 +285,9 @@ static PyTypeObject HeldCoreType = {
 
 /* ------------------------------------------------------------------ the loop */
 
-/* A Record with its five slots written directly: what Record(key, value, ts, b"") makes,
- * without the Python frame of its __init__. */
 static PyObject *make_record(PyObject *key, PyObject *value, PyObject *ts)
 {
-    PyObject *r = record_type->tp_alloc(record_type, 0);
-    if (r == NULL)
-        return NULL;
-    PyObject *fields[5] = {key, value, ts, empty_bytes, empty_str};
-    for (int k = 0; k < 5; k++)
-        *(PyObject **)((char *)r + slot_offset[k]) = Py_NewRef(fields[k]);
-    return r;
+    return slots_record(record_type, slot_offset, key, value, ts, empty_bytes, empty_str);
 }
 
 /* run(step, fn, rebind, items): for each (key, value, timestamp) of the list ``items``,
@@ -394,24 +346,8 @@ static PyObject *s_init(PyObject *mod, PyObject *args)
     Py_ssize_t limit;
     if (!PyArg_ParseTuple(args, "O!OOOOn", &PyType_Type, &cls, &get, &set, &clear, &produce, &limit))
         return NULL;
-    static const char *fields[5] = {"key", "value", "timestamp", "id", "stream"};
-    Py_ssize_t offsets[5];
-    PyObject *dict = ((PyTypeObject *)cls)->tp_dict;
-    for (int k = 0; k < 5; k++) {
-        PyObject *descr = PyDict_GetItemString(dict, fields[k]);  /* borrowed */
-        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
-            PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", ((PyTypeObject *)cls)->tp_name, fields[k]);
-            return NULL;
-        }
-        PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
-        if (m->type != T_OBJECT_EX || (m->flags & READONLY)) {
-            PyErr_Format(PyExc_TypeError, "%s.%s is not a plain object slot", ((PyTypeObject *)cls)->tp_name,
-                         fields[k]);
-            return NULL;
-        }
-        offsets[k] = m->offset;
-    }
-    memcpy(slot_offset, offsets, sizeof offsets);  /* only once every field passed */
+    if (record_slots(cls, slot_offset) < 0)
+        return NULL;
     Py_XSETREF(record_type, (PyTypeObject *)Py_NewRef(cls));
     Py_XSETREF(ref_get, Py_NewRef(get));
     Py_XSETREF(ref_set, Py_NewRef(set));

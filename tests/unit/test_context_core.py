@@ -6,17 +6,14 @@ trace, errors included. The reference runs in a process of its own
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
+from tests.reference import reference_traces
 from worker import context
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KEYS = [b"a", b"b", b"c"]
 VALUES: list[Any] = [b"", b"1", b"22", bytearray(b"ba"), memoryview(b"mv"), "text", 7, None,
                      b"x" * (context.MAX_VALUE_BYTES + 1)]
@@ -75,15 +72,7 @@ SEEDS = range(12)
 def test_the_compiled_core_leaves_what_the_reference_leaves() -> None:
     if not context.COMPILED:
         pytest.skip("worker/_loop.c is not built: only the reference runs here")
-    code = ("import json, sys; from tests.unit.test_context_core import trace, SEEDS; "
-            "assert not __import__('worker.context').context.COMPILED; "
-            "json.dump([trace(s) for s in SEEDS], sys.stdout)")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "MILLSTREAM_PURE_PYTHON": "1", "PYTHONPATH": ROOT})
-    assert proc.returncode == 0, proc.stderr
-    import json
-
-    reference = json.loads(proc.stdout)
+    reference = reference_traces("tests.unit.test_context_core", "worker.context")
     for seed, ref in zip(SEEDS, reference, strict=True):
         assert trace(seed) == ref, f"seed {seed}"
 

@@ -6,20 +6,16 @@ its own (``MILLSTREAM_PURE_PYTHON=1``, read at import)."""
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import re
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
 from runtime import Computation, Context, Record
 from runtime.flows import steps
+from tests.reference import reference_traces
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KEYS = [b"a", b"b", b"c"]
 VALUES: list[Any] = [b"", b"1", b"22", bytearray(b"ba"), memoryview(b"mv"), "text", 7, None,
                      b"x" * (steps.MAX_HELD_BYTES + 1)]
@@ -108,13 +104,7 @@ def trace(seed: int, calls: int = 40) -> list[str]:
 def test_the_compiled_step_leaves_what_the_reference_leaves() -> None:
     if not steps.COMPILED:
         pytest.skip("runtime/flows/_steps.c is not built: only the reference runs here")
-    code = ("import json, sys; from tests.unit.test_step_core import trace, SEEDS; "
-            "assert not __import__('runtime.flows.steps').flows.steps.COMPILED; "
-            "json.dump([trace(s) for s in SEEDS], sys.stdout)")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "MILLSTREAM_PURE_PYTHON": "1", "PYTHONPATH": ROOT})
-    assert proc.returncode == 0, proc.stderr
-    reference = json.loads(proc.stdout)
+    reference = reference_traces("tests.unit.test_step_core", "runtime.flows.steps")
     for seed, ref in zip(SEEDS, reference, strict=True):
         assert trace(seed) == ref, f"seed {seed}"
 
