@@ -281,7 +281,8 @@ class Security:
         """An asyncio channel to ``address`` carrying the token, over TLS if configured."""
         headers = self._headers()
         interceptors: Any = ([_AioUnaryToken(headers), _AioStreamToken(headers),
-                              _AioStreamStreamToken(headers)] if headers else None)
+                              _AioStreamUnaryToken(headers), _AioStreamStreamToken(headers)]
+                             if headers else None)
         if self.tls:
             return grpc.aio.secure_channel(address, self._client_credentials(), options=CHANNEL_OPTIONS,
                                            interceptors=interceptors)
@@ -306,7 +307,10 @@ class _Details:
 
 
 class _SyncToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
-                 grpc.StreamStreamClientInterceptor):
+                 grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """The token on every call of a channel, whatever its shape (a shape left out goes
+    without it: ``LoadTablet``, stream-unary, was refused on a cluster with tokens)."""
+
     def __init__(self, headers: list[tuple[str, str]]) -> None:
         self.headers = headers
 
@@ -315,6 +319,9 @@ class _SyncToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterce
 
     def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return continuation(_with_token(details, self.headers), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(_with_token(details, self.headers), requests)
 
     def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
         return continuation(_with_token(details, self.headers), requests)
@@ -334,6 +341,14 @@ class _AioStreamToken(grpc.aio.UnaryStreamClientInterceptor):
 
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(_with_token(details, self.headers), request)
+
+
+class _AioStreamUnaryToken(grpc.aio.StreamUnaryClientInterceptor):
+    def __init__(self, headers: list[tuple[str, str]]) -> None:
+        self.headers = headers
+
+    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(_with_token(details, self.headers), requests)
 
 
 class _AioStreamStreamToken(grpc.aio.StreamStreamClientInterceptor):
@@ -433,7 +448,15 @@ def _with_roles(handler: Any, roles: frozenset[str], owner: Owner | None = None)
     return handler  # stream-unary (LoadTablet): it does not look at the caller's roles
 
 
+def _unread(data: bytes) -> None:
+    """A refused call's request deserializer: its bytes are never parsed (up to the 64 MiB a
+    message may hold, from a caller that has not shown it may call)."""
+    return None
+
+
 def _deny(handler: Any, code: grpc.StatusCode, message: str) -> Any:
+    """A handler of the same shape that refuses the call with ``code`` without parsing or
+    reading what the caller sends (a stream's messages are never asked for)."""
     async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
         await context.abort(code, message)
 
@@ -441,10 +464,11 @@ def _deny(handler: Any, code: grpc.StatusCode, message: str) -> Any:
         await context.abort(code, message)
         yield  # pragma: no cover - makes this an async generator
 
+    serialize = handler.response_serializer
     if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(
-            deny_stream, handler.request_deserializer, handler.response_serializer)
+        return grpc.unary_stream_rpc_method_handler(deny_stream, _unread, serialize)
     if handler.stream_stream is not None:
-        return grpc.stream_stream_rpc_method_handler(
-            deny_stream, handler.request_deserializer, handler.response_serializer)
-    return grpc.unary_unary_rpc_method_handler(deny, handler.request_deserializer, handler.response_serializer)
+        return grpc.stream_stream_rpc_method_handler(deny_stream, _unread, serialize)
+    if handler.stream_unary is not None:  # LoadTablet: refused before its first chunk is read
+        return grpc.stream_unary_rpc_method_handler(deny, _unread, serialize)
+    return grpc.unary_unary_rpc_method_handler(deny, _unread, serialize)

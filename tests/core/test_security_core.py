@@ -31,7 +31,7 @@ LAST_SEQ = (1 << 64) - 1
 
 @asynccontextmanager
 async def _served(core: WorkerCore, require_credentials: bool = False
-                  ) -> AsyncIterator[Callable[..., rpc.WorkerStub]]:
+                  ) -> AsyncIterator[Callable[..., Any]]:
     """The core behind a real server that checks role tokens; yields a stub maker per role
     (and injector credential)."""
     server = grpc.aio.server(interceptors=Security(role_tokens=TOKENS).server_interceptors())
@@ -40,10 +40,11 @@ async def _served(core: WorkerCore, require_credentials: bool = False
     await server.start()
     channels: list[grpc.aio.Channel] = []
 
-    def stub(role: str, credential: str | None = None) -> rpc.WorkerStub:
-        security = Security(token=TOKENS[role], injector_credential=credential)
+    def stub(role: str | None, credential: str | None = None, raw: bool = False) -> Any:
+        """A stub for ``role``'s token (None: no token), or with ``raw`` its channel."""
+        security = Security(token=TOKENS[role] if role else None, injector_credential=credential)
         channels.append(security.aio_channel(f"127.0.0.1:{port}"))
-        return rpc.WorkerStub(channels[-1])
+        return channels[-1] if raw else rpc.WorkerStub(channels[-1])
 
     try:
         yield stub
@@ -185,6 +186,32 @@ def test_replication_streams_and_bundles_are_the_worker_roles_only(tmp_path: obj
             answers = await worker.send(pb.ReplicateManyRequest(requests=[req, req]))
             assert [a.status for a in answers.answers] == [pb.ReplicateResponse.WRONG_WORKER] * 2
             await worker.close()
+        await core.close_all()
+
+    asyncio.run(main())
+
+
+def test_a_refused_call_is_refused_without_its_request_being_parsed(tmp_path: object) -> None:
+    """A call the token check refuses never has its message parsed (review 3's list: it was
+    parsed in full, up to 64 MiB, before the refusal): bytes that are no protobuf at all get
+    the refusal, not an error from parsing them; a stream's chunks are not asked for."""
+    garbage = b"\xff" * (1 << 20)  # a varint that never ends: no message parses from it
+
+    async def main() -> None:
+        core = await make_core(str(tmp_path), routing(("echo", "tests.core.jobs:Echo", ["in"], ["out"], {})))
+        async with _served(core) as stub:
+            raw = stub("injector", raw=True)
+            replicate = raw.unary_unary("/millstream.v1.Worker/ReplicateMany")
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await replicate(garbage)
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, refused.value.details()
+            load = raw.stream_unary("/millstream.v1.Worker/LoadTablet")
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await load(iter([garbage, garbage]))
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, refused.value.details()
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub(None, raw=True).unary_unary("/millstream.v1.Worker/ReplicateMany")(garbage)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, refused.value.details()
         await core.close_all()
 
     asyncio.run(main())

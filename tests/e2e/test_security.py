@@ -47,6 +47,21 @@ def test_wordcount_over_tls_with_a_token(secure_cluster: Cluster) -> None:
     run_wordcount(secure_cluster, n_lines=500, name="tls")
 
 
+def test_a_savepoint_restores_on_a_cluster_with_a_token(secure_cluster: Cluster) -> None:
+    """The restore's ``LoadTablet`` calls (a stream of chunks to each worker) carry the token
+    too: they went without it, so a savepoint never restored on a cluster that asks for one."""
+    counts = run_wordcount(secure_cluster, n_lines=200, name="sp")
+    saved = os.path.join(secure_cluster.data_dir, "savepoint")
+    client = secure_cluster.client
+    client.savepoint("sp", saved)
+    client.cancel("sp")
+    assert client.restore(saved) == "sp"
+    secure_cluster.wait_assigned()
+    word, n = max(counts.items(), key=lambda kv: kv[1])
+    wait_until(lambda: client.state("counter", word.encode()) == str(n).encode(), 60,
+               f"the restored count of {word!r}, {n}")
+
+
 def test_the_console_is_served_over_tls_and_asks_for_its_token(secure_cluster: Cluster) -> None:
     page = secure_cluster.masters[0].http
     assert page.startswith("https://127.0.0.1:"), page
