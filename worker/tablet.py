@@ -443,7 +443,11 @@ class Tablet:
                 waiting.discard(id(s))
             if not waiting:
                 done.set()
+        bound = self.host.limits.max_unacked
+        full = self.outbox.unacked >= bound
         self._forget(self.outbox.acked(shipments, receipt))
+        if full and self.outbox.unacked < bound:
+            self._wake.set()  # due timers it held back (timers_wait) may fire now
 
     def _forget(self, shipments: list[Shipment]) -> None:
         """Delete the checkpoints of shipments let go of (a closing tablet leaves them to
@@ -460,12 +464,14 @@ class Tablet:
 
     # ------------------------------------------------------------ processing
 
-    def timers_held(self) -> bool:
-        """Whether a savepoint of this tablet's job is being taken: its timers (wall-clock and
-        event-time) do not fire until it is done, so nothing in the job moves while its
-        tablets are copied one after another (docs/lifecycle.md)."""
+    def timers_wait(self) -> bool:
+        """Whether due timers (wall-clock and event-time) wait: while a savepoint of the job is
+        taken, so nothing moves while its tablets are copied one after another
+        (docs/lifecycle.md); and while this tablet's unacknowledged productions are at
+        ``max_unacked``, which holds back its deliveries too (a window stage over a stalled
+        reader grew its outbox without bound). Held, a timer still holds the watermark."""
         route = self.host.routing.computations.get(self.computation)
-        return route is not None and route.input_paused
+        return (route is not None and route.input_paused) or self.outbox.unacked >= self.host.limits.max_unacked
 
     def wake(self) -> None:
         """The routing changed (timers a savepoint held may fire now), or the worker learnt
@@ -478,7 +484,7 @@ class Tablet:
                 await self._wake.wait()  # WorkerCore.set_watermarks wakes it (or close())
                 self._wake.clear()
                 continue
-            held = self.timers_held()
+            held = self.timers_wait()
             delay = None if held else self._next_wall_timer_delay()
             if not self.inbox and (held or not self._due_event_timers()):
                 try:
@@ -520,7 +526,7 @@ class Tablet:
         assert self.thread is not None
         limit = self.batch_limit
         items = self.inbox.take(limit)
-        due = [] if self.timers_held() else self.timers.pop_due(self.now_us(), self.host.watermark(self.computation),
+        due = [] if self.timers_wait() else self.timers.pop_due(self.now_us(), self.host.watermark(self.computation),
                                                                  limit)
         if not items and not due:
             return

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from runtime import Record
+from runtime import Record, TimeDomain
 from runtime.columns import Columns
 from runtime.wire import millstream_pb2 as pb
 from tests.core.corekit import engine_options
@@ -234,6 +234,46 @@ def test_wall_clock_timers_fire_on_the_injected_clock_exactly_once(tmp_path: obj
         await core.close_all()
 
     asyncio.run(reopen())
+
+
+def test_due_timers_wait_while_the_outbox_is_at_its_bound(tmp_path: object) -> None:
+    """Review 3's list: ``max_unacked`` held back a tablet's deliveries but not its timers, so
+    a stage firing windows over a stalled reader grew its outbox without bound. A timer due
+    while two productions wait for a remote reader (the bound: two) does not fire; the
+    acknowledgement that makes room lets it fire."""
+    now = [BASE]
+    released = asyncio.Event()
+    sent: list[bytes] = []
+
+    async def reader(address: str, computation: str, key_range: int, token: int, cols: Columns,
+                     orders: object) -> tuple[int, None]:
+        await released.wait()  # a reader that has stalled, until the test lets it answer
+        sent.extend(cols.values)
+        return OK, None
+
+    async def main() -> None:
+        core = WorkerCore(str(tmp_path), "self:1", reader, WorkerLimits(max_unacked=2), wall_us=lambda: now[0])
+        core.worker_id = "w"
+        core.renewed(core.now_ms(), 60_000)
+        r = routing(("timer", "tests.core.jobs:TimerJob", ["in"], ["out"], {}),
+                    ("far", "tests.core.jobs:Collector", ["out"], [], {}))
+        r.computations[1].assignments[0].address, r.computations[1].assignments[0].worker_id = "other:1", "x"
+        await core.apply_routing(r)
+        assert await core.deliver("timer", 0, 1, [rec(0, b"set 1000")]) == OK
+        for i in (1, 2):
+            assert await core.deliver("timer", 0, 1, [rec(i, b"mark %d" % i)]) == OK
+        tablet = core.tablets[("timer", 0)]
+        assert tablet.outbox.unacked == 2 and not sent
+        now[0] += 1000  # the timer is due
+        await tablet._process_once()  # (the run loop's next batch; it waits itself, on its wake)
+        assert tablet.outbox.unacked == 2, "a due timer fired over the outbox's bound"
+        assert tablet.timers.peek(TimeDomain.WALL_TIME) is not None
+        released.set()
+        await _until(lambda: b"fired 1000" in sent, "the timer to fire once the reader answered")
+        assert sent == [b"mark 1", b"mark 2", b"fired 1000"]
+        await core.close_all()
+
+    asyncio.run(main())
 
 
 def test_a_worker_whose_lease_lapsed_refuses_to_commit(tmp_path: object) -> None:
