@@ -47,6 +47,7 @@ class MasterCore:
         self.autoscaling: asyncio.Task[None] | None = None  # a policy decision being carried out
         self.upkeep: asyncio.Task[None] | None = None  # etcd's size check and defragment, off the tick
         self.closed = False
+        self.term = store.term  # the election this core leads for: its writes are refused after it
         self._etcd_checked = -1e18
         self._defragged = -1e18
         self._gauged_at = -1e18
@@ -70,7 +71,7 @@ class MasterCore:
         a core whose leadership ended, after this master was elected again, by this check)."""
         if self.closed:
             raise NotLeaderError("this master's leadership ended; the change was not written")
-        await asyncio.to_thread(self.store.apply, change)
+        await asyncio.to_thread(self.store.apply, change, self.term)
         self.image.apply(change, self.now_ms())
 
     async def store_injector(self, name: str) -> None:

@@ -21,9 +21,11 @@ Layout under ``/millstream/``::
     savepoints/<topology>       {"id", "cut"} while a savepoint pauses that job (master/lifecycle.py)
 
 Every write the leader makes is a :class:`~master.change.Change` (:meth:`EtcdStore.apply`), in
-etcd transactions guarded by the leader key still holding this master's identity, so a deposed
-leader can change nothing. :func:`as_change` turns what etcd holds into the one Change a new
-leader applies. All calls here are blocking; the master runs them off its event loop.
+etcd transactions guarded by the leader key still holding this master's identity and created
+by the election the writing core leads for (its term), so a deposed leader can change nothing,
+nor a write begun before the same master was elected again. :func:`as_change` turns what
+etcd holds into the one Change a new leader applies. All calls here are blocking; the master
+runs them off its event loop.
 """
 
 from __future__ import annotations
@@ -153,6 +155,9 @@ class EtcdStore:
         )
         self._lease: Any = None
         self._identity: bytes | None = None
+        # The leader key's create revision while this master holds it: one per election, so a
+        # write begun in one term of this master's is refused in the next (MasterCore.term).
+        self.term: int | None = None
 
     def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
         try:
@@ -195,21 +200,19 @@ class EtcdStore:
         self.join(identity, ttl_s)
         payload = json.dumps(identity, sort_keys=True).encode()
         t = self._client.transactions
-        ok, _ = self._call(
+        self._call(
             self._client.transaction,
             compare=[t.create(LEADER) == 0],
             success=[t.put(LEADER, payload, lease=self._lease)],
             failure=[],
         )
-        if ok:
-            self._identity = payload
-        else:
-            # Re-elected after a restart under the same identity: keep leading.
-            value, _ = self._call(self._client.get, LEADER)
-            if value == payload:
-                self._identity = payload
-                return True
-        return bool(ok)
+        # Won (or re-elected after a restart under the same identity: keep leading): this
+        # election's term is the key's create revision, read back (a lapsed lease shows here).
+        value, meta = self._call(self._client.get, LEADER)
+        if value != payload:
+            return False
+        self._identity, self.term = payload, meta.create_revision
+        return True
 
     def keep_alive(self) -> bool:
         """Refresh the lease; false if it has expired (leadership is lost)."""
@@ -235,18 +238,24 @@ class EtcdStore:
         value, _ = self._call(self._client.get, LEADER)
         return json.loads(value) if value else None
 
-    def _guarded(self, ops: list[Any]) -> None:
+    def _guarded(self, ops: list[Any], term: int | None = None) -> None:
+        """``ops`` written only while the leader key holds this master's identity, and, given
+        ``term``, was created by that election (not a later one of this same master's)."""
         if self._identity is None:
             raise NotLeaderError("this master is not the leader")
         t = self._client.transactions
+        compare = [t.value(LEADER) == self._identity] + ([t.create(LEADER) == term] if term is not None else [])
         for i in range(0, max(len(ops), 1), _TXN_OPS):
             ok, _ = self._call(
                 self._client.transaction,
-                compare=[t.value(LEADER) == self._identity],
+                compare=compare,
                 success=ops[i:i + _TXN_OPS],
                 failure=[],
             )
             if not ok:
+                if term is not None and term != self.term:  # an ended term's: the current one stands
+                    raise NotLeaderError("a write begun in an earlier term of this master's leadership "
+                                         "was refused by etcd")
                 self._identity = None
                 raise NotLeaderError("leadership was lost; the write was refused by etcd")
 
@@ -297,8 +306,9 @@ class EtcdStore:
     def put_tablets(self, tablets: Mapping[TabletKey, Ownership]) -> None:
         self._guarded(self._tablet_ops(tablets))
 
-    def apply(self, change: Change) -> None:
-        """Write ``change``: one transaction when it fits (100 operations); else three steps,
+    def apply(self, change: Change, term: int | None = None) -> None:
+        """Write ``change`` (for the leadership ``term`` of :attr:`term`'s, if given: a
+        write a core of an ended term begun is refused): one transaction when it fits (100 operations); else three steps,
         ordered so that a leader failing between any two transactions leaves etcd in a state
         the next leader repairs (:meth:`MasterCore.become_leader`, review N13):
 
@@ -342,12 +352,12 @@ class EtcdStore:
         last += [t.delete(FINISHED + s) for s, done in sorted(change.finished_streams.items()) if not done]
         last += [t.delete(WORKERS + w) for w, info in sorted(change.workers.items()) if info is None]
         if len(first) + len(docs) + len(last) <= _TXN_OPS:
-            self._guarded([*first, *docs, *last])
+            self._guarded([*first, *docs, *last], term)
             return
         assert len(docs) <= _TXN_OPS, "a change's documents are one transaction"
         for ops in (first, docs, last):
             if ops:
-                self._guarded(ops)
+                self._guarded(ops, term)
 
     def _tablet_ops(self, tablets: Mapping[TabletKey, Ownership]) -> list[Any]:
         t = self._client.transactions

@@ -68,7 +68,9 @@ def _lost_dead_letter(reader: str, error: BaseException) -> None:
 class _NoEtcd:
     """The store of a TestRun's leader: nothing to keep, the run lives in this process."""
 
-    def apply(self, change: object) -> None:
+    term = None
+
+    def apply(self, change: object, term: int | None = None) -> None:
         pass
 
 

@@ -24,11 +24,13 @@ class MemoryStore:
     """What an EtcdStore keeps, in memory: every change the leader applied (``changes``), and
     :meth:`load` gives a new leader what they left, as etcd would."""
 
+    term = None  # (EtcdStore's election term: one store, one term here)
+
     def __init__(self) -> None:
         self.changes: list[Change] = []
         self.snap = Snapshot({}, {}, {}, {}, {})
 
-    def apply(self, change: Change) -> None:
+    def apply(self, change: Change, term: int | None = None) -> None:
         self.changes.append(change)
         s = self.snap
         for n, topo in change.topologies.items():

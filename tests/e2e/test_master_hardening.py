@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from injectors import Injector
@@ -126,7 +128,6 @@ def test_n13_a_leader_dying_inside_a_large_change_loses_no_tablet(tmp_path: obje
     with tablets missing, and the next leader re-created them as new, empty, token-1 tablets.
     Only etcd runs here; the leaders are MasterCores in this process. The leader dies after
     the first, second and third of the change's four transactions."""
-    import asyncio
 
     from master import lifecycle, membership
     from master.core import MasterConfig, MasterCore
@@ -206,3 +207,32 @@ def test_n13_a_leader_dying_inside_a_large_change_loses_no_tablet(tmp_path: obje
             finally:
                 store.resign()
                 store.close()
+
+
+def test_a_write_begun_in_an_ended_term_is_refused_once_the_same_master_leads_again(tmp_path: object) -> None:
+    """Review 3's list: writes were guarded by the leader key holding this master's identity,
+    so a write a core began before its leadership lapsed, landing after the same master was
+    elected again, passed. Each election is a term (the leader key's create revision): a core
+    writes for its own, and etcd refuses another's without deposing the current one."""
+    from master.change import Change
+    from master.core import MasterConfig, MasterCore
+    from master.store import NotLeaderError
+
+    with Cluster(str(tmp_path), masters=0, workers=0) as c:
+        store = EtcdStore(EtcdConfig.parse(c.etcd_url))
+        try:
+            identity = {"id": "m1", "address": "127.0.0.1:1"}
+            assert store.campaign(identity, 30)
+            old = MasterCore(store, MasterConfig(replication=1), lambda: 0.0)
+            store.resign()  # its lease lapses: that leadership is over ...
+            assert store.campaign(identity, 30)  # ... and the same master wins the next election
+            new = MasterCore(store, MasterConfig(replication=1), lambda: 0.0)
+            assert None is not old.term != new.term
+            with pytest.raises(NotLeaderError, match="earlier term"):
+                asyncio.run(old.commit(Change(watermarks={"c": 5})))  # (its closed check passed)
+            assert "c" not in store.load().watermarks
+            asyncio.run(new.commit(Change(watermarks={"c": 6})))  # the current term still writes
+            assert store.load().watermarks["c"] == 6
+        finally:
+            store.resign()
+            store.close()

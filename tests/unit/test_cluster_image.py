@@ -73,7 +73,7 @@ def test_a_new_leader_builds_the_same_image_from_what_the_old_one_wrote() -> Non
 
 def test_every_command_is_one_change_written_before_it_is_applied() -> None:
     class Checking(MemoryStore):
-        def apply(self, change: Change) -> None:
+        def apply(self, change: Change, term: int | None = None) -> None:
             for key in change.tablets:  # written first: the image does not have it yet
                 t = core.image.tablets.get(key)
                 assert t is None or t.own != change.tablets[key], key

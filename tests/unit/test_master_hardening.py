@@ -372,7 +372,7 @@ class _HeldWrites(MemoryStore):
         self.writing = threading.Event()
         self.go = threading.Event()
 
-    def apply(self, change: Any) -> None:
+    def apply(self, change: Any, term: int | None = None) -> None:
         if change.watermarks:
             self.writing.set()
             assert self.go.wait(10)

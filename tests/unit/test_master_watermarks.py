@@ -61,7 +61,7 @@ def test_w2_an_injector_registering_again_while_its_finished_namesake_is_cleaned
     core, clock = _core()
 
     class Racing(MemoryStore):
-        def apply(self, change: Any) -> None:
+        def apply(self, change: Any, term: int | None = None) -> None:
             if change.injectors_gone:
                 core.report_injector("inj", "in", 5)  # the new registration arrives mid-cleanup
             super().apply(change)
@@ -101,7 +101,7 @@ def test_a_job_cancelled_while_its_watermarks_are_written_stays_forgotten() -> N
     cancels: list[Any] = []
 
     class Racing(MemoryStore):
-        def apply(self, change: Any) -> None:  # runs on a thread: the cancel arrives now
+        def apply(self, change: Any, term: int | None = None) -> None:  # runs on a thread: the cancel arrives now
             if change.watermarks and not cancels:
                 cancels.append(asyncio.run_coroutine_threadsafe(lifecycle.cancel(core, "chain"), loop_box[0]))
             super().apply(change)
@@ -185,7 +185,7 @@ def test_a_keepalive_that_changes_nothing_writes_nothing_to_etcd() -> None:
     writes: list[Any] = []
 
     class Counting(MemoryStore):
-        def apply(self, change: Any) -> None:
+        def apply(self, change: Any, term: int | None = None) -> None:
             writes.append(change)
 
     core.store = Counting()  # type: ignore[assignment]
