@@ -15,7 +15,6 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from typing import Any
 
 from master import injectors, progress
 from master.change import Change
@@ -28,6 +27,7 @@ from master.store import EtcdStore, NotLeaderError, as_change
 from master.views import StatusDocument, routing_of, status_of
 from runtime import metrics
 from runtime.errors import MillstreamError, StaleTokenError
+from runtime.record import END_OF_TIME
 from runtime.wire import millstream_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -73,15 +73,6 @@ class MasterCore:
             raise NotLeaderError("this master's leadership ended; the change was not written")
         await asyncio.to_thread(self.store.apply, change, self.term)
         self.image.apply(change, self.now_ms())
-
-    async def store_injector(self, name: str) -> None:
-        """Write injector ``name``'s promise now, not at the next tick: a run that retired (or
-        finished) reports nothing once answered, so a new leader must find it in etcd (a name
-        finished there is deleted by its first tick)."""
-        async with self.lock:
-            inj = self.image.injectors.get(name)
-            if inj is not None and inj.dirty:
-                await self.commit(Change(injectors={name: inj.promise()}))
 
     async def become_leader(self) -> None:
         """Build the image from etcd; every known worker gets a fresh lease period."""
@@ -134,13 +125,26 @@ class MasterCore:
         injectors.report(self.image, name, stream, watermark, self.now_ms(), incarnation, release, operator, idle,
                          retired)
 
-    async def report_injector_between_ticks(self, *args: Any) -> None:
+    async def report_injector_between_ticks(self, name: str, stream: str, watermark: int, incarnation: str = "",
+                                            release: bool = False, operator: bool = False, idle: bool = False,
+                                            retired: bool = False) -> None:
         """:meth:`report_injector` under the leader's lock, as an injector's call is served: a
         tick takes the injectors' holds, writes the watermarks they allow to etcd and then
         publishes them; a name registering (at the start of time) during that write was
-        answered before, and left out of, what the tick published (review of watermarks, 1)."""
+        answered before, and left out of, what the tick published (review of watermarks, 1).
+
+        A report that changes who holds what is written to etcd before it is answered, not at
+        the next tick: a registration (a new name, run or stream), for a new leader must hold
+        the stream for it too (it was lost with a failover before that tick); an operator's
+        release, which a failover would otherwise undo; and a run's last report (retired, or
+        finished), after which it reports nothing. Keep-alives and promises wait for the tick."""
         async with self._lock:
-            self.report_injector(*args)
+            inj = self.image.injectors.get(name)
+            registers = inj is None or inj.stream != stream or incarnation not in inj.incarnations
+            self.report_injector(name, stream, watermark, incarnation, release, operator, idle, retired)
+            inj = self.image.injectors.get(name)
+            if (registers or release or retired or watermark == END_OF_TIME) and inj is not None and inj.dirty:
+                await self.commit(Change(injectors={name: inj.promise()}))
 
     def routing(self) -> pb.Routing:
         return routing_of(self.image)

@@ -24,7 +24,6 @@ from runtime import health, http, metrics, serving
 from runtime.client import NOT_LEADER_METADATA
 from runtime.errors import EtcdUnavailableError, WorkerIdentityError
 from runtime.keyspace import wire_end
-from runtime.record import END_OF_TIME
 from runtime.security import Security, caller_owner, caller_roles, report_problem, require_worker_token
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
@@ -169,9 +168,6 @@ class MasterServicer(rpc.MasterServicer):
         await serving.call_core(context, lambda: core.report_injector_between_ticks(
             request.name, request.stream, request.watermark, request.incarnation,
             request.release, "operator" in caller_roles(), request.idle, request.retired))
-        if (request.retired or request.watermark == END_OF_TIME) and not request.release:
-            # Stored before it is answered: the injector reports nothing after it.
-            await serving.call_core(context, lambda: core.store_injector(request.name))
         return pb.InjectorResponse(reported=core.reported())
 
     async def GetRouting(self, request: pb.RoutingRequest, context: Any) -> pb.Routing:

@@ -275,6 +275,34 @@ def test_a_retired_name_waits_for_its_next_run_past_the_expiry_and_is_never_stal
     assert hold(core, "daily") == ("in", 800) and core.image.injectors["daily"].waiting
 
 
+def test_a_registration_and_a_release_are_stored_before_they_are_answered() -> None:
+    """Review 3's list: a new injector (or a new run of a name) was told it holds its stream
+    once the leader's memory had it, and an operator's release once it was dropped there;
+    etcd got either at the next tick. A failover in between left a new leader without the
+    hold (publishing past the new run's records) or with the released one (holding the
+    stream again). Both are written before the call returns; a promise waits for the tick."""
+    store = MemoryStore()
+    core, clock = _core(store)
+
+    async def main() -> None:
+        await core.report_injector_between_ticks("a", "in", 100, "run1")
+        await core.report_injector_between_ticks("b", "in", 200, "run1")
+        await core.report_injector_between_ticks("b", "in", 150, "run2")  # a second run of b
+        written = len(store.changes)
+        await core.report_injector_between_ticks("a", "in", 300, "run1")  # a promise: the tick's
+        assert len(store.changes) == written
+        new = leader(store)
+        await new.become_leader()
+        assert new.image.injectors["a"].incarnations == {"run1": 100}
+        assert new.image.injectors["b"].incarnations == {"run1": 200, "run2": 150}
+        await core.report_injector_between_ticks("b", "in", 0, release=True, operator=True)
+        new = leader(store)
+        await new.become_leader()
+        assert new.image.injectors["b"].finished
+
+    asyncio.run(main())
+
+
 def test_a_retirement_is_stored_before_the_next_tick() -> None:
     """Review of the floor: a retired run reports nothing once answered; the leader wrote its
     promise only at the next tick, so a leader lost in between left a new one with the run
@@ -283,10 +311,9 @@ def test_a_retirement_is_stored_before_the_next_tick() -> None:
     core, clock = _core(store)
 
     async def main() -> None:
-        core.report_injector("daily", "in", 800, "day1", retired=True)
-        await core.store_injector("daily")  # what ReportInjector does for a retirement, before it answers
-        core.report_injector("once", "in", END, "x")  # ... and for a finish
-        await core.store_injector("once")
+        core.report_injector("daily", "in", 800, "day1")
+        await core.report_injector_between_ticks("daily", "in", 800, "day1", retired=True)  # as ReportInjector
+        await core.report_injector_between_ticks("once", "in", END, "x")  # ... and a finish
         new = leader(store)
         await new.become_leader()
         assert hold(new, "daily") == ("in", 800) and new.image.injectors["daily"].waiting
