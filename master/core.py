@@ -55,6 +55,10 @@ class MasterCore:
         self._changed = asyncio.Condition()
         self._lock = asyncio.Lock()
         self._expiring: set[str] = set()  # workers whose expiry is being written (tick)
+        # Injector names whose report must reach etcd before it is answered, and the write's
+        # own lock (report_injector_between_ticks).
+        self._unwritten: set[str] = set()
+        self._registering = asyncio.Lock()
 
     @property
     def lock(self) -> asyncio.Lock:
@@ -137,14 +141,29 @@ class MasterCore:
         the next tick: a registration (a new name, run or stream), for a new leader must hold
         the stream for it too (it was lost with a failover before that tick); an operator's
         release, which a failover would otherwise undo; and a run's last report (retired, or
-        finished), after which it reports nothing. Keep-alives and promises wait for the tick."""
+        finished), after which it reports nothing. Keep-alives and promises wait for the tick.
+        The write is made outside the leader's lock (the tick and its lease renewal do not
+        wait for it), for every name waiting then in one transaction (a burst of new runs is
+        one write, not one each); a name whose write failed stays waiting, so its retry is
+        written even though the image already has it."""
         async with self._lock:
             inj = self.image.injectors.get(name)
             registers = inj is None or inj.stream != stream or incarnation not in inj.incarnations
             self.report_injector(name, stream, watermark, incarnation, release, operator, idle, retired)
-            inj = self.image.injectors.get(name)
-            if (registers or release or retired or watermark == END_OF_TIME) and inj is not None and inj.dirty:
-                await self.commit(Change(injectors={name: inj.promise()}))
+            if registers or release or retired or watermark == END_OF_TIME:
+                self._unwritten.add(name)
+            if name not in self._unwritten:
+                return
+        async with self._registering:
+            if name not in self._unwritten:
+                return  # written with another name's, while this call waited
+            names, self._unwritten = self._unwritten, set()
+            promises = {n: e.promise() for n in sorted(names) if (e := self.image.injectors.get(n)) is not None}
+            try:
+                await self.commit(Change(injectors=promises))
+            except BaseException:
+                self._unwritten |= names
+                raise
 
     def routing(self) -> pb.Routing:
         return routing_of(self.image)

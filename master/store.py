@@ -200,14 +200,25 @@ class EtcdStore:
         self.join(identity, ttl_s)
         payload = json.dumps(identity, sort_keys=True).encode()
         t = self._client.transactions
-        self._call(
-            self._client.transaction,
-            compare=[t.create(LEADER) == 0],
-            success=[t.put(LEADER, payload, lease=self._lease)],
-            failure=[],
-        )
-        # Won (or re-elected after a restart under the same identity: keep leading): this
-        # election's term is the key's create revision, read back (a lapsed lease shows here).
+
+        def create() -> bool:
+            won, _ = self._call(self._client.transaction, compare=[t.create(LEADER) == 0],
+                                success=[t.put(LEADER, payload, lease=self._lease)], failure=[])
+            return bool(won)
+
+        if not create():
+            value, meta = self._call(self._client.get, LEADER)
+            if value != payload:
+                return False
+            # This master stepped down (etcd unreachable for a while, a failed tick) and its key
+            # outlived it: a new election all the same, or a write its last core began would
+            # carry this one's term. The key goes (if it is still that one) and is won anew.
+            self._call(self._client.transaction,
+                       compare=[t.value(LEADER) == payload, t.create(LEADER) == meta.create_revision],
+                       success=[t.delete(LEADER)], failure=[])
+            if not create():
+                return False
+        # The term is the key's create revision, read back (a lease lapsed meanwhile shows here).
         value, meta = self._call(self._client.get, LEADER)
         if value != payload:
             return False

@@ -223,15 +223,20 @@ def test_a_write_begun_in_an_ended_term_is_refused_once_the_same_master_leads_ag
         try:
             identity = {"id": "m1", "address": "127.0.0.1:1"}
             assert store.campaign(identity, 30)
-            old = MasterCore(store, MasterConfig(replication=1), lambda: 0.0)
+            first = MasterCore(store, MasterConfig(replication=1), lambda: 0.0)
             store.resign()  # its lease lapses: that leadership is over ...
             assert store.campaign(identity, 30)  # ... and the same master wins the next election
-            new = MasterCore(store, MasterConfig(replication=1), lambda: 0.0)
-            assert None is not old.term != new.term
-            with pytest.raises(NotLeaderError, match="earlier term"):
-                asyncio.run(old.commit(Change(watermarks={"c": 5})))  # (its closed check passed)
-            assert "c" not in store.load().watermarks
-            asyncio.run(new.commit(Change(watermarks={"c": 6})))  # the current term still writes
+            second = MasterCore(store, MasterConfig(replication=1), lambda: 0.0)
+            # A step-down that leaves the key alive (etcd unreachable for a tick): winning again
+            # is a new term too.
+            assert store.campaign(identity, 30)
+            third = MasterCore(store, MasterConfig(replication=1), lambda: 0.0)
+            assert len({first.term, second.term, third.term} - {None}) == 3
+            for i, ended in enumerate((first, second)):
+                with pytest.raises(NotLeaderError, match="earlier term"):
+                    asyncio.run(ended.commit(Change(watermarks={f"c{i}": 5})))  # (its closed check passed)
+            assert not {"c0", "c1"} & set(store.load().watermarks)
+            asyncio.run(third.commit(Change(watermarks={"c": 6})))  # the current term still writes
             assert store.load().watermarks["c"] == 6
         finally:
             store.resign()

@@ -303,6 +303,60 @@ def test_a_registration_and_a_release_are_stored_before_they_are_answered() -> N
     asyncio.run(main())
 
 
+def test_a_registration_whose_write_failed_is_written_on_its_retry_and_a_burst_is_one_write() -> None:
+    """A registration whose etcd write failed left the image with the run and the caller with
+    an error; its retry was no registration any more (the image knew the run) and was answered
+    unwritten. It stays waiting until written. And registrations arriving while one is written
+    go out together in the next write, not one each, outside the leader's lock."""
+    import threading
+
+    from runtime.errors import EtcdUnavailableError
+
+    class Flaky(MemoryStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fail, self.gate, self.writing = 1, threading.Event(), threading.Event()
+
+        def apply(self, change: Any, term: int | None = None) -> None:
+            if change.injectors and self.fail:
+                self.fail -= 1
+                raise EtcdUnavailableError("etcd did not answer in time")
+            if change.injectors and not self.gate.is_set():
+                self.writing.set()
+                assert self.gate.wait(10)
+            super().apply(change)
+
+    store = Flaky()
+    core, clock = _core(store)
+
+    async def main() -> None:
+        try:
+            await core.report_injector_between_ticks("a", "in", 100, "run1")
+            raise AssertionError("the first write was to fail")
+        except EtcdUnavailableError:
+            pass
+        assert "run1" in core.image.injectors["a"].incarnations  # (the image has it: not etcd)
+        first = asyncio.ensure_future(core.report_injector_between_ticks("a", "in", 100, "run1"))  # the retry
+        await asyncio.to_thread(store.writing.wait, 10)  # its write is under way (held) ...
+        burst = [asyncio.ensure_future(core.report_injector_between_ticks(f"n{i}", "in", 5, "r")) for i in range(5)]
+        async with core.lock:  # ... and the leader's lock is free meanwhile (a tick would run)
+            pass
+        deadline = asyncio.get_running_loop().time() + 10
+        while not {f"n{i}" for i in range(5)} <= core._unwritten:  # the five wait for the write
+            assert asyncio.get_running_loop().time() < deadline, "the burst never queued"
+            await asyncio.sleep(0.001)  # poll interval of this deadline-bounded wait
+        written = len(store.changes)
+        store.gate.set()
+        await asyncio.gather(first, *burst)
+        assert len(store.changes) - written == 2  # the retry's write, then the five in one
+        new = leader(store)
+        await new.become_leader()
+        assert new.image.injectors["a"].incarnations == {"run1": 100}
+        assert {f"n{i}" for i in range(5)} <= set(new.image.injectors)
+
+    asyncio.run(main())
+
+
 def test_a_retirement_is_stored_before_the_next_tick() -> None:
     """Review of the floor: a retired run reports nothing once answered; the leader wrote its
     promise only at the next tick, so a leader lost in between left a new one with the run
