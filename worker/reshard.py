@@ -34,6 +34,7 @@ from runtime.durable import sync_dir
 from runtime.errors import MillstreamError
 from runtime.keyspace import HASH_SPACE
 from worker.dedup import Lower, Mark
+from worker.rocksopen import open_rdict
 from worker.storage import M_SEQ, M_SINK, M_SINK_ABSORBED, _options, lower_key, production_key
 from worker.writes import replay_log
 
@@ -72,7 +73,7 @@ def _open(path: str, create: bool = False) -> Rdict:
     opts = _options()
     opts.create_if_missing(create)  # a parent that is not there is an error, never an empty store
     try:
-        db = Rdict(path, options=opts)
+        db = open_rdict(path, opts)
     except Exception as e:
         raise MillstreamError(f"cannot open the storage {path!r} a new key range is built from: {e}") from None
     try:

@@ -53,6 +53,7 @@ from runtime.keyspace import from_wire_end, hash_prefix, wire_end
 from runtime.wire import millstream_pb2 as pb
 from worker.dedup import Lower, Mark
 from worker.readcache import ReadCache
+from worker.rocksopen import open_rdict
 from worker.writes import (
     DELETE,
     Writes,
@@ -106,7 +107,7 @@ def _open(path: str, create: bool = True) -> Rdict:
     opts = _options()
     opts.create_if_missing(create)
     try:
-        db = Rdict(path, options=opts)
+        db = open_rdict(path, opts)
     except Exception as e:
         raise MillstreamError(f"cannot open tablet storage {path!r}: {e}") from None
     try:
