@@ -119,18 +119,20 @@ class SqliteSink(Sink):
         self.path, self.table = _params(params, "SqliteSink")
         self._rows: dict[str, str] = {}  # the batch's rows: the last value of each key wins
 
-    def restore(self, tablet: str, meta: bytes | None, token: int, absorbed: Sequence[bytes]) -> None:
+    def restore(self, tablet: str, meta: bytes | None, token: int, absorbed: Sequence[bytes],
+                uncommitted: Mapping[str, int] | None = None) -> None:
         # Nothing to undo: what a batch wrote without committing is written again, the same,
-        # by its redelivery. Only claim: this tablet first, then the ranges it came from.
+        # by its redelivery. Only claim: this tablet first, then the ranges it came from
+        # (those that committed name themselves in a meta; ``uncommitted`` names the others).
         self.tablet, self.token = tablet, token
         self._rows = {}
         self.db = connect(self.path, self.table)
         self.db.execute("BEGIN IMMEDIATE")
         try:
             claim(self.db, self.table, tablet, token)
-            for other in [meta, *absorbed]:
-                if other and other.decode() != tablet:
-                    claim(self.db, self.table, other.decode(), token, strict=False)
+            for other in [*(m.decode() for m in [meta, *absorbed] if m), *(uncommitted or {})]:
+                if other != tablet:
+                    claim(self.db, self.table, other, token, strict=False)
         except BaseException:
             self.db.execute("ROLLBACK")
             raise

@@ -51,8 +51,9 @@ from injectors import END_OF_TIME
 from runtime.computation import Context, TimeDomain
 from runtime.durable import sync_dir
 from runtime.errors import MillstreamError, TopologyError
+from runtime.outputfiles import OutputFence, fence_token, uncommitted_runs
 from runtime.record import Record
-from runtime.sinks import OutputFence, Sink, fence_token
+from runtime.sinks import Sink
 from runtime.topology import Topology
 from spark_bridge.codecs import Codec
 
@@ -170,7 +171,8 @@ class ParquetSink(Sink):
         self._prepared = False
         self._fence = OutputFence(self.dir, "", 0)
 
-    def restore(self, tablet: str, meta: bytes | None, token: int = 0, absorbed: Sequence[bytes] = ()) -> None:
+    def restore(self, tablet: str, meta: bytes | None, token: int = 0, absorbed: Sequence[bytes] = (),
+                uncommitted: Mapping[str, int] | None = None) -> None:
         """The tablet opened: forget output its committed meta does not cover.
 
         Only files this tablet wrote are ever removed (review E4). With nothing committed
@@ -182,6 +184,8 @@ class ParquetSink(Sink):
         base = file_prefix(tablet)
         os.makedirs(self.dir, exist_ok=True)
         write_descriptor(self.dir, self.codec)
+        for other, last in (uncommitted or {}).items():
+            self._take_back(other, last, token)
         self._rows = []
         self._prepared = self._due = self._armed = self._end_armed = False
         self._stale = None
@@ -201,8 +205,8 @@ class ParquetSink(Sink):
                     os.unlink(self._marker())
             self._cut_staging(tablet)
             self._remove_uncommitted(tablet)
-        for other in absorbed:
-            self._settle(tablet, other, token)
+        for settled in absorbed:
+            self._settle(tablet, settled, token)
         base = file_prefix(tablet)
         if self._staged_rows and self._prefix != base and not self._prefix.startswith(base + ".g"):
             # This range was made by a split or merge and goes on with an older range's output:
@@ -229,6 +233,22 @@ class ParquetSink(Sink):
                 os.unlink(other._stale)
             log.info("parquet sink %s: wrote the %d rows a merged range had staged as %s", tablet, rows,
                      other.file_name(other._next - rows))
+
+    def _take_back(self, tablet: str, last: int, token: int) -> None:
+        """A range this one replaced that never committed (a first batch written, its commit
+        failed, then split or merged before it opened again; ``last``: the token it last held):
+        its marked first files, as its own reopen would take them back, go under its fence
+        claimed with this tablet's token. Its records come here again."""
+        other = ParquetSink()
+        other.setup(self.params)
+        for prefix in uncommitted_runs(self.dir, file_prefix(tablet), last):
+            other._prefix, other._next = prefix, 0
+            with OutputFence(self.dir, prefix, token).hold(claim=True):
+                other._remove_uncommitted(tablet)
+                for path in (other._staging(), other._marker()):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                sync_dir(self.dir)
 
     def _remove_uncommitted(self, tablet: str) -> None:
         final = re.compile(re.escape(self._prefix) + r"-(\d{16})" + re.escape(_SUFFIX) + "$")

@@ -95,8 +95,9 @@ class CountingSink(Sink):
         self.sink = FileSink()
         self.sink.setup(params)
 
-    def restore(self, tablet: str, meta: bytes | None, token: int, absorbed: Sequence[bytes]) -> None:
-        self.sink.restore(tablet, meta, token, absorbed)
+    def restore(self, tablet: str, meta: bytes | None, token: int, absorbed: Sequence[bytes],
+                uncommitted: Mapping[str, int] | None = None) -> None:
+        self.sink.restore(tablet, meta, token, absorbed, uncommitted)
 
     def process_record(self, ctx: Context, record: Record) -> None:
         self.sink.process_record(ctx, Record(record.key, str(len(record.value)).encode(),

@@ -35,7 +35,16 @@ from runtime.errors import MillstreamError
 from runtime.keyspace import HASH_SPACE
 from worker.dedup import Lower, Mark
 from worker.rocksopen import open_rdict
-from worker.storage import M_SEQ, M_SINK, M_SINK_ABSORBED, _options, lower_key, production_key
+from worker.storage import (
+    M_SEQ,
+    M_SINK,
+    M_SINK_ABSORBED,
+    M_SINK_UNCOMMITTED,
+    M_TOKEN,
+    _options,
+    lower_key,
+    production_key,
+)
 from worker.writes import replay_log
 
 _BATCH = 10_000  # entries per write while copying
@@ -109,7 +118,7 @@ def _build(path: str, parents: list[Parent], start: int, end: int, first: bool) 
     db = _open(building)
     try:
         if len(parents) == 1:
-            _keep_half(db, start, end, first)
+            _keep_half(db, parents[0], start, end, first)
         else:
             _absorb(db, parents[0], parents[1])
         db.flush_wal(True)  # durable before the rename: the parents may be deleted after it
@@ -138,7 +147,22 @@ def _scan(db: Rdict, prefix: bytes) -> list[tuple[bytes, bytes]]:
     return out
 
 
-def _keep_half(db: Rdict, start: int, end: int, first: bool) -> None:
+def _tablet(parent: Parent) -> bytes:
+    """A parent's tablet name, ``<computation>/<range>``, from where its storage is
+    (``<state dir>/<computation>/<range>``, worker/core.py ``path_of``)."""
+    head, range_id = os.path.split(os.path.normpath(parent.path))
+    return f"{os.path.basename(head)}/{range_id}".encode()
+
+
+def _sink_uncommitted(db: Rdict, wb: WriteBatch, parent: Parent) -> None:
+    """A parent (its storage ``db``) that never committed a sink meta goes on in no range's
+    output: whatever it wrote is uncommitted, for the range built from it to take back as the
+    parent's own reopen would (``Sink.restore``'s ``uncommitted``: its name and last token)."""
+    if db.get(M_SINK) is None:
+        wb.put(M_SINK_UNCOMMITTED + _tablet(parent), db.get(M_TOKEN) or b"0")
+
+
+def _keep_half(db: Rdict, parent: Parent, start: int, end: int, first: bool) -> None:
     wb = WriteBatch(raw_mode=True)
     _delete_outside(db, wb, b"S", start, end)
     _delete_outside(db, wb, b"K", start, end)
@@ -159,10 +183,13 @@ def _keep_half(db: Rdict, start: int, end: int, first: bool) -> None:
             wb.delete(lower_key(producer, low.start))
         for low in _clipped(lows, start, end):
             wb.put(lower_key(producer, low.start), struct.pack(">QQ", 0 if low.end == HASH_SPACE else low.end, low.seq))
-    if not first:
+    if first:
+        _sink_uncommitted(db, wb, parent)
+    else:
         wb.delete_range(b"P", b"Q")       # the first half re-sends the parent's productions
-        wb.delete(M_SINK)                 # and goes on with its sink output
+        wb.delete(M_SINK)                 # and goes on with its sink output (or takes it back)
         wb.delete_range(M_SINK_ABSORBED, M_SINK_ABSORBED[:-1] + b",")
+        wb.delete_range(M_SINK_UNCOMMITTED, M_SINK_UNCOMMITTED[:-1] + b".")
     db.write(wb)
 
 
@@ -192,7 +219,10 @@ def _absorb(db: Rdict, left: Parent, right: Parent) -> None:
         right_sink = src.get(M_SINK)
         if right_sink is not None:
             wb.put(M_SINK_ABSORBED + os.path.basename(right.path).encode(), right_sink)
-        for k, v in _scan(src, M_SINK_ABSORBED):
+        else:
+            _sink_uncommitted(src, wb, right)
+        _sink_uncommitted(db, wb, left)
+        for k, v in _scan(src, M_SINK_ABSORBED) + _scan(src, M_SINK_UNCOMMITTED):
             wb.put(k, v)
         # Marks: the higher of the two; the other side keeps its own as a lower mark.
         wb.delete_range(b"G", b"H")

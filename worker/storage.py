@@ -12,6 +12,8 @@ Keys are prefixed by one byte per kind of data::
     K <hash:8> <keylen:4> <key> <tag>     timer by key -> <domain:1> <time:8> <nonce>
     T <domain:1> <time:8> <hash:8> <keylen:4> <key> <tag>   timer index by due time
     M token | seq | sink | index | opened | term   metadata
+    Msink+<range> / Msink-<computation>/<range>   a merged range's sink meta / a replaced
+                                          range that committed none (worker/reshard.py)
     L <index:8>                           a follower's commit, logged whole, not yet applied
                                           (worker/writes.py; every opening applies them)
 
@@ -72,6 +74,9 @@ M_OPENED, M_TERM = b"Mopened", b"Mterm"  # the term of the last opening; of the 
 TERM_TOKEN_BITS = 24  # a term: (openings << 24) | (token mod 2**24)
 # Msink+<range id>: the sink meta of a range merged into this one (its output may need settling)
 M_SINK_ABSORBED = b"Msink+"
+# Msink-<computation>/<range>: a range this one replaced that never committed a sink meta
+# -> the token it last held (until this range commits a sink meta)
+M_SINK_UNCOMMITTED = b"Msink-"
 _NOSYNC = WriteOptions()
 
 
@@ -314,6 +319,7 @@ class TabletStore:
                 f"newer than ours ({token}); this owner is stale and must not write"
             )
         self.token = token
+        self._sink_parents: dict[bytes, int] = {}  # (uncommitted_sink_tablets)
         self.seq = int(self.db.get(M_SEQ) or b"0")
         self.index = int(self.db.get(M_INDEX) or b"0")  # commits so far (replication numbers them)
         self.sync = sync
@@ -421,6 +427,13 @@ class TabletStore:
         """The sink metas of the ranges merged into this one (worker/reshard.py)."""
         return [v for _, v in self._scan(M_SINK_ABSORBED)]
 
+    def uncommitted_sink_tablets(self) -> dict[str, int]:
+        """The tablets this range replaced (split or merged) that never committed a sink meta,
+        and the token each last held: their output, if any, is uncommitted and this range's to
+        take back (worker/reshard.py); forgotten once this range commits a sink meta."""
+        self._sink_parents = {k: int(v or b"0") for k, v in self._scan(M_SINK_UNCOMMITTED)}
+        return {k[len(M_SINK_UNCOMMITTED):].decode(): v for k, v in self._sink_parents.items()}
+
     # --------------------------------------------------------------- writes
 
     def commit(self, c: Commit) -> bytes | None:
@@ -468,6 +481,9 @@ class TabletStore:
                 wb.put(M_SEQ, str(c.seq).encode())
             if c.sink is not None:
                 wb.put(M_SINK, c.sink)
+                for k in self._sink_parents:  # taken back at the open: forgotten with the first meta
+                    wb.delete(k)
+                self._sink_parents = {}
             wb.put(M_INDEX, str(self.index + 1).encode())
             wb.put(M_TERM, str(self.term).encode())
             ops = None if wb.ops is None else self._ops(wb.ops)

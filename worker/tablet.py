@@ -241,7 +241,8 @@ class Tablet:
                 restore = getattr(comp, "restore", None)
                 if restore is not None:
                     self._restore_sink = functools.partial(call_restore, restore, self.name, store.sink_meta(),
-                                                           self.token, store.absorbed_sink_metas())
+                                                           self.token, store.absorbed_sink_metas(),
+                                                           store.uncommitted_sink_tablets())
             self.proc = BatchProcessor(self, store, comp, marks, opaque)
             self.proc.ctx.bind_tablet(self.name, self.token)
             pending = store.productions()

@@ -334,8 +334,9 @@ class SinkStage(FlowStage, Sink):
             raise TopologyError(f"stage {self.stage!r} runs as a sink but its plan has {len(sinks)} sink steps")
         self._sink = self.fused_sink = sinks[0].comp  # (its committed(): runtime.sinks.committed_hook)
 
-    def restore(self, tablet: str, meta: bytes | None, token: int, absorbed: Sequence[bytes]) -> None:
-        call_restore(self._sink.restore, tablet, meta, token, absorbed)  # type: ignore[attr-defined]
+    def restore(self, tablet: str, meta: bytes | None, token: int, absorbed: Sequence[bytes],
+                uncommitted: Mapping[str, int] | None = None) -> None:
+        call_restore(self._sink.restore, tablet, meta, token, absorbed, uncommitted)  # type: ignore[attr-defined]
 
     def prepare_commit(self) -> bytes | None:
         return self._sink.prepare_commit()  # type: ignore[attr-defined,no-any-return]

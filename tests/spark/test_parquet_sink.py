@@ -436,6 +436,25 @@ def test_a_merged_range_settles_the_rows_the_other_range_had_staged(tmp_path: An
     assert _ns(d) == [0, 1, 2, 3, 4, 5, 50, 100, 101, 102, 103, 104, 105]
 
 
+def test_a_replaced_range_that_never_committed_has_its_files_taken_back(tmp_path: Any) -> None:
+    """Review: a range's first batch rolled into a file, its commit failed, and the range was
+    split (or merged) before it opened again: nothing committed, no meta went on, and the file
+    stayed beside the rows the range that goes on writes again (read twice)."""
+    d = str(tmp_path)
+    parent = _sink(d, "snk/0", None, token=1)
+    _batch(parent, range(0, 3))  # rolled into a file; the commit never happened
+    assert _files(d) == ["snk-0-0000000000000000.parquet"]
+    child = ParquetSink()
+    child.setup({"path": d, "codec": "json", "fields": FIELDS, "roll_rows": "1"})
+    for _ in range(2):  # every open takes back the same way
+        child.restore("snk/1", None, 2, absorbed=[], uncommitted={"snk/0": 1})
+        assert _files(d) == [] and not any(n.startswith(".snk-0.") and "fence" not in n for n in os.listdir(d))
+    with pytest.raises(StaleTokenError):
+        _batch(parent, range(3, 4))  # the parent's old owner, still finishing, writes nothing more
+    _batch(child, range(0, 3))
+    assert _ns(d) == [0, 1, 2]
+
+
 def test_merging_and_splitting_the_sink_s_ranges_while_rows_are_staged_loses_none(shared_cluster: Cluster) -> None:
     c = shared_cluster
     out = os.path.join(c.data_dir, "out-merged")

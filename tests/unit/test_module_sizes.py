@@ -25,8 +25,6 @@ OVERSIZE: dict[str, tuple[int, str]] = {
                               "batch, outgoing, replication, runner and timers are already rooms of their own"),
     "worker/storage.py": (547, "the RocksDB key layout and the commit that writes it are one contract: the layout "
                                "table at the top is what every reader of a tablet checks"),
-    "runtime/sinks.py": (520, "the Sink contract (its docstring is a sink author's reference) and the exactly-once "
-                              "file machinery FileSink and ParquetSink share (fence, runs, settle)"),
     "injectors/injector.py": (601, "the public Injector class: its docstrings are the user's reference "
                                    "(routing is injectors/routes.py, delivery injectors/tablets.py, checks "
                                    "injectors/checks.py); raised from 560 for an interrupted flush and a fork, "

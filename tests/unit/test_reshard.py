@@ -178,3 +178,64 @@ def test_a_lower_mark_stays_with_its_keys_through_a_split_and_a_merge_back(tmp_p
     assert view.seen(P, 85, key_of_1), "a record range 4 committed taken as new after the merge"
     assert not view.seen(P, 85, key_of_5)  # 5 never went past 80
     merged.close()
+
+
+def test_a_parent_that_never_committed_a_sink_meta_is_handed_to_the_range_that_goes_on(tmp_path: Path) -> None:
+    """Review: a sink range's first batch written, its commit failed, split before it opened
+    again: the first half goes on with the parent's output, but there was no meta to go on
+    with, so the parent's uncommitted lines stayed (read twice). The range that goes on is now
+    told the parent's name and last token, and its sink takes that output back when it opens,
+    until it commits a meta of its own."""
+    from runtime.outputfiles import CommittedFile
+    from runtime.sinks import FileSink, call_restore
+
+    out = str(tmp_path / "out")
+    parent = str(tmp_path / "c" / "0")
+    _parent(parent)  # committed state under token 3, never a sink meta
+    lost = CommittedFile(out, "c/0", ".jsonl", None, token=3)
+    lost.append(b'{"key": "k", "value": "lost", "timestamp": 1}\n')
+    ranges = Ranges.first(1).split("c", 0, None)
+    for rid in (1, 2):
+        kr = ranges.ranges[rid]
+        Origin([Parent(parent, 0, HASH_SPACE)], kr.start, kr.end, first=rid == 1).build(str(tmp_path / "c" / str(rid)))
+    left, right = _open(str(tmp_path / "c" / "1")), _open(str(tmp_path / "c" / "2"))
+    assert left.uncommitted_sink_tablets() == {"c/0": 3} and right.uncommitted_sink_tablets() == {}
+    sink = FileSink()
+    sink.setup({"path": out})
+    # What the tablet's open calls (worker/tablet.py), from what the storage holds.
+    call_restore(sink.restore, "c/1", left.sink_meta(), 4, left.absorbed_sink_metas(), left.uncommitted_sink_tablets())
+    assert not os.path.exists(lost.path)
+    left.close()
+    # c/1 (token 4, no meta yet) split again: its first half is told of both, the second of none.
+    again = ranges.split("c", 1, None)
+    for rid in (3, 4):
+        kr = again.ranges[rid]
+        Origin([Parent(str(tmp_path / "c" / "1"), ranges.ranges[1].start, ranges.ranges[1].end)], kr.start, kr.end,
+               first=rid == 3).build(str(tmp_path / "c" / str(rid)))
+        s = _open(str(tmp_path / "c" / str(rid)), 5)
+        assert s.uncommitted_sink_tablets() == ({"c/0": 3, "c/1": 4} if rid == 3 else {})
+        s.close()
+    # Merged: c/2 (right, no meta) is handed on with what it inherited; so is c/4 (left, none).
+    merged = again.merge("c", 4, 2)
+    kr, lo, hi = merged.ranges[5], again.ranges[4], again.ranges[2]
+    right.close()
+    Origin([Parent(str(tmp_path / "c" / "4"), lo.start, lo.end), Parent(str(tmp_path / "c" / "2"), hi.start, hi.end)],
+           kr.start, kr.end, first=False).build(str(tmp_path / "c" / "5"))
+    s = _open(str(tmp_path / "c" / "5"), 6)
+    assert s.uncommitted_sink_tablets() == {"c/2": 4, "c/4": 5} and s.absorbed_sink_metas() == []
+    # Its first meta forgets them: taken back at the open, never again.
+    s.commit(Commit(sink=b"5 c-5.jsonl run"))
+    s.close()
+    s = _open(str(tmp_path / "c" / "5"), 7)
+    assert s.uncommitted_sink_tablets() == {} and s.sink_meta() == b"5 c-5.jsonl run"
+    s.close()
+    # A parent that committed a meta hands the meta on, and no name.
+    done = str(tmp_path / "d" / "0")
+    _parent(done)
+    p = _open(done, 4)
+    p.commit(Commit(sink=b"3 d-0.jsonl run"))
+    p.close()
+    Origin([Parent(done, 0, HASH_SPACE)], 0, 1 << 62, first=True).build(str(tmp_path / "d" / "1"))
+    half = _open(str(tmp_path / "d" / "1"), 5)
+    assert half.uncommitted_sink_tablets() == {} and half.sink_meta() == b"3 d-0.jsonl run"
+    half.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from runtime.record import Record
 from runtime.sinks import CommittedFile, read_file_sink
 
 
@@ -291,6 +292,37 @@ def test_a_merged_range_s_marker_goes_with_its_settling(tmp_path: object) -> Non
     assert later.prefix == "sink-1.g1" and _read(right.path) == b"one\n"
 
 
+def test_a_replaced_range_that_never_committed_has_its_output_taken_back(tmp_path: object) -> None:
+    """Review: a range's first batch written, its commit failed, and the range split (or merged)
+    before it opened again: nothing committed, so no meta went to the range that goes on, and
+    the lines stayed in the file, to be written again by that range (read twice)."""
+    import pytest
+
+    from runtime.errors import StaleTokenError
+    from runtime.sinks import FileSink
+
+    d = str(tmp_path)
+    parent = CommittedFile(d, "sink/1", ".jsonl", None, token=1)
+    parent.append(b'{"key": "k", "value": "lost", "timestamp": 1}\n')  # its commit failed
+    neighbour = CommittedFile(d, "sink/10", ".jsonl", None, token=1)  # another range's first batch, in flight
+    neighbour.append(b'{"key": "k", "value": "neighbour", "timestamp": 1}\n')
+    # A run of the same name that an owner newer than the parent's last token claimed (another
+    # cluster writing here, its first commit's committed() never came): not the replaced range's.
+    newer = CommittedFile(d, "sink/7", ".jsonl", None, token=3)
+    newer.append(b'{"key": "k", "value": "newer", "timestamp": 1}\n')
+    child = FileSink()
+    child.setup({"path": d})
+    for _ in range(2):  # every open takes back the same way
+        child.restore("sink/2", None, token=5, absorbed=[], uncommitted={"sink/1": 1, "sink/7": 2, "sink/5": 1})
+        assert not os.path.exists(parent.path) and not os.path.exists(os.path.join(d, ".sink-1.uncommitted"))
+        assert sorted(r["value"] for r in read_file_sink(d)) == ["neighbour", "newer"]
+    with pytest.raises(StaleTokenError):
+        parent.append(b"more\n")  # the parent's old owner, still finishing its batch, writes nothing more
+    child.process_batch(None, [Record(b"k", b"again", 1, bytes(16))])  # type: ignore[arg-type]
+    child.prepare_commit()
+    assert sorted(r["value"] for r in read_file_sink(d)) == ["again", "neighbour", "newer"]
+
+
 def test_committed_is_called_only_for_a_sink_that_defines_it() -> None:
     """The worker hands a tablet's thread a hop per batch only for a Sink that overrides
     committed() (or a flow's stage that fused one); a computation written before Sink may
@@ -318,10 +350,10 @@ def test_a_new_file_and_a_marker_gone_are_synced_into_their_directory(tmp_path: 
     """Review of the sinks: FileSink never synced its directory. After a power cut a file made
     just before (a roll whose commit then named it) could be missing, its lines lost; and a
     marker removed could come back beside committed output."""
-    import runtime.sinks as sinks
+    import runtime.outputfiles as outputfiles
 
     synced: list[str] = []
-    monkeypatch.setattr(sinks, "sync_dir", synced.append)  # type: ignore[attr-defined]
+    monkeypatch.setattr(outputfiles, "sync_dir", synced.append)  # type: ignore[attr-defined]
     d = str(tmp_path)
     f = CommittedFile(d, "sink/0", ".jsonl", None, roll_bytes=1)
     assert synced == [d]  # the run's marker and first file
