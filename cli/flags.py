@@ -63,6 +63,16 @@ def int_in(low: int, high: int, what: str) -> Callable[[str], int]:
     return parse
 
 
+def data_port(text: str) -> int | None:
+    """``--data-port``: a port (0: chosen by the OS), or ``off`` (None)."""
+    if text.strip().lower() == "off":
+        return None
+    if not text.strip().isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: pass 0 (the OS chooses one), a port up to "
+                                         "65535, or 'off' (deliveries and replication over the gRPC port)")
+    return int(text)
+
+
 def address(what: str, optional: bool = False) -> Callable[[str], str]:
     """An argparse type: HOST:PORT with an explicit host (never all interfaces by accident)."""
     def parse(text: str) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from cli.flags import (
     address,
+    data_port,
     etcd_binary_flag,
     float_in,
     from_env,
@@ -124,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--zone", default=from_env("MILLSTREAM_ZONE", ""),
                    help="failure domain (rack, availability zone): a tablet's copies go to different "
                         "zones when possible (env MILLSTREAM_ZONE)")
+    w.add_argument("--data-port", default=from_env("MILLSTREAM_DATA_PORT", "0"), type=data_port,
+                   help="port of the data plane (deliveries and replication as frames on connections of "
+                        "their own, runtime/frames.py) on the --listen host: 0 (default) one the OS "
+                        "chooses, 'off' none, and they go over the gRPC port (env MILLSTREAM_DATA_PORT)")
     w.add_argument("--metrics-listen", default=from_env("MILLSTREAM_METRICS_LISTEN", "127.0.0.1:0"),
                    type=address("--metrics-listen or MILLSTREAM_METRICS_LISTEN", optional=True),
                    help="HOST:PORT for Prometheus /metrics (port 0: chosen by the OS; '' = off)")
@@ -339,7 +344,8 @@ def _run(args: argparse.Namespace) -> int:
                                   code_policy=CodePolicy.parse(args.allow_code), zone=args.zone,
                                   health_listen=args.health_listen or None,
                                   require_injector_credentials=args.require_injector_credentials,
-                                  metrics_token=args.metrics_token, metrics_tls=args.metrics_tls))
+                                  metrics_token=args.metrics_token, metrics_tls=args.metrics_tls,
+                                  data_port=args.data_port))
         return 0
     if cmd == "credential":
         from runtime.security import injector_credential

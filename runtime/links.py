@@ -21,12 +21,15 @@ from typing import Any, Generic, Protocol, TypeVar
 import grpc
 
 from runtime import delivery
+from runtime.frames import Opener
 from runtime.security import Security
 from runtime.streams import FRAME_TIMEOUT_S, AnswerFrame, SenderWindow, StreamError, is_part, refusal
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
+
+PING_TIMEOUT_S = 5.0  # asking a worker for its frames port
 
 Req = TypeVar("Req")
 Ans = TypeVar("Ans")
@@ -212,22 +215,36 @@ class FrameStream(Generic[Req, Ans]):
         await asyncio.gather(self._reader, return_exceptions=True)
 
 
-def delivery_stream(stub: rpc.WorkerStub) -> FrameStream[pb.DeliverManyRequest, pb.DeliverAnswerFrame]:
-    """A ``DeliverStream`` to the worker of ``stub``, its frames answered in parts; replaced
-    when a frame needs the credit of frames not answered in time (a delivery waits on its
-    tablet's commit, which user code can hold for ever)."""
-    return FrameStream(stub.DeliverStream,
+def delivery_stream(stub: rpc.WorkerStub, open: Callable[[], _Call] | None = None
+                    ) -> FrameStream[pb.DeliverManyRequest, pb.DeliverAnswerFrame]:
+    """A ``DeliverStream`` to the worker of ``stub`` (``open``: how it opens, where not on
+    gRPC: :meth:`Channels.streams`), its frames answered in parts; replaced when a frame needs
+    the credit of frames not answered in time (a delivery waits on its tablet's commit, which
+    user code can hold for ever)."""
+    return FrameStream(open or stub.DeliverStream,
                        lambda i, d: pb.DeliverFrame(id=i, deliveries=d, answer_each=True, credit_each=True),
                        lambda a: a, "delivery", FRAME_TIMEOUT_S, replace_late=True)
 
 
 class Channels:
-    """One asyncio channel (and stub) per worker address."""
+    """One asyncio channel (and stub) per worker address, and the streams to each worker: on
+    its frames port where it has one (runtime/frames.py), else on gRPC."""
 
-    def __init__(self, security: Security) -> None:
+    def __init__(self, security: Security, frames: bool = True) -> None:
         self.security = security
         self._stubs: dict[str, rpc.WorkerStub] = {}
         self._channels: list[grpc.aio.Channel] = []
+        self.opener = Opener(security, self._ping) if frames else None
+
+    async def _ping(self, address: str) -> pb.PingResponse:
+        return await self.stub(address).Ping(pb.PingRequest(), timeout=PING_TIMEOUT_S)
+
+    def streams(self, address: str, method: str, answer: type[Any]) -> Callable[[], _Call]:
+        """What opens a stream of ``method`` (``DeliverStream``, ``ReplicateStream``) to ``address``."""
+        grpc_call = getattr(self.stub(address), method)
+        if self.opener is None:
+            return grpc_call  # type: ignore[no-any-return]
+        return functools.partial(self.opener.stream, address, method, answer, grpc_call)
 
     def stub(self, address: str) -> rpc.WorkerStub:
         stub = self._stubs.get(address)
@@ -344,7 +361,8 @@ class DeliveryLinks:
         """The stream to ``address``: a new one if there is none or it broke."""
         stream = self._streams.get(address)
         if stream is None or stream.broken is not None:
-            stream = self._streams[address] = delivery_stream(self.channels.stub(address))
+            stream = self._streams[address] = delivery_stream(
+                self.channels.stub(address), self.channels.streams(address, "DeliverStream", pb.DeliverAnswerFrame))
         return stream
 
     async def close(self) -> None:

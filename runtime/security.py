@@ -246,10 +246,37 @@ class Security:
         return ctx
 
     def server_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
+        check = self.token_check()
+        return [check] if check is not None else []
+
+    def token_check(self) -> _TokenCheck | None:
+        """What a server checks each call's token and credential with (None: no token set)."""
         accepted = self.accepted()
         # Injector credentials are made with the worker token: a server that knows it checks them.
         key = self.role_tokens.get("worker") or (None if self.role_tokens else self.token)
-        return [_TokenCheck(accepted, key)] if accepted else []
+        return _TokenCheck(accepted, key) if accepted else None
+
+    def server_ssl_context(self) -> ssl.SSLContext | None:
+        """TLS for a server beside the gRPC one (runtime/frames.py), as its credentials are:
+        this process's certificate, and client certificates required under ``client_ca``."""
+        if self.cert is None or self.key is None:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(self.cert, self.key)
+        if self.client_ca is not None:
+            ctx.load_verify_locations(self.client_ca)
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        return ctx
+
+    def client_ssl_context(self) -> ssl.SSLContext | None:
+        """TLS for a client of such a server, as a gRPC channel's: the server verified
+        against ``ca`` (or the system's roots), this process's certificate presented if it has one."""
+        if not self.tls:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca)
+        if self.cert is not None and self.key is not None:
+            ctx.load_cert_chain(self.cert, self.key)
+        return ctx
 
     # --------------------------------------------------------------- clients
 
@@ -267,10 +294,10 @@ class Security:
             ch = grpc.secure_channel(address, self._client_credentials(), options=CHANNEL_OPTIONS)
         else:
             ch = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-        headers = self._headers()
+        headers = self.headers()
         return grpc.intercept_channel(ch, _SyncToken(headers)) if headers else ch
 
-    def _headers(self) -> list[tuple[str, str]]:
+    def headers(self) -> list[tuple[str, str]]:
         """What every call of this process carries: its token, and its injector credential."""
         out = [(_HEADER, f"Bearer {self.token}")] if self.token else []
         if self.injector_credential:
@@ -279,7 +306,7 @@ class Security:
 
     def aio_channel(self, address: str) -> grpc.aio.Channel:
         """An asyncio channel to ``address`` carrying the token, over TLS if configured."""
-        headers = self._headers()
+        headers = self.headers()
         interceptors: Any = ([_AioUnaryToken(headers), _AioStreamToken(headers),
                               _AioStreamUnaryToken(headers), _AioStreamStreamToken(headers)]
                              if headers else None)
@@ -387,28 +414,47 @@ class _TokenCheck(grpc.aio.ServerInterceptor):
                 return roles
         return None
 
+    def check(self, method: str, metadata: Mapping[str, str]) -> tuple[frozenset[str], Owner | None] | Refusal:
+        """What a call of ``method`` with these headers may do: the roles it holds there and
+        the owner its injector credential proves, or why it is refused."""
+        roles = self._roles(metadata.get(_HEADER))
+        allowed = METHOD_ROLES.get(method, _ALL)
+        owner, refused = self._owner(metadata.get(CREDENTIAL_HEADER))
+        if roles is None:
+            return Refusal(grpc.StatusCode.UNAUTHENTICATED,
+                           "missing or wrong token: this cluster requires a token; pass --token "
+                           "(or set MILLSTREAM_TOKEN, or Security(token=...) in code)")
+        if refused is not None:
+            return Refusal(grpc.StatusCode.UNAUTHENTICATED, refused)
+        if roles & allowed:
+            return roles & allowed, owner
+        return Refusal(grpc.StatusCode.PERMISSION_DENIED,
+                       f"this token's role ({', '.join(sorted(roles))}) may not call "
+                       f"{method.rsplit('/', 1)[-1]}; that needs the {' or '.join(sorted(allowed))} token")
+
     async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]], details: Any) -> Any:
         handler = await continuation(details)
         if handler is None or details.method in OPEN_METHODS:
             return handler
-        metadata = dict(details.invocation_metadata or ())
-        roles = self._roles(metadata.get(_HEADER))
-        allowed = METHOD_ROLES.get(details.method, _ALL)
-        owner, refused = self._owner(metadata.get(CREDENTIAL_HEADER))
-        if roles is None:
-            code = grpc.StatusCode.UNAUTHENTICATED
-            message = ("missing or wrong token: this cluster requires a token; pass --token "
-                       "(or set MILLSTREAM_TOKEN, or Security(token=...) in code)")
-        elif refused is not None:
-            code, message = grpc.StatusCode.UNAUTHENTICATED, refused
-        elif roles & allowed:
-            return _with_roles(handler, roles & allowed, owner)
-        else:
-            code = grpc.StatusCode.PERMISSION_DENIED
-            message = (f"this token's role ({', '.join(sorted(roles))}) may not call "
-                       f"{details.method.rsplit('/', 1)[-1]}; that needs the "
-                       f"{' or '.join(sorted(allowed))} token")
-        return _deny(handler, code, message)
+        verdict = self.check(details.method, dict(details.invocation_metadata or ()))
+        if isinstance(verdict, Refusal):
+            return _deny(handler, verdict.code, verdict.message)
+        return _with_roles(handler, *verdict)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A call refused before it runs: its status code and why."""
+
+    code: grpc.StatusCode
+    message: str
+
+
+def acting_as(roles: frozenset[str], owner: Owner | None) -> None:
+    """Set :func:`caller_roles` and :func:`caller_owner` for the task that runs a call
+    (a transport other than gRPC's, which :class:`_TokenCheck` serves)."""
+    _caller.set(roles)
+    _owner.set(owner)
 
 
 def _with_roles(handler: Any, roles: frozenset[str], owner: Owner | None = None) -> Any:

@@ -85,6 +85,12 @@ def bind(server: grpc.aio.Server, listen: str, advertise: str | None = None,
     return f"{host}:{bound}"
 
 
+def listen_host(listen: str) -> str:
+    """The host of a ``HOST:PORT`` listen address (brackets of an IPv6 one taken off; a
+    wildcard stays one: every interface)."""
+    return listen.rpartition(":")[0].strip("[]")
+
+
 def dump_tasks() -> None:
     """Log what the process is waiting on: every asyncio task's stack and every thread's
     (``kill -USR1 <pid>`` on a daemon; docs/operations.md, "A process that seems stuck")."""

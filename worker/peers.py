@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import grpc
 
@@ -28,9 +28,11 @@ REPLICATE_TIMEOUT_S = 10.0  # a replication frame (or call) not answered by then
 _Replicating = tuple[pb.ReplicateRequest, int, "asyncio.Future[pb.ReplicateResponse | None]"]
 
 
-def replication_stream(stub: rpc.WorkerStub) -> FrameStream[pb.ReplicateManyRequest, pb.ReplicateManyResponse]:
-    """A ``ReplicateStream`` to the follower worker of ``stub``."""
-    return FrameStream(stub.ReplicateStream, lambda i, r: pb.ReplicateFrame(id=i, requests=r),
+def replication_stream(stub: rpc.WorkerStub, open: Callable[[], Any] | None = None
+                       ) -> FrameStream[pb.ReplicateManyRequest, pb.ReplicateManyResponse]:
+    """A ``ReplicateStream`` to the follower worker of ``stub`` (``open``: how it opens, where
+    not on gRPC: :meth:`~runtime.links.Channels.streams`)."""
+    return FrameStream(open or stub.ReplicateStream, lambda i, r: pb.ReplicateFrame(id=i, requests=r),
                        lambda a: a.answers, "replication", REPLICATE_TIMEOUT_S)
 
 
@@ -127,7 +129,8 @@ class Peers:
         """The replication stream to ``address``: a new one if there is none or it broke."""
         stream = self._replication.get(address)
         if stream is None or stream.broken is not None:
-            stream = self._replication[address] = replication_stream(self._stub(address))
+            stream = self._replication[address] = replication_stream(
+                self._stub(address), self.channels.streams(address, "ReplicateStream", pb.ReplicateAnswerFrame))
         return stream
 
     async def snapshot(self, address: str, chunk: pb.SnapshotChunk) -> pb.ReplicateResponse | None:

@@ -22,6 +22,7 @@ from runtime.client import AsyncMasterClient
 from runtime.columns import Columns, MalformedColumns, of_request
 from runtime.durable import sync_dir
 from runtime.faults import Faults
+from runtime.frames import FramesServer
 from runtime.imports import CodePolicy
 from runtime.security import REQUIRED, Owner, Security, caller_owner, caller_roles, require_worker_token
 from runtime.wire import millstream_pb2 as pb
@@ -54,6 +55,9 @@ class WorkerOptions:
     require_injector_credentials: bool = False  # refuse records from callers without one (review N4)
     metrics_token: str | None = field(default=None, repr=False)  # /metrics asks for it (runtime/http.py)
     metrics_tls: bool = False  # /metrics over HTTPS, with the worker's certificate
+    # The port of the data plane's transport (runtime/frames.py) on the listen host: 0, one the
+    # OS chooses; None, none (deliveries and replication to this worker stay on gRPC).
+    data_port: int | None = 0
 
     def __post_init__(self) -> None:
         require_worker_token(self.require_injector_credentials, self.security)
@@ -73,6 +77,7 @@ class WorkerServicer(rpc.WorkerServicer):
                  require_credentials: bool = False) -> None:
         self.core = core
         self.stream_credit = stream_credit  # each delivery stream's grant, in bytes of frames
+        self.frames_port = 0  # where its streams are served beside gRPC (runtime/frames.py); 0: nowhere
         # Refuse records from callers outside the worker role that showed no injector credential.
         self.require_credentials = require_credentials
 
@@ -254,7 +259,7 @@ class WorkerServicer(rpc.WorkerServicer):
         raise AssertionError("unreachable")
 
     async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:
-        return pb.PingResponse(worker_id=self.core.worker_id)
+        return pb.PingResponse(worker_id=self.core.worker_id, frames_port=self.frames_port)
 
     async def Replicate(self, request: pb.ReplicateRequest, context: Any) -> pb.ReplicateResponse:
         metrics.REPLICAS_PER_CALL.observe(1)
@@ -352,11 +357,16 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
                       code_policy=options.code_policy, channel=links, faults=Faults.from_env(),
                       await_watermarks=True)
     links.secret = lambda: core.secret
-    rpc.add_WorkerServicer_to_server(WorkerServicer(core, require_credentials=options.require_injector_credentials),
-                                     server)
+    servicer = WorkerServicer(core, require_credentials=options.require_injector_credentials)
+    rpc.add_WorkerServicer_to_server(servicer, server)
     ready = health.Health(health.WORKER)
     ready.add_to(server)
     await ready.start()
+    frames = None
+    if options.data_port is not None:  # the data plane's own transport, before anyone can ask for it
+        frames = FramesServer({"DeliverStream": (pb.DeliverFrame, servicer.DeliverStream),
+                               "ReplicateStream": (pb.ReplicateFrame, servicer.ReplicateStream)}, options.security)
+        servicer.frames_port = await frames.start(serving.listen_host(options.listen), options.data_port)
     await server.start()
     plain = None
     if options.health_listen:
@@ -384,6 +394,8 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
             except grpc.RpcError as e:
                 log.info("could not tell the master we leave (%s); the lease will expire", e.code().name)
         await ready.stop()
+        if frames is not None:
+            await frames.stop()
         await server.stop(grace=0.5)
         if plain is not None:
             await plain.stop(grace=None)

@@ -123,10 +123,12 @@ class PingRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PingResponse(_message.Message):
-    __slots__ = ("worker_id",)
+    __slots__ = ("worker_id", "frames_port")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_PORT_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
-    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+    frames_port: int
+    def __init__(self, worker_id: _Optional[str] = ..., frames_port: _Optional[int] = ...) -> None: ...
 
 class ReplicaEntry(_message.Message):
     __slots__ = ("index", "ops")

@@ -93,7 +93,7 @@ def test_network_policies_let_only_masters_reach_etcd_and_only_millstream_pods_r
     assert all(p["spec"]["policyTypes"] == ["Ingress"] for p in policies.values())
     assert _allowed(policies["etcd"]) == {2379: [role["master"]], 2380: [role["etcd"]]}
     assert _allowed(policies["master"]) == {7070: [ms], 8080: [ms]}
-    assert _allowed(policies["worker"]) == {7071: [ms], 9464: [ms]}
+    assert _allowed(policies["worker"]) == {7071: [ms], 7072: [ms], 9464: [ms]}
     # Each policy selects the pods it is about, by the labels their templates carry.
     for kind, name, r in (("StatefulSet", "millstream-etcd", "etcd"), ("Deployment", "millstream-master", "master"),
                           ("StatefulSet", "millstream-worker", "worker")):
