@@ -39,6 +39,7 @@ from typing import Any
 
 import grpc
 
+from runtime.errors import MillstreamError
 from runtime.security import Refusal, Security, acting_as
 from runtime.streams import StreamError
 from runtime.wire import millstream_pb2 as pb
@@ -84,7 +85,11 @@ def _raised(payload: bytes) -> StreamError:
         return StreamError(grpc.StatusCode.INTERNAL, "the worker ended the stream with an error that does not parse")
 
 
-class _Abort(Exception):
+_UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+
+
+class _Abort(MillstreamError):
+    """A stream method's ``context.abort``: the stream ends with this status code."""
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         super().__init__(details)
         self.code, self.details = code, details
@@ -225,9 +230,13 @@ class Opener:
         try:
             return int((await self._ping(address)).frames_port)
         except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                return 0
-            raise
+            if e.code() in _UNREACHABLE:
+                raise  # as a stream to it would fail now
+            # Refused or failed there (an older worker, a role its Ping refuses): its gRPC
+            # streams answer for themselves.
+            log.debug("worker %s did not say where its frames port is (%s): its streams go over gRPC",
+                      address, e.code().name)
+            return 0
 
     def forget(self, address: str) -> None:
         """A connection to ``address``'s frames port failed: ask again next time (it may have

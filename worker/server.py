@@ -73,11 +73,12 @@ def _caller() -> tuple[bool, Owner | None]:
 
 
 class WorkerServicer(rpc.WorkerServicer):
+    frames_port = 0  # where its streams are also served (runtime/frames.py; set by serve()); 0: nowhere
+
     def __init__(self, core: WorkerCore, stream_credit: int = streams.STREAM_CREDIT_BYTES,
                  require_credentials: bool = False) -> None:
         self.core = core
         self.stream_credit = stream_credit  # each delivery stream's grant, in bytes of frames
-        self.frames_port = 0  # where its streams are served beside gRPC (runtime/frames.py); 0: nowhere
         # Refuse records from callers outside the worker role that showed no injector credential.
         self.require_credentials = require_credentials
 

@@ -200,3 +200,49 @@ def test_a_frames_port_that_moved_is_asked_for_again(tmp_path: object) -> None:
 
     asyncio.run(main())
     assert _collected() == [b"r1", b"r2", b"r3", b"r4"]
+
+
+def test_a_frames_port_refuses_what_is_not_a_stream_with_a_reason(tmp_path: object) -> None:
+    """Bytes that are not a hello, a stream this port does not serve, and a message longer than
+    a message may be each get an error naming what was wrong (its gRPC status code), and the
+    connection is closed; nothing of them is parsed as a frame."""
+    import json
+    import struct
+
+    served_frames: list[Any] = []
+
+    async def method(frames: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        async for f in frames:
+            served_frames.append(f)
+            yield pb.DeliverAnswerFrame(id=f.id)
+
+    async def exchange(port: int, data: bytes) -> tuple[str, str]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(data)
+        length, kind = struct.unpack(">IB", await reader.readexactly(5))
+        doc = json.loads(await reader.readexactly(length))
+        assert kind == 4  # ERROR
+        assert await reader.read() == b""  # closed after it
+        writer.close()
+        return doc["code"], doc["details"]
+
+    def message(kind: int, payload: bytes) -> bytes:
+        return struct.pack(">IB", len(payload), kind) + payload
+
+    async def main() -> None:
+        server = FramesServer({"DeliverStream": (pb.DeliverFrame, method)}, Security())
+        port = await server.start("127.0.0.1")
+        try:
+            code, why = await exchange(port, message(3, b"\x08\x01"))
+            assert (code, why) == ("INVALID_ARGUMENT", "a stream starts with its hello")
+            hello = json.dumps({"method": "ReplicateStream", "headers": []}).encode()
+            code, why = await exchange(port, message(1, hello))
+            assert code == "UNIMPLEMENTED" and "ReplicateStream" in why
+            code, why = await exchange(port, struct.pack(">IB", (64 << 20) + 1, 1))
+            assert code == "RESOURCE_EXHAUSTED" and "message may hold" in why
+            assert server.opened == 0
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+    assert served_frames == []
