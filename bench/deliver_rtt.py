@@ -7,13 +7,10 @@ transport's alone, each end's CPU apart::
 
     python -m bench.deliver_rtt [ROUND_TRIPS]      # 3,000 by default, a few seconds
 
-Beside the gRPC stream it measures the alternative issue 29 names for the data plane: the same
-``DeliverFrame`` and ``DeliverAnswerFrame`` as length-prefixed messages (4 bytes of length, then
-the encoded message) on one asyncio TCP connection, without and with TLS (the gRPC stream is
-measured with TLS too). Its receiver decodes each frame and encodes its answer, as the gRPC
-one does; what it leaves out is gRPC's framing, HTTP/2 and its threads, and the runtime
-stream's own per-frame bookkeeping (a future per frame, the credit window, the receiver's
-task per frame), part of which a frames transport would need too: an upper bound of the saving. TLS needs ``openssl``
+Beside the gRPC stream it measures the same stream on the data plane's own transport
+(runtime/frames.py, a worker's ``--data-port``: length-prefixed messages on a connection of
+their own), without and with TLS (the gRPC stream is measured with TLS too); both ends are the
+runtime's own (``FrameStream``, ``serve_frames``), so the difference is the transport's. TLS needs ``openssl``
 (a throwaway CA and certificate for 127.0.0.1); without it those lines are skipped.
 """
 
@@ -25,19 +22,19 @@ import json
 import os
 import resource
 import shutil
-import ssl
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 import uvloop
 
 from runtime import delivery, serving
+from runtime.frames import FramesServer, Opener
 from runtime.links import delivery_stream
 from runtime.record import Record
 from runtime.security import Security
@@ -64,37 +61,21 @@ class _Echo(rpc.WorkerServicer):
             yield answer
 
 
-async def _frames(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """The receiving end of length-prefixed frames: decode each, answer it at once."""
-    try:
-        while True:
-            size = int.from_bytes(await reader.readexactly(4), "big")
-            frame = pb.DeliverFrame.FromString(await reader.readexactly(size))
-            answer = pb.DeliverAnswerFrame(id=frame.id, credit=size, answers=_answers(frame.deliveries))
-            data = answer.SerializeToString()
-            writer.write(len(data).to_bytes(4, "big") + data)
-            await writer.drain()
-    except (asyncio.IncompleteReadError, ConnectionError):
-        writer.close()
-
-
 async def _serve(certs: str | None) -> None:
-    """gRPC and frame servers, plain and (with ``certs``) TLS; prints their ports as JSON."""
+    """gRPC and frames servers (runtime/frames.py), plain and (with ``certs``) TLS; prints
+    their ports as JSON."""
     server = serving.make_server()
-    rpc.add_WorkerServicer_to_server(_Echo(), server)
+    echo = _Echo()
+    rpc.add_WorkerServicer_to_server(echo, server)
     ports: dict[str, int] = {"grpc": server.add_insecure_port("127.0.0.1:0")}
-    tls = None
+    frames = {"DeliverStream": (pb.DeliverFrame, echo.DeliverStream)}
+    ports["frames"] = await FramesServer(frames, Security()).start("127.0.0.1")
     if certs is not None:
         key, cert = (_read(os.path.join(certs, n)) for n in ("srv.key", "srv.pem"))
         ports["grpc_tls"] = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([(key, cert)]))
-        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        tls.load_cert_chain(os.path.join(certs, "srv.pem"), os.path.join(certs, "srv.key"))
+        tls = Security(cert=os.path.join(certs, "srv.pem"), key=os.path.join(certs, "srv.key"))
+        ports["frames_tls"] = await FramesServer(frames, tls).start("127.0.0.1")
     await server.start()
-    plain = await asyncio.start_server(_frames, "127.0.0.1", 0)
-    ports["frames"] = plain.sockets[0].getsockname()[1]
-    if tls is not None:
-        secure = await asyncio.start_server(_frames, "127.0.0.1", 0, ssl=tls)
-        ports["frames_tls"] = secure.sockets[0].getsockname()[1]
     print(json.dumps(ports), flush=True)
     await server.wait_for_termination()
 
@@ -214,9 +195,11 @@ async def _aio(address: str, req: pb.DeliverManyRequest, n: int, server: int) ->
 
 async def _aio_frames(ports: dict[str, int], certs: str | None, req: pb.DeliverManyRequest, n: int,
                       server: int) -> None:
-    """The gRPC stream over TLS, then length-prefixed frames on one connection, plain and TLS."""
-    if certs is not None:
-        channel = Security(ca=os.path.join(certs, "ca.pem")).aio_channel(f"127.0.0.1:{ports['grpc_tls']}")
+    """The gRPC stream over TLS, then the same stream on the data plane's transport
+    (runtime/frames.py: a worker's ``--data-port``), plain and TLS."""
+    ca = os.path.join(certs, "ca.pem") if certs is not None else None
+    if ca is not None:
+        channel = Security(ca=ca).aio_channel(f"127.0.0.1:{ports['grpc_tls']}")
         stream = delivery_stream(rpc.WorkerStub(channel))
         await _times(lambda: stream.send(req), 200)
         before = _sample(server)
@@ -224,34 +207,28 @@ async def _aio_frames(ports: dict[str, int], certs: str | None, req: pb.DeliverM
         _line("stream, TLS", n, before, _sample(server))
         await stream.close()
         await channel.close()
-    for name, port, tls in (("frames", ports["frames"], None),
-                            ("frames, TLS", ports.get("frames_tls"), certs)):
-        if port is None:
+    for name, port, security in (("frames", ports["frames"], Security()),
+                                 ("frames, TLS", ports.get("frames_tls"), Security(ca=ca))):
+        if port is None or (name.endswith("TLS") and ca is None):
             continue
-        context = None
-        if tls is not None:
-            context = ssl.create_default_context(cafile=os.path.join(tls, "ca.pem"))
-        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+        channel = security.aio_channel(f"127.0.0.1:{ports['grpc']}")
+        stub = rpc.WorkerStub(channel)
+
+        async def ping(address: str, port: int = port) -> pb.PingResponse:
+            return pb.PingResponse(frames_port=port)  # (this echo server's Ping knows no frames port)
+
+        opener = Opener(security, ping)
+        stream = delivery_stream(stub, functools.partial(opener.stream, "127.0.0.1:1", "DeliverStream",
+                                                         pb.DeliverAnswerFrame, stub.DeliverStream))
+        once = functools.partial(stream.send, req)
         try:
-            once = functools.partial(_frame_round_trip, reader, writer, req, iter(range(1, 1 << 62)))
             await _times(once, 200)
             before = _sample(server)
             await _times(once, n)
             _line(name, n, before, _sample(server))
         finally:
-            writer.close()
-            await writer.wait_closed()
-
-
-async def _frame_round_trip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                            req: pb.DeliverManyRequest, ids: Iterator[int]) -> pb.DeliverAnswerFrame:
-    """One frame and its answer, as the gRPC stream's sender does it: make it, encode it, send
-    it, read and decode its answer."""
-    data = pb.DeliverFrame(id=next(ids), deliveries=req).SerializeToString()
-    writer.write(len(data).to_bytes(4, "big") + data)
-    await writer.drain()
-    size = int.from_bytes(await reader.readexactly(4), "big")
-    return pb.DeliverAnswerFrame.FromString(await reader.readexactly(size))
+            await stream.close()
+            await channel.close()
 
 
 async def _times(once: Callable[[], Awaitable[Any]], n: int) -> None:

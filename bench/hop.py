@@ -39,7 +39,9 @@ def _routing() -> pb.Routing:
     for name, code, inputs, outputs in (("echo", "bench.hop:Echo", ["in"], ["out"]),
                                         ("collect", "bench.hop:Collector", ["out"], [])):
         c = r.computations.add(name=name, code=code, outputs=outputs, key_ranges=1, exactly_once=True,
-                               productions="strong", late_records="process")
+                               productions="strong", late_records="process",
+                               # as a leader resolves them (runtime/engine.py): fsync, one copy
+                               options=pb.EngineOptions(fsync=True, dedup_retention_s=600.0, replication=1))
         for s in inputs:
             c.inputs.add(stream=s)
         c.assignments.add(key_range=0, worker_id="w", address="self:1", token=1)

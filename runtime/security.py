@@ -463,8 +463,7 @@ def _with_roles(handler: Any, roles: frozenset[str], owner: Owner | None = None)
         inner = handler.unary_unary
 
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            _caller.set(roles)
-            _owner.set(owner)
+            acting_as(roles, owner)
             return await inner(request, context)
 
         return grpc.unary_unary_rpc_method_handler(unary, handler.request_deserializer,
@@ -473,8 +472,7 @@ def _with_roles(handler: Any, roles: frozenset[str], owner: Owner | None = None)
         inner_stream = handler.unary_stream
 
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            _caller.set(roles)
-            _owner.set(owner)
+            acting_as(roles, owner)
             async for item in inner_stream(request, context):
                 yield item
 
@@ -484,8 +482,7 @@ def _with_roles(handler: Any, roles: frozenset[str], owner: Owner | None = None)
         inner_bidi = handler.stream_stream
 
         async def bidi(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            _caller.set(roles)
-            _owner.set(owner)
+            acting_as(roles, owner)
             async for item in inner_bidi(requests, context):
                 yield item
 

@@ -85,10 +85,9 @@ def bind(server: grpc.aio.Server, listen: str, advertise: str | None = None,
     return f"{host}:{bound}"
 
 
-def listen_host(listen: str) -> str:
-    """The host of a ``HOST:PORT`` listen address (brackets of an IPv6 one taken off; a
-    wildcard stays one: every interface)."""
-    return listen.rpartition(":")[0].strip("[]")
+def host_of(address: str) -> str:
+    """The host of a ``HOST:PORT`` address (the brackets of an IPv6 one taken off)."""
+    return address.rpartition(":")[0].strip("[]")
 
 
 def dump_tasks() -> None:

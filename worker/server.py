@@ -21,6 +21,7 @@ from runtime import delivery, health, http, metrics, serving, streams
 from runtime.client import AsyncMasterClient
 from runtime.columns import Columns, MalformedColumns, of_request
 from runtime.durable import sync_dir
+from runtime.errors import ConfigError
 from runtime.faults import Faults
 from runtime.frames import FramesServer
 from runtime.imports import CodePolicy
@@ -363,11 +364,15 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
     ready = health.Health(health.WORKER)
     ready.add_to(server)
     await ready.start()
-    frames = None
+    frames = FramesServer({"DeliverStream": (pb.DeliverFrame, servicer.DeliverStream),
+                           "ReplicateStream": (pb.ReplicateFrame, servicer.ReplicateStream)}, options.security,
+                          lambda: core.worker_id)
     if options.data_port is not None:  # the data plane's own transport, before anyone can ask for it
-        frames = FramesServer({"DeliverStream": (pb.DeliverFrame, servicer.DeliverStream),
-                               "ReplicateStream": (pb.ReplicateFrame, servicer.ReplicateStream)}, options.security)
-        servicer.frames_port = await frames.start(serving.listen_host(options.listen), options.data_port)
+        try:
+            servicer.frames_port = await frames.start(serving.host_of(options.listen), options.data_port)
+        except OSError as e:
+            raise ConfigError(f"--data-port {options.data_port}: cannot listen on it ({e.strerror or e}); is the "
+                              "port taken? pass another, 0 (the OS chooses), or off") from None
     await server.start()
     plain = None
     if options.health_listen:
@@ -395,9 +400,7 @@ async def serve(options: WorkerOptions, stop: asyncio.Event) -> None:
             except grpc.RpcError as e:
                 log.info("could not tell the master we leave (%s); the lease will expire", e.code().name)
         await ready.stop()
-        if frames is not None:
-            await frames.stop()
-        await server.stop(grace=0.5)
+        await asyncio.gather(frames.stop(grace_s=0.5), server.stop(grace=0.5))
         if plain is not None:
             await plain.stop(grace=None)
         if scrapes is not None:
