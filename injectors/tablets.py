@@ -35,6 +35,7 @@ from runtime.links import Alarm, Channels, DeliveryLinks
 from runtime.parcels import Rerouted
 from runtime.routing import RoutingTable
 from runtime.security import Security
+from runtime.serving import new_loop
 from runtime.streams import FRAME_TIMEOUT_S
 from runtime.wire import millstream_pb2 as pb
 
@@ -162,7 +163,7 @@ class Tablets:
             if self._loop is None:
                 if self._closed.is_set():
                     raise InjectionError(f"injector {self.name!r} is closed")
-                loop = asyncio.new_event_loop()
+                loop = new_loop()
                 self._thread = threading.Thread(target=self._run_loop, args=(loop,), daemon=True,
                                                 name=f"injector {self.name} deliveries")
                 self._thread.start()
