@@ -32,18 +32,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replication", type=int, default=None,
                    help="copies of every tablet (default: the bench's); checkouts from before "
                         "replication existed run with one copy whatever this says")
+    p.add_argument("--key-ranges", type=int, default=None,
+                   help="key ranges of the stage (default: the bench's, 4): how a round's cost "
+                        "grows with the tablets each worker holds")
     args = p.parse_args(argv)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     cfg = workloads.BenchConfig.make(False)
     if args.replication is not None and hasattr(cfg, "replication"):
         cfg = dataclasses.replace(cfg, replication=args.replication)
+    if args.key_ranges is not None:
+        cfg = dataclasses.replace(cfg, key_ranges=args.key_ranges)
     v = next(x for x in workloads.W1_VARIANTS if x.name == args.variant)
     with CpuMeter() as meter:
         r = workloads.run_w1(tempfile.mkdtemp(prefix="millstream-w1-"), cfg, v, args.rate, seconds=args.seconds)
     assert meter.figures is not None
     print(json.dumps({"variant": args.variant, "rate": args.rate, "seconds": args.seconds,
-                      "replication": getattr(cfg, "replication", 1),
+                      "replication": getattr(cfg, "replication", 1), "key_ranges": cfg.key_ranges,
                       "latency_ms": r["latency_ms"], "hops_ms": r.get("hops_ms"),
                       "sender": r.get("sender"), "batches": r.get("batches"),
                       "received": r.get("received"),
