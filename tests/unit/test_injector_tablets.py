@@ -269,3 +269,18 @@ def test_a_failure_with_no_round_in_flight_fails_no_later_round() -> None:
         tablets.deliver(later, 10)  # does not raise
     finally:
         tablets.close()
+
+
+def test_an_injector_delivers_from_a_uvloop_loop() -> None:
+    """Its deliveries' loop is uvloop's, as the daemons' are: asyncio's own socket transport
+    cost the sending process a sixth of a W1 round (docs/performance-history.md)."""
+    import uvloop
+
+    tablets = _tablets(_Client(_routing(1, (0, 0, 0))), _Transport(lambda req: Status.OK))
+    try:
+        rnd = Round(0, Columns.of_records([Record(b"k", b"v", 1, sequence_id(P, 1))]), 1)
+        tablets.enqueue(rnd)
+        tablets.deliver(rnd, 10)
+        assert isinstance(tablets._loop, uvloop.Loop)
+    finally:
+        tablets.close()
