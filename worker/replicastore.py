@@ -21,6 +21,8 @@ from worker.writes import (
     write_ops,
 )
 
+QUICK_BYTES = 256 << 10  # a quick apply's writes at most (ReplicaStore.apply)
+
 
 class ReplicaStore:
     """A follower's copy of a tablet: it applies its primary's commits, in order, and
@@ -47,14 +49,25 @@ class ReplicaStore:
         self._logged = 0  # bytes of writes in the log
         self._stale = False  # a write failed: the log in memory is read from disk again first
 
-    def apply(self, token: int, term: int, entries: list[tuple[int, bytes]], *, sync: bool) -> None:
+    def apply(self, token: int, term: int, entries: list[tuple[int, bytes]], *, sync: bool,
+              quick: bool = False) -> bool:
         """Hold consecutive commits ``(index, writes)`` of a primary's ``term`` (the caller
         checked that they continue this copy): each logged, to be applied with the next ones,
         in one write with the copy's index and term. A commit that deletes ranges is not
         logged (coalescing it would scan the writes held for each range): the commits before
         it are held, the log is applied, and then it is, in a write of its own. A commit whose
-        writes do not decode is refused before anything is written."""
+        writes do not decode is refused before anything is written.
+
+        ``quick``: only if it is one short write (an event loop makes it: worker/replica.py),
+        not one that deletes ranges, applies the log or reads it again; False (nothing
+        written) otherwise."""
+        size = sum(len(data) for _, data in entries)
+        if quick and (self._stale or size > QUICK_BYTES or self._logged + size >= APPLY_EVERY_BYTES
+                      or self._pending.commits + len(entries) >= APPLY_EVERY_COMMITS):
+            return False
         decoded = [decode_ops(data) for _, data in entries]
+        if quick and any(has_ranges(cols[0]) for cols in decoded):
+            return False
         final = entries[-1][0]
         try:
             pending = self._held()
@@ -80,6 +93,28 @@ class ReplicaStore:
             raise
         if pending.commits >= APPLY_EVERY_COMMITS or self._logged >= APPLY_EVERY_BYTES:
             self.apply_log()
+        return True
+
+    @property
+    def held(self) -> tuple[int, int, int]:
+        """What this copy holds: its primary's token, and the term and number of its last commit."""
+        return self.token, self.term, self.index
+
+    def sync(self, held: tuple[int, int, int]) -> None:
+        """Put the writes of unsynced applies on disk, as a synced one would
+        (:func:`~worker.storage.write_durably`); if that fails, the copy holds again only what it
+        held before them (``held``), and the primary's retry writes them again."""
+        try:
+            self.db.flush_wal(True)
+        except BaseException:
+            self.unhold(held)
+            raise
+
+    def unhold(self, held: tuple[int, int, int]) -> None:
+        """Hold again only ``held`` (unsynced writes after it may not reach the disk): the
+        primary's retry writes them again, the log read again first."""
+        self.token, self.term, self.index = held
+        self._stale = True
 
     def _hold(self, wb: WriteBatch, token: int, term: int, index: int, *, sync: bool) -> None:
         """Write ``wb`` with the copy's index (``index``), term and token: the commits up to

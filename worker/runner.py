@@ -108,6 +108,7 @@ class TabletThread:
         self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.typical_s = 0.0  # moving average of the CPU time of this thread's calls
         self._current: _Call | None = None
+        self._given = self._finished = 0  # calls given (by the loop) and finished (by the thread)
         self._thread = threading.Thread(target=self._main, name=f"tablet {name}", daemon=True)
         self._thread.start()
 
@@ -129,6 +130,7 @@ class TabletThread:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
         call = _Call(fn, args)
+        self._given += 1
         self._calls.put(call)
         typical = self.typical_s
         if typical < HANDOFF_WAIT_MAX_S:
@@ -149,6 +151,11 @@ class TabletThread:
     def stop(self) -> None:
         """Let the thread end once the calls already given have run."""
         self._calls.put(_STOP)
+
+    @property
+    def idle(self) -> bool:
+        """Whether every call given to it has finished (one whose caller was cancelled may not)."""
+        return self._finished == self._given
 
     @property
     def alive(self) -> bool:
@@ -172,6 +179,7 @@ class TabletThread:
             # CPU time, not wall time: waiting out an fsync would only hold the loop.
             self.typical_s = 0.8 * self.typical_s + 0.2 * (time.thread_time() - started)
             self._current = None
+            self._finished += 1
             with call.lock:
                 call.finished = True
                 fut, loop = call.fut, call.loop

@@ -269,11 +269,11 @@ class WorkerServicer(rpc.WorkerServicer):
         return await self.core.replicas.replicate(request)
 
     async def ReplicateMany(self, request: pb.ReplicateManyRequest, context: Any) -> pb.ReplicateManyResponse:
-        """Several tablets' commits from one primary worker, applied side by side (each on its
-        copy's thread); one that raises fails the call, and the sender sends each alone."""
+        """Several tablets' commits from one primary worker, applied together
+        (worker/replica.py); one that raises fails the call, and the sender sends each alone."""
         metrics.REPLICAS_PER_CALL.observe(len(request.requests))
         metrics.REPLICATE_CALLS.labels("unary").inc()
-        answers = await asyncio.gather(*(self.core.replicas.replicate(r) for r in request.requests))
+        answers = await self.core.replicas.replicate_many(request.requests)
         return pb.ReplicateManyResponse(answers=answers)
 
     async def ReplicateStream(self, request_iterator: AsyncIterator[pb.ReplicateFrame],
@@ -284,7 +284,7 @@ class WorkerServicer(rpc.WorkerServicer):
         async def handle(frame: pb.ReplicateFrame, size: int, part: Any) -> pb.ReplicateAnswerFrame:
             metrics.REPLICAS_PER_CALL.observe(len(frame.requests.requests))
             metrics.REPLICATE_CALLS.labels("frame").inc()
-            answers = await asyncio.gather(*(self.core.replicas.replicate(r) for r in frame.requests.requests))
+            answers = await self.core.replicas.replicate_many(frame.requests.requests)
             return pb.ReplicateAnswerFrame(id=frame.id, answers=pb.ReplicateManyResponse(answers=answers))
 
         async for answer in serve_frames(request_iterator, context, handle, self.stream_credit,

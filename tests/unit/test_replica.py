@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import threading
+import time
 from typing import Any
 
 from runtime.wire import millstream_pb2 as pb
 from worker.replica import Replicas
 from worker.replicastore import ReplicaStore
 from worker.storage import PUT, Commit, TabletStore, encode_ops, next_term, state_key
+from worker.writes import DELETE_RANGE
 
 R = pb.ReplicateResponse
 KEY = ("c", 0)
@@ -314,4 +317,145 @@ def test_a_snapshot_under_token_0_or_with_a_session_that_is_a_path_writes_nothin
         assert not os.path.exists(reps.incoming_dir) or os.listdir(reps.incoming_dir) == []
         assert (await reps.replicate(pb.ReplicateRequest(computation="other", key_range=0, token=0))).status == R.NOT_YET
         await reps.close_all()
+    asyncio.run(run())
+
+
+def _req_of(key_range: int, token: int, *entries: pb.ReplicaEntry, sync: bool = True) -> pb.ReplicateRequest:
+    """Commits for copy ("c", key_range) (the first ones onto an empty copy, or the next)."""
+    req = _req(token, *entries, prev_term=0 if entries[0].index == 1 else 1)
+    req.key_range, req.sync = key_range, sync
+    return req
+
+
+async def _two_copies(tmp: Any) -> Replicas:
+    reps = _replicas(tmp, routed={KEY: 5, ("c", 1): 5})
+    await reps.create_empty(KEY, 5)
+    await reps.create_empty(("c", 1), 5)
+    return reps
+
+
+def _on_disk(tmp: Any, key_range: int, key: bytes) -> tuple[bytes | None, int]:
+    copy = ReplicaStore(os.path.join(str(tmp), "c", str(key_range)))
+    try:
+        return copy.db.get(key), copy.index
+    finally:
+        copy.close()
+
+
+def test_a_frames_short_commits_are_written_on_the_loop_and_synced_side_by_side(tmp_path: Any) -> None:
+    """No copy's thread is started for them; each is answered with its own copy's commit,
+    and both are on disk."""
+    async def run() -> None:
+        reps = await _two_copies(tmp_path)
+        answers = await reps.replicate_many([_req_of(0, 5, _entry(1, b"a", b"1"), _entry(2, b"a", b"2")),
+                                             _req_of(1, 5, _entry(1, b"b", b"1"))])
+        assert [(a.status, a.index) for a in answers] == [(R.OK, 2), (R.OK, 1)]
+        assert not reps._threads
+        # One copy twice in a frame: the second continues the first.
+        answers = await reps.replicate_many([_req_of(1, 5, _entry(2, b"b", b"2")), _req_of(1, 5, _entry(3, b"b", b"3"))])
+        assert [(a.status, a.index) for a in answers] == [(R.OK, 2), (R.OK, 3)]
+        # A refusal answers its own request only.
+        answers = await reps.replicate_many([_req_of(0, 5, _entry(5, b"a", b"5")), _req_of(1, 5, _entry(4, b"b", b"4"))])
+        assert [(a.status, a.index) for a in answers] == [(R.NEED_SNAPSHOT, 2), (R.OK, 4)]
+        await reps.close_all()
+        assert _on_disk(tmp_path, 0, b"Sa") == (b"2", 2) and _on_disk(tmp_path, 1, b"Sb") == (b"4", 4)
+    asyncio.run(run())
+
+
+def test_a_commit_that_deletes_a_range_is_written_on_its_copys_thread(tmp_path: Any) -> None:
+    async def run() -> None:
+        reps = await _two_copies(tmp_path)
+        ranged = pb.ReplicaEntry(index=2, ops=encode_ops([(DELETE_RANGE, b"Sa", b"Sb")]))
+        answers = await reps.replicate_many([_req_of(0, 5, _entry(1, b"a", b"1")), _req_of(0, 5, ranged)])
+        assert [(a.status, a.index) for a in answers] == [(R.OK, 1), (R.OK, 2)]
+        assert list(reps._threads) == [KEY]
+        await reps.close_all()
+        assert _on_disk(tmp_path, 0, b"Sa") == (None, 2)
+    asyncio.run(run())
+
+
+def test_a_commit_waits_for_a_write_its_copys_thread_still_runs(tmp_path: Any) -> None:
+    """A write whose caller was cancelled still runs on the copy's thread: the next commit
+    is not written on the loop beside it, but after it, on that thread."""
+    async def run() -> None:
+        reps = await _two_copies(tmp_path)
+        release = threading.Event()
+        busy = reps._thread(KEY).run(release.wait, 10)
+        answer = asyncio.ensure_future(reps.replicate(_req_of(0, 5, _entry(1, b"a", b"1"))))
+        thread, deadline = reps._threads[KEY], time.monotonic() + 10
+        while thread._given < 2 and time.monotonic() < deadline:  # the commit queued behind the write
+            await asyncio.sleep(0.001)
+        assert thread._given == 2 and not answer.done() and reps.copies[KEY].index == 0
+        release.set()
+        await busy
+        assert ((await answer).status, reps.copies[KEY].index) == (R.OK, 1)
+        await reps.close_all()
+    asyncio.run(run())
+
+
+class _Disk:
+    """A copy's RocksDB whose WAL syncs fail (a disk error) or wait until let go."""
+
+    def __init__(self, db: Any, *, fails: bool = False) -> None:
+        self.db, self.fails = db, fails
+        self.syncing, self.go = threading.Event(), threading.Event()
+
+    def flush_wal(self, sync: bool) -> None:
+        self.syncing.set()
+        if self.fails:
+            raise OSError("EIO: the disk failed the fsync")
+        self.go.wait(10)
+        self.db.flush_wal(sync)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.db, name)
+
+
+def test_a_copy_whose_sync_fails_holds_only_what_it_held_and_the_retry_writes_it_again(tmp_path: Any) -> None:
+    async def run() -> None:
+        reps = await _two_copies(tmp_path)
+        first = _req_of(0, 5, _entry(1, b"a", b"1"))
+        copy = reps.copies[KEY]
+        real, copy.db = copy.db, _Disk(copy.db, fails=True)  # type: ignore[assignment]
+        try:
+            await reps.replicate_many([first, _req_of(1, 5, _entry(1, b"b", b"1"))])
+        except OSError:
+            pass
+        else:
+            raise AssertionError("a commit whose fsync failed was answered as held")
+        assert copy.held == (5, 0, 0) and reps.copies[("c", 1)].index == 1
+        copy.db = real
+        again = await reps.replicate(first)
+        assert (again.status, again.index) == (R.OK, 1)
+        await reps.close_all()
+        assert _on_disk(tmp_path, 0, b"Sa") == (b"1", 1)
+    asyncio.run(run())
+
+
+def test_a_commit_whose_caller_went_during_its_sync_keeps_its_copys_lock_until_the_sync_ends(tmp_path: Any) -> None:
+    """The frame's stream closed while the fsync ran: the copy's lock stays until it ends, so
+    the primary's retry cannot find the commit held before it is on disk, nor a close close
+    the copy under it."""
+    async def run() -> None:
+        reps = await _two_copies(tmp_path)
+        copy = reps.copies[KEY]
+        real, disk = copy.db, _Disk(copy.db)
+        copy.db = disk  # type: ignore[assignment]
+        first = _req_of(0, 5, _entry(1, b"a", b"1"))
+        answer = asyncio.ensure_future(reps.replicate(first))
+        while not disk.syncing.is_set():
+            await asyncio.sleep(0.001)
+        answer.cancel()
+        retry = asyncio.ensure_future(reps.replicate(first))
+        for _ in range(5):  # (turns of the loop, not a wait: neither may finish while the fsync runs)
+            await asyncio.sleep(0)
+        assert not answer.done() and not retry.done()
+        disk.go.set()
+        await asyncio.gather(answer, return_exceptions=True)
+        assert answer.cancelled()
+        again = await retry
+        assert (again.status, again.index) == (R.OK, 1)
+        copy.db = real
+        await reps.close_all()
+        assert _on_disk(tmp_path, 0, b"Sa") == (b"1", 1)
     asyncio.run(run())
