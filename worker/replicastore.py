@@ -21,7 +21,7 @@ from worker.writes import (
     write_ops,
 )
 
-QUICK_BYTES = 256 << 10  # a quick apply's writes at most (ReplicaStore.apply)
+QUICK_BYTES = 32 << 10  # a quick apply's writes at most (ReplicaStore.apply)
 
 
 class ReplicaStore:
