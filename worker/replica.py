@@ -37,8 +37,9 @@ import logging
 import os
 import re
 import shutil
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from runtime import metrics
 from runtime.durable import sync_dir
@@ -52,7 +53,7 @@ log = logging.getLogger(__name__)
 _SESSION = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a snapshot's session (worker/replication.py): a directory's name
 R = pb.ReplicateResponse
 SYNC_THREADS = 4      # a frame's copies synced side by side
-SYNC_WAIT_S = 0.002   # how long the loop waits for them before going on (then they resolve later)
+SYNC_WAIT_S = 0.002   # how long the loop waits for them (while they take less) before going on
 
 
 def _refuse(status: int, why: str, detail: str, index: int = 0) -> pb.ReplicateResponse:
@@ -79,6 +80,7 @@ class Replicas:
         self._locks: dict[TabletKey, tuple[asyncio.Lock, list[int]]] = {}  # with how many hold or wait
         self._threads: dict[TabletKey, TabletThread] = {}
         self._syncs: concurrent.futures.ThreadPoolExecutor | None = None  # (see _apply)
+        self.sync_s = 0.0  # moving average of the syncs' times: the loop waits for them if short
         self._demoted: set[TabletKey] = set()  # closed here as primary: its files may continue as a copy
 
     @contextlib.asynccontextmanager
@@ -209,7 +211,7 @@ class Replicas:
     async def _apply(self, writes: list[_Write]) -> None:
         """Make ``writes`` (each under its copy's lock). Short ones are written here, on the
         event loop, and synced side by side on the sync threads while the loop waits (for at
-        most :data:`SYNC_WAIT_S`): traced on W1, handing each to its copy's thread cost the
+        most :data:`SYNC_WAIT_S`, and not while syncs typically take longer): traced on W1, handing each to its copy's thread cost the
         loop's turn and a thread's start, 0.3 ms of a round's 1 ms on the follower, the
         fsync 0.3 ms. Others (a range deleted, the log applied, a large catch-up) are made on
         the copy's thread, as is any whose thread still runs a write (its caller cancelled)."""
@@ -244,11 +246,13 @@ class Replicas:
             return
         if self._syncs is None:
             self._syncs = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="follower sync")
-        futures = [self._syncs.submit(copy.sync, held) for copy, held in synced]
-        concurrent.futures.wait(futures, SYNC_WAIT_S)  # (the interpreter lock released)
+        futures = [self._syncs.submit(_timed, copy.sync, held) for copy, held in synced]
+        if self.sync_s < SYNC_WAIT_S:  # (a disk whose syncs take longer does not hold the loop)
+            concurrent.futures.wait(futures, SYNC_WAIT_S)  # (the interpreter lock released)
         try:
-            for f in futures:  # (one done already raises or returns here, without a turn of the loop)
-                f.result() if f.done() else await asyncio.wrap_future(f)
+            # (one done already raises or returns here, without a turn of the loop)
+            took = [f.result() if f.done() else await asyncio.wrap_future(f) for f in futures]
+            self.sync_s = 0.8 * self.sync_s + 0.2 * max(took)
         except asyncio.CancelledError:
             # The copies' locks stay until their syncs end: a retry must not find commits held
             # that are not on disk yet, nor a close close a copy being synced.
@@ -338,6 +342,12 @@ class Replicas:
         if self._syncs is not None:
             self._syncs.shutdown(wait=False)
             self._syncs = None
+
+
+def _timed(fn: Callable[..., None], *args: Any) -> float:
+    started = time.monotonic()
+    fn(*args)
+    return time.monotonic() - started
 
 
 class _Write(NamedTuple):

@@ -459,3 +459,32 @@ def test_a_commit_whose_caller_went_during_its_sync_keeps_its_copys_lock_until_t
         await reps.close_all()
         assert _on_disk(tmp_path, 0, b"Sa") == (b"1", 1)
     asyncio.run(run())
+
+
+def test_the_loop_stops_waiting_for_syncs_while_the_disk_takes_longer_than_its_bound(tmp_path: Any,
+                                                                                   monkeypatch: Any) -> None:
+    """The loop waits for a frame's syncs only while they typically take less than
+    SYNC_WAIT_S: a slow disk does not hold it for that long at every frame."""
+    import concurrent.futures
+
+    from worker import replica
+
+    waits: list[int] = []
+    real_wait = concurrent.futures.wait
+    monkeypatch.setattr(concurrent.futures, "wait", lambda fs, timeout=None: waits.append(1) or real_wait(fs, timeout))
+
+    class _Slow(_Disk):
+        def flush_wal(self, sync: bool) -> None:
+            time.sleep(4 * replica.SYNC_WAIT_S)  # (the disk is slow: what the loop must not wait for)
+            self.db.flush_wal(sync)
+
+    async def run() -> None:
+        reps = await _two_copies(tmp_path)
+        copy = reps.copies[KEY]
+        real, copy.db = copy.db, _Slow(copy.db)  # type: ignore[assignment]
+        for i in range(1, 9):
+            assert (await reps.replicate(_req_of(0, 5, _entry(i, b"a", b"%d" % i)))).status == R.OK
+        assert reps.sync_s > replica.SYNC_WAIT_S and 0 < len(waits) < 8
+        copy.db = real
+        await reps.close_all()
+    asyncio.run(run())
