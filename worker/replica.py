@@ -211,9 +211,9 @@ class Replicas:
     async def _apply(self, writes: list[_Write]) -> None:
         """Make ``writes`` (each under its copy's lock). Short ones are written here, on the
         event loop, and synced side by side on the sync threads while the loop waits (for at
-        most :data:`SYNC_WAIT_S`, and not while syncs typically take longer): traced on W1, handing each to its copy's thread cost the
-        loop's turn and a thread's start, 0.3 ms of a round's 1 ms on the follower, the
-        fsync 0.3 ms. Others (a range deleted, the log applied, a large catch-up) are made on
+        most :data:`SYNC_WAIT_S`, and not while syncs typically take longer): traced on W1,
+        handing each to its copy's thread cost the loop's turn and a thread's start, 0.3 ms of
+        a round's 1 ms on the follower, the fsync 0.3 ms. Others (a range deleted, the log applied, a large catch-up) are made on
         the copy's thread, as is any whose thread still runs a write (its caller cancelled)."""
         errors: list[Exception] = []
         synced: list[tuple[ReplicaStore, tuple[int, int, int]]] = []
@@ -249,10 +249,10 @@ class Replicas:
         futures = [self._syncs.submit(_timed, copy.sync, held) for copy, held in synced]
         if self.sync_s < SYNC_WAIT_S:  # (a disk whose syncs take longer does not hold the loop)
             concurrent.futures.wait(futures, SYNC_WAIT_S)  # (the interpreter lock released)
-        try:
-            # (one done already raises or returns here, without a turn of the loop)
-            took = [f.result() if f.done() else await asyncio.wrap_future(f) for f in futures]
-            self.sync_s = 0.8 * self.sync_s + 0.2 * max(took)
+        try:  # every sync ends before the locks go, one that raises included
+            pending = [asyncio.wrap_future(f) for f in futures if not f.done()]  # (none: no turn of the loop)
+            if pending:
+                await asyncio.wait(pending)
         except asyncio.CancelledError:
             # The copies' locks stay until their syncs end: a retry must not find commits held
             # that are not on disk yet, nor a close close a copy being synced.
@@ -263,6 +263,10 @@ class Replicas:
                 if f.cancelled():  # never ran
                     copy.unhold(held)
             raise
+        failed = [e for e in (f.exception() for f in futures) if e is not None]
+        if failed:
+            raise failed[0]
+        self.sync_s = 0.8 * self.sync_s + 0.2 * max(f.result() for f in futures)
 
     async def install(self, chunk: pb.SnapshotChunk) -> pb.ReplicateResponse:
         """One piece of a snapshot; the last one replaces the copy with it."""
