@@ -457,6 +457,15 @@ class FramesCall:
             except TimeoutError:
                 raise self._broke(f"the worker read nothing for {DRAIN_TIMEOUT_S:.0f} s") from None
 
+    def write_nowait(self, message: Any) -> bool:
+        """:meth:`write`, where it needs no wait: the connection on the frames port open, its
+        buffer below the high-water mark. False: not written (:meth:`write` it)."""
+        writer = self._writer
+        if writer is None or writer.is_closing() or writer.transport.get_write_buffer_size() > _HIGH_WATER:
+            return False
+        writer.write(_pack(MESSAGE, message.SerializeToString()))
+        return True
+
     async def read(self) -> Any:
         await self._open()
         if self._grpc is not None:

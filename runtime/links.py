@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
@@ -45,6 +45,20 @@ class Unsent(StreamError):
     """The stream broke before the frame went out: it may go on a new stream at once."""
 
 
+def settle(fut: asyncio.Future[Any], value: Any) -> None:
+    """Resolve ``fut`` with ``value``, unless its waiter was cancelled."""
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _call_back(then: Callable[[Any], None], value: Any) -> None:
+    """Hand ``value`` to what takes a frame's answer: a failure there is logged, never the reader's."""
+    try:
+        then(value)
+    except Exception:
+        log.exception("taking a frame's answer failed")
+
+
 class FrameStream(Generic[Req, Ans]):
     """One long-lived stream to a worker: frames go within the credit it grants (first fit),
     answers come back in any order, matched by id. Once broken, it fails every frame that went
@@ -69,9 +83,11 @@ class FrameStream(Generic[Req, Ans]):
         self._frame = frame
         self._answers = answers
         self._call = open()
-        # Each frame's answer, or the stream's error (a result, never raised into a future
-        # whose sender may have stopped waiting).
-        self._waiting: dict[int, asyncio.Future[AnswerFrame | grpc.RpcError]] = {}
+        # What takes each frame's answer, or the stream's error (never raised into a caller
+        # that may have stopped waiting), and when the frame's time for it runs out (in the
+        # order the frames went: one timer, for the oldest, serves them all).
+        self._waiting: dict[int, tuple[float, Callable[[AnswerFrame | grpc.RpcError], None]]] = {}
+        self._expiry: asyncio.TimerHandle | None = None
         self._parts: dict[int, Callable[[Any], None]] = {}  # frame id -> what takes its answer's parts
         self._woken: list[asyncio.Future[None]] = []  # frames waiting for credit: woken when it comes back
         self._late: set[int] = set()    # frames not answered in time, their credit still out (replace_late)
@@ -115,9 +131,8 @@ class FrameStream(Generic[Req, Ans]):
         if self.broken is not None:
             raise Unsent(self.broken.code(), self.broken.details() or "")
         self.window.sent(frame.id, size)
-        answer = self._waiting[frame.id] = loop.create_future()
-        if on_part is not None:
-            self._parts[frame.id] = on_part
+        answer: asyncio.Future[AnswerFrame | grpc.RpcError] = loop.create_future()
+        self._expect(frame.id, functools.partial(settle, answer), on_part)
         try:
             async with self._writing:
                 unsent = self.broken  # broken while this frame waited to be written: it never went
@@ -134,24 +149,73 @@ class FrameStream(Generic[Req, Ans]):
         else:
             if unsent is not None:  # so it may go on a new stream at once
                 raise Unsent(unsent.code(), unsent.details() or "")
-        try:  # a frame's answer has the whole timeout from its send (a wait for credit aside)
-            done = await asyncio.wait_for(asyncio.shield(answer), self.timeout)
-        except TimeoutError:
-            self._waiting.pop(frame.id, None)
-            self._parts.pop(frame.id, None)
-            if self.replace_late and frame.id in self.window.in_flight:
-                # Its credit comes back only with its answer, which may never come: once a
-                # frame needs that credit, the stream is replaced (above).
-                self._late.add(frame.id)
-                self._wake()  # a frame waiting for credit may need this one's: it looks again
-            raise StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout:.0f} s"
-                              ) from None
+        out = self._outcome(await answer)  # (an answer, the stream's error, or no answer in time: _expire)
+        if isinstance(out, grpc.RpcError):
+            raise out
+        return out
+
+    def post(self, payload: Req, then: Callable[[Ans | grpc.RpcError], None],
+             on_part: Callable[[Any], None] | None = None) -> bool:
+        """Send ``payload`` as one frame now, where that needs no wait: credit at hand, no
+        frame waiting for it or being written, the connection open and its buffer not full.
+        ``then`` takes the answers (or the error :meth:`send` would raise) as the stream's
+        reader reads them, in that turn of the loop: no task waits on the way (``on_part``
+        as :meth:`send`'s). False: not sent (:meth:`send` it)."""
+        write_nowait = getattr(self._call, "write_nowait", None)
+        if write_nowait is None or self.broken is not None or self._woken or self._writing.locked():
+            return False
+        frame, size = self.window.next(lambda i: self._frame(i, payload))
+        try:
+            if not self.window.fits(size) or not write_nowait(frame):
+                self.window.unmake(frame.id)
+                return False
+        except grpc.RpcError as e:  # the connection broke: what went out on it fails, this goes anew
+            self.window.unmake(frame.id)
+            self._break(e)
+            return False
+        self.window.sent(frame.id, size)
+        self._expect(frame.id, lambda done: then(self._outcome(done)), on_part)
+        return True
+
+    def _outcome(self, done: AnswerFrame | grpc.RpcError) -> Ans | grpc.RpcError:
         if isinstance(done, grpc.RpcError):
-            raise done
+            return done
         refused = refusal(done)
-        if refused is not None:
-            raise refused
-        return self._answers(done)
+        return refused if refused is not None else self._answers(done)
+
+    def _expect(self, frame_id: int, then: Callable[[AnswerFrame | grpc.RpcError], None],
+                on_part: Callable[[Any], None] | None = None) -> None:
+        """Frame ``frame_id`` is going out: ``then`` takes its answer, or the stream's error, or
+        that none came within the timeout from now."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        self._waiting[frame_id] = (deadline, then)
+        if on_part is not None:
+            self._parts[frame_id] = on_part
+        if self._expiry is None:
+            self._expiry = loop.call_at(deadline, self._expire)
+
+    def _expire(self) -> None:
+        """The oldest frames' time ran out: each fails, no answer within the timeout."""
+        self._expiry = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        late = False
+        while self._waiting:
+            frame_id, (deadline, then) = next(iter(self._waiting.items()))
+            if deadline > now:
+                self._expiry = loop.call_at(deadline, self._expire)
+                break
+            del self._waiting[frame_id]
+            self._parts.pop(frame_id, None)
+            if self.replace_late and frame_id in self.window.in_flight:
+                # Its credit comes back only with its answer, which may never come: once a
+                # frame needs that credit, the stream is replaced (send).
+                self._late.add(frame_id)
+                late = True
+            _call_back(then, StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout:.0f} s"))
+        if late:
+            self._wake()  # a frame waiting for credit may need a late one's: it looks again
 
     def _wake(self) -> None:
         """Credit came back, a frame became late, or the stream broke: every frame waiting for
@@ -186,9 +250,9 @@ class FrameStream(Generic[Req, Ans]):
                     continue
                 self._late.discard(answer.id)
                 self._parts.pop(answer.id, None)
-                waiter = self._waiting.pop(answer.id, None)
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(answer)
+                waiting = self._waiting.pop(answer.id, None)
+                if waiting is not None:
+                    _call_back(waiting[1], answer)
         except grpc.RpcError as e:
             error = e
         except ValueError as e:  # an answer to no frame of ours: this stream cannot be trusted
@@ -203,11 +267,13 @@ class FrameStream(Generic[Req, Ans]):
             self.broken = error
         self._call.cancel()
         self._wake()
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         waiting, self._waiting = self._waiting, {}
         self._parts.clear()
-        for waiter in waiting.values():
-            if not waiter.done():
-                waiter.set_result(self.broken)
+        for _, then in waiting.values():
+            _call_back(then, self.broken)
 
     async def close(self) -> None:
         self._break(StreamError(grpc.StatusCode.CANCELLED, f"the {self.what} stream was closed"))
@@ -276,6 +342,7 @@ class DeliveryLinks:
         self._warned: set[tuple[str, grpc.StatusCode]] = set()
         self._bundles: dict[str, list[_Waiting]] = {}
         self._calls: set[asyncio.Task[None]] = set()
+        self._closing = False
 
     def post(self, address: str, request: pb.DeliverRequest) -> asyncio.Future[delivery.Outcome]:
         """Send ``request`` to the worker at ``address`` (in this turn's frame to it); the
@@ -289,42 +356,66 @@ class DeliveryLinks:
         return fut
 
     def _send(self, address: str) -> None:
-        """Send what this turn gave ``address``."""
+        """Send what this turn gave ``address``: on its stream at once where that needs no
+        wait (the answers are taken as they are read), else from a task."""
         waiting = [b for b in self._bundles.pop(address, []) if not b[2].done()]
         for part in delivery.bundles([b[1] for b in waiting]):
-            task = asyncio.get_running_loop().create_task(self._call(address, waiting[part.start:part.stop]))
-            self._calls.add(task)
-            task.add_done_callback(self._calls.discard)
+            bundle = waiting[part.start:part.stop]
+            futs = [b[2] for b in bundle]
+            if not self.stream(address).post(pb.DeliverManyRequest(deliveries=[b[0] for b in bundle]),
+                                              functools.partial(self._done, address, bundle),
+                                              functools.partial(self._answered, address, futs)):
+                self._spawn(self._call(address, bundle))
+
+    def _spawn(self, call: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(call)
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
 
     async def _call(self, address: str, bundle: list[_Waiting]) -> None:
-        futs = [b[2] for b in bundle]
         request = pb.DeliverManyRequest(deliveries=[b[0] for b in bundle])
-        on_part = functools.partial(self._answered, address, futs)
+        on_part = functools.partial(self._answered, address, [b[2] for b in bundle])
+        last: pb.DeliverAnswerFrame | grpc.RpcError
         try:
             try:
                 last = await self.stream(address).send(request, on_part)
             except Unsent:  # its stream broke before it went (replaced, say): a new one, at once
                 last = await self.stream(address).send(request, on_part)
-            self._answered(address, futs, last)
         except grpc.RpcError as e:
-            out = self._failed(address, e)
+            last = e
+        except BaseException as e:  # noqa: BLE001 (closing, or a failure this version does not know)
+            if not isinstance(e, asyncio.CancelledError):
+                log.warning("deliveries to %s failed: %r", address, e)
+            self._left(address, bundle)
+            raise
+        self._done(address, bundle, last)
+
+    def _done(self, address: str, bundle: list[_Waiting], last: pb.DeliverAnswerFrame | grpc.RpcError) -> None:
+        """The frame of ``bundle`` is answered (``last``: its answer's last part), or failed."""
+        if isinstance(last, grpc.RpcError):
+            out = self._failed(address, last)
             # (UNAUTHENTICATED is the caller's token or credential, never one delivery's.)
-            if out.refused is not None and len(bundle) > 1 and e.code() != grpc.StatusCode.UNAUTHENTICATED:
+            if (out.refused is not None and len(bundle) > 1 and last.code() != grpc.StatusCode.UNAUTHENTICATED
+                    and not self._closing):
                 # One delivery the receiver refuses for good refuses the frame: the others go
                 # alone, so only that one waits (it is retried, as any failed delivery).
-                alone = [b for b in bundle if not b[2].done()]
-                await asyncio.gather(*(self._call(address, [b]) for b in alone))
+                for b in bundle:
+                    if not b[2].done():
+                        self._spawn(self._call(address, [b]))
                 return
-            for fut in futs:
+            for _, _, fut in bundle:
                 if not fut.done():
                     fut.set_result(out)
-        except Exception as e:  # noqa: BLE001 (a failure this version does not know: retried, as unreachable)
-            log.warning("deliveries to %s failed: %r", address, e)
-        finally:
-            for fut in futs:  # none may wait for ever: what no answer told is unreachable (retried)
-                if not fut.done():
-                    log.debug("a delivery to %s was left unanswered: sent again", address)
-                    fut.set_result(delivery.Outcome(delivery.Status.UNREACHABLE))
+            return
+        self._answered(address, [b[2] for b in bundle], last)
+        self._left(address, bundle)
+
+    @staticmethod
+    def _left(address: str, bundle: list[_Waiting]) -> None:
+        for _, _, fut in bundle:  # none may wait for ever: what no answer told is unreachable (retried)
+            if not fut.done():
+                log.debug("a delivery to %s was left unanswered: sent again", address)
+                fut.set_result(delivery.Outcome(delivery.Status.UNREACHABLE))
 
     @staticmethod
     def _answered(address: str, futs: list[asyncio.Future[delivery.Outcome]], answer: pb.DeliverAnswerFrame) -> None:
@@ -366,6 +457,7 @@ class DeliveryLinks:
         return stream
 
     async def close(self) -> None:
+        self._closing = True
         for t in list(self._calls):
             t.cancel()
         await asyncio.gather(*self._calls, return_exceptions=True)

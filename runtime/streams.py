@@ -105,6 +105,11 @@ class SenderWindow:
         frame = make(self._last_id)
         return frame, frame.ByteSize()
 
+    def unmake(self, frame_id: int) -> None:
+        """The frame :meth:`next` just made does not go: its id is the next one's."""
+        if frame_id == self._last_id:
+            self._last_id -= 1
+
     def fits(self, size: int) -> bool:
         """Whether a frame of ``size`` bytes may go now."""
         return self.granted > 0 and (size <= self.credit or not self.in_flight)

@@ -7,8 +7,9 @@ the in-sync set kept by the leader (:class:`ReplicaLinks`)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
 import grpc
@@ -17,7 +18,7 @@ from runtime import delivery
 from runtime.client import AsyncMasterClient
 from runtime.columns import Columns
 from runtime.errors import StaleTokenError
-from runtime.links import Channels, DeliveryLinks, FrameStream, Unsent
+from runtime.links import Channels, DeliveryLinks, FrameStream, Unsent, settle
 from runtime.security import Security
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
@@ -25,7 +26,8 @@ from runtime.wire import millstream_pb2_grpc as rpc
 log = logging.getLogger(__name__)
 
 REPLICATE_TIMEOUT_S = 10.0  # a replication frame (or call) not answered by then fails: unreachable
-_Replicating = tuple[pb.ReplicateRequest, int, "asyncio.Future[pb.ReplicateResponse | None]"]
+# A request, its size, and what takes its answer.
+_Replicating = tuple[pb.ReplicateRequest, int, Callable[[pb.ReplicateResponse | None], None]]
 
 
 def replication_stream(stub: rpc.WorkerStub, open: Callable[[], Any] | None = None
@@ -52,6 +54,7 @@ class Peers:
         self._unary: set[str] = set()  # workers without ReplicateStream (older versions)
         self._replicas: dict[str, list[_Replicating]] = {}
         self._calls: set[asyncio.Task[None]] = set()
+        self._closing = False
 
     async def deliver(self, address: str, computation: str, key_range: int, token: int,
                       cols: Columns, orders: delivery.Orders | None
@@ -67,63 +70,87 @@ class Peers:
 
     async def replicate(self, address: str, req: pb.ReplicateRequest) -> pb.ReplicateResponse | None:
         """None: not reachable (or the call failed)."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[pb.ReplicateResponse | None] = loop.create_future()
-        bundle = self._replicas.setdefault(address, [])
-        if not bundle:
-            loop.call_soon(self._send_replicas, address)
-        bundle.append((req, req.ByteSize(), fut))
+        fut: asyncio.Future[pb.ReplicateResponse | None] = asyncio.get_running_loop().create_future()
+        self.post(address, req, functools.partial(settle, fut))
         return await fut
 
+    def post(self, address: str, req: pb.ReplicateRequest,
+             answered: Callable[[pb.ReplicateResponse | None], None]) -> None:
+        """Send ``req`` in this turn's frame to ``address``; ``answered`` takes its answer (None:
+        not reachable, or the call failed) as it is read."""
+        bundle = self._replicas.setdefault(address, [])
+        if not bundle:
+            asyncio.get_running_loop().call_soon(self._send_replicas, address)
+        bundle.append((req, req.ByteSize(), answered))
+
     def _send_replicas(self, address: str) -> None:
-        """Send the Replicate requests this turn gave ``address``."""
-        waiting = [b for b in self._replicas.pop(address, []) if not b[2].done()]
+        """Send the Replicate requests this turn gave ``address``: on its stream at once where
+        that needs no wait (their answers are taken as they are read), else from a task."""
+        waiting = self._replicas.pop(address, [])
         for part in delivery.bundles([b[1] for b in waiting]):
-            task = asyncio.get_running_loop().create_task(self._replicate(address, waiting[part.start:part.stop]))
-            self._calls.add(task)
-            task.add_done_callback(self._calls.discard)
+            bundle = waiting[part.start:part.stop]
+            if address not in self._unary and self._replication_stream(address).post(
+                    pb.ReplicateManyRequest(requests=[b[0] for b in bundle]),
+                    functools.partial(self._answered, address, bundle)):
+                continue
+            self._spawn(self._replicate(address, bundle))
+
+    def _spawn(self, call: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(call)
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
 
     async def _replicate(self, address: str, bundle: list[_Replicating]) -> None:
-        answers: list[pb.ReplicateResponse | None]
+        answers: pb.ReplicateManyResponse | grpc.RpcError
         requests = pb.ReplicateManyRequest(requests=[b[0] for b in bundle])
         try:
             if address in self._unary:
-                answers = list(await self._replicate_unary(address, bundle))
+                answers = await self._replicate_unary(address, bundle)
             else:
                 try:
-                    frame = await self._replication_stream(address).send(requests)
+                    answers = await self._replication_stream(address).send(requests)
                 except Unsent:  # its stream broke before it went: a new one, at once (once)
-                    frame = await self._replication_stream(address).send(requests)
-                answers = list(frame.answers)
+                    answers = await self._replication_stream(address).send(requests)
         except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.UNIMPLEMENTED and address not in self._unary:
+            answers = e
+        self._answered(address, bundle, answers)
+
+    def _answered(self, address: str, bundle: list[_Replicating],
+                  answers: pb.ReplicateManyResponse | grpc.RpcError) -> None:
+        """Hand each request of ``bundle`` its answer, or what became of the frame."""
+        got: list[pb.ReplicateResponse | None]
+        if isinstance(answers, grpc.RpcError) and self._closing:
+            got = [None] * len(bundle)  # (nothing is sent again: the streams are closing)
+        elif isinstance(answers, grpc.RpcError):
+            code = answers.code()
+            if code == grpc.StatusCode.UNIMPLEMENTED and address not in self._unary:
                 log.info("worker %s has no replication stream (an older version): replicating to it in calls",
                          address)
                 self._unary.add(address)
-                await self._replicate(address, bundle)
+                self._spawn(self._replicate(address, bundle))
                 return
-            log.debug("replication to %s failed: %s", address, e.code())
-            if len(bundle) > 1 and e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            log.debug("replication to %s failed: %s", address, code)
+            if len(bundle) > 1 and code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 # One tablet's copy failing there fails the frame: the others must not wait
                 # for it (nor leave their in-sync sets), so each goes alone.
                 for b in bundle:
-                    await self._replicate(address, [b])
+                    self._spawn(self._replicate(address, [b]))
                 return
-            answers = [None] * len(bundle)
-        if len(answers) != len(bundle):  # not ours to trust: as unreachable
-            log.warning("worker %s answered %d of %d replication requests", address, len(answers), len(bundle))
-            answers = [None] * len(bundle)
-        for (_, _, fut), answer in zip(bundle, answers, strict=True):
-            if not fut.done():
-                fut.set_result(answer)
+            got = [None] * len(bundle)
+        else:
+            got = list(answers.answers)
+            if len(got) != len(bundle):  # not ours to trust: as unreachable
+                log.warning("worker %s answered %d of %d replication requests", address, len(got), len(bundle))
+                got = [None] * len(bundle)
+        for (_, _, then), answer in zip(bundle, got, strict=True):
+            then(answer)
 
-    async def _replicate_unary(self, address: str, bundle: list[_Replicating]) -> list[pb.ReplicateResponse]:
+    async def _replicate_unary(self, address: str, bundle: list[_Replicating]) -> pb.ReplicateManyResponse:
         stub = self._stub(address)
         if len(bundle) == 1:
-            return [await stub.Replicate(bundle[0][0], timeout=REPLICATE_TIMEOUT_S)]
-        resp = await stub.ReplicateMany(pb.ReplicateManyRequest(requests=[b[0] for b in bundle]),
+            return pb.ReplicateManyResponse(answers=[await stub.Replicate(bundle[0][0], timeout=REPLICATE_TIMEOUT_S)])
+        return await stub.ReplicateMany(pb.ReplicateManyRequest(requests=[b[0] for b in bundle]),
                                         timeout=REPLICATE_TIMEOUT_S)
-        return list(resp.answers)
 
     def _replication_stream(self, address: str) -> FrameStream[pb.ReplicateManyRequest, pb.ReplicateManyResponse]:
         """The replication stream to ``address``: a new one if there is none or it broke."""
@@ -141,6 +168,7 @@ class Peers:
             return None
 
     async def close(self) -> None:
+        self._closing = True
         for t in list(self._calls):
             t.cancel()
         await asyncio.gather(*self._calls, return_exceptions=True)
@@ -159,6 +187,7 @@ class ReplicaLinks:
         self.masters = masters
         self.secret: Callable[[], str] = lambda: ""  # this worker's, shown with in-sync changes
         self.replicate = peers.replicate
+        self.post = peers.post
         self.snapshot = peers.snapshot
 
     async def update_in_sync(self, req: pb.InSyncRequest) -> tuple[str, ...]:

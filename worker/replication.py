@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import os
 import shutil
@@ -47,6 +48,10 @@ class ReplicaChannel(Protocol):
     async def replicate(self, address: str, req: pb.ReplicateRequest) -> pb.ReplicateResponse | None:
         """None: not reachable."""
 
+    def post(self, address: str, req: pb.ReplicateRequest,
+             answered: Callable[[pb.ReplicateResponse | None], None]) -> None:
+        """Send ``req``; ``answered`` takes its answer (None: not reachable) when it comes."""
+
     async def snapshot(self, address: str, chunk: pb.SnapshotChunk) -> pb.ReplicateResponse | None:
         """None: not reachable."""
 
@@ -54,9 +59,48 @@ class ReplicaChannel(Protocol):
         """The tablet's in-sync set after the change; raises StaleTokenError if refused."""
 
 
-# What a commit's replication waits for: (follower, its link, its acknowledgement, whether
-# it was in the in-sync set when the commit was sent).
-Sending = list[tuple[str, "_Link | None", "asyncio.Future[bool]", bool]]  # (None: an addressless follower, being dropped)
+class Posting:
+    """:meth:`ReplicaChannel.post` from its ``replicate`` coroutine, for a channel that has
+    only that (a test's)."""
+
+    async def replicate(self, address: str, req: pb.ReplicateRequest) -> pb.ReplicateResponse | None:
+        raise NotImplementedError
+
+    def post(self, address: str, req: pb.ReplicateRequest,
+             answered: Callable[[pb.ReplicateResponse | None], None]) -> None:
+        def done(task: asyncio.Task[pb.ReplicateResponse | None]) -> None:
+            answered(None if task.cancelled() or task.exception() is not None else task.result())
+        asyncio.get_running_loop().create_task(self.replicate(address, req)).add_done_callback(done)
+
+
+class _Acks:
+    """One commit's acknowledgements: ``all`` resolves once every follower it waits for has
+    answered, in the turn of the loop the last answer is read in."""
+
+    __slots__ = ("left", "all")
+
+    def __init__(self) -> None:
+        self.left = 1  # held by Replicator.send until every follower has it
+        self.all: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def one(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.expire()
+
+    def expire(self) -> None:
+        """Every answer is in, or the time for them ran out."""
+        if not self.all.done():
+            self.all.set_result(None)
+
+
+@dataclass(slots=True)
+class Sending:
+    """What a commit's replication waits for: (follower, its link, its acknowledgement, whether
+    it was in the in-sync set when the commit was sent), and when all of them are in."""
+
+    waits: list[tuple[str, _Link | None, asyncio.Future[bool], bool]]  # (None: an addressless follower, being dropped)
+    acks: _Acks
 
 
 class ReplicationError(MillstreamError):
@@ -69,10 +113,23 @@ class _Entry:
     index: int
     ops: bytes
     done: asyncio.Future[bool]
+    acks: _Acks | None  # (None: not waited for)
+
+    def settle(self, ok: bool) -> None:
+        if not self.done.done():
+            self.done.set_result(ok)
+            if self.acks is not None:
+                self.acks.one()
 
 
 class _Link:
-    """One follower: the commits it has not acknowledged, and the task that sends them."""
+    """One follower: the commits it has not acknowledged, and how they go to it.
+
+    A follower that is caught up is *streaming*: each commit goes to it as it is pushed (at
+    most one Replicate out at a time, the rest with its answer), and each answer is taken as
+    it is read, in that turn of the loop, no task woken on the way. Anything else (probing,
+    verifying, a snapshot, a failure, catching up) is the link's task's, which streaming
+    wakes and hands over to on anything but a clean answer."""
 
     def __init__(self, rep: Replicator, follower: str, address: str) -> None:
         self.rep = rep
@@ -88,30 +145,44 @@ class _Link:
         # The leader dropped this follower from the in-sync set (it restarted, say): before
         # it counts as caught up again, it must say which commit it holds.
         self.verify = False
+        self.streaming = False  # commits go as pushed; the task waits to be woken (nudge)
+        self.out: asyncio.Future[bool] | None = None  # the Replicate out: sent, or not reachable
+        self.unreachable = False  # streaming ended on one the follower did not take: back off first
+        self.refused = False      # the follower has seen a newer primary: this link is done
         self.wake = asyncio.Event()
         self.task = asyncio.create_task(self._run(), name=f"replicate {rep.tablet.name} to {follower}")
 
-    def push(self, index: int, ops: bytes) -> asyncio.Future[bool]:
+    def push(self, index: int, ops: bytes, acks: _Acks | None = None) -> asyncio.Future[bool]:
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         if self.base is not None and index <= self.base:
             fut.set_result(True)
             return fut
-        self.queue.append(_Entry(index, ops, fut))
+        if acks is not None:
+            acks.left += 1
+        self.queue.append(_Entry(index, ops, fut, acks))
         self.queued_bytes += len(ops)
         if self.queued_bytes > QUEUE_MAX_BYTES and not self.synced:
             log.warning("tablet %s: follower %s is %d MiB behind; it starts again from a snapshot",
                         self.rep.tablet.name, self.follower, self.queued_bytes >> 20)
             self._drop(False)
             self.base = None
-        self.wake.set()
+            self.nudge()
+        elif not self.streaming:
+            self.wake.set()
+        elif self.out is None:
+            self._post()
         return fut
+
+    def nudge(self) -> None:
+        """Hand over to the task: it looks at the link's state again (once no Replicate is out)."""
+        self.streaming = False
+        self.wake.set()
 
     def _drop(self, ok: bool, upto: int | None = None) -> None:
         while self.queue and (upto is None or self.queue[0].index <= upto):
             e = self.queue.popleft()
             self.queued_bytes -= len(e.ops)
-            if not e.done.done():
-                e.done.set_result(ok)
+            e.settle(ok)
         if upto is None:
             self.queued_bytes = 0
 
@@ -122,10 +193,10 @@ class _Link:
         """A send failed: whoever waits hears so; this follower is no longer caught up."""
         self.synced = False
         for e in self.queue:
-            if not e.done.done():
-                e.done.set_result(False)
+            e.settle(False)
 
     async def close(self) -> None:
+        self.streaming = False
         self.task.cancel()
         await asyncio.gather(self.task, return_exceptions=True)
         self._drop(False)
@@ -134,6 +205,16 @@ class _Link:
         backoff = 0.05
         while True:
             try:
+                if self.out is not None:  # streaming handed over with a Replicate out: its answer first
+                    await asyncio.shield(self.out)
+                    continue
+                if self.refused:
+                    return
+                if self.unreachable:
+                    self.unreachable = False
+                    await asyncio.sleep(backoff)
+                    backoff = min(2.0, backoff * 2)
+                    continue
                 if self.base is None and self.probe:
                     if not self.queue:
                         await self.wake.wait()
@@ -168,12 +249,16 @@ class _Link:
                             backoff = min(2.0, backoff * 2)
                             continue
                         backoff = 0.05
+                    self.streaming = True
                     await self.wake.wait()
                     self.wake.clear()
+                    self.streaming = False
                     continue
                 if await self._send():
                     backoff = 0.05
                     continue
+                if self.refused:
+                    return
             except asyncio.CancelledError:
                 raise
             except StaleTokenError:
@@ -187,6 +272,12 @@ class _Link:
             backoff = min(2.0, backoff * 2)
 
     async def _send(self) -> bool:
+        """Send the queue's first commits and wait for the answer. True: the follower took
+        them, or needs a snapshot (``base`` is None); False: not reachable, or it refused."""
+        return await self._post()
+
+    def _post(self) -> asyncio.Future[bool]:
+        """Send the queue's first commits (up to a call's worth); :meth:`_answered` takes the answer."""
         entries: list[pb.ReplicaEntry] = []
         size = 0
         for e in self.queue:
@@ -195,31 +286,53 @@ class _Link:
             entries.append(pb.ReplicaEntry(index=e.index, ops=e.ops))
             size += len(e.ops)
         rep = self.rep
+        out = self.out = asyncio.get_running_loop().create_future()
         if rep.blocked(self.address):
-            resp = None
+            self._answered(entries[-1].index, 0.0, None)
         else:
-            t0 = time.perf_counter()
             req = self.request()
             req.entries.extend(entries)
             req.prev_term = rep.tablet.store.term_of(entries[0].index - 1)
-            resp = await rep.channel.replicate(self.address, req)
-            metrics.REPLICATION_RPC_SECONDS.labels(rep.tablet.computation).observe(time.perf_counter() - t0)
+            rep.channel.post(self.address, req,
+                             functools.partial(self._answered, entries[-1].index, time.perf_counter()))
+        return out
+
+    def _answered(self, last: int, sent_at: float, resp: pb.ReplicateResponse | None) -> None:
+        """The answer to the Replicate that ended with commit ``last`` (None: not reachable):
+        while streaming, the next commits go at once; on anything but a clean answer, or once
+        an unsynced follower holds everything, the task takes over."""
+        rep = self.rep
+        if sent_at:
+            metrics.REPLICATION_RPC_SECONDS.labels(rep.tablet.computation).observe(time.perf_counter() - sent_at)
+        out, self.out = self.out, None
+        ok = False
         if resp is None or resp.status in (R.WRONG_WORKER, R.NOT_YET):  # NOT_YET: its routing lags
             self.fail()
-            return False
-        self.probe = False
-        if resp.status == R.OK:
-            self.base = max(self.base or 0, entries[-1].index)
+            self.unreachable = self.streaming
+        elif resp.status == R.OK:
+            self.probe = False
+            self.base = max(self.base or 0, last)
             self._drop(True, self.base)
-            return True
-        if resp.status == R.STALE_TOKEN:
+            ok = True
+        elif resp.status == R.STALE_TOKEN:
             metrics.REPLICATION_REFUSED.labels(rep.tablet.computation).inc()
             log.warning("tablet %s: follower %s refused our commits (token %d): %s", rep.tablet.name,
                         self.follower, rep.tablet.token, resp.detail)
-            raise StaleTokenError(resp.detail or "a newer primary exists")
-        self.fail()
-        self.base = None  # NEED_SNAPSHOT
-        return True
+            rep.stale = self.refused = True
+            self.fail()
+        else:  # NEED_SNAPSHOT
+            self.probe = False
+            self.fail()
+            self.base = None
+            ok = True
+        if out is not None and not out.done():
+            out.set_result(ok)
+        if self.streaming:
+            if self.base is not None and ok and self.synced and not self.verify:
+                if self.queue:
+                    self._post()
+            else:
+                self.nudge()
 
     async def _check(self) -> bool:
         """Ask the follower which commit it holds (an empty Replicate): if not the last one
@@ -336,7 +449,7 @@ class Replicator:
         if link is not None and (link.synced or link.probe):
             link.synced = link.probe = False
             link.verify = True
-            link.wake.set()
+            link.nudge()
 
     def required(self) -> set[str]:
         """Followers without whose acknowledgement nothing may be acknowledged."""
@@ -346,14 +459,19 @@ class Replicator:
         """Queue commit ``index`` for every follower (called before the primary's own write
         of it: they take it meanwhile); :meth:`wait` for what this returns."""
         required = self.required()
-        waits: Sending = []
+        sending = Sending([], _Acks())
         for w, link in self.links.items():
-            fut = link.push(index, ops)
-            if w in required or link.synced:
-                waits.append((w, link, fut, w in required))
+            awaited = w in required or link.synced
+            fut = link.push(index, ops, sending.acks if awaited else None)
+            if awaited:
+                sending.waits.append((w, link, fut, w in required))
         for w in (required & self._listed) - self.links.keys():
-            waits.append((w, None, self._dropping(w), True))
-        return waits
+            drop = self._dropping(w)
+            sending.acks.left += 1
+            drop.add_done_callback(lambda _: sending.acks.one())
+            sending.waits.append((w, None, drop, True))
+        sending.acks.one()  # (send's hold)
+        return sending
 
     def _dropping(self, follower: str) -> asyncio.Task[bool]:
         """A required follower this primary has no address for: have the leader drop it (one
@@ -366,15 +484,21 @@ class Replicator:
             task = self._drops[follower] = asyncio.get_running_loop().create_task(drop())
         return task
 
-    async def wait(self, waits: Sending) -> None:
+    async def wait(self, sending: Sending) -> None:
         """Return once the commit :meth:`send` gave is durable on every in-sync follower (the
         others get it too, as they can); raises :class:`ReplicationError` if that cannot be."""
         if self.stale:
             raise ReplicationError(f"tablet {self.tablet.name}: a newer primary exists")
-        if not waits:
+        if not sending.waits:
             return
-        await asyncio.wait([f for _, _, f, _ in waits], timeout=self.timeout_s)
-        for w, link, fut, required in waits:
+        acks = sending.acks.all
+        if not acks.done():
+            timer = asyncio.get_running_loop().call_later(self.timeout_s, sending.acks.expire)
+            try:
+                await acks  # (in the turn the last answer is read in: _Acks)
+            finally:
+                timer.cancel()
+        for w, link, fut, required in sending.waits:
             if fut.done() and fut.result():
                 continue
             if link is None:  # dropped through the leader first (or the lease runs out: it raises)

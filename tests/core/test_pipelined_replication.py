@@ -18,6 +18,7 @@ from runtime.faults import Faults
 from runtime.wire import millstream_pb2 as pb
 from tests.core.corekit import WriteFails, engine_options, nowhere
 from worker.core import WorkerCore
+from worker.replication import Posting
 from worker.sender import OK
 from worker.storage import state_key
 from worker.writes import read_log
@@ -41,7 +42,7 @@ def _rec(i: int, value: bytes) -> Record:
     return Record(b"k", value, 1_700_000_000_000_000 + i, i.to_bytes(16, "big"))
 
 
-class _Wire:
+class _Wire(Posting):
     """The network from the primary "w" to its follower "f", and the in-sync set as the
     leader keeps it (with every change asked for, in order)."""
 

@@ -22,6 +22,7 @@ from runtime.sinks import read_file_sink
 from runtime.wire import millstream_pb2 as pb
 from tests.core.corekit import WriteFails, engine_options, nowhere
 from worker.core import WorkerCore
+from worker.replication import Posting
 from worker.sender import OK
 
 KEY = ("out", 0)
@@ -44,7 +45,7 @@ def _rec(i: int) -> Record:
     return Record(b"k", b"v%d" % i, 1_700_000_000_000_000 + i, i.to_bytes(16, "big"))
 
 
-class _Wire:
+class _Wire(Posting):
     """One worker's network to the other, and the leader as that worker's primaries see it.
 
     ``cut``: its replication gets no answer (unreachable). ``leader``: how the leader answers

@@ -914,9 +914,11 @@ def test_an_answer_this_version_cannot_read_fails_the_deliveries_instead_of_leav
     task that reads it; its futures were never set and the sender's lane waited for ever."""
     from runtime.links import Channels, DeliveryLinks
 
-    class _Stream:
-        async def send(self, req: pb.DeliverManyRequest, on_part: Any = None) -> pb.DeliverAnswerFrame:
-            return pb.DeliverAnswerFrame(id=1, credit=1, answers=pb.DeliverManyResponse(answers=answers))
+    class _Stream:  # (sends at once: post; a frame that must wait goes the same way, from a task)
+        def post(self, req: pb.DeliverManyRequest, then: Any, on_part: Any = None) -> bool:
+            asyncio.get_running_loop().call_soon(
+                then, pb.DeliverAnswerFrame(id=1, credit=1, answers=pb.DeliverManyResponse(answers=answers)))
+            return True
 
     async def main() -> None:
         links = DeliveryLinks(Channels(Security()))
@@ -942,6 +944,114 @@ def test_an_answer_the_stream_could_not_parse_breaks_the_stream_instead_of_killi
         await _until(lambda: stream.broken is not None, "the stream to break")
         with pytest.raises(grpc.RpcError):
             await asyncio.wait_for(stream.send(_deliveries("c")), 5)
+        await stream.close()
+
+    asyncio.run(main())
+
+
+# ------------------------------------------------- frames sent at once (post)
+
+
+class _Instant(_FakeCall):
+    """A call whose writes need no wait (as on the frames port): what was written, in order."""
+
+    def __init__(self, grant: int) -> None:
+        super().__init__(grant)
+        self.written: list[Any] = []
+
+    def write_nowait(self, message: Any) -> bool:
+        self.written.append(message)
+        return True
+
+
+def _instant_stream(call: _Instant, timeout: float = 30) -> Any:
+    from runtime.links import FrameStream
+    return FrameStream(lambda: call, lambda i, d: pb.DeliverFrame(id=i, deliveries=d), lambda a: a,
+                       "delivery", timeout)
+
+
+def test_a_posted_frame_goes_at_once_and_its_answer_is_taken_by_the_reader_itself() -> None:
+    """The replication and delivery paths post their frames (runtime/links.py): written in the
+    call, no task between; the answer handed over by the stream's reader as it reads it."""
+    async def main() -> None:
+        call = _Instant(1 << 20)
+        stream = _instant_stream(call)
+        got: list[tuple[Any, bool]] = []
+
+        def then(answer: Any) -> None:
+            got.append((answer, asyncio.current_task() is stream._reader))
+
+        assert not stream.post(_deliveries("early"), then)  # no grant yet: it must be sent (send)
+        await _until(lambda: stream.window.granted > 0, "the grant")
+        assert stream.post(_deliveries("a"), then) and stream.post(_deliveries("b"), then)
+        assert [f.id for f in call.written] == [1, 2]  # (the frame not posted took no id)
+        assert [[d.computation for d in f.deliveries.deliveries] for f in call.written] == [["a"], ["b"]]
+        call.answers.put_nowait(pb.DeliverAnswerFrame(id=2, credit=call.written[1].ByteSize()))
+        call.answers.put_nowait(pb.DeliverAnswerFrame(id=1, credit=call.written[0].ByteSize()))
+        await _until(lambda: len(got) == 2, "both answers")
+        assert [(a.id, by_reader) for a, by_reader in got] == [(2, True), (1, True)]
+        assert stream.window.in_flight == {} and stream.broken is None
+        await stream.close()
+
+    asyncio.run(main())
+
+
+def test_a_posted_frame_does_not_overtake_one_waiting_for_credit() -> None:
+    """Frames to one worker keep their order (a tablet's deliveries, a copy's commits): while
+    a frame waits for credit, a smaller one that would fit is not posted past it."""
+    async def main() -> None:
+        big = pb.DeliverFrame(id=1, deliveries=_deliveries("big", value=b"x" * 1000)).ByteSize()
+        call = _Instant(big + big // 2)
+        stream = _instant_stream(call)
+        await _until(lambda: stream.window.granted > 0, "the grant")
+        first = asyncio.ensure_future(stream.send(_deliveries("big", value=b"x" * 1000)))
+        await _until(lambda: len(stream.window.in_flight) == 1, "the first frame")
+        second = asyncio.ensure_future(stream.send(_deliveries("big2", value=b"x" * 1000)))
+        await _until(lambda: bool(stream._woken), "the second frame to wait for credit")
+        assert not stream.post(_deliveries("small"), lambda answer: None)
+        call.answers.put_nowait(pb.DeliverAnswerFrame(id=1, credit=big))
+        await first
+        await _until(lambda: 2 in stream.window.in_flight, "the second frame to go")
+        call.answers.put_nowait(pb.DeliverAnswerFrame(id=2, credit=big + 1))
+        await second
+        await stream.close()
+
+    asyncio.run(main())
+
+
+def test_a_posted_frame_not_answered_in_time_fails_and_one_timer_serves_the_frames_after_it() -> None:
+    async def main() -> None:
+        from runtime.streams import StreamError
+        call = _Instant(1 << 20)
+        stream = _instant_stream(call, timeout=0.2)
+        got: dict[str, list[Any]] = {"a": [], "b": [], "c": []}
+        await _until(lambda: stream.window.granted > 0, "the grant")
+        assert stream.post(_deliveries("a"), got["a"].append)
+        await asyncio.sleep(0.1)  # (b goes 0.1 s after a: its time runs out 0.1 s after a's)
+        assert stream.post(_deliveries("b"), got["b"].append) and stream.post(_deliveries("c"), got["c"].append)
+        call.answers.put_nowait(pb.DeliverAnswerFrame(id=3, credit=call.written[2].ByteSize()))
+        await _until(lambda: bool(got["a"]), "a's time to run out")
+        assert isinstance(got["a"][0], StreamError) and got["a"][0].code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert got["b"] == [] and [a.id for a in got["c"]] == [3]
+        await _until(lambda: bool(got["b"]), "b's time to run out")
+        assert got["b"][0].code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert len(got["a"]) == len(got["c"]) == 1 and stream._expiry is None
+        await stream.close()
+
+    asyncio.run(main())
+
+
+def test_a_posted_frame_on_a_stream_that_breaks_hears_of_it() -> None:
+    async def main() -> None:
+        call = _Instant(1 << 20)
+        stream = _instant_stream(call)
+        got: list[Any] = []
+        await _until(lambda: stream.window.granted > 0, "the grant")
+        assert stream.post(_deliveries("a"), got.append)
+        call.answers.put_nowait(grpc.aio.EOF)  # the worker ended the stream
+        await _until(lambda: bool(got), "the frame to fail")
+        assert isinstance(got[0], grpc.RpcError) and got[0].code() == grpc.StatusCode.UNAVAILABLE
+        assert not stream.post(_deliveries("b"), got.append)  # a broken stream takes no more
         await stream.close()
 
     asyncio.run(main())

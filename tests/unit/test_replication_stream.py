@@ -112,6 +112,9 @@ def test_a_frame_whose_stream_broke_before_it_went_goes_on_a_new_stream_at_once(
     class _BrokeBeforeSending:
         broken: grpc.RpcError | None = None
 
+        def post(self, payload: Any, then: Any) -> bool:
+            return False  # (not at once: send)
+
         async def send(self, payload: Any) -> Any:
             self.broken = StreamError(grpc.StatusCode.UNAVAILABLE, "the stream broke")
             raise Unsent(grpc.StatusCode.UNAVAILABLE, "the stream broke before the frame went out")

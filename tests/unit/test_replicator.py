@@ -10,12 +10,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from runtime.wire import millstream_pb2 as pb
-from worker.replication import Replicator, _Link
+from worker.replication import Posting, Replicator, _Link
 
 R = pb.ReplicateResponse
 
 
-class _Channel:
+class _Channel(Posting):
     """A follower that holds every commit; a leader that refuses the first ``refuse`` requests
     to change the in-sync set (it is moving), then adds the follower."""
 
@@ -67,7 +67,7 @@ def test_a_caught_up_follower_the_leader_could_not_add_is_offered_again_without_
     asyncio.run(main())
 
 
-class _OneHangs:
+class _OneHangs(Posting):
     """Two in-sync followers: w3 neither answers nor dies; w2 holds the primary's last commit
     but answers only once w3 has been asked too."""
 
@@ -109,7 +109,7 @@ def test_a_reopened_primary_asks_its_followers_side_by_side_and_gives_a_hung_one
     asyncio.run(main())
 
 
-class _BothSilent:
+class _BothSilent(Posting):
     """Two in-sync followers that never answer, and a leader that applies each drop as it
     arrives but holds the first answer back until a second request arrives (0.5 s at most):
     answers that cross on the way back."""
@@ -156,7 +156,7 @@ def test_the_in_sync_set_is_the_leaders_last_answer_when_two_followers_are_dropp
     asyncio.run(main())
 
 
-class _Leader:
+class _Leader(Posting):
     """A leader that lists ``f`` in sync until asked to drop it; no follower is reachable."""
 
     def __init__(self) -> None:
@@ -190,6 +190,117 @@ def test_an_in_sync_follower_with_no_address_is_dropped_through_the_leader_befor
             assert leader.asked == [("f", False)] and rep.in_sync == {"w1"}
             await rep.wait(rep.send(2, b""))  # dropped: the next commit waits for nobody
             assert leader.asked == [("f", False)]
+        finally:
+            await rep.close()
+
+    asyncio.run(main())
+
+
+class _ByHand:
+    """A follower the test answers by hand: what the primary posted, in order, with what takes
+    each answer; a leader that does as it is asked."""
+
+    def __init__(self) -> None:
+        self.posted: list[tuple[pb.ReplicateRequest, Any]] = []
+        self.in_sync = {"w2"}
+
+    async def replicate(self, address: str, req: pb.ReplicateRequest) -> pb.ReplicateResponse | None:
+        raise AssertionError("a streaming link posts its commits")
+
+    def post(self, address: str, req: pb.ReplicateRequest, answered: Any) -> None:
+        self.posted.append((req, answered))
+
+    async def update_in_sync(self, req: pb.InSyncRequest) -> tuple[str, ...]:
+        (self.in_sync.add if req.add else self.in_sync.discard)(req.follower)
+        return tuple(sorted(self.in_sync))
+
+    def indexes(self, n: int) -> list[int]:
+        return [e.index for e in self.posted[n][0].entries]
+
+
+async def _streaming(wire: _ByHand, timeout_s: float = 5.0) -> tuple[Replicator, _Link]:
+    rep = Replicator(_tablet(), wire, checkpoints="/nonexistent", timeout_s=timeout_s)  # type: ignore[arg-type]
+    link = rep.links["w2"] = _Link(rep, "w2", "w2:1")
+    link.base = 0  # it holds every commit there is (none): the link asks the leader to add it
+    await _until(lambda: link.streaming, "the link to catch up and stream")
+    return rep, link
+
+
+async def _until(cond: Any, what: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)  # poll interval of this deadline-bounded wait
+
+
+def test_a_caught_up_follower_gets_each_commit_as_it_is_made_and_its_answer_acknowledges_it_at_once() -> None:
+    """W1's round (docs/performance.md): a commit goes to a streaming follower in the call that
+    makes it, with no task woken on the way; the next goes with the answer to the one out; the
+    answer settles the commit's acknowledgement in the same call."""
+    async def main() -> None:
+        wire = _ByHand()
+        rep, link = await _streaming(wire)
+        try:
+            first = rep.send(1, b"a")
+            assert len(wire.posted) == 1 and wire.indexes(0) == [1]  # sent, nothing awaited
+            second, third = rep.send(2, b"b"), rep.send(3, b"c")
+            assert len(wire.posted) == 1  # one Replicate out at a time
+            wire.posted[0][1](R(status=R.OK, index=1))
+            assert first.acks.all.done() and not second.acks.all.done()
+            assert len(wire.posted) == 2 and wire.indexes(1) == [2, 3]  # the rest, with the answer
+            wire.posted[1][1](R(status=R.OK, index=3))
+            assert second.acks.all.done() and third.acks.all.done()
+            for s in (first, second, third):
+                await rep.wait(s)
+            assert link.streaming and link.base == 3 and not link.queue
+        finally:
+            await rep.close()
+
+    asyncio.run(main())
+
+
+def test_a_streaming_follower_that_does_not_answer_is_retried_by_its_task_and_streams_again() -> None:
+    async def main() -> None:
+        wire = _ByHand()
+        rep, link = await _streaming(wire, timeout_s=0.1)
+        try:
+            first = rep.send(1, b"a")
+            wire.posted[0][1](None)  # not reachable
+            assert not link.streaming and first.acks.all.done()
+            await rep.wait(first)  # acknowledged without it: the leader dropped it first
+            assert wire.in_sync == set()
+            await _until(lambda: len(wire.posted) == 2, "the task to send commit 1 again, after a back-off")
+            assert wire.indexes(1) == [1]
+            wire.posted[1][1](R(status=R.OK, index=1))
+            await _until(lambda: link.streaming, "the follower to catch up and stream again")
+            assert wire.in_sync == {"w2"}  # added back once it held everything
+            second = rep.send(2, b"b")
+            assert len(wire.posted) == 3 and wire.indexes(2) == [2]
+            wire.posted[2][1](R(status=R.OK, index=2))
+            await rep.wait(second)
+        finally:
+            await rep.close()
+
+    asyncio.run(main())
+
+
+def test_a_streaming_follower_that_saw_a_newer_primary_fails_the_commit_and_ends_its_link() -> None:
+    from worker.replication import ReplicationError
+
+    async def main() -> None:
+        wire = _ByHand()
+        rep, link = await _streaming(wire)
+        try:
+            first = rep.send(1, b"a")
+            wire.posted[0][1](R(status=R.STALE_TOKEN, detail="token 4 seen here"))
+            try:
+                await rep.wait(first)
+                raise AssertionError("a commit a newer primary's follower refused was acknowledged")
+            except ReplicationError:
+                pass
+            await _until(lambda: link.task.done(), "the link's task to end")
+            rep.send(2, b"b")
+            assert len(wire.posted) == 1  # nothing more goes to it
         finally:
             await rep.close()
 
