@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import socket
@@ -78,6 +79,15 @@ STREAMS = Counter("millstream_frames_streams", "Streams a worker's data port too
 # A stream's server side: the servicer's method (``WorkerServicer.DeliverStream``), given the
 # frames and a context whose ``abort`` ends the stream with a status code.
 StreamMethod = Callable[[AsyncIterator[Any], Any], AsyncIterator[Any]]
+
+
+def _write_nowait(writer: asyncio.StreamWriter, message: Any) -> bool:
+    """Write ``message`` unless the connection is closing or its buffer is above the
+    high-water mark (False: the caller waits for room instead)."""
+    if writer.is_closing() or writer.transport.get_write_buffer_size() > _HIGH_WATER:
+        return False
+    writer.write(_pack(MESSAGE, message.SerializeToString()))
+    return True
 
 
 def _pack(kind: int, payload: bytes) -> bytes:
@@ -143,7 +153,12 @@ class _Abort(MillstreamError):
 
 
 class _Context:
-    """What a stream method is given as its context: ``abort`` ends the stream."""
+    """What a stream method is given as its context: ``abort`` ends the stream;
+    ``write_nowait`` writes an answer at once where the connection's buffer has room (False:
+    yield it)."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.write_nowait = functools.partial(_write_nowait, writer)
 
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise _Abort(code, details)
@@ -245,7 +260,7 @@ class FramesServer:
         try:
             # (closed at once when this ends, its frames in flight cancelled: not at collection)
             async with contextlib.aclosing(cast(AsyncGenerator[Any, None], call(_frames(reader, message),
-                                                                                  _Context()))) as answers:
+                                                                                  _Context(writer)))) as answers:
                 async for answer in answers:
                     writer.write(_pack(MESSAGE, answer.SerializeToString()))
                     if writer.transport.get_write_buffer_size() > _HIGH_WATER:
@@ -460,11 +475,7 @@ class FramesCall:
     def write_nowait(self, message: Any) -> bool:
         """:meth:`write`, where it needs no wait: the connection on the frames port open, its
         buffer below the high-water mark. False: not written (:meth:`write` it)."""
-        writer = self._writer
-        if writer is None or writer.is_closing() or writer.transport.get_write_buffer_size() > _HIGH_WATER:
-            return False
-        writer.write(_pack(MESSAGE, message.SerializeToString()))
-        return True
+        return self._writer is not None and _write_nowait(self._writer, message)
 
     async def read(self) -> Any:
         await self._open()

@@ -38,6 +38,19 @@ async def serve_frames(frames: AsyncIterator[Any], context: grpc.aio.ServicerCon
     # reads no answers gets no credit back, so what waits here stays within its grant.
     answers: asyncio.Queue[Any] = asyncio.Queue()
     tasks: set[asyncio.Task[None]] = set()
+    # Where the connection allows (the frames port: runtime/frames.py), an answer is written
+    # as it is made, no turn of the loop later: unless answers are queued before it (a
+    # frame's last part must not overtake its others).
+    write_nowait: Callable[[Any], bool] | None = getattr(context, "write_nowait", None)
+
+    def send(answer: Any, last: bool) -> None:
+        if write_nowait is not None and answers.empty() and write_nowait(answer):
+            if last:
+                window.answered(answer.credit)
+            else:
+                window.released(answer.credit)
+        else:
+            answers.put_nowait((answer, last))
 
     async def answer(frame: Any, size: int) -> None:
         given = 0  # bytes of the frame its parts gave back (credit_each)
@@ -45,7 +58,7 @@ async def serve_frames(frames: AsyncIterator[Any], context: grpc.aio.ServicerCon
         def part(answer: Any) -> None:
             nonlocal given
             given += answer.credit
-            answers.put_nowait((answer, False))
+            send(answer, False)
 
         try:
             out = await handle(frame, size, part)
@@ -54,7 +67,7 @@ async def serve_frames(frames: AsyncIterator[Any], context: grpc.aio.ServicerCon
             why = f"{type(e).__name__}: {e}".encode("utf-8", "backslashreplace").decode()  # (a lone surrogate)
             out = refused(frame.id, size, grpc.StatusCode.UNKNOWN, why, kind)
         out.credit = size - given  # the rest of the frame: never nothing (its id and framing)
-        answers.put_nowait((out, True))
+        send(out, True)
 
     async def read() -> None:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -55,3 +56,17 @@ class WriteFails:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._db, name)
+
+
+class Posting:
+    """A replica channel's ``post`` (worker/replication.py's ``ReplicaChannel``) made from its
+    ``replicate`` coroutine: a test's channel need write only that."""
+
+    async def replicate(self, address: str, req: pb.ReplicateRequest) -> pb.ReplicateResponse | None:
+        raise NotImplementedError
+
+    def post(self, address: str, req: pb.ReplicateRequest,
+             answered: Callable[[pb.ReplicateResponse | None], None]) -> None:
+        def done(task: asyncio.Task[pb.ReplicateResponse | None]) -> None:
+            answered(None if task.cancelled() or task.exception() is not None else task.result())
+        asyncio.get_running_loop().create_task(self.replicate(address, req)).add_done_callback(done)

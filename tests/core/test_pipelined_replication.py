@@ -16,9 +16,8 @@ from typing import Any
 from runtime import Record
 from runtime.faults import Faults
 from runtime.wire import millstream_pb2 as pb
-from tests.core.corekit import WriteFails, engine_options, nowhere
+from tests.core.corekit import Posting, WriteFails, engine_options, nowhere
 from worker.core import WorkerCore
-from worker.replication import Posting
 from worker.sender import OK
 from worker.storage import state_key
 from worker.writes import read_log

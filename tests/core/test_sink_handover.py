@@ -20,9 +20,8 @@ from runtime import Record
 from runtime.errors import StaleTokenError
 from runtime.sinks import read_file_sink
 from runtime.wire import millstream_pb2 as pb
-from tests.core.corekit import WriteFails, engine_options, nowhere
+from tests.core.corekit import Posting, WriteFails, engine_options, nowhere
 from worker.core import WorkerCore
-from worker.replication import Posting
 from worker.sender import OK
 
 KEY = ("out", 0)

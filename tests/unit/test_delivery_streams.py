@@ -1055,3 +1055,38 @@ def test_a_posted_frame_on_a_stream_that_breaks_hears_of_it() -> None:
         await stream.close()
 
     asyncio.run(main())
+
+
+def test_answers_are_written_as_they_are_made_where_the_connection_allows_and_never_past_queued_ones() -> None:
+    """On the frames port (runtime/frames.py) serve_frames writes an answer in the turn it is
+    made (``write_nowait``), no turn of the loop later; where the connection has no room, the
+    answer is queued and yielded, and later answers queue behind it (a frame's last part must
+    not overtake its others). Credit goes back as each is written."""
+    written: list[tuple[int, bool]] = []  # (frame id, more)
+    room = {"ok": True}
+
+    def write_nowait(answer: Any) -> bool:
+        if room["ok"]:
+            written.append((answer.id, answer.more))
+        return room["ok"]
+
+    async def frames() -> AsyncIterator[pb.DeliverFrame]:
+        for i in (1, 2):
+            yield pb.DeliverFrame(id=i, deliveries=_deliveries("a"))
+
+    async def handle(f: pb.DeliverFrame, size: int, part: Any) -> pb.DeliverAnswerFrame:
+        if f.id == 2:
+            room["ok"] = False  # the connection's buffer is full: this part waits in the queue
+            part(pb.DeliverAnswerFrame(id=2, more=True, credit=1))
+            room["ok"] = True   # room again: the last part must still not go past the first
+        return pb.DeliverAnswerFrame(id=f.id)
+
+    async def main() -> None:
+        context = SimpleNamespace(write_nowait=write_nowait)
+        answers = serve_frames(frames(), context, handle, grant=1 << 20)  # type: ignore[arg-type]
+        assert (await anext(answers)).credit == 1 << 20
+        yielded = [(a.id, a.more) async for a in answers]
+        assert written == [(1, False)]  # written at once, never yielded
+        assert yielded == [(2, True), (2, False)]  # queued, in order
+
+    asyncio.run(main())

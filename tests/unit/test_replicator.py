@@ -10,7 +10,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from runtime.wire import millstream_pb2 as pb
-from worker.replication import Posting, Replicator, _Link
+from tests.core.corekit import Posting
+from worker.followerlink import FollowerLink
+from worker.replication import Replicator
 
 R = pb.ReplicateResponse
 
@@ -51,7 +53,7 @@ def test_a_caught_up_follower_the_leader_could_not_add_is_offered_again_without_
     async def main() -> None:
         channel = _Channel(refuse=3)
         rep = Replicator(_tablet(), channel, checkpoints="/nonexistent", timeout_s=1.0)
-        link = _Link(rep, "w2", "127.0.0.1:1")
+        link = FollowerLink(rep, "w2", "127.0.0.1:1")
         link.base = 0  # it holds every commit there is (none): caught up, not in the in-sync set
         rep.links["w2"] = link
         try:
@@ -98,7 +100,7 @@ def test_a_reopened_primary_asks_its_followers_side_by_side_and_gives_a_hung_one
         tablet.store.index = 5
         rep = Replicator(tablet, channel, checkpoints="/nonexistent", timeout_s=0.3)
         rep.in_sync = {"w2", "w3"}
-        rep.links = {w: _Link(rep, w, f"127.0.0.1:{n}") for n, w in enumerate(["w2", "w3"], 1)}
+        rep.links = {w: FollowerLink(rep, w, f"127.0.0.1:{n}") for n, w in enumerate(["w2", "w3"], 1)}
         try:
             await asyncio.wait_for(rep.confirm(), 10)
             assert channel.dropped == ["w3"], "only the follower that did not answer leaves the in-sync set"
@@ -145,7 +147,7 @@ def test_the_in_sync_set_is_the_leaders_last_answer_when_two_followers_are_dropp
         tablet.host.lease_valid = lambda: True
         rep = Replicator(tablet, channel, checkpoints="/nonexistent", timeout_s=0.2)
         rep.in_sync = {"w2", "w3"}
-        rep.links = {w: _Link(rep, w, f"127.0.0.1:{n}") for n, w in enumerate(["w2", "w3"], 1)}
+        rep.links = {w: FollowerLink(rep, w, f"127.0.0.1:{n}") for n, w in enumerate(["w2", "w3"], 1)}
         try:
             await asyncio.wait_for(rep.confirm(), 10)
             assert channel.in_sync == {"w1"}
@@ -218,9 +220,9 @@ class _ByHand:
         return [e.index for e in self.posted[n][0].entries]
 
 
-async def _streaming(wire: _ByHand, timeout_s: float = 5.0) -> tuple[Replicator, _Link]:
+async def _streaming(wire: _ByHand, timeout_s: float = 5.0) -> tuple[Replicator, FollowerLink]:
     rep = Replicator(_tablet(), wire, checkpoints="/nonexistent", timeout_s=timeout_s)  # type: ignore[arg-type]
-    link = rep.links["w2"] = _Link(rep, "w2", "w2:1")
+    link = rep.links["w2"] = FollowerLink(rep, "w2", "w2:1")
     link.base = 0  # it holds every commit there is (none): the link asks the leader to add it
     await _until(lambda: link.streaming, "the link to catch up and stream")
     return rep, link
