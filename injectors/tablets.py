@@ -25,13 +25,14 @@ from typing import Any, Protocol
 from injectors.rounds import Chunk, Round, Sending
 from injectors.routes import Routes
 from runtime import delivery
+from runtime.alarm import Alarm
 from runtime.client import Client
 from runtime.columns import Columns
 from runtime.courier import Acked, Action, Courier, Deliver, Dropped, FetchRouting, Refused
 from runtime.delivery import Outcome, Receipt, Status
 from runtime.errors import InjectionError, MillstreamError, StreamClosedError, UnknownStreamError
 from runtime.imports import CodePolicy
-from runtime.links import Alarm, Channels, DeliveryLinks
+from runtime.links import Channels, DeliveryLinks
 from runtime.parcels import Rerouted
 from runtime.routing import RoutingTable
 from runtime.security import Security

@@ -51,7 +51,7 @@ def settle(fut: asyncio.Future[Any], value: Any) -> None:
         fut.set_result(value)
 
 
-def _call_back(then: Callable[[Any], None], value: Any) -> None:
+def call_back(then: Callable[[Any], None], value: Any) -> None:
     """Hand ``value`` to what takes a frame's answer: a failure there is logged, never the reader's."""
     try:
         then(value)
@@ -84,10 +84,12 @@ class FrameStream(Generic[Req, Ans]):
         self._answers = answers
         self._call = open()
         # What takes each frame's answer, or the stream's error (never raised into a caller
-        # that may have stopped waiting), and when the frame's time for it runs out (in the
-        # order the frames went: one timer, for the oldest, serves them all).
-        self._waiting: dict[int, tuple[float, Callable[[AnswerFrame | grpc.RpcError], None]]] = {}
+        # that may have stopped waiting); when each written frame's time for it runs out (in
+        # the order they were written: one timer, for the oldest, serves them all).
+        self._waiting: dict[int, Callable[[AnswerFrame | grpc.RpcError], None]] = {}
+        self._deadlines: dict[int, float] = {}
         self._expiry: asyncio.TimerHandle | None = None
+        self._sending = 0  # send() calls whose frames are not written yet
         self._parts: dict[int, Callable[[Any], None]] = {}  # frame id -> what takes its answer's parts
         self._woken: list[asyncio.Future[None]] = []  # frames waiting for credit: woken when it comes back
         self._late: set[int] = set()    # frames not answered in time, their credit still out (replace_late)
@@ -98,6 +100,19 @@ class FrameStream(Generic[Req, Ans]):
         """The answers to ``payload`` as one frame; raises :class:`grpc.RpcError` where the
         unary call would: refused, the stream broken, no answer in time. ``on_part``: takes
         each part of the answer but the last (runtime/streams.py), as it comes."""
+        self._sending += 1  # (no frame is posted past it: post)
+        try:
+            answer = await self._write(payload, on_part)
+        finally:
+            self._sending -= 1
+        out = self._outcome(await answer)  # (an answer, the stream's error, or no answer in time: _expire)
+        if isinstance(out, grpc.RpcError):
+            raise out
+        return out
+
+    async def _write(self, payload: Req, on_part: Callable[[Any], None] | None
+                     ) -> asyncio.Future[AnswerFrame | grpc.RpcError]:
+        """Write ``payload`` as one frame within the credit; the future of its answer."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         frame, size = self.window.next(lambda i: self._frame(i, payload))
@@ -149,20 +164,20 @@ class FrameStream(Generic[Req, Ans]):
         else:
             if unsent is not None:  # so it may go on a new stream at once
                 raise Unsent(unsent.code(), unsent.details() or "")
-        out = self._outcome(await answer)  # (an answer, the stream's error, or no answer in time: _expire)
-        if isinstance(out, grpc.RpcError):
-            raise out
-        return out
+        finally:  # a frame's answer has the whole timeout from its write (waits for credit and the lock aside)
+            self._clock(frame.id)
+        return answer
 
     def post(self, payload: Req, then: Callable[[Ans | grpc.RpcError], None],
              on_part: Callable[[Any], None] | None = None) -> bool:
         """Send ``payload`` as one frame now, where that needs no wait: credit at hand, no
-        frame waiting for it or being written, the connection open and its buffer not full.
+        :meth:`send` under way (waiting for credit or for the write: frames keep their order),
+        the connection open and its buffer not full.
         ``then`` takes the answers (or the error :meth:`send` would raise) as the stream's
         reader reads them, in that turn of the loop: no task waits on the way (``on_part``
         as :meth:`send`'s). False: not sent (:meth:`send` it)."""
         write_nowait = getattr(self._call, "write_nowait", None)
-        if write_nowait is None or self.broken is not None or self._woken or self._writing.locked():
+        if write_nowait is None or self.broken is not None or self._sending:
             return False
         frame, size = self.window.next(lambda i: self._frame(i, payload))
         try:
@@ -175,6 +190,7 @@ class FrameStream(Generic[Req, Ans]):
             return False
         self.window.sent(frame.id, size)
         self._expect(frame.id, lambda done: then(self._outcome(done)), on_part)
+        self._clock(frame.id)
         return True
 
     def _outcome(self, done: AnswerFrame | grpc.RpcError) -> Ans | grpc.RpcError:
@@ -186,34 +202,40 @@ class FrameStream(Generic[Req, Ans]):
     def _expect(self, frame_id: int, then: Callable[[AnswerFrame | grpc.RpcError], None],
                 on_part: Callable[[Any], None] | None = None) -> None:
         """Frame ``frame_id`` is going out: ``then`` takes its answer, or the stream's error, or
-        that none came within the timeout from now."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout
-        self._waiting[frame_id] = (deadline, then)
+        that none came in time (:meth:`_clock`)."""
+        self._waiting[frame_id] = then
         if on_part is not None:
             self._parts[frame_id] = on_part
+
+    def _clock(self, frame_id: int) -> None:
+        """Frame ``frame_id`` is written: its time for an answer starts now."""
+        loop = asyncio.get_running_loop()
+        deadline = self._deadlines[frame_id] = loop.time() + self.timeout
         if self._expiry is None:
             self._expiry = loop.call_at(deadline, self._expire)
 
     def _expire(self) -> None:
-        """The oldest frames' time ran out: each fails, no answer within the timeout."""
+        """The oldest frames' time ran out: each not answered fails, no answer within the timeout."""
         self._expiry = None
         loop = asyncio.get_running_loop()
         now = loop.time()
         late = False
-        while self._waiting:
-            frame_id, (deadline, then) = next(iter(self._waiting.items()))
+        while self._deadlines:
+            frame_id, deadline = next(iter(self._deadlines.items()))
             if deadline > now:
                 self._expiry = loop.call_at(deadline, self._expire)
                 break
-            del self._waiting[frame_id]
+            del self._deadlines[frame_id]
+            then = self._waiting.pop(frame_id, None)
+            if then is None:  # answered, or failed with the stream
+                continue
             self._parts.pop(frame_id, None)
             if self.replace_late and frame_id in self.window.in_flight:
                 # Its credit comes back only with its answer, which may never come: once a
                 # frame needs that credit, the stream is replaced (send).
                 self._late.add(frame_id)
                 late = True
-            _call_back(then, StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout:.0f} s"))
+            call_back(then, StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout:.0f} s"))
         if late:
             self._wake()  # a frame waiting for credit may need a late one's: it looks again
 
@@ -250,9 +272,10 @@ class FrameStream(Generic[Req, Ans]):
                     continue
                 self._late.discard(answer.id)
                 self._parts.pop(answer.id, None)
-                waiting = self._waiting.pop(answer.id, None)
-                if waiting is not None:
-                    _call_back(waiting[1], answer)
+                self._deadlines.pop(answer.id, None)
+                then = self._waiting.pop(answer.id, None)
+                if then is not None:
+                    call_back(then, answer)
         except grpc.RpcError as e:
             error = e
         except ValueError as e:  # an answer to no frame of ours: this stream cannot be trusted
@@ -271,9 +294,10 @@ class FrameStream(Generic[Req, Ans]):
             self._expiry.cancel()
             self._expiry = None
         waiting, self._waiting = self._waiting, {}
+        self._deadlines.clear()
         self._parts.clear()
-        for _, then in waiting.values():
-            _call_back(then, self.broken)
+        for then in waiting.values():
+            call_back(then, self.broken)
 
     async def close(self) -> None:
         self._break(StreamError(grpc.StatusCode.CANCELLED, f"the {self.what} stream was closed"))
@@ -359,6 +383,9 @@ class DeliveryLinks:
         """Send what this turn gave ``address``: on its stream at once where that needs no
         wait (the answers are taken as they are read), else from a task."""
         waiting = [b for b in self._bundles.pop(address, []) if not b[2].done()]
+        if self._closing:  # (nothing new starts: close() has cancelled what it will wait for)
+            self._left(address, waiting)
+            return
         for part in delivery.bundles([b[1] for b in waiting]):
             bundle = waiting[part.start:part.stop]
             futs = [b[2] for b in bundle]
@@ -383,11 +410,13 @@ class DeliveryLinks:
                 last = await self.stream(address).send(request, on_part)
         except grpc.RpcError as e:
             last = e
-        except BaseException as e:  # noqa: BLE001 (closing, or a failure this version does not know)
-            if not isinstance(e, asyncio.CancelledError):
-                log.warning("deliveries to %s failed: %r", address, e)
+        except asyncio.CancelledError:  # closing
             self._left(address, bundle)
             raise
+        except Exception as e:  # noqa: BLE001 (a failure this version does not know: retried, as unreachable)
+            log.warning("deliveries to %s failed: %r", address, e)
+            self._left(address, bundle)
+            return
         self._done(address, bundle, last)
 
     def _done(self, address: str, bundle: list[_Waiting], last: pb.DeliverAnswerFrame | grpc.RpcError) -> None:
@@ -466,31 +495,3 @@ class DeliveryLinks:
         self._streams.clear()
         if self._owns_channels:
             await self.channels.close()
-
-
-class Alarm:
-    """One wake-up on the running loop, at the time a delivery core (runtime/courier.py) asks
-    for (its ``wake_at``): re-arming at the same time keeps it, a new time replaces it, None
-    clears it. The worker's sender and the injector's shell each hold one."""
-
-    def __init__(self, ring: Callable[[], None]) -> None:
-        self._ring = ring
-        self._handle: asyncio.TimerHandle | None = None
-        self._at: float | None = None
-
-    def arm(self, at: float | None) -> None:
-        if at == self._at:
-            return
-        self.cancel()
-        self._at = at
-        if at is not None:
-            self._handle = asyncio.get_running_loop().call_at(at, self._rang)
-
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-        self._handle = self._at = None
-
-    def _rang(self) -> None:
-        self._handle = self._at = None
-        self._ring()

@@ -236,14 +236,18 @@ class FollowerLink:
             size += len(e.ops)
         rep = self.rep
         out = self.out = asyncio.get_running_loop().create_future()
-        if rep.blocked(self.address):
+        if rep.blocked(self.address):  # (a test's fault hook: the network to it is cut)
             self._answered(entries[-1].index, 0.0, None)
-        else:
+            return out
+        try:
             req = self.request()
             req.entries.extend(entries)
             req.prev_term = rep.tablet.store.term_of(entries[0].index - 1)
             rep.channel.post(self.address, req,
                              functools.partial(self._answered, entries[-1].index, time.perf_counter()))
+        except Exception as e:  # not sent: as unreachable (whoever waits hears so; it is tried again)
+            log.warning("tablet %s: replication to %s failed: %r", rep.tablet.name, self.follower, e)
+            self._answered(entries[-1].index, 0.0, None)
         return out
 
     def _answered(self, last: int, sent_at: float, resp: pb.ReplicateResponse | None) -> None:

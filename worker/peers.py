@@ -18,7 +18,7 @@ from runtime import delivery
 from runtime.client import AsyncMasterClient
 from runtime.columns import Columns
 from runtime.errors import StaleTokenError
-from runtime.links import Channels, DeliveryLinks, FrameStream, Unsent, settle
+from runtime.links import Channels, DeliveryLinks, FrameStream, Unsent, call_back, settle
 from runtime.security import Security
 from runtime.wire import millstream_pb2 as pb
 from runtime.wire import millstream_pb2_grpc as rpc
@@ -87,6 +87,10 @@ class Peers:
         """Send the Replicate requests this turn gave ``address``: on its stream at once where
         that needs no wait (their answers are taken as they are read), else from a task."""
         waiting = self._replicas.pop(address, [])
+        if self._closing:  # (nothing new starts: close() has cancelled what it will wait for)
+            for _, _, then in waiting:
+                call_back(then, None)
+            return
         for part in delivery.bundles([b[1] for b in waiting]):
             bundle = waiting[part.start:part.stop]
             if address not in self._unary and self._replication_stream(address).post(
@@ -143,7 +147,7 @@ class Peers:
                 log.warning("worker %s answered %d of %d replication requests", address, len(got), len(bundle))
                 got = [None] * len(bundle)
         for (_, _, then), answer in zip(bundle, got, strict=True):
-            then(answer)
+            call_back(then, answer)  # (one that fails leaves the others their answers)
 
     async def _replicate_unary(self, address: str, bundle: list[_Replicating]) -> pb.ReplicateManyResponse:
         stub = self._stub(address)

@@ -22,10 +22,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from runtime.alarm import Alarm
 from runtime.columns import Columns
 from runtime.courier import Acked, Action, Courier, Deliver, Dropped
 from runtime.delivery import Orders, Outcome, Receipt, Status
-from runtime.links import Alarm
 from runtime.parcels import Rerouted
 from runtime.routing import RoutingTable
 from worker.storage import Share, Shipment

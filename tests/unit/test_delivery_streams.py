@@ -1090,3 +1090,57 @@ def test_answers_are_written_as_they_are_made_where_the_connection_allows_and_ne
         assert yielded == [(2, True), (2, False)]  # queued, in order
 
     asyncio.run(main())
+
+
+class _HeldWrite(_Instant):
+    """A call whose (awaited) writes wait until the test lets them through; its writes that
+    need no wait go at once."""
+
+    def __init__(self, grant: int) -> None:
+        super().__init__(grant)
+        self.through = asyncio.Event()
+
+    async def write(self, message: Any) -> None:
+        await self.through.wait()
+        self.written.append(message)
+
+
+def test_a_frame_waiting_behind_a_slow_write_gets_its_whole_time_from_its_own_write() -> None:
+    """Review of the callbacks: a frame's time for its answer started before it waited for
+    another frame's write (a peer slow to read: up to DRAIN_TIMEOUT_S), so it could run out
+    before the frame went, and the follower be taken for unreachable. It starts at its write."""
+    async def main() -> None:
+        call = _HeldWrite(1 << 20)
+        stream = _instant_stream(call, timeout=0.3)
+        await _until(lambda: stream.window.granted > 0, "the grant")
+        first = asyncio.ensure_future(stream.send(_deliveries("a")))
+        second = asyncio.ensure_future(stream.send(_deliveries("b")))  # waits for the first's write
+        await asyncio.sleep(0.5)  # longer than the timeout: neither has been written yet
+        assert not first.done() and not second.done()
+        call.through.set()
+        await _until(lambda: len(call.written) == 2, "both writes")
+        for f in call.written:
+            call.answers.put_nowait(pb.DeliverAnswerFrame(id=f.id, credit=f.ByteSize()))
+        assert (await first).id == 1 and (await second).id == 2
+        await stream.close()
+
+    asyncio.run(main())
+
+
+def test_no_frame_is_posted_while_a_sent_one_waits_to_be_written() -> None:
+    async def main() -> None:
+        call = _HeldWrite(1 << 20)
+        stream = _instant_stream(call)
+        await _until(lambda: stream.window.granted > 0, "the grant")
+        first = asyncio.ensure_future(stream.send(_deliveries("a")))
+        await _until(lambda: 1 in stream.window.in_flight, "the first frame to take its credit")
+        assert not stream.post(_deliveries("b"), lambda answer: None)  # it would overtake the first
+        call.through.set()
+        await _until(lambda: len(call.written) == 1, "the first write")
+        assert stream.post(_deliveries("b"), lambda answer: None)
+        assert [f.id for f in call.written] == [1, 2]
+        call.answers.put_nowait(pb.DeliverAnswerFrame(id=1, credit=call.written[0].ByteSize()))
+        await first
+        await stream.close()
+
+    asyncio.run(main())

@@ -179,3 +179,22 @@ def test_a_follower_gone_is_unreachable_and_the_stream_reconnects() -> None:
             await peers.close()
 
     asyncio.run(main())
+
+
+def test_one_request_whose_taker_fails_leaves_the_frames_others_their_answers() -> None:
+    """Review of the callbacks: an exception in one tablet's taking of its answer stopped the
+    frame's other answers from being handed out (their links waited for ever)."""
+    async def main() -> None:
+        peers = Peers(Security())
+        got: list[Any] = []
+
+        def fails(answer: Any) -> None:
+            raise RuntimeError("a bug in one taker")
+
+        bundle = [(_req("a", 1), 1, fails), (_req("b", 2), 1, got.append)]
+        peers._answered("w:1", bundle, pb.ReplicateManyResponse(answers=[R(status=R.OK, index=1),
+                                                                          R(status=R.OK, index=2)]))
+        assert [a.index for a in got] == [2]
+        await peers.close()
+
+    asyncio.run(main())

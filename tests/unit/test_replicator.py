@@ -205,11 +205,15 @@ class _ByHand:
     def __init__(self) -> None:
         self.posted: list[tuple[pb.ReplicateRequest, Any]] = []
         self.in_sync = {"w2"}
+        self.raises = 0  # posts that raise
 
     async def replicate(self, address: str, req: pb.ReplicateRequest) -> pb.ReplicateResponse | None:
         raise AssertionError("a streaming link posts its commits")
 
     def post(self, address: str, req: pb.ReplicateRequest, answered: Any) -> None:
+        if self.raises:
+            self.raises -= 1
+            raise RuntimeError("a bug on the way to the follower")
         self.posted.append((req, answered))
 
     async def update_in_sync(self, req: pb.InSyncRequest) -> tuple[str, ...]:
@@ -303,6 +307,26 @@ def test_a_streaming_follower_that_saw_a_newer_primary_fails_the_commit_and_ends
             await _until(lambda: link.task.done(), "the link's task to end")
             rep.send(2, b"b")
             assert len(wire.posted) == 1  # nothing more goes to it
+        finally:
+            await rep.close()
+
+    asyncio.run(main())
+
+
+def test_a_commit_that_could_not_be_posted_fails_and_is_sent_again_by_the_links_task() -> None:
+    """Review of the callbacks: an error on the way out left the link's request "out" for
+    ever, its task waiting on it and nothing more sent; now it is as an unreachable follower."""
+    async def main() -> None:
+        wire = _ByHand()
+        rep, link = await _streaming(wire, timeout_s=0.1)
+        try:
+            wire.raises = 1
+            first = rep.send(1, b"a")
+            assert first.acks.all.done() and link.out is None and not link.streaming
+            await _until(lambda: len(wire.posted) == 1, "the task to send commit 1 again")
+            assert wire.indexes(0) == [1]
+            wire.posted[0][1](R(status=R.OK, index=1))
+            await _until(lambda: link.streaming, "the link to stream again")
         finally:
             await rep.close()
 
