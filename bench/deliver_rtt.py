@@ -34,7 +34,8 @@ import grpc
 import uvloop
 
 from runtime import delivery, serving
-from runtime.frames import FramesServer, Opener
+from runtime.frames import FramesServer
+from runtime.framesclient import Opener
 from runtime.links import delivery_stream
 from runtime.record import Record
 from runtime.security import Security

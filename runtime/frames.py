@@ -23,13 +23,8 @@ runtime/links.py's :class:`~runtime.links.FrameStream`, worker/deliverstream.py'
   raised at the client as the gRPC call would raise it;
 - ``END``: the client has no more frames (a gRPC stream's half close).
 
-Which transport a stream takes is the client's to find (:class:`Opener`): a worker's ``Ping``
-names its frames port (0: it has none: started with ``--data-port off``, or older). The answer
-is kept until a connection to that port fails or is refused before it is taken (the worker
-restarted, perhaps on another port: asked again), and a "none" for :data:`FALLBACK_S`. A
-port that a fresh answer names and that takes no connection (a firewall, a NAT that maps only
-the gRPC port) sends that worker's streams over gRPC for :data:`FALLBACK_S`, with a warning:
-gRPC's own errors then say whether the worker is reachable at all.
+Its client end, which finds whether a worker has a frames port and opens a stream on it (or
+on gRPC), is runtime/framesclient.py.
 
 A dead peer is found as with gRPC's keepalive: TCP keepalive and a user timeout (a host that
 vanished), a bound on each wait for room to write, and each frame's answer timeout (streams.py).
@@ -45,7 +40,7 @@ import logging
 import socket
 import struct
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any, cast
 
 import grpc
@@ -54,10 +49,8 @@ from prometheus_client import Counter
 
 from runtime.errors import MillstreamError
 from runtime.security import Refusal, Security, acting_as
-from runtime.serving import host_of
 from runtime.streams import StreamError
 from runtime.wire import MAX_MESSAGE_BYTES
-from runtime.wire import millstream_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +58,9 @@ HELLO, READY, MESSAGE, ERROR, END = 1, 2, 3, 4, 5
 _HEAD = struct.Struct(">IB")
 HELLO_TIMEOUT_S = 10.0  # a connection that says nothing (or does not finish its TLS handshake) is closed
 HELLO_MAX_BYTES = 64 << 10  # a hello: a method's name and a few headers
-CONNECT_TIMEOUT_S = 5.0  # a frames port that does not take a connection: unreachable
 DRAIN_TIMEOUT_S = 20.0  # a peer that reads nothing for this long, its buffers full: the stream breaks
-FALLBACK_S = 60.0  # how long a worker's streams stay on gRPC before its frames port is asked for again
 LINGER_S = 1.0  # after an error, how long the server reads on, so the error is not lost to a reset
-_HIGH_WATER = 256 << 10  # bytes waiting in a connection's buffer before a writer waits for room
+HIGH_WATER = 256 << 10  # bytes waiting in a connection's buffer before a writer waits for room
 
 SERVICE = "/millstream.v1.Worker/"
 
@@ -81,31 +72,31 @@ STREAMS = Counter("millstream_frames_streams", "Streams a worker's data port too
 StreamMethod = Callable[[AsyncIterator[Any], Any], AsyncIterator[Any]]
 
 
-def _write_nowait(writer: asyncio.StreamWriter, message: Any) -> bool:
+def write_nowait(writer: asyncio.StreamWriter, message: Any) -> bool:
     """Write ``message`` unless the connection is closing or its buffer is above the
     high-water mark (False: the caller waits for room instead)."""
-    if writer.is_closing() or writer.transport.get_write_buffer_size() > _HIGH_WATER:
+    if writer.is_closing() or writer.transport.get_write_buffer_size() > HIGH_WATER:
         return False
-    writer.write(_pack(MESSAGE, message.SerializeToString()))
+    writer.write(pack(MESSAGE, message.SerializeToString()))
     return True
 
 
-def _pack(kind: int, payload: bytes) -> bytes:
+def pack(kind: int, payload: bytes) -> bytes:
     return _HEAD.pack(len(payload), kind) + payload
 
 
-class _Broken(MillstreamError):
+class Broken(MillstreamError):
     """The connection ended within a message."""
 
 
-async def _read(reader: asyncio.StreamReader, limit: int = MAX_MESSAGE_BYTES) -> tuple[int, bytes] | None:
+async def read_message(reader: asyncio.StreamReader, limit: int = MAX_MESSAGE_BYTES) -> tuple[int, bytes] | None:
     """The next message, refused unread past ``limit`` bytes; None if the connection ended
-    between messages, :class:`_Broken` if it ended within one."""
+    between messages, :class:`Broken` if it ended within one."""
     try:
         head = await reader.readexactly(_HEAD.size)
     except asyncio.IncompleteReadError as e:
         if e.partial:
-            raise _Broken("within a message's header") from None
+            raise Broken("within a message's header") from None
         return None
     length, kind = _HEAD.unpack(head)
     if length > limit:
@@ -114,14 +105,14 @@ async def _read(reader: asyncio.StreamReader, limit: int = MAX_MESSAGE_BYTES) ->
     try:
         return kind, await reader.readexactly(length)
     except asyncio.IncompleteReadError:
-        raise _Broken("within a message") from None
+        raise Broken("within a message") from None
 
 
 def _error(code: grpc.StatusCode, details: str) -> bytes:
-    return _pack(ERROR, json.dumps({"code": code.name, "details": details}).encode())
+    return pack(ERROR, json.dumps({"code": code.name, "details": details}).encode())
 
 
-def _raised(payload: bytes) -> StreamError:
+def raised(payload: bytes) -> StreamError:
     try:
         doc = json.loads(payload)
         return StreamError(grpc.StatusCode[doc["code"]], str(doc["details"]))
@@ -129,7 +120,7 @@ def _raised(payload: bytes) -> StreamError:
         return StreamError(grpc.StatusCode.INTERNAL, "the worker ended the stream with an error that does not parse")
 
 
-def _tune(writer: asyncio.StreamWriter) -> None:
+def tune(writer: asyncio.StreamWriter) -> None:
     """Keepalive on a connection, as gRPC's: a peer whose host vanished is found within ~30 s."""
     sock = writer.get_extra_info("socket")
     if sock is None:
@@ -158,7 +149,7 @@ class _Context:
     yield it)."""
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
-        self.write_nowait = functools.partial(_write_nowait, writer)
+        self.write_nowait = functools.partial(write_nowait, writer)
 
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise _Abort(code, details)
@@ -202,11 +193,11 @@ class FramesServer:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
-        _tune(writer)
+        tune(writer)
         refused: StreamError | None = None
         try:
             await self._stream(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError, _Broken, TimeoutError):
+        except (ConnectionError, asyncio.IncompleteReadError, Broken, TimeoutError):
             pass  # the client went away, or never spoke: nothing of its stream is left here
         except StreamError as e:
             refused = e
@@ -246,7 +237,7 @@ class FramesServer:
     async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # A caller not checked yet gets no more than a hello's bytes read (gRPC's check, too,
         # refuses before it reads a message: runtime/security.py).
-        first = await asyncio.wait_for(_read(reader, HELLO_MAX_BYTES), HELLO_TIMEOUT_S)
+        first = await asyncio.wait_for(read_message(reader, HELLO_MAX_BYTES), HELLO_TIMEOUT_S)
         if first is None:
             return
         try:
@@ -254,7 +245,7 @@ class FramesServer:
         except StreamError:
             STREAMS.labels("refused").inc()
             raise
-        writer.write(_pack(READY, b""))
+        writer.write(pack(READY, b""))
         self.opened += 1
         STREAMS.labels("opened").inc()
         try:
@@ -262,8 +253,8 @@ class FramesServer:
             async with contextlib.aclosing(cast(AsyncGenerator[Any, None], call(_frames(reader, message),
                                                                                   _Context(writer)))) as answers:
                 async for answer in answers:
-                    writer.write(_pack(MESSAGE, answer.SerializeToString()))
-                    if writer.transport.get_write_buffer_size() > _HIGH_WATER:
+                    writer.write(pack(MESSAGE, answer.SerializeToString()))
+                    if writer.transport.get_write_buffer_size() > HIGH_WATER:
                         await asyncio.wait_for(writer.drain(), DRAIN_TIMEOUT_S)
         except _Abort as e:
             raise StreamError(e.code, e.details) from None
@@ -299,8 +290,8 @@ async def _frames(reader: asyncio.StreamReader, message: type[Any]) -> AsyncIter
     gRPC stream whose sender went away does."""
     while True:
         try:
-            got = await _read(reader)
-        except (ConnectionError, _Broken) as e:
+            got = await read_message(reader)
+        except (ConnectionError, Broken) as e:
             raise StreamError(grpc.StatusCode.UNAVAILABLE, f"the sender's connection broke ({e})") from None
         if got is None:
             raise StreamError(grpc.StatusCode.UNAVAILABLE, "the sender closed its connection without ending its stream")
@@ -313,207 +304,3 @@ async def _frames(reader: asyncio.StreamReader, message: type[Any]) -> AsyncIter
             yield message.FromString(payload)
         except DecodeError:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "a frame that does not parse") from None
-
-
-_UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
-
-
-class Opener:
-    """Which transport the streams of one process to each worker take (the module's doc):
-    ``ping(address)`` asks a worker for its frames port."""
-
-    def __init__(self, security: Security, ping: Callable[[str], Awaitable[pb.PingResponse]],
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.security = security
-        self._ping = ping
-        self._clock = clock
-        # address -> the answer (port, worker id), asked or being asked; and until when a
-        # "none" holds (an address on gRPC for now)
-        self._ports: dict[str, asyncio.Future[tuple[int, str]]] = {}
-        self._grpc_until: dict[str, float] = {}
-        self._ssl = security.client_ssl_context()
-
-    def stream(self, address: str, method: str, answer: type[Any], grpc_call: Callable[[], Any]) -> FramesCall:
-        """A stream of ``method`` to the worker at ``address``, opened on first use."""
-        return FramesCall(self, address, method, answer, grpc_call)
-
-    async def port(self, address: str) -> tuple[int, str, bool]:
-        """(``address``'s frames port, 0 for none; its worker id; whether it was asked just now)."""
-        if self._clock() < self._grpc_until.get(address, 0.0):
-            return 0, "", False
-        fut = self._ports.get(address)
-        fresh = fut is None
-        if fut is None:
-            fut = self._ports[address] = asyncio.get_running_loop().create_task(self._ask(address))
-        try:
-            port, worker = await asyncio.shield(fut)
-        except BaseException:
-            if self._ports.get(address) is fut and fut.done():
-                del self._ports[address]
-            raise
-        if port == 0:
-            self.on_grpc(address)
-        return port, worker, fresh
-
-    async def _ask(self, address: str) -> tuple[int, str]:
-        try:
-            answer = await self._ping(address)
-        except grpc.RpcError as e:
-            if e.code() in _UNREACHABLE:
-                raise  # as a stream to it would fail now
-            # Refused or failed there (an older worker, a bug): its gRPC streams answer for themselves.
-            log.debug("worker %s did not say where its frames port is (%s): its streams go over gRPC",
-                      address, e.code().name)
-            return 0, ""
-        return int(answer.frames_port), str(answer.worker_id)
-
-    def forget(self, address: str) -> None:
-        """What ``address`` said is not to be trusted any more: ask it again next time."""
-        self._ports.pop(address, None)
-
-    def on_grpc(self, address: str, why: str = "") -> None:
-        """``address``'s streams go over gRPC for :data:`FALLBACK_S` (then it is asked again)."""
-        if why and self._clock() >= self._grpc_until.get(address, 0.0):
-            log.warning("worker %s: %s; its deliveries and replication go over gRPC for %.0f s (slower: "
-                        "let its --data-port through, or start it with --data-port off)", address, why, FALLBACK_S)
-        self._grpc_until[address] = self._clock() + FALLBACK_S
-        self._ports.pop(address, None)
-
-    async def connect(self, address: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        host = host_of(address)
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(
-            host, port, ssl=self._ssl, server_hostname=host if self._ssl is not None else None), CONNECT_TIMEOUT_S)
-        _tune(writer)
-        return reader, writer
-
-
-class FramesCall:
-    """One stream to a worker, with the calls :class:`~runtime.links.FrameStream` makes of a
-    gRPC stream (``write``, ``read``, ``cancel``): on the worker's frames port, or, where it
-    has none (or it cannot be reached), on the gRPC stream itself. Connects at its first call."""
-
-    def __init__(self, opener: Opener, address: str, method: str, answer: type[Any],
-                 grpc_call: Callable[[], Any]) -> None:
-        self._opener = opener
-        self._address = address
-        self._method = method
-        self._answer = answer
-        self._grpc_call = grpc_call
-        self._grpc: Any = None
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._opening: asyncio.Task[None] | None = None
-        self._cancelled = False
-        self._taken = False  # the server answered the hello
-
-    async def _open(self) -> None:
-        if self._opening is None:
-            self._opening = asyncio.get_running_loop().create_task(self._connect())
-        try:
-            await asyncio.shield(self._opening)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise  # our caller's
-            raise StreamError(grpc.StatusCode.CANCELLED, "the stream was cancelled") from None
-
-    async def _connect(self) -> None:
-        opener, address = self._opener, self._address
-        try:
-            port, worker, fresh = await opener.port(address)
-            while port:
-                try:
-                    reader, writer = await opener.connect(address, port)
-                    break
-                except (OSError, TimeoutError) as e:
-                    opener.forget(address)
-                    if fresh:  # the port it named just now takes no connection
-                        opener.on_grpc(address, f"its frames port {port} takes no connection ({e!r})")
-                        port = 0
-                    else:  # it may have restarted elsewhere: ask again
-                        port, worker, fresh = await opener.port(address)
-        except grpc.RpcError as e:
-            raise StreamError(e.code(), e.details() or "the worker did not answer") from None
-        if self._cancelled:
-            raise StreamError(grpc.StatusCode.CANCELLED, "the stream was cancelled")
-        if not port:
-            self._grpc = self._grpc_call()
-            return
-        self._reader, self._writer = reader, writer
-        hello = {"method": self._method, "worker": worker, "headers": self._opener.security.headers()}
-        writer.write(_pack(HELLO, json.dumps(hello).encode()))
-
-    def _broke(self, why: str) -> StreamError:
-        return StreamError(grpc.StatusCode.UNAVAILABLE, f"the connection to {self._address} broke ({why})")
-
-    async def _next(self) -> tuple[int, bytes]:
-        assert self._reader is not None
-        try:
-            got = await _read(self._reader)
-        except (ConnectionError, _Broken) as e:
-            raise self._broke(str(e) or type(e).__name__) from None
-        return (END, b"") if got is None else got  # (closed between messages: the stream's end)
-
-    async def write(self, message: Any) -> None:
-        await self._open()
-        if self._grpc is not None:
-            await self._grpc.write(message)
-            return
-        writer = self._writer
-        assert writer is not None
-        if writer.is_closing():
-            raise self._broke("closed")
-        writer.write(_pack(MESSAGE, message.SerializeToString()))
-        if writer.transport.get_write_buffer_size() > _HIGH_WATER:
-            try:
-                await asyncio.wait_for(writer.drain(), DRAIN_TIMEOUT_S)
-            except ConnectionError as e:
-                raise self._broke(repr(e)) from None
-            except TimeoutError:
-                raise self._broke(f"the worker read nothing for {DRAIN_TIMEOUT_S:.0f} s") from None
-
-    def write_nowait(self, message: Any) -> bool:
-        """:meth:`write`, where it needs no wait: the connection on the frames port open, its
-        buffer below the high-water mark. False: not written (:meth:`write` it)."""
-        return self._writer is not None and _write_nowait(self._writer, message)
-
-    async def read(self) -> Any:
-        await self._open()
-        if self._grpc is not None:
-            return await self._grpc.read()
-        kind, payload = await self._next()
-        if not self._taken:  # the server's answer to the hello comes first
-            if kind != READY:  # refused, or closed: what the worker said may be stale
-                self._opener.forget(self._address)
-                if kind == END:
-                    raise self._broke("closed before it took the stream")
-            else:
-                self._taken = True
-                kind, payload = await self._next()
-        if kind == MESSAGE:
-            try:
-                return self._answer.FromString(payload)
-            except DecodeError:
-                return None  # (as grpc.aio's read of an answer it cannot parse: FrameStream says so)
-        if kind == ERROR:
-            raise _raised(payload)
-        if kind == END:
-            return grpc.aio.EOF
-        raise StreamError(grpc.StatusCode.INTERNAL, f"a message of unknown kind {kind} from {self._address}")
-
-    async def done_writing(self) -> None:
-        await self._open()
-        if self._grpc is not None:
-            await self._grpc.done_writing()
-        elif self._writer is not None and not self._writer.is_closing():
-            self._writer.write(_pack(END, b""))
-
-    def cancel(self) -> bool:
-        self._cancelled = True
-        if self._grpc is not None:
-            return bool(self._grpc.cancel())
-        if self._writer is not None:
-            self._writer.transport.abort()  # (buffered frames dropped: close() would wait to send them)
-        if self._opening is not None and not self._opening.done():
-            self._opening.cancel()
-        return True

@@ -21,7 +21,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import grpc
 
 from runtime import delivery
-from runtime.frames import Opener
+from runtime.framesclient import Opener
 from runtime.security import Security
 from runtime.streams import FRAME_TIMEOUT_S, AnswerFrame, SenderWindow, StreamError, is_part, refusal
 from runtime.wire import millstream_pb2 as pb
@@ -318,7 +318,7 @@ def delivery_stream(stub: rpc.WorkerStub, open: Callable[[], _Call] | None = Non
 
 class Channels:
     """One asyncio channel (and stub) per worker address, and the streams to each worker: on
-    its frames port where it has one (runtime/frames.py), else on gRPC."""
+    its frames port where it has one (runtime/framesclient.py), else on gRPC."""
 
     def __init__(self, security: Security, frames: bool = True) -> None:
         self.security = security

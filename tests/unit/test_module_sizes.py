@@ -27,10 +27,6 @@ OVERSIZE: dict[str, tuple[int, str]] = {
                                  "check every server makes of a call and the TLS both transports use (gRPC's "
                                  "and the data plane's, runtime/frames.py); the gRPC interceptors are the next "
                                  "to move out"),
-    "runtime/frames.py": (520, "the data plane's transport: one wire format (the framing, its errors, TLS and the "
-                               "caller's check) shared by its two ends, the server's (FramesServer) and the "
-                               "client's (Opener, FramesCall); raised for the writes that need no wait at both "
-                               "ends; the client's end is the next to move out"),
     "worker/storage.py": (547, "the RocksDB key layout and the commit that writes it are one contract: the layout "
                                "table at the top is what every reader of a tablet checks"),
     "injectors/injector.py": (601, "the public Injector class: its docstrings are the user's reference "
