@@ -39,6 +39,7 @@ from typing import Any
 
 import grpc
 
+from runtime.callheaders import SyncToken, aio_token_interceptors
 from runtime.errors import ConfigError
 from runtime.wire import CHANNEL_OPTIONS
 
@@ -295,7 +296,7 @@ class Security:
         else:
             ch = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         headers = self.headers()
-        return grpc.intercept_channel(ch, _SyncToken(headers)) if headers else ch
+        return grpc.intercept_channel(ch, SyncToken(headers)) if headers else ch
 
     def headers(self) -> list[tuple[str, str]]:
         """What every call of this process carries: its token, and its injector credential."""
@@ -307,83 +308,11 @@ class Security:
     def aio_channel(self, address: str) -> grpc.aio.Channel:
         """An asyncio channel to ``address`` carrying the token, over TLS if configured."""
         headers = self.headers()
-        interceptors: Any = ([_AioUnaryToken(headers), _AioStreamToken(headers),
-                              _AioStreamUnaryToken(headers), _AioStreamStreamToken(headers)]
-                             if headers else None)
+        interceptors: Any = aio_token_interceptors(headers) if headers else None
         if self.tls:
             return grpc.aio.secure_channel(address, self._client_credentials(), options=CHANNEL_OPTIONS,
                                            interceptors=interceptors)
         return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)
-
-
-def _with_token(details: Any, headers: list[tuple[str, str]]) -> Any:
-    metadata = list(details.metadata or []) + headers
-    return details._replace(metadata=metadata) if hasattr(details, "_replace") else _Details(details, metadata)
-
-
-class _Details:
-    """Client call details with extra metadata (grpc's own type is a namedtuple-like)."""
-
-    def __init__(self, base: Any, metadata: list[tuple[str, str]]) -> None:
-        self.method = base.method
-        self.timeout = base.timeout
-        self.metadata = metadata
-        self.credentials = base.credentials
-        self.wait_for_ready = getattr(base, "wait_for_ready", None)
-        self.compression = getattr(base, "compression", None)
-
-
-class _SyncToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
-                 grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
-    """The token on every call of a channel, whatever its shape (a shape left out goes
-    without it: ``LoadTablet``, stream-unary, was refused on a cluster with tokens)."""
-
-    def __init__(self, headers: list[tuple[str, str]]) -> None:
-        self.headers = headers
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(_with_token(details, self.headers), request)
-
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(_with_token(details, self.headers), request)
-
-    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return continuation(_with_token(details, self.headers), requests)
-
-    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return continuation(_with_token(details, self.headers), requests)
-
-
-class _AioUnaryToken(grpc.aio.UnaryUnaryClientInterceptor):
-    def __init__(self, headers: list[tuple[str, str]]) -> None:
-        self.headers = headers
-
-    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(_with_token(details, self.headers), request)
-
-
-class _AioStreamToken(grpc.aio.UnaryStreamClientInterceptor):
-    def __init__(self, headers: list[tuple[str, str]]) -> None:
-        self.headers = headers
-
-    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(_with_token(details, self.headers), request)
-
-
-class _AioStreamUnaryToken(grpc.aio.StreamUnaryClientInterceptor):
-    def __init__(self, headers: list[tuple[str, str]]) -> None:
-        self.headers = headers
-
-    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(_with_token(details, self.headers), requests)
-
-
-class _AioStreamStreamToken(grpc.aio.StreamStreamClientInterceptor):
-    def __init__(self, headers: list[tuple[str, str]]) -> None:
-        self.headers = headers
-
-    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(_with_token(details, self.headers), requests)
 
 
 class _TokenCheck(grpc.aio.ServerInterceptor):

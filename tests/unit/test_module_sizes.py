@@ -23,10 +23,6 @@ OVERSIZE: dict[str, tuple[int, str]] = {
                              "loop moved to worker/recordloop.py"),
     "worker/tablet.py": (680, "one tablet's run loop and the hand-offs between its event loop and its thread; "
                               "batch, outgoing, replication, runner and timers are already rooms of their own"),
-    "runtime/security.py": (525, "one room for who may call what: the settings (TLS, tokens, credentials), the "
-                                 "check every server makes of a call and the TLS both transports use (gRPC's "
-                                 "and the data plane's, runtime/frames.py); the gRPC interceptors are the next "
-                                 "to move out"),
     "worker/storage.py": (547, "the RocksDB key layout and the commit that writes it are one contract: the layout "
                                "table at the top is what every reader of a tablet checks"),
     "injectors/injector.py": (601, "the public Injector class: its docstrings are the user's reference "
