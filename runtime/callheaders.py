@@ -53,33 +53,29 @@ class SyncToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercep
         return continuation(_with_token(details, self.headers), requests)
 
 
-class _AioUnaryToken(grpc.aio.UnaryUnaryClientInterceptor):
+class _Headers:
+    """What an asyncio interceptor adds (grpc.aio files one under one shape of call only, so
+    each shape has its own class)."""
+
     def __init__(self, headers: list[tuple[str, str]]) -> None:
         self.headers = headers
 
+
+class _AioUnaryToken(_Headers, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(_with_token(details, self.headers), request)
 
 
-class _AioStreamToken(grpc.aio.UnaryStreamClientInterceptor):
-    def __init__(self, headers: list[tuple[str, str]]) -> None:
-        self.headers = headers
-
+class _AioStreamToken(_Headers, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(_with_token(details, self.headers), request)
 
 
-class _AioStreamUnaryToken(grpc.aio.StreamUnaryClientInterceptor):
-    def __init__(self, headers: list[tuple[str, str]]) -> None:
-        self.headers = headers
-
+class _AioStreamUnaryToken(_Headers, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
         return await continuation(_with_token(details, self.headers), requests)
 
 
-class _AioStreamStreamToken(grpc.aio.StreamStreamClientInterceptor):
-    def __init__(self, headers: list[tuple[str, str]]) -> None:
-        self.headers = headers
-
+class _AioStreamStreamToken(_Headers, grpc.aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
         return await continuation(_with_token(details, self.headers), requests)
